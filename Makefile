@@ -1,0 +1,54 @@
+# Thin wrapper over CMake. `make run` and `make test` work on a fresh machine: they install
+# what is missing (Debian packages only), build, then serve or test.
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+PY ?= /usr/bin/python3
+
+.PHONY: all deps build test test-unit test-asan run eval-data bench fuzz venv format clean
+
+all: build
+
+deps:
+	@bash tools/install_deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Held-out evaluation text, re-extracted from Debian packages by the same fixed rule that
+# split it off for training (never committed).
+eval-data: deps
+	$(PY) tools/corpus.py heldout --out $(BUILD)/eval/heldout.txt
+
+test: build eval-data
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (lean: no CUDA, no benchmarks).
+test-asan: deps eval-data
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DPW_SANITIZE=address,undefined -DPW_CUDA=OFF -DPW_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) -L unit --timeout 900
+
+run: build
+	bash tools/run_local.sh $(BUILD)
+
+bench: build
+	$(BUILD)/bin/pw-bench-engine
+
+fuzz:
+	bash tools/fuzz.sh
+
+venv:
+	bash tools/setup_venv.sh
+
+format:
+	find common kernels services tools tests bench loadgen -name '*.h' -o -name '*.cc' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

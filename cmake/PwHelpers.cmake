@@ -1,0 +1,24 @@
+# pw_add_gtest(<name> SOURCES <files...> LIBS <targets...> [LABELS <labels...>])
+# Builds a GoogleTest binary into build/bin and registers each test case with CTest.
+# Label `unit` marks tests that also run under the sanitizer build (fast, single-process).
+function(pw_add_gtest name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE
+    PW_SOURCE_DIR="${CMAKE_SOURCE_DIR}" PW_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  gtest_discover_tests(${name}
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR}
+    PROPERTIES LABELS "${ARG_LABELS}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# Compiles the listed sources of a target for a SIMD level (run-time dispatch picks the path).
+function(pw_simd_sources level)
+  if(level STREQUAL "avx2")
+    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+  elseif(level STREQUAL "avx512")
+    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS
+      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vbmi;-mavx512bf16;-mavx512fp16;-mfma;-mf16c;-mavx2")
+  endif()
+endfunction()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages PagedWeight builds against. Idempotent: does nothing when all
+# packages are present. Shared by `make run`, `make test` and `.ci/run`.
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config ccache
+  libzmq3-dev cppzmq-dev
+  capnproto libcapnp-dev
+  libucx-dev ucx-utils
+  libyaml-cpp-dev
+  prometheus-cpp-dev
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev
+  nlohmann-json3-dev
+  libboost-dev libboost-system-dev
+  libcli11-dev libspdlog-dev libfmt-dev
+  python3-venv curl
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install_deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
