@@ -1,0 +1,94 @@
+#include "common/logging.h"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pw {
+namespace {
+
+class LoggingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetLogSink([this](std::string_view line) { lines_.emplace_back(line); });
+    saved_ = GetLogLevel();
+  }
+  void TearDown() override {
+    SetLogSink(nullptr);
+    SetLogLevel(saved_);
+    SetLogProcessTag("pw");
+  }
+  std::vector<std::string> lines_;  // written under the log mutex
+  LogLevel saved_ = LogLevel::kInfo;
+};
+
+TEST_F(LoggingTest, FormatsOneLineWithTimestampTagAndLocation) {
+  SetLogLevel(LogLevel::kInfo);
+  SetLogProcessTag("router");
+  PW_LOG(INFO) << "hello " << 42;
+  ASSERT_EQ(lines_.size(), 1u);
+  std::regex re(
+      R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z I router \d+:\d+ logging_test\.cc:\d+\] hello 42\n$)");
+  EXPECT_TRUE(std::regex_match(lines_[0], re)) << lines_[0];
+}
+
+TEST_F(LoggingTest, DropsBelowLevelWithoutEvaluatingArguments) {
+  SetLogLevel(LogLevel::kWarning);
+  int evaluated = 0;
+  auto side_effect = [&] { return ++evaluated; };
+  PW_LOG(INFO) << side_effect();
+  PW_LOG(DEBUG) << side_effect();
+  EXPECT_EQ(evaluated, 0);
+  EXPECT_TRUE(lines_.empty());
+  PW_LOG(WARNING) << side_effect();
+  PW_LOG(ERROR) << "e";
+  EXPECT_EQ(evaluated, 1);
+  ASSERT_EQ(lines_.size(), 2u);
+  EXPECT_NE(lines_[0].find(" W "), std::string::npos);
+  EXPECT_NE(lines_[1].find(" E "), std::string::npos);
+}
+
+TEST_F(LoggingTest, WorksInIfElseWithoutBraces) {
+  SetLogLevel(LogLevel::kDebug);
+  bool flag = false;
+  if (flag)
+    PW_LOG(INFO) << "then";
+  else
+    PW_LOG(INFO) << "else";
+  ASSERT_EQ(lines_.size(), 1u);
+  EXPECT_NE(lines_[0].find("] else"), std::string::npos);
+}
+
+TEST_F(LoggingTest, ConcurrentLinesNeverInterleave) {
+  SetLogLevel(LogLevel::kInfo);
+  constexpr int kThreads = 4, kPerThread = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t] {
+      for (int i = 0; i < kPerThread; ++i) PW_LOG(INFO) << "thread " << t << " msg " << i << " end";
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(lines_.size(), static_cast<size_t>(kThreads * kPerThread));
+  std::regex re(R"(.*\] thread \d msg \d+ end\n$)");
+  for (const auto& l : lines_) ASSERT_TRUE(std::regex_match(l, re)) << l;
+}
+
+TEST(LogLevelParse, AcceptsKnownNamesOnly) {
+  LogLevel l;
+  EXPECT_TRUE(ParseLogLevel("DEBUG", &l));
+  EXPECT_EQ(l, LogLevel::kDebug);
+  EXPECT_TRUE(ParseLogLevel("Warn", &l));
+  EXPECT_EQ(l, LogLevel::kWarning);
+  EXPECT_TRUE(ParseLogLevel("error", &l));
+  EXPECT_EQ(l, LogLevel::kError);
+  EXPECT_FALSE(ParseLogLevel("verbose", &l));
+  EXPECT_FALSE(ParseLogLevel("", &l));
+}
+
+}  // namespace
+}  // namespace pw
