@@ -1,0 +1,275 @@
+# PagedWeight control-plane messages (ZeroMQ frames carrying Cap'n Proto).
+#
+# Every frame on the control plane is exactly one `Envelope`, serialized with Cap'n Proto's
+# standard (unpacked) framing. The envelope carries the protocol version and a per-sender
+# sequence number; receivers refuse another major version with a log line and drop the frame.
+#
+# Compatibility rules: within one major version, fields and union members are only ever added
+# (with new ordinals); a receiver that meets a union member it does not know drops the frame
+# with a log line. Removing or renumbering anything bumps `kProtocolMajor`.
+#
+# Units: times are milliseconds, sizes are bytes, token ids are vocabulary indices (UInt32).
+# Socket topology (docs/architecture.md): the router and the broker bind ROUTER sockets; prefill
+# and decode workers connect one DEALER to each. Every message a worker sends to the router is
+# addressed by the ZeroMQ routing id the worker registered with (its `workerId`).
+@0xc1bcecff0fad36d1;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("pw::wire");
+
+const kProtocolMajor :UInt16 = 1;
+const kProtocolMinor :UInt16 = 0;
+
+enum Role {
+  unknown @0;
+  router @1;
+  prefill @2;
+  decode @3;
+  broker @4;
+  client @5;    # tools and tests that speak the control plane
+}
+
+# Where a peer's registered memory lives and how to reach it over UCX.
+struct UcxMemory {
+  workerAddress @0 :Data;   # ucp_worker_get_address bytes of the owner's UCX worker
+  rkey @1 :Data;            # ucp_rkey_pack bytes for the region
+  baseAddr @2 :UInt64;      # virtual address of byte 0 of the region in the owner
+  bytes @3 :UInt64;         # region length in bytes
+}
+
+# Shape of a KV block pool; two workers exchange KV only when these agree exactly.
+struct KvLayout {
+  numBlocks @0 :UInt32;     # blocks in the pool
+  blockTokens @1 :UInt32;   # tokens per block
+  blockBytes @2 :UInt64;    # bytes of one block (all layers, K and V)
+  layoutHash @3 :UInt64;    # hash of model + layer/head/dim/dtype layout; must match to exchange
+}
+
+# ---- registration and liveness ----
+
+struct Register {
+  role @0 :Role;
+  workerId @1 :Text;        # unique per process instance, equals the DEALER routing id
+  pid @2 :UInt32;
+  modelName @3 :Text;
+  heartbeatIntervalMs @4 :UInt32;
+  kvLayout @5 :KvLayout;    # decode and prefill workers: their KV pool
+  kvMemory @6 :UcxMemory;   # decode workers: the registered KV pool (targets of prefill puts)
+  maxBatch @7 :UInt32;      # decode: largest running batch; prefill: prompts per forward pass
+  maxContext @8 :UInt32;    # tokens
+  metricsPort @9 :UInt16;   # Prometheus /metrics port of this process, 0 if none
+  weightTable @10 :List(WeightEntry);  # decode workers: committed expert widths (broker rebuild)
+}
+
+struct RegisterAck {
+  accepted @0 :Bool;
+  reason @1 :Text;            # why not accepted (version, duplicate id, model mismatch)
+  serverInstance @2 :UInt64;  # random per server process start; a change means it restarted
+  heartbeatIntervalMs @3 :UInt32;
+}
+
+# Sent both ways every heartbeatIntervalMs. A peer silent for 3 intervals is dead.
+struct Heartbeat {
+  serverInstance @0 :UInt64;   # set by servers; clients re-register when it changes
+  freeKvBlocks @1 :UInt32;
+  usedKvBlocks @2 :UInt32;
+  reservedKvBlocks @3 :UInt32; # leased but not yet admitted
+  runningRequests @4 :UInt32;
+  waitingRequests @5 :UInt32;
+  queuedPromptTokens @6 :UInt64;
+  draining @7 :Bool;           # refuses new work, finishing what it has
+}
+
+# A server that gets a message from an unregistered peer answers this; the peer re-registers.
+struct NotRegistered {
+  reason @0 :Text;
+}
+
+# ---- request path (DESIGN.md section 2) ----
+
+struct SamplingParams {
+  temperature @0 :Float32;    # 0 = greedy
+  topP @1 :Float32 = 1.0;
+  topK @2 :UInt32;            # 0 = off
+  seed @3 :UInt64;
+  maxTokens @4 :UInt32;       # generated tokens, including the first
+  stopTokenIds @5 :List(UInt32);
+  ignoreEos @6 :Bool;
+}
+
+# Router -> decode: reserve KV blocks for a prompt of numTokens tokens.
+struct KvReserve {
+  requestId @0 :UInt64;
+  numTokens @1 :UInt32;       # prompt tokens whose KV prefill will write
+  leaseMs @2 :UInt32;         # blocks return to the pool if KvReady does not arrive in time
+}
+
+# Decode -> router.
+struct KvReserveReply {
+  requestId @0 :UInt64;
+  ok @1 :Bool;
+  error @2 :Text;
+  leaseId @3 :UInt64;             # names the reservation in StartDecode and Cancel
+  blockIds @4 :List(UInt32);      # in sequence order; block i holds tokens [i*bt, (i+1)*bt)
+  leaseExpiresMs @5 :UInt64;      # decode worker's steady-clock ms (informational)
+}
+
+# Router -> prefill: run a prompt and write its KV into a decode worker's reserved blocks.
+struct PrefillRequest {
+  requestId @0 :UInt64;
+  tokens @1 :List(UInt32);        # prompt, plus already-streamed tokens when re-prefilling
+  sampling @2 :SamplingParams;
+  decodeWorkerId @3 :Text;
+  decodeMemory @4 :UcxMemory;     # the decode worker's registered KV pool
+  decodeLayout @5 :KvLayout;
+  blockIds @6 :List(UInt32);      # reserved blocks, in sequence order
+  leaseId @7 :UInt64;
+  generatedSoFar @8 :UInt32;      # tokens of `tokens` that were generated (re-prefill); the
+                                  # sampled token then has output index generatedSoFar
+}
+
+# Prefill -> router: KV is in the decode worker's blocks (puts flushed), first token sampled.
+struct KvReady {
+  requestId @0 :UInt64;
+  ok @1 :Bool;
+  error @2 :Text;
+  firstToken @3 :UInt32;          # token sampled after the last of PrefillRequest.tokens
+  numTokens @4 :UInt32;           # tokens whose KV was written
+  leaseId @5 :UInt64;
+  decodeWorkerId @6 :Text;
+}
+
+# Router -> decode: admit a request whose KV arrived.
+struct StartDecode {
+  requestId @0 :UInt64;
+  leaseId @1 :UInt64;
+  tokens @2 :List(UInt32);        # the tokens whose KV is in the leased blocks
+  firstToken @3 :UInt32;          # next input token (already streamed to the client)
+  sampling @4 :SamplingParams;
+  generatedSoFar @5 :UInt32;      # output tokens already streamed, including firstToken
+}
+
+# Decode -> router: tokens generated, in order. startIndex is the output index of tokens[0]
+# (0 = the first generated token), so the router detects gaps and repeats.
+struct TokenChunk {
+  requestId @0 :UInt64;
+  startIndex @1 :UInt32;
+  tokens @2 :List(UInt32);
+}
+
+enum FinishReason {
+  stop @0;        # a stop token
+  length @1;      # maxTokens or context reached
+  cancelled @2;
+  error @3;
+}
+
+# Decode (or prefill, on failure) -> router: the request ended; its blocks are free.
+struct Finish {
+  requestId @0 :UInt64;
+  reason @1 :FinishReason;
+  error @2 :Text;
+  numGenerated @3 :UInt32;
+}
+
+# Router -> prefill/decode: forget the request and free its blocks (lease or running).
+struct Cancel {
+  requestId @0 :UInt64;
+  leaseId @1 :UInt64;       # 0 = whatever the request holds
+}
+
+# Router -> worker: stop taking new work, finish in-flight requests, then exit.
+struct Drain {
+  deadlineMs @0 :UInt32;
+}
+
+# ---- telemetry, weights and planning ----
+
+struct Telemetry {
+  kvBlocksFree @0 :UInt32;
+  kvBlocksUsed @1 :UInt32;
+  ucxBytesPut @2 :UInt64;
+  ucxBytesGot @3 :UInt64;
+  tokensGenerated @4 :UInt64;
+  expertMass @5 :List(Float32);   # [layers * experts] routing-mass EMA (later issues)
+}
+
+enum WeightKind {
+  gateUp @0;
+  down @1;
+}
+
+# One expert linear block as stored in the broker's host store.
+struct WeightRegion {
+  layer @0 :UInt32;
+  expert @1 :UInt32;
+  kind @2 :WeightKind;
+  offset @3 :UInt64;        # bytes from UcxMemory.baseAddr
+  bytes @4 :UInt64;
+  bits @5 :UInt8;           # 16 = bf16 from the checkpoint; 3..8 = any-precision planes
+  checksum @6 :UInt64;      # FNV-1a 64 of the bytes
+}
+
+# Worker -> broker: describe the store so I can load my experts.
+struct WeightManifestRequest {
+  modelName @0 :Text;
+}
+
+# Broker -> worker.
+struct WeightManifest {
+  ok @0 :Bool;
+  error @1 :Text;
+  memory @2 :UcxMemory;
+  regions @3 :List(WeightRegion);
+  modelHash @4 :UInt64;
+}
+
+# Committed width of one expert block on a worker (weight page table entry, DESIGN.md 4).
+struct WeightEntry {
+  layer @0 :UInt32;
+  expert @1 :UInt32;
+  kind @2 :WeightKind;
+  committedBits @3 :UInt8;  # q_i: 0 = not resident
+  desiredBits @4 :UInt8;    # d_i
+}
+
+# Broker -> worker (later issues): desired widths for an epoch.
+struct Plan {
+  epoch @0 :UInt64;
+  changes @1 :List(WeightEntry);
+}
+
+# Worker -> broker: what was committed for an epoch.
+struct PlanAck {
+  epoch @0 :UInt64;
+  committed @1 :List(WeightEntry);
+}
+
+struct Envelope {
+  versionMajor @0 :UInt16;
+  versionMinor @1 :UInt16;
+  seq @2 :UInt64;           # per-sender, starts at 1, +1 per frame sent to any peer
+  senderId @3 :Text;
+  sentAtMs @4 :UInt64;      # sender's steady-clock ms (diagnostics only)
+  body :union {
+    none @5 :Void;
+    register @6 :Register;
+    registerAck @7 :RegisterAck;
+    heartbeat @8 :Heartbeat;
+    notRegistered @9 :NotRegistered;
+    kvReserve @10 :KvReserve;
+    kvReserveReply @11 :KvReserveReply;
+    prefillRequest @12 :PrefillRequest;
+    kvReady @13 :KvReady;
+    startDecode @14 :StartDecode;
+    tokenChunk @15 :TokenChunk;
+    finish @16 :Finish;
+    cancel @17 :Cancel;
+    drain @18 :Drain;
+    telemetry @19 :Telemetry;
+    weightManifestRequest @20 :WeightManifestRequest;
+    weightManifest @21 :WeightManifest;
+    plan @22 :Plan;
+    planAck @23 :PlanAck;
+  }
+}
