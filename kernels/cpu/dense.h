@@ -1,0 +1,84 @@
+// Dense CPU kernels: bf16-weight x fp32-activation matmul, RMSNorm, softmax, SiLU*mul, dot, axpy.
+//
+// One interface, several backends (docs/STYLE): the scalar backend is the reference that
+// defines "correct"; AVX2/FMA and AVX-512 backends are checked against it by
+// tests/kernels_cpu on random inputs and awkward shapes. The backend is chosen at run time
+// (BestIsa() asks the CPU through __builtin_cpu_supports), so one binary runs everywhere.
+//
+// Contracts shared by every kernel here:
+// - Arguments are non-owning views (pointers, sizes, strides in elements). Kernels never
+//   allocate, never keep a pointer after returning, and never read outside the stated ranges.
+// - Weights are row-major [N, K] (one output row per weight row, K contiguous), as a torch
+//   nn.Linear stores them. bf16 is the upper half of an IEEE fp32 (raw uint16_t bits).
+// - All accumulation is fp32. Backends may sum in a different order than the reference, so
+//   results agree to rounding, not bit for bit (tolerances are in the tests).
+// - Output ranges may not overlap input ranges unless a kernel says so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace pw::cpu {
+
+// Instruction-set levels a backend is compiled for.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* IsaName(Isa isa);
+// True when this binary has the backend and the running CPU can execute it.
+bool IsaSupported(Isa isa);
+// Fastest supported level; the environment variable PW_CPU_ISA=scalar|avx2|avx512 lowers it
+// (never raises it past what the CPU supports).
+Isa BestIsa();
+
+// bf16 <-> fp32 by bits: bf16 is the top 16 bits of an fp32. Rounding to bf16 is
+// round-to-nearest-even; NaN stays NaN.
+inline float Bf16Bits(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline uint16_t ToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Function table of one backend. Every entry is a pure function of its arguments.
+struct DenseKernels {
+  // y[t*ldy + n] = sum_{k<K} x[t*ldx + k] * W[n*K + k]   for t < T, n_begin <= n < n_end.
+  // x: fp32 [T, ldx] (ldx >= K); w: bf16 [N, K] with N >= n_end; y: fp32 [T, ldy] (ldy >= n_end).
+  // Only y[t*ldy + n] for n in [n_begin, n_end) is written, so threads may split rows.
+  void (*matmul_bf16)(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                      size_t n_begin, size_t n_end, float* y, size_t ldy);
+  // Same as matmul_bf16 with fp32 weights w: [N, K].
+  void (*matmul_f32)(const float* x, size_t ldx, size_t T, const float* w, size_t K,
+                     size_t n_begin, size_t n_end, float* y, size_t ldy);
+  // One row: y[i] = w[i] * (x[i] / sqrt(mean_j x[j]^2 + eps)), i < dim (HF RMSNorm order:
+  // normalise in fp32, then scale by the weight). y may equal x (in place).
+  void (*rms_norm)(const float* x, const float* w, size_t dim, float eps, float* y);
+  // In place over x[0..n): x[i] = exp(x[i] - max) / sum_j exp(x[j] - max). n >= 1.
+  // -inf entries become 0; at least one entry must be finite.
+  void (*softmax)(float* x, size_t n);
+  // out[i] = silu(gate[i]) * up[i] with silu(g) = g / (1 + exp(-g)). out may equal gate or up.
+  void (*silu_mul)(const float* gate, const float* up, size_t n, float* out);
+  // Returns sum_i a[i] * b[i].
+  float (*dot)(const float* a, const float* b, size_t n);
+  // y[i] += alpha * x[i].
+  void (*axpy)(float alpha, const float* x, size_t n, float* y);
+};
+
+// The table of one backend. Requires IsaSupported(isa) (aborts otherwise: a broken invariant).
+const DenseKernels& KernelsFor(Isa isa);
+// The table of BestIsa(), resolved once.
+const DenseKernels& Kernels();
+
+// Per-backend tables, defined in dense_<isa>.cc. Use KernelsFor() instead.
+extern const DenseKernels kScalarKernels;
+extern const DenseKernels kAvx2Kernels;
+extern const DenseKernels kAvx512Kernels;
+
+}  // namespace pw::cpu

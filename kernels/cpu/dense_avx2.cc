@@ -1,0 +1,158 @@
+// AVX2/FMA backend of the dense CPU kernels (compiled with -mavx2 -mfma; selected at run time).
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "kernels/cpu/dense.h"
+#include "kernels/cpu/simd_avx2.h"
+
+namespace pw::cpu {
+namespace {
+
+// Computes a tile of RR weight rows x TT tokens: y[t*ldy + r] for r < RR, t < TT.
+// w points at the first row of the tile; x at the first token.
+template <int RR, int TT, typename W>
+inline void TileAvx2(const float* x, size_t ldx, const W* w, size_t K, float* y, size_t ldy) {
+  __m256 acc[RR][TT];
+  for (int r = 0; r < RR; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  size_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[RR];
+    for (int r = 0; r < RR; ++r) wv[r] = avx2::Load8(w + r * K + k);
+    for (int t = 0; t < TT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * ldx + k);
+      for (int r = 0; r < RR; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    for (int t = 0; t < TT; ++t) {
+      float s = avx2::HSum(acc[r][t]);
+      for (size_t kk = k; kk < K; ++kk) s += x[t * ldx + kk] * avx2::ToF32(w[r * K + kk]);
+      y[t * ldy + r] = s;
+    }
+  }
+}
+
+template <int RR, typename W>
+inline void TileTokens(const float* x, size_t ldx, size_t T, const W* w, size_t K, float* y,
+                       size_t ldy) {
+  size_t t = 0;
+  for (; t + 4 <= T; t += 4) TileAvx2<RR, 4>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+  switch (T - t) {
+    case 3: TileAvx2<RR, 3>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
+    case 2: TileAvx2<RR, 2>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
+    case 1: TileAvx2<RR, 1>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
+    default: break;
+  }
+}
+
+// Rows are walked in blocks small enough to stay in L1/L2 while every token group reuses them,
+// so a batch reads each weight byte from memory once.
+template <typename W>
+void MatmulAvx2(const float* x, size_t ldx, size_t T, const W* w, size_t K, size_t n_begin,
+                size_t n_end, float* y, size_t ldy) {
+  constexpr size_t kRowBlock = 16;
+  for (size_t n0 = n_begin; n0 < n_end; n0 += kRowBlock) {
+    const size_t n1 = n0 + kRowBlock < n_end ? n0 + kRowBlock : n_end;
+    size_t n = n0;
+    if (T == 1) {
+      for (; n + 4 <= n1; n += 4) TileAvx2<4, 1>(x, ldx, w + n * K, K, y + n, ldy);
+    } else {
+      for (; n + 2 <= n1; n += 2) TileTokens<2>(x, ldx, T, w + n * K, K, y + n, ldy);
+    }
+    for (; n < n1; ++n) TileTokens<1>(x, ldx, T, w + n * K, K, y + n, ldy);
+  }
+}
+
+void MatmulBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                    size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
+void MatmulF32Avx2(const float* x, size_t ldx, size_t T, const float* w, size_t K,
+                   size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
+}  // namespace
+
+float DotAvx2(const float* a, const float* b, size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8)
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = avx2::HSum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void AxpyAvx2(float alpha, const float* x, size_t n, float* y) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void RmsNormAvx2(const float* x, const float* w, size_t dim, float eps, float* y) {
+  const float ss = DotAvx2(x, x, dim);
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(dim) + eps);
+  const __m256 rv = _mm256_set1_ps(r);
+  size_t i = 0;
+  for (; i + 8 <= dim; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), rv);
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), v));
+  }
+  for (; i < dim; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+void SoftmaxAvx2(float* x, size_t n) {
+  size_t i = 0;
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  float mx = avx2::HMax(mv);
+  for (; i < n; ++i) mx = std::fmax(mx, x[i]);
+  const __m256 mb = _mm256_set1_ps(mx);
+  __m256 sv = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = avx2::Exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), mb));
+    _mm256_storeu_ps(x + i, e);
+    sv = _mm256_add_ps(sv, e);
+  }
+  float sum = avx2::HSum(sv);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = 1.f / sum;
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+  for (; i < n; ++i) x[i] *= inv;
+}
+
+void SiluMulAvx2(const float* gate, const float* up, size_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 zero = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = avx2::Exp(_mm256_sub_ps(zero, g));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.f + std::exp(-g)) * up[i];
+  }
+}
+
+const DenseKernels kAvx2Kernels = {
+    MatmulBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
+};
+
+}  // namespace pw::cpu

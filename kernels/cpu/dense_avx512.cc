@@ -1,0 +1,124 @@
+// AVX-512 backend of the dense CPU kernels (compiled with -mavx512f/bw/vl...; selected at run
+// time only when the CPU reports avx512f and avx512bw). The matmuls, dot, axpy and RMSNorm use
+// 512-bit registers; softmax and SiLU*mul reuse the AVX2 code (they are not on the hot path).
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "kernels/cpu/dense.h"
+#include "kernels/cpu/simd_avx2.h"
+
+namespace pw::cpu {
+
+float DotAvx2(const float* a, const float* b, size_t n);
+void SoftmaxAvx2(float* x, size_t n);
+void SiluMulAvx2(const float* gate, const float* up, size_t n, float* out);
+
+namespace {
+
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// RR weight rows x TT tokens, 16 columns per iteration; the K tail goes through a mask.
+template <int RR, int TT, typename W>
+inline void Tile512(const float* x, size_t ldx, const W* w, size_t K, float* y, size_t ldy) {
+  __m512 acc[RR][TT];
+  for (int r = 0; r < RR; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  size_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[RR];
+    for (int r = 0; r < RR; ++r) wv[r] = Load16(w + r * K + k);
+    for (int t = 0; t < TT; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x + t * ldx + k);
+      for (int r = 0; r < RR; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    for (int t = 0; t < TT; ++t) {
+      float s = _mm512_reduce_add_ps(acc[r][t]);
+      for (size_t kk = k; kk < K; ++kk) s += x[t * ldx + kk] * avx2::ToF32(w[r * K + kk]);
+      y[t * ldy + r] = s;
+    }
+  }
+}
+
+template <int RR, typename W>
+inline void Tokens512(const float* x, size_t ldx, size_t T, const W* w, size_t K, float* y,
+                      size_t ldy) {
+  size_t t = 0;
+  for (; t + 4 <= T; t += 4) Tile512<RR, 4>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+  switch (T - t) {
+    case 3: Tile512<RR, 3>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
+    case 2: Tile512<RR, 2>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
+    case 1: Tile512<RR, 1>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
+    default: break;
+  }
+}
+
+template <typename W>
+void Matmul512(const float* x, size_t ldx, size_t T, const W* w, size_t K, size_t n_begin,
+               size_t n_end, float* y, size_t ldy) {
+  constexpr size_t kRowBlock = 16;
+  for (size_t n0 = n_begin; n0 < n_end; n0 += kRowBlock) {
+    const size_t n1 = n0 + kRowBlock < n_end ? n0 + kRowBlock : n_end;
+    size_t n = n0;
+    if (T == 1) {
+      for (; n + 4 <= n1; n += 4) Tile512<4, 1>(x, ldx, w + n * K, K, y + n, ldy);
+    } else {
+      for (; n + 2 <= n1; n += 2) Tokens512<2>(x, ldx, T, w + n * K, K, y + n, ldy);
+    }
+    for (; n < n1; ++n) Tokens512<1>(x, ldx, T, w + n * K, K, y + n, ldy);
+  }
+}
+
+void MatmulBf16Avx512(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                      size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  Matmul512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
+void MatmulF32Avx512(const float* x, size_t ldx, size_t T, const float* w, size_t K,
+                     size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  Matmul512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
+float DotAvx512(const float* a, const float* b, size_t n) {
+  __m512 s = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+  float r = _mm512_reduce_add_ps(s);
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+void AxpyAvx512(float alpha, const float* x, size_t n, float* y) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void RmsNormAvx512(const float* x, const float* w, size_t dim, float eps, float* y) {
+  const float ss = DotAvx512(x, x, dim);
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(dim) + eps);
+  const __m512 rv = _mm512_set1_ps(r);
+  size_t i = 0;
+  for (; i + 16 <= dim; i += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), rv);
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), v));
+  }
+  for (; i < dim; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+}  // namespace
+
+const DenseKernels kAvx512Kernels = {
+    MatmulBf16Avx512, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
+    SiluMulAvx2,      DotAvx512,       AxpyAvx512,
+};
+
+}  // namespace pw::cpu

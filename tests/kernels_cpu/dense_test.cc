@@ -1,0 +1,161 @@
+// Every dense CPU backend against the scalar reference, on fresh random inputs and awkward
+// shapes (1, 3, 37 tokens; rows and columns not multiples of 8/16/32). Outputs are poisoned
+// with NaN before each run and guard values around them must survive.
+//
+// Tolerance: |y - ref| <= 1e-5 * sum_k |x_k * w_k| + 1e-6 for products (fp32 sums in a
+// different order), 2e-6 relative for softmax/RMSNorm, 1e-5 relative for SiLU*mul (the
+// vectorised exp is within a few ulp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/dense.h"
+
+namespace pw::cpu {
+namespace {
+
+constexpr float kGuard = 12345.f;
+
+std::vector<Isa> BackendsUnderTest() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (IsaSupported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+class DenseTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  const DenseKernels& k() { return KernelsFor(GetParam()); }
+  const DenseKernels& ref() { return KernelsFor(Isa::kScalar); }
+  std::mt19937 rng_{1234};
+  std::vector<float> Random(size_t n, float lo = -1.f, float hi = 1.f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+};
+
+TEST_P(DenseTest, MatmulBf16AndF32MatchReference) {
+  for (size_t T : {1, 3, 4, 5, 37}) {
+    for (size_t K : {1, 7, 8, 33, 100, 257}) {
+      for (size_t N : {1, 5, 19, 64}) {
+        SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " N=" << N << " seed=1234");
+        const size_t ldx = K + 3, ldy = N + 2;
+        auto x = Random(T * ldx);
+        auto wf = Random(N * K);
+        std::vector<uint16_t> wb(N * K);
+        for (size_t i = 0; i < wb.size(); ++i) {
+          wb[i] = ToBf16Bits(wf[i]);
+          wf[i] = Bf16Bits(wb[i]);  // same values in both precisions
+        }
+        // Sub-range of rows, as a thread would get.
+        const size_t n_begin = N > 4 ? 1 : 0, n_end = N > 4 ? N - 1 : N;
+        for (int variant = 0; variant < 2; ++variant) {
+          std::vector<float> y(T * ldy, NAN), want(T * ldy, NAN);
+          for (size_t t = 0; t < T; ++t) {
+            for (size_t n = 0; n < ldy; ++n) {
+              if (n < n_begin || n >= n_end) y[t * ldy + n] = want[t * ldy + n] = kGuard;
+            }
+          }
+          if (variant == 0) {
+            k().matmul_bf16(x.data(), ldx, T, wb.data(), K, n_begin, n_end, y.data(), ldy);
+          } else {
+            k().matmul_f32(x.data(), ldx, T, wf.data(), K, n_begin, n_end, y.data(), ldy);
+          }
+          for (size_t t = 0; t < T; ++t) {
+            for (size_t n = 0; n < ldy; ++n) {
+              const float got = y[t * ldy + n];
+              if (n < n_begin || n >= n_end) {
+                ASSERT_EQ(got, kGuard) << "wrote outside its rows at t=" << t << " n=" << n;
+                continue;
+              }
+              double exact = 0, mag = 0;
+              for (size_t kk = 0; kk < K; ++kk) {
+                exact += double(x[t * ldx + kk]) * wf[n * K + kk];
+                mag += std::fabs(double(x[t * ldx + kk]) * wf[n * K + kk]);
+              }
+              ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n << " variant=" << variant;
+              ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(DenseTest, RmsNormSoftmaxSiluDotAxpyMatchReference) {
+  for (size_t n : {1, 3, 8, 17, 37, 64, 1000}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n);
+    auto x = Random(n, -4.f, 4.f), w = Random(n), up = Random(n);
+    std::vector<float> got(n + 1, NAN), want(n + 1, NAN);
+    got[n] = want[n] = kGuard;
+
+    k().rms_norm(x.data(), w.data(), n, 1e-6f, got.data());
+    ref().rms_norm(x.data(), w.data(), n, 1e-6f, want.data());
+    for (size_t i = 0; i <= n; ++i) ASSERT_NEAR(got[i], want[i], 2e-6 * std::fabs(want[i]) + 1e-7);
+
+    std::vector<float> s1(x), s2(x);
+    s1.push_back(kGuard);
+    s2.push_back(kGuard);
+    k().softmax(s1.data(), n);
+    ref().softmax(s2.data(), n);
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(s1[i], s2[i], 2e-6 * s2[i] + 1e-9) << i;
+      total += s1[i];
+    }
+    ASSERT_EQ(s1[n], kGuard);
+    ASSERT_NEAR(total, 1.0, 1e-5);
+
+    std::fill(got.begin(), got.end() - 1, NAN);
+    std::fill(want.begin(), want.end() - 1, NAN);
+    k().silu_mul(x.data(), up.data(), n, got.data());
+    ref().silu_mul(x.data(), up.data(), n, want.data());
+    for (size_t i = 0; i <= n; ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-7);
+
+    double exact = 0, mag = 0;
+    for (size_t i = 0; i < n; ++i) {
+      exact += double(x[i]) * w[i];
+      mag += std::fabs(double(x[i]) * w[i]);
+    }
+    ASSERT_NEAR(k().dot(x.data(), w.data(), n), exact, 1e-5 * mag + 1e-6);
+
+    std::vector<float> y1(up), y2(up);
+    k().axpy(0.37f, x.data(), n, y1.data());
+    ref().axpy(0.37f, x.data(), n, y2.data());
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(y1[i], y2[i], 1e-6 * (std::fabs(y2[i]) + 1));
+  }
+}
+
+TEST_P(DenseTest, SoftmaxHandlesMinusInfinityAndLargeValues) {
+  std::vector<float> v = {-INFINITY, 1000.f, 999.f, -INFINITY, -50.f, 0.f, 3.f, -INFINITY, 998.f};
+  k().softmax(v.data(), v.size());
+  EXPECT_EQ(v[0], 0.f);
+  EXPECT_EQ(v[3], 0.f);
+  EXPECT_EQ(v[7], 0.f);
+  const double e1 = 1.0, e2 = std::exp(-1.0), e3 = std::exp(-2.0), z = e1 + e2 + e3;
+  EXPECT_NEAR(v[1], e1 / z, 1e-6);
+  EXPECT_NEAR(v[2], e2 / z, 1e-6);
+  EXPECT_NEAR(v[8], e3 / z, 1e-6);
+}
+
+TEST(Bf16, RoundTripAndRounding) {
+  EXPECT_EQ(Bf16Bits(ToBf16Bits(1.0f)), 1.0f);
+  EXPECT_EQ(Bf16Bits(ToBf16Bits(-2.5f)), -2.5f);
+  // 1 + 2^-8 is halfway between two bf16 values: round to even (1.0).
+  EXPECT_EQ(Bf16Bits(ToBf16Bits(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_TRUE(std::isnan(Bf16Bits(ToBf16Bits(NAN))));
+}
+
+std::string IsaParamName(const testing::TestParamInfo<Isa>& info) { return IsaName(info.param); }
+
+INSTANTIATE_TEST_SUITE_P(Backends, DenseTest, ::testing::ValuesIn(BackendsUnderTest()),
+                         IsaParamName);
+
+}  // namespace
+}  // namespace pw::cpu
