@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Writes the reference fixtures the C++ tests compare against, from HF tokenizers/transformers.
+
+Run in the venv made by `make venv`. Subcommands:
+  tokenizer   tests/fixtures/tokenizer_cases.json: [{"text", "ids", "decoded"}], ids from the
+              HF tokenizer of models/tiny-moe (no special tokens added; special tokens written
+              inside the text are matched), decoded = decode(ids) with special tokens kept.
+  random      tests/fixtures/models/{qwen2_moe,qwen3_moe,olmoe,mixtral}/: tiny random-weight
+              checkpoints (bf16) from a fixed seed, and logits.safetensors with p{i}.ids
+              (int32 [T]) and p{i}.logits (float32 [T, V]) for prompts of 1, 5 and 40 ids.
+  tiny        from models/tiny-moe: tests/fixtures/tiny_logits.safetensors, greedy.json and
+              heldout.json (see WriteHeldout for the perplexity rule).
+  all         the three above.
+
+References are computed by HF transformers in float32 from the bf16 weights (the upcast is
+exact), eager attention, so the C++ engine (bf16 weights, fp32 math) sees identical weights.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+TINY = os.path.join(ROOT, "models", "tiny-moe")
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer cases
+
+
+def TokenizerStrings(heldout_text):
+    s = []
+    # Empty, single characters, single bytes of each UTF-8 length.
+    s += ["", " ", "a", "Z", "0", ".", "\n", "\t", "\r", "'", "\"", "\\", "~", "\x00", "\x7f",
+          "é", "ß", "€", "中", "😀", "\u00a0", "\u200b", "\ufeff"]
+    # ASCII prose.
+    s += [
+        "Hello world",
+        "Hello, world!",
+        "The quick brown fox jumps over the lazy dog.",
+        "In the beginning God created the heaven and the earth.",
+        "And God said, Let there be light: and there was light.",
+        "A fool and his money are soon parted.",
+        "You will be successful in your work.",
+        "The functions in the printf() family produce output according to a format.",
+        "This manual page describes the Linux programmer's interface.",
+        "It was the best of times, it was the worst of times.",
+        "To be, or not to be: that is the question.",
+        "All work and no play makes Jack a dull boy. " * 3,
+        "Mr. Smith went to Washington D.C. on Jan. 5th, 1999.",
+        "e-mail, co-operate, state-of-the-art, well-known",
+        "UPPER CASE WORDS AND lower case words AND MiXeD CaSe",
+        "camelCaseIdentifier snake_case_identifier SCREAMING_SNAKE kebab-case",
+    ]
+    # Code.
+    s += [
+        "def foo(x):\n    return x * 2\n",
+        "class Foo(Base):\n    \"\"\"Docstring.\"\"\"\n\n    def __init__(self, a, b=None):\n"
+        "        self.a = a\n",
+        "import os\nimport sys\nfrom collections import OrderedDict\n",
+        "for i in range(10):\n\tif i % 2 == 0:\n\t\tprint(i, end='')\n",
+        "#include <stdio.h>\n\nint main(int argc, char **argv) {\n  printf(\"%d\\n\", argc);\n"
+        "  return 0;\n}\n",
+        "#define MAX(a, b) ((a) > (b) ? (a) : (b))\n",
+        "extern int pthread_mutex_lock (pthread_mutex_t *__mutex) __THROWNL __nonnull ((1));",
+        "typedef unsigned long long int uint64_t;",
+        "struct stat { dev_t st_dev; ino_t st_ino; };",
+        "x += 1; y -= 2; z *= 3; w /= 4; v %= 5; u <<= 6; t >>= 7;",
+        "if (a && b || !c) { return -1; } else if (a != b) { x = a->b.c[0]; }",
+        "lambda x, *args, **kwargs: {k: v for k, v in kwargs.items() if v is not None}",
+        "print(f\"{name!r:>10} = {value:.3f}\")",
+        "SELECT id, name FROM users WHERE age >= 18 ORDER BY name;",
+        "<html><body><p class=\"x\">Hi &amp; bye</p></body></html>",
+        "{\"key\": [1, 2.5, -3e10, true, null], \"nested\": {\"a\": \"b\"}}",
+        "$ ls -la /usr/share/man | grep '^d' > out.txt 2>&1 &",
+        "0x7fffffff 0XDEADBEEF 0b1010 0o777 1e-9 3.14159f 42ULL",
+        "// comment\n/* block\n * comment */\n",
+        "    # indented comment\n",
+    ]
+    # Whitespace runs.
+    s += [
+        "  ", "   ", "    ", "        ", "                ", "\t\t", "\t\t\t\t", "\n\n",
+        "\n\n\n", "\n\n\n\n\n\n", "\r\n", "\r\n\r\n", " \n", "\n ", " \t \n \t ", "\t \t",
+        "a  b", "a   b", "a    b", "a\tb", "a\t\tb", "a\nb", "a\n\nb", "a \n b", "a\t\n\tb",
+        "trailing space ", "trailing spaces   ", "trailing tab\t", "trailing newline\n",
+        "trailing mixed \t\n", "  leading spaces", "\tleading tab", "\nleading newline",
+        "word \u00a0 nbsp", "x\u2003y\u2009z", "line1\nline2\n  indented\n\tTabbed\n",
+        "end of text.   \n\n\n   ",
+    ]
+    # Contractions.
+    s += [
+        "it's", "don't", "we're", "they've", "I'm", "you'll", "he'd", "IT'S", "DON'T", "WE'RE",
+        "THEY'VE", "I'M", "YOU'LL", "HE'D", "John's book", "JOHN'S BOOK", "'s", "'t", "'re",
+        "'ve", "'m", "'ll", "'d", "'S", "'T", "'tis", "rock 'n' roll", "the dogs' bones",
+        "can't won't shan't", "I'd've", "o'clock", "'quoted'", "it’s (curly)",
+    ]
+    # Digits and numbers.
+    s += [
+        "1", "12", "123", "1234", "12345", "1234567890", "3.14159265358979323846",
+        "9999999999999999999999999999", "-42", "+7", "1,000,000", "1.000.000,00", "2026-11-29",
+        "12:34:56", "v1.2.3", "192.168.0.1", "$100.00", "50%", "1/2", "10^6", "x2y3z4",
+        "Genesis 1:1", "Psalm 23:1-6", "0000", "007",
+    ]
+    # Punctuation runs.
+    s += [
+        "!!!", "???", "...", "....", "!?!?", "---", "--", "===", "***", "###", "~~~",
+        "<<<>>>", "(((())))", "[[]]", "{{}}", ";;", "::", "->", "=>", "::=", "&&||",
+        "!@#$%^&*()_+-=[]{}|;':\",./<>?`~", "...and then?!", "\"quoted\"", "''", "``",
+        "--option=value", "/* */", "#!/bin/sh", "@decorator", "a.b.c.d", "__init__",
+    ]
+    # Unicode.
+    s += [
+        "café", "naïve résumé", "Zürich", "São Paulo", "Ærøskøbing", "façade", "Ångström",
+        "ﬁle ligature", "Ελληνικά γράμματα", "αβγδε", "Привет, мир!", "Москва",
+        "مرحبا بالعالم", "שלום עולם", "こんにちは世界", "你好，世界", "中文字符测试",
+        "한국어 텍스트", "ภาษาไทย", "हिन्दी", "e\u0301", "a\u0308o\u0308u\u0308",
+        "Z\u0351\u0352\u0353algo", "\u0041\u030a", "ǅ ǆ ǈ", "ﬀ ﬃ", "Ω ≈ ç √ ∫ ˜ µ ≤ ≥ ÷",
+        "∀x∈ℝ: x²≥0", "½ ¼ ¾ ⅓", "①②③", "™ © ®", "“smart quotes” ‘single’", "— – …",
+        "\u2028\u2029", "mixed English and 中文 and Ελληνικά", "ｆｕｌｌｗｉｄｔｈ",
+        "\U0001d49c\U0001d4b7", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    ]
+    # Emoji.
+    s += [
+        "😀😃😄", "👍", "👍🏽", "👨‍👩‍👧‍👦", "👩🏾‍💻", "🏳️‍🌈", "❤️", "🇺🇸", "🇯🇵🇫🇷", "🇬🇧 flag",
+        "I ❤️ Unicode 🎉", "🤷‍♀️", "1️⃣", "©️", "🧑‍🤝‍🧑", "text😀text", " 😀 ", "🐍 python",
+    ]
+    # Special tokens inside text.
+    s += [
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+        "<|im_start|>user\nhi<|im_end|>",
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+2?"
+        "<|im_end|>\n<|im_start|>assistant\n",
+        "text<|endoftext|>more text", "a <|endoftext|> b", "<|endoftext|><|endoftext|>",
+        "<|im_start|><|im_end|>", "<|im_start", "|im_end|>", "<|endoftext", "< |endoftext| >",
+        "<|unknown|>",
+    ]
+    # Strings from the held-out text: fixed offsets and lengths.
+    if heldout_text:
+        n = len(heldout_text)
+        lengths = [8, 20, 40, 64, 100, 160, 256, 400, 600, 1000]
+        for i in range(40):
+            start = (i * 7919 * 13) % max(1, n - 1100)
+            length = lengths[i % len(lengths)]
+            s.append(heldout_text[start:start + length])
+    return s
+
+
+def WriteTokenizerCases(heldout_path):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    heldout_text = ""
+    if heldout_path and os.path.exists(heldout_path):
+        with open(heldout_path, "r", encoding="utf-8") as f:
+            heldout_text = f.read()
+    else:
+        raise SystemExit(f"{heldout_path}: held-out text not found (run tools/corpus.py heldout)")
+    raw = Tokenizer.from_file(os.path.join(TINY, "tokenizer.json"))
+    hf = AutoTokenizer.from_pretrained(TINY)
+    cases = []
+    seen = set()
+    for text in TokenizerStrings(heldout_text):
+        if text in seen:
+            continue
+        seen.add(text)
+        ids = raw.encode(text, add_special_tokens=False).ids
+        ids_hf = hf.encode(text, add_special_tokens=False)
+        if ids != ids_hf:
+            raise SystemExit(f"tokenizers and transformers disagree on {text!r}")
+        decoded = raw.decode(ids, skip_special_tokens=False)
+        cases.append({"text": text, "ids": ids, "decoded": decoded})
+    if len(cases) < 200:
+        raise SystemExit(f"only {len(cases)} tokenizer cases")
+    path = os.path.join(FIXTURES, "tokenizer_cases.json")
+    os.makedirs(FIXTURES, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        # One case per line keeps diffs readable.
+        f.write("[\n" + ",\n".join(json.dumps(c, ensure_ascii=False) for c in cases) + "\n]\n")
+    mismatched = sum(1 for c in cases if c["decoded"] != c["text"])
+    print(f"tokenizer: {len(cases)} cases written to {path} ({mismatched} not round-tripping)")
+
+
+def Main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["tokenizer", "random", "tiny", "all"])
+    parser.add_argument("--heldout", default=os.path.join(ROOT, "build", "eval", "heldout.txt"),
+                        help="held-out text written by tools/corpus.py heldout")
+    args = parser.parse_args(argv)
+    if args.what in ("tokenizer", "all"):
+        WriteTokenizerCases(args.heldout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(Main(sys.argv[1:]))
