@@ -248,7 +248,7 @@ struct PlanAck {
 struct Envelope {
   versionMajor @0 :UInt16;
   versionMinor @1 :UInt16;
-  seq @2 :UInt64;           # per-sender, starts at 1, +1 per frame sent to any peer
+  seq @2 :UInt64;           # per link (sender -> receiver), starts at 1, +1 per frame
   senderId @3 :Text;
   sentAtMs @4 :UInt64;      # sender's steady-clock ms (diagnostics only)
   body :union {

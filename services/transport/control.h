@@ -1,0 +1,163 @@
+// Control-plane endpoints over a Transport: registration, heartbeats, liveness, validation.
+//
+// ControlServer sits on a ROUTER (router, broker); ControlClient on a DEALER (workers).
+// Both are single-threaded: call Poll() from one loop, which receives, validates and
+// dispatches frames and runs the heartbeat timers. Frames that fail validation (malformed,
+// another protocol major version, unknown body) are logged and dropped, never fatal.
+//
+// Protocol (docs/architecture.md):
+//   client -> server  Register            (repeated every heartbeat until acknowledged)
+//   server -> client  RegisterAck         (accepted, serverInstance)
+//   both ways         Heartbeat           every heartbeat_ms; silent for 3 beats = dead
+//   server -> client  NotRegistered       when an unknown peer sends anything else
+// A client re-registers when the server's instance id changes (server restarted), when it
+// gets NotRegistered, or when the server has been silent for 3 beats.
+// Sequence numbers are per link and start at 1; a receiver drops a frame whose seq is not
+// above the last one seen on that link and counts gaps as lost frames.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "services/proto/codec.h"
+#include "services/transport/clock.h"
+#include "services/transport/liveness.h"
+#include "services/transport/transport.h"
+
+namespace pw::transport {
+
+// Load a worker last reported in its heartbeat.
+struct PeerLoad {
+  uint32_t free_kv_blocks = 0;
+  uint32_t used_kv_blocks = 0;
+  uint32_t reserved_kv_blocks = 0;
+  uint32_t running_requests = 0;
+  uint32_t waiting_requests = 0;
+  uint64_t queued_prompt_tokens = 0;
+  bool draining = false;
+};
+
+// Counters of frames refused or lost (exported as metrics by the owner).
+struct ControlCounters {
+  uint64_t received = 0;         // frames that passed validation
+  uint64_t malformed = 0;        // failed framing / pointer validation
+  uint64_t wrong_version = 0;    // another protocol major version or unknown body member
+  uint64_t unregistered = 0;     // from a peer that has not registered
+  uint64_t duplicates = 0;       // seq not above the last seen
+  uint64_t lost = 0;             // sum of seq gaps
+  uint64_t handler_errors = 0;   // handler returned an error or read malformed fields
+  uint64_t send_errors = 0;
+};
+
+// A registered peer, as the server knows it.
+struct PeerInfo {
+  std::string id;                             // ZeroMQ routing id
+  wire::Role role = wire::Role::UNKNOWN;
+  uint32_t pid = 0;
+  std::shared_ptr<proto::InMessage> registration;  // the Register frame, kept for its fields
+  PeerLoad load;
+  uint64_t last_seq_in = 0;
+  uint64_t next_seq_out = 1;
+};
+
+// Handler for application messages; an error is logged and counted, the frame dropped.
+using MessageHandler = std::function<Status(const std::string& peer, const proto::InMessage&)>;
+
+class ControlServer {
+ public:
+  struct Options {
+    std::string id = "server";    // senderId of this process
+    uint64_t heartbeat_ms = 500;
+    uint32_t dead_after_beats = 3;
+  };
+  // `clock` must outlive the server.
+  ControlServer(std::unique_ptr<Transport> transport, const Clock* clock, Options options);
+
+  // Accept or refuse a registration (default: accept). A refusal's message goes back as reason.
+  std::function<Status(const std::string& peer, wire::Register::Reader reg)> on_register;
+  // A registered peer died (silent for dead_after_beats) or re-registered from a new process.
+  std::function<void(const std::string& peer, const PeerInfo& info)> on_peer_dead;
+  // Fills the server's own heartbeat (serverInstance is set by the server).
+  std::function<void(wire::Heartbeat::Builder)> fill_heartbeat;
+
+  // Waits up to timeout_ms for frames, handles every frame then available, runs timers.
+  // Returns the number of frames received.
+  int Poll(int timeout_ms, const MessageHandler& handler);
+  // Sends `msg` to a registered or unregistered peer (stamps version, per-link seq, sender).
+  Status Send(const std::string& peer, proto::OutMessage& msg);
+  // Runs heartbeat and expiry timers now (Poll calls it too).
+  void Tick();
+
+  const std::map<std::string, PeerInfo>& peers() const { return peers_; }
+  const PeerInfo* FindPeer(const std::string& peer) const;
+  uint64_t instance() const { return instance_; }
+  const ControlCounters& counters() const { return counters_; }
+  const Transport& transport() const { return *transport_; }
+
+ private:
+  void HandleFrame(Frame frame, const MessageHandler& handler);
+  void HandleRegister(const std::string& peer, std::shared_ptr<proto::InMessage> msg);
+
+  std::unique_ptr<Transport> transport_;
+  const Clock* clock_;
+  Options options_;
+  uint64_t instance_;
+  PeerLiveness liveness_;
+  std::map<std::string, PeerInfo> peers_;
+  std::map<std::string, uint64_t> unregistered_seq_out_;
+  uint64_t next_heartbeat_ms_ = 0;
+  ControlCounters counters_;
+};
+
+class ControlClient {
+ public:
+  struct Options {
+    std::string id;               // routing id / senderId; unique per process instance
+    wire::Role role = wire::Role::UNKNOWN;
+    uint64_t heartbeat_ms = 500;
+    uint32_t dead_after_beats = 3;
+  };
+  ControlClient(std::unique_ptr<Transport> transport, const Clock* clock, Options options);
+
+  // Fills the Register body (role, id, pid and heartbeat interval are set already).
+  std::function<void(wire::Register::Builder)> fill_register;
+  std::function<void(wire::Heartbeat::Builder)> fill_heartbeat;
+  // The server accepted a registration (first time, or again after it restarted).
+  std::function<void()> on_registered;
+  // The server was silent for dead_after_beats intervals.
+  std::function<void()> on_server_lost;
+
+  // Sends the first Register. Later ones are sent by Poll until acknowledged.
+  Status Start();
+  // Waits up to timeout_ms for frames, handles every frame then available, runs timers.
+  int Poll(int timeout_ms, const MessageHandler& handler);
+  // Stamps and sends `msg` to the server.
+  Status Send(proto::OutMessage& msg);
+  void Tick();
+
+  bool registered() const { return registered_; }
+  uint64_t server_instance() const { return server_instance_; }
+  const ControlCounters& counters() const { return counters_; }
+
+ private:
+  Status SendRegister();
+  void HandleFrame(Frame frame, const MessageHandler& handler);
+  void MarkLost(const char* why);
+
+  std::unique_ptr<Transport> transport_;
+  const Clock* clock_;
+  Options options_;
+  PeerLiveness liveness_;
+  bool registered_ = false;
+  uint64_t server_instance_ = 0;
+  uint64_t next_seq_out_ = 1;
+  uint64_t last_seq_in_ = 0;
+  uint64_t next_timer_ms_ = 0;
+  ControlCounters counters_;
+};
+
+}  // namespace pw::transport
