@@ -166,7 +166,12 @@ TEST(Control, RestartedServerIsDetectedAndClientReregisters) {
   uint64_t first_instance = p.client->server_instance();
   // Replace the server by a new process on the same endpoint.
   p.server.reset();
+  // The old socket closes asynchronously on ZeroMQ's I/O thread; the port frees shortly.
   auto router = ZmqRouterTransport::Bind(p.endpoint);
+  for (int i = 0; i < 200 && !router.ok(); ++i) {
+    p.client->Poll(10, nullptr);
+    router = ZmqRouterTransport::Bind(p.endpoint);
+  }
   ASSERT_TRUE(router.ok()) << router.status().ToString();
   ControlServer::Options so;
   so.heartbeat_ms = kBeatMs;
