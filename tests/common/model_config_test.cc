@@ -1,0 +1,301 @@
+#include "common/model_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tests/common/test_util.h"
+
+namespace pw {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+// The structural fields every type requires, for `type`.
+json Minimal(const std::string& type) {
+  json j = {{"model_type", type},   {"hidden_size", 64},        {"num_hidden_layers", 2},
+            {"num_attention_heads", 4}, {"vocab_size", 1000}, {"num_experts_per_tok", 2}};
+  if (type == "mixtral") {
+    j["num_attention_heads"] = 8;  // its class default of 8 kv heads must divide the head count
+    j["num_local_experts"] = 8;
+    j["intermediate_size"] = 32;
+  } else if (type == "olmoe") {
+    j["num_experts"] = 8;
+    j["intermediate_size"] = 32;
+  } else {
+    j["num_experts"] = 8;
+    j["moe_intermediate_size"] = 32;
+  }
+  if (type == "qwen2_moe") {  // its class default of 16 kv heads must divide the head count
+    j["hidden_size"] = 256;
+    j["num_attention_heads"] = 16;
+  }
+  return j;
+}
+
+Result<ModelConfig> Parse(const json& j) { return ParseModelConfig(j.dump(), "cfg.json"); }
+
+void ExpectError(const json& j, StatusCode code, const std::string& field) {
+  auto r = Parse(j);
+  ASSERT_FALSE(r.ok()) << "accepted: " << j.dump();
+  EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+  EXPECT_THAT(r.status().message(), HasSubstr("cfg.json"));
+  EXPECT_THAT(r.status().message(), HasSubstr("'" + field + "'"));
+}
+
+TEST(ModelConfigTest, Qwen2MoeDefaults) {
+  auto r = Parse(Minimal("qwen2_moe"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.type, ModelType::kQwen2Moe);
+  EXPECT_EQ(c.num_kv_heads, 16);  // class default
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.qk_norm, QkNorm::kNone);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 5632);
+  EXPECT_EQ(c.intermediate_size, 5632);
+  EXPECT_EQ(c.moe_intermediate_size, 32);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.max_position_embeddings, 32768);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.bos_token_id.has_value());
+  EXPECT_TRUE(c.eos_token_ids.empty());
+}
+
+TEST(ModelConfigTest, Qwen2MoeKvDefaultMustDivideHeads) {
+  // The class default of 16 kv heads does not divide 4 query heads: refused, naming the field.
+  json j = Minimal("qwen2_moe");
+  j["num_attention_heads"] = 4;
+  auto r = Parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'num_key_value_heads'"));
+}
+
+TEST(ModelConfigTest, Qwen3MoePerHeadNormAndExplicitHeadDim) {
+  json j = Minimal("qwen3_moe");
+  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 32;  // head_dim * heads != hidden is fine for qwen3_moe
+  j["norm_topk_prob"] = true;
+  j["mlp_only_layers"] = {1};
+  j["decoder_sparse_step"] = 1;
+  j["eos_token_id"] = 7;
+  j["rope_theta"] = 1000000;  // an integer where a float is expected is fine
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->head_dim, 32);
+  EXPECT_EQ(r->qk_norm, QkNorm::kPerHead);
+  EXPECT_FALSE(r->qkv_bias);
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_EQ(r->shared_expert_intermediate_size, 0);
+  EXPECT_EQ(r->intermediate_size, 6144);
+  EXPECT_TRUE(r->IsMoeLayer(0));
+  EXPECT_FALSE(r->IsMoeLayer(1));
+  EXPECT_EQ(r->eos_token_ids, (std::vector<int64_t>{7}));
+  EXPECT_DOUBLE_EQ(r->rope_theta, 1e6);
+
+  json k = Minimal("qwen3_moe");
+  auto d = Parse(k);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->num_kv_heads, 4);  // class default
+  EXPECT_EQ(d->head_dim, 16);     // hidden / heads
+}
+
+TEST(ModelConfigTest, DecoderSparseStep) {
+  json j = Minimal("qwen2_moe");
+  j["num_key_value_heads"] = 4;
+  j["num_hidden_layers"] = 4;
+  j["decoder_sparse_step"] = 2;
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->IsMoeLayer(0));
+  EXPECT_TRUE(r->IsMoeLayer(1));
+  EXPECT_FALSE(r->IsMoeLayer(2));
+  EXPECT_TRUE(r->IsMoeLayer(3));
+  j["decoder_sparse_step"] = 0;
+  ExpectError(j, StatusCode::kInvalidArgument, "decoder_sparse_step");
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = {0, 9};
+  ExpectError(j, StatusCode::kInvalidArgument, "mlp_only_layers[1]");
+}
+
+TEST(ModelConfigTest, OlmoeDefaults) {
+  json j = Minimal("olmoe");
+  j["head_dim"] = 999;  // olmoe ignores head_dim
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->type, ModelType::kOlmoe);
+  EXPECT_EQ(r->num_kv_heads, 4);  // = num_attention_heads
+  EXPECT_EQ(r->head_dim, 16);
+  EXPECT_EQ(r->qk_norm, QkNorm::kFull);
+  EXPECT_FALSE(r->qkv_bias);
+  EXPECT_FALSE(r->norm_topk_prob);
+  EXPECT_EQ(r->moe_intermediate_size, 32);
+  EXPECT_DOUBLE_EQ(r->rms_norm_eps, 1e-5);
+  EXPECT_EQ(r->max_position_embeddings, 4096);
+  EXPECT_EQ(r->eos_token_ids, (std::vector<int64_t>{50279}));
+  EXPECT_EQ(r->pad_token_id, 1);
+  EXPECT_FALSE(r->bos_token_id.has_value());
+  EXPECT_FALSE(r->clip_qkv.has_value());
+  EXPECT_TRUE(r->IsMoeLayer(0));
+  EXPECT_TRUE(r->IsMoeLayer(1));
+
+  j["clip_qkv"] = 8.0;
+  j["attention_bias"] = true;
+  j["num_key_value_heads"] = nullptr;
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->clip_qkv, 8.0);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_TRUE(c->o_bias);
+  EXPECT_EQ(c->num_kv_heads, 4);
+}
+
+TEST(ModelConfigTest, MixtralDefaults) {
+  json j = Minimal("mixtral");
+  j["num_attention_heads"] = 8;
+  j["sliding_window"] = nullptr;
+  j["eos_token_id"] = {2, 3};
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_experts, 8);
+  EXPECT_EQ(r->num_kv_heads, 8);
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_FALSE(r->qkv_bias);
+  EXPECT_EQ(r->qk_norm, QkNorm::kNone);
+  EXPECT_DOUBLE_EQ(r->rope_theta, 1e6);
+  EXPECT_EQ(r->bos_token_id, 1);
+  EXPECT_EQ(r->eos_token_ids, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(r->max_position_embeddings, 131072);
+
+  j["head_dim"] = nullptr;  // null head_dim falls back to hidden / heads
+  auto n = Parse(j);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->head_dim, 8);
+  j["sliding_window"] = 4096;
+  j["max_position_embeddings"] = 32768;
+  ExpectError(j, StatusCode::kUnsupported, "sliding_window");
+}
+
+TEST(ModelConfigTest, RejectsUnknownModelType) {
+  json j = Minimal("olmoe");
+  j["model_type"] = "llama";
+  ExpectError(j, StatusCode::kUnsupported, "model_type");
+  j.erase("model_type");
+  ExpectError(j, StatusCode::kInvalidArgument, "model_type");
+  j["model_type"] = 3;
+  ExpectError(j, StatusCode::kInvalidArgument, "model_type");
+}
+
+TEST(ModelConfigTest, RejectsMissingRequiredFields) {
+  for (const std::string type : {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral"}) {
+    json full = Minimal(type);
+    for (auto it = full.begin(); it != full.end(); ++it) {
+      if (it.key() == "model_type") continue;
+      json j = full;
+      j.erase(it.key());
+      SCOPED_TRACE(type + " without " + it.key());
+      ExpectError(j, StatusCode::kInvalidArgument, it.key());
+    }
+  }
+}
+
+TEST(ModelConfigTest, RejectsWrongTypesAndRanges) {
+  json j = Minimal("olmoe");
+  j["hidden_size"] = "64";
+  ExpectError(j, StatusCode::kInvalidArgument, "hidden_size");
+  j = Minimal("olmoe");
+  j["hidden_size"] = 64.5;
+  ExpectError(j, StatusCode::kInvalidArgument, "hidden_size");
+  j = Minimal("olmoe");
+  j["num_hidden_layers"] = 0;
+  ExpectError(j, StatusCode::kInvalidArgument, "num_hidden_layers");
+  j = Minimal("olmoe");
+  j["rms_norm_eps"] = "small";
+  ExpectError(j, StatusCode::kInvalidArgument, "rms_norm_eps");
+  j = Minimal("olmoe");
+  j["rms_norm_eps"] = -1;
+  ExpectError(j, StatusCode::kInvalidArgument, "rms_norm_eps");
+  j = Minimal("olmoe");
+  j["tie_word_embeddings"] = 1;
+  ExpectError(j, StatusCode::kInvalidArgument, "tie_word_embeddings");
+  j = Minimal("olmoe");
+  j["num_experts_per_tok"] = 9;
+  ExpectError(j, StatusCode::kInvalidArgument, "num_experts_per_tok");
+  j = Minimal("olmoe");
+  j["num_key_value_heads"] = 3;
+  ExpectError(j, StatusCode::kInvalidArgument, "num_key_value_heads");
+  j = Minimal("olmoe");
+  j["eos_token_id"] = {1, "x"};
+  ExpectError(j, StatusCode::kInvalidArgument, "eos_token_id[1]");
+  j = Minimal("qwen3_moe");
+  j["mlp_only_layers"] = 3;
+  ExpectError(j, StatusCode::kInvalidArgument, "mlp_only_layers");
+}
+
+TEST(ModelConfigTest, RefusesUnsupportedFeatures) {
+  json j = Minimal("qwen3_moe");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  ExpectError(j, StatusCode::kUnsupported, "rope_scaling");
+  j["rope_scaling"] = {{"rope_type", "default"}};  // the same as null
+  EXPECT_TRUE(Parse(j).ok());
+  j["rope_scaling"] = nullptr;
+  EXPECT_TRUE(Parse(j).ok());
+  j["hidden_act"] = "gelu";
+  ExpectError(j, StatusCode::kUnsupported, "hidden_act");
+  j["hidden_act"] = "silu";
+  j["use_sliding_window"] = true;
+  ExpectError(j, StatusCode::kUnsupported, "use_sliding_window");
+}
+
+TEST(ModelConfigTest, RejectsMalformedJsonAndFiles) {
+  auto r = ParseModelConfig("{\"model_type\": ", "cfg.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("cfg.json: not valid JSON"));
+  r = ParseModelConfig("[1]", "cfg.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("not a JSON object"));
+
+  pw::testing::TempDir tmp;
+  auto missing = LoadModelConfig(tmp.File("config.json"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("config.json"));
+
+  pw::testing::WriteFile(tmp.File("config.json"), Minimal("olmoe").dump());
+  auto ok = LoadModelConfig(tmp.File("config.json"));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->model_type, "olmoe");
+}
+
+// Configs written by HF transformers (tests/fixtures/models/<type>/config.json), when present.
+TEST(ModelConfigTest, LoadsHfFixtureConfigs) {
+  int found = 0;
+  for (const std::string type : {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral"}) {
+    std::string path = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + type +
+                       "/config.json";
+    if (!std::filesystem::exists(path)) continue;
+    ++found;
+    auto r = LoadModelConfig(path);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->model_type, type);
+    EXPECT_GT(r->num_experts, 0);
+    EXPECT_EQ(r->num_heads % r->num_kv_heads, 0);
+  }
+  std::string tiny = std::string(PW_SOURCE_DIR) + "/models/tiny-moe/config.json";
+  if (std::filesystem::exists(tiny)) {
+    ++found;
+    auto r = LoadModelConfig(tiny);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
+  if (found == 0) GTEST_SKIP() << "no HF fixture configs in tests/fixtures/models yet";
+}
+
+}  // namespace
+}  // namespace pw
