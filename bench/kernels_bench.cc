@@ -1,0 +1,220 @@
+// pw-bench-kernels: any-precision GEMV/GEMM vs a dense bf16 GEMV and a plain memory read, at
+// real expert shapes, single-threaded, reporting bytes_per_second.
+//
+// Names (one filter selects one case):
+//   apgemv/<rows>x<cols>/b<bits>/t<tokens>  ApGemm at width bits (best backend); bytes per call =
+//                                           bits planes + LUT_bits (what the kernel must read)
+//   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
+//   memread/<bytes>                         streaming read of <bytes> bytes per iteration
+// Every case cycles through distinct blocks whose total exceeds 1 GiB (the last-level cache is
+// smaller), so the figures measure memory, not cache. Shapes: OLMoE expert (2048->1024,
+// 1024->2048) and Mixtral expert (4096->14336, 14336->4096); rows = out features.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/anyprec/anyprec.h"
+#include "kernels/anyprec/pack.h"
+#include "kernels/cpu/dense.h"
+
+namespace pw::anyprec {
+namespace {
+
+constexpr size_t kPoolBytes = size_t{1152} << 20;    // weight bytes (planes or bf16)
+constexpr size_t kWorkingSet = size_t{1088} << 20;   // > 1 GiB per case
+constexpr size_t kLutPoolEntries = size_t{160} << 20;  // fp16 entries (320 MiB)
+
+uint64_t Mix(uint64_t& s) {
+  s ^= s << 13;
+  s ^= s >> 7;
+  s ^= s << 17;
+  return s;
+}
+
+// Pool of bytes usable both as bit-planes and as bf16 weights: every odd byte (the high byte of
+// a little-endian bf16) is 0x3C..0x3F, so every bf16 is finite, normal and below 1 in magnitude.
+const uint8_t* WeightPool() {
+  static uint8_t* pool = [] {
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(size_t{2} << 20, kPoolBytes));
+    madvise(p, kPoolBytes, MADV_HUGEPAGE);
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    auto* w = reinterpret_cast<uint64_t*>(p);
+    for (size_t i = 0; i < kPoolBytes / 8; ++i) {
+      w[i] = (Mix(s) & 0x03ff03ff03ff03ffull) | 0x3c003c003c003c00ull;
+    }
+    return p;
+  }();
+  return pool;
+}
+
+// Finite fp16 centroids in [-1, 1).
+const uint16_t* LutPool() {
+  static uint16_t* pool = [] {
+    auto* p = static_cast<uint16_t*>(std::aligned_alloc(64, kLutPoolEntries * 2));
+    uint64_t s = 0x2545F4914F6CDD1Dull;
+    for (size_t i = 0; i < kLutPoolEntries; ++i) {
+      p[i] = F32ToF16(static_cast<float>(static_cast<int64_t>(Mix(s) % 2000001) - 1000000) * 1e-6f);
+    }
+    return p;
+  }();
+  return pool;
+}
+
+struct Aligned {
+  explicit Aligned(size_t bytes) : p(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {}
+  ~Aligned() { std::free(p); }
+  void* p;
+};
+
+std::vector<float> RandomFloats(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  for (auto& f : v) f = static_cast<float>(static_cast<int64_t>(Mix(seed) % 2001) - 1000) * 1e-3f;
+  return v;
+}
+
+size_t ApBytesPerCall(int rows, int cols, int bits) {
+  return bits * PlaneBytes(rows, cols) + (static_cast<size_t>(rows) << bits) * 2;
+}
+
+void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens) {
+  const size_t plane_bytes = PlaneBytes(rows, cols);
+  const size_t lut_entries = static_cast<size_t>(rows) << bits;
+  const size_t per_call = ApBytesPerCall(rows, cols, bits);
+  const int n_blocks = static_cast<int>(std::min((kWorkingSet + per_call - 1) / per_call,
+                                                  kPoolBytes / (bits * plane_bytes)));
+  // Pages of about 64 KiB (tile_rows rows of one plane), as a paged pool would hand them over.
+  const int tile_rows = std::max<int>(1, static_cast<int>((size_t{64} << 10) / PlaneRowBytes(cols)));
+  const uint8_t* pool = WeightPool();
+  const uint16_t* luts = LutPool();
+  std::vector<std::unique_ptr<PageLists>> blocks;
+  for (int i = 0; i < n_blocks; ++i) {
+    const uint8_t* bases[kNumPlanes] = {};
+    for (int p = 0; p < bits; ++p) bases[p] = pool + (static_cast<size_t>(i) * bits + p) * plane_bytes;
+    const uint16_t* lut_ptrs[kMaxBits + 1] = {};
+    lut_ptrs[bits] = luts + (static_cast<size_t>(i) * lut_entries) % (kLutPoolEntries - lut_entries);
+    blocks.push_back(std::make_unique<PageLists>(bases, lut_ptrs, rows, cols, tile_rows));
+  }
+  const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 42);
+  std::vector<float> y(static_cast<size_t>(tokens) * rows);
+  Aligned ws(ApGemmWorkspaceBytes(cols, tokens));
+  const Backend backend = BestBackend();
+  int i = 0;
+  for (auto _ : state) {
+    Status s = ApGemm(backend, blocks[i]->view(), bits, x.data(), tokens, y.data(),
+                      {ws.p, ApGemmWorkspaceBytes(cols, tokens)});
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(y.data());
+    if (++i == n_blocks) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
+  state.counters["blocks"] = n_blocks;
+  state.counters["weights_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * rows * cols * tokens, benchmark::Counter::kIsRate);
+  state.SetLabel(BackendName(backend));
+}
+
+void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens) {
+  const size_t per_call = size_t{2} * rows * cols;
+  const int n_blocks = static_cast<int>(std::min(kPoolBytes / per_call, (kWorkingSet + per_call - 1) / per_call));
+  const auto* pool = reinterpret_cast<const uint16_t*>(WeightPool());
+  const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 43);
+  std::vector<float> y(static_cast<size_t>(tokens) * rows);
+  const cpu::DenseKernels& k = cpu::Kernels();
+  int i = 0;
+  for (auto _ : state) {
+    k.matmul_bf16(x.data(), cols, tokens, pool + static_cast<size_t>(i) * rows * cols, cols, 0, rows,
+                  y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+    if (++i == n_blocks) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
+  state.counters["blocks"] = n_blocks;
+  state.SetLabel(cpu::IsaName(cpu::BestIsa()));
+}
+
+__attribute__((target("avx2"))) uint64_t ReadBytes(const uint8_t* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  uint64_t out = static_cast<uint64_t>(_mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1) +
+                                       _mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3));
+  for (; i < n; ++i) out += p[i];
+  return out;
+}
+
+// Reads `bytes` bytes per iteration from successive 64-byte aligned regions of the pool.
+void BM_MemRead(benchmark::State& state, size_t bytes) {
+  const uint8_t* pool = WeightPool();
+  const size_t stride = (bytes + 63) / 64 * 64;
+  const size_t n_regions = std::max<size_t>(1, kPoolBytes / stride);
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(ReadBytes(pool + i * stride, bytes));
+    if (++i == n_regions) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+
+struct ShapeSpec {
+  int rows, cols;
+};
+
+void RegisterAll() {
+  const ShapeSpec shapes[] = {{1024, 2048}, {2048, 1024}, {14336, 4096}, {4096, 14336}};
+  const int token_counts[] = {1, 4, 16};
+  std::set<size_t> read_sizes;
+  for (const ShapeSpec& s : shapes) {
+    for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+      for (int t : token_counts) {
+        const std::string name = "apgemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                                 "/b" + std::to_string(bits) + "/t" + std::to_string(t);
+        benchmark::RegisterBenchmark(name.c_str(), BM_ApGemv, s.rows, s.cols, bits, t)
+            ->Unit(benchmark::kMicrosecond)->UseRealTime();
+      }
+      read_sizes.insert(ApBytesPerCall(s.rows, s.cols, bits));
+    }
+    for (int t : token_counts) {
+      const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                               "/t" + std::to_string(t);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t)
+          ->Unit(benchmark::kMicrosecond)->UseRealTime();
+    }
+    read_sizes.insert(size_t{2} * s.rows * s.cols);
+  }
+  for (size_t bytes : read_sizes) {
+    benchmark::RegisterBenchmark(("memread/" + std::to_string(bytes)).c_str(), BM_MemRead, bytes)
+        ->Unit(benchmark::kMicrosecond)->UseRealTime();
+  }
+}
+
+}  // namespace
+}  // namespace pw::anyprec
+
+int main(int argc, char** argv) {
+  pw::anyprec::RegisterAll();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
