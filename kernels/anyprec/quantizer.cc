@@ -1,0 +1,217 @@
+#include "kernels/anyprec/quantizer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <thread>
+
+#include "common/dtype.h"
+
+namespace pw::anyprec {
+namespace {
+
+// Per-row results summed (in row order) into the block's tables.
+struct RowTotals {
+  double damage[kMaxBits + 1] = {};
+  double damage_fp64[kMaxBits + 1] = {};
+  double split_gain[kMaxBits + 1] = {};
+};
+
+// Scratch of one worker thread, reused across rows.
+struct RowScratch {
+  std::vector<int> order;
+  std::vector<double> sv, sh, s0, s1;        // sorted values, sensitivities, prefix sums
+  std::vector<int> bounds[kMaxBits + 1];     // [level][2^level + 1] interval bounds (sorted idx)
+  std::vector<double> mu[kMaxBits + 1];      // [level][2^level] weighted means
+
+  explicit RowScratch(int n) : order(n), sv(n), sh(n), s0(n + 1), s1(n + 1) {
+    for (int l = 0; l <= kMaxBits; ++l) {
+      bounds[l].resize((1u << l) + 1);
+      mu[l].resize(1u << l);
+    }
+  }
+  double Mass(int a, int b) const { return s0[b] - s0[a]; }
+  double Moment(int a, int b) const { return s1[b] - s1[a]; }
+};
+
+// Weighted mean of [a, b), or `fallback` when the interval has no mass.
+double MeanOr(const RowScratch& s, int a, int b, double fallback) {
+  const double m = s.Mass(a, b);
+  return (b > a && m > 0) ? s.Moment(a, b) / m : fallback;
+}
+
+// Lloyd iterations for k clusters on the sorted row; writes s.bounds[level], s.mu[level].
+void SeedKMeans(RowScratch& s, int n, int level, int iters) {
+  const int k = 1 << level;
+  std::vector<int>& bd = s.bounds[level];
+  std::vector<double>& mu = s.mu[level];
+  const double total = s.s0[n];
+  bd[0] = 0;
+  bd[k] = n;
+  for (int c = 1; c < k; ++c) {  // weighted quantiles
+    const double target = total * c / k;
+    bd[c] = static_cast<int>(std::lower_bound(s.s0.begin() + 1, s.s0.end(), target) - s.s0.begin());
+    bd[c] = std::clamp(bd[c], bd[c - 1], n);
+  }
+  std::vector<int> next(k + 1);
+  for (int it = 0; it <= iters; ++it) {
+    for (int c = 0; c < k; ++c) {
+      const double at = s.sv[std::min(bd[c], n - 1)];
+      mu[c] = MeanOr(s, bd[c], bd[c + 1], at);
+    }
+    if (it == iters) break;
+    next[0] = 0;
+    next[k] = n;
+    for (int c = 1; c < k; ++c) {
+      const double mid = 0.5 * (mu[c - 1] + mu[c]);
+      next[c] = static_cast<int>(std::upper_bound(s.sv.begin(), s.sv.begin() + n, mid) - s.sv.begin());
+      next[c] = std::max(next[c], next[c - 1]);
+    }
+    if (next == bd) break;
+    bd = next;
+  }
+}
+
+void QuantizeRow(const float* w, const float* h, int n, const QuantizeOptions& opt, RowScratch& s,
+                 uint8_t* codes, uint16_t* const* luts, RowTotals* totals) {
+  std::iota(s.order.begin(), s.order.end(), 0);
+  std::sort(s.order.begin(), s.order.end(), [w](int a, int b) {
+    return w[a] < w[b] || (w[a] == w[b] && a < b);
+  });
+  s.s0[0] = s.s1[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    s.sv[i] = w[s.order[i]];
+    s.sh[i] = h[s.order[i]];
+    s.s0[i + 1] = s.s0[i] + s.sh[i];
+    s.s1[i + 1] = s.s1[i] + s.sh[i] * s.sv[i];
+  }
+  const int seed = opt.seed_bits;
+  SeedKMeans(s, n, seed, opt.lloyd_iters);
+  // Coarser levels merge sibling pairs.
+  for (int l = seed - 1; l >= kMinBits; --l) {
+    for (int c = 0; c <= (1 << l); ++c) s.bounds[l][c] = s.bounds[l + 1][2 * c];
+    for (int c = 0; c < (1 << l); ++c) {
+      const double fallback = 0.5 * (s.mu[l + 1][2 * c] + s.mu[l + 1][2 * c + 1]);
+      s.mu[l][c] = MeanOr(s, s.bounds[l][c], s.bounds[l][c + 1], fallback);
+    }
+  }
+  // Finer levels split every cluster by its optimal weighted 2-means cut.
+  for (int l = seed; l < kMaxBits; ++l) {
+    double gain_sum = 0;
+    for (int c = 0; c < (1 << l); ++c) {
+      const int a = s.bounds[l][c], b = s.bounds[l][c + 1];
+      const double parent = s.mu[l][c];
+      int cut = b;  // default: everything stays in child 2c
+      if (l < opt.max_bits && b - a >= 2) {
+        const double m = s.Mass(a, b), q = s.Moment(a, b);
+        double best = -1;
+        for (int i = a + 1; i < b; ++i) {
+          if (s.sv[i] == s.sv[i - 1]) continue;  // equal weights share a code
+          const double ml = s.Mass(a, i), ql = s.Moment(a, i);
+          const double mr = m - ml, qr = q - ql;
+          if (ml <= 0 || mr <= 0) continue;
+          const double score = ql * ql / ml + qr * qr / mr;  // = const - (SSE_L + SSE_R)
+          if (score > best) {
+            best = score;
+            cut = i;
+          }
+        }
+      }
+      s.bounds[l + 1][2 * c] = a;
+      s.bounds[l + 1][2 * c + 1] = cut;
+      s.bounds[l + 1][2 * c + 2] = b;
+      const double ml = s.Mass(a, cut), mr = s.Mass(cut, b);
+      s.mu[l + 1][2 * c] = MeanOr(s, a, cut, parent);
+      s.mu[l + 1][2 * c + 1] = MeanOr(s, cut, b, parent);
+      if (ml > 0 && mr > 0) {
+        const double d = s.mu[l + 1][2 * c] - s.mu[l + 1][2 * c + 1];
+        gain_sum += ml * mr / (ml + mr) * d * d;
+      }
+    }
+    totals->split_gain[l + 1] += gain_sum;
+  }
+  // Parent codes, LUTs, damages.
+  const std::vector<int>& leaf = s.bounds[kMaxBits];
+  for (int c = 0; c < (1 << kMaxBits); ++c) {
+    for (int i = leaf[c]; i < leaf[c + 1]; ++i) codes[s.order[i]] = static_cast<uint8_t>(c);
+  }
+  double d0 = 0;
+  for (int i = 0; i < n; ++i) d0 += s.sh[i] * s.sv[i] * s.sv[i];
+  totals->damage[0] += d0;
+  totals->damage_fp64[0] += d0;
+  for (int l = kMinBits; l <= kMaxBits; ++l) {
+    double d = 0, d64 = 0;
+    for (int c = 0; c < (1 << l); ++c) {
+      const uint16_t half = F32ToF16(static_cast<float>(s.mu[l][c]));
+      luts[l][c] = half;
+      const double q = F16ToF32(half), q64 = s.mu[l][c];
+      for (int i = s.bounds[l][c]; i < s.bounds[l][c + 1]; ++i) {
+        d += s.sh[i] * (s.sv[i] - q) * (s.sv[i] - q);
+        d64 += s.sh[i] * (s.sv[i] - q64) * (s.sv[i] - q64);
+      }
+    }
+    totals->damage[l] += d;
+    totals->damage_fp64[l] += d64;
+  }
+}
+
+}  // namespace
+
+Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const float* h,
+                                     const QuantizeOptions& opt) {
+  if (rows < 1 || cols < 1) {
+    return InvalidArgument("quantize: block shape " + std::to_string(rows) + "x" + std::to_string(cols));
+  }
+  if (opt.max_bits < kMinBits || opt.max_bits > kMaxBits || opt.seed_bits < kMinBits ||
+      opt.seed_bits > opt.max_bits) {
+    return InvalidArgument("quantize: need 3 <= seed_bits (" + std::to_string(opt.seed_bits) +
+                           ") <= max_bits (" + std::to_string(opt.max_bits) + ") <= 8");
+  }
+  for (int c = 0; c < cols; ++c) {
+    if (!std::isfinite(h[c]) || h[c] <= 0) {
+      return InvalidArgument("quantize: sensitivity of column " + std::to_string(c) +
+                             " is not a finite positive number");
+    }
+  }
+  for (size_t i = 0; i < static_cast<size_t>(rows) * cols; ++i) {
+    if (!std::isfinite(w[i])) {
+      return InvalidArgument("quantize: weight (" + std::to_string(i / cols) + ", " +
+                             std::to_string(i % cols) + ") is not finite");
+    }
+  }
+  QuantizedBlock out;
+  out.block.rows = rows;
+  out.block.cols = cols;
+  for (int b = kMinBits; b <= kMaxBits; ++b) out.block.luts[b].assign(static_cast<size_t>(rows) << b, 0);
+  std::vector<uint8_t> codes(static_cast<size_t>(rows) * cols);
+  std::vector<RowTotals> per_row(rows);
+  std::atomic<int> next{0};
+  auto worker = [&] {
+    RowScratch scratch(cols);
+    for (int r = next.fetch_add(1); r < rows; r = next.fetch_add(1)) {
+      uint16_t* luts[kMaxBits + 1] = {};
+      for (int b = kMinBits; b <= kMaxBits; ++b) luts[b] = out.block.luts[b].data() + (static_cast<size_t>(r) << b);
+      QuantizeRow(w + static_cast<size_t>(r) * cols, h, cols, opt, scratch,
+                  codes.data() + static_cast<size_t>(r) * cols, luts, &per_row[r]);
+    }
+  };
+  const int threads = std::clamp(opt.threads, 1, std::max(1, rows));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  for (const RowTotals& rt : per_row) {  // row order: deterministic whatever the threads
+    for (int b = 0; b <= kMaxBits; ++b) {
+      out.damage[b] += rt.damage[b];
+      out.damage_fp64[b] += rt.damage_fp64[b];
+      out.split_gain[b] += rt.split_gain[b];
+    }
+  }
+  out.block.planes.resize(kNumPlanes * PlaneBytes(rows, cols));
+  PackCodes(codes.data(), rows, cols, out.block.planes.data());
+  return out;
+}
+
+}  // namespace pw::anyprec
