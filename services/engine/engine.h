@@ -74,6 +74,9 @@ struct EngineOptions {
   int max_batch_tokens = 256;
   // Longest sequence (prompt + generated) accepted; 0 = the model's max_position_embeddings.
   int max_context = 0;
+  // When true, Step() also returns the logits each new token was sampled from (tests,
+  // logprobs). Costs a [vocab] copy per token.
+  bool return_logits = false;
 };
 
 enum class FinishReason : uint8_t {
@@ -91,6 +94,8 @@ struct SequenceUpdate {
   std::vector<int32_t> new_tokens;
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
+  // [vocab] logits the new token was sampled from; only with EngineOptions::return_logits.
+  std::vector<float> logits;
 };
 
 struct StepResult {
@@ -186,7 +191,8 @@ class Engine {
   struct Sequence;
   Engine(EngineOptions options);
   Status CheckNewSequence(SeqId id, const std::vector<int32_t>& prompt,
-                          const SamplingParams& params, size_t num_generated) const;
+                          const SamplingParams& params, size_t num_generated,
+                          bool eval = false) const;
   bool IsStop(const Sequence& s, int32_t token) const;
 
   EngineOptions options_;
@@ -194,6 +200,7 @@ class Engine {
   std::unique_ptr<KvBlockPool> pool_;
   std::unique_ptr<Runner> runner_;
   std::vector<std::unique_ptr<Sequence>> seqs_;  // arrival order
+  std::vector<int32_t> eos_ids_;
   std::vector<std::pair<float, int32_t>> sample_scratch_;
 };
 

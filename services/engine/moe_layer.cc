@@ -1,0 +1,155 @@
+#include "services/engine/moe_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "services/engine/ops.h"
+
+namespace pw::engine {
+
+Status Bf16ExpertProvider::Apply(int layer, int expert, ExpertProj proj, const float* x,
+                                 size_t ldx, size_t num_tokens, float* y, size_t ldy,
+                                 cpu::ThreadPool* pool) {
+  const auto& layers = model_.layers();
+  if (layer < 0 || static_cast<size_t>(layer) >= layers.size() || !layers[layer].is_moe ||
+      expert < 0 || static_cast<size_t>(expert) >= layers[layer].experts.size()) {
+    return InvalidArgument("bf16 experts: no expert " + std::to_string(expert) + " in layer " +
+                           std::to_string(layer));
+  }
+  const MlpWeights& w = layers[layer].experts[expert];
+  const cpu::DenseKernels& k = cpu::Kernels();
+  if (proj == ExpertProj::kGateUp) {
+    Linear(pool, k, x, ldx, num_tokens, w.gate, y, ldy);
+    Linear(pool, k, x, ldx, num_tokens, w.up, y + w.gate.rows, ldy);
+  } else {
+    Linear(pool, k, x, ldx, num_tokens, w.down, y, ldy);
+  }
+  return Status::Ok();
+}
+
+void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
+                 std::vector<float>* tmp, cpu::ThreadPool* pool, const cpu::DenseKernels& k) {
+  const size_t f = static_cast<size_t>(w.gate.rows);
+  tmp->resize(T * 2 * f);
+  float* gu = tmp->data();
+  Linear(pool, k, x, hidden, T, w.gate, gu, 2 * f);
+  Linear(pool, k, x, hidden, T, w.up, gu + f, 2 * f);
+  for (size_t t = 0; t < T; ++t) k.silu_mul(gu + t * 2 * f, gu + t * 2 * f + f, f, gu + t * 2 * f);
+  Linear(pool, k, gu, 2 * f, T, w.down, out, hidden);
+}
+
+Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingContext ctx,
+                   const float* x, float* out, const MoeHooks& hooks,
+                   ExpertWeightProvider* provider, MoeScratch* s, cpu::ThreadPool* pool,
+                   const cpu::DenseKernels& k) {
+  const size_t T = static_cast<size_t>(ctx.num_tokens);
+  const size_t H = static_cast<size_t>(config.hidden_size);
+  const size_t E = static_cast<size_t>(config.num_experts);
+  const size_t K = static_cast<size_t>(config.num_experts_per_tok);
+  const size_t I = static_cast<size_t>(config.moe_intermediate_size);
+  ctx.num_experts = static_cast<int>(E);
+  ctx.top_k = static_cast<int>(K);
+  ctx.norm_topk_prob = config.norm_topk_prob;
+
+  // Router: logits, softmax (fp32), top-k in descending probability, optional renormalisation.
+  s->logits.resize(T * E);
+  s->probs.resize(T * E);
+  Linear(pool, k, x, H, T, w.router, s->logits.data(), E);
+  std::memcpy(s->probs.data(), s->logits.data(), T * E * sizeof(float));
+  for (size_t t = 0; t < T; ++t) k.softmax(s->probs.data() + t * E, E);
+  ctx.router_logits = s->logits.data();
+  ctx.router_probs = s->probs.data();
+
+  s->assignments.clear();
+  s->topk_idx.resize(E);
+  for (size_t t = 0; t < T; ++t) {
+    const float* p = s->probs.data() + t * E;
+    for (size_t e = 0; e < E; ++e) s->topk_idx[e] = static_cast<int32_t>(e);
+    std::partial_sort(s->topk_idx.begin(), s->topk_idx.begin() + K, s->topk_idx.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float sum = 0.f;
+    for (size_t j = 0; j < K; ++j) sum += p[s->topk_idx[j]];
+    for (size_t j = 0; j < K; ++j) {
+      const int32_t e = s->topk_idx[j];
+      const float weight = config.norm_topk_prob ? p[e] / sum : p[e];
+      s->assignments.push_back({static_cast<int32_t>(t), e, weight, static_cast<int16_t>(j)});
+    }
+  }
+
+  if (hooks.recorder != nullptr) hooks.recorder->Record(ctx, s->assignments);
+  if (hooks.routing_hook != nullptr) {
+    PW_RETURN_IF_ERROR(hooks.routing_hook->Rewrite(ctx, &s->assignments));
+    // Validate what the hook returned: in range, finite, no duplicate (token, expert).
+    std::vector<uint8_t> seen(T * E, 0);
+    for (const ExpertAssignment& a : s->assignments) {
+      if (a.token < 0 || static_cast<size_t>(a.token) >= T || a.expert < 0 ||
+          static_cast<size_t>(a.expert) >= E || !std::isfinite(a.weight)) {
+        return Internal("routing hook returned an invalid assignment (token " +
+                        std::to_string(a.token) + ", expert " + std::to_string(a.expert) +
+                        ") in layer " + std::to_string(ctx.layer));
+      }
+      uint8_t& m = seen[static_cast<size_t>(a.token) * E + static_cast<size_t>(a.expert)];
+      if (m) {
+        return Internal("routing hook returned token " + std::to_string(a.token) + " twice for expert " +
+                        std::to_string(a.expert) + " in layer " + std::to_string(ctx.layer));
+      }
+      m = 1;
+    }
+  }
+
+  // Group assignments per expert (counting sort, stable: token order inside an expert).
+  s->offsets.assign(E + 1, 0);
+  for (const ExpertAssignment& a : s->assignments) s->offsets[a.expert + 1]++;
+  for (size_t e = 0; e < E; ++e) s->offsets[e + 1] += s->offsets[e];
+  s->order.resize(s->assignments.size());
+  {
+    std::vector<int32_t> fill(s->offsets.begin(), s->offsets.end() - 1);
+    for (size_t i = 0; i < s->assignments.size(); ++i) {
+      s->order[fill[s->assignments[i].expert]++] = static_cast<int32_t>(i);
+    }
+  }
+
+  std::memset(out, 0, T * H * sizeof(float));
+  for (size_t e = 0; e < E; ++e) {
+    const size_t begin = static_cast<size_t>(s->offsets[e]), end = static_cast<size_t>(s->offsets[e + 1]);
+    const size_t n = end - begin;
+    if (n == 0) continue;
+    s->xe.resize(n * H);
+    s->gate_up.resize(n * 2 * I);
+    s->act.resize(n * I);
+    s->ye.resize(n * H);
+    for (size_t r = 0; r < n; ++r) {
+      const ExpertAssignment& a = s->assignments[s->order[begin + r]];
+      std::memcpy(s->xe.data() + r * H, x + static_cast<size_t>(a.token) * H, H * sizeof(float));
+    }
+    PW_RETURN_IF_ERROR(provider->Apply(ctx.layer, static_cast<int>(e), ExpertProj::kGateUp,
+                                       s->xe.data(), H, n, s->gate_up.data(), 2 * I, pool));
+    for (size_t r = 0; r < n; ++r) {
+      k.silu_mul(s->gate_up.data() + r * 2 * I, s->gate_up.data() + r * 2 * I + I, I,
+                 s->act.data() + r * I);
+    }
+    PW_RETURN_IF_ERROR(provider->Apply(ctx.layer, static_cast<int>(e), ExpertProj::kDown,
+                                       s->act.data(), I, n, s->ye.data(), H, pool));
+    for (size_t r = 0; r < n; ++r) {
+      const ExpertAssignment& a = s->assignments[s->order[begin + r]];
+      k.axpy(a.weight, s->ye.data() + r * H, H, out + static_cast<size_t>(a.token) * H);
+    }
+  }
+
+  if (w.has_shared_expert) {
+    // out += sigmoid(x . w_gate) * MLP_shared(x)
+    s->shared_gate.resize(T);
+    Linear(pool, k, x, H, T, w.shared_expert_gate, s->shared_gate.data(), 1);
+    s->ye.resize(T * H);
+    RunDenseMlp(w.shared_expert, x, T, H, s->ye.data(), &s->gate_up, pool, k);
+    for (size_t t = 0; t < T; ++t) {
+      const float g = 1.f / (1.f + std::exp(-s->shared_gate[t]));
+      k.axpy(g, s->ye.data() + t * H, H, out + t * H);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace pw::engine

@@ -1,0 +1,58 @@
+// RunMoeLayer: the MoE step of one layer (the order and seams are documented in moe.h), and
+// the default bf16 expert provider.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/dense.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/engine/model.h"
+#include "services/engine/moe.h"
+
+namespace pw::engine {
+
+// Reads expert blocks from the checkpoint's bf16 matrices.
+class Bf16ExpertProvider final : public ExpertWeightProvider {
+ public:
+  explicit Bf16ExpertProvider(const Model& model) : model_(model) {}
+  Status Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx,
+               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
+  int Bits(int, int, ExpertProj) const override { return 16; }
+
+ private:
+  const Model& model_;
+};
+
+// Every expert resident.
+class AllResident final : public ExpertResidency {
+ public:
+  bool IsResident(int, int) const override { return true; }
+};
+
+// Reusable buffers of RunMoeLayer (grown on demand, never shrunk).
+struct MoeScratch {
+  std::vector<float> logits, probs;            // [T, E]
+  std::vector<ExpertAssignment> assignments;   // router's top-k, then the hook's rewrite
+  std::vector<ExpertAssignment> selected;      // router's top-k kept for the recorder
+  std::vector<int32_t> order, offsets;         // assignments grouped per expert
+  std::vector<float> xe, gate_up, act, ye;     // per-expert token rows
+  std::vector<float> shared_gate;              // [T]
+  std::vector<int32_t> topk_idx;
+};
+
+// out[t, :] = MoE(x[t, :]) for t < T (overwrites out). x is the post-attention-normed hidden
+// state [T, H]. `ctx` carries layer, T, seq ids, positions, pure_decode and residency; the
+// remaining fields are filled here. Returns the provider's or hook's error, or kInternal when a
+// hook returns invalid assignments.
+Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingContext ctx,
+                   const float* x, float* out, const MoeHooks& hooks,
+                   ExpertWeightProvider* provider, MoeScratch* s, cpu::ThreadPool* pool,
+                   const cpu::DenseKernels& k);
+
+// out[t, :] = down(silu(gate x) * up x) for a dense SwiGLU MLP (overwrites out). `tmp` is
+// scratch.
+void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
+                 std::vector<float>* tmp, cpu::ThreadPool* pool, const cpu::DenseKernels& k);
+
+}  // namespace pw::engine

@@ -1,0 +1,33 @@
+// Threaded wrappers over the dense CPU kernels, used by the forward pass.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "kernels/cpu/dense.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/engine/model.h"
+
+namespace pw::engine {
+
+// y[t * ldy + n] = sum_k x[t * ldx + k] * W[n, k] for t < T and every row n of w, split over
+// the pool by output rows (blocks of 16). Small products run on the calling thread.
+inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
+                   size_t T, const uint16_t* w, size_t rows, size_t cols, float* y, size_t ldy) {
+  const size_t work_per_row = cols * T;
+  const size_t min_rows = std::max<size_t>(16, (1u << 16) / std::max<size_t>(1, work_per_row));
+  auto run = [&](size_t b, size_t e) { k.matmul_bf16(x, ldx, T, w, cols, b, e, y, ldy); };
+  if (pool == nullptr) {
+    run(0, rows);
+  } else {
+    pool->ParallelFor(rows, 16, min_rows, run);
+  }
+}
+
+inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
+                   size_t T, const Bf16Matrix& w, float* y, size_t ldy) {
+  Linear(pool, k, x, ldx, T, w.data, static_cast<size_t>(w.rows), static_cast<size_t>(w.cols), y,
+         ldy);
+}
+
+}  // namespace pw::engine

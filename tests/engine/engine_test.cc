@@ -1,0 +1,542 @@
+// Engine correctness on the tiny random checkpoints of every supported model type
+// (tests/fixtures/models/<type>, references computed by HF transformers in fp32 from the bf16
+// weights): logits vs the reference, chunked prefill, decode vs teacher forcing, batched and
+// continuous batching vs each sequence alone, disaggregated prefill/decode, preemption and
+// recompute, the MoE seams, and bad input.
+//
+// Tolerances: 2e-3 max abs against HF (different summation order and exp implementation);
+// 1e-4 between two runs of this engine that differ only in batching or chunking.
+#include "services/engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "common/safetensors.h"
+#include "services/engine/model.h"
+#include "services/engine/moe_layer.h"
+#include "tests/engine/test_util.h"
+
+namespace pw::engine {
+namespace {
+
+using testing::FixtureModelDir;
+using testing::ReadRefLogits;
+
+const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral"};
+
+std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
+  auto e = Engine::Create(FixtureModelDir(type), opt);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+int Argmax(const float* v, size_t n) {
+  return static_cast<int>(std::max_element(v, v + n) - v);
+}
+
+double MaxAbsDiff(const float* a, const float* b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
+  return m;
+}
+
+class PerType : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PerType, LogitsMatchReferenceAtEveryPosition) {
+  auto engine = MakeEngine(GetParam());
+  ASSERT_TRUE(engine);
+  const size_t V = static_cast<size_t>(engine->vocab_size());
+  auto refs = ReadRefLogits(FixtureModelDir(GetParam()) + "/logits.safetensors", V);
+  ASSERT_FALSE(refs.empty());
+  for (size_t p = 0; p < refs.size(); ++p) {
+    auto got = engine->ForwardLogits(refs[p].ids);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->size(), refs[p].logits.size());
+    for (size_t t = 0; t < refs[p].ids.size(); ++t) {
+      const float* g = got->data() + t * V;
+      const float* r = refs[p].logits.data() + t * V;
+      EXPECT_LE(MaxAbsDiff(g, r, V), 2e-3) << "prompt " << p << " position " << t;
+      EXPECT_EQ(Argmax(g, V), Argmax(r, V)) << "prompt " << p << " position " << t;
+    }
+  }
+  EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+}
+
+TEST_P(PerType, ChunkedPrefillEqualsUnchunked) {
+  auto whole = MakeEngine(GetParam(), {.block_size = 16, .max_batch_tokens = 256});
+  auto chunked = MakeEngine(GetParam(), {.block_size = 4, .max_batch_tokens = 7});
+  ASSERT_TRUE(whole && chunked);
+  const size_t V = static_cast<size_t>(whole->vocab_size());
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids(45);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % V);
+  auto a = whole->ForwardLogits(ids);
+  auto b = chunked->ForwardLogits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_LE(MaxAbsDiff(a->data(), b->data(), a->size()), 1e-4);
+
+  // Through Step(): the prompt runs in chunks of 7, the first token's logits equal the last row.
+  EngineOptions opt{.block_size = 4, .max_batch_tokens = 7, .return_logits = true};
+  auto stepped = MakeEngine(GetParam(), opt);
+  ASSERT_TRUE(stepped);
+  SamplingParams sp;
+  sp.max_tokens = 1;
+  ASSERT_TRUE(stepped->AddSequence(1, ids, sp).ok());
+  int steps = 0;
+  std::vector<float> first;
+  while (stepped->HasWork()) {
+    auto r = stepped->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ++steps;
+    for (auto& u : r->updates) {
+      if (!u.new_tokens.empty()) first = u.logits;
+    }
+  }
+  EXPECT_EQ(steps, (45 + 6) / 7);
+  ASSERT_EQ(first.size(), V);
+  EXPECT_LE(MaxAbsDiff(first.data(), a->data() + 44 * V, V), 1e-4);
+}
+
+// Greedy decode through Step(): each decode step's logits equal teacher-forced logits of the
+// sequence generated so far.
+TEST_P(PerType, DecodeMatchesTeacherForcing) {
+  auto engine = MakeEngine(GetParam(), {.block_size = 4, .return_logits = true});
+  ASSERT_TRUE(engine);
+  const size_t V = static_cast<size_t>(engine->vocab_size());
+  std::vector<int32_t> prompt = {3, 17, 42, 5, 99, 7};
+  SamplingParams sp;
+  sp.max_tokens = 12;
+  sp.ignore_eos = true;
+  ASSERT_TRUE(engine->AddSequence(1, prompt, sp).ok());
+  std::vector<int32_t> all = prompt;
+  std::vector<std::vector<float>> step_logits;
+  while (engine->HasWork()) {
+    auto r = engine->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->updates.size(), 1u);
+    ASSERT_EQ(r->updates[0].new_tokens.size(), 1u);
+    all.push_back(r->updates[0].new_tokens[0]);
+    step_logits.push_back(r->updates[0].logits);
+    if (r->updates[0].finished) {
+      EXPECT_EQ(r->updates[0].reason, FinishReason::kLength);
+    }
+  }
+  ASSERT_EQ(all.size(), prompt.size() + 12);
+  auto tf = engine->ForwardLogits(std::span<const int32_t>(all.data(), all.size() - 1));
+  ASSERT_TRUE(tf.ok());
+  for (size_t i = 0; i < step_logits.size(); ++i) {
+    const size_t row = prompt.size() - 1 + i;
+    EXPECT_LE(MaxAbsDiff(step_logits[i].data(), tf->data() + row * V, V), 1e-4) << "token " << i;
+    EXPECT_EQ(all[prompt.size() + i], Argmax(tf->data() + row * V, V));
+  }
+  EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
+
+// Runs every sequence to completion alone and returns per-sequence tokens and step logits.
+struct Trace {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+std::map<SeqId, Trace> RunAlone(const std::string& type, const std::vector<std::vector<int32_t>>& prompts,
+                                const SamplingParams& sp) {
+  std::map<SeqId, Trace> out;
+  auto engine = MakeEngine(type, {.block_size = 4, .return_logits = true});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(engine->AddSequence(i, prompts[i], sp).ok());
+    while (engine->HasWork()) {
+      auto r = engine->Step();
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return out;
+      for (auto& u : r->updates) {
+        for (int32_t t : u.new_tokens) out[u.id].tokens.push_back(t);
+        if (!u.new_tokens.empty()) out[u.id].logits.push_back(u.logits);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    prompts[i].resize(static_cast<size_t>(1 + (i * 7) % 23));
+    for (auto& id : prompts[i]) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  }
+  return prompts;
+}
+
+TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
+  for (const char* type : {"qwen2_moe", "olmoe"}) {
+    SCOPED_TRACE(type);
+    auto engine = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});
+    ASSERT_TRUE(engine);
+    auto prompts = RaggedPrompts(32, engine->vocab_size(), 11);
+    SamplingParams sp;
+    sp.max_tokens = 6;
+    sp.ignore_eos = true;
+    auto alone = RunAlone(type, prompts, sp);
+    for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(engine->AddSequence(i, prompts[i], sp).ok());
+    std::map<SeqId, Trace> batched;
+    int max_decode_batch = 0;
+    while (engine->HasWork()) {
+      auto r = engine->Step();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      max_decode_batch = std::max(max_decode_batch, r->num_decode_tokens);
+      for (auto& u : r->updates) {
+        for (int32_t t : u.new_tokens) batched[u.id].tokens.push_back(t);
+        if (!u.new_tokens.empty()) batched[u.id].logits.push_back(u.logits);
+      }
+    }
+    EXPECT_EQ(max_decode_batch, 32);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(batched[i].tokens, alone[i].tokens) << "sequence " << i;
+      for (size_t j = 0; j < batched[i].logits.size(); ++j) {
+        EXPECT_LE(MaxAbsDiff(batched[i].logits[j].data(), alone[i].logits[j].data(),
+                             batched[i].logits[j].size()),
+                  1e-4)
+            << "sequence " << i << " token " << j;
+      }
+    }
+    EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+  }
+}
+
+TEST(EngineBatching, ContinuousBatchingAddAndRemoveBetweenSteps) {
+  const std::string type = "qwen3_moe";
+  auto probe = MakeEngine(type);
+  ASSERT_TRUE(probe);
+  auto prompts = RaggedPrompts(6, probe->vocab_size(), 5);
+  SamplingParams sp;
+  sp.max_tokens = 8;
+  sp.ignore_eos = true;
+  sp.temperature = 0.8f;
+  sp.top_p = 0.9f;
+  sp.seed = 42;
+  auto alone = RunAlone(type, prompts, sp);
+
+  auto engine = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 9});
+  std::map<SeqId, std::vector<int32_t>> got;
+  std::map<SeqId, bool> finished;
+  ASSERT_TRUE(engine->AddSequence(0, prompts[0], sp).ok());
+  ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp).ok());
+  for (int step = 0; engine->HasWork() || step < 8; ++step) {
+    if (step == 2) {
+      ASSERT_TRUE(engine->AddSequence(2, prompts[2], sp).ok());
+    }
+    if (step == 3) {
+      ASSERT_TRUE(engine->AddSequence(3, prompts[3], sp).ok());
+    }
+    if (step == 4) {
+      ASSERT_TRUE(engine->RemoveSequence(1).ok());  // cancelled mid-stream
+    }
+    if (step == 5) {
+      ASSERT_TRUE(engine->AddSequence(4, prompts[4], sp).ok());
+      ASSERT_TRUE(engine->AddSequence(5, prompts[5], sp).ok());
+    }
+    if (!engine->HasWork()) continue;
+    auto r = engine->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (auto& u : r->updates) {
+      EXPECT_FALSE(finished[u.id]) << "update after finish for " << u.id;
+      for (int32_t t : u.new_tokens) got[u.id].push_back(t);
+      if (u.finished) finished[u.id] = true;
+    }
+  }
+  for (SeqId id : {0, 2, 3, 4, 5}) {
+    EXPECT_TRUE(finished[id]) << id;
+    EXPECT_EQ(got[id], alone[id].tokens) << "sequence " << id;
+  }
+  EXPECT_FALSE(finished[1]);
+  EXPECT_LT(got[1].size(), 8u);
+  EXPECT_EQ(std::vector<int32_t>(alone[1].tokens.begin(), alone[1].tokens.begin() + got[1].size()),
+            got[1]);
+  EXPECT_EQ(engine->RemoveSequence(1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+}
+
+TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
+  const std::string type = "mixtral";
+  auto prompts = RaggedPrompts(3, 300, 9);
+  prompts[0].resize(1);
+  SamplingParams sp;
+  sp.max_tokens = 7;
+  sp.ignore_eos = true;
+  sp.temperature = 1.0f;
+  sp.top_k = 20;
+  sp.seed = 3;
+  auto alone = RunAlone(type, prompts, sp);
+  auto prefill = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 5});
+  auto decode = MakeEngine(type, {.block_size = 4});
+  ASSERT_TRUE(prefill && decode);
+  ASSERT_EQ(prefill->kv_pool().layout(), decode->kv_pool().layout());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
+    auto src = prefill->kv_pool().Allocate(nb);
+    auto dst = decode->kv_pool().Allocate(nb);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    auto pr = prefill->Prefill(prompts[i], *src, sp);
+    ASSERT_TRUE(pr.ok()) << pr.status().ToString();
+    ASSERT_EQ(pr->first_token, alone[i].tokens[0]);
+    // Copy whole blocks, as the transport does.
+    for (int b = 0; b < nb; ++b) {
+      std::memcpy(decode->kv_pool().BlockAddress((*dst)[b]), prefill->kv_pool().BlockAddress((*src)[b]),
+                  decode->kv_pool().bytes_per_block());
+    }
+    ASSERT_TRUE(prefill->kv_pool().Free(*src).ok());
+    ASSERT_TRUE(decode->AddPrefilledSequence(i, prompts[i], *dst, pr->first_token, sp).ok());
+  }
+  std::map<SeqId, std::vector<int32_t>> got;
+  while (decode->HasWork()) {
+    auto r = decode->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->num_prefill_tokens, 0);
+    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> want(alone[i].tokens.begin() + 1, alone[i].tokens.end());
+    EXPECT_EQ(got[i], want) << "sequence " << i;
+  }
+  EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
+  EXPECT_EQ(prefill->kv_pool().num_free(), prefill->kv_pool().num_blocks());
+}
+
+TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdentically) {
+  const std::string type = "olmoe";
+  auto prompts = RaggedPrompts(2, 300, 21);
+  prompts[0].assign(prompts[0].begin(), prompts[0].begin() + 1);
+  prompts[1] = {5, 6, 7, 8, 9, 10, 11};
+  SamplingParams sp;
+  sp.max_tokens = 10;
+  sp.ignore_eos = true;
+  sp.temperature = 0.7f;
+  sp.seed = 99;
+  auto alone = RunAlone(type, prompts, sp);
+  // 2 tokens per block, 8 blocks: both sequences cannot finish together.
+  auto engine = MakeEngine(type, {.num_kv_blocks = 8, .block_size = 2});
+  ASSERT_TRUE(engine);
+  ASSERT_TRUE(engine->AddSequence(0, prompts[0], sp).ok());
+  ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp).ok());
+  std::map<SeqId, std::vector<int32_t>> got;
+  bool exhausted = false;
+  while (engine->HasWork()) {
+    auto r = engine->Step();
+    if (!r.ok()) {
+      ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+      ASSERT_FALSE(exhausted);
+      exhausted = true;
+      // Preempt sequence 1, finish 0, then recompute 1 from prompt + what it generated.
+      ASSERT_TRUE(engine->RemoveSequence(1).ok());
+      while (engine->HasWork()) {
+        auto r2 = engine->Step();
+        ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+        for (auto& u : r2->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      }
+      ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp, got[1]).ok());
+      continue;
+    }
+    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  }
+  EXPECT_TRUE(exhausted);
+  EXPECT_EQ(got[0], alone[0].tokens);
+  EXPECT_EQ(got[1], alone[1].tokens);
+  EXPECT_EQ(engine->kv_pool().num_free(), 8);
+}
+
+// Seams: a provider that wraps bf16 and counts, an identity hook, a recorder, a bad hook.
+class CountingProvider : public ExpertWeightProvider {
+ public:
+  explicit CountingProvider(ExpertWeightProvider* inner) : inner_(inner) {}
+  Status Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx, size_t n,
+               float* y, size_t ldy, cpu::ThreadPool* pool) override {
+    ++calls;
+    rows += n;
+    return inner_->Apply(layer, expert, proj, x, ldx, n, y, ldy, pool);
+  }
+  int Bits(int l, int e, ExpertProj p) const override { return inner_->Bits(l, e, p); }
+  ExpertWeightProvider* inner_;
+  int calls = 0;
+  size_t rows = 0;
+};
+
+class FirstChoiceOnly : public RoutingHook {
+ public:
+  Status Rewrite(const RoutingContext& ctx, std::vector<ExpertAssignment>* a) override {
+    ++calls;
+    pure_decode_seen |= ctx.pure_decode;
+    std::vector<ExpertAssignment> kept;
+    for (auto& x : *a) {
+      if (x.rank == 0) kept.push_back({x.token, x.expert, 1.0f, 0});
+    }
+    *a = kept;
+    return Status::Ok();
+  }
+  int calls = 0;
+  bool pure_decode_seen = false;
+};
+
+class BadHook : public RoutingHook {
+ public:
+  Status Rewrite(const RoutingContext& ctx, std::vector<ExpertAssignment>* a) override {
+    (*a)[0].expert = ctx.num_experts;  // out of range
+    return Status::Ok();
+  }
+};
+
+class Recorder : public RouterLogitsRecorder {
+ public:
+  void Record(const RoutingContext& ctx, const std::vector<ExpertAssignment>& sel) override {
+    ++calls;
+    tokens += ctx.num_tokens;
+    EXPECT_EQ(sel.size(), static_cast<size_t>(ctx.num_tokens * ctx.top_k));
+    for (int t = 0; t < ctx.num_tokens; ++t) {
+      // The router's first choice is the argmax of the logits.
+      const float* l = ctx.router_logits + t * ctx.num_experts;
+      EXPECT_EQ(sel[t * ctx.top_k].expert, std::max_element(l, l + ctx.num_experts) - l);
+    }
+  }
+  int calls = 0;
+  int tokens = 0;
+};
+
+TEST(EngineSeams, ProviderHookAndRecorderAreCalledAndTakeEffect) {
+  const std::string type = "qwen2_moe";
+  auto engine = MakeEngine(type);
+  ASSERT_TRUE(engine);
+  std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto base = engine->ForwardLogits(ids);
+  ASSERT_TRUE(base.ok());
+
+  // A counting wrapper around the default provider changes nothing.
+  auto model = Model::Load(FixtureModelDir(type));
+  ASSERT_TRUE(model.ok());
+  Bf16ExpertProvider bf16(**model);
+  CountingProvider counting(&bf16);
+  Recorder rec;
+  MoeHooks hooks;
+  hooks.recorder = &rec;
+  hooks.provider = &counting;
+  engine->SetMoeHooks(hooks);
+  auto same = engine->ForwardLogits(ids);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(*same, *base);
+  int moe_layers = 0;
+  for (int64_t l = 0; l < (*model)->config().num_layers; ++l) moe_layers += (*model)->config().IsMoeLayer(l);
+  EXPECT_EQ(rec.calls, moe_layers);
+  EXPECT_EQ(rec.tokens, moe_layers * 8);
+  EXPECT_GT(counting.calls, 0);
+  // Every (token, expert) pair goes through the provider twice (gate_up, down).
+  EXPECT_EQ(counting.rows, static_cast<size_t>(2 * moe_layers * 8 * (*model)->config().num_experts_per_tok));
+
+  FirstChoiceOnly hook;
+  hooks = {};
+  hooks.routing_hook = &hook;
+  engine->SetMoeHooks(hooks);
+  auto changed = engine->ForwardLogits(ids);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_EQ(hook.calls, moe_layers);
+  EXPECT_GT(MaxAbsDiff(changed->data(), base->data(), base->size()), 1e-3);
+
+  BadHook bad;
+  hooks.routing_hook = &bad;
+  engine->SetMoeHooks(hooks);
+  auto err = engine->ForwardLogits(ids);
+  EXPECT_EQ(err.status().code(), StatusCode::kInternal);
+  EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+  engine->SetMoeHooks({});
+}
+
+TEST(EngineSeams, PureDecodeFlagOnlyForDecodeOnlyBatches) {
+  auto engine = MakeEngine("olmoe");
+  ASSERT_TRUE(engine);
+  FirstChoiceOnly hook;
+  MoeHooks hooks;
+  hooks.routing_hook = &hook;
+  engine->SetMoeHooks(hooks);
+  SamplingParams sp;
+  sp.max_tokens = 1;
+  ASSERT_TRUE(engine->AddSequence(1, {1, 2, 3}, sp).ok());
+  ASSERT_TRUE(engine->Step().ok());
+  EXPECT_FALSE(hook.pure_decode_seen);
+  sp.max_tokens = 3;
+  ASSERT_TRUE(engine->AddSequence(2, {1, 2, 3}, sp).ok());
+  ASSERT_TRUE(engine->Step().ok());
+  ASSERT_TRUE(engine->Step().ok());
+  EXPECT_TRUE(hook.pure_decode_seen);
+}
+
+TEST(EngineBadInput, ErrorsNameTheProblem) {
+  auto missing = Engine::Create("/nonexistent/model", {});
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/model"), std::string::npos);
+
+  auto engine = MakeEngine("qwen3_moe", {.num_kv_blocks = 4, .block_size = 4, .max_context = 64});
+  ASSERT_TRUE(engine);
+  SamplingParams sp;
+  EXPECT_EQ(engine->AddSequence(1, {}, sp).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->AddSequence(1, {1, 100000}, sp).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->AddSequence(1, {1, -1}, sp).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->AddSequence(1, std::vector<int32_t>(64, 1), sp).code(), StatusCode::kOutOfRange);
+  // Fits the context but not the 4-block pool.
+  EXPECT_EQ(engine->AddSequence(1, std::vector<int32_t>(20, 1), sp).code(), StatusCode::kOutOfRange);
+  SamplingParams bad = sp;
+  bad.top_p = 0;
+  EXPECT_EQ(engine->AddSequence(1, {1}, bad).code(), StatusCode::kInvalidArgument);
+  bad = sp;
+  bad.max_tokens = 0;
+  EXPECT_EQ(engine->AddSequence(1, {1}, bad).code(), StatusCode::kInvalidArgument);
+  bad = sp;
+  bad.temperature = NAN;
+  EXPECT_EQ(engine->AddSequence(1, {1}, bad).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine->AddSequence(1, {1}, sp).ok());
+  EXPECT_EQ(engine->AddSequence(1, {1}, sp).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->AddPrefilledSequence(2, {1, 2, 3, 4, 5}, {0}, 1, sp).code(),
+            StatusCode::kInvalidArgument);  // block 0 not allocated, too few blocks
+  std::vector<int32_t> none;
+  EXPECT_EQ(engine->Prefill(std::vector<int32_t>{1, 2}, none, sp).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->RemoveSequence(77).code(), StatusCode::kNotFound);
+}
+
+// A checkpoint with a missing tensor and one with a mis-shaped tensor are refused with the
+// tensor's name and the directory.
+TEST(EngineBadInput, MissingOrMisShapedTensorIsNamed) {
+  const std::string src = FixtureModelDir("olmoe");
+  auto ckpt = Checkpoint::Open(src);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  const std::string victim = "model.layers.0.mlp.experts.1.down_proj.weight";
+  for (int mode = 0; mode < 2; ++mode) {
+    const std::string dir = ::testing::TempDir() + "/pw_bad_model_" + std::to_string(mode);
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src + "/config.json", dir + "/config.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    SafetensorsWriter w;
+    for (const std::string& name : (*ckpt)->TensorNames()) {
+      auto t = (*ckpt)->Get(name);
+      ASSERT_TRUE(t.ok());
+      if (name == victim) {
+        if (mode == 0) continue;
+        std::vector<int64_t> shape = {t->shape[1], t->shape[0]};  // transposed
+        ASSERT_TRUE(w.Add(name, t->dtype, shape, t->data, t->nbytes).ok());
+        continue;
+      }
+      ASSERT_TRUE(w.Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
+    }
+    ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
+    auto e = Engine::Create(dir, {});
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find(victim), std::string::npos) << e.status().ToString();
+    EXPECT_NE(e.status().message().find(dir), std::string::npos) << e.status().ToString();
+    std::filesystem::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace pw::engine

@@ -1,0 +1,121 @@
+#include "services/engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+namespace pw::engine {
+namespace {
+
+// logits = log(p) for p = {0.05, 0.4, 0.1, 0.3, 0.15}: sorted ids by probability 1, 3, 4, 2, 0.
+std::vector<float> Known() {
+  std::vector<float> p = {0.05f, 0.4f, 0.1f, 0.3f, 0.15f};
+  std::vector<float> l;
+  for (float x : p) l.push_back(std::log(x));
+  return l;
+}
+
+TEST(Sampler, GreedyIsArgmaxLowestIdOnTies) {
+  std::vector<float> l = {0.f, 2.f, 1.f, 2.f};
+  SamplingParams p;
+  std::vector<std::pair<float, int32_t>> scratch;
+  EXPECT_EQ(SampleToken(l.data(), 4, p, 0, &scratch), 1);
+  p.temperature = 1.f;
+  p.top_k = 1;
+  EXPECT_EQ(SampleToken(l.data(), 4, p, 5, &scratch), 1);
+}
+
+TEST(Sampler, TopKAndTopPKeepTheRightSet) {
+  auto l = Known();
+  SamplingParams p;
+  p.temperature = 1.f;
+  auto all = SamplingDistribution(l.data(), 5, p);
+  ASSERT_EQ(all.size(), 5u);
+  EXPECT_EQ(all[0].first, 1);
+  EXPECT_NEAR(all[0].second, 0.4, 1e-6);
+  p.top_k = 3;  // {1: .4, 3: .3, 4: .15} renormalised by .85
+  auto k3 = SamplingDistribution(l.data(), 5, p);
+  ASSERT_EQ(k3.size(), 3u);
+  EXPECT_EQ(k3[0].first, 1);
+  EXPECT_EQ(k3[1].first, 3);
+  EXPECT_EQ(k3[2].first, 4);
+  EXPECT_NEAR(k3[2].second, 0.15 / 0.85, 1e-6);
+  p.top_k = 0;
+  p.top_p = 0.7f;  // .4 + .3 = .7 reaches p: {1, 3}
+  auto p7 = SamplingDistribution(l.data(), 5, p);
+  ASSERT_EQ(p7.size(), 2u);
+  EXPECT_NEAR(p7[0].second, 0.4 / 0.7, 1e-5);
+  p.top_p = 0.71f;  // needs the third
+  EXPECT_EQ(SamplingDistribution(l.data(), 5, p).size(), 3u);
+  p.top_p = 0.01f;  // at least one token
+  EXPECT_EQ(SamplingDistribution(l.data(), 5, p).size(), 1u);
+  p.top_p = 0.9f;
+  p.top_k = 2;  // top-k first, then top-p over the renormalised pair
+  auto both = SamplingDistribution(l.data(), 5, p);
+  ASSERT_EQ(both.size(), 2u);
+  // Temperature 2 flattens: p ~ sqrt(p).
+  SamplingParams t2;
+  t2.temperature = 2.f;
+  auto flat = SamplingDistribution(l.data(), 5, t2);
+  double z = 0;
+  for (float x : {0.05f, 0.4f, 0.1f, 0.3f, 0.15f}) z += std::sqrt(x);
+  EXPECT_NEAR(flat[0].second, std::sqrt(0.4) / z, 1e-6);
+}
+
+TEST(Sampler, SeededDrawsAreDeterministicAndFollowTheDistribution) {
+  auto l = Known();
+  SamplingParams p;
+  p.temperature = 1.f;
+  p.top_k = 3;
+  p.seed = 1234;
+  std::vector<std::pair<float, int32_t>> scratch;
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const int32_t a = SampleToken(l.data(), 5, p, i, &scratch);
+    const int32_t b = SampleToken(l.data(), 5, p, i, &scratch);
+    ASSERT_EQ(a, b);
+    counts[a]++;
+  }
+  EXPECT_EQ(counts.count(0) + counts.count(2), 0u);  // outside the top 3
+  EXPECT_NEAR(counts[1] / double(n), 0.4 / 0.85, 0.015);
+  EXPECT_NEAR(counts[3] / double(n), 0.3 / 0.85, 0.015);
+  EXPECT_NEAR(counts[4] / double(n), 0.15 / 0.85, 0.015);
+  // Another seed gives another stream.
+  int differ = 0;
+  SamplingParams q = p;
+  q.seed = 4321;
+  for (int i = 0; i < 200; ++i) {
+    differ += SampleToken(l.data(), 5, p, i, &scratch) != SampleToken(l.data(), 5, q, i, &scratch);
+  }
+  EXPECT_GT(differ, 20);
+  for (int i = 0; i < 1000; ++i) {
+    const double u = UniformDraw(7, i);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+  }
+}
+
+TEST(Sampler, ValidateNamesTheField) {
+  SamplingParams p;
+  EXPECT_TRUE(ValidateSamplingParams(p, 10).ok());
+  p.top_k = -1;
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("top_k"), std::string::npos);
+  p = {};
+  p.top_p = 1.5f;
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("top_p"), std::string::npos);
+  p = {};
+  p.temperature = -1;
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("temperature"), std::string::npos);
+  p = {};
+  p.stop_token_ids = {10};
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("stop token"), std::string::npos);
+  p = {};
+  p.max_tokens = 0;
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("max_tokens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pw::engine

@@ -1,0 +1,31 @@
+// Helpers shared by the engine tests: fixture locations and reference logits.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/safetensors.h"
+
+namespace pw::engine::testing {
+
+// Directory of the tiny random checkpoint of `type` (tests/fixtures/models/<type>).
+// PW_ENGINE_FIXTURES overrides the parent directory.
+inline std::string FixtureModelDir(const std::string& type) {
+  if (const char* env = std::getenv("PW_ENGINE_FIXTURES")) return std::string(env) + "/" + type;
+  return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + type;
+}
+
+inline std::string TinyModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
+
+struct RefPrompt {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;  // [ids.size(), vocab]
+};
+
+// Reads p{i}.ids (I32 [T]) and p{i}.logits (F32 [T, V]) for i = 0, 1, ... from a
+// logits.safetensors file. Adds a gtest failure and returns what it has on error.
+std::vector<RefPrompt> ReadRefLogits(const std::string& path, int64_t vocab);
+
+}  // namespace pw::engine::testing
