@@ -1,0 +1,43 @@
+// make_synthetic_moe: writes a random-weight MoE checkpoint at real dimensions (default:
+// OLMoE-1B-7B's, 2 layers, about 2.1 GB of bf16) for speed measurements. Never commit its output.
+//
+//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral] [--layers 2]
+//                      [--seed 1]
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+
+#include "common/logging.h"
+#include "common/synthetic_moe.h"
+
+int main(int argc, char** argv) {
+  pw::SetLogProcessTag("make_synthetic_moe");
+  CLI::App app{"Write a random-weight MoE checkpoint (config.json + model.safetensors)"};
+  std::string out, type = "olmoe";
+  pw::SyntheticMoeSpec spec;
+  app.add_option("--out", out, "output directory")->required();
+  app.add_option("--type", type, "model type")
+      ->check(CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral"}));
+  app.add_option("--layers", spec.layers, "number of layers")->check(CLI::Range(1, 64));
+  app.add_option("--seed", spec.seed, "random seed");
+  app.add_option("--experts", spec.experts, "experts per layer")->check(CLI::Range(1, 1024));
+  app.add_option("--vocab", spec.vocab, "vocabulary size")->check(CLI::Range(1, 1 << 22));
+  CLI11_PARSE(app, argc, argv);
+  if (type == "qwen2_moe") spec.type = pw::ModelType::kQwen2Moe;
+  if (type == "qwen3_moe") spec.type = pw::ModelType::kQwen3Moe;
+  if (type == "mixtral") spec.type = pw::ModelType::kMixtral;
+  if (spec.top_k > spec.experts) spec.top_k = spec.experts;
+
+  const double gb = static_cast<double>(pw::SyntheticMoeBytes(spec)) / 1e9;
+  PW_LOG(INFO) << "writing " << type << " with " << spec.layers << " layers (" << gb
+               << " GB of bf16) to " << out;
+  auto t0 = std::chrono::steady_clock::now();
+  pw::Status s = pw::WriteSyntheticMoe(spec, out);
+  if (!s.ok()) {
+    std::fprintf(stderr, "make_synthetic_moe: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  PW_LOG(INFO) << "done in " << secs << " s";
+  return 0;
+}
