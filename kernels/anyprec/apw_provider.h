@@ -1,0 +1,127 @@
+// Engine integration of any-precision experts (services/engine/moe.h seams):
+//   - WidthMap: the width (3..8 bits, or 16 = the checkpoint's bf16) of every expert block;
+//   - ApwExpertProvider: runs expert blocks from an .apw store at their widths;
+//   - CalibrationRecorder: wraps a provider and accumulates, per block, sum_t x_tj^2 over the
+//     tokens routed to it (the diagonal Hessian the quantizer weighs errors by);
+//   - ModelHash: the hash an .apw store records for the checkpoint it was made from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/apw_store.h"
+#include "common/status.h"
+#include "kernels/anyprec/anyprec.h"
+#include "kernels/anyprec/pack.h"
+#include "services/engine/model.h"
+#include "services/engine/moe.h"
+#include "services/engine/moe_layer.h"
+
+namespace pw::anyprec {
+
+inline constexpr int kBf16Bits = 16;  // width-map value selecting the checkpoint's bf16 block
+
+// FNV-1a 64 over config.json's bytes then every routed expert's gate, up, down tensors (bf16
+// bytes) in (layer, expert) order. Errors when config.json cannot be read.
+Result<uint64_t> ModelHash(const engine::Model& model);
+
+// Per-block widths: [layer][expert][proj] with proj 0 = gate_up, 1 = down.
+class WidthMap {
+ public:
+  WidthMap() = default;
+  // Every block at `bits` (3..8 or 16).
+  static Result<WidthMap> Uniform(int bits, int num_layers, int num_experts);
+  // JSON (or YAML) file: {"default_bits": 4, "blocks": [{"layer": 0, "expert": 3,
+  // "proj": "down", "bits": 5}, ...]}; entries override the default. Errors name the file and
+  // the entry.
+  static Result<WidthMap> FromFile(const std::string& path, int num_layers, int num_experts);
+  // Writes the map in the FromFile format (every block listed).
+  Status Save(const std::string& path) const;
+
+  int num_layers() const { return num_layers_; }
+  int num_experts() const { return num_experts_; }
+  int Get(int layer, int expert, engine::ExpertProj proj) const {
+    return bits_[Index(layer, expert, proj)];
+  }
+  // bits must be 3..8 or 16.
+  Status Set(int layer, int expert, engine::ExpertProj proj, int bits);
+  // Mean bits per weight over all blocks, each weighted by its rows*cols.
+  double AverageBits(const apw::StoreInfo& info) const;
+
+ private:
+  size_t Index(int layer, int expert, engine::ExpertProj proj) const {
+    return (static_cast<size_t>(layer) * num_experts_ + expert) * 2 + static_cast<size_t>(proj);
+  }
+  int num_layers_ = 0;
+  int num_experts_ = 0;
+  std::vector<uint8_t> bits_;
+};
+
+// Runs expert blocks from an .apw store, each at its width in the map (16 = the checkpoint's
+// bf16 block, the reference path). Rows are split across the engine's thread pool; scratch
+// (per-thread workspaces, x/y staging) is grown on demand and reused.
+class ApwExpertProvider final : public engine::ExpertWeightProvider {
+ public:
+  // The store must match the model (shapes; and hash unless check_hash is false). tile_rows:
+  // rows per page of the page lists handed to the kernels.
+  static Result<std::unique_ptr<ApwExpertProvider>> Create(std::shared_ptr<const apw::ApwStore> store,
+                                                           const engine::Model& model,
+                                                           WidthMap widths, bool check_hash = true,
+                                                           int tile_rows = 64);
+  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
+               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
+  int Bits(int layer, int expert, engine::ExpertProj proj) const override;
+  const WidthMap& widths() const { return widths_; }
+  WidthMap& mutable_widths() { return widths_; }
+
+ private:
+  ApwExpertProvider(std::shared_ptr<const apw::ApwStore> store, const engine::Model& model,
+                    WidthMap widths);
+  struct AlignedFree {
+    void operator()(void* p) const;
+  };
+  using AlignedPtr = std::unique_ptr<uint8_t, AlignedFree>;
+  uint8_t* Workspace(int i, size_t bytes);
+
+  std::shared_ptr<const apw::ApwStore> store_;
+  engine::Bf16ExpertProvider bf16_;
+  WidthMap widths_;
+  std::vector<std::unique_ptr<PageLists>> pages_;  // [layer][expert][proj]
+  Backend backend_;
+  std::vector<AlignedPtr> ws_;
+  std::vector<size_t> ws_bytes_;
+  std::vector<float> xbuf_, ybuf_;
+};
+
+// Accumulates per block input statistics while delegating the products to `inner`.
+class CalibrationRecorder final : public engine::ExpertWeightProvider {
+ public:
+  CalibrationRecorder(engine::ExpertWeightProvider* inner, int num_layers, int num_experts,
+                      int hidden, int ffn);
+  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
+               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
+  int Bits(int layer, int expert, engine::ExpertProj proj) const override {
+    return inner_->Bits(layer, expert, proj);
+  }
+  // sum over recorded tokens of x_j^2: [cols of the block].
+  const std::vector<double>& SumSquares(int layer, int expert, engine::ExpertProj proj) const {
+    return sums_[Index(layer, expert, proj)];
+  }
+  // Tokens recorded for the block.
+  uint64_t Tokens(int layer, int expert, engine::ExpertProj proj) const {
+    return tokens_[Index(layer, expert, proj)];
+  }
+
+ private:
+  size_t Index(int layer, int expert, engine::ExpertProj proj) const {
+    return (static_cast<size_t>(layer) * num_experts_ + expert) * 2 + static_cast<size_t>(proj);
+  }
+  engine::ExpertWeightProvider* inner_;
+  int num_layers_, num_experts_;
+  std::vector<std::vector<double>> sums_;
+  std::vector<uint64_t> tokens_;
+};
+
+}  // namespace pw::anyprec

@@ -1,0 +1,44 @@
+// Quantizes a whole checkpoint into an .apw store (the logic behind pw-quantize):
+//   1. calibration: runs the engine teacher-forced over the calibration text in windows of
+//      `ctx` tokens, recording per expert block sum_t x_tj^2 over the tokens routed to it
+//      (gate_up: the expert's input hidden states; down: SiLU(gate)*up);
+//   2. sensitivity of block i: h_j = (sum_j + n0 * hbar_j) / (n_i + n0), hbar = the layer's
+//      mean over all routed tokens (same projection), n0 = prior_tokens: a rarely routed expert
+//      leans on its layer's statistics instead of getting zero; then h_j >= floor_rel * mean(hbar);
+//   3. every block quantized (quantizer.h) and written with its damage table and token count.
+// Deterministic: same model, text and options give the same bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace pw::anyprec {
+
+struct QuantizeModelOptions {
+  std::string model_dir;
+  std::string calib_path;      // UTF-8 text
+  std::string out_path;        // .apw store (written atomically)
+  std::string tokenizer_path;  // default: <model_dir>/tokenizer.json
+  int seed_bits = 3;
+  int max_bits = 8;
+  int threads = 1;
+  int ctx = 256;                  // calibration window in tokens
+  int64_t max_calib_tokens = 0;   // 0 = the whole file
+  int prior_tokens = 16;          // n0 above
+  double floor_rel = 1e-3;
+  bool progress = true;           // progress bar with ETA on stderr
+};
+
+struct QuantizeModelReport {
+  int64_t calib_tokens = 0;
+  int num_blocks = 0;
+  double calib_seconds = 0;
+  double quantize_seconds = 0;
+  double total_seconds = 0;
+};
+
+Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& options);
+
+}  // namespace pw::anyprec

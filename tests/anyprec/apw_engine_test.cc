@@ -1,0 +1,200 @@
+// Engine integration: pw-quantize's pipeline on the fixture model, the store-backed expert
+// provider at uniform and mixed widths, width maps, and refusal of a store for another model.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "common/apw_store.h"
+#include "kernels/anyprec/apw_provider.h"
+#include "kernels/anyprec/quantize_model.h"
+#include "services/engine/engine.h"
+
+namespace pw::anyprec {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kModel = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe";
+const std::string kTokenizer = std::string(PW_SOURCE_DIR) + "/models/tiny-moe/tokenizer.json";
+
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
+}
+
+std::string CalibFile() {
+  const std::string path = TempPath("calib") + ".txt";
+  std::ofstream f(path);
+  for (int i = 0; i < 30; ++i) {
+    f << "In the beginning was the word, and the word was with the text. int main(void) { return "
+      << i << "; } The fox jumps over " << i * 7 << " lazy dogs.\n";
+  }
+  return path;
+}
+
+QuantizeModelOptions Options(const std::string& out) {
+  QuantizeModelOptions o;
+  o.model_dir = kModel;
+  o.tokenizer_path = kTokenizer;
+  o.calib_path = CalibFile();
+  o.out_path = out;
+  o.threads = 2;
+  o.ctx = 64;
+  o.progress = false;
+  return o;
+}
+
+// A fixed token sequence inside the fixture's vocabulary.
+std::vector<int32_t> Ids() {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 193 + 11) % 4000);
+  return ids;
+}
+
+double RelError(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class ApwEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    store_path_ = new std::string(TempPath("fixture") + ".apw");
+    auto r = QuantizeModel(Options(*store_path_));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->num_blocks, 2 * 8 * 2);
+    EXPECT_GT(r->calib_tokens, 100);
+  }
+  static void TearDownTestSuite() {
+    std::remove(store_path_->c_str());
+    delete store_path_;
+  }
+  static std::string* store_path_;
+};
+std::string* ApwEngineTest::store_path_ = nullptr;
+
+TEST_F(ApwEngineTest, StoreRecordsCalibrationAndDamage) {
+  auto store = apw::ApwStore::Open(*store_path_);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  uint64_t routed = 0;
+  for (int i = 0; i < (*store)->num_blocks(); ++i) {
+    const apw::BlockData& b = (*store)->block(i);
+    routed += b.calib_tokens;
+    EXPECT_GT(b.damage[0], b.damage[3]) << (*store)->BlockName(i);
+    EXPECT_GT(b.damage[3], b.damage[5]) << (*store)->BlockName(i);
+  }
+  EXPECT_GT(routed, 0u);
+}
+
+TEST_F(ApwEngineTest, QuantizationIsDeterministic) {
+  const std::string again = TempPath("again") + ".apw";
+  ASSERT_TRUE(QuantizeModel(Options(again)).ok());
+  std::ifstream a(*store_path_, std::ios::binary), b(again, std::ios::binary);
+  std::vector<char> va{std::istreambuf_iterator<char>(a), {}}, vb{std::istreambuf_iterator<char>(b), {}};
+  EXPECT_EQ(va, vb);
+  std::remove(again.c_str());
+}
+
+TEST_F(ApwEngineTest, LogitsApproachBf16AsBitsRise) {
+  auto eng = engine::Engine::Create(kModel, {});
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  const auto ids = Ids();
+  auto ref = (*eng)->ForwardLogits(ids);
+  ASSERT_TRUE(ref.ok());
+  auto opened = apw::ApwStore::Open(*store_path_);
+  ASSERT_TRUE(opened.ok());
+  std::shared_ptr<const apw::ApwStore> store = std::move(opened).value();
+  double err[kMaxBits + 1] = {};
+  for (int bits : {3, 4, 6, 8, kBf16Bits}) {
+    auto widths = WidthMap::Uniform(bits, 2, 8);
+    ASSERT_TRUE(widths.ok());
+    auto provider = ApwExpertProvider::Create(store, (*eng)->model(), *widths);
+    ASSERT_TRUE(provider.ok()) << provider.status().ToString();
+    engine::MoeHooks hooks;
+    hooks.provider = provider->get();
+    (*eng)->SetMoeHooks(hooks);
+    auto got = (*eng)->ForwardLogits(ids);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    const double e = RelError(*got, *ref);
+    if (bits == kBf16Bits) {
+      EXPECT_EQ(e, 0.0);  // the reference path is the checkpoint's own bf16 blocks
+    } else {
+      err[bits] = e;
+      EXPECT_LT(e, 0.5) << "bits " << bits;
+    }
+    (*eng)->SetMoeHooks({});
+  }
+  std::printf("relative logit error vs bf16: b3 %.4f b4 %.4f b6 %.4f b8 %.5f\n", err[3], err[4], err[6], err[8]);
+  EXPECT_LT(err[8], 0.02);
+  EXPECT_LT(err[8], err[6]);
+  EXPECT_LT(err[6], err[3]);
+  EXPECT_LT(err[4], err[3]);
+}
+
+TEST_F(ApwEngineTest, MixedWidthMapFromFile) {
+  const std::string map_path = TempPath("map") + ".json";
+  {
+    std::ofstream f(map_path);
+    f << R"({"default_bits": 4, "blocks": [{"layer": 1, "expert": 2, "proj": "down", "bits": 8},
+            {"layer": 0, "expert": 7, "proj": "gate_up", "bits": 16}]})";
+  }
+  auto m = WidthMap::FromFile(map_path, 2, 8);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->Get(1, 2, engine::ExpertProj::kDown), 8);
+  EXPECT_EQ(m->Get(0, 7, engine::ExpertProj::kGateUp), 16);
+  EXPECT_EQ(m->Get(0, 7, engine::ExpertProj::kDown), 4);
+  // Saved and reloaded maps are equal.
+  ASSERT_TRUE(m->Save(map_path).ok());
+  auto again = WidthMap::FromFile(map_path, 2, 8);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 8; ++e)
+      for (auto p : {engine::ExpertProj::kGateUp, engine::ExpertProj::kDown}) EXPECT_EQ(again->Get(l, e, p), m->Get(l, e, p));
+  for (const char* bad : {R"({"blocks": []})", R"({"default_bits": 2})",
+                          R"({"default_bits": 4, "blocks": [{"layer": 5, "expert": 0, "proj": "down", "bits": 4}]})",
+                          R"({"default_bits": 4, "blocks": [{"layer": 0, "expert": 0, "proj": "up", "bits": 4}]})",
+                          R"({"default_bits": 4, "blocks": [{"layer": 0, "expert": 0, "proj": "down", "bits": "x"}]})",
+                          "{not json"}) {
+    std::ofstream(map_path, std::ios::trunc) << bad;
+    auto r = WidthMap::FromFile(map_path, 2, 8);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(map_path), std::string::npos) << r.status().message();
+    }
+  }
+  std::remove(map_path.c_str());
+}
+
+TEST_F(ApwEngineTest, RefusesStoreOfAnotherModel) {
+  // Same shapes, different config.json bytes: another model as far as the hash knows.
+  const fs::path dir = TempPath("other_model");
+  fs::create_directories(dir);
+  fs::copy_file(kModel + "/model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
+  {
+    std::ifstream in(kModel + "/config.json");
+    std::string cfg{std::istreambuf_iterator<char>(in), {}};
+    std::ofstream(dir / "config.json", std::ios::trunc) << cfg << "\n";
+  }
+  auto eng = engine::Engine::Create(dir.string(), {});
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  auto opened = apw::ApwStore::Open(*store_path_);
+  ASSERT_TRUE(opened.ok());
+  std::shared_ptr<const apw::ApwStore> store = std::move(opened).value();
+  auto provider = ApwExpertProvider::Create(store, (*eng)->model(), *WidthMap::Uniform(4, 2, 8));
+  ASSERT_FALSE(provider.ok());
+  EXPECT_NE(provider.status().message().find("another model"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pw::anyprec
