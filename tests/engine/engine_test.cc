@@ -18,6 +18,7 @@
 #include "common/safetensors.h"
 #include "services/engine/model.h"
 #include "services/engine/moe_layer.h"
+#include "services/engine/perplexity.h"
 #include "tests/engine/test_util.h"
 
 namespace pw::engine {
@@ -536,6 +537,43 @@ TEST(EngineBadInput, MissingOrMisShapedTensorIsNamed) {
     EXPECT_NE(e.status().message().find(dir), std::string::npos) << e.status().ToString();
     std::filesystem::remove_all(dir);
   }
+}
+
+}  // namespace
+}  // namespace pw::engine
+
+namespace pw::engine {
+namespace {
+
+TEST(Perplexity, WindowRuleAndValueMatchManualComputation) {
+  auto engine = MakeEngine("qwen2_moe");
+  ASSERT_TRUE(engine);
+  const size_t V = static_cast<size_t>(engine->vocab_size());
+  std::mt19937 rng(3);
+  std::vector<int32_t> ids(31);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % V);
+  auto r = Perplexity(*engine, ids, 8);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Windows [0,8) [8,16) [16,24) [24,31): 7 + 7 + 7 + 6 predictions.
+  EXPECT_EQ(r->n_windows, 4);
+  EXPECT_EQ(r->n_tokens, 27);
+  double nll = 0;
+  for (size_t start = 0; start < ids.size(); start += 8) {
+    const size_t len = std::min<size_t>(8, ids.size() - start);
+    std::vector<int32_t> w(ids.begin() + start, ids.begin() + start + len);
+    auto lg = engine->ForwardLogits(w);
+    ASSERT_TRUE(lg.ok());
+    for (size_t i = 0; i + 1 < len; ++i) {
+      double z = 0;
+      for (size_t v = 0; v < V; ++v) z += std::exp(double((*lg)[i * V + v]));
+      nll += std::log(z) - (*lg)[i * V + w[i + 1]];
+    }
+  }
+  EXPECT_NEAR(r->nll_sum, nll, 1e-6 * nll);
+  EXPECT_NEAR(r->ppl(), std::exp(nll / 27), 1e-6 * r->ppl());
+  EXPECT_EQ(Perplexity(*engine, ids, 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Perplexity(*engine, std::vector<int32_t>{1}, 8).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace
