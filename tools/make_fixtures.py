@@ -182,6 +182,138 @@ def WriteTokenizerCases(heldout_path):
     print(f"tokenizer: {len(cases)} cases written to {path} ({mismatched} not round-tripping)")
 
 
+# ---------------------------------------------------------------------------------------------
+# small random-weight checkpoints, one per supported model type
+
+RANDOM_SEED = 20261129
+RANDOM_PROMPT_LENGTHS = [1, 5, 40]
+
+
+def RandomConfigs():
+    """Tiny configs of each supported type. Shapes are deliberately varied: tied and untied
+    embeddings, head_dim * heads != hidden (qwen3_moe), odd head dims (olmoe)."""
+    from transformers import MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=4096, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  rope_theta=10000.0, bos_token_id=None, eos_token_id=0, pad_token_id=0)
+    return {
+        "qwen2_moe": Qwen2MoeConfig(
+            hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=False, qkv_bias=True, decoder_sparse_step=1, mlp_only_layers=[],
+            use_sliding_window=False, tie_word_embeddings=True, **common),
+        "qwen3_moe": Qwen3MoeConfig(
+            hidden_size=48, head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[], use_sliding_window=False, attention_bias=False,
+            tie_word_embeddings=False, **common),
+        "olmoe": OlmoeConfig(
+            hidden_size=48, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=False, clip_qkv=None, attention_bias=False,
+            tie_word_embeddings=False, **common),
+        "mixtral": MixtralConfig(
+            hidden_size=64, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+            sliding_window=None, tie_word_embeddings=True, **common),
+    }
+
+
+def RandomizeWeights(model, seed):
+    """Fills every parameter from a fixed seed with values large enough that logits, routing
+    and norms all matter: matrices N(0, 0.1^2), norm weights 1 + N(0, 0.1^2), biases
+    N(0, 0.1^2). Parameters are visited in sorted name order."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if "norm" in name and p.dim() == 1:
+                p.copy_(1.0 + 0.1 * noise)
+            else:
+                p.copy_(0.1 * noise)
+
+
+def LoadReference(model_dir):
+    """Loads a bf16 checkpoint as float32 (exact upcast) with eager attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    model.eval()
+    return model
+
+
+def ForwardWithMargins(model, ids):
+    """Returns (logits [T, V] float32, smallest router top-k margin, smallest top-1 logit
+    margin). A router margin is p_k - p_{k+1} of the softmaxed router logits of one token in
+    one layer: a tiny margin would make the reference fragile against rounding."""
+    import torch
+
+    k = model.config.num_experts_per_tok
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long),
+                    output_router_logits=True, use_cache=False)
+    logits = out.logits[0].float()
+    router_margin = float("inf")
+    for rl in out.router_logits:
+        probs = torch.softmax(rl.float(), dim=-1)
+        top = torch.topk(probs, k + 1, dim=-1).values
+        router_margin = min(router_margin, (top[:, k - 1] - top[:, k]).min().item())
+    top2 = torch.topk(logits, 2, dim=-1).values
+    logit_margin = (top2[:, 0] - top2[:, 1]).min().item()
+    return logits, router_margin, logit_margin
+
+
+def SaveTensors(path, tensors):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+
+
+def WriteRandomModels():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    for index, (model_type, config) in enumerate(RandomConfigs().items()):
+        out_dir = os.path.join(FIXTURES, "models", model_type)
+        os.makedirs(out_dir, exist_ok=True)
+        # Try seeds in a fixed order until no router or top-1 decision is a near tie.
+        for attempt in range(20):
+            seed = RANDOM_SEED + 100 * index + attempt
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            RandomizeWeights(model, seed)
+            model = model.to(torch.bfloat16)
+            model.config.output_router_logits = False
+            model.save_pretrained(out_dir, safe_serialization=True)
+            gen_cfg = os.path.join(out_dir, "generation_config.json")
+            if os.path.exists(gen_cfg):
+                os.remove(gen_cfg)
+            ref = LoadReference(out_dir)
+            gen = torch.Generator().manual_seed(seed)
+            tensors = {}
+            worst_router, worst_logit = float("inf"), float("inf")
+            for i, length in enumerate(RANDOM_PROMPT_LENGTHS):
+                ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+                logits, rm, lm = ForwardWithMargins(ref, ids)
+                worst_router, worst_logit = min(worst_router, rm), min(worst_logit, lm)
+                tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+                tensors[f"p{i}.logits"] = logits
+            if worst_router > 1e-4 and worst_logit > 1e-3:
+                break
+            print(f"{model_type}: seed {seed} has a near tie (router {worst_router:.2e}, "
+                  f"logit {worst_logit:.2e}); trying the next seed")
+        else:
+            raise SystemExit(f"{model_type}: no seed without near ties")
+        SaveTensors(os.path.join(out_dir, "logits.safetensors"), tensors)
+        size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+        print(f"{model_type}: seed {seed}, model.safetensors {size} bytes, min router margin "
+              f"{worst_router:.3e}, min top-1 logit margin {worst_logit:.3e}")
+
+
 def Main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["tokenizer", "random", "tiny", "all"])
@@ -190,6 +322,8 @@ def Main(argv):
     args = parser.parse_args(argv)
     if args.what in ("tokenizer", "all"):
         WriteTokenizerCases(args.heldout)
+    if args.what in ("random", "all"):
+        WriteRandomModels()
     return 0
 
 
