@@ -1,17 +1,54 @@
 // pw-quantize: builds an any-precision expert store (.apw) from a checkpoint and calibration
-// text. The work is QuantizeModel (kernels/anyprec/quantize_model.h); this is its command line.
+// text, and plans per-block width maps from a store.
+//   pw-quantize --model DIR --calib FILE --out STORE [--seed-bits 3] [--max-bits 8] [--threads N]
+//   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
+// The work is QuantizeModel (kernels/anyprec/quantize_model.h) and PlanDamageRanked /
+// PlanRandom (kernels/anyprec/apw_provider.h); this is their command line.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 
+#include "common/apw_store.h"
+#include "kernels/anyprec/apw_provider.h"
 #include "kernels/anyprec/quantize_model.h"
+
+namespace {
+
+int Fail(const pw::Status& s) {
+  std::fprintf(stderr, "pw-quantize: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int RunPlan(const std::string& store_path, double avg_bits, const std::string& out,
+            std::optional<uint64_t> random_seed, int min_bits) {
+  auto store = pw::apw::ApwStore::Open(store_path);
+  if (!store.ok()) return Fail(store.status());
+  auto map = random_seed ? pw::anyprec::PlanRandom(**store, avg_bits, *random_seed, min_bits)
+                         : pw::anyprec::PlanDamageRanked(**store, avg_bits, min_bits);
+  if (!map.ok()) return Fail(map.status());
+  pw::Status s = map->Save(out);
+  if (!s.ok()) return Fail(s);
+  int hist[17] = {};
+  for (int l = 0; l < map->num_layers(); ++l)
+    for (int e = 0; e < map->num_experts(); ++e)
+      for (auto p : {pw::engine::ExpertProj::kGateUp, pw::engine::ExpertProj::kDown}) ++hist[map->Get(l, e, p)];
+  std::fprintf(stderr, "pw-quantize plan: %s map, average %.4f bits; blocks per width:",
+               random_seed ? "random" : "damage-ranked", map->AverageBits((*store)->info()));
+  for (int b = 3; b <= 8; ++b) std::fprintf(stderr, " %d:%d", b, hist[b]);
+  std::fprintf(stderr, " -> %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   pw::anyprec::QuantizeModelOptions o;
   CLI::App app{"Quantize a MoE checkpoint's experts into an any-precision .apw store"};
-  app.add_option("--model", o.model_dir, "checkpoint directory (config.json, *.safetensors)")->required();
-  app.add_option("--calib", o.calib_path, "calibration text (UTF-8)")->required();
-  app.add_option("--out", o.out_path, "output store path (.apw)")->required();
+  app.require_subcommand(0, 1);
+  app.add_option("--model", o.model_dir, "checkpoint directory (config.json, *.safetensors)");
+  app.add_option("--calib", o.calib_path, "calibration text (UTF-8)");
+  app.add_option("--out", o.out_path, "output store path (.apw)");
   app.add_option("--tokenizer", o.tokenizer_path, "tokenizer.json (default: <model>/tokenizer.json)");
   app.add_option("--seed-bits", o.seed_bits, "bits of the seed clustering")->check(CLI::Range(3, 8));
   app.add_option("--max-bits", o.max_bits, "largest width to upscale to")->check(CLI::Range(3, 8));
@@ -20,13 +57,28 @@ int main(int argc, char** argv) {
   app.add_option("--max-calib-tokens", o.max_calib_tokens, "use at most this many calibration tokens (0 = all)");
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress bar");
+
+  auto* plan = app.add_subcommand("plan", "write a per-block width map at a target average width");
+  std::string plan_store, plan_out;
+  double avg_bits = 4.0;
+  std::optional<uint64_t> random_seed;
+  int min_bits = 3;
+  plan->add_option("--store", plan_store, "the .apw store")->required();
+  plan->add_option("--avg-bits", avg_bits, "target average bits per expert weight")->required();
+  plan->add_option("--out", plan_out, "width map to write (JSON)")->required();
+  plan->add_option("--random-seed", random_seed, "random map with this seed instead of damage-ranked");
+  plan->add_option("--min-bits", min_bits, "lowest width a block may get")->check(CLI::Range(3, 8));
   CLI11_PARSE(app, argc, argv);
+  if (plan->parsed()) return RunPlan(plan_store, avg_bits, plan_out, random_seed, min_bits);
+
+  if (o.model_dir.empty() || o.calib_path.empty() || o.out_path.empty()) {
+    std::fprintf(stderr, "pw-quantize: --model, --calib and --out are required\n%s", app.help().c_str());
+    return 2;
+  }
+  if (o.seed_bits > o.max_bits) return Fail(pw::InvalidArgument("--seed-bits must not exceed --max-bits"));
   o.progress = !quiet;
   auto r = pw::anyprec::QuantizeModel(o);
-  if (!r.ok()) {
-    std::fprintf(stderr, "pw-quantize: %s\n", r.status().ToString().c_str());
-    return 1;
-  }
+  if (!r.ok()) return Fail(r.status());
   std::fprintf(stderr,
                "pw-quantize: %d blocks, %lld calibration tokens; calibration %.1fs, quantization "
                "%.1fs, total %.1fs -> %s\n",

@@ -175,6 +175,42 @@ TEST_F(ApwEngineTest, MixedWidthMapFromFile) {
   std::remove(map_path.c_str());
 }
 
+// Expected damage of a map: sum over blocks of routing frequency times D_i[bits].
+double MapDamage(const apw::ApwStore& store, const WidthMap& m) {
+  double total = 0;
+  for (int i = 0; i < store.num_blocks(); ++i) {
+    const apw::BlockData& b = store.block(i);
+    const auto proj = b.kind == apw::BlockKind::kGateUp ? engine::ExpertProj::kGateUp : engine::ExpertProj::kDown;
+    total += (b.calib_tokens + 1.0) * b.damage[m.Get(b.layer, b.expert, proj)];
+  }
+  return total;
+}
+
+TEST_F(ApwEngineTest, PlannedMapsHitTheAverageAndRankedBeatsRandom) {
+  auto store = apw::ApwStore::Open(*store_path_);
+  ASSERT_TRUE(store.ok());
+  for (double avg : {3.0, 4.0, 5.5, 8.0}) {
+    auto ranked = PlanDamageRanked(**store, avg);
+    ASSERT_TRUE(ranked.ok()) << ranked.status().ToString();
+    const double got = ranked->AverageBits((*store)->info());
+    EXPECT_LE(got, avg + 1e-9);
+    EXPECT_GT(got, avg - 1.0);
+    double random_damage = 0;
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      auto random = PlanRandom(**store, avg, seed);
+      ASSERT_TRUE(random.ok());
+      EXPECT_LE(random->AverageBits((*store)->info()), avg + 1e-9);
+      random_damage += MapDamage(**store, *random) / 5;
+    }
+    if (avg > 3.0 && avg < 8.0) EXPECT_LT(MapDamage(**store, *ranked), random_damage) << avg;
+  }
+  EXPECT_FALSE(PlanDamageRanked(**store, 2.5).ok());
+  // Deterministic for a seed.
+  auto a = PlanRandom(**store, 4.0, 9), b = PlanRandom(**store, 4.0, 9);
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 8; ++e) EXPECT_EQ(a->Get(l, e, engine::ExpertProj::kDown), b->Get(l, e, engine::ExpertProj::kDown));
+}
+
 TEST_F(ApwEngineTest, RefusesStoreOfAnotherModel) {
   // Same shapes, different config.json bytes: another model as far as the hash knows.
   const fs::path dir = TempPath("other_model");
