@@ -1,0 +1,261 @@
+// Tests of the chat template renderer: byte-identical to HF transformers' apply_chat_template on
+// the committed fixtures, plus the subset's semantics and refusal of what it does not support.
+#include "common/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/tokenizer.h"
+
+namespace pw {
+namespace {
+
+using json = nlohmann::json;
+
+std::string SourcePath(const std::string& rel) { return std::string(PW_SOURCE_DIR) + "/" + rel; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+ChatTemplateInputs Inputs(std::vector<ChatMessage> messages, bool gen = false) {
+  ChatTemplateInputs in;
+  in.messages = std::move(messages);
+  in.add_generation_prompt = gen;
+  in.bos_token = "<s>";
+  in.eos_token = "</s>";
+  return in;
+}
+
+// Renders `tpl` with `in`, failing the test on error.
+std::string Render(const std::string& tpl, const ChatTemplateInputs& in) {
+  auto t = ChatTemplate::Parse(tpl);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  if (!t.ok()) return "<parse error>";
+  auto out = t->Render(in);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  return out.ok() ? *out : "<render error>";
+}
+
+TEST(ChatTemplateFixtures, MatchesHfApplyChatTemplate) {
+  const std::string path = SourcePath("tests/fixtures/chat_template_cases.json");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  const json fixture = json::parse(ReadFile(path));
+  std::map<std::string, ChatTemplate> templates;
+  for (auto it = fixture["templates"].begin(); it != fixture["templates"].end(); ++it) {
+    auto t = ChatTemplate::Parse(it.value().get<std::string>());
+    ASSERT_TRUE(t.ok()) << it.key() << ": " << t.status().ToString();
+    templates.emplace(it.key(), std::move(t).value());
+  }
+  ASSERT_GE(templates.size(), 5u);
+  size_t checked = 0, errors = 0;
+  for (const json& c : fixture["cases"]) {
+    ChatTemplateInputs in;
+    for (const json& m : c["messages"]) {
+      in.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    in.add_generation_prompt = c["add_generation_prompt"].get<bool>();
+    if (!c["bos_token"].is_null()) in.bos_token = c["bos_token"].get<std::string>();
+    if (!c["eos_token"].is_null()) in.eos_token = c["eos_token"].get<std::string>();
+    const std::string name = c["template"].get<std::string>();
+    const std::string label = name + " " + c["messages"].dump() +
+                              (in.add_generation_prompt ? " +gen" : "") +
+                              " bos=" + c["bos_token"].dump();
+    auto out = templates.at(name).Render(in);
+    if (c.contains("error")) {
+      EXPECT_FALSE(out.ok()) << label << " rendered " << json(*out).dump() << ", HF raised "
+                             << c["error"];
+      if (!out.ok()) {
+        EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << label;
+      }
+      ++errors;
+    } else {
+      ASSERT_TRUE(out.ok()) << label << ": " << out.status().ToString();
+      EXPECT_EQ(*out, c["expected"].get<std::string>()) << label;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 100u);
+  EXPECT_GT(errors, 0u);  // raise_exception cases are in the fixture
+}
+
+TEST(ChatTemplate, ChatMlOfTheModel) {
+  const std::string dir = SourcePath("models/tiny-moe");
+  if (!std::filesystem::exists(dir + "/tokenizer_config.json")) {
+    GTEST_SKIP() << "needs " << dir << "/tokenizer_config.json";
+  }
+  auto tok = Tokenizer::FromModelDir(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  ASSERT_FALSE((*tok)->chat_template().empty());
+  auto in = Inputs({{"system", "Be brief."}, {"user", "Hi"}}, /*gen=*/true);
+  EXPECT_EQ(Render((*tok)->chat_template(), in),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  // The rendered prompt tokenizes with the special tokens as single ids.
+  auto ids = (*tok)->Encode(Render((*tok)->chat_template(), in));
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ((*ids)[0], *(*tok)->TokenToId("<|im_start|>"));
+}
+
+TEST(ChatTemplate, WhitespaceControlAndBlocks) {
+  const auto in = Inputs({{"user", "a"}, {"assistant", "b"}});
+  // trim_blocks removes the newline after a block tag; lstrip_blocks the indentation before it.
+  EXPECT_EQ(Render("{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n"
+                   "    {% endif %}\n{% endfor %}",
+                   in),
+            "U:a\n");
+  EXPECT_EQ(Render("x  {%- if true -%}  \n y {%- endif %}", in), "xy");
+  EXPECT_EQ(Render("  {%+ if true %}z{% endif %}", in), "  z");  // '+' keeps the indentation
+  EXPECT_EQ(Render("a {{- ' b ' -}} c", in), "a b c");
+  EXPECT_EQ(Render("a{# comment #}b\n{# c2 #}\nc", in), "ab\nc");
+  EXPECT_EQ(Render("end\n", in), "end");  // one trailing newline dropped, as Jinja does
+}
+
+TEST(ChatTemplate, ExpressionsAndLoopVariables) {
+  const auto in = Inputs({{"user", "Hello"}, {"assistant", "World"}, {"user", "again"}});
+  EXPECT_EQ(Render("{% for m in messages %}{{ loop.index }}{{ loop.index0 }}{{ loop.first }}"
+                   "{{ loop.last }}{{ loop.revindex }},{% endfor %}",
+                   in),
+            "10TrueFalse3,21FalseFalse2,32FalseTrue1,");
+  EXPECT_EQ(Render("{{ messages[1]['content'] + '!' ~ 3 }}", in), "World!3");
+  EXPECT_EQ(Render("{{ messages[-1].content.upper() }}|{{ messages[0].content[1:3] }}", in),
+            "AGAIN|el");
+  EXPECT_EQ(Render("{{ messages | length }} {{ (messages[1:] | first).role }}", in), "3 assistant");
+  EXPECT_EQ(Render("{{ 'yes' if messages[0].role == 'user' and not add_generation_prompt "
+                   "else 'no' }}",
+                   in),
+            "yes");
+  EXPECT_EQ(Render("{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 2 * 3 + 1 }} {{ 1 / 2 }}", in),
+            "3 -4 2 7 0.5");
+  EXPECT_EQ(Render("{{ 'ab' in 'cabd' }} {{ 'x' not in ['x', 'y'] }} {{ foo is defined }} "
+                   "{{ eos_token is string }} {{ none is none }}",
+                   in),
+            "True False False True True");
+  EXPECT_EQ(Render("{% set x = 'a' %}{% for m in messages %}{% set x = m.role %}{% endfor %}{{ x }}",
+                   in),
+            "a");  // a set inside a loop does not leak out of it
+  EXPECT_EQ(Render("{{ {'a': 1, 'b': [1, 'x']} | tojson }} {{ 'q\"\\n' | tojson }}", in),
+            "{\"a\": 1, \"b\": [1, \"x\"]} \"q\\\"\\n\"");
+  EXPECT_EQ(Render("{{ '  pad ' | trim }}|{{ ['a', 'b'] | join('-') }}|{{ undefined_var }}|"
+                   "{{ undefined_var | default('dflt') }}",
+                   in),
+            "pad|a-b||dflt");
+  EXPECT_EQ(Render("{% for k, v in {'r': 'u', 's': 't'}.items() %}{{ k }}={{ v }};{% endfor %}", in),
+            "r=u;s=t;");
+  EXPECT_EQ(Render("{% if false %}a{% elif messages %}b{% else %}c{% endif %}", in), "b");
+  EXPECT_EQ(Render("{{ bos_token }}{{ eos_token }}", Inputs({})), "<s></s>");
+}
+
+TEST(ChatTemplate, RenderErrors) {
+  const auto in = Inputs({{"user", "x"}});
+  auto t = ChatTemplate::Parse("{{ raise_exception('roles must alternate') }}");
+  ASSERT_TRUE(t.ok());
+  auto out = t->Render(in);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("roles must alternate"), std::string::npos);
+
+  for (const char* bad : {"{{ 'a' + 1 }}", "{{ messages + 'x' }}", "{{ 1 // 0 }}",
+                          "{{ undefined_var.x }}", "{% for m in 5 %}{% endfor %}",
+                          "{{ bos_missing + 'x' }}"}) {
+    auto p = ChatTemplate::Parse(bad);
+    ASSERT_TRUE(p.ok()) << bad << ": " << p.status().ToString();
+    auto r = p->Render(in);
+    EXPECT_FALSE(r.ok()) << bad << " rendered " << *r;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    }
+  }
+  // An undefined bos_token prints as nothing but cannot be concatenated (as in Jinja).
+  ChatTemplateInputs no_bos = in;
+  no_bos.bos_token.reset();
+  EXPECT_EQ(Render("[{{ bos_token }}]", no_bos), "[]");
+  auto p = ChatTemplate::Parse("{{ bos_token + 'x' }}");
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->Render(no_bos).ok());
+  // Output is bounded.
+  p = ChatTemplate::Parse(
+      "{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}");
+  ASSERT_TRUE(p.ok());
+  auto big = p->Render(in);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(ChatTemplate, UnsupportedAndMalformedSyntaxNamePosition) {
+  struct Case {
+    const char* tpl;
+    StatusCode code;
+    const char* in_message;
+  };
+  const std::vector<Case> cases = {
+      {"{% macro m() %}{% endmacro %}", StatusCode::kUnsupported, "line 1, column 4"},
+      {"ok\n{% include 'x' %}", StatusCode::kUnsupported, "line 2, column 4"},
+      {"{{ x | wordcount }}", StatusCode::kUnsupported, "unsupported filter 'wordcount'"},
+      {"{{ x is divisibleby(3) }}", StatusCode::kUnsupported, "unsupported test"},
+      {"{{ x.format(1) }}", StatusCode::kUnsupported, "unsupported method 'format'"},
+      {"{{ namespace(a=1) }}", StatusCode::kUnsupported, "unsupported function 'namespace'"},
+      {"{% set ns.x = 1 %}", StatusCode::kUnsupported, "namespace"},
+      {"{% for m in messages %}{% else %}{% endfor %}", StatusCode::kUnsupported, "for ... else"},
+      {"{% for m in messages if m %}{% endfor %}", StatusCode::kUnsupported, "loop filters"},
+      {"{{ x | tojson(indent=2) }}", StatusCode::kUnsupported, "keyword arguments"},
+      {"{% for m in messages %}", StatusCode::kInvalidArgument, "without 'endfor'"},
+      {"{% if x %}a{% else %}b", StatusCode::kInvalidArgument, "without 'endif'"},
+      {"{% endif %}", StatusCode::kInvalidArgument, "unexpected 'endif'"},
+      {"abc {{ x ", StatusCode::kInvalidArgument, "never closed"},
+      {"{{ 'unterminated }}", StatusCode::kInvalidArgument, "unterminated string"},
+      {"{{ x + }}", StatusCode::kInvalidArgument, "expected an expression"},
+      {"{{ x y }}", StatusCode::kInvalidArgument, "unexpected 'y'"},
+      {"{{ a ? b }}", StatusCode::kInvalidArgument, "unexpected character '?'"},
+      {"{% if x %}{% else %}{% else %}{% endif %}", StatusCode::kInvalidArgument, "after 'else'"},
+  };
+  for (const Case& c : cases) {
+    auto t = ChatTemplate::Parse(c.tpl);
+    ASSERT_FALSE(t.ok()) << c.tpl << " was accepted";
+    EXPECT_EQ(t.status().code(), c.code) << c.tpl << ": " << t.status().ToString();
+    EXPECT_NE(t.status().message().find(c.in_message), std::string::npos)
+        << c.tpl << ": " << t.status().message();
+    EXPECT_NE(t.status().message().find("line "), std::string::npos) << t.status().message();
+  }
+}
+
+TEST(ChatTemplate, ArbitraryBytesNeverCrash) {
+  // Mutated copies of a real template: each parses and renders or fails with a status.
+  const std::string base =
+      "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+      "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+      "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  const auto in = Inputs({{"user", "hi"}});
+  uint32_t state = 2463534242u;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    return state;
+  };
+  const std::string alphabet = "{}%#-+'\"[]().|:,=~ \nabcdefor";
+  for (int round = 0; round < 2000; ++round) {
+    std::string s = base;
+    const int edits = 1 + next() % 4;
+    for (int k = 0; k < edits; ++k) {
+      const size_t pos = next() % s.size();
+      switch (next() % 3) {
+        case 0: s[pos] = alphabet[next() % alphabet.size()]; break;
+        case 1: s.erase(pos, 1 + next() % 3); break;
+        default: s.insert(pos, 1, alphabet[next() % alphabet.size()]); break;
+      }
+    }
+    auto t = ChatTemplate::Parse(s);
+    if (t.ok()) (void)t->Render(in);
+  }
+}
+
+}  // namespace
+}  // namespace pw
