@@ -1,0 +1,545 @@
+#include "services/router/cluster_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <random>
+
+#include "common/logging.h"
+#include "services/transport/zmq_transport.h"
+
+namespace pw::router {
+
+namespace {
+
+// Routing id of the DEALER that wakes the backend thread.
+constexpr const char* kWakePeer = "pw-router-wake";
+
+// Passes frames through, except those from the wake-up peer: for them Recv reports "nothing
+// received", which ends ControlServer::Poll so the backend thread sees its commands at once.
+class WakeFilterTransport final : public transport::Transport {
+ public:
+  explicit WakeFilterTransport(std::unique_ptr<transport::Transport> inner)
+      : inner_(std::move(inner)) {}
+  Status Send(std::string_view peer, std::string_view bytes) override {
+    return inner_->Send(peer, bytes);
+  }
+  Result<std::optional<transport::Frame>> Recv(int timeout_ms) override {
+    auto r = inner_->Recv(timeout_ms);
+    if (r.ok() && r->has_value() && (*r)->peer == kWakePeer) {
+      return std::optional<transport::Frame>();
+    }
+    return r;
+  }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+};
+
+std::vector<uint32_t> AllTokens(const GenerationRequest& req, const std::vector<int32_t>& gen) {
+  std::vector<uint32_t> out;
+  out.reserve(req.prompt.size() + gen.size());
+  for (int32_t t : req.prompt) out.push_back(static_cast<uint32_t>(t));
+  for (int32_t t : gen) out.push_back(static_cast<uint32_t>(t));
+  return out;
+}
+
+void FillSampling(wire::SamplingParams::Builder b, const SamplingOptions& s) {
+  b.setTemperature(s.temperature);
+  b.setTopP(s.top_p);
+  b.setTopK(static_cast<uint32_t>(std::max(0, s.top_k)));
+  b.setSeed(s.seed);
+  b.setMaxTokens(static_cast<uint32_t>(s.max_tokens));
+  b.setIgnoreEos(s.ignore_eos);
+  auto stops = b.initStopTokenIds(static_cast<unsigned>(s.stop_token_ids.size()));
+  for (size_t i = 0; i < s.stop_token_ids.size(); ++i) {
+    stops.set(static_cast<unsigned>(i), static_cast<uint32_t>(s.stop_token_ids[i]));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ClusterBackend>> ClusterBackend::Create(ClusterBackendOptions options) {
+  auto router = transport::ZmqRouterTransport::Bind(options.bind);
+  if (!router.ok()) return router.status();
+  std::string endpoint = (*router)->endpoint();
+  std::unique_ptr<ClusterBackend> b(new ClusterBackend(std::move(options), endpoint));
+  transport::ControlServer::Options copts;
+  copts.id = b->options_.id;
+  copts.heartbeat_ms = b->options_.heartbeat_ms;
+  copts.dead_after_beats = b->options_.dead_after_beats;
+  b->server_ = std::make_unique<transport::ControlServer>(
+      std::make_unique<WakeFilterTransport>(std::move(*router)), transport::SteadyClock::Get(),
+      copts);
+  ClusterBackend* self = b.get();
+  b->server_->on_register = [self](const std::string& peer, wire::Register::Reader reg) {
+    std::string model = proto::ToString(reg.getModelName());
+    if (!model.empty() && !self->options_.model_name.empty() &&
+        model != self->options_.model_name) {
+      return InvalidArgument("worker serves model '" + model + "', this router serves '" +
+                             self->options_.model_name + "'");
+    }
+    auto role = reg.getRole();
+    if (role != wire::Role::PREFILL && role != wire::Role::DECODE && role != wire::Role::CLIENT) {
+      return InvalidArgument("the router takes prefill and decode workers only");
+    }
+    PW_LOG(INFO) << "router: worker '" << peer << "' registered as "
+                 << (role == wire::Role::PREFILL ? "prefill" : role == wire::Role::DECODE ? "decode"
+                                                                                          : "client");
+    return Status::Ok();
+  };
+  b->server_->on_peer_dead = [self](const std::string& peer, const transport::PeerInfo&) {
+    self->OnPeerDead(peer);
+  };
+  auto waker = transport::ZmqDealerTransport::Connect(endpoint, kWakePeer);
+  if (!waker.ok()) return waker.status();
+  b->waker_ = std::move(*waker);
+  return b;
+}
+
+ClusterBackend::ClusterBackend(ClusterBackendOptions options, std::string endpoint)
+    : options_(std::move(options)), endpoint_(std::move(endpoint)) {}
+
+ClusterBackend::~ClusterBackend() { Stop(); }
+
+void ClusterBackend::Start() {
+  PW_CHECK(events_ != nullptr);
+  thread_ = std::thread([this] { Run(); });
+}
+
+void ClusterBackend::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true);
+  {
+    std::lock_guard<std::mutex> lock(cmd_mu_);
+    (void)waker_->Send("", "wake");
+  }
+  thread_.join();
+}
+
+uint64_t ClusterBackend::NowMs() const { return transport::SteadyClock::Get()->NowMs(); }
+
+Status ClusterBackend::Submit(GenerationRequest request) {
+  if (request.prompt.empty()) return InvalidArgument("empty prompt");
+  if (!request.sampling.has_seed) {
+    // One seed for the whole life of the request, so a re-placement samples from the same seed.
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    request.sampling.seed = rng();
+    request.sampling.has_seed = true;
+  }
+  std::lock_guard<std::mutex> lock(cmd_mu_);
+  commands_.push_back({Command::kSubmit, std::move(request), 0});
+  if (!wake_pending_) {
+    wake_pending_ = true;
+    (void)waker_->Send("", "wake");
+  }
+  return Status::Ok();
+}
+
+void ClusterBackend::Cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(cmd_mu_);
+  commands_.push_back({Command::kCancel, {}, id});
+  if (!wake_pending_) {
+    wake_pending_ = true;
+    (void)waker_->Send("", "wake");
+  }
+}
+
+BackendLoad ClusterBackend::Load() const {
+  std::lock_guard<std::mutex> lock(load_mu_);
+  return load_;
+}
+
+void ClusterBackend::Run() {
+  auto handler = [this](const std::string& peer, const proto::InMessage& msg) {
+    return Handle(peer, msg);
+  };
+  while (!stop_.load()) {
+    DrainCommands();
+    DispatchPending();
+    PublishLoad();
+    // Pending requests waiting for a backoff or capacity: look again soon.
+    bool pending = false;
+    for (const auto& [id, r] : reqs_) pending |= r.phase == Phase::kPending;
+    server_->Poll(pending ? 10 : 100, handler);
+  }
+  // Free what the workers hold for requests still in flight.
+  for (auto& [id, r] : reqs_) {
+    if (!r.decode_peer.empty()) SendCancel(r.decode_peer, id, r.lease_id);
+    if (r.phase == Phase::kPrefilling) SendCancel(r.prefill_peer, id, r.lease_id);
+  }
+  reqs_.clear();
+}
+
+void ClusterBackend::DrainCommands() {
+  std::vector<Command> cmds;
+  {
+    std::lock_guard<std::mutex> lock(cmd_mu_);
+    cmds.swap(commands_);
+    wake_pending_ = false;
+  }
+  for (auto& c : cmds) {
+    if (c.kind == Command::kSubmit) {
+      uint64_t id = c.request.id;
+      Req r;
+      r.request = std::move(c.request);
+      reqs_[id] = std::move(r);
+    } else {
+      auto it = reqs_.find(c.id);
+      if (it == reqs_.end()) continue;
+      Req& r = it->second;
+      if (!r.decode_peer.empty()) SendCancel(r.decode_peer, c.id, r.lease_id);
+      if (r.phase == Phase::kPrefilling) SendCancel(r.prefill_peer, c.id, r.lease_id);
+      reqs_.erase(it);
+    }
+  }
+}
+
+const ClusterBackend::WorkerStatic* ClusterBackend::StaticOf(const transport::PeerInfo& info) {
+  auto it = statics_.find(info.id);
+  if (it != statics_.end() && it->second.pid == info.pid) return &it->second;
+  if (!info.registration) return nullptr;
+  WorkerStatic ws;
+  Status st = proto::GuardWire("registration of '" + info.id + "'", [&]() -> Status {
+    auto reg = info.registration->body().getRegister();
+    ws.pid = reg.getPid();
+    ws.role = reg.getRole();
+    ws.max_batch = reg.getMaxBatch();
+    ws.layout_hash = reg.getKvLayout().getLayoutHash();
+    ws.block_tokens = reg.getKvLayout().getBlockTokens();
+    return Status::Ok();
+  });
+  if (!st.ok()) {
+    PW_LOG(WARNING) << "router: " << st.ToString();
+    return nullptr;
+  }
+  if (ws.max_batch == 0) ws.max_batch = options_.default_max_batch;
+  if (ws.block_tokens == 0) ws.block_tokens = 16;
+  return &(statics_[info.id] = ws);
+}
+
+void ClusterBackend::DispatchPending() {
+  const uint64_t now = NowMs();
+  for (auto& [id, r] : reqs_) {
+    if (r.phase != Phase::kPending || r.not_before_ms > now) continue;
+    if (!Place(id, r)) break;  // no capacity now; keep FIFO order
+  }
+}
+
+bool ClusterBackend::Place(uint64_t id, Req& r) {
+  const int64_t n_tokens = static_cast<int64_t>(r.request.prompt.size() + r.generated.size());
+  // Our requests per worker, blocks being reserved per decode worker, tokens being prefilled
+  // per prefill worker.
+  std::map<std::string, int64_t> assigned, reserving_blocks, prefilling_tokens;
+  for (const auto& [oid, o] : reqs_) {
+    if (o.phase == Phase::kPending) continue;
+    ++assigned[o.decode_peer];
+    int64_t toks = static_cast<int64_t>(o.request.prompt.size() + o.generated.size());
+    if (o.phase == Phase::kReserving) reserving_blocks[o.decode_peer] += toks / 16 + 1;
+    if (o.phase == Phase::kPrefilling) prefilling_tokens[o.prefill_peer] += toks;
+  }
+  const transport::PeerInfo* best_d = nullptr;
+  const WorkerStatic* best_ds = nullptr;
+  int64_t best_free = std::numeric_limits<int64_t>::min();
+  for (const auto& [peer, info] : server_->peers()) {
+    if (info.role != wire::Role::DECODE || info.load.draining) continue;
+    const WorkerStatic* ws = StaticOf(info);
+    if (ws == nullptr || assigned[peer] >= ws->max_batch) continue;
+    int64_t free_blocks = int64_t(info.load.free_kv_blocks) - reserving_blocks[peer];
+    if (free_blocks > best_free) {
+      best_free = free_blocks;
+      best_d = &info;
+      best_ds = ws;
+    }
+  }
+  if (best_d == nullptr) return false;
+  const transport::PeerInfo* best_p = nullptr;
+  int64_t best_queue = std::numeric_limits<int64_t>::max();
+  for (const auto& [peer, info] : server_->peers()) {
+    if (info.role != wire::Role::PREFILL || info.load.draining) continue;
+    const WorkerStatic* ws = StaticOf(info);
+    if (ws == nullptr || ws->layout_hash != best_ds->layout_hash) continue;
+    int64_t queue = int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer];
+    if (queue < best_queue) {
+      best_queue = queue;
+      best_p = &info;
+    }
+  }
+  if (best_p == nullptr) return false;
+
+  proto::OutMessage m;
+  auto kr = m.body().initKvReserve();
+  kr.setRequestId(id);
+  kr.setNumTokens(static_cast<uint32_t>(n_tokens));
+  kr.setLeaseMs(options_.lease_ms);
+  Status st = server_->Send(best_d->id, m);
+  if (!st.ok()) {
+    PW_LOG(WARNING) << "router: KvReserve to '" << best_d->id << "': " << st.ToString();
+    r.not_before_ms = NowMs() + 50;
+    return true;  // try the others; this one retries after the backoff
+  }
+  r.phase = Phase::kReserving;
+  r.decode_peer = best_d->id;
+  r.prefill_peer = best_p->id;
+  r.lease_id = 0;
+  r.block_ids.clear();
+  ++r.attempts;
+  return true;
+}
+
+Status ClusterBackend::Handle(const std::string& peer, const proto::InMessage& msg) {
+  auto body = msg.body();
+  switch (msg.which()) {
+    case proto::Body::KV_RESERVE_REPLY:
+      OnReserveReply(peer, body.getKvReserveReply());
+      break;
+    case proto::Body::KV_READY:
+      OnKvReady(peer, body.getKvReady());
+      break;
+    case proto::Body::TOKEN_CHUNK:
+      OnTokenChunk(peer, body.getTokenChunk());
+      break;
+    case proto::Body::FINISH:
+      OnFinish(peer, body.getFinish());
+      break;
+    case proto::Body::TELEMETRY:
+      break;  // per-worker metrics are scraped from the workers themselves
+    default:
+      return InvalidArgument("the router does not take '" + proto::BodyName(msg.which()) + "'");
+  }
+  return Status::Ok();
+}
+
+void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveReply::Reader m) {
+  const uint64_t id = m.getRequestId();
+  auto it = reqs_.find(id);
+  if (it == reqs_.end() || it->second.phase != Phase::kReserving ||
+      it->second.decode_peer != peer) {
+    // Late reply for a request cancelled or moved: give the lease back.
+    if (m.getOk()) SendCancel(peer, id, m.getLeaseId());
+    return;
+  }
+  Req& r = it->second;
+  if (!m.getOk()) {
+    // Most often: not enough free KV right now. Wait and place again (not counted).
+    PW_LOG(DEBUG) << "router: KV reservation for " << id << " refused by '" << peer
+                  << "': " << proto::ToString(m.getError());
+    r.phase = Phase::kPending;
+    r.decode_peer.clear();
+    r.prefill_peer.clear();
+    --r.attempts;
+    r.not_before_ms = NowMs() + 50;
+    return;
+  }
+  r.lease_id = m.getLeaseId();
+  r.block_ids = proto::ToVector<uint32_t>(m.getBlockIds());
+  const transport::PeerInfo* d = server_->FindPeer(peer);
+  const transport::PeerInfo* p = server_->FindPeer(r.prefill_peer);
+  if (d == nullptr || p == nullptr || !d->registration) {
+    Retry(id, r, "a worker left during placement");
+    return;
+  }
+  proto::OutMessage out;
+  Status st = proto::GuardWire("registration of '" + peer + "'", [&]() -> Status {
+    auto reg = d->registration->body().getRegister();
+    auto pr = out.body().initPrefillRequest();
+    pr.setRequestId(id);
+    auto tokens = AllTokens(r.request, r.generated);
+    proto::FillU32([&](unsigned n) { return pr.initTokens(n); }, tokens);
+    FillSampling(pr.initSampling(), r.request.sampling);
+    pr.setDecodeWorkerId(peer);
+    pr.setDecodeMemory(reg.getKvMemory());
+    pr.setDecodeLayout(reg.getKvLayout());
+    proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, r.block_ids);
+    pr.setLeaseId(r.lease_id);
+    pr.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
+    return Status::Ok();
+  });
+  if (st.ok()) st = server_->Send(r.prefill_peer, out);
+  if (!st.ok()) {
+    Retry(id, r, "PrefillRequest to '" + r.prefill_peer + "': " + st.ToString());
+    return;
+  }
+  r.phase = Phase::kPrefilling;
+}
+
+void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m) {
+  const uint64_t id = m.getRequestId();
+  auto it = reqs_.find(id);
+  if (it == reqs_.end() || it->second.phase != Phase::kPrefilling ||
+      it->second.prefill_peer != peer || it->second.lease_id != m.getLeaseId()) {
+    return;  // stale: the request was cancelled or placed again
+  }
+  Req& r = it->second;
+  if (!m.getOk()) {
+    Retry(id, r, "prefill on '" + peer + "' failed: " + proto::ToString(m.getError()));
+    return;
+  }
+  const int32_t first = static_cast<int32_t>(m.getFirstToken());
+  const uint32_t index = static_cast<uint32_t>(r.generated.size());
+  r.generated.push_back(first);
+  events_->OnTokens(id, index, {first});
+  const auto& stops = r.request.sampling.stop_token_ids;
+  const bool is_stop = std::find(stops.begin(), stops.end(), first) != stops.end();
+  const bool at_length = static_cast<int32_t>(r.generated.size()) >= r.request.sampling.max_tokens;
+  if (is_stop || at_length) {
+    SendCancel(r.decode_peer, id, r.lease_id);  // the reserved blocks are not needed
+    Finish(id, is_stop ? FinishReason::kStop : FinishReason::kLength, Status::Ok());
+    return;
+  }
+  proto::OutMessage out;
+  auto sd = out.body().initStartDecode();
+  sd.setRequestId(id);
+  sd.setLeaseId(r.lease_id);
+  std::vector<uint32_t> tokens = AllTokens(r.request, r.generated);
+  tokens.pop_back();  // the KV holds everything before the first new token
+  proto::FillU32([&](unsigned n) { return sd.initTokens(n); }, tokens);
+  sd.setFirstToken(static_cast<uint32_t>(first));
+  FillSampling(sd.initSampling(), r.request.sampling);
+  sd.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
+  Status st = server_->Send(r.decode_peer, out);
+  if (!st.ok()) {
+    Retry(id, r, "StartDecode to '" + r.decode_peer + "': " + st.ToString());
+    return;
+  }
+  r.phase = Phase::kDecoding;
+}
+
+void ClusterBackend::OnTokenChunk(const std::string& peer, wire::TokenChunk::Reader m) {
+  const uint64_t id = m.getRequestId();
+  auto it = reqs_.find(id);
+  if (it == reqs_.end() || it->second.phase != Phase::kDecoding ||
+      it->second.decode_peer != peer) {
+    return;
+  }
+  Req& r = it->second;
+  const uint32_t start = m.getStartIndex();
+  auto tokens = m.getTokens();
+  if (start > r.generated.size()) {
+    Retry(id, r,
+          "token gap from '" + peer + "': expected index " + std::to_string(r.generated.size()) +
+              ", got " + std::to_string(start));
+    return;
+  }
+  std::vector<int32_t> fresh;
+  for (unsigned i = 0; i < tokens.size(); ++i) {
+    if (start + i < r.generated.size()) continue;  // already delivered
+    fresh.push_back(static_cast<int32_t>(tokens[i]));
+    r.generated.push_back(static_cast<int32_t>(tokens[i]));
+  }
+  if (!fresh.empty()) {
+    const auto first_index = static_cast<uint32_t>(r.generated.size() - fresh.size());
+    events_->OnTokens(id, first_index, std::move(fresh));
+  }
+}
+
+void ClusterBackend::OnFinish(const std::string& peer, wire::Finish::Reader m) {
+  const uint64_t id = m.getRequestId();
+  auto it = reqs_.find(id);
+  if (it == reqs_.end()) return;
+  Req& r = it->second;
+  const bool from_current = (r.phase == Phase::kDecoding && r.decode_peer == peer) ||
+                            (r.phase == Phase::kPrefilling && r.prefill_peer == peer) ||
+                            (r.phase == Phase::kReserving && r.decode_peer == peer);
+  if (!from_current) return;
+  switch (m.getReason()) {
+    case wire::FinishReason::STOP:
+      Finish(id, FinishReason::kStop, Status::Ok());
+      break;
+    case wire::FinishReason::LENGTH:
+      Finish(id, FinishReason::kLength, Status::Ok());
+      break;
+    case wire::FinishReason::CANCELLED:
+      // The worker gave the request up (drain, preemption it could not recompute): move it.
+      if (r.phase == Phase::kPrefilling) SendCancel(r.decode_peer, id, r.lease_id);
+      Retry(id, r, "cancelled by '" + peer + "': " + proto::ToString(m.getError()));
+      break;
+    case wire::FinishReason::ERROR:
+    default:
+      if (r.phase == Phase::kPrefilling) SendCancel(r.decode_peer, id, r.lease_id);
+      Retry(id, r, "error on '" + peer + "': " + proto::ToString(m.getError()));
+      break;
+  }
+}
+
+void ClusterBackend::OnPeerDead(const std::string& peer) {
+  statics_.erase(peer);
+  std::vector<uint64_t> hit;
+  for (auto& [id, r] : reqs_) {
+    if (r.phase == Phase::kPending) continue;
+    if (r.decode_peer == peer || (r.phase == Phase::kPrefilling && r.prefill_peer == peer) ||
+        (r.phase == Phase::kReserving && r.prefill_peer == peer)) {
+      hit.push_back(id);
+    }
+  }
+  if (!hit.empty()) {
+    PW_LOG(WARNING) << "router: worker '" << peer << "' is gone; placing its " << hit.size()
+                    << " requests again";
+  }
+  for (uint64_t id : hit) {
+    Req& r = reqs_[id];
+    // Free what the surviving side holds for it.
+    if (r.decode_peer != peer && !r.decode_peer.empty()) SendCancel(r.decode_peer, id, r.lease_id);
+    if (r.phase == Phase::kPrefilling && r.prefill_peer != peer) {
+      SendCancel(r.prefill_peer, id, r.lease_id);
+    }
+    Retry(id, r, "worker '" + peer + "' died");
+  }
+}
+
+void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why) {
+  if (r.attempts >= options_.max_attempts) {
+    PW_LOG(WARNING) << "router: request " << id << " failed after " << r.attempts
+                    << " placements: " << why;
+    Finish(id, FinishReason::kError,
+           Unavailable(why + " (after " + std::to_string(r.attempts) + " placements)"));
+    return;
+  }
+  PW_LOG(INFO) << "router: request " << id << " placed again (" << why << "), "
+               << r.generated.size() << " tokens already streamed";
+  r.phase = Phase::kPending;
+  r.decode_peer.clear();
+  r.prefill_peer.clear();
+  r.lease_id = 0;
+  r.block_ids.clear();
+  r.not_before_ms = 0;
+}
+
+void ClusterBackend::SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id) {
+  if (peer.empty() || server_->FindPeer(peer) == nullptr) return;
+  proto::OutMessage m;
+  auto c = m.body().initCancel();
+  c.setRequestId(id);
+  c.setLeaseId(lease_id);
+  Status st = server_->Send(peer, m);
+  if (!st.ok()) PW_LOG(DEBUG) << "router: Cancel to '" << peer << "': " << st.ToString();
+}
+
+void ClusterBackend::Finish(uint64_t id, FinishReason reason, Status error) {
+  reqs_.erase(id);
+  events_->OnFinished(id, reason, std::move(error));
+}
+
+void ClusterBackend::PublishLoad() {
+  BackendLoad l;
+  bool have_prefill = false;
+  for (const auto& [peer, info] : server_->peers()) {
+    if (info.load.draining) continue;
+    if (info.role == wire::Role::DECODE) {
+      const WorkerStatic* ws = StaticOf(info);
+      ++l.decode_workers;
+      l.capacity += ws ? static_cast<int32_t>(ws->max_batch) : 0;
+      l.free_kv_blocks += info.load.free_kv_blocks;
+      l.used_kv_blocks += info.load.used_kv_blocks;
+    } else if (info.role == wire::Role::PREFILL) {
+      ++l.prefill_workers;
+      have_prefill = true;
+    }
+  }
+  if (!have_prefill) l.capacity = 0;
+  std::lock_guard<std::mutex> lock(load_mu_);
+  load_ = l;
+}
+
+}  // namespace pw::router

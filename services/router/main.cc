@@ -1,0 +1,38 @@
+// pw-router: the OpenAI-compatible HTTP front end of a PagedWeight cluster.
+#include <CLI/CLI.hpp>
+
+#include "services/router/router_app.h"
+
+int main(int argc, char** argv) {
+  pw::router::RouterAppOptions o;
+  CLI::App app{"pw-router: OpenAI-compatible HTTP router for PagedWeight workers"};
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int64_t header_timeout_ms = 10000, request_timeout_ms = 300000, drain_timeout_ms = 60000;
+  size_t max_body = 1 << 20;
+  app.add_option("--model", o.model_dir, "model directory (tokenizer.json, config.json)")
+      ->required();
+  app.add_option("--model-name", o.model_name, "model id clients send (default: directory name)");
+  app.add_option("--context", o.context_length,
+                 "context length in tokens (default: config.json max_position_embeddings)");
+  app.add_option("--host", host, "HTTP bind address");
+  app.add_option("--port", port, "HTTP port (0 = any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--workers", o.cluster.bind, "ZeroMQ ROUTER endpoint workers connect to");
+  app.add_option("--heartbeat-ms", o.cluster.heartbeat_ms, "control-plane heartbeat interval");
+  app.add_option("--lease-ms", o.cluster.lease_ms, "KV reservation lease");
+  app.add_option("--max-waiting", o.router.max_waiting, "admission queue bound (then 429)");
+  app.add_option("--max-tokens-default", o.router.default_max_tokens,
+                 "max_tokens when a request gives none");
+  app.add_option("--request-timeout-ms", request_timeout_ms, "per-request timeout");
+  app.add_option("--drain-timeout-ms", drain_timeout_ms, "longest drain on SIGTERM");
+  app.add_option("--header-timeout-ms", header_timeout_ms, "time allowed for request headers");
+  app.add_option("--max-body-bytes", max_body, "request body limit (then 413)");
+  CLI11_PARSE(app, argc, argv);
+  o.http.bind_address = host;
+  o.http.port = static_cast<uint16_t>(port);
+  o.http.header_timeout = std::chrono::milliseconds(header_timeout_ms);
+  o.http.max_body_bytes = max_body;
+  o.router.request_timeout = std::chrono::milliseconds(request_timeout_ms);
+  o.drain_timeout = std::chrono::milliseconds(drain_timeout_ms);
+  return pw::router::RunRouterApp(std::move(o));
+}

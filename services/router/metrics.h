@@ -1,0 +1,51 @@
+// RouterMetrics: the router's Prometheus metrics, declared once here.
+//
+// Names follow pagedweight_router_<what>_<unit>. Latencies are seconds:
+//   requests_total{endpoint,code}   counter: finished HTTP requests by route and status code
+//   time_to_first_token_seconds     histogram: admission -> first token sent to the client
+//   inter_token_latency_seconds     histogram: gap between consecutive tokens of one request
+//   e2e_request_latency_seconds     histogram: admission -> last byte queued to the client
+//   requests_running / requests_waiting  gauges: at the backend / in the admission queue
+//   prompt_tokens_total, generation_tokens_total  counters
+//   rejected_requests_total{reason} counter: 429 (queue_full), 503 (draining, no_workers)
+//   backend_free_kv_blocks / backend_used_kv_blocks / backend_decode_workers gauges
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace pw::router {
+
+class RouterMetrics {
+ public:
+  explicit RouterMetrics(std::shared_ptr<prometheus::Registry> registry);
+
+  // Counts one finished request (io thread).
+  void CountRequest(const std::string& endpoint, int http_status);
+  // Prometheus text exposition format of the whole registry.
+  std::string Serialize() const;
+
+  prometheus::Histogram& ttft;
+  prometheus::Histogram& itl;
+  prometheus::Histogram& e2e;
+  prometheus::Gauge& running;
+  prometheus::Gauge& waiting;
+  prometheus::Counter& prompt_tokens;
+  prometheus::Counter& generation_tokens;
+  prometheus::Family<prometheus::Counter>& rejected;
+  prometheus::Gauge& free_kv_blocks;
+  prometheus::Gauge& used_kv_blocks;
+  prometheus::Gauge& decode_workers;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* requests_;
+};
+
+}  // namespace pw::router

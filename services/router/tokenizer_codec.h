@@ -1,0 +1,35 @@
+// TokenizerCodec: TextCodec over the model's byte-level BPE tokenizer (common/tokenizer.h).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/tokenizer.h"
+#include "services/router/text_codec.h"
+
+namespace pw::router {
+
+// Renders chat messages to the prompt text (the model's chat template, generation prompt added).
+using ChatRenderer = std::function<Result<std::string>(const std::vector<ChatMessage>&)>;
+
+class TokenizerCodec final : public TextCodec {
+ public:
+  // `renderer` may be empty: chat requests then fail with a clear error.
+  TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer, ChatRenderer renderer);
+
+  Result<std::vector<int32_t>> Encode(std::string_view text) const override;
+  Result<std::string> RenderChat(const std::vector<ChatMessage>& messages) const override;
+  std::unique_ptr<TextDecoder> NewDecoder() const override;
+  int32_t vocab_size() const override { return tokenizer_->VocabSize(); }
+  std::vector<int32_t> stop_token_ids(Endpoint endpoint) const override;
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ChatRenderer renderer_;
+  std::vector<int32_t> eos_ids_;
+  std::vector<int32_t> chat_stop_ids_;
+};
+
+}  // namespace pw::router

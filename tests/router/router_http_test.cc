@@ -1,0 +1,606 @@
+// The router's HTTP front end end to end over loopback: OpenAI formats, SSE, validation and
+// every bad input of issue 4, admission (429), cancellation on disconnect, timeouts, drain.
+// The worker side is ScriptedTestBackend (router logic only); the tokenizer is the real one of
+// the embedded model.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/tokenizer.h"
+#include "services/router/chat_renderer.h"
+#include "services/router/router.h"
+#include "services/router/tokenizer_codec.h"
+#include "tests/router/http_test_client.h"
+#include "tests/router/scripted_backend.h"
+
+namespace pw::router {
+namespace {
+
+using json = nlohmann::json;
+using testing::ClientResponse;
+using testing::GetRequest;
+using testing::PostRequest;
+using testing::ScriptedTestBackend;
+using testing::TestConnection;
+
+constexpr const char* kScriptText =
+    "The quick brown fox jumps over the lazy dog. Caf\xc3\xa9 \xe2\x9c\x93 and \xf0\x9f\x8e\x89 "
+    "then more words follow here";
+
+template <typename F>
+bool WaitFor(F cond, int timeout_ms = 5000) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return cond();
+}
+
+int ThreadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Parses an SSE body into its data payloads; checks the framing on the way.
+std::vector<std::string> SseEvents(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos) << "event not terminated by a blank line";
+    if (end == std::string::npos) break;
+    std::string ev = body.substr(pos, end - pos);
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+    out.push_back(ev.substr(6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+class RouterHttpTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Build(RouterOptions{}, HttpServerOptions{}); }
+  void TearDown() override { Teardown(); }
+
+  void Build(RouterOptions ro, HttpServerOptions ho) {
+    auto tok = Tokenizer::FromModelDir(PW_SOURCE_DIR "/models/tiny-moe");
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    tokenizer_ = tok->get();
+    auto chat = MakeChatRenderer(**tok);
+    codec_ = std::make_unique<TokenizerCodec>(std::move(*tok),
+                                              chat.ok() ? std::move(*chat) : ChatRenderer());
+    auto ids = codec_->Encode(kScriptText);
+    ASSERT_TRUE(ids.ok());
+    script_ = *ids;
+    if (eos_after_ >= 0) {
+      script_.resize(eos_after_);
+      script_.push_back(*tokenizer_->eos_token_id());
+    }
+    backend_ = std::make_unique<ScriptedTestBackend>(script_, std::chrono::milliseconds(2));
+    metrics_ = std::make_shared<RouterMetrics>(std::make_shared<prometheus::Registry>());
+    ro.model_name = "tiny-moe";
+    ro.context_length = 64;
+    router_ = std::make_unique<Router>(ro, codec_.get(), backend_.get(), metrics_);
+    ho.port = 0;
+    if (ho.header_timeout == HttpServerOptions{}.header_timeout) {
+      ho.header_timeout = std::chrono::milliseconds(400);
+    }
+    auto server = HttpServer::Create(ho, [this](HttpRequest r, std::shared_ptr<HttpExchange> e) {
+      router_->Handle(std::move(r), std::move(e));
+    });
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+    router_->SetServer(server_.get());
+    server_->Start();
+  }
+
+  void Teardown() {
+    if (server_) server_->Stop();
+    backend_.reset();
+    server_.reset();
+    router_.reset();
+  }
+
+  std::string Decode(size_t n) {
+    std::vector<int32_t> ids(script_.begin(), script_.begin() + std::min(n, script_.size()));
+    auto s = tokenizer_->Decode(ids, true);
+    EXPECT_TRUE(s.ok());
+    return *s;
+  }
+
+  ClientResponse Call(const std::string& raw) {
+    TestConnection c(server_->port());
+    EXPECT_TRUE(c.ok());
+    EXPECT_TRUE(c.Send(raw));
+    auto r = c.Read();
+    EXPECT_TRUE(r.has_value()) << "no response to: " << raw.substr(0, 200);
+    return r.value_or(ClientResponse{});
+  }
+
+  ClientResponse Post(const std::string& path, const std::string& body) {
+    return Call(PostRequest(path, body));
+  }
+
+  // Checks an OpenAI error object and returns it.
+  json ExpectError(const ClientResponse& r, int status, const std::string& param = "") {
+    EXPECT_EQ(r.status, status) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    EXPECT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    if (!j.is_object() || !j.contains("error")) return j;
+    const json& e = j["error"];
+    for (const char* k : {"message", "type", "param", "code"}) {
+      EXPECT_TRUE(e.contains(k)) << "missing error." << k << ": " << r.body;
+    }
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_FALSE(e["message"].get<std::string>().empty());
+    if (!param.empty()) EXPECT_EQ(e["param"], param) << r.body;
+    return j;
+  }
+
+  void ExpectHealthy() {
+    auto r = Call(GetRequest("/health"));
+    EXPECT_EQ(r.status, 200) << r.body;
+    auto c = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})");
+    EXPECT_EQ(c.status, 200) << c.body;
+  }
+
+  // Requests admitted and not finished, read on the io thread.
+  size_t router_in_flight() {
+    std::promise<size_t> p;
+    auto f = p.get_future();
+    server_->Post([&] { p.set_value(router_->in_flight()); });
+    return f.get();
+  }
+
+  int eos_after_ = -1;
+  Tokenizer* tokenizer_ = nullptr;
+  std::unique_ptr<TokenizerCodec> codec_;
+  std::vector<int32_t> script_;
+  std::unique_ptr<ScriptedTestBackend> backend_;
+  std::shared_ptr<RouterMetrics> metrics_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(RouterHttpTest, CompletionNonStreaming) {
+  auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hello there","max_tokens":7})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["content-type"], "application/json");
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny-moe");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["text"], Decode(7));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  auto prompt_ids = codec_->Encode("Hello there");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_ids->size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 7);
+  EXPECT_EQ(j["usage"]["total_tokens"], prompt_ids->size() + 7);
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 1u);
+  EXPECT_EQ(sub[0].prompt, *prompt_ids);
+  EXPECT_EQ(sub[0].sampling.max_tokens, 7);
+}
+
+TEST_F(RouterHttpTest, CompletionStreamingSseFormat) {
+  const size_t n = 20;  // covers the multi-byte characters of the script
+  auto r = Post("/v1/completions",
+                R"({"model":"tiny-moe","prompt":"Hello","max_tokens":20,"stream":true,
+                    "stream_options":{"include_usage":true}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["content-type"], "text/event-stream");
+  EXPECT_EQ(r.headers["transfer-encoding"], "chunked");
+  auto events = SseEvents(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text, id;
+  int finish_chunks = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json j = json::parse(events[i]);
+    if (id.empty()) id = j["id"];
+    EXPECT_EQ(j["id"], id);
+    EXPECT_EQ(j["object"], "text_completion");
+    if (i + 2 == events.size()) {  // the usage chunk
+      EXPECT_TRUE(j["choices"].empty());
+      EXPECT_EQ(j["usage"]["completion_tokens"], n);
+      continue;
+    }
+    EXPECT_TRUE(j["usage"].is_null());
+    std::string piece = j["choices"][0]["text"];
+    EXPECT_TRUE(IsValidUtf8(piece)) << "a chunk split a UTF-8 character";
+    text += piece;
+    if (!j["choices"][0]["finish_reason"].is_null()) {
+      ++finish_chunks;
+      EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    }
+  }
+  EXPECT_EQ(finish_chunks, 1);
+  EXPECT_EQ(text, Decode(n));
+}
+
+TEST_F(RouterHttpTest, StopStringCutsTextAndCancels) {
+  // "fox" is in the script: the text ends right before it and the backend is told to stop.
+  auto r = Post("/v1/completions",
+                R"({"model":"tiny-moe","prompt":"Hi","max_tokens":40,"stop":["zzz","fox"]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  std::string full = Decode(40);
+  EXPECT_EQ(j["choices"][0]["text"], full.substr(0, full.find("fox")));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 1u);
+  EXPECT_TRUE(WaitFor([&] { return backend_->cancelled().count(sub[0].id) == 1; }));
+}
+
+TEST_F(RouterHttpTest, StopStringStreamingNeverLeaksThePrefix) {
+  auto r = Post("/v1/completions",
+                R"({"model":"tiny-moe","prompt":"Hi","max_tokens":40,"stop":"lazy dog","stream":true})");
+  ASSERT_EQ(r.status, 200);
+  auto events = SseEvents(r.body);
+  std::string text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    text += json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  }
+  std::string full = Decode(40);
+  EXPECT_EQ(text, full.substr(0, full.find("lazy dog")));
+}
+
+TEST_F(RouterHttpTest, EndOfSequenceTokenStopsWithoutText) {
+  Teardown();
+  eos_after_ = 3;  // the script emits end-of-sequence after three tokens
+  Build(RouterOptions{}, HttpServerOptions{});
+  auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":30})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], Decode(3));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+}
+
+TEST_F(RouterHttpTest, ModelsHealthMetricsAndRoutes) {
+  auto m = Call(GetRequest("/v1/models"));
+  ASSERT_EQ(m.status, 200);
+  json j = json::parse(m.body);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["data"][0]["id"], "tiny-moe");
+  auto h = Call(GetRequest("/health"));
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(json::parse(h.body)["status"], "ok");
+  ExpectError(Call(GetRequest("/nope")), 404);
+  ExpectError(Call(GetRequest("/v1/completions")), 405);
+  ASSERT_EQ(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":3})").status,
+            200);
+  auto met = Call(GetRequest("/metrics"));
+  ASSERT_EQ(met.status, 200);
+  for (const char* name :
+       {"pagedweight_router_requests_total{", "pagedweight_router_time_to_first_token_seconds_bucket",
+        "pagedweight_router_inter_token_latency_seconds_bucket",
+        "pagedweight_router_e2e_request_latency_seconds_count", "pagedweight_router_requests_running",
+        "pagedweight_router_requests_waiting"}) {
+    EXPECT_NE(met.body.find(name), std::string::npos) << name;
+  }
+  EXPECT_NE(met.body.find("code=\"200\""), std::string::npos);
+  EXPECT_NE(met.body.find("code=\"405\""), std::string::npos);
+}
+
+TEST_F(RouterHttpTest, KeepAliveServesSeveralRequestsOnOneConnection) {
+  TestConnection c(server_->port());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(c.Send(PostRequest("/v1/completions",
+                                   R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})")));
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->headers["connection"], "keep-alive");
+  }
+  // Two pipelined requests are answered in order.
+  ASSERT_TRUE(c.Send(GetRequest("/health") + GetRequest("/v1/models")));
+  auto a = c.Read(), b = c.Read();
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(a->body.find("status"), std::string::npos);
+  EXPECT_NE(b->body.find("\"list\""), std::string::npos);
+}
+
+// ---- issue 4 "Bad-input tests": each answered with the right 4xx, server healthy afterwards.
+
+TEST_F(RouterHttpTest, MalformedJson) {
+  ExpectError(Post("/v1/completions", R"({"model": "tiny-moe", "prompt": )"), 400);
+  ExpectError(Post("/v1/completions", "[1,2,3]"), 400);
+  ExpectError(Post("/v1/completions", ""), 400);
+  ExpectError(Post("/v1/chat/completions", "{\"model\":\"tiny-moe\",,}"), 400);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, DeeplyNestedJsonIsRefusedWithoutRecursion) {
+  std::string deep(200000, '[');
+  ExpectError(Post("/v1/completions", deep), 400);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, WrongTypes) {
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":5})"), 400, "prompt");
+  ExpectError(Post("/v1/completions", R"({"model":7,"prompt":"x"})"), 400, "model");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":"9"})"),
+              400, "max_tokens");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":2.5})"),
+              400, "max_tokens");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","temperature":"hot"})"),
+              400, "temperature");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stream":"yes"})"), 400,
+              "stream");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stop":[1]})"), 400,
+              "stop[0]");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","seed":"s"})"), 400,
+              "seed");
+  ExpectError(Post("/v1/chat/completions", R"({"model":"tiny-moe","messages":"hi"})"), 400,
+              "messages");
+  ExpectError(Post("/v1/chat/completions",
+                   R"({"model":"tiny-moe","messages":[{"role":"user","content":5}]})"),
+              400, "messages[0].content");
+  ExpectError(Post("/v1/chat/completions",
+                   R"({"model":"tiny-moe","messages":[{"role":"wizard","content":"x"}]})"),
+              400, "messages[0].role");
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, OutOfRangeValues) {
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":-1})"), 400,
+              "max_tokens");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":0})"), 400,
+              "max_tokens");
+  ExpectError(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":1000000000000})"),
+      400, "max_tokens");
+  ExpectError(Post("/v1/completions",
+                   R"({"model":"tiny-moe","prompt":"x","max_tokens":99999999999999999999})"),
+              400, "max_tokens");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","temperature":3})"), 400,
+              "temperature");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","top_p":0})"), 400,
+              "top_p");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","n":2})"), 400, "n");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stop":["a","b","c","d","e"]})"),
+              400, "stop");
+  ExpectError(Post("/v1/completions",
+                   R"({"model":"tiny-moe","prompt":"x","stream_options":{"include_usage":true}})"),
+              400, "stream_options");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":[1,2,999999]})"), 400,
+              "prompt");
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, UnknownModel) {
+  json j = ExpectError(Post("/v1/completions", R"({"model":"gpt-9","prompt":"x"})"), 404, "model");
+  EXPECT_EQ(j["error"]["code"], "model_not_found");
+  ExpectError(Post("/v1/completions", R"({"prompt":"x"})"), 400, "model");
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, InvalidUtf8) {
+  std::string body = "{\"model\":\"tiny-moe\",\"prompt\":\"ab\xff\xfe cd\"}";
+  json j = ExpectError(Post("/v1/completions", body), 400);
+  EXPECT_EQ(j["error"]["code"], "invalid_utf8");
+  // Overlong encoding and a lone surrogate escape.
+  ExpectError(Post("/v1/completions", "{\"model\":\"tiny-moe\",\"prompt\":\"\xc0\xaf\"}"), 400);
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"\udc00"})"), 400);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, EmptyPrompt) {
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":""})"), 400, "prompt");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":[]})"), 400, "prompt");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":[""]})"), 400, "prompt");
+  ExpectError(Post("/v1/chat/completions", R"({"model":"tiny-moe","messages":[]})"), 400,
+              "messages");
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, PromptOverTheContext) {
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "word" + std::to_string(i) + " ";
+  json j = ExpectError(Post("/v1/completions", json{{"model", "tiny-moe"}, {"prompt", long_prompt}}.dump()),
+                       400, "prompt");
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  // Prompt fits, prompt + max_tokens does not (context 64).
+  j = ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hello","max_tokens":64})"),
+                  400, "max_tokens");
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  // Without max_tokens the completion is capped by the context instead.
+  auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hello"})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["usage"]["total_tokens"], 64);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, TenMegabyteBodyGets413) {
+  std::string body = "{\"model\":\"tiny-moe\",\"prompt\":\"" + std::string(10 << 20, 'a') + "\"}";
+  TestConnection c(server_->port());
+  // The server answers as soon as it sees Content-Length; the client may still be sending.
+  std::thread sender([&] { c.Send(PostRequest("/v1/completions", body)); });
+  auto r = c.Read(20000);
+  sender.join();
+  ASSERT_TRUE(r.has_value());
+  json j = ExpectError(*r, 413);
+  EXPECT_EQ(j["error"]["code"], "body_too_large");
+  EXPECT_EQ(r->headers["connection"], "close");
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, ChunkedBodyOverTheLimitGets413) {
+  TestConnection c(server_->port());
+  std::string chunk(64 * 1024, 'a');
+  std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::thread sender([&] {
+    if (!c.Send(head)) return;
+    char size_line[32];
+    std::snprintf(size_line, sizeof(size_line), "%zx\r\n", chunk.size());
+    for (int i = 0; i < 40; ++i) {
+      if (!c.Send(size_line + chunk + "\r\n")) return;
+    }
+  });
+  auto r = c.Read(20000);
+  sender.join();
+  ASSERT_TRUE(r.has_value());
+  ExpectError(*r, 413);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, UnfinishedHeadersAreClosed) {
+  TestConnection c(server_->port());
+  ASSERT_TRUE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le"));
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(c.WaitClosed(5000)) << "the server kept a half-sent request open";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  // A connection that sends nothing at all is not closed by the header timeout (idle timeout is
+  // longer), and is still served afterwards.
+  TestConnection idle(server_->port());
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  ASSERT_TRUE(idle.Send(GetRequest("/health")));
+  auto r = idle.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, GarbageRequestLine) {
+  TestConnection c(server_->port());
+  ASSERT_TRUE(c.Send("HELLO\x01\x02 WORLD\r\n\r\n"));
+  auto r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  ExpectError(*r, 400);
+  EXPECT_TRUE(c.WaitClosed(3000));
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, HugeHeadersGet431) {
+  TestConnection c(server_->port());
+  ASSERT_TRUE(c.Send("GET /health HTTP/1.1\r\nX-Big: " + std::string(64 * 1024, 'b') + "\r\n\r\n"));
+  auto r = c.Read();
+  ASSERT_TRUE(r.has_value());
+  ExpectError(*r, 431);
+  ExpectHealthy();
+}
+
+// ---- admission, cancellation, timeouts, drain
+
+TEST_F(RouterHttpTest, FullQueueGets429WithRetryAfter) {
+  Teardown();
+  RouterOptions ro;
+  ro.max_waiting = 2;
+  Build(ro, HttpServerOptions{});
+  backend_->SetCapacity(0);  // nothing runs: requests wait
+  TestConnection a(server_->port()), b(server_->port());
+  const std::string req = PostRequest("/v1/completions", R"({"model":"tiny-moe","prompt":"x"})");
+  ASSERT_TRUE(a.Send(req) && b.Send(req));
+  ASSERT_TRUE(WaitFor([&] { return router_in_flight() == 2; }));
+  auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x"})");
+  json j = ExpectError(r, 429);
+  EXPECT_EQ(r.headers["retry-after"], "1");
+  EXPECT_EQ(j["error"]["type"], "rate_limit_error");
+  // Capacity comes back: the waiting requests run and complete.
+  backend_->SetCapacity(8);
+  auto ra = a.Read(), rb = b.Read();
+  ASSERT_TRUE(ra && rb);
+  EXPECT_EQ(ra->status, 200);
+  EXPECT_EQ(rb->status, 200);
+}
+
+TEST_F(RouterHttpTest, ClientDisconnectCancelsTheRequest) {
+  backend_->SetPaused(true);
+  {
+    TestConnection c(server_->port());
+    ASSERT_TRUE(c.Send(PostRequest(
+        "/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":50,"stream":true})")));
+    ASSERT_TRUE(WaitFor([&] { return backend_->active() == 1; }));
+  }  // closes the socket mid-stream
+  ASSERT_TRUE(WaitFor([&] { return backend_->cancelled().size() == 1; }));
+  EXPECT_EQ(backend_->active(), 0u);
+  EXPECT_TRUE(WaitFor([&] { return router_in_flight() == 0; }));
+  // A waiting (not yet submitted) request is dropped from the queue the same way.
+  backend_->SetCapacity(0);
+  {
+    TestConnection c(server_->port());
+    ASSERT_TRUE(c.Send(PostRequest("/v1/completions", R"({"model":"tiny-moe","prompt":"x"})")));
+    ASSERT_TRUE(WaitFor([&] { return router_in_flight() == 1; }));
+  }
+  EXPECT_TRUE(WaitFor([&] { return router_in_flight() == 0; }));
+  backend_->SetCapacity(8);
+  backend_->SetPaused(false);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, RequestTimeout) {
+  Teardown();
+  RouterOptions ro;
+  ro.request_timeout = std::chrono::milliseconds(300);
+  Build(ro, HttpServerOptions{});
+  backend_->SetPaused(true);
+  auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":5})");
+  json j = ExpectError(r, 504);
+  EXPECT_EQ(j["error"]["code"], "timeout");
+  EXPECT_EQ(backend_->cancelled().size(), 1u);
+  // Streaming: the error arrives as an event, then [DONE].
+  auto s = Post("/v1/completions",
+                R"({"model":"tiny-moe","prompt":"x","max_tokens":5,"stream":true})");
+  ASSERT_EQ(s.status, 200);
+  auto events = SseEvents(s.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_TRUE(json::parse(events[events.size() - 2]).contains("error"));
+  backend_->SetPaused(false);
+}
+
+TEST_F(RouterHttpTest, BackendWithoutWorkersAnswers503) {
+  backend_->SetFailSubmits(true);
+  json j = ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x"})"), 503);
+  EXPECT_EQ(j["error"]["type"], "server_error");
+  backend_->SetFailSubmits(false);
+  backend_->SetCapacity(0);
+  EXPECT_EQ(Call(GetRequest("/health")).status, 503);
+}
+
+TEST_F(RouterHttpTest, DrainRefusesNewWorkAndFinishesInFlight) {
+  backend_->SetPaused(true);
+  TestConnection inflight(server_->port());
+  ASSERT_TRUE(inflight.Send(
+      PostRequest("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":4})")));
+  ASSERT_TRUE(WaitFor([&] { return backend_->active() == 1; }));
+  std::promise<void> drained;
+  auto done = drained.get_future();
+  server_->Post([&] { router_->BeginDrain([&] { drained.set_value(); }); });
+  json j = ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x"})"), 503);
+  EXPECT_EQ(j["error"]["code"], "draining");
+  EXPECT_EQ(Call(GetRequest("/health")).status, 503);
+  EXPECT_EQ(done.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  backend_->SetPaused(false);
+  auto r = inflight.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(done.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+}
+
+TEST_F(RouterHttpTest, IdleConnectionsCostNoThreads) {
+  const int before = ThreadCount();
+  std::vector<std::unique_ptr<TestConnection>> idle;
+  for (int i = 0; i < 500; ++i) {
+    idle.push_back(std::make_unique<TestConnection>(server_->port()));
+    ASSERT_TRUE(idle.back()->ok());
+  }
+  ASSERT_TRUE(WaitFor([&] { return server_->connections() >= 500; }));
+  EXPECT_EQ(ThreadCount(), before);
+  ExpectHealthy();
+}
+
+}  // namespace
+}  // namespace pw::router

@@ -1,0 +1,133 @@
+// ScriptedTestBackend: a GenerationBackend for unit tests of the router's own logic (HTTP,
+// validation, SSE, admission, cancellation, drain). It is not a model: each request "generates"
+// the ids of a fixed script text, one per step, from its own thread. Cluster behaviour is tested
+// against the real workers elsewhere.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "services/router/backend.h"
+
+namespace pw::router::testing {
+
+class ScriptedTestBackend final : public GenerationBackend {
+ public:
+  // Each request emits script[0..], then finishes with kLength at max_tokens, or kStop after
+  // emitting an id in its stop_token_ids. step: delay between tokens.
+  ScriptedTestBackend(std::vector<int32_t> script, std::chrono::milliseconds step)
+      : script_(std::move(script)), step_(step) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ScriptedTestBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void SetEvents(GenerationEvents* events) override { events_ = events; }
+  Status Submit(GenerationRequest request) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fail_submits_) return Unavailable("scripted: no workers");
+    submitted_.push_back(request);
+    active_[request.id] = State{request, 0};
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  void Cancel(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_.insert(id);
+    active_.erase(id);
+  }
+  BackendLoad Load() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    BackendLoad l;
+    l.capacity = capacity_;
+    l.decode_workers = capacity_ > 0 ? 1 : 0;
+    l.prefill_workers = capacity_ > 0 ? 1 : 0;
+    return l;
+  }
+
+  // Test controls.
+  void SetCapacity(int32_t c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    capacity_ = c;
+  }
+  // While paused no tokens are produced.
+  void SetPaused(bool p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      paused_ = p;
+    }
+    cv_.notify_all();
+  }
+  void SetFailSubmits(bool f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_submits_ = f;
+  }
+  std::set<uint64_t> cancelled() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_;
+  }
+  std::vector<GenerationRequest> submitted() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submitted_;
+  }
+  size_t active() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return active_.size();
+  }
+
+ private:
+  struct State {
+    GenerationRequest request;
+    size_t next = 0;
+  };
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, step_, [&] { return stop_; });
+      if (stop_ || paused_) continue;
+      std::vector<uint64_t> done;
+      for (auto& [id, st] : active_) {
+        int32_t tok = script_[st.next % script_.size()];
+        uint32_t index = static_cast<uint32_t>(st.next++);
+        events_->OnTokens(id, index, {tok});
+        const auto& stops = st.request.sampling.stop_token_ids;
+        if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+          events_->OnFinished(id, FinishReason::kStop, Status::Ok());
+          done.push_back(id);
+        } else if (static_cast<int32_t>(st.next) >= st.request.sampling.max_tokens) {
+          events_->OnFinished(id, FinishReason::kLength, Status::Ok());
+          done.push_back(id);
+        }
+      }
+      for (uint64_t id : done) active_.erase(id);
+    }
+  }
+
+  std::vector<int32_t> script_;
+  std::chrono::milliseconds step_;
+  GenerationEvents* events_ = nullptr;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, State> active_;
+  std::vector<GenerationRequest> submitted_;
+  std::set<uint64_t> cancelled_;
+  int32_t capacity_ = 64;
+  bool paused_ = false;
+  bool fail_submits_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace pw::router::testing
