@@ -1,0 +1,85 @@
+// The trained tiny model (models/tiny-moe) against HF transformers: logits at every position of
+// the fixture prompts (tests/fixtures/tiny_logits.safetensors) and 32-token greedy
+// continuations (tests/fixtures/greedy.json), all prompts decoded together in one batch.
+// Skipped only while models/tiny-moe/model.safetensors is absent.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/tokenizer.h"
+#include "services/engine/engine.h"
+#include "tests/engine/test_util.h"
+
+namespace pw::engine {
+namespace {
+
+using testing::TinyModelDir;
+
+#define SKIP_WITHOUT_TINY_MODEL()                                                   \
+  if (!std::filesystem::exists(TinyModelDir() + "/model.safetensors")) {            \
+    GTEST_SKIP() << TinyModelDir() << "/model.safetensors is absent (not trained yet)"; \
+  }
+
+TEST(TinyModel, LogitsMatchReferenceAtEveryPosition) {
+  SKIP_WITHOUT_TINY_MODEL();
+  auto engine = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const size_t V = static_cast<size_t>((*engine)->vocab_size());
+  auto refs = testing::ReadRefLogits(std::string(PW_SOURCE_DIR) + "/tests/fixtures/tiny_logits.safetensors", V);
+  ASSERT_FALSE(refs.empty());
+  double worst = 0;
+  for (size_t p = 0; p < refs.size(); ++p) {
+    auto got = (*engine)->ForwardLogits(refs[p].ids);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    for (size_t t = 0; t < refs[p].ids.size(); ++t) {
+      const float* g = got->data() + t * V;
+      const float* r = refs[p].logits.data() + t * V;
+      double m = 0;
+      for (size_t v = 0; v < V; ++v) m = std::max(m, std::fabs(double(g[v]) - r[v]));
+      worst = std::max(worst, m);
+      EXPECT_LE(m, 2e-3) << "prompt " << p << " position " << t;
+      EXPECT_EQ(std::max_element(g, g + V) - g, std::max_element(r, r + V) - r)
+          << "prompt " << p << " position " << t;
+    }
+  }
+  RecordProperty("max_abs_diff", std::to_string(worst));
+}
+
+TEST(TinyModel, GreedyContinuationsIdenticalTokenForToken) {
+  SKIP_WITHOUT_TINY_MODEL();
+  std::ifstream in(std::string(PW_SOURCE_DIR) + "/tests/fixtures/greedy.json");
+  ASSERT_TRUE(in) << "tests/fixtures/greedy.json missing";
+  const nlohmann::json cases = nlohmann::json::parse(in);
+  ASSERT_GE(cases.size(), 8u);
+  auto tok = Tokenizer::FromModelDir(TinyModelDir());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  auto engine = Engine::Create(TinyModelDir(), {.block_size = 8, .max_batch_tokens = 32});
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  std::map<SeqId, std::vector<int32_t>> want, got;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto prompt_ids = cases[i]["prompt_ids"].get<std::vector<int32_t>>();
+    auto ids = (*tok)->Encode(cases[i]["prompt"].get<std::string>());
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*ids, prompt_ids) << "tokenizer differs on case " << i;
+    want[i] = cases[i]["output_ids"].get<std::vector<int32_t>>();
+    SamplingParams sp;  // greedy
+    sp.max_tokens = static_cast<int>(want[i].size());
+    sp.ignore_eos = true;
+    ASSERT_TRUE((*engine)->AddSequence(i, prompt_ids, sp).ok());
+  }
+  while ((*engine)->HasWork()) {
+    auto r = (*engine)->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(got[i], want[i]) << "prompt " << i << ": " << cases[i]["prompt"];
+  }
+}
+
+}  // namespace
+}  // namespace pw::engine
