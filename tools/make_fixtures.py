@@ -269,6 +269,7 @@ def ForwardWithMargins(model, ids):
 def SaveTensors(path, tensors):
     from safetensors.torch import save_file
 
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, path)
 
 
@@ -314,16 +315,228 @@ def WriteRandomModels():
               f"{worst_router:.3e}, min top-1 logit margin {worst_logit:.3e}")
 
 
+# ---------------------------------------------------------------------------------------------
+# fixtures of the embedded model
+
+TINY_LOGIT_PROMPTS = [
+    "The",
+    "In the beginning God created the heaven and the earth.",
+    "A journey of a thousand miles begins with a single step.",
+    "#include <stdio.h>\n\nint main(void) {\n    printf(\"hello\\n\");\n    return 0;\n}\n",
+    "def read_config(path):\n    \"\"\"Return the parsed configuration.\"\"\"\n"
+    "    with open(path) as f:\n        return json.load(f)\n",
+    "NAME\nmmap, munmap - map or unmap files or devices into memory\n\nSYNOPSIS\n"
+    "#include <sys/mman.h>\n",
+    "<|im_start|>user\nWhat does the fortune say?<|im_end|>\n<|im_start|>assistant\n",
+    "Zürich, Москва, 東京 and 👍🏽: unicode in prose.",
+]
+# One long prompt cut from the held-out text (character offset, target token count).
+TINY_LONG_PROMPT = (20000, 200)
+
+GREEDY_PROMPTS = [
+    "And it came to pass, when",
+    "The LORD is my shepherd;",
+    "You will",
+    "Q: Why did the programmer quit his job?\nA:",
+    "#include <stdlib.h>\n\n",
+    "static inline int\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "    for i in range(",
+    "DESCRIPTION\nThe",
+    "The following options are supported:",
+]
+GREEDY_NEW_TOKENS = 32
+
+HELDOUT_CTX = 256
+HELDOUT_RULE = (
+    "Tokenize the whole held-out text with tokenizer.json (no special tokens added). Cut the "
+    "ids into consecutive non-overlapping windows of ctx tokens; the last window may be "
+    "shorter and is included if it has at least 2 tokens. Each window is scored "
+    "independently from an empty cache: within a window, token i (i >= 1) is predicted from "
+    "tokens 0..i-1 of that window; position 0 of each window is not predicted. nll_sum is the "
+    "sum over all predictions of -log softmax(logits)[target] (natural log, float64 sum); "
+    "n_tokens is the number of predictions; ppl = exp(nll_sum / n_tokens).")
+
+
+def LoadTinyTokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(os.path.join(TINY, "tokenizer.json"))
+
+
+def Encode(tok, text):
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def WriteTinyLogits(model, tok, heldout_text):
+    import torch
+
+    prompts = list(TINY_LOGIT_PROMPTS)
+    start, target = TINY_LONG_PROMPT
+    ids_long = Encode(tok, heldout_text[start:start + 8 * target])[:target]
+    tensors = {}
+    report = []
+    all_ids = [Encode(tok, p) for p in prompts] + [ids_long]
+    for i, ids in enumerate(all_ids):
+        if not ids:
+            raise SystemExit(f"prompt {i} tokenizes to nothing")
+        logits, rm, lm = ForwardWithMargins(model, ids)
+        tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+        tensors[f"p{i}.logits"] = logits
+        report.append(f"p{i}: {len(ids)} ids, router margin {rm:.2e}, top-1 margin {lm:.2e}")
+    path = os.path.join(FIXTURES, "tiny_logits.safetensors")
+    SaveTensors(path, tensors)
+    print(f"tiny logits: {len(all_ids)} prompts written to {path}")
+    for line in report:
+        print("  " + line)
+
+
+def GreedyIds(model, ids, n_new):
+    """Plain greedy decoding: argmax of the raw logits, full recompute each step, no eos
+    stopping, no logits processors. Returns (new ids, smallest top-1 margin)."""
+    import torch
+
+    seq = list(ids)
+    margin = float("inf")
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
+            top2 = torch.topk(logits.float(), 2)
+            margin = min(margin, (top2.values[0] - top2.values[1]).item())
+            seq.append(int(top2.indices[0]))
+    return seq[len(ids):], margin
+
+
+def WriteGreedy(model, tok):
+    import torch
+
+    cases = []
+    for prompt in GREEDY_PROMPTS:
+        ids = Encode(tok, prompt)
+        out, margin = GreedyIds(model, ids, GREEDY_NEW_TOKENS)
+        # Cross-check with transformers' own generate (cached decoding).
+        with torch.no_grad():
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY_NEW_TOKENS,
+                                 min_new_tokens=GREEDY_NEW_TOKENS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+        if gen != out and 0 not in out:
+            raise SystemExit(f"greedy mismatch between recompute and generate on {prompt!r}")
+        cases.append({"prompt": prompt, "prompt_ids": ids, "output_ids": out,
+                      "output_text": tok.decode(out, skip_special_tokens=False),
+                      "min_top1_margin": round(margin, 6)})
+        print(f"  greedy {prompt!r} -> {tok.decode(out)!r} (min top-1 margin {margin:.2e})")
+    path = os.path.join(FIXTURES, "greedy.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cases, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"greedy: {len(cases)} prompts written to {path}")
+
+
+def HeldOutWindows(ids, ctx):
+    windows = [ids[i:i + ctx] for i in range(0, len(ids), ctx)]
+    return [w for w in windows if len(w) >= 2]
+
+
+def CorpusPackageVersions():
+    """Versions of the Debian packages tools/corpus.py reads: a held-out text whose sha256
+    differs from the fixture's was extracted from other package versions."""
+    import subprocess
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import corpus
+
+    packages = sorted(set(["bible-kjv", "bible-kjv-text"] + corpus.FORTUNE_PACKAGES +
+                          corpus.MAN_PACKAGES + corpus.C_PACKAGES + corpus.PYTHON_PACKAGES))
+    out = subprocess.run(["dpkg-query", "-W", "-f=${Package} ${Version}\n"] + packages,
+                         capture_output=True, text=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def WriteHeldout(model, tok, heldout_path):
+    """Teacher-forced perplexity by HELDOUT_RULE, plus routing balance for the model card."""
+    import math as _math
+
+    import torch
+
+    with open(heldout_path, "rb") as f:
+        data = f.read()
+    ids = Encode(tok, data.decode("utf-8"))
+    windows = HeldOutWindows(ids, HELDOUT_CTX)
+    n_layers = model.config.num_hidden_layers
+    n_experts = model.config.num_experts
+    k = model.config.num_experts_per_tok
+    counts = torch.zeros(n_layers, n_experts, dtype=torch.float64)
+    nll_sum = 0.0
+    n_tokens = 0
+    with torch.no_grad():
+        for w in windows:
+            out = model(input_ids=torch.tensor([w]), use_cache=False, output_router_logits=True)
+            logp = torch.log_softmax(out.logits[0, :-1].double(), dim=-1)
+            target = torch.tensor(w[1:])
+            nll_sum += -logp.gather(1, target[:, None]).sum().item()
+            n_tokens += len(w) - 1
+            for layer, rl in enumerate(out.router_logits):
+                sel = torch.topk(rl.float(), k, dim=-1).indices.reshape(-1)
+                counts[layer] += torch.bincount(sel, minlength=n_experts).double()
+    ppl = _math.exp(nll_sum / n_tokens)
+    result = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+        "ctx": HELDOUT_CTX,
+        "n_windows": len(windows),
+        "n_ids": len(ids),
+        "n_tokens": n_tokens,
+        "nll_sum": nll_sum,
+        "ppl": ppl,
+        "rule": HELDOUT_RULE,
+        "packages": CorpusPackageVersions(),
+    }
+    path = os.path.join(FIXTURES, "heldout.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"heldout: {len(ids)} ids, {len(windows)} windows, {n_tokens} predictions, "
+          f"ppl {ppl:.4f} written to {path}")
+    print("routing balance on the held-out text (fraction of assignments per expert):")
+    print("| layer | min | max | CV |")
+    print("|---|---|---|---|")
+    for layer in range(n_layers):
+        frac = counts[layer] / counts[layer].sum()
+        cv = (frac.std(unbiased=False) / frac.mean()).item()
+        print(f"| {layer} | {frac.min().item():.4f} | {frac.max().item():.4f} | {cv:.3f} |")
+
+
+def WriteTinyFixtures(heldout_path):
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("PW_FIXTURE_THREADS", "1")))
+    if not os.path.exists(heldout_path):
+        raise SystemExit(f"{heldout_path}: held-out text not found (run tools/corpus.py heldout)")
+    with open(heldout_path, "r", encoding="utf-8") as f:
+        heldout_text = f.read()
+    model = LoadReference(TINY)
+    tok = LoadTinyTokenizer()
+    WriteTinyLogits(model, tok, heldout_text)
+    WriteGreedy(model, tok)
+    WriteHeldout(model, tok, heldout_path)
+
+
 def Main(argv):
+    global TINY, FIXTURES
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["tokenizer", "random", "tiny", "all"])
     parser.add_argument("--heldout", default=os.path.join(ROOT, "build", "eval", "heldout.txt"),
                         help="held-out text written by tools/corpus.py heldout")
+    parser.add_argument("--model", default=TINY, help="the embedded model directory")
+    parser.add_argument("--fixtures", default=FIXTURES, help="output directory")
     args = parser.parse_args(argv)
+    TINY, FIXTURES = args.model, args.fixtures
     if args.what in ("tokenizer", "all"):
         WriteTokenizerCases(args.heldout)
     if args.what in ("random", "all"):
         WriteRandomModels()
+    if args.what in ("tiny", "all"):
+        WriteTinyFixtures(args.heldout)
     return 0
 
 
