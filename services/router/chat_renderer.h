@@ -7,8 +7,10 @@
 
 namespace pw::router {
 
-// Errors: kUnsupported when the model has no chat template, or one the template engine cannot
-// run (chat completions are then refused with that message; completions still work).
+// Renders with add_generation_prompt and the tokenizer's bos/eos tokens, as HF's
+// apply_chat_template does. Errors: kUnsupported when the model has no chat template or one the
+// template engine (common/chat_template.h) cannot run; kInvalidArgument when it is malformed.
+// The router then refuses chat completions with that message; completions still work.
 Result<ChatRenderer> MakeChatRenderer(const Tokenizer& tokenizer);
 
 }  // namespace pw::router

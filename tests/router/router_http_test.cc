@@ -310,6 +310,56 @@ TEST_F(RouterHttpTest, KeepAliveServesSeveralRequestsOnOneConnection) {
   EXPECT_NE(b->body.find("\"list\""), std::string::npos);
 }
 
+TEST_F(RouterHttpTest, ChatCompletionUsesTheChatTemplate) {
+  auto r = Post("/v1/chat/completions",
+                R"({"model":"tiny-moe","messages":[{"role":"system","content":"Be brief."},
+                    {"role":"user","content":"Hello"}],"max_tokens":6})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], Decode(6));
+  // The prompt sent to the backend is the ChatML rendering of the conversation.
+  auto expected = codec_->Encode(
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+      "<|im_start|>assistant\n");
+  ASSERT_TRUE(expected.ok());
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 1u);
+  EXPECT_EQ(sub[0].prompt, *expected);
+  // Chat stops at end-of-turn as well as end-of-text.
+  auto im_end = tokenizer_->TokenToId("<|im_end|>");
+  ASSERT_TRUE(im_end.has_value());
+  EXPECT_NE(std::find(sub[0].sampling.stop_token_ids.begin(), sub[0].sampling.stop_token_ids.end(),
+                      *im_end),
+            sub[0].sampling.stop_token_ids.end());
+}
+
+TEST_F(RouterHttpTest, ChatStreamingFormat) {
+  auto r = Post("/v1/chat/completions",
+                R"({"model":"tiny-moe","messages":[{"role":"user","content":"Hi"}],
+                    "max_tokens":5,"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  auto events = SseEvents(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  json first = json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 1; i + 1 < events.size(); ++i) {
+    json j = json::parse(events[i]);
+    EXPECT_FALSE(j.contains("usage"));
+    const json& d = j["choices"][0]["delta"];
+    if (d.contains("content")) text += d["content"].get<std::string>();
+  }
+  json last = json::parse(events[events.size() - 2]);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(text, Decode(5));
+}
+
 // ---- issue 4 "Bad-input tests": each answered with the right 4xx, server healthy afterwards.
 
 TEST_F(RouterHttpTest, MalformedJson) {
