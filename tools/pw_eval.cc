@@ -1,5 +1,8 @@
 // pw-eval: model evaluation.
 //   pw-eval ppl --model DIR --text FILE [--ctx N] [--threads T]
+//               [--store STORE.apw (--bits B | --bits-map MAP.json)]
+// With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
+// the checkpoint's bf16) or at each block's width in MAP (kernels/anyprec/apw_provider.h).
 // Teacher-forced perplexity over non-overlapping windows of N tokens (rule in
 // services/engine/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
 #include <CLI/CLI.hpp>
@@ -7,9 +10,12 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
+#include "common/apw_store.h"
 #include "common/tokenizer.h"
+#include "kernels/anyprec/apw_provider.h"
 #include "services/engine/engine.h"
 #include "services/engine/perplexity.h"
 
@@ -20,7 +26,15 @@ int Fail(const pw::Status& s) {
   return 1;
 }
 
-int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads) {
+// Any-precision experts for pw-eval: an empty store path keeps the bf16 checkpoint experts.
+struct ApwFlags {
+  std::string store;
+  int bits = 0;
+  std::string bits_map;
+};
+
+int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
+           const ApwFlags& apw) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Fail(pw::NotFound("cannot open --text file " + text_path));
   std::stringstream ss;
@@ -40,6 +54,25 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   if (ctx > (*engine)->max_context()) {
     return Fail(pw::OutOfRange("--ctx " + std::to_string(ctx) + " exceeds the model's context of " +
                                std::to_string((*engine)->max_context())));
+  }
+  std::unique_ptr<pw::anyprec::ApwExpertProvider> provider;
+  if (!apw.store.empty()) {
+    auto store = pw::apw::ApwStore::Open(apw.store);
+    if (!store.ok()) return Fail(store.status());
+    const auto& info = (*store)->info();
+    auto widths = apw.bits_map.empty()
+                      ? pw::anyprec::WidthMap::Uniform(apw.bits, info.num_layers, info.num_experts)
+                      : pw::anyprec::WidthMap::FromFile(apw.bits_map, info.num_layers, info.num_experts);
+    if (!widths.ok()) return Fail(widths.status());
+    std::fprintf(stderr, "pw-eval: experts from %s, average %.4f bits\n", apw.store.c_str(),
+                 widths->AverageBits(info));
+    auto p = pw::anyprec::ApwExpertProvider::Create(std::move(store).value(), (*engine)->model(),
+                                                    std::move(widths).value());
+    if (!p.ok()) return Fail(p.status());
+    provider = std::move(p).value();
+    pw::engine::MoeHooks hooks;
+    hooks.provider = provider.get();
+    (*engine)->SetMoeHooks(hooks);
   }
   std::fprintf(stderr, "pw-eval: %zu tokens, windows of %d\n", ids->size(), ctx);
   const auto t0 = std::chrono::steady_clock::now();
@@ -68,7 +101,19 @@ int main(int argc, char** argv) {
   ppl->add_option("--text", text, "UTF-8 text file")->required();
   ppl->add_option("--ctx", ctx, "window length in tokens")->check(CLI::Range(2, 1 << 20));
   ppl->add_option("--threads", threads, "compute threads")->check(CLI::Range(1, 256));
+  ApwFlags apw;
+  ppl->add_option("--store", apw.store, "any-precision expert store (.apw) to run experts from");
+  auto* bits_opt = ppl->add_option("--bits", apw.bits, "uniform expert width with --store (3..8, 16 = bf16)")
+                       ->check(CLI::IsMember({3, 4, 5, 6, 7, 8, 16}));
+  auto* map_opt = ppl->add_option("--bits-map", apw.bits_map, "per-block width map (JSON/YAML) with --store");
+  bits_opt->excludes(map_opt);
   CLI11_PARSE(app, argc, argv);
-  if (ppl->parsed()) return RunPpl(model, text, ctx, threads);
+  if (!apw.store.empty() && apw.bits == 0 && apw.bits_map.empty()) {
+    return Fail(pw::InvalidArgument("--store needs --bits or --bits-map"));
+  }
+  if (apw.store.empty() && (apw.bits != 0 || !apw.bits_map.empty())) {
+    return Fail(pw::InvalidArgument("--bits and --bits-map need --store"));
+  }
+  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw);
   return 2;
 }
