@@ -5,6 +5,7 @@
 // (never half a UTF-8 character); prompt/decode speed goes to stderr.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -48,8 +49,14 @@ int main(int argc, char** argv) {
   auto engine = pw::engine::Engine::Create(model, opt);
   if (!engine.ok()) return Fail(engine.status());
   auto& e = **engine;
-  const int need = pw::engine::BlocksForTokens(
-      static_cast<int>(ids->size()) + sp.max_tokens + 1, opt.block_size);
+  if (static_cast<int64_t>(ids->size()) >= e.max_context()) {
+    return Fail(pw::OutOfRange("--prompt: " + std::to_string(ids->size()) +
+                               " tokens do not fit the model's context of " +
+                               std::to_string(e.max_context())));
+  }
+  const int64_t longest = std::min<int64_t>(
+      static_cast<int64_t>(ids->size()) + sp.max_tokens + 1, e.max_context());
+  const int need = pw::engine::BlocksForTokens(static_cast<int>(longest), opt.block_size);
   if (need > e.kv_pool().num_blocks()) {
     // Re-create with a pool large enough for this request (bounded by the context anyway).
     opt.num_kv_blocks = need;

@@ -1,0 +1,108 @@
+// pw-generate and pw-eval on bad input: a message on stderr naming the problem and a non-zero
+// exit status, never a crash. Runs the built binaries from <build>/bin.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct ProcResult {
+  int status = -1;  // exit status, or -1 when killed by a signal
+  std::string output;
+};
+
+ProcResult Exec(const std::string& cmd) {
+  ProcResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string Bin(const char* name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
+std::string Fixture() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen3_moe"; }
+
+TEST(Cli, GenerateRejectsBadInput) {
+  ProcResult r = Exec(Bin("pw-generate") + " --model /nonexistent/dir --prompt hi");
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/dir"), std::string::npos) << r.output;
+
+  // The random fixture checkpoints have no tokenizer: the error names tokenizer.json.
+  r = Exec(Bin("pw-generate") + " --model " + Fixture() + " --prompt hi");
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer.json"), std::string::npos) << r.output;
+
+  r = Exec(Bin("pw-generate") + " --model " + Fixture());
+  EXPECT_GT(r.status, 0) << r.output;  // --prompt is required
+  r = Exec(Bin("pw-generate") + " --model " + Fixture() + " --prompt hi --max-tokens -3");
+  EXPECT_GT(r.status, 0) << r.output;
+}
+
+TEST(Cli, EvalRejectsBadInput) {
+  ProcResult r = Exec(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /nonexistent/file.txt");
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/file.txt"), std::string::npos) << r.output;
+  r = Exec(Bin("pw-eval") + " ppl --model /nonexistent/dir --text /etc/hostname");
+  EXPECT_GT(r.status, 0) << r.output;
+  r = Exec(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /etc/hostname --ctx 1");
+  EXPECT_GT(r.status, 0) << r.output;
+  r = Exec(Bin("pw-eval"));
+  EXPECT_GT(r.status, 0) << r.output;
+}
+
+// A generating model dir: the qwen3_moe fixture weights (vocab 4096) with the tiny model's
+// tokenizer (same vocabulary size).
+std::string MakeModelWithTokenizer() {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/pw_cli_model";
+  fs::create_directories(dir);
+  const auto over = fs::copy_options::overwrite_existing;
+  fs::copy_file(Fixture() + "/config.json", dir + "/config.json", over);
+  fs::copy_file(Fixture() + "/model.safetensors", dir + "/model.safetensors", over);
+  const std::string tiny = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  fs::copy_file(tiny + "/tokenizer.json", dir + "/tokenizer.json", over);
+  fs::copy_file(tiny + "/tokenizer_config.json", dir + "/tokenizer_config.json", over);
+  return dir;
+}
+
+TEST(Cli, GenerateRunsAndRejectsInvalidUtf8AndOverlongPrompts) {
+  const std::string dir = MakeModelWithTokenizer();
+  ProcResult r = Exec(Bin("pw-generate") + " --model " + dir + " --prompt 'Hello there' --max-tokens 5");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+  r = Exec(Bin("pw-generate") + " --model " + dir +
+           " --prompt 'Hi' --max-tokens 5 --temperature 0.8 --top-p 0.9 --top-k 50 --seed 7");
+  EXPECT_EQ(r.status, 0) << r.output;
+
+  r = Exec(Bin("pw-generate") + " --model " + dir + " --prompt \"$(printf 'ab\\377\\376')\"");
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("UTF-8"), std::string::npos) << r.output;
+
+  std::string long_prompt;
+  for (int i = 0; i < 700; ++i) long_prompt += " x";  // > 512 tokens, the fixture's context
+  r = Exec(Bin("pw-generate") + " --model " + dir + " --prompt '" + long_prompt + "'");
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("context"), std::string::npos) << r.output;
+
+  const std::string bad_text = ::testing::TempDir() + "/pw_cli_bad.txt";
+  {
+    std::ofstream f(bad_text, std::ios::binary);
+    f << "valid start \xc3\x28 then invalid";
+  }
+  r = Exec(Bin("pw-eval") + " ppl --model " + dir + " --text " + bad_text);
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(bad_text), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
