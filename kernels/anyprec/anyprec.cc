@@ -39,7 +39,7 @@ int SimdChunkCols(int tokens) {
 }
 
 size_t SimdWorkspaceBytes(int cols, int tokens) {
-  return sizeof(float) * (256 + static_cast<size_t>(SimdChunkCols(tokens)) +
+  return sizeof(float) * (256 + 2 * static_cast<size_t>(SimdChunkCols(tokens)) +
                           static_cast<size_t>(tokens) * PaddedCols(cols));
 }
 

@@ -26,7 +26,7 @@ constexpr int SliceSlotToByte(int q) { return q < 8 ? q : q < 16 ? q + 8 : q < 2
 constexpr int PaddedCols(int cols) { return (cols + kGroupCols - 1) / kGroupCols * kGroupCols; }
 void PermuteX(const float* x, int tokens, int cols, float* xp);
 
-// Column chunk (multiple of 256) the SIMD backends use for multi-token calls, so that the
+// Column chunk (multiple of 256) the SIMD backends decode two rows of at a time in multi-token calls, so that the
 // chunk of x for all tokens stays in L2: about 160 KiB / (4 * tokens), in [256, 4096].
 int SimdChunkCols(int tokens);
 // Scratch the SIMD backends carve out of the workspace, in bytes.
