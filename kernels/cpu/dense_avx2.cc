@@ -59,7 +59,8 @@ void MatmulAvx2(const float* x, size_t ldx, size_t T, const W* w, size_t K, size
     if (T == 1) {
       for (; n + 4 <= n1; n += 4) TileAvx2<4, 1>(x, ldx, w + n * K, K, y + n, ldy);
     } else {
-      for (; n + 2 <= n1; n += 2) TileTokens<2>(x, ldx, T, w + n * K, K, y + n, ldy);
+      // 3 rows x 4 tokens: 12 accumulators + 3 weight vectors + 1 activation = 16 registers.
+      for (; n + 3 <= n1; n += 3) TileTokens<3>(x, ldx, T, w + n * K, K, y + n, ldy);
     }
     for (; n < n1; ++n) TileTokens<1>(x, ldx, T, w + n * K, K, y + n, ldy);
   }
