@@ -170,6 +170,7 @@ TEST(SafetensorsTest, RejectsMalformedJson) {
   ExpectRejected(Image(R"({"w":[1]})", 0), StatusCode::kCorrupt, {"'w'", "not a JSON object"});
   ExpectRejected(Image(std::string(100, '[') + std::string(100, ']'), 0), StatusCode::kCorrupt,
                  {"nested deeper"});
+  ExpectRejected(Image(std::string(1000000, '['), 0), StatusCode::kCorrupt, {"nested deeper"});
 }
 
 TEST(SafetensorsTest, RejectsDuplicateTensorNames) {

@@ -232,6 +232,13 @@ TEST(YamlConfigTest, AliasExpansionIsBounded) {
   EXPECT_THAT(r.status().message(), HasSubstr("alias expansion"));
 }
 
+TEST(YamlConfigTest, DeepNestingIsAnErrorNotACrash) {
+  Status s = ParseError(std::string(100000, '[') + std::string(100000, ']'));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  s = ParseError("workers: " + std::string(100000, '{'));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+}
+
 TEST(YamlConfigTest, LoadFromFile) {
   pw::testing::TempDir tmp;
   auto missing = LoadYamlConfig(tmp.File("none.yaml"), ClusterSchema());
