@@ -6,6 +6,7 @@
 //                                           bits planes + LUT_bits (what the kernel must read)
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
 //   memread/<bytes>                         streaming read of <bytes> bytes per iteration
+//   quantize/<rows>x<cols>/threads<n>       QuantizeBlock on random weights (one iteration)
 // Every case cycles through distinct blocks whose total exceeds 1 GiB (the last-level cache is
 // smaller), so the figures measure memory, not cache. Shapes: OLMoE expert (2048->1024,
 // 1024->2048) and Mixtral expert (4096->14336, 14336->4096); rows = out features.
@@ -26,6 +27,7 @@
 #include "common/dtype.h"
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/pack.h"
+#include "kernels/anyprec/quantizer.h"
 #include "kernels/cpu/dense.h"
 
 namespace pw::anyprec {
@@ -175,6 +177,30 @@ void BM_MemRead(benchmark::State& state, size_t bytes) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
+// One whole-block quantization (seed clustering, upscaling to 8 bits, damage table).
+void BM_Quantize(benchmark::State& state, int rows, int cols, int threads) {
+  std::vector<float> w(static_cast<size_t>(rows) * cols), h(cols);
+  uint64_t s = 7;
+  for (auto& v : w) {  // sum of uniforms: roughly Gaussian, as trained weights are
+    double acc = 0;
+    for (int i = 0; i < 4; ++i) acc += static_cast<double>(Mix(s) % 1000001) * 1e-6 - 0.5;
+    v = static_cast<float>(acc * 0.02);
+  }
+  for (auto& v : h) v = static_cast<float>(0.1 + static_cast<double>(Mix(s) % 1000) * 1e-3);
+  QuantizeOptions opt;
+  opt.threads = threads;
+  for (auto _ : state) {
+    auto q = QuantizeBlock(w.data(), rows, cols, h.data(), opt);
+    if (!q.ok()) {
+      state.SkipWithError(q.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(q->damage[3]);
+  }
+  state.counters["weights_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * rows * cols, benchmark::Counter::kIsRate);
+}
+
 struct ShapeSpec {
   int rows, cols;
 };
@@ -200,6 +226,14 @@ void RegisterAll() {
           ->Unit(benchmark::kMicrosecond)->UseRealTime();
     }
     read_sizes.insert(size_t{2} * s.rows * s.cols);
+  }
+  for (int threads : {1, 2}) {
+    for (const ShapeSpec& s : {ShapeSpec{14336, 4096}, ShapeSpec{2048, 1024}}) {
+      const std::string name = "quantize/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                               "/threads" + std::to_string(threads);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Quantize, s.rows, s.cols, threads)
+          ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+    }
   }
   for (size_t bytes : read_sizes) {
     benchmark::RegisterBenchmark(("memread/" + std::to_string(bytes)).c_str(), BM_MemRead, bytes)
