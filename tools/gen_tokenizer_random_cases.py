@@ -53,6 +53,15 @@ POOLS = [
 ]
 
 
+# Edge cases every variant also checks, ahead of the random strings.
+FIXED = ["", " ", "  ", "   x", "\n", " \n ", "\n\n\n", "a  b", "a\r\n\r\nb", "a \r\n  b",
+         "x \t\n y", "1234567", "12 345 6789", "'S'LL'ſ'Re", "don't I'd we'VE", "x'ſ", "''s",
+         "\u00a0\u00a0x", "\u3000y", "\u2028z", "\t\t", "end  ", "!!!\n\n", " ?!", "a\u0301b",
+         "<|im_end|>  x", "x  <|im_start|>", "  <tool>  y", "a<tool>b", "wor word sword wor_ (wor)",
+         "<|im", "<|im<|im_end|>", "<|endoftext|><|endoftext|>", "٣٤٥ ½ Ⅻ", "😀😀 👍🏽",
+         "日本語のテキスト", "def f(x):\n    return x  # c\n"]
+
+
 def random_codepoint(rng):
     while True:
         cp = rng.randrange(0x20, 0x30000)
@@ -136,8 +145,7 @@ def main():
         tok = Tokenizer.from_str(json.dumps(apply_patch(tok_json, patch)))
         rng = random.Random(args.seed * 1000 + vi)
         cases = []
-        for _ in range(args.n):
-            text = random_text(rng)
+        for text in FIXED + [random_text(rng) for _ in range(args.n)]:
             cases.append({"text": text, "ids": tok.encode(text).ids})
         out["variants"].append({"name": name, "patch": patch, "cases": cases})
     with open(os.path.join(ROOT, args.out), "w", encoding="utf-8") as f:

@@ -283,6 +283,36 @@ TEST(Tokenizer, SpecialTokensSplitFirstAndDecode) {
   EXPECT_FALSE(tok->IdToToken(tok->VocabSize()).has_value());
 }
 
+TEST(Tokenizer, AddedTokenIdsAreDerivedAsHfDoes) {
+  // HF ignores the "id" written in added_tokens: content already in the vocabulary keeps its
+  // model id; new content gets the next id after the model vocabulary and earlier added tokens.
+  json j = MinimalTokenizerJson();
+  const int32_t hello_id = j["model"]["vocab"]["hello"].get<int32_t>();
+  const int32_t model_size = static_cast<int32_t>(j["model"]["vocab"].size());
+  j["added_tokens"].push_back({{"id", 9999}, {"content", "hello"}, {"single_word", false},
+                               {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+                               {"special", false}});
+  j["added_tokens"].push_back({{"id", 5}, {"content", "<x>"}, {"single_word", false},
+                               {"lstrip", true}, {"rstrip", true}, {"normalized", false},
+                               {"special", true}});
+  j["added_tokens"].push_back({{"id", 5}, {"content", "<y>"}, {"single_word", false},
+                               {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                               {"special", false}});
+  auto t = Tokenizer::FromJsonText(j.dump(), "derived.json");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ((*t)->TokenToId("hello"), hello_id);
+  EXPECT_EQ((*t)->TokenToId("<x>"), model_size);
+  EXPECT_EQ((*t)->TokenToId("<y>"), model_size + 1);
+  EXPECT_EQ((*t)->VocabSize(), model_size + 2);
+  // lstrip/rstrip: the spaces around <x> belong to the token.
+  auto ids = (*t)->Encode("hello  <x>  hello");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, (std::vector<int32_t>{hello_id, model_size, hello_id}));
+  auto text = (*t)->Decode(*ids, /*skip_special_tokens=*/true);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "hellohello");
+}
+
 TEST(Tokenizer, InvalidUtf8IsRefusedWithOffset) {
   auto tok = LoadMinimal();
   ASSERT_NE(tok, nullptr);
