@@ -145,8 +145,12 @@ Status Engine::AddSequence(SeqId id, std::vector<int32_t> prompt, const Sampling
 
 Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
                                     std::vector<int32_t> block_ids, int32_t first_token,
-                                    const SamplingParams& params) {
-  PW_RETURN_IF_ERROR(CheckNewSequence(id, prompt, params, 0));
+                                    const SamplingParams& params, int num_generated_before) {
+  if (num_generated_before < 0 || static_cast<size_t>(num_generated_before) >= prompt.size()) {
+    return InvalidArgument("sequence " + std::to_string(id) + ": num_generated_before " +
+                           std::to_string(num_generated_before) + " must be in [0, prompt size)");
+  }
+  PW_RETURN_IF_ERROR(CheckNewSequence(id, prompt, params, static_cast<size_t>(num_generated_before)));
   if (first_token < 0 || first_token >= vocab_size()) {
     return InvalidArgument("sequence " + std::to_string(id) + ": first token " +
                            std::to_string(first_token) + " outside the vocabulary");
@@ -179,11 +183,11 @@ Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
   }
   auto s = std::make_unique<Sequence>();
   s->id = id;
-  s->num_prompt = static_cast<int>(prompt.size());
-  s->num_cached = s->num_prompt;
+  s->num_prompt = static_cast<int>(prompt.size()) - num_generated_before;
+  s->num_cached = static_cast<int>(prompt.size());
   s->tokens = std::move(prompt);
   s->tokens.push_back(first_token);
-  s->num_generated = 1;
+  s->num_generated = num_generated_before + 1;
   s->blocks = std::move(block_ids);
   s->params = params;
   if (IsStop(*s, first_token)) {
@@ -353,8 +357,11 @@ Result<StepResult> Engine::Step() {
 
 Result<PrefillResult> Engine::Prefill(std::span<const int32_t> prompt,
                                       std::span<const int32_t> block_ids,
-                                      const SamplingParams& params) {
+                                      const SamplingParams& params, int num_generated_before) {
   const std::vector<int32_t> ids(prompt.begin(), prompt.end());
+  if (num_generated_before < 0 || static_cast<size_t>(num_generated_before) >= prompt.size()) {
+    return InvalidArgument("prefill: num_generated_before must be in [0, prompt size)");
+  }
   PW_RETURN_IF_ERROR(CheckNewSequence(kEvalSeqId, ids, params, 0, /*eval=*/true));
   const int need = BlocksForTokens(static_cast<int>(prompt.size()), options_.block_size);
   if (static_cast<int>(block_ids.size()) < need) {
@@ -378,7 +385,8 @@ Result<PrefillResult> Engine::Prefill(std::span<const int32_t> prompt,
     it.logits = start + it.n == n ? LogitsWanted::kLast : LogitsWanted::kNone;
     PW_RETURN_IF_ERROR(runner_->Forward({&it, 1}, false, &out.last_logits));
   }
-  out.first_token = SampleToken(out.last_logits.data(), vocab_size(), params, 0, &sample_scratch_);
+  out.first_token = SampleToken(out.last_logits.data(), vocab_size(), params,
+                                static_cast<uint64_t>(num_generated_before), &sample_scratch_);
   return out;
 }
 

@@ -107,7 +107,7 @@ struct StepResult {
 
 struct PrefillResult {
   std::vector<float> last_logits;  // [vocab] logits of the last prompt position
-  int32_t first_token = -1;        // sampled from last_logits with the request's params (draw 0)
+  int32_t first_token = -1;        // sampled from last_logits with the request's params
 };
 
 // Per-sequence view for schedulers and metrics.
@@ -143,9 +143,13 @@ class Engine {
   // blocks (freed when the sequence finishes or is removed) on success only. Errors as
   // AddSequence, plus kInvalidArgument when a block is not allocated or there are fewer
   // blocks than the prompt needs.
+  // `num_generated_before`: how many trailing tokens of `prompt` were generated earlier (a
+  // request re-prefilled after a failover or preemption with the tokens already sent); they
+  // count toward max_tokens and the seeded random stream continues after them. Must be <
+  // params.max_tokens.
   Status AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
                               std::vector<int32_t> block_ids, int32_t first_token,
-                              const SamplingParams& params);
+                              const SamplingParams& params, int num_generated_before = 0);
 
   // Drops a sequence and frees its blocks. kNotFound for an unknown (or finished) id.
   Status RemoveSequence(SeqId id);
@@ -166,9 +170,11 @@ class Engine {
   // Computes the KV of `prompt` into `block_ids` (allocated blocks of kv_pool(), at least
   // BlocksForTokens(prompt.size(), block_size) of them; their previous content is
   // overwritten) in chunks of max_batch_tokens, and samples the first token with `params`.
-  // The blocks stay owned by the caller.
+  // The blocks stay owned by the caller. `num_generated_before` as in AddPrefilledSequence:
+  // the first token is sampled as the request's draw number num_generated_before.
   Result<PrefillResult> Prefill(std::span<const int32_t> prompt,
-                                std::span<const int32_t> block_ids, const SamplingParams& params);
+                                std::span<const int32_t> block_ids, const SamplingParams& params,
+                                int num_generated_before = 0);
 
   // Teacher-forced logits of every position of `ids`: [ids.size(), vocab_size()] row-major.
   // Uses temporary blocks (kResourceExhausted when the pool lacks them).

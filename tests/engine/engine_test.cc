@@ -307,6 +307,29 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
   }
   EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
   EXPECT_EQ(prefill->kv_pool().num_free(), prefill->kv_pool().num_blocks());
+
+  // Failover: re-prefill prompt + the 3 tokens already sent on another worker, continue there.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> replay = prompts[i];
+    replay.insert(replay.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
+    const int nb = BlocksForTokens(static_cast<int>(replay.size()), 4);
+    auto blocks = decode->kv_pool().Allocate(nb);
+    ASSERT_TRUE(blocks.ok());
+    auto pr = decode->Prefill(replay, *blocks, sp, 3);
+    ASSERT_TRUE(pr.ok()) << pr.status().ToString();
+    EXPECT_EQ(pr->first_token, alone[i].tokens[3]);
+    ASSERT_TRUE(decode->AddPrefilledSequence(i, replay, *blocks, pr->first_token, sp, 3).ok());
+  }
+  got.clear();
+  while (decode->HasWork()) {
+    auto r = decode->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end())) << i;
+  }
+  EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
 }
 
 TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdentically) {
