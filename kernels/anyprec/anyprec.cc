@@ -12,13 +12,18 @@
 namespace pw::anyprec {
 namespace internal {
 
-void PermuteX(const float* x, int tokens, int cols, float* xp) {
+void PermuteX(const float* x, int tokens, int cols, bool strided, float* xp) {
   const int padded = PaddedCols(cols);
   for (int t = 0; t < tokens; ++t) {
     const float* src = x + static_cast<size_t>(t) * cols;
     float* dst = xp + static_cast<size_t>(t) * padded;
     for (int base = 0; base < padded; base += 32) {
-      if (base + 32 <= cols) {
+      if (strided) {
+        for (int q = 0; q < 32; ++q) {
+          const int c = base + StridedSlotToByte(q);
+          dst[base + q] = c < cols ? src[c] : 0.f;
+        }
+      } else if (base + 32 <= cols) {
         std::memcpy(dst + base, src + base, 8 * sizeof(float));
         std::memcpy(dst + base + 8, src + base + 16, 8 * sizeof(float));
         std::memcpy(dst + base + 16, src + base + 8, 8 * sizeof(float));

@@ -21,10 +21,12 @@ void GemmRowsAvx512(const BlockView& view, int bits, const float* x, int tokens,
 
 // SIMD backends read x in "slot order": inside every 32-column slice of a 256-column group,
 // slot q holds the column of byte SliceSlotToByte(q) (the order in which the unpack/convert
-// steps produce weights). xp: [tokens][PaddedCols(cols)], zero beyond cols.
+// steps produce weights), or with `strided` (the AVX2 width-3 permute path) of byte
+// StridedSlotToByte(q). xp: [tokens][PaddedCols(cols)], zero beyond cols.
 constexpr int SliceSlotToByte(int q) { return q < 8 ? q : q < 16 ? q + 8 : q < 24 ? q - 8 : q; }
+constexpr int StridedSlotToByte(int q) { return 4 * (q % 8) + q / 8; }
 constexpr int PaddedCols(int cols) { return (cols + kGroupCols - 1) / kGroupCols * kGroupCols; }
-void PermuteX(const float* x, int tokens, int cols, float* xp);
+void PermuteX(const float* x, int tokens, int cols, bool strided, float* xp);
 
 // Column chunk (multiple of 256) the SIMD backends decode two rows of at a time in multi-token calls, so that the
 // chunk of x for all tokens stays in L2: about 160 KiB / (4 * tokens), in [256, 4096].
