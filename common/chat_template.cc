@@ -298,6 +298,14 @@ std::string LineCol(std::string_view src, size_t pos) {
   return "line " + std::to_string(line) + ", column " + std::to_string(col);
 }
 
+// "chat template: line L, column C: " for an offset in the template source.
+std::string Where(std::string_view src, size_t pos) {
+  std::string out = "chat template: ";
+  out += LineCol(src, pos);
+  out += ": ";
+  return out;
+}
+
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 class Lexer {
@@ -355,8 +363,7 @@ class Lexer {
           const size_t s = q++;
           while (q < src_.size() && src_[q] != c) q += src_[q] == '\\' ? 2 : 1;
           if (q >= src_.size()) {
-            return InvalidArgument("chat template: " + LineCol(src_, s) +
-                                   ": unterminated string literal");
+            return InvalidArgument(Where(src_, s) + "unterminated string literal");
           }
           ++q;
           continue;
@@ -368,7 +375,7 @@ class Lexer {
         ++q;
       }
       if (end == std::string_view::npos) {
-        return InvalidArgument("chat template: " + LineCol(src_, open) + ": tag opened with '{" +
+        return InvalidArgument(Where(src_, open) + "tag opened with '{" +
                                std::string(1, kind) + "' is never closed");
       }
       size_t body_end = end;
@@ -517,7 +524,7 @@ class ExprParser {
 
   // kUnsupported for constructs this renderer lacks, kInvalidArgument for malformed input.
   Status Err(size_t pos, const std::string& what, bool unsupported) const {
-    const std::string msg = "chat template: " + LineCol(src_, pos) + ": " + what;
+    const std::string msg = Where(src_, pos) + what;
     return unsupported ? Unsupported(msg) : InvalidArgument(msg);
   }
   Status Expect(const char* op) {
@@ -654,7 +661,7 @@ class ExprParser {
     PW_ASSIGN_OR_RETURN(ExprP left, ParseMath2());
     while (IsOp("~")) {
       auto e = Make(Expr::Op::kBinary, Next().pos);
-      e->name = "~";
+      e->name.push_back('~');  // (assigning the literal trips a GCC 12 -Wrestrict false positive)
       PW_ASSIGN_OR_RETURN(ExprP right, ParseMath2());
       e->args.push_back(std::move(left));
       e->args.push_back(std::move(right));
@@ -870,7 +877,7 @@ class Parser {
 
  private:
   Status Err(size_t pos, const std::string& what, bool unsupported) const {
-    const std::string msg = "chat template: " + LineCol(src_, pos) + ": " + what;
+    const std::string msg = Where(src_, pos) + what;
     return unsupported ? Unsupported(msg) : InvalidArgument(msg);
   }
 
@@ -1051,12 +1058,12 @@ class Renderer {
 
  private:
   Status Err(size_t pos, const std::string& what) const {
-    return InvalidArgument("chat template: " + LineCol(src_, pos) + ": " + what);
+    return InvalidArgument(Where(src_, pos) + what);
   }
 
   Status Append(const std::string& s, size_t pos, std::string* out) {
     if (out->size() + s.size() > kMaxOutput) {
-      return ResourceExhausted("chat template: " + LineCol(src_, pos) + ": output over " +
+      return ResourceExhausted(Where(src_, pos) + "output over " +
                                std::to_string(kMaxOutput) + " bytes");
     }
     out->append(s);

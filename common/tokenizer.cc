@@ -844,8 +844,11 @@ void Tokenizer::EncodeSegment(std::string_view segment, std::vector<int32_t>* id
       if (p.empty()) continue;
       if (st.is_byte_level) {
         if (st.add_prefix_space && p[0] != ' ') {
-          storage.push_back(" " + std::string(p));
-          p = storage.back();
+          std::string& prefixed = storage.emplace_back();
+          prefixed.reserve(p.size() + 1);
+          prefixed.push_back(' ');
+          prefixed.append(p);
+          p = prefixed;
         }
         if (st.use_regex) {
           split(SplitPattern::kGpt2, p);
