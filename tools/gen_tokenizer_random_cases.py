@@ -5,7 +5,9 @@ exercise the other supported configurations (Qwen2 / Llama-3 split patterns, add
 ignore_merges, "a b" merges, added-token flags). tests/common/tokenizer_test.cc applies each
 variant's patch to models/tiny-moe/tokenizer.json and compares its own ids with these.
 
-Format: {"tokenizer": path, "seed": int, "variants": [{"name", "patch", "cases": [{"text", "ids"}]}]}
+Format: {"tokenizer": path, "seed": int, "variants": [{"name", "patch", "cases": [{"text", "ids"}]}],
+         "decode_cases": [{"ids", "skip_special_tokens", "text"}]}
+decode_cases are random id sequences (often invalid UTF-8 once concatenated) with HF's decode.
 A patch maps a dotted path in tokenizer.json ("pre_tokenizer", "model.ignore_merges") to the
 value that replaces it; "+added_tokens" appends to the added_tokens list; "!merges_as_strings"
 rewrites model.merges from [a, b] pairs to "a b" strings.
@@ -148,6 +150,17 @@ def main():
         for text in FIXED + [random_text(rng) for _ in range(args.n)]:
             cases.append({"text": text, "ids": tok.encode(text).ids})
         out["variants"].append({"name": name, "patch": patch, "cases": cases})
+    tok = Tokenizer.from_str(json.dumps(tok_json))
+    rng = random.Random(args.seed)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    out["decode_cases"] = []
+    for k in range(args.n):
+        ids = [rng.randrange(vocab_size) for _ in range(rng.choice([0, 1, 2, 3, 5, 8, 20]))]
+        if k % 3 == 0:  # bias towards single-byte tokens, which split characters
+            ids = [tok.token_to_id(tok.id_to_token(i)[:1]) or i for i in ids]
+        skip = k % 2 == 1
+        out["decode_cases"].append({"ids": ids, "skip_special_tokens": skip,
+                                    "text": tok.decode(ids, skip_special_tokens=skip)})
     with open(os.path.join(ROOT, args.out), "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=None, separators=(",", ":"))
         f.write("\n")
