@@ -1,0 +1,27 @@
+// pw-broker: the node's memory broker (services/broker/broker.h). SIGTERM/SIGINT stop it.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "common/logging.h"
+#include "services/broker/broker.h"
+#include "services/workers/signals.h"
+
+int main(int argc, char** argv) {
+  pw::broker::BrokerOptions o;
+  CLI::App app{"PagedWeight memory broker"};
+  app.add_option("--model", o.model_dir, "model directory (config.json, *.safetensors)")->required();
+  app.add_option("--model-name", o.model_name, "model name workers must serve");
+  app.add_option("--bind", o.bind, "control endpoint (ZeroMQ ROUTER)");
+  app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")->check(CLI::Range(10, 60000));
+  app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9102");
+  CLI11_PARSE(app, argc, argv);
+  pw::SetLogProcessTag("broker");
+  pw::workers::InstallStopHandlers();
+  auto b = pw::broker::Broker::Create(o);
+  if (!b.ok()) {
+    std::fprintf(stderr, "pw-broker: %s\n", b.status().ToString().c_str());
+    return 1;
+  }
+  pw::Status st = (*b)->Run(pw::workers::StopFlag());
+  return st.ok() ? 0 : 1;
+}

@@ -1,0 +1,196 @@
+// pw-bench-ucx: KV-transfer throughput over UCX between two processes on this host, next to a
+// plain memcpy of the same bytes in the same chunks.
+//
+//   pw-bench-ucx [--mib 256] [--reps 5] [--chunks-kib 64,256,1024,4096]
+//
+// The owner process registers a region of --mib MiB and progresses it from a thread (as a
+// decode worker does with its KV pool); the initiator puts (then gets) the region chunk by
+// chunk from its own buffer of the same size, flushing once per pass. Buffers are larger than
+// the last-level cache only when --mib is (use >= 512 here to measure DRAM, not the cache).
+// Prints one line per (operation, chunk size): median GB/s over --reps passes.
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "services/transport/ucx.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using pw::transport::ucx::Context;
+using pw::transport::ucx::Endpoint;
+using pw::transport::ucx::MemoryRegion;
+using pw::transport::ucx::Worker;
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = write(fd, c, n);
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = read(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+bool WriteBlob(int fd, const std::string& s) {
+  uint64_t n = s.size();
+  return WriteAll(fd, &n, 8) && WriteAll(fd, s.data(), s.size());
+}
+bool ReadBlob(int fd, std::string* s) {
+  uint64_t n = 0;
+  if (!ReadAll(fd, &n, 8) || n > (1u << 20)) return false;
+  s->resize(n);
+  return ReadAll(fd, s->data(), n);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Fail(const char* what) {
+  std::fprintf(stderr, "pw-bench-ucx: %s\n", what);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t mib = 256;
+  int reps = 5;
+  std::vector<size_t> chunks_kib = {64, 256, 1024, 4096};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "pw-bench-ucx: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--mib") {
+      mib = std::strtoull(next().c_str(), nullptr, 10);
+    } else if (a == "--reps") {
+      reps = std::atoi(next().c_str());
+    } else if (a == "--chunks-kib") {
+      chunks_kib.clear();
+      std::string s = next();
+      size_t pos = 0;
+      while (pos < s.size()) {
+        size_t comma = s.find(',', pos);
+        if (comma == std::string::npos) comma = s.size();
+        chunks_kib.push_back(std::strtoull(s.substr(pos, comma - pos).c_str(), nullptr, 10));
+        pos = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: pw-bench-ucx [--mib N] [--reps N] [--chunks-kib a,b,..]\n");
+      return 2;
+    }
+  }
+  if (mib == 0 || reps <= 0 || chunks_kib.empty()) return Fail("bad arguments");
+  for (size_t c : chunks_kib) {
+    if (c == 0 || c * 1024 > mib << 20) return Fail("chunk size must be in (0, region]");
+  }
+  const size_t bytes = mib << 20;
+
+  int to_child[2], to_parent[2];
+  if (pipe(to_child) != 0 || pipe(to_parent) != 0) return Fail("pipe");
+  pid_t pid = fork();
+  if (pid < 0) return Fail("fork");
+  if (pid == 0) {
+    // Owner: registered region + progress thread, until the initiator says it is done.
+    std::vector<uint8_t> mem(bytes, 1);
+    auto ctx = Context::Create();
+    if (!ctx.ok()) _exit(3);
+    auto worker = Worker::Create(**ctx);
+    if (!worker.ok()) _exit(4);
+    auto region = MemoryRegion::Register(**ctx, mem.data(), mem.size());
+    if (!region.ok()) _exit(5);
+    (*worker)->StartProgressThread();
+    uint64_t base = (*region)->base(), n = (*region)->size();
+    if (!WriteBlob(to_parent[1], (*worker)->Address()) ||
+        !WriteBlob(to_parent[1], (*region)->PackedRkey()) || !WriteAll(to_parent[1], &base, 8) ||
+        !WriteAll(to_parent[1], &n, 8)) {
+      _exit(6);
+    }
+    char bye;
+    (void)ReadAll(to_child[0], &bye, 1);
+    _exit(0);
+  }
+  std::string address, rkey;
+  uint64_t base = 0, n = 0;
+  if (!ReadBlob(to_parent[0], &address) || !ReadBlob(to_parent[0], &rkey) ||
+      !ReadAll(to_parent[0], &base, 8) || !ReadAll(to_parent[0], &n, 8)) {
+    return Fail("owner process did not start");
+  }
+  auto ctx = Context::Create();
+  if (!ctx.ok()) return Fail(ctx.status().ToString().c_str());
+  auto worker = Worker::Create(**ctx);
+  if (!worker.ok()) return Fail(worker.status().ToString().c_str());
+  auto ep = Endpoint::Connect(**worker, address);
+  if (!ep.ok()) return Fail(ep.status().ToString().c_str());
+  auto region = (*ep)->OpenRegion(rkey, base, n);
+  if (!region.ok()) return Fail(region.status().ToString().c_str());
+
+  std::vector<uint8_t> src(bytes, 7), dst(bytes, 9);
+  const char* tls = std::getenv("UCX_TLS");
+  std::printf("# region %zu MiB, %d reps, UCX_TLS=%s; GB/s = 1e9 bytes/s, median\n", mib, reps,
+              tls ? tls : "(default)");
+  std::printf("%-8s %10s %10s\n", "op", "chunk_KiB", "GB/s");
+  int rc = 0;
+  for (size_t ck : chunks_kib) {
+    const size_t chunk = ck * 1024;
+    for (const char* op : {"put", "get", "memcpy"}) {
+      std::vector<double> gbps;
+      for (int r = 0; r < reps; ++r) {
+        auto t0 = Clock::now();
+        for (size_t off = 0; off < bytes; off += chunk) {
+          size_t len = std::min(chunk, bytes - off);
+          pw::Status st;
+          if (op[0] == 'p') {
+            st = (*region)->Put(off, src.data() + off, len);
+          } else if (op[0] == 'g') {
+            st = (*region)->Get(off, dst.data() + off, len);
+          } else {
+            std::memcpy(dst.data() + off, src.data() + off, len);
+          }
+          if (!st.ok()) {
+            std::fprintf(stderr, "pw-bench-ucx: %s: %s\n", op, st.ToString().c_str());
+            rc = 1;
+            break;
+          }
+        }
+        if (op[0] == 'p' && !(*ep)->Flush().ok()) rc = 1;
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        gbps.push_back(static_cast<double>(bytes) / s / 1e9);
+      }
+      std::printf("%-8s %10zu %10.2f\n", op, ck, Median(gbps));
+      std::fflush(stdout);
+    }
+  }
+  region->reset();
+  ep->reset();
+  char bye = 'b';
+  (void)WriteAll(to_child[1], &bye, 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return rc;
+}

@@ -1,0 +1,476 @@
+#include "services/workers/decode_worker.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "services/engine/model.h"
+#include "services/transport/zmq_transport.h"
+#include "services/workers/worker_common.h"
+
+namespace pw::workers {
+
+namespace {
+std::string LastPathPart(const std::string& p) {
+  std::string s = p;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  size_t slash = s.rfind('/');
+  return slash == std::string::npos ? s : s.substr(slash + 1);
+}
+}  // namespace
+
+DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock)
+    : options_(std::move(options)), clock_(clock), leases_(clock) {}
+
+DecodeWorker::~DecodeWorker() {
+  // Drop the engine's hooks before the provider goes, and stop UCX before freeing the pool.
+  if (engine_) engine_->SetMoeHooks({});
+  experts_.reset();
+  kv_region_.reset();
+  ucx_worker_.reset();
+  ucx_ctx_.reset();
+}
+
+Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions options,
+                                                           const transport::Clock* clock) {
+  if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
+  if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
+  options.id = DefaultWorkerId(options.id, "decode");
+  if (options.model_name.empty()) options.model_name = LastPathPart(options.model_dir);
+  std::unique_ptr<DecodeWorker> w(
+      new DecodeWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
+  PW_RETURN_IF_ERROR(w->Setup());
+  return w;
+}
+
+Status DecodeWorker::Setup() {
+  engine::EngineOptions eo;
+  eo.num_kv_blocks = options_.num_kv_blocks;
+  eo.block_size = options_.block_size;
+  eo.num_threads = options_.threads;
+  eo.max_batch_tokens = options_.max_batch_tokens;
+  PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
+  const auto& cfg = engine_->model().config();
+  layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
+                              cfg.model_type);
+  PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
+
+  // UCX: register the KV pool, progress it from a thread (prefill workers put into it).
+  PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
+  PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
+  PW_ASSIGN_OR_RETURN(kv_region_,
+                      transport::ucx::MemoryRegion::Register(*ucx_ctx_, engine_->kv_pool().base(),
+                                                             engine_->kv_pool().total_bytes()));
+  ucx_worker_->StartProgressThread();
+
+  if (!options_.broker_endpoint.empty()) {
+    PW_ASSIGN_OR_RETURN(auto bt, transport::ZmqDealerTransport::Connect(options_.broker_endpoint,
+                                                                        options_.id));
+    transport::ControlClient::Options bo;
+    bo.id = options_.id;
+    bo.role = wire::Role::DECODE;
+    bo.heartbeat_ms = options_.heartbeat_ms;
+    broker_ = std::make_unique<transport::ControlClient>(std::move(bt), clock_, bo);
+    broker_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
+    broker_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
+    broker_->on_registered = [this] {
+      if (experts_) return;
+      proto::OutMessage m;
+      m.body().initWeightManifestRequest().setModelName(options_.model_name);
+      Status st = broker_->Send(m);
+      if (!st.ok()) PW_LOG(WARNING) << "weight manifest request: " << st.ToString();
+      manifest_pending_ = true;
+    };
+    PW_RETURN_IF_ERROR(LoadExpertsFromBroker());
+  }
+
+  PW_ASSIGN_OR_RETURN(auto rt, transport::ZmqDealerTransport::Connect(options_.router_endpoint,
+                                                                      options_.id));
+  transport::ControlClient::Options ro;
+  ro.id = options_.id;
+  ro.role = wire::Role::DECODE;
+  ro.heartbeat_ms = options_.heartbeat_ms;
+  router_ = std::make_unique<transport::ControlClient>(std::move(rt), clock_, ro);
+  router_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
+  router_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
+  router_->on_server_lost = [this] { DropAll("router lost"); };
+  return Status::Ok();
+}
+
+Status DecodeWorker::LoadExpertsFromBroker() {
+  PW_RETURN_IF_ERROR(broker_->Start());
+  const uint64_t t0 = transport::SteadyClock::Get()->NowMs();
+  uint64_t last_ask = t0;
+  while (!experts_) {
+    const uint64_t now = transport::SteadyClock::Get()->NowMs();
+    if (now - t0 > static_cast<uint64_t>(options_.weights_timeout_ms)) {
+      return Unavailable("no expert weights from the broker at " + options_.broker_endpoint +
+                         " after " + std::to_string(options_.weights_timeout_ms) + " ms");
+    }
+    // Ask again now and then: a manifest request can be lost with a restarting broker.
+    if (broker_->registered() && manifest_pending_ && now - last_ask > 5000) {
+      last_ask = now;
+      proto::OutMessage m;
+      m.body().initWeightManifestRequest().setModelName(options_.model_name);
+      (void)broker_->Send(m);
+    }
+    broker_->Poll(20, [this](const std::string&, const proto::InMessage& m) -> Status {
+      return HandleBroker(m);
+    });
+    if (manifest_) {
+      std::unique_ptr<proto::InMessage> manifest = std::move(manifest_);
+      auto p = RemoteExpertProvider::Load(*ucx_worker_, manifest->body().getWeightManifest(),
+                                          engine_->model().config());
+      if (!p.ok()) return p.status().WithContext("loading experts from the broker");
+      experts_ = std::move(p).value();
+      metrics_->ucx_get_bytes->Increment(static_cast<double>(experts_->bytes_loaded()));
+      engine::MoeHooks hooks;
+      hooks.provider = experts_.get();
+      engine_->SetMoeHooks(hooks);
+      PW_LOG(INFO) << options_.id << ": loaded " << experts_->layout().regions.size()
+                   << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker";
+    }
+  }
+  return Status::Ok();
+}
+
+Status DecodeWorker::HandleBroker(const proto::InMessage& m) {
+  if (m.which() == proto::Body::WEIGHT_MANIFEST) {
+    if (experts_ || !manifest_pending_) return Status::Ok();
+    // Keep a private copy of the frame: the provider reads it after this handler returns.
+    ::capnp::MallocMessageBuilder b;
+    b.setRoot(m.envelope());
+    auto flat = ::capnp::messageToFlatArray(b);
+    auto bytes = flat.asBytes();
+    PW_ASSIGN_OR_RETURN(manifest_, proto::InMessage::Parse(std::string_view(
+                                       reinterpret_cast<const char*>(bytes.begin()), bytes.size())));
+    manifest_pending_ = false;
+    return Status::Ok();
+  }
+  if (m.which() == proto::Body::PLAN) {
+    PW_LOG(DEBUG) << options_.id << ": plan epoch " << m.body().getPlan().getEpoch()
+                  << " ignored (bf16 experts)";
+    return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+void DecodeWorker::FillRegister(wire::Register::Builder r) {
+  const auto& pool = engine_->kv_pool();
+  const auto& cfg = engine_->model().config();
+  r.setModelName(options_.model_name);
+  auto kl = r.initKvLayout();
+  kl.setNumBlocks(static_cast<uint32_t>(pool.num_blocks()));
+  kl.setBlockTokens(static_cast<uint32_t>(pool.layout().block_size));
+  kl.setBlockBytes(pool.bytes_per_block());
+  kl.setLayoutHash(layout_hash_);
+  auto km = r.initKvMemory();
+  km.setWorkerAddress(proto::AsData(ucx_worker_->Address()));
+  km.setRkey(proto::AsData(kv_region_->PackedRkey()));
+  km.setBaseAddr(kv_region_->base());
+  km.setBytes(kv_region_->size());
+  r.setMaxBatch(static_cast<uint32_t>(options_.max_batch));
+  r.setMaxContext(static_cast<uint32_t>(engine_->max_context()));
+  r.setMetricsPort(metrics_port());
+  if (experts_) {
+    const auto& regions = experts_->layout().regions;
+    auto wt = r.initWeightTable(static_cast<unsigned>(regions.size()));
+    for (size_t i = 0; i < regions.size(); ++i) {
+      auto e = wt[static_cast<unsigned>(i)];
+      e.setLayer(static_cast<uint32_t>(regions[i].layer));
+      e.setExpert(static_cast<uint32_t>(regions[i].expert));
+      e.setKind(regions[i].kind == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+      e.setCommittedBits(16);
+      e.setDesiredBits(16);
+    }
+  }
+  (void)cfg;
+}
+
+void DecodeWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
+  const auto& pool = engine_->kv_pool();
+  h.setFreeKvBlocks(static_cast<uint32_t>(pool.num_free()));
+  h.setUsedKvBlocks(static_cast<uint32_t>(pool.num_blocks() - pool.num_free()));
+  h.setReservedKvBlocks(static_cast<uint32_t>(leases_.reserved_blocks()));
+  h.setRunningRequests(static_cast<uint32_t>(running_.size()));
+  h.setWaitingRequests(static_cast<uint32_t>(leases_.size()));
+  h.setDraining(draining_);
+}
+
+void DecodeWorker::UpdateMetrics() {
+  const auto& pool = engine_->kv_pool();
+  metrics_->kv_blocks_free->Set(pool.num_free());
+  metrics_->kv_blocks_reserved->Set(static_cast<double>(leases_.reserved_blocks()));
+  metrics_->kv_blocks_used->Set(pool.num_blocks() - pool.num_free() -
+                                static_cast<double>(leases_.reserved_blocks()));
+  metrics_->requests_running->Set(static_cast<double>(running_.size()));
+  metrics_->requests_waiting->Set(static_cast<double>(leases_.size()));
+  const auto& c = router_->counters();
+  metrics_->frames_dropped->Set(static_cast<double>(c.malformed + c.wrong_version + c.unregistered));
+}
+
+void DecodeWorker::FreeBlocks(const std::vector<int32_t>& blocks, const char* why) {
+  Status st = engine_->kv_pool().Free(blocks);
+  if (!st.ok()) PW_LOG(ERROR) << options_.id << ": freeing blocks (" << why << "): " << st.ToString();
+}
+
+void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
+                              const std::string& error, uint32_t num_generated) {
+  proto::OutMessage m;
+  auto f = m.body().initFinish();
+  f.setRequestId(request_id);
+  f.setReason(reason);
+  f.setError(error);
+  f.setNumGenerated(num_generated);
+  Status st = router_->Send(m);
+  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": Finish " << request_id << ": " << st.ToString();
+  if (reason == wire::FinishReason::ERROR) metrics_->requests_finished_error->Increment();
+  if (reason == wire::FinishReason::CANCELLED) metrics_->requests_cancelled->Increment();
+  if (reason == wire::FinishReason::STOP || reason == wire::FinishReason::LENGTH) {
+    metrics_->requests_finished_ok->Increment();
+  }
+}
+
+void DecodeWorker::DropAll(const char* why) {
+  size_t n = running_.size() + leases_.size();
+  for (auto& [id, r] : running_) (void)engine_->RemoveSequence(id);
+  running_.clear();
+  admit_order_.clear();
+  for (auto& l : leases_.TakeAll()) FreeBlocks(l.blocks, why);
+  if (n > 0) PW_LOG(WARNING) << options_.id << ": dropped " << n << " request(s): " << why;
+}
+
+Status DecodeWorker::HandleRouter(const proto::InMessage& m) {
+  switch (m.which()) {
+    case proto::Body::KV_RESERVE: OnReserve(m.body().getKvReserve()); break;
+    case proto::Body::START_DECODE: OnStartDecode(m.body().getStartDecode()); break;
+    case proto::Body::CANCEL: OnCancel(m.body().getCancel()); break;
+    case proto::Body::DRAIN:
+      PW_LOG(INFO) << options_.id << ": drain requested by the router";
+      draining_ = true;
+      break;
+    default:
+      return InvalidArgument("unexpected message " + proto::BodyName(m.which()) +
+                             " for a decode worker");
+  }
+  return Status::Ok();
+}
+
+void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
+  proto::OutMessage out;
+  auto reply = out.body().initKvReserveReply();
+  reply.setRequestId(r.getRequestId());
+  const int bs = engine_->kv_pool().layout().block_size;
+  const uint32_t n_tokens = r.getNumTokens();
+  if (draining_) {
+    reply.setOk(false);
+    reply.setError("decode worker " + options_.id + " is draining");
+  } else if (n_tokens == 0 || n_tokens >= static_cast<uint32_t>(engine_->max_context())) {
+    reply.setOk(false);
+    reply.setError("numTokens " + std::to_string(n_tokens) + " outside [1, " +
+                   std::to_string(engine_->max_context()) + ")");
+  } else {
+    const int n_blocks = engine::BlocksForTokens(static_cast<int>(n_tokens), bs);
+    auto blocks = engine_->kv_pool().Allocate(n_blocks);
+    if (!blocks.ok()) {
+      reply.setOk(false);
+      reply.setError("decode worker " + options_.id + ": " + blocks.status().message());
+    } else {
+      const uint64_t lease_ms = std::min<uint64_t>(r.getLeaseMs() == 0 ? 30000 : r.getLeaseMs(),
+                                                   options_.max_lease_ms);
+      auto ids = *blocks;
+      const uint64_t lease = leases_.Add(r.getRequestId(), *blocks, lease_ms);
+      reply.setOk(true);
+      reply.setLeaseId(lease);
+      auto list = reply.initBlockIds(static_cast<unsigned>(ids.size()));
+      for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), static_cast<uint32_t>(ids[i]));
+      reply.setLeaseExpiresMs(clock_->NowMs() + lease_ms);
+    }
+  }
+  Status st = router_->Send(out);
+  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": KvReserveReply: " << st.ToString();
+}
+
+void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
+  const uint64_t id = r.getRequestId();
+  auto lease = leases_.Take(r.getLeaseId(), id);
+  if (!lease) {
+    SendFinish(id, wire::FinishReason::ERROR,
+               "decode worker " + options_.id + ": no lease " + std::to_string(r.getLeaseId()) +
+                   " for request " + std::to_string(id) + " (expired or cancelled)",
+               r.getGeneratedSoFar());
+    return;
+  }
+  Running run;
+  for (uint32_t t : r.getTokens()) run.prompt.push_back(static_cast<int32_t>(t));
+  run.params = FromWire(r.getSampling());
+  const uint32_t g = r.getGeneratedSoFar();
+  // firstToken is output index g-1 and counts toward max_tokens here, as in the engine.
+  if (g == 0 || static_cast<int64_t>(g) > run.params.max_tokens) {
+    FreeBlocks(lease->blocks, "bad StartDecode");
+    SendFinish(id, wire::FinishReason::ERROR,
+               "generatedSoFar " + std::to_string(g) + " outside [1, maxTokens]", g);
+    return;
+  }
+  run.params.max_tokens -= static_cast<int>(g - 1);
+  const int32_t first = static_cast<int32_t>(r.getFirstToken());
+  run.generated.push_back(first);
+  run.next_index = g;
+  if (run.params.max_tokens <= 1) {
+    // The first token already used the whole budget.
+    FreeBlocks(lease->blocks, "finished at the first token");
+    SendFinish(id, wire::FinishReason::LENGTH, "", g);
+    return;
+  }
+  Status st = engine_->AddPrefilledSequence(id, run.prompt, lease->blocks, first, run.params);
+  if (!st.ok()) {
+    FreeBlocks(lease->blocks, "StartDecode refused");
+    SendFinish(id, wire::FinishReason::ERROR, "decode worker " + options_.id + ": " + st.message(), g);
+    return;
+  }
+  running_[id] = std::move(run);
+  admit_order_.push_back(id);
+}
+
+void DecodeWorker::OnCancel(wire::Cancel::Reader r) {
+  const uint64_t id = r.getRequestId();
+  bool found = false;
+  for (auto& l : leases_.TakeByRequest(id)) {
+    FreeBlocks(l.blocks, "cancel");
+    found = true;
+  }
+  auto it = running_.find(id);
+  if (it != running_.end()) {
+    (void)engine_->RemoveSequence(id);
+    const uint32_t n = it->second.next_index;
+    running_.erase(it);
+    admit_order_.erase(std::remove(admit_order_.begin(), admit_order_.end(), id), admit_order_.end());
+    SendFinish(id, wire::FinishReason::CANCELLED, "", n);
+    return;
+  }
+  if (found) SendFinish(id, wire::FinishReason::CANCELLED, "", 0);
+}
+
+bool DecodeWorker::Preempt() {
+  // The most recently admitted sequence that still holds KV in the engine.
+  for (auto it = admit_order_.rbegin(); it != admit_order_.rend(); ++it) {
+    auto rit = running_.find(*it);
+    if (rit == running_.end() || rit->second.preempted) continue;
+    Running& run = rit->second;
+    if (!engine_->RemoveSequence(*it).ok()) continue;
+    // Requeue with what was generated: the engine recomputes the KV when blocks free up.
+    Status st = engine_->AddSequence(*it, run.prompt, run.params, run.generated);
+    metrics_->preemptions->Increment();
+    if (!st.ok()) {
+      SendFinish(*it, wire::FinishReason::ERROR, "preempted and could not be requeued: " + st.message(),
+                 run.next_index);
+      running_.erase(rit);
+      return true;
+    }
+    run.preempted = true;
+    PW_LOG(INFO) << options_.id << ": preempted request " << *it << " (KV pool full), will recompute";
+    return true;
+  }
+  return false;
+}
+
+void DecodeWorker::StepOnce() {
+  auto step = engine_->Step();
+  if (!step.ok()) {
+    if (step.status().code() == StatusCode::kResourceExhausted) {
+      if (Preempt()) return;
+    }
+    PW_LOG(ERROR) << options_.id << ": engine step failed: " << step.status().ToString();
+    for (auto& [id, run] : running_) {
+      (void)engine_->RemoveSequence(id);
+      SendFinish(id, wire::FinishReason::ERROR, "decode step failed: " + step.status().message(),
+                 run.next_index);
+    }
+    running_.clear();
+    admit_order_.clear();
+    return;
+  }
+  for (const auto& u : step->updates) {
+    auto it = running_.find(u.id);
+    if (it == running_.end()) continue;
+    Running& run = it->second;
+    if (!u.new_tokens.empty()) {
+      run.preempted = false;
+      proto::OutMessage m;
+      auto tc = m.body().initTokenChunk();
+      tc.setRequestId(u.id);
+      tc.setStartIndex(run.next_index);
+      auto list = tc.initTokens(static_cast<unsigned>(u.new_tokens.size()));
+      for (size_t i = 0; i < u.new_tokens.size(); ++i) {
+        list.set(static_cast<unsigned>(i), static_cast<uint32_t>(u.new_tokens[i]));
+        run.generated.push_back(u.new_tokens[i]);
+      }
+      run.next_index += static_cast<uint32_t>(u.new_tokens.size());
+      metrics_->tokens_generated->Increment(static_cast<double>(u.new_tokens.size()));
+      Status st = router_->Send(m);
+      if (!st.ok()) PW_LOG(WARNING) << options_.id << ": TokenChunk: " << st.ToString();
+    }
+    if (u.finished) {
+      SendFinish(u.id,
+                 u.reason == engine::FinishReason::kStop ? wire::FinishReason::STOP
+                                                         : wire::FinishReason::LENGTH,
+                 "", run.next_index);
+      running_.erase(it);
+      admit_order_.erase(std::remove(admit_order_.begin(), admit_order_.end(), u.id),
+                         admit_order_.end());
+    }
+  }
+}
+
+Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
+  PW_RETURN_IF_ERROR(router_->Start());
+  PW_LOG(INFO) << options_.id << ": serving; KV pool " << engine_->kv_pool().num_blocks()
+               << " blocks of " << engine_->kv_pool().bytes_per_block() << " bytes, router "
+               << options_.router_endpoint;
+  uint64_t drain_deadline = 0;
+  auto router_handler = [this](const std::string&, const proto::InMessage& m) -> Status {
+    return HandleRouter(m);
+  };
+  auto broker_handler = [this](const std::string&, const proto::InMessage& m) -> Status {
+    return HandleBroker(m);
+  };
+  while (true) {
+    if (stop.load() && !draining_) {
+      draining_ = true;
+      PW_LOG(INFO) << options_.id << ": draining (" << running_.size() << " running, "
+                   << leases_.size() << " leased)";
+    }
+    if (draining_ && drain_deadline == 0) {
+      drain_deadline = transport::SteadyClock::Get()->NowMs() + static_cast<uint64_t>(drain_timeout_ms);
+    }
+    if (draining_ && running_.empty() && leases_.size() == 0) break;
+    if (draining_ && transport::SteadyClock::Get()->NowMs() > drain_deadline) {
+      PW_LOG(WARNING) << options_.id << ": drain timed out";
+      for (auto& [id, run] : running_) {
+        (void)engine_->RemoveSequence(id);
+        SendFinish(id, wire::FinishReason::ERROR, "decode worker shut down", run.next_index);
+      }
+      running_.clear();
+      break;
+    }
+    const bool busy = engine_->HasWork();
+    router_->Poll(busy ? 0 : 10, router_handler);
+    if (broker_) broker_->Poll(0, broker_handler);
+    for (auto& l : leases_.TakeExpired()) {
+      PW_LOG(WARNING) << options_.id << ": lease " << l.lease_id << " of request " << l.request_id
+                      << " expired; " << l.blocks.size() << " blocks freed";
+      FreeBlocks(l.blocks, "lease expired");
+      metrics_->leases_expired->Increment();
+    }
+    if (engine_->HasWork()) StepOnce();
+    UpdateMetrics();
+  }
+  for (auto& l : leases_.TakeAll()) FreeBlocks(l.blocks, "shutdown");
+  // Tell the router once more (heartbeat carries draining) before leaving.
+  router_->Poll(0, router_handler);
+  PW_LOG(INFO) << options_.id << ": stopped";
+  return Status::Ok();
+}
+
+}  // namespace pw::workers

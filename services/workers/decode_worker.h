@@ -1,0 +1,109 @@
+// DecodeWorker: the library behind pw-decode.
+//
+// Owns an Engine (continuous batching over a paged KV pool), registers the pool with UCX so
+// prefill workers can put KV into it, and speaks the control protocol of docs/architecture.md
+// with the router (KvReserve / StartDecode / Cancel / Drain in; KvReserveReply / TokenChunk /
+// Finish out) and the broker (expert weights at start; registry). Single-threaded event loop
+// (plus UCX's progress thread): poll control sockets, expire leases, run one engine step,
+// stream its tokens.
+//
+// Preemption: when a step needs KV blocks the pool lacks, the most recently admitted running
+// sequence is removed and queued again with the tokens it generated; the engine recomputes its
+// KV later and continues (nothing lost, nothing repeated on the stream).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "services/engine/engine.h"
+#include "services/transport/clock.h"
+#include "services/transport/control.h"
+#include "services/transport/ucx.h"
+#include "services/workers/kv_lease.h"
+#include "services/workers/remote_experts.h"
+#include "services/workers/worker_metrics.h"
+
+namespace pw::workers {
+
+struct DecodeWorkerOptions {
+  std::string id;                  // routing id; "decode-<pid>" when empty
+  std::string model_dir;
+  std::string model_name;          // reported at registration; default: model_dir's last part
+  std::string router_endpoint;     // e.g. tcp://127.0.0.1:5555 (required)
+  std::string broker_endpoint;     // empty: experts from the checkpoint, no broker
+  int num_kv_blocks = 1024;
+  int block_size = 16;
+  int threads = 1;
+  int max_batch_tokens = 256;
+  int max_batch = 64;              // running sequences the router may place here
+  uint64_t heartbeat_ms = 500;
+  uint32_t max_lease_ms = 600000;  // longer leases asked for are cut to this
+  int weights_timeout_ms = 120000; // waiting for the broker's expert weights at start
+  std::string metrics_bind;        // "127.0.0.1:0"; empty = no /metrics
+};
+
+class DecodeWorker {
+ public:
+  static Result<std::unique_ptr<DecodeWorker>> Create(DecodeWorkerOptions options,
+                                                      const transport::Clock* clock = nullptr);
+  ~DecodeWorker();
+
+  // Serves until `stop` becomes true, then drains: refuses new work, finishes what it has
+  // (or until `drain_timeout_ms`), and returns. A fatal setup error returns non-OK.
+  Status Run(const std::atomic<bool>& stop, int drain_timeout_ms = 60000);
+
+  const std::string& id() const { return options_.id; }
+  uint16_t metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+
+ private:
+  struct Running {
+    std::vector<int32_t> prompt;     // tokens whose KV the prefill wrote (or recomputed)
+    std::vector<int32_t> generated;  // tokens generated here and before, first token included
+    engine::SamplingParams params;   // max_tokens already reduced by earlier output
+    uint32_t next_index = 0;         // output index of the next token streamed
+    bool preempted = false;
+  };
+
+  explicit DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock);
+  Status Setup();
+  Status LoadExpertsFromBroker();
+  Status HandleRouter(const proto::InMessage& m);
+  Status HandleBroker(const proto::InMessage& m);
+  void OnReserve(wire::KvReserve::Reader r);
+  void OnStartDecode(wire::StartDecode::Reader r);
+  void OnCancel(wire::Cancel::Reader r);
+  void StepOnce();
+  bool Preempt();
+  void SendFinish(uint64_t request_id, wire::FinishReason reason, const std::string& error,
+                  uint32_t num_generated);
+  void FreeBlocks(const std::vector<int32_t>& blocks, const char* why);
+  void DropAll(const char* why);
+  void FillRegister(wire::Register::Builder r);
+  void FillHeartbeat(wire::Heartbeat::Builder h);
+  void UpdateMetrics();
+
+  DecodeWorkerOptions options_;
+  const transport::Clock* clock_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<transport::ucx::Context> ucx_ctx_;
+  std::unique_ptr<transport::ucx::Worker> ucx_worker_;
+  std::unique_ptr<transport::ucx::MemoryRegion> kv_region_;
+  std::unique_ptr<RemoteExpertProvider> experts_;
+  std::unique_ptr<transport::ControlClient> router_;
+  std::unique_ptr<transport::ControlClient> broker_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  KvLeaseTable leases_;
+  std::map<uint64_t, Running> running_;
+  std::vector<uint64_t> admit_order_;  // request ids, oldest first (preemption picks the last)
+  uint64_t layout_hash_ = 0;
+  bool draining_ = false;
+  bool manifest_pending_ = false;
+  std::unique_ptr<proto::InMessage> manifest_;
+};
+
+}  // namespace pw::workers

@@ -1,0 +1,53 @@
+#include "services/workers/expert_store.h"
+
+namespace pw::workers {
+
+ExpertStoreLayout ExpertStoreLayout::For(const ModelConfig& c) {
+  ExpertStoreLayout s;
+  s.num_layers_ = c.num_layers;
+  s.num_experts_ = c.num_experts;
+  s.index_.assign(static_cast<size_t>(c.num_layers * c.num_experts * 2), -1);
+  const int64_t h = c.hidden_size, f = c.moe_intermediate_size;
+  uint64_t off = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.IsMoeLayer(l)) continue;
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      for (int kind = 0; kind < 2; ++kind) {
+        ExpertRegion r;
+        r.layer = static_cast<int>(l);
+        r.expert = static_cast<int>(e);
+        r.kind = kind;
+        r.rows = kind == 0 ? 2 * f : h;
+        r.cols = kind == 0 ? h : f;
+        r.bytes = static_cast<uint64_t>(r.rows * r.cols) * 2;
+        r.offset = off;
+        off += (r.bytes + 63) / 64 * 64;
+        s.index_[static_cast<size_t>((l * c.num_experts + e) * 2 + kind)] =
+            static_cast<int64_t>(s.regions.size());
+        s.regions.push_back(r);
+      }
+    }
+  }
+  s.total_bytes = off;
+  return s;
+}
+
+int64_t ExpertStoreLayout::Find(int layer, int expert, int kind) const {
+  if (layer < 0 || layer >= num_layers_ || expert < 0 || expert >= num_experts_ || kind < 0 ||
+      kind > 1) {
+    return -1;
+  }
+  return index_[static_cast<size_t>((layer * num_experts_ + expert) * 2 + kind)];
+}
+
+uint64_t Fnv1a64(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace pw::workers

@@ -1,0 +1,48 @@
+// The expert weight store layout shared by the broker (which serves it) and the decode
+// workers (which load it over UCX): one region per expert linear block, bf16, row-major.
+//
+//   gateUp block of (layer l, expert e): [2 * I, H] bf16 = gate_proj rows [0, I) then up_proj
+//                                        rows [I, 2I) (the engine's ExpertProj::kGateUp)
+//   down block:                          [H, I] bf16 (down_proj)
+//   regions in order l (MoE layers only), e, gateUp then down; each 64-byte aligned.
+//
+// ExpertStoreLayout is computed from the model config alone, so a worker never sizes memory
+// from a peer's numbers: it checks the broker's manifest against its own layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/model_config.h"
+#include "common/status.h"
+
+namespace pw::workers {
+
+struct ExpertRegion {
+  int layer = 0;
+  int expert = 0;
+  int kind = 0;        // 0 = gateUp, 1 = down (wire::WeightKind order)
+  uint64_t offset = 0; // bytes from the store's start
+  uint64_t bytes = 0;
+  int64_t rows = 0, cols = 0;
+};
+
+struct ExpertStoreLayout {
+  std::vector<ExpertRegion> regions;
+  uint64_t total_bytes = 0;
+  // Index of (layer, expert, kind) in regions, or -1.
+  int64_t Find(int layer, int expert, int kind) const;
+  // Builds the layout of `config`'s MoE layers.
+  static ExpertStoreLayout For(const ModelConfig& config);
+
+ private:
+  std::vector<int64_t> index_;  // [num_layers * num_experts * 2] -> region or -1
+  int64_t num_layers_ = 0, num_experts_ = 0;
+};
+
+// FNV-1a 64-bit hash of bytes (region checksums).
+uint64_t Fnv1a64(const void* data, size_t bytes);
+
+}  // namespace pw::workers

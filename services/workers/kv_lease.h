@@ -1,0 +1,94 @@
+// KvLeaseTable: KV blocks a decode worker reserved for a request that prefill is still filling.
+//
+// A lease holds block ids from the decode worker's pool between KvReserve and StartDecode. It
+// ends in exactly one of three ways: taken by StartDecode (blocks go to the engine), cancelled
+// (blocks freed), or expired at `expires_ms` (blocks freed), so an abandoned request never
+// strands blocks (DESIGN.md section 2, lessons). The table only tracks ids; the owner frees.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "services/transport/clock.h"
+
+namespace pw::workers {
+
+struct KvLease {
+  uint64_t lease_id = 0;
+  uint64_t request_id = 0;
+  std::vector<int32_t> blocks;  // in sequence order
+  uint64_t expires_ms = 0;      // clock time at which the blocks return to the pool
+};
+
+class KvLeaseTable {
+ public:
+  explicit KvLeaseTable(const transport::Clock* clock) : clock_(clock) {}
+
+  // Records a lease of `blocks` for `request_id` lasting `lease_ms`; returns its id (never 0).
+  uint64_t Add(uint64_t request_id, std::vector<int32_t> blocks, uint64_t lease_ms) {
+    KvLease l;
+    l.lease_id = next_id_++;
+    l.request_id = request_id;
+    l.blocks = std::move(blocks);
+    l.expires_ms = clock_->NowMs() + lease_ms;
+    reserved_blocks_ += l.blocks.size();
+    const uint64_t id = l.lease_id;
+    leases_.emplace(id, std::move(l));
+    return id;
+  }
+  // Removes and returns lease `lease_id` if it exists and belongs to `request_id`.
+  std::optional<KvLease> Take(uint64_t lease_id, uint64_t request_id) {
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end() || it->second.request_id != request_id) return std::nullopt;
+    return Erase(it);
+  }
+  // Removes and returns every lease of `request_id`.
+  std::vector<KvLease> TakeByRequest(uint64_t request_id) {
+    std::vector<KvLease> out;
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.request_id == request_id) {
+        out.push_back(Erase(it++));
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+  // Removes and returns the leases whose time is up.
+  std::vector<KvLease> TakeExpired() {
+    std::vector<KvLease> out;
+    const uint64_t now = clock_->NowMs();
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.expires_ms <= now) {
+        out.push_back(Erase(it++));
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+  std::vector<KvLease> TakeAll() {
+    std::vector<KvLease> out;
+    while (!leases_.empty()) out.push_back(Erase(leases_.begin()));
+    return out;
+  }
+  size_t size() const { return leases_.size(); }
+  // Sum of blocks over live leases.
+  size_t reserved_blocks() const { return reserved_blocks_; }
+
+ private:
+  KvLease Erase(std::map<uint64_t, KvLease>::iterator it) {
+    KvLease l = std::move(it->second);
+    leases_.erase(it);
+    reserved_blocks_ -= l.blocks.size();
+    return l;
+  }
+  const transport::Clock* clock_;
+  uint64_t next_id_ = 1;
+  size_t reserved_blocks_ = 0;
+  std::map<uint64_t, KvLease> leases_;
+};
+
+}  // namespace pw::workers

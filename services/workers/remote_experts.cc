@@ -1,0 +1,108 @@
+#include "services/workers/remote_experts.h"
+
+#include <string>
+
+#include "services/engine/ops.h"
+
+namespace pw::workers {
+
+namespace {
+std::string BlockName(int layer, int expert, int kind) {
+  return "layer " + std::to_string(layer) + " expert " + std::to_string(expert) +
+         (kind == 0 ? " gate_up" : " down");
+}
+}  // namespace
+
+Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
+    transport::ucx::Worker& worker, wire::WeightManifest::Reader manifest,
+    const ModelConfig& config) {
+  std::unique_ptr<RemoteExpertProvider> p(new RemoteExpertProvider());
+  p->layout_ = ExpertStoreLayout::For(config);
+  const ExpertStoreLayout& layout = p->layout_;
+  if (!manifest.getOk()) {
+    return Unavailable("broker refused the weight manifest: " +
+                       proto::ToString(manifest.getError()));
+  }
+  auto mem = manifest.getMemory();
+  auto regions = manifest.getRegions();
+  if (regions.size() != layout.regions.size()) {
+    return Corrupt("weight manifest lists " + std::to_string(regions.size()) +
+                   " expert blocks, the model has " + std::to_string(layout.regions.size()));
+  }
+  struct Fetch {
+    size_t local;
+    uint64_t remote_offset;
+    uint64_t checksum;
+  };
+  std::vector<Fetch> fetches;
+  std::vector<uint8_t> seen(layout.regions.size(), 0);
+  for (auto r : regions) {
+    const int layer = static_cast<int>(r.getLayer()), expert = static_cast<int>(r.getExpert());
+    const int kind = r.getKind() == wire::WeightKind::GATE_UP ? 0 : 1;
+    if (r.getLayer() > (1u << 20) || r.getExpert() > (1u << 20)) {
+      return Corrupt("weight manifest: block index out of range");
+    }
+    const int64_t idx = layout.Find(layer, expert, kind);
+    const std::string name = BlockName(layer, expert, kind);
+    if (idx < 0) return Corrupt("weight manifest: " + name + " is not an expert block here");
+    if (seen[static_cast<size_t>(idx)]) return Corrupt("weight manifest: " + name + " twice");
+    seen[static_cast<size_t>(idx)] = 1;
+    const ExpertRegion& local = layout.regions[static_cast<size_t>(idx)];
+    if (r.getBits() != 16) {
+      return Unsupported("weight manifest: " + name + " has " + std::to_string(r.getBits()) +
+                         " bits; this worker runs bf16 (16) blocks");
+    }
+    if (r.getBytes() != local.bytes) {
+      return Corrupt("weight manifest: " + name + " is " + std::to_string(r.getBytes()) +
+                     " bytes, expected " + std::to_string(local.bytes));
+    }
+    if (r.getOffset() > mem.getBytes() || r.getBytes() > mem.getBytes() - r.getOffset()) {
+      return Corrupt("weight manifest: " + name + " lies outside the broker's region");
+    }
+    fetches.push_back({static_cast<size_t>(idx), r.getOffset(), r.getChecksum()});
+  }
+  auto ep = transport::ucx::Endpoint::Connect(worker, proto::ToBytes(mem.getWorkerAddress()));
+  if (!ep.ok()) return ep.status().WithContext("connecting to the broker's UCX worker");
+  auto remote = (*ep)->OpenRegion(proto::ToBytes(mem.getRkey()), mem.getBaseAddr(), mem.getBytes());
+  if (!remote.ok()) return remote.status().WithContext("broker expert store");
+  p->data_.reset(new uint16_t[layout.total_bytes / 2 + 32]);
+  auto* base = reinterpret_cast<uint8_t*>(p->data_.get());
+  for (const Fetch& f : fetches) {
+    const ExpertRegion& local = layout.regions[f.local];
+    const std::string name = BlockName(local.layer, local.expert, local.kind);
+    PW_RETURN_IF_ERROR((*remote)->Get(f.remote_offset, base + local.offset, local.bytes)
+                           .WithContext("getting " + name + " from the broker"));
+    if (Fnv1a64(base + local.offset, local.bytes) != f.checksum) {
+      return Corrupt("expert " + name + " from the broker fails its checksum");
+    }
+  }
+  return p;
+}
+
+Status RemoteExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, const float* x,
+                                   size_t ldx, size_t num_tokens, float* y, size_t ldy,
+                                   cpu::ThreadPool* pool) {
+  const int kind = proj == engine::ExpertProj::kGateUp ? 0 : 1;
+  const int64_t idx = layout_.Find(layer, expert, kind);
+  if (idx < 0) {
+    return InvalidArgument("broker experts: no " + BlockName(layer, expert, kind));
+  }
+  const ExpertRegion& r = layout_.regions[static_cast<size_t>(idx)];
+  const auto* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(data_.get()) +
+                                                    r.offset);
+  const cpu::DenseKernels& k = cpu::Kernels();
+  if (kind == 0) {
+    // Two products (gate rows, then up rows) exactly as the checkpoint provider computes them.
+    const int64_t f = r.rows / 2;
+    engine::Linear(pool, k, x, ldx, num_tokens, w, static_cast<size_t>(f),
+                   static_cast<size_t>(r.cols), y, ldy);
+    engine::Linear(pool, k, x, ldx, num_tokens, w + f * r.cols, static_cast<size_t>(f),
+                   static_cast<size_t>(r.cols), y + f, ldy);
+  } else {
+    engine::Linear(pool, k, x, ldx, num_tokens, w, static_cast<size_t>(r.rows),
+                   static_cast<size_t>(r.cols), y, ldy);
+  }
+  return Status::Ok();
+}
+
+}  // namespace pw::workers

@@ -1,0 +1,35 @@
+#include "services/workers/worker_common.h"
+
+#include <unistd.h>
+
+#include "services/workers/expert_store.h"
+
+namespace pw::workers {
+
+uint64_t KvLayoutHash(const engine::KvLayout& l, int64_t hidden_size, int64_t vocab_size,
+                      const std::string& model_type) {
+  std::string key = "kv-fp32|" + model_type + "|" + std::to_string(l.num_layers) + "|" +
+                    std::to_string(l.num_kv_heads) + "|" + std::to_string(l.head_dim) + "|" +
+                    std::to_string(l.block_size) + "|" + std::to_string(hidden_size) + "|" +
+                    std::to_string(vocab_size);
+  return Fnv1a64(key.data(), key.size());
+}
+
+engine::SamplingParams FromWire(wire::SamplingParams::Reader s) {
+  engine::SamplingParams p;
+  p.temperature = s.getTemperature();
+  p.top_p = s.getTopP();
+  p.top_k = static_cast<int>(std::min<uint32_t>(s.getTopK(), 1u << 30));
+  p.seed = s.getSeed();
+  p.max_tokens = static_cast<int>(std::min<uint32_t>(s.getMaxTokens(), 1u << 30));
+  for (uint32_t t : s.getStopTokenIds()) p.stop_token_ids.push_back(static_cast<int32_t>(t));
+  p.ignore_eos = s.getIgnoreEos();
+  return p;
+}
+
+std::string DefaultWorkerId(const std::string& id, const char* role) {
+  if (!id.empty()) return id;
+  return std::string(role) + "-" + std::to_string(getpid());
+}
+
+}  // namespace pw::workers

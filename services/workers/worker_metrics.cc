@@ -1,0 +1,61 @@
+#include "services/workers/worker_metrics.h"
+
+#include <exception>
+
+namespace pw::workers {
+
+Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& bind,
+                                                             const std::string& worker_id) {
+  auto m = std::make_unique<WorkerMetrics>();
+  m->registry = std::make_shared<prometheus::Registry>();
+  auto& r = *m->registry;
+  const std::map<std::string, std::string> id{{"worker", worker_id}};
+  auto& kv = prometheus::BuildGauge().Name("pagedweight_kv_blocks")
+                 .Help("KV blocks of this worker's pool by state").Register(r);
+  m->kv_blocks_free = &kv.Add({{"worker", worker_id}, {"state", "free"}});
+  m->kv_blocks_used = &kv.Add({{"worker", worker_id}, {"state", "used"}});
+  m->kv_blocks_reserved = &kv.Add({{"worker", worker_id}, {"state", "reserved"}});
+  m->requests_running = &prometheus::BuildGauge().Name("pagedweight_requests_running")
+                             .Help("Requests in the running batch").Register(r).Add(id);
+  m->requests_waiting = &prometheus::BuildGauge().Name("pagedweight_requests_waiting")
+                             .Help("Requests queued (prefill) or leased (decode)")
+                             .Register(r).Add(id);
+  m->tokens_generated = &prometheus::BuildCounter().Name("pagedweight_tokens_generated_total")
+                             .Help("Output tokens generated").Register(r).Add(id);
+  m->prompt_tokens = &prometheus::BuildCounter().Name("pagedweight_prompt_tokens_total")
+                          .Help("Prompt tokens prefilled").Register(r).Add(id);
+  auto& ucx = prometheus::BuildCounter().Name("pagedweight_ucx_bytes_total")
+                  .Help("Bytes moved over UCX by this process").Register(r);
+  m->ucx_put_bytes = &ucx.Add({{"worker", worker_id}, {"op", "put"}});
+  m->ucx_get_bytes = &ucx.Add({{"worker", worker_id}, {"op", "get"}});
+  m->preemptions = &prometheus::BuildCounter().Name("pagedweight_preemptions_total")
+                        .Help("Sequences preempted for lack of KV blocks").Register(r).Add(id);
+  m->leases_expired = &prometheus::BuildCounter().Name("pagedweight_kv_leases_expired_total")
+                           .Help("KV reservations freed by their lease timeout")
+                           .Register(r).Add(id);
+  auto& fin = prometheus::BuildCounter().Name("pagedweight_worker_requests_total")
+                  .Help("Requests that ended on this worker, by status").Register(r);
+  m->requests_finished_ok = &fin.Add({{"worker", worker_id}, {"status", "ok"}});
+  m->requests_finished_error = &fin.Add({{"worker", worker_id}, {"status", "error"}});
+  m->requests_cancelled = &fin.Add({{"worker", worker_id}, {"status", "cancelled"}});
+  m->frames_dropped = &prometheus::BuildGauge().Name("pagedweight_control_frames_dropped")
+                           .Help("Control frames refused (malformed, wrong version, unregistered)")
+                           .Register(r).Add(id);
+  if (!bind.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(bind);
+      m->exposer_->RegisterCollectable(m->registry);
+    } catch (const std::exception& e) {
+      return Unavailable("cannot serve /metrics on '" + bind + "': " + e.what());
+    }
+  }
+  return m;
+}
+
+uint16_t WorkerMetrics::port() const {
+  if (!exposer_) return 0;
+  auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : static_cast<uint16_t>(ports[0]);
+}
+
+}  // namespace pw::workers

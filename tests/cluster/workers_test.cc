@@ -1,0 +1,376 @@
+// Real pw-broker, pw-prefill and pw-decode processes on loopback, driven by this test acting
+// as the router over the control protocol (docs/architecture.md). Checks that greedy tokens
+// through prefill -> UCX KV put -> decode equal the in-process engine's, that decode experts
+// come from the broker, that leases expire, that cancel frees, that preemption under a small
+// KV pool loses nothing, and that bad requests are refused without harm.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <map>
+#include <random>
+
+#include "services/engine/engine.h"
+#include "services/transport/control.h"
+#include "services/transport/zmq_transport.h"
+#include "tests/cluster/process_util.h"
+
+namespace pw {
+namespace {
+
+using transport::ControlServer;
+
+std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
+std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe"; }
+
+int FreePort() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+struct Req {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  int max_tokens = 0;
+  std::vector<int32_t> out;
+  uint64_t lease = 0;
+  std::vector<uint32_t> blocks;
+  bool finished = false;
+  wire::FinishReason reason = wire::FinishReason::STOP;
+  std::string error;
+  bool cancel_after_first_chunk = false;
+};
+
+// The test's router: places every request on the one prefill and one decode worker.
+class MiniRouter {
+ public:
+  MiniRouter() {
+    auto t = transport::ZmqRouterTransport::Bind("tcp://127.0.0.1:0");
+    EXPECT_TRUE(t.ok());
+    endpoint_ = (*t)->endpoint();
+    ControlServer::Options o;
+    o.id = "router";
+    o.heartbeat_ms = 200;
+    server_ = std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  ControlServer& server() { return *server_; }
+
+  bool WaitForPeers(const std::vector<std::string>& ids, int timeout_ms) {
+    for (int waited = 0; waited < timeout_ms; waited += 20) {
+      bool all = true;
+      for (const auto& id : ids) all = all && server_->FindPeer(id) != nullptr;
+      if (all) return true;
+      server_->Poll(20, nullptr);
+    }
+    return false;
+  }
+
+  void Submit(Req* r) {
+    reqs_[r->id] = r;
+    proto::OutMessage m;
+    auto k = m.body().initKvReserve();
+    k.setRequestId(r->id);
+    k.setNumTokens(static_cast<uint32_t>(r->prompt.size()));
+    k.setLeaseMs(lease_ms);
+    ASSERT_TRUE(server_->Send("decode-0", m).ok());
+  }
+
+  // Polls until every submitted request finished or timeout.
+  bool Run(int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      server_->Poll(10, [this](const std::string& peer, const proto::InMessage& m) {
+        return Handle(peer, m);
+      });
+      bool all = true;
+      for (auto& [id, r] : reqs_) all = all && r->finished;
+      if (all) return true;
+    }
+    return false;
+  }
+
+  uint32_t lease_ms = 30000;
+  std::vector<std::string> events;
+
+ private:
+  void SendSampling(wire::SamplingParams::Builder s, const Req& r) {
+    s.setTemperature(0);
+    s.setMaxTokens(static_cast<uint32_t>(r.max_tokens));
+    s.setIgnoreEos(true);
+  }
+  Status Handle(const std::string& peer, const proto::InMessage& m) {
+    switch (m.which()) {
+      case proto::Body::KV_RESERVE_REPLY: {
+        auto rep = m.body().getKvReserveReply();
+        Req* r = reqs_.at(rep.getRequestId());
+        if (!rep.getOk()) {
+          r->finished = true;
+          r->error = "reserve: " + proto::ToString(rep.getError());
+          return Status::Ok();
+        }
+        r->lease = rep.getLeaseId();
+        r->blocks = proto::ToVector<uint32_t>(rep.getBlockIds());
+        const transport::PeerInfo* d = server_->FindPeer("decode-0");
+        auto reg = d->registration->body().getRegister();
+        proto::OutMessage out;
+        auto pr = out.body().initPrefillRequest();
+        pr.setRequestId(r->id);
+        auto toks = pr.initTokens(static_cast<unsigned>(r->prompt.size()));
+        for (size_t i = 0; i < r->prompt.size(); ++i) toks.set(i, static_cast<uint32_t>(r->prompt[i]));
+        SendSampling(pr.initSampling(), *r);
+        pr.setDecodeWorkerId("decode-0");
+        pr.setDecodeMemory(reg.getKvMemory());
+        pr.setDecodeLayout(reg.getKvLayout());
+        auto bl = pr.initBlockIds(static_cast<unsigned>(r->blocks.size()));
+        for (size_t i = 0; i < r->blocks.size(); ++i) bl.set(i, r->blocks[i]);
+        pr.setLeaseId(r->lease);
+        if (corrupt_blocks_for == r->id) bl.set(0, 1u << 30);
+        return server_->Send("prefill-0", out);
+      }
+      case proto::Body::KV_READY: {
+        auto kr = m.body().getKvReady();
+        Req* r = reqs_.at(kr.getRequestId());
+        if (!kr.getOk()) {
+          r->finished = true;
+          r->error = "prefill: " + proto::ToString(kr.getError());
+          return Status::Ok();
+        }
+        r->out.push_back(static_cast<int32_t>(kr.getFirstToken()));
+        proto::OutMessage out;
+        auto sd = out.body().initStartDecode();
+        sd.setRequestId(r->id);
+        sd.setLeaseId(r->lease);
+        auto toks = sd.initTokens(static_cast<unsigned>(r->prompt.size()));
+        for (size_t i = 0; i < r->prompt.size(); ++i) toks.set(i, static_cast<uint32_t>(r->prompt[i]));
+        sd.setFirstToken(kr.getFirstToken());
+        SendSampling(sd.initSampling(), *r);
+        sd.setGeneratedSoFar(1);
+        if (delay_start_decode_for == r->id) return Status::Ok();  // abandoned: lease must expire
+        return server_->Send("decode-0", out);
+      }
+      case proto::Body::TOKEN_CHUNK: {
+        auto tc = m.body().getTokenChunk();
+        Req* r = reqs_.at(tc.getRequestId());
+        if (tc.getStartIndex() != r->out.size()) {
+          r->error = "gap or repeat at " + std::to_string(tc.getStartIndex());
+        }
+        for (uint32_t t : tc.getTokens()) r->out.push_back(static_cast<int32_t>(t));
+        if (r->cancel_after_first_chunk) {
+          r->cancel_after_first_chunk = false;
+          proto::OutMessage c;
+          c.body().initCancel().setRequestId(r->id);
+          return server_->Send(peer, c);
+        }
+        return Status::Ok();
+      }
+      case proto::Body::FINISH: {
+        auto f = m.body().getFinish();
+        Req* r = reqs_.at(f.getRequestId());
+        r->finished = true;
+        r->reason = f.getReason();
+        if (f.getReason() == wire::FinishReason::ERROR) r->error = proto::ToString(f.getError());
+        return Status::Ok();
+      }
+      default:
+        return Status::Ok();
+    }
+  }
+
+ public:
+  uint64_t corrupt_blocks_for = 0;
+  uint64_t delay_start_decode_for = 0;
+
+ private:
+  std::string endpoint_;
+  std::unique_ptr<ControlServer> server_;
+  std::map<uint64_t, Req*> reqs_;
+};
+
+struct Cluster {
+  MiniRouter router;
+  testing::ChildProcess broker, prefill, decode;
+  std::string broker_endpoint;
+
+  bool Start(int decode_kv_blocks = 256, bool use_broker = true) {
+    const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+    mkdir(log_dir.c_str(), 0755);
+    const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    if (use_broker) {
+      broker_endpoint = "tcp://127.0.0.1:" + std::to_string(FreePort());
+      if (!broker.Start({Bin("pw-broker"), "--model", ModelDir(), "--bind", broker_endpoint,
+                         "--heartbeat-ms", "200"},
+                        log_dir + "/" + tag + ".broker.log")) {
+        return false;
+      }
+    }
+    std::vector<std::string> d = {Bin("pw-decode"), "--model", ModelDir(), "--router",
+                                  router.endpoint(), "--id", "decode-0", "--kv-blocks",
+                                  std::to_string(decode_kv_blocks), "--heartbeat-ms", "200"};
+    if (use_broker) {
+      d.push_back("--broker");
+      d.push_back(broker_endpoint);
+    }
+    if (!decode.Start(d, log_dir + "/" + tag + ".decode.log")) return false;
+    if (!prefill.Start({Bin("pw-prefill"), "--model", ModelDir(), "--router", router.endpoint(),
+                        "--id", "prefill-0", "--heartbeat-ms", "200"},
+                       log_dir + "/" + tag + ".prefill.log")) {
+      return false;
+    }
+    return router.WaitForPeers({"decode-0", "prefill-0"}, 120000);
+  }
+  std::string Logs() { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log() + "\nbroker:\n" + broker.Log(); }
+};
+
+// Greedy reference from the in-process engine.
+std::vector<std::vector<int32_t>> Reference(const std::vector<std::vector<int32_t>>& prompts,
+                                            int max_tokens) {
+  engine::EngineOptions eo;
+  eo.num_kv_blocks = 1024;
+  auto e = engine::Engine::Create(ModelDir(), eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  engine::SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE((*e)->AddSequence(i + 1, prompts[i], p).ok());
+  while ((*e)->HasWork()) {
+    auto step = (*e)->Step();
+    EXPECT_TRUE(step.ok()) << step.status().ToString();
+    if (!step.ok()) break;
+    for (auto& u : step->updates) {
+      for (int32_t t : u.new_tokens) out[u.id - 1].push_back(t);
+    }
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> RandomPrompts(int n, uint32_t seed, int min_len, int max_len) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts(n);
+  for (auto& p : prompts) {
+    int len = min_len + static_cast<int>(rng() % static_cast<uint32_t>(max_len - min_len + 1));
+    for (int i = 0; i < len; ++i) p.push_back(1 + static_cast<int32_t>(rng() % 4000));
+  }
+  return prompts;
+}
+
+TEST(Workers, GreedyTokensEqualInProcessEngine) {
+  Cluster c;
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  const int kMax = 12;
+  auto prompts = RandomPrompts(16, 4242, 1, 70);
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 100 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed 4242)";
+  }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
+  // Every block is free again: the decode worker's heartbeat says so.
+  for (int i = 0; i < 50; ++i) c.router.server().Poll(20, nullptr);
+  const auto* d = c.router.server().FindPeer("decode-0");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->load.used_kv_blocks, 0u);
+  EXPECT_EQ(d->load.reserved_kv_blocks, 0u);
+  // SIGTERM drains and exits cleanly.
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
+TEST(Workers, PreemptionUnderSmallKvPoolLosesNothing) {
+  Cluster c;
+  // 16 blocks of 16 tokens: 4 prompts of 20..28 tokens reserve 8 blocks; growing to 170+ tokens
+  // each they need 44, so the decode worker must preempt and recompute.
+  ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/16, /*use_broker=*/false)) << c.Logs();
+  const int kMax = 150;
+  auto prompts = RandomPrompts(4, 77, 20, 28);
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 200 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  int completed = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (reqs[i].error.rfind("reserve:", 0) == 0) continue;  // refused for lack of KV: fine
+    ++completed;
+    EXPECT_TRUE(reqs[i].error.empty()) << reqs[i].error;
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i;
+  }
+  EXPECT_EQ(completed, 4);
+  EXPECT_NE(c.decode.Log().find("preempted"), std::string::npos) << c.Logs();
+}
+
+TEST(Workers, LeaseExpiresCancelFreesAndBadRequestsAreRefused) {
+  Cluster c;
+  ASSERT_TRUE(c.Start(64, /*use_broker=*/false)) << c.Logs();
+  c.router.lease_ms = 500;
+  std::vector<Req> reqs(3);
+  auto prompts = RandomPrompts(3, 5, 30, 40);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].id = 300 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = 200;
+  }
+  c.router.delay_start_decode_for = 300;  // abandoned after prefill: the lease must expire
+  c.router.corrupt_blocks_for = 301;      // block id out of range: prefill refuses
+  reqs[2].cancel_after_first_chunk = true;
+  for (auto& r : reqs) c.router.Submit(&r);
+  // 300 never finishes by itself; run until the others did.
+  c.router.Run(5000);
+  EXPECT_FALSE(reqs[0].finished);
+  EXPECT_TRUE(reqs[1].finished);
+  EXPECT_NE(reqs[1].error.find("invalid"), std::string::npos) << reqs[1].error;
+  EXPECT_TRUE(reqs[2].finished);
+  EXPECT_EQ(reqs[2].reason, wire::FinishReason::CANCELLED);
+  EXPECT_LT(reqs[2].out.size(), 200u);
+  // After the lease time every block is back (301's lease too, abandoned by the router).
+  bool all_free = false;
+  for (int i = 0; i < 300 && !all_free; ++i) {
+    c.router.server().Poll(20, nullptr);
+    const auto* d = c.router.server().FindPeer("decode-0");
+    all_free = d && d->load.free_kv_blocks == 64 && d->load.reserved_kv_blocks == 0;
+  }
+  EXPECT_TRUE(all_free) << c.Logs();
+  EXPECT_NE(c.decode.Log().find("expired"), std::string::npos);
+  // Late StartDecode for the expired lease is refused with an error, not a crash.
+  // And the workers still serve.
+  Req ok;
+  ok.id = 399;
+  ok.prompt = prompts[0];
+  ok.max_tokens = 5;
+  c.router.delay_start_decode_for = 0;
+  c.router.Submit(&ok);
+  reqs[0].finished = true;  // stop waiting for the abandoned one
+  ASSERT_TRUE(c.router.Run(60000)) << c.Logs();
+  EXPECT_TRUE(ok.error.empty()) << ok.error;
+  EXPECT_EQ(ok.out.size(), 5u);
+  EXPECT_TRUE(c.decode.running() && c.prefill.running());
+}
+
+}  // namespace
+}  // namespace pw
