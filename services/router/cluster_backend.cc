@@ -84,13 +84,19 @@ Result<std::unique_ptr<ClusterBackend>> ClusterBackend::Create(ClusterBackendOpt
     if (role != wire::Role::PREFILL && role != wire::Role::DECODE && role != wire::Role::CLIENT) {
       return InvalidArgument("the router takes prefill and decode workers only");
     }
+    if (const transport::PeerInfo* known = self->server_->FindPeer(peer);
+        known != nullptr && known->pid == reg.getPid()) {
+      // The same process registering again lost this router for a while and dropped its
+      // requests (a new process is reported through on_peer_dead).
+      self->OnPeerLost(peer, "worker '" + peer + "' registered again");
+    }
     PW_LOG(INFO) << "router: worker '" << peer << "' registered as "
                  << (role == wire::Role::PREFILL ? "prefill" : role == wire::Role::DECODE ? "decode"
                                                                                           : "client");
     return Status::Ok();
   };
   b->server_->on_peer_dead = [self](const std::string& peer, const transport::PeerInfo&) {
-    self->OnPeerDead(peer);
+    self->OnPeerLost(peer, "worker '" + peer + "' died");
   };
   auto waker = transport::ZmqDealerTransport::Connect(endpoint, kWakePeer);
   if (!waker.ok()) return waker.status();
@@ -157,6 +163,7 @@ void ClusterBackend::Run() {
   };
   while (!stop_.load()) {
     DrainCommands();
+    CheckPhaseTimeouts();
     DispatchPending();
     PublishLoad();
     // Pending requests waiting for a backoff or capacity: look again soon.
@@ -206,8 +213,16 @@ const ClusterBackend::WorkerStatic* ClusterBackend::StaticOf(const transport::Pe
     ws.pid = reg.getPid();
     ws.role = reg.getRole();
     ws.max_batch = reg.getMaxBatch();
-    ws.layout_hash = reg.getKvLayout().getLayoutHash();
-    ws.block_tokens = reg.getKvLayout().getBlockTokens();
+    auto layout = reg.getKvLayout();
+    ws.layout_hash = layout.getLayoutHash();
+    ws.block_tokens = layout.getBlockTokens();
+    ws.num_blocks = layout.getNumBlocks();
+    ws.block_bytes = layout.getBlockBytes();
+    auto mem = reg.getKvMemory();
+    ws.worker_address = proto::ToBytes(mem.getWorkerAddress());
+    ws.rkey = proto::ToBytes(mem.getRkey());
+    ws.base_addr = mem.getBaseAddr();
+    ws.region_bytes = mem.getBytes();
     return Status::Ok();
   });
   if (!st.ok()) {
@@ -215,7 +230,6 @@ const ClusterBackend::WorkerStatic* ClusterBackend::StaticOf(const transport::Pe
     return nullptr;
   }
   if (ws.max_batch == 0) ws.max_batch = options_.default_max_batch;
-  if (ws.block_tokens == 0) ws.block_tokens = 16;
   return &(statics_[info.id] = ws);
 }
 
@@ -239,30 +253,37 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
     if (o.phase == Phase::kReserving) reserving_blocks[o.decode_peer] += toks / 16 + 1;
     if (o.phase == Phase::kPrefilling) prefilling_tokens[o.prefill_peer] += toks;
   }
+  // Workers this request already failed on rank after all others.
+  auto failed_before = [&](const std::string& peer) {
+    return std::find(r.failed_on.begin(), r.failed_on.end(), peer) != r.failed_on.end();
+  };
   const transport::PeerInfo* best_d = nullptr;
   const WorkerStatic* best_ds = nullptr;
-  int64_t best_free = std::numeric_limits<int64_t>::min();
+  std::pair<bool, int64_t> best_d_key{false, std::numeric_limits<int64_t>::min()};
   for (const auto& [peer, info] : server_->peers()) {
     if (info.role != wire::Role::DECODE || info.load.draining) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || assigned[peer] >= ws->max_batch) continue;
-    int64_t free_blocks = int64_t(info.load.free_kv_blocks) - reserving_blocks[peer];
-    if (free_blocks > best_free) {
-      best_free = free_blocks;
+    std::pair<bool, int64_t> key{!failed_before(peer),
+                                 int64_t(info.load.free_kv_blocks) - reserving_blocks[peer]};
+    if (best_d == nullptr || key > best_d_key) {
+      best_d_key = key;
       best_d = &info;
       best_ds = ws;
     }
   }
   if (best_d == nullptr) return false;
   const transport::PeerInfo* best_p = nullptr;
-  int64_t best_queue = std::numeric_limits<int64_t>::max();
+  std::pair<bool, int64_t> best_p_key{false, std::numeric_limits<int64_t>::max()};
   for (const auto& [peer, info] : server_->peers()) {
     if (info.role != wire::Role::PREFILL || info.load.draining) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || ws->layout_hash != best_ds->layout_hash) continue;
-    int64_t queue = int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer];
-    if (queue < best_queue) {
-      best_queue = queue;
+    // Prefer workers not failed on, then the shortest queue.
+    std::pair<bool, int64_t> key{failed_before(peer),
+                                 int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer]};
+    if (best_p == nullptr || key < best_p_key) {
+      best_p_key = key;
       best_p = &info;
     }
   }
@@ -280,6 +301,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
     return true;  // try the others; this one retries after the backoff
   }
   r.phase = Phase::kReserving;
+  r.phase_deadline_ms = NowMs() + options_.phase_timeout_ms;
   r.decode_peer = best_d->id;
   r.prefill_peer = best_p->id;
   r.lease_id = 0;
@@ -336,32 +358,38 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   r.block_ids = proto::ToVector<uint32_t>(m.getBlockIds());
   const transport::PeerInfo* d = server_->FindPeer(peer);
   const transport::PeerInfo* p = server_->FindPeer(r.prefill_peer);
-  if (d == nullptr || p == nullptr || !d->registration) {
+  const WorkerStatic* ds = d ? StaticOf(*d) : nullptr;
+  if (ds == nullptr || p == nullptr) {
     Retry(id, r, "a worker left during placement");
     return;
   }
   proto::OutMessage out;
-  Status st = proto::GuardWire("registration of '" + peer + "'", [&]() -> Status {
-    auto reg = d->registration->body().getRegister();
-    auto pr = out.body().initPrefillRequest();
-    pr.setRequestId(id);
-    auto tokens = AllTokens(r.request, r.generated);
-    proto::FillU32([&](unsigned n) { return pr.initTokens(n); }, tokens);
-    FillSampling(pr.initSampling(), r.request.sampling);
-    pr.setDecodeWorkerId(peer);
-    pr.setDecodeMemory(reg.getKvMemory());
-    pr.setDecodeLayout(reg.getKvLayout());
-    proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, r.block_ids);
-    pr.setLeaseId(r.lease_id);
-    pr.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
-    return Status::Ok();
-  });
-  if (st.ok()) st = server_->Send(r.prefill_peer, out);
+  auto pr = out.body().initPrefillRequest();
+  pr.setRequestId(id);
+  auto tokens = AllTokens(r.request, r.generated);
+  proto::FillU32([&](unsigned n) { return pr.initTokens(n); }, tokens);
+  FillSampling(pr.initSampling(), r.request.sampling);
+  pr.setDecodeWorkerId(peer);
+  auto mem = pr.initDecodeMemory();
+  mem.setWorkerAddress(proto::AsData(ds->worker_address));
+  mem.setRkey(proto::AsData(ds->rkey));
+  mem.setBaseAddr(ds->base_addr);
+  mem.setBytes(ds->region_bytes);
+  auto layout = pr.initDecodeLayout();
+  layout.setNumBlocks(ds->num_blocks);
+  layout.setBlockTokens(ds->block_tokens);
+  layout.setBlockBytes(ds->block_bytes);
+  layout.setLayoutHash(ds->layout_hash);
+  proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, r.block_ids);
+  pr.setLeaseId(r.lease_id);
+  pr.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
+  Status st = server_->Send(r.prefill_peer, out);
   if (!st.ok()) {
     Retry(id, r, "PrefillRequest to '" + r.prefill_peer + "': " + st.ToString());
     return;
   }
   r.phase = Phase::kPrefilling;
+  r.phase_deadline_ms = NowMs() + options_.phase_timeout_ms;
 }
 
 void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m) {
@@ -439,9 +467,10 @@ void ClusterBackend::OnFinish(const std::string& peer, wire::Finish::Reader m) {
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return;
   Req& r = it->second;
+  // While a reservation is in progress the only valid answer is KvReserveReply: a Finish then is
+  // the echo of a Cancel this router sent for an earlier placement on the same worker.
   const bool from_current = (r.phase == Phase::kDecoding && r.decode_peer == peer) ||
-                            (r.phase == Phase::kPrefilling && r.prefill_peer == peer) ||
-                            (r.phase == Phase::kReserving && r.decode_peer == peer);
+                            (r.phase == Phase::kPrefilling && r.prefill_peer == peer);
   if (!from_current) return;
   switch (m.getReason()) {
     case wire::FinishReason::STOP:
@@ -463,7 +492,28 @@ void ClusterBackend::OnFinish(const std::string& peer, wire::Finish::Reader m) {
   }
 }
 
-void ClusterBackend::OnPeerDead(const std::string& peer) {
+void ClusterBackend::CheckPhaseTimeouts() {
+  const uint64_t now = NowMs();
+  std::vector<uint64_t> late;
+  for (auto& [id, r] : reqs_) {
+    if ((r.phase == Phase::kReserving || r.phase == Phase::kPrefilling) &&
+        now >= r.phase_deadline_ms) {
+      late.push_back(id);
+    }
+  }
+  for (uint64_t id : late) {
+    Req& r = reqs_[id];
+    const bool prefilling = r.phase == Phase::kPrefilling;
+    std::string who = prefilling ? r.prefill_peer : r.decode_peer;
+    SendCancel(r.decode_peer, id, r.lease_id);
+    if (prefilling) SendCancel(r.prefill_peer, id, r.lease_id);
+    Retry(id, r,
+          std::string(prefilling ? "no KvReady" : "no KvReserveReply") + " from '" + who +
+              "' within " + std::to_string(options_.phase_timeout_ms) + " ms");
+  }
+}
+
+void ClusterBackend::OnPeerLost(const std::string& peer, const std::string& why) {
   statics_.erase(peer);
   std::vector<uint64_t> hit;
   for (auto& [id, r] : reqs_) {
@@ -474,7 +524,7 @@ void ClusterBackend::OnPeerDead(const std::string& peer) {
     }
   }
   if (!hit.empty()) {
-    PW_LOG(WARNING) << "router: worker '" << peer << "' is gone; placing its " << hit.size()
+    PW_LOG(WARNING) << "router: " << why << "; placing its " << hit.size()
                     << " requests again";
   }
   for (uint64_t id : hit) {
@@ -484,7 +534,7 @@ void ClusterBackend::OnPeerDead(const std::string& peer) {
     if (r.phase == Phase::kPrefilling && r.prefill_peer != peer) {
       SendCancel(r.prefill_peer, id, r.lease_id);
     }
-    Retry(id, r, "worker '" + peer + "' died");
+    Retry(id, r, why);
   }
 }
 
@@ -495,6 +545,12 @@ void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why) {
     Finish(id, FinishReason::kError,
            Unavailable(why + " (after " + std::to_string(r.attempts) + " placements)"));
     return;
+  }
+  // Remember where it failed, so the next placement prefers other workers.
+  for (const std::string* p : {&r.decode_peer, &r.prefill_peer}) {
+    if (!p->empty() && std::find(r.failed_on.begin(), r.failed_on.end(), *p) == r.failed_on.end()) {
+      r.failed_on.push_back(*p);
+    }
   }
   PW_LOG(INFO) << "router: request " << id << " placed again (" << why << "), "
                << r.generated.size() << " tokens already streamed";

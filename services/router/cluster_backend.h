@@ -17,7 +17,10 @@
 // process, every request it held is placed again from step 1 with tokens = prompt + the tokens
 // already delivered, and generatedSoFar = their count, so the stream continues at the next
 // output index with no gap and no repeat. A lease refused for lack of KV is retried after a
-// short backoff; other failures are retried up to `max_attempts` times, then reported.
+// short backoff; other failures are retried up to `max_attempts` times, then reported. A worker
+// that registers again with the same process (it lost the router for 3 heartbeats and dropped
+// its requests) is treated like a dead one for the requests it held, and a reservation or
+// prefill that gets no answer within phase_timeout_ms is cancelled and placed again.
 //
 // Threading: one backend thread owns the ControlServer and all request state. Submit/Cancel
 // queue commands and wake it through a DEALER connected to its own ROUTER (frames from that
@@ -46,6 +49,9 @@ struct ClusterBackendOptions {
   uint64_t heartbeat_ms = 500;
   uint32_t dead_after_beats = 3;
   uint32_t lease_ms = 30000;       // KV reservation lease sent with KvReserve
+  // A reservation or prefill with no answer for this long is cancelled and placed again (a
+  // lost message must not strand a request).
+  uint64_t phase_timeout_ms = 30000;
   int max_attempts = 3;            // placements per request after worker failures
   uint32_t default_max_batch = 64; // when a decode worker registers maxBatch 0
 };
@@ -79,6 +85,8 @@ class ClusterBackend final : public GenerationBackend {
     std::vector<int32_t> generated;  // output tokens delivered to the router, in order
     int attempts = 0;                // placements made
     uint64_t not_before_ms = 0;      // retry backoff
+    uint64_t phase_deadline_ms = 0;  // kReserving / kPrefilling: answer expected by then
+    std::vector<std::string> failed_on;  // workers this request failed on (avoided if possible)
   };
   // What a worker registered with (read once per process instance).
   struct WorkerStatic {
@@ -87,6 +95,14 @@ class ClusterBackend final : public GenerationBackend {
     uint32_t max_batch = 0;
     uint64_t layout_hash = 0;
     uint32_t block_tokens = 0;
+    // Decode workers: the KV layout and registered KV pool, copied once from the registration
+    // (reading a kept Cap'n Proto message again and again exhausts its traversal budget).
+    uint32_t num_blocks = 0;
+    uint64_t block_bytes = 0;
+    std::string worker_address;  // UcxMemory.workerAddress bytes
+    std::string rkey;            // UcxMemory.rkey bytes
+    uint64_t base_addr = 0;
+    uint64_t region_bytes = 0;
   };
   struct Command {
     enum Kind { kSubmit, kCancel } kind;
@@ -105,7 +121,10 @@ class ClusterBackend final : public GenerationBackend {
   void OnKvReady(const std::string& peer, wire::KvReady::Reader m);
   void OnTokenChunk(const std::string& peer, wire::TokenChunk::Reader m);
   void OnFinish(const std::string& peer, wire::Finish::Reader m);
-  void OnPeerDead(const std::string& peer);
+  // Re-places every request `peer` held (it died, or re-registered and so dropped them).
+  void OnPeerLost(const std::string& peer, const std::string& why);
+  // Re-places requests whose reservation or prefill got no answer in time.
+  void CheckPhaseTimeouts();
   // Puts `r` back to pending after a failure (or fails it after max_attempts).
   void Retry(uint64_t id, Req& r, const std::string& why);
   void SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id);

@@ -60,6 +60,11 @@ class ProtocolTestWorker {
       l.setNumBlocks(total_blocks_);
       l.setBlockTokens(16);
       l.setLayoutHash(42);
+      auto mem = r.initKvMemory();
+      mem.setWorkerAddress(proto::AsData("worker-address"));
+      mem.setRkey(proto::AsData("rkey"));
+      mem.setBaseAddr(0x10000);
+      mem.setBytes(uint64_t{total_blocks_} * 4096);
     };
     client_->fill_heartbeat = [this](wire::Heartbeat::Builder h) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -151,7 +156,16 @@ class ProtocolTestWorker {
         proto::OutMessage out;
         auto kr = out.body().initKvReady();
         kr.setRequestId(p.getRequestId());
-        kr.setOk(true);
+        // The request must carry the decode worker's registered KV pool and layout.
+        const bool target_ok = proto::ToBytes(p.getDecodeMemory().getRkey()) == "rkey" &&
+                               proto::ToBytes(p.getDecodeMemory().getWorkerAddress()) ==
+                                   "worker-address" &&
+                               p.getDecodeMemory().getBaseAddr() == 0x10000 &&
+                               p.getDecodeLayout().getLayoutHash() == 42 &&
+                               p.getDecodeLayout().getBlockTokens() == 16 &&
+                               p.getBlockIds().size() == BlocksFor(toks.size());
+        kr.setOk(target_ok);
+        if (!target_ok) kr.setError("PrefillRequest without the decode worker's KV target");
         kr.setFirstToken(NextToken(toks));
         kr.setNumTokens(static_cast<uint32_t>(toks.size()));
         kr.setLeaseId(p.getLeaseId());
@@ -345,6 +359,19 @@ TEST_F(ClusterBackendTest, RequestFlowsThroughPrefillAndDecode) {
   EXPECT_EQ(d->free_blocks(), 64u);
 }
 
+TEST_F(ClusterBackendTest, ManyRequestsOverOneRegistration) {
+  // Every placement uses the decode worker's registration; hundreds of them must work.
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  AddWorker("decode-0", wire::Role::DECODE, 1024);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  for (uint64_t id = 1; id <= 400; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 2)).ok());
+  for (uint64_t id = 1; id <= 400; ++id) {
+    ASSERT_TRUE(events_.WaitFinished(id)) << id;
+    ASSERT_EQ(events_.finish(id).first, FinishReason::kLength)
+        << id << ": " << events_.finish(id).second.ToString();
+  }
+}
+
 TEST_F(ClusterBackendTest, FirstTokenStopAndMaxTokensOneEndAtPrefill) {
   AddWorker("prefill-0", wire::Role::PREFILL);
   auto* d = AddWorker("decode-0", wire::Role::DECODE);
@@ -436,6 +463,43 @@ TEST_F(ClusterBackendTest, DeadPrefillWorkerRequestsAreRedispatched) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(d->free_blocks(), 64u) << "the first lease was not given back";
+}
+
+TEST_F(ClusterBackendTest, UnansweredPrefillIsPlacedAgainElsewhere) {
+  backend_->Stop();
+  ClusterBackendOptions o;
+  o.bind = "tcp://127.0.0.1:0";
+  o.model_name = "tiny-moe";
+  o.heartbeat_ms = 50;
+  o.phase_timeout_ms = 300;
+  auto b = ClusterBackend::Create(o);
+  ASSERT_TRUE(b.ok());
+  backend_ = std::move(*b);
+  backend_->SetEvents(&events_);
+  backend_->Start();
+  auto* p0 = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* p1 = AddWorker("prefill-1", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 2));
+  p0->SetStall(true);  // alive (heartbeats) but never answers PrefillRequest
+  p1->SetStall(true);
+  ASSERT_TRUE(backend_->Submit(Request(1, 6)).ok());
+  for (int i = 0; i < 400 && p0->stats().prefills + p1->stats().prefills == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(p0->stats().prefills + p1->stats().prefills, 1);
+  ProtocolTestWorker* stalled = p0->stats().prefills == 1 ? p0 : p1;
+  ProtocolTestWorker* other = stalled == p0 ? p1 : p0;
+  other->SetStall(false);
+  ASSERT_TRUE(events_.WaitFinished(1, 10000));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength);
+  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 6));
+  EXPECT_EQ(other->stats().prefills, 1);
+  EXPECT_GE(stalled->stats().cancels, 1);
+  for (int i = 0; i < 200 && d->free_blocks() != 64u; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(d->free_blocks(), 64u);
 }
 
 TEST_F(ClusterBackendTest, RefusedReservationIsRetried) {

@@ -1,0 +1,168 @@
+"""Starts a local PagedWeight cluster (pw-router, pw-prefill, pw-decode) on free loopback ports
+for end-to-end tests, with the Python standard library only.
+
+    with LocalCluster(build_dir, model_dir) as c:
+        c.url            # http://127.0.0.1:<port>
+        c.metrics()      # router /metrics as {name{labels}: value}
+        c.rss_kib()      # resident memory of every process
+Each process logs to <log_dir>/<name>.log; on failure the tails are printed.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+
+SKIP = 77  # CTest SKIP_RETURN_CODE of the e2e tests
+
+
+def model_present(model_dir):
+    """True when the model's weights exist; otherwise prints why the test is skipped."""
+    if any(f.endswith(".safetensors") for f in os.listdir(model_dir)):
+        return True
+    print(f"SKIPPED: no *.safetensors in {model_dir} (the model is not trained/committed yet)")
+    return False
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=5):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def parse_metrics(text):
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+class LocalCluster:
+    def __init__(self, build_dir, model_dir, log_dir, model_name="tiny-moe", kv_blocks=512,
+                 decode_workers=1, prefill_workers=1, heartbeat_ms=200, max_batch=128,
+                 router_args=()):
+        self.bin = os.path.join(build_dir, "bin")
+        self.model_dir = model_dir
+        self.model_name = model_name
+        self.log_dir = log_dir
+        self.kv_blocks = kv_blocks
+        self.n_decode = decode_workers
+        self.n_prefill = prefill_workers
+        self.heartbeat_ms = heartbeat_ms
+        self.max_batch = max_batch
+        self.router_args = list(router_args)
+        self.port = free_port()
+        self.worker_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs = {}
+        os.makedirs(log_dir, exist_ok=True)
+
+    def _start(self, name, argv):
+        log = open(os.path.join(self.log_dir, name + ".log"), "w")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_router(self):
+        self._start("router", [os.path.join(self.bin, "pw-router"), "--model", self.model_dir,
+                               "--model-name", self.model_name, "--port", str(self.port),
+                               "--workers", f"tcp://127.0.0.1:{self.worker_port}",
+                               "--heartbeat-ms", str(self.heartbeat_ms)] + self.router_args)
+
+    def start_worker(self, kind, index):
+        name = f"{kind}-{index}"
+        argv = [os.path.join(self.bin, f"pw-{kind}"), "--model", self.model_dir,
+                "--router", f"tcp://127.0.0.1:{self.worker_port}", "--id", name,
+                "--model-name", self.model_name, "--kv-blocks", str(self.kv_blocks),
+                "--heartbeat-ms", str(self.heartbeat_ms), "--threads", "1"]
+        if kind == "decode":
+            argv += ["--max-batch", str(self.max_batch)]
+        self._start(name, argv)
+
+    def __enter__(self):
+        self.start_router()
+        for i in range(self.n_prefill):
+            self.start_worker("prefill", i)
+        for i in range(self.n_decode):
+            self.start_worker("decode", i)
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout=180):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    self.dump_logs()
+                    raise RuntimeError(f"{name} exited with {p.returncode} during startup")
+            status, body = http_get(self.url + "/health")
+            if status == 200:
+                return json.loads(body)
+            time.sleep(0.2)
+        self.dump_logs()
+        raise RuntimeError(f"cluster not healthy after {timeout} s: {http_get(self.url + '/health')}")
+
+    def metrics(self):
+        status, body = http_get(self.url + "/metrics")
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}")
+        return parse_metrics(body)
+
+    def rss_kib(self):
+        out = {}
+        for name, p in self.procs.items():
+            try:
+                with open(f"/proc/{p.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            out[name] = int(line.split()[1])
+            except OSError:
+                pass
+        return out
+
+    def signal(self, name, sig):
+        self.procs[name].send_signal(sig)
+
+    def dump_logs(self, lines=40):
+        for name in self.procs:
+            path = os.path.join(self.log_dir, name + ".log")
+            try:
+                with open(path) as f:
+                    tail = f.readlines()[-lines:]
+            except OSError:
+                continue
+            print(f"---- {name} ({path}) ----")
+            print("".join(tail), end="")
+
+    def __exit__(self, *exc):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 30
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if exc[0] is not None:
+            self.dump_logs()
+        return False

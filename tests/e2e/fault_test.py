@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""e2e fault tests (issue 4, router side): with greedy decoding,
+  1. SIGKILL of a decode worker mid-stream: every stream finishes with exactly the reference text
+     (the router re-places the requests with the tokens already sent: no gap, no repeat);
+  2. SIGKILL of a prefill worker while requests arrive: they are re-dispatched and finish with
+     the reference text;
+  3. the cluster serves again afterwards;
+  4. SIGTERM of the router: streams in flight finish, new requests get 503, the router exits 0.
+
+Usage: fault_test.py BUILD_DIR MODEL_DIR
+"""
+import http.client
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import SKIP, LocalCluster, model_present  # noqa: E402
+
+PROMPTS = ["In the beginning", "The Lord said unto Moses", "int main(int argc, char** argv) {",
+           "def parse(self, text):", "Q: Why is the sky blue?\nA:", "Once upon a time",
+           "#include <stdio.h>\n", "And it came to pass"]
+MAX_TOKENS = 48
+
+
+class Stream(threading.Thread):
+    """One streamed completion; records text, events and the outcome."""
+
+    def __init__(self, url, prompt):
+        super().__init__(daemon=True)
+        self.url = urllib.parse.urlparse(url)
+        self.prompt = prompt
+        self.text = ""
+        self.chunks = 0
+        self.finish = None
+        self.error = None
+        self.status = None
+        self.done_marker = False
+
+    def run(self):
+        try:
+            conn = http.client.HTTPConnection(self.url.hostname, self.url.port, timeout=300)
+            body = json.dumps({"model": "tiny-moe", "prompt": self.prompt, "max_tokens": MAX_TOKENS,
+                               "temperature": 0, "stream": True})
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            self.status = resp.status
+            if resp.status != 200:
+                self.error = resp.read().decode()
+                return
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:]
+                if data == b"[DONE]":
+                    self.done_marker = True
+                    break
+                msg = json.loads(data)
+                if "error" in msg:
+                    self.error = msg["error"]["message"]
+                    continue
+                for ch in msg["choices"]:
+                    if ch.get("text"):
+                        self.text += ch["text"]
+                        self.chunks += 1
+                    if ch.get("finish_reason"):
+                        self.finish = ch["finish_reason"]
+        except Exception as e:  # noqa: BLE001 - reported as the stream's error
+            self.error = f"{type(e).__name__}: {e}"
+
+
+def complete(url, prompt):
+    s = Stream(url, prompt)
+    s.run()
+    return s
+
+
+def wait_until(cond, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def main():
+    build_dir, model_dir = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    if not model_present(model_dir):
+        return SKIP
+    log_dir = os.path.join(build_dir, "e2e-logs", "fault")
+    failures = []
+
+    def check(cond, what):
+        print(("ok   " if cond else "FAIL ") + what, flush=True)
+        if not cond:
+            failures.append(what)
+
+    with LocalCluster(build_dir, model_dir, log_dir, decode_workers=2, prefill_workers=2,
+                      heartbeat_ms=500, router_args=["--drain-timeout-ms", "60000"]) as c:
+        reference = {}
+        for p in PROMPTS:
+            s = complete(c.url, p)
+            check(s.error is None and s.done_marker, f"reference run of {p!r}: {s.error}")
+            reference[p] = s.text
+
+        # 1. SIGKILL a decode worker mid-stream.
+        streams = [Stream(c.url, p) for p in PROMPTS]
+        for s in streams:
+            s.start()
+        wait_until(lambda: all(s.chunks >= 3 or s.finish for s in streams), 120)
+        c.signal("decode-0", signal.SIGKILL)
+        for s in streams:
+            s.join(300)
+        for s in streams:
+            check(s.error is None and s.done_marker and s.text == reference[s.prompt],
+                  f"decode SIGKILL: {s.prompt!r} finished identical "
+                  f"(error={s.error}, finish={s.finish})")
+
+        # 2. SIGKILL a prefill worker while requests are being placed.
+        streams = [Stream(c.url, p) for p in PROMPTS]
+        for s in streams:
+            s.start()
+        c.signal("prefill-0", signal.SIGKILL)
+        for s in streams:
+            s.join(300)
+        for s in streams:
+            check(s.error is None and s.done_marker and s.text == reference[s.prompt],
+                  f"prefill SIGKILL: {s.prompt!r} finished identical (error={s.error})")
+
+        # 3. Serving again.
+        s = complete(c.url, PROMPTS[0])
+        check(s.error is None and s.text == reference[PROMPTS[0]], "serves after the failures")
+
+        # 4. SIGTERM of the router: in-flight streams finish, new work is refused.
+        streams = [Stream(c.url, p) for p in PROMPTS[:4]]
+        for s in streams:
+            s.start()
+        wait_until(lambda: all(s.chunks >= 1 or s.finish for s in streams), 120)
+        c.signal("router", signal.SIGTERM)
+        time.sleep(0.05)
+        late = complete(c.url, PROMPTS[1])
+        check(late.status == 503 or (late.status is None and late.error),
+              f"new request while draining refused (status {late.status})")
+        for s in streams:
+            s.join(300)
+        for s in streams:
+            check(s.error is None and s.done_marker and s.text == reference[s.prompt],
+                  f"router SIGTERM: in-flight {s.prompt!r} finished (error={s.error})")
+        try:
+            rc = c.procs["router"].wait(timeout=60)
+        except Exception:  # noqa: BLE001
+            rc = None
+        check(rc == 0, f"router exited 0 after draining (rc={rc})")
+        if failures:
+            c.dump_logs()
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
