@@ -1,0 +1,153 @@
+#include "services/cluster/cluster_config.h"
+
+#include <set>
+
+#include "common/yaml_config.h"
+
+namespace pw::cluster {
+
+using config::ConfigValue;
+using config::Schema;
+
+namespace {
+
+Schema PortSchema(int64_t def) { return Schema::Int().Range(1, 65535).Default(def); }
+Schema OptPort() { return Schema::Int().Range(0, 65535).Default(int64_t{0}); }
+
+const Schema& ClusterSchema() {
+  static const Schema schema = Schema::Map({
+      {"model_dir", Schema::String().NonEmpty().Required()},
+      {"model_name", Schema::String()},
+      {"host", Schema::String().NonEmpty().Default("127.0.0.1")},
+      {"run_dir", Schema::String().NonEmpty().Default("build/run")},
+      {"bin_dir", Schema::String()},
+      {"heartbeat_ms", Schema::Int().Range(10, 60000).Default(int64_t{500})},
+      {"drain_timeout_ms", Schema::Int().Range(0, 3600000).Default(int64_t{30000})},
+      {"router", Schema::Map({
+                     {"port", PortSchema(8000)},
+                     {"control_port", PortSchema(5555)},
+                     {"lease_ms", Schema::Int().Range(100, 3600000).Default(int64_t{30000})},
+                     {"max_waiting", Schema::Int().Range(1, 1000000).Default(int64_t{256})},
+                 })},
+      {"broker", Schema::Map({
+                     {"enabled", Schema::Bool().Default(true)},
+                     {"control_port", PortSchema(5556)},
+                     {"metrics_port", OptPort()},
+                 })},
+      {"prefill", Schema::List(Schema::Map({
+                      {"id", Schema::String().NonEmpty().Required()},
+                      {"kv_blocks", Schema::Int().Range(1, 1 << 24).Default(int64_t{1024})},
+                      {"threads", Schema::Int().Range(1, 1024).Default(int64_t{1})},
+                      {"max_batch_tokens", Schema::Int().Range(1, 1 << 20).Default(int64_t{256})},
+                      {"metrics_port", OptPort()},
+                  })).Size(1, 64).Required()},
+      {"decode", Schema::List(Schema::Map({
+                     {"id", Schema::String().NonEmpty().Required()},
+                     {"kv_blocks", Schema::Int().Range(1, 1 << 24).Default(int64_t{2048})},
+                     {"threads", Schema::Int().Range(1, 1024).Default(int64_t{1})},
+                     {"max_batch_tokens", Schema::Int().Range(1, 1 << 20).Default(int64_t{256})},
+                     {"max_batch", Schema::Int().Range(1, 65536).Default(int64_t{64})},
+                     {"metrics_port", OptPort()},
+                 })).Size(1, 64).Required()},
+      {"restart", Schema::Map({
+                      {"initial_backoff_ms", Schema::Int().Range(0, 600000).Default(int64_t{500})},
+                      {"max_backoff_ms", Schema::Int().Range(0, 3600000).Default(int64_t{10000})},
+                      {"stable_after_ms", Schema::Int().Range(0, 3600000).Default(int64_t{10000})},
+                  })},
+  });
+  return schema;
+}
+
+}  // namespace
+
+Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::string& default_bin_dir) {
+  PW_ASSIGN_OR_RETURN(ConfigValue cfg, config::LoadYamlConfig(path, ClusterSchema()));
+  ClusterConfig out;
+  out.model_dir = cfg["model_dir"].AsString();
+  out.host = cfg["host"].AsString();
+  out.run_dir = cfg["run_dir"].AsString();
+  out.drain_timeout_ms = cfg["drain_timeout_ms"].AsInt();
+  const std::string bin = cfg.Has("bin_dir") ? cfg["bin_dir"].AsString() : default_bin_dir;
+  const std::string model_name = cfg.Has("model_name") ? cfg["model_name"].AsString() : "";
+  const std::string hb = std::to_string(cfg["heartbeat_ms"].AsInt());
+  const auto& router = cfg["router"];
+  const auto& broker = cfg["broker"];
+  const auto& restart = cfg["restart"];
+  out.restart.initial_backoff_ms = restart["initial_backoff_ms"].AsInt();
+  out.restart.max_backoff_ms = restart["max_backoff_ms"].AsInt();
+  out.restart.stable_after_ms = restart["stable_after_ms"].AsInt();
+  out.http_port = router["port"].AsInt();
+
+  // Distinct ports and ids, each error pointing at the offending value.
+  std::set<int64_t> ports;
+  std::set<std::string> ids = {"router", "broker"};
+  auto use_port = [&](const ConfigValue& v) -> Status {
+    const int64_t p = v.AsInt();
+    if (p == 0) return Status::Ok();
+    if (!ports.insert(p).second) return v.Error("port " + std::to_string(p) + " is used twice");
+    return Status::Ok();
+  };
+  PW_RETURN_IF_ERROR(use_port(router["port"]));
+  PW_RETURN_IF_ERROR(use_port(router["control_port"]));
+  const bool broker_on = broker["enabled"].AsBool();
+  if (broker_on) {
+    PW_RETURN_IF_ERROR(use_port(broker["control_port"]));
+    PW_RETURN_IF_ERROR(use_port(broker["metrics_port"]));
+  }
+  const std::string router_ep = "tcp://" + out.host + ":" + std::to_string(router["control_port"].AsInt());
+  const std::string broker_ep = "tcp://" + out.host + ":" + std::to_string(broker["control_port"].AsInt());
+  auto name_args = [&](std::vector<std::string>* a) {
+    if (!model_name.empty()) {
+      a->push_back("--model-name");
+      a->push_back(model_name);
+    }
+  };
+
+  if (broker_on) {
+    ProcessSpec b{"broker", {bin + "/pw-broker", "--model", out.model_dir, "--bind", broker_ep,
+                             "--heartbeat-ms", hb}, 0};
+    if (broker["metrics_port"].AsInt() != 0) {
+      b.argv.push_back("--metrics");
+      b.argv.push_back(out.host + ":" + std::to_string(broker["metrics_port"].AsInt()));
+    }
+    name_args(&b.argv);
+    out.processes.push_back(std::move(b));
+  }
+  ProcessSpec r{"router", {bin + "/pw-router", "--model", out.model_dir, "--host", out.host,
+                           "--port", std::to_string(router["port"].AsInt()), "--workers", router_ep,
+                           "--heartbeat-ms", hb, "--lease-ms",
+                           std::to_string(router["lease_ms"].AsInt()), "--max-waiting",
+                           std::to_string(router["max_waiting"].AsInt()), "--drain-timeout-ms",
+                           std::to_string(out.drain_timeout_ms)}, 1};
+  name_args(&r.argv);
+  out.processes.push_back(std::move(r));
+  for (const char* kind : {"prefill", "decode"}) {
+    for (const auto& w : cfg[kind].Items()) {
+      const std::string id = w["id"].AsString();
+      if (!ids.insert(id).second) return w["id"].Error("id '" + id + "' is used twice");
+      PW_RETURN_IF_ERROR(use_port(w["metrics_port"]));
+      ProcessSpec p{id, {bin + (kind[0] == 'p' ? "/pw-prefill" : "/pw-decode"), "--model",
+                         out.model_dir, "--router", router_ep, "--id", id, "--kv-blocks",
+                         std::to_string(w["kv_blocks"].AsInt()), "--threads",
+                         std::to_string(w["threads"].AsInt()), "--max-batch-tokens",
+                         std::to_string(w["max_batch_tokens"].AsInt()), "--heartbeat-ms", hb}, 2};
+      if (kind[0] == 'd') {
+        p.argv.push_back("--max-batch");
+        p.argv.push_back(std::to_string(w["max_batch"].AsInt()));
+      }
+      if (broker_on) {
+        p.argv.push_back("--broker");
+        p.argv.push_back(broker_ep);
+      }
+      if (w["metrics_port"].AsInt() != 0) {
+        p.argv.push_back("--metrics");
+        p.argv.push_back(out.host + ":" + std::to_string(w["metrics_port"].AsInt()));
+      }
+      name_args(&p.argv);
+      out.processes.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+}  // namespace pw::cluster

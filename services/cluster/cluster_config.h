@@ -1,0 +1,52 @@
+// The cluster YAML file (deploy/local.yaml) and what pw-cluster derives from it: one node's
+// processes with their command lines.
+//
+// Schema (every key but model_dir optional; defaults shown in deploy/local.yaml):
+//   model_dir: DIR            model_name: NAME            host: 127.0.0.1
+//   run_dir: DIR              bin_dir: DIR (default: the directory of pw-cluster)
+//   heartbeat_ms: 500         drain_timeout_ms: 30000
+//   router:  {port: 8000, control_port: 5555, lease_ms: 30000, max_waiting: 256}
+//   broker:  {enabled: true, control_port: 5556, metrics_port: 9100}
+//   prefill: [{id, kv_blocks, threads, max_batch_tokens, metrics_port}]   (1..64 entries)
+//   decode:  [{id, kv_blocks, threads, max_batch_tokens, max_batch, metrics_port}] (1..64)
+//   restart: {initial_backoff_ms: 500, max_backoff_ms: 10000, stable_after_ms: 10000}
+// Ports must be distinct; ids must be distinct. Relative paths are relative to the current
+// directory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pw::cluster {
+
+// One process pw-cluster starts.
+struct ProcessSpec {
+  std::string name;               // "router", "broker", "prefill-0", ...
+  std::vector<std::string> argv;  // argv[0] is the binary path
+  int start_order = 0;            // lower starts first, stops last
+};
+
+struct RestartPolicy {
+  int64_t initial_backoff_ms = 500;   // first restart delay; doubles per quick death
+  int64_t max_backoff_ms = 10000;
+  int64_t stable_after_ms = 10000;    // a process up this long resets its backoff
+};
+
+struct ClusterConfig {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  std::string run_dir;
+  int64_t http_port = 8000;
+  int64_t drain_timeout_ms = 30000;
+  RestartPolicy restart;
+  std::vector<ProcessSpec> processes;
+};
+
+// Loads and validates `path` (errors carry file:line:col and the key path) and builds the
+// process list. `default_bin_dir` is used when the file has no bin_dir.
+Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::string& default_bin_dir);
+
+}  // namespace pw::cluster

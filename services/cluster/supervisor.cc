@@ -1,0 +1,168 @@
+#include "services/cluster/supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "common/logging.h"
+
+extern char** environ;
+
+namespace pw::cluster {
+
+namespace {
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Supervisor::Supervisor(std::vector<ProcessSpec> specs, RestartPolicy policy, std::string run_dir,
+                       int64_t drain_timeout_ms)
+    : policy_(policy), run_dir_(std::move(run_dir)), drain_timeout_ms_(drain_timeout_ms) {
+  std::stable_sort(specs.begin(), specs.end(), [](const ProcessSpec& a, const ProcessSpec& b) {
+    return a.start_order < b.start_order;
+  });
+  for (auto& s : specs) {
+    State st;
+    st.spec = std::move(s);
+    st.backoff_ms = policy_.initial_backoff_ms;
+    st.log_path = run_dir_ + "/" + st.spec.name + ".log";
+    states_.push_back(std::move(st));
+  }
+}
+
+Supervisor::~Supervisor() {
+  for (auto& s : states_) {
+    if (s.pid > 0) {
+      kill(s.pid, SIGKILL);
+      waitpid(s.pid, nullptr, 0);
+    }
+  }
+}
+
+bool Supervisor::Spawn(State& s) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, s.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (auto& a : s.spec.argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    PW_LOG(ERROR) << "cannot start " << s.spec.name << " (" << s.spec.argv[0]
+                  << "): " << std::strerror(rc);
+    return false;
+  }
+  s.pid = pid;
+  s.started_ms = NowMs();
+  PW_LOG(INFO) << "started " << s.spec.name << " (pid " << pid << "), log " << s.log_path;
+  return true;
+}
+
+Status Supervisor::Start() {
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir_, ec);
+  if (ec) return IoError("cannot create run directory '" + run_dir_ + "': " + ec.message());
+  for (auto& s : states_) {
+    if (access(s.spec.argv[0].c_str(), X_OK) != 0) {
+      return NotFound("binary '" + s.spec.argv[0] + "' for " + s.spec.name + " is missing");
+    }
+  }
+  for (auto& s : states_) {
+    if (!Spawn(s)) return Unavailable("cannot start " + s.spec.name);
+  }
+  return Status::Ok();
+}
+
+void Supervisor::Tick() {
+  const int64_t now = NowMs();
+  for (auto& s : states_) {
+    if (s.pid > 0) {
+      int status = 0;
+      pid_t r = waitpid(s.pid, &status, WNOHANG);
+      if (r != s.pid) continue;
+      const int64_t up = now - s.started_ms;
+      s.pid = -1;
+      if (stopping_) continue;
+      if (up >= policy_.stable_after_ms) s.backoff_ms = policy_.initial_backoff_ms;
+      s.restart_at_ms = now + s.backoff_ms;
+      PW_LOG(WARNING) << s.spec.name << " exited ("
+                      << (WIFEXITED(status) ? "code " + std::to_string(WEXITSTATUS(status))
+                                            : "signal " + std::to_string(WTERMSIG(status)))
+                      << " after " << up << " ms); restarting in " << s.backoff_ms << " ms";
+      s.backoff_ms = std::min(policy_.max_backoff_ms, std::max<int64_t>(1, s.backoff_ms * 2));
+    } else if (!stopping_ && now >= s.restart_at_ms) {
+      if (Spawn(s)) {
+        ++s.restarts;
+      } else {
+        s.restart_at_ms = now + s.backoff_ms;
+      }
+    }
+  }
+}
+
+void Supervisor::Run(const std::atomic<bool>& stop) {
+  while (!stop.load()) {
+    Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  Stop();
+}
+
+void Supervisor::Stop() {
+  stopping_ = true;
+  // Groups by start order, last started first: workers drain, then the router, then the broker.
+  std::vector<int> orders;
+  for (auto& s : states_) orders.push_back(s.spec.start_order);
+  std::sort(orders.begin(), orders.end());
+  orders.erase(std::unique(orders.begin(), orders.end()), orders.end());
+  for (auto it = orders.rbegin(); it != orders.rend(); ++it) {
+    for (auto& s : states_) {
+      if (s.spec.start_order == *it && s.pid > 0) kill(s.pid, SIGTERM);
+    }
+    const int64_t deadline = NowMs() + drain_timeout_ms_;
+    while (true) {
+      bool any = false;
+      for (auto& s : states_) {
+        if (s.spec.start_order != *it || s.pid <= 0) continue;
+        if (waitpid(s.pid, nullptr, WNOHANG) == s.pid) {
+          PW_LOG(INFO) << s.spec.name << " stopped";
+          s.pid = -1;
+        } else {
+          any = true;
+        }
+      }
+      if (!any) break;
+      if (NowMs() > deadline) {
+        for (auto& s : states_) {
+          if (s.spec.start_order == *it && s.pid > 0) {
+            PW_LOG(WARNING) << s.spec.name << " did not drain in " << drain_timeout_ms_
+                            << " ms; killing it";
+            kill(s.pid, SIGKILL);
+            waitpid(s.pid, nullptr, 0);
+            s.pid = -1;
+          }
+        }
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+}  // namespace pw::cluster

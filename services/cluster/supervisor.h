@@ -1,0 +1,55 @@
+// Supervisor: starts a node's processes, restarts the ones that die (exponential backoff per
+// process, reset once a process has stayed up for stable_after_ms), writes one log file per
+// process under the run directory, and on Stop() drains: SIGTERM in reverse start order
+// (workers, then router, then broker), waiting up to the drain timeout for each group before
+// SIGKILL.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "services/cluster/cluster_config.h"
+
+namespace pw::cluster {
+
+class Supervisor {
+ public:
+  Supervisor(std::vector<ProcessSpec> specs, RestartPolicy policy, std::string run_dir,
+             int64_t drain_timeout_ms);
+  ~Supervisor();
+
+  // Creates the run directory and starts every process in start order.
+  Status Start();
+  // Reaps and restarts until `stop` becomes true, then drains and returns.
+  void Run(const std::atomic<bool>& stop);
+  // One supervision pass (reap, schedule and perform restarts). Tests call it directly.
+  void Tick();
+  // SIGTERM everything (reverse order), wait, SIGKILL stragglers.
+  void Stop();
+
+  struct State {
+    ProcessSpec spec;
+    pid_t pid = -1;
+    int restarts = 0;
+    int64_t started_ms = 0;
+    int64_t restart_at_ms = 0;   // when down: the time of the next start attempt
+    int64_t backoff_ms = 0;
+    std::string log_path;
+  };
+  const std::vector<State>& states() const { return states_; }
+
+ private:
+  bool Spawn(State& s);
+  std::vector<State> states_;
+  RestartPolicy policy_;
+  std::string run_dir_;
+  int64_t drain_timeout_ms_;
+  bool stopping_ = false;
+};
+
+}  // namespace pw::cluster

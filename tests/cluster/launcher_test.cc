@@ -1,0 +1,111 @@
+// pw-cluster's pieces: the YAML file's validation and the process list it yields, and the
+// supervisor's restart-with-backoff and drain.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "services/cluster/cluster_config.h"
+#include "services/cluster/supervisor.h"
+
+namespace pw::cluster {
+namespace {
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp";
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ClusterConfig, DeployLocalYamlLoads) {
+  auto cfg = LoadClusterConfig(std::string(PW_SOURCE_DIR) + "/deploy/local.yaml", "/opt/pw/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->host, "127.0.0.1");
+  EXPECT_EQ(cfg->http_port, 8000);
+  ASSERT_EQ(cfg->processes.size(), 4u);  // broker, router, prefill-0, decode-0
+  EXPECT_EQ(cfg->processes[0].name, "broker");
+  EXPECT_EQ(cfg->processes[0].argv[0], "/opt/pw/bin/pw-broker");
+  bool decode_uses_broker = false;
+  for (const auto& p : cfg->processes) {
+    if (p.name != "decode-0") continue;
+    for (size_t i = 0; i + 1 < p.argv.size(); ++i) {
+      if (p.argv[i] == "--broker") decode_uses_broker = p.argv[i + 1] == "tcp://127.0.0.1:5556";
+    }
+  }
+  EXPECT_TRUE(decode_uses_broker);
+}
+
+TEST(ClusterConfig, BadFilesNameTheProblem) {
+  struct Case {
+    const char* yaml;
+    const char* expect;
+  } cases[] = {
+      {"prefill: [{id: p}]\ndecode: [{id: d}]\n", "model_dir"},
+      {"model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nrouter: {port: 70000}\n", "router.port"},
+      {"model_dir: m\nprefill: [{id: p}]\ndecode: [{id: p}]\n", "used twice"},
+      {"model_dir: m\nprefill: [{id: p, metrics_port: 8000}]\ndecode: [{id: d}]\n", "used twice"},
+      {"model_dir: m\nprefill: []\ndecode: [{id: d}]\n", "prefill"},
+      {"model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nroutr: {}\n", "routr"},
+      {"model_dir: [unclosed\n", "local"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    std::string path = WriteTemp("bad" + std::to_string(i++) + ".yaml", c.yaml);
+    auto cfg = LoadClusterConfig(path, "/bin");
+    ASSERT_FALSE(cfg.ok()) << c.yaml;
+    EXPECT_NE(cfg.status().message().find(path), std::string::npos) << cfg.status().message();
+    if (std::string(c.expect) != "local") {
+      EXPECT_NE(cfg.status().message().find(c.expect), std::string::npos)
+          << "yaml:\n" << c.yaml << "error: " << cfg.status().message();
+    }
+  }
+}
+
+TEST(Supervisor, RestartsWithBackoffAndDrainsOnStop) {
+  const std::string run_dir = std::string(PW_BINARY_DIR) + "/test-tmp/supervisor-run";
+  std::filesystem::remove_all(run_dir);
+  RestartPolicy policy;
+  policy.initial_backoff_ms = 50;
+  policy.max_backoff_ms = 200;
+  policy.stable_after_ms = 100000;
+  std::vector<ProcessSpec> specs = {
+      {"crasher", {"/bin/sh", "-c", "echo started; exit 3"}, 1},
+      {"steady", {"/bin/sh", "-c", "trap 'echo drained; exit 0' TERM; while true; do sleep 0.05; done"}, 0},
+  };
+  Supervisor sup(specs, policy, run_dir, 5000);
+  ASSERT_TRUE(sup.Start().ok());
+  auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1500)) {
+    sup.Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto& states = sup.states();
+  ASSERT_EQ(states[0].spec.name, "steady");  // sorted by start order
+  EXPECT_EQ(states[0].restarts, 0);
+  // Backoff 50, 100, 200, 200, ... ms: within 1.5 s a handful of restarts, not hundreds.
+  EXPECT_GE(states[1].restarts, 3);
+  EXPECT_LE(states[1].restarts, 12);
+  EXPECT_EQ(states[1].backoff_ms, 200);
+  sup.Stop();
+  for (const auto& s : sup.states()) EXPECT_EQ(s.pid, -1);
+  std::ifstream log(run_dir + "/steady.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("drained"), std::string::npos);  // it got SIGTERM, not SIGKILL
+}
+
+TEST(Supervisor, MissingBinaryIsAClearError) {
+  Supervisor sup({{"ghost", {"/nonexistent/pw-ghost"}, 0}}, RestartPolicy{},
+                 std::string(PW_BINARY_DIR) + "/test-tmp/ghost-run", 100);
+  Status st = sup.Start();
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("/nonexistent/pw-ghost"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pw::cluster
