@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
   const std::string tail = dec.Finish();
   std::fwrite(tail.data(), 1, tail.size(), stdout);
   std::fputc('\n', stdout);
+  std::fflush(stdout);
   const auto t1 = std::chrono::steady_clock::now();
   const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
   const double decode_s = std::chrono::duration<double>(t1 - t_first).count();
