@@ -62,7 +62,9 @@ struct Value {
     x.kind = k;
     return x;
   }
-  bool IsNumber() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+  bool IsNumber() const {
+    return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
+  }
   double AsDouble() const { return kind == Kind::kFloat ? f : kind == Kind::kBool ? b : double(i); }
   const Value* Find(std::string_view key) const {
     if (kind != Kind::kDict) return nullptr;
@@ -75,14 +77,22 @@ struct Value {
 
 const char* KindName(Value::Kind k) {
   switch (k) {
-    case Value::Kind::kUndefined: return "undefined";
-    case Value::Kind::kNone: return "none";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "str";
-    case Value::Kind::kList: return "list";
-    case Value::Kind::kDict: return "dict";
+    case Value::Kind::kUndefined:
+      return "undefined";
+    case Value::Kind::kNone:
+      return "none";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "str";
+    case Value::Kind::kList:
+      return "list";
+    case Value::Kind::kDict:
+      return "dict";
   }
   return "?";
 }
@@ -90,13 +100,20 @@ const char* KindName(Value::Kind k) {
 bool Truthy(const Value& v) {
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
-    case Value::Kind::kBool: return v.b;
-    case Value::Kind::kInt: return v.i != 0;
-    case Value::Kind::kFloat: return v.f != 0;
-    case Value::Kind::kString: return !v.s.empty();
-    case Value::Kind::kList: return !v.list->empty();
-    case Value::Kind::kDict: return !v.dict->empty();
+    case Value::Kind::kNone:
+      return false;
+    case Value::Kind::kBool:
+      return v.b;
+    case Value::Kind::kInt:
+      return v.i != 0;
+    case Value::Kind::kFloat:
+      return v.f != 0;
+    case Value::Kind::kString:
+      return !v.s.empty();
+    case Value::Kind::kList:
+      return !v.list->empty();
+    case Value::Kind::kDict:
+      return !v.dict->empty();
   }
   return false;
 }
@@ -116,13 +133,20 @@ std::string Repr(const Value& v);
 // Python str() of a value, which is what {{ }} prints.
 std::string ToString(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.b ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.i);
-    case Value::Kind::kFloat: return FloatRepr(v.f);
-    case Value::Kind::kString: return v.s;
-    default: return Repr(v);
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.b ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.i);
+    case Value::Kind::kFloat:
+      return FloatRepr(v.f);
+    case Value::Kind::kString:
+      return v.s;
+    default:
+      return Repr(v);
   }
 }
 
@@ -134,12 +158,18 @@ std::string Repr(const Value& v) {
       const char q = dq ? '"' : '\'';
       std::string out(1, q);
       for (char c : v.s) {
-        if (c == '\\') out += "\\\\";
-        else if (c == '\n') out += "\\n";
-        else if (c == '\r') out += "\\r";
-        else if (c == '\t') out += "\\t";
-        else if (c == q) out += std::string("\\") + q;
-        else out += c;
+        if (c == '\\')
+          out += "\\\\";
+        else if (c == '\n')
+          out += "\\n";
+        else if (c == '\r')
+          out += "\\r";
+        else if (c == '\t')
+          out += "\\t";
+        else if (c == q)
+          out += std::string("\\") + q;
+        else
+          out += c;
       }
       return out + q;
     }
@@ -157,7 +187,8 @@ std::string Repr(const Value& v) {
       }
       return out + "}";
     }
-    default: return ToString(v);
+    default:
+      return ToString(v);
   }
 }
 
@@ -165,13 +196,27 @@ void JsonString(const std::string& s, std::string* out) {
   *out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -189,11 +234,21 @@ void JsonString(const std::string& s, std::string* out) {
 void ToJson(const Value& v, std::string* out) {
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: *out += "null"; break;
-    case Value::Kind::kBool: *out += v.b ? "true" : "false"; break;
-    case Value::Kind::kInt: *out += std::to_string(v.i); break;
-    case Value::Kind::kFloat: *out += FloatRepr(v.f); break;
-    case Value::Kind::kString: JsonString(v.s, out); break;
+    case Value::Kind::kNone:
+      *out += "null";
+      break;
+    case Value::Kind::kBool:
+      *out += v.b ? "true" : "false";
+      break;
+    case Value::Kind::kInt:
+      *out += std::to_string(v.i);
+      break;
+    case Value::Kind::kFloat:
+      *out += FloatRepr(v.f);
+      break;
+    case Value::Kind::kString:
+      JsonString(v.s, out);
+      break;
     case Value::Kind::kList:
       *out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
@@ -223,8 +278,10 @@ bool Equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kString: return a.s == b.s;
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kString:
+      return a.s == b.s;
     case Value::Kind::kList:
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -238,7 +295,8 @@ bool Equal(const Value& a, const Value& b) {
         if (!other || !Equal(val, *other)) return false;
       }
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -247,13 +305,27 @@ bool Equal(const Value& a, const Value& b) {
 // ---------------------------------------------------------------------------------------------
 struct Expr {
   enum class Op {
-    kLiteral, kName, kAttr, kItem, kSlice, kCall, kFilter, kTest, kNot, kNeg, kBinary, kAnd,
-    kOr, kIfElse, kList, kDict
+    kLiteral,
+    kName,
+    kAttr,
+    kItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNot,
+    kNeg,
+    kBinary,
+    kAnd,
+    kOr,
+    kIfElse,
+    kList,
+    kDict
   };
   Op op;
-  size_t pos = 0;      // offset in the template source
-  Value literal;       // kLiteral
-  std::string name;    // kName / kAttr / kFilter / kTest / kBinary operator
+  size_t pos = 0;       // offset in the template source
+  Value literal;        // kLiteral
+  std::string name;     // kName / kAttr / kFilter / kTest / kBinary operator
   bool negate = false;  // kTest: `is not`
   // kAttr/kItem/kFilter/kTest/kNot/kNeg: args[0] is the operand (kItem: args[1] the index);
   // kSlice: object, start, stop, step (null when omitted); kCall: callee then arguments;
@@ -266,9 +338,9 @@ struct Node {
   enum class Kind { kBlock, kText, kOutput, kFor, kIf, kSet };
   Kind kind = Kind::kBlock;
   size_t pos = 0;
-  std::string text;                        // kText
-  std::unique_ptr<Expr> expr;              // kOutput, kFor iterable, kSet value
-  std::vector<std::string> vars;           // kFor loop targets, kSet target
+  std::string text;                             // kText
+  std::unique_ptr<Expr> expr;                   // kOutput, kFor iterable, kSet value
+  std::vector<std::string> vars;                // kFor loop targets, kSet target
   std::vector<std::unique_ptr<Node>> children;  // kBlock statements, kFor body (one block)
   std::vector<std::unique_ptr<Expr>> conds;     // kIf conditions; children holds one block per
                                                 // condition plus one more for else
@@ -306,7 +378,9 @@ std::string Where(std::string_view src, size_t pos) {
   return out;
 }
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 class Lexer {
  public:
@@ -318,13 +392,13 @@ class Lexer {
     bool strip_next = false;    // the previous tag ended with '-'
     while (p <= src_.size()) {
       size_t open = src_.find('{', p);
-      while (open != std::string_view::npos && open + 1 < src_.size() &&
-             src_[open + 1] != '{' && src_[open + 1] != '%' && src_[open + 1] != '#') {
+      while (open != std::string_view::npos && open + 1 < src_.size() && src_[open + 1] != '{' &&
+             src_[open + 1] != '%' && src_[open + 1] != '#') {
         open = src_.find('{', open + 1);
       }
       if (open != std::string_view::npos && open + 1 >= src_.size()) open = std::string_view::npos;
-      std::string text(src_.substr(p, open == std::string_view::npos ? std::string_view::npos
-                                                                     : open - p));
+      std::string text(
+          src_.substr(p, open == std::string_view::npos ? std::string_view::npos : open - p));
       if (strip_next) {
         size_t k = 0;
         while (k < text.size() && IsSpace(text[k])) ++k;
@@ -375,8 +449,8 @@ class Lexer {
         ++q;
       }
       if (end == std::string_view::npos) {
-        return InvalidArgument(Where(src_, open) + "tag opened with '{" +
-                               std::string(1, kind) + "' is never closed");
+        return InvalidArgument(Where(src_, open) + "tag opened with '{" + std::string(1, kind) +
+                               "' is never closed");
       }
       size_t body_end = end;
       bool strip_after = false;
@@ -417,21 +491,21 @@ struct Tok {
 };
 
 const std::set<std::string>& Filters() {
-  static const std::set<std::string> k = {"trim", "length", "count", "upper", "lower",
-                                           "capitalize", "title", "string", "first", "last",
-                                           "join", "default", "d", "tojson", "list"};
+  static const std::set<std::string> k = {"trim",       "length",  "count",  "upper",  "lower",
+                                          "capitalize", "title",   "string", "first",  "last",
+                                          "join",       "default", "d",      "tojson", "list"};
   return k;
 }
 const std::set<std::string>& Tests() {
-  static const std::set<std::string> k = {"defined", "undefined", "none", "string", "number",
-                                           "boolean", "sequence", "mapping", "true", "false",
-                                           "iterable"};
+  static const std::set<std::string> k = {"defined", "undefined", "none",     "string",
+                                          "number",  "boolean",   "sequence", "mapping",
+                                          "true",    "false",     "iterable"};
   return k;
 }
 const std::set<std::string>& Methods() {
-  static const std::set<std::string> k = {"strip", "lstrip", "rstrip", "upper", "lower",
-                                           "startswith", "endswith", "replace", "split", "title",
-                                           "capitalize", "get", "keys", "values", "items"};
+  static const std::set<std::string> k = {"strip",      "lstrip",   "rstrip",  "upper",  "lower",
+                                          "startswith", "endswith", "replace", "split",  "title",
+                                          "capitalize", "get",      "keys",    "values", "items"};
   return k;
 }
 const std::set<std::string>& Functions() {
@@ -474,14 +548,31 @@ class ExprParser {
           if (b[j] == '\\' && j + 1 < b.size()) {
             const char e = b[j + 1];
             switch (e) {
-              case 'n': s += '\n'; break;
-              case 't': s += '\t'; break;
-              case 'r': s += '\r'; break;
-              case '\\': s += '\\'; break;
-              case '\'': s += '\''; break;
-              case '"': s += '"'; break;
-              case '0': s += '\0'; break;
-              default: s += '\\'; s += e; break;  // Python keeps unknown escapes verbatim
+              case 'n':
+                s += '\n';
+                break;
+              case 't':
+                s += '\t';
+                break;
+              case 'r':
+                s += '\r';
+                break;
+              case '\\':
+                s += '\\';
+                break;
+              case '\'':
+                s += '\'';
+                break;
+              case '"':
+                s += '"';
+                break;
+              case '0':
+                s += '\0';
+                break;
+              default:
+                s += '\\';
+                s += e;
+                break;  // Python keeps unknown escapes verbatim
             }
             j += 2;
           } else {
@@ -492,9 +583,9 @@ class ExprParser {
         toks_.push_back({Tok::Kind::kString, s, pos});
         i = j + 1;
       } else {
-        static const char* kOps[] = {"//", "==", "!=", "<=", ">=", "**", "+", "-", "*", "/", "%",
-                                     "~", "<", ">", "(", ")", "[", "]", "{", "}", ".", ",",
-                                     ":", "|", "="};
+        static const char* kOps[] = {"//", "==", "!=", "<=", ">=", "**", "+", "-", "*",
+                                     "/",  "%",  "~",  "<",  ">",  "(",  ")", "[", "]",
+                                     "{",  "}",  ".",  ",",  ":",  "|",  "="};
         bool found = false;
         for (const char* op : kOps) {
           const size_t n = std::char_traits<char>::length(op);
@@ -608,8 +699,8 @@ class ExprParser {
       std::string op;
       const size_t pos = Peek().pos;
       if (Peek().kind == Tok::Kind::kOp &&
-          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" ||
-           Peek().text == ">" || Peek().text == "<=" || Peek().text == ">=")) {
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" || Peek().text == ">" ||
+           Peek().text == "<=" || Peek().text == ">=")) {
         op = Next().text;
       } else if (IsName("in")) {
         Next();
@@ -769,7 +860,8 @@ class ExprParser {
         const size_t pos = Next().pos;
         auto f = Make(Expr::Op::kFilter, pos);
         PW_ASSIGN_OR_RETURN(f->name, ExpectName());
-        if (!Filters().count(f->name)) return Err(pos, "unsupported filter '" + f->name + "'", true);
+        if (!Filters().count(f->name))
+          return Err(pos, "unsupported filter '" + f->name + "'", true);
         f->args.push_back(std::move(e));
         if (IsOp("(")) PW_RETURN_IF_ERROR(ParseCallArgs(f.get()));
         e = std::move(f);
@@ -810,8 +902,8 @@ class ExprParser {
       } else if (t.text == "none" || t.text == "None") {
         e->literal = Value::None();
       } else {
-        static const std::set<std::string> kReserved = {"and", "or", "not", "in", "is", "if",
-                                                        "else", "elif", "for", "endfor"};
+        static const std::set<std::string> kReserved = {"and", "or",   "not",  "in",  "is",
+                                                        "if",  "else", "elif", "for", "endfor"};
         if (kReserved.count(t.text)) return Err(t.pos, "unexpected '" + t.text + "'", false);
         e->op = Expr::Op::kName;
         e->name = t.text;
@@ -939,7 +1031,8 @@ class Parser {
         std::string got;
         PW_ASSIGN_OR_RETURN(auto body, ParseBlock({"endfor", "else"}, &got));
         if (got.empty()) return Err(kw_pos, "'for' without 'endfor'", false);
-        if (got == "else") return Err(current_->Peek().pos, "'for ... else' is not supported", true);
+        if (got == "else")
+          return Err(current_->Peek().pos, "'for ... else' is not supported", true);
         PW_RETURN_IF_ERROR(FinishEndTag());
         n->children.push_back(std::move(body));
         block->children.push_back(std::move(n));
@@ -1063,8 +1156,8 @@ class Renderer {
 
   Status Append(const std::string& s, size_t pos, std::string* out) {
     if (out->size() + s.size() > kMaxOutput) {
-      return ResourceExhausted(Where(src_, pos) + "output over " +
-                               std::to_string(kMaxOutput) + " bytes");
+      return ResourceExhausted(Where(src_, pos) + "output over " + std::to_string(kMaxOutput) +
+                               " bytes");
     }
     out->append(s);
     return Status::Ok();
@@ -1092,8 +1185,8 @@ class Renderer {
       } else {
         const Value& item = items[k];
         if (item.kind != Value::Kind::kList || item.list->size() != n.vars.size()) {
-          return Err(n.pos, "cannot unpack loop item into " + std::to_string(n.vars.size()) +
-                                " names");
+          return Err(n.pos,
+                     "cannot unpack loop item into " + std::to_string(n.vars.size()) + " names");
         }
         for (size_t v = 0; v < n.vars.size(); ++v) scope[n.vars[v]] = (*item.list)[v];
       }
@@ -1122,8 +1215,10 @@ class Renderer {
 
   Result<Value> Eval(const Expr& e) {
     switch (e.op) {
-      case Expr::Op::kLiteral: return e.literal;
-      case Expr::Op::kName: return Lookup(e.name);
+      case Expr::Op::kLiteral:
+        return e.literal;
+      case Expr::Op::kName:
+        return Lookup(e.name);
       case Expr::Op::kAttr: {
         PW_ASSIGN_OR_RETURN(Value obj, Eval(*e.args[0]));
         return GetItem(obj, Value::Str(e.name), e.pos);
@@ -1133,9 +1228,12 @@ class Renderer {
         PW_ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
         return GetItem(obj, key, e.pos);
       }
-      case Expr::Op::kSlice: return EvalSlice(e);
-      case Expr::Op::kCall: return EvalCall(e);
-      case Expr::Op::kFilter: return EvalFilter(e);
+      case Expr::Op::kSlice:
+        return EvalSlice(e);
+      case Expr::Op::kCall:
+        return EvalCall(e);
+      case Expr::Op::kFilter:
+        return EvalFilter(e);
       case Expr::Op::kTest: {
         PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         return Value::Bool(RunTest(e.name, v) != e.negate);
@@ -1184,7 +1282,8 @@ class Renderer {
         }
         return Value::MakeDict(std::move(d));
       }
-      case Expr::Op::kBinary: return EvalBinary(e);
+      case Expr::Op::kBinary:
+        return EvalBinary(e);
     }
     return Err(e.pos, "internal: unknown expression");
   }
@@ -1357,8 +1456,8 @@ class Renderer {
         if (args.size() == 1) {
           PW_ASSIGN_OR_RETURN(chars, str_arg(0));
         }
-        return Value::Str(Strip(self.s, args.empty() ? nullptr : &chars, m != "rstrip",
-                                m != "lstrip"));
+        return Value::Str(
+            Strip(self.s, args.empty() ? nullptr : &chars, m != "rstrip", m != "lstrip"));
       }
       if (m == "upper" || m == "lower" || m == "title" || m == "capitalize") {
         PW_RETURN_IF_ERROR(need(0, 0));
@@ -1370,9 +1469,10 @@ class Renderer {
       if (m == "startswith" || m == "endswith") {
         PW_RETURN_IF_ERROR(need(1, 1));
         PW_ASSIGN_OR_RETURN(std::string a, str_arg(0));
-        const bool r = a.size() <= self.s.size() &&
-                       (m == "startswith" ? self.s.compare(0, a.size(), a) == 0
-                                          : self.s.compare(self.s.size() - a.size(), a.size(), a) == 0);
+        const bool r =
+            a.size() <= self.s.size() &&
+            (m == "startswith" ? self.s.compare(0, a.size(), a) == 0
+                               : self.s.compare(self.s.size() - a.size(), a.size(), a) == 0);
         return Value::Bool(r);
       }
       if (m == "replace") {
@@ -1453,9 +1553,8 @@ class Renderer {
     };
     if (f == "default" || f == "d") {
       PW_RETURN_IF_ERROR(need(0, 2));
-      const bool use_default = args.size() == 2 && Truthy(args[1])
-                                   ? !Truthy(v)
-                                   : v.kind == Value::Kind::kUndefined;
+      const bool use_default =
+          args.size() == 2 && Truthy(args[1]) ? !Truthy(v) : v.kind == Value::Kind::kUndefined;
       if (use_default) return args.empty() ? Value::Str("") : args[0];
       return v;
     }
@@ -1661,8 +1760,8 @@ Result<std::string> ChatTemplate::Render(const ChatTemplateInputs& in) const {
   using jinja::Value;
   jinja::List messages;
   for (const ChatMessage& m : in.messages) {
-    messages.push_back(Value::MakeDict({{"role", Value::Str(m.role)},
-                                        {"content", Value::Str(m.content)}}));
+    messages.push_back(
+        Value::MakeDict({{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}}));
   }
   std::map<std::string, Value> globals;
   globals["messages"] = Value::MakeList(std::move(messages));

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <deque>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "common/unicode_tables.h"
 
@@ -284,8 +283,8 @@ size_t MatchQwen2(const ClassView& v, size_t i, size_t max_digits) {
   const char32_t c = v.cps[i];
   const CharClass k = v.cls[i];
   // [^\r\n\p{L}\p{N}]?\p{L}+
-  if (c != U'\r' && c != U'\n' && k != CharClass::kLetter && k != CharClass::kNumber &&
-      i + 1 < n && v.cls[i + 1] == CharClass::kLetter) {
+  if (c != U'\r' && c != U'\n' && k != CharClass::kLetter && k != CharClass::kNumber && i + 1 < n &&
+      v.cls[i + 1] == CharClass::kLetter) {
     return v.RunOf(i + 1, CharClass::kLetter) - i;
   }
   if (k == CharClass::kLetter) return v.RunOf(i, CharClass::kLetter) - i;
@@ -350,8 +349,9 @@ class TokenizerLoader {
   Status CheckNullOrAbsent(const json& root, const char* field) const {
     auto it = root.find(field);
     if (it == root.end() || it->is_null()) return Status::Ok();
-    if (it->is_object()) return Unsupported(field, "unsupported " + std::string(field) + " type '" +
-                                                       TypeOf(*it) + "' (only null)");
+    if (it->is_object())
+      return Unsupported(
+          field, "unsupported " + std::string(field) + " type '" + TypeOf(*it) + "' (only null)");
     return Unsupported(field, "only null is supported");
   }
 
@@ -376,8 +376,8 @@ class TokenizerLoader {
     if (tit != model.end()) {
       if (!tit->is_string()) return Corrupt("model.type", "expected a string");
       if (tit->get<std::string>() != "BPE") {
-        return Unsupported("model.type", "unsupported model type '" + tit->get<std::string>() +
-                                             "' (only BPE)");
+        return Unsupported("model.type",
+                           "unsupported model type '" + tit->get<std::string>() + "' (only BPE)");
       }
     }
     // Options this implementation does not have.
@@ -388,7 +388,8 @@ class TokenizerLoader {
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       auto it = model.find(key);
       if (it == model.end() || it->is_null()) continue;
-      if (!it->is_string()) return Corrupt(std::string("model.") + key, "expected a string or null");
+      if (!it->is_string())
+        return Corrupt(std::string("model.") + key, "expected a string or null");
       if (!it->get<std::string>().empty()) {
         return Unsupported(std::string("model.") + key, "non-empty value");
       }
@@ -411,8 +412,8 @@ class TokenizerLoader {
       }
       const int64_t id = it.value().get<int64_t>();
       if (id < 0 || id >= (int64_t{1} << 30)) {
-        return Corrupt("model.vocab[\"" + it.key() + "\"]", "id " + std::to_string(id) +
-                                                                 " out of range [0, 2^30)");
+        return Corrupt("model.vocab[\"" + it.key() + "\"]",
+                       "id " + std::to_string(id) + " out of range [0, 2^30)");
       }
       max_id = std::max(max_id, id);
     }
@@ -426,8 +427,9 @@ class TokenizerLoader {
     for (auto it = vit->begin(); it != vit->end(); ++it) {
       const int32_t id = static_cast<int32_t>(it.value().get<int64_t>());
       if (t->id_flags_[id] & 1) {
-        return Corrupt("model.vocab[\"" + it.key() + "\"]",
-                       "id " + std::to_string(id) + " also used by \"" + t->id_to_token_[id] + "\"");
+        return Corrupt(
+            "model.vocab[\"" + it.key() + "\"]",
+            "id " + std::to_string(id) + " also used by \"" + t->id_to_token_[id] + "\"");
       }
       t->id_flags_[id] |= 1;
       t->id_to_token_[id] = it.key();
@@ -445,7 +447,8 @@ class TokenizerLoader {
       if (!it->is_string()) return Corrupt("model.unk_token", "expected a string or null");
       auto u = t->vocab_.find(it->get<std::string>());
       if (u == t->vocab_.end()) {
-        return Corrupt("model.unk_token", "\"" + it->get<std::string>() + "\" is not in model.vocab");
+        return Corrupt("model.unk_token",
+                       "\"" + it->get<std::string>() + "\" is not in model.vocab");
       }
       t->unk_id_ = u->second;
     }
@@ -463,7 +466,8 @@ class TokenizerLoader {
         const std::string& s = m.get_ref<const std::string&>();
         const size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-          return Corrupt(field, "expected \"left right\" with exactly one space, got \"" + s + "\"");
+          return Corrupt(field,
+                         "expected \"left right\" with exactly one space, got \"" + s + "\"");
         }
         left = s.substr(0, sp);
         right = s.substr(sp + 1);
@@ -518,10 +522,11 @@ class TokenizerLoader {
                              "\" (supported: the GPT-2, Qwen2 and Llama-3 patterns)");
     }
     auto bit = pt.find("behavior");
-    if (bit == pt.end() || !bit->is_string()) return Corrupt(path + ".behavior", "expected a string");
+    if (bit == pt.end() || !bit->is_string())
+      return Corrupt(path + ".behavior", "expected a string");
     if (bit->get<std::string>() != "Isolated") {
-      return Unsupported(path + ".behavior",
-                         "unsupported split behavior '" + bit->get<std::string>() + "' (only Isolated)");
+      return Unsupported(path + ".behavior", "unsupported split behavior '" +
+                                                 bit->get<std::string>() + "' (only Isolated)");
     }
     bool invert;
     PW_RETURN_IF_ERROR(GetBool(pt, path, "invert", false, &invert));
@@ -543,8 +548,9 @@ class TokenizerLoader {
       return Status::Ok();
     }
     if (type != "Sequence") {
-      return Unsupported("pre_tokenizer.type", "unsupported pre_tokenizer type '" + type +
-                                                   "' (ByteLevel, or Sequence of Split and ByteLevel)");
+      return Unsupported("pre_tokenizer.type",
+                         "unsupported pre_tokenizer type '" + type +
+                             "' (ByteLevel, or Sequence of Split and ByteLevel)");
     }
     auto sit = it->find("pretokenizers");
     if (sit == it->end() || !sit->is_array()) {
@@ -581,8 +587,8 @@ class TokenizerLoader {
     }
     if (!it->is_object()) return Corrupt("decoder", "expected an object");
     if (TypeOf(*it) != "ByteLevel") {
-      return Unsupported("decoder.type", "unsupported decoder type '" + TypeOf(*it) +
-                                             "' (only ByteLevel)");
+      return Unsupported("decoder.type",
+                         "unsupported decoder type '" + TypeOf(*it) + "' (only ByteLevel)");
     }
     return Status::Ok();
   }
@@ -592,8 +598,8 @@ class TokenizerLoader {
     if (it == root.end() || it->is_null()) return Status::Ok();
     if (!it->is_object()) return Corrupt("post_processor", "expected an object");
     if (TypeOf(*it) != "ByteLevel") {
-      return Unsupported("post_processor.type", "unsupported post_processor type '" +
-                                                    TypeOf(*it) + "' (only null or ByteLevel)");
+      return Unsupported("post_processor.type", "unsupported post_processor type '" + TypeOf(*it) +
+                                                    "' (only null or ByteLevel)");
     }
     return Status::Ok();
   }
@@ -615,7 +621,8 @@ class TokenizerLoader {
       }
       if (idit->get<int64_t>() < 0) return Corrupt(path + ".id", "negative id");
       auto cit = a.find("content");
-      if (cit == a.end() || !cit->is_string()) return Corrupt(path + ".content", "expected a string");
+      if (cit == a.end() || !cit->is_string())
+        return Corrupt(path + ".content", "expected a string");
       tok.content = cit->get<std::string>();
       if (tok.content.empty()) return Corrupt(path + ".content", "empty");
       if (auto bad = utf8::FindInvalid(tok.content)) {
@@ -733,8 +740,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromModelDir(const std::string& di
   PW_ASSIGN_OR_RETURN(json cfg, ParseJson(text, cfg_path));
   if (!cfg.is_object()) return Corrupt(cfg_path + ": expected a JSON object");
   // A special token is written as a string or as {"content": ..., ...}.
-  auto token_field = [&](const char* key, std::string* out,
-                         std::optional<int32_t>* id) -> Status {
+  auto token_field = [&](const char* key, std::string* out, std::optional<int32_t>* id) -> Status {
     auto it = cfg.find(key);
     if (it == cfg.end() || it->is_null()) return Status::Ok();
     const json* v = &*it;
@@ -788,11 +794,6 @@ struct Segment {
   std::string_view text;
 };
 
-bool IsWordChar(char32_t cp) {
-  const CharClass k = Classify(cp);
-  return k == CharClass::kLetter || k == CharClass::kNumber || cp == U'_';
-}
-
 // Length of the UTF-8 sequence a lead byte starts (the text is valid UTF-8).
 size_t SeqLen(uint8_t b) { return b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1; }
 
@@ -829,9 +830,15 @@ void Tokenizer::EncodeSegment(std::string_view segment, std::vector<int32_t>* id
     while (i < cps.size()) {
       size_t m = 0;
       switch (pattern) {
-        case SplitPattern::kGpt2: m = MatchGpt2(v, i); break;
-        case SplitPattern::kQwen2: m = MatchQwen2(v, i, 1); break;
-        case SplitPattern::kLlama3: m = MatchQwen2(v, i, 3); break;
+        case SplitPattern::kGpt2:
+          m = MatchGpt2(v, i);
+          break;
+        case SplitPattern::kQwen2:
+          m = MatchQwen2(v, i, 1);
+          break;
+        case SplitPattern::kLlama3:
+          m = MatchQwen2(v, i, 3);
+          break;
       }
       PW_CHECK(m > 0);  // the patterns match at every position
       next.push_back(p.substr(offs[i], offs[i + m] - offs[i]));
@@ -924,9 +931,7 @@ void Tokenizer::MergeWord(std::string_view word, std::vector<int32_t>* ids) cons
     int32_t rank;
     int32_t pos;
     int32_t new_id;
-    bool operator>(const Cand& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   auto lookup = [this](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
     auto it = merges_.find((static_cast<uint64_t>(a) << 32) | uint32_t(b));
@@ -950,7 +955,8 @@ void Tokenizer::MergeWord(std::string_view word, std::vector<int32_t>* ids) cons
     cur.next = syms[right_pos].next;
     if (cur.next >= 0) syms[cur.next].prev = top.pos;
     if (cur.prev >= 0) {
-      if (auto pm = lookup(syms[cur.prev].id, cur.id)) queue.push({pm->first, cur.prev, pm->second});
+      if (auto pm = lookup(syms[cur.prev].id, cur.id))
+        queue.push({pm->first, cur.prev, pm->second});
     }
     if (cur.next >= 0) {
       if (auto nm = lookup(cur.id, syms[cur.next].id)) queue.push({nm->first, top.pos, nm->second});
@@ -999,8 +1005,9 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
         pos = stop;
         if (tok.single_word) {
           size_t unused;
-          const bool start_ok = start == 0 || !IsWordChar(CodepointBefore(s, start, &unused));
-          const bool stop_ok = stop == s.size() || !IsWordChar(CodepointAt(s, stop));
+          const bool start_ok =
+              start == 0 || !unicode::IsWordChar(CodepointBefore(s, start, &unused));
+          const bool stop_ok = stop == s.size() || !unicode::IsWordChar(CodepointAt(s, stop));
           if (!start_ok || !stop_ok) continue;
         }
         if (tok.lstrip) {
@@ -1018,7 +1025,8 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
           }
         }
         start = std::max(start, start_offset);
-        if (start_offset < start) next.push_back({-1, s.substr(start_offset, start - start_offset)});
+        if (start_offset < start)
+          next.push_back({-1, s.substr(start_offset, start - start_offset)});
         next.push_back({found, s.substr(start, stop - start)});
         start_offset = stop;
       }
@@ -1054,7 +1062,8 @@ bool Tokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && id < VocabSize() && (id_flags_[id] & 2);
 }
 
-Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
+                                      bool skip_special_tokens) const {
   std::string bytes;
   for (size_t i = 0; i < ids.size(); ++i) {
     auto b = TokenBytes(ids[i]);

@@ -4,7 +4,8 @@
 //   - model: BPE (vocab; merges as "a b" strings or [a, b] pairs; ignore_merges; unk_token and
 //     fuse_unk; no dropout, no byte_fallback, no continuing_subword_prefix/end_of_word_suffix);
 //   - normalizer: null;
-//   - pre_tokenizer: ByteLevel (use_regex, add_prefix_space), or Sequence[Split(Regex, Isolated)...,
+//   - pre_tokenizer: ByteLevel (use_regex, add_prefix_space), or Sequence[Split(Regex,
+//   Isolated)...,
 //     ByteLevel(use_regex=false)] where each Split pattern is one of the well-known patterns
 //     (GPT-2's, Qwen2's, Llama-3's), matched by hand-written code over Unicode tables;
 //   - decoder: ByteLevel; post_processor: null or ByteLevel (neither changes ids);
@@ -122,9 +123,9 @@ class Tokenizer {
 
   // Model.
   std::unordered_map<std::string, int32_t> vocab_;  // byte-level token string -> id
-  std::vector<std::string> id_to_token_;             // id -> token string ("" when a hole)
-  std::vector<std::string> id_to_bytes_;             // id -> decoded bytes
-  std::vector<uint8_t> id_flags_;                    // bit 0: exists, bit 1: special
+  std::vector<std::string> id_to_token_;            // id -> token string ("" when a hole)
+  std::vector<std::string> id_to_bytes_;            // id -> decoded bytes
+  std::vector<uint8_t> id_flags_;                   // bit 0: exists, bit 1: special
   // (left id << 32 | right id) -> (rank, merged id).
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
   int32_t byte_to_id_[256];  // id of the single-byte token, -1 when the vocab lacks it

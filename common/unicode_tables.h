@@ -16,19 +16,25 @@ struct CodepointRange {
 };
 
 // Sorted, disjoint, non-adjacent ranges; sizes given by the matching *Size constants.
-extern const CodepointRange kLetterRanges[];      // \p{L}
+extern const CodepointRange kLetterRanges[];  // \p{L}
 extern const size_t kLetterRangesSize;
-extern const CodepointRange kNumberRanges[];      // \p{N}
+extern const CodepointRange kNumberRanges[];  // \p{N}
 extern const size_t kNumberRangesSize;
+extern const CodepointRange kWordRanges[];  // \w (approximation, see the generator)
+extern const size_t kWordRangesSize;
 extern const CodepointRange kWhiteSpaceRanges[];  // \s (White_Space property)
 extern const size_t kWhiteSpaceRangesSize;
-extern const char kUnicodeVersion[];              // e.g. "14.0.0"
+extern const char kUnicodeVersion[];  // e.g. "14.0.0"
 
 // Class of one code point for the split patterns: exactly one of these holds for any code point.
 enum class CharClass : uint8_t { kLetter, kNumber, kWhiteSpace, kOther };
 
 // O(1) for ASCII and Latin-1, binary search above. Code points > 0x10FFFF are kOther.
 CharClass Classify(char32_t cp);
+
+// \w as Rust's regex crate defines it (up to the Alphabetic approximation): used for added
+// tokens' single_word flag.
+bool IsWordChar(char32_t cp);
 
 inline bool IsLetter(char32_t cp) { return Classify(cp) == CharClass::kLetter; }
 inline bool IsNumber(char32_t cp) { return Classify(cp) == CharClass::kNumber; }

@@ -138,17 +138,18 @@ TEST(ChatTemplate, ExpressionsAndLoopVariables) {
                    "{{ eos_token is string }} {{ none is none }}",
                    in),
             "True False False True True");
-  EXPECT_EQ(Render("{% set x = 'a' %}{% for m in messages %}{% set x = m.role %}{% endfor %}{{ x }}",
-                   in),
-            "a");  // a set inside a loop does not leak out of it
+  EXPECT_EQ(
+      Render("{% set x = 'a' %}{% for m in messages %}{% set x = m.role %}{% endfor %}{{ x }}", in),
+      "a");  // a set inside a loop does not leak out of it
   EXPECT_EQ(Render("{{ {'a': 1, 'b': [1, 'x']} | tojson }} {{ 'q\"\\n' | tojson }}", in),
             "{\"a\": 1, \"b\": [1, \"x\"]} \"q\\\"\\n\"");
   EXPECT_EQ(Render("{{ '  pad ' | trim }}|{{ ['a', 'b'] | join('-') }}|{{ undefined_var }}|"
                    "{{ undefined_var | default('dflt') }}",
                    in),
             "pad|a-b||dflt");
-  EXPECT_EQ(Render("{% for k, v in {'r': 'u', 's': 't'}.items() %}{{ k }}={{ v }};{% endfor %}", in),
-            "r=u;s=t;");
+  EXPECT_EQ(
+      Render("{% for k, v in {'r': 'u', 's': 't'}.items() %}{{ k }}={{ v }};{% endfor %}", in),
+      "r=u;s=t;");
   EXPECT_EQ(Render("{% if false %}a{% elif messages %}b{% else %}c{% endif %}", in), "b");
   EXPECT_EQ(Render("{{ bos_token }}{{ eos_token }}", Inputs({})), "<s></s>");
 }
@@ -162,9 +163,9 @@ TEST(ChatTemplate, RenderErrors) {
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(out.status().message().find("roles must alternate"), std::string::npos);
 
-  for (const char* bad : {"{{ 'a' + 1 }}", "{{ messages + 'x' }}", "{{ 1 // 0 }}",
-                          "{{ undefined_var.x }}", "{% for m in 5 %}{% endfor %}",
-                          "{{ bos_missing + 'x' }}"}) {
+  for (const char* bad :
+       {"{{ 'a' + 1 }}", "{{ messages + 'x' }}", "{{ 1 // 0 }}", "{{ undefined_var.x }}",
+        "{% for m in 5 %}{% endfor %}", "{{ bos_missing + 'x' }}"}) {
     auto p = ChatTemplate::Parse(bad);
     ASSERT_TRUE(p.ok()) << bad << ": " << p.status().ToString();
     auto r = p->Render(in);
@@ -247,9 +248,15 @@ TEST(ChatTemplate, ArbitraryBytesNeverCrash) {
     for (int k = 0; k < edits; ++k) {
       const size_t pos = next() % s.size();
       switch (next() % 3) {
-        case 0: s[pos] = alphabet[next() % alphabet.size()]; break;
-        case 1: s.erase(pos, 1 + next() % 3); break;
-        default: s.insert(pos, 1, alphabet[next() % alphabet.size()]); break;
+        case 0:
+          s[pos] = alphabet[next() % alphabet.size()];
+          break;
+        case 1:
+          s.erase(pos, 1 + next() % 3);
+          break;
+        default:
+          s.insert(pos, 1, alphabet[next() % alphabet.size()]);
+          break;
       }
     }
     auto t = ChatTemplate::Parse(s);

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -88,8 +88,8 @@ json MinimalTokenizerJson() {
   for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
   const std::string sp = ByteChar(' ');
   std::vector<std::pair<std::string, std::string>> merges = {
-      {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {sp, "w"}, {"o", "r"},
-      {sp + "w", "or"}, {"l", "d"}, {sp + "wor", "ld"}, {sp, sp}};
+      {"h", "e"}, {"l", "l"},       {"he", "ll"}, {"hell", "o"},      {sp, "w"},
+      {"o", "r"}, {sp + "w", "or"}, {"l", "d"},   {sp + "wor", "ld"}, {sp, sp}};
   int next = 256;
   json merges_json = json::array();
   for (auto& [a, b] : merges) {
@@ -98,8 +98,13 @@ json MinimalTokenizerJson() {
   }
   json added = json::array();
   for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
-    added.push_back({{"id", next}, {"content", s}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", next},
+                     {"content", s},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
     vocab[s] = next++;
   }
   return {{"version", "1.0"},
@@ -108,17 +113,27 @@ json MinimalTokenizerJson() {
           {"added_tokens", added},
           {"normalizer", nullptr},
           {"pre_tokenizer",
-           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", true},
             {"use_regex", true}}},
           {"post_processor", nullptr},
           {"decoder",
-           {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", true},
+            {"trim_offsets", true},
             {"use_regex", true}}},
           {"model",
-           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-            {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
-            {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-            {"vocab", vocab}, {"merges", merges_json}}}};
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"ignore_merges", false},
+            {"vocab", vocab},
+            {"merges", merges_json}}}};
 }
 
 std::unique_ptr<Tokenizer> LoadMinimal() {
@@ -225,8 +240,8 @@ TEST(TokenizerFixtures, RandomStringsAllVariantsMatchHf) {
       ASSERT_TRUE(got.ok()) << name << ": " << got.status().ToString();
       if (*got != want) {
         ++mismatches;
-        ADD_FAILURE() << name << " " << json(text).dump() << "\n got  " << Ids(*got)
-                      << "\n want " << Ids(want);
+        ADD_FAILURE() << name << " " << json(text).dump() << "\n got  " << Ids(*got) << "\n want "
+                      << Ids(want);
       }
       ExpectIncrementalMatches(**tok, want, name);
     }
@@ -318,14 +333,26 @@ TEST(Tokenizer, AddedTokenIdsAreDerivedAsHfDoes) {
   json j = MinimalTokenizerJson();
   const int32_t hello_id = j["model"]["vocab"]["hello"].get<int32_t>();
   const int32_t model_size = static_cast<int32_t>(j["model"]["vocab"].size());
-  j["added_tokens"].push_back({{"id", 9999}, {"content", "hello"}, {"single_word", false},
-                               {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+  j["added_tokens"].push_back({{"id", 9999},
+                               {"content", "hello"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", true},
                                {"special", false}});
-  j["added_tokens"].push_back({{"id", 5}, {"content", "<x>"}, {"single_word", false},
-                               {"lstrip", true}, {"rstrip", true}, {"normalized", false},
+  j["added_tokens"].push_back({{"id", 5},
+                               {"content", "<x>"},
+                               {"single_word", false},
+                               {"lstrip", true},
+                               {"rstrip", true},
+                               {"normalized", false},
                                {"special", true}});
-  j["added_tokens"].push_back({{"id", 5}, {"content", "<y>"}, {"single_word", false},
-                               {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+  j["added_tokens"].push_back({{"id", 5},
+                               {"content", "<y>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
                                {"special", false}});
   auto t = Tokenizer::FromJsonText(j.dump(), "derived.json");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -389,11 +416,13 @@ TEST(Tokenizer, LossyDecodeFollowsMaximalSubparts) {
     return out;
   };
   const std::string r = "\xEF\xBF\xBD";
-  EXPECT_EQ(lossy("a\xE2\x82" "b"), "a" + r + "b");     // truncated 3-byte: one U+FFFD
-  EXPECT_EQ(lossy("\xF0\x80\x80"), r + r + r);         // F0 80 is not a valid prefix
-  EXPECT_EQ(lossy("\xF0\x9F\x98"), r);                 // unfinished emoji at the end
-  EXPECT_EQ(lossy("\xC0\xAF"), r + r);                 // overlong lead is invalid alone
-  EXPECT_EQ(lossy("\xED\xA0\x80"), r + r + r);         // surrogate
+  EXPECT_EQ(lossy("a\xE2\x82"
+                  "b"),
+            "a" + r + "b");                     // truncated 3-byte: one U+FFFD
+  EXPECT_EQ(lossy("\xF0\x80\x80"), r + r + r);  // F0 80 is not a valid prefix
+  EXPECT_EQ(lossy("\xF0\x9F\x98"), r);          // unfinished emoji at the end
+  EXPECT_EQ(lossy("\xC0\xAF"), r + r);          // overlong lead is invalid alone
+  EXPECT_EQ(lossy("\xED\xA0\x80"), r + r + r);  // surrogate
   EXPECT_EQ(lossy("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
   std::string out;
   EXPECT_EQ(utf8::AppendLossy("ab\xF0\x9F\x98", false, &out), 2u);  // holds the prefix
@@ -449,8 +478,8 @@ TEST(IncrementalDecoder, RandomByteStreamsMatchFullDecode) {
         ids.push_back(*tok->TokenToId("hello"));
       }
     }
-    ExpectIncrementalMatches(*tok, ids, "seed " + std::to_string(seed) + " round " +
-                                             std::to_string(round));
+    ExpectIncrementalMatches(*tok, ids,
+                             "seed " + std::to_string(seed) + " round " + std::to_string(round));
   }
 }
 
@@ -467,9 +496,27 @@ TEST(Tokenizer, EncodesOneMegabyteWellUnderASecond) {
   ASSERT_NE(tok, nullptr);
   // Random words over several scripts, so the word cache does not see only repeats.
   std::mt19937 rng(7);
-  const std::vector<std::string> alphabet = {"a", "e", "i", "o", "n", "s", "t", "r", "l", "h",
-                                             "\xC3\xA9", "\xD0\xB4", "\xE6\x97\xA5", "1", "7",
-                                             ",", ".", "(", ")", "'s", "\xF0\x9F\x98\x80"};
+  const std::vector<std::string> alphabet = {"a",
+                                             "e",
+                                             "i",
+                                             "o",
+                                             "n",
+                                             "s",
+                                             "t",
+                                             "r",
+                                             "l",
+                                             "h",
+                                             "\xC3\xA9",
+                                             "\xD0\xB4",
+                                             "\xE6\x97\xA5",
+                                             "1",
+                                             "7",
+                                             ",",
+                                             ".",
+                                             "(",
+                                             ")",
+                                             "'s",
+                                             "\xF0\x9F\x98\x80"};
   const std::vector<std::string> seps = {" ", " ", " ", "  ", "\n", "\n\n", "\t", ", "};
   std::string text;
   while (text.size() < (1u << 20)) {
@@ -479,11 +526,10 @@ TEST(Tokenizer, EncodesOneMegabyteWellUnderASecond) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto ids = tok->Encode(text);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(ids.ok()) << ids.status().ToString();
-  std::printf("encoded %zu bytes into %zu tokens in %.3f s (%.1f MB/s)\n", text.size(),
-              ids->size(), secs, text.size() / secs / 1e6);
+  std::printf("encoded %zu bytes into %zu tokens in %.3f s (%.1f MB/s)\n", text.size(), ids->size(),
+              secs, text.size() / secs / 1e6);
   auto back = tok->Decode(*ids);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(*back, text);
@@ -516,20 +562,20 @@ TEST(UnicodeTables, ClassesOfKnownCodepoints) {
   using unicode::CharClass;
   using unicode::Classify;
   EXPECT_EQ(Classify(U'a'), CharClass::kLetter);
-  EXPECT_EQ(Classify(0x65E5), CharClass::kLetter);   // 日
-  EXPECT_EQ(Classify(0x00AA), CharClass::kLetter);   // ª (Lo)
+  EXPECT_EQ(Classify(0x65E5), CharClass::kLetter);  // 日
+  EXPECT_EQ(Classify(0x00AA), CharClass::kLetter);  // ª (Lo)
   EXPECT_EQ(Classify(U'7'), CharClass::kNumber);
-  EXPECT_EQ(Classify(0x00BD), CharClass::kNumber);   // ½ (No)
-  EXPECT_EQ(Classify(0x2167), CharClass::kNumber);   // Ⅷ (Nl)
-  EXPECT_EQ(Classify(0x0663), CharClass::kNumber);   // Arabic-Indic 3
+  EXPECT_EQ(Classify(0x00BD), CharClass::kNumber);  // ½ (No)
+  EXPECT_EQ(Classify(0x2167), CharClass::kNumber);  // Ⅷ (Nl)
+  EXPECT_EQ(Classify(0x0663), CharClass::kNumber);  // Arabic-Indic 3
   EXPECT_EQ(Classify(U' '), CharClass::kWhiteSpace);
   EXPECT_EQ(Classify(0x0085), CharClass::kWhiteSpace);
   EXPECT_EQ(Classify(0x3000), CharClass::kWhiteSpace);
-  EXPECT_EQ(Classify(0x001C), CharClass::kOther);    // not White_Space, unlike str.isspace
-  EXPECT_EQ(Classify(0x200B), CharClass::kOther);    // zero-width space is Cf
-  EXPECT_EQ(Classify(0x0301), CharClass::kOther);    // combining acute (Mn)
-  EXPECT_EQ(Classify(0x1F600), CharClass::kOther);   // emoji (So)
-  EXPECT_EQ(Classify(0x1C89), CharClass::kLetter);   // assigned in Unicode 16.0
+  EXPECT_EQ(Classify(0x001C), CharClass::kOther);   // not White_Space, unlike str.isspace
+  EXPECT_EQ(Classify(0x200B), CharClass::kOther);   // zero-width space is Cf
+  EXPECT_EQ(Classify(0x0301), CharClass::kOther);   // combining acute (Mn)
+  EXPECT_EQ(Classify(0x1F600), CharClass::kOther);  // emoji (So)
+  EXPECT_EQ(Classify(0x1C89), CharClass::kLetter);  // assigned in Unicode 16.0
   EXPECT_EQ(Classify(0x110000), CharClass::kOther);
   // Tables sorted and disjoint.
   using Table = std::pair<const unicode::CodepointRange*, size_t>;
@@ -565,10 +611,13 @@ TEST(TokenizerBadInput, MalformedFilesAreRefusedWithFieldNames) {
       {"no_model", [](json& j) { j.erase("model"); }, "", StatusCode::kCorrupt, "'model'"},
       {"no_vocab", [](json& j) { j["model"].erase("vocab"); }, "", StatusCode::kCorrupt,
        "'model.vocab': missing"},
-      {"vocab_array", [](json& j) { j["model"]["vocab"] = json::array({1, 2}); }, "",
-       StatusCode::kCorrupt, "model.vocab"},
-      {"vocab_string_id", [](json& j) { j["model"]["vocab"]["a"] = "x"; }, "",
-       StatusCode::kCorrupt, "model.vocab[\"a\"]"},
+      {"vocab_array",
+       [](json& j) {
+         j["model"]["vocab"] = json::array({1, 2});
+       },
+       "", StatusCode::kCorrupt, "model.vocab"},
+      {"vocab_string_id", [](json& j) { j["model"]["vocab"]["a"] = "x"; }, "", StatusCode::kCorrupt,
+       "model.vocab[\"a\"]"},
       {"vocab_negative_id", [](json& j) { j["model"]["vocab"]["a"] = -3; }, "",
        StatusCode::kCorrupt, "model.vocab[\"a\"]"},
       {"vocab_duplicate_id", [](json& j) { j["model"]["vocab"]["a"] = 0x62; }, "",
@@ -579,35 +628,49 @@ TEST(TokenizerBadInput, MalformedFilesAreRefusedWithFieldNames) {
        StatusCode::kCorrupt, "model.merges[2]"},
       {"merge_two_spaces", [](json& j) { j["model"]["merges"][0] = "h e l"; }, "",
        StatusCode::kCorrupt, "model.merges[0]"},
-      {"merge_triple", [](json& j) { j["model"]["merges"][1] = json::array({"l", "l", "l"}); },
+      {"merge_triple",
+       [](json& j) {
+         j["model"]["merges"][1] = json::array({"l", "l", "l"});
+       },
        "", StatusCode::kCorrupt, "model.merges[1]"},
       {"merge_number", [](json& j) { j["model"]["merges"][3] = 7; }, "", StatusCode::kCorrupt,
        "model.merges[3]"},
       {"merge_unknown_token",
-       [](json& j) { j["model"]["merges"].push_back(json::array({"q", "zz"})); }, "",
-       StatusCode::kCorrupt, "\"zz\" is not in model.vocab"},
+       [](json& j) {
+         j["model"]["merges"].push_back(json::array({"q", "zz"}));
+       },
+       "", StatusCode::kCorrupt, "\"zz\" is not in model.vocab"},
       {"merge_result_unknown",
-       [](json& j) { j["model"]["merges"].push_back(json::array({"q", "z"})); }, "",
-       StatusCode::kCorrupt, "\"qz\" is not in model.vocab"},
+       [](json& j) {
+         j["model"]["merges"].push_back(json::array({"q", "z"}));
+       },
+       "", StatusCode::kCorrupt, "\"qz\" is not in model.vocab"},
       {"model_wordpiece", [](json& j) { j["model"]["type"] = "WordPiece"; }, "",
        StatusCode::kUnsupported, "WordPiece"},
       {"byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }, "",
        StatusCode::kUnsupported, "byte_fallback"},
       {"dropout", [](json& j) { j["model"]["dropout"] = 0.1; }, "", StatusCode::kUnsupported,
        "model.dropout"},
-      {"normalizer_nfc", [](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "",
-       StatusCode::kUnsupported, "NFC"},
+      {"normalizer_nfc",
+       [](json& j) {
+         j["normalizer"] = {{"type", "NFC"}};
+       },
+       "", StatusCode::kUnsupported, "NFC"},
       {"pretok_metaspace",
-       [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}}; }, "",
-       StatusCode::kUnsupported, "Metaspace"},
-      {"pretok_null", [](json& j) { j["pre_tokenizer"] = nullptr; }, "",
-       StatusCode::kUnsupported, "pre_tokenizer"},
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
+       },
+       "", StatusCode::kUnsupported, "Metaspace"},
+      {"pretok_null", [](json& j) { j["pre_tokenizer"] = nullptr; }, "", StatusCode::kUnsupported,
+       "pre_tokenizer"},
       {"split_unknown_regex",
        [](json& j) {
          j["pre_tokenizer"] = {
              {"type", "Sequence"},
              {"pretokenizers",
-              {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+|\\d"}}}, {"behavior", "Isolated"},
+              {{{"type", "Split"},
+                {"pattern", {{"Regex", "\\w+|\\d"}}},
+                {"behavior", "Isolated"},
                 {"invert", false}},
                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
        },
@@ -620,29 +683,41 @@ TEST(TokenizerBadInput, MalformedFilesAreRefusedWithFieldNames) {
               {{{"type", "Split"},
                 {"pattern",
                  {{"Regex",
-                   "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}},
+                   "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| "
+                   "?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}},
                 {"behavior", "Removed"},
                 {"invert", false}},
                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
        },
        "", StatusCode::kUnsupported, "Removed"},
       {"sequence_without_bytelevel",
-       [](json& j) { j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", json::array()}}; },
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", json::array()}};
+       },
        "", StatusCode::kUnsupported, "ByteLevel"},
-      {"decoder_wordpiece", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "",
-       StatusCode::kUnsupported, "WordPiece"},
-      {"post_template", [](json& j) { j["post_processor"] = {{"type", "TemplateProcessing"}}; },
+      {"decoder_wordpiece",
+       [](json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "", StatusCode::kUnsupported, "WordPiece"},
+      {"post_template",
+       [](json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"}};
+       },
        "", StatusCode::kUnsupported, "TemplateProcessing"},
-      {"truncation", [](json& j) { j["truncation"] = {{"max_length", 5}}; }, "",
-       StatusCode::kUnsupported, "truncation"},
-      {"added_no_id", [](json& j) { j["added_tokens"][1].erase("id"); }, "",
-       StatusCode::kCorrupt, "added_tokens[1].id"},
+      {"truncation",
+       [](json& j) {
+         j["truncation"] = {{"max_length", 5}};
+       },
+       "", StatusCode::kUnsupported, "truncation"},
+      {"added_no_id", [](json& j) { j["added_tokens"][1].erase("id"); }, "", StatusCode::kCorrupt,
+       "added_tokens[1].id"},
       {"added_empty", [](json& j) { j["added_tokens"][0]["content"] = ""; }, "",
        StatusCode::kCorrupt, "added_tokens[0].content"},
       {"added_flag_type", [](json& j) { j["added_tokens"][2]["lstrip"] = "yes"; }, "",
        StatusCode::kCorrupt, "added_tokens[2].lstrip"},
-      {"unk_missing", [](json& j) { j["model"]["unk_token"] = "<unk>"; }, "",
-       StatusCode::kCorrupt, "model.unk_token"},
+      {"unk_missing", [](json& j) { j["model"]["unk_token"] = "<unk>"; }, "", StatusCode::kCorrupt,
+       "model.unk_token"},
   };
   for (const BadCase& c : cases) {
     const std::string path = dir + "/" + c.name + ".json";
@@ -702,8 +777,8 @@ TEST(TokenizerModelDir, ReadsSpecialTokensAndChatTemplate) {
   EXPECT_EQ((*t)->chat_template(), cfg["chat_template"].get<std::string>());
 
   // A list of named templates: "default" is used.
-  cfg["chat_template"] = json::array({{{"name", "tool_use"}, {"template", "T"}},
-                                      {{"name", "default"}, {"template", "D"}}});
+  cfg["chat_template"] = json::array(
+      {{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}});
   cfg["eos_token"] = "<|endoftext|>";
   WriteFile(dir + "/tokenizer_config.json", cfg.dump());
   t = Tokenizer::FromModelDir(dir);
