@@ -69,7 +69,8 @@ void Matmul512(const float* x, size_t ldx, size_t T, const W* w, size_t K, size_
     if (T == 1) {
       for (; n + 4 <= n1; n += 4) Tile512<4, 1>(x, ldx, w + n * K, K, y + n, ldy);
     } else {
-      for (; n + 2 <= n1; n += 2) Tokens512<2>(x, ldx, T, w + n * K, K, y + n, ldy);
+      // 4 rows x 4 tokens: 16 accumulators + 4 weight vectors + 1 activation of 32 registers.
+      for (; n + 4 <= n1; n += 4) Tokens512<4>(x, ldx, T, w + n * K, K, y + n, ldy);
     }
     for (; n < n1; ++n) Tokens512<1>(x, ldx, T, w + n * K, K, y + n, ldy);
   }
