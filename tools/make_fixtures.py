@@ -11,6 +11,7 @@ Run in the venv made by `make venv`. Subcommands:
   tiny        from models/tiny-moe: tests/fixtures/tiny_logits.safetensors, greedy.json and
               heldout.json (see WriteHeldout for the perplexity rule).
   all         the three above.
+  routing     prints expert specialisation by domain on the held-out documents (model card).
 
 References are computed by HF transformers in float32 from the bf16 weights (the upcast is
 exact), eager attention, so the C++ engine (bf16 weights, fp32 math) sees identical weights.
@@ -521,10 +522,51 @@ def WriteTinyFixtures(heldout_path):
     WriteHeldout(model, tok, heldout_path)
 
 
+def PrintDomainRouting():
+    """Expert specialisation by domain on the held-out documents: for each layer and domain,
+    the share of the domain's expert assignments that land on its 8 most used experts (1/4
+    for uniform routing over 32 experts), and that domain's most used expert."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import corpus
+
+    torch.set_num_threads(int(os.environ.get("PW_FIXTURE_THREADS", "1")))
+    model = LoadReference(TINY)
+    tok = LoadTinyTokenizer()
+    n_layers = model.config.num_hidden_layers
+    n_experts = model.config.num_experts
+    k = model.config.num_experts_per_tok
+    counts = {}
+    for name, body in corpus.AllDocs():
+        if not corpus.IsHeldOut(name):
+            continue
+        domain = name.split("/", 1)[0]
+        c = counts.setdefault(domain, torch.zeros(n_layers, n_experts, dtype=torch.float64))
+        ids = Encode(tok, corpus.CutAtLine(body, corpus.HELDOUT_DOC_CHARS))
+        with torch.no_grad():
+            for w in HeldOutWindows(ids, HELDOUT_CTX):
+                out = model(input_ids=torch.tensor([w]), use_cache=False,
+                            output_router_logits=True)
+                for layer, rl in enumerate(out.router_logits):
+                    sel = torch.topk(rl.float(), k, dim=-1).indices.reshape(-1)
+                    c[layer] += torch.bincount(sel, minlength=n_experts).double()
+    domains = sorted(counts)
+    print("| layer | " + " | ".join(domains) + " |")
+    print("|---|" + "---|" * len(domains))
+    for layer in range(n_layers):
+        cells = []
+        for d in domains:
+            frac = counts[d][layer] / counts[d][layer].sum()
+            top = torch.topk(frac, 8)
+            cells.append(f"{top.values.sum().item():.2f} (e{int(top.indices[0])})")
+        print(f"| {layer} | " + " | ".join(cells) + " |")
+
+
 def Main(argv):
     global TINY, FIXTURES
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["tokenizer", "random", "tiny", "all"])
+    parser.add_argument("what", choices=["tokenizer", "random", "tiny", "all", "routing"])
     parser.add_argument("--heldout", default=os.path.join(ROOT, "build", "eval", "heldout.txt"),
                         help="held-out text written by tools/corpus.py heldout")
     parser.add_argument("--model", default=TINY, help="the embedded model directory")
@@ -537,6 +579,8 @@ def Main(argv):
         WriteRandomModels()
     if args.what in ("tiny", "all"):
         WriteTinyFixtures(args.heldout)
+    if args.what == "routing":
+        PrintDomainRouting()
     return 0
 
 
