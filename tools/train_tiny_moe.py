@@ -9,7 +9,7 @@ Stages (run in the venv made by `make venv`):
 
   .venv/bin/python tools/train_tiny_moe.py tokenizer --corpus corpus/train.txt --out models/tiny-moe
   .venv/bin/python tools/train_tiny_moe.py model --corpus corpus/train.txt --out models/tiny-moe \
-      --seed 1234 --steps N --log runs/loss.csv
+      --seed 1234 --steps 1500 --threads 1 --log runs/loss.csv
 """
 
 import argparse
@@ -261,7 +261,7 @@ def Main(argv):
     parser.add_argument("--corpus", default="corpus/train.txt")
     parser.add_argument("--out", default="models/tiny-moe")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=16, help="sequences per step")
     parser.add_argument("--seq", type=int, default=256, help="tokens per sequence")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
