@@ -61,6 +61,7 @@ struct BackendLoad {
   int32_t prefill_workers = 0; // live prefill workers
   int64_t free_kv_blocks = 0;  // sum over live decode workers (last heartbeat)
   int64_t used_kv_blocks = 0;
+  uint64_t requests_replaced = 0;  // cumulative: placements made again after a worker failure
 };
 
 class GenerationBackend {

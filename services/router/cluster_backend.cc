@@ -4,6 +4,7 @@
 #include <chrono>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "common/logging.h"
 #include "services/transport/zmq_transport.h"
@@ -243,14 +244,19 @@ void ClusterBackend::DispatchPending() {
 
 bool ClusterBackend::Place(uint64_t id, Req& r) {
   const int64_t n_tokens = static_cast<int64_t>(r.request.prompt.size() + r.generated.size());
-  // Our requests per worker, blocks being reserved per decode worker, tokens being prefilled
-  // per prefill worker.
-  std::map<std::string, int64_t> assigned, reserving_blocks, prefilling_tokens;
+  // Our requests per decode worker; blocks of those placed too recently for the worker's last
+  // heartbeat to show them; prompt tokens being prefilled per prefill worker.
+  const uint64_t now = NowMs();
+  std::map<std::string, int64_t> assigned, recent_blocks, prefilling_tokens;
   for (const auto& [oid, o] : reqs_) {
     if (o.phase == Phase::kPending) continue;
     ++assigned[o.decode_peer];
     int64_t toks = static_cast<int64_t>(o.request.prompt.size() + o.generated.size());
-    if (o.phase == Phase::kReserving) reserving_blocks[o.decode_peer] += toks / 16 + 1;
+    if (now - o.placed_at_ms < 2 * options_.heartbeat_ms) {
+      auto ws = statics_.find(o.decode_peer);
+      int64_t bt = ws != statics_.end() && ws->second.block_tokens ? ws->second.block_tokens : 16;
+      recent_blocks[o.decode_peer] += toks / bt + 1;
+    }
     if (o.phase == Phase::kPrefilling) prefilling_tokens[o.prefill_peer] += toks;
   }
   // Workers this request already failed on rank after all others.
@@ -259,13 +265,14 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   };
   const transport::PeerInfo* best_d = nullptr;
   const WorkerStatic* best_ds = nullptr;
-  std::pair<bool, int64_t> best_d_key{false, std::numeric_limits<int64_t>::min()};
+  std::tuple<bool, int64_t, int64_t> best_d_key{false, 0, 0};
   for (const auto& [peer, info] : server_->peers()) {
     if (info.role != wire::Role::DECODE || info.load.draining) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || assigned[peer] >= ws->max_batch) continue;
-    std::pair<bool, int64_t> key{!failed_before(peer),
-                                 int64_t(info.load.free_kv_blocks) - reserving_blocks[peer]};
+    std::tuple<bool, int64_t, int64_t> key{
+        !failed_before(peer), int64_t(info.load.free_kv_blocks) - recent_blocks[peer],
+        -assigned[peer]};
     if (best_d == nullptr || key > best_d_key) {
       best_d_key = key;
       best_d = &info;
@@ -301,7 +308,8 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
     return true;  // try the others; this one retries after the backoff
   }
   r.phase = Phase::kReserving;
-  r.phase_deadline_ms = NowMs() + options_.phase_timeout_ms;
+  r.placed_at_ms = NowMs();
+  r.phase_deadline_ms = r.placed_at_ms + options_.phase_timeout_ms;
   r.decode_peer = best_d->id;
   r.prefill_peer = best_p->id;
   r.lease_id = 0;
@@ -560,6 +568,7 @@ void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why) {
   r.lease_id = 0;
   r.block_ids.clear();
   r.not_before_ms = 0;
+  ++replaced_;
 }
 
 void ClusterBackend::SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id) {
@@ -594,6 +603,7 @@ void ClusterBackend::PublishLoad() {
     }
   }
   if (!have_prefill) l.capacity = 0;
+  l.requests_replaced = replaced_;
   std::lock_guard<std::mutex> lock(load_mu_);
   load_ = l;
 }

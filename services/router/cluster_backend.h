@@ -2,9 +2,10 @@
 // workers (services/proto/cluster.capnp), over a ZeroMQ ROUTER socket the workers connect to.
 //
 // Per request (DESIGN.md section 2, "Request path"):
-//   1. place: decode worker D with the most free KV blocks (last heartbeat, minus blocks of
-//      this router's reservations still being made there) among those running fewer than their
-//      maxBatch of this router's requests; prefill worker P with the fewest queued prompt
+//   1. place: decode worker D with the most free KV blocks (last heartbeat, minus the blocks of
+//      this router's requests placed there within the last two heartbeat intervals, which the
+//      heartbeat may not show yet; ties go to fewer requests) among those running fewer than
+//      their maxBatch of this router's requests; prefill worker P with the fewest queued prompt
 //      tokens (last heartbeat, plus prompt tokens of this router's requests prefilling there),
 //      with a KV layout hash equal to D's;
 //   2. router -> D  KvReserve(numTokens, leaseMs)         D -> router KvReserveReply(lease, blocks)
@@ -86,6 +87,7 @@ class ClusterBackend final : public GenerationBackend {
     int attempts = 0;                // placements made
     uint64_t not_before_ms = 0;      // retry backoff
     uint64_t phase_deadline_ms = 0;  // kReserving / kPrefilling: answer expected by then
+    uint64_t placed_at_ms = 0;       // when KvReserve was sent
     std::vector<std::string> failed_on;  // workers this request failed on (avoided if possible)
   };
   // What a worker registered with (read once per process instance).
@@ -149,6 +151,7 @@ class ClusterBackend final : public GenerationBackend {
   // Backend thread only.
   std::map<uint64_t, Req> reqs_;
   std::map<std::string, WorkerStatic> statics_;
+  uint64_t replaced_ = 0;  // Retry() calls that placed a request again
 
   mutable std::mutex load_mu_;
   BackendLoad load_;  // guarded by load_mu_

@@ -54,6 +54,11 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
       decode_workers(Make(prometheus::BuildGauge(), "pagedweight_router_backend_decode_workers",
                           "Live decode workers registered with the router", *registry)
                          .Add({})),
+      requests_replaced(Make(prometheus::BuildCounter(),
+                             "pagedweight_router_backend_requests_replaced_total",
+                             "Requests placed again on other workers after a worker failure",
+                             *registry)
+                            .Add({})),
       registry_(std::move(registry)),
       requests_(&Make(prometheus::BuildCounter(), "pagedweight_router_requests_total",
                       "Finished HTTP requests by endpoint and status code", *registry_)) {}

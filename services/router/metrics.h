@@ -9,6 +9,7 @@
 //   prompt_tokens_total, generation_tokens_total  counters
 //   rejected_requests_total{reason} counter: 429 (queue_full), 503 (draining, no_workers)
 //   backend_free_kv_blocks / backend_used_kv_blocks / backend_decode_workers gauges
+//   backend_requests_replaced_total counter: requests placed again after a worker failure
 #pragma once
 
 #include <memory>
@@ -42,6 +43,7 @@ class RouterMetrics {
   prometheus::Gauge& free_kv_blocks;
   prometheus::Gauge& used_kv_blocks;
   prometheus::Gauge& decode_workers;
+  prometheus::Counter& requests_replaced;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

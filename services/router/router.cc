@@ -482,6 +482,10 @@ void Router::UpdateGauges() {
   metrics_->free_kv_blocks.Set(static_cast<double>(load.free_kv_blocks));
   metrics_->used_kv_blocks.Set(static_cast<double>(load.used_kv_blocks));
   metrics_->decode_workers.Set(load.decode_workers);
+  if (load.requests_replaced > replaced_seen_) {
+    metrics_->requests_replaced.Increment(static_cast<double>(load.requests_replaced - replaced_seen_));
+    replaced_seen_ = load.requests_replaced;
+  }
 }
 
 }  // namespace pw::router

@@ -116,6 +116,7 @@ class Router final : public GenerationEvents {
   uint64_t next_id_ = 1;
   bool draining_ = false;
   bool tick_scheduled_ = false;
+  uint64_t replaced_seen_ = 0;  // BackendLoad::requests_replaced already counted
   std::function<void()> on_drained_;
 };
 

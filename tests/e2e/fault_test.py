@@ -24,7 +24,7 @@ from cluster import SKIP, LocalCluster, model_present  # noqa: E402
 PROMPTS = ["In the beginning", "The Lord said unto Moses", "int main(int argc, char** argv) {",
            "def parse(self, text):", "Q: Why is the sky blue?\nA:", "Once upon a time",
            "#include <stdio.h>\n", "And it came to pass"]
-MAX_TOKENS = 48
+MAX_TOKENS = 400  # streams must outlast failure detection (3 heartbeats)
 
 
 class Stream(threading.Thread):
@@ -105,7 +105,7 @@ def main():
             failures.append(what)
 
     with LocalCluster(build_dir, model_dir, log_dir, decode_workers=2, prefill_workers=2,
-                      heartbeat_ms=500, router_args=["--drain-timeout-ms", "60000"]) as c:
+                      heartbeat_ms=250, router_args=["--drain-timeout-ms", "60000"]) as c:
         reference = {}
         for p in PROMPTS:
             s = complete(c.url, p)
@@ -113,13 +113,19 @@ def main():
             reference[p] = s.text
 
         # 1. SIGKILL a decode worker mid-stream.
+        replaced = "pagedweight_router_backend_requests_replaced_total"
+        before = c.metrics().get(replaced, 0)
         streams = [Stream(c.url, p) for p in PROMPTS]
         for s in streams:
             s.start()
         wait_until(lambda: all(s.chunks >= 3 or s.finish for s in streams), 120)
+        unfinished = sum(1 for s in streams if not s.finish)
         c.signal("decode-0", signal.SIGKILL)
         for s in streams:
             s.join(300)
+        moved = c.metrics().get(replaced, 0) - before
+        print(f"{unfinished} streams running at the kill, {moved} requests placed again")
+        check(moved >= 1, "the killed decode worker held requests that moved")
         for s in streams:
             check(s.error is None and s.done_marker and s.text == reference[s.prompt],
                   f"decode SIGKILL: {s.prompt!r} finished identical "
