@@ -601,3 +601,40 @@ TEST(Perplexity, WindowRuleAndValueMatchManualComputation) {
 
 }  // namespace
 }  // namespace pw::engine
+
+namespace pw::engine {
+namespace {
+
+// Checkpoints mixing dense-MLP and MoE layers (tests/engine/data, made by
+// tests/engine/make_layer_mix_fixtures.py): mlp_only_layers and decoder_sparse_step.
+TEST(LayerMix, DenseAndMoeLayersMatchReference) {
+  const std::string root = std::string(PW_SOURCE_DIR) + "/tests/engine/data/";
+  const std::vector<std::pair<std::string, std::vector<bool>>> cases = {
+      {"qwen2_moe_mlp_only", {true, false, true}},
+      {"qwen3_moe_sparse_step", {false, true, false}},
+  };
+  for (const auto& [name, moe_layers] : cases) {
+    SCOPED_TRACE(name);
+    auto engine = Engine::Create(root + name, {.block_size = 4, .max_batch_tokens = 8});
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    const auto& layers = (*engine)->model().layers();
+    ASSERT_EQ(layers.size(), moe_layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) EXPECT_EQ(layers[l].is_moe, moe_layers[l]) << l;
+    const size_t V = static_cast<size_t>((*engine)->vocab_size());
+    auto refs = ReadRefLogits(root + name + "/logits.safetensors", V);
+    ASSERT_FALSE(refs.empty());
+    for (size_t p = 0; p < refs.size(); ++p) {
+      auto got = (*engine)->ForwardLogits(refs[p].ids);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      for (size_t t = 0; t < refs[p].ids.size(); ++t) {
+        const float* g = got->data() + t * V;
+        const float* r = refs[p].logits.data() + t * V;
+        EXPECT_LE(MaxAbsDiff(g, r, V), 2e-3) << "prompt " << p << " position " << t;
+        EXPECT_EQ(Argmax(g, V), Argmax(r, V)) << "prompt " << p << " position " << t;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pw::engine
