@@ -640,7 +640,21 @@ class ExprParser {
     return e;
   }
 
+  // Bounds the parser's recursion (and so the renderer's) on pathological nesting.
+  static constexpr int kMaxDepth = 200;
+  struct DepthGuard {
+    int* depth;
+    explicit DepthGuard(int* d) : depth(d) { ++*depth; }
+    ~DepthGuard() { --*depth; }
+  };
+  Status CheckDepth() const {
+    if (depth_ > kMaxDepth) return Err(Peek().pos, "expression nested too deeply", false);
+    return Status::Ok();
+  }
+
   Result<ExprP> ParseExpr() {  // a if c else b
+    DepthGuard guard(&depth_);
+    PW_RETURN_IF_ERROR(CheckDepth());
     PW_ASSIGN_OR_RETURN(ExprP value, ParseOr());
     if (IsName("if")) {
       const size_t pos = Next().pos;
@@ -684,6 +698,8 @@ class ExprParser {
   }
 
   Result<ExprP> ParseNot() {
+    DepthGuard guard(&depth_);
+    PW_RETURN_IF_ERROR(CheckDepth());
     if (IsName("not")) {
       auto e = Make(Expr::Op::kNot, Next().pos);
       PW_ASSIGN_OR_RETURN(ExprP operand, ParseNot());
@@ -775,6 +791,8 @@ class ExprParser {
   }
 
   Result<ExprP> ParseUnary() {
+    DepthGuard guard(&depth_);
+    PW_RETURN_IF_ERROR(CheckDepth());
     if (IsOp("-")) {
       auto e = Make(Expr::Op::kNeg, Next().pos);
       PW_ASSIGN_OR_RETURN(ExprP operand, ParseUnary());
@@ -952,6 +970,7 @@ class ExprParser {
   const Piece& piece_;
   std::vector<Tok> toks_;
   size_t k_ = 0;
+  int depth_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -976,6 +995,13 @@ class Parser {
   // Parses statements until one of `ends` (a block tag keyword); the keyword found is stored in
   // *end and its tag is left for the caller in parser_ (current_).
   Result<std::unique_ptr<Node>> ParseBlock(const std::set<std::string>& ends, std::string* end) {
+    if (++depth_ > kMaxBlockDepth) {
+      return Err(i_ < pieces_.size() ? pieces_[i_].pos : 0, "blocks nested too deeply", false);
+    }
+    struct Leave {
+      int* d;
+      ~Leave() { --*d; }
+    } leave{&depth_};
     auto block = std::make_unique<Node>();
     block->kind = Node::Kind::kBlock;
     while (i_ < pieces_.size()) {
@@ -1106,6 +1132,8 @@ class Parser {
   std::string_view src_;
   std::vector<Piece> pieces_;
   size_t i_ = 0;
+  static constexpr int kMaxBlockDepth = 100;
+  int depth_ = 0;
   std::unique_ptr<ExprParser> current_;
 };
 

@@ -227,6 +227,27 @@ TEST(ChatTemplate, UnsupportedAndMalformedSyntaxNamePosition) {
   }
 }
 
+TEST(ChatTemplate, DeepNestingIsRefusedNotOverflowed) {
+  for (const std::string& tpl :
+       {"{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}",
+        "{{ " + std::string(100000, '-') + "1 }}",
+        "{{ " + std::string(50000, '[') + std::string(50000, ']') + " }}", [] {
+          std::string t;
+          for (int k = 0; k < 20000; ++k) t += "{% if true %}";
+          for (int k = 0; k < 20000; ++k) t += "{% endif %}";
+          return t;
+        }()}) {
+    auto t = ChatTemplate::Parse(tpl);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
+    EXPECT_NE(t.status().message().find("nested too deeply"), std::string::npos);
+  }
+  // Moderate nesting is fine.
+  EXPECT_EQ(
+      Render("{{ ((((1 + 2)))) }}{% if true %}{% if true %}x{% endif %}{% endif %}", Inputs({})),
+      "3x");
+}
+
 TEST(ChatTemplate, ArbitraryBytesNeverCrash) {
   // Mutated copies of a real template: each parses and renders or fails with a status.
   const std::string base =
