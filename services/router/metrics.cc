@@ -9,8 +9,9 @@ namespace {
 using prometheus::Histogram;
 
 Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
-          10.24, 20.48, 40.96, 81.92};
+  // 100 us .. 82 s: a decode step of a small model takes well under a millisecond.
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32,
+          0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92};
 }
 
 template <typename Builder>
