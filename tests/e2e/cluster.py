@@ -75,6 +75,7 @@ class LocalCluster:
         self.worker_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs = {}
+        self.metrics_ports = {}
         os.makedirs(log_dir, exist_ok=True)
 
     def _start(self, name, argv):
@@ -93,6 +94,8 @@ class LocalCluster:
                 "--router", f"tcp://127.0.0.1:{self.worker_port}", "--id", name,
                 "--model-name", self.model_name, "--kv-blocks", str(self.kv_blocks),
                 "--heartbeat-ms", str(self.heartbeat_ms), "--threads", "1"]
+        self.metrics_ports[name] = free_port()
+        argv += ["--metrics", f"127.0.0.1:{self.metrics_ports[name]}"]
         if kind == "decode":
             argv += ["--max-batch", str(self.max_batch)]
         self._start(name, argv)
@@ -125,6 +128,11 @@ class LocalCluster:
         if status != 200:
             raise RuntimeError(f"/metrics answered {status}")
         return parse_metrics(body)
+
+    def worker_metrics(self, name):
+        """A worker's own /metrics, parsed ({} when it does not answer)."""
+        status, body = http_get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics")
+        return parse_metrics(body) if status == 200 else {}
 
     def rss_kib(self):
         out = {}

@@ -120,7 +120,13 @@ def main():
             s.start()
         wait_until(lambda: all(s.chunks >= 3 or s.finish for s in streams), 120)
         unfinished = sum(1 for s in streams if not s.finish)
-        c.signal("decode-0", signal.SIGKILL)
+        # Kill the decode worker running the most of them.
+        running = {w: sum(v for k, v in c.worker_metrics(w).items()
+                          if k.split("{")[0] == "pagedweight_requests_running")
+                   for w in ("decode-0", "decode-1")}
+        victim = max(running, key=running.get)
+        print(f"running per decode worker: {running}; killing {victim}")
+        c.signal(victim, signal.SIGKILL)
         for s in streams:
             s.join(300)
         moved = c.metrics().get(replaced, 0) - before
