@@ -2,14 +2,19 @@
 //
 // The engine uses it to split kernels by output rows (matmuls) or by (token, head) pairs
 // (attention). ParallelFor blocks until every piece is done; the calling thread runs the first
-// piece itself. Dispatch never allocates. One thread drives a pool at a time (not reentrant:
-// calling ParallelFor from inside a piece runs that inner loop inline on the calling thread).
+// piece itself. Dispatch never allocates. Waiting threads spin for a few microseconds before
+// blocking on a condition variable, so back-to-back kernels do not pay a futex wake each.
+// One thread drives a pool at a time (not reentrant: calling ParallelFor from inside a piece
+// runs that inner loop inline on the calling thread).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstddef>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace pw::cpu {
@@ -30,8 +35,9 @@ class ThreadPool {
   // split further (small work runs inline). Returns after every call has returned.
   template <typename F>
   void ParallelFor(size_t n, size_t align, size_t min_per_thread, F&& fn) {
-    auto thunk = [](void* ctx, size_t b, size_t e) { (*static_cast<F*>(ctx))(b, e); };
-    Run(n, align, min_per_thread, thunk, &fn);
+    using Fn = std::remove_reference_t<F>;
+    auto thunk = [](void* ctx, size_t b, size_t e) { (*static_cast<Fn*>(ctx))(b, e); };
+    Run(n, align, min_per_thread, thunk, const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
  private:
@@ -44,16 +50,17 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
-  // Job published under mu_; workers run piece `index` of generation_.
-  unsigned long generation_ = 0;
+  // The job of generation_: written by the caller before generation_ is bumped (release),
+  // read by workers after they observe the new generation (acquire).
+  std::atomic<uint64_t> generation_{0};
   Thunk fn_ = nullptr;
   void* ctx_ = nullptr;
   size_t pieces_ = 0;
   size_t chunk_ = 0;
   size_t n_ = 0;
-  int pending_ = 0;
-  bool busy_ = false;
-  bool stop_ = false;
+  std::atomic<int> pending_{0};  // workers that have not acknowledged the current job
+  std::atomic<bool> busy_{false};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace pw::cpu
