@@ -40,7 +40,7 @@ void PermuteX(const float* x, int tokens, int cols, bool strided, float* xp) {
 
 int SimdChunkCols(int tokens) {
   const int budget = (160 * 1024) / (4 * std::max(tokens, 1));
-  return std::clamp(budget / kGroupCols * kGroupCols, kGroupCols, 4096);
+  return std::clamp(budget / kGroupCols * kGroupCols, kGroupCols, 16384);
 }
 
 size_t SimdWorkspaceBytes(int cols, int tokens) {

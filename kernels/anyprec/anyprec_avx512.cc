@@ -1,5 +1,6 @@
-// AVX-512 (F, BW, VL) backend: the AVX2 decode with 512-bit conversion, gathers and FMAs.
-// Compiled with AVX-512 flags only; used only when the CPU reports avx512f and avx512bw.
+// AVX-512 (F, BW, VL) backend: the AVX2 code formation and LUT shuffles, with 512-bit F16C
+// widening and FMAs. Compiled with AVX-512 flags only; used only when the CPU reports avx512f,
+// avx512bw and avx512vl (not measurable on the development machine, which lacks them).
 #define PW_AP_AVX512 1
 #define PW_AP_NS avx512
 #include "kernels/anyprec/anyprec_simd.inc"

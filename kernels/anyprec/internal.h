@@ -28,8 +28,10 @@ constexpr int StridedSlotToByte(int q) { return 4 * (q % 8) + q / 8; }
 constexpr int PaddedCols(int cols) { return (cols + kGroupCols - 1) / kGroupCols * kGroupCols; }
 void PermuteX(const float* x, int tokens, int cols, bool strided, float* xp);
 
-// Column chunk (multiple of 256) the SIMD backends decode two rows of at a time in multi-token calls, so that the
-// chunk of x for all tokens stays in L2: about 160 KiB / (4 * tokens), in [256, 4096].
+// Column chunk (multiple of 256) of which the SIMD backends decode two rows at a time in
+// multi-token calls, so that the chunk of x for all tokens stays in L2: about 160 KiB / (4 * tokens), in [256, 16384]
+// (rows up to 16384 columns are then decoded whole for a few tokens, streaming the planes
+// sequentially; larger token counts visit the rows chunk by chunk).
 int SimdChunkCols(int tokens);
 // Scratch the SIMD backends carve out of the workspace, in bytes.
 size_t SimdWorkspaceBytes(int cols, int tokens);
