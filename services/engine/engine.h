@@ -40,9 +40,11 @@
 // Threading: an Engine is driven by one thread at a time (not thread-safe). Internally it
 // splits kernels over `num_threads` threads.
 //
-// Numerics: bf16 weights, fp32 activations, fp32 accumulation, fp32 KV. With greedy sampling
-// a sequence's tokens do not depend on what else is in the batch (per-token math is
-// independent of the batch; only summation order inside a kernel may differ, ~1e-6).
+// Numerics: bf16 weights, fp32 activations, fp32 accumulation, fp32 KV. A sequence's logits do
+// not depend on what else is in the batch beyond kernel summation order (~1e-6), so greedy
+// tokens are the same alone, batched, chunked or disaggregated unless two candidates tie
+// within that. Measured against HF transformers (fp32 from the same bf16 weights): max abs
+// logit difference ~2e-6 on the random fixtures, ~2e-5 on the tiny model.
 #pragma once
 
 #include <cstdint>
