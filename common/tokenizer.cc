@@ -489,6 +489,7 @@ class TokenizerLoader {
       const uint64_t key = (static_cast<uint64_t>(li->second) << 32) | uint32_t(ri->second);
       // A pair listed twice keeps its last rank (HF builds a map from the list).
       t->merges_[key] = {static_cast<int32_t>(r), mi->second};
+      t->rank_to_new_id_.push_back(mi->second);
     }
     return Status::Ok();
   }
@@ -926,40 +927,48 @@ void Tokenizer::MergeWord(std::string_view word, std::vector<int32_t>* ids) cons
     syms[i].prev = i - 1;
     syms[i].next = i + 1 < n ? i + 1 : -1;
   }
-  // Candidate merges ordered by (rank, position), smallest first, as HF orders them.
-  struct Cand {
-    int32_t rank;
-    int32_t pos;
-    int32_t new_id;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
+  // Candidate merges ordered by (rank, position), smallest first, as HF orders them; one
+  // entry is the key rank << 32 | position (a rank names its merge, so also the merged id).
   auto lookup = [this](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
     auto it = merges_.find((static_cast<uint64_t>(a) << 32) | uint32_t(b));
     return it == merges_.end() ? nullptr : &it->second;
   };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
+  auto key = [](int32_t rank, int32_t pos) {
+    return (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(pos);
+  };
+  std::vector<uint64_t> heap;
+  heap.reserve(n);
   for (int32_t i = 0; i + 1 < n; ++i) {
-    if (auto m = lookup(syms[i].id, syms[i + 1].id)) queue.push({m->first, i, m->second});
+    if (auto m = lookup(syms[i].id, syms[i + 1].id)) heap.push_back(key(m->first, i));
   }
-  while (!queue.empty()) {
-    const Cand top = queue.top();
-    queue.pop();
-    Symbol& cur = syms[top.pos];
+  std::greater<uint64_t> later;  // min-heap
+  std::make_heap(heap.begin(), heap.end(), later);
+  auto push = [&](int32_t rank, int32_t pos) {
+    heap.push_back(key(rank, pos));
+    std::push_heap(heap.begin(), heap.end(), later);
+  };
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const uint64_t top = heap.back();
+    heap.pop_back();
+    const int32_t pos = static_cast<int32_t>(top & 0xFFFFFFFFu);
+    const int32_t new_id = rank_to_new_id_[top >> 32];
+    Symbol& cur = syms[pos];
     if (!cur.alive || cur.next < 0) continue;
     const int32_t right_pos = cur.next;
-    // A stale entry: the pair at this position changed since it was queued.
+    // A stale entry: the pair at this position changed since it was queued (compared by the
+    // merged id, as HF compares).
     auto m = lookup(cur.id, syms[right_pos].id);
-    if (m == nullptr || m->second != top.new_id) continue;
-    cur.id = top.new_id;
+    if (m == nullptr || m->second != new_id) continue;
+    cur.id = new_id;
     syms[right_pos].alive = false;
     cur.next = syms[right_pos].next;
-    if (cur.next >= 0) syms[cur.next].prev = top.pos;
+    if (cur.next >= 0) syms[cur.next].prev = pos;
     if (cur.prev >= 0) {
-      if (auto pm = lookup(syms[cur.prev].id, cur.id))
-        queue.push({pm->first, cur.prev, pm->second});
+      if (auto pm = lookup(syms[cur.prev].id, cur.id)) push(pm->first, cur.prev);
     }
     if (cur.next >= 0) {
-      if (auto nm = lookup(cur.id, syms[cur.next].id)) queue.push({nm->first, top.pos, nm->second});
+      if (auto nm = lookup(cur.id, syms[cur.next].id)) push(nm->first, pos);
     }
   }
   for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = syms[i].next) ids->push_back(syms[i].id);

@@ -128,7 +128,8 @@ class Tokenizer {
   std::vector<uint8_t> id_flags_;                   // bit 0: exists, bit 1: special
   // (left id << 32 | right id) -> (rank, merged id).
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
-  int32_t byte_to_id_[256];  // id of the single-byte token, -1 when the vocab lacks it
+  std::vector<int32_t> rank_to_new_id_;  // merge rank -> merged id
+  int32_t byte_to_id_[256];              // id of the single-byte token, -1 when the vocab lacks it
   bool ignore_merges_ = false;
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
