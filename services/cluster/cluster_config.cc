@@ -105,7 +105,7 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
 
   if (broker_on) {
     ProcessSpec b{"broker", {bin + "/pw-broker", "--model", out.model_dir, "--bind", broker_ep,
-                             "--heartbeat-ms", hb}, 0};
+                             "--heartbeat-ms", hb}, 0, 2};
     if (broker["metrics_port"].AsInt() != 0) {
       b.argv.push_back("--metrics");
       b.argv.push_back(out.host + ":" + std::to_string(broker["metrics_port"].AsInt()));
@@ -118,7 +118,7 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                            "--heartbeat-ms", hb, "--lease-ms",
                            std::to_string(router["lease_ms"].AsInt()), "--max-waiting",
                            std::to_string(router["max_waiting"].AsInt()), "--drain-timeout-ms",
-                           std::to_string(out.drain_timeout_ms)}, 1};
+                           std::to_string(out.drain_timeout_ms)}, 1, 0};
   name_args(&r.argv);
   out.processes.push_back(std::move(r));
   for (const char* kind : {"prefill", "decode"}) {
@@ -130,7 +130,7 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                          out.model_dir, "--router", router_ep, "--id", id, "--kv-blocks",
                          std::to_string(w["kv_blocks"].AsInt()), "--threads",
                          std::to_string(w["threads"].AsInt()), "--max-batch-tokens",
-                         std::to_string(w["max_batch_tokens"].AsInt()), "--heartbeat-ms", hb}, 2};
+                         std::to_string(w["max_batch_tokens"].AsInt()), "--heartbeat-ms", hb}, 2, 1};
       if (kind[0] == 'd') {
         p.argv.push_back("--max-batch");
         p.argv.push_back(std::to_string(w["max_batch"].AsInt()));

@@ -26,7 +26,8 @@ namespace pw::cluster {
 struct ProcessSpec {
   std::string name;               // "router", "broker", "prefill-0", ...
   std::vector<std::string> argv;  // argv[0] is the binary path
-  int start_order = 0;            // lower starts first, stops last
+  int start_order = 0;            // lower starts first
+  int stop_order = 0;             // lower gets SIGTERM first (router 0, workers 1, broker 2)
 };
 
 struct RestartPolicy {

@@ -2,7 +2,7 @@
 //
 //   pw-cluster up --config deploy/local.yaml [--run-dir DIR]
 //
-// SIGINT/SIGTERM drain the cluster (workers, then router, then broker) and exit.
+// SIGINT/SIGTERM drain the cluster (router, then workers, then broker) and exit.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>

@@ -126,20 +126,21 @@ void Supervisor::Run(const std::atomic<bool>& stop) {
 
 void Supervisor::Stop() {
   stopping_ = true;
-  // Groups by start order, last started first: workers drain, then the router, then the broker.
+  // Groups by stop order: the router drains first (its in-flight requests still have workers),
+  // then the workers finish what they hold, then the broker goes.
   std::vector<int> orders;
-  for (auto& s : states_) orders.push_back(s.spec.start_order);
+  for (auto& s : states_) orders.push_back(s.spec.stop_order);
   std::sort(orders.begin(), orders.end());
   orders.erase(std::unique(orders.begin(), orders.end()), orders.end());
-  for (auto it = orders.rbegin(); it != orders.rend(); ++it) {
+  for (auto it = orders.begin(); it != orders.end(); ++it) {
     for (auto& s : states_) {
-      if (s.spec.start_order == *it && s.pid > 0) kill(s.pid, SIGTERM);
+      if (s.spec.stop_order == *it && s.pid > 0) kill(s.pid, SIGTERM);
     }
     const int64_t deadline = NowMs() + drain_timeout_ms_;
     while (true) {
       bool any = false;
       for (auto& s : states_) {
-        if (s.spec.start_order != *it || s.pid <= 0) continue;
+        if (s.spec.stop_order != *it || s.pid <= 0) continue;
         if (waitpid(s.pid, nullptr, WNOHANG) == s.pid) {
           PW_LOG(INFO) << s.spec.name << " stopped";
           s.pid = -1;
@@ -150,7 +151,7 @@ void Supervisor::Stop() {
       if (!any) break;
       if (NowMs() > deadline) {
         for (auto& s : states_) {
-          if (s.spec.start_order == *it && s.pid > 0) {
+          if (s.spec.stop_order == *it && s.pid > 0) {
             PW_LOG(WARNING) << s.spec.name << " did not drain in " << drain_timeout_ms_
                             << " ms; killing it";
             kill(s.pid, SIGKILL);

@@ -29,7 +29,7 @@ class Supervisor {
   void Run(const std::atomic<bool>& stop);
   // One supervision pass (reap, schedule and perform restarts). Tests call it directly.
   void Tick();
-  // SIGTERM everything (reverse order), wait, SIGKILL stragglers.
+  // SIGTERM everything (by stop order), wait, SIGKILL stragglers.
   void Stop();
 
   struct State {

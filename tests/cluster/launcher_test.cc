@@ -39,6 +39,10 @@ TEST(ClusterConfig, DeployLocalYamlLoads) {
     }
   }
   EXPECT_TRUE(decode_uses_broker);
+  // Drain order: the router first, the broker last.
+  EXPECT_EQ(cfg->processes[0].stop_order, 2);
+  EXPECT_EQ(cfg->processes[1].name, "router");
+  EXPECT_EQ(cfg->processes[1].stop_order, 0);
 }
 
 TEST(ClusterConfig, BadFilesNameTheProblem) {
