@@ -56,10 +56,10 @@ class GenerationEvents {
 
 // Load as the router's admission sees it.
 struct BackendLoad {
-  int32_t capacity = 0;        // requests the backend accepts at once now (0: no live workers)
-  int32_t decode_workers = 0;  // live decode workers
-  int32_t prefill_workers = 0; // live prefill workers
-  int64_t free_kv_blocks = 0;  // sum over live decode workers (last heartbeat)
+  int32_t capacity = 0;         // requests the backend accepts at once now (0: no live workers)
+  int32_t decode_workers = 0;   // live decode workers
+  int32_t prefill_workers = 0;  // live prefill workers
+  int64_t free_kv_blocks = 0;   // sum over live decode workers (last heartbeat)
   int64_t used_kv_blocks = 0;
   uint64_t requests_replaced = 0;  // cumulative: placements made again after a worker failure
 };

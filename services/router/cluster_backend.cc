@@ -92,8 +92,9 @@ Result<std::unique_ptr<ClusterBackend>> ClusterBackend::Create(ClusterBackendOpt
       self->OnPeerLost(peer, "worker '" + peer + "' registered again");
     }
     PW_LOG(INFO) << "router: worker '" << peer << "' registered as "
-                 << (role == wire::Role::PREFILL ? "prefill" : role == wire::Role::DECODE ? "decode"
-                                                                                          : "client");
+                 << (role == wire::Role::PREFILL  ? "prefill"
+                     : role == wire::Role::DECODE ? "decode"
+                                                  : "client");
     return Status::Ok();
   };
   b->server_->on_peer_dead = [self](const std::string& peer, const transport::PeerInfo&) {
@@ -270,9 +271,9 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
     if (info.role != wire::Role::DECODE || info.load.draining) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || assigned[peer] >= ws->max_batch) continue;
-    std::tuple<bool, int64_t, int64_t> key{
-        !failed_before(peer), int64_t(info.load.free_kv_blocks) - recent_blocks[peer],
-        -assigned[peer]};
+    std::tuple<bool, int64_t, int64_t> key{!failed_before(peer),
+                                           int64_t(info.load.free_kv_blocks) - recent_blocks[peer],
+                                           -assigned[peer]};
     if (best_d == nullptr || key > best_d_key) {
       best_d_key = key;
       best_d = &info;
@@ -445,8 +446,7 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
 void ClusterBackend::OnTokenChunk(const std::string& peer, wire::TokenChunk::Reader m) {
   const uint64_t id = m.getRequestId();
   auto it = reqs_.find(id);
-  if (it == reqs_.end() || it->second.phase != Phase::kDecoding ||
-      it->second.decode_peer != peer) {
+  if (it == reqs_.end() || it->second.phase != Phase::kDecoding || it->second.decode_peer != peer) {
     return;
   }
   Req& r = it->second;
@@ -532,8 +532,7 @@ void ClusterBackend::OnPeerLost(const std::string& peer, const std::string& why)
     }
   }
   if (!hit.empty()) {
-    PW_LOG(WARNING) << "router: " << why << "; placing its " << hit.size()
-                    << " requests again";
+    PW_LOG(WARNING) << "router: " << why << "; placing its " << hit.size() << " requests again";
   }
   for (uint64_t id : hit) {
     Req& r = reqs_[id];

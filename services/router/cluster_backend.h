@@ -45,16 +45,16 @@ namespace pw::router {
 
 struct ClusterBackendOptions {
   std::string bind = "tcp://127.0.0.1:5555";  // ROUTER endpoint workers connect to
-  std::string model_name;          // workers registering another non-empty model are refused
-  std::string id = "router";       // senderId on the control plane
+  std::string model_name;     // workers registering another non-empty model are refused
+  std::string id = "router";  // senderId on the control plane
   uint64_t heartbeat_ms = 500;
   uint32_t dead_after_beats = 3;
-  uint32_t lease_ms = 30000;       // KV reservation lease sent with KvReserve
+  uint32_t lease_ms = 30000;  // KV reservation lease sent with KvReserve
   // A reservation or prefill with no answer for this long is cancelled and placed again (a
   // lost message must not strand a request).
   uint64_t phase_timeout_ms = 30000;
-  int max_attempts = 3;            // placements per request after worker failures
-  uint32_t default_max_batch = 64; // when a decode worker registers maxBatch 0
+  int max_attempts = 3;             // placements per request after worker failures
+  uint32_t default_max_batch = 64;  // when a decode worker registers maxBatch 0
 };
 
 class ClusterBackend final : public GenerationBackend {
@@ -83,11 +83,11 @@ class ClusterBackend final : public GenerationBackend {
     std::string prefill_peer;
     uint64_t lease_id = 0;
     std::vector<uint32_t> block_ids;
-    std::vector<int32_t> generated;  // output tokens delivered to the router, in order
-    int attempts = 0;                // placements made
-    uint64_t not_before_ms = 0;      // retry backoff
-    uint64_t phase_deadline_ms = 0;  // kReserving / kPrefilling: answer expected by then
-    uint64_t placed_at_ms = 0;       // when KvReserve was sent
+    std::vector<int32_t> generated;      // output tokens delivered to the router, in order
+    int attempts = 0;                    // placements made
+    uint64_t not_before_ms = 0;          // retry backoff
+    uint64_t phase_deadline_ms = 0;      // kReserving / kPrefilling: answer expected by then
+    uint64_t placed_at_ms = 0;           // when KvReserve was sent
     std::vector<std::string> failed_on;  // workers this request failed on (avoided if possible)
   };
   // What a worker registered with (read once per process instance).

@@ -11,10 +11,9 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <unordered_map>
-
-#include <nlohmann/json.hpp>
 
 namespace pw::router {
 
@@ -38,21 +37,36 @@ bool IEquals(std::string_view a, std::string_view b) {
 
 const char* ReasonPhrase(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Unknown";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Unknown";
   }
 }
 
@@ -191,7 +205,7 @@ class HttpServer::Impl {
   tcp::acceptor acceptor_;
   std::thread thread_;
   uint16_t port_ = 0;
-  uint64_t next_timer_id_ = 1;                                                // io thread only
+  uint64_t next_timer_id_ = 1;                                               // io thread only
   std::unordered_map<uint64_t, std::shared_ptr<net::steady_timer>> timers_;  // io thread only
   std::shared_ptr<SessionRegistry> registry_;
   bool stopped_ = false;
@@ -298,10 +312,9 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
 
   void ReadHeader() {
     ArmReadTimer(opts().header_timeout);
-    http::async_read_header(socket_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              self->OnHeader(ec);
-                            });
+    http::async_read_header(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
   // Answers a protocol-level error and closes after the write, draining what the client still
@@ -312,21 +325,23 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
     exchange_active_ = true;
     streaming_ = false;
     on_disconnect_ = nullptr;
-    Respond({status, "application/json", {}, HttpErrorBody(message, "invalid_request_error", code)});
+    Respond(
+        {status, "application/json", {}, HttpErrorBody(message, "invalid_request_error", code)});
   }
 
   void OnHeader(beast::error_code ec) {
     if (closed_) return;
     if (ec == http::error::header_limit) {
-      FailRequest(431, "request headers exceed " + std::to_string(opts().max_header_bytes) + " bytes",
+      FailRequest(431,
+                  "request headers exceed " + std::to_string(opts().max_header_bytes) + " bytes",
                   "headers_too_large");
       return;
     }
     if (ec == http::error::body_limit) {
-      FailRequest(413,
-                  "request body exceeds the limit of " + std::to_string(opts().max_body_bytes) +
-                      " bytes",
-                  "body_too_large");
+      FailRequest(
+          413,
+          "request body exceeds the limit of " + std::to_string(opts().max_body_bytes) + " bytes",
+          "body_too_large");
       return;
     }
     if (ec) {
@@ -344,17 +359,18 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
       Enqueue("HTTP/1.1 100 Continue\r\n\r\n");
     }
     ArmReadTimer(opts().body_timeout);
-    http::async_read(socket_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+    http::async_read(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
   }
 
   void OnBody(beast::error_code ec) {
     if (closed_) return;
     if (ec == http::error::body_limit) {
-      FailRequest(413,
-                  "request body exceeds the limit of " + std::to_string(opts().max_body_bytes) +
-                      " bytes",
-                  "body_too_large");
+      FailRequest(
+          413,
+          "request body exceeds the limit of " + std::to_string(opts().max_body_bytes) + " bytes",
+          "body_too_large");
       return;
     }
     if (ec) {
@@ -389,10 +405,9 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
   void WatchForDisconnect() {
     if (watching_ || closed_ || buffer_.size() >= kMaxPipelinedBytes) return;
     watching_ = true;
-    socket_.async_read_some(buffer_.prepare(4096),
-                            [self = shared_from_this()](beast::error_code ec, size_t n) {
-                              self->OnWatch(ec, n);
-                            });
+    socket_.async_read_some(
+        buffer_.prepare(4096),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->OnWatch(ec, n); });
   }
 
   void OnWatch(beast::error_code ec, size_t n) {
@@ -436,10 +451,9 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
     write_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
       if (!ec && gen == self->write_timer_gen_) self->ClientGone();  // the client stopped reading
     });
-    net::async_write(socket_, net::buffer(out_.front()),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnWritten(ec);
-                     });
+    net::async_write(
+        socket_, net::buffer(out_.front()),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); });
   }
 
   void OnWritten(beast::error_code ec) {

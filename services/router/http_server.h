@@ -3,7 +3,8 @@
 // Contract:
 // - One io_context driven by one thread (the io thread): every handler, every HttpExchange call
 //   and every task given to Post()/PostAfter() runs on it, so the code that serves requests needs
-//   no locks. The work per request here is parsing and formatting; the model runs elsewhere. Idle connections cost a socket and a small buffer, no thread.
+//   no locks. The work per request here is parsing and formatting; the model runs elsewhere. Idle
+//   connections cost a socket and a small buffer, no thread.
 // - Limits per connection (HttpServerOptions): headers larger than max_header_bytes -> 431 and
 //   close; a body larger than max_body_bytes -> 413 with an OpenAI-style error object and close;
 //   a client that does not finish its request line and headers within header_timeout, or its
@@ -71,7 +72,8 @@ class HttpExchange {
   virtual bool open() const = 0;
 };
 
-using HttpHandler = std::function<void(HttpRequest request, std::shared_ptr<HttpExchange> exchange)>;
+using HttpHandler =
+    std::function<void(HttpRequest request, std::shared_ptr<HttpExchange> exchange)>;
 
 struct HttpServerOptions {
   std::string bind_address = "127.0.0.1";

@@ -10,8 +10,8 @@ using prometheus::Histogram;
 
 Histogram::BucketBoundaries LatencyBuckets() {
   // 100 us .. 82 s: a decode step of a small model takes well under a millisecond.
-  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32,
-          0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92};
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,  0.02,  0.04,  0.08,
+          0.16,   0.32,    0.64,   1.28,  2.56,   5.12,  10.24, 20.48, 40.96, 81.92};
 }
 
 template <typename Builder>
@@ -55,11 +55,10 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
       decode_workers(Make(prometheus::BuildGauge(), "pagedweight_router_backend_decode_workers",
                           "Live decode workers registered with the router", *registry)
                          .Add({})),
-      requests_replaced(Make(prometheus::BuildCounter(),
-                             "pagedweight_router_backend_requests_replaced_total",
-                             "Requests placed again on other workers after a worker failure",
-                             *registry)
-                            .Add({})),
+      requests_replaced(
+          Make(prometheus::BuildCounter(), "pagedweight_router_backend_requests_replaced_total",
+               "Requests placed again on other workers after a worker failure", *registry)
+              .Add({})),
       registry_(std::move(registry)),
       requests_(&Make(prometheus::BuildCounter(), "pagedweight_router_requests_total",
                       "Finished HTTP requests by endpoint and status code", *registry_)) {}

@@ -12,14 +12,14 @@
 //   backend_requests_replaced_total counter: requests placed again after a worker failure
 #pragma once
 
-#include <memory>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
 
 namespace pw::router {
 

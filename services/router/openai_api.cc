@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 namespace pw::router {
@@ -55,15 +54,23 @@ int JsonDepth(std::string_view s, int limit) {
 
 const char* TypeName(const json& j) {
   switch (j.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "object";
-    case json::value_t::array: return "array";
-    case json::value_t::string: return "string";
-    case json::value_t::boolean: return "boolean";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::boolean:
+      return "boolean";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    case json::value_t::number_float: return "number";
-    default: return "value";
+    case json::value_t::number_unsigned:
+      return "integer";
+    case json::value_t::number_float:
+      return "number";
+    default:
+      return "value";
   }
 }
 
@@ -128,8 +135,9 @@ std::optional<ApiError> ParseMessages(const json& body, const ApiLimits& limits,
         auto type = part.is_object() ? part.find("type") : part.end();
         if (!part.is_object() || type == part.end() || !type->is_string() ||
             type->get<std::string>() != "text") {
-          return Bad("'" + pw + "' must be {\"type\": \"text\", \"text\": ...}; only text parts "
-                     "are supported",
+          return Bad("'" + pw +
+                         "' must be {\"type\": \"text\", \"text\": ...}; only text parts "
+                         "are supported",
                      pw);
         }
         auto text = part.find("text");
@@ -162,9 +170,9 @@ std::optional<ApiError> ParsePrompt(const json& body, const ApiLimits& limits, A
   const json& first = (*it)[0];
   if (first.is_string()) {
     if (it->size() != 1) {
-      return Bad("'prompt' holds " + std::to_string(it->size()) +
-                     " prompts; send one prompt per request",
-                 "prompt");
+      return Bad(
+          "'prompt' holds " + std::to_string(it->size()) + " prompts; send one prompt per request",
+          "prompt");
     }
     r->prompt_text = first.get<std::string>();
     if (r->prompt_text.empty()) return Bad("'prompt' must not be empty", "prompt");
@@ -276,9 +284,9 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
     return Bad("request body is not valid UTF-8", "", "invalid_utf8");
   }
   if (JsonDepth(body_text, limits.max_json_depth) > limits.max_json_depth) {
-    return Bad("request body nests deeper than " + std::to_string(limits.max_json_depth) +
-                   " levels",
-               "", "invalid_json");
+    return Bad(
+        "request body nests deeper than " + std::to_string(limits.max_json_depth) + " levels", "",
+        "invalid_json");
   }
   json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
@@ -328,7 +336,8 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
                  field);
     }
     int64_t v = it->get<int64_t>();
-    if (v < 1) return Bad("'" + std::string(field) + "' must be at least 1, got " + it->dump(), field);
+    if (v < 1)
+      return Bad("'" + std::string(field) + "' must be at least 1, got " + it->dump(), field);
     if (v > limits.max_tokens_cap) {
       return Bad("'" + std::string(field) + "' = " + it->dump() + " exceeds the limit of " +
                      std::to_string(limits.max_tokens_cap),
@@ -347,8 +356,8 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
   }
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return WrongType("seed", "an integer", *it);
-    r.seed = it->is_number_unsigned() ? it->get<uint64_t>()
-                                      : static_cast<uint64_t>(it->get<int64_t>());
+    r.seed =
+        it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
   }
   if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return WrongType("n", "an integer", *it);
@@ -373,9 +382,9 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
     for (const auto& s : r.stop) {
       if (s.empty()) return Bad("'stop' sequences must not be empty", "stop");
       if (s.size() > limits.max_stop_bytes) {
-        return Bad("'stop' sequences must be at most " + std::to_string(limits.max_stop_bytes) +
-                       " bytes",
-                   "stop");
+        return Bad(
+            "'stop' sequences must be at most " + std::to_string(limits.max_stop_bytes) + " bytes",
+            "stop");
       }
     }
   }
@@ -426,7 +435,10 @@ json Envelope(const ResponseContext& ctx, bool chunk) {
   } else {
     object = "text_completion";
   }
-  return {{"id", ctx.id}, {"object", object}, {"created", ctx.created}, {"model", ctx.model},
+  return {{"id", ctx.id},
+          {"object", object},
+          {"created", ctx.created},
+          {"model", ctx.model},
           {"system_fingerprint", nullptr}};
 }
 

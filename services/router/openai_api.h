@@ -9,13 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace pw::router {
 
@@ -42,7 +41,7 @@ struct ApiRequest {
   int32_t top_k = 0;                  // 0 = off (extension, as vLLM accepts it)
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;  // up to ApiLimits::max_stop strings, each non-empty
-  bool ignore_eos = false;  // extension (as vLLM): do not stop at end-of-sequence
+  bool ignore_eos = false;        // extension (as vLLM): do not stop at end-of-sequence
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage (stream only)
 };
@@ -87,7 +86,7 @@ struct Usage {
 // Fields shared by every response object of one request.
 struct ResponseContext {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string id;  // "cmpl-..." or "chatcmpl-..."
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
   int64_t created = 0;  // unix seconds
   std::string model;
   bool include_usage = false;  // stream: chunks carry "usage": null, then a usage chunk

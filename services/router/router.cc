@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <ctime>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "common/logging.h"
 
@@ -37,10 +36,14 @@ std::string RandomHex(int digits) {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -69,12 +72,12 @@ void Router::ReplyError(HttpExchange& ex, const std::string& endpoint, const Api
 
 void Router::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
   std::string_view path = request.Path();
-  const bool is_get = request.method == "GET" || request.method == "HEAD";
+  const bool is_get = request.method == "GET";
   auto method_not_allowed = [&](const std::string& endpoint, const char* allowed) {
     ApiError e;
     e.http_status = 405;
-    e.message = "method " + request.method + " is not allowed on " + std::string(path) +
-                "; use " + allowed;
+    e.message =
+        "method " + request.method + " is not allowed on " + std::string(path) + "; use " + allowed;
     e.code = "method_not_allowed";
     ReplyError(*exchange, endpoint, e, {{"Allow", allowed}});
   };
@@ -130,9 +133,9 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
   const std::string label = ep == Endpoint::kCompletions ? "completions" : "chat_completions";
   if (draining_) {
     metrics_->rejected.Add({{"reason", "draining"}}).Increment();
-    ReplyError(*exchange, label,
-               ServerError(503, "the server is shutting down and takes no new requests",
-                           "draining"));
+    ReplyError(
+        *exchange, label,
+        ServerError(503, "the server is shutting down and takes no new requests", "draining"));
     return;
   }
   auto parsed = ParseApiRequest(request.body, ep, limits_);
@@ -297,8 +300,7 @@ void Router::Pump() {
     Status s = backend_->Submit(r.request);
     if (!s.ok()) {
       PW_LOG(WARNING) << "router: submit of request " << id << " failed: " << s.ToString();
-      Fail(id, ServerError(503, "no worker could take the request: " + s.message(),
-                           "no_workers"));
+      Fail(id, ServerError(503, "no worker could take the request: " + s.message(), "no_workers"));
     }
   }
   // Requests left waiting: look again shortly (capacity grows when a worker registers or a
@@ -391,10 +393,10 @@ void Router::DeliverFinished(uint64_t id, FinishReason reason, Status error) {
                            "cancelled"));
       break;
     case FinishReason::kError:
-      Fail(id, ServerError(error.code() == StatusCode::kUnavailable ? 503 : 500,
-                           "generation failed: " + error.message(),
-                           error.code() == StatusCode::kUnavailable ? "no_workers"
-                                                                    : "internal_error"));
+      Fail(id,
+           ServerError(error.code() == StatusCode::kUnavailable ? 503 : 500,
+                       "generation failed: " + error.message(),
+                       error.code() == StatusCode::kUnavailable ? "no_workers" : "internal_error"));
       break;
   }
 }
@@ -483,7 +485,8 @@ void Router::UpdateGauges() {
   metrics_->used_kv_blocks.Set(static_cast<double>(load.used_kv_blocks));
   metrics_->decode_workers.Set(load.decode_workers);
   if (load.requests_replaced > replaced_seen_) {
-    metrics_->requests_replaced.Increment(static_cast<double>(load.requests_replaced - replaced_seen_));
+    metrics_->requests_replaced.Increment(
+        static_cast<double>(load.requests_replaced - replaced_seen_));
     replaced_seen_ = load.requests_replaced;
   }
 }

@@ -33,11 +33,11 @@
 namespace pw::router {
 
 struct RouterOptions {
-  std::string model_name = "tiny-moe";    // the id clients put in "model"
-  int64_t context_length = 2048;          // prompt + generated tokens must fit
-  int64_t default_max_tokens = 256;       // when the request gives none (capped by context)
-  size_t max_waiting = 256;               // admission queue bound; full -> 429
-  int retry_after_seconds = 1;            // Retry-After of a 429
+  std::string model_name = "tiny-moe";  // the id clients put in "model"
+  int64_t context_length = 2048;        // prompt + generated tokens must fit
+  int64_t default_max_tokens = 256;     // when the request gives none (capped by context)
+  size_t max_waiting = 256;             // admission queue bound; full -> 429
+  int retry_after_seconds = 1;          // Retry-After of a 429
   std::chrono::milliseconds request_timeout{300000};  // admission -> end; then cancelled
 };
 
@@ -72,10 +72,10 @@ class Router final : public GenerationEvents {
     GenerationRequest request;
     std::unique_ptr<TextDecoder> decoder;
     StopMatcher stop{{}};
-    bool stream = false;             // SSE response (begun at admission)
-    std::string text;                // non-stream: the response text so far
-    uint32_t tokens_received = 0;    // output tokens received (index of the next one)
-    bool submitted = false;          // at the backend (running) vs waiting
+    bool stream = false;           // SSE response (begun at admission)
+    std::string text;              // non-stream: the response text so far
+    uint32_t tokens_received = 0;  // output tokens received (index of the next one)
+    bool submitted = false;        // at the backend (running) vs waiting
     uint64_t timer_id = 0;
     Clock::time_point admitted;
     Clock::time_point last_token;

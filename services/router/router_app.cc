@@ -69,10 +69,10 @@ int RunRouterApp(RouterAppOptions o) {
   o.router.context_length = context;
   auto metrics = std::make_shared<RouterMetrics>(std::make_shared<prometheus::Registry>());
   Router router(o.router, &codec, backend->get(), metrics);
-  auto server = HttpServer::Create(o.http, [&router](HttpRequest req,
-                                                     std::shared_ptr<HttpExchange> ex) {
-    router.Handle(std::move(req), std::move(ex));
-  });
+  auto server =
+      HttpServer::Create(o.http, [&router](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+        router.Handle(std::move(req), std::move(ex));
+      });
   if (!server.ok()) {
     std::fprintf(stderr, "pw-router: %s\n", server.status().ToString().c_str());
     return 1;
@@ -92,9 +92,7 @@ int RunRouterApp(RouterAppOptions o) {
   PW_LOG(INFO) << "signal " << sig << ": draining (up to " << o.drain_timeout.count() << " ms)";
   auto drained = std::make_shared<std::promise<void>>();
   auto done = drained->get_future();
-  (*server)->Post([&router, drained] {
-    router.BeginDrain([drained] { drained->set_value(); });
-  });
+  (*server)->Post([&router, drained] { router.BeginDrain([drained] { drained->set_value(); }); });
   // Wait for the drain, the drain timeout, or a second signal.
   auto deadline = std::chrono::steady_clock::now() + o.drain_timeout;
   int code = 0;

@@ -17,11 +17,11 @@
 namespace pw::router {
 
 struct RouterAppOptions {
-  std::string model_dir;        // tokenizer.json, tokenizer_config.json, config.json
-  std::string model_name;       // "" = the model directory's base name
-  int64_t context_length = 0;   // 0 = config.json max_position_embeddings (else 2048)
+  std::string model_dir;       // tokenizer.json, tokenizer_config.json, config.json
+  std::string model_name;      // "" = the model directory's base name
+  int64_t context_length = 0;  // 0 = config.json max_position_embeddings (else 2048)
   HttpServerOptions http;
-  RouterOptions router;         // model_name / context_length are filled from the above
+  RouterOptions router;  // model_name / context_length are filled from the above
   ClusterBackendOptions cluster;
   std::chrono::milliseconds drain_timeout{60000};
 };

@@ -3,9 +3,9 @@
 // Contract: the concatenation of everything Push() and Flush() return equals the generated
 // text cut just before the first stop sequence to complete (generation stops as soon as one
 // appears; among those completing at the same byte, the one starting first); the stop sequence
-// itself is never returned. While streaming, the longest tail that could still begin a stop sequence is
-// held back, so a stop sequence split across tokens is still caught. Texts are whole UTF-8
-// characters (from TextDecoder), so the held tail never splits a character.
+// itself is never returned. While streaming, the longest tail that could still begin a stop
+// sequence is held back, so a stop sequence split across tokens is still caught. Texts are whole
+// UTF-8 characters (from TextDecoder), so the held tail never splits a character.
 #pragma once
 
 #include <string>

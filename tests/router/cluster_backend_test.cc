@@ -50,8 +50,8 @@ class ProtocolTestWorker {
     o.id = id;
     o.role = role;
     o.heartbeat_ms = 50;
-    client_ = std::make_unique<transport::ControlClient>(std::move(*t),
-                                                         transport::SteadyClock::Get(), o);
+    client_ =
+        std::make_unique<transport::ControlClient>(std::move(*t), transport::SteadyClock::Get(), o);
     client_->fill_register = [this](wire::Register::Builder r) {
       r.setModelName("tiny-moe");
       r.setMaxBatch(16);
@@ -157,13 +157,13 @@ class ProtocolTestWorker {
         auto kr = out.body().initKvReady();
         kr.setRequestId(p.getRequestId());
         // The request must carry the decode worker's registered KV pool and layout.
-        const bool target_ok = proto::ToBytes(p.getDecodeMemory().getRkey()) == "rkey" &&
-                               proto::ToBytes(p.getDecodeMemory().getWorkerAddress()) ==
-                                   "worker-address" &&
-                               p.getDecodeMemory().getBaseAddr() == 0x10000 &&
-                               p.getDecodeLayout().getLayoutHash() == 42 &&
-                               p.getDecodeLayout().getBlockTokens() == 16 &&
-                               p.getBlockIds().size() == BlocksFor(toks.size());
+        const bool target_ok =
+            proto::ToBytes(p.getDecodeMemory().getRkey()) == "rkey" &&
+            proto::ToBytes(p.getDecodeMemory().getWorkerAddress()) == "worker-address" &&
+            p.getDecodeMemory().getBaseAddr() == 0x10000 &&
+            p.getDecodeLayout().getLayoutHash() == 42 &&
+            p.getDecodeLayout().getBlockTokens() == 16 &&
+            p.getBlockIds().size() == BlocksFor(toks.size());
         kr.setOk(target_ok);
         if (!target_ok) kr.setError("PrefillRequest without the decode worker's KV target");
         kr.setFirstToken(NextToken(toks));
@@ -436,7 +436,8 @@ TEST_F(ClusterBackendTest, DeadDecodeWorkerRequestsContinueWithoutGapOrRepeat) {
   d0->Kill();  // silent from now on: declared dead after 3 heartbeats
   for (uint64_t id = 1; id <= 4; ++id) {
     ASSERT_TRUE(events_.WaitFinished(id, 20000)) << id;
-    EXPECT_EQ(events_.finish(id).first, FinishReason::kLength) << events_.finish(id).second.ToString();
+    EXPECT_EQ(events_.finish(id).first, FinishReason::kLength)
+        << events_.finish(id).second.ToString();
     EXPECT_EQ(events_.tokens(id), Reference({5, 6, 7}, 150)) << "request " << id;
   }
   EXPECT_TRUE(events_.violations().empty());

@@ -82,10 +82,10 @@ TEST(OpenAiApi, ChatMessages) {
             "messages[0].content[0]");
   EXPECT_EQ(Err(R"({"model":"m","messages":[{"content":"x"}]})", Endpoint::kChatCompletions).param,
             "messages[0].role");
-  EXPECT_EQ(Err(R"({"model":"m","messages":[{"role":"user","content":""}]})",
-                Endpoint::kChatCompletions)
-                .param,
-            "messages");
+  EXPECT_EQ(
+      Err(R"({"model":"m","messages":[{"role":"user","content":""}]})", Endpoint::kChatCompletions)
+          .param,
+      "messages");
 }
 
 TEST(OpenAiApi, Rejections) {
@@ -106,9 +106,9 @@ TEST(OpenAiApi, Rejections) {
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","stop":{"a":1}})").param, "stop");
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","logprobs":2})").code, "unsupported_parameter");
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","echo":true})").param, "echo");
-  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","stream_options":{"include_usage":1},"stream":true})")
-                .param,
-            "stream_options.include_usage");
+  EXPECT_EQ(
+      Err(R"({"model":"m","prompt":"x","stream_options":{"include_usage":1},"stream":true})").param,
+      "stream_options.include_usage");
   // Defaults of unsupported options are accepted.
   Ok(R"({"model":"m","prompt":"x","logprobs":null,"echo":false,"best_of":1,"n":null})");
 }
@@ -117,13 +117,13 @@ TEST(OpenAiApi, Utf8Validator) {
   EXPECT_TRUE(IsValidUtf8(""));
   EXPECT_TRUE(IsValidUtf8("plain ascii"));
   EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x8e\x89"));
-  EXPECT_FALSE(IsValidUtf8("\xc3"));                  // truncated
-  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));              // overlong
-  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));          // overlong 3-byte
-  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));          // surrogate
-  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));      // above U+10FFFF
-  EXPECT_FALSE(IsValidUtf8("\x80"));                  // lone continuation
-  EXPECT_FALSE(IsValidUtf8("a\xe2\x9c"));             // truncated at end
+  EXPECT_FALSE(IsValidUtf8("\xc3"));              // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));          // overlong
+  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));      // overlong 3-byte
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\x80"));              // lone continuation
+  EXPECT_FALSE(IsValidUtf8("a\xe2\x9c"));         // truncated at end
 }
 
 TEST(OpenAiApi, ErrorObjectShape) {

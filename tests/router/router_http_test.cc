@@ -242,8 +242,9 @@ TEST_F(RouterHttpTest, StopStringCutsTextAndCancels) {
 }
 
 TEST_F(RouterHttpTest, StopStringStreamingNeverLeaksThePrefix) {
-  auto r = Post("/v1/completions",
-                R"({"model":"tiny-moe","prompt":"Hi","max_tokens":40,"stop":"lazy dog","stream":true})");
+  auto r =
+      Post("/v1/completions",
+           R"({"model":"tiny-moe","prompt":"Hi","max_tokens":40,"stop":"lazy dog","stream":true})");
   ASSERT_EQ(r.status, 200);
   auto events = SseEvents(r.body);
   std::string text;
@@ -282,10 +283,11 @@ TEST_F(RouterHttpTest, ModelsHealthMetricsAndRoutes) {
   auto met = Call(GetRequest("/metrics"));
   ASSERT_EQ(met.status, 200);
   for (const char* name :
-       {"pagedweight_router_requests_total{", "pagedweight_router_time_to_first_token_seconds_bucket",
+       {"pagedweight_router_requests_total{",
+        "pagedweight_router_time_to_first_token_seconds_bucket",
         "pagedweight_router_inter_token_latency_seconds_bucket",
-        "pagedweight_router_e2e_request_latency_seconds_count", "pagedweight_router_requests_running",
-        "pagedweight_router_requests_waiting"}) {
+        "pagedweight_router_e2e_request_latency_seconds_count",
+        "pagedweight_router_requests_running", "pagedweight_router_requests_waiting"}) {
     EXPECT_NE(met.body.find(name), std::string::npos) << name;
   }
   EXPECT_NE(met.body.find("code=\"200\""), std::string::npos);
@@ -295,8 +297,8 @@ TEST_F(RouterHttpTest, ModelsHealthMetricsAndRoutes) {
 TEST_F(RouterHttpTest, KeepAliveServesSeveralRequestsOnOneConnection) {
   TestConnection c(server_->port());
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(c.Send(PostRequest("/v1/completions",
-                                   R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})")));
+    ASSERT_TRUE(c.Send(
+        PostRequest("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})")));
     auto r = c.Read();
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->status, 200);
@@ -379,10 +381,10 @@ TEST_F(RouterHttpTest, DeeplyNestedJsonIsRefusedWithoutRecursion) {
 TEST_F(RouterHttpTest, WrongTypes) {
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":5})"), 400, "prompt");
   ExpectError(Post("/v1/completions", R"({"model":7,"prompt":"x"})"), 400, "model");
-  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":"9"})"),
-              400, "max_tokens");
-  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":2.5})"),
-              400, "max_tokens");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":"9"})"), 400,
+              "max_tokens");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":2.5})"), 400,
+              "max_tokens");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","temperature":"hot"})"),
               400, "temperature");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stream":"yes"})"), 400,
@@ -418,8 +420,9 @@ TEST_F(RouterHttpTest, OutOfRangeValues) {
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","top_p":0})"), 400,
               "top_p");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","n":2})"), 400, "n");
-  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stop":["a","b","c","d","e"]})"),
-              400, "stop");
+  ExpectError(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stop":["a","b","c","d","e"]})"),
+      400, "stop");
   ExpectError(Post("/v1/completions",
                    R"({"model":"tiny-moe","prompt":"x","stream_options":{"include_usage":true}})"),
               400, "stream_options");
@@ -457,12 +460,14 @@ TEST_F(RouterHttpTest, EmptyPrompt) {
 TEST_F(RouterHttpTest, PromptOverTheContext) {
   std::string long_prompt;
   for (int i = 0; i < 200; ++i) long_prompt += "word" + std::to_string(i) + " ";
-  json j = ExpectError(Post("/v1/completions", json{{"model", "tiny-moe"}, {"prompt", long_prompt}}.dump()),
-                       400, "prompt");
+  json j = ExpectError(
+      Post("/v1/completions", json{{"model", "tiny-moe"}, {"prompt", long_prompt}}.dump()), 400,
+      "prompt");
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   // Prompt fits, prompt + max_tokens does not (context 64).
-  j = ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hello","max_tokens":64})"),
-                  400, "max_tokens");
+  j = ExpectError(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hello","max_tokens":64})"), 400,
+      "max_tokens");
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   // Without max_tokens the completion is capped by the context instead.
   auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hello"})");
@@ -600,8 +605,8 @@ TEST_F(RouterHttpTest, RequestTimeout) {
   EXPECT_EQ(j["error"]["code"], "timeout");
   EXPECT_EQ(backend_->cancelled().size(), 1u);
   // Streaming: the error arrives as an event, then [DONE].
-  auto s = Post("/v1/completions",
-                R"({"model":"tiny-moe","prompt":"x","max_tokens":5,"stream":true})");
+  auto s =
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","max_tokens":5,"stream":true})");
   ASSERT_EQ(s.status, 200);
   auto events = SseEvents(s.body);
   ASSERT_GE(events.size(), 2u);

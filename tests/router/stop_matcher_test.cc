@@ -84,8 +84,8 @@ TEST(StopMatcher, RandomSplitsMatchOracle) {
       pos += n;
     }
     out += m.Flush();
-    ASSERT_EQ(out, Cut(text, stops)) << "seed " << seed << " iter " << iter << " text '" << text
-                                     << "'";
+    ASSERT_EQ(out, Cut(text, stops))
+        << "seed " << seed << " iter " << iter << " text '" << text << "'";
   }
 }
 
