@@ -126,6 +126,7 @@ class HttpServer::Impl {
       : options_(std::move(options)),
         handler_(std::move(handler)),
         acceptor_(ioc_),
+        accept_timer_(ioc_),
         registry_(std::make_shared<SessionRegistry>()) {}
   ~Impl() { Stop(); }
 
@@ -188,11 +189,21 @@ class HttpServer::Impl {
     acceptor_.async_accept([this](beast::error_code ec, tcp::socket s) {
       if (ec) {
         if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
-        // Transient failures (EMFILE, ECONNABORTED): keep accepting.
-        std::fprintf(stderr, "router http: accept failed: %s\n", ec.message().c_str());
-      } else {
-        OnAccepted(std::move(s));
+        // Out of descriptors (EMFILE/ENFILE) or a transient failure: log once per burst and
+        // retry after a pause instead of spinning.
+        if (!accept_backoff_) {
+          std::fprintf(stderr, "router http: accept failed: %s; retrying in 100 ms\n",
+                       ec.message().c_str());
+        }
+        accept_backoff_ = true;
+        accept_timer_.expires_after(std::chrono::milliseconds(100));
+        accept_timer_.async_wait([this](beast::error_code tec) {
+          if (!tec && acceptor_.is_open()) DoAccept();
+        });
+        return;
       }
+      accept_backoff_ = false;
+      OnAccepted(std::move(s));
       if (acceptor_.is_open()) DoAccept();
     });
   }
@@ -203,6 +214,8 @@ class HttpServer::Impl {
   HttpHandler handler_;
   net::io_context ioc_;
   tcp::acceptor acceptor_;
+  net::steady_timer accept_timer_;
+  bool accept_backoff_ = false;
   std::thread thread_;
   uint16_t port_ = 0;
   uint64_t next_timer_id_ = 1;                                               // io thread only
@@ -578,6 +591,7 @@ void HttpServer::Impl::Stop() {
   net::post(ioc_, [this, &done] {
     beast::error_code ec;
     acceptor_.close(ec);
+    accept_timer_.cancel();
     std::vector<std::shared_ptr<Session>> live;
     {
       std::lock_guard<std::mutex> lock(registry_->mu);
