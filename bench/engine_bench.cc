@@ -24,11 +24,14 @@
 //   once: lm_head, final norm, and B embedding rows.
 // floor time = bytes / bandwidth; floor tok/s = B / floor time; ratio = decode time per step /
 // floor time (1.0 = bandwidth-bound, at the floor). `experts %` is the share of decode time
-// spent inside expert matmuls (timed by wrapping the bf16 expert provider).
+// spent inside expert matmuls (timed by wrapping the bf16 expert provider). `CPU %` is the
+// process's CPU time during decode over wall time x threads: well under 100 means the threads
+// waited for cores (a busy machine) or idled, and the figures understate the engine.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +57,13 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU seconds this process has used (all threads).
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double Median(std::vector<double> v) {
@@ -145,6 +155,7 @@ struct Row {
   double distinct = 0;       // mean distinct experts per MoE layer per decode step
   double expert_share = 0;   // fraction of decode time in expert matmuls
   double step_seconds = 0;   // median decode step time
+  double cpu_util = 0;       // decode CPU time / (wall time * threads): < 1 = CPU shared/idle
 };
 
 // Bytes one decode step of `batch` sequences at mean context `ctx` must read (see top).
@@ -190,9 +201,12 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o, do
   engine::EngineOptions eo;
   eo.num_threads = o.threads;
   eo.block_size = 16;
-  const int per_seq = (o.prompt_len + o.decode_steps + 2 + eo.block_size - 1) / eo.block_size;
+  // Room for the prompt, the timed steps and any tokens decoded while other prompts prefill.
+  const int max_gen = o.decode_steps + 64;
+  const int per_seq = (o.prompt_len + max_gen + eo.block_size - 1) / eo.block_size;
   eo.num_kv_blocks = max_batch * per_seq + 16;
-  eo.max_batch_tokens = 512;
+  // Every prompt of the batch fits one step, so prefill is measured without decode mixed in.
+  eo.max_batch_tokens = std::max(512, max_batch * o.prompt_len);
   PW_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(dir, eo));
   TimingProvider timing(eng->model());
   DistinctExpertCounter counter;
@@ -204,12 +218,12 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o, do
   std::vector<Row> rows;
   uint64_t next_id = 1;
   for (int batch : o.batches) {
-    std::vector<double> prefill_tps, decode_tps, step_s, expert_share;
+    std::vector<double> prefill_tps, decode_tps, step_s, expert_share, cpu_util;
     double distinct_sum = 0;
     int64_t distinct_calls = 0;
     for (int run = 0; run < o.runs; ++run) {
       engine::SamplingParams sp;
-      sp.max_tokens = o.decode_steps + 2;
+      sp.max_tokens = max_gen;
       sp.ignore_eos = true;
       std::vector<uint64_t> ids;
       auto t0 = Clock::now();
@@ -229,6 +243,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o, do
         (void)step;
       }
       auto t1 = Clock::now();
+      const double cpu1 = ProcessCpuSeconds();
       counter.enabled_ = true;
       counter.distinct_sum_ = 0;
       counter.layer_calls_ = 0;
@@ -241,6 +256,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o, do
         }
       }
       auto t2 = Clock::now();
+      const double cpu2 = ProcessCpuSeconds();
       counter.enabled_ = false;
       for (uint64_t id : ids) (void)eng->RemoveSequence(id);
       const double pre = Seconds(t0, t1), dec = Seconds(t1, t2);
@@ -248,6 +264,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o, do
       decode_tps.push_back(batch * o.decode_steps / dec);
       step_s.push_back(dec / o.decode_steps);
       expert_share.push_back(timing.seconds_ / dec);
+      cpu_util.push_back((cpu2 - cpu1) / (dec * o.threads));
       distinct_sum += counter.distinct_sum_;
       distinct_calls += counter.layer_calls_;
     }
@@ -258,6 +275,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o, do
     r.decode_tps = Median(decode_tps);
     r.step_seconds = Median(step_s);
     r.expert_share = Median(expert_share);
+    r.cpu_util = Median(cpu_util);
     r.distinct = distinct_calls ? distinct_sum / static_cast<double>(distinct_calls) : 0;
     const double mean_ctx = o.prompt_len + 0.5 * o.decode_steps;
     r.floor_bytes = DecodeStepBytes(eng->model(), batch, r.distinct, mean_ctx);
@@ -335,14 +353,14 @@ int Main(int argc, char** argv) {
   std::printf("prompt %d tokens, %d decode steps, median of %d runs, %d threads\n\n",
               o.prompt_len, o.decode_steps, o.runs, o.threads);
   std::printf("| model | batch | prefill tok/s | decode tok/s | decode step ms | distinct experts/layer "
-              "| bytes/step MB | floor tok/s | step / floor | experts %% |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "| bytes/step MB | floor tok/s | step / floor | experts %% | CPU %% |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : rows) {
     const double floor_s = r.floor_bytes / bw;
-    std::printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.2f | %.0f |\n",
+    std::printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.2f | %.0f | %.0f |\n",
                 r.model.c_str(), r.batch, r.prefill_tps, r.decode_tps, r.step_seconds * 1e3,
                 r.distinct, r.floor_bytes / 1e6, r.batch / floor_s, r.step_seconds / floor_s,
-                100 * r.expert_share);
+                100 * r.expert_share, 100 * r.cpu_util);
   }
   return 0;
 }
