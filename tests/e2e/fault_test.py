@@ -112,6 +112,30 @@ def main():
             check(s.error is None and s.done_marker, f"reference run of {p!r}: {s.error}")
             reference[p] = s.text
 
+        # 0. A client that disconnects mid-stream: the request is cancelled on the workers and
+        #    its KV blocks are freed.
+        def closed_by_client():
+            return sum(v for k, v in c.metrics().items()
+                       if k.startswith("pagedweight_router_requests_total") and 'code="499"' in k)
+        closed_before = closed_by_client()
+        conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"model": "tiny-moe", "prompt": PROMPTS[0], "max_tokens": 1900, "stream": True,
+             "ignore_eos": True}), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        for _ in range(5):
+            resp.readline()
+        conn.close()
+
+        def kv_used():
+            return sum(v for w in ("decode-0", "decode-1")
+                       for k, v in c.worker_metrics(w).items()
+                       if k.split("{")[0] == "pagedweight_kv_blocks" and 'state="used"' in k)
+        freed = wait_until(lambda: c.metrics().get("pagedweight_router_requests_running") == 0
+                           and kv_used() == 0, 10)
+        check(closed_by_client() == closed_before + 1, "the router saw the client leave (499)")
+        check(freed, f"client disconnect cancels and frees KV (used blocks {kv_used()})")
+
         # 1. SIGKILL a decode worker mid-stream.
         replaced = "pagedweight_router_backend_requests_replaced_total"
         before = c.metrics().get(replaced, 0)

@@ -78,6 +78,12 @@ class TestConnection {
     return false;
   }
 
+  // True once some bytes arrived (kept for Read) within `timeout_ms`.
+  bool WaitForData(int timeout_ms) {
+    deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    return !buf_.empty() || Fill();
+  }
+
   // Reads one response; nullopt on timeout or a connection closed before a full response.
   std::optional<ClientResponse> Read(int timeout_ms = 10000) {
     deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
