@@ -47,6 +47,8 @@ size_t AppendLossy(std::string_view bytes, bool final, std::string* out);
 
 // One entry of tokenizer.json's "added_tokens".
 struct AddedToken {
+  // Derived as HF derives it, not read from the file: the model's id when the vocabulary has
+  // `content`, otherwise the next id after the vocabulary and the earlier added tokens.
   int32_t id = -1;
   std::string content;       // the literal text matched in the input (UTF-8)
   bool special = false;      // skipped by Decode(..., skip_special_tokens=true)
