@@ -4,7 +4,6 @@
 // Greedy by default. The continuation is streamed to stdout through the incremental decoder
 // (never half a UTF-8 character); prompt/decode speed goes to stderr.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -54,8 +53,8 @@ int main(int argc, char** argv) {
                                " tokens do not fit the model's context of " +
                                std::to_string(e.max_context())));
   }
-  const int64_t longest = std::min<int64_t>(
-      static_cast<int64_t>(ids->size()) + sp.max_tokens + 1, e.max_context());
+  const int64_t longest =
+      std::min<int64_t>(static_cast<int64_t>(ids->size()) + sp.max_tokens + 1, e.max_context());
   const int need = pw::engine::BlocksForTokens(static_cast<int>(longest), opt.block_size);
   if (need > e.kv_pool().num_blocks()) {
     // Re-create with a pool large enough for this request (bounded by the context anyway).
@@ -90,7 +89,8 @@ int main(int argc, char** argv) {
   const auto t1 = std::chrono::steady_clock::now();
   const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
   const double decode_s = std::chrono::duration<double>(t1 - t_first).count();
-  std::fprintf(stderr, "pw-generate: prompt %zu tokens in %.3f s (%.1f tokens/s); %d tokens generated, "
+  std::fprintf(stderr,
+               "pw-generate: prompt %zu tokens in %.3f s (%.1f tokens/s); %d tokens generated, "
                "decode %.1f tokens/s\n",
                ids->size(), prefill_s, prefill_s > 0 ? ids->size() / prefill_s : 0.0, generated,
                decode_s > 0 && generated > 1 ? (generated - 1) / decode_s : 0.0);

@@ -55,8 +55,8 @@ struct DenseKernels {
   void (*matmul_bf16)(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                       size_t n_begin, size_t n_end, float* y, size_t ldy);
   // Same as matmul_bf16 with fp32 weights w: [N, K].
-  void (*matmul_f32)(const float* x, size_t ldx, size_t T, const float* w, size_t K,
-                     size_t n_begin, size_t n_end, float* y, size_t ldy);
+  void (*matmul_f32)(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
+                     size_t n_end, float* y, size_t ldy);
   // One row: y[i] = w[i] * (x[i] / sqrt(mean_j x[j]^2 + eps)), i < dim (HF RMSNorm order:
   // normalise in fp32, then scale by the weight). y may equal x (in place).
   void (*rms_norm)(const float* x, const float* w, size_t dim, float eps, float* y);

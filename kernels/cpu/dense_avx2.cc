@@ -40,10 +40,17 @@ inline void TileTokens(const float* x, size_t ldx, size_t T, const W* w, size_t 
   size_t t = 0;
   for (; t + 4 <= T; t += 4) TileAvx2<RR, 4>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
   switch (T - t) {
-    case 3: TileAvx2<RR, 3>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
-    case 2: TileAvx2<RR, 2>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
-    case 1: TileAvx2<RR, 1>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
-    default: break;
+    case 3:
+      TileAvx2<RR, 3>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      break;
+    case 2:
+      TileAvx2<RR, 2>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      break;
+    case 1:
+      TileAvx2<RR, 1>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      break;
+    default:
+      break;
   }
 }
 
@@ -71,8 +78,8 @@ void MatmulBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, siz
   MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
-void MatmulF32Avx2(const float* x, size_t ldx, size_t T, const float* w, size_t K,
-                   size_t n_begin, size_t n_end, float* y, size_t ldy) {
+void MatmulF32Avx2(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
+                   size_t n_end, float* y, size_t ldy) {
   MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
@@ -132,7 +139,8 @@ void SoftmaxAvx2(float* x, size_t n) {
   }
   const float inv = 1.f / sum;
   const __m256 iv = _mm256_set1_ps(inv);
-  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
   for (; i < n; ++i) x[i] *= inv;
 }
 

@@ -52,10 +52,17 @@ inline void Tokens512(const float* x, size_t ldx, size_t T, const W* w, size_t K
   size_t t = 0;
   for (; t + 4 <= T; t += 4) Tile512<RR, 4>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
   switch (T - t) {
-    case 3: Tile512<RR, 3>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
-    case 2: Tile512<RR, 2>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
-    case 1: Tile512<RR, 1>(x + t * ldx, ldx, w, K, y + t * ldy, ldy); break;
-    default: break;
+    case 3:
+      Tile512<RR, 3>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      break;
+    case 2:
+      Tile512<RR, 2>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      break;
+    case 1:
+      Tile512<RR, 1>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      break;
+    default:
+      break;
   }
 }
 
@@ -81,15 +88,16 @@ void MatmulBf16Avx512(const float* x, size_t ldx, size_t T, const uint16_t* w, s
   Matmul512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
-void MatmulF32Avx512(const float* x, size_t ldx, size_t T, const float* w, size_t K,
-                     size_t n_begin, size_t n_end, float* y, size_t ldy) {
+void MatmulF32Avx512(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
+                     size_t n_end, float* y, size_t ldy) {
   Matmul512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
 float DotAvx512(const float* a, const float* b, size_t n) {
   __m512 s = _mm512_setzero_ps();
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+  for (; i + 16 <= n; i += 16)
+    s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
   float r = _mm512_reduce_add_ps(s);
   for (; i < n; ++i) r += a[i] * b[i];
   return r;

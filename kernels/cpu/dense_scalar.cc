@@ -19,8 +19,8 @@ void MatmulBf16Scalar(const float* x, size_t ldx, size_t T, const uint16_t* w, s
   }
 }
 
-void MatmulF32Scalar(const float* x, size_t ldx, size_t T, const float* w, size_t K,
-                     size_t n_begin, size_t n_end, float* y, size_t ldy) {
+void MatmulF32Scalar(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
+                     size_t n_end, float* y, size_t ldy) {
   for (size_t t = 0; t < T; ++t) {
     const float* xt = x + t * ldx;
     for (size_t n = n_begin; n < n_end; ++n) {

@@ -9,16 +9,20 @@ namespace pw::cpu {
 
 const char* IsaName(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }
 
 bool IsaSupported(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return true;
+    case Isa::kScalar:
+      return true;
     case Isa::kAvx2:
 #if defined(__x86_64__)
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -60,9 +64,12 @@ const DenseKernels& KernelsFor(Isa isa) {
     std::abort();
   }
   switch (isa) {
-    case Isa::kAvx512: return kAvx512Kernels;
-    case Isa::kAvx2: return kAvx2Kernels;
-    case Isa::kScalar: break;
+    case Isa::kAvx512:
+      return kAvx512Kernels;
+    case Isa::kAvx2:
+      return kAvx2Kernels;
+    case Isa::kScalar:
+      break;
   }
   return kScalarKernels;
 }

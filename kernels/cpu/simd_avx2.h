@@ -41,9 +41,8 @@ inline __m256 Exp(__m256 x) {
   const __m256 lo_bound = _mm256_set1_ps(-87.3f);
   const __m256 keep = _mm256_cmp_ps(x, lo_bound, _CMP_GE_OQ);
   x = _mm256_min_ps(_mm256_max_ps(x, lo_bound), _mm256_set1_ps(88.3f));
-  const __m256 fx =
-      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
   r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
   __m256 p = _mm256_set1_ps(1.9875691500E-4f);

@@ -10,8 +10,8 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 #include <type_traits>

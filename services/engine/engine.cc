@@ -10,9 +10,12 @@ namespace pw::engine {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
   }
   return "unknown";
 }
@@ -150,7 +153,8 @@ Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
     return InvalidArgument("sequence " + std::to_string(id) + ": num_generated_before " +
                            std::to_string(num_generated_before) + " must be in [0, prompt size)");
   }
-  PW_RETURN_IF_ERROR(CheckNewSequence(id, prompt, params, static_cast<size_t>(num_generated_before)));
+  PW_RETURN_IF_ERROR(
+      CheckNewSequence(id, prompt, params, static_cast<size_t>(num_generated_before)));
   if (first_token < 0 || first_token >= vocab_size()) {
     return InvalidArgument("sequence " + std::to_string(id) + ": first token " +
                            std::to_string(first_token) + " outside the vocabulary");
@@ -272,7 +276,8 @@ Result<StepResult> Engine::Step() {
     const int capacity = (static_cast<int>(s->blocks.size()) + free_after) * bs - s->num_cached;
     n = std::min(n, capacity);
     if (n <= 0) break;
-    const int nb = std::max(0, BlocksForTokens(s->num_cached + n, bs) - static_cast<int>(s->blocks.size()));
+    const int nb =
+        std::max(0, BlocksForTokens(s->num_cached + n, bs) - static_cast<int>(s->blocks.size()));
     plan.push_back({s, n, nb});
     free_after -= nb;
     budget -= n;
@@ -394,8 +399,9 @@ Result<std::vector<float>> Engine::ForwardLogits(std::span<const int32_t> ids) {
   const std::vector<int32_t> v(ids.begin(), ids.end());
   SamplingParams greedy;
   PW_RETURN_IF_ERROR(CheckNewSequence(kEvalSeqId, v, greedy, 0, /*eval=*/true));
-  PW_ASSIGN_OR_RETURN(std::vector<int32_t> blocks,
-                      pool_->Allocate(BlocksForTokens(static_cast<int>(ids.size()), options_.block_size)));
+  PW_ASSIGN_OR_RETURN(
+      std::vector<int32_t> blocks,
+      pool_->Allocate(BlocksForTokens(static_cast<int>(ids.size()), options_.block_size)));
   std::vector<float> logits;
   logits.reserve(ids.size() * static_cast<size_t>(vocab_size()));
   Status st;

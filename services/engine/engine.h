@@ -117,8 +117,8 @@ struct SequenceInfo {
   SeqId id = 0;
   int num_prompt_tokens = 0;
   int num_generated = 0;
-  int num_cached = 0;   // tokens whose KV is in the pool
-  int num_blocks = 0;   // blocks the sequence holds
+  int num_cached = 0;  // tokens whose KV is in the pool
+  int num_blocks = 0;  // blocks the sequence holds
   bool prefilling = false;
 };
 
@@ -149,9 +149,9 @@ class Engine {
   // request re-prefilled after a failover or preemption with the tokens already sent); they
   // count toward max_tokens and the seeded random stream continues after them. Must be <
   // params.max_tokens.
-  Status AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
-                              std::vector<int32_t> block_ids, int32_t first_token,
-                              const SamplingParams& params, int num_generated_before = 0);
+  Status AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt, std::vector<int32_t> block_ids,
+                              int32_t first_token, const SamplingParams& params,
+                              int num_generated_before = 0);
 
   // Drops a sequence and frees its blocks. kNotFound for an unknown (or finished) id.
   Status RemoveSequence(SeqId id);
@@ -174,9 +174,8 @@ class Engine {
   // overwritten) in chunks of max_batch_tokens, and samples the first token with `params`.
   // The blocks stay owned by the caller. `num_generated_before` as in AddPrefilledSequence:
   // the first token is sampled as the request's draw number num_generated_before.
-  Result<PrefillResult> Prefill(std::span<const int32_t> prompt,
-                                std::span<const int32_t> block_ids, const SamplingParams& params,
-                                int num_generated_before = 0);
+  Result<PrefillResult> Prefill(std::span<const int32_t> prompt, std::span<const int32_t> block_ids,
+                                const SamplingParams& params, int num_generated_before = 0);
 
   // Teacher-forced logits of every position of `ids`: [ids.size(), vocab_size()] row-major.
   // Uses temporary blocks (kResourceExhausted when the pool lacks them).

@@ -8,12 +8,12 @@ namespace pw::engine {
 Result<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvLayout& layout, int num_blocks) {
   if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
       layout.block_size <= 0 || num_blocks <= 0) {
-    return InvalidArgument("KV pool: layers, kv heads, head_dim, block_size and num_blocks must be "
-                           "positive (got layers=" + std::to_string(layout.num_layers) +
-                           " kv_heads=" + std::to_string(layout.num_kv_heads) +
-                           " head_dim=" + std::to_string(layout.head_dim) +
-                           " block_size=" + std::to_string(layout.block_size) +
-                           " num_blocks=" + std::to_string(num_blocks) + ")");
+    return InvalidArgument(
+        "KV pool: layers, kv heads, head_dim, block_size and num_blocks must be "
+        "positive (got layers=" +
+        std::to_string(layout.num_layers) + " kv_heads=" + std::to_string(layout.num_kv_heads) +
+        " head_dim=" + std::to_string(layout.head_dim) + " block_size=" +
+        std::to_string(layout.block_size) + " num_blocks=" + std::to_string(num_blocks) + ")");
   }
   const size_t bytes = layout.bytes_per_block() * static_cast<size_t>(num_blocks);
   const size_t rounded = (bytes + 63) / 64 * 64;
@@ -78,7 +78,8 @@ Status KvBlockPool::Free(std::span<const int32_t> ids) {
                              " is out of range or not allocated");
     }
     for (size_t j = 0; j < i; ++j) {
-      if (ids[j] == id) return InvalidArgument("KV pool: block " + std::to_string(id) + " freed twice");
+      if (ids[j] == id)
+        return InvalidArgument("KV pool: block " + std::to_string(id) + " freed twice");
     }
   }
   for (int32_t id : ids) {

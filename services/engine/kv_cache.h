@@ -39,7 +39,9 @@ struct KvLayout {
     return static_cast<size_t>(num_kv_heads) * block_size * head_dim;
   }
   // num_layers * 2 * floats_per_layer_kv() * sizeof(float).
-  size_t bytes_per_block() const { return static_cast<size_t>(num_layers) * 2 * floats_per_layer_kv() * 4; }
+  size_t bytes_per_block() const {
+    return static_cast<size_t>(num_layers) * 2 * floats_per_layer_kv() * 4;
+  }
   bool operator==(const KvLayout&) const = default;
 };
 
@@ -82,7 +84,7 @@ class KvBlockPool {
   int num_blocks_;
   size_t bytes_per_block_;
   uint8_t* base_;
-  std::vector<int32_t> free_;      // stack of free ids (lowest id handed out first)
+  std::vector<int32_t> free_;       // stack of free ids (lowest id handed out first)
   std::vector<uint8_t> allocated_;  // per block: 1 if allocated
 };
 

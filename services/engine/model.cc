@@ -128,8 +128,8 @@ Status Model::LoadTensors() {
         if (mixtral) {
           PW_ASSIGN_OR_RETURN(w.experts[e], Mlp(ep, "w1", "w3", "w2", c.moe_intermediate_size));
         } else {
-          PW_ASSIGN_OR_RETURN(w.experts[e], Mlp(ep, "gate_proj", "up_proj", "down_proj",
-                                                c.moe_intermediate_size));
+          PW_ASSIGN_OR_RETURN(
+              w.experts[e], Mlp(ep, "gate_proj", "up_proj", "down_proj", c.moe_intermediate_size));
         }
       }
       if (c.shared_expert_intermediate_size > 0) {
@@ -139,8 +139,8 @@ Status Model::LoadTensors() {
         PW_ASSIGN_OR_RETURN(w.shared_expert_gate, Matrix(m + "shared_expert_gate.weight", 1, h));
       }
     } else {
-      PW_ASSIGN_OR_RETURN(w.mlp, Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj",
-                                     c.intermediate_size));
+      PW_ASSIGN_OR_RETURN(
+          w.mlp, Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj", c.intermediate_size));
     }
   }
   return Status::Ok();

@@ -49,11 +49,11 @@ struct MlpWeights {
 };
 
 struct LayerWeights {
-  std::vector<float> input_norm;  // [H]
+  std::vector<float> input_norm;      // [H]
   std::vector<float> post_attn_norm;  // [H]
   Bf16Matrix q, k, v, o;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the model has none
-  std::vector<float> q_norm, k_norm;  // empty when qk_norm == kNone
+  std::vector<float> q_norm, k_norm;                  // empty when qk_norm == kNone
   bool is_moe = false;
   // MoE layer.
   Bf16Matrix router;                // [E, H]

@@ -75,16 +75,16 @@ class ExpertResidency {
 // What a hook or recorder sees of one MoE layer of one batch.
 struct RoutingContext {
   int layer = 0;
-  int num_tokens = 0;   // T
-  int num_experts = 0;  // E
-  int top_k = 0;        // k
+  int num_tokens = 0;           // T
+  int num_experts = 0;          // E
+  int top_k = 0;                // k
   bool norm_topk_prob = false;  // the model renormalises the top-k weights to sum 1
   // True when every token of the batch is a decode token (no prompt work): LYNX's phase gate.
   bool pure_decode = false;
-  const float* router_logits = nullptr;  // [T, E] pre-softmax logits
-  const float* router_probs = nullptr;   // [T, E] softmax of router_logits
-  const uint64_t* seq_ids = nullptr;     // [T] sequence of each token
-  const int32_t* positions = nullptr;    // [T] absolute position of each token
+  const float* router_logits = nullptr;        // [T, E] pre-softmax logits
+  const float* router_probs = nullptr;         // [T, E] softmax of router_logits
+  const uint64_t* seq_ids = nullptr;           // [T] sequence of each token
+  const int32_t* positions = nullptr;          // [T] absolute position of each token
   const ExpertResidency* residency = nullptr;  // never null inside the engine
 };
 

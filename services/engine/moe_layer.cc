@@ -9,9 +9,8 @@
 
 namespace pw::engine {
 
-Status Bf16ExpertProvider::Apply(int layer, int expert, ExpertProj proj, const float* x,
-                                 size_t ldx, size_t num_tokens, float* y, size_t ldy,
-                                 cpu::ThreadPool* pool) {
+Status Bf16ExpertProvider::Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx,
+                                 size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) {
   const auto& layers = model_.layers();
   if (layer < 0 || static_cast<size_t>(layer) >= layers.size() || !layers[layer].is_moe ||
       expert < 0 || static_cast<size_t>(expert) >= layers[layer].experts.size()) {
@@ -92,8 +91,9 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
       }
       uint8_t& m = seen[static_cast<size_t>(a.token) * E + static_cast<size_t>(a.expert)];
       if (m) {
-        return Internal("routing hook returned token " + std::to_string(a.token) + " twice for expert " +
-                        std::to_string(a.expert) + " in layer " + std::to_string(ctx.layer));
+        return Internal("routing hook returned token " + std::to_string(a.token) +
+                        " twice for expert " + std::to_string(a.expert) + " in layer " +
+                        std::to_string(ctx.layer));
       }
       m = 1;
     }
@@ -113,7 +113,8 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
 
   std::memset(out, 0, T * H * sizeof(float));
   for (size_t e = 0; e < E; ++e) {
-    const size_t begin = static_cast<size_t>(s->offsets[e]), end = static_cast<size_t>(s->offsets[e + 1]);
+    const size_t begin = static_cast<size_t>(s->offsets[e]),
+                 end = static_cast<size_t>(s->offsets[e + 1]);
     const size_t n = end - begin;
     if (n == 0) continue;
     s->xe.resize(n * H);

@@ -32,12 +32,12 @@ class AllResident final : public ExpertResidency {
 
 // Reusable buffers of RunMoeLayer (grown on demand, never shrunk).
 struct MoeScratch {
-  std::vector<float> logits, probs;            // [T, E]
-  std::vector<ExpertAssignment> assignments;   // router's top-k, then the hook's rewrite
-  std::vector<ExpertAssignment> selected;      // router's top-k kept for the recorder
-  std::vector<int32_t> order, offsets;         // assignments grouped per expert
-  std::vector<float> xe, gate_up, act, ye;     // per-expert token rows
-  std::vector<float> shared_gate;              // [T]
+  std::vector<float> logits, probs;           // [T, E]
+  std::vector<ExpertAssignment> assignments;  // router's top-k, then the hook's rewrite
+  std::vector<ExpertAssignment> selected;     // router's top-k kept for the recorder
+  std::vector<int32_t> order, offsets;        // assignments grouped per expert
+  std::vector<float> xe, gate_up, act, ye;    // per-expert token rows
+  std::vector<float> shared_gate;             // [T]
   std::vector<int32_t> topk_idx;
 };
 

@@ -99,8 +99,10 @@ Status Runner::Forward(std::span<const ForwardItem> items, bool pure_decode,
         }
       }
       if (cfg_.qk_norm == QkNorm::kPerHead) {
-        for (size_t hd = 0; hd < nh; ++hd) k_.rms_norm(q + hd * D, w.q_norm.data(), D, eps, q + hd * D);
-        for (size_t hd = 0; hd < nkv; ++hd) k_.rms_norm(kk + hd * D, w.k_norm.data(), D, eps, kk + hd * D);
+        for (size_t hd = 0; hd < nh; ++hd)
+          k_.rms_norm(q + hd * D, w.q_norm.data(), D, eps, q + hd * D);
+        for (size_t hd = 0; hd < nkv; ++hd)
+          k_.rms_norm(kk + hd * D, w.k_norm.data(), D, eps, kk + hd * D);
       }
       // RoPE, rotate-half convention: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
       const float* c = &cos_[i * D / 2];
@@ -144,8 +146,8 @@ Status Runner::Forward(std::span<const ForwardItem> items, bool pure_decode,
       ctx.seq_ids = tok_seq_.data();
       ctx.positions = tok_pos_.data();
       ctx.residency = residency;
-      PW_RETURN_IF_ERROR(RunMoeLayer(cfg_, w, ctx, h_.data(), tmp_.data(), hooks_, provider, &moe_,
-                                     pool, k_));
+      PW_RETURN_IF_ERROR(
+          RunMoeLayer(cfg_, w, ctx, h_.data(), tmp_.data(), hooks_, provider, &moe_, pool, k_));
     } else {
       RunDenseMlp(w.mlp, h_.data(), T, H, tmp_.data(), &mlp_tmp_, pool, k_);
     }

@@ -65,7 +65,8 @@ Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
     return InvalidArgument("sampling: temperature must be a finite number >= 0");
   }
   if (p.top_k < 0) return InvalidArgument("sampling: top_k must be >= 0");
-  if (!(p.top_p > 0.f && p.top_p <= 1.f)) return InvalidArgument("sampling: top_p must be in (0, 1]");
+  if (!(p.top_p > 0.f && p.top_p <= 1.f))
+    return InvalidArgument("sampling: top_p must be in (0, 1]");
   if (p.max_tokens < 1) return InvalidArgument("sampling: max_tokens must be >= 1");
   for (int32_t t : p.stop_token_ids) {
     if (t < 0 || t >= vocab_size) {

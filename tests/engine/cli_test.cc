@@ -1,7 +1,6 @@
 // pw-generate and pw-eval on bad input: a message on stderr naming the problem and a non-zero
 // exit status, never a crash. Runs the built binaries from <build>/bin.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <array>
@@ -49,7 +48,8 @@ TEST(Cli, GenerateRejectsBadInput) {
 }
 
 TEST(Cli, EvalRejectsBadInput) {
-  ProcResult r = Exec(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /nonexistent/file.txt");
+  ProcResult r =
+      Exec(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /nonexistent/file.txt");
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/file.txt"), std::string::npos) << r.output;
   r = Exec(Bin("pw-eval") + " ppl --model /nonexistent/dir --text /etc/hostname");
@@ -77,7 +77,8 @@ std::string MakeModelWithTokenizer() {
 
 TEST(Cli, GenerateRunsAndRejectsInvalidUtf8AndOverlongPrompts) {
   const std::string dir = MakeModelWithTokenizer();
-  ProcResult r = Exec(Bin("pw-generate") + " --model " + dir + " --prompt 'Hello there' --max-tokens 5");
+  ProcResult r =
+      Exec(Bin("pw-generate") + " --model " + dir + " --prompt 'Hello there' --max-tokens 5");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
   r = Exec(Bin("pw-generate") + " --model " + dir +

@@ -35,9 +35,7 @@ std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = 
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-int Argmax(const float* v, size_t n) {
-  return static_cast<int>(std::max_element(v, v + n) - v);
-}
+int Argmax(const float* v, size_t n) { return static_cast<int>(std::max_element(v, v + n) - v); }
 
 double MaxAbsDiff(const float* a, const float* b, size_t n) {
   double m = 0;
@@ -145,7 +143,8 @@ struct Trace {
   std::vector<std::vector<float>> logits;
 };
 
-std::map<SeqId, Trace> RunAlone(const std::string& type, const std::vector<std::vector<int32_t>>& prompts,
+std::map<SeqId, Trace> RunAlone(const std::string& type,
+                                const std::vector<std::vector<int32_t>>& prompts,
                                 const SamplingParams& sp) {
   std::map<SeqId, Trace> out;
   auto engine = MakeEngine(type, {.block_size = 4, .return_logits = true});
@@ -177,14 +176,16 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
   for (const char* type : {"qwen2_moe", "olmoe"}) {
     SCOPED_TRACE(type);
-    auto engine = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});
+    auto engine =
+        MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});
     ASSERT_TRUE(engine);
     auto prompts = RaggedPrompts(32, engine->vocab_size(), 11);
     SamplingParams sp;
     sp.max_tokens = 6;
     sp.ignore_eos = true;
     auto alone = RunAlone(type, prompts, sp);
-    for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(engine->AddSequence(i, prompts[i], sp).ok());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ASSERT_TRUE(engine->AddSequence(i, prompts[i], sp).ok());
     std::map<SeqId, Trace> batched;
     int max_decode_batch = 0;
     while (engine->HasWork()) {
@@ -288,8 +289,8 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
     ASSERT_EQ(pr->first_token, alone[i].tokens[0]);
     // Copy whole blocks, as the transport does.
     for (int b = 0; b < nb; ++b) {
-      std::memcpy(decode->kv_pool().BlockAddress((*dst)[b]), prefill->kv_pool().BlockAddress((*src)[b]),
-                  decode->kv_pool().bytes_per_block());
+      std::memcpy(decode->kv_pool().BlockAddress((*dst)[b]),
+                  prefill->kv_pool().BlockAddress((*src)[b]), decode->kv_pool().bytes_per_block());
     }
     ASSERT_TRUE(prefill->kv_pool().Free(*src).ok());
     ASSERT_TRUE(decode->AddPrefilledSequence(i, prompts[i], *dst, pr->first_token, sp).ok());
@@ -299,7 +300,8 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
     auto r = decode->Step();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->num_prefill_tokens, 0);
-    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    for (auto& u : r->updates)
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::vector<int32_t> want(alone[i].tokens.begin() + 1, alone[i].tokens.end());
@@ -324,10 +326,12 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
   while (decode->HasWork()) {
     auto r = decode->Step();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    for (auto& u : r->updates)
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end())) << i;
+    EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end()))
+        << i;
   }
   EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
 }
@@ -361,12 +365,14 @@ TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdenti
       while (engine->HasWork()) {
         auto r2 = engine->Step();
         ASSERT_TRUE(r2.ok()) << r2.status().ToString();
-        for (auto& u : r2->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+        for (auto& u : r2->updates)
+          got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
       }
       ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp, got[1]).ok());
       continue;
     }
-    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    for (auto& u : r->updates)
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
   }
   EXPECT_TRUE(exhausted);
   EXPECT_EQ(got[0], alone[0].tokens);
@@ -452,12 +458,14 @@ TEST(EngineSeams, ProviderHookAndRecorderAreCalledAndTakeEffect) {
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(*same, *base);
   int moe_layers = 0;
-  for (int64_t l = 0; l < (*model)->config().num_layers; ++l) moe_layers += (*model)->config().IsMoeLayer(l);
+  for (int64_t l = 0; l < (*model)->config().num_layers; ++l)
+    moe_layers += (*model)->config().IsMoeLayer(l);
   EXPECT_EQ(rec.calls, moe_layers);
   EXPECT_EQ(rec.tokens, moe_layers * 8);
   EXPECT_GT(counting.calls, 0);
   // Every (token, expert) pair goes through the provider twice (gate_up, down).
-  EXPECT_EQ(counting.rows, static_cast<size_t>(2 * moe_layers * 8 * (*model)->config().num_experts_per_tok));
+  EXPECT_EQ(counting.rows,
+            static_cast<size_t>(2 * moe_layers * 8 * (*model)->config().num_experts_per_tok));
 
   FirstChoiceOnly hook;
   hooks = {};
@@ -507,9 +515,11 @@ TEST(EngineBadInput, ErrorsNameTheProblem) {
   EXPECT_EQ(engine->AddSequence(1, {}, sp).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->AddSequence(1, {1, 100000}, sp).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->AddSequence(1, {1, -1}, sp).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine->AddSequence(1, std::vector<int32_t>(64, 1), sp).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(engine->AddSequence(1, std::vector<int32_t>(64, 1), sp).code(),
+            StatusCode::kOutOfRange);
   // Fits the context but not the 4-block pool.
-  EXPECT_EQ(engine->AddSequence(1, std::vector<int32_t>(20, 1), sp).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(engine->AddSequence(1, std::vector<int32_t>(20, 1), sp).code(),
+            StatusCode::kOutOfRange);
   SamplingParams bad = sp;
   bad.top_p = 0;
   EXPECT_EQ(engine->AddSequence(1, {1}, bad).code(), StatusCode::kInvalidArgument);

@@ -32,15 +32,16 @@ TEST(TinyModel, HeldOutPerplexityWithinPointOnePercentOfReference) {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
-  ASSERT_EQ(text.size(), ref["bytes"].get<size_t>()) << "held-out text differs from the reference's";
+  ASSERT_EQ(text.size(), ref["bytes"].get<size_t>())
+      << "held-out text differs from the reference's";
   auto tok = Tokenizer::FromModelDir(model);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   auto ids = (*tok)->Encode(text);
   ASSERT_TRUE(ids.ok()) << ids.status().ToString();
   ASSERT_EQ(ids->size(), ref["n_ids"].get<size_t>());
   const int ctx = ref["ctx"].get<int>();
-  auto engine = Engine::Create(model, {.num_kv_blocks = BlocksForTokens(ctx, 16) + 1,
-                                       .max_batch_tokens = ctx});
+  auto engine = Engine::Create(
+      model, {.num_kv_blocks = BlocksForTokens(ctx, 16) + 1, .max_batch_tokens = ctx});
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   auto r = Perplexity(**engine, *ids, ctx);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

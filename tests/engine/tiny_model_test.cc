@@ -19,8 +19,8 @@ namespace {
 
 using testing::TinyModelDir;
 
-#define SKIP_WITHOUT_TINY_MODEL()                                                   \
-  if (!std::filesystem::exists(TinyModelDir() + "/model.safetensors")) {            \
+#define SKIP_WITHOUT_TINY_MODEL()                                                       \
+  if (!std::filesystem::exists(TinyModelDir() + "/model.safetensors")) {                \
     GTEST_SKIP() << TinyModelDir() << "/model.safetensors is absent (not trained yet)"; \
   }
 
@@ -29,7 +29,8 @@ TEST(TinyModel, LogitsMatchReferenceAtEveryPosition) {
   auto engine = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64});
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   const size_t V = static_cast<size_t>((*engine)->vocab_size());
-  auto refs = testing::ReadRefLogits(std::string(PW_SOURCE_DIR) + "/tests/fixtures/tiny_logits.safetensors", V);
+  auto refs = testing::ReadRefLogits(
+      std::string(PW_SOURCE_DIR) + "/tests/fixtures/tiny_logits.safetensors", V);
   ASSERT_FALSE(refs.empty());
   double worst = 0;
   for (size_t p = 0; p < refs.size(); ++p) {
@@ -74,7 +75,8 @@ TEST(TinyModel, GreedyContinuationsIdenticalTokenForToken) {
   while ((*engine)->HasWork()) {
     auto r = (*engine)->Step();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    for (auto& u : r->updates) got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    for (auto& u : r->updates)
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
   }
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(got[i], want[i]) << "prompt " << i << ": " << cases[i]["prompt"];

@@ -5,13 +5,13 @@
 // Tolerance: |y - ref| <= 1e-5 * sum_k |x_k * w_k| + 1e-6 for products (fp32 sums in a
 // different order), 2e-6 relative for softmax/RMSNorm, 1e-5 relative for SiLU*mul (the
 // vectorised exp is within a few ulp).
+#include "kernels/cpu/dense.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include "kernels/cpu/dense.h"
 
 namespace pw::cpu {
 namespace {
