@@ -548,6 +548,8 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
  public:
   // Called from Stop() on the io thread.
   void ForceClose() { ClientGone(); }
+  // True when nothing is queued or being written (io thread).
+  bool WritesIdle() const { return closed_ || (!writing_ && out_.empty()); }
 
  private:
   HttpServer::Impl* server_;
@@ -608,6 +610,30 @@ void HttpServer::Impl::Stop() {
     fut.wait();
     ioc_.stop();
     thread_.join();
+  }
+}
+
+void HttpServer::FlushWrites(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto idle = std::make_shared<std::promise<bool>>();
+    auto fut = idle->get_future();
+    impl_->Post([this, idle] {
+      std::vector<std::shared_ptr<Session>> live;
+      {
+        std::lock_guard<std::mutex> lock(impl_->registry_->mu);
+        for (auto& [p, w] : impl_->registry_->sessions) {
+          if (auto s = w.lock()) live.push_back(std::move(s));
+        }
+      }
+      bool all = true;
+      for (const auto& s : live) all &= s->WritesIdle();
+      live.clear();  // a last reference may unregister its session: outside the lock
+      idle->set_value(all);
+    });
+    if (fut.wait_until(deadline) != std::future_status::ready) return;
+    if (fut.get()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 

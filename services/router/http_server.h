@@ -104,7 +104,10 @@ class HttpServer {
   void Start();
   // Stops accepting new connections; open connections keep being served.
   void StopAccepting();
-  // Stops everything: closes all connections, joins the io threads. Idempotent.
+  // Waits (up to `timeout`) until every response queued so far is written to its client; call
+  // before Stop() so a drained request's last bytes are not cut off. Not from the io thread.
+  void FlushWrites(std::chrono::milliseconds timeout);
+  // Stops everything: closes all connections, joins the io thread. Idempotent.
   void Stop();
   // Runs `task` on the io thread (thread-safe; tasks run in the order posted).
   void Post(std::function<void()> task);

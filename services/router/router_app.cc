@@ -117,6 +117,7 @@ int RunRouterApp(RouterAppOptions o) {
     }
   }
   (*backend)->Stop();  // cancels what is left on the workers
+  (*server)->FlushWrites(std::chrono::milliseconds(2000));
   (*server)->Stop();
   PW_LOG(INFO) << "stopped";
   return code;

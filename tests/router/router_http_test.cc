@@ -365,9 +365,10 @@ TEST_F(RouterHttpTest, ChatStreamingFormat) {
 TEST_F(RouterHttpTest, ExpectContinueIsAnswered) {
   TestConnection c(server_->port());
   const std::string body = R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})";
-  ASSERT_TRUE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                     "Content-Length: " +
-                     std::to_string(body.size()) + "\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+             "Content-Length: " +
+             std::to_string(body.size()) + "\r\n\r\n"));
   ASSERT_TRUE(c.WaitForData(3000)) << "no 100 Continue";
   ASSERT_TRUE(c.Send(body));
   auto r = c.Read();  // skips the 100 Continue
