@@ -49,7 +49,7 @@ class ProtocolTestWorker {
     transport::ControlClient::Options o;
     o.id = id;
     o.role = role;
-    o.heartbeat_ms = 50;
+    o.heartbeat_ms = 100;
     client_ =
         std::make_unique<transport::ControlClient>(std::move(*t), transport::SteadyClock::Get(), o);
     client_->fill_register = [this](wire::Register::Builder r) {
@@ -303,7 +303,7 @@ class ClusterBackendTest : public ::testing::Test {
     ClusterBackendOptions o;
     o.bind = "tcp://127.0.0.1:0";
     o.model_name = "tiny-moe";
-    o.heartbeat_ms = 50;
+    o.heartbeat_ms = 100;
     auto b = ClusterBackend::Create(o);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     backend_ = std::move(*b);
@@ -471,7 +471,7 @@ TEST_F(ClusterBackendTest, UnansweredPrefillIsPlacedAgainElsewhere) {
   ClusterBackendOptions o;
   o.bind = "tcp://127.0.0.1:0";
   o.model_name = "tiny-moe";
-  o.heartbeat_ms = 50;
+  o.heartbeat_ms = 100;
   o.phase_timeout_ms = 300;
   auto b = ClusterBackend::Create(o);
   ASSERT_TRUE(b.ok());
@@ -534,7 +534,7 @@ TEST_F(ClusterBackendTest, WorkerOfAnotherModelIsRefused) {
   transport::ControlClient::Options o;
   o.id = "odd";
   o.role = wire::Role::DECODE;
-  o.heartbeat_ms = 50;
+  o.heartbeat_ms = 100;
   transport::ControlClient c(std::move(*t), transport::SteadyClock::Get(), o);
   c.fill_register = [](wire::Register::Builder r) { r.setModelName("another-model"); };
   ASSERT_TRUE(c.Start().ok());
