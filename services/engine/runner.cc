@@ -185,7 +185,8 @@ void Runner::Attention(int layer, size_t T) {
   int32_t max_pos = 0;
   for (size_t i = 0; i < T; ++i) max_pos = std::max(max_pos, tok_pos_[i]);
   const size_t work = static_cast<size_t>(max_pos + 1) * D * T * nh;
-  const size_t min_per = std::max<size_t>(1, (1u << 15) / std::max<size_t>(1, work / (T * nh)));
+  const size_t min_per =
+      std::max<size_t>(1, kMinParallelMacs / std::max<size_t>(1, work / (T * nh)));
   threads_.ParallelFor(T * nh, 1, min_per, [&](size_t begin, size_t end) {
     std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
     for (size_t job = begin; job < end; ++job) {
