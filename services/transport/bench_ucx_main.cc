@@ -8,6 +8,7 @@
 // chunk from its own buffer of the same size, flushing once per pass. Buffers are larger than
 // the last-level cache only when --mib is (use >= 512 here to measure DRAM, not the cache).
 // Prints one line per (operation, chunk size): median GB/s over --reps passes.
+// PW_BENCH_EP_INFO=1 prints the endpoint's UCX lanes (which transports carry RMA).
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -150,6 +151,7 @@ int main(int argc, char** argv) {
   auto region = (*ep)->OpenRegion(rkey, base, n);
   if (!region.ok()) return Fail(region.status().ToString().c_str());
 
+  if (std::getenv("PW_BENCH_EP_INFO") != nullptr) ucp_ep_print_info((*ep)->handle(), stdout);
   std::vector<uint8_t> src(bytes, 7), dst(bytes, 9);
   const char* tls = std::getenv("UCX_TLS");
   std::printf("# region %zu MiB, %d reps, UCX_TLS=%s; GB/s = 1e9 bytes/s, median\n", mib, reps,

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 
 #include "common/logging.h"
 
@@ -31,11 +32,14 @@ Result<std::unique_ptr<Context>> Context::Create() {
   if (st != UCS_OK) return Unavailable(UcsError("ucp_config_read", st));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  // PW_UCX_WAKEUP=0 leaves out the wakeup feature (the progress thread then polls).
+  const char* wake = std::getenv("PW_UCX_WAKEUP");
+  const bool want_wakeup = wake == nullptr || std::string(wake) != "0";
+  params.features = UCP_FEATURE_RMA | (want_wakeup ? UCP_FEATURE_WAKEUP : 0);
   params.mt_workers_shared = 1;
   ucp_context_h ctx = nullptr;
   st = ucp_init(&params, config, &ctx);
-  if (st != UCS_OK) {
+  if (st != UCS_OK && want_wakeup) {
     // Some transports lack wakeup support; RMA alone still works with a polling progress thread.
     params.features = UCP_FEATURE_RMA;
     st = ucp_init(&params, config, &ctx);
@@ -152,7 +156,12 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker,
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(addr_copy.data());
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  // Peer error handling makes a dead peer fail operations instead of hanging them, but UCX
+  // 1.13 then uses only transports that detect peer failure (tcp), not shared memory.
+  // PW_UCX_ERR_MODE=none trades that for shm/cma (dead peers are then caught by timeouts only).
+  const char* em = std::getenv("PW_UCX_ERR_MODE");
+  params.err_mode = (em != nullptr && std::string(em) == "none") ? UCP_ERR_HANDLING_MODE_NONE
+                                                                 : UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Endpoint::OnError;
   params.err_handler.arg = ep.get();
   ucp_ep_h h = nullptr;
