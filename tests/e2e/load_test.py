@@ -4,7 +4,7 @@ against a local cluster. Passes when every request completes without error, ever
 free again afterwards (decode workers' heartbeats, as the router's /metrics shows them), and no
 process grew (resident memory after the load within 10% + 16 MiB of after a same-shape warmup).
 
-Usage: load_test.py BUILD_DIR MODEL_DIR [--requests 500] [--rate 40] [--burstiness 0.5]
+Usage: load_test.py BUILD_DIR MODEL_DIR [--requests 500] [--rate 200] [--burstiness 0.5]
 """
 import argparse
 import os
@@ -32,7 +32,7 @@ def main():
     ap.add_argument("build_dir")
     ap.add_argument("model_dir")
     ap.add_argument("--requests", type=int, default=500)
-    ap.add_argument("--rate", type=float, default=80.0)
+    ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--burstiness", type=float, default=0.5)
     args = ap.parse_args()
     build_dir = os.path.abspath(args.build_dir)
