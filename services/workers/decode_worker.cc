@@ -158,7 +158,6 @@ Status DecodeWorker::HandleBroker(const proto::InMessage& m) {
 
 void DecodeWorker::FillRegister(wire::Register::Builder r) {
   const auto& pool = engine_->kv_pool();
-  const auto& cfg = engine_->model().config();
   r.setModelName(options_.model_name);
   auto kl = r.initKvLayout();
   kl.setNumBlocks(static_cast<uint32_t>(pool.num_blocks()));
@@ -185,7 +184,6 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
       e.setDesiredBits(16);
     }
   }
-  (void)cfg;
 }
 
 void DecodeWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
