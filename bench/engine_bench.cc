@@ -35,11 +35,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -170,12 +170,13 @@ struct Row {
   std::string model;
   int batch = 0;
   double prefill_tps = 0, decode_tps = 0;
-  double floor_bytes = 0;    // per decode step
-  double distinct = 0;       // mean distinct experts per MoE layer per decode step
-  double expert_share = 0;   // fraction of decode time in expert matmuls
-  double step_seconds = 0;   // median decode step time
-  double cpu_util = 0;       // decode CPU time / (wall time * threads): < 1 = CPU shared/idle
+  double floor_bytes = 0;       // per decode step
+  double distinct = 0;          // mean distinct experts per MoE layer per decode step
+  double expert_share = 0;      // fraction of decode time in expert matmuls
+  double step_seconds = 0;      // median decode step time
+  double cpu_util = 0;          // decode CPU time / (wall time * threads): < 1 = CPU shared/idle
   double step_cpu_seconds = 0;  // median decode step CPU time / threads
+  double prefill_cpu_tps = 0;   // prompt tokens per (prefill CPU seconds / threads)
 };
 
 // Bytes one decode step of `batch` sequences at mean context `ctx` must read (see top).
@@ -190,9 +191,9 @@ double DecodeStepBytes(const engine::Model& model, int batch, double mean_distin
     bytes += bf16 * (H * nh * D + 2 * H * nkv * D + nh * D * H);  // q, k, v, o
     bytes += f32 * 2 * H;                                         // the two norms
     if (c.qk_norm != QkNorm::kNone) bytes += f32 * 2 * nh * D;
-    bytes += f32 * batch * ctx * 2 * nkv * D;                     // K and V of every position
+    bytes += f32 * batch * ctx * 2 * nkv * D;  // K and V of every position
     if (c.IsMoeLayer(l)) {
-      bytes += bf16 * static_cast<double>(c.num_experts) * H;     // router
+      bytes += bf16 * static_cast<double>(c.num_experts) * H;  // router
       bytes += bf16 * mean_distinct_experts * 3 * H * static_cast<double>(c.moe_intermediate_size);
       if (c.shared_expert_intermediate_size > 0) {
         bytes += bf16 * (3 * H * static_cast<double>(c.shared_expert_intermediate_size) + H);
@@ -230,8 +231,8 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   PW_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(dir, eo));
   TimingProvider timing(eng->model());
   DistinctExpertCounter counter;
-  eng->SetMoeHooks({.provider = &timing, .residency = nullptr, .routing_hook = nullptr,
-                    .recorder = &counter});
+  eng->SetMoeHooks(
+      {.provider = &timing, .residency = nullptr, .routing_hook = nullptr, .recorder = &counter});
   const int vocab = eng->vocab_size();
   std::mt19937 rng(1234);
 
@@ -239,6 +240,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   uint64_t next_id = 1;
   for (int batch : o.batches) {
     std::vector<double> prefill_tps, decode_tps, step_s, expert_share, cpu_util, step_cpu;
+    std::vector<double> prefill_cpu_tps;
     double distinct_sum = 0;
     int64_t distinct_calls = 0;
     for (int run = 0; run < o.runs; ++run) {
@@ -247,6 +249,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
       sp.ignore_eos = true;
       std::vector<uint64_t> ids;
       auto t0 = Clock::now();
+      const double cpu0 = ProcessCpuSeconds();
       for (int b = 0; b < batch; ++b) {
         std::vector<int32_t> prompt(o.prompt_len);
         for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
@@ -286,6 +289,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
       expert_share.push_back(timing.seconds_ / dec);
       cpu_util.push_back((cpu2 - cpu1) / (dec * o.threads));
       step_cpu.push_back((cpu2 - cpu1) / o.threads / o.decode_steps);
+      prefill_cpu_tps.push_back(batch * o.prompt_len / ((cpu1 - cpu0) / o.threads));
       distinct_sum += counter.distinct_sum_;
       distinct_calls += counter.layer_calls_;
     }
@@ -298,6 +302,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
     r.expert_share = Median(expert_share);
     r.cpu_util = Median(cpu_util);
     r.step_cpu_seconds = Median(step_cpu);
+    r.prefill_cpu_tps = Median(prefill_cpu_tps);
     r.distinct = distinct_calls ? distinct_sum / static_cast<double>(distinct_calls) : 0;
     const double mean_ctx = o.prompt_len + 0.5 * o.decode_steps;
     r.floor_bytes = DecodeStepBytes(eng->model(), batch, r.distinct, mean_ctx);
@@ -349,8 +354,7 @@ int Main(int argc, char** argv) {
     o.models.push_back(syn ? syn : "build/synthetic-olmoe");
   }
 
-  std::fprintf(stderr, "measuring read bandwidth (%.2f GiB, %d threads)...\n", o.bw_gib,
-               o.threads);
+  std::fprintf(stderr, "measuring read bandwidth (%.2f GiB, %d threads)...\n", o.bw_gib, o.threads);
   const Bandwidth bw =
       MeasureReadBandwidth(static_cast<size_t>(o.bw_gib * (1ull << 30)), o.threads, 5);
 
@@ -370,30 +374,34 @@ int Main(int argc, char** argv) {
     rows.insert(rows.end(), r->begin(), r->end());
   }
 
-  std::printf("read bandwidth: %.1f GB/s wall, %.1f GB/s per CPU second (%d threads, %.2f GiB "
-              "buffer, median of 5)\n",
-              bw.wall / 1e9, bw.cpu / 1e9, o.threads, o.bw_gib);
-  std::printf("prompt %d tokens, %d decode steps, median of %d runs, %d threads\n\n",
-              o.prompt_len, o.decode_steps, o.runs, o.threads);
+  std::printf(
+      "read bandwidth: %.1f GB/s wall, %.1f GB/s per CPU second (%d threads, %.2f GiB "
+      "buffer, median of 5)\n",
+      bw.wall / 1e9, bw.cpu / 1e9, o.threads, o.bw_gib);
+  std::printf("prompt %d tokens, %d decode steps, median of %d runs, %d threads\n\n", o.prompt_len,
+              o.decode_steps, o.runs, o.threads);
   std::printf("Wall clock:\n\n");
-  std::printf("| model | batch | prefill tok/s | decode tok/s | decode step ms | floor tok/s "
-              "| step / floor | CPU %% |\n");
+  std::printf(
+      "| model | batch | prefill tok/s | decode tok/s | decode step ms | floor tok/s "
+      "| step / floor | CPU %% |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : rows) {
     const double floor_s = r.floor_bytes / bw.wall;
-    std::printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.0f |\n", r.model.c_str(),
-                r.batch, r.prefill_tps, r.decode_tps, r.step_seconds * 1e3, r.batch / floor_s,
+    std::printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.0f |\n", r.model.c_str(), r.batch,
+                r.prefill_tps, r.decode_tps, r.step_seconds * 1e3, r.batch / floor_s,
                 r.step_seconds / floor_s, 100 * r.cpu_util);
   }
-  std::printf("\nPer CPU second (step = decode CPU time / threads; floor from the per-CPU-second "
-              "bandwidth):\n\n");
-  std::printf("| model | batch | distinct experts/layer | bytes/step MB | decode step ms "
-              "| decode tok/s | floor tok/s | step / floor | experts %% |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "\nPer CPU second (step = decode CPU time / threads; floor from the per-CPU-second "
+      "bandwidth):\n\n");
+  std::printf(
+      "| model | batch | prefill tok/s | distinct experts/layer | bytes/step MB "
+      "| decode step ms | decode tok/s | floor tok/s | step / floor | experts %% |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : rows) {
     const double floor_s = r.floor_bytes / bw.cpu;
-    std::printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.0f |\n",
-                r.model.c_str(), r.batch, r.distinct, r.floor_bytes / 1e6,
+    std::printf("| %s | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.0f |\n",
+                r.model.c_str(), r.batch, r.prefill_cpu_tps, r.distinct, r.floor_bytes / 1e6,
                 r.step_cpu_seconds * 1e3, r.batch / r.step_cpu_seconds, r.batch / floor_s,
                 r.step_cpu_seconds / floor_s, 100 * r.expert_share);
   }

@@ -159,7 +159,7 @@ inline uint16_t F32ToF16(float f) {
     return sign;
   }
   // Subnormal half: value = m * 2^-24, m in [1, 1023]. Shift the full significand.
-  uint32_t exp = abs >> 23;                      // 102..112
+  uint32_t exp = abs >> 23;                       // 102..112
   uint32_t mant = (abs & 0x7fffffu) | 0x800000u;  // 24-bit significand
   uint32_t shift = 126u - exp;                    // 14..24
   uint32_t half_mant = mant >> shift;

@@ -59,7 +59,8 @@ void WriteAll(int fd, const char* data, size_t n) {
 
 bool ParseLogLevel(std::string_view text, LogLevel* out) {
   std::string lower;
-  for (char c : text) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (char c : text)
+    lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   if (lower == "debug") {
     *out = LogLevel::kDebug;
   } else if (lower == "info") {

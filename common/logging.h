@@ -79,9 +79,8 @@ struct Voidify {
 }  // namespace log_internal
 }  // namespace pw
 
-#define PW_LOG(level)                                                               \
-  !::pw::log_internal::Enabled(::pw::log_levels::level)                             \
-      ? (void)0                                                                     \
-      : ::pw::log_internal::Voidify() &                                             \
-            ::pw::log_internal::LogMessage(::pw::log_levels::level, __FILE__, __LINE__) \
-                .stream()
+#define PW_LOG(level)                                   \
+  !::pw::log_internal::Enabled(::pw::log_levels::level) \
+      ? (void)0                                         \
+      : ::pw::log_internal::Voidify() &                 \
+            ::pw::log_internal::LogMessage(::pw::log_levels::level, __FILE__, __LINE__).stream()

@@ -34,8 +34,8 @@ Result<std::unique_ptr<MmapFile>> MmapFile::Open(const std::string& path) {
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
-      return IoError(path + ": cannot mmap " + std::to_string(size) + " bytes: " +
-                     std::strerror(err));
+      return IoError(path + ": cannot mmap " + std::to_string(size) +
+                     " bytes: " + std::strerror(err));
     }
     data = static_cast<const uint8_t*>(p);
   }

@@ -246,8 +246,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   const int64_t max_pos_default = t == ModelType::kOlmoe     ? 4096
                                   : t == ModelType::kMixtral ? 4096 * 32
                                                              : 32768;
-  PW_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings,
-                           max_pos_default, 1));
+  PW_RETURN_IF_ERROR(
+      r.Int("max_position_embeddings", &c.max_position_embeddings, max_pos_default, 1));
   PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, qwen ? 1e-6 : 1e-5, true));
   PW_RETURN_IF_ERROR(
       r.Double("rope_theta", &c.rope_theta, t == ModelType::kMixtral ? 1e6 : 10000.0, true));
@@ -264,13 +264,17 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
     if (!plain) {
       return r.Error(StatusCode::kUnsupported, "rope_scaling",
-                     "is " + rs->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 200) + "; only null is supported");
+                     "is " +
+                         rs->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 200) +
+                         "; only null is supported");
     }
   }
   if (const json* act = r.Find("hidden_act")) {
     if (!act->is_string() || act->get<std::string>() != "silu") {
       return r.Error(StatusCode::kUnsupported, "hidden_act",
-                     "is " + act->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 100) + "; only \"silu\" is supported");
+                     "is " +
+                         act->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 100) +
+                         "; only \"silu\" is supported");
     }
   }
   if (qwen) {
@@ -285,9 +289,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     int64_t window;
     PW_RETURN_IF_ERROR(r.Int("sliding_window", &window, std::nullopt, 1));
     if (window < c.max_position_embeddings) {
-      return r.Error(StatusCode::kUnsupported, "sliding_window",
-                     "is " + std::to_string(window) +
-                         "; sliding-window attention is not supported");
+      return r.Error(
+          StatusCode::kUnsupported, "sliding_window",
+          "is " + std::to_string(window) + "; sliding-window attention is not supported");
     }
   }
 
@@ -331,8 +335,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
                        std::to_string(c.num_experts) + " experts");
   }
   if (qwen) {
-    PW_RETURN_IF_ERROR(
-        r.Int("moe_intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
+    PW_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
     PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size,
                              t == ModelType::kQwen2Moe ? 5632 : 6144, 1));
     PW_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &c.decoder_sparse_step, 1, 1));
@@ -347,8 +350,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
     PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
   } else {
-    PW_RETURN_IF_ERROR(
-        r.Int("intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
+    PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
     c.intermediate_size = c.moe_intermediate_size;
     if (t == ModelType::kOlmoe) {
       PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
@@ -357,8 +359,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
   }
   if (t == ModelType::kQwen2Moe) {
-    PW_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size",
-                             &c.shared_expert_intermediate_size, 5632, 0));
+    PW_RETURN_IF_ERROR(
+        r.Int("shared_expert_intermediate_size", &c.shared_expert_intermediate_size, 5632, 0));
   }
 
   // Special tokens (HF defaults: olmoe eos 50279 pad 1; mixtral bos 1 eos 2; qwen: none).

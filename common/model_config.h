@@ -2,18 +2,17 @@
 //
 // Supported model_type values and how each one maps (following the Hugging Face transformers
 // configuration and modeling classes of each type, including their defaults):
-//
-//   field                 qwen2_moe             qwen3_moe             olmoe               mixtral
-//   experts               num_experts           num_experts           num_experts         num_local_experts
-//   expert FFN size       moe_intermediate_size moe_intermediate_size intermediate_size   intermediate_size
-//   norm_topk_prob        json, default false   json, default false   json, default false always true
-//   shared expert         yes (+ sigmoid gate)  no                    no                  no
-//   q/k/v bias            qkv_bias (def. true)  attention_bias (f)    attention_bias (f)  no
-//   o_proj bias           no                    attention_bias        attention_bias      no
-//   qk norm               none                  per head (head_dim)   full (q and k proj) none
-//   head_dim              json or hidden/heads  json or hidden/heads  hidden/heads        json or hidden/heads
-//   dense layers          mlp_only_layers,      mlp_only_layers,      none                none
-//                         decoder_sparse_step   decoder_sparse_step
+//   qwen2_moe  experts: num_experts; expert FFN: moe_intermediate_size; norm_topk_prob from the
+//              file (default false); shared expert with a sigmoid gate; q/k/v bias: qkv_bias
+//              (default true), no o_proj bias; no qk norm; head_dim: file or hidden/heads;
+//              dense layers from mlp_only_layers and decoder_sparse_step.
+//   qwen3_moe  as qwen2_moe but no shared expert; attention_bias (default false) on q/k/v/o;
+//              qk norm per head (weights [head_dim]).
+//   olmoe      experts: num_experts; expert FFN: intermediate_size; norm_topk_prob from the file
+//              (default false); attention_bias on q/k/v/o; qk norm over the whole q and k
+//              projections; head_dim always hidden/heads; optional clip_qkv; no dense layers.
+//   mixtral    experts: num_local_experts; expert FFN: intermediate_size; top-k weights always
+//              renormalised; no biases; no qk norm; head_dim: file or hidden/heads.
 //
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
@@ -48,35 +47,35 @@ struct ModelConfig {
   std::string model_type;  // the string from config.json
 
   // Transformer body.
-  int64_t hidden_size = 0;        // d_model
-  int64_t num_layers = 0;         // num_hidden_layers
-  int64_t num_heads = 0;          // query heads
-  int64_t num_kv_heads = 0;       // key/value heads (GQA); num_heads % num_kv_heads == 0
-  int64_t head_dim = 0;           // per-head size; q_proj is [num_heads*head_dim, hidden_size]
+  int64_t hidden_size = 0;   // d_model
+  int64_t num_layers = 0;    // num_hidden_layers
+  int64_t num_heads = 0;     // query heads
+  int64_t num_kv_heads = 0;  // key/value heads (GQA); num_heads % num_kv_heads == 0
+  int64_t head_dim = 0;      // per-head size; q_proj is [num_heads*head_dim, hidden_size]
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
-  double rope_theta = 10000.0;    // RoPE base; rotary over all head_dim dims, NeoX (half) layout
+  double rope_theta = 10000.0;       // RoPE base; rotary over all head_dim dims, NeoX (half) layout
   bool tie_word_embeddings = false;  // lm_head reuses embed_tokens
 
   // Attention details.
-  bool qkv_bias = false;          // q_proj/k_proj/v_proj have a bias
-  bool o_bias = false;            // o_proj has a bias
+  bool qkv_bias = false;  // q_proj/k_proj/v_proj have a bias
+  bool o_bias = false;    // o_proj has a bias
   QkNorm qk_norm = QkNorm::kNone;
-  std::optional<double> clip_qkv; // olmoe: clamp q, k, v to [-clip, clip] after projection
+  std::optional<double> clip_qkv;  // olmoe: clamp q, k, v to [-clip, clip] after projection
 
   // Mixture of experts.
-  int64_t num_experts = 0;             // routed experts per MoE layer
-  int64_t num_experts_per_tok = 0;     // top-k
-  int64_t moe_intermediate_size = 0;   // one expert's FFN size (gate/up: [ffn, hidden])
-  bool norm_topk_prob = false;         // renormalise the top-k softmax probabilities to sum to 1
+  int64_t num_experts = 0;            // routed experts per MoE layer
+  int64_t num_experts_per_tok = 0;    // top-k
+  int64_t moe_intermediate_size = 0;  // one expert's FFN size (gate/up: [ffn, hidden])
+  bool norm_topk_prob = false;        // renormalise the top-k softmax probabilities to sum to 1
   int64_t shared_expert_intermediate_size = 0;  // 0 = no shared expert (qwen2_moe has one)
   // Dense-MLP layers (qwen2_moe / qwen3_moe): a layer is MoE iff it is not in mlp_only_layers and
   // (layer + 1) % decoder_sparse_step == 0; otherwise it is a dense SwiGLU MLP of
   // intermediate_size.
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
-  int64_t intermediate_size = 0;       // dense MLP size (qwen types); == expert size otherwise
+  int64_t intermediate_size = 0;  // dense MLP size (qwen types); == expert size otherwise
 
   // Special tokens (absent in the file: nullopt / empty).
   std::optional<int64_t> bos_token_id;

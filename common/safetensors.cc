@@ -125,10 +125,10 @@ Status ValidateEntry(std::string_view label, const std::string& name, const json
   }
   uint64_t want = static_cast<uint64_t>(numel) * DTypeSize(*dtype);  // < 2^59, no overflow
   if (end - begin != want) {
-    return err(StatusCode::kCorrupt,
-               "data_offsets span " + std::to_string(end - begin) + " bytes but dtype " +
-                   std::string(DTypeName(*dtype)) + " x shape " + ShapeToString(shape) + " needs " +
-                   std::to_string(want));
+    return err(StatusCode::kCorrupt, "data_offsets span " + std::to_string(end - begin) +
+                                         " bytes but dtype " + std::string(DTypeName(*dtype)) +
+                                         " x shape " + ShapeToString(shape) + " needs " +
+                                         std::to_string(want));
   }
   out->name = name;
   out->dtype = *dtype;
@@ -178,8 +178,8 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, size_t siz
   std::set<std::string> seen;
   try {
     json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-      if (depth > kMaxJsonDepth) throw HeaderRejected("JSON nested deeper than " +
-                                                      std::to_string(kMaxJsonDepth));
+      if (depth > kMaxJsonDepth)
+        throw HeaderRejected("JSON nested deeper than " + std::to_string(kMaxJsonDepth));
       if (ev == json::parse_event_t::key && depth == 1) {
         const std::string& k = parsed.get_ref<const std::string&>();
         if (!seen.insert(k).second) throw HeaderRejected("duplicate key " + Quote(k));
@@ -202,8 +202,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, size_t siz
       if (!it.value().is_object()) return Corrupt(lbl + ": '__metadata__' is not an object");
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         if (!m.value().is_string()) {
-          return Corrupt(lbl + ": '__metadata__." + m.key().substr(0, 200) +
-                         "' is not a string");
+          return Corrupt(lbl + ": '__metadata__." + m.key().substr(0, 200) + "' is not a string");
         }
         header.metadata[m.key()] = m.value().get<std::string>();
       }
@@ -221,8 +220,9 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, size_t siz
   for (const auto& e : header.tensors) {
     if (e.nbytes > 0) by_offset.push_back(&e);
   }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->offset < b->offset; });
+  std::sort(
+      by_offset.begin(), by_offset.end(),
+      [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->offset < b->offset; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const SafetensorsEntry* a = by_offset[i - 1];
     const SafetensorsEntry* b = by_offset[i];
@@ -332,8 +332,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   std::map<std::string, size_t> shard_ids;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it.value().is_string()) {
-      return Corrupt(index_path + ": 'weight_map." + it.key().substr(0, 200) +
-                     "' is not a string");
+      return Corrupt(index_path + ": 'weight_map." + it.key().substr(0, 200) + "' is not a string");
     }
     const std::string& shard = it.value().get_ref<const std::string&>();
     if (!IsPlainFileName(shard)) {
@@ -405,7 +404,8 @@ Status SafetensorsWriter::Check(const std::string& name, DType dtype,
     return InvalidArgument("safetensors writer: invalid tensor name " + Quote(name));
   }
   for (const auto& t : tensors_) {
-    if (t.name == name) return InvalidArgument("safetensors writer: duplicate tensor " + Quote(name));
+    if (t.name == name)
+      return InvalidArgument("safetensors writer: duplicate tensor " + Quote(name));
   }
   int64_t numel = 1;
   for (int64_t d : shape) {

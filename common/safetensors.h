@@ -40,7 +40,7 @@ inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
-  std::vector<int64_t> shape;    // row-major, outermost first; [] is a scalar
+  std::vector<int64_t> shape;     // row-major, outermost first; [] is a scalar
   const uint8_t* data = nullptr;  // nbytes bytes (nullptr allowed when nbytes == 0)
   size_t nbytes = 0;              // == numel() * DTypeSize(dtype)
 
@@ -60,9 +60,9 @@ struct SafetensorsEntry {
 };
 
 struct SafetensorsHeader {
-  std::vector<SafetensorsEntry> tensors;  // sorted by name
+  std::vector<SafetensorsEntry> tensors;        // sorted by name
   std::map<std::string, std::string> metadata;  // the "__metadata__" object, if any
-  uint64_t data_start = 0;  // 8 + N
+  uint64_t data_start = 0;                      // 8 + N
 };
 
 // Parses and fully validates the header of a safetensors image of `size` bytes at `data`.

@@ -54,20 +54,21 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
     t.push_back({moe + "gate.weight", {s.experts, s.hidden}, Init::kNormal});
     for (int64_t e = 0; e < s.experts; ++e) {
       const std::string x = moe + "experts." + std::to_string(e) + ".";
-      t.push_back({x + (mixtral ? "w1" : "gate_proj") + ".weight", {s.expert_ffn, s.hidden},
+      t.push_back({x + (mixtral ? "w1" : "gate_proj") + ".weight",
+                   {s.expert_ffn, s.hidden},
                    Init::kNormal});
-      t.push_back({x + (mixtral ? "w3" : "up_proj") + ".weight", {s.expert_ffn, s.hidden},
-                   Init::kNormal});
-      t.push_back({x + (mixtral ? "w2" : "down_proj") + ".weight", {s.hidden, s.expert_ffn},
+      t.push_back(
+          {x + (mixtral ? "w3" : "up_proj") + ".weight", {s.expert_ffn, s.hidden}, Init::kNormal});
+      t.push_back({x + (mixtral ? "w2" : "down_proj") + ".weight",
+                   {s.hidden, s.expert_ffn},
                    Init::kNormal});
     }
     if (s.type == ModelType::kQwen2Moe) {
-      t.push_back({moe + "shared_expert.gate_proj.weight", {s.shared_ffn, s.hidden},
-                   Init::kNormal});
-      t.push_back({moe + "shared_expert.up_proj.weight", {s.shared_ffn, s.hidden},
-                   Init::kNormal});
-      t.push_back({moe + "shared_expert.down_proj.weight", {s.hidden, s.shared_ffn},
-                   Init::kNormal});
+      t.push_back(
+          {moe + "shared_expert.gate_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
+      t.push_back({moe + "shared_expert.up_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
+      t.push_back(
+          {moe + "shared_expert.down_proj.weight", {s.hidden, s.shared_ffn}, Init::kNormal});
       t.push_back({moe + "shared_expert_gate.weight", {1, s.hidden}, Init::kNormal});
     }
   }
@@ -96,9 +97,9 @@ void FillNormalBf16(uint16_t* out, size_t n, uint64_t stream, float std) {
   const float scale = std * std::sqrt(3.0f) / 65536.0f;  // var of U(0,65536) sum of 4 = 4*2^32/12
   for (size_t i = 0; i < n; ++i) {
     uint64_t r = SplitMix64(state);
-    float sum = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) +
-                                   (r >> 48)) -
-                2.0f * 65535.0f;
+    float sum =
+        static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48)) -
+        2.0f * 65535.0f;
     out[i] = F32ToBf16(sum * scale);
   }
 }
@@ -216,17 +217,17 @@ Status WriteSyntheticMoe(const SyntheticMoeSpec& spec, const std::string& dir) {
     const uint64_t stream = HashName(t.name) ^ (spec.seed * 0x9e3779b97f4a7c15ull);
     const Init init = t.init;
     const float std = spec.init_std;
-    PW_RETURN_IF_ERROR(w.AddLazy(t.name, DType::kBF16, t.shape,
-                                 [init, stream, std](uint8_t* dst, size_t nbytes) {
-                                   auto* out = reinterpret_cast<uint16_t*>(dst);
-                                   size_t n = nbytes / 2;
-                                   if (init == Init::kNormal) {
-                                     FillNormalBf16(out, n, stream, std);
-                                   } else {
-                                     uint16_t v = init == Init::kOnes ? F32ToBf16(1.0f) : 0;
-                                     for (size_t i = 0; i < n; ++i) out[i] = v;
-                                   }
-                                 }));
+    PW_RETURN_IF_ERROR(
+        w.AddLazy(t.name, DType::kBF16, t.shape, [init, stream, std](uint8_t* dst, size_t nbytes) {
+          auto* out = reinterpret_cast<uint16_t*>(dst);
+          size_t n = nbytes / 2;
+          if (init == Init::kNormal) {
+            FillNormalBf16(out, n, stream, std);
+          } else {
+            uint16_t v = init == Init::kOnes ? F32ToBf16(1.0f) : 0;
+            for (size_t i = 0; i < n; ++i) out[i] = v;
+          }
+        }));
   }
   PW_RETURN_IF_ERROR(w.Write(dir + "/model.safetensors"));
 

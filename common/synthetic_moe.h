@@ -27,8 +27,8 @@ struct SyntheticMoeSpec {
   int64_t kv_heads = 16;
   int64_t experts = 64;
   int64_t top_k = 8;
-  int64_t expert_ffn = 1024;   // moe_intermediate_size / intermediate_size
-  int64_t shared_ffn = 4096;   // qwen2_moe only: shared_expert_intermediate_size
+  int64_t expert_ffn = 1024;  // moe_intermediate_size / intermediate_size
+  int64_t shared_ffn = 4096;  // qwen2_moe only: shared_expert_intermediate_size
   int64_t vocab = 50304;
   int64_t max_positions = 4096;
   uint64_t seed = 1;

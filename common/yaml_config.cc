@@ -133,10 +133,11 @@ Schema Schema::Required() const {
 
 Schema Schema::Default(ConfigValue value) const {
   using VK = ConfigValue::Kind;
-  bool fits = (kind_ == Kind::kBool && value.kind() == VK::kBool) ||
-              (kind_ == Kind::kInt && value.kind() == VK::kInt) ||
-              (kind_ == Kind::kDouble && (value.kind() == VK::kDouble || value.kind() == VK::kInt)) ||
-              (kind_ == Kind::kString && value.kind() == VK::kString);
+  bool fits =
+      (kind_ == Kind::kBool && value.kind() == VK::kBool) ||
+      (kind_ == Kind::kInt && value.kind() == VK::kInt) ||
+      (kind_ == Kind::kDouble && (value.kind() == VK::kDouble || value.kind() == VK::kInt)) ||
+      (kind_ == Kind::kString && value.kind() == VK::kString);
   PW_CHECK_MSG(fits, "Schema::Default: value kind does not match the schema");
   Schema s = *this;
   if (kind_ == Kind::kDouble && value.kind() == VK::kInt) value = ConfigValue(value.AsDouble());
@@ -242,8 +243,9 @@ class Validator {
   Status Check(const YAML::Node& node, const Schema& schema, const std::string& path,
                ConfigValue* out) {
     if (++visited_ > kMaxNodesVisited) {
-      return At(node, path, "document has more than " + std::to_string(kMaxNodesVisited) +
-                                " values (alias expansion?)");
+      return At(node, path,
+                "document has more than " + std::to_string(kMaxNodesVisited) +
+                    " values (alias expansion?)");
     }
     const YAML::Mark m = node.Mark();
     switch (schema.kind_) {
@@ -277,7 +279,8 @@ class Validator {
 
   Status AtMark(const YAML::Mark& m, const std::string& path, const std::string& msg) const {
     std::string where = *file_;
-    if (!m.is_null()) where += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+    if (!m.is_null())
+      where += ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
     return InvalidArgument(where + ": " + (path.empty() ? std::string("(root)") : path) + ": " +
                            msg);
   }
@@ -287,8 +290,8 @@ class Validator {
                 ConfigValue* out) {
     static const char* kWant[] = {"true or false", "an integer", "a number", "a string"};
     const char* want = kWant[static_cast<int>(schema.kind_)];
-    if (!node.IsScalar()) return At(node, path, std::string("expected ") + want + ", got " +
-                                                    Describe(node));
+    if (!node.IsScalar())
+      return At(node, path, std::string("expected ") + want + ", got " + Describe(node));
     const bool quoted = node.Tag() == "!";
     switch (schema.kind_) {
       case Schema::Kind::kBool: {
@@ -474,10 +477,10 @@ class Validator {
   }
 
   static std::string SizeMessage(size_t n, const Schema& schema) {
-    std::string range = "[" + std::to_string(schema.min_size_) + ", " +
-                        (schema.max_size_ == SIZE_MAX ? std::string("inf")
-                                                      : std::to_string(schema.max_size_)) +
-                        "]";
+    std::string range =
+        "[" + std::to_string(schema.min_size_) + ", " +
+        (schema.max_size_ == SIZE_MAX ? std::string("inf") : std::to_string(schema.max_size_)) +
+        "]";
     return "has " + std::to_string(n) + " entries, allowed " + range;
   }
 

@@ -73,12 +73,12 @@ class ConfigValue {
   enum class Kind { kNull, kBool, kInt, kDouble, kString, kMap, kList };
 
   ConfigValue() = default;
-  ConfigValue(bool v) : kind_(Kind::kBool), b_(v) {}                         // NOLINT
-  ConfigValue(int v) : kind_(Kind::kInt), i_(v) {}                           // NOLINT
-  ConfigValue(int64_t v) : kind_(Kind::kInt), i_(v) {}                       // NOLINT
-  ConfigValue(double v) : kind_(Kind::kDouble), d_(v) {}                     // NOLINT
-  ConfigValue(const char* v) : kind_(Kind::kString), s_(v) {}                // NOLINT
-  ConfigValue(std::string v) : kind_(Kind::kString), s_(std::move(v)) {}    // NOLINT
+  ConfigValue(bool v) : kind_(Kind::kBool), b_(v) {}                      // NOLINT
+  ConfigValue(int v) : kind_(Kind::kInt), i_(v) {}                        // NOLINT
+  ConfigValue(int64_t v) : kind_(Kind::kInt), i_(v) {}                    // NOLINT
+  ConfigValue(double v) : kind_(Kind::kDouble), d_(v) {}                  // NOLINT
+  ConfigValue(const char* v) : kind_(Kind::kString), s_(v) {}             // NOLINT
+  ConfigValue(std::string v) : kind_(Kind::kString), s_(std::move(v)) {}  // NOLINT
   static ConfigValue EmptyMap() { return ConfigValue(Kind::kMap); }
   static ConfigValue EmptyList() { return ConfigValue(Kind::kList); }
 
@@ -151,7 +151,7 @@ class Schema {
   static Schema List(Schema element);
 
   Schema Required() const;
-  Schema Default(ConfigValue value) const;  // the value's kind must fit (an int for Double too)
+  Schema Default(ConfigValue value) const;     // the value's kind must fit (an int for Double too)
   Schema Range(double min, double max) const;  // Int, Double: min <= v <= max
   Schema Min(double min) const;
   Schema Max(double max) const;
@@ -179,7 +179,7 @@ class Schema {
   std::vector<CheckFn> checks_;
   std::string doc_;
   std::vector<std::pair<std::string, std::shared_ptr<const Schema>>> fields_;  // kMap
-  std::shared_ptr<const Schema> element_;                                     // kMapOf, kList
+  std::shared_ptr<const Schema> element_;                                      // kMapOf, kList
 };
 
 // Parses YAML text and checks it against `schema` (whose root is normally a Map). `label`

@@ -13,13 +13,14 @@ const pw::config::Schema& ClusterLikeSchema() {
   static const Schema s = Schema::Map({
       {"router", Schema::Map({{"host", Schema::String().Default("127.0.0.1")},
                               {"port", Schema::Int().Range(1, 65535).Default(8000)}})},
-      {"workers", Schema::List(Schema::Map({
-                                   {"kind", Schema::String().OneOf({"prefill", "decode"}).Required()},
-                                   {"port", Schema::Int().Range(1, 65535).Required()},
-                                   {"ratio", Schema::Double().Range(0, 1).Default(0.5)},
-                                   {"on", Schema::Bool().Default(true)},
-                               }))
-                      .Size(0, 16)},
+      {"workers",
+       Schema::List(Schema::Map({
+                        {"kind", Schema::String().OneOf({"prefill", "decode"}).Required()},
+                        {"port", Schema::Int().Range(1, 65535).Required()},
+                        {"ratio", Schema::Double().Range(0, 1).Default(0.5)},
+                        {"on", Schema::Bool().Default(true)},
+                    }))
+           .Size(0, 16)},
       {"bits", Schema::MapOf(Schema::Int().Range(3, 8))},
       {"nested", Schema::List(Schema::List(Schema::String()))},
   });

@@ -127,7 +127,10 @@ TEST(DTypeTest, NarrowingMatchesReferenceOnRandomFloats) {
       uint16_t lo = 0, hi = 0x7bff;
       while (lo < hi) {
         uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
-        if (F16ToF32(mid) <= ax) lo = mid; else hi = static_cast<uint16_t>(mid - 1);
+        if (F16ToF32(mid) <= ax)
+          lo = mid;
+        else
+          hi = static_cast<uint16_t>(mid - 1);
       }
       double lv = F16ToF32(lo);
       uint16_t want = (lv == ax) ? lo

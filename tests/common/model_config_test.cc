@@ -16,7 +16,7 @@ using json = nlohmann::json;
 
 // The structural fields every type requires, for `type`.
 json Minimal(const std::string& type) {
-  json j = {{"model_type", type},   {"hidden_size", 64},        {"num_hidden_layers", 2},
+  json j = {{"model_type", type},       {"hidden_size", 64},  {"num_hidden_layers", 2},
             {"num_attention_heads", 4}, {"vocab_size", 1000}, {"num_experts_per_tok", 2}};
   if (type == "mixtral") {
     j["num_attention_heads"] = 8;  // its class default of 8 kv heads must divide the head count
@@ -278,8 +278,8 @@ TEST(ModelConfigTest, RejectsMalformedJsonAndFiles) {
 TEST(ModelConfigTest, LoadsHfFixtureConfigs) {
   int found = 0;
   for (const std::string type : {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral"}) {
-    std::string path = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + type +
-                       "/config.json";
+    std::string path =
+        std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + type + "/config.json";
     if (!std::filesystem::exists(path)) continue;
     ++found;
     auto r = LoadModelConfig(path);

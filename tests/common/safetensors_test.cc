@@ -13,9 +13,9 @@
 namespace pw {
 namespace {
 
-using ::testing::HasSubstr;
 using pw::testing::TempDir;
 using pw::testing::WriteFile;
+using ::testing::HasSubstr;
 
 // A safetensors image from a raw JSON header and `data_bytes` bytes of data (values 0,1,2...).
 std::string Image(const std::string& header, size_t data_bytes) {
@@ -205,8 +205,7 @@ TEST(SafetensorsTest, RejectsBadFields) {
                  StatusCode::kCorrupt, {"'w'", "'data_offsets'"});
   ExpectRejected(Image(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,-1]}})", 1),
                  StatusCode::kCorrupt, {"'w'", "'data_offsets'"});
-  ExpectRejected(Image(R"({"__metadata__":{"a":1}})", 0), StatusCode::kCorrupt,
-                 {"__metadata__.a"});
+  ExpectRejected(Image(R"({"__metadata__":{"a":1}})", 0), StatusCode::kCorrupt, {"__metadata__.a"});
   ExpectRejected(Image(R"({"__metadata__":[]})", 0), StatusCode::kCorrupt, {"__metadata__"});
 }
 

@@ -75,10 +75,12 @@ TEST(SyntheticMoeTest, WritesLoadableCheckpointForEveryType) {
     EXPECT_TRUE((*ck)->Get("model.layers.1.self_attn.k_proj.weight", DType::kBF16, {32, 64}).ok());
     EXPECT_TRUE((*ck)->Get("model.layers.1." + moe + "gate.weight", DType::kBF16, {4, 64}).ok());
     EXPECT_TRUE(
-        (*ck)->Get("model.layers.1." + moe + "experts.3." + gate + ".weight", DType::kBF16, {32, 64})
+        (*ck)
+            ->Get("model.layers.1." + moe + "experts.3." + gate + ".weight", DType::kBF16, {32, 64})
             .ok());
     EXPECT_TRUE(
-        (*ck)->Get("model.layers.0." + moe + "experts.0." + down + ".weight", DType::kBF16, {64, 32})
+        (*ck)
+            ->Get("model.layers.0." + moe + "experts.0." + down + ".weight", DType::kBF16, {64, 32})
             .ok());
     EXPECT_EQ((*ck)->Has("model.layers.0.self_attn.q_norm.weight"),
               type == ModelType::kOlmoe || type == ModelType::kQwen3Moe);

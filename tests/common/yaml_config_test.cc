@@ -29,14 +29,15 @@ Schema ClusterSchema() {
                      {"port", Schema::Int().Range(1, 65535).Default(8000)},
                      {"max_queue", Schema::Int().Min(1).Default(256)},
                  })},
-      {"workers", Schema::List(Schema::Map({
-                                   {"kind", Schema::String().OneOf({"prefill", "decode"}).Required()},
-                                   {"port", Schema::Int().Range(1, 65535).Required()},
-                                   {"threads", Schema::Int().Range(1, 256).Default(2)},
-                               }))
-                      .Size(1, 64)
-                      .Check(distinct_ports)
-                      .Required()},
+      {"workers",
+       Schema::List(Schema::Map({
+                        {"kind", Schema::String().OneOf({"prefill", "decode"}).Required()},
+                        {"port", Schema::Int().Range(1, 65535).Required()},
+                        {"threads", Schema::Int().Range(1, 256).Default(2)},
+                    }))
+           .Size(1, 64)
+           .Check(distinct_ports)
+           .Required()},
       {"broker", Schema::Map({
                      {"port", Schema::Int().Range(1, 65535).Required()},
                      {"host_store_gib", Schema::Double().Range(0.0, 1024.0).Default(4.0)},
@@ -107,7 +108,7 @@ TEST(YamlConfigTest, AbsentOptionalMapGetsDefaultsOrStaysAbsent) {
   auto r = ParseYamlConfig(text, "local.yaml", ClusterSchema());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ((*r)["router"]["port"].AsInt(), 8000);  // router map filled from defaults
-  EXPECT_FALSE(r->Has("broker"));  // broker has a required key, so it stays absent
+  EXPECT_FALSE(r->Has("broker"));                   // broker has a required key, so it stays absent
   EXPECT_FALSE(r->Has("bits"));
   // A null value counts as absent.
   auto n = ParseYamlConfig(std::string(text) + "kv_blocks:\n", "local.yaml", ClusterSchema());
@@ -142,7 +143,8 @@ TEST(YamlConfigTest, WrongTypes) {
 
   text = kGood;
   text.replace(text.find("8080"), 4, "80.5");
-  EXPECT_THAT(ParseError(text).message(), HasSubstr("router.port: expected an integer, got '80.5'"));
+  EXPECT_THAT(ParseError(text).message(),
+              HasSubstr("router.port: expected an integer, got '80.5'"));
 
   text = kGood;
   text.replace(text.find("verbose: yes"), 12, "verbose: maybe");
@@ -190,9 +192,9 @@ TEST(YamlConfigTest, MissingRequired) {
               HasSubstr("local.yaml:1:1: model_dir: required key is missing"));
   EXPECT_THAT(ParseError("model_dir: m\nworkers:\n  - kind: decode\n").message(),
               HasSubstr("local.yaml:3:5: workers[0].port: required key is missing"));
-  EXPECT_THAT(ParseError("model_dir: m\nworkers: [{kind: decode, port: 1}]\nbroker: {}\n")
-                  .message(),
-              HasSubstr("broker.port: required key is missing"));
+  EXPECT_THAT(
+      ParseError("model_dir: m\nworkers: [{kind: decode, port: 1}]\nbroker: {}\n").message(),
+      HasSubstr("broker.port: required key is missing"));
   EXPECT_THAT(ParseError("").message(), HasSubstr("workers: required key is missing"));
 }
 
