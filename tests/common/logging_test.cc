@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <regex>
 #include <string>
@@ -88,6 +89,30 @@ TEST(LogLevelParse, AcceptsKnownNamesOnly) {
   EXPECT_EQ(l, LogLevel::kError);
   EXPECT_FALSE(ParseLogLevel("verbose", &l));
   EXPECT_FALSE(ParseLogLevel("", &l));
+}
+
+// The level comes from PW_LOG_LEVEL at first use; each case runs in a fresh process.
+TEST(LogLevelEnvDeathTest, ReadFromEnvironmentAtFirstUse) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("PW_LOG_LEVEL", "ERROR", 1);
+        std::exit(GetLogLevel() == LogLevel::kError ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        setenv("PW_LOG_LEVEL", "debug", 1);
+        PW_LOG(DEBUG) << "debug-line-visible";
+        std::exit(GetLogLevel() == LogLevel::kDebug ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "debug-line-visible");
+  EXPECT_EXIT(
+      {
+        setenv("PW_LOG_LEVEL", "loud", 1);
+        std::exit(GetLogLevel() == LogLevel::kInfo ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "PW_LOG_LEVEL=loud is not one of");
 }
 
 }  // namespace
