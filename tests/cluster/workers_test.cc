@@ -46,6 +46,7 @@ struct Req {
   wire::FinishReason reason = wire::FinishReason::STOP;
   std::string error;
   bool cancel_after_first_chunk = false;
+  uint32_t lease_ms = 0;  // 0: the router's default
 };
 
 // The test's router: places every request on the one prefill and one decode worker.
@@ -79,7 +80,7 @@ class MiniRouter {
     auto k = m.body().initKvReserve();
     k.setRequestId(r->id);
     k.setNumTokens(static_cast<uint32_t>(r->prompt.size()));
-    k.setLeaseMs(lease_ms);
+    k.setLeaseMs(r->lease_ms != 0 ? r->lease_ms : lease_ms);
     ASSERT_TRUE(server_->Send("decode-0", m).ok());
   }
 
@@ -328,7 +329,6 @@ TEST(Workers, PreemptionUnderSmallKvPoolLosesNothing) {
 TEST(Workers, LeaseExpiresCancelFreesAndBadRequestsAreRefused) {
   Cluster c;
   ASSERT_TRUE(c.Start(64, /*use_broker=*/false)) << c.Logs();
-  c.router.lease_ms = 500;
   std::vector<Req> reqs(3);
   auto prompts = RandomPrompts(3, 5, 30, 40);
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -337,6 +337,8 @@ TEST(Workers, LeaseExpiresCancelFreesAndBadRequestsAreRefused) {
     reqs[i].max_tokens = 200;
   }
   c.router.delay_start_decode_for = 300;  // abandoned after prefill: the lease must expire
+  reqs[0].lease_ms = 500;
+  reqs[1].lease_ms = 500;                  // its prefill is refused: the lease must expire too
   c.router.corrupt_blocks_for = 301;      // block id out of range: prefill refuses
   reqs[2].cancel_after_first_chunk = true;
   for (auto& r : reqs) c.router.Submit(&r);
