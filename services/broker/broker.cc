@@ -5,17 +5,9 @@
 #include "common/logging.h"
 #include "services/engine/model.h"
 #include "services/transport/zmq_transport.h"
+#include "services/workers/worker_common.h"
 
 namespace pw::broker {
-
-namespace {
-std::string LastPathPart(const std::string& p) {
-  std::string s = p;
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  size_t slash = s.rfind('/');
-  return slash == std::string::npos ? s : s.substr(slash + 1);
-}
-}  // namespace
 
 Broker::Broker(BrokerOptions options, const transport::Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
@@ -29,7 +21,7 @@ Broker::~Broker() {
 Result<std::unique_ptr<Broker>> Broker::Create(BrokerOptions options,
                                                const transport::Clock* clock) {
   if (options.model_dir.empty()) return InvalidArgument("broker: model dir is required");
-  if (options.model_name.empty()) options.model_name = LastPathPart(options.model_dir);
+  if (options.model_name.empty()) options.model_name = workers::ModelNameFromDir(options.model_dir);
   std::unique_ptr<Broker> b(
       new Broker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(b->Setup());

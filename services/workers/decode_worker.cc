@@ -11,15 +11,6 @@
 
 namespace pw::workers {
 
-namespace {
-std::string LastPathPart(const std::string& p) {
-  std::string s = p;
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  size_t slash = s.rfind('/');
-  return slash == std::string::npos ? s : s.substr(slash + 1);
-}
-}  // namespace
-
 DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock)
     : options_(std::move(options)), clock_(clock), leases_(clock) {}
 
@@ -37,7 +28,7 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
   if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "decode");
-  if (options.model_name.empty()) options.model_name = LastPathPart(options.model_dir);
+  if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
   std::unique_ptr<DecodeWorker> w(
       new DecodeWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());

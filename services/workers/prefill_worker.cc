@@ -10,13 +10,6 @@
 namespace pw::workers {
 
 namespace {
-std::string LastPathPart(const std::string& p) {
-  std::string s = p;
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  size_t slash = s.rfind('/');
-  return slash == std::string::npos ? s : s.substr(slash + 1);
-}
-
 // Copies an InMessage (handlers' readers do not outlive the frame).
 Result<std::shared_ptr<proto::InMessage>> Keep(const proto::InMessage& m) {
   ::capnp::MallocMessageBuilder b;
@@ -43,7 +36,7 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOption
   if (options.router_endpoint.empty()) return InvalidArgument("prefill worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("prefill worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "prefill");
-  if (options.model_name.empty()) options.model_name = LastPathPart(options.model_dir);
+  if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
   std::unique_ptr<PrefillWorker> w(
       new PrefillWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());

@@ -27,6 +27,13 @@ engine::SamplingParams FromWire(wire::SamplingParams::Reader s) {
   return p;
 }
 
+std::string ModelNameFromDir(const std::string& model_dir) {
+  std::string s = model_dir;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  size_t slash = s.rfind('/');
+  return slash == std::string::npos ? s : s.substr(slash + 1);
+}
+
 std::string DefaultWorkerId(const std::string& id, const char* role) {
   if (!id.empty()) return id;
   return std::string(role) + "-" + std::to_string(getpid());
