@@ -1,10 +1,12 @@
 // pw-eval: model evaluation.
 //   pw-eval ppl --model DIR --text FILE [--ctx N] [--threads T]
-//               [--store STORE.apw (--bits B | --bits-map MAP.json)]
+//               [--store STORE.apw (--bits B | --bits-map MAP.json)] [--nll-out FILE]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
 // the checkpoint's bf16) or at each block's width in MAP (kernels/anyprec/apw_provider.h).
 // Teacher-forced perplexity over non-overlapping windows of N tokens (rule in
 // services/engine/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
+// --nll-out writes one line per prediction, "<window> <nll>", for paired comparisons of two
+// runs over the same text (tools/compare_nll.py).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -34,7 +36,7 @@ struct ApwFlags {
 };
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
-           const ApwFlags& apw) {
+           const ApwFlags& apw, const std::string& nll_out) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Fail(pw::NotFound("cannot open --text file " + text_path));
   std::stringstream ss;
@@ -83,6 +85,14 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   });
   std::fprintf(stderr, "\n");
   if (!r.ok()) return Fail(r.status());
+  if (!nll_out.empty()) {
+    std::FILE* f = std::fopen(nll_out.c_str(), "w");
+    if (f == nullptr) return Fail(pw::Internal("cannot write --nll-out file " + nll_out));
+    for (size_t i = 0; i < r->token_nll.size(); ++i) {
+      std::fprintf(f, "%d %.9g\n", r->token_window[i], static_cast<double>(r->token_nll[i]));
+    }
+    if (std::fclose(f) != 0) return Fail(pw::Internal("cannot write --nll-out file " + nll_out));
+  }
   std::printf("tokens %lld\nnll_sum %.6f\nppl %.6f\n", static_cast<long long>(r->n_tokens),
               r->nll_sum, r->ppl());
   return 0;
@@ -107,6 +117,8 @@ int main(int argc, char** argv) {
                        ->check(CLI::IsMember({3, 4, 5, 6, 7, 8, 16}));
   auto* map_opt = ppl->add_option("--bits-map", apw.bits_map, "per-block width map (JSON/YAML) with --store");
   bits_opt->excludes(map_opt);
+  std::string nll_out;
+  ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");
   CLI11_PARSE(app, argc, argv);
   if (!apw.store.empty() && apw.bits == 0 && apw.bits_map.empty()) {
     return Fail(pw::InvalidArgument("--store needs --bits or --bits-map"));
@@ -114,6 +126,6 @@ int main(int argc, char** argv) {
   if (apw.store.empty() && (apw.bits != 0 || !apw.bits_map.empty())) {
     return Fail(pw::InvalidArgument("--bits and --bits-map need --store"));
   }
-  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw);
+  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out);
   return 2;
 }

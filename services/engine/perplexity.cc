@@ -28,8 +28,11 @@ Result<PerplexityResult> Perplexity(Engine& engine, std::span<const int32_t> ids
         for (size_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
         double z = 0;
         for (size_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v]) - mx);
-        r.nll_sum += std::log(z) + mx - static_cast<double>(row[window[i + 1]]);
+        const double nll = std::log(z) + mx - static_cast<double>(row[window[i + 1]]);
+        r.nll_sum += nll;
         r.n_tokens++;
+        r.token_nll.push_back(static_cast<float>(nll));
+        r.token_window.push_back(static_cast<int32_t>(r.n_windows));
       }
     }
     r.n_windows++;

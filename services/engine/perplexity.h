@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "common/status.h"
 #include "services/engine/engine.h"
@@ -23,6 +24,10 @@ struct PerplexityResult {
   double nll_sum = 0;
   int64_t n_tokens = 0;  // predictions scored
   int64_t n_windows = 0;
+  // Per prediction, in text order: -log p(target) and the window it belongs to (for paired
+  // comparisons of two runs over the same text: tools/compare_nll.py).
+  std::vector<float> token_nll;
+  std::vector<int32_t> token_window;
   double ppl() const;
 };
 

@@ -590,16 +590,23 @@ TEST(Perplexity, WindowRuleAndValueMatchManualComputation) {
   // Windows [0,8) [8,16) [16,24) [24,31): 7 + 7 + 7 + 6 predictions.
   EXPECT_EQ(r->n_windows, 4);
   EXPECT_EQ(r->n_tokens, 27);
+  ASSERT_EQ(r->token_nll.size(), 27u);
+  ASSERT_EQ(r->token_window.size(), 27u);
   double nll = 0;
+  size_t k = 0;
   for (size_t start = 0; start < ids.size(); start += 8) {
     const size_t len = std::min<size_t>(8, ids.size() - start);
     std::vector<int32_t> w(ids.begin() + start, ids.begin() + start + len);
     auto lg = engine->ForwardLogits(w);
     ASSERT_TRUE(lg.ok());
-    for (size_t i = 0; i + 1 < len; ++i) {
+    for (size_t i = 0; i + 1 < len; ++i, ++k) {
       double z = 0;
       for (size_t v = 0; v < V; ++v) z += std::exp(double((*lg)[i * V + v]));
-      nll += std::log(z) - (*lg)[i * V + w[i + 1]];
+      const double token = std::log(z) - (*lg)[i * V + w[i + 1]];
+      nll += token;
+      // Per-prediction values, in text order, tagged with their window.
+      EXPECT_NEAR(r->token_nll[k], token, 1e-5 * std::abs(token) + 1e-6) << k;
+      EXPECT_EQ(r->token_window[k], static_cast<int32_t>(start / 8)) << k;
     }
   }
   EXPECT_NEAR(r->nll_sum, nll, 1e-6 * nll);
