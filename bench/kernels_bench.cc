@@ -1,5 +1,5 @@
 // pw-bench-kernels: any-precision GEMV/GEMM vs a dense bf16 GEMV and a plain memory read, at
-// real expert shapes, single-threaded, reporting bytes_per_second.
+// real expert shapes, reporting bytes_per_second.
 //
 // Names (one filter selects one case):
 //   apgemv/<rows>x<cols>/b<bits>/t<tokens>  ApGemm at width bits (best backend); bytes per call =
@@ -7,11 +7,14 @@
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
 //   memread/<bytes>                         streaming read of <bytes> bytes per iteration
 //   quantize/<rows>x<cols>/threads<n>       QuantizeBlock on random weights (one iteration)
+// apgemv, bf16gemv and memread also exist with a "/threads<n>" suffix (n = the machine's cores):
+// one call's rows (or bytes) split over a pool of n threads, as the engine splits an expert's
+// rows (ApGemmRows per thread), timed in wall-clock seconds.
 // Every case cycles through distinct blocks whose total exceeds 1 GiB (the last-level cache is
-// smaller), so the figures measure memory, not cache. Rates are per CPU second of the
-// benchmark thread (Google Benchmark's default), which keeps ratios between cases meaningful
-// on a shared machine; the quantize cases report wall time (they use several threads). Shapes: OLMoE expert (2048->1024,
-// 1024->2048) and Mixtral expert (4096->14336, 14336->4096); rows = out features.
+// smaller), so the figures measure memory, not cache. Single-thread rates are per CPU second of
+// the benchmark thread (Google Benchmark's default), which keeps ratios between cases meaningful
+// on a shared machine; threaded and quantize cases report wall time. Shapes: OLMoE expert
+// (2048->1024, 1024->2048) and Mixtral expert (4096->14336, 14336->4096); rows = out features.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -24,6 +27,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
@@ -31,6 +35,7 @@
 #include "kernels/anyprec/pack.h"
 #include "kernels/anyprec/quantizer.h"
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace pw::anyprec {
 namespace {
@@ -87,11 +92,35 @@ std::vector<float> RandomFloats(size_t n, uint64_t seed) {
   return v;
 }
 
+// The pool of a threaded case (null for one thread). Cases run one at a time, so one pool per
+// size serves them all.
+cpu::ThreadPool* Pool(int threads) {
+  if (threads <= 1) return nullptr;
+  static std::vector<std::unique_ptr<cpu::ThreadPool>> pools(64);
+  auto& p = pools[static_cast<size_t>(std::min(threads, 63))];
+  if (!p) p = std::make_unique<cpu::ThreadPool>(threads);
+  return p.get();
+}
+
+// Runs piece(i, begin, end) for n_pieces contiguous ranges of [0, n): on the pool when there is
+// one, inline otherwise.
+template <typename F>
+void SplitRange(cpu::ThreadPool* pool, size_t n, int n_pieces, F&& piece) {
+  auto run = [&](size_t i) { piece(static_cast<int>(i), n * i / n_pieces, n * (i + 1) / n_pieces); };
+  if (pool == nullptr || n_pieces <= 1) {
+    for (int i = 0; i < n_pieces; ++i) run(static_cast<size_t>(i));
+    return;
+  }
+  pool->ParallelFor(static_cast<size_t>(n_pieces), 1, 1, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) run(i);
+  });
+}
+
 size_t ApBytesPerCall(int rows, int cols, int bits) {
   return bits * PlaneBytes(rows, cols) + (static_cast<size_t>(rows) << bits) * 2;
 }
 
-void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens) {
+void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads) {
   const size_t plane_bytes = PlaneBytes(rows, cols);
   const size_t lut_entries = static_cast<size_t>(rows) << bits;
   const size_t per_call = ApBytesPerCall(rows, cols, bits);
@@ -111,14 +140,21 @@ void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens
   }
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 42);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
-  Aligned ws(ApGemmWorkspaceBytes(cols, tokens));
+  const size_t ws_bytes = ApGemmWorkspaceBytes(cols, tokens);
+  std::vector<std::unique_ptr<Aligned>> ws;
+  for (int t = 0; t < threads; ++t) ws.push_back(std::make_unique<Aligned>(ws_bytes));
+  std::vector<Status> status(static_cast<size_t>(threads));
+  cpu::ThreadPool* threads_pool = Pool(threads);
   const Backend backend = BestBackend();
   int i = 0;
   for (auto _ : state) {
-    Status s = ApGemm(backend, blocks[i]->view(), bits, x.data(), tokens, y.data(),
-                      {ws.p, ApGemmWorkspaceBytes(cols, tokens)});
-    if (!s.ok()) {
-      state.SkipWithError(s.ToString().c_str());
+    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
+      status[t] = ApGemmRows(backend, blocks[i]->view(), bits, x.data(), tokens, y.data(),
+                             static_cast<int>(r0), static_cast<int>(r1), {ws[t]->p, ws_bytes});
+    });
+    if (const auto bad = std::find_if(status.begin(), status.end(), [](const Status& s) { return !s.ok(); });
+        bad != status.end()) {
+      state.SkipWithError(bad->ToString().c_str());
       break;
     }
     benchmark::DoNotOptimize(y.data());
@@ -131,17 +167,20 @@ void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens
   state.SetLabel(BackendName(backend));
 }
 
-void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens) {
+void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int threads) {
   const size_t per_call = size_t{2} * rows * cols;
   const int n_blocks = static_cast<int>(std::min(kPoolBytes / per_call, (kWorkingSet + per_call - 1) / per_call));
   const auto* pool = reinterpret_cast<const uint16_t*>(WeightPool());
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 43);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
   const cpu::DenseKernels& k = cpu::Kernels();
+  cpu::ThreadPool* threads_pool = Pool(threads);
   int i = 0;
   for (auto _ : state) {
-    k.matmul_bf16(x.data(), cols, tokens, pool + static_cast<size_t>(i) * rows * cols, cols, 0, rows,
-                  y.data(), rows);
+    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int, size_t r0, size_t r1) {
+      k.matmul_bf16(x.data(), cols, tokens, pool + static_cast<size_t>(i) * rows * cols, cols,
+                    static_cast<int>(r0), static_cast<int>(r1), y.data(), rows);
+    });
     benchmark::DoNotOptimize(y.data());
     if (++i == n_blocks) i = 0;
   }
@@ -167,13 +206,21 @@ __attribute__((target("avx2"))) uint64_t ReadBytes(const uint8_t* p, size_t n) {
 }
 
 // Reads `bytes` bytes per iteration from successive 64-byte aligned regions of the pool.
-void BM_MemRead(benchmark::State& state, size_t bytes) {
+void BM_MemRead(benchmark::State& state, size_t bytes, int threads) {
   const uint8_t* pool = WeightPool();
   const size_t stride = (bytes + 63) / 64 * 64;
   const size_t n_regions = std::max<size_t>(1, kPoolBytes / stride);
+  cpu::ThreadPool* threads_pool = Pool(threads);
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
   size_t i = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(ReadBytes(pool + i * stride, bytes));
+    // Pieces start on 64-byte boundaries, as the weight rows of the other cases do.
+    const size_t lines = (bytes + 63) / 64;
+    SplitRange(threads_pool, lines, threads, [&](int t, size_t l0, size_t l1) {
+      const size_t b0 = l0 * 64, b1 = std::min(bytes, l1 * 64);
+      sums[t] = b1 > b0 ? ReadBytes(pool + i * stride + b0, b1 - b0) : 0;
+    });
+    benchmark::DoNotOptimize(sums.data());
     if (++i == n_regions) i = 0;
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
@@ -210,24 +257,34 @@ struct ShapeSpec {
 void RegisterAll() {
   const ShapeSpec shapes[] = {{1024, 2048}, {2048, 1024}, {14336, 4096}, {4096, 14336}};
   const int token_counts[] = {1, 4, 16};
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // Single-thread cases keep their plain names; threaded ones get "/threads<n>" and wall time.
+  auto finish = [](benchmark::internal::Benchmark* b, int threads) {
+    b->Unit(benchmark::kMicrosecond);
+    if (threads > 1) b->UseRealTime();
+  };
+  auto suffix = [](int threads) { return threads > 1 ? "/threads" + std::to_string(threads) : std::string(); };
+  std::vector<int> thread_counts = {1};
+  if (cores > 1) thread_counts.push_back(cores);
   std::set<size_t> read_sizes;
-  for (const ShapeSpec& s : shapes) {
-    for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
-      for (int t : token_counts) {
-        const std::string name = "apgemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
-                                 "/b" + std::to_string(bits) + "/t" + std::to_string(t);
-        benchmark::RegisterBenchmark(name.c_str(), BM_ApGemv, s.rows, s.cols, bits, t)
-            ->Unit(benchmark::kMicrosecond);
+  for (int threads : thread_counts) {
+    for (const ShapeSpec& s : shapes) {
+      for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+        for (int t : token_counts) {
+          const std::string name = "apgemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                                   "/b" + std::to_string(bits) + "/t" + std::to_string(t) + suffix(threads);
+          finish(benchmark::RegisterBenchmark(name.c_str(), BM_ApGemv, s.rows, s.cols, bits, t, threads),
+                 threads);
+        }
+        read_sizes.insert(ApBytesPerCall(s.rows, s.cols, bits));
       }
-      read_sizes.insert(ApBytesPerCall(s.rows, s.cols, bits));
+      for (int t : token_counts) {
+        const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                                 "/t" + std::to_string(t) + suffix(threads);
+        finish(benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t, threads), threads);
+      }
+      read_sizes.insert(size_t{2} * s.rows * s.cols);
     }
-    for (int t : token_counts) {
-      const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
-                               "/t" + std::to_string(t);
-      benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t)
-          ->Unit(benchmark::kMicrosecond);
-    }
-    read_sizes.insert(size_t{2} * s.rows * s.cols);
   }
   for (int threads : {1, 2}) {
     for (const ShapeSpec& s : {ShapeSpec{14336, 4096}, ShapeSpec{2048, 1024}}) {
@@ -237,9 +294,12 @@ void RegisterAll() {
           ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
     }
   }
-  for (size_t bytes : read_sizes) {
-    benchmark::RegisterBenchmark(("memread/" + std::to_string(bytes)).c_str(), BM_MemRead, bytes)
-        ->Unit(benchmark::kMicrosecond);
+  for (int threads : thread_counts) {
+    for (size_t bytes : read_sizes) {
+      finish(benchmark::RegisterBenchmark(("memread/" + std::to_string(bytes) + suffix(threads)).c_str(),
+                                          BM_MemRead, bytes, threads),
+             threads);
+    }
   }
 }
 
