@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -146,24 +147,36 @@ void Endpoint::OnError(void* arg, ucp_ep_h, ucs_status_t status) {
   PW_LOG(WARNING) << "UCX endpoint to peer failed: " << ucs_status_string(status);
 }
 
+Endpoint::ErrorMode Endpoint::EffectiveMode(ErrorMode requested) {
+  const char* em = std::getenv("PW_UCX_ERR_MODE");
+  if (em == nullptr) return requested;
+  const std::string v(em);
+  if (v == "none") return ErrorMode::kNone;
+  if (v == "peer") return ErrorMode::kPeer;
+  return requested;
+}
+
 Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker,
-                                                    std::string_view remote_address) {
+                                                    std::string_view remote_address,
+                                                    ErrorMode mode) {
   if (remote_address.empty()) return InvalidArgument("empty UCX worker address");
+  mode = EffectiveMode(mode);
   // Allocate first so the error callback has a stable pointer.
-  std::unique_ptr<Endpoint> ep(new Endpoint(worker, nullptr));
+  std::unique_ptr<Endpoint> ep(new Endpoint(worker, nullptr, mode));
   std::string addr_copy(remote_address);
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   params.address = reinterpret_cast<const ucp_address_t*>(addr_copy.data());
   // Peer error handling makes a dead peer fail operations instead of hanging them, but UCX
-  // 1.13 then uses only transports that detect peer failure (tcp), not shared memory.
-  // PW_UCX_ERR_MODE=none trades that for shm/cma (dead peers are then caught by timeouts only).
-  const char* em = std::getenv("PW_UCX_ERR_MODE");
-  params.err_mode = (em != nullptr && std::string(em) == "none") ? UCP_ERR_HANDLING_MODE_NONE
-                                                                 : UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = &Endpoint::OnError;
-  params.err_handler.arg = ep.get();
+  // 1.13 then uses only transports that detect peer failure (tcp), not shared memory; without
+  // it, deadlines, cancel flags and the forced close in Wait stand in (see the header).
+  params.err_mode =
+      mode == ErrorMode::kNone ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+  if (mode == ErrorMode::kPeer) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_handler.cb = &Endpoint::OnError;
+    params.err_handler.arg = ep.get();
+  }
   ucp_ep_h h = nullptr;
   ucs_status_t st = ucp_ep_create(worker.handle(), &params, &h);
   if (st != UCS_OK) {
@@ -173,12 +186,13 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker,
   return ep;
 }
 
-Endpoint::~Endpoint() {
+void Endpoint::Close(bool force) {
   if (ep_ == nullptr) return;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = healthy() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &p);
+  ep_ = nullptr;
   if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
     const uint64_t deadline = NowMs() + 2000;
     while (ucp_request_check_status(req) == UCS_INPROGRESS && NowMs() < deadline) {
@@ -187,42 +201,74 @@ Endpoint::~Endpoint() {
     if (ucp_request_check_status(req) == UCS_INPROGRESS) {
       PW_LOG(WARNING) << "UCX endpoint close did not complete in 2 s";
     }
-    ucp_request_free(req);
+    ucp_request_free(req);  // released by UCX when it completes, if it has not yet
   }
 }
 
-Status Endpoint::Wait(ucs_status_ptr_t req, const char* what, int timeout_ms) {
-  if (req == nullptr) return Status::Ok();  // completed in place
-  if (UCS_PTR_IS_ERR(req)) {
-    failed_.store(true);
-    return Unavailable(UcsError(what, UCS_PTR_STATUS(req)));
-  }
-  const uint64_t deadline = NowMs() + static_cast<uint64_t>(timeout_ms);
-  ucs_status_t st;
-  uint32_t spins = 0;
-  while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
-    worker_.Progress();
-    if ((++spins & 1023) == 0 && NowMs() > deadline) {
-      failed_.store(true);
-      ucp_request_cancel(worker_.handle(), req);
-      while (ucp_request_check_status(req) == UCS_INPROGRESS) worker_.Progress();
-      ucp_request_free(req);
-      return DeadlineExceeded(std::string(what) + ": not complete after " +
-                              std::to_string(timeout_ms) + " ms");
+Endpoint::~Endpoint() { Close(!healthy()); }
+
+void Endpoint::Fail(const char* why) {
+  if (ep_ != nullptr) PW_LOG(INFO) << "UCX endpoint closed: " << why;
+  failed_.store(true);
+  Close(/*force=*/true);
+}
+
+Status Endpoint::Wait(std::span<const ucs_status_ptr_t> reqs, const char* what, int timeout_ms,
+                      const std::atomic<bool>* cancel) {
+  Status result;
+  size_t pending = 0;
+  for (ucs_status_ptr_t r : reqs) {
+    if (UCS_PTR_IS_ERR(r)) {
+      if (result.ok()) result = Unavailable(UcsError(what, UCS_PTR_STATUS(r)));
+    } else if (r != nullptr) {
+      ++pending;
     }
   }
-  ucp_request_free(req);
-  if (st != UCS_OK) {
-    failed_.store(true);
-    return Unavailable(UcsError(what, st));
+  const uint64_t deadline = NowMs() + static_cast<uint64_t>(std::max(timeout_ms, 0));
+  uint32_t spins = 0;
+  while (pending > 0) {
+    pending = 0;
+    for (ucs_status_ptr_t r : reqs) {
+      if (r != nullptr && !UCS_PTR_IS_ERR(r) && ucp_request_check_status(r) == UCS_INPROGRESS) {
+        ++pending;
+      }
+    }
+    if (pending == 0) break;
+    worker_.Progress();
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      if (result.ok()) result = Cancelled(std::string(what) + ": cancelled");
+      break;
+    }
+    if ((++spins & 255) == 0 && NowMs() > deadline) {
+      if (result.ok()) {
+        result = DeadlineExceeded(std::string(what) + ": not complete after " +
+                                  std::to_string(timeout_ms) + " ms");
+      }
+      break;
+    }
   }
-  return Status::Ok();
+  for (ucs_status_ptr_t r : reqs) {
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) continue;
+    const ucs_status_t st = ucp_request_check_status(r);
+    if (st != UCS_INPROGRESS && st != UCS_OK && result.ok()) result = Unavailable(UcsError(what, st));
+    // An unfinished request is released by UCX once it completes (the forced close below
+    // completes it with an error).
+    ucp_request_free(r);
+  }
+  if (!result.ok()) {
+    failed_.store(true);
+    // Force-close now: nothing stays posted against the caller's buffers, and a dead peer
+    // cannot hold the next wait.
+    Close(/*force=*/true);
+  }
+  return result;
 }
 
 Result<std::unique_ptr<RemoteRegion>> Endpoint::OpenRegion(std::string_view packed_rkey,
                                                            uint64_t base, uint64_t bytes) {
   if (packed_rkey.empty()) return Corrupt("empty rkey");
   if (bytes == 0 || base + bytes < base) return InvalidArgument("bad remote region bounds");
+  if (ep_ == nullptr) return Unavailable("UCX endpoint failed");
   std::string copy(packed_rkey);
   ucp_rkey_h rkey = nullptr;
   ucs_status_t st = ucp_ep_rkey_unpack(ep_, copy.data(), &rkey);
@@ -230,10 +276,11 @@ Result<std::unique_ptr<RemoteRegion>> Endpoint::OpenRegion(std::string_view pack
   return std::unique_ptr<RemoteRegion>(new RemoteRegion(*this, rkey, base, bytes));
 }
 
-Status Endpoint::Flush(int timeout_ms) {
-  if (!healthy()) return Unavailable("UCX endpoint failed");
+Status Endpoint::Flush(int timeout_ms, const std::atomic<bool>* cancel) {
+  if (!healthy() || ep_ == nullptr) return Unavailable("UCX endpoint failed");
   ucp_request_param_t p{};
-  return Wait(ucp_ep_flush_nbx(ep_, &p), "ucp_ep_flush_nbx", timeout_ms);
+  const ucs_status_ptr_t r = ucp_ep_flush_nbx(ep_, &p);
+  return Wait({&r, 1}, "ucp_ep_flush_nbx", timeout_ms, cancel);
 }
 
 // ---------------------------------------------------------------- RemoteRegion
@@ -245,24 +292,37 @@ Status RemoteRegion::CheckRange(uint64_t offset, size_t bytes) const {
     return OutOfRange("remote range [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
                       ") outside the peer's region of " + std::to_string(bytes_) + " bytes");
   }
-  if (!ep_.healthy()) return Unavailable("UCX endpoint failed");
+  if (!ep_.healthy() || ep_.ep_ == nullptr) return Unavailable("UCX endpoint failed");
   return Status::Ok();
 }
 
-Status RemoteRegion::Put(uint64_t offset, const void* local, size_t bytes, int timeout_ms) {
-  PW_RETURN_IF_ERROR(CheckRange(offset, bytes));
-  if (bytes == 0) return Status::Ok();
-  ucp_request_param_t p{};
-  return ep_.Wait(ucp_put_nbx(ep_.ep_, local, bytes, base_ + offset, rkey_, &p), "ucp_put_nbx",
-                  timeout_ms);
+Status RemoteRegion::Put(uint64_t offset, const void* local, size_t bytes, int timeout_ms,
+                         const std::atomic<bool>* cancel) {
+  const Segment s{offset, local, bytes};
+  return PutAll({&s, 1}, timeout_ms, cancel);
 }
 
-Status RemoteRegion::Get(uint64_t offset, void* local, size_t bytes, int timeout_ms) {
+Status RemoteRegion::PutAll(std::span<const Segment> segments, int timeout_ms,
+                            const std::atomic<bool>* cancel) {
+  for (const Segment& s : segments) PW_RETURN_IF_ERROR(CheckRange(s.offset, s.bytes));
+  std::vector<ucs_status_ptr_t> reqs;
+  reqs.reserve(segments.size());
+  for (const Segment& s : segments) {
+    if (s.bytes == 0) continue;
+    ucp_request_param_t p{};
+    reqs.push_back(ucp_put_nbx(ep_.ep_, s.local, s.bytes, base_ + s.offset, rkey_, &p));
+    if (UCS_PTR_IS_ERR(reqs.back())) break;  // Wait reports it
+  }
+  return ep_.Wait(reqs, "ucp_put_nbx", timeout_ms, cancel);
+}
+
+Status RemoteRegion::Get(uint64_t offset, void* local, size_t bytes, int timeout_ms,
+                         const std::atomic<bool>* cancel) {
   PW_RETURN_IF_ERROR(CheckRange(offset, bytes));
   if (bytes == 0) return Status::Ok();
   ucp_request_param_t p{};
-  return ep_.Wait(ucp_get_nbx(ep_.ep_, local, bytes, base_ + offset, rkey_, &p), "ucp_get_nbx",
-                  timeout_ms);
+  const ucs_status_ptr_t r = ucp_get_nbx(ep_.ep_, local, bytes, base_ + offset, rkey_, &p);
+  return ep_.Wait({&r, 1}, "ucp_get_nbx", timeout_ms, cancel);
 }
 
 }  // namespace pw::transport::ucx

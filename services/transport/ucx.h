@@ -4,7 +4,7 @@
 //
 // How peers meet: the owner of registered memory publishes, over the control plane
 // (proto UcxMemory), its worker address (Worker::Address), the packed rkey
-// (MemoryRegion::PackRkey), the region's base address and length. A peer connects an Endpoint
+// (MemoryRegion::PackedRkey), the region's base address and length. A peer connects an Endpoint
 // to the worker address, opens a RemoteRegion from the rkey, base and length, and puts/gets by
 // byte offset; every access is bounds-checked against the advertised length first.
 //
@@ -14,10 +14,22 @@
 // Worker::StartProgressThread(), which progresses while there is work and otherwise sleeps on
 // the worker's event fd (or polls every 100 us where wakeup is unavailable).
 //
+// Failure detection (Endpoint::ErrorMode). kPeer asks UCX for peer error handling: a dead peer
+// fails operations through the transport, but UCX 1.13 then selects only transports that can
+// detect peer failure, which on one host means tcp over loopback (~10x slower than memory).
+// kNone lets UCX use shared memory (sysv/posix/cma) and gives up transport-level detection; a
+// dead peer is then noticed by the caller: every blocking call has a deadline, a caller-owned
+// cancel flag (set when the control plane declares the peer dead or the request is cancelled)
+// ends a wait at once, and either way the endpoint is force-closed on the spot, so no operation
+// is left referring to caller memory. The caller reconnects with a new Endpoint.
+// PW_UCX_ERR_MODE=peer|none in the environment overrides the mode every caller asks for.
+//
 // Threading: the context and workers are created in UCS_THREAD_MODE_MULTI; any thread may
-// post put/get/flush while the progress thread runs. Blocking calls return once the operation
-// completed or `timeout_ms` passed (kDeadlineExceeded; the endpoint is then marked failed).
-// A peer that dies fails pending and later operations with kUnavailable (peer error handling).
+// post put/get/flush while the progress thread runs. One Endpoint (and its RemoteRegions) is
+// used by one thread at a time; only the cancel flags may be set from other threads. Blocking
+// calls return once the operation completed, `timeout_ms` passed (kDeadlineExceeded) or the
+// cancel flag was set (kCancelled); after either of the last two, or a peer failure
+// (kUnavailable), the endpoint is failed and closed and refuses further operations.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -26,8 +38,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <span>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 
@@ -103,9 +117,16 @@ class RemoteRegion;
 // A connection from a local worker to a peer's worker.
 class Endpoint {
  public:
+  enum class ErrorMode {
+    kPeer,  // UCP_ERR_HANDLING_MODE_PEER: transports that detect peer failure (tcp here)
+    kNone,  // UCP_ERR_HANDLING_MODE_NONE: shared memory; deadlines and cancel flags only
+  };
   // `remote_address`: the peer's Worker::Address() bytes, as received over the control plane.
-  static Result<std::unique_ptr<Endpoint>> Connect(Worker& worker, std::string_view remote_address);
-  ~Endpoint();  // closes (flushing when the peer is alive; forcibly otherwise)
+  static Result<std::unique_ptr<Endpoint>> Connect(Worker& worker, std::string_view remote_address,
+                                                   ErrorMode mode = ErrorMode::kPeer);
+  // The mode Connect uses when asked for `requested`: PW_UCX_ERR_MODE (peer|none) wins.
+  static ErrorMode EffectiveMode(ErrorMode requested);
+  ~Endpoint();  // closes (flushing when healthy, bounded by 2 s; forcibly otherwise)
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
@@ -114,20 +135,29 @@ class Endpoint {
   Result<std::unique_ptr<RemoteRegion>> OpenRegion(std::string_view packed_rkey, uint64_t base,
                                                    uint64_t bytes);
   // Waits until every put/get posted on this endpoint is complete at the peer.
-  Status Flush(int timeout_ms = 30000);
-  // False once the peer failed or an operation timed out.
+  Status Flush(int timeout_ms = 30000, const std::atomic<bool>* cancel = nullptr);
+  // Fails the endpoint and force-closes it now (the peer is known dead or restarted): pending
+  // operations complete with an error and later ones return kUnavailable.
+  void Fail(const char* why);
+  // False once the peer failed, an operation timed out or was cancelled, or Fail was called.
   bool healthy() const { return !failed_.load(); }
+  ErrorMode mode() const { return mode_; }
   Worker& worker() { return worker_; }
   ucp_ep_h handle() const { return ep_; }
 
  private:
   friend class RemoteRegion;
-  Endpoint(Worker& w, ucp_ep_h ep) : worker_(w), ep_(ep) {}
+  Endpoint(Worker& w, ucp_ep_h ep, ErrorMode mode) : worker_(w), ep_(ep), mode_(mode) {}
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
-  // Waits for a request returned by a *_nbx call; frees it.
-  Status Wait(ucs_status_ptr_t req, const char* what, int timeout_ms);
+  // Waits for requests returned by *_nbx calls (null entries completed in place) and frees
+  // them. On deadline, cancel or error the endpoint is failed and force-closed.
+  Status Wait(std::span<const ucs_status_ptr_t> reqs, const char* what, int timeout_ms,
+              const std::atomic<bool>* cancel);
+  // Closes ep_ (force: without flushing) and waits up to 2 s for the close.
+  void Close(bool force);
   Worker& worker_;
   ucp_ep_h ep_;
+  ErrorMode mode_;
   std::atomic<bool> failed_{false};
 };
 
@@ -141,9 +171,20 @@ class RemoteRegion {
   // Copies `bytes` from local memory to region offset `offset`; returns once the local buffer
   // may be reused (call Endpoint::Flush before telling the peer the data is there).
   // kOutOfRange when [offset, offset + bytes) is outside the region.
-  Status Put(uint64_t offset, const void* local, size_t bytes, int timeout_ms = 30000);
+  Status Put(uint64_t offset, const void* local, size_t bytes, int timeout_ms = 30000,
+             const std::atomic<bool>* cancel = nullptr);
+  // Several puts posted back to back, then waited for together (one deadline for all). Every
+  // range is checked before the first is posted.
+  struct Segment {
+    uint64_t offset = 0;
+    const void* local = nullptr;
+    size_t bytes = 0;
+  };
+  Status PutAll(std::span<const Segment> segments, int timeout_ms = 30000,
+                const std::atomic<bool>* cancel = nullptr);
   // Copies `bytes` from region offset `offset` into local memory; returns once they arrived.
-  Status Get(uint64_t offset, void* local, size_t bytes, int timeout_ms = 30000);
+  Status Get(uint64_t offset, void* local, size_t bytes, int timeout_ms = 30000,
+             const std::atomic<bool>* cancel = nullptr);
   uint64_t size() const { return bytes_; }
 
  private:

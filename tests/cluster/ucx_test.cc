@@ -1,14 +1,18 @@
 // UCX data plane between two real processes (fork) on loopback: one-sided get and put into a
 // registered region, bytes verified; bounds checks; a dead peer fails operations instead of
-// hanging. UCX state is created only after fork, in each process separately.
+// hanging, with peer error handling (tcp) and without it (shared memory, deadlines and cancel
+// flags). UCX state is created only after fork, in each process separately.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "services/transport/ucx.h"
@@ -69,14 +73,14 @@ bool RecvInfo(int fd, RegionInfo* info) {
 uint8_t Pattern(size_t i, uint8_t salt) { return static_cast<uint8_t>((i * 131 + salt) ^ (i >> 9)); }
 
 // Child side of the put/get test: the initiator. Returns an exit code (0 = all good).
-int InitiatorMain(int info_fd, int done_fd) {
+int InitiatorMain(int info_fd, int done_fd, Endpoint::ErrorMode mode) {
   RegionInfo info;
   if (!RecvInfo(info_fd, &info)) return 10;
   auto ctx = Context::Create();
   if (!ctx.ok()) return 11;
   auto worker = Worker::Create(**ctx);
   if (!worker.ok()) return 12;
-  auto ep = Endpoint::Connect(**worker, info.address);
+  auto ep = Endpoint::Connect(**worker, info.address, mode);
   if (!ep.ok()) return 13;
   auto region = (*ep)->OpenRegion(info.rkey, info.base, info.bytes);
   if (!region.ok()) return 14;
@@ -96,6 +100,13 @@ int InitiatorMain(int info_fd, int done_fd) {
     off += n;
   }
   if (!(*ep)->Flush().ok()) return 18;
+  // The same bytes again, as one batch of segments (all posted, then waited for together).
+  std::vector<RemoteRegion::Segment> segs;
+  for (off = 0; off < buf.size(); off += piece) {
+    segs.push_back({kRegionBytes / 2 + off, buf.data() + off, std::min(piece, buf.size() - off)});
+  }
+  if (!(*region)->PutAll(segs).ok()) return 23;
+  if (!(*ep)->Flush().ok()) return 24;
   // Out-of-range accesses are refused before reaching UCX.
   if ((*region)->Put(kRegionBytes - 4, buf.data(), 8).code() != StatusCode::kOutOfRange) return 19;
   if ((*region)->Get(~0ull - 2, buf.data(), 8).code() != StatusCode::kOutOfRange) return 20;
@@ -107,7 +118,9 @@ int InitiatorMain(int info_fd, int done_fd) {
   return 0;
 }
 
-TEST(Ucx, PutAndGetBetweenTwoProcesses) {
+class UcxModes : public ::testing::TestWithParam<Endpoint::ErrorMode> {};
+
+TEST_P(UcxModes, PutAndGetBetweenTwoProcesses) {
   int info_pipe[2], done_pipe[2];
   ASSERT_EQ(pipe(info_pipe), 0);
   ASSERT_EQ(pipe(done_pipe), 0);
@@ -117,7 +130,7 @@ TEST(Ucx, PutAndGetBetweenTwoProcesses) {
     close(info_pipe[1]);
     close(done_pipe[0]);
     // info_pipe carries owner -> initiator; the final "bye" also comes over it.
-    _exit(InitiatorMain(info_pipe[0], done_pipe[1]));
+    _exit(InitiatorMain(info_pipe[0], done_pipe[1], GetParam()));
   }
   close(info_pipe[0]);
   close(done_pipe[1]);
@@ -150,33 +163,51 @@ TEST(Ucx, PutAndGetBetweenTwoProcesses) {
   close(done_pipe[0]);
 }
 
-TEST(Ucx, DeadPeerFailsInsteadOfHanging) {
+// Forks an owner that registers `bytes`, progresses them from a thread when `progress`, sends
+// its coordinates and then waits to be killed.
+pid_t StartOwner(size_t bytes, bool progress, RegionInfo* info) {
   int info_pipe[2];
-  ASSERT_EQ(pipe(info_pipe), 0);
+  if (pipe(info_pipe) != 0) return -1;
   pid_t pid = fork();
-  ASSERT_GE(pid, 0);
+  if (pid < 0) return -1;
   if (pid == 0) {
     close(info_pipe[0]);
-    static std::vector<uint8_t> mem(1u << 20, 0x5a);
+    static std::vector<uint8_t> mem;
+    mem.assign(bytes, 0x5a);
     auto ctx = Context::Create();
     if (!ctx.ok()) _exit(1);
     auto worker = Worker::Create(**ctx);
     if (!worker.ok()) _exit(2);
     auto region = MemoryRegion::Register(**ctx, mem.data(), mem.size());
     if (!region.ok()) _exit(3);
-    (*worker)->StartProgressThread();
+    if (progress) (*worker)->StartProgressThread();
     if (!SendInfo(info_pipe[1], **worker, **region)) _exit(4);
-    pause();  // until killed
-    _exit(0);
+    while (true) pause();  // until killed
   }
   close(info_pipe[1]);
+  const bool ok = RecvInfo(info_pipe[0], info);
+  close(info_pipe[0]);
+  if (!ok) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST_P(UcxModes, DeadPeerFailsInsteadOfHanging) {
   RegionInfo info;
-  ASSERT_TRUE(RecvInfo(info_pipe[0], &info));
+  pid_t pid = StartOwner(1u << 20, true, &info);
+  ASSERT_GT(pid, 0);
   auto ctx = Context::Create();
   ASSERT_TRUE(ctx.ok());
   auto worker = Worker::Create(**ctx);
   ASSERT_TRUE(worker.ok());
-  auto ep = Endpoint::Connect(**worker, info.address);
+  auto ep = Endpoint::Connect(**worker, info.address, GetParam());
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   auto region = (*ep)->OpenRegion(info.rkey, info.base, info.bytes);
   ASSERT_TRUE(region.ok());
@@ -188,10 +219,113 @@ TEST(Ucx, DeadPeerFailsInsteadOfHanging) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   // Either the peer-failure callback or the deadline ends it; it must not hang.
   Status st;
-  for (int i = 0; i < 5 && st.ok(); ++i) st = (*region)->Get(0, buf.data(), buf.size(), 3000);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5 && st.ok(); ++i) {
+    st = (*region)->Put(0, buf.data(), buf.size(), 3000);
+    if (st.ok()) st = (*ep)->Flush(3000);
+    if (st.ok()) st = (*region)->Get(0, buf.data(), buf.size(), 3000);
+  }
   EXPECT_FALSE(st.ok());
+  EXPECT_LT(SecondsSince(t0), 60.0);
   EXPECT_FALSE((*ep)->healthy());
-  close(info_pipe[0]);
+  EXPECT_EQ((*region)->Put(0, buf.data(), 8).code(), StatusCode::kUnavailable);
+  EXPECT_EQ((*ep)->Flush().code(), StatusCode::kUnavailable);
+}
+
+// SIGKILL of the owner while puts are in flight: every call returns (error or not) within its
+// deadline, the endpoint ends failed, and the same worker then serves a new peer.
+TEST_P(UcxModes, OwnerKilledMidTransfer) {
+  constexpr size_t kBytes = 32u << 20;
+  // Both owners are forked before this process creates UCX state (UCX does not survive fork).
+  RegionInfo info, info2;
+  pid_t pid = StartOwner(kBytes, true, &info);
+  ASSERT_GT(pid, 0);
+  pid_t pid2 = StartOwner(1u << 20, true, &info2);
+  ASSERT_GT(pid2, 0);
+  auto ctx = Context::Create();
+  ASSERT_TRUE(ctx.ok());
+  auto worker = Worker::Create(**ctx);
+  ASSERT_TRUE(worker.ok());
+  {
+    auto ep = Endpoint::Connect(**worker, info.address, GetParam());
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    auto region = (*ep)->OpenRegion(info.rkey, info.base, info.bytes);
+    ASSERT_TRUE(region.ok());
+    std::vector<uint8_t> src(kBytes, 3);
+    std::atomic<int> passes{0};
+    std::thread killer([&] {
+      while (passes.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      kill(pid, SIGKILL);
+    });
+    Status st;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int pass = 0; pass < 1000 && st.ok(); ++pass) {
+      std::vector<RemoteRegion::Segment> segs;
+      for (size_t off = 0; off < kBytes; off += 256u << 10) segs.push_back({off, src.data() + off, 256u << 10});
+      st = (*region)->PutAll(segs, 3000);
+      if (st.ok()) st = (*ep)->Flush(3000);
+      passes.fetch_add(1);
+    }
+    killer.join();
+    ASSERT_EQ(waitpid(pid, nullptr, 0), pid);
+    // 1000 passes of 32 MiB into a dead peer cannot all succeed.
+    EXPECT_FALSE(st.ok());
+    EXPECT_LT(SecondsSince(t0), 120.0);
+    EXPECT_FALSE((*ep)->healthy());
+  }
+  // Another owner, reached from the same local worker, works.
+  auto ep2 = Endpoint::Connect(**worker, info2.address, GetParam());
+  ASSERT_TRUE(ep2.ok());
+  auto region2 = (*ep2)->OpenRegion(info2.rkey, info2.base, info2.bytes);
+  ASSERT_TRUE(region2.ok());
+  std::vector<uint8_t> buf(info2.bytes);
+  Status st2 = (*region2)->Get(0, buf.data(), buf.size(), 30000);
+  EXPECT_TRUE(st2.ok()) << st2.ToString();
+  EXPECT_EQ(buf[777], 0x5a);
+  kill(pid2, SIGKILL);
+  waitpid(pid2, nullptr, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, UcxModes,
+                         ::testing::Values(Endpoint::ErrorMode::kPeer, Endpoint::ErrorMode::kNone),
+                         [](const auto& info) {
+                           return info.param == Endpoint::ErrorMode::kPeer ? std::string("Peer")
+                                                                           : std::string("None");
+                         });
+
+// A cancel flag set from another thread ends a wait at once, well before its deadline, and
+// leaves the endpoint failed (closed). The owner never progresses its worker, so with active
+// message emulation of RMA nothing it is asked completes by itself.
+TEST(Ucx, CancelFlagEndsAWait) {
+  RegionInfo info;
+  pid_t pid = StartOwner(8u << 20, /*progress=*/false, &info);
+  ASSERT_GT(pid, 0);
+  auto ctx = Context::Create();
+  ASSERT_TRUE(ctx.ok());
+  auto worker = Worker::Create(**ctx);
+  ASSERT_TRUE(worker.ok());
+  auto ep = Endpoint::Connect(**worker, info.address, Endpoint::ErrorMode::kNone);
+  ASSERT_TRUE(ep.ok());
+  auto region = (*ep)->OpenRegion(info.rkey, info.base, info.bytes);
+  ASSERT_TRUE(region.ok());
+  std::vector<uint8_t> buf(info.bytes, 1);
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cancel.store(true);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st;
+  // A get needs the owner's progress under active-message emulation: it waits until the
+  // cancel flag stops it, not for the 10-minute deadline.
+  st = (*region)->Get(0, buf.data(), buf.size(), 600000, &cancel);
+  canceller.join();
+  EXPECT_LT(SecondsSince(t0), 60.0);
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+  EXPECT_FALSE((*ep)->healthy());
+  EXPECT_EQ((*ep)->Flush().code(), StatusCode::kUnavailable);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
 }
 
 TEST(Ucx, InProcessLoopbackAndBounds) {
