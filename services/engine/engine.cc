@@ -360,39 +360,95 @@ Result<StepResult> Engine::Step() {
   return result;
 }
 
-Result<PrefillResult> Engine::Prefill(std::span<const int32_t> prompt,
-                                      std::span<const int32_t> block_ids,
-                                      const SamplingParams& params, int num_generated_before) {
-  const std::vector<int32_t> ids(prompt.begin(), prompt.end());
-  if (num_generated_before < 0 || static_cast<size_t>(num_generated_before) >= prompt.size()) {
+Status Engine::CheckPrefill(const PrefillJob& job) const {
+  const size_t n = job.prompt.size();
+  if (job.num_generated_before < 0 || static_cast<size_t>(job.num_generated_before) >= n) {
     return InvalidArgument("prefill: num_generated_before must be in [0, prompt size)");
   }
-  PW_RETURN_IF_ERROR(CheckNewSequence(kEvalSeqId, ids, params, 0, /*eval=*/true));
-  const int need = BlocksForTokens(static_cast<int>(prompt.size()), options_.block_size);
-  if (static_cast<int>(block_ids.size()) < need) {
-    return InvalidArgument("prefill: " + std::to_string(block_ids.size()) + " KV blocks for " +
-                           std::to_string(prompt.size()) + " tokens, need " + std::to_string(need));
+  if (job.num_computed < 0 || static_cast<size_t>(job.num_computed) > n) {
+    return InvalidArgument("prefill: num_computed outside [0, prompt size]");
   }
-  for (int32_t b : block_ids) {
+  const std::vector<int32_t> ids(job.prompt.begin(), job.prompt.end());
+  PW_RETURN_IF_ERROR(CheckNewSequence(kEvalSeqId, ids, job.params, 0, /*eval=*/true));
+  const int need = BlocksForTokens(static_cast<int>(n), options_.block_size);
+  if (static_cast<int>(job.block_ids.size()) < need) {
+    return InvalidArgument("prefill: " + std::to_string(job.block_ids.size()) + " KV blocks for " +
+                           std::to_string(n) + " tokens, need " + std::to_string(need));
+  }
+  for (int32_t b : job.block_ids) {
     if (!pool_->IsAllocated(b)) {
       return InvalidArgument("prefill: KV block " + std::to_string(b) + " is not allocated");
     }
   }
-  PrefillResult out;
-  const int n = static_cast<int>(prompt.size());
-  for (int start = 0; start < n; start += options_.max_batch_tokens) {
+  return Status::Ok();
+}
+
+Result<int> Engine::PrefillPass(std::span<PrefillJob> jobs) {
+  std::vector<ForwardItem> items;
+  std::vector<PrefillJob*> sampled;
+  int budget = options_.max_batch_tokens;
+  for (PrefillJob& job : jobs) {
+    if (budget <= 0) break;
+    if (job.done()) continue;
+    PW_RETURN_IF_ERROR(CheckPrefill(job));
+    const int n = static_cast<int>(job.prompt.size());
     ForwardItem it;
-    it.seq_id = kEvalSeqId;
-    it.tokens = prompt.data() + start;
-    it.n = std::min(options_.max_batch_tokens, n - start);
-    it.start_pos = start;
-    it.blocks = block_ids.data();
-    it.logits = start + it.n == n ? LogitsWanted::kLast : LogitsWanted::kNone;
-    PW_RETURN_IF_ERROR(runner_->Forward({&it, 1}, false, &out.last_logits));
+    it.seq_id = kEvalSeqId - 1 - items.size();
+    it.tokens = job.prompt.data() + job.num_computed;
+    it.n = std::min(budget, n - job.num_computed);
+    it.start_pos = job.num_computed;
+    it.blocks = job.block_ids.data();
+    it.logits = job.num_computed + it.n == n ? LogitsWanted::kLast : LogitsWanted::kNone;
+    if (it.logits == LogitsWanted::kLast) sampled.push_back(&job);
+    budget -= it.n;
+    items.push_back(it);
   }
-  out.first_token = SampleToken(out.last_logits.data(), vocab_size(), params,
-                                static_cast<uint64_t>(num_generated_before), &sample_scratch_);
-  return out;
+  if (items.empty()) return 0;
+  std::vector<float> logits;
+  PW_RETURN_IF_ERROR(runner_->Forward(items, false, &logits));
+  int ran = 0;
+  size_t k = 0;
+  for (PrefillJob& job : jobs) {
+    if (k == items.size()) break;
+    if (job.done()) continue;
+    job.num_computed += items[k].n;
+    ran += items[k].n;
+    ++k;
+  }
+  const size_t V = static_cast<size_t>(vocab_size());
+  for (size_t row = 0; row < sampled.size(); ++row) {
+    PrefillJob& job = *sampled[row];
+    job.result.last_logits.assign(logits.begin() + static_cast<std::ptrdiff_t>(row * V),
+                                  logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * V));
+    job.result.first_token =
+        SampleToken(job.result.last_logits.data(), static_cast<int>(V), job.params,
+                    static_cast<uint64_t>(job.num_generated_before), &sample_scratch_);
+  }
+  return ran;
+}
+
+Status Engine::PrefillBatch(std::span<PrefillJob> jobs) {
+  while (true) {
+    PW_ASSIGN_OR_RETURN(int ran, PrefillPass(jobs));
+    if (ran == 0) break;
+  }
+  for (const PrefillJob& job : jobs) {
+    if (!job.done()) return Internal("prefill: a job did not finish");
+  }
+  return Status::Ok();
+}
+
+Result<PrefillResult> Engine::Prefill(std::span<const int32_t> prompt,
+                                      std::span<const int32_t> block_ids,
+                                      const SamplingParams& params, int num_generated_before) {
+  PrefillJob job;
+  job.prompt = prompt;
+  job.block_ids = block_ids;
+  job.params = params;
+  job.num_generated_before = num_generated_before;
+  PW_RETURN_IF_ERROR(CheckPrefill(job));
+  PW_RETURN_IF_ERROR(PrefillBatch({&job, 1}));
+  return std::move(job.result);
 }
 
 Result<std::vector<float>> Engine::ForwardLogits(std::span<const int32_t> ids) {

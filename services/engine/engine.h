@@ -112,6 +112,20 @@ struct PrefillResult {
   int32_t first_token = -1;        // sampled from last_logits with the request's params
 };
 
+// One prompt of a batched prefill (Engine::PrefillPass / PrefillBatch). The spans are borrowed
+// and must stay valid until the job is done; different jobs must use different blocks.
+struct PrefillJob {
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> block_ids;  // >= BlocksForTokens(prompt.size(), block_size) blocks
+  SamplingParams params;
+  int num_generated_before = 0;  // as in Engine::Prefill
+  // Progress: prompt positions whose KV is in block_ids. PrefillPass advances it.
+  int num_computed = 0;
+  // Set by the pass that computes the last position.
+  PrefillResult result;
+  bool done() const { return num_computed == static_cast<int>(prompt.size()); }
+};
+
 // Per-sequence view for schedulers and metrics.
 struct SequenceInfo {
   SeqId id = 0;
@@ -176,6 +190,19 @@ class Engine {
   // the first token is sampled as the request's draw number num_generated_before.
   Result<PrefillResult> Prefill(std::span<const int32_t> prompt, std::span<const int32_t> block_ids,
                                 const SamplingParams& params, int num_generated_before = 0);
+
+  // Batched prefill of several prompts (the prefill worker's path). CheckPrefill validates a
+  // job as Prefill does (ids, params, context, blocks allocated and enough of them).
+  // PrefillPass runs ONE forward pass: it spends up to max_batch_tokens on the next chunks of
+  // the unfinished jobs, in order (each continues at its num_computed; a job whose remaining
+  // tokens exceed what is left of the budget gets a partial chunk), and samples the first
+  // token of each job whose last position ran. It returns the prompt tokens it ran (0 when
+  // every job is done). Every job it schedules is checked first; an invalid one fails the
+  // pass before anything runs. A job's KV and logits equal those of Prefill on it alone up to
+  // kernel summation order (~1e-6). PrefillBatch calls PrefillPass until all jobs are done.
+  Status CheckPrefill(const PrefillJob& job) const;
+  Result<int> PrefillPass(std::span<PrefillJob> jobs);
+  Status PrefillBatch(std::span<PrefillJob> jobs);
 
   // Teacher-forced logits of every position of `ids`: [ids.size(), vocab_size()] row-major.
   // Uses temporary blocks (kResourceExhausted when the pool lacks them).

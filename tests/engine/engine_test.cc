@@ -336,6 +336,111 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
   EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
 }
 
+// Several prompts prefilled together (PrefillBatch: ragged chunks of several prompts in one
+// forward pass) give the same KV, logits and first tokens as each prompt alone (Prefill).
+TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
+  for (const std::string& type : {std::string("qwen2_moe"), std::string("mixtral")}) {
+    SCOPED_TRACE(type);
+    auto prompts = RaggedPrompts(6, 120, 17);
+    prompts[2].resize(1);
+    for (int i = 0; i < 80; ++i) prompts[4].push_back((i * 37) % 120);  // spans three passes
+    SamplingParams sp;
+    sp.temperature = 0.9f;
+    sp.seed = 11;
+    auto engine = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 37});
+    ASSERT_TRUE(engine);
+    KvBlockPool& pool = engine->kv_pool();
+    const size_t block_floats = pool.bytes_per_block() / sizeof(float);
+    // One by one.
+    std::vector<PrefillResult> alone;
+    std::vector<std::vector<float>> alone_kv;
+    for (const auto& p : prompts) {
+      auto blocks = pool.Allocate(BlocksForTokens(static_cast<int>(p.size()), 4));
+      ASSERT_TRUE(blocks.ok());
+      auto r = engine->Prefill(p, *blocks, sp, /*num_generated_before=*/0);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      alone.push_back(*r);
+      std::vector<float> kv;
+      for (int32_t b : *blocks) {
+        const float* f = reinterpret_cast<const float*>(pool.BlockAddress(b));
+        kv.insert(kv.end(), f, f + block_floats);
+      }
+      alone_kv.push_back(std::move(kv));
+      ASSERT_TRUE(pool.Free(*blocks).ok());
+    }
+    // Together, one pass at a time: with a 37-token budget, passes mix the end of one prompt
+    // with the start of the next.
+    std::vector<std::vector<int32_t>> blocks(prompts.size());
+    std::vector<PrefillJob> jobs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto got = pool.Allocate(BlocksForTokens(static_cast<int>(prompts[i].size()), 4));
+      ASSERT_TRUE(got.ok());
+      blocks[i] = *got;
+      jobs[i].prompt = prompts[i];
+      jobs[i].block_ids = blocks[i];
+      jobs[i].params = sp;
+      ASSERT_TRUE(engine->CheckPrefill(jobs[i]).ok());
+    }
+    int passes = 0, total = 0;
+    while (true) {
+      int before = 0;
+      for (const auto& j : jobs) before += j.num_computed;
+      auto ran = engine->PrefillPass(jobs);
+      ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+      if (*ran == 0) break;
+      EXPECT_LE(*ran, 37);
+      int touched = 0;
+      for (const auto& j : jobs) touched += j.num_computed;
+      EXPECT_EQ(touched - before, *ran);
+      total += *ran;
+      ++passes;
+    }
+    size_t prompt_tokens = 0;
+    for (const auto& p : prompts) prompt_tokens += p.size();
+    EXPECT_EQ(static_cast<size_t>(total), prompt_tokens);
+    EXPECT_EQ(passes, static_cast<int>((prompt_tokens + 36) / 37));  // every pass but the last is full
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(jobs[i].done());
+      EXPECT_EQ(jobs[i].result.first_token, alone[i].first_token) << "prompt " << i;
+      ASSERT_EQ(jobs[i].result.last_logits.size(), alone[i].last_logits.size());
+      EXPECT_LE(MaxAbsDiff(jobs[i].result.last_logits.data(), alone[i].last_logits.data(),
+                           alone[i].last_logits.size()),
+                1e-5)
+          << "prompt " << i;
+      // KV of the prompt's positions (the tail of the last block is not written by either).
+      const KvLayout& l = pool.layout();
+      for (size_t b = 0; b < blocks[i].size(); ++b) {
+        const int valid = std::min(4, static_cast<int>(prompts[i].size()) - static_cast<int>(b) * 4);
+        for (int layer = 0; layer < l.num_layers; ++layer) {
+          for (int kv = 0; kv < 2; ++kv) {
+            for (int h = 0; h < l.num_kv_heads; ++h) {
+              const float* got = pool.Slab(blocks[i][b], layer, kv, h);
+              const size_t slab = (static_cast<size_t>(layer * 2 + kv) * l.num_kv_heads + h) *
+                                  l.block_size * l.head_dim;
+              const float* want = alone_kv[i].data() + b * block_floats + slab;
+              for (int e = 0; e < valid * l.head_dim; ++e) {
+                ASSERT_NEAR(got[e], want[e], 1e-5)
+                    << "prompt " << i << " block " << b << " layer " << layer << " kv " << kv;
+              }
+            }
+          }
+        }
+      }
+      ASSERT_TRUE(pool.Free(blocks[i]).ok());
+    }
+    EXPECT_EQ(pool.num_free(), pool.num_blocks());
+    // A bad job fails the pass before anything runs.
+    PrefillJob bad;
+    std::vector<int32_t> ids = {1, 2, 3};
+    std::vector<int32_t> none;
+    bad.prompt = ids;
+    bad.block_ids = none;
+    bad.params = sp;
+    EXPECT_EQ(engine->CheckPrefill(bad).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(engine->PrefillPass({&bad, 1}).status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdentically) {
   const std::string type = "olmoe";
   auto prompts = RaggedPrompts(2, 300, 21);
