@@ -17,7 +17,9 @@ int main(int argc, char** argv) {
   app.add_option("--kv-blocks", o.num_kv_blocks, "KV pool blocks")->check(CLI::Range(1, 1 << 24));
   app.add_option("--block-size", o.block_size, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--threads", o.threads, "compute threads")->check(CLI::Range(1, 1024));
-  app.add_option("--max-batch-tokens", o.max_batch_tokens, "prompt chunk tokens")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-batch-tokens", o.max_batch_tokens, "prompt tokens per forward pass")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-batch-prompts", o.max_batch_prompts, "prompts sharing forward passes at once")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--put-timeout-ms", o.put_timeout_ms, "bound of one KV transfer's puts and of its flush")->check(CLI::Range(1, 3600000));
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")->check(CLI::Range(10, 60000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101");
   CLI11_PARSE(app, argc, argv);

@@ -1,5 +1,7 @@
 #include "services/workers/prefill_worker.h"
 
+#include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "common/logging.h"
@@ -26,6 +28,9 @@ PrefillWorker::PrefillWorker(PrefillWorkerOptions options, const transport::Cloc
     : options_(std::move(options)), clock_(clock) {}
 
 PrefillWorker::~PrefillWorker() {
+  stop_compute_.store(true);
+  work_cv_.notify_all();
+  if (compute_.joinable()) compute_.join();
   peers_.clear();
   ucx_worker_.reset();
   ucx_ctx_.reset();
@@ -35,6 +40,9 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOption
                                                              const transport::Clock* clock) {
   if (options.router_endpoint.empty()) return InvalidArgument("prefill worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("prefill worker: model dir is required");
+  if (options.max_batch_prompts < 1 || options.put_timeout_ms < 1) {
+    return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
+  }
   options.id = DefaultWorkerId(options.id, "prefill");
   if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
   std::unique_ptr<PrefillWorker> w(
@@ -53,6 +61,8 @@ Status PrefillWorker::Setup() {
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);
+  pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
+  free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
@@ -71,9 +81,15 @@ Status PrefillWorker::Setup() {
   };
   PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
   router_->on_server_lost = [this] {
-    if (!queue_.empty()) PW_LOG(WARNING) << options_.id << ": router lost; dropping " << queue_.size() << " queued prompts";
+    // The router's requests died with it: drop the queue, cancel what is in flight.
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!queue_.empty() || !inflight_.empty()) {
+      PW_LOG(WARNING) << options_.id << ": router lost; dropping " << queue_.size()
+                      << " queued and " << inflight_.size() << " running prompts";
+    }
     queue_.clear();
     queued_tokens_ = 0;
+    for (auto& [id, job] : inflight_) job->cancelled.store(true);
   };
   if (!options_.broker_endpoint.empty()) {
     PW_ASSIGN_OR_RETURN(broker_, make_client(options_.broker_endpoint));
@@ -81,66 +97,277 @@ Status PrefillWorker::Setup() {
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------- control thread
+
 void PrefillWorker::FillRegister(wire::Register::Builder r) {
-  const auto& pool = engine_->kv_pool();
+  const auto& pool = engine_->kv_pool();  // layout and size only: fixed after Setup
   r.setModelName(options_.model_name);
   auto kl = r.initKvLayout();
-  kl.setNumBlocks(static_cast<uint32_t>(pool.num_blocks()));
+  kl.setNumBlocks(pool_blocks_);
   kl.setBlockTokens(static_cast<uint32_t>(pool.layout().block_size));
   kl.setBlockBytes(pool.bytes_per_block());
   kl.setLayoutHash(layout_hash_);
-  r.setMaxBatch(1);
+  r.setMaxBatch(static_cast<uint32_t>(options_.max_batch_prompts));
   r.setMaxContext(static_cast<uint32_t>(engine_->max_context()));
   r.setMetricsPort(metrics_ ? metrics_->port() : 0);
 }
 
 void PrefillWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
-  const auto& pool = engine_->kv_pool();
-  h.setFreeKvBlocks(static_cast<uint32_t>(pool.num_free()));
-  h.setUsedKvBlocks(static_cast<uint32_t>(pool.num_blocks() - pool.num_free()));
+  const uint32_t free = free_blocks_.load();
+  h.setFreeKvBlocks(free);
+  h.setUsedKvBlocks(pool_blocks_ - std::min(free, pool_blocks_));
+  std::lock_guard<std::mutex> lk(mu_);
   h.setWaitingRequests(static_cast<uint32_t>(queue_.size()));
-  h.setQueuedPromptTokens(queued_tokens_);
-  h.setDraining(draining_);
+  h.setRunningRequests(static_cast<uint32_t>(inflight_.size()));
+  h.setQueuedPromptTokens(queued_tokens_ + active_remaining_tokens_.load());
+  h.setDraining(draining_.load());
 }
 
 Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
   switch (m.which()) {
     case proto::Body::PREFILL_REQUEST: {
       auto req = m.body().getPrefillRequest();
-      if (draining_) {
-        proto::OutMessage out;
-        auto kr = out.body().initKvReady();
-        kr.setRequestId(req.getRequestId());
-        kr.setOk(false);
-        kr.setError("prefill worker " + options_.id + " is draining");
-        kr.setLeaseId(req.getLeaseId());
-        kr.setDecodeWorkerId(req.getDecodeWorkerId());
-        return router_->Send(out);
+      if (draining_.load()) {
+        Outcome o;
+        o.request_id = req.getRequestId();
+        o.lease_id = req.getLeaseId();
+        o.decode_id = proto::ToString(req.getDecodeWorkerId());
+        o.status = Unavailable("prefill worker " + options_.id + " is draining");
+        SendKvReady(o);
+        return Status::Ok();
       }
       PW_ASSIGN_OR_RETURN(auto kept, Keep(m));
-      queued_tokens_ += req.getTokens().size();
-      queue_.push_back(std::move(kept));
+      auto job = std::make_shared<Job>();
+      job->msg = std::move(kept);
+      job->request_id = req.getRequestId();
+      job->lease_id = req.getLeaseId();
+      job->decode_id = proto::ToString(req.getDecodeWorkerId());
+      job->num_tokens = req.getTokens().size();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        queued_tokens_ += job->num_tokens;
+        queue_.push_back(std::move(job));
+      }
+      work_cv_.notify_one();
       return Status::Ok();
     }
     case proto::Body::CANCEL: {
-      const uint64_t id = m.body().getCancel().getRequestId();
+      auto c = m.body().getCancel();
+      const uint64_t id = c.getRequestId();
+      const uint64_t lease = c.getLeaseId();
+      auto matches = [&](const Job& j) {
+        return j.request_id == id && (lease == 0 || j.lease_id == lease);
+      };
+      std::lock_guard<std::mutex> lk(mu_);
       for (auto it = queue_.begin(); it != queue_.end();) {
-        auto req = (*it)->body().getPrefillRequest();
-        if (req.getRequestId() == id) {
-          queued_tokens_ -= req.getTokens().size();
+        if (matches(**it)) {
+          queued_tokens_ -= (*it)->num_tokens;
           it = queue_.erase(it);
         } else {
           ++it;
         }
       }
+      auto it = inflight_.find(id);
+      if (it != inflight_.end() && matches(*it->second)) it->second->cancelled.store(true);
       return Status::Ok();
     }
     case proto::Body::DRAIN:
-      draining_ = true;
+      draining_.store(true);
       return Status::Ok();
     default:
       return InvalidArgument("unexpected message " + proto::BodyName(m.which()) +
                              " for a prefill worker");
+  }
+}
+
+void PrefillWorker::SendKvReady(const Outcome& o) {
+  proto::OutMessage out;
+  auto kr = out.body().initKvReady();
+  kr.setRequestId(o.request_id);
+  kr.setOk(o.status.ok());
+  if (!o.status.ok()) {
+    kr.setError("prefill worker " + options_.id + ": " + o.status.message());
+    PW_LOG(WARNING) << options_.id << ": request " << o.request_id << ": " << o.status.ToString();
+    metrics_->requests_finished_error->Increment();
+  } else {
+    kr.setFirstToken(static_cast<uint32_t>(o.first_token));
+    metrics_->requests_finished_ok->Increment();
+  }
+  kr.setNumTokens(o.num_tokens);
+  kr.setLeaseId(o.lease_id);
+  kr.setDecodeWorkerId(o.decode_id);
+  Status sst = router_->Send(out);
+  if (!sst.ok()) PW_LOG(WARNING) << options_.id << ": KvReady: " << sst.ToString();
+}
+
+void PrefillWorker::SendOutcomes() {
+  std::vector<Outcome> out;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    out.swap(outbox_);
+  }
+  for (const Outcome& o : out) SendKvReady(o);
+}
+
+Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
+  PW_RETURN_IF_ERROR(router_->Start());
+  if (broker_) PW_RETURN_IF_ERROR(broker_->Start());
+  PW_LOG(INFO) << options_.id << ": serving, router " << options_.router_endpoint
+               << ", up to " << options_.max_batch_tokens << " tokens and "
+               << options_.max_batch_prompts << " prompts per forward pass";
+  stop_compute_.store(false);
+  compute_ = std::thread([this] { ComputeLoop(); });
+  auto handler = [this](const std::string&, const proto::InMessage& m) -> Status {
+    return HandleRouter(m);
+  };
+  auto broker_handler = [](const std::string&, const proto::InMessage&) -> Status {
+    return Status::Ok();
+  };
+  uint64_t drain_deadline = 0;
+  while (true) {
+    if (stop.load() && !draining_.load()) draining_.store(true);
+    bool idle;
+    size_t waiting, running;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      idle = queue_.empty() && inflight_.empty() && outbox_.empty();
+      waiting = queue_.size();
+      running = inflight_.size();
+    }
+    if (draining_.load()) {
+      if (drain_deadline == 0) drain_deadline = transport::SteadyClock::Get()->NowMs() + drain_timeout_ms;
+      if (idle || transport::SteadyClock::Get()->NowMs() > drain_deadline) break;
+    }
+    // While prompts are in flight, wake every millisecond to pass on their KvReady promptly.
+    router_->Poll(idle ? 10 : 1, handler);
+    if (broker_) broker_->Poll(0, broker_handler);
+    SendOutcomes();
+    metrics_->requests_waiting->Set(static_cast<double>(waiting));
+    metrics_->requests_running->Set(static_cast<double>(running));
+  }
+  stop_compute_.store(true);
+  work_cv_.notify_all();
+  compute_.join();
+  SendOutcomes();
+  router_->Poll(0, handler);
+  PW_LOG(INFO) << options_.id << ": stopped; largest batch " << largest_batch_.load()
+               << " prompts in one forward pass";
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- compute thread
+
+Status PrefillWorker::Prepare(Job* job) {
+  auto req = job->msg->body().getPrefillRequest();
+  const auto& pool_layout = engine_->kv_pool().layout();
+  auto dl = req.getDecodeLayout();
+  job->tokens.clear();
+  if (dl.getLayoutHash() != layout_hash_ ||
+      dl.getBlockTokens() != static_cast<uint32_t>(pool_layout.block_size) ||
+      dl.getBlockBytes() != engine_->kv_pool().bytes_per_block()) {
+    return InvalidArgument("decode worker '" + job->decode_id +
+                           "' has another KV layout (hash/block tokens/block bytes differ)");
+  }
+  for (uint32_t t : req.getTokens()) job->tokens.push_back(static_cast<int32_t>(t));
+  if (job->tokens.empty()) return InvalidArgument("empty prompt");
+  const int n_blocks =
+      engine::BlocksForTokens(static_cast<int>(job->tokens.size()), pool_layout.block_size);
+  auto dst = req.getBlockIds();
+  if (dst.size() < static_cast<unsigned>(n_blocks)) {
+    return InvalidArgument(std::to_string(dst.size()) + " reserved blocks for " +
+                           std::to_string(job->tokens.size()) + " tokens (" +
+                           std::to_string(n_blocks) + " needed)");
+  }
+  std::set<uint32_t> distinct;
+  const uint64_t block_bytes = engine_->kv_pool().bytes_per_block();
+  auto mem = req.getDecodeMemory();
+  for (int i = 0; i < n_blocks; ++i) {
+    const uint32_t b = dst[static_cast<unsigned>(i)];
+    if (b >= dl.getNumBlocks() || !distinct.insert(b).second) {
+      return InvalidArgument("reserved block id " + std::to_string(b) + " invalid or repeated");
+    }
+    if ((static_cast<uint64_t>(b) + 1) * block_bytes > mem.getBytes()) {
+      return InvalidArgument("reserved block " + std::to_string(b) + " outside the decode pool");
+    }
+  }
+  job->work.params = FromWire(req.getSampling());
+  // The sampled token is output number generatedSoFar: the engine draws it as that index of
+  // the request's seeded stream.
+  const uint32_t g = req.getGeneratedSoFar();
+  if (static_cast<int64_t>(g) >= job->work.params.max_tokens) {
+    return InvalidArgument("generatedSoFar >= maxTokens");
+  }
+  if (g >= job->tokens.size()) return InvalidArgument("generatedSoFar >= tokens");
+  job->work.num_generated_before = static_cast<int>(g);
+  job->work.prompt = job->tokens;
+  // Checked without blocks first (the blocks come from Admit).
+  if (n_blocks > engine_->kv_pool().num_blocks()) {
+    return OutOfRange("prompt of " + std::to_string(job->tokens.size()) + " tokens needs " +
+                      std::to_string(n_blocks) + " KV blocks, this worker's pool has " +
+                      std::to_string(engine_->kv_pool().num_blocks()));
+  }
+  return Status::Ok();
+}
+
+void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
+  auto& pool = engine_->kv_pool();
+  while (true) {
+    uint64_t remaining = 0;
+    for (const auto& j : *active) remaining += j->tokens.size() - j->work.num_computed;
+    if (remaining >= static_cast<uint64_t>(options_.max_batch_tokens) ||
+        static_cast<int>(active->size()) >= options_.max_batch_prompts) {
+      return;
+    }
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (queue_.empty()) return;
+      job = queue_.front();
+    }
+    Status st = proto::GuardWire("PrefillRequest", [&]() -> Status { return Prepare(job.get()); });
+    if (st.ok()) {
+      const int need = engine::BlocksForTokens(static_cast<int>(job->tokens.size()),
+                                               pool.layout().block_size);
+      if (need > pool.num_free()) {
+        if (!active->empty()) return;  // waits for blocks of the running prompts
+        st = ResourceExhausted("no room in the prefill KV pool");  // cannot happen: pool is free
+      } else {
+        auto got = pool.Allocate(need);
+        st = got.status();
+        if (st.ok()) job->own = std::move(*got);
+      }
+    }
+    if (st.ok()) {
+      job->work.block_ids = job->own;
+      st = engine_->CheckPrefill(job->work);
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      // A cancel may have removed it from the queue meanwhile.
+      auto it = std::find(queue_.begin(), queue_.end(), job);
+      if (it == queue_.end()) {
+        if (!job->own.empty()) (void)pool.Free(job->own);
+        job->own.clear();
+        continue;
+      }
+      queue_.erase(it);
+      queued_tokens_ -= job->num_tokens;
+      if (st.ok()) inflight_[job->request_id] = job;
+    }
+    if (!st.ok()) {
+      if (!job->own.empty()) (void)pool.Free(job->own);
+      job->own.clear();
+      Outcome o;
+      o.request_id = job->request_id;
+      o.lease_id = job->lease_id;
+      o.decode_id = job->decode_id;
+      o.num_tokens = job->num_tokens;
+      o.status = st;
+      std::lock_guard<std::mutex> lk(mu_);
+      outbox_.push_back(std::move(o));
+      continue;
+    }
+    active->push_back(std::move(job));
   }
 }
 
@@ -155,125 +382,136 @@ Result<PrefillWorker::Peer*> PrefillWorker::PeerFor(const std::string& decode_id
         p.bytes == mem.getBytes() && p.ep->healthy()) {
       return &p;
     }
-    peers_.erase(it);  // restarted or failed peer: reconnect
+    // A restarted decode worker (new address or region) or a failed endpoint: close without
+    // waiting for the old peer, then reconnect.
+    p.region.reset();
+    if (p.ep->healthy()) p.ep->Fail("decode worker re-registered");
+    peers_.erase(it);
   }
   Peer p;
   p.address = address;
   p.rkey = rkey;
   p.base = mem.getBaseAddr();
   p.bytes = mem.getBytes();
-  PW_ASSIGN_OR_RETURN(p.ep, transport::ucx::Endpoint::Connect(*ucx_worker_, address));
+  PW_ASSIGN_OR_RETURN(p.ep, transport::ucx::Endpoint::Connect(
+                                *ucx_worker_, address, transport::ucx::Endpoint::ErrorMode::kNone));
   PW_ASSIGN_OR_RETURN(p.region, p.ep->OpenRegion(rkey, p.base, p.bytes));
   auto [ins, ok] = peers_.emplace(decode_id, std::move(p));
   return &ins->second;
 }
 
-Status PrefillWorker::Serve(const proto::InMessage& m, int32_t* first_token) {
-  auto req = m.body().getPrefillRequest();
-  const auto& pool_layout = engine_->kv_pool().layout();
-  auto dl = req.getDecodeLayout();
-  if (dl.getLayoutHash() != layout_hash_ || dl.getBlockTokens() != static_cast<uint32_t>(pool_layout.block_size) ||
-      dl.getBlockBytes() != engine_->kv_pool().bytes_per_block()) {
-    return InvalidArgument("decode worker '" + proto::ToString(req.getDecodeWorkerId()) +
-                           "' has another KV layout (hash/block tokens/block bytes differ)");
-  }
-  std::vector<int32_t> tokens;
-  for (uint32_t t : req.getTokens()) tokens.push_back(static_cast<int32_t>(t));
-  if (tokens.empty()) return InvalidArgument("empty prompt");
-  const int n_blocks = engine::BlocksForTokens(static_cast<int>(tokens.size()), pool_layout.block_size);
+Status PrefillWorker::Transfer(Job* job) {
+  auto req = job->msg->body().getPrefillRequest();
+  auto& pool = engine_->kv_pool();
+  const uint64_t block_bytes = pool.bytes_per_block();
   auto dst = req.getBlockIds();
-  if (dst.size() < static_cast<unsigned>(n_blocks)) {
-    return InvalidArgument(std::to_string(dst.size()) + " reserved blocks for " +
-                           std::to_string(tokens.size()) + " tokens (" + std::to_string(n_blocks) +
-                           " needed)");
-  }
-  std::set<uint32_t> distinct;
-  const uint64_t block_bytes = engine_->kv_pool().bytes_per_block();
-  auto mem = req.getDecodeMemory();
-  for (int i = 0; i < n_blocks; ++i) {
-    const uint32_t b = dst[static_cast<unsigned>(i)];
-    if (b >= dl.getNumBlocks() || !distinct.insert(b).second) {
-      return InvalidArgument("reserved block id " + std::to_string(b) + " invalid or repeated");
+  // One put per run of blocks contiguous on both sides.
+  std::vector<transport::ucx::RemoteRegion::Segment> segs;
+  for (size_t i = 0; i < job->own.size(); ++i) {
+    const uint64_t off = static_cast<uint64_t>(dst[static_cast<unsigned>(i)]) * block_bytes;
+    const uint8_t* src = pool.BlockAddress(job->own[i]);
+    if (!segs.empty()) {
+      auto& last = segs.back();
+      if (last.offset + last.bytes == off && static_cast<const uint8_t*>(last.local) + last.bytes == src) {
+        last.bytes += block_bytes;
+        continue;
+      }
     }
-    if ((static_cast<uint64_t>(b) + 1) * block_bytes > mem.getBytes()) {
-      return InvalidArgument("reserved block " + std::to_string(b) + " outside the decode pool");
-    }
+    segs.push_back({off, src, block_bytes});
   }
-  engine::SamplingParams params = FromWire(req.getSampling());
-  // The sampled token is output number generatedSoFar; the engine's limit counts from here.
-  const uint32_t g = req.getGeneratedSoFar();
-  if (static_cast<int64_t>(g) >= params.max_tokens) return InvalidArgument("generatedSoFar >= maxTokens");
-  params.max_tokens -= static_cast<int>(g);
-  PW_ASSIGN_OR_RETURN(auto own, engine_->kv_pool().Allocate(n_blocks));
-  auto result = engine_->Prefill(tokens, own, params);
-  Status st = result.status();
-  if (st.ok()) {
-    *first_token = result->first_token;
-    metrics_->prompt_tokens->Increment(static_cast<double>(tokens.size()));
-    auto peer = PeerFor(proto::ToString(req.getDecodeWorkerId()), mem);
-    st = peer.status();
-    for (int i = 0; st.ok() && i < n_blocks; ++i) {
-      const uint64_t off = static_cast<uint64_t>(dst[static_cast<unsigned>(i)]) * block_bytes;
-      st = (*peer)->region->Put(off, engine_->kv_pool().BlockAddress(own[static_cast<size_t>(i)]),
-                                block_bytes, options_.put_timeout_ms);
-    }
-    if (st.ok()) st = (*peer)->ep->Flush(options_.put_timeout_ms);
-    if (st.ok()) metrics_->ucx_put_bytes->Increment(static_cast<double>(n_blocks * block_bytes));
-    if (!st.ok()) st = st.WithContext("writing KV to '" + proto::ToString(req.getDecodeWorkerId()) + "'");
-  }
-  Status fst = engine_->kv_pool().Free(own);
-  if (!fst.ok()) PW_LOG(ERROR) << options_.id << ": freeing own blocks: " << fst.ToString();
-  return st;
+  PW_ASSIGN_OR_RETURN(Peer * peer, PeerFor(job->decode_id, req.getDecodeMemory()));
+  PW_RETURN_IF_ERROR(peer->region->PutAll(segs, options_.put_timeout_ms, &job->cancelled));
+  PW_RETURN_IF_ERROR(peer->ep->Flush(options_.put_timeout_ms, &job->cancelled));
+  metrics_->ucx_put_bytes->Increment(static_cast<double>(job->own.size() * block_bytes));
+  return Status::Ok();
 }
 
-Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
-  PW_RETURN_IF_ERROR(router_->Start());
-  if (broker_) PW_RETURN_IF_ERROR(broker_->Start());
-  PW_LOG(INFO) << options_.id << ": serving, router " << options_.router_endpoint;
-  auto handler = [this](const std::string&, const proto::InMessage& m) -> Status {
-    return HandleRouter(m);
-  };
-  auto broker_handler = [](const std::string&, const proto::InMessage&) -> Status {
-    return Status::Ok();
-  };
-  uint64_t drain_deadline = 0;
-  while (true) {
-    if (stop.load() && !draining_) draining_ = true;
-    if (draining_) {
-      if (drain_deadline == 0) drain_deadline = transport::SteadyClock::Get()->NowMs() + drain_timeout_ms;
-      if (queue_.empty() || transport::SteadyClock::Get()->NowMs() > drain_deadline) break;
-    }
-    router_->Poll(queue_.empty() ? 10 : 0, handler);
-    if (broker_) broker_->Poll(0, broker_handler);
-    metrics_->requests_waiting->Set(static_cast<double>(queue_.size()));
-    if (queue_.empty()) continue;
-    std::shared_ptr<proto::InMessage> m = std::move(queue_.front());
-    queue_.pop_front();
-    auto req = m->body().getPrefillRequest();
-    queued_tokens_ -= req.getTokens().size();
-    int32_t first = -1;
-    Status st = proto::GuardWire("PrefillRequest", [&]() -> Status { return Serve(*m, &first); });
-    proto::OutMessage out;
-    auto kr = out.body().initKvReady();
-    kr.setRequestId(req.getRequestId());
-    kr.setOk(st.ok());
-    if (!st.ok()) {
-      kr.setError("prefill worker " + options_.id + ": " + st.message());
-      PW_LOG(WARNING) << options_.id << ": request " << req.getRequestId() << ": " << st.ToString();
-      metrics_->requests_finished_error->Increment();
-    } else {
-      kr.setFirstToken(static_cast<uint32_t>(first));
-      metrics_->requests_finished_ok->Increment();
-    }
-    kr.setNumTokens(req.getTokens().size());
-    kr.setLeaseId(req.getLeaseId());
-    kr.setDecodeWorkerId(req.getDecodeWorkerId());
-    Status sst = router_->Send(out);
-    if (!sst.ok()) PW_LOG(WARNING) << options_.id << ": KvReady: " << sst.ToString();
+void PrefillWorker::Retire(Job* job, Status st) {
+  if (!job->own.empty()) {
+    Status fst = engine_->kv_pool().Free(job->own);
+    if (!fst.ok()) PW_LOG(ERROR) << options_.id << ": freeing own blocks: " << fst.ToString();
+    job->own.clear();
   }
-  router_->Poll(0, handler);
-  PW_LOG(INFO) << options_.id << ": stopped";
-  return Status::Ok();
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = inflight_.find(job->request_id);
+  if (it != inflight_.end() && it->second.get() == job) inflight_.erase(it);
+  if (job->cancelled.load()) {  // the router has moved on: no KvReady
+    metrics_->requests_cancelled->Increment();
+    return;
+  }
+  Outcome o;
+  o.request_id = job->request_id;
+  o.lease_id = job->lease_id;
+  o.decode_id = job->decode_id;
+  o.num_tokens = job->num_tokens;
+  o.status = std::move(st);
+  o.first_token = job->work.result.first_token;
+  outbox_.push_back(std::move(o));
+}
+
+void PrefillWorker::PublishLoad(const std::vector<std::shared_ptr<Job>>& active) {
+  uint64_t remaining = 0;
+  for (const auto& j : active) remaining += j->tokens.size() - j->work.num_computed;
+  active_remaining_tokens_.store(remaining);
+  free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
+}
+
+void PrefillWorker::ComputeLoop() {
+  std::vector<std::shared_ptr<Job>> active;
+  std::vector<engine::PrefillJob> batch;
+  while (true) {
+    if (active.empty()) {
+      std::unique_lock<std::mutex> lk(mu_);
+      work_cv_.wait_for(lk, std::chrono::milliseconds(100),
+                        [&] { return stop_compute_.load() || !queue_.empty(); });
+    }
+    if (stop_compute_.load()) break;
+    Admit(&active);
+    // Drop what was cancelled (between passes; a transfer checks its flag itself).
+    for (auto it = active.begin(); it != active.end();) {
+      if ((*it)->cancelled.load()) {
+        Retire(it->get(), Cancelled("cancelled"));
+        it = active.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    PublishLoad(active);
+    if (active.empty()) continue;
+    // One forward pass over the next chunks of the running prompts.
+    batch.clear();
+    for (const auto& j : active) batch.push_back(j->work);
+    auto ran = engine_->PrefillPass(batch);
+    int in_pass = 0;
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (batch[i].num_computed != active[i]->work.num_computed) ++in_pass;
+      active[i]->work.num_computed = batch[i].num_computed;
+      active[i]->work.result = std::move(batch[i].result);
+    }
+    if (in_pass > largest_batch_.load()) largest_batch_.store(in_pass);
+    std::vector<std::shared_ptr<Job>> next;
+    for (auto& j : active) {
+      if (!ran.ok()) {
+        Retire(j.get(), ran.status());
+        continue;
+      }
+      if (!j->work.done()) {
+        next.push_back(std::move(j));
+        continue;
+      }
+      metrics_->prompt_tokens->Increment(static_cast<double>(j->tokens.size()));
+      Status st = Transfer(j.get());
+      if (!st.ok()) st = st.WithContext("writing KV to '" + j->decode_id + "'");
+      Retire(j.get(), st);
+    }
+    active.swap(next);
+    PublishLoad(active);
+  }
+  for (auto& j : active) {
+    j->cancelled.store(true);
+    Retire(j.get(), Cancelled("stopping"));
+  }
+  PublishLoad({});
 }
 
 }  // namespace pw::workers

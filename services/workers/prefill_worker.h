@@ -1,20 +1,44 @@
 // PrefillWorker: the library behind pw-prefill.
 //
-// Receives PrefillRequest from the router, runs the prompt through its own Engine in chunks
-// (max_batch_tokens per forward pass) into blocks of its own KV pool, samples the first token,
-// writes the prompt's KV into the decode worker's reserved blocks with UCX one-sided puts (one
-// per block, then a flush so the bytes are there before anyone is told), frees its blocks and
-// answers KvReady. Requests are served first come, first served, one prompt per forward pass.
+// Receives PrefillRequest from the router, computes the prompts' KV into blocks of its own KV
+// pool, samples each prompt's first token, writes the KV into the decode worker's reserved
+// blocks with UCX one-sided puts (one put per run of contiguous blocks, then a flush so the
+// bytes are there before anyone is told), frees its blocks and answers KvReady.
+//
+// Two threads. The control thread (the one calling Run) owns the ZeroMQ clients: it receives
+// requests and cancels, sends heartbeats and KvReady, and never computes, so heartbeats keep
+// flowing however long a forward pass or a put takes. The compute thread owns the engine and
+// the UCX endpoints: it batches queued prompts into forward passes of up to max_batch_tokens
+// tokens (Engine::PrefillPass; up to max_batch_prompts prompts in flight, first come first
+// served, a long prompt in chunks that share passes with the prompts around it), then sends
+// each finished prompt's KV. They meet in a mutex-guarded queue, an in-flight table and an
+// outbox.
+//
+// Sampling: the first token of a re-prefilled request (generatedSoFar = k) is drawn as the
+// request's draw number k, as the in-process engine would.
+//
+// KV endpoints use UCX without peer error handling (shared memory on one host; see
+// services/transport/ucx.h), so a dead decode worker is noticed by the control plane: the
+// router declares it dead after 3 missed heartbeats and cancels its requests here, which ends a
+// put or flush in progress at once (cancel flag) and force-closes the endpoint; every put and
+// flush is also bounded by put_timeout_ms. An endpoint is re-created when the decode worker
+// re-registers (new worker address) or after a failure. PW_UCX_ERR_MODE=peer restores peer
+// error handling (tcp).
+//
 // Everything a request names (layout, block ids, region bounds) is checked before use; a bad
-// request gets KvReady{ok = false, error}.
+// request gets KvReady{ok = false, error}. A cancelled request gets no KvReady.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "services/engine/engine.h"
@@ -34,9 +58,10 @@ struct PrefillWorkerOptions {
   int num_kv_blocks = 1024;
   int block_size = 16;
   int threads = 1;
-  int max_batch_tokens = 256;    // prompt chunk size
+  int max_batch_tokens = 256;    // prompt tokens per forward pass
+  int max_batch_prompts = 32;    // prompts in flight (sharing passes) at once
   uint64_t heartbeat_ms = 500;
-  int put_timeout_ms = 30000;
+  int put_timeout_ms = 10000;    // bound of one KV transfer's puts, and of its flush
   std::string metrics_bind;
 };
 
@@ -57,14 +82,48 @@ class PrefillWorker {
     std::unique_ptr<transport::ucx::Endpoint> ep;
     std::unique_ptr<transport::ucx::RemoteRegion> region;
   };
+  // One request, from arrival to KvReady.
+  struct Job {
+    std::shared_ptr<proto::InMessage> msg;  // the PrefillRequest frame
+    uint64_t request_id = 0;
+    uint64_t lease_id = 0;
+    std::string decode_id;
+    uint32_t num_tokens = 0;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> own;  // blocks of this worker's pool
+    engine::PrefillJob work;
+    std::atomic<bool> cancelled{false};
+  };
+  // What the control thread sends as KvReady.
+  struct Outcome {
+    uint64_t request_id = 0, lease_id = 0;
+    std::string decode_id;
+    uint32_t num_tokens = 0;
+    Status status;
+    int32_t first_token = -1;
+  };
+
   explicit PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock);
   Status Setup();
+  // Control thread.
   Status HandleRouter(const proto::InMessage& m);
-  // Runs one queued request; returns the error to report in KvReady (OK on success).
-  Status Serve(const proto::InMessage& m, int32_t* first_token);
-  Result<Peer*> PeerFor(const std::string& decode_id, wire::UcxMemory::Reader mem);
+  void SendOutcomes();
+  void SendKvReady(const Outcome& o);
   void FillRegister(wire::Register::Builder r);
   void FillHeartbeat(wire::Heartbeat::Builder h);
+  // Compute thread.
+  void ComputeLoop();
+  // Moves queued requests into `active` while the next pass has room; refuses bad ones.
+  void Admit(std::vector<std::shared_ptr<Job>>* active);
+  // Checks a request and fills job->tokens / work (not the blocks).
+  Status Prepare(Job* job);
+  // Writes a finished job's KV into the decode worker's blocks.
+  Status Transfer(Job* job);
+  Result<Peer*> PeerFor(const std::string& decode_id, wire::UcxMemory::Reader mem);
+  // Frees the job's own blocks, drops it from the in-flight table, queues its KvReady unless
+  // it was cancelled.
+  void Retire(Job* job, Status st);
+  void PublishLoad(const std::vector<std::shared_ptr<Job>>& active);
 
   PrefillWorkerOptions options_;
   const transport::Clock* clock_;
@@ -74,11 +133,22 @@ class PrefillWorker {
   std::unique_ptr<transport::ControlClient> router_;
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;
-  std::deque<std::shared_ptr<proto::InMessage>> queue_;  // PrefillRequest frames
-  uint64_t queued_tokens_ = 0;
-  std::map<std::string, Peer> peers_;
+  std::map<std::string, Peer> peers_;  // compute thread
   uint64_t layout_hash_ = 0;
-  bool draining_ = false;
+  uint32_t pool_blocks_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::deque<std::shared_ptr<Job>> queue_;               // guarded by mu_
+  std::map<uint64_t, std::shared_ptr<Job>> inflight_;    // guarded by mu_ (admitted jobs)
+  std::vector<Outcome> outbox_;                          // guarded by mu_
+  uint64_t queued_tokens_ = 0;                           // guarded by mu_ (queue_ only)
+  std::atomic<uint64_t> active_remaining_tokens_{0};
+  std::atomic<uint32_t> free_blocks_{0};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> stop_compute_{false};
+  std::atomic<int> largest_batch_{0};  // most prompts in one forward pass so far
+  std::thread compute_;
 };
 
 }  // namespace pw::workers

@@ -1,0 +1,383 @@
+// A real pw-prefill process, driven by this test acting as the router (control protocol over
+// ZeroMQ) and as the decode worker (a UCX-registered KV region the prefill worker puts into).
+// Checks that prompts submitted together (batched into shared forward passes) give the same
+// first tokens and KV as the in-process engine prefilling each alone, that a re-prefilled
+// request's first token is the seeded draw number generatedSoFar, and that heartbeats keep
+// flowing while one long forward pass runs.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "services/engine/engine.h"
+#include "services/transport/control.h"
+#include "services/transport/ucx.h"
+#include "services/transport/zmq_transport.h"
+#include "tests/cluster/process_util.h"
+
+namespace pw {
+namespace {
+
+using transport::ControlServer;
+
+std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
+std::string FixtureModel() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe"; }
+std::string TinyModel() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
+
+struct Result1 {
+  bool done = false;
+  bool ok = false;
+  std::string error;
+  int32_t first_token = -1;
+  uint32_t num_tokens = 0;
+};
+
+// Router + decode side of one prefill worker.
+class Harness {
+ public:
+  Harness(const std::string& model_dir, int dst_blocks, uint32_t server_heartbeat_ms = 100,
+          uint32_t dead_after_beats = 3)
+      : model_dir_(model_dir), dst_blocks_(dst_blocks) {
+    auto t = transport::ZmqRouterTransport::Bind("tcp://127.0.0.1:0");
+    EXPECT_TRUE(t.ok());
+    endpoint_ = (*t)->endpoint();
+    ControlServer::Options o;
+    o.id = "router";
+    o.heartbeat_ms = server_heartbeat_ms;
+    o.dead_after_beats = dead_after_beats;
+    server_ = std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+    server_->on_peer_dead = [this](const std::string& peer, const transport::PeerInfo&) {
+      dead_peers.push_back(peer);
+    };
+  }
+  ~Harness() {
+    prefill.Kill(SIGKILL);
+    region_.reset();
+    worker_.reset();
+    ctx_.reset();
+  }
+
+  // Starts pw-prefill with `extra` flags and waits for its registration; then registers the
+  // decode-side region, sized from the prefill's KV layout (same model, same layout).
+  bool Start(const std::vector<std::string>& extra) {
+    const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+    mkdir(log_dir.c_str(), 0755);
+    const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::vector<std::string> argv = {Bin("pw-prefill"), "--model", model_dir_, "--router", endpoint_,
+                                     "--id", "prefill-0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    if (!prefill.Start(argv, log_dir + "/PrefillWorker." + tag + ".prefill.log")) return false;
+    bool up = false;
+    for (int waited = 0; waited < 120000 && !up; waited += 20) {
+      up = server_->FindPeer("prefill-0") != nullptr;
+      server_->Poll(20, nullptr);
+    }
+    if (!up) return false;
+    auto reg = server_->FindPeer("prefill-0")->registration->body().getRegister();
+    auto kl = reg.getKvLayout();
+    layout_hash_ = kl.getLayoutHash();
+    block_tokens_ = kl.getBlockTokens();
+    block_bytes_ = kl.getBlockBytes();
+    mem_.assign(static_cast<size_t>(dst_blocks_) * block_bytes_, 0);
+    auto ctx = transport::ucx::Context::Create();
+    if (!ctx.ok()) return false;
+    ctx_ = std::move(*ctx);
+    auto w = transport::ucx::Worker::Create(*ctx_);
+    if (!w.ok()) return false;
+    worker_ = std::move(*w);
+    auto r = transport::ucx::MemoryRegion::Register(*ctx_, mem_.data(), mem_.size());
+    if (!r.ok()) return false;
+    region_ = std::move(*r);
+    worker_->StartProgressThread();
+    return true;
+  }
+
+  // Sends a PrefillRequest whose KV goes to `blocks` of the decode-side region.
+  void Submit(uint64_t id, const std::vector<int32_t>& tokens, const std::vector<uint32_t>& blocks,
+              const engine::SamplingParams& sp, uint32_t generated_so_far = 0) {
+    results[id] = {};
+    proto::OutMessage out;
+    auto pr = out.body().initPrefillRequest();
+    pr.setRequestId(id);
+    auto toks = pr.initTokens(static_cast<unsigned>(tokens.size()));
+    for (size_t i = 0; i < tokens.size(); ++i) toks.set(i, static_cast<uint32_t>(tokens[i]));
+    auto s = pr.initSampling();
+    s.setTemperature(sp.temperature);
+    s.setTopP(sp.top_p);
+    s.setTopK(static_cast<uint32_t>(sp.top_k));
+    s.setSeed(sp.seed);
+    s.setMaxTokens(static_cast<uint32_t>(sp.max_tokens));
+    s.setIgnoreEos(sp.ignore_eos);
+    pr.setDecodeWorkerId("decode-test");
+    auto mem = pr.initDecodeMemory();
+    mem.setWorkerAddress(proto::AsData(worker_->Address()));
+    mem.setRkey(proto::AsData(region_->PackedRkey()));
+    mem.setBaseAddr(region_->base());
+    mem.setBytes(region_->size());
+    auto dl = pr.initDecodeLayout();
+    dl.setNumBlocks(static_cast<uint32_t>(dst_blocks_));
+    dl.setBlockTokens(block_tokens_);
+    dl.setBlockBytes(block_bytes_);
+    dl.setLayoutHash(layout_hash_);
+    auto bl = pr.initBlockIds(static_cast<unsigned>(blocks.size()));
+    for (size_t i = 0; i < blocks.size(); ++i) bl.set(i, blocks[i]);
+    pr.setLeaseId(id + 1000);
+    pr.setGeneratedSoFar(generated_so_far);
+    ASSERT_TRUE(server_->Send("prefill-0", out).ok());
+  }
+
+  // Polls until every submitted request has its KvReady, or timeout.
+  bool WaitAll(int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      server_->Poll(10, [this](const std::string&, const proto::InMessage& m) {
+        if (m.which() == proto::Body::KV_READY) {
+          auto kr = m.body().getKvReady();
+          auto& r = results[kr.getRequestId()];
+          r.done = true;
+          r.ok = kr.getOk();
+          r.error = proto::ToString(kr.getError());
+          r.first_token = static_cast<int32_t>(kr.getFirstToken());
+          r.num_tokens = kr.getNumTokens();
+        }
+        return Status::Ok();
+      });
+      bool all = true;
+      for (auto& [id, r] : results) all = all && r.done;
+      if (all) return true;
+    }
+    return false;
+  }
+
+  const uint8_t* block(uint32_t b) const { return mem_.data() + static_cast<size_t>(b) * block_bytes_; }
+  uint64_t block_bytes() const { return block_bytes_; }
+  uint32_t block_tokens() const { return block_tokens_; }
+  ControlServer& server() { return *server_; }
+
+  testing::ChildProcess prefill;
+  std::map<uint64_t, Result1> results;
+  std::vector<std::string> dead_peers;
+
+ private:
+  std::string model_dir_;
+  int dst_blocks_;
+  std::string endpoint_;
+  std::unique_ptr<ControlServer> server_;
+  uint64_t layout_hash_ = 0;
+  uint32_t block_tokens_ = 0;
+  uint64_t block_bytes_ = 0;
+  std::vector<uint8_t> mem_;
+  std::unique_ptr<transport::ucx::Context> ctx_;
+  std::unique_ptr<transport::ucx::Worker> worker_;
+  std::unique_ptr<transport::ucx::MemoryRegion> region_;
+};
+
+std::vector<std::vector<int32_t>> RandomPrompts(int n, uint32_t seed, int min_len, int max_len, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
+  for (auto& p : prompts) {
+    int len = min_len + static_cast<int>(rng() % static_cast<uint32_t>(max_len - min_len + 1));
+    for (int i = 0; i < len; ++i) p.push_back(1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab - 1)));
+  }
+  return prompts;
+}
+
+std::unique_ptr<engine::Engine> Reference(const std::string& model_dir, int block_size) {
+  engine::EngineOptions eo;
+  eo.num_kv_blocks = 512;
+  eo.block_size = block_size;
+  eo.max_batch_tokens = 256;
+  auto e = engine::Engine::Create(model_dir, eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Largest batch the worker reports when it stops (its log's last line).
+int LargestBatch(const std::string& log) {
+  const std::string key = "largest batch ";
+  size_t at = log.rfind(key);
+  if (at == std::string::npos) return -1;
+  return std::atoi(log.c_str() + at + key.size());
+}
+
+TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
+  Harness h(FixtureModel(), 512);
+  // 64-token passes: long prompts take several, short ones share them.
+  ASSERT_TRUE(h.Start({"--max-batch-tokens", "64", "--heartbeat-ms", "100"})) << h.prefill.Log();
+  auto ref = Reference(FixtureModel(), static_cast<int>(h.block_tokens()));
+  ASSERT_TRUE(ref);
+  auto prompts = RandomPrompts(12, 777, 1, 150, ref->vocab_size());
+  std::vector<engine::SamplingParams> params(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    params[i].max_tokens = 16;
+    if (i % 2 == 1) {  // half greedy, half seeded
+      params[i].temperature = 0.8f;
+      params[i].top_k = 50;
+      params[i].seed = 100 + i;
+    }
+  }
+  // Destination blocks: scattered, one gap between prompts, so some runs are contiguous and
+  // some are not.
+  std::vector<std::vector<uint32_t>> dst(prompts.size());
+  uint32_t next = 3;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int nb = engine::BlocksForTokens(static_cast<int>(prompts[i].size()),
+                                           static_cast<int>(h.block_tokens()));
+    for (int b = 0; b < nb; ++b) dst[i].push_back(next++);
+    if (nb > 2) std::swap(dst[i][0], dst[i][1]);
+    next += 1;
+  }
+  ASSERT_LT(next, 512u);
+  for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], dst[i], params[i]);
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+
+  const auto& layout = ref->kv_pool().layout();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i) + " of " + std::to_string(prompts[i].size()) + " tokens");
+    const Result1& r = h.results[i + 1];
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.num_tokens, prompts[i].size());
+    auto own = ref->kv_pool().Allocate(static_cast<int>(dst[i].size()));
+    ASSERT_TRUE(own.ok());
+    auto alone = ref->Prefill(prompts[i], *own, params[i]);
+    ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+    EXPECT_EQ(r.first_token, alone->first_token);
+    // KV of every prompt position, block by block, within 1e-5 of the engine alone.
+    double worst = 0;
+    for (size_t b = 0; b < dst[i].size(); ++b) {
+      const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]));
+      const float* want = reinterpret_cast<const float*>(ref->kv_pool().BlockAddress((*own)[b]));
+      const int valid = std::min<int>(layout.block_size,
+                                      static_cast<int>(prompts[i].size() - b * layout.block_size));
+      for (int slab = 0; slab < layout.num_layers * 2 * layout.num_kv_heads; ++slab) {
+        const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
+        for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
+          worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
+        }
+      }
+    }
+    EXPECT_LE(worst, 1e-5);
+    ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
+  }
+  h.prefill.Kill(SIGTERM);
+  EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
+  // The worker did batch: some forward pass carried more than one prompt.
+  EXPECT_GE(LargestBatch(h.prefill.Log()), 2) << h.prefill.Log();
+}
+
+// Failover re-prefill with seeded sampling: tokens = prompt + the k tokens already sent and
+// generatedSoFar = k; the sampled token must be the in-process engine's token number k.
+TEST(PrefillWorker, SeededFirstTokenAfterFailoverIsDrawNumberGeneratedSoFar) {
+  Harness h(FixtureModel(), 256);
+  ASSERT_TRUE(h.Start({"--heartbeat-ms", "100"})) << h.prefill.Log();
+  auto ref = Reference(FixtureModel(), static_cast<int>(h.block_tokens()));
+  ASSERT_TRUE(ref);
+  auto prompts = RandomPrompts(3, 99, 5, 40, ref->vocab_size());
+  constexpr int kMax = 8;
+  std::vector<engine::SamplingParams> params(prompts.size());
+  std::vector<std::vector<int32_t>> gen(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    params[i].temperature = 1.0f;  // flat enough that draws at different indices differ
+    params[i].seed = 4242 + i;
+    params[i].max_tokens = kMax;
+    params[i].ignore_eos = true;
+    ASSERT_TRUE(ref->AddSequence(i, prompts[i], params[i]).ok());
+  }
+  while (ref->HasWork()) {
+    auto step = ref->Step();
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    for (auto& u : step->updates) gen[u.id].insert(gen[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  }
+  uint64_t id = 1;
+  std::map<uint64_t, std::pair<size_t, int>> what;
+  uint32_t next_block = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(gen[i].size(), static_cast<size_t>(kMax));
+    for (int k = 0; k < kMax; ++k) {
+      std::vector<int32_t> tokens = prompts[i];
+      tokens.insert(tokens.end(), gen[i].begin(), gen[i].begin() + k);
+      std::vector<uint32_t> blocks;
+      const int nb = engine::BlocksForTokens(static_cast<int>(tokens.size()),
+                                             static_cast<int>(h.block_tokens()));
+      for (int b = 0; b < nb; ++b) blocks.push_back(next_block++);
+      ASSERT_LT(next_block, 256u);
+      what[id] = {i, k};
+      h.Submit(id++, tokens, blocks, params[i], static_cast<uint32_t>(k));
+    }
+  }
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+  int differs_from_draw0 = 0;
+  for (auto& [rid, ik] : what) {
+    const auto [i, k] = ik;
+    const Result1& r = h.results[rid];
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_EQ(r.first_token, gen[i][static_cast<size_t>(k)]) << "prompt " << i << ", generatedSoFar " << k;
+    // What the token would be if drawn as index 0 from the same logits.
+    std::vector<int32_t> tokens = prompts[i];
+    tokens.insert(tokens.end(), gen[i].begin(), gen[i].begin() + k);
+    auto own = ref->kv_pool().Allocate(
+        engine::BlocksForTokens(static_cast<int>(tokens.size()), static_cast<int>(h.block_tokens())));
+    ASSERT_TRUE(own.ok());
+    auto as0 = ref->Prefill(tokens, *own, params[i], 0);
+    ASSERT_TRUE(as0.ok());
+    ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
+    if (as0->first_token != r.first_token) ++differs_from_draw0;
+  }
+  // The draw index matters for these requests (so the check above can tell the two apart).
+  EXPECT_GT(differs_from_draw0, 0);
+}
+
+// Long forward passes (four 2000-token prompts of the embedded model, passes of up to 8192
+// tokens, each well over the heartbeat interval) must not stop heartbeats: the control thread
+// keeps sending them while the compute thread runs, so the router-side server hears many
+// during the passes and never declares the worker dead.
+TEST(PrefillWorker, LongForwardPassDoesNotStopHeartbeats) {
+  constexpr uint32_t kBeatMs = 20;
+  // Dead after 25 silent beats (500 ms): generous for a loaded machine, far below the pass.
+  Harness h(TinyModel(), 1024, kBeatMs, 25);
+  ASSERT_TRUE(h.Start({"--max-batch-tokens", "8192", "--heartbeat-ms", std::to_string(kBeatMs),
+                       "--threads", "1", "--kv-blocks", "1024"}))
+      << h.prefill.Log();
+  const int vocab = 4096;
+  auto prompts = RandomPrompts(4, 5, 2000, 2000, vocab);
+  std::vector<std::vector<uint32_t>> dst(prompts.size());
+  uint32_t next = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int nb = engine::BlocksForTokens(2000, static_cast<int>(h.block_tokens()));
+    for (int b = 0; b < nb; ++b) dst[i].push_back(next++);
+  }
+  // Let registration settle, then count frames (heartbeats) that arrive during the pass.
+  for (int i = 0; i < 10; ++i) h.server().Poll(kBeatMs, nullptr);
+  engine::SamplingParams sp;
+  sp.max_tokens = 4;
+  const uint64_t frames_before = h.server().counters().received;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], dst[i], sp);
+  // WaitAll's handler sees the KvReady frames; everything else received is a heartbeat.
+  ASSERT_TRUE(h.WaitAll(300000)) << h.prefill.Log();
+  const double elapsed_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const uint64_t frames = h.server().counters().received - frames_before;
+  const uint64_t heartbeats = frames - prompts.size();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(h.results[i + 1].ok) << h.results[i + 1].error;
+  std::printf("pass of %.0f ms, %llu heartbeats heard meanwhile\n", elapsed_ms,
+              static_cast<unsigned long long>(heartbeats));
+  if (elapsed_ms < 10 * kBeatMs) {
+    GTEST_SKIP() << "the pass took " << elapsed_ms << " ms, too short to tell";
+  }
+  // At least one per 10 intervals on average (a worker computing on its control thread sends
+  // one per pass, here one per ~0.5-1 s).
+  EXPECT_GE(static_cast<double>(heartbeats), elapsed_ms / (10.0 * kBeatMs))
+      << "during passes of " << elapsed_ms << " ms";
+  EXPECT_TRUE(h.dead_peers.empty()) << "declared dead during a pass of " << elapsed_ms << " ms";
+  h.prefill.Kill(SIGTERM);
+  EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
+  // At least the prompts that arrived while the first ran shared a pass.
+  EXPECT_GE(LargestBatch(h.prefill.Log()), 2) << h.prefill.Log();
+}
+
+}  // namespace
+}  // namespace pw
