@@ -3,9 +3,13 @@
 // Checks that prompts submitted together (batched into shared forward passes) give the same
 // first tokens and KV as the in-process engine prefilling each alone, that a re-prefilled
 // request's first token is the seeded draw number generatedSoFar, and that heartbeats keep
-// flowing while one long forward pass runs.
+// flowing while one long forward pass runs. A decode worker killed while the prefill worker
+// waits on a transfer to it neither hangs nor crashes the prefill worker: the router's cancel
+// (or the put deadline) ends the wait and the worker goes on serving.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cmath>
@@ -95,9 +99,16 @@ class Harness {
     return true;
   }
 
-  // Sends a PrefillRequest whose KV goes to `blocks` of the decode-side region.
+  // A decode-side region somewhere else (another process).
+  struct Remote {
+    std::string decode_id, address, rkey;
+    uint64_t base = 0, bytes = 0;
+  };
+  // Sends a PrefillRequest whose KV goes to `blocks` of the decode-side region (this
+  // process's, or `remote`).
   void Submit(uint64_t id, const std::vector<int32_t>& tokens, const std::vector<uint32_t>& blocks,
-              const engine::SamplingParams& sp, uint32_t generated_so_far = 0) {
+              const engine::SamplingParams& sp, uint32_t generated_so_far = 0,
+              const Remote* remote = nullptr) {
     results[id] = {};
     proto::OutMessage out;
     auto pr = out.body().initPrefillRequest();
@@ -111,12 +122,12 @@ class Harness {
     s.setSeed(sp.seed);
     s.setMaxTokens(static_cast<uint32_t>(sp.max_tokens));
     s.setIgnoreEos(sp.ignore_eos);
-    pr.setDecodeWorkerId("decode-test");
+    pr.setDecodeWorkerId(remote ? remote->decode_id : "decode-test");
     auto mem = pr.initDecodeMemory();
-    mem.setWorkerAddress(proto::AsData(worker_->Address()));
-    mem.setRkey(proto::AsData(region_->PackedRkey()));
-    mem.setBaseAddr(region_->base());
-    mem.setBytes(region_->size());
+    mem.setWorkerAddress(proto::AsData(remote ? remote->address : worker_->Address()));
+    mem.setRkey(proto::AsData(remote ? remote->rkey : region_->PackedRkey()));
+    mem.setBaseAddr(remote ? remote->base : region_->base());
+    mem.setBytes(remote ? remote->bytes : region_->size());
     auto dl = pr.initDecodeLayout();
     dl.setNumBlocks(static_cast<uint32_t>(dst_blocks_));
     dl.setBlockTokens(block_tokens_);
@@ -129,8 +140,22 @@ class Harness {
     ASSERT_TRUE(server_->Send("prefill-0", out).ok());
   }
 
+  void Cancel(uint64_t id) {
+    proto::OutMessage out;
+    auto c = out.body().initCancel();
+    c.setRequestId(id);
+    c.setLeaseId(id + 1000);
+    ASSERT_TRUE(server_->Send("prefill-0", out).ok());
+  }
+
+  // Polls for `ms` (KvReady frames are recorded).
+  void PollFor(int ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < deadline) WaitAll(10, /*any=*/true);
+  }
+
   // Polls until every submitted request has its KvReady, or timeout.
-  bool WaitAll(int timeout_ms) {
+  bool WaitAll(int timeout_ms, bool any = false) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < deadline) {
       server_->Poll(10, [this](const std::string&, const proto::InMessage& m) {
@@ -145,6 +170,7 @@ class Harness {
         }
         return Status::Ok();
       });
+      if (any) continue;
       bool all = true;
       for (auto& [id, r] : results) all = all && r.done;
       if (all) return true;
@@ -193,6 +219,78 @@ std::unique_ptr<engine::Engine> Reference(const std::string& model_dir, int bloc
   auto e = engine::Engine::Create(model_dir, eo);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Blob transfer over a pipe, for the owner process below.
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = write(fd, c, n);
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 60000) <= 0) return false;
+    ssize_t r = read(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+bool WriteBlob(int fd, const std::string& s) {
+  uint64_t n = s.size();
+  return WriteAll(fd, &n, 8) && WriteAll(fd, s.data(), s.size());
+}
+bool ReadBlob(int fd, std::string* s) {
+  uint64_t n = 0;
+  if (!ReadAll(fd, &n, 8) || n > (1u << 20)) return false;
+  s->resize(n);
+  return ReadAll(fd, s->data(), n);
+}
+
+// Forks a stand-in for a decode worker that has stopped: it registers `bytes` of KV memory
+// with UCX and publishes them, but never progresses its UCX worker, so a transfer into it
+// cannot complete (UCX 1.13 emulates RMA on shared memory with active messages). Must run
+// before this process creates any UCX state (UCX does not survive fork).
+pid_t StartStuckDecode(size_t bytes, Harness::Remote* remote) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    close(fds[0]);
+    static std::vector<uint8_t> mem;
+    mem.assign(bytes, 0);
+    auto ctx = transport::ucx::Context::Create();
+    if (!ctx.ok()) _exit(1);
+    auto worker = transport::ucx::Worker::Create(**ctx);
+    if (!worker.ok()) _exit(2);
+    auto region = transport::ucx::MemoryRegion::Register(**ctx, mem.data(), mem.size());
+    if (!region.ok()) _exit(3);
+    uint64_t base = (*region)->base(), n = (*region)->size();
+    if (!WriteBlob(fds[1], (*worker)->Address()) || !WriteBlob(fds[1], (*region)->PackedRkey()) ||
+        !WriteAll(fds[1], &base, 8) || !WriteAll(fds[1], &n, 8)) {
+      _exit(4);
+    }
+    while (true) pause();  // until killed
+  }
+  close(fds[1]);
+  const bool ok = ReadBlob(fds[0], &remote->address) && ReadBlob(fds[0], &remote->rkey) &&
+                  ReadAll(fds[0], &remote->base, 8) && ReadAll(fds[0], &remote->bytes, 8);
+  close(fds[0]);
+  if (!ok) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
 }
 
 // Largest batch the worker reports when it stops (its log's last line).
@@ -377,6 +475,71 @@ TEST(PrefillWorker, LongForwardPassDoesNotStopHeartbeats) {
   EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
   // At least the prompts that arrived while the first ran shared a pass.
   EXPECT_GE(LargestBatch(h.prefill.Log()), 2) << h.prefill.Log();
+}
+
+// The decode worker dies while the prefill worker waits on a transfer to it. With a put deadline
+// far beyond the test, only the router's cancel (what the router sends when its heartbeats
+// declare a decode worker dead) can end the wait: the cancelled request gets no KvReady, and
+// the next request, to a live decode region, is served.
+TEST(PrefillWorker, DecodeKilledMidTransferIsCancelledAndServingGoesOn) {
+  Harness::Remote dead;
+  dead.decode_id = "decode-dead";
+  pid_t owner = StartStuckDecode(4u << 20, &dead);
+  ASSERT_GT(owner, 0);
+  Harness h(FixtureModel(), 256);
+  ASSERT_TRUE(h.Start({"--heartbeat-ms", "100", "--put-timeout-ms", "3600000"})) << h.prefill.Log();
+  engine::SamplingParams sp;
+  sp.max_tokens = 4;
+  auto prompts = RandomPrompts(2, 8, 40, 60, 4096 / 2);
+  const int nb = engine::BlocksForTokens(60, static_cast<int>(h.block_tokens()));
+  std::vector<uint32_t> blocks;
+  for (int b = 0; b < nb; ++b) blocks.push_back(static_cast<uint32_t>(b));
+  h.Submit(1, prompts[0], blocks, sp, 0, &dead);
+  h.PollFor(1000);
+  ASSERT_FALSE(h.results[1].done)
+      << "the transfer into a decode worker that never progresses completed: " << h.results[1].error;
+  kill(owner, SIGKILL);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  h.Cancel(1);
+  h.Submit(2, prompts[1], blocks, sp);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!h.results[2].done && std::chrono::steady_clock::now() < deadline) h.PollFor(50);
+  ASSERT_TRUE(h.results[2].done) << "the worker did not serve after the cancel\n" << h.prefill.Log();
+  EXPECT_TRUE(h.results[2].ok) << h.results[2].error;
+  EXPECT_FALSE(h.results[1].done) << "a cancelled request got a KvReady";
+  EXPECT_TRUE(h.prefill.running()) << h.prefill.Log();
+  EXPECT_TRUE(h.dead_peers.empty());
+  h.prefill.Kill(SIGTERM);
+  EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
+}
+
+// Same, with no cancel: the put deadline ends the wait, the request gets KvReady{ok = false},
+// and the next request is served.
+TEST(PrefillWorker, DecodeKilledMidTransferHitsThePutDeadline) {
+  Harness::Remote dead;
+  dead.decode_id = "decode-dead";
+  pid_t owner = StartStuckDecode(4u << 20, &dead);
+  ASSERT_GT(owner, 0);
+  Harness h(FixtureModel(), 256);
+  ASSERT_TRUE(h.Start({"--heartbeat-ms", "100", "--put-timeout-ms", "1500"})) << h.prefill.Log();
+  engine::SamplingParams sp;
+  sp.max_tokens = 4;
+  auto prompts = RandomPrompts(2, 9, 40, 60, 4096 / 2);
+  const int nb = engine::BlocksForTokens(60, static_cast<int>(h.block_tokens()));
+  std::vector<uint32_t> blocks;
+  for (int b = 0; b < nb; ++b) blocks.push_back(static_cast<uint32_t>(b));
+  h.Submit(1, prompts[0], blocks, sp, 0, &dead);
+  h.PollFor(200);
+  kill(owner, SIGKILL);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  h.Submit(2, prompts[1], blocks, sp);
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+  EXPECT_FALSE(h.results[1].ok);
+  EXPECT_NE(h.results[1].error.find("decode-dead"), std::string::npos) << h.results[1].error;
+  EXPECT_TRUE(h.results[2].ok) << h.results[2].error;
+  EXPECT_TRUE(h.prefill.running()) << h.prefill.Log();
+  h.prefill.Kill(SIGTERM);
+  EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
 }
 
 }  // namespace
