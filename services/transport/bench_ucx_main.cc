@@ -1,14 +1,20 @@
 // pw-bench-ucx: KV-transfer throughput over UCX between two processes on this host, next to a
 // plain memcpy of the same bytes in the same chunks.
 //
-//   pw-bench-ucx [--mib 256] [--reps 5] [--chunks-kib 64,256,1024,4096]
+//   pw-bench-ucx [--mib 256] [--reps 5] [--chunks-kib 32,256,1024,4096] [--modes none,peer]
 //
 // The owner process registers a region of --mib MiB and progresses it from a thread (as a
-// decode worker does with its KV pool); the initiator puts (then gets) the region chunk by
-// chunk from its own buffer of the same size, flushing once per pass. Buffers are larger than
-// the last-level cache only when --mib is (use >= 512 here to measure DRAM, not the cache).
-// Prints one line per (operation, chunk size): median GB/s over --reps passes.
-// PW_BENCH_EP_INFO=1 prints the endpoint's UCX lanes (which transports carry RMA).
+// decode worker does with its KV pool); the initiator, once per endpoint error mode (none:
+// shared memory, what the prefill worker uses for KV; peer: peer error handling, tcp here),
+// writes the region chunk by chunk from its own buffer of the same size:
+//   put     one blocking put per chunk (waits for each), one flush per pass
+//   putall  every chunk of the pass posted at once, one wait, one flush (the prefill worker's
+//           way: one put per run of contiguous blocks, all posted, then a flush)
+//   get     one blocking get per chunk
+// and memcpy copies the same bytes in the same chunks inside one process. Buffers are larger
+// than the last-level cache only when --mib is (use >= 512 here to measure DRAM, not the cache).
+// Prints one line per (mode, operation, chunk size): median GB/s over --reps passes.
+// PW_BENCH_EP_INFO=1 prints each endpoint's UCX lanes (which transports carry RMA).
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -67,6 +73,18 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 int Fail(const char* what) {
   std::fprintf(stderr, "pw-bench-ucx: %s\n", what);
   return 1;
@@ -77,7 +95,8 @@ int Fail(const char* what) {
 int main(int argc, char** argv) {
   size_t mib = 256;
   int reps = 5;
-  std::vector<size_t> chunks_kib = {64, 256, 1024, 4096};
+  std::vector<size_t> chunks_kib = {32, 256, 1024, 4096};
+  std::vector<std::string> modes = {"none", "peer"};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -93,20 +112,22 @@ int main(int argc, char** argv) {
       reps = std::atoi(next().c_str());
     } else if (a == "--chunks-kib") {
       chunks_kib.clear();
-      std::string s = next();
-      size_t pos = 0;
-      while (pos < s.size()) {
-        size_t comma = s.find(',', pos);
-        if (comma == std::string::npos) comma = s.size();
-        chunks_kib.push_back(std::strtoull(s.substr(pos, comma - pos).c_str(), nullptr, 10));
-        pos = comma + 1;
+      for (const std::string& v : SplitCommas(next())) {
+        chunks_kib.push_back(std::strtoull(v.c_str(), nullptr, 10));
+      }
+    } else if (a == "--modes") {
+      modes = SplitCommas(next());
+      for (const std::string& m : modes) {
+        if (m != "none" && m != "peer") return Fail("--modes takes none and/or peer");
       }
     } else {
-      std::fprintf(stderr, "usage: pw-bench-ucx [--mib N] [--reps N] [--chunks-kib a,b,..]\n");
+      std::fprintf(stderr,
+                   "usage: pw-bench-ucx [--mib N] [--reps N] [--chunks-kib a,b,..] "
+                   "[--modes none,peer]\n");
       return 2;
     }
   }
-  if (mib == 0 || reps <= 0 || chunks_kib.empty()) return Fail("bad arguments");
+  if (mib == 0 || reps <= 0 || chunks_kib.empty() || modes.empty()) return Fail("bad arguments");
   for (size_t c : chunks_kib) {
     if (c == 0 || c * 1024 > mib << 20) return Fail("chunk size must be in (0, region]");
   }
@@ -146,50 +167,73 @@ int main(int argc, char** argv) {
   if (!ctx.ok()) return Fail(ctx.status().ToString().c_str());
   auto worker = Worker::Create(**ctx);
   if (!worker.ok()) return Fail(worker.status().ToString().c_str());
-  auto ep = Endpoint::Connect(**worker, address);
-  if (!ep.ok()) return Fail(ep.status().ToString().c_str());
-  auto region = (*ep)->OpenRegion(rkey, base, n);
-  if (!region.ok()) return Fail(region.status().ToString().c_str());
 
-  if (std::getenv("PW_BENCH_EP_INFO") != nullptr) ucp_ep_print_info((*ep)->handle(), stdout);
   std::vector<uint8_t> src(bytes, 7), dst(bytes, 9);
   const char* tls = std::getenv("UCX_TLS");
   std::printf("# region %zu MiB, %d reps, UCX_TLS=%s; GB/s = 1e9 bytes/s, median\n", mib, reps,
               tls ? tls : "(default)");
-  std::printf("%-8s %10s %10s\n", "op", "chunk_KiB", "GB/s");
+  std::printf("%-6s %-8s %10s %10s\n", "mode", "op", "chunk_KiB", "GB/s");
   int rc = 0;
-  for (size_t ck : chunks_kib) {
-    const size_t chunk = ck * 1024;
-    for (const char* op : {"put", "get", "memcpy"}) {
-      std::vector<double> gbps;
-      for (int r = 0; r < reps; ++r) {
-        auto t0 = Clock::now();
-        for (size_t off = 0; off < bytes; off += chunk) {
-          size_t len = std::min(chunk, bytes - off);
+  for (const std::string& mode : modes) {
+    const auto want = mode == "none" ? Endpoint::ErrorMode::kNone : Endpoint::ErrorMode::kPeer;
+    if (Endpoint::EffectiveMode(want) != want) {
+      std::printf("# PW_UCX_ERR_MODE overrides mode %s\n", mode.c_str());
+    }
+    auto ep = Endpoint::Connect(**worker, address, want);
+    if (!ep.ok()) return Fail(ep.status().ToString().c_str());
+    auto region = (*ep)->OpenRegion(rkey, base, n);
+    if (!region.ok()) return Fail(region.status().ToString().c_str());
+    if (std::getenv("PW_BENCH_EP_INFO") != nullptr) {
+      std::printf("# endpoint, mode %s:\n", mode.c_str());
+      std::fflush(stdout);
+      ucp_ep_print_info((*ep)->handle(), stdout);
+    }
+    for (size_t ck : chunks_kib) {
+      const size_t chunk = ck * 1024;
+      for (const char* op : {"put", "putall", "get", "memcpy"}) {
+        const std::string o = op;
+        std::vector<double> gbps;
+        for (int r = 0; r < reps && rc == 0; ++r) {
+          auto t0 = Clock::now();
           pw::Status st;
-          if (op[0] == 'p') {
-            st = (*region)->Put(off, src.data() + off, len);
-          } else if (op[0] == 'g') {
-            st = (*region)->Get(off, dst.data() + off, len);
+          if (o == "putall") {
+            std::vector<pw::transport::ucx::RemoteRegion::Segment> segs;
+            for (size_t off = 0; off < bytes; off += chunk) {
+              segs.push_back({off, src.data() + off, std::min(chunk, bytes - off)});
+            }
+            st = (*region)->PutAll(segs);
           } else {
-            std::memcpy(dst.data() + off, src.data() + off, len);
+            for (size_t off = 0; off < bytes && st.ok(); off += chunk) {
+              size_t len = std::min(chunk, bytes - off);
+              if (o == "put") {
+                st = (*region)->Put(off, src.data() + off, len);
+              } else if (o == "get") {
+                st = (*region)->Get(off, dst.data() + off, len);
+              } else {
+                std::memcpy(dst.data() + off, src.data() + off, len);
+              }
+            }
           }
+          if (st.ok() && o.rfind("put", 0) == 0) st = (*ep)->Flush();
           if (!st.ok()) {
-            std::fprintf(stderr, "pw-bench-ucx: %s: %s\n", op, st.ToString().c_str());
+            std::fprintf(stderr, "pw-bench-ucx: %s %s: %s\n", mode.c_str(), op,
+                         st.ToString().c_str());
             rc = 1;
             break;
           }
+          double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          gbps.push_back(static_cast<double>(bytes) / s / 1e9);
         }
-        if (op[0] == 'p' && !(*ep)->Flush().ok()) rc = 1;
-        double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        gbps.push_back(static_cast<double>(bytes) / s / 1e9);
+        if (rc != 0) break;
+        std::printf("%-6s %-8s %10zu %10.2f\n", mode.c_str(), op, ck, Median(gbps));
+        std::fflush(stdout);
       }
-      std::printf("%-8s %10zu %10.2f\n", op, ck, Median(gbps));
-      std::fflush(stdout);
+      if (rc != 0) break;
     }
+    region->reset();
+    ep->reset();
+    if (rc != 0) break;
   }
-  region->reset();
-  ep->reset();
   char bye = 'b';
   (void)WriteAll(to_child[1], &bye, 1);
   int status = 0;
