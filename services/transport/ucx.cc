@@ -125,8 +125,9 @@ Result<std::unique_ptr<MemoryRegion>> MemoryRegion::Register(Context& ctx, void*
   mp.length = bytes;
   ucp_mem_h mem = nullptr;
   ucs_status_t st = ucp_mem_map(ctx.handle(), &mp, &mem);
-  if (st != UCS_OK) return ResourceExhausted(UcsError("ucp_mem_map", st) + " (" +
-                                             std::to_string(bytes) + " bytes)");
+  if (st != UCS_OK)
+    return ResourceExhausted(UcsError("ucp_mem_map", st) + " (" + std::to_string(bytes) +
+                             " bytes)");
   std::unique_ptr<MemoryRegion> r(new MemoryRegion(ctx, mem, addr, bytes));
   void* packed = nullptr;
   size_t len = 0;
@@ -156,8 +157,7 @@ Endpoint::ErrorMode Endpoint::EffectiveMode(ErrorMode requested) {
   return requested;
 }
 
-Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker,
-                                                    std::string_view remote_address,
+Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker, std::string_view remote_address,
                                                     ErrorMode mode) {
   if (remote_address.empty()) return InvalidArgument("empty UCX worker address");
   mode = EffectiveMode(mode);
@@ -250,7 +250,8 @@ Status Endpoint::Wait(std::span<const ucs_status_ptr_t> reqs, const char* what, 
   for (ucs_status_ptr_t r : reqs) {
     if (r == nullptr || UCS_PTR_IS_ERR(r)) continue;
     const ucs_status_t st = ucp_request_check_status(r);
-    if (st != UCS_INPROGRESS && st != UCS_OK && result.ok()) result = Unavailable(UcsError(what, st));
+    if (st != UCS_INPROGRESS && st != UCS_OK && result.ok())
+      result = Unavailable(UcsError(what, st));
     // An unfinished request is released by UCX once it completes (the forced close below
     // completes it with an error).
     ucp_request_free(r);

@@ -37,8 +37,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <span>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>

@@ -9,18 +9,27 @@
 int main(int argc, char** argv) {
   pw::workers::PrefillWorkerOptions o;
   CLI::App app{"PagedWeight prefill worker"};
-  app.add_option("--model", o.model_dir, "model directory (config.json, *.safetensors)")->required();
-  app.add_option("--router", o.router_endpoint, "router control endpoint, e.g. tcp://127.0.0.1:5555")->required();
+  app.add_option("--model", o.model_dir, "model directory (config.json, *.safetensors)")
+      ->required();
+  app.add_option("--router", o.router_endpoint,
+                 "router control endpoint, e.g. tcp://127.0.0.1:5555")
+      ->required();
   app.add_option("--broker", o.broker_endpoint, "broker control endpoint (registration only)");
   app.add_option("--id", o.id, "worker id (default prefill-<pid>)");
   app.add_option("--model-name", o.model_name, "model name reported to the router");
   app.add_option("--kv-blocks", o.num_kv_blocks, "KV pool blocks")->check(CLI::Range(1, 1 << 24));
   app.add_option("--block-size", o.block_size, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--threads", o.threads, "compute threads")->check(CLI::Range(1, 1024));
-  app.add_option("--max-batch-tokens", o.max_batch_tokens, "prompt tokens per forward pass")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-batch-prompts", o.max_batch_prompts, "prompts sharing forward passes at once")->check(CLI::Range(1, 1 << 16));
-  app.add_option("--put-timeout-ms", o.put_timeout_ms, "bound of one KV transfer's puts and of its flush")->check(CLI::Range(1, 3600000));
-  app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")->check(CLI::Range(10, 60000));
+  app.add_option("--max-batch-tokens", o.max_batch_tokens, "prompt tokens per forward pass")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-batch-prompts", o.max_batch_prompts,
+                 "prompts sharing forward passes at once")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--put-timeout-ms", o.put_timeout_ms,
+                 "bound of one KV transfer's puts and of its flush")
+      ->check(CLI::Range(1, 3600000));
+  app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")
+      ->check(CLI::Range(10, 60000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101");
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag(o.id.empty() ? "prefill" : o.id);

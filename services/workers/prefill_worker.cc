@@ -38,7 +38,8 @@ PrefillWorker::~PrefillWorker() {
 
 Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOptions options,
                                                              const transport::Clock* clock) {
-  if (options.router_endpoint.empty()) return InvalidArgument("prefill worker: router endpoint is required");
+  if (options.router_endpoint.empty())
+    return InvalidArgument("prefill worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("prefill worker: model dir is required");
   if (options.max_batch_prompts < 1 || options.put_timeout_ms < 1) {
     return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
@@ -59,8 +60,8 @@ Status PrefillWorker::Setup() {
   eo.max_batch_tokens = options_.max_batch_tokens;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   const auto& cfg = engine_->model().config();
-  layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
-                              cfg.model_type);
+  layout_hash_ =
+      KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size, cfg.model_type);
   pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
@@ -68,7 +69,8 @@ Status PrefillWorker::Setup() {
   PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
   // This process registers no memory of its own; its puts progress the worker while they wait.
 
-  auto make_client = [&](const std::string& endpoint) -> Result<std::unique_ptr<transport::ControlClient>> {
+  auto make_client =
+      [&](const std::string& endpoint) -> Result<std::unique_ptr<transport::ControlClient>> {
     PW_ASSIGN_OR_RETURN(auto t, transport::ZmqDealerTransport::Connect(endpoint, options_.id));
     transport::ControlClient::Options o;
     o.id = options_.id;
@@ -212,9 +214,9 @@ void PrefillWorker::SendOutcomes() {
 Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   PW_RETURN_IF_ERROR(router_->Start());
   if (broker_) PW_RETURN_IF_ERROR(broker_->Start());
-  PW_LOG(INFO) << options_.id << ": serving, router " << options_.router_endpoint
-               << ", up to " << options_.max_batch_tokens << " tokens and "
-               << options_.max_batch_prompts << " prompts per forward pass";
+  PW_LOG(INFO) << options_.id << ": serving, router " << options_.router_endpoint << ", up to "
+               << options_.max_batch_tokens << " tokens and " << options_.max_batch_prompts
+               << " prompts per forward pass";
   stop_compute_.store(false);
   compute_ = std::thread([this] { ComputeLoop(); });
   auto handler = [this](const std::string&, const proto::InMessage& m) -> Status {
@@ -235,7 +237,8 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       running = inflight_.size();
     }
     if (draining_.load()) {
-      if (drain_deadline == 0) drain_deadline = transport::SteadyClock::Get()->NowMs() + drain_timeout_ms;
+      if (drain_deadline == 0)
+        drain_deadline = transport::SteadyClock::Get()->NowMs() + drain_timeout_ms;
       if (idle || transport::SteadyClock::Get()->NowMs() > drain_deadline) break;
     }
     // While prompts are in flight, wake every millisecond to pass on their KvReady promptly.
@@ -326,8 +329,8 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
     }
     Status st = proto::GuardWire("PrefillRequest", [&]() -> Status { return Prepare(job.get()); });
     if (st.ok()) {
-      const int need = engine::BlocksForTokens(static_cast<int>(job->tokens.size()),
-                                               pool.layout().block_size);
+      const int need =
+          engine::BlocksForTokens(static_cast<int>(job->tokens.size()), pool.layout().block_size);
       if (need > pool.num_free()) {
         if (!active->empty()) return;  // waits for blocks of the running prompts
         st = ResourceExhausted("no room in the prefill KV pool");  // cannot happen: pool is free
@@ -412,7 +415,8 @@ Status PrefillWorker::Transfer(Job* job) {
     const uint8_t* src = pool.BlockAddress(job->own[i]);
     if (!segs.empty()) {
       auto& last = segs.back();
-      if (last.offset + last.bytes == off && static_cast<const uint8_t*>(last.local) + last.bytes == src) {
+      if (last.offset + last.bytes == off &&
+          static_cast<const uint8_t*>(last.local) + last.bytes == src) {
         last.bytes += block_bytes;
         continue;
       }

@@ -50,18 +50,18 @@
 namespace pw::workers {
 
 struct PrefillWorkerOptions {
-  std::string id;                // routing id; "prefill-<pid>" when empty
+  std::string id;  // routing id; "prefill-<pid>" when empty
   std::string model_dir;
-  std::string model_name;        // default: model_dir's last part
-  std::string router_endpoint;   // required
-  std::string broker_endpoint;   // empty: no broker registration
+  std::string model_name;       // default: model_dir's last part
+  std::string router_endpoint;  // required
+  std::string broker_endpoint;  // empty: no broker registration
   int num_kv_blocks = 1024;
   int block_size = 16;
   int threads = 1;
-  int max_batch_tokens = 256;    // prompt tokens per forward pass
-  int max_batch_prompts = 32;    // prompts in flight (sharing passes) at once
+  int max_batch_tokens = 256;  // prompt tokens per forward pass
+  int max_batch_prompts = 32;  // prompts in flight (sharing passes) at once
   uint64_t heartbeat_ms = 500;
-  int put_timeout_ms = 10000;    // bound of one KV transfer's puts, and of its flush
+  int put_timeout_ms = 10000;  // bound of one KV transfer's puts, and of its flush
   std::string metrics_bind;
 };
 
@@ -139,10 +139,10 @@ class PrefillWorker {
 
   std::mutex mu_;
   std::condition_variable work_cv_;
-  std::deque<std::shared_ptr<Job>> queue_;               // guarded by mu_
-  std::map<uint64_t, std::shared_ptr<Job>> inflight_;    // guarded by mu_ (admitted jobs)
-  std::vector<Outcome> outbox_;                          // guarded by mu_
-  uint64_t queued_tokens_ = 0;                           // guarded by mu_ (queue_ only)
+  std::deque<std::shared_ptr<Job>> queue_;             // guarded by mu_
+  std::map<uint64_t, std::shared_ptr<Job>> inflight_;  // guarded by mu_ (admitted jobs)
+  std::vector<Outcome> outbox_;                        // guarded by mu_
+  uint64_t queued_tokens_ = 0;                         // guarded by mu_ (queue_ only)
   std::atomic<uint64_t> active_remaining_tokens_{0};
   std::atomic<uint32_t> free_blocks_{0};
   std::atomic<bool> draining_{false};

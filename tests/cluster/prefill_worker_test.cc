@@ -28,7 +28,9 @@ namespace {
 using transport::ControlServer;
 
 std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
-std::string FixtureModel() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe"; }
+std::string FixtureModel() {
+  return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe";
+}
 std::string TinyModel() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
 
 struct Result1 {
@@ -52,7 +54,8 @@ class Harness {
     o.id = "router";
     o.heartbeat_ms = server_heartbeat_ms;
     o.dead_after_beats = dead_after_beats;
-    server_ = std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+    server_ =
+        std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
     server_->on_peer_dead = [this](const std::string& peer, const transport::PeerInfo&) {
       dead_peers.push_back(peer);
     };
@@ -70,8 +73,8 @@ class Harness {
     const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
     mkdir(log_dir.c_str(), 0755);
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::vector<std::string> argv = {Bin("pw-prefill"), "--model", model_dir_, "--router", endpoint_,
-                                     "--id", "prefill-0"};
+    std::vector<std::string> argv = {Bin("pw-prefill"), "--model", model_dir_, "--router",
+                                     endpoint_,         "--id",    "prefill-0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (!prefill.Start(argv, log_dir + "/PrefillWorker." + tag + ".prefill.log")) return false;
     bool up = false;
@@ -178,7 +181,9 @@ class Harness {
     return false;
   }
 
-  const uint8_t* block(uint32_t b) const { return mem_.data() + static_cast<size_t>(b) * block_bytes_; }
+  const uint8_t* block(uint32_t b) const {
+    return mem_.data() + static_cast<size_t>(b) * block_bytes_;
+  }
   uint64_t block_bytes() const { return block_bytes_; }
   uint32_t block_tokens() const { return block_tokens_; }
   ControlServer& server() { return *server_; }
@@ -201,12 +206,14 @@ class Harness {
   std::unique_ptr<transport::ucx::MemoryRegion> region_;
 };
 
-std::vector<std::vector<int32_t>> RandomPrompts(int n, uint32_t seed, int min_len, int max_len, int vocab) {
+std::vector<std::vector<int32_t>> RandomPrompts(int n, uint32_t seed, int min_len, int max_len,
+                                                int vocab) {
   std::mt19937 rng(seed);
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
   for (auto& p : prompts) {
     int len = min_len + static_cast<int>(rng() % static_cast<uint32_t>(max_len - min_len + 1));
-    for (int i = 0; i < len; ++i) p.push_back(1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab - 1)));
+    for (int i = 0; i < len; ++i)
+      p.push_back(1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab - 1)));
   }
   return prompts;
 }
@@ -334,7 +341,8 @@ TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
 
   const auto& layout = ref->kv_pool().layout();
   for (size_t i = 0; i < prompts.size(); ++i) {
-    SCOPED_TRACE("prompt " + std::to_string(i) + " of " + std::to_string(prompts[i].size()) + " tokens");
+    SCOPED_TRACE("prompt " + std::to_string(i) + " of " + std::to_string(prompts[i].size()) +
+                 " tokens");
     const Result1& r = h.results[i + 1];
     ASSERT_TRUE(r.ok) << r.error;
     EXPECT_EQ(r.num_tokens, prompts[i].size());
@@ -387,7 +395,8 @@ TEST(PrefillWorker, SeededFirstTokenAfterFailoverIsDrawNumberGeneratedSoFar) {
   while (ref->HasWork()) {
     auto step = ref->Step();
     ASSERT_TRUE(step.ok()) << step.status().ToString();
-    for (auto& u : step->updates) gen[u.id].insert(gen[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    for (auto& u : step->updates)
+      gen[u.id].insert(gen[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
   }
   uint64_t id = 1;
   std::map<uint64_t, std::pair<size_t, int>> what;
@@ -412,12 +421,13 @@ TEST(PrefillWorker, SeededFirstTokenAfterFailoverIsDrawNumberGeneratedSoFar) {
     const auto [i, k] = ik;
     const Result1& r = h.results[rid];
     ASSERT_TRUE(r.ok) << r.error;
-    EXPECT_EQ(r.first_token, gen[i][static_cast<size_t>(k)]) << "prompt " << i << ", generatedSoFar " << k;
+    EXPECT_EQ(r.first_token, gen[i][static_cast<size_t>(k)])
+        << "prompt " << i << ", generatedSoFar " << k;
     // What the token would be if drawn as index 0 from the same logits.
     std::vector<int32_t> tokens = prompts[i];
     tokens.insert(tokens.end(), gen[i].begin(), gen[i].begin() + k);
-    auto own = ref->kv_pool().Allocate(
-        engine::BlocksForTokens(static_cast<int>(tokens.size()), static_cast<int>(h.block_tokens())));
+    auto own = ref->kv_pool().Allocate(engine::BlocksForTokens(static_cast<int>(tokens.size()),
+                                                               static_cast<int>(h.block_tokens())));
     ASSERT_TRUE(own.ok());
     auto as0 = ref->Prefill(tokens, *own, params[i], 0);
     ASSERT_TRUE(as0.ok());
@@ -460,7 +470,8 @@ TEST(PrefillWorker, LongForwardPassDoesNotStopHeartbeats) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const uint64_t frames = h.server().counters().received - frames_before;
   const uint64_t heartbeats = frames - prompts.size();
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(h.results[i + 1].ok) << h.results[i + 1].error;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_TRUE(h.results[i + 1].ok) << h.results[i + 1].error;
   std::printf("pass of %.0f ms, %llu heartbeats heard meanwhile\n", elapsed_ms,
               static_cast<unsigned long long>(heartbeats));
   if (elapsed_ms < 10 * kBeatMs) {
@@ -497,14 +508,16 @@ TEST(PrefillWorker, DecodeKilledMidTransferIsCancelledAndServingGoesOn) {
   h.Submit(1, prompts[0], blocks, sp, 0, &dead);
   h.PollFor(1000);
   ASSERT_FALSE(h.results[1].done)
-      << "the transfer into a decode worker that never progresses completed: " << h.results[1].error;
+      << "the transfer into a decode worker that never progresses completed: "
+      << h.results[1].error;
   kill(owner, SIGKILL);
   ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
   h.Cancel(1);
   h.Submit(2, prompts[1], blocks, sp);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!h.results[2].done && std::chrono::steady_clock::now() < deadline) h.PollFor(50);
-  ASSERT_TRUE(h.results[2].done) << "the worker did not serve after the cancel\n" << h.prefill.Log();
+  ASSERT_TRUE(h.results[2].done) << "the worker did not serve after the cancel\n"
+                                 << h.prefill.Log();
   EXPECT_TRUE(h.results[2].ok) << h.results[2].error;
   EXPECT_FALSE(h.results[1].done) << "a cancelled request got a KvReady";
   EXPECT_TRUE(h.prefill.running()) << h.prefill.Log();

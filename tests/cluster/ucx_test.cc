@@ -2,6 +2,8 @@
 // registered region, bytes verified; bounds checks; a dead peer fails operations instead of
 // hanging, with peer error handling (tcp) and without it (shared memory, deadlines and cancel
 // flags). UCX state is created only after fork, in each process separately.
+#include "services/transport/ucx.h"
+
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "services/transport/ucx.h"
 
 namespace pw::transport::ucx {
 namespace {
@@ -66,11 +66,13 @@ bool SendInfo(int fd, const Worker& w, const MemoryRegion& r) {
          WriteAll(fd, &n, 8);
 }
 bool RecvInfo(int fd, RegionInfo* info) {
-  return ReadBlob(fd, &info->address) && ReadBlob(fd, &info->rkey) &&
-         ReadAll(fd, &info->base, 8) && ReadAll(fd, &info->bytes, 8);
+  return ReadBlob(fd, &info->address) && ReadBlob(fd, &info->rkey) && ReadAll(fd, &info->base, 8) &&
+         ReadAll(fd, &info->bytes, 8);
 }
 
-uint8_t Pattern(size_t i, uint8_t salt) { return static_cast<uint8_t>((i * 131 + salt) ^ (i >> 9)); }
+uint8_t Pattern(size_t i, uint8_t salt) {
+  return static_cast<uint8_t>((i * 131 + salt) ^ (i >> 9));
+}
 
 // Child side of the put/get test: the initiator. Returns an exit code (0 = all good).
 int InitiatorMain(int info_fd, int done_fd, Endpoint::ErrorMode mode) {
@@ -261,7 +263,8 @@ TEST_P(UcxModes, OwnerKilledMidTransfer) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int pass = 0; pass < 1000 && st.ok(); ++pass) {
       std::vector<RemoteRegion::Segment> segs;
-      for (size_t off = 0; off < kBytes; off += 256u << 10) segs.push_back({off, src.data() + off, 256u << 10});
+      for (size_t off = 0; off < kBytes; off += 256u << 10)
+        segs.push_back({off, src.data() + off, 256u << 10});
       st = (*region)->PutAll(segs, 3000);
       if (st.ok()) st = (*ep)->Flush(3000);
       passes.fetch_add(1);

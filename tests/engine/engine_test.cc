@@ -398,7 +398,8 @@ TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
     size_t prompt_tokens = 0;
     for (const auto& p : prompts) prompt_tokens += p.size();
     EXPECT_EQ(static_cast<size_t>(total), prompt_tokens);
-    EXPECT_EQ(passes, static_cast<int>((prompt_tokens + 36) / 37));  // every pass but the last is full
+    EXPECT_EQ(passes,
+              static_cast<int>((prompt_tokens + 36) / 37));  // every pass but the last is full
     for (size_t i = 0; i < prompts.size(); ++i) {
       ASSERT_TRUE(jobs[i].done());
       EXPECT_EQ(jobs[i].result.first_token, alone[i].first_token) << "prompt " << i;
@@ -410,7 +411,8 @@ TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
       // KV of the prompt's positions (the tail of the last block is not written by either).
       const KvLayout& l = pool.layout();
       for (size_t b = 0; b < blocks[i].size(); ++b) {
-        const int valid = std::min(4, static_cast<int>(prompts[i].size()) - static_cast<int>(b) * 4);
+        const int valid =
+            std::min(4, static_cast<int>(prompts[i].size()) - static_cast<int>(b) * 4);
         for (int layer = 0; layer < l.num_layers; ++layer) {
           for (int kv = 0; kv < 2; ++kv) {
             for (int h = 0; h < l.num_kv_heads; ++h) {
