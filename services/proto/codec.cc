@@ -78,14 +78,26 @@ Result<std::unique_ptr<InMessage>> InMessage::Parse(std::span<const uint8_t> byt
   msg->words_ = kj::heapArray<::capnp::word>(num_words);
   std::memcpy(msg->words_.begin(), bytes.data(), bytes.size());
   Status st = GuardWire("malformed control frame", [&]() -> Status {
+    const kj::ArrayPtr<const ::capnp::word> words(msg->words_.begin(), num_words);
+    {
+      // The validation walk: follows and bounds-checks every pointer once, with a budget that
+      // refuses amplification (pointers that share their target, so that the message reads as
+      // far more words than it holds).
+      ::capnp::ReaderOptions check;
+      check.traversalLimitInWords = num_words * 8 + 1024;
+      check.nestingLimit = limits.max_nesting;
+      ::capnp::FlatArrayMessageReader validator(words, check);
+      validator.getRoot<Envelope>().totalSize();
+    }
+    // The reader kept for the handlers. A walk of the whole message is known to cost at most
+    // the budget above, so the traversal budget, which Cap'n Proto charges per reader for its
+    // whole life, is lifted: a message kept and read again and again (a registration read at
+    // every placement, a queued request scanned at every cancel) never runs dry.
     ::capnp::ReaderOptions opts;
-    // One full validation walk plus ordinary reads of every word several times over.
-    opts.traversalLimitInWords = num_words * 8 + 1024;
+    opts.traversalLimitInWords = kj::maxValue;
     opts.nestingLimit = limits.max_nesting;
-    msg->reader_ = std::make_unique<::capnp::FlatArrayMessageReader>(
-        kj::ArrayPtr<const ::capnp::word>(msg->words_.begin(), num_words), opts);
+    msg->reader_ = std::make_unique<::capnp::FlatArrayMessageReader>(words, opts);
     auto root = msg->reader_->getRoot<Envelope>();
-    root.totalSize();  // walks and bounds-checks every pointer in the message
     msg->root_ = root;
     msg->minor_ = root.getVersionMinor();
     if (root.getVersionMajor() != kProtocolMajor) {

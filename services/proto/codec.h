@@ -2,8 +2,10 @@
 //
 // Contract: Parse() never throws and never aborts on peer bytes. It bounds the frame size, the
 // traversal budget and the nesting depth, copies the bytes into word-aligned storage, walks the
-// whole message once (every pointer bounds-checked), and refuses another protocol major version
-// or an unknown body member. Reading fields of a parsed message can still meet malformed data
+// whole message once (every pointer bounds-checked, amplification refused), and refuses another
+// protocol major version or an unknown body member. A parsed message may be kept and read any
+// number of times: its reader carries no traversal budget of its own, since the validation
+// walk already bounded what one full read can cost. Reading fields of a parsed message can still meet malformed data
 // (e.g. text without its NUL); handlers run inside GuardWire(), which turns a Cap'n Proto
 // exception into a Status.
 #pragma once

@@ -1,6 +1,7 @@
 // Control-plane codec: round trips, and every kind of bad frame refused with a Status.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 #include <string>
 
@@ -139,6 +140,61 @@ TEST(ProtoCodec, RandomGarbageIsRefused) {
     (void)parsed;  // must return, with or without a message; never throw or abort
   }
   SUCCEED();
+}
+
+// A parsed message kept for a long time (a worker's registration, a queued request) is read
+// again at every use. Cap'n Proto charges every read against one traversal budget for the
+// life of its reader; the kept message must stay readable however often it is read.
+TEST(ProtoCodec, KeptMessageCanBeReadManyTimes) {
+  OutMessage m;
+  auto reg = m.body().initRegister();
+  reg.setWorkerId("decode-0");
+  reg.setModelName("tiny-moe");
+  auto mem = reg.initKvMemory();
+  const std::string addr(300, 'a'), rkey(120, 'k');
+  mem.setWorkerAddress(AsData(addr));
+  mem.setRkey(AsData(rkey));
+  auto table = reg.initWeightTable(512);
+  for (unsigned i = 0; i < table.size(); ++i) {
+    table[i].setLayer(i / 16);
+    table[i].setExpert(i % 16);
+    table[i].setCommittedBits(16);
+  }
+  auto parsed = InMessage::Parse(Encode(m, 1, "decode-0", 0));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  std::shared_ptr<InMessage> kept(std::move(parsed).value().release());
+  for (int i = 0; i < 20000; ++i) {
+    uint64_t bits = 0;
+    std::string got_addr;
+    Status st = GuardWire("kept registration", [&]() -> Status {
+      auto r = kept->body().getRegister();
+      for (auto e : r.getWeightTable()) bits += e.getCommittedBits();
+      got_addr = ToBytes(r.getKvMemory().getWorkerAddress());
+      return Status::Ok();
+    });
+    ASSERT_TRUE(st.ok()) << "read " << i << ": " << st.ToString();
+    ASSERT_EQ(bits, 512u * 16);
+    ASSERT_EQ(got_addr, addr);
+  }
+}
+
+// Lifting the budget for kept messages must not let amplification through: 1000 pointers
+// that all name the same 1000 bytes read as a million bytes and are refused at Parse().
+TEST(ProtoCodec, AmplifyingPointersAreRefused) {
+  constexpr uint64_t kPtrs = 1000, kDataWords = 125;
+  std::vector<uint64_t> w;
+  const uint64_t seg_words = 1 + kPtrs + kDataWords;
+  w.push_back(seg_words << 32);     // segment table: one segment of seg_words words
+  w.push_back(kPtrs << 48);         // root: struct at offset 0, no data, kPtrs pointers
+  for (uint64_t i = 0; i < kPtrs; ++i) {
+    const uint64_t offset = (1 + kPtrs) - (2 + i);  // from the end of pointer i to the bytes
+    w.push_back((offset << 2) | 1 | ((((kDataWords * 8) << 3) | 2) << 32));  // List(UInt8)
+  }
+  for (uint64_t i = 0; i < kDataWords; ++i) w.push_back(0x0101010101010101ull);
+  std::string bytes(reinterpret_cast<const char*>(w.data()), w.size() * 8);
+  auto parsed = InMessage::Parse(bytes);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), StatusCode::kCorrupt) << parsed.status().ToString();
 }
 
 TEST(ProtoCodec, GuardWireConvertsExceptions) {
