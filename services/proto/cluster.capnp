@@ -272,4 +272,6 @@ struct Envelope {
     plan @22 :Plan;
     planAck @23 :PlanAck;
   }
+  ackSeq @24 :UInt64;       # clients: seq of the last server frame handled in the current
+                            # registration (0 while unregistered); see services/transport/control.h
 }

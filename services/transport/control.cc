@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "common/logging.h"
@@ -82,7 +83,7 @@ const PeerInfo* ControlServer::FindPeer(const std::string& peer) const {
   return it == peers_.end() ? nullptr : &it->second;
 }
 
-Status ControlServer::Send(const std::string& peer, proto::OutMessage& msg) {
+Status ControlServer::Send(const std::string& peer, proto::OutMessage& msg, uint64_t* seq_out) {
   uint64_t seq;
   auto it = peers_.find(peer);
   if (it != peers_.end()) {
@@ -90,6 +91,7 @@ Status ControlServer::Send(const std::string& peer, proto::OutMessage& msg) {
   } else {
     seq = ++unregistered_seq_out_[peer];
   }
+  if (seq_out) *seq_out = seq;
   std::string bytes = proto::Encode(msg, seq, options_.id, clock_->NowMs());
   Status st = transport_->Send(peer, bytes);
   if (!st.ok()) ++counters_.send_errors;
@@ -99,25 +101,42 @@ Status ControlServer::Send(const std::string& peer, proto::OutMessage& msg) {
 int ControlServer::Poll(int timeout_ms, const MessageHandler& handler) {
   int handled = 0;
   int wait = timeout_ms;
+  bool drained = false;
   while (true) {
-    auto r = transport_->Recv(wait);
+    // Never sleep through a heartbeat: send what is due, then wait no longer than the next.
+    uint64_t now = clock_->NowMs();
+    if (now >= next_heartbeat_ms_) {
+      RunTimers(/*sweep=*/false);
+      now = clock_->NowMs();
+    }
+    const int until_timer =
+        next_heartbeat_ms_ > now
+            ? static_cast<int>(std::min<uint64_t>(next_heartbeat_ms_ - now, 1u << 30))
+            : 0;
+    const int w = wait < 0 ? until_timer : std::min(wait, until_timer);
+    auto r = transport_->Recv(w);
     if (!r.ok()) {
       PW_LOG(ERROR) << transport_->Describe() << ": " << r.status().ToString();
       break;
     }
-    if (!r->has_value()) break;
+    if (!r->has_value()) {
+      drained = true;
+      break;
+    }
     HandleFrame(std::move(**r), handler);
     ++handled;
     wait = 0;
     if (handled >= 256) break;  // let timers run under a flood
   }
-  Tick();
+  // Frames still queued are signs of life not yet read: no peer is declared dead before the
+  // queue has been drained.
+  RunTimers(drained);
   return handled;
 }
 
-void ControlServer::Tick() {
+void ControlServer::RunTimers(bool sweep) {
   const uint64_t now = clock_->NowMs();
-  for (const std::string& dead : liveness_.TakeDead()) {
+  for (const std::string& dead : sweep ? liveness_.TakeDead() : std::vector<std::string>{}) {
     auto it = peers_.find(dead);
     if (it == peers_.end()) continue;
     PW_LOG(WARNING) << "peer '" << dead << "' silent for " << liveness_.timeout_ms()
@@ -168,7 +187,11 @@ void ControlServer::HandleRegister(const std::string& peer,
     info.role = reg.getRole();
     info.pid = reg.getPid();
     info.registration = msg;
+    // A registration starts the link afresh: the client's numbering continues from this frame,
+    // and what it acknowledges refers to this registration's frames only.
     info.last_seq_in = msg->seq();
+    info.epoch = next_epoch_++;
+    info.acked_seq = 0;
     if (fresh) {
       auto u = unregistered_seq_out_.find(peer);
       if (u != unregistered_seq_out_.end()) {
@@ -209,6 +232,7 @@ void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
   }
   if (!CheckSeq(msg->seq(), &it->second.last_seq_in, peer, &counters_)) return;
   liveness_.Touch(peer);
+  it->second.acked_seq = std::max(it->second.acked_seq, msg->envelope().getAckSeq());
   if (msg->which() == proto::Body::HEARTBEAT) {
     Status st = proto::GuardWire("heartbeat", [&]() -> Status {
       it->second.load = LoadFrom(msg->body().getHeartbeat());
@@ -237,6 +261,7 @@ ControlClient::ControlClient(std::unique_ptr<Transport> transport, const Clock* 
       liveness_(clock, options_.heartbeat_ms, options_.dead_after_beats) {}
 
 Status ControlClient::Send(proto::OutMessage& msg) {
+  msg.envelope().setAckSeq(registered_ ? last_seq_in_ : 0);
   std::string bytes = proto::Encode(msg, next_seq_out_++, options_.id, clock_->NowMs());
   Status st = transport_->Send("", bytes);
   if (!st.ok()) ++counters_.send_errors;
@@ -268,11 +293,12 @@ void ControlClient::MarkLost(const char* why) {
   }
 }
 
-void ControlClient::Tick() {
+void ControlClient::RunTimers(bool sweep) {
   const uint64_t now = clock_->NowMs();
-  if (!liveness_.TakeDead().empty()) {
+  if (sweep && !liveness_.TakeDead().empty()) {
     MarkLost("silent for 3 heartbeats");
     liveness_.Touch("server");  // restart the grace period for the next registration
+    next_timer_ms_ = now;       // register again at once
   }
   if (now < next_timer_ms_) return;
   next_timer_ms_ = now + options_.heartbeat_ms;
@@ -291,23 +317,34 @@ void ControlClient::Tick() {
 int ControlClient::Poll(int timeout_ms, const MessageHandler& handler) {
   int handled = 0;
   int wait = timeout_ms;
+  bool drained = false;
   while (true) {
-    // Never sleep through a heartbeat.
-    const uint64_t now = clock_->NowMs();
-    int until_timer = next_timer_ms_ > now ? static_cast<int>(next_timer_ms_ - now) : 0;
-    int w = wait < 0 ? until_timer : std::min(wait, until_timer);
+    // Never sleep through a heartbeat: send what is due, then wait no longer than the next.
+    uint64_t now = clock_->NowMs();
+    if (now >= next_timer_ms_) {
+      RunTimers(/*sweep=*/false);
+      now = clock_->NowMs();
+    }
+    const int until_timer =
+        next_timer_ms_ > now ? static_cast<int>(std::min<uint64_t>(next_timer_ms_ - now, 1u << 30))
+                             : 0;
+    const int w = wait < 0 ? until_timer : std::min(wait, until_timer);
     auto r = transport_->Recv(w);
     if (!r.ok()) {
       PW_LOG(ERROR) << transport_->Describe() << ": " << r.status().ToString();
       break;
     }
-    if (!r->has_value()) break;
+    if (!r->has_value()) {
+      drained = true;
+      break;
+    }
     HandleFrame(std::move(**r), handler);
     ++handled;
     wait = 0;
     if (handled >= 256) break;
   }
-  Tick();
+  // The server is declared lost only once its queued frames have been read.
+  RunTimers(drained);
   return handled;
 }
 
@@ -334,9 +371,14 @@ void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
       ++counters_.handler_errors;
       return;
     }
-    if (inst != server_instance_) {
+    if (which == proto::Body::REGISTER_ACK) {
+      // A registration starts the server's numbering to us afresh: a server that declared us
+      // dead and forgot us numbers anew, a restarted one from 1. Take the ack's seq as the
+      // last seen (frames before it in the queue belong to the previous registration).
+      last_seq_in_ = msg->seq();
+    } else if (inst != server_instance_) {
       last_seq_in_ = 0;  // a new server process numbers its frames from 1
-      if (which == proto::Body::HEARTBEAT && registered_) {
+      if (registered_) {
         MarkLost("restarted (new instance)");
         server_instance_ = inst;
         (void)CheckSeq(msg->seq(), &last_seq_in_, "server", &counters_);
@@ -345,7 +387,10 @@ void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
         return;
       }
     }
-    if (!CheckSeq(msg->seq(), &last_seq_in_, "server", &counters_)) return;
+    if (which == proto::Body::HEARTBEAT &&
+        !CheckSeq(msg->seq(), &last_seq_in_, "server", &counters_)) {
+      return;
+    }
     liveness_.Touch("server");
     if (which == proto::Body::REGISTER_ACK) {
       server_instance_ = inst;

@@ -12,8 +12,18 @@
 //   server -> client  NotRegistered       when an unknown peer sends anything else
 // A client re-registers when the server's instance id changes (server restarted), when it
 // gets NotRegistered, or when the server has been silent for 3 beats.
-// Sequence numbers are per link and start at 1; a receiver drops a frame whose seq is not
-// above the last one seen on that link and counts gaps as lost frames.
+// Sequence numbers are per link and registration: a receiver drops a frame whose seq is not
+// above the last one seen on that link and counts gaps as lost frames. Every accepted
+// registration starts the numbering afresh on both sides: the server takes the Register's seq
+// as the last seen from the client, and the client takes the RegisterAck's seq as the last
+// seen from the server (a server that forgot the client, having declared it dead, numbers its
+// frames to it anew, and a restarted server from 1).
+// Acknowledgement: every client frame carries ackSeq, the seq of the last server frame the
+// client has handled in its current registration (0 while unregistered). The server keeps the
+// highest per registration (PeerInfo::acked_seq, PeerInfo::epoch): acked_seq >= s proves that
+// the client's handler for the server's frame s has returned.
+// Liveness: a peer is declared dead only after the receive queue has been drained, so frames
+// that wait unread (the owner was busy, or a burst filled the queue) count as signs of life.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +72,8 @@ struct PeerInfo {
   PeerLoad load;
   uint64_t last_seq_in = 0;
   uint64_t next_seq_out = 1;
+  uint64_t epoch = 0;      // changes at every accepted registration (server-wide counter)
+  uint64_t acked_seq = 0;  // highest ackSeq the peer sent in this registration
 };
 
 // Handler for application messages; an error is logged and counted, the frame dropped.
@@ -88,9 +100,10 @@ class ControlServer {
   // Returns the number of frames received.
   int Poll(int timeout_ms, const MessageHandler& handler);
   // Sends `msg` to a registered or unregistered peer (stamps version, per-link seq, sender).
-  Status Send(const std::string& peer, proto::OutMessage& msg);
+  // `seq_out`, when given, receives the seq the frame was stamped with.
+  Status Send(const std::string& peer, proto::OutMessage& msg, uint64_t* seq_out = nullptr);
   // Runs heartbeat and expiry timers now (Poll calls it too).
-  void Tick();
+  void Tick() { RunTimers(/*sweep=*/true); }
 
   const std::map<std::string, PeerInfo>& peers() const { return peers_; }
   const PeerInfo* FindPeer(const std::string& peer) const;
@@ -101,6 +114,8 @@ class ControlServer {
  private:
   void HandleFrame(Frame frame, const MessageHandler& handler);
   void HandleRegister(const std::string& peer, std::shared_ptr<proto::InMessage> msg);
+  // Heartbeats; with `sweep`, also declares silent peers dead.
+  void RunTimers(bool sweep);
 
   std::unique_ptr<Transport> transport_;
   const Clock* clock_;
@@ -110,6 +125,7 @@ class ControlServer {
   std::map<std::string, PeerInfo> peers_;
   std::map<std::string, uint64_t> unregistered_seq_out_;
   uint64_t next_heartbeat_ms_ = 0;
+  uint64_t next_epoch_ = 1;
   ControlCounters counters_;
 };
 
@@ -137,7 +153,7 @@ class ControlClient {
   int Poll(int timeout_ms, const MessageHandler& handler);
   // Stamps and sends `msg` to the server.
   Status Send(proto::OutMessage& msg);
-  void Tick();
+  void Tick() { RunTimers(/*sweep=*/true); }
 
   bool registered() const { return registered_; }
   uint64_t server_instance() const { return server_instance_; }
@@ -147,6 +163,7 @@ class ControlClient {
   Status SendRegister();
   void HandleFrame(Frame frame, const MessageHandler& handler);
   void MarkLost(const char* why);
+  void RunTimers(bool sweep);
 
   std::unique_ptr<Transport> transport_;
   const Clock* clock_;

@@ -186,6 +186,64 @@ TEST(Control, RestartedServerIsDetectedAndClientReregisters) {
   EXPECT_NE(p.server->FindPeer("decode-0"), nullptr);
 }
 
+// A peer falsely declared dead (it was busy, not gone) registers again. The server's frames
+// of the new registration are numbered afresh; the client must take them (not drop them as
+// duplicates of the old registration's higher numbers), and both directions work at once.
+TEST(Control, FalselyDeadPeerIsReacceptedAndBothSidesTakeTheNewSequence) {
+  Pair p;
+  MakePair(&p);
+  std::vector<std::string> dead;
+  int registrations = 0;
+  p.server->on_peer_dead = [&](const std::string& id, const PeerInfo&) { dead.push_back(id); };
+  p.client->on_registered = [&] { ++registrations; };
+  ASSERT_TRUE(p.client->Start().ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }));
+  // Many beats: the server's sequence on this link climbs well above a fresh link's.
+  for (int beat = 0; beat < 20; ++beat) {
+    p.clock.Advance(kBeatMs);
+    uint64_t before = p.client->counters().received;
+    ASSERT_TRUE(PumpUntil(p, [&] { return p.client->counters().received > before; }));
+  }
+  // The client stalls (no Poll) while the server sweeps: declared dead. (First the server
+  // reads what the client sent before stalling.)
+  for (int i = 0; i < 10; ++i) p.server->Poll(5, nullptr);
+  p.clock.Advance(3 * kBeatMs + 1);
+  p.server->Poll(5, nullptr);
+  ASSERT_EQ(dead.size(), 1u);
+  // The client wakes up, is told it is unknown, and registers again.
+  int cancels = 0;
+  MessageHandler ch = [&](const std::string&, const proto::InMessage& in) -> Status {
+    if (in.which() == proto::Body::CANCEL) ++cancels;
+    return Status::Ok();
+  };
+  bool back = false;
+  for (int i = 0; i < 40 && !back; ++i) {
+    p.clock.Advance(kBeatMs / 4);
+    p.client->Poll(5, ch);
+    p.server->Poll(5, nullptr);
+    back = registrations == 2 && p.client->registered() && p.server->FindPeer("decode-0");
+  }
+  ASSERT_TRUE(back) << "not registered again within 10 heartbeats (duplicates dropped: "
+                    << p.client->counters().duplicates << ")";
+  EXPECT_EQ(p.client->counters().duplicates, 0u);
+  // Server -> client and client -> server frames of the new registration are delivered.
+  proto::OutMessage c;
+  c.body().initCancel().setRequestId(9);
+  ASSERT_TRUE(p.server->Send("decode-0", c).ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return cancels == 1; }, nullptr, ch));
+  uint64_t chunks = 0;
+  MessageHandler sh = [&](const std::string&, const proto::InMessage& in) -> Status {
+    if (in.which() == proto::Body::TOKEN_CHUNK) ++chunks;
+    return Status::Ok();
+  };
+  proto::OutMessage tc;
+  tc.body().initTokenChunk().setRequestId(9);
+  ASSERT_TRUE(p.client->Send(tc).ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return chunks == 1; }, sh));
+  EXPECT_EQ(p.server->counters().duplicates, 0u);
+  EXPECT_EQ(p.client->counters().duplicates, 0u);
+}
+
 TEST(Control, MalformedWrongVersionAndUnregisteredFramesAreDropped) {
   Pair p;
   MakePair(&p);
@@ -276,6 +334,104 @@ class RecordingTransport final : public Transport {
  private:
   std::deque<std::string>* wire_;
 };
+
+// A transport on a manual clock: Recv hands out scripted frames, and when it has none it lets
+// the requested wait pass on the clock. Sends are recorded with the clock time.
+class ScriptedTransport final : public Transport {
+ public:
+  ScriptedTransport(ManualClock* clock, std::deque<Frame>* in,
+                    std::vector<std::pair<uint64_t, std::string>>* sent)
+      : clock_(clock), in_(in), sent_(sent) {}
+  Status Send(std::string_view, std::string_view bytes) override {
+    sent_->emplace_back(clock_->NowMs(), std::string(bytes));
+    return Status::Ok();
+  }
+  Result<std::optional<Frame>> Recv(int timeout_ms) override {
+    if (!in_->empty()) {
+      Frame f = std::move(in_->front());
+      in_->pop_front();
+      return std::optional<Frame>(std::move(f));
+    }
+    if (timeout_ms > 0) clock_->Advance(static_cast<uint64_t>(timeout_ms));
+    return std::optional<Frame>();
+  }
+  std::string Describe() const override { return "scripted"; }
+
+ private:
+  ManualClock* clock_;
+  std::deque<Frame>* in_;
+  std::vector<std::pair<uint64_t, std::string>>* sent_;
+};
+
+// A server polled with a long timeout (a router loop with nothing to do) still sends its
+// heartbeats on time: a quiet link must not look dead to the workers.
+TEST(Control, ServerPollNeverSleepsThroughAHeartbeat) {
+  ManualClock clock;
+  std::deque<Frame> in;
+  std::vector<std::pair<uint64_t, std::string>> sent;
+  ControlServer::Options so;
+  so.heartbeat_ms = kBeatMs;
+  ControlServer server(std::make_unique<ScriptedTransport>(&clock, &in, &sent), &clock, so);
+  proto::OutMessage reg;
+  reg.body().initRegister().setWorkerId("decode-0");
+  in.push_back(Frame{"decode-0", proto::Encode(reg, 1, "decode-0", 0)});
+  const uint64_t start = clock.NowMs();
+  uint64_t seq = 1, last_beat = start;
+  while (clock.NowMs() < start + 2000) {
+    if (clock.NowMs() >= last_beat + kBeatMs) {
+      proto::OutMessage hb;  // the worker beats too (it stays registered)
+      hb.body().initHeartbeat();
+      in.push_back(Frame{"decode-0", proto::Encode(hb, ++seq, "decode-0", 0)});
+      last_beat = clock.NowMs();
+    }
+    server.Poll(1000, nullptr);
+  }
+  std::vector<uint64_t> beats;
+  for (const auto& [at, bytes] : sent) {
+    auto m = proto::InMessage::Parse(bytes);
+    ASSERT_TRUE(m.ok());
+    if ((*m)->which() == proto::Body::HEARTBEAT) beats.push_back(at);
+  }
+  ASSERT_GE(beats.size(), 10u);
+  for (size_t i = 1; i < beats.size(); ++i) {
+    EXPECT_LE(beats[i] - beats[i - 1], kBeatMs) << "heartbeat " << i;
+  }
+}
+
+// A peer whose frames wait unread in the server's queue is alive: the server was the slow
+// side. It is not declared dead while its frames are still queued.
+TEST(Control, QueuedFramesKeepAPeerAliveAfterTheServerStalled) {
+  ManualClock clock;
+  std::deque<Frame> in;
+  std::vector<std::pair<uint64_t, std::string>> sent;
+  ControlServer::Options so;
+  so.heartbeat_ms = kBeatMs;
+  ControlServer server(std::make_unique<ScriptedTransport>(&clock, &in, &sent), &clock, so);
+  std::vector<std::string> dead;
+  server.on_peer_dead = [&](const std::string& id, const PeerInfo&) { dead.push_back(id); };
+  uint64_t seq = 1;
+  for (const char* id : {"busy", "quiet"}) {
+    proto::OutMessage reg;
+    reg.body().initRegister().setWorkerId(id);
+    in.push_back(Frame{id, proto::Encode(reg, seq, id, 0)});
+  }
+  server.Poll(0, nullptr);
+  ASSERT_NE(server.FindPeer("quiet"), nullptr);
+  // The server stalls for a second; meanwhile "busy" sends 600 frames, then "quiet" beats.
+  clock.Advance(1000);
+  for (int i = 0; i < 600; ++i) {
+    proto::OutMessage tc;
+    tc.body().initTokenChunk().setRequestId(1);
+    in.push_back(Frame{"busy", proto::Encode(tc, ++seq, "busy", 0)});
+  }
+  proto::OutMessage hb;
+  hb.body().initHeartbeat();
+  in.push_back(Frame{"quiet", proto::Encode(hb, 2, "quiet", 0)});
+  for (int i = 0; i < 5 && !in.empty(); ++i) server.Poll(0, nullptr);
+  EXPECT_TRUE(in.empty());
+  EXPECT_TRUE(dead.empty()) << dead.front() << " declared dead with its heartbeat still queued";
+  EXPECT_NE(server.FindPeer("quiet"), nullptr);
+}
 
 TEST(FaultTransport, FailAfterN) {
   ManualClock clock;
