@@ -17,6 +17,9 @@ std::string UcsError(const char* what, ucs_status_t st) {
   return std::string(what) + ": " + ucs_status_string(st);
 }
 
+// How long a cancelled wait lets already-posted operations land before force-closing.
+constexpr uint64_t kCancelGraceMs = 1000;
+
 uint64_t NowMs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
@@ -247,20 +250,41 @@ Status Endpoint::Wait(std::span<const ucs_status_ptr_t> reqs, const char* what, 
       break;
     }
   }
+  // Cancelled (the request is abandoned, the peer may well be alive): let what is already
+  // posted land, for a bounded grace period, so that no write of this endpoint reaches the
+  // peer after a later write of another endpoint to the same memory.
+  bool drained = false;
+  if (result.code() == StatusCode::kCancelled && ep_ != nullptr) {
+    ucp_request_param_t fp{};
+    const ucs_status_ptr_t fr = ucp_ep_flush_nbx(ep_, &fp);
+    const uint64_t grace =
+        NowMs() +
+        std::min<uint64_t>(kCancelGraceMs, static_cast<uint64_t>(std::max(timeout_ms, 0)));
+    if (fr != nullptr && !UCS_PTR_IS_ERR(fr)) {
+      while (ucp_request_check_status(fr) == UCS_INPROGRESS && NowMs() < grace) {
+        worker_.Progress();
+      }
+      drained = ucp_request_check_status(fr) == UCS_OK;
+      ucp_request_free(fr);
+    } else {
+      drained = fr == nullptr;
+    }
+  }
   for (ucs_status_ptr_t r : reqs) {
     if (r == nullptr || UCS_PTR_IS_ERR(r)) continue;
     const ucs_status_t st = ucp_request_check_status(r);
-    if (st != UCS_INPROGRESS && st != UCS_OK && result.ok())
+    if (st != UCS_INPROGRESS && st != UCS_OK && result.ok()) {
       result = Unavailable(UcsError(what, st));
+    }
     // An unfinished request is released by UCX once it completes (the forced close below
     // completes it with an error).
     ucp_request_free(r);
   }
   if (!result.ok()) {
     failed_.store(true);
-    // Force-close now: nothing stays posted against the caller's buffers, and a dead peer
-    // cannot hold the next wait.
-    Close(/*force=*/true);
+    // Closed now: nothing stays posted against the caller's buffers, and a dead peer cannot
+    // hold the next wait. Forcibly unless everything posted has landed.
+    Close(/*force=*/!drained);
   }
   return result;
 }

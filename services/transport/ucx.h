@@ -18,10 +18,13 @@
 // fails operations through the transport, but UCX 1.13 then selects only transports that can
 // detect peer failure, which on one host means tcp over loopback (~10x slower than memory).
 // kNone lets UCX use shared memory (sysv/posix/cma) and gives up transport-level detection; a
-// dead peer is then noticed by the caller: every blocking call has a deadline, a caller-owned
-// cancel flag (set when the control plane declares the peer dead or the request is cancelled)
-// ends a wait at once, and either way the endpoint is force-closed on the spot, so no operation
-// is left referring to caller memory. The caller reconnects with a new Endpoint.
+// dead peer is then noticed by the caller: every blocking call has a deadline, and a
+// caller-owned cancel flag (set when the control plane declares the peer dead or the request
+// is cancelled) ends a wait early. Either way the endpoint is then closed, so no operation is
+// left referring to caller memory: after a cancel, once what was already posted has landed
+// (flush, up to 1 s, so a live peer gets no late write from it), forcibly otherwise; after a
+// deadline, forcibly at once (a late write to a peer that was only slow remains possible).
+// The caller reconnects with a new Endpoint.
 // PW_UCX_ERR_MODE=peer|none in the environment overrides the mode every caller asks for.
 //
 // Threading: the context and workers are created in UCS_THREAD_MODE_MULTI; any thread may

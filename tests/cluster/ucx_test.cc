@@ -331,6 +331,50 @@ TEST(Ucx, CancelFlagEndsAWait) {
   waitpid(pid, nullptr, 0);
 }
 
+// A transfer cancelled while the owner is alive (a request cancelled mid-transfer): the
+// endpoint is force-closed, the owner keeps running, and a new endpoint to it works.
+TEST(Ucx, CancelAgainstALiveOwnerLeavesItServing) {
+  constexpr size_t kBytes = 32u << 20;
+  RegionInfo info;
+  pid_t pid = StartOwner(kBytes, /*progress=*/true, &info);
+  ASSERT_GT(pid, 0);
+  auto ctx = Context::Create();
+  ASSERT_TRUE(ctx.ok());
+  auto worker = Worker::Create(**ctx);
+  ASSERT_TRUE(worker.ok());
+  std::vector<uint8_t> src(kBytes, 0x11);
+  {
+    auto ep = Endpoint::Connect(**worker, info.address, Endpoint::ErrorMode::kNone);
+    ASSERT_TRUE(ep.ok());
+    auto region = (*ep)->OpenRegion(info.rkey, info.base, info.bytes);
+    ASSERT_TRUE(region.ok());
+    std::vector<RemoteRegion::Segment> segs;
+    for (size_t off = 0; off < kBytes; off += 256u << 10) {
+      segs.push_back({off, src.data() + off, 256u << 10});
+    }
+    std::atomic<bool> cancel{true};  // cancelled before the puts could finish
+    Status st = (*region)->PutAll(segs, 600000, &cancel);
+    EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+    EXPECT_FALSE((*ep)->healthy());
+  }
+  // What the cancelled puts had posted has landed (or was dropped) by now: the check below
+  // writes and reads back part of the same range.
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0) << "the owner died";
+  auto ep = Endpoint::Connect(**worker, info.address, Endpoint::ErrorMode::kNone);
+  ASSERT_TRUE(ep.ok());
+  auto region = (*ep)->OpenRegion(info.rkey, info.base, info.bytes);
+  ASSERT_TRUE(region.ok());
+  std::vector<uint8_t> pattern(1u << 20), back(1u << 20);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = Pattern(i, 9);
+  ASSERT_TRUE((*region)->Put(4u << 20, pattern.data(), pattern.size(), 30000).ok());
+  ASSERT_TRUE((*ep)->Flush(30000).ok());
+  ASSERT_TRUE((*region)->Get(4u << 20, back.data(), back.size(), 30000).ok());
+  EXPECT_EQ(back, pattern);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
 TEST(Ucx, InProcessLoopbackAndBounds) {
   auto ctx = Context::Create();
   ASSERT_TRUE(ctx.ok());
