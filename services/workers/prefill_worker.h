@@ -19,11 +19,11 @@
 //
 // KV endpoints use UCX without peer error handling (shared memory on one host; see
 // services/transport/ucx.h), so a dead decode worker is noticed by the control plane: the
-// router declares it dead after 3 missed heartbeats and cancels its requests here, which ends a
-// put or flush in progress at once (cancel flag) and force-closes the endpoint; every put and
-// flush is also bounded by put_timeout_ms. An endpoint is re-created when the decode worker
-// re-registers (new worker address) or after a failure. PW_UCX_ERR_MODE=peer restores peer
-// error handling (tcp).
+// router declares it dead after 3 missed heartbeats and cancels its requests here, which ends
+// a put or flush in progress (cancel flag; what was already posted gets up to 1 s to land) and
+// closes the endpoint; every put and flush is also bounded by put_timeout_ms. An endpoint is
+// re-created when the decode worker re-registers (new worker address) or after a failure.
+// PW_UCX_ERR_MODE=peer restores peer error handling (tcp).
 //
 // Everything a request names (layout, block ids, region bounds) is checked before use; a bad
 // request gets KvReady{ok = false, error}. A cancelled request gets no KvReady.
