@@ -176,6 +176,9 @@ struct Finish {
 struct Cancel {
   requestId @0 :UInt64;
   leaseId @1 :UInt64;       # 0 = whatever the request holds
+  writerDone @2 :Bool;      # router -> decode: the prefill worker that was to write lease
+                            # leaseId (non-zero) can no longer write it; its quarantined blocks
+                            # may return to the pool. Touches nothing else (docs/architecture.md)
 }
 
 # Router -> worker: stop taking new work, finish in-flight requests, then exit.

@@ -181,7 +181,7 @@ void DecodeWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
   const auto& pool = engine_->kv_pool();
   h.setFreeKvBlocks(static_cast<uint32_t>(pool.num_free()));
   h.setUsedKvBlocks(static_cast<uint32_t>(pool.num_blocks() - pool.num_free()));
-  h.setReservedKvBlocks(static_cast<uint32_t>(leases_.reserved_blocks()));
+  h.setReservedKvBlocks(static_cast<uint32_t>(leases_.reserved_blocks() + quarantined_blocks()));
   h.setRunningRequests(static_cast<uint32_t>(running_.size()));
   h.setWaitingRequests(static_cast<uint32_t>(leases_.size()));
   h.setDraining(draining_);
@@ -190,9 +190,9 @@ void DecodeWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
 void DecodeWorker::UpdateMetrics() {
   const auto& pool = engine_->kv_pool();
   metrics_->kv_blocks_free->Set(pool.num_free());
-  metrics_->kv_blocks_reserved->Set(static_cast<double>(leases_.reserved_blocks()));
-  metrics_->kv_blocks_used->Set(pool.num_blocks() - pool.num_free() -
-                                static_cast<double>(leases_.reserved_blocks()));
+  const double reserved = static_cast<double>(leases_.reserved_blocks() + quarantined_blocks());
+  metrics_->kv_blocks_reserved->Set(reserved);
+  metrics_->kv_blocks_used->Set(pool.num_blocks() - pool.num_free() - reserved);
   metrics_->requests_running->Set(static_cast<double>(running_.size()));
   metrics_->requests_waiting->Set(static_cast<double>(leases_.size()));
   const auto& c = router_->counters();
@@ -202,6 +202,49 @@ void DecodeWorker::UpdateMetrics() {
 void DecodeWorker::FreeBlocks(const std::vector<int32_t>& blocks, const char* why) {
   Status st = engine_->kv_pool().Free(blocks);
   if (!st.ok()) PW_LOG(ERROR) << options_.id << ": freeing blocks (" << why << "): " << st.ToString();
+}
+
+void DecodeWorker::Quarantine(KvLease lease, const char* why) {
+  PW_LOG(INFO) << options_.id << ": lease " << lease.lease_id << " of request " << lease.request_id
+               << " ended (" << why << "); " << lease.blocks.size()
+               << " blocks quarantined until its writer is done";
+  Quarantined q;
+  q.request_id = lease.request_id;
+  q.blocks = std::move(lease.blocks);
+  q.since_ms = clock_->NowMs();
+  quarantine_[lease.lease_id] = std::move(q);
+}
+
+bool DecodeWorker::ReleaseQuarantined(uint64_t lease_id, uint64_t request_id, const char* why) {
+  auto it = quarantine_.find(lease_id);
+  if (it == quarantine_.end() || it->second.request_id != request_id) return false;
+  FreeBlocks(it->second.blocks, why);
+  PW_LOG(DEBUG) << options_.id << ": lease " << lease_id << ": " << it->second.blocks.size()
+                << " quarantined blocks freed (" << why << ")";
+  quarantine_.erase(it);
+  return true;
+}
+
+void DecodeWorker::ExpireQuarantine() {
+  const uint64_t now = clock_->NowMs();
+  for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+    if (now - it->second.since_ms < options_.quarantine_max_ms) {
+      ++it;
+      continue;
+    }
+    PW_LOG(WARNING) << options_.id << ": lease " << it->first << " of request "
+                    << it->second.request_id << ": no word on its writer for "
+                    << options_.quarantine_max_ms << " ms; " << it->second.blocks.size()
+                    << " quarantined blocks freed";
+    FreeBlocks(it->second.blocks, "quarantine over");
+    it = quarantine_.erase(it);
+  }
+}
+
+size_t DecodeWorker::quarantined_blocks() const {
+  size_t n = 0;
+  for (const auto& [id, q] : quarantine_) n += q.blocks.size();
+  return n;
 }
 
 void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
@@ -226,7 +269,8 @@ void DecodeWorker::DropAll(const char* why) {
   for (auto& [id, r] : running_) (void)engine_->RemoveSequence(id);
   running_.clear();
   admit_order_.clear();
-  for (auto& l : leases_.TakeAll()) FreeBlocks(l.blocks, why);
+  // A prefill worker may still be writing the leased blocks: they wait in quarantine.
+  for (auto& l : leases_.TakeAll()) Quarantine(std::move(l), why);
   if (n > 0) PW_LOG(WARNING) << options_.id << ": dropped " << n << " request(s): " << why;
 }
 
@@ -285,6 +329,8 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
   const uint64_t id = r.getRequestId();
   auto lease = leases_.Take(r.getLeaseId(), id);
   if (!lease) {
+    // StartDecode follows the writer's KvReady: a quarantined lease's writes are over.
+    ReleaseQuarantined(r.getLeaseId(), id, "StartDecode after the lease ended");
     SendFinish(id, wire::FinishReason::ERROR,
                "decode worker " + options_.id + ": no lease " + std::to_string(r.getLeaseId()) +
                    " for request " + std::to_string(id) + " (expired or cancelled)",
@@ -318,19 +364,38 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
     SendFinish(id, wire::FinishReason::ERROR, "decode worker " + options_.id + ": " + st.message(), g);
     return;
   }
+  run.lease_id = lease->lease_id;
   running_[id] = std::move(run);
   admit_order_.push_back(id);
 }
 
 void DecodeWorker::OnCancel(wire::Cancel::Reader r) {
   const uint64_t id = r.getRequestId();
+  const uint64_t lease_id = r.getLeaseId();
+  if (r.getWriterDone()) {
+    // Only a named lease: the request may hold a newer lease or run here by now.
+    if (lease_id == 0) return;
+    if (auto live = leases_.Take(lease_id, id)) {
+      FreeBlocks(live->blocks, "cancel, writer done");
+      SendFinish(id, wire::FinishReason::CANCELLED, "", 0);
+      return;
+    }
+    ReleaseQuarantined(lease_id, id, "writer done");
+    return;
+  }
   bool found = false;
-  for (auto& l : leases_.TakeByRequest(id)) {
-    FreeBlocks(l.blocks, "cancel");
+  std::vector<KvLease> ended;
+  if (lease_id != 0) {
+    if (auto l = leases_.Take(lease_id, id)) ended.push_back(std::move(*l));
+  } else {
+    ended = leases_.TakeByRequest(id);
+  }
+  for (auto& l : ended) {
+    Quarantine(std::move(l), "cancelled");
     found = true;
   }
   auto it = running_.find(id);
-  if (it != running_.end()) {
+  if (it != running_.end() && (lease_id == 0 || it->second.lease_id == lease_id)) {
     (void)engine_->RemoveSequence(id);
     const uint32_t n = it->second.next_index;
     running_.erase(it);
@@ -448,14 +513,17 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
     if (broker_) broker_->Poll(0, broker_handler);
     for (auto& l : leases_.TakeExpired()) {
       PW_LOG(WARNING) << options_.id << ": lease " << l.lease_id << " of request " << l.request_id
-                      << " expired; " << l.blocks.size() << " blocks freed";
-      FreeBlocks(l.blocks, "lease expired");
+                      << " expired";
+      Quarantine(std::move(l), "expired");
       metrics_->leases_expired->Increment();
     }
+    ExpireQuarantine();
     if (engine_->HasWork()) StepOnce();
     UpdateMetrics();
   }
   for (auto& l : leases_.TakeAll()) FreeBlocks(l.blocks, "shutdown");
+  for (auto& [lease, q] : quarantine_) FreeBlocks(q.blocks, "shutdown");
+  quarantine_.clear();
   // Tell the router once more (heartbeat carries draining) before leaving.
   router_->Poll(0, router_handler);
   PW_LOG(INFO) << options_.id << ": stopped";

@@ -7,6 +7,13 @@
 // (plus UCX's progress thread): poll control sockets, expire leases, run one engine step,
 // stream its tokens.
 //
+// Quarantine: the blocks of a lease that ends without StartDecode (cancelled, expired, dropped
+// with a lost router) may still be written by the prefill worker that was given them, with
+// one-sided UCX puts this process cannot see. They are not freed but quarantined until the
+// router says that writer can no longer write (Cancel with writerDone), until a StartDecode for
+// the lease arrives (its KvReady came first, so the writes are done), or, with no word from
+// any router, after quarantine_max_ms. StartDecode for a lease that is not live is refused.
+//
 // Preemption: when a step needs KV blocks the pool lacks, the most recently admitted running
 // sequence is removed and queued again with the tokens it generated; the engine recomputes its
 // KV later and continues (nothing lost, nothing repeated on the stream).
@@ -43,6 +50,9 @@ struct DecodeWorkerOptions {
   int max_batch = 64;              // running sequences the router may place here
   uint64_t heartbeat_ms = 500;
   uint32_t max_lease_ms = 600000;  // longer leases asked for are cut to this
+  // Quarantined blocks return to the pool after this long even without the router's word
+  // (the router that knew their writer is gone); longer than any prefill's write.
+  uint64_t quarantine_max_ms = 600000;
   int weights_timeout_ms = 120000; // waiting for the broker's expert weights at start
   std::string metrics_bind;        // "127.0.0.1:0"; empty = no /metrics
 };
@@ -66,7 +76,14 @@ class DecodeWorker {
     std::vector<int32_t> generated;  // tokens generated here and before, first token included
     engine::SamplingParams params;   // max_tokens already reduced by earlier output
     uint32_t next_index = 0;         // output index of the next token streamed
+    uint64_t lease_id = 0;           // the lease StartDecode took
     bool preempted = false;
+  };
+  // Blocks of a lease that ended before StartDecode, waiting until no writer can reach them.
+  struct Quarantined {
+    uint64_t request_id = 0;
+    std::vector<int32_t> blocks;
+    uint64_t since_ms = 0;
   };
 
   explicit DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock);
@@ -82,6 +99,12 @@ class DecodeWorker {
   void SendFinish(uint64_t request_id, wire::FinishReason reason, const std::string& error,
                   uint32_t num_generated);
   void FreeBlocks(const std::vector<int32_t>& blocks, const char* why);
+  // Puts the blocks of an ended lease into quarantine (see the file comment).
+  void Quarantine(KvLease lease, const char* why);
+  // Frees quarantined lease `lease_id`; false if it is not quarantined here.
+  bool ReleaseQuarantined(uint64_t lease_id, uint64_t request_id, const char* why);
+  void ExpireQuarantine();
+  size_t quarantined_blocks() const;
   void DropAll(const char* why);
   void FillRegister(wire::Register::Builder r);
   void FillHeartbeat(wire::Heartbeat::Builder h);
@@ -98,6 +121,7 @@ class DecodeWorker {
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;
   KvLeaseTable leases_;
+  std::map<uint64_t, Quarantined> quarantine_;  // by lease id
   std::map<uint64_t, Running> running_;
   std::vector<uint64_t> admit_order_;  // request ids, oldest first (preemption picks the last)
   uint64_t layout_hash_ = 0;

@@ -12,6 +12,7 @@
 
 #include "services/engine/engine.h"
 #include "services/transport/control.h"
+#include "services/transport/ucx.h"
 #include "services/transport/zmq_transport.h"
 #include "tests/cluster/process_util.h"
 
@@ -96,6 +97,17 @@ class MiniRouter {
       if (all) return true;
     }
     return false;
+  }
+
+  // Tells the decode worker that the prefill worker of `r`'s lease is done writing it (the
+  // router knows: it got the lease's KvReady), so blocks it quarantined may be reused.
+  void ReleaseWriter(const Req& r) {
+    proto::OutMessage m;
+    auto c = m.body().initCancel();
+    c.setRequestId(r.id);
+    c.setLeaseId(r.lease);
+    c.setWriterDone(true);
+    ASSERT_TRUE(server_->Send("decode-0", m).ok());
   }
 
   uint32_t lease_ms = 30000;
@@ -350,7 +362,10 @@ TEST(Workers, LeaseExpiresCancelFreesAndBadRequestsAreRefused) {
   EXPECT_TRUE(reqs[2].finished);
   EXPECT_EQ(reqs[2].reason, wire::FinishReason::CANCELLED);
   EXPECT_LT(reqs[2].out.size(), 200u);
-  // After the lease time every block is back (301's lease too, abandoned by the router).
+  // The expired leases' blocks wait in quarantine until the router confirms their writer is
+  // done (here it is: both KvReady arrived); then every block is back.
+  c.router.ReleaseWriter(reqs[0]);
+  c.router.ReleaseWriter(reqs[1]);
   bool all_free = false;
   for (int i = 0; i < 300 && !all_free; ++i) {
     c.router.server().Poll(20, nullptr);
@@ -372,6 +387,259 @@ TEST(Workers, LeaseExpiresCancelFreesAndBadRequestsAreRefused) {
   EXPECT_TRUE(ok.error.empty()) << ok.error;
   EXPECT_EQ(ok.out.size(), 5u);
   EXPECT_TRUE(c.decode.running() && c.prefill.running());
+}
+
+}  // namespace
+}  // namespace pw
+
+namespace pw {
+namespace {
+
+std::string Show(const std::vector<uint32_t>& v) {
+  std::string s;
+  for (uint32_t b : v) s += (s.empty() ? "" : " ") + std::to_string(b);
+  return s;
+}
+
+// Drives one decode and two prefill workers step by step, as a router would, and records what
+// they answer.
+class StepRouter {
+ public:
+  struct Seen {
+    bool reserved = false, reserve_refused = false, kv_ready = false, kv_ready_ok = false;
+    bool finished = false;
+    uint64_t lease = 0;
+    std::vector<uint32_t> blocks;
+    std::vector<int32_t> out;
+    wire::FinishReason reason = wire::FinishReason::STOP;
+    std::string error;
+  };
+  StepRouter() {
+    auto t = transport::ZmqRouterTransport::Bind("tcp://127.0.0.1:0");
+    EXPECT_TRUE(t.ok());
+    endpoint = (*t)->endpoint();
+    ControlServer::Options o;
+    o.id = "router";
+    o.heartbeat_ms = kBeatMs;
+    server = std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+  }
+  void Poll(int ms) {
+    server->Poll(ms, [this](const std::string&, const proto::InMessage& m) -> Status {
+      auto b = m.body();
+      switch (m.which()) {
+        case proto::Body::KV_RESERVE_REPLY: {
+          Seen& s = seen[b.getKvReserveReply().getRequestId()];
+          if (b.getKvReserveReply().getOk()) {
+            s.reserved = true;
+            s.lease = b.getKvReserveReply().getLeaseId();
+            s.blocks = proto::ToVector<uint32_t>(b.getKvReserveReply().getBlockIds());
+          } else {
+            s.reserve_refused = true;
+          }
+          break;
+        }
+        case proto::Body::KV_READY: {
+          Seen& s = seen[b.getKvReady().getRequestId()];
+          s.kv_ready = true;
+          s.kv_ready_ok = b.getKvReady().getOk();
+          if (s.kv_ready_ok) s.out.push_back(static_cast<int32_t>(b.getKvReady().getFirstToken()));
+          break;
+        }
+        case proto::Body::TOKEN_CHUNK:
+          for (uint32_t t : b.getTokenChunk().getTokens()) {
+            seen[b.getTokenChunk().getRequestId()].out.push_back(static_cast<int32_t>(t));
+          }
+          break;
+        case proto::Body::FINISH: {
+          Seen& s = seen[b.getFinish().getRequestId()];
+          s.finished = true;
+          s.reason = b.getFinish().getReason();
+          s.error = proto::ToString(b.getFinish().getError());
+          break;
+        }
+        default:
+          break;
+      }
+      return Status::Ok();
+    });
+  }
+  template <typename F>
+  bool Until(F done, int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!done() && std::chrono::steady_clock::now() < deadline) Poll(10);
+    return done();
+  }
+  void Reserve(uint64_t id, size_t tokens, uint32_t lease_ms) {
+    seen[id] = Seen{};
+    proto::OutMessage m;
+    auto k = m.body().initKvReserve();
+    k.setRequestId(id);
+    k.setNumTokens(static_cast<uint32_t>(tokens));
+    k.setLeaseMs(lease_ms);
+    ASSERT_TRUE(server->Send("decode-0", m).ok());
+  }
+  void Prefill(const std::string& prefill, uint64_t id, const std::vector<int32_t>& prompt,
+               int max_tokens) {
+    const Seen& s = seen[id];
+    auto reg = server->FindPeer("decode-0")->registration->body().getRegister();
+    proto::OutMessage out;
+    auto pr = out.body().initPrefillRequest();
+    pr.setRequestId(id);
+    auto toks = pr.initTokens(static_cast<unsigned>(prompt.size()));
+    for (size_t i = 0; i < prompt.size(); ++i) toks.set(i, static_cast<uint32_t>(prompt[i]));
+    pr.initSampling().setMaxTokens(static_cast<uint32_t>(max_tokens));
+    pr.getSampling().setIgnoreEos(true);
+    pr.setDecodeWorkerId("decode-0");
+    pr.setDecodeMemory(reg.getKvMemory());
+    pr.setDecodeLayout(reg.getKvLayout());
+    proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, s.blocks);
+    pr.setLeaseId(s.lease);
+    ASSERT_TRUE(server->Send(prefill, out).ok());
+  }
+  void StartDecode(uint64_t id, const std::vector<int32_t>& prompt, int max_tokens) {
+    const Seen& s = seen[id];
+    proto::OutMessage out;
+    auto sd = out.body().initStartDecode();
+    sd.setRequestId(id);
+    sd.setLeaseId(s.lease);
+    auto toks = sd.initTokens(static_cast<unsigned>(prompt.size()));
+    for (size_t i = 0; i < prompt.size(); ++i) toks.set(i, static_cast<uint32_t>(prompt[i]));
+    sd.setFirstToken(static_cast<uint32_t>(s.out.at(0)));
+    sd.initSampling().setMaxTokens(static_cast<uint32_t>(max_tokens));
+    sd.getSampling().setIgnoreEos(true);
+    sd.setGeneratedSoFar(1);
+    ASSERT_TRUE(server->Send("decode-0", out).ok());
+  }
+
+  // Reads request `id`'s leased blocks out of the decode worker's KV pool with UCX gets, as
+  // any peer holding the pool's rkey can. Empty on failure.
+  std::string ReadKv(uint64_t id) {
+    auto reg = server->FindPeer("decode-0")->registration->body().getRegister();
+    if (!ucx_ctx) {
+      auto ctx = transport::ucx::Context::Create();
+      EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
+      if (!ctx.ok()) return "";
+      ucx_ctx = std::move(ctx).value();
+      auto w = transport::ucx::Worker::Create(*ucx_ctx);
+      EXPECT_TRUE(w.ok()) << w.status().ToString();
+      if (!w.ok()) return "";
+      ucx_worker = std::move(w).value();
+      auto mem = reg.getKvMemory();
+      auto ep = transport::ucx::Endpoint::Connect(*ucx_worker, proto::ToBytes(mem.getWorkerAddress()));
+      EXPECT_TRUE(ep.ok()) << ep.status().ToString();
+      if (!ep.ok()) return "";
+      ucx_ep = std::move(ep).value();
+      auto region = ucx_ep->OpenRegion(proto::ToBytes(mem.getRkey()), mem.getBaseAddr(), mem.getBytes());
+      EXPECT_TRUE(region.ok()) << region.status().ToString();
+      if (!region.ok()) return "";
+      kv_region = std::move(region).value();
+    }
+    const uint64_t block_bytes = reg.getKvLayout().getBlockBytes();
+    std::string out;
+    for (uint32_t b : seen[id].blocks) {
+      std::string bytes(block_bytes, '\0');
+      Status st = kv_region->Get(b * block_bytes, bytes.data(), bytes.size(), 30000);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      if (!st.ok()) return "";
+      out += bytes;
+    }
+    return out;
+  }
+
+  static constexpr uint64_t kBeatMs = 1000;  // nothing here depends on death detection
+  std::unique_ptr<transport::ucx::Context> ucx_ctx;
+  std::unique_ptr<transport::ucx::Worker> ucx_worker;
+  std::unique_ptr<transport::ucx::Endpoint> ucx_ep;
+  std::unique_ptr<transport::ucx::RemoteRegion> kv_region;
+  std::string endpoint;
+  std::unique_ptr<ControlServer> server;
+  std::map<uint64_t, Seen> seen;
+};
+
+// A prefill worker that is slow (here: stopped) past its lease still writes the lease's blocks
+// when it resumes. Those blocks must not have gone to another request meanwhile: the second
+// request's tokens must equal the engine's, and afterwards the whole pool is free again.
+TEST(Workers, LateWriterOfAnExpiredLeaseCannotCorruptAnotherRequest) {
+  StepRouter r;
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = "LateWriter";
+  for (const char* who : {".decode.log", ".prefill-slow.log", ".prefill-fast.log"}) {
+    unlink((log_dir + "/" + tag + who).c_str());  // the expiry is read from this run's log
+  }
+  const std::string beat = std::to_string(StepRouter::kBeatMs);
+  constexpr int kBlocks = 8;  // 16 tokens each: room for one 90-token prompt and its output
+  testing::ChildProcess decode, slow, fast;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--model", ModelDir(), "--router", r.endpoint,
+                            "--id", "decode-0", "--kv-blocks", std::to_string(kBlocks),
+                            "--heartbeat-ms", beat},
+                           log_dir + "/" + tag + ".decode.log"));
+  ASSERT_TRUE(slow.Start({Bin("pw-prefill"), "--model", ModelDir(), "--router", r.endpoint, "--id",
+                          "prefill-slow", "--heartbeat-ms", beat},
+                         log_dir + "/" + tag + ".prefill-slow.log"));
+  ASSERT_TRUE(fast.Start({Bin("pw-prefill"), "--model", ModelDir(), "--router", r.endpoint, "--id",
+                          "prefill-fast", "--heartbeat-ms", beat},
+                         log_dir + "/" + tag + ".prefill-fast.log"));
+  auto logs = [&] { return "decode:\n" + decode.Log() + "\nslow:\n" + slow.Log() + "\nfast:\n" + fast.Log(); };
+  ASSERT_TRUE(r.Until([&] {
+    return r.server->FindPeer("decode-0") && r.server->FindPeer("prefill-slow") &&
+           r.server->FindPeer("prefill-fast");
+  }, 120000)) << logs();
+
+  auto prompts = RandomPrompts(2, 31337, 90, 90);
+  const int kMax = 30;
+  auto ref = Reference({prompts[1]}, kMax);
+  const uint64_t kA = 1, kB = 2;
+  // A: leased for 300 ms; its prefill worker is stopped before it sees the request.
+  slow.Kill(SIGSTOP);
+  r.Reserve(kA, prompts[0].size(), 300);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kA].reserved; }, 30000)) << logs();
+  r.Prefill("prefill-slow", kA, prompts[0], kMax);
+  ASSERT_TRUE(r.Until([&] { return decode.Log().find("expired") != std::string::npos; }, 30000))
+      << logs();
+  // B asks for KV while A's writer may still write A's blocks.
+  r.Reserve(kB, prompts[1].size(), 30000);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kB].reserved || r.seen[kB].reserve_refused; }, 30000));
+  std::string b_kv_written;  // B's blocks as read back once its prefill finished
+  if (r.seen[kB].reserved) {
+    r.Prefill("prefill-fast", kB, prompts[1], kMax);
+    ASSERT_TRUE(r.Until([&] { return r.seen[kB].kv_ready; }, 60000)) << logs();
+    ASSERT_TRUE(r.seen[kB].kv_ready_ok) << logs();
+    b_kv_written = r.ReadKv(kB);
+  }
+  // A's writer resumes and writes A's (expired) lease.
+  slow.Kill(SIGCONT);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kA].kv_ready; }, 60000)) << logs();
+  // Starting A now is refused: its lease is no longer live.
+  r.StartDecode(kA, prompts[0], kMax);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kA].finished; }, 30000)) << logs();
+  EXPECT_EQ(r.seen[kA].reason, wire::FinishReason::ERROR);
+  if (!r.seen[kB].reserved) {
+    // B was refused while A's blocks waited for their writer; now there is room.
+    r.Reserve(kB, prompts[1].size(), 30000);
+    ASSERT_TRUE(r.Until([&] { return r.seen[kB].reserved || r.seen[kB].reserve_refused; }, 30000));
+    ASSERT_TRUE(r.seen[kB].reserved) << "A's blocks never returned to the pool\n" << logs();
+    r.Prefill("prefill-fast", kB, prompts[1], kMax);
+    ASSERT_TRUE(r.Until([&] { return r.seen[kB].kv_ready; }, 60000)) << logs();
+    ASSERT_TRUE(r.seen[kB].kv_ready_ok) << logs();
+    b_kv_written = r.ReadKv(kB);
+  }
+  // B's KV is as its own prefill wrote it.
+  const std::string b_kv_now = r.ReadKv(kB);
+  ASSERT_FALSE(b_kv_now.empty());
+  EXPECT_TRUE(b_kv_now == b_kv_written) << "A's late writer overwrote B's blocks (A: "
+                                        << Show(r.seen[kA].blocks) << "; B: "
+                                        << Show(r.seen[kB].blocks) << ")";
+  r.StartDecode(kB, prompts[1], kMax);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kB].finished; }, 60000)) << logs();
+  EXPECT_EQ(r.seen[kB].reason, wire::FinishReason::LENGTH) << r.seen[kB].error;
+  EXPECT_EQ(r.seen[kB].out, ref[0]) << "request B read KV that A's late writer overwrote";
+  // No block leaked: the decode worker's heartbeat shows the whole pool free.
+  bool all_free = r.Until([&] {
+    const auto* d = r.server->FindPeer("decode-0");
+    return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
+  }, 30000);
+  EXPECT_TRUE(all_free) << logs();
 }
 
 }  // namespace
