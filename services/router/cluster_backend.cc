@@ -166,6 +166,7 @@ void ClusterBackend::Run() {
   while (!stop_.load()) {
     DrainCommands();
     CheckPhaseTimeouts();
+    CheckFences();
     DispatchPending();
     PublishLoad();
     // Pending requests waiting for a backoff or capacity: look again soon.
@@ -198,8 +199,7 @@ void ClusterBackend::DrainCommands() {
       auto it = reqs_.find(c.id);
       if (it == reqs_.end()) continue;
       Req& r = it->second;
-      if (!r.decode_peer.empty()) SendCancel(r.decode_peer, c.id, r.lease_id);
-      if (r.phase == Phase::kPrefilling) SendCancel(r.prefill_peer, c.id, r.lease_id);
+      ReleasePlacement(c.id, r);
       reqs_.erase(it);
     }
   }
@@ -312,6 +312,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   r.placed_at_ms = NowMs();
   r.phase_deadline_ms = r.placed_at_ms + options_.phase_timeout_ms;
   r.decode_peer = best_d->id;
+  r.decode_pid = best_d->pid;
   r.prefill_peer = best_p->id;
   r.lease_id = 0;
   r.block_ids.clear();
@@ -347,8 +348,9 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   auto it = reqs_.find(id);
   if (it == reqs_.end() || it->second.phase != Phase::kReserving ||
       it->second.decode_peer != peer) {
-    // Late reply for a request cancelled or moved: give the lease back.
-    if (m.getOk()) SendCancel(peer, id, m.getLeaseId());
+    // Late reply for a request cancelled or moved: give the lease back (no prefill worker
+    // ever had it).
+    if (m.getOk()) SendCancel(peer, id, m.getLeaseId(), /*writer_done=*/true);
     return;
   }
   Req& r = it->second;
@@ -369,6 +371,7 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   const transport::PeerInfo* p = server_->FindPeer(r.prefill_peer);
   const WorkerStatic* ds = d ? StaticOf(*d) : nullptr;
   if (ds == nullptr || p == nullptr) {
+    SendCancel(peer, id, r.lease_id, /*writer_done=*/true);  // not handed to a prefill worker
     Retry(id, r, "a worker left during placement");
     return;
   }
@@ -392,8 +395,10 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, r.block_ids);
   pr.setLeaseId(r.lease_id);
   pr.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
+  r.prefill_epoch = p->epoch;
   Status st = server_->Send(r.prefill_peer, out);
   if (!st.ok()) {
+    SendCancel(peer, id, r.lease_id, /*writer_done=*/true);  // the request never left
     Retry(id, r, "PrefillRequest to '" + r.prefill_peer + "': " + st.ToString());
     return;
   }
@@ -406,10 +411,13 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   auto it = reqs_.find(id);
   if (it == reqs_.end() || it->second.phase != Phase::kPrefilling ||
       it->second.prefill_peer != peer || it->second.lease_id != m.getLeaseId()) {
-    return;  // stale: the request was cancelled or placed again
+    // Stale: the request was cancelled or placed again. Not started; but its writer is done.
+    WriterDone(proto::ToString(m.getDecodeWorkerId()), id, m.getLeaseId());
+    return;
   }
   Req& r = it->second;
   if (!m.getOk()) {
+    SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
     Retry(id, r, "prefill on '" + peer + "' failed: " + proto::ToString(m.getError()));
     return;
   }
@@ -421,7 +429,8 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   const bool is_stop = std::find(stops.begin(), stops.end(), first) != stops.end();
   const bool at_length = static_cast<int32_t>(r.generated.size()) >= r.request.sampling.max_tokens;
   if (is_stop || at_length) {
-    SendCancel(r.decode_peer, id, r.lease_id);  // the reserved blocks are not needed
+    // The reserved blocks are not needed, and their writer is done.
+    SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
     Finish(id, is_stop ? FinishReason::kStop : FinishReason::kLength, Status::Ok());
     return;
   }
@@ -437,6 +446,7 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   sd.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
   Status st = server_->Send(r.decode_peer, out);
   if (!st.ok()) {
+    SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
     Retry(id, r, "StartDecode to '" + r.decode_peer + "': " + st.ToString());
     return;
   }
@@ -489,12 +499,12 @@ void ClusterBackend::OnFinish(const std::string& peer, wire::Finish::Reader m) {
       break;
     case wire::FinishReason::CANCELLED:
       // The worker gave the request up (drain, preemption it could not recompute): move it.
-      if (r.phase == Phase::kPrefilling) SendCancel(r.decode_peer, id, r.lease_id);
+      if (r.phase == Phase::kPrefilling) ReleasePlacement(id, r);
       Retry(id, r, "cancelled by '" + peer + "': " + proto::ToString(m.getError()));
       break;
     case wire::FinishReason::ERROR:
     default:
-      if (r.phase == Phase::kPrefilling) SendCancel(r.decode_peer, id, r.lease_id);
+      if (r.phase == Phase::kPrefilling) ReleasePlacement(id, r);
       Retry(id, r, "error on '" + peer + "': " + proto::ToString(m.getError()));
       break;
   }
@@ -513,8 +523,7 @@ void ClusterBackend::CheckPhaseTimeouts() {
     Req& r = reqs_[id];
     const bool prefilling = r.phase == Phase::kPrefilling;
     std::string who = prefilling ? r.prefill_peer : r.decode_peer;
-    SendCancel(r.decode_peer, id, r.lease_id);
-    if (prefilling) SendCancel(r.prefill_peer, id, r.lease_id);
+    ReleasePlacement(id, r);
     Retry(id, r,
           std::string(prefilling ? "no KvReady" : "no KvReserveReply") + " from '" + who +
               "' within " + std::to_string(options_.phase_timeout_ms) + " ms");
@@ -536,13 +545,79 @@ void ClusterBackend::OnPeerLost(const std::string& peer, const std::string& why)
   }
   for (uint64_t id : hit) {
     Req& r = reqs_[id];
-    // Free what the surviving side holds for it.
-    if (r.decode_peer != peer && !r.decode_peer.empty()) SendCancel(r.decode_peer, id, r.lease_id);
-    if (r.phase == Phase::kPrefilling && r.prefill_peer != peer) {
-      SendCancel(r.prefill_peer, id, r.lease_id);
-    }
+    // Free what the other side holds for it; a lease the lost prefill worker may still be
+    // writing stays fenced until that worker is done or gone for writer_grace_ms.
+    ReleasePlacement(id, r);
     Retry(id, r, why);
   }
+}
+
+void ClusterBackend::ReleasePlacement(uint64_t id, Req& r) {
+  if (r.phase == Phase::kPrefilling) {
+    Fence f;
+    f.decode_peer = r.decode_peer;
+    f.decode_pid = r.decode_pid;
+    f.request_id = id;
+    f.lease_id = r.lease_id;
+    f.prefill_peer = r.prefill_peer;
+    f.prefill_epoch = r.prefill_epoch;
+    SendCancel(r.prefill_peer, id, r.lease_id, false, &f.cancel_seq);
+    SendCancel(r.decode_peer, id, r.lease_id);  // quarantined there until WriterDone
+    if (f.lease_id != 0) fences_.push_back(std::move(f));
+    return;
+  }
+  if (r.decode_peer.empty()) return;
+  // Reserving: no prefill worker has the lease (a reply still on its way is answered in
+  // OnReserveReply). Decoding: the lease became a running sequence.
+  SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/r.phase == Phase::kReserving &&
+                                                r.lease_id != 0);
+}
+
+void ClusterBackend::WriterDone(const std::string& decode_peer, uint64_t id, uint64_t lease_id) {
+  for (auto it = fences_.begin(); it != fences_.end(); ++it) {
+    if (it->decode_peer == decode_peer && it->request_id == id && it->lease_id == lease_id) {
+      Fence f = std::move(*it);
+      fences_.erase(it);
+      ReleaseFence(f);
+      return;
+    }
+  }
+}
+
+void ClusterBackend::ReleaseFence(const Fence& f) {
+  // A decode process that restarted under the same id numbers its leases anew: it never had
+  // this lease, and the same number may now name a live one.
+  const transport::PeerInfo* d = server_->FindPeer(f.decode_peer);
+  if (d == nullptr || d->pid != f.decode_pid) return;
+  SendCancel(f.decode_peer, f.request_id, f.lease_id, /*writer_done=*/true);
+}
+
+void ClusterBackend::CheckFences() {
+  if (fences_.empty()) return;
+  const uint64_t now = NowMs();
+  std::vector<Fence> done;
+  for (auto it = fences_.begin(); it != fences_.end();) {
+    Fence& f = *it;
+    const transport::PeerInfo* p = server_->FindPeer(f.prefill_peer);
+    bool writer_done = false;
+    if (p == nullptr) {
+      // Declared dead (or never reachable): a slow process drops its work once it notices
+      // this router's silence; a dead one writes nothing. Wait out the longest write.
+      if (f.gone_since_ms == 0) f.gone_since_ms = now;
+      writer_done = now - f.gone_since_ms >= options_.writer_grace_ms;
+    } else if (p->epoch != f.prefill_epoch) {
+      writer_done = true;  // registered again: it dropped everything it had before
+    } else if (f.cancel_seq != 0 && p->acked_seq >= f.cancel_seq) {
+      writer_done = true;  // it handled our Cancel: the prompt is neither queued nor running
+    }
+    if (writer_done) {
+      done.push_back(std::move(f));
+      it = fences_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const Fence& f : done) ReleaseFence(f);
 }
 
 void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why) {
@@ -570,13 +645,16 @@ void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why) {
   ++replaced_;
 }
 
-void ClusterBackend::SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id) {
+void ClusterBackend::SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id,
+                                bool writer_done, uint64_t* seq_out) {
+  if (seq_out) *seq_out = 0;
   if (peer.empty() || server_->FindPeer(peer) == nullptr) return;
   proto::OutMessage m;
   auto c = m.body().initCancel();
   c.setRequestId(id);
   c.setLeaseId(lease_id);
-  Status st = server_->Send(peer, m);
+  c.setWriterDone(writer_done);
+  Status st = server_->Send(peer, m, seq_out);
   if (!st.ok()) PW_LOG(DEBUG) << "router: Cancel to '" << peer << "': " << st.ToString();
 }
 

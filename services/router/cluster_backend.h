@@ -23,6 +23,14 @@
 // its requests) is treated like a dead one for the requests it held, and a reservation or
 // prefill that gets no answer within phase_timeout_ms is cancelled and placed again.
 //
+// Writer fences: a lease handed to a prefill worker and then given up before StartDecode
+// (client gone, timeout, a worker lost) may still be written by that prefill worker with
+// one-sided puts. Its decode worker quarantines the blocks; this router tells it when the
+// writer can no longer write (Cancel with writerDone): when the lease's KvReady arrives, when
+// the prefill worker acknowledges (ackSeq) the Cancel sent to it, when it registers again (it
+// dropped all its work first), or once it has been gone for writer_grace_ms. A lease never
+// handed to a prefill worker is released at once. See docs/architecture.md, Failures.
+//
 // Threading: one backend thread owns the ControlServer and all request state. Submit/Cancel
 // queue commands and wake it through a DEALER connected to its own ROUTER (frames from that
 // peer are never parsed). Load() reads a snapshot published by the backend thread.
@@ -54,6 +62,9 @@ struct ClusterBackendOptions {
   // lost message must not strand a request).
   uint64_t phase_timeout_ms = 30000;
   int max_attempts = 3;             // placements per request after worker failures
+  // A prefill worker declared dead may be slow, not gone: the blocks it was to write stay
+  // quarantined for this long after its death (longer than any one prefill and its puts).
+  uint64_t writer_grace_ms = 60000;
   uint32_t default_max_batch = 64;  // when a decode worker registers maxBatch 0
 };
 
@@ -68,6 +79,9 @@ class ClusterBackend final : public GenerationBackend {
   void Stop();
   // The bound endpoint with its port resolved.
   const std::string& endpoint() const { return endpoint_; }
+  // Leases waiting for their prefill worker to be done (backend thread; tests read it after
+  // Stop()).
+  size_t fences() const { return fences_.size(); }
 
   void SetEvents(GenerationEvents* events) override { events_ = events; }
   Status Submit(GenerationRequest request) override;
@@ -88,6 +102,8 @@ class ClusterBackend final : public GenerationBackend {
     uint64_t not_before_ms = 0;          // retry backoff
     uint64_t phase_deadline_ms = 0;      // kReserving / kPrefilling: answer expected by then
     uint64_t placed_at_ms = 0;           // when KvReserve was sent
+    uint64_t prefill_epoch = 0;          // prefill peer's registration when PrefillRequest went
+    uint32_t decode_pid = 0;             // the decode process that granted the lease
     std::vector<std::string> failed_on;  // workers this request failed on (avoided if possible)
   };
   // What a worker registered with (read once per process instance).
@@ -105,6 +121,17 @@ class ClusterBackend final : public GenerationBackend {
     std::string rkey;            // UcxMemory.rkey bytes
     uint64_t base_addr = 0;
     uint64_t region_bytes = 0;
+  };
+  // A lease given up while its prefill worker may still write it (see the file comment).
+  struct Fence {
+    std::string decode_peer;
+    uint32_t decode_pid = 0;     // lease ids are per decode process: release only to it
+    uint64_t request_id = 0;
+    uint64_t lease_id = 0;
+    std::string prefill_peer;
+    uint64_t prefill_epoch = 0;  // the registration that got the PrefillRequest
+    uint64_t cancel_seq = 0;     // seq of the Cancel sent to the prefill worker; 0 = none sent
+    uint64_t gone_since_ms = 0;  // when the prefill worker was first seen unregistered
   };
   struct Command {
     enum Kind { kSubmit, kCancel } kind;
@@ -129,7 +156,17 @@ class ClusterBackend final : public GenerationBackend {
   void CheckPhaseTimeouts();
   // Puts `r` back to pending after a failure (or fails it after max_attempts).
   void Retry(uint64_t id, Req& r, const std::string& why);
-  void SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id);
+  // Sends Cancel; `seq_out` gets its seq (0 when not sent).
+  void SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id, bool writer_done = false,
+                  uint64_t* seq_out = nullptr);
+  // Gives up what `r`'s current placement holds on its workers: the decode worker's lease or
+  // running sequence and the prefill worker's queued prompt; fences a lease its prefill worker
+  // may still write.
+  void ReleasePlacement(uint64_t id, Req& r);
+  // The prefill worker of a fenced lease is done with it: release its blocks.
+  void WriterDone(const std::string& decode_peer, uint64_t id, uint64_t lease_id);
+  void ReleaseFence(const Fence& f);
+  void CheckFences();
   void Finish(uint64_t id, FinishReason reason, Status error);
   const WorkerStatic* StaticOf(const transport::PeerInfo& info);
   void PublishLoad();
@@ -152,6 +189,7 @@ class ClusterBackend final : public GenerationBackend {
   std::map<uint64_t, Req> reqs_;
   std::map<std::string, WorkerStatic> statics_;
   uint64_t replaced_ = 0;  // Retry() calls that placed a request again
+  std::vector<Fence> fences_;
 
   mutable std::mutex load_mu_;
   BackendLoad load_;  // guarded by load_mu_
