@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""e2e fault tests (issue 4, router side): with greedy decoding,
+"""e2e fault tests (router side): with greedy decoding,
   1. SIGKILL of a decode worker mid-stream: every stream finishes with exactly the reference text
      (the router re-places the requests with the tokens already sent: no gap, no repeat);
   2. SIGKILL of a prefill worker while requests arrive: they are re-dispatched and finish with

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""e2e load test (issue 4): 500 requests with bursty arrivals, up to 128 concurrent streams,
+"""e2e load test: 500 requests with bursty arrivals, up to 128 concurrent streams,
 against a local cluster. Passes when every request completes without error, every KV block is
 free again afterwards (decode workers' heartbeats, as the router's /metrics shows them), and no
 process grew (resident memory after the load within 10% + 16 MiB of after a same-shape warmup).

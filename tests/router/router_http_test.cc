@@ -1,5 +1,5 @@
 // The router's HTTP front end end to end over loopback: OpenAI formats, SSE, validation and
-// every bad input of issue 4, admission (429), cancellation on disconnect, timeouts, drain.
+// every bad input the router must refuse, admission (429), cancellation on disconnect, timeouts, drain.
 // The worker side is ScriptedTestBackend (router logic only); the tokenizer is the real one of
 // the embedded model.
 #include <dirent.h>
@@ -376,7 +376,7 @@ TEST_F(RouterHttpTest, ExpectContinueIsAnswered) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
-// ---- issue 4 "Bad-input tests": each answered with the right 4xx, server healthy afterwards.
+// ---- Bad-input tests: each answered with the right 4xx, server healthy afterwards.
 
 TEST_F(RouterHttpTest, MalformedJson) {
   ExpectError(Post("/v1/completions", R"({"model": "tiny-moe", "prompt": )"), 400);
