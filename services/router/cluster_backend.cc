@@ -605,10 +605,12 @@ void ClusterBackend::CheckFences() {
       // this router's silence; a dead one writes nothing. Wait out the longest write.
       if (f.gone_since_ms == 0) f.gone_since_ms = now;
       writer_done = now - f.gone_since_ms >= options_.writer_grace_ms;
-    } else if (p->epoch != f.prefill_epoch) {
-      writer_done = true;  // registered again: it dropped everything it had before
-    } else if (f.cancel_seq != 0 && p->acked_seq >= f.cancel_seq) {
-      writer_done = true;  // it handled our Cancel: the prompt is neither queued nor running
+    } else if (p->epoch != f.prefill_epoch ||
+               (f.cancel_seq != 0 && p->acked_seq >= f.cancel_seq)) {
+      // It handled our Cancel, or registered again (having cancelled all it had): a transfer
+      // already posted may still land for a short, bounded time.
+      if (f.stopped_since_ms == 0) f.stopped_since_ms = now;
+      writer_done = now - f.stopped_since_ms >= options_.cancel_grace_ms;
     }
     if (writer_done) {
       done.push_back(std::move(f));

@@ -26,10 +26,11 @@
 // Writer fences: a lease handed to a prefill worker and then given up before StartDecode
 // (client gone, timeout, a worker lost) may still be written by that prefill worker with
 // one-sided puts. Its decode worker quarantines the blocks; this router tells it when the
-// writer can no longer write (Cancel with writerDone): when the lease's KvReady arrives, when
-// the prefill worker acknowledges (ackSeq) the Cancel sent to it, when it registers again (it
-// dropped all its work first), or once it has been gone for writer_grace_ms. A lease never
-// handed to a prefill worker is released at once. See docs/architecture.md, Failures.
+// writer can no longer write (Cancel with writerDone): when the lease's KvReady arrives;
+// cancel_grace_ms after the prefill worker acknowledged (ackSeq) the Cancel sent to it or
+// registered again (it cancelled all its work first; a cancelled transfer stops within that
+// time); or once it has been gone for writer_grace_ms. A lease never handed to a prefill
+// worker is released at once. See docs/architecture.md, Failures.
 //
 // Threading: one backend thread owns the ControlServer and all request state. Submit/Cancel
 // queue commands and wake it through a DEALER connected to its own ROUTER (frames from that
@@ -65,6 +66,9 @@ struct ClusterBackendOptions {
   // A prefill worker declared dead may be slow, not gone: the blocks it was to write stay
   // quarantined for this long after its death (longer than any one prefill and its puts).
   uint64_t writer_grace_ms = 60000;
+  // A prefill worker that handled our Cancel (or registered again) stops writing the lease
+  // within this long (its cancelled transfer flushes what was posted, then closes).
+  uint64_t cancel_grace_ms = 5000;
   uint32_t default_max_batch = 64;  // when a decode worker registers maxBatch 0
 };
 
@@ -131,7 +135,8 @@ class ClusterBackend final : public GenerationBackend {
     std::string prefill_peer;
     uint64_t prefill_epoch = 0;  // the registration that got the PrefillRequest
     uint64_t cancel_seq = 0;     // seq of the Cancel sent to the prefill worker; 0 = none sent
-    uint64_t gone_since_ms = 0;  // when the prefill worker was first seen unregistered
+    uint64_t gone_since_ms = 0;     // when the prefill worker was first seen unregistered
+    uint64_t stopped_since_ms = 0;  // when it was first seen to have handled the Cancel
   };
   struct Command {
     enum Kind { kSubmit, kCancel } kind;
