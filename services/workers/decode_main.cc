@@ -20,6 +20,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "tokens per step")->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-batch", o.max_batch, "running sequences")->check(CLI::Range(1, 1 << 16));
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")->check(CLI::Range(10, 60000));
+  app.add_option("--quarantine-max-ms", o.quarantine_max_ms,
+                 "quarantined KV blocks return to the pool after this long without the router's word")
+      ->check(CLI::Range(1, 86400000));
+  app.add_option("--router-lost-quarantine-ms", o.router_lost_quarantine_ms,
+                 "... or this long once the router is lost")
+      ->check(CLI::Range(1, 86400000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101");
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);

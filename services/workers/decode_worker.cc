@@ -85,7 +85,16 @@ Status DecodeWorker::Setup() {
   router_ = std::make_unique<transport::ControlClient>(std::move(rt), clock_, ro);
   router_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
   router_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
-  router_->on_server_lost = [this] { DropAll("router lost"); };
+  router_->on_server_lost = [this] {
+    DropAll("router lost");
+    // No router will speak for any quarantined lease again, and the prefill workers that may
+    // write them lose the same router and cancel their transfers: shorten every wait.
+    const uint64_t now = clock_->NowMs();
+    for (auto& [lease_id, q] : quarantine_) {
+      const uint64_t waited = now - q.since_ms;
+      q.max_ms = std::min(q.max_ms, waited + options_.router_lost_quarantine_ms);
+    }
+  };
   return Status::Ok();
 }
 
@@ -212,6 +221,7 @@ void DecodeWorker::Quarantine(KvLease lease, const char* why) {
   q.request_id = lease.request_id;
   q.blocks = std::move(lease.blocks);
   q.since_ms = clock_->NowMs();
+  q.max_ms = options_.quarantine_max_ms;
   quarantine_[lease.lease_id] = std::move(q);
 }
 
@@ -228,13 +238,13 @@ bool DecodeWorker::ReleaseQuarantined(uint64_t lease_id, uint64_t request_id, co
 void DecodeWorker::ExpireQuarantine() {
   const uint64_t now = clock_->NowMs();
   for (auto it = quarantine_.begin(); it != quarantine_.end();) {
-    if (now - it->second.since_ms < options_.quarantine_max_ms) {
+    if (now - it->second.since_ms < it->second.max_ms) {
       ++it;
       continue;
     }
     PW_LOG(WARNING) << options_.id << ": lease " << it->first << " of request "
                     << it->second.request_id << ": no word on its writer for "
-                    << options_.quarantine_max_ms << " ms; " << it->second.blocks.size()
+                    << it->second.max_ms << " ms; " << it->second.blocks.size()
                     << " quarantined blocks freed";
     FreeBlocks(it->second.blocks, "quarantine over");
     it = quarantine_.erase(it);

@@ -12,7 +12,9 @@
 // one-sided UCX puts this process cannot see. They are not freed but quarantined until the
 // router says that writer can no longer write (Cancel with writerDone), until a StartDecode for
 // the lease arrives (its KvReady came first, so the writes are done), or, with no word from
-// any router, after quarantine_max_ms. StartDecode for a lease that is not live is refused.
+// any router, after quarantine_max_ms, or router_lost_quarantine_ms once the router is lost
+// (its prefill workers lose it too and stop writing). StartDecode for a lease that is not live
+// is refused.
 //
 // Preemption: when a step needs KV blocks the pool lacks, the most recently admitted running
 // sequence is removed and queued again with the tokens it generated; the engine recomputes its
@@ -53,6 +55,10 @@ struct DecodeWorkerOptions {
   // Quarantined blocks return to the pool after this long even without the router's word
   // (the router that knew their writer is gone); longer than any prefill's write.
   uint64_t quarantine_max_ms = 600000;
+  // When the router is lost, every quarantined lease returns after at most this long: the
+  // prefill workers lose the same router, cancel their transfers and stop writing within about
+  // a second of noticing (3 heartbeats); this covers that skew with a wide margin.
+  uint64_t router_lost_quarantine_ms = 30000;
   int weights_timeout_ms = 120000; // waiting for the broker's expert weights at start
   std::string metrics_bind;        // "127.0.0.1:0"; empty = no /metrics
 };
@@ -84,6 +90,7 @@ class DecodeWorker {
     uint64_t request_id = 0;
     std::vector<int32_t> blocks;
     uint64_t since_ms = 0;
+    uint64_t max_ms = 0;  // freed after this long without the router's word
   };
 
   explicit DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <random>
 #include <optional>
 #include <vector>
 
@@ -85,8 +86,15 @@ class KvLeaseTable {
     reserved_blocks_ -= l.blocks.size();
     return l;
   }
+  // Lease ids start at a random point (below 2^62, never 0) so a restarted decode worker does
+  // not hand out the ids of its previous life, which stale KvReady/StartDecode frames may name.
+  static uint64_t FirstId() {
+    std::random_device rd;
+    const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    return (r & ((uint64_t{1} << 62) - 1)) | 1;
+  }
   const transport::Clock* clock_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_ = FirstId();
   size_t reserved_blocks_ = 0;
   std::map<uint64_t, KvLease> leases_;
 };

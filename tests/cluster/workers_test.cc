@@ -7,8 +7,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "services/engine/engine.h"
 #include "services/transport/control.h"
@@ -414,8 +416,8 @@ class StepRouter {
     wire::FinishReason reason = wire::FinishReason::STOP;
     std::string error;
   };
-  StepRouter() {
-    auto t = transport::ZmqRouterTransport::Bind("tcp://127.0.0.1:0");
+  explicit StepRouter(const std::string& bind = "tcp://127.0.0.1:0") {
+    auto t = transport::ZmqRouterTransport::Bind(bind);
     EXPECT_TRUE(t.ok());
     endpoint = (*t)->endpoint();
     ControlServer::Options o;
@@ -640,6 +642,50 @@ TEST(Workers, LateWriterOfAnExpiredLeaseCannotCorruptAnotherRequest) {
     return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
   }, 30000);
   EXPECT_TRUE(all_free) << logs();
+}
+
+// The router dies while a lease is held: the decode worker quarantines the lease's blocks (a
+// prefill worker may have been writing them) and, since no router will ever speak for them,
+// frees them after router_lost_quarantine_ms instead of the 600 s fallback.
+TEST(Workers, RouterLossShortensTheQuarantine) {
+  auto r = std::make_unique<StepRouter>();
+  const std::string endpoint = r->endpoint;
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string log_path = log_dir + "/RouterLossQuarantine.decode.log";
+  unlink(log_path.c_str());
+  constexpr int kBlocks = 8;
+  testing::ChildProcess decode;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--model", ModelDir(), "--router", endpoint, "--id",
+                            "decode-0", "--kv-blocks", std::to_string(kBlocks), "--heartbeat-ms",
+                            "200", "--quarantine-max-ms", "600000", "--router-lost-quarantine-ms",
+                            "2000"},
+                           log_path));
+  ASSERT_TRUE(r->Until([&] { return r->server->FindPeer("decode-0") != nullptr; }, 120000))
+      << decode.Log();
+  r->Reserve(1, 40, 600000);
+  ASSERT_TRUE(r->Until([&] { return r->seen[1].reserved; }, 30000)) << decode.Log();
+  ASSERT_FALSE(r->seen[1].blocks.empty());
+  // The router goes away; the decode worker notices after 3 silent heartbeats.
+  r.reset();
+  const auto lost_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (decode.Log().find("router lost") == std::string::npos &&
+         std::chrono::steady_clock::now() < lost_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(decode.Log().find("router lost"), std::string::npos) << decode.Log();
+  ASSERT_NE(decode.Log().find("quarantined"), std::string::npos) << decode.Log();
+  // A new router on the same endpoint: the worker registers again and, within seconds (not
+  // 600 s), reports its whole pool free.
+  StepRouter r2(endpoint);
+  ASSERT_TRUE(r2.Until([&] { return r2.server->FindPeer("decode-0") != nullptr; }, 60000))
+      << decode.Log();
+  const bool all_free = r2.Until([&] {
+    const auto* d = r2.server->FindPeer("decode-0");
+    return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
+  }, 60000);
+  EXPECT_TRUE(all_free) << decode.Log();
+  EXPECT_NE(decode.Log().find("quarantined blocks freed"), std::string::npos) << decode.Log();
 }
 
 }  // namespace
