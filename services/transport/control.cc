@@ -234,6 +234,7 @@ void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
   liveness_.Touch(peer);
   it->second.acked_seq = std::max(it->second.acked_seq, msg->envelope().getAckSeq());
   if (msg->which() == proto::Body::HEARTBEAT) {
+    ++it->second.heartbeats;
     Status st = proto::GuardWire("heartbeat", [&]() -> Status {
       it->second.load = LoadFrom(msg->body().getHeartbeat());
       return Status::Ok();
@@ -307,11 +308,24 @@ void ControlClient::RunTimers(bool sweep) {
     if (!st.ok()) PW_LOG(DEBUG) << "register: " << st.ToString();
     return;
   }
+  Status st = SendHeartbeat(fill_heartbeat);
+  if (!st.ok()) PW_LOG(DEBUG) << "heartbeat: " << st.ToString();
+}
+
+Status ControlClient::SendHeartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill) {
   proto::OutMessage m;
   auto hb = m.body().initHeartbeat();
-  if (fill_heartbeat) fill_heartbeat(hb);
-  Status st = Send(m);
+  if (fill) fill(hb);
+  return Send(m);
+}
+
+bool ControlClient::HeartbeatIfDue(const std::function<void(wire::Heartbeat::Builder)>& fill) {
+  const uint64_t now = clock_->NowMs();
+  if (!registered_ || now < next_timer_ms_) return false;
+  next_timer_ms_ = now + options_.heartbeat_ms;
+  Status st = SendHeartbeat(fill);
   if (!st.ok()) PW_LOG(DEBUG) << "heartbeat: " << st.ToString();
+  return st.ok();
 }
 
 int ControlClient::Poll(int timeout_ms, const MessageHandler& handler) {

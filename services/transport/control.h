@@ -2,7 +2,8 @@
 //
 // ControlServer sits on a ROUTER (router, broker); ControlClient on a DEALER (workers).
 // Both are single-threaded: call Poll() from one loop, which receives, validates and
-// dispatches frames and runs the heartbeat timers. Frames that fail validation (malformed,
+// dispatches frames and runs the heartbeat timers (a client's owner may also send due
+// heartbeats from another thread with HeartbeatIfDue, serialized with every other call). Frames that fail validation (malformed,
 // another protocol major version, unknown body) are logged and dropped, never fatal.
 //
 // Protocol (docs/architecture.md):
@@ -74,6 +75,7 @@ struct PeerInfo {
   uint64_t next_seq_out = 1;
   uint64_t epoch = 0;      // changes at every accepted registration (server-wide counter)
   uint64_t acked_seq = 0;  // highest ackSeq the peer sent in this registration
+  uint64_t heartbeats = 0; // Heartbeat frames accepted from this peer since it registered
 };
 
 // Handler for application messages; an error is logged and counted, the frame dropped.
@@ -154,6 +156,12 @@ class ControlClient {
   // Stamps and sends `msg` to the server.
   Status Send(proto::OutMessage& msg);
   void Tick() { RunTimers(/*sweep=*/true); }
+  // Sends the Heartbeat that is due, if one is and the client is registered, filled by `fill`
+  // instead of fill_heartbeat; Poll's next heartbeat is then an interval later. Receives
+  // nothing, registers nothing, declares nothing lost and runs no other callback: it keeps the
+  // link alive from another thread while the thread that polls is busy, the caller serializing
+  // it with every other use of this client. True when a heartbeat went out.
+  bool HeartbeatIfDue(const std::function<void(wire::Heartbeat::Builder)>& fill);
 
   bool registered() const { return registered_; }
   uint64_t server_instance() const { return server_instance_; }
@@ -164,6 +172,7 @@ class ControlClient {
   void HandleFrame(Frame frame, const MessageHandler& handler);
   void MarkLost(const char* why);
   void RunTimers(bool sweep);
+  Status SendHeartbeat(const std::function<void(wire::Heartbeat::Builder)>& fill);
 
   std::unique_ptr<Transport> transport_;
   const Clock* clock_;

@@ -104,6 +104,65 @@ TEST(Control, RegistersAndExchangesMessages) {
   EXPECT_EQ(p.server->counters().lost, 0u);
 }
 
+// HeartbeatIfDue (a keepalive thread's call while the polling thread is busy) sends exactly the
+// heartbeats that fall due, filled by its own callback, only while registered, and moves Poll's
+// timer so the two never double a beat. The server, polled throughout, never declares the
+// unpolled client dead, and the client, polled again, still counts the server alive.
+TEST(Control, HeartbeatIfDueKeepsAnUnpolledClientAlive) {
+  Pair p;
+  MakePair(&p);
+  std::vector<std::string> dead;
+  p.server->on_peer_dead = [&](const std::string& id, const PeerInfo&) { dead.push_back(id); };
+  int lost = 0;
+  p.client->on_server_lost = [&] { ++lost; };
+  p.client->fill_heartbeat = [](wire::Heartbeat::Builder h) { h.setFreeKvBlocks(1); };
+  uint32_t snapshot = 0;
+  auto fill = [&](wire::Heartbeat::Builder h) { h.setFreeKvBlocks(snapshot); };
+  // Not registered yet: nothing goes out, however late.
+  p.clock.Advance(10 * kBeatMs);
+  EXPECT_FALSE(p.client->HeartbeatIfDue(fill));
+  ASSERT_TRUE(p.client->Start().ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }));
+  EXPECT_FALSE(p.client->HeartbeatIfDue(fill));  // registered, but the first beat is not due
+  const PeerInfo* info = p.server->FindPeer("decode-0");
+  ASSERT_NE(info, nullptr);
+  const uint64_t beats_before = info->heartbeats;
+  // Ten intervals in which only HeartbeatIfDue runs on the client side.
+  for (int beat = 1; beat <= 10; ++beat) {
+    p.clock.Advance(kBeatMs);
+    snapshot = 100 + static_cast<uint32_t>(beat);
+    EXPECT_TRUE(p.client->HeartbeatIfDue(fill)) << "beat " << beat;
+    EXPECT_FALSE(p.client->HeartbeatIfDue(fill)) << "beat " << beat << " sent twice";
+    for (int i = 0; i < 500; ++i) {
+      p.server->Poll(5, nullptr);
+      info = p.server->FindPeer("decode-0");
+      if (info == nullptr || info->heartbeats >= beats_before + static_cast<uint64_t>(beat)) break;
+    }
+    ASSERT_NE(info, nullptr) << "declared dead at beat " << beat;
+    EXPECT_EQ(info->heartbeats, beats_before + static_cast<uint64_t>(beat));
+    EXPECT_EQ(info->load.free_kv_blocks, snapshot);  // HeartbeatIfDue's fill, not fill_heartbeat
+  }
+  EXPECT_TRUE(dead.empty());
+  // Poll right after: its timer moved, so no second heartbeat this interval; the server's
+  // heartbeats that waited unread keep the server alive for the client.
+  p.client->Poll(0, nullptr);
+  EXPECT_TRUE(p.client->registered());
+  EXPECT_EQ(lost, 0);
+  for (int i = 0; i < 20; ++i) p.server->Poll(5, nullptr);
+  ASSERT_NE(p.server->FindPeer("decode-0"), nullptr);
+  EXPECT_EQ(p.server->FindPeer("decode-0")->heartbeats, beats_before + 10);
+  // One interval later Poll beats again, with fill_heartbeat.
+  p.clock.Advance(kBeatMs);
+  p.client->Poll(0, nullptr);
+  ASSERT_TRUE(PumpUntil(p, [&] {
+    const PeerInfo* d = p.server->FindPeer("decode-0");
+    return d != nullptr && d->heartbeats == beats_before + 11;
+  }));
+  EXPECT_EQ(p.server->FindPeer("decode-0")->load.free_kv_blocks, 1u);
+  EXPECT_EQ(p.server->counters().lost, 0u);
+  EXPECT_EQ(p.server->counters().duplicates, 0u);
+}
+
 TEST(Control, RouterMandatoryRefusesUnknownPeer) {
   Pair p;
   MakePair(&p);
