@@ -7,9 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -36,10 +42,30 @@ std::vector<int32_t> Reference(std::vector<int32_t> prompt, int n) {
   return out;
 }
 
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+double ElapsedMs(SteadyTime from, SteadyTime to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+// A Cancel as a decode worker received it.
+struct CancelSeen {
+  uint64_t request_id = 0;
+  uint64_t lease_id = 0;
+  bool writer_done = false;
+  SteadyTime at;
+};
+
+// Test worker over the real control plane. As a decode worker it keeps KV leases the way
+// services/workers/decode_worker.cc does: a lease that ends before StartDecode (Cancel without
+// writerDone) is quarantined, and only Cancel{leaseId, writerDone} (or a StartDecode naming it)
+// returns its blocks; a running sequence's blocks return when it ends or is cancelled.
 class ProtocolTestWorker {
  public:
   struct Stats {
     int reserves = 0, prefills = 0, starts = 0, cancels = 0;
+    int refused_starts = 0;      // StartDecode for a lease that is not live
+    int stray_writer_done = 0;   // writerDone naming no lease this process holds
   };
   ProtocolTestWorker(const std::string& endpoint, const std::string& id, wire::Role role,
                      uint32_t blocks = 64, uint32_t step_ms = 3)
@@ -70,7 +96,13 @@ class ProtocolTestWorker {
       std::lock_guard<std::mutex> lock(mu_);
       h.setFreeKvBlocks(free_blocks_);
       h.setUsedKvBlocks(total_blocks_ - free_blocks_);
+      h.setReservedKvBlocks(QuarantinedBlocksLocked());
       h.setRunningRequests(static_cast<uint32_t>(running_.size()));
+    };
+    // A prefill worker that loses the router drops all its work (it registers again).
+    client_->on_server_lost = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      stash_.clear();
     };
     EXPECT_TRUE(client_->Start().ok());
     thread_ = std::thread([this] { Run(); });
@@ -82,8 +114,23 @@ class ProtocolTestWorker {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
   }
-  // While set, a prefill worker ignores PrefillRequests (to kill it mid-prefill).
+  // While set, a prefill worker keeps PrefillRequests without answering (a long prefill);
+  // FlushStalled() answers them (their KvReady follows the writes, as in a real worker).
   void SetStall(bool s) { stall_ = s; }
+  void FlushStalled() { flush_stash_ = true; }
+  // While set, a Cancel does not drop a kept PrefillRequest: the worker is past the point
+  // where it could stop, and its KvReady still comes (a late writer).
+  void SetLateWriter(bool l) { late_writer_ = l; }
+  // While set, a prefill worker answers PrefillRequests with KvReady{ok = false}.
+  void SetFailPrefill(bool f) { fail_prefill_ = f; }
+  // Time a Cancel's handling takes (the worker is busy: nothing is sent meanwhile).
+  void SetCancelDelayMs(int ms) { cancel_delay_ms_ = ms; }
+  // While set, the worker does nothing at all (a stopped or starved process).
+  void SetPaused(bool p) { paused_ = p; }
+  // While set, a decode worker reserves at once but keeps its KvReserveReply (delayed in
+  // transit); FlushReserveReplies() sends them.
+  void SetHoldReserveReplies(bool h) { hold_replies_ = h; }
+  void FlushReserveReplies() { flush_replies_ = true; }
   // While set, a decode worker refuses reservations (no free KV).
   void SetRefuseKv(bool r) { refuse_kv_ = r; }
   bool registered() const { return registered_; }
@@ -95,25 +142,91 @@ class ProtocolTestWorker {
     std::lock_guard<std::mutex> lock(mu_);
     return free_blocks_;
   }
+  uint32_t quarantined_blocks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return QuarantinedBlocksLocked();
+  }
+  bool quarantined(uint64_t lease) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return quarantine_.count(lease) != 0;
+  }
   size_t running() {
     std::lock_guard<std::mutex> lock(mu_);
     return running_.size();
   }
+  size_t stalled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stash_.size();
+  }
+  std::vector<CancelSeen> cancels() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancels_;
+  }
+  // The first Cancel{lease, writerDone} received, if any.
+  std::optional<CancelSeen> writer_done(uint64_t lease) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& c : cancels_) {
+      if (c.writer_done && c.lease_id == lease) return c;
+    }
+    return std::nullopt;
+  }
+  // Prefill: when the handling of the last Cancel for `id` ended.
+  std::optional<SteadyTime> cancel_handled_at(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cancel_handled_at_.find(id);
+    if (it == cancel_handled_at_.end()) return std::nullopt;
+    return it->second;
+  }
+  // Prefill: when the KvReady of a kept request for `id` was sent.
+  std::optional<SteadyTime> kv_ready_sent_at(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kv_ready_sent_at_.find(id);
+    if (it == kv_ready_sent_at_.end()) return std::nullopt;
+    return it->second;
+  }
+  // Leases granted, in order.
+  std::vector<uint64_t> granted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return granted_;
+  }
 
  private:
+  struct Lease {
+    uint64_t request_id = 0;
+    uint32_t blocks = 0;
+  };
   struct Running {
     std::vector<uint32_t> seq;
     uint32_t generated = 0;
     uint32_t max_tokens = 0;
     std::set<uint32_t> stops;
+    uint64_t lease_id = 0;
+    uint32_t blocks = 0;
+  };
+  struct Kept {
+    uint64_t request_id = 0;
+    uint64_t lease_id = 0;
+    std::string decode_worker;
+    std::vector<uint32_t> tokens;
   };
 
   void Run() {
-    auto handler = [this](const std::string&, const proto::InMessage& m) { return Handle(m); };
+    auto handler = [this](const std::string&, const proto::InMessage& m) {
+      if (m.which() == proto::Body::CANCEL && cancel_delay_ms_ > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(cancel_delay_ms_.load()));
+      }
+      return Handle(m);
+    };
     auto next_step = std::chrono::steady_clock::now();
     while (!stop_) {
+      if (paused_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        continue;
+      }
       client_->Poll(1, handler);
       registered_ = client_->registered();
+      if (flush_stash_.exchange(false)) SendKept();
+      if (flush_replies_.exchange(false)) SendHeldReplies();
       if (std::chrono::steady_clock::now() >= next_step) {
         next_step += std::chrono::milliseconds(step_ms_);
         Step();
@@ -122,6 +235,58 @@ class ProtocolTestWorker {
   }
 
   uint32_t BlocksFor(uint32_t tokens) { return tokens / 16 + 1; }
+  uint32_t QuarantinedBlocksLocked() const {
+    uint32_t n = 0;
+    for (const auto& [lease, l] : quarantine_) n += l.blocks;
+    return n;
+  }
+
+  Status SendKvReady(const Kept& k, bool ok, const std::string& error) {
+    proto::OutMessage out;
+    auto kr = out.body().initKvReady();
+    kr.setRequestId(k.request_id);
+    kr.setOk(ok);
+    if (!ok) kr.setError(error);
+    kr.setFirstToken(NextToken(k.tokens));
+    kr.setNumTokens(static_cast<uint32_t>(k.tokens.size()));
+    kr.setLeaseId(k.lease_id);
+    kr.setDecodeWorkerId(k.decode_worker);
+    return client_->Send(out);
+  }
+
+  void SendKept() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Kept& k : stash_) {
+      (void)SendKvReady(k, true, "");
+      kv_ready_sent_at_[k.request_id] = std::chrono::steady_clock::now();
+    }
+    stash_.clear();
+  }
+
+  void SendHeldReplies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [request_id, lease] : held_replies_) {
+      proto::OutMessage out;
+      auto rep = out.body().initKvReserveReply();
+      rep.setRequestId(request_id);
+      rep.setOk(true);
+      rep.setLeaseId(lease.first);
+      auto ids = rep.initBlockIds(lease.second);
+      for (uint32_t i = 0; i < lease.second; ++i) ids.set(i, i);
+      (void)client_->Send(out);
+    }
+    held_replies_.clear();
+  }
+
+  void SendFinish(uint64_t id, wire::FinishReason reason, uint32_t n, const std::string& error) {
+    proto::OutMessage f;
+    auto fin = f.body().initFinish();
+    fin.setRequestId(id);
+    fin.setReason(reason);
+    fin.setNumGenerated(n);
+    if (!error.empty()) fin.setError(error);
+    (void)client_->Send(f);
+  }
 
   Status Handle(const proto::InMessage& m) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -140,7 +305,12 @@ class ProtocolTestWorker {
         } else {
           free_blocks_ -= need;
           uint64_t lease = next_lease_++;
-          leases_[r.getRequestId()] = {lease, need};
+          leases_[lease] = {r.getRequestId(), need};
+          granted_.push_back(lease);
+          if (hold_replies_) {
+            held_replies_.push_back({r.getRequestId(), {lease, need}});
+            return Status::Ok();
+          }
           rep.setOk(true);
           rep.setLeaseId(lease);
           auto ids = rep.initBlockIds(need);
@@ -150,12 +320,16 @@ class ProtocolTestWorker {
       }
       case proto::Body::PREFILL_REQUEST: {
         ++stats_.prefills;
-        if (stall_) return Status::Ok();
         auto p = body.getPrefillRequest();
-        auto toks = proto::ToVector<uint32_t>(p.getTokens());
-        proto::OutMessage out;
-        auto kr = out.body().initKvReady();
-        kr.setRequestId(p.getRequestId());
+        Kept k;
+        k.request_id = p.getRequestId();
+        k.lease_id = p.getLeaseId();
+        k.decode_worker = proto::ToString(p.getDecodeWorkerId());
+        k.tokens = proto::ToVector<uint32_t>(p.getTokens());
+        if (stall_) {
+          stash_.push_back(std::move(k));
+          return Status::Ok();
+        }
         // The request must carry the decode worker's registered KV pool and layout.
         const bool target_ok =
             proto::ToBytes(p.getDecodeMemory().getRkey()) == "rkey" &&
@@ -163,32 +337,55 @@ class ProtocolTestWorker {
             p.getDecodeMemory().getBaseAddr() == 0x10000 &&
             p.getDecodeLayout().getLayoutHash() == 42 &&
             p.getDecodeLayout().getBlockTokens() == 16 &&
-            p.getBlockIds().size() == BlocksFor(toks.size());
-        kr.setOk(target_ok);
-        if (!target_ok) kr.setError("PrefillRequest without the decode worker's KV target");
-        kr.setFirstToken(NextToken(toks));
-        kr.setNumTokens(static_cast<uint32_t>(toks.size()));
-        kr.setLeaseId(p.getLeaseId());
-        kr.setDecodeWorkerId(p.getDecodeWorkerId());
-        return client_->Send(out);
+            p.getBlockIds().size() == BlocksFor(static_cast<uint32_t>(k.tokens.size()));
+        if (fail_prefill_) return SendKvReady(k, false, "prefill failed on purpose");
+        return SendKvReady(k, target_ok,
+                           target_ok ? "" : "PrefillRequest without the decode worker's KV target");
       }
       case proto::Body::START_DECODE: {
         ++stats_.starts;
         auto s = body.getStartDecode();
+        const uint64_t id = s.getRequestId();
+        auto lit = leases_.find(s.getLeaseId());
+        if (lit == leases_.end() || lit->second.request_id != id) {
+          // Not live: refused; a quarantined lease's writer is done (its KvReady came first).
+          ++stats_.refused_starts;
+          auto q = quarantine_.find(s.getLeaseId());
+          if (q != quarantine_.end() && q->second.request_id == id) {
+            free_blocks_ += q->second.blocks;
+            quarantine_.erase(q);
+          }
+          SendFinish(id, wire::FinishReason::ERROR, s.getGeneratedSoFar(), "lease not live");
+          return Status::Ok();
+        }
         Running r;
         r.seq = proto::ToVector<uint32_t>(s.getTokens());
         r.seq.push_back(s.getFirstToken());
         r.generated = s.getGeneratedSoFar();
         r.max_tokens = s.getSampling().getMaxTokens();
         for (uint32_t t : s.getSampling().getStopTokenIds()) r.stops.insert(t);
-        running_[s.getRequestId()] = std::move(r);
+        r.lease_id = lit->first;
+        r.blocks = lit->second.blocks;
+        leases_.erase(lit);
+        running_[id] = std::move(r);
         return Status::Ok();
       }
       case proto::Body::CANCEL: {
         ++stats_.cancels;
-        uint64_t id = body.getCancel().getRequestId();
-        Free(id);
-        running_.erase(id);
+        auto c = body.getCancel();
+        const uint64_t id = c.getRequestId();
+        const uint64_t lease = c.getLeaseId();
+        cancels_.push_back({id, lease, c.getWriterDone(), std::chrono::steady_clock::now()});
+        if (role_ == wire::Role::PREFILL) {
+          if (!late_writer_) {
+            std::erase_if(stash_, [&](const Kept& k) {
+              return k.request_id == id && (lease == 0 || k.lease_id == lease);
+            });
+          }
+          cancel_handled_at_[id] = std::chrono::steady_clock::now();
+          return Status::Ok();
+        }
+        OnDecodeCancel(id, lease, c.getWriterDone());
         return Status::Ok();
       }
       default:
@@ -196,11 +393,45 @@ class ProtocolTestWorker {
     }
   }
 
-  void Free(uint64_t id) {
-    auto it = leases_.find(id);
-    if (it == leases_.end()) return;
-    free_blocks_ += it->second.second;
-    leases_.erase(it);
+  // As DecodeWorker::OnCancel.
+  void OnDecodeCancel(uint64_t id, uint64_t lease, bool writer_done) {
+    if (writer_done) {
+      if (lease == 0) return;
+      auto l = leases_.find(lease);
+      if (l != leases_.end() && l->second.request_id == id) {
+        free_blocks_ += l->second.blocks;
+        leases_.erase(l);
+        SendFinish(id, wire::FinishReason::CANCELLED, 0, "");
+        return;
+      }
+      auto q = quarantine_.find(lease);
+      if (q != quarantine_.end() && q->second.request_id == id) {
+        free_blocks_ += q->second.blocks;
+        quarantine_.erase(q);
+        return;
+      }
+      ++stats_.stray_writer_done;
+      return;
+    }
+    bool found = false;
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.request_id == id && (lease == 0 || it->first == lease)) {
+        quarantine_[it->first] = it->second;
+        it = leases_.erase(it);
+        found = true;
+      } else {
+        ++it;
+      }
+    }
+    auto r = running_.find(id);
+    if (r != running_.end() && (lease == 0 || r->second.lease_id == lease)) {
+      free_blocks_ += r->second.blocks;
+      const uint32_t n = r->second.generated;
+      running_.erase(r);
+      SendFinish(id, wire::FinishReason::CANCELLED, n, "");
+      return;
+    }
+    if (found) SendFinish(id, wire::FinishReason::CANCELLED, 0, "");
   }
 
   void Step() {
@@ -218,18 +449,14 @@ class ProtocolTestWorker {
       ++r.generated;
       bool stop = r.stops.count(t) != 0;
       if (stop || r.generated >= r.max_tokens) {
-        proto::OutMessage f;
-        auto fin = f.body().initFinish();
-        fin.setRequestId(id);
-        fin.setReason(stop ? wire::FinishReason::STOP : wire::FinishReason::LENGTH);
-        fin.setNumGenerated(r.generated);
-        (void)client_->Send(f);
+        SendFinish(id, stop ? wire::FinishReason::STOP : wire::FinishReason::LENGTH, r.generated,
+                   "");
         done.push_back(id);
       }
     }
     for (uint64_t id : done) {
+      free_blocks_ += running_[id].blocks;
       running_.erase(id);
-      Free(id);
     }
   }
 
@@ -240,11 +467,153 @@ class ProtocolTestWorker {
   std::unique_ptr<transport::ControlClient> client_;
   std::thread thread_;
   std::atomic<bool> stop_{false}, stall_{false}, refuse_kv_{false}, registered_{false};
+  std::atomic<bool> late_writer_{false}, fail_prefill_{false}, paused_{false};
+  std::atomic<bool> hold_replies_{false}, flush_replies_{false}, flush_stash_{false};
+  std::atomic<int> cancel_delay_ms_{0};
   std::mutex mu_;
   Stats stats_;
-  std::map<uint64_t, std::pair<uint64_t, uint32_t>> leases_;  // request -> (lease, blocks)
-  std::map<uint64_t, Running> running_;
+  std::map<uint64_t, Lease> leases_;      // live leases (not started)
+  std::map<uint64_t, Lease> quarantine_;  // ended before StartDecode; freed by writerDone
+  std::map<uint64_t, Running> running_;   // by request
+  std::vector<uint64_t> granted_;
+  std::vector<std::pair<uint64_t, std::pair<uint64_t, uint32_t>>> held_replies_;
+  std::vector<Kept> stash_;
+  std::vector<CancelSeen> cancels_;
+  std::map<uint64_t, SteadyTime> cancel_handled_at_;
+  std::map<uint64_t, SteadyTime> kv_ready_sent_at_;
   uint64_t next_lease_ = 1;
+};
+
+// A decode process speaking the control plane frame by frame (ZeroMQ + Cap'n Proto, no
+// ControlClient), so that it can register with a pid of its choosing: a process restarted
+// under the same worker id. It grants every reservation from `first_lease` on and records the
+// Cancels and StartDecodes it gets.
+class RawDecodePeer {
+ public:
+  RawDecodePeer(const std::string& endpoint, std::string id, uint32_t pid, uint64_t first_lease)
+      : id_(std::move(id)), pid_(pid), next_lease_(first_lease) {
+    auto t = transport::ZmqDealerTransport::Connect(endpoint, id_);
+    EXPECT_TRUE(t.ok());
+    if (t.ok()) transport_ = std::move(*t);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RawDecodePeer() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  bool registered() const { return registered_; }
+  std::vector<CancelSeen> cancels() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancels_;
+  }
+  std::vector<uint64_t> granted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return granted_;
+  }
+  std::vector<uint64_t> started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_;
+  }
+
+ private:
+  void Send(proto::OutMessage& m) {
+    m.envelope().setAckSeq(registered_ ? last_in_ : 0);
+    std::string bytes =
+        proto::Encode(m, next_seq_++, id_, transport::SteadyClock::Get()->NowMs());
+    (void)transport_->Send("", bytes);
+  }
+  void Run() {
+    auto next_beat = std::chrono::steady_clock::now();
+    while (!stop_ && transport_) {
+      if (std::chrono::steady_clock::now() >= next_beat) {
+        next_beat += std::chrono::milliseconds(100);
+        proto::OutMessage m;
+        if (!registered_) {
+          auto r = m.body().initRegister();
+          r.setModelName("tiny-moe");
+          r.setRole(wire::Role::DECODE);
+          r.setWorkerId(id_);
+          r.setPid(pid_);
+          r.setHeartbeatIntervalMs(100);
+          r.setMaxBatch(16);
+          r.setMaxContext(2048);
+          auto l = r.initKvLayout();
+          l.setNumBlocks(64);
+          l.setBlockTokens(16);
+          l.setLayoutHash(42);
+          auto mem = r.initKvMemory();
+          mem.setWorkerAddress(proto::AsData("worker-address"));
+          mem.setRkey(proto::AsData("rkey"));
+          mem.setBaseAddr(0x10000);
+          mem.setBytes(64 * 4096);
+        } else {
+          m.body().initHeartbeat().setFreeKvBlocks(64);
+        }
+        Send(m);
+      }
+      auto f = transport_->Recv(5);
+      if (!f.ok() || !f->has_value()) continue;
+      auto msg = proto::InMessage::Parse((*f)->bytes);
+      if (!msg.ok()) continue;
+      Handle(**msg);
+    }
+  }
+  void Handle(const proto::InMessage& m) {
+    if (m.which() == proto::Body::REGISTER_ACK) {
+      if (m.body().getRegisterAck().getAccepted()) {
+        registered_ = true;
+        last_in_ = m.seq();
+      }
+      return;
+    }
+    if (m.which() == proto::Body::NOT_REGISTERED) {
+      registered_ = false;
+      return;
+    }
+    if (m.seq() <= last_in_) return;
+    last_in_ = m.seq();
+    std::lock_guard<std::mutex> lock(mu_);
+    switch (m.which()) {
+      case proto::Body::KV_RESERVE: {
+        auto r = m.body().getKvReserve();
+        const uint32_t need = r.getNumTokens() / 16 + 1;
+        const uint64_t lease = next_lease_++;
+        granted_.push_back(lease);
+        proto::OutMessage out;
+        auto rep = out.body().initKvReserveReply();
+        rep.setRequestId(r.getRequestId());
+        rep.setOk(true);
+        rep.setLeaseId(lease);
+        auto ids = rep.initBlockIds(need);
+        for (uint32_t i = 0; i < need; ++i) ids.set(i, i);
+        Send(out);
+        break;
+      }
+      case proto::Body::START_DECODE:
+        started_.push_back(m.body().getStartDecode().getLeaseId());
+        break;
+      case proto::Body::CANCEL: {
+        auto c = m.body().getCancel();
+        cancels_.push_back({c.getRequestId(), c.getLeaseId(), c.getWriterDone(),
+                            std::chrono::steady_clock::now()});
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  std::string id_;
+  uint32_t pid_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false}, registered_{false};
+  uint64_t next_seq_ = 1;
+  uint64_t last_in_ = 0;
+  std::mutex mu_;
+  uint64_t next_lease_;
+  std::vector<uint64_t> granted_, started_;
+  std::vector<CancelSeen> cancels_;
 };
 
 // Collects events; checks indices are contiguous (no gap, no repeat reaches the router).
@@ -297,27 +666,56 @@ class Collector final : public GenerationEvents {
   std::vector<uint64_t> violations_;
 };
 
+// Bounds for "soon after" in the tests below: generous, for a loaded machine. Every grace the
+// tests wait for is far shorter than the graces of the other release paths, so a release seen
+// within this bound came from the path under test.
+constexpr int kSlackMs = 4000;
+
+bool WaitFor(const std::function<bool()>& pred, int timeout_ms = 15000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 class ClusterBackendTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  static ClusterBackendOptions BaseOptions() {
     ClusterBackendOptions o;
     o.bind = "tcp://127.0.0.1:0";
     o.model_name = "tiny-moe";
     o.heartbeat_ms = 100;
+    // Short graces, so that fenced leases come back within the tests' waits.
+    o.writer_grace_ms = 1000;
+    o.cancel_grace_ms = 300;
+    return o;
+  }
+  void SetUp() override { Restart(BaseOptions()); }
+  void TearDown() override {
+    backend_->Stop();
+    workers_.clear();
+  }
+  // Replaces the backend (before any worker was added).
+  void Restart(const ClusterBackendOptions& o) {
+    if (backend_) backend_->Stop();
     auto b = ClusterBackend::Create(o);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     backend_ = std::move(*b);
     backend_->SetEvents(&events_);
     backend_->Start();
   }
-  void TearDown() override {
-    backend_->Stop();
-    workers_.clear();
-  }
   ProtocolTestWorker* AddWorker(const std::string& id, wire::Role role, uint32_t blocks = 64) {
     workers_.push_back(
         std::make_unique<ProtocolTestWorker>(backend_->endpoint(), id, role, blocks));
     return workers_.back().get();
+  }
+  // Ends a worker's process: its socket closes.
+  void RemoveWorker(ProtocolTestWorker* w) {
+    for (auto& p : workers_) {
+      if (p.get() == w) p.reset();
+    }
   }
   bool WaitCapacity(int decode, int prefill) {
     for (int i = 0; i < 1000; ++i) {
@@ -329,6 +727,11 @@ class ClusterBackendTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     return false;
+  }
+  // Every block of `d` back in its pool, none quarantined.
+  static bool WaitAllFree(ProtocolTestWorker* d, uint32_t total = 64, int timeout_ms = 15000) {
+    return WaitFor([&] { return d->free_blocks() == total && d->quarantined_blocks() == 0; },
+                   timeout_ms);
   }
   GenerationRequest Request(uint64_t id, int max_tokens, std::vector<int32_t> prompt = {5, 6, 7}) {
     GenerationRequest r;
@@ -386,11 +789,11 @@ TEST_F(ClusterBackendTest, FirstTokenStopAndMaxTokensOneEndAtPrefill) {
   EXPECT_EQ(events_.finish(2).first, FinishReason::kStop);
   EXPECT_EQ(events_.tokens(2).size(), 1u);
   EXPECT_EQ(d->stats().starts, 0);
-  // The reservations were given back.
-  for (int i = 0; i < 200 && d->free_blocks() != 64u; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // The reservations were given back, as leases whose writer is done.
+  EXPECT_TRUE(WaitAllFree(d));
   EXPECT_EQ(d->free_blocks(), 64u);
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  for (const CancelSeen& c : d->cancels()) EXPECT_TRUE(c.writer_done) << c.lease_id;
 }
 
 TEST_F(ClusterBackendTest, PlacementSpreadsOverDecodeWorkersByFreeBlocks) {
@@ -417,9 +820,7 @@ TEST_F(ClusterBackendTest, CancelFreesTheWorkersBlocks) {
   ASSERT_TRUE(events_.WaitTokens(7, 3));
   EXPECT_LT(d->free_blocks(), 64u);
   backend_->Cancel(7);
-  for (int i = 0; i < 400 && (d->free_blocks() != 64u || d->running() != 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitFor([&] { return d->free_blocks() == 64u && d->running() == 0; });
   EXPECT_EQ(d->free_blocks(), 64u);
   EXPECT_EQ(d->running(), 0u);
   EXPECT_GE(d->stats().cancels, 1);
@@ -460,24 +861,16 @@ TEST_F(ClusterBackendTest, DeadPrefillWorkerRequestsAreRedispatched) {
   ASSERT_TRUE(events_.WaitFinished(1, 20000));
   EXPECT_EQ(events_.finish(1).first, FinishReason::kLength);
   EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 20));
-  for (int i = 0; i < 200 && d->free_blocks() != 64u; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // The first lease stays quarantined for writer_grace_ms after prefill-0's death, then
+  // comes back.
+  EXPECT_TRUE(WaitAllFree(d));
   EXPECT_EQ(d->free_blocks(), 64u) << "the first lease was not given back";
 }
 
 TEST_F(ClusterBackendTest, UnansweredPrefillIsPlacedAgainElsewhere) {
-  backend_->Stop();
-  ClusterBackendOptions o;
-  o.bind = "tcp://127.0.0.1:0";
-  o.model_name = "tiny-moe";
-  o.heartbeat_ms = 100;
+  ClusterBackendOptions o = BaseOptions();
   o.phase_timeout_ms = 300;
-  auto b = ClusterBackend::Create(o);
-  ASSERT_TRUE(b.ok());
-  backend_ = std::move(*b);
-  backend_->SetEvents(&events_);
-  backend_->Start();
+  Restart(o);
   auto* p0 = AddWorker("prefill-0", wire::Role::PREFILL);
   auto* p1 = AddWorker("prefill-1", wire::Role::PREFILL);
   auto* d = AddWorker("decode-0", wire::Role::DECODE);
@@ -497,9 +890,8 @@ TEST_F(ClusterBackendTest, UnansweredPrefillIsPlacedAgainElsewhere) {
   EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 6));
   EXPECT_EQ(other->stats().prefills, 1);
   EXPECT_GE(stalled->stats().cancels, 1);
-  for (int i = 0; i < 200 && d->free_blocks() != 64u; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // The stalled worker handled the Cancel: its lease comes back cancel_grace_ms later.
+  EXPECT_TRUE(WaitAllFree(d));
   EXPECT_EQ(d->free_blocks(), 64u);
 }
 
@@ -541,6 +933,307 @@ TEST_F(ClusterBackendTest, WorkerOfAnotherModelIsRefused) {
   for (int i = 0; i < 40; ++i) c.Poll(5, nullptr);
   EXPECT_FALSE(c.registered());
   EXPECT_EQ(backend_->Load().decode_workers, 0);
+}
+
+// ---- Writer fences (docs/architecture.md, "Late KV writers") ----
+
+// Waits until `p` holds a PrefillRequest it has not answered, then cancels the request
+// through the backend: its lease becomes a fence.
+void CancelWhilePrefilling(ClusterBackend* backend, ProtocolTestWorker* p,
+                           ProtocolTestWorker* d, uint64_t id, uint64_t lease) {
+  ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
+  backend->Cancel(id);
+  // The decode worker quarantines the lease (Cancel without writerDone).
+  ASSERT_TRUE(WaitFor([&] { return d->quarantined(lease); }))
+      << "the lease was not ended on the decode worker";
+}
+
+TEST_F(ClusterBackendTest, FenceIsLiftedWhenTheLeasesKvReadyArrives) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 600000;  // only the KvReady can lift the fence in this test
+  o.writer_grace_ms = 600000;
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p->SetStall(true);
+  p->SetLateWriter(true);  // its writes go on after the Cancel
+  ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
+  CancelWhilePrefilling(backend_.get(), p, d, 1, 1);
+  ASSERT_TRUE(WaitFor([&] { return p->cancel_handled_at(1).has_value(); }));
+  // The prefill worker handled the Cancel, but its transfer is still running: no release.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_FALSE(d->writer_done(1).has_value()) << "released while its writer was still writing";
+  EXPECT_TRUE(d->quarantined(1));
+  // The writer finishes: its KvReady (sent after its puts) lifts the fence.
+  p->FlushStalled();
+  ASSERT_TRUE(WaitFor([&] { return d->writer_done(1).has_value(); }, kSlackMs))
+      << "no writerDone after the lease's KvReady";
+  auto sent = p->kv_ready_sent_at(1);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_GE(ElapsedMs(*sent, d->writer_done(1)->at), 0.0);
+  EXPECT_EQ(d->writer_done(1)->request_id, 1u);
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
+  EXPECT_EQ(d->stats().starts, 0) << "a cancelled request was started";
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
+}
+
+TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerHandledTheCancel) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 600;
+  o.writer_grace_ms = 600000;
+  o.dead_after_beats = 50;  // the prefill worker's slow Cancel handling is not a death
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p->SetStall(true);
+  // Handling the Cancel takes a while: the grace counts from its end (the worker's ackSeq),
+  // not from when the router sent it.
+  p->SetCancelDelayMs(800);
+  ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  CancelWhilePrefilling(backend_.get(), p, d, 1, 1);
+  ASSERT_TRUE(WaitFor([&] { return d->writer_done(1).has_value(); }, 800 + 600 + kSlackMs))
+      << "the fence was not lifted after the prefill worker handled the Cancel";
+  const SteadyTime released = d->writer_done(1)->at;
+  auto handled = p->cancel_handled_at(1);
+  ASSERT_TRUE(handled.has_value());
+  // Not before the grace (1 ms: the router's clock counts whole milliseconds) ...
+  EXPECT_GE(ElapsedMs(*handled, released), 600.0 - 1.0);
+  EXPECT_GE(ElapsedMs(cancelled_at, released), 800.0 + 600.0 - 1.0);
+  // ... and soon after it.
+  EXPECT_LE(ElapsedMs(*handled, released), 600.0 + kSlackMs);
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
+}
+
+TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerRegistersAgain) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 600;
+  o.writer_grace_ms = 600000;
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p->SetStall(true);
+  ASSERT_TRUE(backend_->Submit(Request(1, 8)).ok());
+  ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
+  // The prefill worker stops (starved, not dead) and is declared dead: its request's lease is
+  // ended on the decode worker and fenced; the request waits for a prefill worker.
+  p->SetPaused(true);
+  ASSERT_TRUE(WaitFor([&] { return backend_->Load().prefill_workers == 0; }));
+  ASSERT_TRUE(WaitFor([&] { return d->quarantined(1); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(d->writer_done(1).has_value()) << "released while its writer may still write";
+  // It comes back, learns it was forgotten, drops its work and registers again.
+  const auto resumed_at = std::chrono::steady_clock::now();
+  p->SetPaused(false);
+  ASSERT_TRUE(WaitFor([&] { return d->writer_done(1).has_value(); }, 600 + kSlackMs))
+      << "the fence was not lifted after the prefill worker registered again";
+  const SteadyTime released = d->writer_done(1)->at;
+  EXPECT_GE(ElapsedMs(resumed_at, released), 600.0 - 1.0);
+  EXPECT_LE(ElapsedMs(resumed_at, released), 600.0 + kSlackMs);
+  // The request was placed again on it (a new lease), and completes.
+  ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
+  p->SetStall(false);
+  p->FlushStalled();
+  ASSERT_TRUE(events_.WaitFinished(1, 15000));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength)
+      << events_.finish(1).second.ToString();
+  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 8));
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
+}
+
+TEST_F(ClusterBackendTest, FenceIsLiftedWriterGraceAfterThePrefillWorkersDeath) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 600000;
+  o.writer_grace_ms = 1200;
+  Restart(o);
+  auto* p0 = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p0->SetStall(true);
+  ASSERT_TRUE(backend_->Submit(Request(1, 8)).ok());
+  ASSERT_TRUE(WaitFor([&] { return p0->stalled() == 1; }));
+  const auto killed_at = std::chrono::steady_clock::now();
+  p0->Kill();
+  ASSERT_TRUE(WaitFor([&] { return backend_->Load().prefill_workers == 0; }));
+  const auto dead_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(WaitFor([&] { return d->quarantined(1); }));
+  ASSERT_TRUE(WaitFor([&] { return d->writer_done(1).has_value(); }, 1200 + kSlackMs))
+      << "the fence was not lifted writer_grace_ms after the prefill worker's death";
+  const SteadyTime released = d->writer_done(1)->at;
+  EXPECT_GE(ElapsedMs(killed_at, released), 1200.0 - 1.0);
+  EXPECT_LE(ElapsedMs(dead_at, released), 1200.0 + kSlackMs);
+  // Another prefill worker takes the request.
+  AddWorker("prefill-1", wire::Role::PREFILL);
+  ASSERT_TRUE(events_.WaitFinished(1, 15000));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength)
+      << events_.finish(1).second.ToString();
+  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 8));
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
+}
+
+TEST_F(ClusterBackendTest, LeaseNoPrefillWorkerHadIsReleasedAtOnce) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 600000;
+  o.writer_grace_ms = 600000;
+  Restart(o);
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  // The reservation reply is late: the request is cancelled before it arrives.
+  d->SetHoldReserveReplies(true);
+  ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
+  ASSERT_TRUE(WaitFor([&] { return d->stats().reserves == 1; }));
+  backend_->Cancel(1);
+  ASSERT_TRUE(WaitFor([&] { return d->quarantined(1); }))
+      << "Cancel{lease 0} did not end the reservation";
+  d->SetHoldReserveReplies(false);
+  const auto replied_at = std::chrono::steady_clock::now();
+  d->FlushReserveReplies();
+  ASSERT_TRUE(WaitFor([&] { return d->writer_done(1).has_value(); }, kSlackMs))
+      << "a lease no prefill worker had was not released at once";
+  EXPECT_LE(ElapsedMs(replied_at, d->writer_done(1)->at), double(kSlackMs));
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
+}
+
+TEST_F(ClusterBackendTest, LeaseOfAFailedPrefillIsReleasedAtOnce) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 600000;
+  o.writer_grace_ms = 600000;
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p->SetFailPrefill(true);  // KvReady{ok = false}: the writer is done, having failed
+  ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
+  ASSERT_TRUE(events_.WaitFinished(1, 15000));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kError);
+  EXPECT_EQ(p->stats().prefills, 3);  // max_attempts
+  // Every attempt's lease came back at once (the graces are minutes).
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
+  int released = 0;
+  for (uint64_t lease : d->granted()) released += d->writer_done(lease).has_value() ? 1 : 0;
+  EXPECT_EQ(released, 3);
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
+}
+
+TEST_F(ClusterBackendTest, FenceIsNeverLiftedToARestartedDecodeProcess) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 400;
+  o.writer_grace_ms = 600000;
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p->SetStall(true);
+  ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
+  ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
+  ASSERT_EQ(d0->granted(), std::vector<uint64_t>{1});
+  // decode-0 restarts: a new process under the same id, numbering its leases from 1 again.
+  RemoveWorker(d0);
+  RawDecodePeer d1(backend_->endpoint(), "decode-0", static_cast<uint32_t>(getpid()) + 1, 1);
+  ASSERT_TRUE(WaitFor([&] { return d1.registered(); }));
+  // The request is placed again on the new process, which grants lease 1 again: the same
+  // number now names a live lease, the one prefill-0 now holds a PrefillRequest for.
+  ASSERT_TRUE(WaitFor([&] { return d1.granted().size() == 1; }));
+  EXPECT_EQ(d1.granted()[0], 1u);
+  ASSERT_TRUE(WaitFor([&] { return p->cancel_handled_at(1).has_value(); }));
+  // The first lease's fence comes due cancel_grace_ms after prefill-0 handled its Cancel; the
+  // process that granted it is gone, so nothing may be sent.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400 + kSlackMs));
+  for (const CancelSeen& c : d1.cancels()) {
+    EXPECT_FALSE(c.writer_done) << "writerDone for lease " << c.lease_id
+                                << " sent to a process that never granted it";
+  }
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u) << "the fence of the old process was kept";
+}
+
+TEST_F(ClusterBackendTest, LateKvReadyForARestartedDecodeProcessReleasesNothing) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 600000;
+  o.writer_grace_ms = 600000;
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p->SetStall(true);
+  p->SetLateWriter(true);
+  ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
+  ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
+  RemoveWorker(d0);
+  RawDecodePeer d1(backend_->endpoint(), "decode-0", static_cast<uint32_t>(getpid()) + 1, 1000);
+  ASSERT_TRUE(WaitFor([&] { return d1.granted().size() == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return p->stalled() == 2; }));
+  // The writer of the old lease finishes (its KvReady lifts that fence), and so does the new
+  // placement's prefill, which starts on the new process.
+  p->FlushStalled();
+  ASSERT_TRUE(WaitFor([&] { return d1.started().size() == 1; }));
+  EXPECT_EQ(d1.started()[0], 1000u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (const CancelSeen& c : d1.cancels()) {
+    EXPECT_FALSE(c.writer_done) << "writerDone for lease " << c.lease_id
+                                << " sent to a process that never granted it";
+  }
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
+}
+
+TEST_F(ClusterBackendTest, EveryFenceIsLiftedUnderCancelsTimeoutsAndADeath) {
+  ClusterBackendOptions o = BaseOptions();
+  o.cancel_grace_ms = 200;
+  o.writer_grace_ms = 800;
+  o.phase_timeout_ms = 700;
+  Restart(o);
+  auto* p0 = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* p1 = AddWorker("prefill-1", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE, 256);
+  ASSERT_TRUE(WaitCapacity(1, 2));
+  p0->SetStall(true);  // never answers: its requests time out, or are lost when it dies
+  constexpr uint64_t kRequests = 24;
+  for (uint64_t id = 1; id <= kRequests; ++id) {
+    ASSERT_TRUE(backend_->Submit(Request(id, 40)).ok());
+    if (id % 3 == 0) backend_->Cancel(id);  // at once, in whatever phase it is
+    if (id % 6 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (uint64_t id = 2; id <= kRequests; id += 3) backend_->Cancel(id);  // a bit later
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  p0->Kill();
+  for (uint64_t id = 1; id <= kRequests; id += 3) {
+    ASSERT_TRUE(events_.WaitFinished(id, 20000)) << id;
+    EXPECT_EQ(events_.finish(id).first, FinishReason::kLength)
+        << id << ": " << events_.finish(id).second.ToString();
+    EXPECT_EQ(events_.tokens(id), Reference({5, 6, 7}, 40)) << id;
+  }
+  EXPECT_GT(p0->stats().prefills, 0);
+  EXPECT_GT(p1->stats().prefills, 0);
+  EXPECT_TRUE(WaitAllFree(d, 256, 20000))
+      << "free " << d->free_blocks() << ", quarantined " << d->quarantined_blocks();
+  EXPECT_EQ(d->running(), 0u);
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+  EXPECT_EQ(d->stats().refused_starts, 0);
+  EXPECT_TRUE(events_.violations().empty());
+  backend_->Stop();
+  EXPECT_EQ(backend_->fences(), 0u);
 }
 
 }  // namespace
