@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/logging.h"
 #include "services/engine/model.h"
@@ -15,6 +16,14 @@ DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* 
     : options_(std::move(options)), clock_(clock), leases_(clock) {}
 
 DecodeWorker::~DecodeWorker() {
+  if (keepalive_.joinable()) {  // Run stops it; this covers a Run that never got there
+    {
+      std::lock_guard<std::mutex> lk(control_mu_);
+      keepalive_stop_ = true;
+    }
+    keepalive_cv_.notify_all();
+    keepalive_.join();
+  }
   // Drop the engine's hooks before the provider goes, and stop UCX before freeing the pool.
   if (engine_) engine_->SetMoeHooks({});
   experts_.reset();
@@ -64,7 +73,7 @@ Status DecodeWorker::Setup() {
     bo.heartbeat_ms = options_.heartbeat_ms;
     broker_ = std::make_unique<transport::ControlClient>(std::move(bt), clock_, bo);
     broker_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
-    broker_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
+    broker_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
     broker_->on_registered = [this] {
       if (experts_) return;
       proto::OutMessage m;
@@ -84,7 +93,7 @@ Status DecodeWorker::Setup() {
   ro.heartbeat_ms = options_.heartbeat_ms;
   router_ = std::make_unique<transport::ControlClient>(std::move(rt), clock_, ro);
   router_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
-  router_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
+  router_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
   router_->on_server_lost = [this] {
     DropAll("router lost");
     // No router will speak for any quarantined lease again, and the prefill workers that may
@@ -186,14 +195,25 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
   }
 }
 
-void DecodeWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
+DecodeWorker::LoadSnapshot DecodeWorker::TakeLoad() const {
   const auto& pool = engine_->kv_pool();
-  h.setFreeKvBlocks(static_cast<uint32_t>(pool.num_free()));
-  h.setUsedKvBlocks(static_cast<uint32_t>(pool.num_blocks() - pool.num_free()));
-  h.setReservedKvBlocks(static_cast<uint32_t>(leases_.reserved_blocks() + quarantined_blocks()));
-  h.setRunningRequests(static_cast<uint32_t>(running_.size()));
-  h.setWaitingRequests(static_cast<uint32_t>(leases_.size()));
-  h.setDraining(draining_);
+  LoadSnapshot l;
+  l.free_kv_blocks = static_cast<uint32_t>(pool.num_free());
+  l.used_kv_blocks = static_cast<uint32_t>(pool.num_blocks() - pool.num_free());
+  l.reserved_kv_blocks = static_cast<uint32_t>(leases_.reserved_blocks() + quarantined_blocks());
+  l.running = static_cast<uint32_t>(running_.size());
+  l.waiting = static_cast<uint32_t>(leases_.size());
+  l.draining = draining_;
+  return l;
+}
+
+void DecodeWorker::FillHeartbeat(const LoadSnapshot& load, wire::Heartbeat::Builder h) {
+  h.setFreeKvBlocks(load.free_kv_blocks);
+  h.setUsedKvBlocks(load.used_kv_blocks);
+  h.setReservedKvBlocks(load.reserved_kv_blocks);
+  h.setRunningRequests(load.running);
+  h.setWaitingRequests(load.waiting);
+  h.setDraining(load.draining);
 }
 
 void DecodeWorker::UpdateMetrics() {
@@ -439,8 +459,30 @@ bool DecodeWorker::Preempt() {
   return false;
 }
 
-void DecodeWorker::StepOnce() {
+void DecodeWorker::KeepaliveLoop() {
+  // Checks a few times per interval, so a due heartbeat leaves at most a quarter late.
+  const auto period = std::chrono::milliseconds(std::max<uint64_t>(1, options_.heartbeat_ms / 4));
+  auto fill = [this](wire::Heartbeat::Builder h) { FillHeartbeat(step_load_, h); };
+  std::unique_lock<std::mutex> lk(control_mu_);
+  while (!keepalive_stop_) {
+    // Outside a step the loop holds control_mu_: this thread gets it during a step, or around
+    // Run's start and end, when in_step_ is false.
+    if (in_step_) {
+      if (router_->HeartbeatIfDue(fill)) ++keepalive_beats_;
+      if (broker_ && broker_->HeartbeatIfDue(fill)) ++keepalive_beats_;
+    }
+    keepalive_cv_.wait_for(lk, period, [this] { return keepalive_stop_; });
+  }
+}
+
+void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
+  // The engine is this thread's alone; the control clients are the keepalive's while it runs.
+  step_load_ = TakeLoad();
+  in_step_ = true;
+  control.unlock();
   auto step = engine_->Step();
+  control.lock();
+  in_step_ = false;
   if (!step.ok()) {
     if (step.status().code() == StatusCode::kResourceExhausted) {
       if (Preempt()) return;
@@ -488,7 +530,10 @@ void DecodeWorker::StepOnce() {
 }
 
 Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
+  std::unique_lock<std::mutex> control(control_mu_);
   PW_RETURN_IF_ERROR(router_->Start());
+  keepalive_stop_ = false;
+  keepalive_ = std::thread([this] { KeepaliveLoop(); });
   PW_LOG(INFO) << options_.id << ": serving; KV pool " << engine_->kv_pool().num_blocks()
                << " blocks of " << engine_->kv_pool().bytes_per_block() << " bytes, router "
                << options_.router_endpoint;
@@ -528,7 +573,7 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       metrics_->leases_expired->Increment();
     }
     ExpireQuarantine();
-    if (engine_->HasWork()) StepOnce();
+    if (engine_->HasWork()) StepOnce(control);
     UpdateMetrics();
   }
   for (auto& l : leases_.TakeAll()) FreeBlocks(l.blocks, "shutdown");
@@ -536,7 +581,13 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   quarantine_.clear();
   // Tell the router once more (heartbeat carries draining) before leaving.
   router_->Poll(0, router_handler);
-  PW_LOG(INFO) << options_.id << ": stopped";
+  keepalive_stop_ = true;
+  const uint64_t keepalive_beats = keepalive_beats_;
+  control.unlock();
+  keepalive_cv_.notify_all();
+  keepalive_.join();
+  PW_LOG(INFO) << options_.id << ": stopped (" << keepalive_beats
+               << " heartbeats sent during engine steps)";
   return Status::Ok();
 }
 

@@ -3,9 +3,17 @@
 // Owns an Engine (continuous batching over a paged KV pool), registers the pool with UCX so
 // prefill workers can put KV into it, and speaks the control protocol of docs/architecture.md
 // with the router (KvReserve / StartDecode / Cancel / Drain in; KvReserveReply / TokenChunk /
-// Finish out) and the broker (expert weights at start; registry). Single-threaded event loop
-// (plus UCX's progress thread): poll control sockets, expire leases, run one engine step,
-// stream its tokens.
+// Finish out) and the broker (expert weights at start; registry). One event loop (plus UCX's
+// progress thread): poll control sockets, expire leases, run one engine step, stream its
+// tokens.
+//
+// Keepalive: an engine step (a preempted sequence's recompute, a large batch) may last many
+// heartbeat intervals, and nothing polls meanwhile. So the loop holds control_mu_ at all times
+// but during Engine::Step, and a keepalive thread, which takes control_mu_ for every use of
+// the control clients, sends the heartbeats that fall due while a step runs
+// (ControlClient::HeartbeatIfDue), with the load figures of a snapshot taken before the step.
+// It only sends heartbeats: frames that arrive meanwhile wait for the loop, which handles them
+// and runs every callback, so peers never see this worker fall silent however long a step is.
 //
 // Quarantine: the blocks of a lease that ends without StartDecode (cancelled, expired, dropped
 // with a lost router) may still be written by the prefill worker that was given them, with
@@ -22,10 +30,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -101,7 +112,10 @@ class DecodeWorker {
   void OnReserve(wire::KvReserve::Reader r);
   void OnStartDecode(wire::StartDecode::Reader r);
   void OnCancel(wire::Cancel::Reader r);
-  void StepOnce();
+  // Runs one engine step with `control` (a lock on control_mu_) released, so the keepalive
+  // thread can beat meanwhile; then streams the step's tokens.
+  void StepOnce(std::unique_lock<std::mutex>& control);
+  void KeepaliveLoop();
   bool Preempt();
   void SendFinish(uint64_t request_id, wire::FinishReason reason, const std::string& error,
                   uint32_t num_generated);
@@ -113,8 +127,15 @@ class DecodeWorker {
   void ExpireQuarantine();
   size_t quarantined_blocks() const;
   void DropAll(const char* why);
+  // What a heartbeat reports (taken by the loop thread; the keepalive sends a copy).
+  struct LoadSnapshot {
+    uint32_t free_kv_blocks = 0, used_kv_blocks = 0, reserved_kv_blocks = 0;
+    uint32_t running = 0, waiting = 0;
+    bool draining = false;
+  };
   void FillRegister(wire::Register::Builder r);
-  void FillHeartbeat(wire::Heartbeat::Builder h);
+  LoadSnapshot TakeLoad() const;
+  static void FillHeartbeat(const LoadSnapshot& load, wire::Heartbeat::Builder h);
   void UpdateMetrics();
 
   DecodeWorkerOptions options_;
@@ -135,6 +156,16 @@ class DecodeWorker {
   bool draining_ = false;
   bool manifest_pending_ = false;
   std::unique_ptr<proto::InMessage> manifest_;
+
+  // Keepalive (see the file comment). control_mu_ guards router_, broker_ and the fields below
+  // while Run runs.
+  std::mutex control_mu_;
+  std::condition_variable keepalive_cv_;
+  bool in_step_ = false;
+  bool keepalive_stop_ = false;
+  LoadSnapshot step_load_;
+  uint64_t keepalive_beats_ = 0;  // heartbeats the keepalive thread sent (router and broker)
+  std::thread keepalive_;
 };
 
 }  // namespace pw::workers

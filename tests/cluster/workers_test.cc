@@ -690,3 +690,243 @@ TEST(Workers, RouterLossShortensTheQuarantine) {
 
 }  // namespace
 }  // namespace pw
+
+namespace pw {
+namespace {
+
+// Long engine steps must not silence the decode worker. Three 1900-token requests on the
+// embedded model share a KV pool 6 blocks short of what they grow to, so the decode worker
+// preempts and recomputes: steps of ~1900 prompt tokens, each many 20 ms heartbeat intervals
+// long. The router side counts the decode worker's heartbeats between consecutive TokenChunk
+// frames (frames of one link arrive in order): a worker that beat only between steps would
+// send at most one per gap. It must never be declared dead, and the tokens must still equal
+// the in-process engine's.
+TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
+  constexpr uint64_t kBeatMs = 20;
+  // Dead after 10 silent beats (200 ms): generous for a loaded machine, below the steps here.
+  constexpr uint32_t kDeadAfterBeats = 10;
+  constexpr int kPrompt = 1900, kMax = 40, kSeqs = 3;
+  constexpr int kBlockTokens = 16;
+  const int prompt_blocks = engine::BlocksForTokens(kPrompt, kBlockTokens);          // 119
+  const int kv_blocks = kSeqs * prompt_blocks + 3;                                   // 360
+  ASSERT_LT(kv_blocks, kSeqs * engine::BlocksForTokens(kPrompt + kMax, kBlockTokens));  // 366
+  const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+
+  auto bound = transport::ZmqRouterTransport::Bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  const std::string endpoint = (*bound)->endpoint();
+  ControlServer::Options so;
+  so.id = "router";
+  so.heartbeat_ms = kBeatMs;
+  so.dead_after_beats = kDeadAfterBeats;
+  ControlServer server(std::move(bound).value(), transport::SteadyClock::Get(), so);
+  std::vector<std::string> dead;
+  server.on_peer_dead = [&](const std::string& peer, const transport::PeerInfo&) {
+    dead.push_back(peer);
+  };
+
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  for (const char* who : {".decode.log", ".prefill.log"}) {
+    unlink((log_dir + "/LongDecodeSteps" + who).c_str());  // this run's log is read below
+  }
+  const std::string beat = std::to_string(kBeatMs);
+  testing::ChildProcess decode, prefill;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--model", model, "--router", endpoint, "--id",
+                            "decode-0", "--kv-blocks", std::to_string(kv_blocks), "--block-size",
+                            std::to_string(kBlockTokens), "--max-batch-tokens", "8192",
+                            "--threads", "1", "--heartbeat-ms", beat},
+                           log_dir + "/LongDecodeSteps.decode.log"));
+  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--model", model, "--router", endpoint, "--id",
+                             "prefill-0", "--block-size", std::to_string(kBlockTokens),
+                             "--heartbeat-ms", beat},
+                            log_dir + "/LongDecodeSteps.prefill.log"));
+  auto logs = [&] { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log(); };
+
+  struct Seq {
+    std::vector<int32_t> prompt, out;
+    uint64_t lease = 0;
+    std::vector<uint32_t> blocks;
+    bool reserved = false, ready = false, finished = false;
+    wire::FinishReason reason = wire::FinishReason::STOP;
+    std::string error;
+  };
+  std::map<uint64_t, Seq> seqs;
+  auto prompts = RandomPrompts(kSeqs, 2718, kPrompt, kPrompt);
+  for (int i = 0; i < kSeqs; ++i) seqs[static_cast<uint64_t>(i + 1)].prompt = prompts[i];
+  // Gaps between consecutive TokenChunk frames, and the decode worker's heartbeats within.
+  std::chrono::steady_clock::time_point last_chunk;
+  uint64_t last_chunk_beats = 0;
+  bool any_chunk = false;
+  double longest_gap_ms = 0;
+  uint64_t beats_in_longest = 0;
+  auto sampling = [&](wire::SamplingParams::Builder s) {
+    s.setTemperature(0);
+    s.setMaxTokens(kMax);
+    s.setIgnoreEos(true);
+  };
+  auto handler = [&](const std::string& peer, const proto::InMessage& m) -> Status {
+    switch (m.which()) {
+      case proto::Body::KV_RESERVE_REPLY: {
+        auto rep = m.body().getKvReserveReply();
+        Seq& s = seqs.at(rep.getRequestId());
+        if (!rep.getOk()) {
+          s.finished = true;
+          s.error = "reserve: " + proto::ToString(rep.getError());
+          return Status::Ok();
+        }
+        s.reserved = true;
+        s.lease = rep.getLeaseId();
+        s.blocks = proto::ToVector<uint32_t>(rep.getBlockIds());
+        auto reg = server.FindPeer("decode-0")->registration->body().getRegister();
+        proto::OutMessage out;
+        auto pr = out.body().initPrefillRequest();
+        pr.setRequestId(rep.getRequestId());
+        auto toks = pr.initTokens(static_cast<unsigned>(s.prompt.size()));
+        for (size_t i = 0; i < s.prompt.size(); ++i) toks.set(i, static_cast<uint32_t>(s.prompt[i]));
+        sampling(pr.initSampling());
+        pr.setDecodeWorkerId("decode-0");
+        pr.setDecodeMemory(reg.getKvMemory());
+        pr.setDecodeLayout(reg.getKvLayout());
+        proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, s.blocks);
+        pr.setLeaseId(s.lease);
+        return server.Send("prefill-0", out);
+      }
+      case proto::Body::KV_READY: {
+        auto kr = m.body().getKvReady();
+        Seq& s = seqs.at(kr.getRequestId());
+        if (!kr.getOk()) {
+          s.finished = true;
+          s.error = "prefill: " + proto::ToString(kr.getError());
+          return Status::Ok();
+        }
+        s.ready = true;
+        s.out.push_back(static_cast<int32_t>(kr.getFirstToken()));
+        return Status::Ok();
+      }
+      case proto::Body::TOKEN_CHUNK: {
+        const auto now = std::chrono::steady_clock::now();
+        const transport::PeerInfo* d = server.FindPeer(peer);
+        const uint64_t beats = d ? d->heartbeats : 0;
+        if (any_chunk) {
+          const double gap = std::chrono::duration<double, std::milli>(now - last_chunk).count();
+          if (gap > longest_gap_ms) {
+            longest_gap_ms = gap;
+            beats_in_longest = beats - last_chunk_beats;
+          }
+        }
+        any_chunk = true;
+        last_chunk = now;
+        last_chunk_beats = beats;
+        auto tc = m.body().getTokenChunk();
+        Seq& s = seqs.at(tc.getRequestId());
+        if (tc.getStartIndex() != s.out.size()) {
+          s.error = "gap or repeat at " + std::to_string(tc.getStartIndex());
+        }
+        for (uint32_t t : tc.getTokens()) s.out.push_back(static_cast<int32_t>(t));
+        return Status::Ok();
+      }
+      case proto::Body::FINISH: {
+        auto f = m.body().getFinish();
+        Seq& s = seqs.at(f.getRequestId());
+        s.finished = true;
+        s.reason = f.getReason();
+        if (f.getReason() == wire::FinishReason::ERROR) s.error = proto::ToString(f.getError());
+        return Status::Ok();
+      }
+      default:
+        return Status::Ok();
+    }
+  };
+  auto until = [&](auto done, int timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!done() && std::chrono::steady_clock::now() < deadline) server.Poll(10, handler);
+    return done();
+  };
+  ASSERT_TRUE(until([&] {
+    return server.FindPeer("decode-0") != nullptr && server.FindPeer("prefill-0") != nullptr;
+  }, 120000)) << logs();
+
+  for (auto& [id, s] : seqs) {
+    proto::OutMessage m;
+    auto k = m.body().initKvReserve();
+    k.setRequestId(id);
+    k.setNumTokens(static_cast<uint32_t>(s.prompt.size()));
+    k.setLeaseMs(120000);
+    ASSERT_TRUE(server.Send("decode-0", m).ok());
+  }
+  // Every prompt's KV first, then all three start decoding at once (so they outgrow the pool
+  // together).
+  ASSERT_TRUE(until([&] {
+    for (auto& [id, s] : seqs) {
+      if (!s.ready && !s.finished) return false;
+    }
+    return true;
+  }, 300000)) << logs();
+  for (auto& [id, s] : seqs) {
+    ASSERT_TRUE(s.ready) << "request " << id << ": " << s.error << "\n" << logs();
+    proto::OutMessage out;
+    auto sd = out.body().initStartDecode();
+    sd.setRequestId(id);
+    sd.setLeaseId(s.lease);
+    auto toks = sd.initTokens(static_cast<unsigned>(s.prompt.size()));
+    for (size_t i = 0; i < s.prompt.size(); ++i) toks.set(i, static_cast<uint32_t>(s.prompt[i]));
+    sd.setFirstToken(static_cast<uint32_t>(s.out.at(0)));
+    sampling(sd.initSampling());
+    sd.setGeneratedSoFar(1);
+    ASSERT_TRUE(server.Send("decode-0", out).ok());
+  }
+  // A worker declared dead drops its requests when it learns it: stop waiting then.
+  until([&] {
+    if (!dead.empty()) return true;
+    for (auto& [id, s] : seqs) {
+      if (!s.finished) return false;
+    }
+    return true;
+  }, 300000);
+  std::printf("longest gap between TokenChunks %.0f ms, %llu decode heartbeats heard in it\n",
+              longest_gap_ms, static_cast<unsigned long long>(beats_in_longest));
+  ASSERT_TRUE(dead.empty()) << dead.front() << " declared dead (longest gap between TokenChunks "
+                            << longest_gap_ms << " ms, " << beats_in_longest
+                            << " heartbeats in it)\n" << logs();
+  for (auto& [id, s] : seqs) ASSERT_TRUE(s.finished) << "request " << id << "\n" << logs();
+  EXPECT_NE(server.FindPeer("decode-0"), nullptr);
+  EXPECT_NE(decode.Log().find("preempted"), std::string::npos) << logs();
+  engine::EngineOptions eo;
+  eo.num_kv_blocks = 1024;
+  eo.max_batch_tokens = 2048;
+  auto e = engine::Engine::Create(model, eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  engine::SamplingParams p;
+  p.max_tokens = kMax;
+  p.ignore_eos = true;
+  for (auto& [id, s] : seqs) ASSERT_TRUE((*e)->AddSequence(id, s.prompt, p).ok());
+  std::map<uint64_t, std::vector<int32_t>> ref;
+  while ((*e)->HasWork()) {
+    auto step = (*e)->Step();
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    for (auto& u : step->updates) ref[u.id].insert(ref[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  }
+  for (auto& [id, s] : seqs) {
+    EXPECT_TRUE(s.error.empty()) << "request " << id << ": " << s.error;
+    EXPECT_EQ(s.reason, wire::FinishReason::LENGTH) << "request " << id;
+    EXPECT_EQ(s.out, ref[id]) << "request " << id;
+  }
+  if (longest_gap_ms < 5 * kBeatMs) {
+    GTEST_SKIP() << "the longest step took " << longest_gap_ms << " ms, too short to tell";
+  }
+  // A worker beating only between steps sends at most one heartbeat per gap; this one sends one
+  // every interval: ask for at least one per 5 on average, and 2.
+  EXPECT_GE(beats_in_longest, 2u) << "during a step of " << longest_gap_ms << " ms";
+  EXPECT_GE(static_cast<double>(beats_in_longest), longest_gap_ms / (5.0 * kBeatMs))
+      << "during a step of " << longest_gap_ms << " ms";
+  // The keepalive stops with the worker: SIGTERM still drains and exits cleanly.
+  decode.Kill(SIGTERM);
+  prefill.Kill(SIGTERM);
+  EXPECT_EQ(decode.Wait(30000), 0) << logs();
+  EXPECT_EQ(prefill.Wait(30000), 0) << logs();
+  EXPECT_NE(decode.Log().find("heartbeats sent during engine steps"), std::string::npos) << logs();
+}
+
+}  // namespace
+}  // namespace pw
