@@ -302,7 +302,8 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   kr.setRequestId(id);
   kr.setNumTokens(static_cast<uint32_t>(n_tokens));
   kr.setLeaseMs(options_.lease_ms);
-  Status st = server_->Send(best_d->id, m);
+  uint64_t reserve_seq = 0;
+  Status st = server_->Send(best_d->id, m, &reserve_seq);
   if (!st.ok()) {
     PW_LOG(WARNING) << "router: KvReserve to '" << best_d->id << "': " << st.ToString();
     r.not_before_ms = NowMs() + 50;
@@ -310,6 +311,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   }
   r.phase = Phase::kReserving;
   r.placed_at_ms = NowMs();
+  r.reserve_seq = reserve_seq;
   r.phase_deadline_ms = r.placed_at_ms + options_.phase_timeout_ms;
   r.decode_peer = best_d->id;
   r.decode_pid = best_d->pid;
@@ -324,7 +326,7 @@ Status ClusterBackend::Handle(const std::string& peer, const proto::InMessage& m
   auto body = msg.body();
   switch (msg.which()) {
     case proto::Body::KV_RESERVE_REPLY:
-      OnReserveReply(peer, body.getKvReserveReply());
+      OnReserveReply(peer, body.getKvReserveReply(), msg.envelope().getAckSeq());
       break;
     case proto::Body::KV_READY:
       OnKvReady(peer, body.getKvReady());
@@ -343,11 +345,15 @@ Status ClusterBackend::Handle(const std::string& peer, const proto::InMessage& m
   return Status::Ok();
 }
 
-void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveReply::Reader m) {
+void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveReply::Reader m,
+                                   uint64_t ack_seq) {
   const uint64_t id = m.getRequestId();
   auto it = reqs_.find(id);
+  // A reply sent before the worker had handled the current placement's KvReserve answers an
+  // earlier placement of the request on the same worker (given up while its reply was on the
+  // way; the worker has since quarantined that lease on our Cancel). ackSeq 0: not known.
   if (it == reqs_.end() || it->second.phase != Phase::kReserving ||
-      it->second.decode_peer != peer) {
+      it->second.decode_peer != peer || (ack_seq != 0 && ack_seq < it->second.reserve_seq)) {
     // Late reply for a request cancelled or moved: give the lease back (no prefill worker
     // ever had it).
     if (m.getOk()) SendCancel(peer, id, m.getLeaseId(), /*writer_done=*/true);

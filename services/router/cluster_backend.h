@@ -106,6 +106,7 @@ class ClusterBackend final : public GenerationBackend {
     uint64_t not_before_ms = 0;          // retry backoff
     uint64_t phase_deadline_ms = 0;      // kReserving / kPrefilling: answer expected by then
     uint64_t placed_at_ms = 0;           // when KvReserve was sent
+    uint64_t reserve_seq = 0;            // its seq: a reply acking less answers an earlier one
     uint64_t prefill_epoch = 0;          // prefill peer's registration when PrefillRequest went
     uint32_t decode_pid = 0;             // the decode process that granted the lease
     std::vector<std::string> failed_on;  // workers this request failed on (avoided if possible)
@@ -151,7 +152,8 @@ class ClusterBackend final : public GenerationBackend {
   // Tries to place `r` (phase kPending); true when KvReserve was sent.
   bool Place(uint64_t id, Req& r);
   Status Handle(const std::string& peer, const proto::InMessage& msg);
-  void OnReserveReply(const std::string& peer, wire::KvReserveReply::Reader m);
+  // `ack_seq`: the reply frame's ackSeq (the last frame of ours its sender had handled).
+  void OnReserveReply(const std::string& peer, wire::KvReserveReply::Reader m, uint64_t ack_seq);
   void OnKvReady(const std::string& peer, wire::KvReady::Reader m);
   void OnTokenChunk(const std::string& peer, wire::TokenChunk::Reader m);
   void OnFinish(const std::string& peer, wire::Finish::Reader m);
