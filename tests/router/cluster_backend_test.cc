@@ -125,6 +125,8 @@ class ProtocolTestWorker {
   void SetFailPrefill(bool f) { fail_prefill_ = f; }
   // Time a Cancel's handling takes (the worker is busy: nothing is sent meanwhile).
   void SetCancelDelayMs(int ms) { cancel_delay_ms_ = ms; }
+  // Time the handling of the next KvReserve takes (its reply is sent at the end).
+  void SetNextReserveDelayMs(int ms) { reserve_delay_ms_ = ms; }
   // While set, the worker does nothing at all (a stopped or starved process).
   void SetPaused(bool p) { paused_ = p; }
   // While set, a decode worker reserves at once but keeps its KvReserveReply (delayed in
@@ -169,6 +171,16 @@ class ProtocolTestWorker {
       if (c.writer_done && c.lease_id == lease) return c;
     }
     return std::nullopt;
+  }
+  // A Cancel without writerDone ended `lease` of request `id` (or all the request held).
+  bool ended(uint64_t id, uint64_t lease) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& c : cancels_) {
+      if (!c.writer_done && c.request_id == id && (c.lease_id == lease || c.lease_id == 0)) {
+        return true;
+      }
+    }
+    return false;
   }
   // Prefill: when the handling of the last Cancel for `id` ended.
   std::optional<SteadyTime> cancel_handled_at(uint64_t id) {
@@ -215,6 +227,11 @@ class ProtocolTestWorker {
       if (m.which() == proto::Body::CANCEL && cancel_delay_ms_ > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(cancel_delay_ms_.load()));
       }
+      if (m.which() == proto::Body::KV_RESERVE) {
+        if (int ms = reserve_delay_ms_.exchange(0); ms > 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        }
+      }
       return Handle(m);
     };
     auto next_step = std::chrono::steady_clock::now();
@@ -257,8 +274,8 @@ class ProtocolTestWorker {
   void SendKept() {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Kept& k : stash_) {
-      (void)SendKvReady(k, true, "");
       kv_ready_sent_at_[k.request_id] = std::chrono::steady_clock::now();
+      (void)SendKvReady(k, true, "");
     }
     stash_.clear();
   }
@@ -469,7 +486,7 @@ class ProtocolTestWorker {
   std::atomic<bool> stop_{false}, stall_{false}, refuse_kv_{false}, registered_{false};
   std::atomic<bool> late_writer_{false}, fail_prefill_{false}, paused_{false};
   std::atomic<bool> hold_replies_{false}, flush_replies_{false}, flush_stash_{false};
-  std::atomic<int> cancel_delay_ms_{0};
+  std::atomic<int> cancel_delay_ms_{0}, reserve_delay_ms_{0};
   std::mutex mu_;
   Stats stats_;
   std::map<uint64_t, Lease> leases_;      // live leases (not started)
@@ -944,7 +961,7 @@ void CancelWhilePrefilling(ClusterBackend* backend, ProtocolTestWorker* p,
   ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
   backend->Cancel(id);
   // The decode worker quarantines the lease (Cancel without writerDone).
-  ASSERT_TRUE(WaitFor([&] { return d->quarantined(lease); }))
+  ASSERT_TRUE(WaitFor([&] { return d->ended(id, lease); }))
       << "the lease was not ended on the decode worker";
 }
 
@@ -1000,7 +1017,7 @@ TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerHandledT
       << "the fence was not lifted after the prefill worker handled the Cancel";
   const SteadyTime released = d->writer_done(1)->at;
   auto handled = p->cancel_handled_at(1);
-  ASSERT_TRUE(handled.has_value());
+  ASSERT_TRUE(handled.has_value()) << "released before the prefill worker handled its Cancel";
   // Not before the grace (1 ms: the router's clock counts whole milliseconds) ...
   EXPECT_GE(ElapsedMs(*handled, released), 600.0 - 1.0);
   EXPECT_GE(ElapsedMs(cancelled_at, released), 800.0 + 600.0 - 1.0);
@@ -1027,9 +1044,10 @@ TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerRegister
   // ended on the decode worker and fenced; the request waits for a prefill worker.
   p->SetPaused(true);
   ASSERT_TRUE(WaitFor([&] { return backend_->Load().prefill_workers == 0; }));
-  ASSERT_TRUE(WaitFor([&] { return d->quarantined(1); }));
+  ASSERT_TRUE(WaitFor([&] { return d->ended(1, 1); }));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_FALSE(d->writer_done(1).has_value()) << "released while its writer may still write";
+  EXPECT_TRUE(d->quarantined(1));
   // It comes back, learns it was forgotten, drops its work and registers again.
   const auto resumed_at = std::chrono::steady_clock::now();
   p->SetPaused(false);
@@ -1067,7 +1085,7 @@ TEST_F(ClusterBackendTest, FenceIsLiftedWriterGraceAfterThePrefillWorkersDeath) 
   p0->Kill();
   ASSERT_TRUE(WaitFor([&] { return backend_->Load().prefill_workers == 0; }));
   const auto dead_at = std::chrono::steady_clock::now();
-  ASSERT_TRUE(WaitFor([&] { return d->quarantined(1); }));
+  ASSERT_TRUE(WaitFor([&] { return d->ended(1, 1); }));
   ASSERT_TRUE(WaitFor([&] { return d->writer_done(1).has_value(); }, 1200 + kSlackMs))
       << "the fence was not lifted writer_grace_ms after the prefill worker's death";
   const SteadyTime released = d->writer_done(1)->at;
@@ -1098,8 +1116,8 @@ TEST_F(ClusterBackendTest, LeaseNoPrefillWorkerHadIsReleasedAtOnce) {
   ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
   ASSERT_TRUE(WaitFor([&] { return d->stats().reserves == 1; }));
   backend_->Cancel(1);
-  ASSERT_TRUE(WaitFor([&] { return d->quarantined(1); }))
-      << "Cancel{lease 0} did not end the reservation";
+  ASSERT_TRUE(WaitFor([&] { return d->ended(1, 0); }));
+  EXPECT_TRUE(d->quarantined(1)) << "Cancel{lease 0} did not end the reservation";
   d->SetHoldReserveReplies(false);
   const auto replied_at = std::chrono::steady_clock::now();
   d->FlushReserveReplies();
@@ -1197,6 +1215,35 @@ TEST_F(ClusterBackendTest, LateKvReadyForARestartedDecodeProcessReleasesNothing)
   EXPECT_EQ(backend_->fences(), 0u);
 }
 
+TEST_F(ClusterBackendTest, ReplyToAnEarlierReservationIsNotTakenForTheCurrentOne) {
+  // A reservation with no answer in time is cancelled (Cancel{lease 0}: the decode worker
+  // quarantines whatever the request holds) and placed again, here on the same decode worker.
+  // Its answer to the first KvReserve then arrives while the second is pending: it names a
+  // lease that is quarantined by now, and must not be used for the new placement.
+  ClusterBackendOptions o = BaseOptions();
+  o.phase_timeout_ms = 600;
+  o.dead_after_beats = 50;  // the decode worker's slow KvReserve is not a death
+  o.max_attempts = 10;      // a loaded machine may time out the second placement too
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  d->SetNextReserveDelayMs(1000);
+  ASSERT_TRUE(backend_->Submit(Request(1, 6)).ok());
+  ASSERT_TRUE(events_.WaitFinished(1, 15000));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength)
+      << events_.finish(1).second.ToString();
+  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 6));
+  EXPECT_GE(d->stats().reserves, 2);
+  EXPECT_EQ(d->stats().refused_starts, 0) << "StartDecode named the quarantined first lease";
+  EXPECT_EQ(p->stats().prefills, 1);
+  // The first lease was released at once (no prefill worker had it).
+  ASSERT_GE(d->granted().size(), 2u);
+  EXPECT_TRUE(WaitFor([&] { return d->writer_done(d->granted()[0]).has_value(); }, kSlackMs));
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
+  EXPECT_EQ(d->stats().stray_writer_done, 0);
+}
+
 TEST_F(ClusterBackendTest, EveryFenceIsLiftedUnderCancelsTimeoutsAndADeath) {
   ClusterBackendOptions o = BaseOptions();
   o.cancel_grace_ms = 200;
@@ -1205,9 +1252,14 @@ TEST_F(ClusterBackendTest, EveryFenceIsLiftedUnderCancelsTimeoutsAndADeath) {
   Restart(o);
   auto* p0 = AddWorker("prefill-0", wire::Role::PREFILL);
   auto* p1 = AddWorker("prefill-1", wire::Role::PREFILL);
+  auto* p2 = AddWorker("prefill-2", wire::Role::PREFILL);
   auto* d = AddWorker("decode-0", wire::Role::DECODE, 256);
-  ASSERT_TRUE(WaitCapacity(1, 2));
-  p0->SetStall(true);  // never answers: its requests time out, or are lost when it dies
+  ASSERT_TRUE(WaitCapacity(1, 3));
+  // prefill-0 and prefill-1 (placed on first when queues tie) never answer: their requests
+  // time out and are placed again elsewhere; prefill-1 handles the Cancels (its fences end
+  // cancel_grace_ms later), prefill-0 dies (its fences end writer_grace_ms after its death).
+  p0->SetStall(true);
+  p1->SetStall(true);
   constexpr uint64_t kRequests = 24;
   for (uint64_t id = 1; id <= kRequests; ++id) {
     ASSERT_TRUE(backend_->Submit(Request(id, 40)).ok());
@@ -1226,6 +1278,7 @@ TEST_F(ClusterBackendTest, EveryFenceIsLiftedUnderCancelsTimeoutsAndADeath) {
   }
   EXPECT_GT(p0->stats().prefills, 0);
   EXPECT_GT(p1->stats().prefills, 0);
+  EXPECT_GT(p2->stats().prefills, 0);
   EXPECT_TRUE(WaitAllFree(d, 256, 20000))
       << "free " << d->free_blocks() << ", quarantined " << d->quarantined_blocks();
   EXPECT_EQ(d->running(), 0u);
