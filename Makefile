@@ -2,11 +2,15 @@
 # what is missing (Debian packages only), build, then serve or test.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+# The concurrent parts (thread pool, control plane, UCX progress thread, router I/O threads,
+# multi-threaded engine): the tests labelled `tsan`.
+TSAN_TARGETS = kernels_cpu_test engine_test pw_control_test pw_ucx_test router_http_test router_cluster_test
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PY ?= /usr/bin/python3
 
-.PHONY: all deps build test test-unit test-asan run eval-data bench fuzz venv format clean
+.PHONY: all deps build test test-unit test-asan test-tsan run eval-data bench fuzz venv format clean
 
 all: build
 
@@ -34,6 +38,16 @@ test-asan: deps eval-data
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -L unit --timeout 900
+
+# The concurrent parts under ThreadSanitizer. UCX's malloc/mmap hooks are turned off (they
+# clash with TSan's interceptors); tools/tsan.supp lists what is suppressed and why.
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DPW_SANITIZE=thread -DPW_CUDA=OFF -DPW_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tools/tsan.supp" \
+	  UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no \
+	  ctest --output-on-failure -j $(JOBS) -L tsan --timeout 900
 
 run: build
 	bash tools/run_local.sh $(BUILD)

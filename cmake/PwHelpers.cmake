@@ -1,15 +1,19 @@
 # pw_add_gtest(<name> SOURCES <files...> LIBS <targets...> [LABELS <labels...>])
 # Builds a GoogleTest binary into build/bin and registers each test case with CTest.
-# Label `unit` marks tests that also run under the sanitizer build (fast, single-process).
+# Label `unit` marks tests that also run under ASan+UBSan (fast, single-process); `tsan` the
+# concurrent parts run under ThreadSanitizer (make test-tsan).
 function(pw_add_gtest name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE
     PW_SOURCE_DIR="${CMAKE_SOURCE_DIR}" PW_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  # gtest_discover_tests flattens a list-valued property, so several labels are joined into one
+  # ("unit+tsan"); `ctest -L <regex>` matches a part of it (-L unit, -L tsan).
+  list(JOIN ARG_LABELS "+" labels)
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${CMAKE_BINARY_DIR}
-    PROPERTIES LABELS "${ARG_LABELS}"
+    PROPERTIES LABELS "${labels}"
     DISCOVERY_TIMEOUT 60)
 endfunction()
 

@@ -79,6 +79,12 @@ class Worker {
   bool progress_thread_running() const { return thread_.joinable(); }
   // One call to ucp_worker_progress; returns the number of events handled.
   unsigned Progress() { return ucp_worker_progress(worker_); }
+  // Orders the calling thread after every write that peers' puts have completed into this
+  // worker's registered memory. The progress thread performs those writes (emulated RMA) under
+  // the worker's lock (thread mode MULTI); progressing once from this thread takes that lock,
+  // so the writes happen-before what the caller reads next. Call it after learning over the
+  // control plane that a peer's puts are done (KvReady → StartDecode), before reading the data.
+  void SyncWithProgress() { (void)ucp_worker_progress(worker_); }
   ucp_worker_h handle() const { return worker_; }
 
  private:

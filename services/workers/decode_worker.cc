@@ -367,6 +367,9 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
                r.getGeneratedSoFar());
     return;
   }
+  // The prefill worker's puts into these blocks are done (its KvReady preceded this message);
+  // order this thread after the progress thread that wrote them.
+  ucx_worker_->SyncWithProgress();
   Running run;
   for (uint32_t t : r.getTokens()) run.prompt.push_back(static_cast<int32_t>(t));
   run.params = FromWire(r.getSampling());

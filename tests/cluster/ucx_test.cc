@@ -150,6 +150,7 @@ TEST_P(UcxModes, PutAndGetBetweenTwoProcesses) {
   char done = 0;
   bool got = ReadAll(done_pipe[0], &done, 1, 60000);
   if (got) {
+    (*worker)->SyncWithProgress();  // the puts were written by the progress thread
     for (size_t i = 0; i < kRegionBytes / 2; ++i) {
       ASSERT_EQ(mem[kRegionBytes / 2 + i], Pattern(i, 2)) << "byte " << i << " of the put";
     }
