@@ -28,45 +28,20 @@
 #include <vector>
 
 #include "services/transport/ucx.h"
+#include "services/transport/pipe_io.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using pw::transport::ReadAll;
+using pw::transport::ReadBlob;
+using pw::transport::WriteAll;
+using pw::transport::WriteBlob;
 using pw::transport::ucx::Context;
 using pw::transport::ucx::Endpoint;
 using pw::transport::ucx::MemoryRegion;
 using pw::transport::ucx::Worker;
 
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-bool WriteBlob(int fd, const std::string& s) {
-  uint64_t n = s.size();
-  return WriteAll(fd, &n, 8) && WriteAll(fd, s.data(), s.size());
-}
-bool ReadBlob(int fd, std::string* s) {
-  uint64_t n = 0;
-  if (!ReadAll(fd, &n, 8) || n > (1u << 20)) return false;
-  s->resize(n);
-  return ReadAll(fd, s->data(), n);
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -154,7 +129,7 @@ int main(int argc, char** argv) {
       _exit(6);
     }
     char bye;
-    (void)ReadAll(to_child[0], &bye, 1);
+    (void)ReadAll(to_child[0], &bye, 1, -1);
     _exit(0);
   }
   std::string address, rkey;

@@ -19,11 +19,17 @@
 #include "services/engine/engine.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
+#include "services/transport/pipe_io.h"
 #include "services/transport/zmq_transport.h"
 #include "tests/cluster/process_util.h"
 
 namespace pw {
 namespace {
+
+using transport::ReadAll;
+using transport::ReadBlob;
+using transport::WriteAll;
+using transport::WriteBlob;
 
 using transport::ControlServer;
 
@@ -229,38 +235,6 @@ std::unique_ptr<engine::Engine> Reference(const std::string& model_dir, int bloc
 }
 
 // Blob transfer over a pipe, for the owner process below.
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    pollfd pf{fd, POLLIN, 0};
-    if (poll(&pf, 1, 60000) <= 0) return false;
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-bool WriteBlob(int fd, const std::string& s) {
-  uint64_t n = s.size();
-  return WriteAll(fd, &n, 8) && WriteAll(fd, s.data(), s.size());
-}
-bool ReadBlob(int fd, std::string* s) {
-  uint64_t n = 0;
-  if (!ReadAll(fd, &n, 8) || n > (1u << 20)) return false;
-  s->resize(n);
-  return ReadAll(fd, s->data(), n);
-}
 
 // Forks a stand-in for a decode worker that has stopped: it registers `bytes` of KV memory
 // with UCX and publishes them, but never progresses its UCX worker, so a transfer into it
@@ -289,8 +263,11 @@ pid_t StartStuckDecode(size_t bytes, Harness::Remote* remote) {
     while (true) pause();  // until killed
   }
   close(fds[1]);
-  const bool ok = ReadBlob(fds[0], &remote->address) && ReadBlob(fds[0], &remote->rkey) &&
-                  ReadAll(fds[0], &remote->base, 8) && ReadAll(fds[0], &remote->bytes, 8);
+  constexpr uint64_t kMaxBlob = uint64_t{1} << 20;
+  constexpr int kWaitMs = 60000;
+  const bool ok = ReadBlob(fds[0], &remote->address, kMaxBlob, kWaitMs) &&
+                  ReadBlob(fds[0], &remote->rkey, kMaxBlob, kWaitMs) &&
+                  ReadAll(fds[0], &remote->base, 8, kWaitMs) && ReadAll(fds[0], &remote->bytes, 8, kWaitMs);
   close(fds[0]);
   if (!ok) {
     kill(pid, SIGKILL);

@@ -3,6 +3,7 @@
 // hanging, with peer error handling (tcp) and without it (shared memory, deadlines and cancel
 // flags). UCX state is created only after fork, in each process separately.
 #include "services/transport/ucx.h"
+#include "services/transport/pipe_io.h"
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -22,39 +23,6 @@ namespace {
 
 constexpr size_t kRegionBytes = 8u << 20;
 
-// Length-prefixed blobs over a pipe.
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-bool ReadAll(int fd, void* p, size_t n, int timeout_ms = 30000) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    pollfd pf{fd, POLLIN, 0};
-    if (poll(&pf, 1, timeout_ms) <= 0) return false;
-    ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-bool WriteBlob(int fd, const std::string& s) {
-  uint64_t n = s.size();
-  return WriteAll(fd, &n, 8) && WriteAll(fd, s.data(), s.size());
-}
-bool ReadBlob(int fd, std::string* s) {
-  uint64_t n = 0;
-  if (!ReadAll(fd, &n, 8) || n > (1u << 20)) return false;
-  s->resize(n);
-  return ReadAll(fd, s->data(), n);
-}
 
 struct RegionInfo {
   std::string address, rkey;
