@@ -745,6 +745,29 @@ class ClusterBackendTest : public ::testing::Test {
     }
     return false;
   }
+  // BaseOptions with these fence graces.
+  static ClusterBackendOptions GraceOptions(uint64_t cancel_grace_ms, uint64_t writer_grace_ms) {
+    ClusterBackendOptions o = BaseOptions();
+    o.cancel_grace_ms = cancel_grace_ms;
+    o.writer_grace_ms = writer_grace_ms;
+    return o;
+  }
+  // Restarts the backend with `o`, adds prefill-0 and decode-0 and waits until both take work.
+  // Call through ASSERT_NO_FATAL_FAILURE.
+  void StartPrefillDecode(const ClusterBackendOptions& o, ProtocolTestWorker** p,
+                          ProtocolTestWorker** d) {
+    Restart(o);
+    *p = AddWorker("prefill-0", wire::Role::PREFILL);
+    *d = AddWorker("decode-0", wire::Role::DECODE);
+    ASSERT_TRUE(WaitCapacity(1, 1));
+  }
+  // The end of a fence test: no writerDone reached `d` for a lease it did not hold, and
+  // stopping the backend leaves no fence behind.
+  void ExpectNoStrayReleaseAndNoFence(ProtocolTestWorker* d) {
+    EXPECT_EQ(d->stats().stray_writer_done, 0);
+    backend_->Stop();
+    EXPECT_EQ(backend_->fences(), 0u);
+  }
   // Every block of `d` back in its pool, none quarantined.
   static bool WaitAllFree(ProtocolTestWorker* d, uint32_t total = 64, int timeout_ms = 15000) {
     return WaitFor([&] { return d->free_blocks() == total && d->quarantined_blocks() == 0; },
@@ -966,13 +989,9 @@ void CancelWhilePrefilling(ClusterBackend* backend, ProtocolTestWorker* p,
 }
 
 TEST_F(ClusterBackendTest, FenceIsLiftedWhenTheLeasesKvReadyArrives) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 600000;  // only the KvReady can lift the fence in this test
-  o.writer_grace_ms = 600000;
-  Restart(o);
-  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  // Both graces are minutes: only the KvReady can lift the fence in this test.
+  ProtocolTestWorker *p = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(GraceOptions(600000, 600000), &p, &d));
   p->SetStall(true);
   p->SetLateWriter(true);  // its writes go on after the Cancel
   ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
@@ -992,20 +1011,14 @@ TEST_F(ClusterBackendTest, FenceIsLiftedWhenTheLeasesKvReadyArrives) {
   EXPECT_EQ(d->writer_done(1)->request_id, 1u);
   EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
   EXPECT_EQ(d->stats().starts, 0) << "a cancelled request was started";
-  EXPECT_EQ(d->stats().stray_writer_done, 0);
-  backend_->Stop();
-  EXPECT_EQ(backend_->fences(), 0u);
+  ExpectNoStrayReleaseAndNoFence(d);
 }
 
 TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerHandledTheCancel) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 600;
-  o.writer_grace_ms = 600000;
+  ClusterBackendOptions o = GraceOptions(600, 600000);
   o.dead_after_beats = 50;  // the prefill worker's slow Cancel handling is not a death
-  Restart(o);
-  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  ProtocolTestWorker *p = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(o, &p, &d));
   p->SetStall(true);
   // Handling the Cancel takes a while: the grace counts from its end (the worker's ackSeq),
   // not from when the router sent it.
@@ -1024,19 +1037,12 @@ TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerHandledT
   // ... and soon after it.
   EXPECT_LE(ElapsedMs(*handled, released), 600.0 + kSlackMs);
   EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
-  EXPECT_EQ(d->stats().stray_writer_done, 0);
-  backend_->Stop();
-  EXPECT_EQ(backend_->fences(), 0u);
+  ExpectNoStrayReleaseAndNoFence(d);
 }
 
 TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerRegistersAgain) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 600;
-  o.writer_grace_ms = 600000;
-  Restart(o);
-  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  ProtocolTestWorker *p = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(GraceOptions(600, 600000), &p, &d));
   p->SetStall(true);
   ASSERT_TRUE(backend_->Submit(Request(1, 8)).ok());
   ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
@@ -1065,19 +1071,12 @@ TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerRegister
       << events_.finish(1).second.ToString();
   EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 8));
   EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
-  EXPECT_EQ(d->stats().stray_writer_done, 0);
-  backend_->Stop();
-  EXPECT_EQ(backend_->fences(), 0u);
+  ExpectNoStrayReleaseAndNoFence(d);
 }
 
 TEST_F(ClusterBackendTest, FenceIsLiftedWriterGraceAfterThePrefillWorkersDeath) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 600000;
-  o.writer_grace_ms = 1200;
-  Restart(o);
-  auto* p0 = AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  ProtocolTestWorker *p0 = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(GraceOptions(600000, 1200), &p0, &d));
   p0->SetStall(true);
   ASSERT_TRUE(backend_->Submit(Request(1, 8)).ok());
   ASSERT_TRUE(WaitFor([&] { return p0->stalled() == 1; }));
@@ -1098,19 +1097,12 @@ TEST_F(ClusterBackendTest, FenceIsLiftedWriterGraceAfterThePrefillWorkersDeath) 
       << events_.finish(1).second.ToString();
   EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 8));
   EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
-  EXPECT_EQ(d->stats().stray_writer_done, 0);
-  backend_->Stop();
-  EXPECT_EQ(backend_->fences(), 0u);
+  ExpectNoStrayReleaseAndNoFence(d);
 }
 
 TEST_F(ClusterBackendTest, LeaseNoPrefillWorkerHadIsReleasedAtOnce) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 600000;
-  o.writer_grace_ms = 600000;
-  Restart(o);
-  AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  ProtocolTestWorker *unused_prefill = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(GraceOptions(600000, 600000), &unused_prefill, &d));
   // The reservation reply is late: the request is cancelled before it arrives.
   d->SetHoldReserveReplies(true);
   ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
@@ -1125,19 +1117,12 @@ TEST_F(ClusterBackendTest, LeaseNoPrefillWorkerHadIsReleasedAtOnce) {
       << "a lease no prefill worker had was not released at once";
   EXPECT_LE(ElapsedMs(replied_at, d->writer_done(1)->at), double(kSlackMs));
   EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
-  EXPECT_EQ(d->stats().stray_writer_done, 0);
-  backend_->Stop();
-  EXPECT_EQ(backend_->fences(), 0u);
+  ExpectNoStrayReleaseAndNoFence(d);
 }
 
 TEST_F(ClusterBackendTest, LeaseOfAFailedPrefillIsReleasedAtOnce) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 600000;
-  o.writer_grace_ms = 600000;
-  Restart(o);
-  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  ProtocolTestWorker *p = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(GraceOptions(600000, 600000), &p, &d));
   p->SetFailPrefill(true);  // KvReady{ok = false}: the writer is done, having failed
   ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
   ASSERT_TRUE(events_.WaitFinished(1, 15000));
@@ -1148,19 +1133,12 @@ TEST_F(ClusterBackendTest, LeaseOfAFailedPrefillIsReleasedAtOnce) {
   int released = 0;
   for (uint64_t lease : d->granted()) released += d->writer_done(lease).has_value() ? 1 : 0;
   EXPECT_EQ(released, 3);
-  EXPECT_EQ(d->stats().stray_writer_done, 0);
-  backend_->Stop();
-  EXPECT_EQ(backend_->fences(), 0u);
+  ExpectNoStrayReleaseAndNoFence(d);
 }
 
 TEST_F(ClusterBackendTest, FenceIsNeverLiftedToARestartedDecodeProcess) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 400;
-  o.writer_grace_ms = 600000;
-  Restart(o);
-  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  ProtocolTestWorker *p = nullptr, *d0 = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(GraceOptions(400, 600000), &p, &d0));
   p->SetStall(true);
   ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
   ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
@@ -1186,13 +1164,8 @@ TEST_F(ClusterBackendTest, FenceIsNeverLiftedToARestartedDecodeProcess) {
 }
 
 TEST_F(ClusterBackendTest, LateKvReadyForARestartedDecodeProcessReleasesNothing) {
-  ClusterBackendOptions o = BaseOptions();
-  o.cancel_grace_ms = 600000;
-  o.writer_grace_ms = 600000;
-  Restart(o);
-  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
-  auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
-  ASSERT_TRUE(WaitCapacity(1, 1));
+  ProtocolTestWorker *p = nullptr, *d0 = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartPrefillDecode(GraceOptions(600000, 600000), &p, &d0));
   p->SetStall(true);
   p->SetLateWriter(true);
   ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
