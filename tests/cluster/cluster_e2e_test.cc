@@ -23,21 +23,11 @@
 namespace pw {
 namespace {
 
+using testing::FreePort;
+
 using nlohmann::json;
 
 std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
-
-int FreePort() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
-}
 
 // Minimal HTTP/1.1 client (Connection: close). Returns {status, body}; status 0 on I/O error.
 std::pair<int, std::string> Http(int port, const std::string& method, const std::string& path,

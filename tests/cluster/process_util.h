@@ -2,8 +2,11 @@
 // reap it. Hermetic: every process gets the endpoints the test chose (port 0 where possible).
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -19,6 +22,19 @@
 extern char** environ;
 
 namespace pw::testing {
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+inline int FreePort() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
 
 class ChildProcess {
  public:

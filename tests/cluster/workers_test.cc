@@ -21,22 +21,12 @@
 namespace pw {
 namespace {
 
+using testing::FreePort;
+
 using transport::ControlServer;
 
 std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
 std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe"; }
-
-int FreePort() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
-}
 
 struct Req {
   uint64_t id = 0;
