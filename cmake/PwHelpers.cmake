@@ -24,5 +24,9 @@ function(pw_simd_sources level)
   elseif(level STREQUAL "avx512")
     set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS
       "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vbmi;-mavx512bf16;-mavx512fp16;-mfma;-mf16c;-mavx2")
+  elseif(level STREQUAL "avx512q8")
+    # The integer fast path: AVX-512 F/BW/VL/DQ with VNNI (vpdpbusd) and VBMI (vpermb/vpermi2b).
+    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS
+      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512vbmi;-mfma;-mf16c;-mavx2")
   endif()
 endfunction()

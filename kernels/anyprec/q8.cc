@@ -1,0 +1,171 @@
+// Validation, dispatch, LUT and activation quantization of the integer fast path (q8.h).
+#include "kernels/anyprec/q8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "common/dtype.h"
+#include "kernels/anyprec/q8_internal.h"
+
+namespace pw::anyprec {
+namespace {
+
+bool CpuHasAvx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+bool CpuHasAvx512Q8() {
+  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("avx512vbmi");
+}
+
+internal::Q8RowsFn RowsFn(Backend backend) {
+  switch (backend) {
+    case Backend::kScalar: return internal::Q8RowsScalar;
+    case Backend::kAvx2: return internal::Q8RowsAvx2;
+    case Backend::kAvx512: return internal::Q8RowsAvx512;
+  }
+  return nullptr;
+}
+
+internal::QuantizeRowFn QuantizeFn() {
+  static const internal::QuantizeRowFn fn = [] {
+    if (CpuHasAvx512Q8()) return internal::QuantizeRowAvx512;
+    if (CpuHasAvx2()) return internal::QuantizeRowAvx2;
+    return internal::QuantizeRowScalar;
+  }();
+  return fn;
+}
+
+size_t AlignUp(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+}  // namespace
+
+Status QuantizeLut(const uint16_t* lut_f16, int rows, int bits, int8_t* values, float* scales) {
+  if (bits < kMinBits || bits > kMaxBits || rows < 0) {
+    return InvalidArgument("anyprec q8: LUT of width " + std::to_string(bits) + ", rows " +
+                           std::to_string(rows));
+  }
+  const int entries = LutEntries(bits);
+  for (int r = 0; r < rows; ++r) {
+    const uint16_t* src = lut_f16 + static_cast<size_t>(r) * entries;
+    float amax = 0.f;
+    for (int i = 0; i < entries; ++i) {
+      const float v = F16ToF32(src[i]);
+      if (!std::isfinite(v)) {
+        return InvalidArgument("anyprec q8: non-finite centroid in row " + std::to_string(r));
+      }
+      amax = std::max(amax, std::fabs(v));
+    }
+    const float scale = amax / 127.f;
+    scales[r] = scale;
+    int8_t* dst = values + static_cast<size_t>(r) * entries;
+    for (int i = 0; i < entries; ++i) {
+      const float v = F16ToF32(src[i]);
+      dst[i] = amax > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(v * (127.f / amax)), -127.f, 127.f)) : 0;
+    }
+  }
+  return Status::Ok();
+}
+
+size_t Q8ActsBytes(int tokens, int cols) {
+  const size_t t = static_cast<size_t>(std::max(tokens, 1));
+  return AlignUp(t * Q8ActStride(std::max(cols, 1))) +
+         AlignUp(t * Q8ActGroups(std::max(cols, 1)) * sizeof(float)) + AlignUp(t * sizeof(float));
+}
+
+Status QuantizeActs(const float* x, size_t ldx, int tokens, int cols, Workspace buf, Q8Acts* out) {
+  if (tokens < 1 || tokens > kMaxTokens || cols < 1 || ldx < static_cast<size_t>(cols)) {
+    return InvalidArgument("anyprec q8: activations of " + std::to_string(tokens) + " tokens x " +
+                           std::to_string(cols) + " columns (ldx " + std::to_string(ldx) + ")");
+  }
+  if (x == nullptr || out == nullptr) return InvalidArgument("anyprec q8: null activations");
+  const size_t need = Q8ActsBytes(tokens, cols);
+  if (buf.bytes < need || buf.data == nullptr ||
+      reinterpret_cast<uintptr_t>(buf.data) % kWorkspaceAlign != 0) {
+    return InvalidArgument("anyprec q8: activation buffer of " + std::to_string(buf.bytes) +
+                           " bytes (aligned to 64), need " + std::to_string(need));
+  }
+  for (int t = 0; t < tokens; ++t) {
+    const float* row = x + static_cast<size_t>(t) * ldx;
+    for (int c = 0; c < cols; ++c) {
+      if (!std::isfinite(row[c])) {
+        return InvalidArgument("anyprec q8: non-finite activation at token " + std::to_string(t) +
+                               ", column " + std::to_string(c));
+      }
+    }
+  }
+  const int stride = Q8ActStride(cols), groups = Q8ActGroups(cols);
+  auto* base = static_cast<uint8_t*>(buf.data);
+  auto* q = reinterpret_cast<int8_t*>(base);
+  auto* scales = reinterpret_cast<float*>(base + AlignUp(static_cast<size_t>(tokens) * stride));
+  auto* offsets = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(scales) +
+                                           AlignUp(static_cast<size_t>(tokens) * groups * sizeof(float)));
+  const internal::QuantizeRowFn fn = QuantizeFn();
+  for (int t = 0; t < tokens; ++t) {
+    fn(x + static_cast<size_t>(t) * ldx, cols, q + static_cast<size_t>(t) * stride,
+       scales + static_cast<size_t>(t) * groups, offsets + t);
+  }
+  *out = Q8Acts{tokens, cols, q, scales, offsets};
+  return Status::Ok();
+}
+
+bool Q8BackendAvailable(Backend backend) {
+  switch (backend) {
+    case Backend::kScalar: return true;
+    case Backend::kAvx2: return CpuHasAvx2();
+    case Backend::kAvx512: return CpuHasAvx512Q8();
+  }
+  return false;
+}
+
+Backend BestQ8Backend() {
+  static const Backend best = [] {
+    if (const char* env = std::getenv("PW_ANYPREC_BACKEND")) {
+      for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512}) {
+        if (std::string(env) == BackendName(b) && Q8BackendAvailable(b)) return b;
+      }
+    }
+    if (Q8BackendAvailable(Backend::kAvx512)) return Backend::kAvx512;
+    if (Q8BackendAvailable(Backend::kAvx2)) return Backend::kAvx2;
+    return Backend::kScalar;
+  }();
+  return best;
+}
+
+Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
+                    const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end) {
+  PW_RETURN_IF_ERROR(ValidateView(view, bits));
+  if (!Q8BackendAvailable(backend)) {
+    return Unsupported(std::string("anyprec q8: backend ") + BackendName(backend) +
+                       " has no fast path on this CPU");
+  }
+  if (lut.values == nullptr || lut.scales == nullptr) {
+    return InvalidArgument("anyprec q8: int8 LUT for width " + std::to_string(bits) + " missing");
+  }
+  if (acts.q == nullptr || acts.scales == nullptr || acts.offsets == nullptr ||
+      acts.tokens < 1 || acts.tokens > kMaxTokens) {
+    return InvalidArgument("anyprec q8: activations not quantized (QuantizeActs)");
+  }
+  if (acts.cols != view.cols) {
+    return InvalidArgument("anyprec q8: activations have " + std::to_string(acts.cols) +
+                           " columns, block has " + std::to_string(view.cols));
+  }
+  if (row_begin < 0 || row_end > view.rows || row_begin > row_end) {
+    return InvalidArgument("anyprec q8: row range [" + std::to_string(row_begin) + ", " +
+                           std::to_string(row_end) + ") outside the block's " +
+                           std::to_string(view.rows) + " rows");
+  }
+  if (y == nullptr || ldy < static_cast<size_t>(row_end)) {
+    return InvalidArgument("anyprec q8: null y or ldy below the row range");
+  }
+  if (row_begin == row_end) return Status::Ok();
+  RowsFn(backend)(view, bits, lut, acts, y, ldy, row_begin, row_end);
+  return Status::Ok();
+}
+
+}  // namespace pw::anyprec

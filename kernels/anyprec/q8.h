@@ -1,0 +1,88 @@
+// The integer fast path of the any-precision kernels: the same bit-planes as anyprec.h, with
+// an int8 copy of each row's LUT and int8 activations, multiplied with integer dot products.
+//
+//   weight(r, c)  ~= lut_scale[r] * lut_q8[r][code_b(r, c)]       (int8 in [-127, 127])
+//   x(t, c)       ~= act_scale[t][g] * xq[t][c],  g = c / 256      (int8 in [-127, 127])
+//   y[t, r] = lut_scale[r] * sum_g act_scale[t][g] * sum_{c in g} lut_q8[r][code] * xq[t][c]
+//
+// The inner sums are exact integers (int32 per 256-column group); only the group sums are
+// scaled and added in fp32. One activation scale per 256 columns (one packing group), as
+// llama.cpp's Q8_K: the group's 256 products stay in int32 before one float multiply-add.
+//
+// Backends: scalar (the reference: int64 group sums, fp64 accumulation); AVX2 (byte shuffles
+// into the int8 LUT, vpmaddubsw with the sign trick); AVX-512 with VNNI and VBMI (vpermb /
+// vpermi2b lookups, vpdpbusd on the LUT offset to unsigned). The planes and the exact fp16 LUT
+// stay as they are; the int8 LUT is a few KB per block and width (QuantizeLut), made when a
+// store is opened or a width committed. Activations are quantized once per layer input
+// (QuantizeActs) and shared by every block that reads them.
+//
+// As in anyprec.h, the kernels take views, never allocate and never spawn threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+#include "kernels/anyprec/anyprec.h"
+
+namespace pw::anyprec {
+
+// Columns per activation scale (one packing group).
+inline constexpr int kActGroupCols = kGroupCols;
+
+// int8 LUT of one block at one width: values [rows][2^bits], scales [rows].
+struct Q8Lut {
+  const int8_t* values = nullptr;
+  const float* scales = nullptr;
+};
+
+// Bytes of the int8 LUT values of a block (rows x 2^bits) and of its scales (rows floats).
+constexpr size_t Q8LutValueBytes(int rows, int bits) { return static_cast<size_t>(rows) << bits; }
+
+// From the exact fp16 LUT [rows][2^bits]: scales[r] = max_i |lut[r][i]| / 127 and
+// values[r][i] = round(lut[r][i] / scales[r]) (0 where the row is all zero). Non-finite
+// centroids are an error.
+Status QuantizeLut(const uint16_t* lut_f16, int rows, int bits, int8_t* values, float* scales);
+
+// Quantized activations of `tokens` rows of `cols` columns, in the layout the kernels read:
+//   q: [tokens][Q8ActStride(cols)] int8; groups of 256 columns are taken in pairs (2P, 2P+1),
+//      and inside a pair the 32-column slice k of group 2P is followed by slice k of group
+//      2P+1 (so one 64-byte load matches 64 bytes of two groups of a plane row); padding 0;
+//   scales: [tokens][Q8ActGroups(cols)] fp32 (0 for padding groups);
+//   offsets: [tokens]: 128 * sum_g scales[t][g] * sum_{c in g} q[t][c] (the term a kernel that
+//      multiplies the LUT offset to unsigned subtracts).
+struct Q8Acts {
+  int tokens = 0;
+  int cols = 0;
+  const int8_t* q = nullptr;
+  const float* scales = nullptr;
+  const float* offsets = nullptr;
+};
+
+constexpr int Q8ActStride(int cols) { return (cols + 2 * kGroupCols - 1) / (2 * kGroupCols) * 2 * kGroupCols; }
+constexpr int Q8ActGroups(int cols) { return Q8ActStride(cols) / kGroupCols; }
+// Position of column c inside a token's row of Q8Acts::q.
+constexpr int Q8ActIndex(int c) {
+  return (c / (2 * kGroupCols)) * (2 * kGroupCols) + ((c % kGroupCols) / 32) * 64 +
+         ((c / kGroupCols) % 2) * 32 + c % 32;
+}
+// Bytes QuantizeActs needs in its buffer (kWorkspaceAlign-aligned).
+size_t Q8ActsBytes(int tokens, int cols);
+
+// Quantizes x [tokens][ldx] (first `cols` columns of each row) into `buf` (Q8ActsBytes bytes,
+// aligned) and points *out into it. Per group: scale = max |x| / 127, q = round(x / scale).
+// Non-finite x is an error. tokens in [1, kMaxTokens].
+Status QuantizeActs(const float* x, size_t ldx, int tokens, int cols, Workspace buf, Q8Acts* out);
+
+// True when `backend` has an integer fast path on this CPU (AVX-512 needs VNNI and VBMI too).
+bool Q8BackendAvailable(Backend backend);
+// The fastest backend with a fast path (PW_ANYPREC_BACKEND overrides as for BestBackend()).
+Backend BestQ8Backend();
+
+// Rows [row_begin, row_end) of y [acts.tokens][ldy] (other entries untouched):
+//   y[t][r] = the fast-path product above for block `view` at width `bits`.
+// Reads planes 0..bits-1 of the view and `lut`; acts.cols must equal view.cols.
+Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
+                    const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end);
+
+}  // namespace pw::anyprec

@@ -1,0 +1,212 @@
+// AVX2 backend of the integer fast path (q8.h), for CPUs without AVX-512 VNNI/VBMI.
+//
+// One 32-byte load of a plane row is one 256-column group. For each slice k the 32 codes are
+// formed with byte-wise shifts, ANDs and ORs (for b <= 4, slices k and k+4 together in the two
+// nibbles), looked up in the row's signed int8 LUT with vpshufb (b <= 4: one 16-entry table;
+// b >= 5: one shuffle per 16-entry part, merged by a tree of byte blends on code bits 4..b-1),
+// and multiplied with the activations by vpmaddubsw on |w| and sign(x, w) (no saturation:
+// |w|, |x| <= 127), then vpmaddwd into int32. One fp32 multiply-add per group and row.
+// One token: 4 rows side by side against the same activation loads.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/anyprec/q8_internal.h"
+
+namespace pw::anyprec::internal {
+namespace avx2q8 {
+#include "kernels/anyprec/q8_quantize.inc"
+
+namespace {
+
+template <int K, int S>
+inline __m256i Shift(__m256i v) {
+  if constexpr (K > S) {
+    return _mm256_srli_epi16(v, K - S);
+  } else if constexpr (K < S) {
+    return _mm256_slli_epi16(v, S - K);
+  } else {
+    return v;
+  }
+}
+
+template <int B, int K, bool Pair, int P = 0>
+inline __m256i Codes(const __m256i* pl) {
+  constexpr int S = B - 1 - P;
+  constexpr int m = Pair ? (0x11 << S) : (1 << S);
+  const __m256i c = _mm256_and_si256(Shift<K, S>(pl[P]), _mm256_set1_epi8(static_cast<char>(m)));
+  if constexpr (P + 1 < B) {
+    return _mm256_or_si256(c, Codes<B, K, Pair, P + 1>(pl));
+  } else {
+    return c;
+  }
+}
+
+template <int B>
+struct Tables {
+  static constexpr int kParts = B <= 4 ? 1 : 1 << (B - 4);
+  __m256i t[kParts];  // 16-entry parts, each in both 128-bit lanes
+
+  void Load(const int8_t* lut) {
+    if constexpr (B == 3) {
+      // 8 entries repeated to 16 (vpshufb reads 4 index bits).
+      const __m128i e = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(lut));
+      t[0] = _mm256_broadcastsi128_si256(_mm_unpacklo_epi64(e, e));
+    } else {
+      for (int i = 0; i < kParts; ++i) {
+        t[i] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lut + 16 * i)));
+      }
+    }
+  }
+
+  // Signed weights of 32 codes; c must have bit 7 clear for B <= 4 beyond the code bits
+  // (the caller masks to the low nibble).
+  __m256i Look(__m256i c) const {
+    if constexpr (B <= 4) {
+      return _mm256_shuffle_epi8(t[0], c);
+    } else {
+      const __m256i lo = _mm256_and_si256(c, _mm256_set1_epi8(0x0F));
+      __m256i r[kParts];
+      for (int i = 0; i < kParts; ++i) r[i] = _mm256_shuffle_epi8(t[i], lo);
+      int n = kParts;
+      for (int bit = 4; bit < B; ++bit) {
+        const __m256i sel = _mm256_slli_epi16(c, 7 - bit);  // code bit -> byte bit 7
+        for (int i = 0; i < n / 2; ++i) r[i] = _mm256_blendv_epi8(r[2 * i], r[2 * i + 1], sel);
+        n /= 2;
+      }
+      return r[0];
+    }
+  }
+};
+
+template <int B>
+struct Row {
+  const uint8_t* pl[B];
+  Tables<B> tab;
+  float scale;
+
+  void Init(const BlockView& v, const Q8Lut& lut, int r) {
+    for (int p = 0; p < B; ++p) pl[p] = v.PlaneRow(p, r);
+    tab.Load(lut.values + (static_cast<size_t>(r) << B));
+    scale = lut.scales[r];
+  }
+
+  // Calls use(k, w) for the 8 slices of group g, w = 32 signed weights of slice k.
+  template <class F>
+  inline void DecodeGroup(int g, F&& use) const {
+    __m256i planes[B];
+    for (int p = 0; p < B; ++p) planes[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pl[p] + 32 * g));
+    if constexpr (B <= 4) {
+      const __m256i nib = _mm256_set1_epi8(0x0F);
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        ((void)[&] {
+          const __m256i c = Codes<B, K, true>(planes);
+          use(K, tab.Look(_mm256_and_si256(c, nib)));
+          use(K + 4, tab.Look(_mm256_and_si256(_mm256_srli_epi16(c, 4), nib)));
+        }(), ...);
+      }(std::make_integer_sequence<int, 4>{});
+    } else {
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        ((void)use(K, tab.Look(Codes<B, K, false>(planes))), ...);
+      }(std::make_integer_sequence<int, 8>{});
+    }
+  }
+};
+
+// Adds the 32 products w * x to 8 int32 lanes of acc.
+inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+inline float Sum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+// Slice k of group g inside a token's activation row.
+inline const __m256i* XSlice(const int8_t* xq, int g, int k) {
+  return reinterpret_cast<const __m256i*>(xq + (g / 2) * 512 + 64 * k + 32 * (g % 2));
+}
+
+template <int B, int NR>
+void GemvRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, int r0) {
+  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
+  Row<B> rows[NR];
+  for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r0 + i);
+  __m256 accf[NR];
+  for (auto& f : accf) f = _mm256_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    __m256i acc[NR];
+    for (auto& c : acc) c = _mm256_setzero_si256();
+    for (int i = 0; i < NR; ++i) {
+      rows[i].DecodeGroup(g, [&](int k, __m256i w) {
+        acc[i] = Dot(acc[i], w, _mm256_loadu_si256(XSlice(a.q, g, k)));
+      });
+    }
+    const __m256 s = _mm256_set1_ps(a.scales[g]);
+    for (int i = 0; i < NR; ++i) accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), s, accf[i]);
+  }
+  for (int i = 0; i < NR; ++i) y[r0 + i] = rows[i].scale * Sum8(accf[i]);
+}
+
+template <int B>
+void GemmRow(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r) {
+  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
+  const int stride = Q8ActStride(v.cols), ngroups = Q8ActGroups(v.cols);
+  Row<B> row;
+  row.Init(v, lut, r);
+  __m256 accf[kMaxTokens];
+  const int T = a.tokens;
+  for (int t = 0; t < T; ++t) accf[t] = _mm256_setzero_ps();
+  __m256i w[8];
+  for (int g = 0; g < groups; ++g) {
+    row.DecodeGroup(g, [&](int k, __m256i wk) { w[k] = wk; });
+    for (int t = 0; t < T; ++t) {
+      const int8_t* xq = a.q + static_cast<size_t>(t) * stride;
+      __m256i c = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) c = Dot(c, w[k], _mm256_loadu_si256(XSlice(xq, g, k)));
+      accf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c),
+                                _mm256_set1_ps(a.scales[static_cast<size_t>(t) * ngroups + g]), accf[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) y[static_cast<size_t>(t) * ldy + r] = row.scale * Sum8(accf[t]);
+}
+
+template <int B>
+void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r0,
+           int r1) {
+  if (a.tokens == 1) {
+    constexpr int NR = B <= 4 ? 4 : 2;
+    int r = r0;
+    for (; r + NR <= r1; r += NR) GemvRows<B, NR>(v, lut, a, y, r);
+    for (; r < r1; ++r) GemvRows<B, 1>(v, lut, a, y, r);
+  } else {
+    for (int r = r0; r < r1; ++r) GemmRow<B>(v, lut, a, y, ldy, r);
+  }
+}
+
+}  // namespace
+}  // namespace avx2q8
+
+void QuantizeRowAvx2(const float* x, int cols, int8_t* q, float* scales, float* offset) {
+  avx2q8::QuantizeRowImpl(x, cols, q, scales, offset);
+}
+
+void Q8RowsAvx2(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
+                size_t ldy, int row_begin, int row_end) {
+  switch (bits) {
+    case 3: avx2q8::RowsB<3>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 4: avx2q8::RowsB<4>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 5: avx2q8::RowsB<5>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 6: avx2q8::RowsB<6>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 7: avx2q8::RowsB<7>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 8: avx2q8::RowsB<8>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    default: break;
+  }
+}
+
+}  // namespace pw::anyprec::internal

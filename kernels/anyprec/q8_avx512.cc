@@ -1,0 +1,248 @@
+// AVX-512 (F, BW, VL, DQ, VNNI, VBMI) backend of the integer fast path (q8.h).
+//
+// One 64-byte load of a plane row covers two 256-column groups (bytes 0..31 of group 2P, then
+// of group 2P+1). For each of the 8 slices k the codes of 64 columns are formed in registers:
+// bit k of plane p moved to bit b-1-p with one shift and one ternary-logic merge per plane; for
+// b <= 4 slices k and k+4 are formed together (low and high nibble) by the same shifts. Codes
+// are looked up in the row's int8 LUT, offset to unsigned (+128), with vpermb (b <= 6, the
+// table replicated to 64 entries), vpermi2b (b = 7), or two vpermi2b and a blend on bit 7
+// (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per group pair
+// one int32 -> fp32 conversion and one multiply-add by the two groups' activation scales; at
+// the end the +128 offset is removed with the per-token Q8Acts::offsets term.
+// One token: 4 rows (2 for b >= 6) are decoded side by side against the same activation loads,
+// keeping 4b..16 plane streams in flight. Several tokens: each group pair of a row is decoded
+// once into 8 registers' worth of stack memory and reused for every token.
+#include <immintrin.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/anyprec/q8_internal.h"
+
+namespace pw::anyprec::internal {
+namespace avx512q8 {
+#include "kernels/anyprec/q8_quantize.inc"
+
+namespace {
+
+// v's bit K of every byte moved to bit S (other bits unspecified; the caller masks).
+template <int K, int S>
+inline __m512i Shift(__m512i v) {
+  if constexpr (K > S) {
+    return _mm512_srli_epi16(v, K - S);
+  } else if constexpr (K < S) {
+    return _mm512_slli_epi16(v, S - K);
+  } else {
+    return v;
+  }
+}
+
+// Codes of slice K from planes pl[0..B-1]; with Pair (B <= 4) slice K + 4 in the high nibble.
+template <int B, int K, bool Pair, int P = 0>
+inline __m512i Codes(const __m512i* pl, __m512i c) {
+  constexpr int S = B - 1 - P;
+  constexpr int m = Pair ? (0x11 << S) : (1 << S);
+  c = _mm512_ternarylogic_epi32(c, Shift<K, S>(pl[P]), _mm512_set1_epi8(static_cast<char>(m)), 0xF8);
+  if constexpr (P + 1 < B) {
+    return Codes<B, K, Pair, P + 1>(pl, c);
+  } else {
+    return c;
+  }
+}
+
+// The row's int8 LUT as unsigned (+128) vpermb / vpermi2b tables.
+template <int B>
+struct Tables {
+  __m512i t[B == 8 ? 4 : B == 7 ? 2 : 1];
+
+  void Load(const int8_t* lut) {
+    const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));
+    if constexpr (B == 3) {
+      int64_t v;
+      __builtin_memcpy(&v, lut, 8);
+      t[0] = _mm512_set1_epi64(v);
+    } else if constexpr (B == 4) {
+      t[0] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lut)));
+    } else if constexpr (B == 5) {
+      t[0] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lut)));
+    } else {
+      for (int i = 0; i < static_cast<int>(sizeof(t) / sizeof(t[0])); ++i) {
+        t[i] = _mm512_loadu_si512(lut + 64 * i);
+      }
+    }
+    for (auto& v : t) v = _mm512_xor_si512(v, off);
+  }
+
+  // Unsigned weights of 64 codes (bits above the code are ignored for B <= 6: the tables
+  // repeat with period 2^B, and vpermb reads 6 index bits).
+  __m512i Look(__m512i c) const {
+    if constexpr (B <= 6) {
+      return _mm512_permutexvar_epi8(c, t[0]);
+    } else if constexpr (B == 7) {
+      return _mm512_permutex2var_epi8(t[0], c, t[1]);
+    } else {
+      const __m512i lo = _mm512_permutex2var_epi8(t[0], c, t[1]);
+      const __m512i hi = _mm512_permutex2var_epi8(t[2], c, t[3]);
+      return _mm512_mask_blend_epi8(_mm512_movepi8_mask(c), lo, hi);
+    }
+  }
+};
+
+template <int B>
+struct Row {
+  const uint8_t* pl[B];
+  Tables<B> tab;
+  float scale;
+
+  void Init(const BlockView& v, const Q8Lut& lut, int r) {
+    for (int p = 0; p < B; ++p) pl[p] = v.PlaneRow(p, r);
+    tab.Load(lut.values + (static_cast<size_t>(r) << B));
+    scale = lut.scales[r];
+  }
+
+  // Calls use(k, w) for the 8 slices of group pair P, w = 64 unsigned weights of slice k.
+  // half: the pair's second group does not exist (its bytes are not read).
+  template <class F>
+  inline void DecodePair(int P, bool half, F&& use, size_t prefetch = 0) const {
+    __m512i planes[B];
+    for (int p = 0; p < B; ++p) {
+      if (prefetch != 0) _mm_prefetch(reinterpret_cast<const char*>(pl[p] + 64 * P + prefetch), _MM_HINT_T0);
+      planes[p] = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, pl[p] + 64 * P)
+                       : _mm512_loadu_si512(pl[p] + 64 * P);
+    }
+    const __m512i zero = _mm512_setzero_si512();
+    if constexpr (B <= 4) {
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        ((void)[&] {
+          const __m512i c = Codes<B, K, true>(planes, zero);
+          use(K, tab.Look(c));
+          use(K + 4, tab.Look(_mm512_srli_epi16(c, 4)));
+        }(), ...);
+      }(std::make_integer_sequence<int, 4>{});
+    } else {
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        ((void)use(K, tab.Look(Codes<B, K, false>(planes, zero))), ...);
+      }(std::make_integer_sequence<int, 8>{});
+    }
+  }
+};
+
+// Activation scales of group pair P as one vector (lanes 0..7: group 2P, 8..15: group 2P+1).
+inline __m512 PairScales(const float* s, int P) {
+  return _mm512_insertf32x8(_mm512_set1_ps(s[2 * P]), _mm256_set1_ps(s[2 * P + 1]), 1);
+}
+
+template <int B, int NR>
+void GemvRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, int r0) {
+  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
+  const int pairs = (groups + 1) / 2;
+  const bool odd = groups % 2 != 0;
+  Row<B> rows[NR];
+  for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r0 + i);
+  // Software prefetch of the same bytes a few rows (at least 1 KiB) further down each plane:
+  // the rows a later call reads. Measured best at 4 rows of 4096 columns, 8 of 1024. A
+  // prefetch past a page's end is harmless.
+  const size_t row_bytes = PlaneRowBytes(v.cols);
+  const size_t ahead = row_bytes * std::max<size_t>(4, (1024 + row_bytes - 1) / row_bytes);
+  __m512 accf[NR];
+  for (auto& f : accf) f = _mm512_setzero_ps();
+  for (int P = 0; P < pairs; ++P) {
+    const bool half = odd && P == pairs - 1;
+    const int8_t* xp = a.q + 512 * P;
+    __m512i acc[NR];
+    for (auto& c : acc) c = _mm512_setzero_si512();
+    for (int i = 0; i < NR; ++i) {
+      rows[i].DecodePair(P, half, [&](int k, __m512i w) {
+        acc[i] = _mm512_dpbusd_epi32(acc[i], w, _mm512_loadu_si512(xp + 64 * k));
+      }, ahead);
+    }
+    const __m512 s = PairScales(a.scales, P);
+    for (int i = 0; i < NR; ++i) accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), s, accf[i]);
+  }
+  for (int i = 0; i < NR; ++i) {
+    y[r0 + i] = rows[i].scale * (_mm512_reduce_add_ps(accf[i]) - a.offsets[0]);
+  }
+}
+
+// One row for every token: each group pair decoded once, then dotted with each token.
+template <int B>
+void GemmRow(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r) {
+  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
+  const int pairs = (groups + 1) / 2;
+  const bool odd = groups % 2 != 0;
+  const int stride = Q8ActStride(v.cols), ngroups = Q8ActGroups(v.cols);
+  Row<B> row;
+  row.Init(v, lut, r);
+  const size_t row_bytes = PlaneRowBytes(v.cols);
+  const size_t ahead = row_bytes * std::max<size_t>(2, (1024 + row_bytes - 1) / row_bytes);
+  __m512 accf[kMaxTokens];
+  const int T = a.tokens;
+  for (int t = 0; t < T; ++t) accf[t] = _mm512_setzero_ps();
+  __m512i w[8];
+  for (int P = 0; P < pairs; ++P) {
+    row.DecodePair(P, odd && P == pairs - 1, [&](int k, __m512i wk) { w[k] = wk; }, ahead);
+    const int8_t* xp = a.q + 512 * P;
+    int t = 0;
+    for (; t + 2 <= T; t += 2) {
+      const int8_t* x0 = xp + static_cast<size_t>(t) * stride;
+      const int8_t* x1 = x0 + stride;
+      __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {
+        c0 = _mm512_dpbusd_epi32(c0, w[k], _mm512_loadu_si512(x0 + 64 * k));
+        c1 = _mm512_dpbusd_epi32(c1, w[k], _mm512_loadu_si512(x1 + 64 * k));
+      }
+      accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0),
+                                PairScales(a.scales + static_cast<size_t>(t) * ngroups, P), accf[t]);
+      accf[t + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1),
+                                    PairScales(a.scales + static_cast<size_t>(t + 1) * ngroups, P),
+                                    accf[t + 1]);
+    }
+    if (t < T) {
+      const int8_t* x0 = xp + static_cast<size_t>(t) * stride;
+      __m512i c0 = _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) c0 = _mm512_dpbusd_epi32(c0, w[k], _mm512_loadu_si512(x0 + 64 * k));
+      accf[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0),
+                                PairScales(a.scales + static_cast<size_t>(t) * ngroups, P), accf[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    y[static_cast<size_t>(t) * ldy + r] = row.scale * (_mm512_reduce_add_ps(accf[t]) - a.offsets[t]);
+  }
+}
+
+template <int B>
+void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r0,
+           int r1) {
+  if (a.tokens == 1) {
+    constexpr int NR = B <= 5 ? 4 : 2;
+    int r = r0;
+    for (; r + NR <= r1; r += NR) GemvRows<B, NR>(v, lut, a, y, r);
+    for (; r < r1; ++r) GemvRows<B, 1>(v, lut, a, y, r);
+  } else {
+    for (int r = r0; r < r1; ++r) GemmRow<B>(v, lut, a, y, ldy, r);
+  }
+}
+
+}  // namespace
+}  // namespace avx512q8
+
+void QuantizeRowAvx512(const float* x, int cols, int8_t* q, float* scales, float* offset) {
+  avx512q8::QuantizeRowImpl(x, cols, q, scales, offset);
+}
+
+void Q8RowsAvx512(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
+                  size_t ldy, int row_begin, int row_end) {
+  switch (bits) {
+    case 3: avx512q8::RowsB<3>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 4: avx512q8::RowsB<4>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 5: avx512q8::RowsB<5>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 6: avx512q8::RowsB<6>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 7: avx512q8::RowsB<7>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 8: avx512q8::RowsB<8>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    default: break;
+  }
+}
+
+}  // namespace pw::anyprec::internal

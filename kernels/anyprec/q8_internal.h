@@ -1,0 +1,27 @@
+// Backend entry points of the integer fast path (not a public interface: use q8.h).
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/anyprec/q8.h"
+
+namespace pw::anyprec::internal {
+
+// Rows [row_begin, row_end) of the fast-path product; arguments validated by ApGemmQ8Rows.
+using Q8RowsFn = void (*)(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts,
+                          float* y, size_t ldy, int row_begin, int row_end);
+void Q8RowsScalar(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
+                  size_t ldy, int row_begin, int row_end);
+void Q8RowsAvx2(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
+                size_t ldy, int row_begin, int row_end);
+void Q8RowsAvx512(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
+                  size_t ldy, int row_begin, int row_end);
+
+// Quantizes one token's row (QuantizeActs's rule) into q [Q8ActStride(cols)], scales
+// [Q8ActGroups(cols)], *offset. Written once as q8_quantize.inc and compiled per backend.
+using QuantizeRowFn = void (*)(const float* x, int cols, int8_t* q, float* scales, float* offset);
+void QuantizeRowScalar(const float* x, int cols, int8_t* q, float* scales, float* offset);
+void QuantizeRowAvx2(const float* x, int cols, int8_t* q, float* scales, float* offset);
+void QuantizeRowAvx512(const float* x, int cols, int8_t* q, float* scales, float* offset);
+
+}  // namespace pw::anyprec::internal

@@ -1,0 +1,290 @@
+// The integer fast path (kernels/anyprec/q8.h):
+//   - LUT and activation quantization against their defining formulas;
+//   - the scalar reference against the exact fp16-LUT product, within the error bound the two
+//     quantizations allow: |y_q8 - y_exact| <= sum_c (|dw| |x| + |w| |dx| + |dw| |dx|) with
+//     |dw| <= lut_scale / 2 and |dx| <= act_scale / 2 per column (plus fp32 rounding);
+//   - every SIMD backend against the scalar reference: |y - y_ref| <= 1e-5 * sum_c |w8 x8|
+//     (fp32 group accumulation vs fp64), on random blocks of awkward shapes, every width,
+//     1/3/37/64 tokens, page lists of several tile sizes, outputs poisoned with NaN first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/anyprec/anyprec.h"
+#include "kernels/anyprec/pack.h"
+#include "kernels/anyprec/q8.h"
+#include "tests/anyprec/random_block.h"
+
+namespace pw::anyprec {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The int8 LUTs of one block at every width.
+struct Q8Luts {
+  std::vector<int8_t> values[kMaxBits + 1];
+  std::vector<float> scales[kMaxBits + 1];
+  Q8Lut At(int bits) const { return {values[bits].data(), scales[bits].data()}; }
+};
+
+Q8Luts MakeQ8Luts(const PackedBlock& b) {
+  Q8Luts l;
+  for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+    l.values[bits].resize(Q8LutValueBytes(b.rows, bits));
+    l.scales[bits].resize(b.rows);
+    EXPECT_TRUE(QuantizeLut(b.luts[bits].data(), b.rows, bits, l.values[bits].data(),
+                            l.scales[bits].data()).ok());
+  }
+  return l;
+}
+
+struct Acts {
+  AlignedBuffer buf;
+  Q8Acts acts;
+  Acts(const std::vector<float>& x, int tokens, int cols) : buf(Q8ActsBytes(tokens, cols)) {
+    const Status s = QuantizeActs(x.data(), cols, tokens, cols, buf.ws(), &acts);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+};
+
+std::vector<Backend> Q8SimdBackends() {
+  std::vector<Backend> out;
+  for (Backend b : {Backend::kAvx2, Backend::kAvx512}) {
+    if (Q8BackendAvailable(b)) {
+      out.push_back(b);
+    } else {
+      std::printf("[ SKIPPED  ] fast path %s: this CPU does not support it\n", BackendName(b));
+    }
+  }
+  return out;
+}
+
+int Code(const RandomBlock& rb, int r, int c, int bits) {
+  return rb.codes[static_cast<size_t>(r) * rb.block.cols + c] >> (8 - bits);
+}
+
+TEST(Q8Lut, QuantizesEachRowToItsMaximum) {
+  std::mt19937 rng(11);
+  RandomBlock rb = MakeRandomBlock(9, 10, rng);
+  for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+    std::vector<int8_t> v(Q8LutValueBytes(9, bits));
+    std::vector<float> s(9);
+    ASSERT_TRUE(QuantizeLut(rb.block.luts[bits].data(), 9, bits, v.data(), s.data()).ok());
+    for (int r = 0; r < 9; ++r) {
+      int most = 0;
+      for (int i = 0; i < LutEntries(bits); ++i) {
+        const float want = F16ToF32(rb.block.luts[bits][(r << bits) + i]);
+        const int q = v[(r << bits) + i];
+        EXPECT_LE(std::abs(q), 127);
+        EXPECT_LE(std::fabs(q * s[r] - want), 0.5f * s[r] * (1 + 1e-5f)) << "b" << bits << " r" << r;
+        most = std::max(most, std::abs(q));
+      }
+      EXPECT_EQ(most, 127);
+    }
+  }
+  // A row of zeros gets scale 0 and zero values; a non-finite centroid is refused.
+  std::vector<uint16_t> zeros(8, 0), bad(8, 0);
+  bad[3] = 0x7C00;  // +inf
+  std::vector<int8_t> v(8, 1);
+  float s = 1;
+  ASSERT_TRUE(QuantizeLut(zeros.data(), 1, 3, v.data(), &s).ok());
+  EXPECT_EQ(s, 0.f);
+  for (int8_t q : v) EXPECT_EQ(q, 0);
+  EXPECT_FALSE(QuantizeLut(bad.data(), 1, 3, v.data(), &s).ok());
+}
+
+TEST(Q8Acts, QuantizesPerGroupInPairOrder) {
+  std::mt19937 rng(12);
+  for (int cols : {1, 31, 256, 300, 512, 700, 1100}) {
+    const int tokens = 3;
+    auto x = RandomX(tokens, cols, rng);
+    x[0] = 0;  // exact zero stays zero
+    Acts a(x, tokens, cols);
+    const int stride = Q8ActStride(cols), groups = Q8ActGroups(cols);
+    EXPECT_EQ(stride % 512, 0);
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<int> seen(stride, 0);
+      double off = 0;
+      for (int g = 0; g < groups; ++g) {
+        float amax = 0;
+        for (int c = g * 256; c < std::min(cols, (g + 1) * 256); ++c) amax = std::max(amax, std::fabs(x[t * cols + c]));
+        const float scale = a.acts.scales[t * groups + g];
+        EXPECT_FLOAT_EQ(scale, amax / 127.f);
+        long sum = 0;
+        for (int c = g * 256; c < std::min(cols, (g + 1) * 256); ++c) {
+          const int i = Q8ActIndex(c);
+          ++seen[i];
+          const int q = a.acts.q[t * stride + i];
+          const int want = amax > 0 ? static_cast<int>(std::nearbyint(x[t * cols + c] * (127.f / amax))) : 0;
+          EXPECT_EQ(q, want) << cols << " c" << c;
+          sum += q;
+        }
+        off += static_cast<double>(scale) * sum;
+      }
+      EXPECT_NEAR(a.acts.offsets[t], 128 * off, 1e-4 * (1 + std::fabs(128 * off)));
+      for (int i = 0; i < stride; ++i) {
+        // Every column has its own byte; bytes of no column are zero padding.
+        EXPECT_LE(seen[i], 1);
+        if (seen[i] == 0) {
+          EXPECT_EQ(a.acts.q[t * stride + i], 0) << "padding byte " << i;
+        }
+      }
+    }
+  }
+  std::vector<float> x(10, 1.f);
+  x[4] = std::numeric_limits<float>::infinity();
+  AlignedBuffer buf(Q8ActsBytes(1, 10));
+  Q8Acts out;
+  EXPECT_FALSE(QuantizeActs(x.data(), 10, 1, 10, buf.ws(), &out).ok());
+  EXPECT_FALSE(QuantizeActs(x.data(), 10, 0, 10, buf.ws(), &out).ok());
+  EXPECT_FALSE(QuantizeActs(x.data(), 10, 1, 10, {buf.ptr, 8}, &out).ok());
+}
+
+TEST(Q8Scalar, WithinQuantizationBoundOfExactProduct) {
+  std::mt19937 rng(13);
+  const int rows = 17, cols = 600, tokens = 3;
+  RandomBlock rb = MakeRandomBlock(rows, cols, rng);
+  const Q8Luts luts = MakeQ8Luts(rb.block);
+  auto x = RandomX(tokens, cols, rng);
+  Acts a(x, tokens, cols);
+  PageLists pages = rb.block.Pages(5);
+  for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+    std::vector<float> exact(tokens * rows, kNaN), fast(tokens * rows, kNaN);
+    ASSERT_TRUE(ApGemm(Backend::kScalar, pages.view(), bits, x.data(), tokens, exact.data(), {}).ok());
+    ASSERT_TRUE(ApGemmQ8Rows(Backend::kScalar, pages.view(), bits, luts.At(bits), a.acts, fast.data(),
+                             rows, 0, rows).ok());
+    double worst = 0;
+    for (int t = 0; t < tokens; ++t) {
+      for (int r = 0; r < rows; ++r) {
+        const double dw = 0.5 * luts.scales[bits][r];
+        double bound = 0, mag = 0;
+        for (int c = 0; c < cols; ++c) {
+          const double w = std::fabs(F16ToF32(rb.block.luts[bits][(r << bits) + Code(rb, r, c, bits)]));
+          const double xv = std::fabs(x[t * cols + c]);
+          const double dx = 0.5 * a.acts.scales[t * Q8ActGroups(cols) + c / 256];
+          bound += dw * xv + w * dx + dw * dx;
+          mag += w * xv;
+        }
+        const double err = std::fabs(fast[t * rows + r] - exact[t * rows + r]);
+        EXPECT_LE(err, bound + 1e-5 * mag) << "b" << bits << " t" << t << " r" << r;
+        worst = std::max(worst, err / mag);
+      }
+    }
+    std::printf("b%d: worst |fast - exact| / sum|w x| = %.2e\n", bits, worst);
+  }
+}
+
+struct Shape {
+  int rows, cols;
+};
+
+TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
+  const auto backends = Q8SimdBackends();
+  if (backends.empty()) GTEST_SKIP() << "no SIMD fast path on this CPU";
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  const Shape shapes[] = {{1, 1}, {37, 50}, {129, 65}, {64, 256}, {33, 513}, {9, 768}, {3, 1000}, {6, 1024}, {2, 4100}};
+  const int token_counts[] = {1, 3, 37, 64};
+  const int tiles[] = {1, 7, 64};
+  for (const Shape& s : shapes) {
+    RandomBlock rb = MakeRandomBlock(s.rows, s.cols, rng);
+    const Q8Luts luts = MakeQ8Luts(rb.block);
+    for (int tokens : token_counts) {
+      auto x = RandomX(tokens, s.cols, rng);
+      Acts a(x, tokens, s.cols);
+      for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+        // Tolerance scale: sum_c |w8 * s_r| * |x8 * s_g| per output.
+        std::vector<double> mag(static_cast<size_t>(tokens) * s.rows, 0.0);
+        for (int t = 0; t < tokens; ++t) {
+          for (int r = 0; r < s.rows; ++r) {
+            for (int c = 0; c < s.cols; ++c) {
+              mag[t * s.rows + r] += std::fabs(luts.values[bits][(r << bits) + Code(rb, r, c, bits)] *
+                                               luts.scales[bits][r]) *
+                                     std::fabs(a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
+                                               a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
+            }
+          }
+        }
+        PageLists ref_pages = rb.block.Pages(s.rows);
+        std::vector<float> want(static_cast<size_t>(tokens) * s.rows, kNaN);
+        ASSERT_TRUE(ApGemmQ8Rows(Backend::kScalar, ref_pages.view(), bits, luts.At(bits), a.acts,
+                                 want.data(), s.rows, 0, s.rows).ok());
+        for (int tile : tiles) {
+          PageLists pages = rb.block.Pages(tile);
+          for (Backend be : backends) {
+            std::vector<float> y(want.size(), kNaN);
+            Status st = ApGemmQ8Rows(be, pages.view(), bits, luts.At(bits), a.acts, y.data(), s.rows, 0, s.rows);
+            ASSERT_TRUE(st.ok()) << st.ToString();
+            int bad = 0;
+            for (size_t i = 0; i < y.size(); ++i) {
+              const double tol = 1e-5 * mag[i] + 1e-30;
+              if (!(std::fabs(static_cast<double>(y[i]) - want[i]) <= tol) && ++bad <= 3) {
+                ADD_FAILURE() << BackendName(be) << " " << s.rows << "x" << s.cols << " t" << tokens
+                              << " b" << bits << " tile" << tile << " seed " << seed << " index " << i
+                              << ": got " << y[i] << " want " << want[i] << " tol " << tol;
+              }
+            }
+            EXPECT_EQ(bad, 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Q8Backends, RowRangeAndStrideWriteOnlyTheirEntries) {
+  std::mt19937 rng(14);
+  const int rows = 40, cols = 300, tokens = 3, ldy = 45;
+  RandomBlock rb = MakeRandomBlock(rows, cols, rng);
+  const Q8Luts luts = MakeQ8Luts(rb.block);
+  auto x = RandomX(tokens, cols, rng);
+  Acts a(x, tokens, cols);
+  PageLists pages = rb.block.Pages(16);
+  for (int tok : {1, tokens}) {
+    Q8Acts sub = a.acts;
+    sub.tokens = tok;
+    for (Backend be : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512}) {
+      if (!Q8BackendAvailable(be)) continue;
+      for (int bits : {3, 4, 8}) {
+        std::vector<float> y(tokens * ldy, kNaN);
+        ASSERT_TRUE(ApGemmQ8Rows(be, pages.view(), bits, luts.At(bits), sub, y.data(), ldy, 11, 29).ok());
+        for (int t = 0; t < tokens; ++t) {
+          for (int r = 0; r < ldy; ++r) {
+            EXPECT_EQ(std::isnan(y[t * ldy + r]), t >= tok || r < 11 || r >= 29)
+                << BackendName(be) << " b" << bits << " t" << t << " r" << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Q8Api, RejectsBadArguments) {
+  std::mt19937 rng(15);
+  RandomBlock rb = MakeRandomBlock(4, 40, rng);
+  const Q8Luts luts = MakeQ8Luts(rb.block);
+  auto x = RandomX(1, 40, rng);
+  Acts a(x, 1, 40);
+  PageLists pages = rb.block.Pages(4);
+  std::vector<float> y(4);
+  const BlockView& v = pages.view();
+  EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 2, luts.At(3), a.acts, y.data(), 4, 0, 4).ok());
+  EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, Q8Lut{}, a.acts, y.data(), 4, 0, 4).ok());
+  EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), Q8Acts{}, y.data(), 4, 0, 4).ok());
+  Q8Acts wrong = a.acts;
+  wrong.cols = 41;
+  EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), wrong, y.data(), 4, 0, 4).ok());
+  EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), a.acts, y.data(), 4, 0, 5).ok());
+  EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), a.acts, y.data(), 3, 0, 4).ok());
+  EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), a.acts, nullptr, 4, 0, 4).ok());
+}
+
+}  // namespace
+}  // namespace pw::anyprec
