@@ -3,5 +3,5 @@
 if(PW_BUILD_BENCH AND TARGET pw_anyprec_quant AND TARGET pw_kernels_cpu)
   add_executable(pw-bench-kernels ${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cc)
   target_link_libraries(pw-bench-kernels PRIVATE pw_anyprec_quant pw_kernels_anyprec pw_kernels_cpu
-    benchmark::benchmark)
+    pw_bench_bandwidth benchmark::benchmark)
 endif()

@@ -5,7 +5,10 @@
 //   apgemv/<rows>x<cols>/b<bits>/t<tokens>  ApGemm at width bits (best backend); bytes per call =
 //                                           bits planes + LUT_bits (what the kernel must read)
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
-//   memread/<bytes>                         streaming read of <bytes> bytes per iteration
+//   memread/<bytes>                         streaming read of <bytes> bytes per iteration, the
+//                                           way the best read loop can (bench/bandwidth_probe.h:
+//                                           the probe's best stream count, 64-byte loads; the
+//                                           probe's table goes to stderr before the first case)
 //   quantize/<rows>x<cols>/threads<n>       QuantizeBlock on random weights (one iteration)
 // apgemv, bf16gemv and memread also exist with a "/threads<n>" suffix (n = the machine's cores):
 // one call's rows (or bytes) split over a pool of n threads, as the engine splits an expert's
@@ -16,7 +19,6 @@
 // on a shared machine; threaded and quantize cases report wall time. Shapes: OLMoE expert
 // (2048->1024, 1024->2048) and Mixtral expert (4096->14336, 14336->4096); rows = out features.
 #include <benchmark/benchmark.h>
-#include <immintrin.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bandwidth_probe.h"
 #include "common/dtype.h"
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/pack.h"
@@ -189,25 +192,33 @@ void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int th
   state.SetLabel(cpu::IsaName(cpu::BestIsa()));
 }
 
-__attribute__((target("avx2"))) uint64_t ReadBytes(const uint8_t* p, size_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  size_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+// The stream count the shared bandwidth probe (bench/bandwidth_probe.h) reads fastest with on
+// `threads` threads. Probed once, when the first memread case runs (untimed), on 1 thread and
+// on the machine's cores; the table goes to stderr.
+int BestStreams(int threads) {
+  static const std::vector<bench::ThreadsRate> rates = [] {
+    std::vector<int> counts = {1};
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    if (cores > 1) counts.push_back(cores);
+    bench::ProbeOptions po;
+    std::fprintf(stderr, "memread: probing read bandwidth (%.2f GiB buffer, streams 1..16, %s loads)\n",
+                 static_cast<double>(po.bytes) / (1 << 30), bench::ReadIsaName());
+    auto r = bench::ProbeReadBandwidth(po, counts);
+    for (const auto& t : r) std::fprintf(stderr, "memread: %s\n", bench::DescribeRate(t).c_str());
+    return r;
+  }();
+  for (const auto& r : rates) {
+    if (r.threads == threads) return r.best_streams;
   }
-  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-  uint64_t out = static_cast<uint64_t>(_mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1) +
-                                       _mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3));
-  for (; i < n; ++i) out += p[i];
-  return out;
+  return rates.back().best_streams;
 }
 
-// Reads `bytes` bytes per iteration from successive 64-byte aligned regions of the pool.
+// Reads `bytes` bytes per iteration from successive 64-byte aligned regions of the pool, the
+// way the best read loop does: each thread's piece with the probe's best stream count for that
+// many threads, 64-byte loads.
 void BM_MemRead(benchmark::State& state, size_t bytes, int threads) {
   const uint8_t* pool = WeightPool();
+  const int streams = BestStreams(threads);
   const size_t stride = (bytes + 63) / 64 * 64;
   const size_t n_regions = std::max<size_t>(1, kPoolBytes / stride);
   cpu::ThreadPool* threads_pool = Pool(threads);
@@ -218,12 +229,14 @@ void BM_MemRead(benchmark::State& state, size_t bytes, int threads) {
     const size_t lines = (bytes + 63) / 64;
     SplitRange(threads_pool, lines, threads, [&](int t, size_t l0, size_t l1) {
       const size_t b0 = l0 * 64, b1 = std::min(bytes, l1 * 64);
-      sums[t] = b1 > b0 ? ReadBytes(pool + i * stride + b0, b1 - b0) : 0;
+      sums[t] = b1 > b0 ? bench::ReadStreams(pool + i * stride + b0, b1 - b0, streams) : 0;
     });
     benchmark::DoNotOptimize(sums.data());
     if (++i == n_regions) i = 0;
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  state.counters["streams"] = streams;
+  state.SetLabel(std::string(bench::ReadIsaName()) + ", " + std::to_string(streams) + " streams");
 }
 
 // One whole-block quantization (seed clustering, upscaling to 8 bits, damage table).
