@@ -1,9 +1,13 @@
 // pw-quantize: builds an any-precision expert store (.apw) from a checkpoint and calibration
 // text, and plans per-block width maps from a store.
 //   pw-quantize --model DIR --calib FILE --out STORE [--seed-bits 3] [--max-bits 8] [--threads N]
+//   pw-quantize --model DIR --calib-random-tokens N [--calib-seed S] --out STORE [...]
 //   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
 // The work is QuantizeModel (kernels/anyprec/quantize_model.h) and PlanDamageRanked /
 // PlanRandom (kernels/anyprec/apw_provider.h); this is their command line.
+// --calib-random-tokens calibrates on N token ids drawn uniformly from the vocabulary instead of
+// text, so a checkpoint without a tokenizer (make_synthetic_moe's) gets a store: its widths and
+// damage tables then reflect random inputs, fine for speed figures, not for quality ones.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -47,7 +51,13 @@ int main(int argc, char** argv) {
   CLI::App app{"Quantize a MoE checkpoint's experts into an any-precision .apw store"};
   app.require_subcommand(0, 1);
   app.add_option("--model", o.model_dir, "checkpoint directory (config.json, *.safetensors)");
-  app.add_option("--calib", o.calib_path, "calibration text (UTF-8)");
+  auto* calib = app.add_option("--calib", o.calib_path, "calibration text (UTF-8)");
+  auto* random_tokens =
+      app.add_option("--calib-random-tokens", o.calib_random_tokens,
+                     "calibrate on this many random token ids instead of --calib (no tokenizer)")
+          ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
+  calib->excludes(random_tokens);
+  app.add_option("--calib-seed", o.calib_seed, "seed of --calib-random-tokens");
   app.add_option("--out", o.out_path, "output store path (.apw)");
   app.add_option("--tokenizer", o.tokenizer_path, "tokenizer.json (default: <model>/tokenizer.json)");
   app.add_option("--seed-bits", o.seed_bits, "bits of the seed clustering")->check(CLI::Range(3, 8));
@@ -71,8 +81,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (plan->parsed()) return RunPlan(plan_store, avg_bits, plan_out, random_seed, min_bits);
 
-  if (o.model_dir.empty() || o.calib_path.empty() || o.out_path.empty()) {
-    std::fprintf(stderr, "pw-quantize: --model, --calib and --out are required\n%s", app.help().c_str());
+  if (o.model_dir.empty() || (o.calib_path.empty() && o.calib_random_tokens == 0) || o.out_path.empty()) {
+    std::fprintf(stderr, "pw-quantize: --model, --calib (or --calib-random-tokens) and --out are required\n%s",
+                 app.help().c_str());
     return 2;
   }
   if (o.seed_bits > o.max_bits) return Fail(pw::InvalidArgument("--seed-bits must not exceed --max-bits"));

@@ -1,12 +1,16 @@
 // Quantizes a whole checkpoint into an .apw store (the logic behind pw-quantize):
 //   1. calibration: runs the engine teacher-forced over the calibration text in windows of
 //      `ctx` tokens, recording per expert block sum_t x_tj^2 over the tokens routed to it
-//      (gate_up: the expert's input hidden states; down: SiLU(gate)*up);
+//      (gate_up: the expert's input hidden states; down: SiLU(gate)*up). With
+//      calib_random_tokens > 0 the tokens are instead that many ids drawn uniformly from the
+//      model's vocabulary (seeded; no text, no tokenizer): for checkpoints without a tokenizer
+//      such as make_synthetic_moe's, where the statistics only need to be plausible;
 //   2. sensitivity of block i: h_j = (sum_j + n0 * hbar_j) / (n_i + n0), hbar = the layer's
 //      mean over all routed tokens (same projection), n0 = prior_tokens: a rarely routed expert
 //      leans on its layer's statistics instead of getting zero; then h_j >= floor_rel * mean(hbar);
 //   3. every block quantized (quantizer.h) and written with its damage table and token count.
-// Deterministic: same model, text and options give the same bytes.
+// Deterministic: same model, text (or random-token count and seed) and options give the same
+// bytes.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +22,11 @@ namespace pw::anyprec {
 
 struct QuantizeModelOptions {
   std::string model_dir;
-  std::string calib_path;      // UTF-8 text
+  std::string calib_path;      // UTF-8 text (unused with calib_random_tokens)
   std::string out_path;        // .apw store (written atomically)
-  std::string tokenizer_path;  // default: <model_dir>/tokenizer.json
+  std::string tokenizer_path;  // default: <model_dir>/tokenizer.json (unused with random tokens)
+  int64_t calib_random_tokens = 0;  // > 0: calibrate on this many random token ids, not text
+  uint64_t calib_seed = 0;          // seed of those ids
   int seed_bits = 3;
   int max_bits = 8;
   int threads = 1;

@@ -1,5 +1,6 @@
-// Engine integration: pw-quantize's pipeline on the fixture model, the store-backed expert
-// provider at uniform and mixed widths, width maps, and refusal of a store for another model.
+// Engine integration: pw-quantize's pipeline on the fixture model (on text, and on random token
+// ids with no tokenizer), the store-backed expert provider at uniform and mixed widths, width
+// maps, and refusal of a store for another model.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -230,6 +231,69 @@ TEST_F(ApwEngineTest, RefusesStoreOfAnotherModel) {
   ASSERT_FALSE(provider.ok());
   EXPECT_NE(provider.status().message().find("another model"), std::string::npos);
   fs::remove_all(dir);
+}
+
+// --calib-random-tokens: a valid store from a checkpoint without a tokenizer (the fixture has
+// none; the tokenizer path given is never read), deterministic for a seed.
+TEST(ApwRandomCalibration, StoreWithoutTokenizerIsValidAndDeterministic) {
+  auto options = [](const std::string& out, uint64_t seed) {
+    QuantizeModelOptions o;
+    o.model_dir = kModel;
+    o.tokenizer_path = "/nonexistent/tokenizer.json";
+    o.calib_random_tokens = 300;
+    o.calib_seed = seed;
+    o.out_path = out;
+    o.threads = 2;
+    o.ctx = 64;
+    o.progress = false;
+    return o;
+  };
+  const std::string path = TempPath("random_calib") + ".apw";
+  auto r = QuantizeModel(options(path, 3));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->calib_tokens, 300);
+  EXPECT_EQ(r->num_blocks, 2 * 8 * 2);
+
+  auto eng = engine::Engine::Create(kModel, {});
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  auto hash = ModelHash((*eng)->model());
+  ASSERT_TRUE(hash.ok());
+  auto opened = apw::ApwStore::Open(path, {.verify_data = true, .expected_model_hash = *hash});
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  uint64_t routed = 0;
+  for (int i = 0; i < (*opened)->num_blocks(); ++i) {
+    const apw::BlockData& b = (*opened)->block(i);
+    routed += b.calib_tokens;
+    EXPECT_GT(b.damage[0], b.damage[3]) << (*opened)->BlockName(i);
+  }
+  EXPECT_EQ(routed, 2u * 2 * 300 * 2);  // layers x (gate_up, down) x tokens x top-k 2
+
+  // The store runs: 4-bit experts stay close to bf16.
+  const auto ids = Ids();
+  auto ref = (*eng)->ForwardLogits(ids);
+  ASSERT_TRUE(ref.ok());
+  std::shared_ptr<const apw::ApwStore> store = std::move(opened).value();
+  auto provider = ApwExpertProvider::Create(store, (*eng)->model(), *WidthMap::Uniform(4, 2, 8));
+  ASSERT_TRUE(provider.ok()) << provider.status().ToString();
+  engine::MoeHooks hooks;
+  hooks.provider = provider->get();
+  (*eng)->SetMoeHooks(hooks);
+  auto got = (*eng)->ForwardLogits(ids);
+  (*eng)->SetMoeHooks({});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_LT(RelError(*got, *ref), 0.5);
+
+  auto bytes = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::vector<char>{std::istreambuf_iterator<char>(f), {}};
+  };
+  const std::string again = TempPath("random_calib_again") + ".apw";
+  ASSERT_TRUE(QuantizeModel(options(again, 3)).ok());
+  EXPECT_EQ(bytes(path), bytes(again));
+  ASSERT_TRUE(QuantizeModel(options(again, 4)).ok());
+  EXPECT_NE(bytes(path), bytes(again));  // another seed, other statistics
+  std::remove(path.c_str());
+  std::remove(again.c_str());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // pw-generate and pw-eval on bad input: a message on stderr naming the problem and a non-zero
-// exit status, never a crash. Runs the built binaries from <build>/bin.
+// exit status, never a crash; pw-quantize's random-token calibration from the command line.
+// Runs the built binaries from <build>/bin.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -104,6 +105,27 @@ TEST(Cli, GenerateRunsAndRejectsInvalidUtf8AndOverlongPrompts) {
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find(bad_text), std::string::npos) << r.output;
   std::filesystem::remove_all(dir);
+}
+
+// --calib-random-tokens: a store from a checkpoint without a tokenizer; it excludes --calib, and
+// one of the two is required.
+TEST(Cli, QuantizeCalibratesOnRandomTokens) {
+  if (!std::filesystem::exists(Bin("pw-quantize"))) GTEST_SKIP() << "pw-quantize not built";
+  const std::string out = ::testing::TempDir() + "/pw_cli_random.apw";
+  ProcResult r = Exec(Bin("pw-quantize") + " --model " + Fixture() +
+                      " --calib-random-tokens 200 --calib-seed 5 --ctx 64 --quiet --out " + out);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("200 calibration tokens"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out));
+  std::filesystem::remove(out);
+
+  r = Exec(Bin("pw-quantize") + " --model " + Fixture() +
+           " --calib /etc/hostname --calib-random-tokens 200 --out " + out);
+  EXPECT_GT(r.status, 0) << r.output;
+  r = Exec(Bin("pw-quantize") + " --model " + Fixture() + " --out " + out);
+  EXPECT_GT(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--calib-random-tokens"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 }  // namespace
