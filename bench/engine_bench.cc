@@ -3,6 +3,9 @@
 //
 //   pw-bench-engine [--model DIR]... [--threads N] [--runs 5] [--prompt-len 64]
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
+//                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
+//                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
+//                   [--kernel-path exact]
 //
 // Models: every --model given; by default models/tiny-moe and the synthetic checkpoint named
 // by $PW_SYNTHETIC_MODEL (default build/synthetic-olmoe, written by make_synthetic_moe); a
@@ -15,25 +18,37 @@
 //   prefill tok/s = B * prompt_len / prefill time
 //   decode  tok/s = B * decode_steps / decode time
 //
-// Floor. Before the models, the benchmark measures read bandwidth with `threads` threads over
-// a buffer larger than the last-level cache (median of 5 passes). For each decode step it counts
-// the bytes the step cannot avoid reading:
+// Any-precision experts. With --store, the one model (--model, default the synthetic one) runs
+// its routed experts from the .apw store through anyprec::ApwExpertProvider (as pw-eval does),
+// once per width in --bits (3..8, or 16 = the checkpoint's bf16 block through the provider's
+// reference path) and once for the width map of --bits-map, one set of rows per width.
+// --kernel-path names the provider's kernel path; only `exact` (today's kernels) exists.
+//
+// Floor. Before the models, the benchmark measures read bandwidth with the shared probe
+// (bench/bandwidth_probe.h) on 1 thread and on `threads` threads: a buffer larger than the
+// last-level cache, read with 1, 2, 4, 8 and 16 interleaved streams per thread and 64-byte
+// loads (AVX-512, else AVX2), median of `bw-passes` passes per stream count; the best stream
+// count's rate on `threads` threads is the bandwidth every floor and ratio uses (the probe
+// prints which count won). For each decode step it counts the bytes the step cannot avoid
+// reading:
 //   per layer: q/k/v/o weights, router, the distinct experts the batch's tokens selected
-//     (3 * H * I bf16 each, counted from the router's actual choices), the shared expert,
-//     norms/biases, and the KV cache of every sequence up to its position (fp32);
+//     (counted from the router's actual choices), the shared expert, norms/biases, and the KV
+//     cache of every sequence up to its position (fp32);
 //   once: lm_head, final norm, and B embedding rows.
+// A distinct expert counts 3 * H * I bf16 in the `floor` columns; with --store the `@ width`
+// columns count it at the width the provider runs each of its two blocks at: b planes of
+// rows * PlaneRowBytes(cols) bytes plus the block's LUT_b (rows * 2^b fp16), or bf16 at 16.
 // floor time = bytes / bandwidth; floor tok/s = B / floor time; ratio = decode time per step /
 // floor time (1.0 = bandwidth-bound, at the floor). On a machine shared with other jobs wall
 // times measure the other jobs too, so a second table normalises by CPU time: the decode step
 // as CPU seconds / threads, the bandwidth as bytes per (CPU seconds / threads) of the reading
 // threads; time spent spinning counts as CPU, so these figures err on the slow side.
-// `experts %` is the share of decode time
-// spent inside expert matmuls (timed by wrapping the bf16 expert provider). `CPU %` is the
-// process's CPU time during decode over wall time x threads: well under 100 means the threads
-// waited for cores (a busy machine) or idled, and the figures understate the engine.
+// `experts %` is the share of decode time spent inside expert matmuls (timed by wrapping the
+// expert provider). `CPU %` is the process's CPU time during decode over wall time x threads:
+// well under 100 means the threads waited for cores (a busy machine) or idled, and the figures
+// understate the engine.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -45,11 +60,14 @@
 #include <random>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "bench/bandwidth_probe.h"
+#include "common/apw_store.h"
 #include "common/logging.h"
 #include "common/model_config.h"
+#include "kernels/anyprec/anyprec.h"
+#include "kernels/anyprec/apw_provider.h"
 #include "services/engine/engine.h"
 #include "services/engine/model.h"
 #include "services/engine/moe_layer.h"
@@ -77,100 +95,78 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-struct Bandwidth {
-  double wall = 0;  // bytes / wall seconds
-  double cpu = 0;   // bytes / (thread CPU seconds / threads): what the threads read while on a core
-};
-
-// Read bandwidth: `threads` threads each sum their slice of a `bytes` buffer (64-bit loads,
-// vectorised by the compiler), median of `passes` passes after one warm-up.
-Bandwidth MeasureReadBandwidth(size_t bytes, int threads, int passes) {
-  const size_t words = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
-  for (size_t i = 0; i < words; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;  // touch every page
-  std::atomic<uint64_t> sink{0};
-  std::vector<double> cpu(threads);
-  auto pass = [&]() {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t] {
-        timespec c0, c1;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-        size_t begin = words * t / threads, end = words * (t + 1) / threads;
-        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        const uint64_t* p = buf.get();
-        size_t i = begin;
-        for (; i + 4 <= end; i += 4) {
-          a0 += p[i];
-          a1 += p[i + 1];
-          a2 += p[i + 2];
-          a3 += p[i + 3];
-        }
-        for (; i < end; ++i) a0 += p[i];
-        sink += a0 + a1 + a2 + a3;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-        cpu[t] = static_cast<double>(c1.tv_sec - c0.tv_sec) +
-                 1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec);
-      });
-    }
-    for (auto& th : ts) th.join();
-  };
-  pass();  // warm-up
-  std::vector<double> wall_bw, cpu_bw;
-  const double total = static_cast<double>(words * sizeof(uint64_t));
-  for (int i = 0; i < passes; ++i) {
-    auto t0 = Clock::now();
-    pass();
-    wall_bw.push_back(total / Seconds(t0, Clock::now()));
-    double cpu_sum = 0;
-    for (double c : cpu) cpu_sum += c;
-    cpu_bw.push_back(total / (cpu_sum / threads));
-  }
-  if (sink.load() == 42) std::printf(" ");  // keep the sums alive
-  return {Median(wall_bw), Median(cpu_bw)};
-}
-
-// Times expert matmuls by wrapping the engine's bf16 provider.
+// Times expert matmuls by wrapping the provider the engine runs its experts through.
 class TimingProvider final : public engine::ExpertWeightProvider {
  public:
-  explicit TimingProvider(const engine::Model& model) : inner_(model) {}
+  explicit TimingProvider(engine::ExpertWeightProvider* inner) : inner_(inner) {}
   Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
                size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override {
     auto t0 = Clock::now();
-    Status s = inner_.Apply(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
+    Status s = inner_->Apply(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
     seconds_ += Seconds(t0, Clock::now());
     return s;
   }
   int Bits(int layer, int expert, engine::ExpertProj proj) const override {
-    return inner_.Bits(layer, expert, proj);
+    return inner_->Bits(layer, expert, proj);
   }
   double seconds_ = 0;
 
  private:
-  engine::Bf16ExpertProvider inner_;
+  engine::ExpertWeightProvider* inner_;
 };
 
-// Counts, for pure-decode batches, the distinct experts each layer's tokens selected.
+// Bytes a rows x cols expert block must read at `bits`: b bit-planes plus the block's LUT_b
+// (rows * 2^b fp16 centroids), or the bf16 matrix at 16 (kernels/anyprec/anyprec.h layout).
+double BlockBytes(int64_t rows, int64_t cols, int bits) {
+  if (bits >= anyprec::kBf16Bits) return 2.0 * static_cast<double>(rows) * static_cast<double>(cols);
+  return static_cast<double>(bits) * static_cast<double>(rows) *
+             static_cast<double>(anyprec::PlaneRowBytes(static_cast<int>(cols))) +
+         static_cast<double>(rows) * static_cast<double>(int64_t{1} << bits) * 2.0;
+}
+
+// Counts, for pure-decode batches, the distinct experts each layer's tokens selected and the
+// bytes they read: as bf16, and at the widths `widths` runs each block at.
 class DistinctExpertCounter final : public engine::RouterLogitsRecorder {
  public:
+  DistinctExpertCounter(const ModelConfig& c, const engine::ExpertWeightProvider* widths)
+      : hidden_(c.hidden_size), ffn_(c.moe_intermediate_size), widths_(widths) {}
   void Record(const engine::RoutingContext& ctx,
               const std::vector<engine::ExpertAssignment>& selected) override {
     if (!ctx.pure_decode || !enabled_) return;
     std::set<int32_t> experts;
     for (const auto& a : selected) experts.insert(a.expert);
     distinct_sum_ += static_cast<double>(experts.size());
+    for (int32_t e : experts) {
+      bf16_bytes_sum_ += BlockBytes(2 * ffn_, hidden_, anyprec::kBf16Bits) +
+                         BlockBytes(hidden_, ffn_, anyprec::kBf16Bits);
+      width_bytes_sum_ +=
+          BlockBytes(2 * ffn_, hidden_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kGateUp)) +
+          BlockBytes(hidden_, ffn_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kDown));
+    }
     ++layer_calls_;
   }
+  void Reset() {
+    distinct_sum_ = bf16_bytes_sum_ = width_bytes_sum_ = 0;
+    layer_calls_ = 0;
+  }
   bool enabled_ = false;
-  double distinct_sum_ = 0;  // sum over (decode step, layer) of distinct experts
+  double distinct_sum_ = 0;     // sum over (decode step, layer) of distinct experts
+  double bf16_bytes_sum_ = 0;   // ... of their bytes as bf16
+  double width_bytes_sum_ = 0;  // ... of their bytes at the provider's widths
   int64_t layer_calls_ = 0;
+
+ private:
+  int64_t hidden_, ffn_;
+  const engine::ExpertWeightProvider* widths_;
 };
 
 struct Row {
   std::string model;
+  std::string experts;          // "bf16", "3-bit", ..., or the width map
   int batch = 0;
   double prefill_tps = 0, decode_tps = 0;
-  double floor_bytes = 0;       // per decode step
+  double floor_bytes = 0;       // per decode step, experts as bf16
+  double floor_bytes_width = 0; // per decode step, experts at the provider's widths
   double distinct = 0;          // mean distinct experts per MoE layer per decode step
   double expert_share = 0;      // fraction of decode time in expert matmuls
   double step_seconds = 0;      // median decode step time
@@ -179,8 +175,9 @@ struct Row {
   double prefill_cpu_tps = 0;   // prompt tokens per (prefill CPU seconds / threads)
 };
 
-// Bytes one decode step of `batch` sequences at mean context `ctx` must read (see top).
-double DecodeStepBytes(const engine::Model& model, int batch, double mean_distinct_experts,
+// Bytes one decode step of `batch` sequences at mean context `ctx` must read (see top), with
+// the routed experts' bytes given: their mean per MoE layer per step.
+double DecodeStepBytes(const engine::Model& model, int batch, double expert_bytes_per_layer,
                        double ctx) {
   const ModelConfig& c = model.config();
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
@@ -194,7 +191,7 @@ double DecodeStepBytes(const engine::Model& model, int batch, double mean_distin
     bytes += f32 * batch * ctx * 2 * nkv * D;  // K and V of every position
     if (c.IsMoeLayer(l)) {
       bytes += bf16 * static_cast<double>(c.num_experts) * H;  // router
-      bytes += bf16 * mean_distinct_experts * 3 * H * static_cast<double>(c.moe_intermediate_size);
+      bytes += expert_bytes_per_layer;
       if (c.shared_expert_intermediate_size > 0) {
         bytes += bf16 * (3 * H * static_cast<double>(c.shared_expert_intermediate_size) + H);
       }
@@ -207,6 +204,18 @@ double DecodeStepBytes(const engine::Model& model, int batch, double mean_distin
   return bytes;
 }
 
+// Which kernels the any-precision provider runs. Only kExact exists today; kFast is the int8
+// path the provider is to gain (the switch goes into MakeApwProvider).
+enum class KernelPath { kExact, kFast };
+
+// One set of expert weights to benchmark: bf16 from the checkpoint (no store), a uniform width
+// from the store, or a width map from a file.
+struct ExpertConfig {
+  std::string label;
+  int bits = anyprec::kBf16Bits;  // uniform width (3..8 or 16) when map_path is empty
+  std::string map_path;
+};
+
 struct Options {
   std::vector<std::string> models;
   int threads = 2;
@@ -214,8 +223,118 @@ struct Options {
   int prompt_len = 64;
   int decode_steps = 16;
   std::vector<int> batches = {1, 8, 32};
-  double bw_gib = 1.5;
+  bench::ProbeOptions probe;
+  std::string store;                  // empty: bf16 experts from the checkpoint
+  std::vector<ExpertConfig> configs;  // with a store: one per --bits entry, then --bits-map
+  KernelPath kernel_path = KernelPath::kExact;
 };
+
+// The store-backed provider for one configuration.
+Result<std::unique_ptr<anyprec::ApwExpertProvider>> MakeApwProvider(
+    std::shared_ptr<const apw::ApwStore> store, const engine::Model& model, anyprec::WidthMap widths,
+    KernelPath path) {
+  if (path != KernelPath::kExact) {
+    return Unsupported("--kernel-path fast: the any-precision provider has no fast path yet");
+  }
+  return anyprec::ApwExpertProvider::Create(std::move(store), model, std::move(widths));
+}
+
+// Runs every batch size with the engine's experts behind `provider`; rows labelled `experts`.
+Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& model_name,
+                                      const std::string& experts,
+                                      engine::ExpertWeightProvider* provider, const Options& o,
+                                      uint64_t* next_id) {
+  TimingProvider timing(provider);
+  DistinctExpertCounter counter(eng.model().config(), provider);
+  eng.SetMoeHooks(
+      {.provider = &timing, .residency = nullptr, .routing_hook = nullptr, .recorder = &counter});
+  struct Unhook {  // the hooks point at locals: the engine must not keep them
+    engine::Engine& e;
+    ~Unhook() { e.SetMoeHooks({}); }
+  } unhook{eng};
+  const int vocab = eng.vocab_size();
+  const int max_gen = o.decode_steps + 64;
+  std::mt19937 rng(1234);  // the same prompts for every set of experts
+
+  std::vector<Row> rows;
+  for (int batch : o.batches) {
+    std::vector<double> prefill_tps, decode_tps, step_s, expert_share, cpu_util, step_cpu;
+    std::vector<double> prefill_cpu_tps;
+    double distinct_sum = 0, bf16_bytes_sum = 0, width_bytes_sum = 0;
+    int64_t distinct_calls = 0;
+    for (int run = 0; run < o.runs; ++run) {
+      engine::SamplingParams sp;
+      sp.max_tokens = max_gen;
+      sp.ignore_eos = true;
+      std::vector<uint64_t> ids;
+      auto t0 = Clock::now();
+      const double cpu0 = ProcessCpuSeconds();
+      for (int b = 0; b < batch; ++b) {
+        std::vector<int32_t> prompt(o.prompt_len);
+        for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+        ids.push_back(*next_id);
+        PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
+      }
+      // Prefill: until no sequence is still prefilling.
+      for (;;) {
+        auto infos = eng.Sequences();
+        bool prefilling = std::any_of(infos.begin(), infos.end(),
+                                      [](const engine::SequenceInfo& i) { return i.prefilling; });
+        if (!prefilling) break;
+        PW_ASSIGN_OR_RETURN(auto step, eng.Step());
+        (void)step;
+      }
+      auto t1 = Clock::now();
+      const double cpu1 = ProcessCpuSeconds();
+      counter.enabled_ = true;
+      counter.Reset();
+      timing.seconds_ = 0;
+      for (int s = 0; s < o.decode_steps; ++s) {
+        PW_ASSIGN_OR_RETURN(auto step, eng.Step());
+        if (step.num_decode_tokens != batch) {
+          return Internal("decode step ran " + std::to_string(step.num_decode_tokens) +
+                          " tokens, expected " + std::to_string(batch));
+        }
+      }
+      auto t2 = Clock::now();
+      const double cpu2 = ProcessCpuSeconds();
+      counter.enabled_ = false;
+      for (uint64_t id : ids) (void)eng.RemoveSequence(id);
+      const double pre = Seconds(t0, t1), dec = Seconds(t1, t2);
+      prefill_tps.push_back(batch * o.prompt_len / pre);
+      decode_tps.push_back(batch * o.decode_steps / dec);
+      step_s.push_back(dec / o.decode_steps);
+      expert_share.push_back(timing.seconds_ / dec);
+      cpu_util.push_back((cpu2 - cpu1) / (dec * o.threads));
+      step_cpu.push_back((cpu2 - cpu1) / o.threads / o.decode_steps);
+      prefill_cpu_tps.push_back(batch * o.prompt_len / ((cpu1 - cpu0) / o.threads));
+      distinct_sum += counter.distinct_sum_;
+      bf16_bytes_sum += counter.bf16_bytes_sum_;
+      width_bytes_sum += counter.width_bytes_sum_;
+      distinct_calls += counter.layer_calls_;
+    }
+    Row r;
+    r.model = model_name;
+    r.experts = experts;
+    r.batch = batch;
+    r.prefill_tps = Median(prefill_tps);
+    r.decode_tps = Median(decode_tps);
+    r.step_seconds = Median(step_s);
+    r.expert_share = Median(expert_share);
+    r.cpu_util = Median(cpu_util);
+    r.step_cpu_seconds = Median(step_cpu);
+    r.prefill_cpu_tps = Median(prefill_cpu_tps);
+    const double calls = distinct_calls ? static_cast<double>(distinct_calls) : 1;
+    r.distinct = distinct_sum / calls;
+    const double mean_ctx = o.prompt_len + 0.5 * o.decode_steps;
+    r.floor_bytes = DecodeStepBytes(eng.model(), batch, bf16_bytes_sum / calls, mean_ctx);
+    r.floor_bytes_width = DecodeStepBytes(eng.model(), batch, width_bytes_sum / calls, mean_ctx);
+    rows.push_back(r);
+    std::fprintf(stderr, "  %s %s batch %d done (decode step %.2f ms)\n", r.model.c_str(),
+                 r.experts.c_str(), batch, r.step_seconds * 1e3);
+  }
+  return rows;
+}
 
 Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
@@ -229,107 +348,58 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   // Every prompt of the batch fits one step, so prefill is measured without decode mixed in.
   eo.max_batch_tokens = std::max(512, max_batch * o.prompt_len);
   PW_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(dir, eo));
-  TimingProvider timing(eng->model());
-  DistinctExpertCounter counter;
-  eng->SetMoeHooks(
-      {.provider = &timing, .residency = nullptr, .routing_hook = nullptr, .recorder = &counter});
-  const int vocab = eng->vocab_size();
-  std::mt19937 rng(1234);
-
-  std::vector<Row> rows;
+  const std::string name = std::filesystem::path(dir).filename().string();
   uint64_t next_id = 1;
-  for (int batch : o.batches) {
-    std::vector<double> prefill_tps, decode_tps, step_s, expert_share, cpu_util, step_cpu;
-    std::vector<double> prefill_cpu_tps;
-    double distinct_sum = 0;
-    int64_t distinct_calls = 0;
-    for (int run = 0; run < o.runs; ++run) {
-      engine::SamplingParams sp;
-      sp.max_tokens = max_gen;
-      sp.ignore_eos = true;
-      std::vector<uint64_t> ids;
-      auto t0 = Clock::now();
-      const double cpu0 = ProcessCpuSeconds();
-      for (int b = 0; b < batch; ++b) {
-        std::vector<int32_t> prompt(o.prompt_len);
-        for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-        ids.push_back(next_id);
-        PW_RETURN_IF_ERROR(eng->AddSequence(next_id++, std::move(prompt), sp));
-      }
-      // Prefill: until no sequence is still prefilling.
-      for (;;) {
-        auto infos = eng->Sequences();
-        bool prefilling = std::any_of(infos.begin(), infos.end(),
-                                      [](const engine::SequenceInfo& i) { return i.prefilling; });
-        if (!prefilling) break;
-        PW_ASSIGN_OR_RETURN(auto step, eng->Step());
-        (void)step;
-      }
-      auto t1 = Clock::now();
-      const double cpu1 = ProcessCpuSeconds();
-      counter.enabled_ = true;
-      counter.distinct_sum_ = 0;
-      counter.layer_calls_ = 0;
-      timing.seconds_ = 0;
-      for (int s = 0; s < o.decode_steps; ++s) {
-        PW_ASSIGN_OR_RETURN(auto step, eng->Step());
-        if (step.num_decode_tokens != batch) {
-          return Internal("decode step ran " + std::to_string(step.num_decode_tokens) +
-                          " tokens, expected " + std::to_string(batch));
-        }
-      }
-      auto t2 = Clock::now();
-      const double cpu2 = ProcessCpuSeconds();
-      counter.enabled_ = false;
-      for (uint64_t id : ids) (void)eng->RemoveSequence(id);
-      const double pre = Seconds(t0, t1), dec = Seconds(t1, t2);
-      prefill_tps.push_back(batch * o.prompt_len / pre);
-      decode_tps.push_back(batch * o.decode_steps / dec);
-      step_s.push_back(dec / o.decode_steps);
-      expert_share.push_back(timing.seconds_ / dec);
-      cpu_util.push_back((cpu2 - cpu1) / (dec * o.threads));
-      step_cpu.push_back((cpu2 - cpu1) / o.threads / o.decode_steps);
-      prefill_cpu_tps.push_back(batch * o.prompt_len / ((cpu1 - cpu0) / o.threads));
-      distinct_sum += counter.distinct_sum_;
-      distinct_calls += counter.layer_calls_;
+  if (o.store.empty()) {
+    engine::Bf16ExpertProvider bf16(eng->model());
+    return BenchExperts(*eng, name, "bf16", &bf16, o, &next_id);
+  }
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<const apw::ApwStore> store, apw::ApwStore::Open(o.store));
+  const apw::StoreInfo& info = store->info();
+  std::vector<Row> rows;
+  for (const ExpertConfig& c : o.configs) {
+    auto widths = c.map_path.empty()
+                      ? anyprec::WidthMap::Uniform(c.bits, info.num_layers, info.num_experts)
+                      : anyprec::WidthMap::FromFile(c.map_path, info.num_layers, info.num_experts);
+    if (!widths.ok()) return widths.status();
+    std::string label = c.label;
+    if (!c.map_path.empty()) {
+      char avg[32];
+      std::snprintf(avg, sizeof avg, " (%.2f bits)", widths->AverageBits(info));
+      label += avg;
     }
-    Row r;
-    r.model = std::filesystem::path(dir).filename().string();
-    r.batch = batch;
-    r.prefill_tps = Median(prefill_tps);
-    r.decode_tps = Median(decode_tps);
-    r.step_seconds = Median(step_s);
-    r.expert_share = Median(expert_share);
-    r.cpu_util = Median(cpu_util);
-    r.step_cpu_seconds = Median(step_cpu);
-    r.prefill_cpu_tps = Median(prefill_cpu_tps);
-    r.distinct = distinct_calls ? distinct_sum / static_cast<double>(distinct_calls) : 0;
-    const double mean_ctx = o.prompt_len + 0.5 * o.decode_steps;
-    r.floor_bytes = DecodeStepBytes(eng->model(), batch, r.distinct, mean_ctx);
-    rows.push_back(r);
-    std::fprintf(stderr, "  %s batch %d done (decode step %.2f ms)\n", r.model.c_str(), batch,
-                 r.step_seconds * 1e3);
+    PW_ASSIGN_OR_RETURN(auto provider,
+                        MakeApwProvider(store, eng->model(), std::move(widths).value(), o.kernel_path));
+    std::fprintf(stderr, "  %s: experts %s from %s\n", name.c_str(), label.c_str(), o.store.c_str());
+    PW_ASSIGN_OR_RETURN(auto r, BenchExperts(*eng, name, label, provider.get(), o, &next_id));
+    rows.insert(rows.end(), r.begin(), r.end());
   }
   return rows;
 }
 
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
+// "1,8,32" -> {1, 8, 32}; false on an empty or non-numeric entry.
+bool ParseList(const std::string& s, std::vector<int>* out) {
+  out->clear();
   size_t pos = 0;
-  while (pos < s.size()) {
+  while (pos <= s.size()) {
     size_t comma = s.find(',', pos);
     if (comma == std::string::npos) comma = s.size();
-    out.push_back(std::atoi(s.substr(pos, comma - pos).c_str()));
+    const std::string item = s.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < INT32_MIN || v > INT32_MAX) return false;
+    out->push_back(static_cast<int>(v));
     pos = comma + 1;
   }
-  return out;
+  return true;
 }
 
 int Main(int argc, char** argv) {
   SetLogProcessTag("pw-bench-engine");
   CLI::App app{"Engine prefill/decode throughput and the memory-bandwidth floor"};
   Options o;
-  std::string batches = "1,8,32";
+  std::string batches = "1,8,32", streams = "1,2,4,8,16", bits, bits_map, kernel_path = "exact";
+  double bw_gib = 1.5;
   app.add_option("--model", o.models, "model directory (repeatable)");
   app.add_option("--threads", o.threads, "engine and bandwidth threads")->check(CLI::Range(1, 256));
   app.add_option("--runs", o.runs, "runs per point (median)")->check(CLI::Range(1, 100));
@@ -338,29 +408,72 @@ int Main(int argc, char** argv) {
   app.add_option("--decode-steps", o.decode_steps, "decode steps timed per run")
       ->check(CLI::Range(1, 4096));
   app.add_option("--batches", batches, "comma-separated batch sizes");
-  app.add_option("--bw-gib", o.bw_gib, "bandwidth buffer size, GiB (> last-level cache)")
+  app.add_option("--bw-gib", bw_gib, "bandwidth buffer size, GiB (> last-level cache)")
       ->check(CLI::Range(0.25, 64.0));
+  app.add_option("--bw-streams", streams, "interleaved read streams per thread to try (1,2,4,8,16)");
+  app.add_option("--bw-passes", o.probe.passes, "timed passes per stream count (median)")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--store", o.store, "any-precision expert store (.apw) of the one --model");
+  app.add_option("--bits", bits, "with --store: comma-separated widths, 3..8 or 16 (bf16)");
+  app.add_option("--bits-map", bits_map, "with --store: a width map file (pw-quantize plan)");
+  app.add_option("--kernel-path", kernel_path, "any-precision kernels: exact (fast: not yet)")
+      ->check(CLI::IsMember({"exact", "fast"}));
   CLI11_PARSE(app, argc, argv);
-  o.batches = ParseList(batches);
+  auto usage = [](const std::string& msg) {
+    std::fprintf(stderr, "pw-bench-engine: %s\n", msg.c_str());
+    return 2;
+  };
+  if (!ParseList(batches, &o.batches) || o.batches.empty()) return usage("bad --batches " + batches);
   for (int b : o.batches) {
-    if (b < 1 || b > 4096) {
-      std::fprintf(stderr, "pw-bench-engine: bad --batches entry %d\n", b);
-      return 2;
+    if (b < 1 || b > 4096) return usage("bad --batches entry " + std::to_string(b));
+  }
+  if (!bench::ParseStreamList(streams, &o.probe.streams)) {
+    return usage("bad --bw-streams " + streams + " (entries from 1, 2, 4, 8, 16)");
+  }
+  o.probe.bytes = static_cast<size_t>(bw_gib * (1ull << 30));
+  if (kernel_path == "fast") {
+    // The spot for the provider's fast int8 path: o.kernel_path = KernelPath::kFast.
+    return usage("--kernel-path fast: the any-precision provider has no fast path yet");
+  }
+  if (o.store.empty()) {
+    if (!bits.empty() || !bits_map.empty()) return usage("--bits and --bits-map need --store");
+  } else {
+    if (bits.empty() && bits_map.empty()) return usage("--store needs --bits and/or --bits-map");
+    std::vector<int> widths;
+    if (!bits.empty() && !ParseList(bits, &widths)) return usage("bad --bits " + bits);
+    for (int b : widths) {
+      if (!((b >= anyprec::kMinBits && b <= anyprec::kMaxBits) || b == anyprec::kBf16Bits)) {
+        return usage("bad --bits entry " + std::to_string(b) + " (3..8 or 16)");
+      }
+      o.configs.push_back(
+          {b == anyprec::kBf16Bits ? "bf16 (store)" : std::to_string(b) + "-bit", b, ""});
     }
+    if (!bits_map.empty()) {
+      o.configs.push_back({"map " + std::filesystem::path(bits_map).filename().string(), 0, bits_map});
+    }
+    if (o.models.size() > 1) return usage("--store goes with one --model");
   }
   if (o.models.empty()) {
-    o.models.push_back("models/tiny-moe");
     const char* syn = std::getenv("PW_SYNTHETIC_MODEL");
+    if (o.store.empty()) o.models.push_back("models/tiny-moe");
     o.models.push_back(syn ? syn : "build/synthetic-olmoe");
   }
 
-  std::fprintf(stderr, "measuring read bandwidth (%.2f GiB, %d threads)...\n", o.bw_gib, o.threads);
-  const Bandwidth bw =
-      MeasureReadBandwidth(static_cast<size_t>(o.bw_gib * (1ull << 30)), o.threads, 5);
+  std::vector<int> probe_threads = {1};
+  if (o.threads > 1) probe_threads.push_back(o.threads);
+  std::fprintf(stderr, "measuring read bandwidth (%.2f GiB, 1 and %d threads, streams %s, %s loads)...\n",
+               bw_gib, o.threads, streams.c_str(), bench::ReadIsaName());
+  const std::vector<bench::ThreadsRate> probe = bench::ProbeReadBandwidth(o.probe, probe_threads);
+  for (const auto& r : probe) std::fprintf(stderr, "  %s\n", bench::DescribeRate(r).c_str());
+  const bench::ThreadsRate& bw = probe.back();  // the engine's thread count
 
   std::vector<Row> rows;
   for (const auto& dir : o.models) {
     if (!std::filesystem::exists(dir + "/config.json")) {
+      if (!o.store.empty()) {
+        std::fprintf(stderr, "pw-bench-engine: %s: no config.json\n", dir.c_str());
+        return 1;
+      }
       std::fprintf(stderr, "skipping %s: no config.json (make_synthetic_moe --out %s)\n",
                    dir.c_str(), dir.c_str());
       continue;
@@ -374,36 +487,74 @@ int Main(int argc, char** argv) {
     rows.insert(rows.end(), r->begin(), r->end());
   }
 
-  std::printf(
-      "read bandwidth: %.1f GB/s wall, %.1f GB/s per CPU second (%d threads, %.2f GiB "
-      "buffer, median of 5)\n",
-      bw.wall / 1e9, bw.cpu / 1e9, o.threads, o.bw_gib);
+  const bool widths = !o.store.empty();
+  std::printf("read bandwidth (%.2f GiB buffer, %s 64-byte loads, median of %d passes per stream count):\n",
+              bw_gib, bench::ReadIsaName(), o.probe.passes);
+  for (const auto& r : probe) std::printf("  %s\n", bench::DescribeRate(r).c_str());
+  std::printf("floors use the best rates on %d thread%s: %.1f GB/s wall (%d stream%s), %.1f GB/s "
+              "per CPU second (%d stream%s)\n",
+              bw.threads, bw.threads == 1 ? "" : "s", bw.wall / 1e9, bw.best_streams,
+              bw.best_streams == 1 ? "" : "s", bw.cpu / 1e9, bw.best_cpu_streams,
+              bw.best_cpu_streams == 1 ? "" : "s");
+  if (widths) std::printf("experts from %s\n", o.store.c_str());
   std::printf("prompt %d tokens, %d decode steps, median of %d runs, %d threads\n\n", o.prompt_len,
               o.decode_steps, o.runs, o.threads);
   std::printf("Wall clock:\n\n");
-  std::printf(
-      "| model | batch | prefill tok/s | decode tok/s | decode step ms | floor tok/s "
-      "| step / floor | CPU %% |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  if (widths) {
+    std::printf(
+        "| model | experts | batch | prefill tok/s | decode tok/s | decode step ms | floor tok/s "
+        "| step / floor | floor tok/s @ width | step / floor @ width | CPU %% |\n");
+    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  } else {
+    std::printf(
+        "| model | batch | prefill tok/s | decode tok/s | decode step ms | floor tok/s "
+        "| step / floor | CPU %% |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  }
   for (const auto& r : rows) {
-    const double floor_s = r.floor_bytes / bw.wall;
-    std::printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.0f |\n", r.model.c_str(), r.batch,
-                r.prefill_tps, r.decode_tps, r.step_seconds * 1e3, r.batch / floor_s,
-                r.step_seconds / floor_s, 100 * r.cpu_util);
+    const double floor_s = r.floor_bytes / bw.wall, floor_w = r.floor_bytes_width / bw.wall;
+    if (widths) {
+      std::printf("| %s | %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %.0f |\n",
+                  r.model.c_str(), r.experts.c_str(), r.batch, r.prefill_tps, r.decode_tps,
+                  r.step_seconds * 1e3, r.batch / floor_s, r.step_seconds / floor_s,
+                  r.batch / floor_w, r.step_seconds / floor_w, 100 * r.cpu_util);
+    } else {
+      std::printf("| %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.0f |\n", r.model.c_str(),
+                  r.batch, r.prefill_tps, r.decode_tps, r.step_seconds * 1e3, r.batch / floor_s,
+                  r.step_seconds / floor_s, 100 * r.cpu_util);
+    }
   }
   std::printf(
       "\nPer CPU second (step = decode CPU time / threads; floor from the per-CPU-second "
       "bandwidth):\n\n");
-  std::printf(
-      "| model | batch | prefill tok/s | distinct experts/layer | bytes/step MB "
-      "| decode step ms | decode tok/s | floor tok/s | step / floor | experts %% |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  if (widths) {
+    std::printf(
+        "| model | experts | batch | prefill tok/s | distinct experts/layer | bytes/step MB "
+        "| bytes/step MB @ width | decode step ms | decode tok/s | floor tok/s | step / floor "
+        "| floor tok/s @ width | step / floor @ width | experts %% |\n");
+    std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  } else {
+    std::printf(
+        "| model | batch | prefill tok/s | distinct experts/layer | bytes/step MB "
+        "| decode step ms | decode tok/s | floor tok/s | step / floor | experts %% |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  }
   for (const auto& r : rows) {
-    const double floor_s = r.floor_bytes / bw.cpu;
-    std::printf("| %s | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.0f |\n",
-                r.model.c_str(), r.batch, r.prefill_cpu_tps, r.distinct, r.floor_bytes / 1e6,
-                r.step_cpu_seconds * 1e3, r.batch / r.step_cpu_seconds, r.batch / floor_s,
-                r.step_cpu_seconds / floor_s, 100 * r.expert_share);
+    const double floor_s = r.floor_bytes / bw.cpu, floor_w = r.floor_bytes_width / bw.cpu;
+    if (widths) {
+      std::printf(
+          "| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.1f | %.2f "
+          "| %.0f |\n",
+          r.model.c_str(), r.experts.c_str(), r.batch, r.prefill_cpu_tps, r.distinct,
+          r.floor_bytes / 1e6, r.floor_bytes_width / 1e6, r.step_cpu_seconds * 1e3,
+          r.batch / r.step_cpu_seconds, r.batch / floor_s, r.step_cpu_seconds / floor_s,
+          r.batch / floor_w, r.step_cpu_seconds / floor_w, 100 * r.expert_share);
+    } else {
+      std::printf("| %s | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.0f |\n",
+                  r.model.c_str(), r.batch, r.prefill_cpu_tps, r.distinct, r.floor_bytes / 1e6,
+                  r.step_cpu_seconds * 1e3, r.batch / r.step_cpu_seconds, r.batch / floor_s,
+                  r.step_cpu_seconds / floor_s, 100 * r.expert_share);
+    }
   }
   return 0;
 }
