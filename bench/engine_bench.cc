@@ -5,7 +5,7 @@
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
-//                   [--kernel-path exact]
+//                   [--kernel-path fast|exact]
 //
 // Models: every --model given; by default models/tiny-moe and the synthetic checkpoint named
 // by $PW_SYNTHETIC_MODEL (default build/synthetic-olmoe, written by make_synthetic_moe); a
@@ -22,7 +22,8 @@
 // its routed experts from the .apw store through anyprec::ApwExpertProvider (as pw-eval does),
 // once per width in --bits (3..8, or 16 = the checkpoint's bf16 block through the provider's
 // reference path) and once for the width map of --bits-map, one set of rows per width.
-// --kernel-path names the provider's kernel path; only `exact` (today's kernels) exists.
+// --kernel-path picks the provider's kernels: fast (int8 LUT and activations, the default) or
+// exact (fp16 LUT, fp32 activations).
 //
 // Floor. Before the models, the benchmark measures read bandwidth with the shared probe
 // (bench/bandwidth_probe.h) on 1 thread and on `threads` threads: a buffer larger than the
@@ -204,10 +205,6 @@ double DecodeStepBytes(const engine::Model& model, int batch, double expert_byte
   return bytes;
 }
 
-// Which kernels the any-precision provider runs. Only kExact exists today; kFast is the int8
-// path the provider is to gain (the switch goes into MakeApwProvider).
-enum class KernelPath { kExact, kFast };
-
 // One set of expert weights to benchmark: bf16 from the checkpoint (no store), a uniform width
 // from the store, or a width map from a file.
 struct ExpertConfig {
@@ -226,17 +223,17 @@ struct Options {
   bench::ProbeOptions probe;
   std::string store;                  // empty: bf16 experts from the checkpoint
   std::vector<ExpertConfig> configs;  // with a store: one per --bits entry, then --bits-map
-  KernelPath kernel_path = KernelPath::kExact;
+  anyprec::KernelPath kernel_path = anyprec::KernelPath::kFast;
 };
 
 // The store-backed provider for one configuration.
 Result<std::unique_ptr<anyprec::ApwExpertProvider>> MakeApwProvider(
     std::shared_ptr<const apw::ApwStore> store, const engine::Model& model, anyprec::WidthMap widths,
-    KernelPath path) {
-  if (path != KernelPath::kExact) {
-    return Unsupported("--kernel-path fast: the any-precision provider has no fast path yet");
-  }
-  return anyprec::ApwExpertProvider::Create(std::move(store), model, std::move(widths));
+    anyprec::KernelPath path) {
+  PW_ASSIGN_OR_RETURN(auto provider,
+                      anyprec::ApwExpertProvider::Create(std::move(store), model, std::move(widths)));
+  provider->set_kernel_path(path);
+  return provider;
 }
 
 // Runs every batch size with the engine's experts behind `provider`; rows labelled `experts`.
@@ -398,7 +395,7 @@ int Main(int argc, char** argv) {
   SetLogProcessTag("pw-bench-engine");
   CLI::App app{"Engine prefill/decode throughput and the memory-bandwidth floor"};
   Options o;
-  std::string batches = "1,8,32", streams = "1,2,4,8,16", bits, bits_map, kernel_path = "exact";
+  std::string batches = "1,8,32", streams = "1,2,4,8,16", bits, bits_map, kernel_path = "fast";
   double bw_gib = 1.5;
   app.add_option("--model", o.models, "model directory (repeatable)");
   app.add_option("--threads", o.threads, "engine and bandwidth threads")->check(CLI::Range(1, 256));
@@ -416,7 +413,7 @@ int Main(int argc, char** argv) {
   app.add_option("--store", o.store, "any-precision expert store (.apw) of the one --model");
   app.add_option("--bits", bits, "with --store: comma-separated widths, 3..8 or 16 (bf16)");
   app.add_option("--bits-map", bits_map, "with --store: a width map file (pw-quantize plan)");
-  app.add_option("--kernel-path", kernel_path, "any-precision kernels: exact (fast: not yet)")
+  app.add_option("--kernel-path", kernel_path, "any-precision kernels: fast (int8, default) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"exact", "fast"}));
   CLI11_PARSE(app, argc, argv);
   auto usage = [](const std::string& msg) {
@@ -431,9 +428,10 @@ int Main(int argc, char** argv) {
     return usage("bad --bw-streams " + streams + " (entries from 1, 2, 4, 8, 16)");
   }
   o.probe.bytes = static_cast<size_t>(bw_gib * (1ull << 30));
-  if (kernel_path == "fast") {
-    // The spot for the provider's fast int8 path: o.kernel_path = KernelPath::kFast.
-    return usage("--kernel-path fast: the any-precision provider has no fast path yet");
+  {
+    auto path = anyprec::ParseKernelPath(kernel_path);
+    if (!path.ok()) return usage(path.status().message());
+    o.kernel_path = *path;
   }
   if (o.store.empty()) {
     if (!bits.empty() || !bits_map.empty()) return usage("--bits and --bits-map need --store");

@@ -1,8 +1,10 @@
 // pw-eval: model evaluation.
 //   pw-eval ppl --model DIR --text FILE [--ctx N] [--threads T]
-//               [--store STORE.apw (--bits B | --bits-map MAP.json)] [--nll-out FILE]
+//               [--store STORE.apw (--bits B | --bits-map MAP.json) [--kernel-path fast|exact]]
+//               [--nll-out FILE]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
-// the checkpoint's bf16) or at each block's width in MAP (kernels/anyprec/apw_provider.h).
+// the checkpoint's bf16) or at each block's width in MAP (kernels/anyprec/apw_provider.h),
+// through the integer fast path (default) or the exact fp16-LUT path.
 // Teacher-forced perplexity over non-overlapping windows of N tokens (rule in
 // services/engine/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
 // --nll-out writes one line per prediction, "<window> <nll>", for paired comparisons of two
@@ -33,6 +35,7 @@ struct ApwFlags {
   std::string store;
   int bits = 0;
   std::string bits_map;
+  std::string kernel_path = "fast";
 };
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
@@ -72,6 +75,10 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
                                                     std::move(widths).value());
     if (!p.ok()) return Fail(p.status());
     provider = std::move(p).value();
+    auto path = pw::anyprec::ParseKernelPath(apw.kernel_path);
+    if (!path.ok()) return Fail(path.status());
+    provider->set_kernel_path(*path);
+    std::fprintf(stderr, "pw-eval: %s kernel path\n", pw::anyprec::KernelPathName(*path));
     pw::engine::MoeHooks hooks;
     hooks.provider = provider.get();
     (*engine)->SetMoeHooks(hooks);
@@ -117,6 +124,8 @@ int main(int argc, char** argv) {
                        ->check(CLI::IsMember({3, 4, 5, 6, 7, 8, 16}));
   auto* map_opt = ppl->add_option("--bits-map", apw.bits_map, "per-block width map (JSON/YAML) with --store");
   bits_opt->excludes(map_opt);
+  ppl->add_option("--kernel-path", apw.kernel_path, "with --store: fast (int8 LUT and activations) or exact (fp16 LUT)")
+      ->check(CLI::IsMember({"fast", "exact"}));
   std::string nll_out;
   ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");
   CLI11_PARSE(app, argc, argv);

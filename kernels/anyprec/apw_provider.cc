@@ -22,7 +22,20 @@ const char* ProjName(engine::ExpertProj proj) {
   return proj == engine::ExpertProj::kGateUp ? "gate_up" : "down";
 }
 
+// Splits rows only when each thread gets a meaningful share of the block.
+int Pieces(int rows, int cols, int tokens, int threads) {
+  return (static_cast<int64_t>(rows) * cols * tokens >= (1 << 16)) ? std::min(threads, rows) : 1;
+}
+
 }  // namespace
+
+const char* KernelPathName(KernelPath path) { return path == KernelPath::kExact ? "exact" : "fast"; }
+
+Result<KernelPath> ParseKernelPath(const std::string& name) {
+  if (name == "exact") return KernelPath::kExact;
+  if (name == "fast") return KernelPath::kFast;
+  return InvalidArgument("kernel path '" + name + "' is not 'exact' or 'fast'");
+}
 
 Result<uint64_t> ModelHash(const engine::Model& model) {
   const std::string path = model.dir() + "/config.json";
@@ -229,7 +242,11 @@ void ApwExpertProvider::AlignedFree::operator()(void* p) const { std::free(p); }
 
 ApwExpertProvider::ApwExpertProvider(std::shared_ptr<const apw::ApwStore> store,
                                      const engine::Model& model, WidthMap widths)
-    : store_(std::move(store)), bf16_(model), widths_(std::move(widths)), backend_(BestBackend()) {}
+    : store_(std::move(store)),
+      bf16_(model),
+      widths_(std::move(widths)),
+      backend_(BestBackend()),
+      q8_backend_(BestQ8Backend()) {}
 
 Result<std::unique_ptr<ApwExpertProvider>> ApwExpertProvider::Create(
     std::shared_ptr<const apw::ApwStore> store, const engine::Model& model, WidthMap widths,
@@ -269,6 +286,7 @@ Result<std::unique_ptr<ApwExpertProvider>> ApwExpertProvider::Create(
       }
     }
   }
+  p->q8_luts_.resize(p->pages_.size() * (kMaxBits + 1));
   return p;
 }
 
@@ -297,12 +315,20 @@ Status ApwExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, 
   }
   const int bits = widths_.Get(layer, expert, proj);
   if (bits == kBf16Bits) return bf16_.Apply(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
-  const BlockView& view =
-      pages_[(static_cast<size_t>(layer) * widths_.num_experts() + expert) * 2 + static_cast<size_t>(proj)]->view();
+  const size_t block = (static_cast<size_t>(layer) * widths_.num_experts() + expert) * 2 + static_cast<size_t>(proj);
+  const BlockView& view = pages_[block]->view();
   const int rows = view.rows, cols = view.cols;
   const int threads = pool != nullptr ? std::max(1, pool->num_threads()) : 1;
   for (size_t t0 = 0; t0 < num_tokens; t0 += kMaxTokens) {
     const int n = static_cast<int>(std::min<size_t>(kMaxTokens, num_tokens - t0));
+    if (path_ == KernelPath::kFast) {
+      Status s = ApplyFast(block, view, bits, x + t0 * ldx, ldx, n, y + t0 * ldy, ldy, pool);
+      if (!s.ok()) {
+        return s.WithContext("apw experts (layer " + std::to_string(layer) + ", expert " +
+                             std::to_string(expert) + ", " + ProjName(proj) + ")");
+      }
+      continue;
+    }
     const float* xin = x + t0 * ldx;
     if (ldx != static_cast<size_t>(cols)) {
       xbuf_.resize(static_cast<size_t>(n) * cols);
@@ -313,8 +339,7 @@ Status ApwExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, 
     if (!direct) ybuf_.resize(static_cast<size_t>(n) * rows);
     float* yout = direct ? y + t0 * ldy : ybuf_.data();
     const size_t ws_bytes = ApGemmWorkspaceBytes(cols, n);
-    // Split rows only when each thread gets a meaningful share of the block.
-    const int pieces = (static_cast<int64_t>(rows) * cols * n >= (1 << 16)) ? std::min(threads, rows) : 1;
+    const int pieces = Pieces(rows, cols, n, threads);
     for (int i = 0; i < pieces; ++i) Workspace(i, ws_bytes);
     std::vector<Status> status(pieces);
     auto run_piece = [&](int i) {
@@ -341,6 +366,48 @@ Status ApwExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, 
       }
     }
   }
+  return Status::Ok();
+}
+
+Result<Q8Lut> ApwExpertProvider::FastLut(size_t i, int bits) {
+  std::unique_ptr<Q8LutCache>& slot = q8_luts_[i * (kMaxBits + 1) + bits];
+  if (!slot) {
+    const BlockView& v = pages_[i]->view();
+    auto c = std::make_unique<Q8LutCache>();
+    c->values.resize(Q8LutValueBytes(v.rows, bits));
+    c->scales.resize(v.rows);
+    PW_RETURN_IF_ERROR(QuantizeLut(v.luts[bits], v.rows, bits, c->values.data(), c->scales.data()));
+    slot = std::move(c);
+  }
+  return Q8Lut{slot->values.data(), slot->scales.data()};
+}
+
+Status ApwExpertProvider::ApplyFast(size_t block, const BlockView& view, int bits, const float* x,
+                                    size_t ldx, int n, float* y, size_t ldy, cpu::ThreadPool* pool) {
+  PW_ASSIGN_OR_RETURN(Q8Lut lut, FastLut(block, bits));
+  const size_t need = Q8ActsBytes(n, view.cols);
+  if (acts_bytes_ < need) {
+    acts_buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(kWorkspaceAlign, (need + 63) / 64 * 64)));
+    acts_bytes_ = need;
+  }
+  Q8Acts acts;
+  PW_RETURN_IF_ERROR(QuantizeActs(x, ldx, n, view.cols, {acts_buf_.get(), acts_bytes_}, &acts));
+  const int threads = pool != nullptr ? std::max(1, pool->num_threads()) : 1;
+  const int pieces = Pieces(view.rows, view.cols, n, threads);
+  std::vector<Status> status(pieces);
+  auto run_piece = [&](int i) {
+    const int r0 = static_cast<int>(static_cast<int64_t>(view.rows) * i / pieces);
+    const int r1 = static_cast<int>(static_cast<int64_t>(view.rows) * (i + 1) / pieces);
+    status[i] = ApGemmQ8Rows(q8_backend_, view, bits, lut, acts, y, ldy, r0, r1);
+  };
+  if (pieces > 1) {
+    pool->ParallelFor(static_cast<size_t>(pieces), 1, 1, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) run_piece(static_cast<int>(i));
+    });
+  } else {
+    run_piece(0);
+  }
+  for (const Status& s : status) PW_RETURN_IF_ERROR(s);
   return Status::Ok();
 }
 

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/pack.h"
+#include "kernels/anyprec/q8.h"
 #include "services/engine/model.h"
 #include "services/engine/moe.h"
 #include "services/engine/moe_layer.h"
@@ -22,6 +23,13 @@
 namespace pw::anyprec {
 
 inline constexpr int kBf16Bits = 16;  // width-map value selecting the checkpoint's bf16 block
+
+// How expert blocks at 3..8 bits are multiplied: kExact = fp16 LUT and fp32 activations (the
+// reference, anyprec.h); kFast = int8 LUT and int8 activations (q8.h).
+enum class KernelPath { kExact, kFast };
+const char* KernelPathName(KernelPath path);
+// "exact" or "fast".
+Result<KernelPath> ParseKernelPath(const std::string& name);
 
 // FNV-1a 64 over config.json's bytes then every routed expert's gate, up, down tensors (bf16
 // bytes) in (layer, expert) order. Errors when config.json cannot be read.
@@ -73,7 +81,9 @@ Result<WidthMap> PlanRandom(const apw::ApwStore& store, double avg_bits, uint64_
 
 // Runs expert blocks from an .apw store, each at its width in the map (16 = the checkpoint's
 // bf16 block, the reference path). Rows are split across the engine's thread pool; scratch
-// (per-thread workspaces, x/y staging) is grown on demand and reused.
+// (per-thread workspaces, x/y staging) is grown on demand and reused. On the fast path (the
+// default) a block's int8 LUT at a width is made the first time the block runs at that width
+// and kept; each call quantizes its activations once for all the threads that share its rows.
 class ApwExpertProvider final : public engine::ExpertWeightProvider {
  public:
   // The store must match the model (shapes; and hash unless check_hash is false). tile_rows:
@@ -85,6 +95,8 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
   Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
                size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
   int Bits(int layer, int expert, engine::ExpertProj proj) const override;
+  KernelPath kernel_path() const { return path_; }
+  void set_kernel_path(KernelPath path) { path_ = path; }
   const WidthMap& widths() const { return widths_; }
   WidthMap& mutable_widths() { return widths_; }
 
@@ -96,12 +108,26 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
   };
   using AlignedPtr = std::unique_ptr<uint8_t, AlignedFree>;
   uint8_t* Workspace(int i, size_t bytes);
+  // The int8 LUT of block i at `bits`, made on first use.
+  Result<Q8Lut> FastLut(size_t i, int bits);
+  Status ApplyFast(size_t block, const BlockView& view, int bits, const float* x, size_t ldx,
+                   int n, float* y, size_t ldy, cpu::ThreadPool* pool);
+
+  struct Q8LutCache {
+    std::vector<int8_t> values;
+    std::vector<float> scales;
+  };
 
   std::shared_ptr<const apw::ApwStore> store_;
   engine::Bf16ExpertProvider bf16_;
   WidthMap widths_;
   std::vector<std::unique_ptr<PageLists>> pages_;  // [layer][expert][proj]
   Backend backend_;
+  Backend q8_backend_;
+  KernelPath path_ = KernelPath::kFast;
+  std::vector<std::unique_ptr<Q8LutCache>> q8_luts_;  // [block * (kMaxBits + 1) + bits]
+  AlignedPtr acts_buf_;
+  size_t acts_bytes_ = 0;
   std::vector<AlignedPtr> ws_;
   std::vector<size_t> ws_bytes_;
   std::vector<float> xbuf_, ybuf_;

@@ -9,7 +9,7 @@
 // (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per group pair
 // one int32 -> fp32 conversion and one multiply-add by the two groups' activation scales; at
 // the end the +128 offset is removed with the per-token Q8Acts::offsets term.
-// One token: 4 rows (2 for b >= 6) are decoded side by side against the same activation loads,
+// One token: 4 rows (2 for b >= 5) are decoded side by side against the same activation loads,
 // keeping 4b..16 plane streams in flight. Several tokens: each group pair of a row is decoded
 // once into 8 registers' worth of stack memory and reused for every token.
 #include <immintrin.h>
@@ -216,7 +216,7 @@ template <int B>
 void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r0,
            int r1) {
   if (a.tokens == 1) {
-    constexpr int NR = B <= 5 ? 4 : 2;
+    constexpr int NR = B <= 4 ? 4 : 2;
     int r = r0;
     for (; r + NR <= r1; r += NR) GemvRows<B, NR>(v, lut, a, y, r);
     for (; r < r1; ++r) GemvRows<B, 1>(v, lut, a, y, r);
