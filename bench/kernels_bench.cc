@@ -4,6 +4,9 @@
 // Names (one filter selects one case):
 //   apgemv/<rows>x<cols>/b<bits>/t<tokens>  ApGemm at width bits (best backend); bytes per call =
 //                                           bits planes + LUT_bits (what the kernel must read)
+//   apq8gemv/<rows>x<cols>/b<bits>/t<tokens> the integer fast path (q8.h, best backend with one),
+//                                           activation quantization included; bytes per call =
+//                                           bits planes + the int8 LUT_bits and its row scales
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
 //   memread/<bytes>                         streaming read of <bytes> bytes per iteration, the
 //                                           way the best read loop can (bench/bandwidth_probe.h:
@@ -36,6 +39,7 @@
 #include "common/dtype.h"
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/pack.h"
+#include "kernels/anyprec/q8.h"
 #include "kernels/anyprec/quantizer.h"
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/thread_pool.h"
@@ -78,6 +82,17 @@ const uint16_t* LutPool() {
     for (size_t i = 0; i < kLutPoolEntries; ++i) {
       p[i] = F32ToF16(static_cast<float>(static_cast<int64_t>(Mix(s) % 2000001) - 1000000) * 1e-6f);
     }
+    return p;
+  }();
+  return pool;
+}
+
+// int8 centroids in [-127, 127] and their row scales, for the fast-path cases.
+const int8_t* Q8LutPool() {
+  static int8_t* pool = [] {
+    auto* p = static_cast<int8_t*>(std::aligned_alloc(64, kLutPoolEntries));
+    uint64_t s = 0x5DEECE66Dull;
+    for (size_t i = 0; i < kLutPoolEntries; ++i) p[i] = static_cast<int8_t>(static_cast<int>(Mix(s) % 255) - 127);
     return p;
   }();
   return pool;
@@ -154,6 +169,64 @@ void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens
     SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
       status[t] = ApGemmRows(backend, blocks[i]->view(), bits, x.data(), tokens, y.data(),
                              static_cast<int>(r0), static_cast<int>(r1), {ws[t]->p, ws_bytes});
+    });
+    if (const auto bad = std::find_if(status.begin(), status.end(), [](const Status& s) { return !s.ok(); });
+        bad != status.end()) {
+      state.SkipWithError(bad->ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(y.data());
+    if (++i == n_blocks) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
+  state.counters["blocks"] = n_blocks;
+  state.counters["weights_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * rows * cols * tokens, benchmark::Counter::kIsRate);
+  state.SetLabel(BackendName(backend));
+}
+
+size_t Q8BytesPerCall(int rows, int cols, int bits) {
+  return bits * PlaneBytes(rows, cols) + Q8LutValueBytes(rows, bits) + sizeof(float) * rows;
+}
+
+void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads) {
+  const size_t plane_bytes = PlaneBytes(rows, cols);
+  const size_t lut_bytes = Q8LutValueBytes(rows, bits);
+  const size_t per_call = Q8BytesPerCall(rows, cols, bits);
+  const int n_blocks = static_cast<int>(std::min((kWorkingSet + per_call - 1) / per_call,
+                                                  kPoolBytes / (bits * plane_bytes)));
+  const int tile_rows = std::max<int>(1, static_cast<int>((size_t{64} << 10) / PlaneRowBytes(cols)));
+  const uint8_t* pool = WeightPool();
+  const int8_t* q8_luts = Q8LutPool();
+  std::vector<std::unique_ptr<PageLists>> blocks;
+  std::vector<Q8Lut> luts;
+  std::vector<std::vector<float>> scales(static_cast<size_t>(n_blocks), std::vector<float>(rows, 1.f / 4096));
+  for (int i = 0; i < n_blocks; ++i) {
+    const uint8_t* bases[kNumPlanes] = {};
+    for (int p = 0; p < bits; ++p) bases[p] = pool + (static_cast<size_t>(i) * bits + p) * plane_bytes;
+    const uint16_t* lut_ptrs[kMaxBits + 1] = {};
+    lut_ptrs[bits] = LutPool();  // the exact LUT (not read by this path; ValidateView wants one)
+    blocks.push_back(std::make_unique<PageLists>(bases, lut_ptrs, rows, cols, tile_rows));
+    luts.push_back({q8_luts + (static_cast<size_t>(i) * lut_bytes) % (kLutPoolEntries - lut_bytes),
+                    scales[i].data()});
+  }
+  const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 42);
+  std::vector<float> y(static_cast<size_t>(tokens) * rows);
+  Aligned acts_buf(Q8ActsBytes(tokens, cols));
+  std::vector<Status> status(static_cast<size_t>(threads));
+  cpu::ThreadPool* threads_pool = Pool(threads);
+  const Backend backend = BestQ8Backend();
+  int i = 0;
+  for (auto _ : state) {
+    Q8Acts acts;
+    Status qs = QuantizeActs(x.data(), cols, tokens, cols, {acts_buf.p, Q8ActsBytes(tokens, cols)}, &acts);
+    if (!qs.ok()) {
+      state.SkipWithError(qs.ToString().c_str());
+      break;
+    }
+    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
+      status[t] = ApGemmQ8Rows(backend, blocks[i]->view(), bits, luts[i], acts, y.data(), rows,
+                               static_cast<int>(r0), static_cast<int>(r1));
     });
     if (const auto bad = std::find_if(status.begin(), status.end(), [](const Status& s) { return !s.ok(); });
         bad != status.end()) {
@@ -288,8 +361,12 @@ void RegisterAll() {
                                    "/b" + std::to_string(bits) + "/t" + std::to_string(t) + suffix(threads);
           finish(benchmark::RegisterBenchmark(name.c_str(), BM_ApGemv, s.rows, s.cols, bits, t, threads),
                  threads);
+          const std::string q8 = "apq8gemv" + name.substr(name.find('/'));
+          finish(benchmark::RegisterBenchmark(q8.c_str(), BM_ApQ8Gemv, s.rows, s.cols, bits, t, threads),
+                 threads);
         }
         read_sizes.insert(ApBytesPerCall(s.rows, s.cols, bits));
+        read_sizes.insert(Q8BytesPerCall(s.rows, s.cols, bits));
       }
       for (int t : token_counts) {
         const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +

@@ -129,6 +129,12 @@ struct Row {
   }
 };
 
+// Software prefetch distance along each plane (planes are contiguous within a page, so this is
+// the stream a later pair or row reads; a prefetch past a page's end is harmless). Measured on
+// the Xeon of docs/benchmarks.md: 2 KiB beat 0.5, 1, 3.5, 4 and 7 KiB at 1024, 4096 and 14336
+// columns (14336 columns, 8 bits: 11.4 GB/s at 2 KiB, 9.9 at 7 KiB, 6.8 at 1 KiB).
+constexpr size_t kPrefetchBytes = 2048;
+
 // Activation scales of group pair P as one vector (lanes 0..7: group 2P, 8..15: group 2P+1).
 inline __m512 PairScales(const float* s, int P) {
   return _mm512_insertf32x8(_mm512_set1_ps(s[2 * P]), _mm256_set1_ps(s[2 * P + 1]), 1);
@@ -141,11 +147,7 @@ void GemvRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, i
   const bool odd = groups % 2 != 0;
   Row<B> rows[NR];
   for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r0 + i);
-  // Software prefetch of the same bytes a few rows (at least 1 KiB) further down each plane:
-  // the rows a later call reads. Measured best at 4 rows of 4096 columns, 8 of 1024. A
-  // prefetch past a page's end is harmless.
-  const size_t row_bytes = PlaneRowBytes(v.cols);
-  const size_t ahead = row_bytes * std::max<size_t>(4, (1024 + row_bytes - 1) / row_bytes);
+  const size_t ahead = kPrefetchBytes;
   __m512 accf[NR];
   for (auto& f : accf) f = _mm512_setzero_ps();
   for (int P = 0; P < pairs; ++P) {
@@ -175,8 +177,7 @@ void GemmRow(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, si
   const int stride = Q8ActStride(v.cols), ngroups = Q8ActGroups(v.cols);
   Row<B> row;
   row.Init(v, lut, r);
-  const size_t row_bytes = PlaneRowBytes(v.cols);
-  const size_t ahead = row_bytes * std::max<size_t>(2, (1024 + row_bytes - 1) / row_bytes);
+  const size_t ahead = kPrefetchBytes;
   __m512 accf[kMaxTokens];
   const int T = a.tokens;
   for (int t = 0; t < T; ++t) accf[t] = _mm512_setzero_ps();
