@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "common/dtype.h"
@@ -68,6 +69,73 @@ Status QuantizeLut(const uint16_t* lut_f16, int rows, int bits, int8_t* values, 
       const float v = F16ToF32(src[i]);
       dst[i] = amax > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(v * (127.f / amax)), -127.f, 127.f)) : 0;
     }
+  }
+  return Status::Ok();
+}
+
+Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, float* scales) {
+  if (rows < 0 || cols < 1) {
+    return InvalidArgument("anyprec q8: dense matrix of " + std::to_string(rows) + " x " +
+                           std::to_string(cols));
+  }
+  const int stride = Q8ActStride(cols);
+  for (int r = 0; r < rows; ++r) {
+    const uint16_t* src = w + static_cast<size_t>(r) * cols;
+    float amax = 0.f;
+    for (int c = 0; c < cols; ++c) {
+      uint32_t u = static_cast<uint32_t>(src[c]) << 16;
+      float v;
+      std::memcpy(&v, &u, sizeof v);
+      if (!std::isfinite(v)) {
+        return InvalidArgument("anyprec q8: non-finite weight at row " + std::to_string(r) +
+                               ", column " + std::to_string(c));
+      }
+      amax = std::max(amax, std::fabs(v));
+    }
+    scales[r] = amax / 127.f;
+    int8_t* dst = values + static_cast<size_t>(r) * stride;
+    std::memset(dst, 0, stride);
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int c = 0; c < cols; ++c) {
+      uint32_t u = static_cast<uint32_t>(src[c]) << 16;
+      float v;
+      std::memcpy(&v, &u, sizeof v);
+      dst[Q8ActIndex(c)] = static_cast<int8_t>(std::clamp(std::nearbyint(v * inv), -127.f, 127.f));
+    }
+  }
+  return Status::Ok();
+}
+
+Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float* y, size_t ldy,
+                   int row_begin, int row_end) {
+  if (!Q8BackendAvailable(backend)) {
+    return Unsupported(std::string("anyprec q8: backend ") + BackendName(backend) +
+                       " has no fast path on this CPU");
+  }
+  if (w.values == nullptr || w.scales == nullptr || w.rows < 1 || w.cols < 1) {
+    return InvalidArgument("anyprec q8: empty dense matrix");
+  }
+  if (acts.q == nullptr || acts.scales == nullptr || acts.offsets == nullptr ||
+      acts.tokens < 1 || acts.tokens > kMaxTokens) {
+    return InvalidArgument("anyprec q8: activations not quantized (QuantizeActs)");
+  }
+  if (acts.cols != w.cols) {
+    return InvalidArgument("anyprec q8: activations have " + std::to_string(acts.cols) +
+                           " columns, matrix has " + std::to_string(w.cols));
+  }
+  if (row_begin < 0 || row_end > w.rows || row_begin > row_end) {
+    return InvalidArgument("anyprec q8: row range [" + std::to_string(row_begin) + ", " +
+                           std::to_string(row_end) + ") outside the matrix's " +
+                           std::to_string(w.rows) + " rows");
+  }
+  if (y == nullptr || ldy < static_cast<size_t>(row_end)) {
+    return InvalidArgument("anyprec q8: null y or ldy below the row range");
+  }
+  if (row_begin == row_end) return Status::Ok();
+  switch (backend) {
+    case Backend::kScalar: internal::DenseQ8RowsScalar(w, acts, y, ldy, row_begin, row_end); break;
+    case Backend::kAvx2: internal::DenseQ8RowsAvx2(w, acts, y, ldy, row_begin, row_end); break;
+    case Backend::kAvx512: internal::DenseQ8RowsAvx512(w, acts, y, ldy, row_begin, row_end); break;
   }
   return Status::Ok();
 }

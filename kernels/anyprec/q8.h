@@ -85,4 +85,27 @@ Backend BestQ8Backend();
 Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end);
 
+// ---- Dense int8 matrices ------------------------------------------------------------------
+// The same integer product for a plain dense matrix (attention projections, lm_head), as
+// llama.cpp's q8_0 weights: W[r][c] ~= scales[r] * values[r][Q8ActIndex(c)], values in
+// [-127, 127], each row Q8ActStride(cols) bytes in the activation layout (padding zero), so
+// one 64-byte load of weights meets one 64-byte load of activations.
+struct Q8Matrix {
+  int rows = 0;
+  int cols = 0;
+  const int8_t* values = nullptr;
+  const float* scales = nullptr;
+};
+constexpr size_t Q8MatrixValueBytes(int rows, int cols) {
+  return static_cast<size_t>(rows) * Q8ActStride(cols);
+}
+// From bf16 w [rows][cols] (row-major, raw bits): per row scale = max |w| / 127, values =
+// round(w / scale) placed at Q8ActIndex(c). values: Q8MatrixValueBytes, scales: rows floats.
+// Non-finite weights are an error.
+Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, float* scales);
+// Rows [row_begin, row_end) of y [acts.tokens][ldy]:
+//   y[t][r] = scales[r] * sum_g act_scale[t][g] * sum_{c in g} values[r][c] * xq[t][c].
+Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float* y, size_t ldy,
+                   int row_begin, int row_end);
+
 }  // namespace pw::anyprec

@@ -136,11 +136,29 @@ inline const __m256i* XSlice(const int8_t* xq, int g, int k) {
   return reinterpret_cast<const __m256i*>(xq + (g / 2) * 512 + 64 * k + 32 * (g % 2));
 }
 
-template <int B, int NR>
-void GemvRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, int r0) {
-  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
-  Row<B> rows[NR];
-  for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r0 + i);
+// A row of a dense int8 matrix (Q8Matrix): 32 signed weights per slice of a group.
+struct DenseRow {
+  const int8_t* w;
+  float scale;
+
+  void Init(const Q8Matrix& m, int r) {
+    w = m.values + static_cast<size_t>(r) * Q8ActStride(m.cols);
+    scale = m.scales[r];
+  }
+  template <class F>
+  inline void DecodeGroup(int g, F&& use) const {
+    for (int k = 0; k < 8; ++k) {
+      const auto* p = reinterpret_cast<const __m256i*>(w + (g / 2) * 512 + 64 * k + 32 * (g % 2));
+      if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + 2048, _MM_HINT_T0);
+      use(k, _mm256_loadu_si256(p));
+    }
+  }
+};
+
+// NR initialised rows of one token, y[i] for row i.
+template <class RowT, int NR>
+void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y) {
+  const int groups = (cols + kGroupCols - 1) / kGroupCols;
   __m256 accf[NR];
   for (auto& f : accf) f = _mm256_setzero_ps();
   for (int g = 0; g < groups; ++g) {
@@ -154,15 +172,14 @@ void GemvRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, i
     const __m256 s = _mm256_set1_ps(a.scales[g]);
     for (int i = 0; i < NR; ++i) accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), s, accf[i]);
   }
-  for (int i = 0; i < NR; ++i) y[r0 + i] = rows[i].scale * Sum8(accf[i]);
+  for (int i = 0; i < NR; ++i) y[i] = rows[i].scale * Sum8(accf[i]);
 }
 
-template <int B>
-void GemmRow(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r) {
-  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
-  const int stride = Q8ActStride(v.cols), ngroups = Q8ActGroups(v.cols);
-  Row<B> row;
-  row.Init(v, lut, r);
+// One initialised row for every token, y[t * ldy] for token t.
+template <class RowT>
+void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
+  const int groups = (cols + kGroupCols - 1) / kGroupCols;
+  const int stride = Q8ActStride(cols), ngroups = Q8ActGroups(cols);
   __m256 accf[kMaxTokens];
   const int T = a.tokens;
   for (int t = 0; t < T; ++t) accf[t] = _mm256_setzero_ps();
@@ -177,7 +194,7 @@ void GemmRow(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, si
                                 _mm256_set1_ps(a.scales[static_cast<size_t>(t) * ngroups + g]), accf[t]);
     }
   }
-  for (int t = 0; t < T; ++t) y[static_cast<size_t>(t) * ldy + r] = row.scale * Sum8(accf[t]);
+  for (int t = 0; t < T; ++t) y[static_cast<size_t>(t) * ldy] = row.scale * Sum8(accf[t]);
 }
 
 template <int B>
@@ -185,11 +202,43 @@ void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size
            int r1) {
   if (a.tokens == 1) {
     constexpr int NR = B <= 4 ? 4 : 2;
+    Row<B> rows[NR];
     int r = r0;
-    for (; r + NR <= r1; r += NR) GemvRows<B, NR>(v, lut, a, y, r);
-    for (; r < r1; ++r) GemvRows<B, 1>(v, lut, a, y, r);
+    for (; r + NR <= r1; r += NR) {
+      for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r + i);
+      GemvRows<Row<B>, NR>(rows, v.cols, a, y + r);
+    }
+    for (; r < r1; ++r) {
+      rows[0].Init(v, lut, r);
+      GemvRows<Row<B>, 1>(rows, v.cols, a, y + r);
+    }
   } else {
-    for (int r = r0; r < r1; ++r) GemmRow<B>(v, lut, a, y, ldy, r);
+    Row<B> row;
+    for (int r = r0; r < r1; ++r) {
+      row.Init(v, lut, r);
+      GemmRow(row, v.cols, a, y + r, ldy);
+    }
+  }
+}
+
+void DenseRows(const Q8Matrix& m, const Q8Acts& a, float* y, size_t ldy, int r0, int r1) {
+  if (a.tokens == 1) {
+    DenseRow rows[4];
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      for (int i = 0; i < 4; ++i) rows[i].Init(m, r + i);
+      GemvRows<DenseRow, 4>(rows, m.cols, a, y + r);
+    }
+    for (; r < r1; ++r) {
+      rows[0].Init(m, r);
+      GemvRows<DenseRow, 1>(rows, m.cols, a, y + r);
+    }
+  } else {
+    DenseRow row;
+    for (int r = r0; r < r1; ++r) {
+      row.Init(m, r);
+      GemmRow(row, m.cols, a, y + r, ldy);
+    }
   }
 }
 
@@ -198,6 +247,11 @@ void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size
 
 void QuantizeRowAvx2(const float* x, int cols, int8_t* q, float* scales, float* offset) {
   avx2q8::QuantizeRowImpl(x, cols, q, scales, offset);
+}
+
+void DenseQ8RowsAvx2(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,
+                     int row_end) {
+  avx2q8::DenseRows(m, acts, y, ldy, row_begin, row_end);
 }
 
 void Q8RowsAvx2(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,

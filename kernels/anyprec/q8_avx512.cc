@@ -140,13 +140,32 @@ inline __m512 PairScales(const float* s, int P) {
   return _mm512_insertf32x8(_mm512_set1_ps(s[2 * P]), _mm256_set1_ps(s[2 * P + 1]), 1);
 }
 
-template <int B, int NR>
-void GemvRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, int r0) {
-  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
+// A row of a dense int8 matrix (Q8Matrix): 64 bytes per slice, offset to unsigned on load.
+struct DenseRow {
+  const int8_t* w;
+  float scale;
+
+  void Init(const Q8Matrix& m, int r) {
+    w = m.values + static_cast<size_t>(r) * Q8ActStride(m.cols);
+    scale = m.scales[r];
+  }
+  template <class F>
+  inline void DecodePair(int P, bool /*half: rows are zero-padded*/, F&& use, size_t prefetch) const {
+    const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));
+    const int8_t* base = w + 512 * P;
+    for (int k = 0; k < 8; ++k) {
+      _mm_prefetch(reinterpret_cast<const char*>(base + 64 * k + prefetch), _MM_HINT_T0);
+      use(k, _mm512_xor_si512(_mm512_loadu_si512(base + 64 * k), off));
+    }
+  }
+};
+
+// NR rows (RowT: Row<B> or DenseRow, initialised) of one token, y[i] for row i.
+template <class RowT, int NR>
+void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y) {
+  const int groups = (cols + kGroupCols - 1) / kGroupCols;
   const int pairs = (groups + 1) / 2;
   const bool odd = groups % 2 != 0;
-  Row<B> rows[NR];
-  for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r0 + i);
   const size_t ahead = kPrefetchBytes;
   __m512 accf[NR];
   for (auto& f : accf) f = _mm512_setzero_ps();
@@ -163,20 +182,17 @@ void GemvRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, i
     const __m512 s = PairScales(a.scales, P);
     for (int i = 0; i < NR; ++i) accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), s, accf[i]);
   }
-  for (int i = 0; i < NR; ++i) {
-    y[r0 + i] = rows[i].scale * (_mm512_reduce_add_ps(accf[i]) - a.offsets[0]);
-  }
+  for (int i = 0; i < NR; ++i) y[i] = rows[i].scale * (_mm512_reduce_add_ps(accf[i]) - a.offsets[0]);
 }
 
-// One row for every token: each group pair decoded once, then dotted with each token.
-template <int B>
-void GemmRow(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r) {
-  const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
+// One row (initialised) for every token, y[t * ldy] for token t: each group pair decoded
+// once, then dotted with each token.
+template <class RowT>
+void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
+  const int groups = (cols + kGroupCols - 1) / kGroupCols;
   const int pairs = (groups + 1) / 2;
   const bool odd = groups % 2 != 0;
-  const int stride = Q8ActStride(v.cols), ngroups = Q8ActGroups(v.cols);
-  Row<B> row;
-  row.Init(v, lut, r);
+  const int stride = Q8ActStride(cols), ngroups = Q8ActGroups(cols);
   const size_t ahead = kPrefetchBytes;
   __m512 accf[kMaxTokens];
   const int T = a.tokens;
@@ -209,7 +225,7 @@ void GemmRow(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, si
     }
   }
   for (int t = 0; t < T; ++t) {
-    y[static_cast<size_t>(t) * ldy + r] = row.scale * (_mm512_reduce_add_ps(accf[t]) - a.offsets[t]);
+    y[static_cast<size_t>(t) * ldy] = row.scale * (_mm512_reduce_add_ps(accf[t]) - a.offsets[t]);
   }
 }
 
@@ -218,11 +234,43 @@ void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size
            int r1) {
   if (a.tokens == 1) {
     constexpr int NR = B <= 4 ? 4 : 2;
+    Row<B> rows[NR];
     int r = r0;
-    for (; r + NR <= r1; r += NR) GemvRows<B, NR>(v, lut, a, y, r);
-    for (; r < r1; ++r) GemvRows<B, 1>(v, lut, a, y, r);
+    for (; r + NR <= r1; r += NR) {
+      for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r + i);
+      GemvRows<Row<B>, NR>(rows, v.cols, a, y + r);
+    }
+    for (; r < r1; ++r) {
+      rows[0].Init(v, lut, r);
+      GemvRows<Row<B>, 1>(rows, v.cols, a, y + r);
+    }
   } else {
-    for (int r = r0; r < r1; ++r) GemmRow<B>(v, lut, a, y, ldy, r);
+    Row<B> row;
+    for (int r = r0; r < r1; ++r) {
+      row.Init(v, lut, r);
+      GemmRow(row, v.cols, a, y + r, ldy);
+    }
+  }
+}
+
+void DenseRows(const Q8Matrix& m, const Q8Acts& a, float* y, size_t ldy, int r0, int r1) {
+  if (a.tokens == 1) {
+    DenseRow rows[4];
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      for (int i = 0; i < 4; ++i) rows[i].Init(m, r + i);
+      GemvRows<DenseRow, 4>(rows, m.cols, a, y + r);
+    }
+    for (; r < r1; ++r) {
+      rows[0].Init(m, r);
+      GemvRows<DenseRow, 1>(rows, m.cols, a, y + r);
+    }
+  } else {
+    DenseRow row;
+    for (int r = r0; r < r1; ++r) {
+      row.Init(m, r);
+      GemmRow(row, m.cols, a, y + r, ldy);
+    }
   }
 }
 
@@ -231,6 +279,11 @@ void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size
 
 void QuantizeRowAvx512(const float* x, int cols, int8_t* q, float* scales, float* offset) {
   avx512q8::QuantizeRowImpl(x, cols, q, scales, offset);
+}
+
+void DenseQ8RowsAvx512(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,
+                       int row_end) {
+  avx512q8::DenseRows(m, acts, y, ldy, row_begin, row_end);
 }
 
 void Q8RowsAvx512(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,

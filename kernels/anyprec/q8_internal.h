@@ -17,6 +17,16 @@ void Q8RowsAvx2(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts&
 void Q8RowsAvx512(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
                   size_t ldy, int row_begin, int row_end);
 
+// Rows [row_begin, row_end) of a dense int8 matrix product (DenseQ8Rows, validated).
+using DenseRowsFn = void (*)(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy,
+                             int row_begin, int row_end);
+void DenseQ8RowsScalar(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,
+                       int row_end);
+void DenseQ8RowsAvx2(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,
+                     int row_end);
+void DenseQ8RowsAvx512(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,
+                       int row_end);
+
 // Quantizes one token's row (QuantizeActs's rule) into q [Q8ActStride(cols)], scales
 // [Q8ActGroups(cols)], *offset. Written once as q8_quantize.inc and compiled per backend.
 using QuantizeRowFn = void (*)(const float* x, int cols, int8_t* q, float* scales, float* offset);

@@ -44,4 +44,26 @@ void Q8RowsScalar(const BlockView& view, int bits, const Q8Lut& lut, const Q8Act
   }
 }
 
+void DenseQ8RowsScalar(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,
+                       int row_end) {
+  const int stride = Q8ActStride(m.cols), groups = Q8ActGroups(m.cols);
+  for (int r = row_begin; r < row_end; ++r) {
+    const int8_t* w = m.values + static_cast<size_t>(r) * stride;
+    for (int t = 0; t < acts.tokens; ++t) {
+      const int8_t* xq = acts.q + static_cast<size_t>(t) * stride;
+      const float* xs = acts.scales + static_cast<size_t>(t) * groups;
+      double acc = 0.0;
+      for (int g = 0; g * kGroupCols < m.cols; ++g) {
+        int64_t sum = 0;
+        const int end = m.cols < (g + 1) * kGroupCols ? m.cols : (g + 1) * kGroupCols;
+        for (int c = g * kGroupCols; c < end; ++c) {
+          sum += static_cast<int64_t>(w[Q8ActIndex(c)]) * xq[Q8ActIndex(c)];
+        }
+        acc += static_cast<double>(xs[g]) * static_cast<double>(sum);
+      }
+      y[static_cast<size_t>(t) * ldy + r] = static_cast<float>(acc * m.scales[r]);
+    }
+  }
+}
+
 }  // namespace pw::anyprec::internal

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -284,6 +285,126 @@ TEST(Q8Api, RejectsBadArguments) {
   EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), a.acts, y.data(), 4, 0, 5).ok());
   EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), a.acts, y.data(), 3, 0, 4).ok());
   EXPECT_FALSE(ApGemmQ8Rows(Backend::kScalar, v, 3, luts.At(3), a.acts, nullptr, 4, 0, 4).ok());
+}
+
+// ---- Dense int8 matrices ----
+
+std::vector<uint16_t> RandomBf16(int rows, int cols, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.f, 0.05f);
+  std::vector<uint16_t> w(static_cast<size_t>(rows) * cols);
+  for (auto& v : w) v = F32ToBf16(d(rng));
+  return w;
+}
+
+float Bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+struct DenseQ8 {
+  std::vector<int8_t> values;
+  std::vector<float> scales;
+  Q8Matrix m;
+  DenseQ8(const std::vector<uint16_t>& w, int rows, int cols)
+      : values(Q8MatrixValueBytes(rows, cols), 99), scales(rows) {
+    EXPECT_TRUE(QuantizeBf16Rows(w.data(), rows, cols, values.data(), scales.data()).ok());
+    m = {rows, cols, values.data(), scales.data()};
+  }
+};
+
+TEST(Q8Dense, QuantizesRowsInActivationOrderAndTracksBf16Product) {
+  std::mt19937 rng(21);
+  const int rows = 11, cols = 700, tokens = 2;
+  auto w = RandomBf16(rows, cols, rng);
+  DenseQ8 q(w, rows, cols);
+  const int stride = Q8ActStride(cols);
+  for (int r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(Bf16(w[r * cols + c])));
+    EXPECT_FLOAT_EQ(q.scales[r], amax / 127.f);
+    std::vector<int> seen(stride, 0);
+    for (int c = 0; c < cols; ++c) {
+      const int i = Q8ActIndex(c);
+      ++seen[i];
+      EXPECT_LE(std::fabs(q.values[r * stride + i] * q.scales[r] - Bf16(w[r * cols + c])), 0.5f * q.scales[r] * (1 + 1e-5f));
+    }
+    for (int i = 0; i < stride; ++i) {
+      if (seen[i] == 0) {
+        EXPECT_EQ(q.values[r * stride + i], 0) << "padding byte " << i;
+      }
+    }
+  }
+  // Scalar product against the fp32 product of the bf16 weights, within the rounding bound.
+  auto x = RandomX(tokens, cols, rng);
+  Acts a(x, tokens, cols);
+  std::vector<float> y(tokens * rows, kNaN);
+  ASSERT_TRUE(DenseQ8Rows(Backend::kScalar, q.m, a.acts, y.data(), rows, 0, rows).ok());
+  for (int t = 0; t < tokens; ++t) {
+    for (int r = 0; r < rows; ++r) {
+      double want = 0, bound = 0;
+      for (int c = 0; c < cols; ++c) {
+        const double wv = Bf16(w[r * cols + c]), xv = x[t * cols + c];
+        const double dw = 0.5 * q.scales[r], dx = 0.5 * a.acts.scales[t * Q8ActGroups(cols) + c / 256];
+        want += wv * xv;
+        bound += dw * std::fabs(xv) + std::fabs(wv) * dx + dw * dx;
+      }
+      EXPECT_LE(std::fabs(y[t * rows + r] - want), bound + 1e-6) << "t" << t << " r" << r;
+    }
+  }
+  std::vector<uint16_t> bad(8, 0);
+  bad[5] = 0x7F80;  // +inf
+  std::vector<int8_t> v(Q8MatrixValueBytes(1, 8));
+  float sc;
+  EXPECT_FALSE(QuantizeBf16Rows(bad.data(), 1, 8, v.data(), &sc).ok());
+}
+
+TEST(Q8Dense, BackendsMatchReferenceOnAwkwardShapes) {
+  const auto backends = Q8SimdBackends();
+  if (backends.empty()) GTEST_SKIP() << "no SIMD fast path on this CPU";
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  const Shape shapes[] = {{1, 1}, {37, 50}, {5, 256}, {33, 513}, {9, 768}, {6, 1024}, {7, 2049}};
+  for (const Shape& s : shapes) {
+    auto w = RandomBf16(s.rows, s.cols, rng);
+    DenseQ8 q(w, s.rows, s.cols);
+    for (int tokens : {1, 3, 37, 64}) {
+      auto x = RandomX(tokens, s.cols, rng);
+      Acts a(x, tokens, s.cols);
+      std::vector<float> want(static_cast<size_t>(tokens) * s.rows, kNaN);
+      ASSERT_TRUE(DenseQ8Rows(Backend::kScalar, q.m, a.acts, want.data(), s.rows, 0, s.rows).ok());
+      for (Backend be : backends) {
+        std::vector<float> y(want.size(), kNaN);
+        ASSERT_TRUE(DenseQ8Rows(be, q.m, a.acts, y.data(), s.rows, 0, s.rows).ok());
+        for (size_t i = 0; i < y.size(); ++i) {
+          const int t = static_cast<int>(i) / s.rows, r = static_cast<int>(i) % s.rows;
+          double mag = 0;
+          for (int c = 0; c < s.cols; ++c) {
+            mag += std::fabs(q.values[r * Q8ActStride(s.cols) + Q8ActIndex(c)] * q.scales[r] *
+                             a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
+                             a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
+          }
+          ASSERT_LE(std::fabs(static_cast<double>(y[i]) - want[i]), 1e-5 * mag + 1e-30)
+              << BackendName(be) << " " << s.rows << "x" << s.cols << " t" << tokens << " i" << i
+              << " seed " << seed;
+        }
+        // A row range writes only its rows.
+        std::vector<float> part(want.size(), kNaN);
+        ASSERT_TRUE(DenseQ8Rows(be, q.m, a.acts, part.data(), s.rows, s.rows / 2, s.rows).ok());
+        for (size_t i = 0; i < part.size(); ++i) {
+          EXPECT_EQ(std::isnan(part[i]), static_cast<int>(i) % s.rows < s.rows / 2);
+        }
+      }
+    }
+  }
+  DenseQ8 q(RandomBf16(4, 40, rng), 4, 40);
+  auto x = RandomX(1, 41, rng);
+  Acts a(x, 1, 41);
+  std::vector<float> y(4);
+  EXPECT_FALSE(DenseQ8Rows(Backend::kScalar, q.m, a.acts, y.data(), 4, 0, 4).ok());  // cols differ
+  EXPECT_FALSE(DenseQ8Rows(Backend::kScalar, Q8Matrix{}, a.acts, y.data(), 4, 0, 4).ok());
 }
 
 }  // namespace
