@@ -5,7 +5,7 @@
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
-//                   [--kernel-path fast|exact]
+//                   [--kernel-path fast|exact] [--dense bf16|int8]
 //
 // Models: every --model given; by default models/tiny-moe and the synthetic checkpoint named
 // by $PW_SYNTHETIC_MODEL (default build/synthetic-olmoe, written by make_synthetic_moe); a
@@ -36,6 +36,8 @@
 //     (counted from the router's actual choices), the shared expert, norms/biases, and the KV
 //     cache of every sequence up to its position (fp32);
 //   once: lm_head, final norm, and B embedding rows.
+// q/k/v/o, lm_head and dense/shared MLP weights count 2 bytes each, or 1 with --dense int8
+// (the engine then reads their int8 copies, EngineOptions::dense_int8).
 // A distinct expert counts 3 * H * I bf16 in the `floor` columns; with --store the `@ width`
 // columns count it at the width the provider runs each of its two blocks at: b planes of
 // rows * PlaneRowBytes(cols) bytes plus the block's LUT_b (rows * 2^b fp16), or bf16 at 16.
@@ -184,9 +186,12 @@ double DecodeStepBytes(const engine::Model& model, int batch, double expert_byte
   const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
   const double nh = static_cast<double>(c.num_heads), nkv = static_cast<double>(c.num_kv_heads);
   const double bf16 = 2, f32 = 4;
+  // Matrices the engine may hold as int8 (Model::QuantizeDenseInt8): 1 byte a weight (the row
+  // scales and padding add under 1 %).
+  const double dense = model.dense_int8() ? 1 : bf16;
   double bytes = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    bytes += bf16 * (H * nh * D + 2 * H * nkv * D + nh * D * H);  // q, k, v, o
+    bytes += dense * (H * nh * D + 2 * H * nkv * D + nh * D * H);  // q, k, v, o
     bytes += f32 * 2 * H;                                         // the two norms
     if (c.qk_norm != QkNorm::kNone) bytes += f32 * 2 * nh * D;
     bytes += f32 * batch * ctx * 2 * nkv * D;  // K and V of every position
@@ -194,13 +199,13 @@ double DecodeStepBytes(const engine::Model& model, int batch, double expert_byte
       bytes += bf16 * static_cast<double>(c.num_experts) * H;  // router
       bytes += expert_bytes_per_layer;
       if (c.shared_expert_intermediate_size > 0) {
-        bytes += bf16 * (3 * H * static_cast<double>(c.shared_expert_intermediate_size) + H);
+        bytes += dense * 3 * H * static_cast<double>(c.shared_expert_intermediate_size) + bf16 * H;
       }
     } else {
-      bytes += bf16 * 3 * H * static_cast<double>(c.intermediate_size);
+      bytes += dense * 3 * H * static_cast<double>(c.intermediate_size);
     }
   }
-  bytes += bf16 * static_cast<double>(c.vocab_size) * H;  // lm_head
+  bytes += dense * static_cast<double>(c.vocab_size) * H;  // lm_head
   bytes += f32 * H + bf16 * batch * H;                    // final norm, embedding rows
   return bytes;
 }
@@ -216,6 +221,7 @@ struct ExpertConfig {
 struct Options {
   std::vector<std::string> models;
   int threads = 2;
+  bool dense_int8 = false;  // --dense int8: attention, lm_head and dense MLPs as int8
   int runs = 5;
   int prompt_len = 64;
   int decode_steps = 16;
@@ -337,6 +343,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   engine::EngineOptions eo;
   eo.num_threads = o.threads;
+  eo.dense_int8 = o.dense_int8;
   eo.block_size = 16;
   // Room for the prompt, the timed steps and any tokens decoded while other prompts prefill.
   const int max_gen = o.decode_steps + 64;
@@ -415,7 +422,11 @@ int Main(int argc, char** argv) {
   app.add_option("--bits-map", bits_map, "with --store: a width map file (pw-quantize plan)");
   app.add_option("--kernel-path", kernel_path, "any-precision kernels: fast (int8, default) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"exact", "fast"}));
+  std::string dense = "bf16";
+  app.add_option("--dense", dense, "dense weights (attention, lm_head, dense MLPs): bf16 or int8")
+      ->check(CLI::IsMember({"bf16", "int8"}));
   CLI11_PARSE(app, argc, argv);
+  o.dense_int8 = dense == "int8";
   auto usage = [](const std::string& msg) {
     std::fprintf(stderr, "pw-bench-engine: %s\n", msg.c_str());
     return 2;

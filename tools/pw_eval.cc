@@ -1,7 +1,7 @@
 // pw-eval: model evaluation.
 //   pw-eval ppl --model DIR --text FILE [--ctx N] [--threads T]
 //               [--store STORE.apw (--bits B | --bits-map MAP.json) [--kernel-path fast|exact]]
-//               [--nll-out FILE]
+//               [--dense bf16|int8] [--nll-out FILE]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
 // the checkpoint's bf16) or at each block's width in MAP (kernels/anyprec/apw_provider.h),
 // through the integer fast path (default) or the exact fp16-LUT path.
@@ -36,6 +36,7 @@ struct ApwFlags {
   int bits = 0;
   std::string bits_map;
   std::string kernel_path = "fast";
+  bool dense_int8 = false;
 };
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
@@ -51,6 +52,7 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   if (!ids.ok()) return Fail(ids.status().WithContext(text_path));
   pw::engine::EngineOptions opt;
   opt.num_threads = threads;
+  opt.dense_int8 = apw.dense_int8;
   opt.block_size = 16;
   opt.num_kv_blocks = pw::engine::BlocksForTokens(ctx, opt.block_size) + 1;
   opt.max_batch_tokens = std::min(ctx, 512);
@@ -126,6 +128,9 @@ int main(int argc, char** argv) {
   bits_opt->excludes(map_opt);
   ppl->add_option("--kernel-path", apw.kernel_path, "with --store: fast (int8 LUT and activations) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"fast", "exact"}));
+  std::string dense = "bf16";
+  ppl->add_option("--dense", dense, "dense weights (attention, lm_head, dense MLPs): bf16 or int8")
+      ->check(CLI::IsMember({"bf16", "int8"}));
   std::string nll_out;
   ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");
   CLI11_PARSE(app, argc, argv);
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
   if (apw.store.empty() && (apw.bits != 0 || !apw.bits_map.empty())) {
     return Fail(pw::InvalidArgument("--bits and --bits-map need --store"));
   }
+  apw.dense_int8 = dense == "int8";
   if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out);
   return 2;
 }

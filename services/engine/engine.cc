@@ -52,6 +52,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   }
   std::unique_ptr<Engine> e(new Engine(options));
   PW_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir));
+  if (options.dense_int8) PW_RETURN_IF_ERROR(e->model_->QuantizeDenseInt8());
   const ModelConfig& c = e->model_->config();
   if (e->options_.max_context == 0) {
     e->options_.max_context =

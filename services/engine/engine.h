@@ -79,6 +79,10 @@ struct EngineOptions {
   // When true, Step() also returns the logits each new token was sampled from (tests,
   // logprobs). Costs a [vocab] copy per token.
   bool return_logits = false;
+  // When true, the dense matrices read once per token (attention, lm_head, dense and shared
+  // MLPs) run from int8 copies with one scale per row against int8 activations
+  // (Model::QuantizeDenseInt8, as llama.cpp's q8_0); false keeps them bf16 (HF parity).
+  bool dense_int8 = false;
 };
 
 enum class FinishReason : uint8_t {

@@ -146,4 +146,38 @@ Status Model::LoadTensors() {
   return Status::Ok();
 }
 
+Status Model::QuantizeDenseInt8() {
+  if (!q8_.empty()) return Status::Ok();
+  auto convert = [&](Bf16Matrix& w, const std::string& name) -> Status {
+    if (w.data == nullptr || w.rows < 1) return Status::Ok();
+    auto c = std::make_unique<Q8Copy>();
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    c->values.resize(anyprec::Q8MatrixValueBytes(rows, cols));
+    c->scales.resize(rows);
+    Status s = anyprec::QuantizeBf16Rows(w.data, rows, cols, c->values.data(), c->scales.data());
+    if (!s.ok()) return s.WithContext(dir_ + ": " + name);
+    c->m = {rows, cols, c->values.data(), c->scales.data()};
+    w.q8 = &c->m;
+    q8_.push_back(std::move(c));
+    return Status::Ok();
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerWeights& L = layers_[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    PW_RETURN_IF_ERROR(convert(L.q, at + "q_proj"));
+    PW_RETURN_IF_ERROR(convert(L.k, at + "k_proj"));
+    PW_RETURN_IF_ERROR(convert(L.v, at + "v_proj"));
+    PW_RETURN_IF_ERROR(convert(L.o, at + "o_proj"));
+    for (MlpWeights* m : {&L.mlp, &L.shared_expert}) {
+      PW_RETURN_IF_ERROR(convert(m->gate, at + "mlp gate"));
+      PW_RETURN_IF_ERROR(convert(m->up, at + "mlp up"));
+      PW_RETURN_IF_ERROR(convert(m->down, at + "mlp down"));
+    }
+  }
+  const bool tied = lm_head_.data == embed_.data;
+  PW_RETURN_IF_ERROR(convert(lm_head_, "lm_head"));
+  if (tied) embed_.q8 = nullptr;  // embeddings are looked up, never multiplied
+  return Status::Ok();
+}
+
 }  // namespace pw::engine

@@ -30,6 +30,7 @@
 #include "common/model_config.h"
 #include "common/safetensors.h"
 #include "common/status.h"
+#include "kernels/anyprec/q8.h"
 
 namespace pw::engine {
 
@@ -39,6 +40,9 @@ struct Bf16Matrix {
   const uint16_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
+  // With int8 dense weights (Model::QuantizeDenseInt8): the int8 copy the forward pass reads
+  // instead of `data`.
+  const anyprec::Q8Matrix* q8 = nullptr;
 };
 
 // A SwiGLU MLP: down(silu(gate x) * up x).
@@ -79,6 +83,13 @@ class Model {
   // RoPE inverse frequencies [head_dim / 2], computed in fp32 as HF does.
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
 
+  // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
+  // lm_head, dense and shared-expert MLPs) an int8 copy with one scale per row
+  // (kernels/anyprec/q8.h), used from then on instead of bf16. The router, the embeddings
+  // and the routed experts (their own providers) stay as they are. Idempotent.
+  Status QuantizeDenseInt8();
+  bool dense_int8() const { return !q8_.empty(); }
+
  private:
   Model() = default;
   Status LoadTensors();
@@ -95,6 +106,12 @@ class Model {
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   std::vector<float> inv_freq_;
+  struct Q8Copy {
+    std::vector<int8_t> values;
+    std::vector<float> scales;
+    anyprec::Q8Matrix m;
+  };
+  std::vector<std::unique_ptr<Q8Copy>> q8_;
 };
 
 }  // namespace pw::engine

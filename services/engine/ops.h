@@ -30,8 +30,18 @@ inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const floa
   }
 }
 
+// The int8 copy of a matrix (Model::QuantizeDenseInt8): x quantized once per call (chunks of
+// anyprec::kMaxTokens tokens), rows split over the pool as above. Aborts on a kernel error,
+// which only a broken invariant can cause (shapes come from the model).
+void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const anyprec::Q8Matrix& w,
+              float* y, size_t ldy);
+
 inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
                    size_t T, const Bf16Matrix& w, float* y, size_t ldy) {
+  if (w.q8 != nullptr) {
+    LinearQ8(pool, x, ldx, T, *w.q8, y, ldy);
+    return;
+  }
   Linear(pool, k, x, ldx, T, w.data, static_cast<size_t>(w.rows), static_cast<size_t>(w.cols), y,
          ldy);
 }
