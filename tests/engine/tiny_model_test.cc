@@ -53,9 +53,9 @@ TEST(TinyModel, LogitsMatchReferenceAtEveryPosition) {
 
 // With int8 dense weights (EngineOptions::dense_int8: attention and lm_head from int8 copies,
 // int8 activations) the logits stay close to HF's bf16 reference: relative L2 error below
-// 3 % over all positions (1.9 % measured) and the same argmax at >= 95 % of them (97.7 %); and
-// the path did run (the
-// logits are not the bf16 path's). Held-out perplexity moves by -0.003 % (docs/quality.md).
+// 3 % over all positions (1.9 % measured) and the same argmax at >= 95 % of them (97.7 %);
+// and the path did run (the logits are not the bf16 path's). Held-out perplexity moves by
+// -0.003 % (docs/quality.md).
 TEST(TinyModel, Int8DenseWeightsStayCloseToReference) {
   SKIP_WITHOUT_TINY_MODEL();
   auto engine = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64, .dense_int8 = true});
