@@ -130,9 +130,9 @@ struct Row {
 };
 
 // Software prefetch distance along each plane (planes are contiguous within a page, so this is
-// the stream a later pair or row reads; a prefetch past a page's end is harmless). Measured on
-// the Xeon of docs/benchmarks.md: 2 KiB beat 0.5, 1, 3.5, 4 and 7 KiB at 1024, 4096 and 14336
-// columns (14336 columns, 8 bits: 11.4 GB/s at 2 KiB, 9.9 at 7 KiB, 6.8 at 1 KiB).
+// the stream a later pair or row reads; a prefetch past a page's end is harmless). Several
+// rows decoded side by side prefetch the rows of the next call instead (GemvRows). Measured on
+// the Xeon of docs/benchmarks.md at 1024, 4096 and 14336 columns.
 constexpr size_t kPrefetchBytes = 2048;
 
 // Activation scales of group pair P as one vector (lanes 0..7: group 2P, 8..15: group 2P+1).
@@ -162,11 +162,11 @@ struct DenseRow {
 
 // NR rows (RowT: Row<B> or DenseRow, initialised) of one token, y[i] for row i.
 template <class RowT, int NR>
-void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y) {
+// `ahead`: the software prefetch distance along each row's stream.
+void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t ahead) {
   const int groups = (cols + kGroupCols - 1) / kGroupCols;
   const int pairs = (groups + 1) / 2;
   const bool odd = groups % 2 != 0;
-  const size_t ahead = kPrefetchBytes;
   __m512 accf[NR];
   for (auto& f : accf) f = _mm512_setzero_ps();
   for (int P = 0; P < pairs; ++P) {
@@ -234,15 +234,20 @@ void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size
            int r1) {
   if (a.tokens == 1) {
     constexpr int NR = B <= 4 ? 4 : 2;
+    // Four rows side by side (b <= 4): the same bytes of the rows the next call reads (4 rows
+    // further down each plane, at least 1 KiB); two (b >= 5, 2b streams): kPrefetchBytes.
+    // 14336 columns: b3 at 4 rows ahead (7 KiB) 13.9 GB/s against 11.3 at 2 KiB; b8 at 2 KiB
+    // 11.9 GB/s against 10.0 at 2 rows ahead (3.5 KiB). Dense int8 rows: kPrefetchBytes.
+    const size_t ahead = NR >= 4 ? std::max(NR * PlaneRowBytes(v.cols), kPrefetchBytes / 2) : kPrefetchBytes;
     Row<B> rows[NR];
     int r = r0;
     for (; r + NR <= r1; r += NR) {
       for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r + i);
-      GemvRows<Row<B>, NR>(rows, v.cols, a, y + r);
+      GemvRows<Row<B>, NR>(rows, v.cols, a, y + r, ahead);
     }
     for (; r < r1; ++r) {
       rows[0].Init(v, lut, r);
-      GemvRows<Row<B>, 1>(rows, v.cols, a, y + r);
+      GemvRows<Row<B>, 1>(rows, v.cols, a, y + r, ahead);
     }
   } else {
     Row<B> row;
@@ -259,11 +264,11 @@ void DenseRows(const Q8Matrix& m, const Q8Acts& a, float* y, size_t ldy, int r0,
     int r = r0;
     for (; r + 4 <= r1; r += 4) {
       for (int i = 0; i < 4; ++i) rows[i].Init(m, r + i);
-      GemvRows<DenseRow, 4>(rows, m.cols, a, y + r);
+      GemvRows<DenseRow, 4>(rows, m.cols, a, y + r, kPrefetchBytes);
     }
     for (; r < r1; ++r) {
       rows[0].Init(m, r);
-      GemvRows<DenseRow, 1>(rows, m.cols, a, y + r);
+      GemvRows<DenseRow, 1>(rows, m.cols, a, y + r, kPrefetchBytes);
     }
   } else {
     DenseRow row;

@@ -31,14 +31,10 @@ inline void Tile512(const float* x, size_t ldx, const W* w, size_t K, float* y, 
   size_t k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[RR];
-    // One token reads each weight once: prefetch each row's stream 2 KiB ahead (one line per
-    // 64 bytes), a few per cent at 1 token
-    // (docs/benchmarks.md, Kernels).
-    if constexpr (TT == 1) {
-      if (k % (64 / sizeof(W)) == 0) {
-        for (int r = 0; r < RR; ++r) {
-          _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k) + 2048, _MM_HINT_T0);
-        }
+    // Each row's stream prefetched 2 KiB ahead (one line per 64 bytes).
+    if (k % (64 / sizeof(W)) == 0) {
+      for (int r = 0; r < RR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k) + 2048, _MM_HINT_T0);
       }
     }
     for (int r = 0; r < RR; ++r) wv[r] = Load16(w + r * K + k);
