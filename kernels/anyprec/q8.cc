@@ -42,6 +42,28 @@ internal::QuantizeRowFn QuantizeFn() {
   return fn;
 }
 
+// Activations quantized for `cols` columns, a row range inside `rows`, y able to hold it.
+Status CheckActsAndRows(const Q8Acts& acts, int cols, int rows, const float* y, size_t ldy,
+                        int row_begin, int row_end) {
+  if (acts.q == nullptr || acts.scales == nullptr || acts.offsets == nullptr ||
+      acts.tokens < 1 || acts.tokens > kMaxTokens) {
+    return InvalidArgument("anyprec q8: activations not quantized (QuantizeActs)");
+  }
+  if (acts.cols != cols) {
+    return InvalidArgument("anyprec q8: activations have " + std::to_string(acts.cols) +
+                           " columns, the weights " + std::to_string(cols));
+  }
+  if (row_begin < 0 || row_end > rows || row_begin > row_end) {
+    return InvalidArgument("anyprec q8: row range [" + std::to_string(row_begin) + ", " +
+                           std::to_string(row_end) + ") outside the weights' " +
+                           std::to_string(rows) + " rows");
+  }
+  if (y == nullptr || ldy < static_cast<size_t>(row_end)) {
+    return InvalidArgument("anyprec q8: null y or ldy below the row range");
+  }
+  return Status::Ok();
+}
+
 size_t AlignUp(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
 }  // namespace
@@ -115,22 +137,7 @@ Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float
   if (w.values == nullptr || w.scales == nullptr || w.rows < 1 || w.cols < 1) {
     return InvalidArgument("anyprec q8: empty dense matrix");
   }
-  if (acts.q == nullptr || acts.scales == nullptr || acts.offsets == nullptr ||
-      acts.tokens < 1 || acts.tokens > kMaxTokens) {
-    return InvalidArgument("anyprec q8: activations not quantized (QuantizeActs)");
-  }
-  if (acts.cols != w.cols) {
-    return InvalidArgument("anyprec q8: activations have " + std::to_string(acts.cols) +
-                           " columns, matrix has " + std::to_string(w.cols));
-  }
-  if (row_begin < 0 || row_end > w.rows || row_begin > row_end) {
-    return InvalidArgument("anyprec q8: row range [" + std::to_string(row_begin) + ", " +
-                           std::to_string(row_end) + ") outside the matrix's " +
-                           std::to_string(w.rows) + " rows");
-  }
-  if (y == nullptr || ldy < static_cast<size_t>(row_end)) {
-    return InvalidArgument("anyprec q8: null y or ldy below the row range");
-  }
+  PW_RETURN_IF_ERROR(CheckActsAndRows(acts, w.cols, w.rows, y, ldy, row_begin, row_end));
   if (row_begin == row_end) return Status::Ok();
   switch (backend) {
     case Backend::kScalar: internal::DenseQ8RowsScalar(w, acts, y, ldy, row_begin, row_end); break;
@@ -215,22 +222,7 @@ Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lu
   if (lut.values == nullptr || lut.scales == nullptr) {
     return InvalidArgument("anyprec q8: int8 LUT for width " + std::to_string(bits) + " missing");
   }
-  if (acts.q == nullptr || acts.scales == nullptr || acts.offsets == nullptr ||
-      acts.tokens < 1 || acts.tokens > kMaxTokens) {
-    return InvalidArgument("anyprec q8: activations not quantized (QuantizeActs)");
-  }
-  if (acts.cols != view.cols) {
-    return InvalidArgument("anyprec q8: activations have " + std::to_string(acts.cols) +
-                           " columns, block has " + std::to_string(view.cols));
-  }
-  if (row_begin < 0 || row_end > view.rows || row_begin > row_end) {
-    return InvalidArgument("anyprec q8: row range [" + std::to_string(row_begin) + ", " +
-                           std::to_string(row_end) + ") outside the block's " +
-                           std::to_string(view.rows) + " rows");
-  }
-  if (y == nullptr || ldy < static_cast<size_t>(row_end)) {
-    return InvalidArgument("anyprec q8: null y or ldy below the row range");
-  }
+  PW_RETURN_IF_ERROR(CheckActsAndRows(acts, view.cols, view.rows, y, ldy, row_begin, row_end));
   if (row_begin == row_end) return Status::Ok();
   RowsFn(backend)(view, bits, lut, acts, y, ldy, row_begin, row_end);
   return Status::Ok();

@@ -87,10 +87,10 @@ struct Row {
   Tables<B> tab;
   float scale;
 
-  void Init(const BlockView& v, const Q8Lut& lut, int r) {
-    for (int p = 0; p < B; ++p) pl[p] = v.PlaneRow(p, r);
-    tab.Load(lut.values + (static_cast<size_t>(r) << B));
-    scale = lut.scales[r];
+  void Init(const BlockAndLut& s, int r) {
+    for (int p = 0; p < B; ++p) pl[p] = s.view.PlaneRow(p, r);
+    tab.Load(s.lut.values + (static_cast<size_t>(r) << B));
+    scale = s.lut.scales[r];
   }
 
   // Calls use(k, w) for the 8 slices of group g, w = 32 signed weights of slice k.
@@ -155,9 +155,10 @@ struct DenseRow {
   }
 };
 
-// NR initialised rows of one token, y[i] for row i.
+// NR initialised rows of one token, y[i] for row i (the prefetch distance is fixed in
+// DecodeGroup, so `ahead` is unused).
 template <class RowT, int NR>
-void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y) {
+void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t /*ahead*/) {
   const int groups = (cols + kGroupCols - 1) / kGroupCols;
   __m256 accf[NR];
   for (auto& f : accf) f = _mm256_setzero_ps();
@@ -197,50 +198,13 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
   for (int t = 0; t < T; ++t) y[static_cast<size_t>(t) * ldy] = row.scale * Sum8(accf[t]);
 }
 
+// Rows decoded side by side at one token; the prefetch distance is fixed (DecodeGroup).
 template <int B>
-void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r0,
-           int r1) {
-  if (a.tokens == 1) {
-    constexpr int NR = B <= 4 ? 4 : 2;
-    Row<B> rows[NR];
-    int r = r0;
-    for (; r + NR <= r1; r += NR) {
-      for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r + i);
-      GemvRows<Row<B>, NR>(rows, v.cols, a, y + r);
-    }
-    for (; r < r1; ++r) {
-      rows[0].Init(v, lut, r);
-      GemvRows<Row<B>, 1>(rows, v.cols, a, y + r);
-    }
-  } else {
-    Row<B> row;
-    for (int r = r0; r < r1; ++r) {
-      row.Init(v, lut, r);
-      GemmRow(row, v.cols, a, y + r, ldy);
-    }
-  }
-}
+constexpr int kSideBySide = B <= 4 ? 4 : 2;
+inline size_t BlockAhead(int, size_t) { return 0; }
+constexpr size_t kDenseAhead = 0;
 
-void DenseRows(const Q8Matrix& m, const Q8Acts& a, float* y, size_t ldy, int r0, int r1) {
-  if (a.tokens == 1) {
-    DenseRow rows[4];
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
-      for (int i = 0; i < 4; ++i) rows[i].Init(m, r + i);
-      GemvRows<DenseRow, 4>(rows, m.cols, a, y + r);
-    }
-    for (; r < r1; ++r) {
-      rows[0].Init(m, r);
-      GemvRows<DenseRow, 1>(rows, m.cols, a, y + r);
-    }
-  } else {
-    DenseRow row;
-    for (int r = r0; r < r1; ++r) {
-      row.Init(m, r);
-      GemmRow(row, m.cols, a, y + r, ldy);
-    }
-  }
-}
+#include "kernels/anyprec/q8_rows.inc"
 
 }  // namespace
 }  // namespace avx2q8
@@ -256,15 +220,7 @@ void DenseQ8RowsAvx2(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy
 
 void Q8RowsAvx2(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
                 size_t ldy, int row_begin, int row_end) {
-  switch (bits) {
-    case 3: avx2q8::RowsB<3>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 4: avx2q8::RowsB<4>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 5: avx2q8::RowsB<5>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 6: avx2q8::RowsB<6>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 7: avx2q8::RowsB<7>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 8: avx2q8::RowsB<8>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    default: break;
-  }
+  avx2q8::RowsAnyWidth(view, bits, lut, acts, y, ldy, row_begin, row_end);
 }
 
 }  // namespace pw::anyprec::internal

@@ -96,10 +96,10 @@ struct Row {
   Tables<B> tab;
   float scale;
 
-  void Init(const BlockView& v, const Q8Lut& lut, int r) {
-    for (int p = 0; p < B; ++p) pl[p] = v.PlaneRow(p, r);
-    tab.Load(lut.values + (static_cast<size_t>(r) << B));
-    scale = lut.scales[r];
+  void Init(const BlockAndLut& s, int r) {
+    for (int p = 0; p < B; ++p) pl[p] = s.view.PlaneRow(p, r);
+    tab.Load(s.lut.values + (static_cast<size_t>(r) << B));
+    scale = s.lut.scales[r];
   }
 
   // Calls use(k, w) for the 8 slices of group pair P, w = 64 unsigned weights of slice k.
@@ -229,55 +229,19 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
   }
 }
 
+// Rows decoded side by side at one token, and the prefetch distances. Four rows (b <= 4): the
+// same bytes of the rows the next call reads (4 rows further down each plane, at least 1 KiB);
+// two (b >= 5, 2b streams) and dense int8 rows: kPrefetchBytes. 14336 columns: b3 at 4 rows
+// ahead (7 KiB) 13.9 GB/s against 11.3 at 2 KiB; b8 at 2 KiB 11.9 GB/s against 10.0 at 2 rows
+// ahead (3.5 KiB).
 template <int B>
-void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r0,
-           int r1) {
-  if (a.tokens == 1) {
-    constexpr int NR = B <= 4 ? 4 : 2;
-    // Four rows side by side (b <= 4): the same bytes of the rows the next call reads (4 rows
-    // further down each plane, at least 1 KiB); two (b >= 5, 2b streams): kPrefetchBytes.
-    // 14336 columns: b3 at 4 rows ahead (7 KiB) 13.9 GB/s against 11.3 at 2 KiB; b8 at 2 KiB
-    // 11.9 GB/s against 10.0 at 2 rows ahead (3.5 KiB). Dense int8 rows: kPrefetchBytes.
-    const size_t ahead = NR >= 4 ? std::max(NR * PlaneRowBytes(v.cols), kPrefetchBytes / 2) : kPrefetchBytes;
-    Row<B> rows[NR];
-    int r = r0;
-    for (; r + NR <= r1; r += NR) {
-      for (int i = 0; i < NR; ++i) rows[i].Init(v, lut, r + i);
-      GemvRows<Row<B>, NR>(rows, v.cols, a, y + r, ahead);
-    }
-    for (; r < r1; ++r) {
-      rows[0].Init(v, lut, r);
-      GemvRows<Row<B>, 1>(rows, v.cols, a, y + r, ahead);
-    }
-  } else {
-    Row<B> row;
-    for (int r = r0; r < r1; ++r) {
-      row.Init(v, lut, r);
-      GemmRow(row, v.cols, a, y + r, ldy);
-    }
-  }
+constexpr int kSideBySide = B <= 4 ? 4 : 2;
+inline size_t BlockAhead(int nr, size_t row_bytes) {
+  return nr >= 4 ? std::max(nr * row_bytes, kPrefetchBytes / 2) : kPrefetchBytes;
 }
+constexpr size_t kDenseAhead = kPrefetchBytes;
 
-void DenseRows(const Q8Matrix& m, const Q8Acts& a, float* y, size_t ldy, int r0, int r1) {
-  if (a.tokens == 1) {
-    DenseRow rows[4];
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
-      for (int i = 0; i < 4; ++i) rows[i].Init(m, r + i);
-      GemvRows<DenseRow, 4>(rows, m.cols, a, y + r, kPrefetchBytes);
-    }
-    for (; r < r1; ++r) {
-      rows[0].Init(m, r);
-      GemvRows<DenseRow, 1>(rows, m.cols, a, y + r, kPrefetchBytes);
-    }
-  } else {
-    DenseRow row;
-    for (int r = r0; r < r1; ++r) {
-      row.Init(m, r);
-      GemmRow(row, m.cols, a, y + r, ldy);
-    }
-  }
-}
+#include "kernels/anyprec/q8_rows.inc"
 
 }  // namespace
 }  // namespace avx512q8
@@ -293,15 +257,7 @@ void DenseQ8RowsAvx512(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t l
 
 void Q8RowsAvx512(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
                   size_t ldy, int row_begin, int row_end) {
-  switch (bits) {
-    case 3: avx512q8::RowsB<3>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 4: avx512q8::RowsB<4>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 5: avx512q8::RowsB<5>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 6: avx512q8::RowsB<6>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 7: avx512q8::RowsB<7>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 8: avx512q8::RowsB<8>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    default: break;
-  }
+  avx512q8::RowsAnyWidth(view, bits, lut, acts, y, ldy, row_begin, row_end);
 }
 
 }  // namespace pw::anyprec::internal

@@ -7,6 +7,12 @@
 
 namespace pw::anyprec::internal {
 
+// A block and its int8 LUT at one width: where the SIMD backends' rows come from.
+struct BlockAndLut {
+  const BlockView& view;
+  const Q8Lut& lut;
+};
+
 // Rows [row_begin, row_end) of the fast-path product; arguments validated by ApGemmQ8Rows.
 using Q8RowsFn = void (*)(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts,
                           float* y, size_t ldy, int row_begin, int row_end);

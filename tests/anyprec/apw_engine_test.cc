@@ -173,7 +173,9 @@ TEST_F(ApwEngineTest, FastPathTracksExactPath) {
     std::printf("b%d: fast vs exact %.5f, exact vs bf16 %.5f\n", bits, fast_vs_exact, exact_vs_bf16);
     EXPECT_GT(fast_vs_exact, 0.0) << "the fast path did not run";
     EXPECT_LT(fast_vs_exact, 0.02) << "bits " << bits;
-    if (bits <= 5) EXPECT_LT(fast_vs_exact, 0.5 * exact_vs_bf16) << "bits " << bits;
+    if (bits <= 5) {
+      EXPECT_LT(fast_vs_exact, 0.5 * exact_vs_bf16) << "bits " << bits;
+    }
   }
   auto bad = ParseKernelPath("int4");
   EXPECT_FALSE(bad.ok());
