@@ -138,13 +138,14 @@ size_t ApBytesPerCall(int rows, int cols, int bits) {
   return bits * PlaneBytes(rows, cols) + (static_cast<size_t>(rows) << bits) * 2;
 }
 
-void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads) {
+// Distinct blocks of `bits` planes from the weight pool, enough to cycle through more than the
+// working set of `per_call` bytes each, in pages of about 64 KiB (tile_rows rows of one plane),
+// as a paged pool would hand them over. LUT_bits points into the fp16 LUT pool.
+std::vector<std::unique_ptr<PageLists>> PagedBlocks(int rows, int cols, int bits, size_t per_call) {
   const size_t plane_bytes = PlaneBytes(rows, cols);
   const size_t lut_entries = static_cast<size_t>(rows) << bits;
-  const size_t per_call = ApBytesPerCall(rows, cols, bits);
   const int n_blocks = static_cast<int>(std::min((kWorkingSet + per_call - 1) / per_call,
                                                   kPoolBytes / (bits * plane_bytes)));
-  // Pages of about 64 KiB (tile_rows rows of one plane), as a paged pool would hand them over.
   const int tile_rows = std::max<int>(1, static_cast<int>((size_t{64} << 10) / PlaneRowBytes(cols)));
   const uint8_t* pool = WeightPool();
   const uint16_t* luts = LutPool();
@@ -156,6 +157,13 @@ void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens
     lut_ptrs[bits] = luts + (static_cast<size_t>(i) * lut_entries) % (kLutPoolEntries - lut_entries);
     blocks.push_back(std::make_unique<PageLists>(bases, lut_ptrs, rows, cols, tile_rows));
   }
+  return blocks;
+}
+
+void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads) {
+  const size_t per_call = ApBytesPerCall(rows, cols, bits);
+  const auto blocks = PagedBlocks(rows, cols, bits, per_call);
+  const int n_blocks = static_cast<int>(blocks.size());
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 42);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
   const size_t ws_bytes = ApGemmWorkspaceBytes(cols, tokens);
@@ -190,23 +198,15 @@ size_t Q8BytesPerCall(int rows, int cols, int bits) {
 }
 
 void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads) {
-  const size_t plane_bytes = PlaneBytes(rows, cols);
   const size_t lut_bytes = Q8LutValueBytes(rows, bits);
   const size_t per_call = Q8BytesPerCall(rows, cols, bits);
-  const int n_blocks = static_cast<int>(std::min((kWorkingSet + per_call - 1) / per_call,
-                                                  kPoolBytes / (bits * plane_bytes)));
-  const int tile_rows = std::max<int>(1, static_cast<int>((size_t{64} << 10) / PlaneRowBytes(cols)));
-  const uint8_t* pool = WeightPool();
+  // The exact LUT pointers are not read by this path (ValidateView wants one).
+  const auto blocks = PagedBlocks(rows, cols, bits, per_call);
+  const int n_blocks = static_cast<int>(blocks.size());
   const int8_t* q8_luts = Q8LutPool();
-  std::vector<std::unique_ptr<PageLists>> blocks;
   std::vector<Q8Lut> luts;
   std::vector<std::vector<float>> scales(static_cast<size_t>(n_blocks), std::vector<float>(rows, 1.f / 4096));
   for (int i = 0; i < n_blocks; ++i) {
-    const uint8_t* bases[kNumPlanes] = {};
-    for (int p = 0; p < bits; ++p) bases[p] = pool + (static_cast<size_t>(i) * bits + p) * plane_bytes;
-    const uint16_t* lut_ptrs[kMaxBits + 1] = {};
-    lut_ptrs[bits] = LutPool();  // the exact LUT (not read by this path; ValidateView wants one)
-    blocks.push_back(std::make_unique<PageLists>(bases, lut_ptrs, rows, cols, tile_rows));
     luts.push_back({q8_luts + (static_cast<size_t>(i) * lut_bytes) % (kLutPoolEntries - lut_bytes),
                     scales[i].data()});
   }
