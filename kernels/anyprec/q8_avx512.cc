@@ -9,9 +9,8 @@
 // (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per group pair
 // one int32 -> fp32 conversion and one multiply-add by the two groups' activation scales; at
 // the end the +128 offset is removed with the per-token Q8Acts::offsets term.
-// One token: 4 rows (2 for b >= 5) are decoded side by side against the same activation loads,
-// keeping 4b..16 plane streams in flight. Several tokens: each group pair of a row is decoded
-// once into 8 registers' worth of stack memory and reused for every token.
+// One token: one row at a time, its b plane streams prefetched 2 KiB ahead. Several tokens:
+// each group pair of a row is decoded once into 8 registers and reused for every token.
 #include <immintrin.h>
 
 #include <cmath>
@@ -130,9 +129,9 @@ struct Row {
 };
 
 // Software prefetch distance along each plane (planes are contiguous within a page, so this is
-// the stream a later pair or row reads; a prefetch past a page's end is harmless). Several
-// rows decoded side by side prefetch the rows of the next call instead (GemvRows). Measured on
-// the Xeon of docs/benchmarks.md at 1024, 4096 and 14336 columns.
+// the stream a later pair or row reads; a prefetch past a page's end is harmless). Measured on
+// the Xeon of docs/benchmarks.md at 1024, 4096 and 14336 columns: 2 KiB beat 0.5, 1, 3.5, 4
+// and 7 KiB.
 constexpr size_t kPrefetchBytes = 2048;
 
 // Activation scales of group pair P as one vector (lanes 0..7: group 2P, 8..15: group 2P+1).
@@ -229,16 +228,16 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
   }
 }
 
-// Rows decoded side by side at one token, and the prefetch distances. Four rows (b <= 4): the
-// same bytes of the rows the next call reads (4 rows further down each plane, at least 1 KiB);
-// two (b >= 5, 2b streams) and dense int8 rows: kPrefetchBytes. 14336 columns: b3 at 4 rows
-// ahead (7 KiB) 13.9 GB/s against 11.3 at 2 KiB; b8 at 2 KiB 11.9 GB/s against 10.0 at 2 rows
-// ahead (3.5 KiB).
+// Rows decoded side by side at one token, and the prefetch distances. One row at a time with
+// its b plane streams prefetched 2 KiB ahead beat 2 and 4 rows side by side (sharing each
+// activation load) at every shape measured: 4b or 2b interleaved streams of short row
+// segments read slower than b long ones (4096x14336, 4 bits: 15.5 GB/s against 12.7 with 4
+// rows; 14336x4096: 16.4 against 14.4; 8 bits: 14.4 against 11.1 and 14.0 against 13.7).
+// Dense int8 rows: the same (4 rows side by side measured equal in the engine).
 template <int B>
-constexpr int kSideBySide = B <= 4 ? 4 : 2;
-inline size_t BlockAhead(int nr, size_t row_bytes) {
-  return nr >= 4 ? std::max(nr * row_bytes, kPrefetchBytes / 2) : kPrefetchBytes;
-}
+constexpr int kSideBySide = 1;
+inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
+constexpr int kDenseSideBySide = 1;
 constexpr size_t kDenseAhead = kPrefetchBytes;
 
 #include "kernels/anyprec/q8_rows.inc"
