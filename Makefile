@@ -23,8 +23,9 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Held-out evaluation text, re-extracted from Debian packages by the same fixed rule that
-# split it off for training (never committed).
+# Held-out evaluation text: the exact text of tests/fixtures/heldout.json, rebuilt from the
+# manifest tests/fixtures/heldout_docs.json (pinned C/Python documents, the others extracted
+# from Debian packages that point releases do not change, each checked by sha256).
 eval-data: deps
 	$(PY) tools/corpus.py heldout --out $(BUILD)/eval/heldout.txt
 

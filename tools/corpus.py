@@ -25,13 +25,27 @@ Output:
   train    documents in sorted order of name, joined by the literal separator
            "<|endoftext|>" (the tokenizer's special token id 0), UTF-8.
   heldout  as described above, UTF-8, no special tokens.
-Both are deterministic for a given set of package versions; the sha256 of the bytes written
-is printed.
+  pin      the held-out manifest (tests/fixtures/heldout_docs.json) from the installed
+           packages: every held-out document's name, package, version, sha256 and bytes, and
+           the text itself of the documents of PINNED_DOMAINS.
+Both texts are deterministic for a given set of package versions; the sha256 of the bytes
+written is printed.
+
+Pinned held-out text. The reference figures of the embedded model (tests/fixtures/heldout.json)
+were computed on one exact held-out text, so `heldout` rebuilds exactly that text, whatever
+versions are installed: it follows the manifest's list of documents, takes the committed text
+of the documents of PINNED_DOMAINS (libc6-dev, linux-libc-dev and libpython3.11-* change with
+Debian security updates), and extracts the others from their packages (the KJV Bible,
+fortunes and manpages, which Debian stable does not change in point releases), checking each
+against its recorded sha256. An extracted document that differs is an error naming the
+document and both package versions, not a silently different text: the reference would not
+apply to it. `heldout --from-packages` ignores the manifest (the rule alone, current packages).
 """
 
 import argparse
 import gzip
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -51,6 +65,11 @@ BIBLE_RANGE = "gen1:1-rev22:21"
 # Documents shorter than this (in characters, after cleaning) are dropped: man page stubs
 # that only redirect (.so) and empty package __init__ files carry no text.
 MIN_DOC_CHARS = 40
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MANIFEST = os.path.join(ROOT, "tests", "fixtures", "heldout_docs.json")
+# Domains whose held-out documents the manifest carries as text: their packages change in
+# Debian stable point releases (security updates of glibc, the kernel and Python).
+PINNED_DOMAINS = ("c", "python")
 
 
 class CorpusError(Exception):
@@ -117,7 +136,7 @@ def BibleDocs():
     for book_index, (book, chapter) in enumerate(order):
         body = f"{book} {chapter}\n\n" + "\n".join(chapters[(book, chapter)])
         # Book index keeps the canonical order inside the domain after sorting by name.
-        docs.append((f"bible/{book_index:04d}-{book}-{chapter:03d}", body))
+        docs.append((f"bible/{book_index:04d}-{book}-{chapter:03d}", body, "bible-kjv-text"))
     return docs
 
 
@@ -140,7 +159,7 @@ def FortuneDocs():
             for i, cookie in enumerate(cookies):
                 body = CleanText(cookie)
                 if len(body) >= MIN_DOC_CHARS:
-                    docs.append((f"fortune/{rel}/{i:05d}", body))
+                    docs.append((f"fortune/{rel}/{i:05d}", body, package))
     return docs
 
 
@@ -328,7 +347,7 @@ def ManDocs():
                 continue
             body = CleanText(StripMan(troff))
             if len(body) >= MIN_DOC_CHARS:
-                docs.append((f"man/{m.group(1)}/{m.group(2)}", body))
+                docs.append((f"man/{m.group(1)}/{m.group(2)}", body, package))
     return docs
 
 
@@ -354,7 +373,7 @@ def SourceDocs(domain, packages, suffix, root_prefixes, exclude=None):
             with open(path, "rb") as f:
                 body = CleanText(DecodeText(f.read(), path))
             if len(body) >= MIN_DOC_CHARS:
-                docs.append((f"{domain}/{rel}", body))
+                docs.append((f"{domain}/{rel}", body, package))
     return docs
 
 
@@ -373,18 +392,33 @@ def PythonDocs():
 # ---------------------------------------------------------------------------------------------
 
 
-def AllDocs():
+READERS = {"bible": BibleDocs, "fortune": FortuneDocs, "man": ManDocs, "c": CDocs,
+           "python": PythonDocs}
+
+
+def AllDocs(domains=tuple(READERS)):
+    """Returns (name, body, package) of every document of domains, sorted by name."""
     docs = []
-    for reader in (BibleDocs, FortuneDocs, ManDocs, CDocs, PythonDocs):
-        docs.extend(reader())
-    names = [n for n, _ in docs]
+    for domain in domains:
+        docs.extend(READERS[domain]())
+    names = [d[0] for d in docs]
     if len(set(names)) != len(names):
         raise CorpusError("duplicate document names")
     docs.sort(key=lambda d: d[0])
-    for name, body in docs:
+    for name, body, _ in docs:
         if DOC_SEPARATOR in body:
             raise CorpusError(f"document {name} contains the separator {DOC_SEPARATOR}")
     return docs
+
+
+def PackageVersions(packages):
+    """Installed version of each package ("" when not installed)."""
+    out = {}
+    for package in sorted(set(packages)):
+        r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True,
+                           text=True)
+        out[package] = r.stdout.strip() if r.returncode == 0 else ""
+    return out
 
 
 def IsHeldOut(name):
@@ -401,6 +435,95 @@ def CutAtLine(text, limit):
     return text[:cut]
 
 
+def Sha256(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def HeldOutText(docs):
+    """The held-out evaluation text of docs by the rule (held-out documents, cut, joined)."""
+    return "\n\n".join(CutAtLine(body, HELDOUT_DOC_CHARS) for name, body, _ in docs
+                        if IsHeldOut(name)) + "\n"
+
+
+def MakeManifest(docs):
+    """The manifest `pin` writes: the held-out documents of docs, with the text of those of
+    PINNED_DOMAINS."""
+    held = [d for d in docs if IsHeldOut(d[0])]
+    versions = PackageVersions(p for _, _, p in held)
+    entries = []
+    for name, body, package in held:
+        cut = CutAtLine(body, HELDOUT_DOC_CHARS)
+        entry = {"name": name, "package": package, "version": versions[package],
+                 "sha256": Sha256(cut), "bytes": len(cut.encode("utf-8"))}
+        if name.split("/", 1)[0] in PINNED_DOMAINS:
+            entry["text"] = cut
+        entries.append(entry)
+    text = HeldOutText(docs)
+    return {
+        "about": "Held-out documents of the evaluation text (tools/corpus.py pin). Documents "
+                 "with a text are taken from here; the others are extracted from their "
+                 "package and must match their sha256 (tools/corpus.py heldout).",
+        "pinned_domains": list(PINNED_DOMAINS),
+        "sha256": Sha256(text),
+        "bytes": len(text.encode("utf-8")),
+        "documents": entries,
+    }
+
+
+def HeldOutFromManifest(manifest, manifest_path):
+    """Rebuilds the held-out text the manifest describes. Raises CorpusError when an extracted
+    document differs from its record; notes (stderr) pinned documents that the installed
+    packages no longer match."""
+    entries = manifest["documents"]
+    domains = sorted({e["name"].split("/", 1)[0] for e in entries})
+    installed = {}
+    for domain in domains:
+        try:
+            for name, body, package in READERS[domain]():
+                if IsHeldOut(name):
+                    installed[name] = (CutAtLine(body, HELDOUT_DOC_CHARS), package)
+        except (CorpusError, OSError, subprocess.CalledProcessError) as e:
+            if domain not in PINNED_DOMAINS:
+                raise
+            print(f"corpus.py: note: {domain}: not compared with the installed packages ({e})",
+                  file=sys.stderr)
+    versions = PackageVersions(e["package"] for e in entries)
+    parts = []
+    differing = []
+    for e in entries:
+        name, package = e["name"], e["package"]
+        got = installed.get(name)
+        if "text" in e:
+            text = e["text"]
+            if Sha256(text) != e["sha256"]:
+                raise CorpusError(f"{manifest_path}: the text of {name} does not match its "
+                                  f"sha256")
+            if got is not None and got[0] != text:
+                differing.append(f"{name} ({package} {versions[package]} installed, "
+                                 f"{e['version']} pinned)")
+        else:
+            if got is None:
+                raise CorpusError(
+                    f"held-out document {name} not found in {package} (installed: "
+                    f"{versions[package] or 'none'}, recorded: {e['version']}); the reference "
+                    f"figures of tests/fixtures/heldout.json need exactly the recorded text")
+            text = got[0]
+            if Sha256(text) != e["sha256"]:
+                raise CorpusError(
+                    f"held-out document {name} differs from its record in {manifest_path} "
+                    f"({package} {versions[package]} installed, {e['version']} recorded); the "
+                    f"reference figures of tests/fixtures/heldout.json need exactly the "
+                    f"recorded text: add the domain to PINNED_DOMAINS and run `corpus.py pin` "
+                    f"on a machine with the recorded version, or regenerate the fixtures")
+        parts.append(text)
+    for d in differing:
+        print(f"corpus.py: note: using the pinned copy of {d}", file=sys.stderr)
+    text = "\n\n".join(parts) + "\n"
+    if Sha256(text) != manifest["sha256"]:
+        raise CorpusError(f"{manifest_path}: the documents do not join to its sha256")
+    return text
+
+
 def Write(path, text):
     data = text.encode("utf-8")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -413,17 +536,31 @@ def Write(path, text):
 
 def Main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("split", choices=["train", "heldout", "stats"])
-    parser.add_argument("--out", help="output file (train, heldout)")
+    parser.add_argument("split", choices=["train", "heldout", "stats", "pin"])
+    parser.add_argument("--out", help="output file (train, heldout, pin)")
+    parser.add_argument("--manifest", default=MANIFEST,
+                        help="held-out manifest that heldout follows (default: %(default)s)")
+    parser.add_argument("--from-packages", action="store_true",
+                        help="heldout: apply the rule to the installed packages, no manifest")
     args = parser.parse_args(argv)
+    if args.split != "stats" and not args.out:
+        parser.error("--out is required")
     try:
+        if args.split == "heldout" and not args.from_packages:
+            with open(args.manifest, "r", encoding="utf-8") as f:
+                manifest = json.load(f)
+            text = HeldOutFromManifest(manifest, args.manifest)
+            digest, size = Write(args.out, text)
+            print(f"heldout: wrote {size} bytes to {args.out} sha256 {digest} "
+                  f"({len(manifest['documents'])} documents by {args.manifest})")
+            return 0
         docs = AllDocs()
-    except (CorpusError, OSError, subprocess.CalledProcessError) as e:
+    except (CorpusError, OSError, subprocess.CalledProcessError, ValueError, KeyError) as e:
         print(f"corpus.py: error: {e}", file=sys.stderr)
         return 1
     if args.split == "stats":
         stats = {}
-        for name, body in docs:
+        for name, body, _ in docs:
             domain = name.split("/", 1)[0]
             s = stats.setdefault(domain, [0, 0, 0, 0])
             held = IsHeldOut(name)
@@ -434,13 +571,17 @@ def Main(argv):
         for domain, s in sorted(stats.items()):
             print(f"{domain:8s} {s[0]:10d} {s[1]:12d} {s[2]:13d} {s[3]:14d}")
         return 0
-    if not args.out:
-        parser.error("--out is required")
+    if args.split == "pin":
+        manifest = MakeManifest(docs)
+        data = json.dumps(manifest, indent=1, ensure_ascii=False) + "\n"
+        digest, size = Write(args.out, data)
+        print(f"pin: wrote {len(manifest['documents'])} documents ({size} bytes) to {args.out}; "
+              f"held-out text sha256 {manifest['sha256']}")
+        return 0
     if args.split == "train":
-        text = DOC_SEPARATOR.join(body for name, body in docs if not IsHeldOut(name))
+        text = DOC_SEPARATOR.join(body for name, body, _ in docs if not IsHeldOut(name))
     else:
-        text = "\n\n".join(CutAtLine(body, HELDOUT_DOC_CHARS) for name, body in docs
-                           if IsHeldOut(name)) + "\n"
+        text = HeldOutText(docs)
     digest, size = Write(args.out, text)
     print(f"{args.split}: wrote {size} bytes to {args.out} sha256 {digest}")
     return 0

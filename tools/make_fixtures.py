@@ -538,7 +538,7 @@ def PrintDomainRouting():
     n_experts = model.config.num_experts
     k = model.config.num_experts_per_tok
     counts = {}
-    for name, body in corpus.AllDocs():
+    for name, body, _ in corpus.AllDocs():
         if not corpus.IsHeldOut(name):
             continue
         domain = name.split("/", 1)[0]

@@ -28,4 +28,8 @@ struct RefPrompt {
 // logits.safetensors file. Adds a gtest failure and returns what it has on error.
 std::vector<RefPrompt> ReadRefLogits(const std::string& path, int64_t vocab);
 
+// SHA-256 of data as 64 lowercase hex digits (FIPS 180-4), to check that a text is the exact
+// one a reference was computed on (the fixtures record sha256 as Python's hashlib writes it).
+std::string Sha256Hex(const std::string& data);
+
 }  // namespace pw::engine::testing
