@@ -2,6 +2,9 @@
 //   pw-eval ppl --model DIR --text FILE [--ctx N] [--threads T]
 //               [--store STORE.apw (--bits B | --bits-map MAP.json) [--kernel-path fast|exact]]
 //               [--dense bf16|int8] [--nll-out FILE]
+//               [--batch B [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
+//                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
+//                           [--lynx-keep K'] [--lynx-config FILE]]]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
 // the checkpoint's bf16) or at each block's width in MAP (kernels/anyprec/apw_provider.h),
 // through the integer fast path (default) or the exact fp16-LUT path.
@@ -9,8 +12,14 @@
 // services/engine/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
 // --nll-out writes one line per prediction, "<window> <nll>", for paired comparisons of two
 // runs over the same text (tools/compare_nll.py).
+// --batch B scores the same windows as B streams decoded in lockstep, one token per stream per
+// step (tools/lockstep_perplexity.h), so every forward pass is a pure-decode batch of up to B
+// tokens; --lynx then runs a batch remap rule (LYNX or the piggyback baseline, tools/lynx_cli.h)
+// as the routing hook and reports the distinct experts per layer before and after. Without
+// --batch the windows run whole, as before.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -21,7 +30,11 @@
 #include "common/tokenizer.h"
 #include "kernels/anyprec/apw_provider.h"
 #include "services/engine/engine.h"
+#include "services/engine/lynx_routing_hook.h"
+#include "services/engine/model.h"
 #include "services/engine/perplexity.h"
+#include "tools/lockstep_perplexity.h"
+#include "tools/lynx_cli.h"
 
 namespace {
 
@@ -40,7 +53,8 @@ struct ApwFlags {
 };
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
-           const ApwFlags& apw, const std::string& nll_out) {
+           const ApwFlags& apw, const std::string& nll_out, int batch,
+           const pw::tools::LynxFlags& lynx) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Fail(pw::NotFound("cannot open --text file " + text_path));
   std::stringstream ss;
@@ -54,7 +68,7 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   opt.num_threads = threads;
   opt.dense_int8 = apw.dense_int8;
   opt.block_size = 16;
-  opt.num_kv_blocks = pw::engine::BlocksForTokens(ctx, opt.block_size) + 1;
+  opt.num_kv_blocks = std::max(batch, 1) * pw::engine::BlocksForTokens(ctx, opt.block_size) + 1;
   opt.max_batch_tokens = std::min(ctx, 512);
   auto engine = pw::engine::Engine::Create(model_dir, opt);
   if (!engine.ok()) return Fail(engine.status());
@@ -81,19 +95,62 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
     if (!path.ok()) return Fail(path.status());
     provider->set_kernel_path(*path);
     std::fprintf(stderr, "pw-eval: %s kernel path\n", pw::anyprec::KernelPathName(*path));
-    pw::engine::MoeHooks hooks;
-    hooks.provider = provider.get();
-    (*engine)->SetMoeHooks(hooks);
   }
-  std::fprintf(stderr, "pw-eval: %zu tokens, windows of %d\n", ids->size(), ctx);
+  pw::engine::MoeHooks hooks;
+  hooks.provider = provider.get();
+  std::unique_ptr<pw::lynx::BatchRemapper> remapper;
+  std::unique_ptr<pw::engine::LynxRoutingHook> lynx_hook;
+  if (lynx.on) {
+    const auto& cfg = (*engine)->model().config();
+    std::string desc;
+    auto r = pw::tools::MakeRemapper(lynx, static_cast<int>(cfg.num_experts),
+                                     static_cast<int>(cfg.num_experts_per_tok), &desc);
+    if (!r.ok()) return Fail(r.status());
+    remapper = std::move(r).value();
+    lynx_hook = std::make_unique<pw::engine::LynxRoutingHook>(remapper.get());
+    lynx_hook->Reserve(batch, static_cast<int>(cfg.num_experts),
+                       static_cast<int>(cfg.num_experts_per_tok));
+    hooks.routing_hook = lynx_hook.get();
+    std::fprintf(stderr, "pw-eval: %s\n", desc.c_str());
+    std::printf("remap %s\n", desc.c_str());
+  }
+  std::fprintf(stderr, "pw-eval: %zu tokens, windows of %d", ids->size(), ctx);
+  if (batch > 0) std::fprintf(stderr, ", %d streams in lockstep", batch);
+  std::fprintf(stderr, "\n");
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = pw::engine::Perplexity(**engine, *ids, ctx, [&](int64_t done, int64_t total) {
+  auto progress = [&](int64_t done, int64_t total) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "\rpw-eval: window %lld/%lld  %.1f s", static_cast<long long>(done),
                  static_cast<long long>(total), s);
-  });
+  };
+  pw::Result<pw::engine::PerplexityResult> r = pw::Internal("not run");
+  if (batch > 0) {
+    pw::eval::LockstepOptions lo;
+    lo.ctx = ctx;
+    lo.batch = batch;
+    lo.threads = threads;
+    lo.hooks = hooks;
+    r = pw::eval::LockstepPerplexity(**engine, *ids, lo, progress);
+  } else {
+    if (hooks.provider != nullptr) (*engine)->SetMoeHooks(hooks);
+    r = pw::engine::Perplexity(**engine, *ids, ctx, progress);
+  }
   std::fprintf(stderr, "\n");
   if (!r.ok()) return Fail(r.status());
+  if (lynx_hook) {
+    const pw::engine::LynxHookStats& st = lynx_hook->stats();
+    const double calls = st.applied_calls ? static_cast<double>(st.applied_calls) : 1;
+    std::printf("remapped_layer_calls %lld of %lld\n", static_cast<long long>(st.applied_calls),
+                static_cast<long long>(st.calls));
+    std::printf("distinct_experts_per_layer_before %.3f\ndistinct_experts_per_layer_after %.3f\n",
+                st.distinct_before / calls, st.distinct_after / calls);
+    std::printf("tokens_changed_fraction %.4f\npairs_replaced_fraction %.4f\n",
+                st.tokens ? static_cast<double>(st.tokens_changed) / st.tokens : 0.0,
+                st.tokens ? static_cast<double>(st.pairs_replaced) /
+                                (st.tokens * (*engine)->model().config().num_experts_per_tok)
+                          : 0.0);
+    std::printf("remap_seconds %.4f\n", st.seconds);
+  }
   if (!nll_out.empty()) {
     std::FILE* f = std::fopen(nll_out.c_str(), "w");
     if (f == nullptr) return Fail(pw::Internal("cannot write --nll-out file " + nll_out));
@@ -133,7 +190,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "int8"}));
   std::string nll_out;
   ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");
+  int batch = 0;
+  ppl->add_option("--batch", batch, "score as B streams decoded in lockstep (0: whole windows)")
+      ->check(CLI::Range(0, 4096));
+  pw::tools::LynxFlags lynx;
+  pw::tools::AddLynxFlags(ppl, &lynx);
   CLI11_PARSE(app, argc, argv);
+  if (lynx.on && batch < 1) return Fail(pw::InvalidArgument("--lynx needs --batch B"));
   if (!apw.store.empty() && apw.bits == 0 && apw.bits_map.empty()) {
     return Fail(pw::InvalidArgument("--store needs --bits or --bits-map"));
   }
@@ -141,6 +204,6 @@ int main(int argc, char** argv) {
     return Fail(pw::InvalidArgument("--bits and --bits-map need --store"));
   }
   apw.dense_int8 = dense == "int8";
-  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out);
+  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out, batch, lynx);
   return 2;
 }

@@ -81,7 +81,7 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   if (hooks.routing_hook != nullptr) {
     PW_RETURN_IF_ERROR(hooks.routing_hook->Rewrite(ctx, &s->assignments));
     // Validate what the hook returned: in range, finite, no duplicate (token, expert).
-    std::vector<uint8_t> seen(T * E, 0);
+    s->seen.assign(T * E, 0);
     for (const ExpertAssignment& a : s->assignments) {
       if (a.token < 0 || static_cast<size_t>(a.token) >= T || a.expert < 0 ||
           static_cast<size_t>(a.expert) >= E || !std::isfinite(a.weight)) {
@@ -89,7 +89,7 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
                         std::to_string(a.token) + ", expert " + std::to_string(a.expert) +
                         ") in layer " + std::to_string(ctx.layer));
       }
-      uint8_t& m = seen[static_cast<size_t>(a.token) * E + static_cast<size_t>(a.expert)];
+      uint8_t& m = s->seen[static_cast<size_t>(a.token) * E + static_cast<size_t>(a.expert)];
       if (m) {
         return Internal("routing hook returned token " + std::to_string(a.token) +
                         " twice for expert " + std::to_string(a.expert) + " in layer " +

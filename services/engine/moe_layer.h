@@ -39,6 +39,7 @@ struct MoeScratch {
   std::vector<float> xe, gate_up, act, ye;    // per-expert token rows
   std::vector<float> shared_gate;             // [T]
   std::vector<int32_t> topk_idx;
+  std::vector<uint8_t> seen;                  // [T, E]: the hook's (token, expert) pairs
 };
 
 // out[t, :] = MoE(x[t, :]) for t < T (overwrites out). x is the post-attention-normed hidden

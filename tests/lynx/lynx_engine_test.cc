@@ -1,0 +1,164 @@
+// The LYNX routing hook in the engine on the tiny model (models/tiny-moe: N = 32, k = 4):
+// LYNX off — no hook, a disabled hook, or a hook whose gate stays closed (prefill, a batch of
+// one) — is bit-identical to the engine without it; LYNX on at batch 8 remaps decode steps
+// and keeps them valid.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "policies/lynx/lynx_remap.h"
+#include "policies/lynx/piggyback_remap.h"
+#include "services/engine/engine.h"
+#include "services/engine/lynx_routing_hook.h"
+#include "services/engine/perplexity.h"
+#include "tools/lockstep_perplexity.h"
+
+namespace pw::engine {
+namespace {
+
+std::string TinyDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
+
+#define SKIP_WITHOUT_TINY_MODEL()                                          \
+  if (!std::filesystem::exists(TinyDir() + "/model.safetensors")) {        \
+    GTEST_SKIP() << TinyDir() << "/model.safetensors is absent";           \
+  }
+
+// Decodes `batch` random prompts for `steps` greedy tokens; returns every step's logits.
+std::vector<float> Decode(Engine& e, int batch, int steps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  SamplingParams sp;
+  sp.max_tokens = steps + 1;
+  sp.ignore_eos = true;
+  for (int b = 0; b < batch; ++b) {
+    std::vector<int32_t> prompt(12 + b);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(e.vocab_size()));
+    EXPECT_TRUE(e.AddSequence(static_cast<SeqId>(b + 1), prompt, sp).ok());
+  }
+  std::vector<float> all;
+  while (e.HasWork()) {
+    auto step = e.Step();
+    EXPECT_TRUE(step.ok()) << step.status().ToString();
+    if (!step.ok()) break;
+    for (const auto& u : step->updates) all.insert(all.end(), u.logits.begin(), u.logits.end());
+  }
+  return all;
+}
+
+std::unique_ptr<Engine> Make() {
+  EngineOptions o;
+  o.return_logits = true;
+  auto e = Engine::Create(TinyDir(), o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return std::move(e).value();
+}
+
+bool BitIdentical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(LynxEngine, OffIsBitIdenticalToNoHook) {
+  SKIP_WITHOUT_TINY_MODEL();
+  auto base = Make();
+  const std::vector<float> ref8 = Decode(*base, 8, 6, 11);
+  const std::vector<float> ref1 = Decode(*base, 1, 6, 12);
+  std::vector<int32_t> ids(40);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 5) % 4096);
+  auto ref_fwd = base->ForwardLogits(ids);
+  ASSERT_TRUE(ref_fwd.ok());
+
+  lynx::LynxRemapper remapper({});
+  LynxRoutingHook hook(&remapper);
+  hook.Reserve(64, 32, 4);
+  auto e = Make();
+  MoeHooks h;
+  h.routing_hook = &hook;
+  e->SetMoeHooks(h);
+
+  hook.set_enabled(false);  // disabled: batch 8 decode unchanged
+  EXPECT_TRUE(BitIdentical(Decode(*e, 8, 6, 11), ref8));
+  EXPECT_EQ(hook.stats().calls, 0);
+
+  hook.set_enabled(true);
+  // Prefill only (teacher-forced window): the phase gate stays closed.
+  auto fwd = e->ForwardLogits(ids);
+  ASSERT_TRUE(fwd.ok());
+  EXPECT_TRUE(BitIdentical(*fwd, *ref_fwd));
+  // A batch of one: the rule is the identity.
+  EXPECT_TRUE(BitIdentical(Decode(*e, 1, 6, 12), ref1));
+  EXPECT_GT(hook.stats().calls, 0);
+  EXPECT_EQ(hook.stats().tokens_changed, 0);
+  e->SetMoeHooks({});
+}
+
+TEST(LynxEngine, OnRemapsDecodeBatchesOnly) {
+  SKIP_WITHOUT_TINY_MODEL();
+  for (int rule = 0; rule < 2; ++rule) {
+    lynx::LynxRemapper lynx_rule({});
+    lynx::PiggybackRemapper pig_rule({});
+    lynx::BatchRemapper* r = rule == 0 ? static_cast<lynx::BatchRemapper*>(&lynx_rule) : &pig_rule;
+    LynxRoutingHook hook(r);
+    auto e = Make();
+    MoeHooks h;
+    h.routing_hook = &hook;
+    e->SetMoeHooks(h);
+    const std::vector<float> logits = Decode(*e, 8, 6, 11);
+    EXPECT_FALSE(logits.empty());
+    const LynxHookStats& s = hook.stats();
+    // Pure-decode steps of 8 tokens x 4 layers (the first step prefills, the gate stays shut).
+    EXPECT_GT(s.applied_calls, 0) << rule;
+    EXPECT_EQ(s.applied_calls % 4, 0) << rule;
+    EXPECT_LT(s.applied_calls, s.calls) << rule;
+    EXPECT_GT(s.tokens_changed, 0) << rule;
+    EXPECT_LT(s.distinct_after, s.distinct_before) << rule;
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+    e->SetMoeHooks({});
+  }
+}
+
+// Lockstep scoring (pw-eval ppl --batch) scores the same predictions as whole windows, up to
+// summation order; with LYNX on it runs and reports remapped decode batches.
+TEST(LynxEngine, LockstepPerplexityMatchesWholeWindows) {
+  SKIP_WITHOUT_TINY_MODEL();
+  EngineOptions o;
+  o.num_kv_blocks = 64;
+  auto e = Engine::Create(TinyDir(), o);
+  ASSERT_TRUE(e.ok());
+  std::vector<int32_t> ids(150);
+  std::mt19937 rng(3);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 4096);
+  auto whole = Perplexity(**e, ids, 32);
+  ASSERT_TRUE(whole.ok());
+  eval::LockstepOptions lo;
+  lo.ctx = 32;
+  lo.batch = 3;  // 5 windows: a group of 3, then 2 (the last one 22 tokens)
+  auto lock = eval::LockstepPerplexity(**e, ids, lo);
+  ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+  EXPECT_EQ(lock->n_tokens, whole->n_tokens);
+  EXPECT_EQ(lock->n_windows, whole->n_windows);
+  ASSERT_EQ(lock->token_nll.size(), whole->token_nll.size());
+  for (size_t i = 0; i < whole->token_nll.size(); ++i) {
+    EXPECT_NEAR(lock->token_nll[i], whole->token_nll[i], 1e-3) << i;
+    EXPECT_EQ(lock->token_window[i], whole->token_window[i]);
+  }
+  EXPECT_NEAR(lock->ppl(), whole->ppl(), 1e-4 * whole->ppl());
+
+  lynx::LynxRemapper remapper({});
+  LynxRoutingHook hook(&remapper);
+  lo.hooks.routing_hook = &hook;
+  auto on = eval::LockstepPerplexity(**e, ids, lo);
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_EQ(on->n_tokens, whole->n_tokens);
+  // Every pass is pure decode; all but the last 10 steps (window 4 alone) hold 2 or 3 tokens.
+  EXPECT_EQ(hook.stats().applied_calls, hook.stats().calls - 10 * 4);
+  EXPECT_LE(hook.stats().distinct_after, hook.stats().distinct_before);
+  EXPECT_TRUE(std::isfinite(on->ppl()));
+  EXPECT_EQ((*e)->kv_pool().num_free(), 64);
+}
+
+}  // namespace
+}  // namespace pw::engine
