@@ -6,6 +6,9 @@
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
 //                   [--kernel-path fast|exact] [--dense bf16|int8]
+//                   [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
+//                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
+//                           [--lynx-keep K'] [--lynx-config FILE]]
 //
 // Models: every --model given; by default models/tiny-moe and the synthetic checkpoint named
 // by $PW_SYNTHETIC_MODEL (default build/synthetic-olmoe, written by make_synthetic_moe); a
@@ -50,6 +53,13 @@
 // expert provider). `CPU %` is the process's CPU time during decode over wall time x threads:
 // well under 100 means the threads waited for cores (a busy machine) or idled, and the figures
 // understate the engine.
+//
+// LYNX. With --lynx every point runs twice, without and then with the remap rule the --lynx
+// flags name (tools/lynx_cli.h) as the engine's routing hook, on the same prompts; a last table
+// pairs them: distinct experts per MoE layer per decode step before (the router's choice) and
+// after the remap, decode step time off and on (wall and CPU / threads), the floor of each
+// (experts counted after the remap), and the remap's own time as a share of the decode step.
+// The tables above it then list the runs without the remap only.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -72,8 +82,10 @@
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/apw_provider.h"
 #include "services/engine/engine.h"
+#include "services/engine/lynx_routing_hook.h"
 #include "services/engine/model.h"
 #include "services/engine/moe_layer.h"
+#include "tools/lynx_cli.h"
 
 namespace pw::bench {
 namespace {
@@ -148,19 +160,53 @@ class DistinctExpertCounter final : public engine::RouterLogitsRecorder {
     }
     ++layer_calls_;
   }
+  // The assignments after the routing hook (with --lynx): what the step really reads.
+  void RecordAfter(const engine::RoutingContext& ctx,
+                   const std::vector<engine::ExpertAssignment>& assignments) {
+    if (!ctx.pure_decode || !enabled_) return;
+    std::set<int32_t> experts;
+    for (const auto& a : assignments) experts.insert(a.expert);
+    after_distinct_sum_ += static_cast<double>(experts.size());
+    for (int32_t e : experts) {
+      after_bf16_bytes_sum_ += BlockBytes(2 * ffn_, hidden_, anyprec::kBf16Bits) +
+                               BlockBytes(hidden_, ffn_, anyprec::kBf16Bits);
+      after_width_bytes_sum_ +=
+          BlockBytes(2 * ffn_, hidden_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kGateUp)) +
+          BlockBytes(hidden_, ffn_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kDown));
+    }
+  }
   void Reset() {
     distinct_sum_ = bf16_bytes_sum_ = width_bytes_sum_ = 0;
+    after_distinct_sum_ = after_bf16_bytes_sum_ = after_width_bytes_sum_ = 0;
     layer_calls_ = 0;
   }
   bool enabled_ = false;
   double distinct_sum_ = 0;     // sum over (decode step, layer) of distinct experts
   double bf16_bytes_sum_ = 0;   // ... of their bytes as bf16
   double width_bytes_sum_ = 0;  // ... of their bytes at the provider's widths
+  double after_distinct_sum_ = 0, after_bf16_bytes_sum_ = 0, after_width_bytes_sum_ = 0;
   int64_t layer_calls_ = 0;
 
  private:
   int64_t hidden_, ffn_;
   const engine::ExpertWeightProvider* widths_;
+};
+
+// Runs the LYNX hook, then counts what the step will read (RecordAfter).
+class CountingHook final : public engine::RoutingHook {
+ public:
+  CountingHook(engine::LynxRoutingHook* inner, DistinctExpertCounter* counter)
+      : inner_(inner), counter_(counter) {}
+  Status Rewrite(const engine::RoutingContext& ctx,
+                 std::vector<engine::ExpertAssignment>* assignments) override {
+    PW_RETURN_IF_ERROR(inner_->Rewrite(ctx, assignments));
+    counter_->RecordAfter(ctx, *assignments);
+    return Status::Ok();
+  }
+
+ private:
+  engine::LynxRoutingHook* inner_;
+  DistinctExpertCounter* counter_;
 };
 
 struct Row {
@@ -176,6 +222,13 @@ struct Row {
   double cpu_util = 0;          // decode CPU time / (wall time * threads): < 1 = CPU shared/idle
   double step_cpu_seconds = 0;  // median decode step CPU time / threads
   double prefill_cpu_tps = 0;   // prompt tokens per (prefill CPU seconds / threads)
+  // With --lynx (lynx = true: the run with the remap; the others leave these as before):
+  bool lynx = false;
+  std::string rule;                  // the remap's description
+  double distinct_after = 0;         // mean distinct experts per MoE layer after the hook
+  double floor_bytes_after = 0;      // floor_bytes with the experts after the hook
+  double floor_bytes_width_after = 0;
+  double remap_share = 0;            // hook time / decode time
 };
 
 // Bytes one decode step of `batch` sequences at mean context `ctx` must read (see top), with
@@ -219,6 +272,7 @@ struct ExpertConfig {
 };
 
 struct Options {
+  tools::LynxFlags lynx;
   std::vector<std::string> models;
   int threads = 2;
   bool dense_int8 = false;  // --dense int8: attention, lm_head and dense MLPs as int8
@@ -243,14 +297,19 @@ Result<std::unique_ptr<anyprec::ApwExpertProvider>> MakeApwProvider(
 }
 
 // Runs every batch size with the engine's experts behind `provider`; rows labelled `experts`.
+// `lynx`: null runs the router's choice; otherwise the remap runs as the routing hook.
 Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& model_name,
                                       const std::string& experts,
                                       engine::ExpertWeightProvider* provider, const Options& o,
-                                      uint64_t* next_id) {
+                                      uint64_t* next_id, engine::LynxRoutingHook* lynx = nullptr,
+                                      const std::string& rule = "") {
   TimingProvider timing(provider);
   DistinctExpertCounter counter(eng.model().config(), provider);
-  eng.SetMoeHooks(
-      {.provider = &timing, .residency = nullptr, .routing_hook = nullptr, .recorder = &counter});
+  CountingHook counting(lynx, &counter);
+  eng.SetMoeHooks({.provider = &timing,
+                   .residency = nullptr,
+                   .routing_hook = lynx ? &counting : nullptr,
+                   .recorder = &counter});
   struct Unhook {  // the hooks point at locals: the engine must not keep them
     engine::Engine& e;
     ~Unhook() { e.SetMoeHooks({}); }
@@ -262,8 +321,9 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
   std::vector<Row> rows;
   for (int batch : o.batches) {
     std::vector<double> prefill_tps, decode_tps, step_s, expert_share, cpu_util, step_cpu;
-    std::vector<double> prefill_cpu_tps;
+    std::vector<double> prefill_cpu_tps, remap_share;
     double distinct_sum = 0, bf16_bytes_sum = 0, width_bytes_sum = 0;
+    double after_distinct_sum = 0, after_bf16_sum = 0, after_width_sum = 0;
     int64_t distinct_calls = 0;
     for (int run = 0; run < o.runs; ++run) {
       engine::SamplingParams sp;
@@ -292,6 +352,7 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
       counter.enabled_ = true;
       counter.Reset();
       timing.seconds_ = 0;
+      if (lynx) lynx->ResetStats();
       for (int s = 0; s < o.decode_steps; ++s) {
         PW_ASSIGN_OR_RETURN(auto step, eng.Step());
         if (step.num_decode_tokens != batch) {
@@ -315,6 +376,10 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
       bf16_bytes_sum += counter.bf16_bytes_sum_;
       width_bytes_sum += counter.width_bytes_sum_;
       distinct_calls += counter.layer_calls_;
+      after_distinct_sum += counter.after_distinct_sum_;
+      after_bf16_sum += counter.after_bf16_bytes_sum_;
+      after_width_sum += counter.after_width_bytes_sum_;
+      if (lynx) remap_share.push_back(lynx->stats().seconds / dec);
     }
     Row r;
     r.model = model_name;
@@ -332,9 +397,18 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     const double mean_ctx = o.prompt_len + 0.5 * o.decode_steps;
     r.floor_bytes = DecodeStepBytes(eng.model(), batch, bf16_bytes_sum / calls, mean_ctx);
     r.floor_bytes_width = DecodeStepBytes(eng.model(), batch, width_bytes_sum / calls, mean_ctx);
+    if (lynx) {
+      r.lynx = true;
+      r.rule = rule;
+      r.distinct_after = after_distinct_sum / calls;
+      r.floor_bytes_after = DecodeStepBytes(eng.model(), batch, after_bf16_sum / calls, mean_ctx);
+      r.floor_bytes_width_after =
+          DecodeStepBytes(eng.model(), batch, after_width_sum / calls, mean_ctx);
+      r.remap_share = Median(remap_share);
+    }
     rows.push_back(r);
-    std::fprintf(stderr, "  %s %s batch %d done (decode step %.2f ms)\n", r.model.c_str(),
-                 r.experts.c_str(), batch, r.step_seconds * 1e3);
+    std::fprintf(stderr, "  %s %s%s batch %d done (decode step %.2f ms)\n", r.model.c_str(),
+                 r.experts.c_str(), lynx ? " +remap" : "", batch, r.step_seconds * 1e3);
   }
   return rows;
 }
@@ -354,9 +428,32 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   PW_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(dir, eo));
   const std::string name = std::filesystem::path(dir).filename().string();
   uint64_t next_id = 1;
+  std::unique_ptr<lynx::BatchRemapper> remapper;
+  std::unique_ptr<engine::LynxRoutingHook> hook;
+  std::string rule;
+  if (o.lynx.on) {
+    const ModelConfig& c = eng->model().config();
+    PW_ASSIGN_OR_RETURN(remapper,
+                        tools::MakeRemapper(o.lynx, static_cast<int>(c.num_experts),
+                                            static_cast<int>(c.num_experts_per_tok), &rule));
+    hook = std::make_unique<engine::LynxRoutingHook>(remapper.get());
+    hook->Reserve(max_batch, static_cast<int>(c.num_experts), static_cast<int>(c.num_experts_per_tok));
+    std::fprintf(stderr, "  %s: remap %s\n", name.c_str(), rule.c_str());
+  }
+  // Without the remap, then (with --lynx) with it, on the same prompts.
+  auto both = [&](const std::string& label,
+                  engine::ExpertWeightProvider* provider) -> Result<std::vector<Row>> {
+    PW_ASSIGN_OR_RETURN(auto rows, BenchExperts(*eng, name, label, provider, o, &next_id));
+    if (hook) {
+      PW_ASSIGN_OR_RETURN(auto on, BenchExperts(*eng, name, label, provider, o, &next_id,
+                                                hook.get(), rule));
+      rows.insert(rows.end(), on.begin(), on.end());
+    }
+    return rows;
+  };
   if (o.store.empty()) {
     engine::Bf16ExpertProvider bf16(eng->model());
-    return BenchExperts(*eng, name, "bf16", &bf16, o, &next_id);
+    return both("bf16", &bf16);
   }
   PW_ASSIGN_OR_RETURN(std::shared_ptr<const apw::ApwStore> store, apw::ApwStore::Open(o.store));
   const apw::StoreInfo& info = store->info();
@@ -375,7 +472,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
     PW_ASSIGN_OR_RETURN(auto provider,
                         MakeApwProvider(store, eng->model(), std::move(widths).value(), o.kernel_path));
     std::fprintf(stderr, "  %s: experts %s from %s\n", name.c_str(), label.c_str(), o.store.c_str());
-    PW_ASSIGN_OR_RETURN(auto r, BenchExperts(*eng, name, label, provider.get(), o, &next_id));
+    PW_ASSIGN_OR_RETURN(auto r, both(label, provider.get()));
     rows.insert(rows.end(), r.begin(), r.end());
   }
   return rows;
@@ -425,6 +522,7 @@ int Main(int argc, char** argv) {
   std::string dense = "bf16";
   app.add_option("--dense", dense, "dense weights (attention, lm_head, dense MLPs): bf16 or int8")
       ->check(CLI::IsMember({"bf16", "int8"}));
+  tools::AddLynxFlags(&app, &o.lynx);
   CLI11_PARSE(app, argc, argv);
   o.dense_int8 = dense == "int8";
   auto usage = [](const std::string& msg) {
@@ -521,6 +619,7 @@ int Main(int argc, char** argv) {
     std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   for (const auto& r : rows) {
+    if (r.lynx) continue;
     const double floor_s = r.floor_bytes / bw.wall, floor_w = r.floor_bytes_width / bw.wall;
     if (widths) {
       std::printf("| %s | %s | %d | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %.2f | %.0f |\n",
@@ -549,6 +648,7 @@ int Main(int argc, char** argv) {
     std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   for (const auto& r : rows) {
+    if (r.lynx) continue;
     const double floor_s = r.floor_bytes / bw.cpu, floor_w = r.floor_bytes_width / bw.cpu;
     if (widths) {
       std::printf(
@@ -563,6 +663,37 @@ int Main(int argc, char** argv) {
                   r.model.c_str(), r.batch, r.prefill_cpu_tps, r.distinct, r.floor_bytes / 1e6,
                   r.step_cpu_seconds * 1e3, r.batch / r.step_cpu_seconds, r.batch / floor_s,
                   r.step_cpu_seconds / floor_s, 100 * r.expert_share);
+    }
+  }
+  if (o.lynx.on) {
+    std::printf(
+        "\nRemap (off = the router's choice, on = the remap as routing hook; step CPU = decode "
+        "CPU time / threads; floors at the wall bandwidth, experts as bf16%s):\n\n",
+        widths ? " and @ width" : "");
+    std::printf(
+        "| model | experts | batch | remap | distinct/layer off | on | step ms off | on | speed-up "
+        "| step CPU ms off | on | floor ms off | on |%s remap %% of step | CPU %% on |\n",
+        widths ? " floor ms @ width off | on |" : "");
+    std::printf("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|%s---:|---:|\n",
+                widths ? "---:|---:|" : "");
+    for (const auto& on : rows) {
+      if (!on.lynx) continue;
+      const Row* off = nullptr;
+      for (const auto& r : rows) {
+        if (!r.lynx && r.model == on.model && r.experts == on.experts && r.batch == on.batch) off = &r;
+      }
+      if (off == nullptr) continue;
+      std::printf("| %s | %s | %d | %s | %.1f | %.1f | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2f | %.2f |",
+                  on.model.c_str(), on.experts.c_str(), on.batch, on.rule.c_str(), off->distinct,
+                  on.distinct_after, off->step_seconds * 1e3, on.step_seconds * 1e3,
+                  off->step_seconds / on.step_seconds, off->step_cpu_seconds * 1e3,
+                  on.step_cpu_seconds * 1e3, off->floor_bytes / bw.wall * 1e3,
+                  on.floor_bytes_after / bw.wall * 1e3);
+      if (widths) {
+        std::printf(" %.2f | %.2f |", off->floor_bytes_width / bw.wall * 1e3,
+                    on.floor_bytes_width_after / bw.wall * 1e3);
+      }
+      std::printf(" %.2f | %.0f |\n", 100 * on.remap_share, 100 * on.cpu_util);
     }
   }
   return 0;
