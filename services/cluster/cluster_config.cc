@@ -53,6 +53,8 @@ const Schema& ClusterSchema() {
                       {"initial_backoff_ms", Schema::Int().Range(0, 600000).Default(int64_t{500})},
                       {"max_backoff_ms", Schema::Int().Range(0, 3600000).Default(int64_t{10000})},
                       {"stable_after_ms", Schema::Int().Range(0, 3600000).Default(int64_t{10000})},
+                      {"fail_fast_ms", Schema::Int().Range(0, 3600000).Default(int64_t{5000})},
+                      {"fail_fast_exits", Schema::Int().Range(0, 1000).Default(int64_t{3})},
                   })},
   });
   return schema;
@@ -76,6 +78,8 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
   out.restart.initial_backoff_ms = restart["initial_backoff_ms"].AsInt();
   out.restart.max_backoff_ms = restart["max_backoff_ms"].AsInt();
   out.restart.stable_after_ms = restart["stable_after_ms"].AsInt();
+  out.restart.fail_fast_ms = restart["fail_fast_ms"].AsInt();
+  out.restart.fail_fast_exits = restart["fail_fast_exits"].AsInt();
   out.http_port = router["port"].AsInt();
 
   // Distinct ports and ids, each error pointing at the offending value.

@@ -9,7 +9,8 @@
 //   broker:  {enabled: true, control_port: 5556, metrics_port: 9100}
 //   prefill: [{id, kv_blocks, threads, max_batch_tokens, metrics_port}]   (1..64 entries)
 //   decode:  [{id, kv_blocks, threads, max_batch_tokens, max_batch, metrics_port}] (1..64)
-//   restart: {initial_backoff_ms: 500, max_backoff_ms: 10000, stable_after_ms: 10000}
+//   restart: {initial_backoff_ms: 500, max_backoff_ms: 10000, stable_after_ms: 10000,
+//             fail_fast_ms: 5000, fail_fast_exits: 3}
 // Ports must be distinct; ids must be distinct. Relative paths are relative to the current
 // directory.
 #pragma once
@@ -34,6 +35,11 @@ struct RestartPolicy {
   int64_t initial_backoff_ms = 500;   // first restart delay; doubles per quick death
   int64_t max_backoff_ms = 10000;
   int64_t stable_after_ms = 10000;    // a process up this long resets its backoff
+  // Fail fast: a process that exits within fail_fast_ms of its start fail_fast_exits times in
+  // a row (a bad model directory, a port in use) stops the node instead of being restarted
+  // forever; an exit after a longer run resets the count. fail_fast_exits = 0: never.
+  int64_t fail_fast_ms = 5000;
+  int64_t fail_fast_exits = 3;
 };
 
 struct ClusterConfig {

@@ -2,7 +2,9 @@
 //
 //   pw-cluster up --config deploy/local.yaml [--run-dir DIR]
 //
-// SIGINT/SIGTERM drain the cluster (router, then workers, then broker) and exit.
+// SIGINT/SIGTERM drain the cluster (router, then workers, then broker) and exit 0. A process
+// that exits within its first seconds 3 times in a row (restart.fail_fast_*) stops the node:
+// its command line and the last lines of its log are printed, and the exit code is 3.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -54,7 +56,12 @@ int main(int argc, char** argv) {
               "    -d '{\"model\": \"tiny-moe\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
               url.c_str());
   std::fflush(stdout);
-  sup.Run(pw::workers::StopFlag());
+  pw::Status run = sup.Run(pw::workers::StopFlag());
+  if (!run.ok()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "pw-cluster: %s\npw-cluster: node stopped\n", run.message().c_str());
+    return 3;
+  }
   std::printf("PagedWeight stopped\n");
   return 0;
 }

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "common/logging.h"
@@ -89,7 +91,27 @@ Status Supervisor::Start() {
   return Status::Ok();
 }
 
+std::string LogTail(const std::string& path, int max_lines) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return "";
+  constexpr std::streamoff kMaxBytes = 64 * 1024;
+  const std::streamoff size = f.tellg();
+  const std::streamoff start = std::max<std::streamoff>(0, size - kMaxBytes);
+  f.seekg(start);
+  std::string text(static_cast<size_t>(size - start), '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.empty()) return text;
+  size_t pos = text.size();
+  for (int n = 0; n < max_lines && pos != std::string::npos && pos > 0; ++n) {
+    pos = text.rfind('\n', pos - 1);
+  }
+  return pos == std::string::npos ? text : text.substr(pos + 1);
+}
+
 void Supervisor::Tick() {
+  if (!failure_.ok()) return;
   const int64_t now = NowMs();
   for (auto& s : states_) {
     if (s.pid > 0) {
@@ -99,12 +121,27 @@ void Supervisor::Tick() {
       const int64_t up = now - s.started_ms;
       s.pid = -1;
       if (stopping_) continue;
+      const std::string how = WIFEXITED(status) ? "code " + std::to_string(WEXITSTATUS(status))
+                                                : "signal " + std::to_string(WTERMSIG(status));
+      s.quick_exits = up < policy_.fail_fast_ms ? s.quick_exits + 1 : 0;
+      if (policy_.fail_fast_exits > 0 && s.quick_exits >= policy_.fail_fast_exits) {
+        std::string cmd;
+        for (const auto& a : s.spec.argv) cmd += (cmd.empty() ? "" : " ") + a;
+        std::string indented;
+        std::istringstream lines(LogTail(s.log_path, kLogTailLines));
+        for (std::string line; std::getline(lines, line);) indented += "  | " + line + "\n";
+        failure_ = Unavailable(
+            s.spec.name + " exited " + std::to_string(s.quick_exits) + " times within " +
+            std::to_string(policy_.fail_fast_ms) + " ms of starting (last: " + how + " after " +
+            std::to_string(up) + " ms); not restarting it\ncommand: " + cmd + "\nlast lines of " +
+            s.log_path + ":\n" + (indented.empty() ? "  (empty)\n" : indented));
+        PW_LOG(ERROR) << s.spec.name << " keeps exiting at start; stopping the node";
+        return;
+      }
       if (up >= policy_.stable_after_ms) s.backoff_ms = policy_.initial_backoff_ms;
       s.restart_at_ms = now + s.backoff_ms;
-      PW_LOG(WARNING) << s.spec.name << " exited ("
-                      << (WIFEXITED(status) ? "code " + std::to_string(WEXITSTATUS(status))
-                                            : "signal " + std::to_string(WTERMSIG(status)))
-                      << " after " << up << " ms); restarting in " << s.backoff_ms << " ms";
+      PW_LOG(WARNING) << s.spec.name << " exited (" << how << " after " << up
+                      << " ms); restarting in " << s.backoff_ms << " ms";
       s.backoff_ms = std::min(policy_.max_backoff_ms, std::max<int64_t>(1, s.backoff_ms * 2));
     } else if (!stopping_ && now >= s.restart_at_ms) {
       if (Spawn(s)) {
@@ -116,12 +153,14 @@ void Supervisor::Tick() {
   }
 }
 
-void Supervisor::Run(const std::atomic<bool>& stop) {
-  while (!stop.load()) {
+Status Supervisor::Run(const std::atomic<bool>& stop) {
+  while (!stop.load() && failure_.ok()) {
     Tick();
+    if (!failure_.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   Stop();
+  return failure_;
 }
 
 void Supervisor::Stop() {

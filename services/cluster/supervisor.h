@@ -2,7 +2,9 @@
 // process, reset once a process has stayed up for stable_after_ms), writes one log file per
 // process under the run directory, and on Stop() drains: SIGTERM in reverse start order
 // (workers, then router, then broker), waiting up to the drain timeout for each group before
-// SIGKILL.
+// SIGKILL. A process that keeps exiting right after its start (RestartPolicy::fail_fast_*)
+// is not restarted: the supervisor fails (failure() names it, its command line and the last
+// lines of its log) and Run() stops the node.
 #pragma once
 
 #include <sys/types.h>
@@ -25,10 +27,16 @@ class Supervisor {
 
   // Creates the run directory and starts every process in start order.
   Status Start();
-  // Reaps and restarts until `stop` becomes true, then drains and returns.
-  void Run(const std::atomic<bool>& stop);
-  // One supervision pass (reap, schedule and perform restarts). Tests call it directly.
+  // Reaps and restarts until `stop` becomes true or a process fails fast, then drains and
+  // returns failure() (Ok after a stop).
+  Status Run(const std::atomic<bool>& stop);
+  // One supervision pass (reap, schedule and perform restarts; after a failure, nothing).
+  // Tests call it directly.
   void Tick();
+  // Unavailable once a process has failed fast: "<name> exited N times within T ms of
+  // starting (last: code C)", its command line and the last kLogTailLines lines of its log.
+  const Status& failure() const { return failure_; }
+  static constexpr int kLogTailLines = 20;
   // SIGTERM everything (by stop order), wait, SIGKILL stragglers.
   void Stop();
 
@@ -39,6 +47,7 @@ class Supervisor {
     int64_t started_ms = 0;
     int64_t restart_at_ms = 0;   // when down: the time of the next start attempt
     int64_t backoff_ms = 0;
+    int quick_exits = 0;         // consecutive exits within fail_fast_ms of the start
     std::string log_path;
   };
   const std::vector<State>& states() const { return states_; }
@@ -50,6 +59,11 @@ class Supervisor {
   std::string run_dir_;
   int64_t drain_timeout_ms_;
   bool stopping_ = false;
+  Status failure_ = Status::Ok();
 };
+
+// The last `max_lines` lines of the file at `path` (reads at most its last 64 KiB); "" when it
+// cannot be read.
+std::string LogTail(const std::string& path, int max_lines);
 
 }  // namespace pw::cluster

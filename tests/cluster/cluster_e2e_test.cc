@@ -2,7 +2,8 @@
 // processes on loopback, the OpenAI API over HTTP. Checks that greedy completions of 64
 // prompts equal the in-process engine's tokens, that serving survives a SIGKILLed broker (and
 // the restarted broker rebuilds its registry from the workers), that a decode worker killed
-// mid-request is replaced without changing the output, and that SIGTERM drains and exits.
+// mid-request is replaced without changing the output, that SIGTERM drains and exits, and that
+// a bad model directory stops pw-cluster within seconds naming the file and the problem.
 // Skips when the embedded model's weights are absent.
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -10,11 +11,14 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "common/tokenizer.h"
 #include "services/engine/engine.h"
@@ -272,6 +276,74 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(restarted) << Logs();
+}
+
+// A broken model directory: every process that reads it exits at start, so pw-cluster stops
+// the node after 3 quick exits of one of them (backoff 200, 400 ms) with a non-zero code and
+// that child's last log lines, which name the file and the problem; no process is left.
+TEST(ClusterBadModel, LauncherExitsNamingTheFileAndTheProblem) {
+  if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) {
+    GTEST_SKIP() << "no weights in " << ModelDir();
+  }
+  struct Case {
+    const char* name;      // names the directory: must not contain `problem`
+    const char* file;      // the file that is broken
+    std::string content;   // its new content ("" = the real file, truncated)
+    const char* problem;   // what the output must say besides the file's name
+  } cases[] = {
+      {"0", "model.safetensors", "", "exceed the data section"},
+      {"1", "config.json", "{\"hidden_size\": 64, \"num_hidden_layers\": [", "not valid JSON"},
+      {"2", "tokenizer.json", "\x89PNG\r\n\x1a\n not a tokenizer", "not valid JSON"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/bad-model-" + c.name;
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir + "/model");
+    for (const auto& e : std::filesystem::directory_iterator(ModelDir())) {
+      const std::string base = e.path().filename().string();
+      if (base == c.file) continue;
+      std::filesystem::create_symlink(e.path(), dir + "/model/" + base);
+    }
+    std::ofstream out(dir + "/model/" + c.file, std::ios::binary);
+    if (c.content.empty()) {
+      const std::string full = ReadFile(ModelDir() + "/" + c.file);
+      out << full.substr(0, full.size() / 3);
+    } else {
+      out << c.content;
+    }
+    out.close();
+    const int http = FreePort(), ctl = FreePort(), broker = FreePort();
+    std::ofstream(dir + "/cluster.yaml")
+        << "model_dir: " << dir << "/model\nrun_dir: " << dir << "/run\n"
+        << "bin_dir: " << PW_BINARY_DIR << "/bin\nheartbeat_ms: 200\ndrain_timeout_ms: 3000\n"
+        << "router: {port: " << http << ", control_port: " << ctl << "}\n"
+        << "broker: {control_port: " << broker << "}\n"
+        << "prefill: [{id: prefill-0, kv_blocks: 64}]\ndecode: [{id: decode-0, kv_blocks: 64}]\n"
+        << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
+    testing::ChildProcess cluster;
+    ASSERT_TRUE(cluster.Start({std::string(PW_BINARY_DIR) + "/bin/pw-cluster", "up", "--config",
+                               dir + "/cluster.yaml"},
+                              dir + "/pw-cluster.out"));
+    const auto t0 = std::chrono::steady_clock::now();
+    const int code = cluster.Wait(10000);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    const std::string out_text = cluster.Log();
+    EXPECT_EQ(code, 3) << out_text;
+    EXPECT_LT(took, std::chrono::seconds(10)) << out_text;
+    EXPECT_NE(out_text.find("times within 5000 ms of starting"), std::string::npos) << out_text;
+    EXPECT_NE(out_text.find("command: "), std::string::npos) << out_text;
+    EXPECT_NE(out_text.find(std::string("  | ")), std::string::npos) << out_text;
+    // The child's message, as printed by pw-cluster (its log lines are indented by "  | ").
+    const size_t tail = out_text.find("last lines of ");
+    ASSERT_NE(tail, std::string::npos) << out_text;
+    EXPECT_NE(out_text.find(c.file, tail), std::string::npos) << out_text;
+    EXPECT_NE(out_text.find(c.problem, tail), std::string::npos) << out_text;
+    cluster.Kill(SIGKILL);
+    EXPECT_TRUE(PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl)).empty());
+    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl))) kill(p, SIGKILL);
+    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(broker))) kill(p, SIGKILL);
+  }
 }
 
 }  // namespace

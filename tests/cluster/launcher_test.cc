@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -78,6 +79,7 @@ TEST(Supervisor, RestartsWithBackoffAndDrainsOnStop) {
   policy.initial_backoff_ms = 50;
   policy.max_backoff_ms = 200;
   policy.stable_after_ms = 100000;
+  policy.fail_fast_exits = 0;  // restarted forever: this test is about the backoff
   std::vector<ProcessSpec> specs = {
       {"crasher", {"/bin/sh", "-c", "echo started; exit 3"}, 1},
       {"steady", {"/bin/sh", "-c", "trap 'echo drained; exit 0' TERM; while true; do sleep 0.05; done"}, 0},
@@ -101,6 +103,70 @@ TEST(Supervisor, RestartsWithBackoffAndDrainsOnStop) {
   std::ifstream log(run_dir + "/steady.log");
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("drained"), std::string::npos);  // it got SIGTERM, not SIGKILL
+}
+
+// A process that exits right after its start 3 times in a row stops the node: Run() returns
+// (bounded: backoff 20, 40 ms) with its name, command line and last log lines, and the other
+// processes are drained.
+TEST(Supervisor, ProcessThatKeepsExitingAtStartStopsTheNode) {
+  const std::string run_dir = std::string(PW_BINARY_DIR) + "/test-tmp/failfast-run";
+  std::filesystem::remove_all(run_dir);
+  RestartPolicy policy;
+  policy.initial_backoff_ms = 20;
+  policy.fail_fast_ms = 5000;
+  policy.fail_fast_exits = 3;
+  std::vector<ProcessSpec> specs = {
+      {"steady", {"/bin/sh", "-c", "trap 'echo drained; exit 0' TERM; while true; do sleep 0.05; done"}, 0},
+      {"prefill-0", {"/bin/sh", "-c", "echo loading; echo 'model.safetensors: truncated' >&2; exit 4"}, 1},
+  };
+  Supervisor sup(specs, policy, run_dir, 5000);
+  ASSERT_TRUE(sup.Start().ok());
+  std::atomic<bool> stop{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = sup.Run(stop);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ASSERT_EQ(st.code(), StatusCode::kUnavailable);
+  const std::string& m = st.message();
+  EXPECT_NE(m.find("prefill-0 exited 3 times within 5000 ms of starting (last: code 4"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("command: /bin/sh -c echo loading;"), std::string::npos) << m;
+  EXPECT_NE(m.find("  | model.safetensors: truncated"), std::string::npos) << m;
+  EXPECT_EQ(sup.states()[1].restarts, 2);
+  for (const auto& s : sup.states()) EXPECT_EQ(s.pid, -1);
+  std::ifstream log(run_dir + "/steady.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("drained"), std::string::npos);
+}
+
+// A process that dies after running longer than fail_fast_ms is restarted, every time.
+TEST(Supervisor, ProcessThatDiesLaterIsStillRestarted) {
+  const std::string run_dir = std::string(PW_BINARY_DIR) + "/test-tmp/later-run";
+  std::filesystem::remove_all(run_dir);
+  RestartPolicy policy;
+  policy.initial_backoff_ms = 10;
+  policy.max_backoff_ms = 10;
+  policy.fail_fast_ms = 100;
+  policy.fail_fast_exits = 2;
+  Supervisor sup({{"worker", {"/bin/sh", "-c", "sleep 0.15; exit 1"}, 0}}, policy, run_dir, 1000);
+  ASSERT_TRUE(sup.Start().ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (sup.states()[0].restarts < 4 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    sup.Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(sup.failure().ok()) << sup.failure().message();
+  EXPECT_GE(sup.states()[0].restarts, 4);
+  sup.Stop();
+}
+
+TEST(LogTail, LastLines) {
+  const std::string path = WriteTemp("tail.log", "a\nb\nc\nd\n");
+  EXPECT_EQ(LogTail(path, 2), "c\nd");
+  EXPECT_EQ(LogTail(path, 10), "a\nb\nc\nd");
+  EXPECT_EQ(LogTail(WriteTemp("one.log", "only"), 3), "only");
+  EXPECT_EQ(LogTail(WriteTemp("empty.log", ""), 3), "");
+  EXPECT_EQ(LogTail("/nonexistent/x.log", 3), "");
 }
 
 TEST(Supervisor, MissingBinaryIsAClearError) {
