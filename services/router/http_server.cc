@@ -1,6 +1,6 @@
 // HttpServer implementation: Beast parses requests; responses are written as raw HTTP/1.1 text
 // through a per-connection write queue (complete responses with Content-Length, streams with
-// chunked transfer encoding).
+// chunked transfer encoding, or close-delimited for HTTP/1.0 clients).
 #include "services/router/http_server.h"
 
 #include <atomic>
@@ -257,13 +257,23 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
     std::string out = StatusLine(status);
     out += "Content-Type: " + content_type + "\r\n";
     for (const auto& [k, v] : headers) out += k + ": " + v + "\r\n";
-    out += "Transfer-Encoding: chunked\r\n";
-    out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    if (http10_) {
+      // No chunked encoding in HTTP/1.0 (RFC 1945): the body ends when the connection does.
+      keep_alive_ = false;
+      out += "Connection: close\r\n\r\n";
+    } else {
+      out += "Transfer-Encoding: chunked\r\n";
+      out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    }
     Enqueue(std::move(out));
   }
 
   void StreamWrite(std::string data) override {
     if (!exchange_active_ || !streaming_ || closed_ || data.empty()) return;
+    if (http10_) {
+      Enqueue(std::move(data));
+      return;
+    }
     char size_line[32];
     std::snprintf(size_line, sizeof(size_line), "%zx\r\n", data.size());
     std::string out = size_line;
@@ -275,7 +285,11 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
   void EndStream() override {
     if (!exchange_active_ || !streaming_ || closed_) return;
     EndExchange();
-    Enqueue("0\r\n\r\n");
+    if (!http10_) {
+      Enqueue("0\r\n\r\n");
+    } else if (!writing_ && out_.empty()) {
+      ResponseWritten();  // everything is out: close, which ends the body
+    }
   }
 
   void SetOnDisconnect(std::function<void()> callback) override {
@@ -296,7 +310,15 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
     uint64_t gen = ++read_timer_gen_;
     read_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
       if (ec || gen != self->read_timer_gen_) return;  // cancelled or re-armed
-      // A client that does not finish its request in time is closed without a response.
+      if (self->reading_body_) {
+        // The body stopped short: abort the pending read; OnBody answers 408.
+        self->body_timed_out_ = true;
+        beast::error_code ignored;
+        self->socket_.cancel(ignored);
+        return;
+      }
+      // A client that does not finish its request line and headers in time is closed without
+      // a response.
       self->CloseNow();
     });
   }
@@ -368,9 +390,21 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
       return;
     }
     auto& req = parser_->get();
+    http10_ = req.version() < 11;
+    // RFC 9112 section 3.2: 400 for an HTTP/1.1 request without Host, and for any request
+    // with more than one Host field line.
+    const auto hosts = req.count(http::field::host);
+    if ((!http10_ && hosts == 0) || hosts > 1) {
+      FailRequest(400, hosts == 0 ? "HTTP/1.1 request without a Host header"
+                                  : "request with more than one Host header",
+                  "bad_http");
+      return;
+    }
     if (IEquals(std::string(req[http::field::expect]), "100-continue")) {
       Enqueue("HTTP/1.1 100 Continue\r\n\r\n");
     }
+    reading_body_ = true;
+    body_timed_out_ = false;
     ArmReadTimer(opts().body_timeout);
     http::async_read(
         socket_, buffer_, *parser_,
@@ -378,7 +412,16 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
   }
 
   void OnBody(beast::error_code ec) {
+    reading_body_ = false;
     if (closed_) return;
+    if (body_timed_out_) {
+      body_timed_out_ = false;
+      FailRequest(408,
+                  "request body not received within " +
+                      std::to_string(opts().body_timeout.count()) + " ms",
+                  "request_timeout");
+      return;
+    }
     if (ec == http::error::body_limit) {
       FailRequest(
           413,
@@ -484,7 +527,11 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
       return;
     }
     if (!response_complete_) return;  // more of a stream to come, or only "100 Continue"
-    // The response is fully written.
+    ResponseWritten();
+  }
+
+  // The response is fully written: close, or read the next request.
+  void ResponseWritten() {
     response_complete_ = false;
     if (!keep_alive_) {
       GracefulClose();
@@ -570,6 +617,9 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
   bool exchange_active_ = false;
   bool streaming_ = false;
   bool keep_alive_ = true;
+  bool http10_ = false;         // the current request is HTTP/1.0 (no chunked streams)
+  bool reading_body_ = false;   // the body read (under body_timeout) is pending
+  bool body_timed_out_ = false;  // body_timeout fired: OnBody answers 408
   bool closed_ = false;
 };
 

@@ -7,11 +7,17 @@
 //   connections cost a socket and a small buffer, no thread.
 // - Limits per connection (HttpServerOptions): headers larger than max_header_bytes -> 431 and
 //   close; a body larger than max_body_bytes -> 413 with an OpenAI-style error object and close;
-//   a client that does not finish its request line and headers within header_timeout, or its
-//   body within body_timeout, is closed without a response; an idle keep-alive connection is
-//   closed after idle_timeout. Malformed HTTP -> 400 and close.
-// - Keep-alive: HTTP/1.1 connections stay open unless the client says `Connection: close`.
-//   Requests on one connection are served one at a time, in order.
+//   a client that does not finish its request line and headers within header_timeout is closed
+//   without a response; a body that stops short (of its Content-Length or last chunk) for
+//   body_timeout after the headers -> 408 and close; an idle keep-alive connection is closed
+//   after idle_timeout. Malformed HTTP -> 400 and close; so is an HTTP/1.1 request without a
+//   Host header, and any request with more than one (RFC 9112 section 3.2).
+// - Keep-alive: HTTP/1.1 connections stay open unless the client says `Connection: close`;
+//   HTTP/1.0 ones only with `Connection: keep-alive`. Requests on one connection are served
+//   one at a time, in order.
+// - Streams (BeginStream) are chunked for HTTP/1.1 clients; an HTTP/1.0 client, which cannot
+//   read chunked encoding, gets the bytes as they are and the end of the body is the end of the
+//   connection (Connection: close, no Content-Length).
 // - While a request is being served the server keeps reading the socket, so a client that goes
 //   away is noticed at once and the exchange's disconnect callback runs (the router cancels the
 //   request on the workers from there).
@@ -60,7 +66,8 @@ class HttpExchange {
  public:
   virtual ~HttpExchange() = default;
   virtual void Respond(HttpResponse response) = 0;
-  // Starts a chunked response (Transfer-Encoding: chunked) with the given status and headers.
+  // Starts a streamed response with the given status and headers: Transfer-Encoding: chunked
+  // for HTTP/1.1; for HTTP/1.0, close-delimited (the connection closes after EndStream).
   virtual void BeginStream(int status, std::string content_type, HttpHeaders headers) = 0;
   // Sends `data` as one chunk; empty data is ignored (an empty chunk would end the body).
   virtual void StreamWrite(std::string data) = 0;
@@ -81,7 +88,7 @@ struct HttpServerOptions {
   size_t max_header_bytes = 16 * 1024;
   size_t max_body_bytes = 1024 * 1024;
   std::chrono::milliseconds header_timeout{10000};  // first byte -> end of headers
-  std::chrono::milliseconds body_timeout{30000};    // end of headers -> end of body
+  std::chrono::milliseconds body_timeout{30000};    // end of headers -> end of body (then 408)
   std::chrono::milliseconds idle_timeout{60000};    // keep-alive wait for the next request
   std::chrono::milliseconds write_timeout{30000};   // one write to a client that does not read
   size_t max_connections = 10000;                   // over this, new connections are closed

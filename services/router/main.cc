@@ -8,7 +8,8 @@ int main(int argc, char** argv) {
   CLI::App app{"pw-router: OpenAI-compatible HTTP router for PagedWeight workers"};
   std::string host = "127.0.0.1";
   int port = 8000;
-  int64_t header_timeout_ms = 10000, request_timeout_ms = 300000, drain_timeout_ms = 60000;
+  int64_t header_timeout_ms = 10000, body_timeout_ms = 30000, request_timeout_ms = 300000,
+          drain_timeout_ms = 60000;
   size_t max_body = 1 << 20;
   app.add_option("--model", o.model_dir, "model directory (tokenizer.json, config.json)")
       ->required();
@@ -26,11 +27,14 @@ int main(int argc, char** argv) {
   app.add_option("--request-timeout-ms", request_timeout_ms, "per-request timeout");
   app.add_option("--drain-timeout-ms", drain_timeout_ms, "longest drain on SIGTERM");
   app.add_option("--header-timeout-ms", header_timeout_ms, "time allowed for request headers");
+  app.add_option("--body-timeout-ms", body_timeout_ms,
+                 "time allowed for a request body after its headers (then 408)");
   app.add_option("--max-body-bytes", max_body, "request body limit (then 413)");
   CLI11_PARSE(app, argc, argv);
   o.http.bind_address = host;
   o.http.port = static_cast<uint16_t>(port);
   o.http.header_timeout = std::chrono::milliseconds(header_timeout_ms);
+  o.http.body_timeout = std::chrono::milliseconds(body_timeout_ms);
   o.http.max_body_bytes = max_body;
   o.router.request_timeout = std::chrono::milliseconds(request_timeout_ms);
   o.drain_timeout = std::chrono::milliseconds(drain_timeout_ms);

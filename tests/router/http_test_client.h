@@ -78,6 +78,28 @@ class TestConnection {
     return false;
   }
 
+  // Everything the server sends until it closes the connection (what Read already buffered
+  // included); nullopt if it is still open after `timeout_ms`.
+  std::optional<std::string> ReadToClose(int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now())
+                                      .count());
+      if (::poll(&p, 1, std::max(1, left)) <= 0) continue;
+      char tmp[65536];
+      ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
+      if (n <= 0) {
+        std::string out = std::move(buf_);
+        buf_.clear();
+        return out;
+      }
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+    return std::nullopt;
+  }
+
   // True once some bytes arrived (kept for Read) within `timeout_ms`.
   bool WaitForData(int timeout_ms) {
     deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);

@@ -560,6 +560,84 @@ TEST_F(RouterHttpTest, HugeHeadersGet431) {
   ExpectHealthy();
 }
 
+// ---- HTTP conformance (RFC 9112)
+
+// An HTTP/1.0 client cannot read chunked encoding: a stream to it is close-delimited.
+TEST_F(RouterHttpTest, Http10StreamIsCloseDelimitedNotChunked) {
+  const std::string body =
+      R"({"model":"tiny-moe","prompt":"Hello","max_tokens":20,"stream":true})";
+  TestConnection c(server_->port());
+  ASSERT_TRUE(c.Send("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     "Connection: keep-alive\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n" + body));
+  auto raw = c.ReadToClose(10000);
+  ASSERT_TRUE(raw.has_value()) << "the stream did not end by closing the connection";
+  const size_t head_end = raw->find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << *raw;
+  std::string head = raw->substr(0, head_end);
+  for (auto& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  EXPECT_EQ(head.rfind("http/1.1 200", 0), 0u) << head;
+  EXPECT_EQ(head.find("transfer-encoding"), std::string::npos) << head;
+  EXPECT_EQ(head.find("content-length"), std::string::npos) << head;
+  EXPECT_NE(head.find("connection: close"), std::string::npos) << head;
+  auto events = SseEvents(raw->substr(head_end + 4));  // the bytes as sent, no chunk framing
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    text += json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, Decode(20));
+  // HTTP/1.0 needs no Host; a complete response still has its Content-Length.
+  TestConnection h(server_->port());
+  ASSERT_TRUE(h.Send("GET /health HTTP/1.0\r\n\r\n"));
+  auto r = h.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->headers["connection"], "close");
+  EXPECT_TRUE(h.WaitClosed(3000));
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, Http11WithoutHostOrWithTwoHostsGets400) {
+  for (const std::string req : {"GET /health HTTP/1.1\r\n\r\n",
+                                "GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                                "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"}) {
+    SCOPED_TRACE(req);
+    TestConnection c(server_->port());
+    ASSERT_TRUE(c.Send(req));
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value());
+    json j = ExpectError(*r, 400);
+    EXPECT_EQ(j["error"]["code"], "bad_http");
+    EXPECT_EQ(r->headers["connection"], "close");
+    EXPECT_TRUE(c.WaitClosed(3000));
+  }
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, BodyShortOfContentLengthGets408AfterTheBodyTimeout) {
+  Teardown();
+  HttpServerOptions ho;
+  ho.body_timeout = std::chrono::milliseconds(300);
+  Build(RouterOptions{}, ho);
+  TestConnection c(server_->port());
+  ASSERT_TRUE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "application/json\r\nContent-Length: 100\r\n\r\n{\"model\":"));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = c.Read(5000);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(r.has_value()) << "no answer to a body that stopped short";
+  json j = ExpectError(*r, 408);
+  EXPECT_EQ(j["error"]["code"], "request_timeout");
+  EXPECT_EQ(r->headers["connection"], "close");
+  EXPECT_GE(took, std::chrono::milliseconds(250));
+  EXPECT_LT(took, std::chrono::seconds(3));
+  EXPECT_TRUE(c.WaitClosed(3000));
+  EXPECT_TRUE(WaitFor([&] { return router_in_flight() == 0; }));
+  ExpectHealthy();
+}
+
 // ---- admission, cancellation, timeouts, drain
 
 TEST_F(RouterHttpTest, FullQueueGets429WithRetryAfter) {
