@@ -22,8 +22,10 @@ function(pw_simd_sources level)
   if(level STREQUAL "avx2")
     set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   elseif(level STREQUAL "avx512")
+    # Only what the run-time check (avx512f, avx512bw, avx512vl; dq on every such CPU) ensures:
+    # extensions beyond it could be emitted by the compiler and fault on CPUs without them.
     set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS
-      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vbmi;-mavx512bf16;-mavx512fp16;-mfma;-mf16c;-mavx2")
+      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c;-mavx2")
   elseif(level STREQUAL "avx512q8")
     # The integer fast path: AVX-512 F/BW/VL/DQ with VNNI (vpdpbusd) and VBMI (vpermb/vpermi2b).
     set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS
