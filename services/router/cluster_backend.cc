@@ -268,7 +268,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   const WorkerStatic* best_ds = nullptr;
   std::tuple<bool, int64_t, int64_t> best_d_key{false, 0, 0};
   for (const auto& [peer, info] : server_->peers()) {
-    if (info.role != wire::Role::DECODE || info.load.draining) continue;
+    if (info.role != wire::Role::DECODE || info.load.draining || !Reachable(info)) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || assigned[peer] >= ws->max_batch) continue;
     std::tuple<bool, int64_t, int64_t> key{!failed_before(peer),
@@ -284,7 +284,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   const transport::PeerInfo* best_p = nullptr;
   std::pair<bool, int64_t> best_p_key{false, std::numeric_limits<int64_t>::max()};
   for (const auto& [peer, info] : server_->peers()) {
-    if (info.role != wire::Role::PREFILL || info.load.draining) continue;
+    if (info.role != wire::Role::PREFILL || info.load.draining || !Reachable(info)) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || ws->layout_hash != best_ds->layout_hash) continue;
     // Prefer workers not failed on, then the shortest queue.
@@ -306,8 +306,8 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   Status st = server_->Send(best_d->id, m, &reserve_seq);
   if (!st.ok()) {
     PW_LOG(WARNING) << "router: KvReserve to '" << best_d->id << "': " << st.ToString();
-    r.not_before_ms = NowMs() + 50;
-    return true;  // try the others; this one retries after the backoff
+    MarkUnreachable(best_d->id);
+    return true;  // placed again at the next pass, on another worker or once this one is back
   }
   r.phase = Phase::kReserving;
   r.placed_at_ms = NowMs();
@@ -405,7 +405,9 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   Status st = server_->Send(r.prefill_peer, out);
   if (!st.ok()) {
     SendCancel(peer, id, r.lease_id, /*writer_done=*/true);  // the request never left
-    Retry(id, r, "PrefillRequest to '" + r.prefill_peer + "': " + st.ToString());
+    MarkUnreachable(r.prefill_peer);
+    Retry(id, r, "PrefillRequest to '" + r.prefill_peer + "': " + st.ToString(),
+          /*counted=*/false);
     return;
   }
   r.phase = Phase::kPrefilling;
@@ -453,7 +455,9 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   Status st = server_->Send(r.decode_peer, out);
   if (!st.ok()) {
     SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
-    Retry(id, r, "StartDecode to '" + r.decode_peer + "': " + st.ToString());
+    MarkUnreachable(r.decode_peer);
+    Retry(id, r, "StartDecode to '" + r.decode_peer + "': " + st.ToString(),
+          /*counted=*/false);
     return;
   }
   r.phase = Phase::kDecoding;
@@ -538,6 +542,7 @@ void ClusterBackend::CheckPhaseTimeouts() {
 
 void ClusterBackend::OnPeerLost(const std::string& peer, const std::string& why) {
   statics_.erase(peer);
+  unreachable_.erase(peer);
   std::vector<uint64_t> hit;
   for (auto& [id, r] : reqs_) {
     if (r.phase == Phase::kPending) continue;
@@ -628,7 +633,26 @@ void ClusterBackend::CheckFences() {
   for (const Fence& f : done) ReleaseFence(f);
 }
 
-void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why) {
+void ClusterBackend::MarkUnreachable(const std::string& peer) {
+  const transport::PeerInfo* info = server_->FindPeer(peer);
+  if (info == nullptr) return;
+  if (unreachable_.count(peer) == 0) {
+    PW_LOG(WARNING) << "router: worker '" << peer
+                    << "' cannot be reached; placing nothing there until it is heard from";
+  }
+  unreachable_[peer] = {info->epoch, info->heartbeats};
+}
+
+bool ClusterBackend::Reachable(const transport::PeerInfo& info) {
+  auto it = unreachable_.find(info.id);
+  if (it == unreachable_.end()) return true;
+  if (it->second.epoch == info.epoch && it->second.heartbeats == info.heartbeats) return false;
+  unreachable_.erase(it);  // heard from since (or registered again)
+  return true;
+}
+
+void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why, bool counted) {
+  if (!counted) --r.attempts;  // Place counted it; the worker never got it
   if (r.attempts >= options_.max_attempts) {
     PW_LOG(WARNING) << "router: request " << id << " failed after " << r.attempts
                     << " placements: " << why;
@@ -675,7 +699,7 @@ void ClusterBackend::PublishLoad() {
   BackendLoad l;
   bool have_prefill = false;
   for (const auto& [peer, info] : server_->peers()) {
-    if (info.load.draining) continue;
+    if (info.load.draining || !Reachable(info)) continue;
     if (info.role == wire::Role::DECODE) {
       const WorkerStatic* ws = StaticOf(info);
       ++l.decode_workers;

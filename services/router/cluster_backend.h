@@ -22,6 +22,12 @@
 // that registers again with the same process (it lost the router for 3 heartbeats and dropped
 // its requests) is treated like a dead one for the requests it held, and a reservation or
 // prefill that gets no answer within phase_timeout_ms is cancelled and placed again.
+// A worker this router could not send to (its connection is gone: SIGKILL, a crash) is
+// unreachable until it is heard from again (a heartbeat, a new registration) or declared dead:
+// placement skips it and Load() does not count it. A request whose message never reached its
+// worker goes back to pending without using one of its max_attempts, and waits there for a
+// live worker (the router's request timeout bounds the wait; while no worker of a role is
+// reachable, capacity is 0 and new requests wait in the router's admission queue).
 //
 // Writer fences: a lease handed to a prefill worker and then given up before StartDecode
 // (client gone, timeout, a worker lost) may still be written by that prefill worker with
@@ -161,8 +167,12 @@ class ClusterBackend final : public GenerationBackend {
   void OnPeerLost(const std::string& peer, const std::string& why);
   // Re-places requests whose reservation or prefill got no answer in time.
   void CheckPhaseTimeouts();
-  // Puts `r` back to pending after a failure (or fails it after max_attempts).
-  void Retry(uint64_t id, Req& r, const std::string& why);
+  // Puts `r` back to pending after a failure (or fails it after max_attempts). `counted` =
+  // false: the placement never reached its worker (a failed send), so it does not count.
+  void Retry(uint64_t id, Req& r, const std::string& why, bool counted = true);
+  // A send to `peer` failed: skip it until it is heard from again (see the file comment).
+  void MarkUnreachable(const std::string& peer);
+  bool Reachable(const transport::PeerInfo& info);
   // Sends Cancel; `seq_out` gets its seq (0 when not sent).
   void SendCancel(const std::string& peer, uint64_t id, uint64_t lease_id, bool writer_done = false,
                   uint64_t* seq_out = nullptr);
@@ -197,6 +207,13 @@ class ClusterBackend final : public GenerationBackend {
   std::map<std::string, WorkerStatic> statics_;
   uint64_t replaced_ = 0;  // Retry() calls that placed a request again
   std::vector<Fence> fences_;
+  // Workers a send failed to, with their registration epoch and heartbeat count then: they
+  // are reachable again once either moves.
+  struct Unreachable {
+    uint64_t epoch = 0;
+    uint64_t heartbeats = 0;
+  };
+  std::map<std::string, Unreachable> unreachable_;
 
   mutable std::mutex load_mu_;
   BackendLoad load_;  // guarded by load_mu_

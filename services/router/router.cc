@@ -105,7 +105,12 @@ void Router::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange)
       j["status"] = "draining";
       status = 503;
     } else if (load.capacity <= 0) {
+      // Which role has no live (reachable, not draining) worker: requests wait for it.
+      nlohmann::json missing = nlohmann::json::array();
+      if (load.prefill_workers == 0) missing.push_back("prefill");
+      if (load.decode_workers == 0) missing.push_back("decode");
       j["status"] = "no_workers";
+      j["missing"] = missing;
       status = 503;
     } else {
       j["status"] = "ok";

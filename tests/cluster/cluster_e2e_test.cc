@@ -278,6 +278,65 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   EXPECT_TRUE(restarted) << Logs();
 }
 
+// Steady load of 8 clients while pw-prefill is SIGKILLed, and a burst of 8 more right after:
+// the requests it held, and those placed on it before the router notices its death (their
+// PrefillRequest cannot be sent), wait for the restarted worker; every request completes with
+// the undisturbed greedy text.
+TEST_F(ClusterE2E, PrefillWorkerKilledUnderLoadLosesNoRequest) {
+  const int kMax = 8;
+  auto prompts = Prompts(16, 31);
+  auto ref = Reference(prompts, kMax);
+  std::atomic<bool> stop{false};
+  std::atomic<int> served{0}, wrong{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c) {
+    clients.emplace_back([&, c] {
+      for (size_t k = c; !stop.load(); k += 8) {
+        const size_t i = k % prompts.size();
+        std::string text = Complete(prompts[i], kMax);
+        ++served;
+        if (text != ref[i]) {
+          ++wrong;
+          std::lock_guard<std::mutex> lock(mu);
+          if (failures.size() < 5) failures.push_back("prompt " + std::to_string(i) + ": " + text);
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto prefills = PidsWithCmdline("pw-prefill --model " + ModelDir() + " --router tcp://127.0.0.1:" +
+                                  std::to_string(ctl_port_));
+  ASSERT_EQ(prefills.size(), 1u) << Logs();
+  const int before_kill = served.load();
+  kill(prefills[0], SIGKILL);
+  // A burst that arrives while the worker is down (the steady clients may all be waiting on
+  // requests it held): the router still lists it until it is declared dead or restarted.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<std::future<std::string>> burst;
+  for (size_t i = 0; i < 8; ++i) {
+    burst.push_back(std::async(std::launch::async, [&, i] { return Complete(prompts[i], kMax); }));
+  }
+  // Until the restarted worker registered, then a while of normal serving.
+  bool back = false;
+  for (int i = 0; i < 300 && !back; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::string log = ReadFile(run_dir_ + "/pw-cluster.out");
+    back = log.find("prefill-0 exited") != std::string::npos &&
+           PidsWithCmdline("pw-prefill --model " + ModelDir()).size() == 1;
+  }
+  EXPECT_TRUE(back) << Logs();
+  ASSERT_TRUE(WaitServing(60)) << Logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  stop = true;
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < burst.size(); ++i) EXPECT_EQ(burst[i].get(), ref[i]) << "burst " << i;
+  EXPECT_GT(before_kill, 0);
+  EXPECT_GT(served.load(), before_kill + 8) << "no request was served across the restart";
+  EXPECT_EQ(wrong.load(), 0) << (failures.empty() ? "" : failures[0]) << "\n" << Logs();
+}
+
 // A broken model directory: every process that reads it exits at start, so pw-cluster stops
 // the node after 3 quick exits of one of them (backoff 200, 400 ms) with a non-zero code and
 // that child's last log lines, which name the file and the problem; no process is left.

@@ -670,6 +670,10 @@ class Collector final : public GenerationEvents {
     std::lock_guard<std::mutex> lock(mu_);
     return finished_[id];
   }
+  bool finished(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_.count(id) != 0;
+  }
   std::vector<uint64_t> violations() {
     std::lock_guard<std::mutex> lock(mu_);
     return violations_;
@@ -905,6 +909,40 @@ TEST_F(ClusterBackendTest, DeadPrefillWorkerRequestsAreRedispatched) {
   // comes back.
   EXPECT_TRUE(WaitAllFree(d));
   EXPECT_EQ(d->free_blocks(), 64u) << "the first lease was not given back";
+}
+
+// A prefill worker whose process is gone (its socket closed) but not yet declared dead: the
+// requests placed on it meanwhile are not failed after 3 placements within milliseconds, they
+// wait (without using an attempt) until a prefill worker is back, and Load() stops counting
+// the worker at the first failed send (so /health says no_workers, role prefill).
+TEST_F(ClusterBackendTest, RequestsWaitForAPrefillWorkerWhoseProcessIsGone) {
+  ClusterBackendOptions o = BaseOptions();
+  o.dead_after_beats = 50;  // 5 s: the death is not noticed within this test
+  Restart(o);
+  auto* p0 = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  RemoveWorker(p0);  // as SIGKILL: the connection closes, nothing is said
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  constexpr uint64_t kRequests = 8;
+  for (uint64_t id = 1; id <= kRequests; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 6)).ok());
+  EXPECT_TRUE(WaitFor([&] { return backend_->Load().prefill_workers == 0; }, 2000));
+  EXPECT_EQ(backend_->Load().capacity, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (uint64_t id = 1; id <= kRequests; ++id) {
+    EXPECT_FALSE(events_.finished(id)) << id << " ended while it should wait";
+  }
+  auto* p1 = AddWorker("prefill-0", wire::Role::PREFILL);  // restarted under the same id
+  for (uint64_t id = 1; id <= kRequests; ++id) {
+    ASSERT_TRUE(events_.WaitFinished(id, 10000)) << id;
+    EXPECT_EQ(events_.finish(id).first, FinishReason::kLength)
+        << events_.finish(id).second.ToString();
+    EXPECT_EQ(events_.tokens(id), Reference({5, 6, 7}, 6)) << id;
+  }
+  EXPECT_EQ(p1->stats().prefills, static_cast<int>(kRequests));
+  EXPECT_TRUE(events_.violations().empty());
+  EXPECT_EQ(backend_->Load().prefill_workers, 1);
+  EXPECT_TRUE(WaitAllFree(d));
 }
 
 TEST_F(ClusterBackendTest, UnansweredPrefillIsPlacedAgainElsewhere) {

@@ -713,7 +713,11 @@ TEST_F(RouterHttpTest, BackendWithoutWorkersAnswers503) {
   EXPECT_EQ(j["error"]["type"], "server_error");
   backend_->SetFailSubmits(false);
   backend_->SetCapacity(0);
-  EXPECT_EQ(Call(GetRequest("/health")).status, 503);
+  auto health = Call(GetRequest("/health"));
+  EXPECT_EQ(health.status, 503);
+  json h = json::parse(health.body);
+  EXPECT_EQ(h["status"], "no_workers");
+  EXPECT_EQ(h["missing"], json::array({"prefill", "decode"}));
 }
 
 TEST_F(RouterHttpTest, DrainRefusesNewWorkAndFinishesInFlight) {
