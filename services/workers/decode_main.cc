@@ -27,7 +27,29 @@ int main(int argc, char** argv) {
                  "... or this long once the router is lost")
       ->check(CLI::Range(1, 86400000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101");
+  app.add_flag("--lynx", o.lynx, "LYNX: remap decode batches' expert choices (pagedweight_lynx_*)");
+  float lynx_alpha = 0.f;
+  int lynx_beta = -1;
+  std::string lynx_gate = "renorm";
+  app.add_option("--lynx-alpha", lynx_alpha, "LYNX bins per logit (default from k/N)");
+  app.add_option("--lynx-beta", lynx_beta, "LYNX lowest bin -beta (default from k/N)");
+  app.add_option("--lynx-gate-weights", lynx_gate, "renorm or mass")->check(CLI::IsMember({"renorm", "mass"}));
+  app.add_option("--lynx-exempt", o.lynx_options.exempt_layers, "layers LYNX leaves unchanged")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  if (lynx_alpha != 0.f || lynx_beta >= 0) {
+    if (lynx_alpha == 0.f || lynx_beta < 0) {
+      std::fprintf(stderr, "pw-decode: --lynx-alpha and --lynx-beta go together\n");
+      return 2;
+    }
+    o.lynx_options.params = pw::lynx::LynxParams{lynx_alpha, lynx_beta};
+    if (pw::Status s = pw::lynx::ValidateLynxParams(*o.lynx_options.params); !s.ok()) {
+      std::fprintf(stderr, "pw-decode: %s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
+  o.lynx_options.gate_weights =
+      lynx_gate == "mass" ? pw::lynx::GateWeights::kOriginalMass : pw::lynx::GateWeights::kRenormalize;
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);
   pw::workers::InstallStopHandlers();
   auto w = pw::workers::DecodeWorker::Create(o);

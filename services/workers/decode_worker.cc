@@ -55,6 +55,16 @@ Status DecodeWorker::Setup() {
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
+  if (options_.lynx) {
+    lynx_ = std::make_unique<lynx::LynxRemapper>(options_.lynx_options);
+    lynx_hook_ = std::make_unique<engine::LynxRoutingHook>(lynx_.get());
+    lynx_hook_->Reserve(std::max(options_.max_batch_tokens, options_.max_batch),
+                        static_cast<int>(cfg.num_experts), static_cast<int>(cfg.num_experts_per_tok));
+    lynx_metrics_ = LynxMetrics::Register(*metrics_->registry, options_.id);
+    engine::MoeHooks hooks;
+    hooks.routing_hook = lynx_hook_.get();
+    engine_->SetMoeHooks(hooks);
+  }
 
   // UCX: register the KV pool, progress it from a thread (prefill workers put into it).
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
@@ -136,6 +146,7 @@ Status DecodeWorker::LoadExpertsFromBroker() {
       metrics_->ucx_get_bytes->Increment(static_cast<double>(experts_->bytes_loaded()));
       engine::MoeHooks hooks;
       hooks.provider = experts_.get();
+      hooks.routing_hook = lynx_hook_.get();
       engine_->SetMoeHooks(hooks);
       PW_LOG(INFO) << options_.id << ": loaded " << experts_->layout().regions.size()
                    << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker";
@@ -486,6 +497,7 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
   auto step = engine_->Step();
   control.lock();
   in_step_ = false;
+  if (lynx_metrics_) lynx_metrics_->Export(lynx_hook_->stats());
   if (!step.ok()) {
     if (step.status().code() == StatusCode::kResourceExhausted) {
       if (Preempt()) return;

@@ -40,11 +40,14 @@
 #include <vector>
 
 #include "common/status.h"
+#include "policies/lynx/lynx_remap.h"
 #include "services/engine/engine.h"
 #include "services/transport/clock.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
+#include "services/engine/lynx_routing_hook.h"
 #include "services/workers/kv_lease.h"
+#include "services/workers/lynx_metrics.h"
 #include "services/workers/remote_experts.h"
 #include "services/workers/worker_metrics.h"
 
@@ -72,6 +75,10 @@ struct DecodeWorkerOptions {
   uint64_t router_lost_quarantine_ms = 30000;
   int weights_timeout_ms = 120000; // waiting for the broker's expert weights at start
   std::string metrics_bind;        // "127.0.0.1:0"; empty = no /metrics
+  // LYNX (DESIGN.md 5.3): remap pure-decode batches' expert choices through the engine's
+  // routing hook; counted as pagedweight_lynx_* (lynx_metrics.h).
+  bool lynx = false;
+  lynx::LynxOptions lynx_options;
 };
 
 class DecodeWorker {
@@ -148,6 +155,9 @@ class DecodeWorker {
   std::unique_ptr<transport::ControlClient> router_;
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<lynx::LynxRemapper> lynx_;
+  std::unique_ptr<engine::LynxRoutingHook> lynx_hook_;  // null when LYNX is off
+  std::unique_ptr<LynxMetrics> lynx_metrics_;
   KvLeaseTable leases_;
   std::map<uint64_t, Quarantined> quarantine_;  // by lease id
   std::map<uint64_t, Running> running_;
