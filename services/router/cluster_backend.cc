@@ -33,6 +33,7 @@ class WakeFilterTransport final : public transport::Transport {
     return r;
   }
   std::string Describe() const override { return inner_->Describe(); }
+  Status Reconnect() override { return inner_->Reconnect(); }
 
  private:
   std::unique_ptr<transport::Transport> inner_;

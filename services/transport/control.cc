@@ -298,6 +298,10 @@ void ControlClient::RunTimers(bool sweep) {
   const uint64_t now = clock_->NowMs();
   if (sweep && !liveness_.TakeDead().empty()) {
     MarkLost("silent for 3 heartbeats");
+    // Our connection may be one the server no longer reads (another connection took our
+    // routing id over): register again on a new one.
+    Status rc = transport_->Reconnect();
+    if (!rc.ok()) PW_LOG(WARNING) << options_.id << ": reconnect: " << rc.ToString();
     liveness_.Touch("server");  // restart the grace period for the next registration
     next_timer_ms_ = now;       // register again at once
   }

@@ -146,7 +146,8 @@ class ControlClient {
   std::function<void(wire::Heartbeat::Builder)> fill_heartbeat;
   // The server accepted a registration (first time, or again after it restarted).
   std::function<void()> on_registered;
-  // The server was silent for dead_after_beats intervals.
+  // The server was silent for dead_after_beats intervals (the client then reconnects its
+  // transport, see Transport::Reconnect, and registers again).
   std::function<void()> on_server_lost;
 
   // Sends the first Register. Later ones are sent by Poll until acknowledged.

@@ -43,6 +43,7 @@ class FaultInjectingTransport final : public Transport {
   Status Send(std::string_view peer, std::string_view bytes) override;
   Result<std::optional<Frame>> Recv(int timeout_ms) override;
   std::string Describe() const override { return "faulty(" + inner_->Describe() + ")"; }
+  Status Reconnect() override { return inner_->Reconnect(); }
 
   const FaultCounters& counters() const { return counters_; }
   void set_config(const FaultConfig& config) { config_ = config; }

@@ -33,6 +33,12 @@ class Transport {
 
   // What this transport is bound or connected to ("tcp://127.0.0.1:5555"), for logs.
   virtual std::string Describe() const = 0;
+
+  // Drops the connection to the server and opens a new one (a connecting transport; others do
+  // nothing). Frames queued on the old one are lost. A client calls it when the server has
+  // been silent for a while: a peer that took over its routing id (ZMQ_ROUTER_HANDOVER) has
+  // silenced the old connection for good, and a new one takes the id back.
+  virtual Status Reconnect() { return Status::Ok(); }
 };
 
 }  // namespace pw::transport

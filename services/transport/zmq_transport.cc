@@ -82,6 +82,13 @@ Result<std::optional<Frame>> ZmqRouterTransport::Recv(int timeout_ms) {
   return std::optional<Frame>(std::move(f));
 }
 
+Status ZmqDealerTransport::Reconnect() {
+  auto fresh = Connect(endpoint_, id_);
+  if (!fresh.ok()) return fresh.status();
+  socket_ = std::move((*fresh)->socket_);  // the old socket closes (linger 0)
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<ZmqDealerTransport>> ZmqDealerTransport::Connect(const std::string& endpoint,
                                                                         const std::string& id) {
   if (id.empty() || id.size() > 255) return InvalidArgument("DEALER id must be 1..255 bytes");

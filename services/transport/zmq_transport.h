@@ -43,6 +43,8 @@ class ZmqDealerTransport final : public Transport {
   Status Send(std::string_view peer, std::string_view bytes) override;
   Result<std::optional<Frame>> Recv(int timeout_ms) override;
   std::string Describe() const override { return "DEALER " + id_ + " -> " + endpoint_; }
+  // Closes the socket and connects a new one to the same endpoint with the same routing id.
+  Status Reconnect() override;
 
  private:
   explicit ZmqDealerTransport(zmq::socket_t s) : socket_(std::move(s)) {}

@@ -22,6 +22,7 @@
 
 #include "common/tokenizer.h"
 #include "services/engine/engine.h"
+#include "services/transport/zmq_transport.h"
 #include "tests/cluster/process_util.h"
 
 namespace pw {
@@ -335,6 +336,31 @@ TEST_F(ClusterE2E, PrefillWorkerKilledUnderLoadLosesNoRequest) {
   EXPECT_GT(before_kill, 0);
   EXPECT_GT(served.load(), before_kill + 8) << "no request was served across the restart";
   EXPECT_EQ(wrong.load(), 0) << (failures.empty() ? "" : failures[0]) << "\n" << Logs();
+}
+
+// Issue 15, part 1, the recovery half: a process that connects a DEALER to the router's
+// control port with routing id decode-0, holds it 0.8 s and closes it, sending nothing, used to
+// leave the router without a decode worker for good. The real pw-decode, silenced, reconnects
+// after 3 heartbeats and registers again; completions are served again within seconds.
+// (Refusing the impostor needs authentication, not built yet.)
+TEST_F(ClusterE2E, SpoofedRoutingIdDoesNotTakeTheDecodeWorkerOutForGood) {
+  auto prompts = Prompts(2, 3);
+  auto ref = Reference(prompts, 8);
+  ASSERT_EQ(Complete(prompts[0], 8), ref[0]);
+  {
+    zmq::socket_t spoof(transport::ZmqContext(), zmq::socket_type::dealer);
+    spoof.set(zmq::sockopt::routing_id, "decode-0");
+    spoof.set(zmq::sockopt::linger, 0);
+    spoof.connect("tcp://127.0.0.1:" + std::to_string(ctl_port_));
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Complete(prompts[1], 8), ref[1]) << Logs();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  ASSERT_TRUE(WaitServing(20)) << Logs();
+  auto [status, body] = Http(http_port_, "GET", "/health");
+  EXPECT_EQ(status, 200) << body;
+  EXPECT_EQ(Complete(prompts[0], 8), ref[0]);
 }
 
 // A broken model directory: every process that reads it exits at start, so pw-cluster stops

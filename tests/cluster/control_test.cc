@@ -215,6 +215,51 @@ TEST(Control, ClientNoticesSilentServerAndReregisters) {
   EXPECT_EQ(registrations, 2);
 }
 
+// Issue 15, part 1: a local process opens a DEALER with the worker's routing id, holds it a
+// moment and closes it, sending nothing. ZMQ_ROUTER_HANDOVER gives it the id and drops the real
+// worker's pipe, whose frames then go nowhere although its TCP connection stays up. The worker,
+// hearing nothing for 3 heartbeats, must come back on its own: it reconnects (a new connection
+// takes the id back) and registers again. (Authentication, which would refuse the impostor
+// outright, is not built yet.)
+TEST(Control, WorkerWhoseRoutingIdWasTakenOverReconnectsAndRegistersAgain) {
+  Pair p;
+  MakePair(&p);
+  int lost = 0;
+  p.client->on_server_lost = [&] { ++lost; };
+  ASSERT_TRUE(p.client->Start().ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }));
+  {
+    zmq::socket_t spoof(ZmqContext(), zmq::socket_type::dealer);
+    spoof.set(zmq::sockopt::routing_id, "decode-0");
+    spoof.set(zmq::sockopt::linger, 0);
+    spoof.connect(p.endpoint);
+    // Real time for the handshake (the manual clock stands still: nobody is declared dead).
+    for (int i = 0; i < 40; ++i) {
+      p.server->Poll(5, nullptr);
+      p.client->Poll(5, nullptr);
+    }
+  }
+  uint64_t got_request = 0;
+  MessageHandler sh = [&](const std::string&, const proto::InMessage& in) -> Status {
+    if (in.which() == proto::Body::TOKEN_CHUNK) got_request = in.body().getTokenChunk().getRequestId();
+    return Status::Ok();
+  };
+  // Heartbeat time passes: both sides notice the silence; the worker must be back within it.
+  bool back = false;
+  for (int i = 0; i < 400 && !back; ++i) {
+    p.clock.Advance(kBeatMs / 4);
+    p.server->Poll(5, sh);
+    p.client->Poll(5, nullptr);
+    back = lost >= 1 && p.client->registered() && p.server->FindPeer("decode-0") != nullptr;
+  }
+  ASSERT_TRUE(back) << "lost " << lost << ", client registered " << p.client->registered();
+  proto::OutMessage m;
+  m.body().initTokenChunk().setRequestId(42);
+  ASSERT_TRUE(p.client->Send(m).ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return got_request != 0; }, sh));
+  EXPECT_EQ(got_request, 42u);
+}
+
 TEST(Control, RestartedServerIsDetectedAndClientReregisters) {
   Pair p;
   MakePair(&p);
