@@ -16,9 +16,11 @@ namespace pw::lynx {
 
 // The bin of one logit gap `delta` (<= 0).
 inline int AffinityBin(float delta, const LynxParams& p) {
-  if (!std::isfinite(delta)) return -p.beta;
-  const float b = std::ceil(p.alpha * delta);
-  return b <= static_cast<float>(-p.beta) ? -p.beta : static_cast<int>(b);
+  const float x = p.alpha * delta;  // <= 0
+  // Also catches NaN (the comparison is false) and -inf.
+  if (!(x > static_cast<float>(-p.beta))) return -p.beta;
+  // ceil(x) for -beta < x <= 0: -floor(-x), and truncation is floor for -x >= 0.
+  return -static_cast<int>(-x);
 }
 
 // bins[t * N + e] = q[t, e] for t < T, e < N. logits: [T, N] row-major. Does not allocate.

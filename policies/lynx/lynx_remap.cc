@@ -28,7 +28,6 @@ void LynxRemapper::Reserve(int max_tokens, int num_experts, int top_k) {
   score_.reserve(N);
   m_.reserve(N);
   critical_.reserve(N);
-  cand_.reserve(N);
   chosen_.reserve(static_cast<size_t>(top_k));
 }
 
@@ -41,7 +40,7 @@ const RemapOutput& LynxRemapper::Remap(const RemapInput& in) {
   const LynxParams p = ParamsFor(in.num_experts, in.top_k);
   const size_t T = static_cast<size_t>(in.num_tokens), N = static_cast<size_t>(in.num_experts);
   const size_t k = static_cast<size_t>(in.top_k);
-  const double B = static_cast<double>(T);
+  const double B = static_cast<double>(T), inv_b = 1.0 / B;
 
   // 2. bins; 3. batch scores S[e] = sum_t B^q[t, e] (token order: deterministic).
   bins_.resize(T * N);
@@ -59,20 +58,22 @@ const RemapOutput& LynxRemapper::Remap(const RemapInput& in) {
   uint8_t* in_c = buf_.expert_flags();
   std::fill(in_c, in_c + N, uint8_t{0});
   int32_t* idx = buf_.index_scratch();
+  const int32_t* all = buf_.all_experts();
   m_.resize(N);
   for (size_t t = 0; t < T; ++t) {
     const int8_t* q = bins_.data() + t * N;
     const float* row = in.logits + t * N;
     for (size_t e = 0; e < N; ++e) {
       const double h = pow_[static_cast<size_t>(-q[e])];
-      m_[e] = static_cast<double>(q[e]) + (score_[e] - h) / B;
+      m_[e] = static_cast<double>(q[e]) + (score_[e] - h) * inv_b;
     }
-    std::iota(idx, idx + N, 0);
     const double* m = m_.data();
-    std::partial_sort(idx, idx + k, idx + N, [m, row](int32_t a, int32_t b) {
-      if (m[a] != m[b]) return m[a] > m[b];
-      return RanksBefore(row, a, b);
-    });
+    SelectTopK(all, N, k,
+               [m, row](int32_t a, int32_t b) {
+                 if (m[a] != m[b]) return m[a] > m[b];
+                 return RanksBefore(row, a, b);
+               },
+               idx);
     for (size_t j = 0; j < k; ++j) in_c[idx[j]] = 1;
   }
   critical_.clear();
@@ -80,15 +81,21 @@ const RemapOutput& LynxRemapper::Remap(const RemapInput& in) {
     if (in_c[e]) critical_.push_back(static_cast<int32_t>(e));
   }
 
-  // 5. each token's top-k of its original logits inside C (|C| >= k).
+  // 5. each token's top-k of its original logits inside C (|C| >= k). A token whose top-k are
+  // all in C keeps them (they are its k best anywhere, so also inside C).
   chosen_.resize(k);
   for (size_t t = 0; t < T; ++t) {
+    const int32_t* orig = buf_.original(static_cast<int>(t));
+    bool inside = true;
+    for (size_t j = 0; j < k && inside; ++j) inside = in_c[orig[j]] != 0;
+    if (inside) {
+      buf_.KeepToken(in, gw, static_cast<int>(t));
+      continue;
+    }
     const float* row = in.logits + t * N;
-    cand_.assign(critical_.begin(), critical_.end());
-    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(),
-                      [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); });
-    std::copy(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), chosen_.begin());
-    buf_.SetToken(in, gw, static_cast<int>(t), chosen_.data());
+    SelectTopK(critical_.data(), critical_.size(), k,
+               [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); }, chosen_.data());
+    buf_.SetToken(in, gw, static_cast<int>(t), chosen_.data(), /*sorted=*/true);
   }
   return buf_.Finish(in);
 }

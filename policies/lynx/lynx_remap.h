@@ -48,7 +48,6 @@ class LynxRemapper final : public BatchRemapper {
   std::vector<double> score_;    // [N]: S[e]
   std::vector<double> m_;        // [N]: one token's adjusted scores
   std::vector<int32_t> critical_;  // experts of C, ascending
-  std::vector<int32_t> cand_;    // [|C|]
   std::vector<int32_t> chosen_;  // [k]
 };
 

@@ -15,6 +15,7 @@ void RemapBuffers::Reserve(int max_tokens, int num_experts, int top_k) {
   own_probs_.reserve(T * N);
   original_.reserve(T * k);
   idx_.reserve(N);
+  iota_.reserve(N);
   flags_.reserve(N);
   chosen_.reserve(k);
   weights_.reserve(k);
@@ -31,6 +32,10 @@ void RemapBuffers::Begin(const RemapInput& in) {
                k = static_cast<size_t>(k_);
   original_.resize(T * k);
   idx_.resize(N);
+  if (iota_.size() != N) {
+    iota_.resize(N);
+    std::iota(iota_.begin(), iota_.end(), 0);
+  }
   flags_.resize(N);
   chosen_.resize(k);
   weights_.resize(k);
@@ -53,17 +58,27 @@ void RemapBuffers::Begin(const RemapInput& in) {
   }
   for (size_t t = 0; t < T; ++t) {
     const float* row = in.logits + t * N;
-    std::iota(idx_.begin(), idx_.end(), 0);
-    std::partial_sort(idx_.begin(), idx_.begin() + k_, idx_.end(),
-                      [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); });
-    std::copy(idx_.begin(), idx_.begin() + k_, original_.begin() + t * k);
+    SelectTopK(iota_.data(), N, k, [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); },
+               original_.data() + t * k);
   }
 }
 
-void RemapBuffers::SetToken(const RemapInput& in, GateWeights gw, int t, int32_t* chosen) {
+void RemapBuffers::KeepToken(const RemapInput& in, GateWeights gw, int t) {
+  const size_t k = static_cast<size_t>(k_);
+  const int32_t* orig = original(t);
+  SetGateWeights(gw, in.norm_topk_prob, probs(t), orig, orig, k_, weights_.data());
+  RemapSlot* slots = slots_.data() + static_cast<size_t>(t) * k;
+  for (size_t j = 0; j < k; ++j) slots[j] = {orig[j], weights_[j], static_cast<int16_t>(j)};
+  changed_[static_cast<size_t>(t)] = 0;
+}
+
+void RemapBuffers::SetToken(const RemapInput& in, GateWeights gw, int t, int32_t* chosen,
+                            bool sorted) {
   const size_t k = static_cast<size_t>(k_);
   const float* row = in.logits + static_cast<size_t>(t) * static_cast<size_t>(n_);
-  std::sort(chosen, chosen + k, [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); });
+  if (!sorted) {
+    std::sort(chosen, chosen + k, [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); });
+  }
   const int32_t* orig = original(t);
   SetGateWeights(gw, in.norm_topk_prob, probs(t), orig, chosen, k_, weights_.data());
   bool changed = false;
@@ -80,10 +95,7 @@ void RemapBuffers::SetToken(const RemapInput& in, GateWeights gw, int t, int32_t
 }
 
 const RemapOutput& RemapBuffers::Identity(const RemapInput& in, GateWeights gw) {
-  for (int t = 0; t < in.num_tokens; ++t) {
-    std::copy(original(t), original(t) + k_, chosen_.begin());
-    SetToken(in, gw, t, chosen_.data());
-  }
+  for (int t = 0; t < in.num_tokens; ++t) KeepToken(in, gw, t);
   Finish(in);
   out_.stats.applied = false;
   return out_;
