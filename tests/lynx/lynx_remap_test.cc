@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <random>
 #include <set>
 #include <vector>
@@ -10,6 +13,20 @@
 #include "policies/lynx/lynx_params.h"
 #include "policies/lynx/lynx_remap.h"
 #include "policies/lynx/piggyback_remap.h"
+
+// GCC pairs the std::allocator's inlined ::operator new with the free() below and warns; the
+// pair is the replacement's own, so it matches.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+// Counts heap allocations of this test binary (the remap must not allocate once reserved).
+static std::atomic<long> g_allocations{0};
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace pw::lynx {
 namespace {
@@ -245,6 +262,28 @@ TEST(PiggybackRemap, FillsFromTheBatchsFirstChoices) {
   all.keep = 3;  // k' >= k: identity
   PiggybackRemapper id(all);
   EXPECT_FALSE(id.Remap(Input(L, 3, 8, 3)).stats.applied);
+}
+
+TEST(LynxRemap, DoesNotAllocateOnceReserved) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> L(64 * 64);
+  for (float& v : L) v = g(rng);
+  LynxRemapper lynx({});
+  PiggybackOptions po;
+  po.keep = 2;
+  PiggybackRemapper pig(po);
+  lynx.Reserve(64, 64, 8);
+  pig.Reserve(64, 64, 8);
+  const long before = g_allocations.load();
+  for (int T : {64, 1, 17, 64}) {
+    RemapInput in = Input(L, T, 64, 8);
+    EXPECT_TRUE(lynx.Remap(in).stats.applied || T == 1);
+    EXPECT_TRUE(pig.Remap(in).stats.applied || T == 1);
+    in.pure_decode = false;
+    (void)lynx.Remap(in);
+  }
+  EXPECT_EQ(g_allocations.load() - before, 0);
 }
 
 }  // namespace
