@@ -101,13 +101,6 @@ uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
   return ~crc;
 }
 
-void Fnv1a64::Update(const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t h = h_;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  h_ = h;
-}
-
 uint64_t BlockDataBytes(uint32_t rows, uint32_t cols) {
   return LutOffset(rows, cols, kMaxBits + 1);
 }

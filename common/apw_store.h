@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/hash.h"
 #include "common/status.h"
 
 namespace pw::apw {
@@ -33,16 +34,9 @@ const char* BlockKindName(BlockKind kind);
 // CRC-32 (IEEE 802.3 polynomial, reflected, as zlib's crc32); `crc` chains calls (start at 0).
 uint32_t Crc32(const void* data, size_t n, uint32_t crc = 0);
 
-// FNV-1a 64-bit, incremental. The model hash is FNV-1a over config.json's bytes followed by
-// every expert weight tensor's raw bytes in (layer, expert, gate, up, down) order.
-class Fnv1a64 {
- public:
-  void Update(const void* data, size_t n);
-  uint64_t digest() const { return h_; }
-
- private:
-  uint64_t h_ = 0xcbf29ce484222325ull;
-};
+// The model hash is FNV-1a (common/hash.h) over config.json's bytes followed by every expert
+// weight tensor's raw bytes in (layer, expert, gate, up, down) order.
+using pw::Fnv1a64;
 
 // Model-level facts the store is made for.
 struct StoreInfo {

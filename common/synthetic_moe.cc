@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/hash.h"
 #include "common/safetensors.h"
 
 namespace pw {
@@ -84,11 +85,7 @@ uint64_t SplitMix64(uint64_t& x) {
   return z ^ (z >> 31);
 }
 
-uint64_t HashName(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+uint64_t HashName(const std::string& s) { return Fnv1a64Of(s.data(), s.size()); }
 
 // Fills n bf16 values: each the sum of four 16-bit uniforms (Irwin-Hall), centred and scaled to
 // standard deviation `std` (support +-2*sqrt(3)*std). Cheap, deterministic, bell-shaped.

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/hash.h"
 #include "common/logging.h"
 #include "services/engine/model.h"
 #include "services/transport/zmq_transport.h"
@@ -53,7 +54,7 @@ Status Broker::Setup() {
       }
       std::memcpy(dst, w.down.data, r.bytes);
     }
-    checksums_[i] = workers::Fnv1a64(dst, r.bytes);
+    checksums_[i] = Fnv1a64Of(dst, r.bytes);
   }
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));

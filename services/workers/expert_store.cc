@@ -40,14 +40,5 @@ int64_t ExpertStoreLayout::Find(int layer, int expert, int kind) const {
   return index_[static_cast<size_t>((layer * num_experts_ + expert) * 2 + kind)];
 }
 
-uint64_t Fnv1a64(const void* data, size_t bytes) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 }  // namespace pw::workers

@@ -42,7 +42,6 @@ struct ExpertStoreLayout {
   int64_t num_layers_ = 0, num_experts_ = 0;
 };
 
-// FNV-1a 64-bit hash of bytes (region checksums).
-uint64_t Fnv1a64(const void* data, size_t bytes);
+// Region checksums are FNV-1a 64 (common/hash.h, Fnv1a64Of).
 
 }  // namespace pw::workers

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/hash.h"
 #include "services/engine/ops.h"
 
 namespace pw::workers {
@@ -72,7 +73,7 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
     const std::string name = BlockName(local.layer, local.expert, local.kind);
     PW_RETURN_IF_ERROR((*remote)->Get(f.remote_offset, base + local.offset, local.bytes)
                            .WithContext("getting " + name + " from the broker"));
-    if (Fnv1a64(base + local.offset, local.bytes) != f.checksum) {
+    if (Fnv1a64Of(base + local.offset, local.bytes) != f.checksum) {
       return Corrupt("expert " + name + " from the broker fails its checksum");
     }
   }

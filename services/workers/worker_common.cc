@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "common/hash.h"
 #include "services/workers/expert_store.h"
 
 namespace pw::workers {
@@ -12,7 +13,7 @@ uint64_t KvLayoutHash(const engine::KvLayout& l, int64_t hidden_size, int64_t vo
                     std::to_string(l.num_kv_heads) + "|" + std::to_string(l.head_dim) + "|" +
                     std::to_string(l.block_size) + "|" + std::to_string(hidden_size) + "|" +
                     std::to_string(vocab_size);
-  return Fnv1a64(key.data(), key.size());
+  return Fnv1a64Of(key.data(), key.size());
 }
 
 engine::SamplingParams FromWire(wire::SamplingParams::Reader s) {
