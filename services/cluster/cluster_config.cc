@@ -48,6 +48,20 @@ const Schema& ClusterSchema() {
                      {"max_batch_tokens", Schema::Int().Range(1, 1 << 20).Default(int64_t{256})},
                      {"max_batch", Schema::Int().Range(1, 65536).Default(int64_t{64})},
                      {"metrics_port", OptPort()},
+                     // LYNX (DESIGN.md 5.3): alpha 0 / beta -1 = derived from k/N.
+                     {"lynx", Schema::Map({
+                                  {"enabled", Schema::Bool().Default(false)},
+                                  {"alpha", Schema::Double().Range(0, 1000).Default(0.0)},
+                                  {"beta", Schema::Int().Range(-1, 64).Default(int64_t{-1})},
+                                  {"gate_weights", Schema::String().OneOf({"renorm", "mass"})
+                                                       .Default("renorm")},
+                                  {"exempt_layers", Schema::List(Schema::Int().Range(0, 100000))},
+                              }).Check([](const ConfigValue& v) -> std::string {
+                                if ((v["alpha"].AsDouble() > 0) != (v["beta"].AsInt() >= 0)) {
+                                  return "alpha and beta go together (or neither: from k/N)";
+                                }
+                                return "";
+                              })},
                  })).Size(1, 64).Required()},
       {"restart", Schema::Map({
                       {"initial_backoff_ms", Schema::Int().Range(0, 600000).Default(int64_t{500})},
@@ -138,6 +152,22 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
       if (kind[0] == 'd') {
         p.argv.push_back("--max-batch");
         p.argv.push_back(std::to_string(w["max_batch"].AsInt()));
+        const ConfigValue& lynx = w["lynx"];
+        if (lynx["enabled"].AsBool()) {
+          p.argv.insert(p.argv.end(), {"--lynx", "--lynx-gate-weights", lynx["gate_weights"].AsString()});
+          if (lynx["beta"].AsInt() >= 0) {
+            p.argv.insert(p.argv.end(), {"--lynx-alpha", std::to_string(lynx["alpha"].AsDouble()),
+                                         "--lynx-beta", std::to_string(lynx["beta"].AsInt())});
+          }
+          if (lynx.Has("exempt_layers") && !lynx["exempt_layers"].Items().empty()) {
+            std::string layers;
+            for (const auto& l : lynx["exempt_layers"].Items()) {
+              if (!layers.empty()) layers += ',';
+              layers += std::to_string(l.AsInt());
+            }
+            p.argv.insert(p.argv.end(), {"--lynx-exempt", layers});
+          }
+        }
       }
       if (broker_on) {
         p.argv.push_back("--broker");

@@ -8,7 +8,9 @@
 //   router:  {port: 8000, control_port: 5555, lease_ms: 30000, max_waiting: 256}
 //   broker:  {enabled: true, control_port: 5556, metrics_port: 9100}
 //   prefill: [{id, kv_blocks, threads, max_batch_tokens, metrics_port}]   (1..64 entries)
-//   decode:  [{id, kv_blocks, threads, max_batch_tokens, max_batch, metrics_port}] (1..64)
+//   decode:  [{id, kv_blocks, threads, max_batch_tokens, max_batch, metrics_port,
+//              lynx: {enabled: false, alpha, beta, gate_weights: renorm|mass, exempt_layers: []}}]
+//            (1..64; lynx alpha/beta omitted = derived from k/N; passed as pw-decode --lynx ...)
 //   restart: {initial_backoff_ms: 500, max_backoff_ms: 10000, stable_after_ms: 10000,
 //             fail_fast_ms: 5000, fail_fast_exits: 3}
 // Ports must be distinct; ids must be distinct. Relative paths are relative to the current

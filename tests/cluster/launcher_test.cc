@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -44,6 +45,41 @@ TEST(ClusterConfig, DeployLocalYamlLoads) {
   EXPECT_EQ(cfg->processes[0].stop_order, 2);
   EXPECT_EQ(cfg->processes[1].name, "router");
   EXPECT_EQ(cfg->processes[1].stop_order, 0);
+}
+
+TEST(ClusterConfig, DecodeLynxBlockBecomesFlags) {
+  auto path = WriteTemp("lynx.yaml",
+                        "model_dir: m\nprefill: [{id: p}]\n"
+                        "decode: [{id: d, lynx: {enabled: true, alpha: 3, beta: 3, "
+                        "gate_weights: mass, exempt_layers: [0, 3]}}, {id: e}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto argv_of = [&](const std::string& name) {
+    for (const auto& p : cfg->processes) {
+      if (p.name == name) return p.argv;
+    }
+    return std::vector<std::string>{};
+  };
+  auto value_after = [](const std::vector<std::string>& argv, const std::string& flag) {
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == flag) return argv[i + 1];
+    }
+    return std::string("(absent)");
+  };
+  const auto d = argv_of("d");
+  EXPECT_NE(std::find(d.begin(), d.end(), "--lynx"), d.end());
+  EXPECT_EQ(std::stod(value_after(d, "--lynx-alpha")), 3.0);
+  EXPECT_EQ(value_after(d, "--lynx-beta"), "3");
+  EXPECT_EQ(value_after(d, "--lynx-gate-weights"), "mass");
+  EXPECT_EQ(value_after(d, "--lynx-exempt"), "0,3");
+  const auto e = argv_of("e");  // no lynx block: off
+  EXPECT_EQ(std::find(e.begin(), e.end(), "--lynx"), e.end());
+
+  auto bad = WriteTemp("lynx_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                        "decode: [{id: d, lynx: {enabled: true, alpha: 3}}]\n");
+  auto r = LoadClusterConfig(bad, "/bin");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("alpha and beta"), std::string::npos) << r.status().ToString();
 }
 
 TEST(ClusterConfig, BadFilesNameTheProblem) {
