@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kernels/anyprec/anyprec.h"
+#include "common/plane_layout.h"
 
 namespace pw::apw {
 namespace {

@@ -3,7 +3,7 @@
 // count. Written once by pw-quantize (ApwWriter, atomic), memory-mapped by readers (ApwStore),
 // which validate every byte they will use. The byte layout is documented in docs/formats.md.
 //
-// A plane is row-major with PlaneRowBytes(cols) bytes per row (kernels/anyprec/anyprec.h), so
+// A plane is row-major with PlaneRowBytes(cols) bytes per row (common/plane_layout.h), so
 // any tile of consecutive rows of one plane is one contiguous run of the file: pages of the
 // paged pool are copied (or mapped) from the store without repacking.
 #pragma once
@@ -17,14 +17,15 @@
 #include <vector>
 
 #include "common/hash.h"
+#include "common/plane_layout.h"
 #include "common/status.h"
 
 namespace pw::apw {
 
 inline constexpr uint32_t kFormatVersion = 1;
-inline constexpr int kPlanes = 8;
-inline constexpr int kMinBits = 3;
-inline constexpr int kMaxBits = 8;
+inline constexpr int kPlanes = anyprec::kNumPlanes;  // the plane layout: common/plane_layout.h
+inline constexpr int kMinBits = anyprec::kMinBits;
+inline constexpr int kMaxBits = anyprec::kMaxBits;
 inline constexpr size_t kDataAlign = 4096;  // block data offsets (page-aligned for mmap)
 inline constexpr size_t kPartAlign = 64;    // planes and LUTs inside a block
 

@@ -22,33 +22,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/plane_layout.h"
 #include "common/status.h"
 
 namespace pw::anyprec {
 
-inline constexpr int kMinBits = 3;
-inline constexpr int kMaxBits = 8;
-inline constexpr int kNumPlanes = 8;
-inline constexpr int kGroupCols = 256;  // columns per packing group
-inline constexpr int kGroupBytes = 32;  // bytes per packing group in one plane row
-inline constexpr int kMaxTokens = 64;   // tokens per ApGemm call
+// The plane layout (widths, packing groups, PlaneRowBytes, PlaneBitPosition, LutEntries) is the
+// store's format too: common/plane_layout.h.
+inline constexpr int kMaxTokens = 64;  // tokens per ApGemm call
 inline constexpr size_t kWorkspaceAlign = 64;
-
-// Bytes of one row of one plane: ceil(cols / 256) * 32.
-constexpr size_t PlaneRowBytes(int cols) {
-  return static_cast<size_t>((cols + kGroupCols - 1) / kGroupCols) * kGroupBytes;
-}
-// Where column c of a row sits inside that row of a plane: byte offset and bit index (0 = LSB).
-struct BitPosition {
-  size_t byte;
-  int bit;
-};
-constexpr BitPosition PlaneBitPosition(int c) {
-  return {static_cast<size_t>(c / kGroupCols) * kGroupBytes + static_cast<size_t>(c % 32),
-          (c % kGroupCols) / 32};
-}
-// Number of fp16 entries of LUT_b for one row.
-constexpr int LutEntries(int bits) { return 1 << bits; }
 
 // Non-owning view of one linear block. Valid for a width b when rows, cols >= 1,
 // tile_rows >= 1, planes[0..b-1] are set (each an array of ceil(rows / tile_rows) page
