@@ -216,7 +216,7 @@ TEST(Control, ClientNoticesSilentServerAndReregisters) {
 }
 
 // Issue 15, part 1: a local process opens a DEALER with the worker's routing id, holds it a
-// moment and closes it, sending nothing. ZMQ_ROUTER_HANDOVER gives it the id and drops the real
+// moment and closes it (here it sends one malformed byte, so the test knows when it got in). ZMQ_ROUTER_HANDOVER gives it the id and drops the real
 // worker's pipe, whose frames then go nowhere although its TCP connection stays up. The worker,
 // hearing nothing for 3 heartbeats, must come back on its own: it reconnects (a new connection
 // takes the id back) and registers again. (Authentication, which would refuse the impostor
@@ -233,11 +233,15 @@ TEST(Control, WorkerWhoseRoutingIdWasTakenOverReconnectsAndRegistersAgain) {
     spoof.set(zmq::sockopt::routing_id, "decode-0");
     spoof.set(zmq::sockopt::linger, 0);
     spoof.connect(p.endpoint);
-    // Real time for the handshake (the manual clock stands still: nobody is declared dead).
-    for (int i = 0; i < 40; ++i) {
+    // One byte that is not a frame: when the server has dropped it, the impostor holds the id
+    // (the manual clock stands still meanwhile: nobody is declared dead).
+    const uint64_t malformed = p.server->counters().malformed;
+    (void)spoof.send(zmq::buffer("x", 1), zmq::send_flags::none);
+    for (int i = 0; i < 1000 && p.server->counters().malformed == malformed; ++i) {
       p.server->Poll(5, nullptr);
-      p.client->Poll(5, nullptr);
+      p.client->Poll(0, nullptr);
     }
+    ASSERT_GT(p.server->counters().malformed, malformed) << "the impostor never got through";
   }
   uint64_t got_request = 0;
   MessageHandler sh = [&](const std::string&, const proto::InMessage& in) -> Status {
