@@ -3,9 +3,12 @@
 //   - the scalar reference against the exact fp16-LUT product, within the error bound the two
 //     quantizations allow: |y_q8 - y_exact| <= sum_c (|dw| |x| + |w| |dx| + |dw| |dx|) with
 //     |dw| <= lut_scale / 2 and |dx| <= act_scale / 2 per column (plus fp32 rounding);
-//   - every SIMD backend against the scalar reference: |y - y_ref| <= 1e-5 * sum_c |w8 x8|
-//     (fp32 group accumulation vs fp64), on random blocks of awkward shapes, every width,
-//     1/3/37/64 tokens, page lists of several tile sizes, outputs poisoned with NaN first.
+//   - every SIMD backend against the scalar reference: |y - y_ref| <= 1e-5 * sum_c (|w8| + 128)
+//     |x8| (scaled): fp32 group accumulation vs fp64, where the VNNI path sums the weights
+//     offset to unsigned (w8 + 128) and subtracts the offset's share at the end, so its rounding
+//     scales with the offset sum too (one column of a small weight would otherwise fail a bound
+//     on |w8 x8| alone); on random blocks of awkward shapes, every width, 1/3/37/64 tokens, page
+//     lists of several tile sizes, outputs poisoned with NaN first.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -201,13 +204,13 @@ TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
       auto x = RandomX(tokens, s.cols, rng);
       Acts a(x, tokens, s.cols);
       for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
-        // Tolerance scale: sum_c |w8 * s_r| * |x8 * s_g| per output.
+        // Tolerance scale: sum_c (|w8| + 128) * s_r * |x8 * s_g| per output.
         std::vector<double> mag(static_cast<size_t>(tokens) * s.rows, 0.0);
         for (int t = 0; t < tokens; ++t) {
           for (int r = 0; r < s.rows; ++r) {
             for (int c = 0; c < s.cols; ++c) {
-              mag[t * s.rows + r] += std::fabs(luts.values[bits][(r << bits) + Code(rb, r, c, bits)] *
-                                               luts.scales[bits][r]) *
+              mag[t * s.rows + r] += (std::fabs(luts.values[bits][(r << bits) + Code(rb, r, c, bits)]) + 128) *
+                                     luts.scales[bits][r] *
                                      std::fabs(a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
                                                a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
             }
@@ -382,8 +385,8 @@ TEST(Q8Dense, BackendsMatchReferenceOnAwkwardShapes) {
           const int t = static_cast<int>(i) / s.rows, r = static_cast<int>(i) % s.rows;
           double mag = 0;
           for (int c = 0; c < s.cols; ++c) {
-            mag += std::fabs(q.values[r * Q8ActStride(s.cols) + Q8ActIndex(c)] * q.scales[r] *
-                             a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
+            mag += (std::fabs(q.values[r * Q8ActStride(s.cols) + Q8ActIndex(c)]) + 128) * q.scales[r] *
+                   std::fabs(a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
                              a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
           }
           ASSERT_LE(std::fabs(static_cast<double>(y[i]) - want[i]), 1e-5 * mag + 1e-30)
