@@ -157,8 +157,7 @@ Status ApwWriter::Add(const BlockData& b) {
                            std::to_string(b.cols) + ", expected " + std::to_string(rows) + "x" +
                            std::to_string(cols));
   }
-  uint8_t& seen = seen_[(static_cast<size_t>(b.layer) * info_.num_experts + b.expert) * 2 +
-                        static_cast<uint32_t>(b.kind)];
+  uint8_t& seen = seen_[ExpertBlockIndex(b.layer, b.expert, b.kind, info_.num_experts)];
   if (seen) return InvalidArgument(path_ + ": block (" + name + ") added twice");
   for (int p = 0; p < kPlanes; ++p) {
     if (b.planes[p] == nullptr) return InvalidArgument(path_ + ": block (" + name + ") lacks plane " + std::to_string(p));
@@ -257,7 +256,7 @@ const BlockData* ApwStore::Find(uint32_t layer, uint32_t expert, BlockKind kind)
   if (layer >= info_.num_layers || expert >= info_.num_experts) return nullptr;
   const auto k = static_cast<uint32_t>(kind);
   if (k > 1) return nullptr;
-  const int32_t i = index_[(static_cast<size_t>(layer) * info_.num_experts + expert) * 2 + k];
+  const int32_t i = index_[ExpertBlockIndex(layer, expert, kind, info_.num_experts)];
   return i < 0 ? nullptr : &blocks_[i];
 }
 
@@ -374,7 +373,7 @@ Result<std::unique_ptr<ApwStore>> ApwStore::Open(const std::string& path, const 
     }
     b.kind = static_cast<BlockKind>(kind);
     const std::string name = where + " (" + Describe(b.layer, b.expert, b.kind) + ")";
-    int32_t& slot = s->index_[(static_cast<size_t>(b.layer) * info.num_experts + b.expert) * 2 + kind];
+    int32_t& slot = s->index_[ExpertBlockIndex(b.layer, b.expert, b.kind, info.num_experts)];
     if (slot >= 0) return Corrupt(name + ": duplicate of block " + std::to_string(slot));
     slot = static_cast<int32_t>(i);
     b.rows = Get<uint32_t>(e, 12);

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/expert_block.h"
 #include "common/hash.h"
 #include "common/plane_layout.h"
 #include "common/status.h"
@@ -29,7 +30,8 @@ inline constexpr int kMaxBits = anyprec::kMaxBits;
 inline constexpr size_t kDataAlign = 4096;  // block data offsets (page-aligned for mmap)
 inline constexpr size_t kPartAlign = 64;    // planes and LUTs inside a block
 
-enum class BlockKind : uint32_t { kGateUp = 0, kDown = 1 };
+// A block is an expert's gate_up or down (common/expert_block.h); stored as a uint32.
+using BlockKind = pw::ExpertProj;
 const char* BlockKindName(BlockKind kind);
 
 // CRC-32 (IEEE 802.3 polynomial, reflected, as zlib's crc32); `crc` chains calls (start at 0).

@@ -315,7 +315,7 @@ Status ApwExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, 
   }
   const int bits = widths_.Get(layer, expert, proj);
   if (bits == kBf16Bits) return bf16_.Apply(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
-  const size_t block = (static_cast<size_t>(layer) * widths_.num_experts() + expert) * 2 + static_cast<size_t>(proj);
+  const size_t block = ExpertBlockIndex(layer, expert, proj, widths_.num_experts());
   const BlockView& view = pages_[block]->view();
   const int rows = view.rows, cols = view.cols;
   const int threads = pool != nullptr ? std::max(1, pool->num_threads()) : 1;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/apw_store.h"
+#include "common/expert_block.h"
 #include "common/status.h"
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/pack.h"
@@ -60,7 +61,7 @@ class WidthMap {
 
  private:
   size_t Index(int layer, int expert, engine::ExpertProj proj) const {
-    return (static_cast<size_t>(layer) * num_experts_ + expert) * 2 + static_cast<size_t>(proj);
+    return ExpertBlockIndex(layer, expert, proj, num_experts_);
   }
   int num_layers_ = 0;
   int num_experts_ = 0;
@@ -154,7 +155,7 @@ class CalibrationRecorder final : public engine::ExpertWeightProvider {
 
  private:
   size_t Index(int layer, int expert, engine::ExpertProj proj) const {
-    return (static_cast<size_t>(layer) * num_experts_ + expert) * 2 + static_cast<size_t>(proj);
+    return ExpertBlockIndex(layer, expert, proj, num_experts_);
   }
   engine::ExpertWeightProvider* inner_;
   int num_layers_, num_experts_;

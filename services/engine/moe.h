@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/expert_block.h"
 #include "common/status.h"
 
 namespace pw::cpu {
@@ -34,11 +35,9 @@ class ThreadPool;
 
 namespace pw::engine {
 
-// Which linear block of an expert.
-enum class ExpertProj : uint8_t {
-  kGateUp = 0,  // [2 * I, H]: rows [0, I) are gate_proj (w1), rows [I, 2I) up_proj (w3)
-  kDown = 1,    // [H, I]: down_proj (w2)
-};
+// Which linear block of an expert (common/expert_block.h): kGateUp [2 * I, H] (rows [0, I)
+// gate_proj, [I, 2I) up_proj), kDown [H, I].
+using pw::ExpertProj;
 
 // One routed (token, expert) pair.
 struct ExpertAssignment {

@@ -22,7 +22,7 @@ ExpertStoreLayout ExpertStoreLayout::For(const ModelConfig& c) {
         r.bytes = static_cast<uint64_t>(r.rows * r.cols) * 2;
         r.offset = off;
         off += (r.bytes + 63) / 64 * 64;
-        s.index_[static_cast<size_t>((l * c.num_experts + e) * 2 + kind)] =
+        s.index_[ExpertBlockIndex(l, e, static_cast<ExpertProj>(kind), c.num_experts)] =
             static_cast<int64_t>(s.regions.size());
         s.regions.push_back(r);
       }
@@ -37,7 +37,7 @@ int64_t ExpertStoreLayout::Find(int layer, int expert, int kind) const {
       kind > 1) {
     return -1;
   }
-  return index_[static_cast<size_t>((layer * num_experts_ + expert) * 2 + kind)];
+  return index_[ExpertBlockIndex(layer, expert, static_cast<ExpertProj>(kind), num_experts_)];
 }
 
 

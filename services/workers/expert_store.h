@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "common/expert_block.h"
 #include "common/model_config.h"
 #include "common/status.h"
 
