@@ -27,6 +27,27 @@ int Pieces(int rows, int cols, int tokens, int threads) {
   return (static_cast<int64_t>(rows) * cols * tokens >= (1 << 16)) ? std::min(threads, rows) : 1;
 }
 
+// Runs piece(i, r0, r1) for `pieces` contiguous shares of [0, rows), on the pool when there is
+// more than one, and returns the first error.
+template <typename F>
+Status SplitRows(cpu::ThreadPool* pool, int rows, int pieces, F&& piece) {
+  std::vector<Status> status(pieces);
+  auto run = [&](int i) {
+    const int r0 = static_cast<int>(static_cast<int64_t>(rows) * i / pieces);
+    const int r1 = static_cast<int>(static_cast<int64_t>(rows) * (i + 1) / pieces);
+    status[i] = piece(i, r0, r1);
+  };
+  if (pieces > 1) {
+    pool->ParallelFor(static_cast<size_t>(pieces), 1, 1, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) run(static_cast<int>(i));
+    });
+  } else {
+    run(0);
+  }
+  for (const Status& s : status) PW_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* KernelPathName(KernelPath path) { return path == KernelPath::kExact ? "exact" : "fast"; }
@@ -341,24 +362,12 @@ Status ApwExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, 
     const size_t ws_bytes = ApGemmWorkspaceBytes(cols, n);
     const int pieces = Pieces(rows, cols, n, threads);
     for (int i = 0; i < pieces; ++i) Workspace(i, ws_bytes);
-    std::vector<Status> status(pieces);
-    auto run_piece = [&](int i) {
-      const int r0 = static_cast<int>(static_cast<int64_t>(rows) * i / pieces);
-      const int r1 = static_cast<int>(static_cast<int64_t>(rows) * (i + 1) / pieces);
-      status[i] = ApGemmRows(backend_, view, bits, xin, n, yout, r0, r1, {ws_[i].get(), ws_bytes});
-    };
-    if (pieces > 1) {
-      pool->ParallelFor(static_cast<size_t>(pieces), 1, 1, [&](size_t b, size_t e) {
-        for (size_t i = b; i < e; ++i) run_piece(static_cast<int>(i));
-      });
-    } else {
-      run_piece(0);
-    }
-    for (const Status& s : status) {
-      if (!s.ok()) {
-        return s.WithContext("apw experts (layer " + std::to_string(layer) + ", expert " +
-                             std::to_string(expert) + ", " + ProjName(proj) + ")");
-      }
+    Status s = SplitRows(pool, rows, pieces, [&](int i, int r0, int r1) {
+      return ApGemmRows(backend_, view, bits, xin, n, yout, r0, r1, {ws_[i].get(), ws_bytes});
+    });
+    if (!s.ok()) {
+      return s.WithContext("apw experts (layer " + std::to_string(layer) + ", expert " +
+                           std::to_string(expert) + ", " + ProjName(proj) + ")");
     }
     if (!direct) {
       for (int t = 0; t < n; ++t) {
@@ -393,22 +402,10 @@ Status ApwExpertProvider::ApplyFast(size_t block, const BlockView& view, int bit
   Q8Acts acts;
   PW_RETURN_IF_ERROR(QuantizeActs(x, ldx, n, view.cols, {acts_buf_.get(), acts_bytes_}, &acts));
   const int threads = pool != nullptr ? std::max(1, pool->num_threads()) : 1;
-  const int pieces = Pieces(view.rows, view.cols, n, threads);
-  std::vector<Status> status(pieces);
-  auto run_piece = [&](int i) {
-    const int r0 = static_cast<int>(static_cast<int64_t>(view.rows) * i / pieces);
-    const int r1 = static_cast<int>(static_cast<int64_t>(view.rows) * (i + 1) / pieces);
-    status[i] = ApGemmQ8Rows(q8_backend_, view, bits, lut, acts, y, ldy, r0, r1);
-  };
-  if (pieces > 1) {
-    pool->ParallelFor(static_cast<size_t>(pieces), 1, 1, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) run_piece(static_cast<int>(i));
-    });
-  } else {
-    run_piece(0);
-  }
-  for (const Status& s : status) PW_RETURN_IF_ERROR(s);
-  return Status::Ok();
+  return SplitRows(pool, view.rows, Pieces(view.rows, view.cols, n, threads),
+                   [&](int, int r0, int r1) {
+                     return ApGemmQ8Rows(q8_backend_, view, bits, lut, acts, y, ldy, r0, r1);
+                   });
 }
 
 // ---- CalibrationRecorder ------------------------------------------------------------------

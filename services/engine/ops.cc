@@ -41,8 +41,7 @@ void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const
     anyprec::Q8Acts acts;
     Check(anyprec::QuantizeActs(x + t0 * ldx, ldx, n, w.cols, ws, &acts));
     float* yt = y + t0 * ldy;
-    const size_t work_per_row = static_cast<size_t>(w.cols) * n;
-    const size_t min_rows = std::max<size_t>(16, kMinParallelMacs / std::max<size_t>(1, work_per_row));
+    const size_t min_rows = MinRowsPerThread(static_cast<size_t>(w.cols), static_cast<size_t>(n));
     auto run = [&](size_t b, size_t e) {
       Check(anyprec::DenseQ8Rows(backend, w, acts, yt, ldy, static_cast<int>(b), static_cast<int>(e)));
     };

@@ -13,15 +13,18 @@ namespace pw::engine {
 // Least work (multiply-adds) worth handing to another thread.
 inline constexpr size_t kMinParallelMacs = size_t{1} << 19;
 
+// Fewest output rows worth giving one thread for a product of `cols` x `T` per row.
+inline size_t MinRowsPerThread(size_t cols, size_t T) {
+  return std::max<size_t>(16, kMinParallelMacs / std::max<size_t>(1, cols * T));
+}
+
 // y[t * ldy + n] = sum_k x[t * ldx + k] * W[n, k] for t < T and every row n of w, split over
 // the pool by output rows (blocks of 16). Products under kMinParallelMacs multiply-adds per
 // thread run on the calling thread: a pool hand-off costs microseconds (much more on a loaded
 // host), which small matrices do not repay.
 inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
                    size_t T, const uint16_t* w, size_t rows, size_t cols, float* y, size_t ldy) {
-  const size_t work_per_row = cols * T;
-  const size_t min_rows =
-      std::max<size_t>(16, kMinParallelMacs / std::max<size_t>(1, work_per_row));
+  const size_t min_rows = MinRowsPerThread(cols, T);
   auto run = [&](size_t b, size_t e) { k.matmul_bf16(x, ldx, T, w, cols, b, e, y, ldy); };
   if (pool == nullptr) {
     run(0, rows);
