@@ -219,7 +219,8 @@ Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lu
     return Unsupported(std::string("anyprec q8: backend ") + BackendName(backend) +
                        " has no fast path on this CPU");
   }
-  if (lut.values == nullptr || lut.scales == nullptr) {
+  if ((lut.values == nullptr && (lut.pages == nullptr || lut.tile_rows < 1)) ||
+      lut.scales == nullptr) {
     return InvalidArgument("anyprec q8: int8 LUT for width " + std::to_string(bits) + " missing");
   }
   PW_RETURN_IF_ERROR(CheckActsAndRows(acts, view.cols, view.rows, y, ldy, row_begin, row_end));
