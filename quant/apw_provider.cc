@@ -1,4 +1,4 @@
-#include "kernels/anyprec/apw_provider.h"
+#include "quant/apw_provider.h"
 
 #include <yaml-cpp/yaml.h>
 
