@@ -4,6 +4,8 @@
 
 namespace pw::memory {
 
+static int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
 const char* PartStateName(PartState s) {
   switch (s) {
     case PartState::kAbsent:
@@ -56,7 +58,19 @@ int WeightPageTable::LutTileRows(int bits) const {
   return static_cast<int>(pool_->page_bytes() >> bits);
 }
 
-static int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+int WeightPageTable::PagesFor(int rows, int cols, int bits, size_t page_bytes) {
+  if (bits == 0) return 0;
+  const int plane_tile = static_cast<int>(page_bytes / anyprec::PlaneRowBytes(cols));
+  const int lut_tile = static_cast<int>(page_bytes >> bits);
+  if (plane_tile < 1 || lut_tile < 1) return -1;
+  return bits * CeilDiv(rows, plane_tile) + CeilDiv(rows, lut_tile);
+}
+
+int WeightPageTable::PagesToBegin(size_t i, int target) const {
+  const Entry& e = entries_[i];
+  const int planes = std::max(0, target - static_cast<int>(e.committed)) * CeilDiv(e.rows, PlaneTileRows(e.cols));
+  return planes + (target > 0 ? CeilDiv(e.rows, LutTileRows(target)) : 0);
+}
 
 int WeightPageTable::PagesAt(size_t i, int bits) const {
   if (bits == 0) return 0;

@@ -94,6 +94,10 @@ class WeightPageTable {
   int LutTileRows(int bits) const;
   // Pages a block needs resident at width `bits` (planes and LUT).
   int PagesAt(size_t i, int bits) const;
+  // Pages Begin(i, target) takes from the pool (new planes and the new LUT).
+  int PagesToBegin(size_t i, int target) const;
+  // The same as PagesAt for a rows x cols block in pages of `page_bytes` (sizing a pool before it exists).
+  static int PagesFor(int rows, int cols, int bits, size_t page_bytes);
 
   void set_desired(size_t i, int bits) { entries_[i].desired = static_cast<uint8_t>(bits); }
   // Starts q_i -> target (0 or 3..8, != q_i, no transition in flight). Returns what to fill.

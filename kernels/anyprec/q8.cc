@@ -214,7 +214,7 @@ Backend BestQ8Backend() {
 
 Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end) {
-  PW_RETURN_IF_ERROR(ValidateView(view, bits));
+  PW_RETURN_IF_ERROR(ValidatePlanes(view, bits));
   if (!Q8BackendAvailable(backend)) {
     return Unsupported(std::string("anyprec q8: backend ") + BackendName(backend) +
                        " has no fast path on this CPU");

@@ -92,7 +92,8 @@ Backend BestQ8Backend();
 
 // Rows [row_begin, row_end) of y [acts.tokens][ldy] (other entries untouched):
 //   y[t][r] = the fast-path product above for block `view` at width `bits`.
-// Reads planes 0..bits-1 of the view and `lut`; acts.cols must equal view.cols.
+// Reads planes 0..bits-1 of the view and `lut` (the view's fp16 LUTs may be null); acts.cols
+// must equal view.cols.
 Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end);
 

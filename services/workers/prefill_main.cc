@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   app.add_option("--id", o.id, "worker id (default prefill-<pid>)");
   app.add_option("--model-name", o.model_name, "model name reported to the router");
   app.add_option("--kv-blocks", o.num_kv_blocks, "KV pool blocks")->check(CLI::Range(1, 1 << 24));
+  std::string kv_dtype = "bf16";
+  app.add_option("--kv-dtype", kv_dtype, "KV elements (must equal the decode workers')")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--block-size", o.block_size, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--threads", o.threads, "compute threads")->check(CLI::Range(1, 1024));
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "prompt tokens per forward pass")
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(10, 60000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101");
   CLI11_PARSE(app, argc, argv);
+  o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   pw::SetLogProcessTag(o.id.empty() ? "prefill" : o.id);
   pw::workers::InstallStopHandlers();
   auto w = pw::workers::PrefillWorker::Create(o);
