@@ -257,6 +257,7 @@ Status Broker::OnPlanAck(const std::string& peer, wire::PlanAck::Reader r) {
                     << " change(s) of epoch " << r.getEpoch() << ": " << proto::ToString(r.getReason());
   }
   PW_RETURN_IF_ERROR(book_->Acked(peer, r.getEpoch(), committed, r.getComplete()));
+  plan_sent_ms_.emplace(peer, 0);  // a worker known from its acks gets plans too
   ExportPlanMetrics();
   return Status::Ok();
 }

@@ -89,7 +89,12 @@ Status PlanBook::Mirror(const std::string& worker, const std::vector<BlockWidth>
 Status PlanBook::Acked(const std::string& worker, uint64_t epoch,
                        const std::vector<BlockWidth>& committed, bool complete) {
   auto it = mirrors_.find(worker);
-  if (it == mirrors_.end()) return InvalidArgument("plan ack from unknown worker '" + worker + "'");
+  if (it == mirrors_.end()) {
+    // A worker that registered before it had loaded its experts: its first ack lists them all.
+    MirrorState m;
+    m.committed.assign(desired_.size(), 0);
+    it = mirrors_.emplace(worker, std::move(m)).first;
+  }
   for (const BlockWidth& c : committed) {
     PW_RETURN_IF_ERROR(CheckBlock(c.layer, c.expert));
     it->second.committed[Index(c.layer, c.expert, c.proj)] = c.bits;

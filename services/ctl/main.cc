@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/logging.h"
 #include "services/ctl/ctl_client.h"
 
 namespace {
@@ -81,6 +82,8 @@ int main(int argc, char** argv) {
   apply->add_option("plan", plan_path, "PLAN.yaml")->required();
 
   CLI11_PARSE(app, argc, argv);
+  pw::SetLogProcessTag("pw-ctl");
+  pw::SetLogLevel(pw::LogLevel::kWarning);
 
   std::vector<pw::ctl::PlanEntry> plan;
   int layer = -1, expert = -1, proj = -1;

@@ -197,6 +197,7 @@ Status DecodeWorker::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     } else {
       PW_LOG(INFO) << options_.id << ": reading planes from the restarted broker";
     }
+    SendFullAck();
     return Status::Ok();
   }
   engine::MoeHooks hooks;
@@ -214,6 +215,7 @@ Status DecodeWorker::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     metrics_->ucx_get_bytes->Increment(static_cast<double>(paged_->stats().bytes_raised));
     hooks.provider = paged_->provider();
     engine_->SetMoeHooks(hooks);
+    SendFullAck();
     PW_LOG(INFO) << options_.id << ": loaded " << paged_->table().num_blocks() << " expert blocks at "
                  << bits << " bits (" << pool_->Count(memory::Tenant::kWeights) << " of "
                  << pool_->num_pages() << " pages of " << pool_->page_bytes() << " bytes) from the broker";
@@ -285,6 +287,16 @@ void DecodeWorker::SendPlanAck(const std::vector<WidthChange>& committed) {
   }
   Status st = broker_->Send(m);
   if (!st.ok()) PW_LOG(WARNING) << options_.id << ": PlanAck: " << st.ToString();
+}
+
+void DecodeWorker::SendFullAck() {
+  // Every block's committed width, so the broker's mirror is whole whatever it saw before.
+  std::vector<WidthChange> all;
+  const auto& t = paged_->table();
+  for (int i = 0; i < t.num_blocks(); ++i) {
+    all.push_back({static_cast<size_t>(i), 0, t.entry(static_cast<size_t>(i)).committed});
+  }
+  SendPlanAck(all);
 }
 
 void DecodeWorker::SendTelemetry() {

@@ -138,6 +138,7 @@ class DecodeWorker {
   // The iteration boundary for expert widths: commit, start, acknowledge (see the file comment).
   void WeightsBoundary();
   void SendPlanAck(const std::vector<WidthChange>& committed);
+  void SendFullAck();
   void SendTelemetry();
   Status HandleRouter(const proto::InMessage& m);
   Status HandleBroker(const proto::InMessage& m);

@@ -12,6 +12,8 @@ std::unique_ptr<PagedMetrics> PagedMetrics::Register(prometheus::Registry& r,
                         .Help("Pages of the decode worker's page pool by tenant").Register(r);
   m->page_bytes_ = &prometheus::BuildGauge().Name("pagedweight_pool_page_bytes")
                         .Help("Bytes of one page of the pool").Register(r).Add(w);
+  m->balanced_ = &prometheus::BuildGauge().Name("pagedweight_pool_balanced")
+                      .Help("1 while the page pool's accounting balances to the page").Register(r).Add(w);
   m->weight_bytes_ = &prometheus::BuildGauge().Name("pagedweight_weight_bytes")
                           .Help("Page bytes of expert blocks committed at each width").Register(r);
   m->by_layer_ = &prometheus::BuildGauge().Name("pagedweight_committed_blocks_by_layer")
@@ -52,6 +54,8 @@ void PagedMetrics::Export(const memory::PagePool& pool, PagedWeights* weights) {
     pool_pages_->Add({{"worker", worker_id_}, {"tenant", memory::TenantName(t)}}).Set(pool.Count(t));
   }
   page_bytes_->Set(static_cast<double>(pool.page_bytes()));
+  const bool table_ok = weights == nullptr || weights->table().pages_held() == pool.Count(memory::Tenant::kWeights);
+  balanced_->Set(pool.Balanced() && table_ok ? 1 : 0);
   if (weights == nullptr) return;
   const auto& table = weights->table();
   const std::vector<uint64_t> bytes = table.CommittedPageBytes();

@@ -3,6 +3,10 @@
 //
 //   pagedweight_pool_pages{tenant="kv|weights|free"}          pages of the pool by tenant
 //   pagedweight_pool_page_bytes                               bytes of one page
+//   pagedweight_pool_balanced                                 1 while the pool's counts by
+//                                                             tenant add up page by page and
+//                                                             the weight table holds exactly
+//                                                             the pool's weight pages
 //   pagedweight_weight_bytes{bits="0|3|..|8"}                 page bytes of expert blocks
 //                                                             committed at each width
 //   pagedweight_committed_blocks_by_layer{layer, bits}        blocks per committed width
@@ -44,6 +48,7 @@ class PagedMetrics {
  private:
   prometheus::Family<prometheus::Gauge>* pool_pages_ = nullptr;
   prometheus::Gauge* page_bytes_ = nullptr;
+  prometheus::Gauge* balanced_ = nullptr;
   prometheus::Family<prometheus::Gauge>* weight_bytes_ = nullptr;
   prometheus::Family<prometheus::Gauge>* by_layer_ = nullptr;
   prometheus::Gauge* pending_ = nullptr;

@@ -8,6 +8,17 @@
 #include "kernels/anyprec/pack.h"
 
 namespace pw::workers {
+namespace {
+
+constexpr uint64_t kRetryMs = 1000;  // a block whose transfer failed waits this long
+
+uint64_t NowMs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
 
 using memory::PartFill;
 using memory::WeightPageTable;
@@ -109,7 +120,9 @@ class PagedWeights::Provider final : public engine::ExpertWeightProvider {
 };
 
 PagedWeights::~PagedWeights() {
-  mover_.reset();  // joins its thread before the table (and the pages it may write) go
+  // Join the movers' threads before the table (and the pages they may write) go.
+  mover_.reset();
+  retiring_.clear();
 }
 
 engine::ExpertWeightProvider* PagedWeights::provider() { return provider_.get(); }
@@ -135,6 +148,7 @@ Result<std::unique_ptr<PagedWeights>> PagedWeights::Create(memory::PagePool* poo
                                                          static_cast<int>(config.hidden_size),
                                                          static_cast<int>(config.moe_intermediate_size)));
   PW_RETURN_IF_ERROR(w->ReadManifest(manifest, &w->parts_));
+  w->retry_at_ms_.assign(static_cast<size_t>(w->table_->num_blocks()), 0);
   PW_RETURN_IF_ERROR(w->StartMover(ucx, manifest));
   w->provider_ = std::make_unique<Provider>(w.get());
   return w;
@@ -207,20 +221,10 @@ Status PagedWeights::Rebind(transport::ucx::Worker& ucx, wire::WeightManifest::R
   if (manifest.getStoreHash() != store_hash_) {
     return InvalidArgument("the restarted broker serves another store (model hash differs)");
   }
-  // Take back everything the old mover holds: the blocks keep their widths.
+  // The old mover's transfers fail (their blocks keep their widths); Poll takes their results
+  // back and lets it go once it holds none, so this never waits.
   mover_->Cancel("broker restarted");
-  const auto t0 = std::chrono::steady_clock::now();
-  while (mover_->outstanding() > 0) {
-    for (MoveResult& r : mover_->TakeDone()) {
-      r.status = Cancelled("broker restarted");
-      Finish(r, nullptr);
-    }
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(2 * options_.timeout_ms)) {
-      return DeadlineExceeded("plane mover: transfers to the old broker did not end");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  mover_.reset();
+  retiring_.push_back(std::move(mover_));
   parts_ = std::move(parts);
   return StartMover(ucx, manifest);
 }
@@ -291,22 +295,32 @@ void PagedWeights::Finish(MoveResult& r, std::vector<WidthChange>* committed) {
     if (committed != nullptr) committed->push_back({r.block, from, r.target});
   } else {
     PW_LOG(WARNING) << "block " << r.block << ": " << from << " -> " << r.target
-                    << " bits failed: " << r.status.ToString() << "; stays at " << from;
+                    << " bits failed: " << r.status.ToString() << "; stays at " << from
+                    << ", retried in " << kRetryMs << " ms";
     Status st = table_->Abort(r.block);
     PW_CHECK(st.ok());
     stats_.transitions_failed++;
+    retry_at_ms_[r.block] = NowMs() + kRetryMs;
   }
 }
 
 std::vector<WidthChange> PagedWeights::Poll(int reserve_pages) {
   std::vector<WidthChange> committed;
   for (MoveResult& r : mover_->TakeDone()) Finish(r, &committed);
+  for (auto it = retiring_.begin(); it != retiring_.end();) {
+    for (MoveResult& r : (*it)->TakeDone()) Finish(r, &committed);
+    it = (*it)->outstanding() == 0 ? retiring_.erase(it) : it + 1;
+  }
   // Blocks lowered to 0 commit at once; others start while pages and slots allow.
   const size_t n = static_cast<size_t>(table_->num_blocks());
   for (size_t k = 0; k < n && in_flight_ < static_cast<size_t>(options_.max_in_flight); ++k) {
     const size_t i = (scan_from_ + k) % n;
     const auto& e = table_->entry(i);
     if (e.target >= 0 || e.desired == e.committed) continue;
+    if (retry_at_ms_[i] != 0) {
+      if (NowMs() < retry_at_ms_[i]) continue;
+      retry_at_ms_[i] = 0;
+    }
     const int from = e.committed, to = e.desired;
     // A raise (or a lower's new LUT) takes pages only above the KV reserve.
     if (to > 0 && pool_->num_free() - table_->PagesToBegin(i, to) < reserve_pages) continue;

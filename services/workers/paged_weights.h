@@ -13,7 +13,8 @@
 // finished transfers are committed (or aborted: the block keeps its width, pages go back),
 // then new transitions start for blocks whose desired width differs from the committed one,
 // while free pages allow (never taking KV's pages) and at most max_in_flight at a time.
-// Lowering needs only the small LUT of the new width; raising also the missing planes.
+// Lowering needs only the small LUT of the new width; raising also the missing planes. A block
+// whose transfer failed keeps its width and is tried again a second later.
 // Everything but the mover's thread runs on the worker's loop thread.
 #pragma once
 
@@ -116,6 +117,7 @@ class PagedWeights {
   memory::PagePool* pool_ = nullptr;
   std::unique_ptr<memory::WeightPageTable> table_;
   std::unique_ptr<PlaneMover> mover_;
+  std::vector<std::unique_ptr<PlaneMover>> retiring_;  // cancelled, results not all taken back
   std::unique_ptr<Provider> provider_;
   std::vector<PartRef> parts_;
   PagedWeightsOptions options_;
@@ -125,6 +127,7 @@ class PagedWeights {
   size_t in_flight_ = 0;
   size_t scan_from_ = 0;  // round-robin start of the pending scan
   std::vector<double> raise_seconds_;
+  std::vector<uint64_t> retry_at_ms_;  // per block: failed transfer, not before this (0 = now)
 };
 
 }  // namespace pw::workers

@@ -23,88 +23,20 @@
 #include "common/tokenizer.h"
 #include "services/engine/engine.h"
 #include "services/transport/zmq_transport.h"
+#include "tests/cluster/http_util.h"
 #include "tests/cluster/process_util.h"
 
 namespace pw {
 namespace {
 
 using testing::FreePort;
+using testing::Http;
+using testing::PidsWithCmdline;
+using testing::ReadFile;
 
 using nlohmann::json;
 
 std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
-
-// Minimal HTTP/1.1 client (Connection: close). Returns {status, body}; status 0 on I/O error.
-std::pair<int, std::string> Http(int port, const std::string& method, const std::string& path,
-                                 const std::string& body = "", int timeout_s = 120) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{timeout_s, 0};
-  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(s);
-    return {0, ""};
-  }
-  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
-  if (!body.empty()) {
-    req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-  }
-  req += "\r\n" + body;
-  if (send(s, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
-    close(s);
-    return {0, ""};
-  }
-  std::string resp;
-  char buf[65536];
-  ssize_t n;
-  while ((n = recv(s, buf, sizeof(buf), 0)) > 0) resp.append(buf, static_cast<size_t>(n));
-  close(s);
-  size_t sp = resp.find(' ');
-  size_t hdr_end = resp.find("\r\n\r\n");
-  if (sp == std::string::npos || hdr_end == std::string::npos) return {0, resp};
-  int status = std::atoi(resp.c_str() + sp + 1);
-  std::string headers = resp.substr(0, hdr_end);
-  std::string payload = resp.substr(hdr_end + 4);
-  if (headers.find("chunked") != std::string::npos) {  // de-chunk
-    std::string out;
-    size_t pos = 0;
-    while (pos < payload.size()) {
-      size_t eol = payload.find("\r\n", pos);
-      if (eol == std::string::npos) break;
-      size_t len = std::strtoul(payload.substr(pos, eol - pos).c_str(), nullptr, 16);
-      if (len == 0) break;
-      out += payload.substr(eol + 2, len);
-      pos = eol + 2 + len + 2;
-    }
-    payload = out;
-  }
-  return {status, payload};
-}
-
-// Pids of processes whose command line contains `needle` (to signal one child of pw-cluster).
-std::vector<pid_t> PidsWithCmdline(const std::string& needle) {
-  std::vector<pid_t> out;
-  DIR* d = opendir("/proc");
-  if (!d) return out;
-  while (dirent* e = readdir(d)) {
-    pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    std::ifstream f("/proc/" + std::string(e->d_name) + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    for (auto& c : cmd) if (c == '\0') c = ' ';
-    if (cmd.find(needle) != std::string::npos) out.push_back(pid);
-  }
-  closedir(d);
-  return out;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
 
 class ClusterE2E : public ::testing::Test {
  protected:
@@ -175,7 +107,6 @@ class ClusterE2E : public ::testing::Test {
     auto tok = Tokenizer::FromModelDir(ModelDir());
     EXPECT_TRUE(tok.ok());
     engine::EngineOptions eo;
-  eo.kv_dtype = engine::KvDtype::kBf16;  // the workers' default
     eo.kv_dtype = engine::KvDtype::kBf16;  // the workers' default
     auto e = engine::Engine::Create(ModelDir(), eo);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
