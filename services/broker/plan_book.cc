@@ -145,9 +145,12 @@ std::string PlanBook::Show(bool blocks, int layer) const {
   o << "plan epoch " << epoch_ << "; " << mirrors_.size() << " decode worker(s)\n";
   for (const auto& [id, m] : mirrors_) {
     const WorkerPool& p = m.pool;
+    // A worker whose acknowledged table equals the desired one has committed the latest epoch
+    // (also when that epoch asked it for nothing).
+    const size_t pending = PendingFor(id).size();
     o << "worker " << id << ": pool pages of " << p.page_bytes << " B: kv " << p.kv << ", weights "
-      << p.weights << ", free " << p.free << "; committed epoch " << p.epoch << ", "
-      << p.pending << " change(s) pending\n";
+      << p.weights << ", free " << p.free << "; committed epoch " << (pending == 0 ? epoch_ : p.epoch)
+      << ", " << pending << " change(s) pending\n";
   }
   auto histogram_row = [&](const char* what, int l, const std::vector<int>& bits) {
     int count[17] = {};

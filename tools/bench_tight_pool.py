@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Requests running at once under a tight page pool, at two expert widths, in one run.
+
+Against a running cluster whose decode worker has a pool budget (pool_mb) too small for
+8-bit experts plus the KV the load needs (deploy/tight.yaml): for each phase of --phases
+(widths), pw-ctl set-bits W --all, wait for the commit, then --requests concurrent greedy
+completions of --max-tokens each (ignore_eos), sampling the decode worker's /metrics every
+100 ms: requests running (peak and mean), pool pages by tenant, preemptions, output tok/s.
+The last phase sets its width while the previous phase's load is still running (the weights
+come back while serving). Standard library only.
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+
+def ctl(a, *args):
+    out = subprocess.run([a.pw_ctl, "--broker", a.broker] + list(args), capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"pw-ctl {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def set_bits(a, bits, wait=True):
+    epoch = int(re.search(r"plan epoch (\d+)", ctl(a, "set-bits", str(bits), "--all")).group(1))
+    t0 = time.time()
+    while wait and time.time() - t0 < 300:
+        m = re.search(r"committed epoch (\d+), 0 change", ctl(a, "show"))
+        if m and int(m.group(1)) >= epoch:
+            return time.time() - t0
+        time.sleep(0.05)
+    return None
+
+
+def metrics(a):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{a.decode_metrics}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in body.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        k, v = line.rsplit(" ", 1)
+        out[k] = float(v)
+    return out
+
+
+def pick(m, prefix):
+    return sum(v for k, v in m.items() if k.startswith(prefix))
+
+
+def run_load(a, label, during=None):
+    samples = []
+    stop = threading.Event()
+
+    def sampler():
+        while not stop.is_set():
+            m = metrics(a)
+            samples.append((time.time(), pick(m, "pagedweight_requests_running"),
+                            pick(m, 'pagedweight_pool_pages{tenant="kv"'),
+                            pick(m, 'pagedweight_pool_pages{tenant="weights"'),
+                            pick(m, 'pagedweight_pool_pages{tenant="free"')))
+            time.sleep(0.1)
+
+    m0 = metrics(a)
+    tokens = [0] * a.requests
+    errors = []
+
+    def one(i):
+        body = json.dumps({"model": a.model, "prompt": [1 + i % 300, 7, 11, 13, 17, 19, 23, 29],
+                           "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{a.http_port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            tokens[i] = json.loads(urllib.request.urlopen(req, timeout=600).read())["usage"]["completion_tokens"]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(str(e))
+
+    s = threading.Thread(target=sampler)
+    s.start()
+    t0 = time.time()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(a.requests)]
+    for t in threads:
+        t.start()
+    if during is not None:
+        time.sleep(a.switch_after)
+        during()
+    for t in threads:
+        t.join()
+    wall = time.time() - t0
+    stop.set()
+    s.join()
+    m1 = metrics(a)
+    running = [x[1] for x in samples]
+    print(f"{label}: {a.requests} requests x {a.max_tokens} tokens in {wall:.1f} s = "
+          f"{sum(tokens) / wall:.1f} tok/s; running at once: peak {max(running):.0f}, mean "
+          f"{sum(running) / len(running):.1f}; pool pages kv peak {max(x[2] for x in samples):.0f}, "
+          f"weights {samples[0][3]:.0f} -> {samples[-1][3]:.0f}; preemptions "
+          f"{pick(m1, 'pagedweight_preemptions_total') - pick(m0, 'pagedweight_preemptions_total'):.0f}; "
+          f"failed {len(errors)}", flush=True)
+    if errors:
+        print("  first error:", errors[0])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pw-ctl", default="build/bin/pw-ctl")
+    p.add_argument("--broker", default="tcp://127.0.0.1:5556")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--decode-metrics", type=int, default=9102)
+    p.add_argument("--model", default="tiny-moe")
+    p.add_argument("--requests", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--switch-after", type=float, default=3.0)
+    a = p.parse_args()
+    print("commit 8 bits:", f"{set_bits(a, 8):.2f} s")
+    run_load(a, "8 bits")
+    print("commit 4 bits:", f"{set_bits(a, 4):.2f} s")
+    run_load(a, "4 bits")
+    run_load(a, f"4 bits, then set-bits 8 after {a.switch_after} s",
+             during=lambda: print("  set-bits 8 --all sent; committed after",
+                                  f"{set_bits(a, 8):.2f} s (while serving)", flush=True))
+
+
+if __name__ == "__main__":
+    main()
