@@ -1,0 +1,57 @@
+#include "tools/miss_cli.h"
+
+#include <CLI/CLI.hpp>
+
+namespace pw::tools {
+
+void AddMissFlags(CLI::App* app, MissFlags* f, bool with_residency) {
+  app->add_option("--miss-policy", f->policy, std::string("expert-miss policy preset: ") +
+                                                  misses::MissPresetNames());
+  app->add_option("--miss-eviction", f->eviction, "lfu, lru or score-ema (overrides the preset)")
+      ->check(CLI::IsMember({"lfu", "lru", "score-ema"}));
+  app->add_option("--miss-threshold", f->threshold, "threshold rule: fetch when gate weight >= X")
+      ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--miss-admission-beta", f->admission_beta, "background admission beta (0 = off)")
+      ->check(CLI::Range(0.0, 1e6));
+  app->add_option("--miss-admission-delay", f->admission_delay, "tokens until an admitted expert is resident")
+      ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--miss-decay", f->decay, "per-token decay of LFU counts / score EMAs, (0, 1)");
+  if (with_residency) {
+    app->add_option("--residency", f->residency, "fraction of each MoE layer's experts resident, (0, 1]")
+        ->check(CLI::Range(0.0, 1.0));
+    app->add_option("--residency-bytes", f->residency_bytes, "bytes of (bf16) experts resident over all MoE layers");
+  }
+}
+
+void AddTraceFlags(CLI::App* app, TraceFlags* f) {
+  app->add_option("--record-trace", f->path, "write a router-logit trace to FILE (docs/formats.md)");
+  app->add_option("--trace-max-mb", f->max_mb, "bound the trace file (MB, 0 = unbounded)")
+      ->check(CLI::Range(0.0, 1e9));
+  app->add_option("--trace-sample", f->sample, "record every N-th forward pass")->check(CLI::Range(1, 1 << 30));
+}
+
+Result<misses::MissConfig> MissConfigFrom(const MissFlags& f) {
+  auto c = misses::ParseMissPreset(f.policy.empty() ? "fetch-every-miss" : f.policy);
+  if (!c.ok()) return c.status();
+  misses::MissConfig cfg = *c;
+  if (!f.eviction.empty()) {
+    auto e = misses::ParseEviction(f.eviction);
+    if (!e.ok()) return e.status();
+    cfg.eviction = *e;
+  }
+  if (f.threshold >= 0.f) cfg.threshold = f.threshold;
+  if (f.admission_beta >= 0.f) cfg.admission_beta = f.admission_beta;
+  if (f.admission_delay > 0) cfg.admission_delay = f.admission_delay;
+  if (f.decay != 0) cfg.decay = f.decay;
+  PW_RETURN_IF_ERROR(misses::ValidateMissConfig(cfg));
+  return cfg;
+}
+
+misses::Budget BudgetFrom(const MissFlags& f) {
+  misses::Budget b;
+  b.fraction = f.residency;
+  b.bytes = f.residency_bytes;
+  return b;
+}
+
+}  // namespace pw::tools
