@@ -11,6 +11,8 @@ void AddMissFlags(CLI::App* app, MissFlags* f, bool with_residency) {
       ->check(CLI::IsMember({"lfu", "lru", "score-ema"}));
   app->add_option("--miss-threshold", f->threshold, "threshold rule: fetch when gate weight >= X")
       ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--miss-blind-fraction", f->blind_fraction, "weight-blind: share of non-first misses substituted")
+      ->check(CLI::Range(0.0, 1.0));
   app->add_option("--miss-admission-beta", f->admission_beta, "background admission beta (0 = off)")
       ->check(CLI::Range(0.0, 1e6));
   app->add_option("--miss-admission-delay", f->admission_delay, "tokens until an admitted expert is resident")
@@ -40,6 +42,7 @@ Result<misses::MissConfig> MissConfigFrom(const MissFlags& f) {
     cfg.eviction = *e;
   }
   if (f.threshold >= 0.f) cfg.threshold = f.threshold;
+  if (f.blind_fraction >= 0.f) cfg.blind_fraction = f.blind_fraction;
   if (f.admission_beta >= 0.f) cfg.admission_beta = f.admission_beta;
   if (f.admission_delay > 0) cfg.admission_delay = f.admission_delay;
   if (f.decay != 0) cfg.decay = f.decay;

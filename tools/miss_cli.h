@@ -1,9 +1,10 @@
 // The expert-miss and router-trace flags pw-eval, pw-generate and pw-sim share.
 //
-//   --miss-policy P            preset: fetch-every-miss, rule-0.15, first-choice, quality-first,
-//                              speed-first (policies/misses/miss_config.h)
+//   --miss-policy P            preset: fetch-every-miss, rule-0.15, first-choice, weight-blind,
+//                              quality-first, speed-first (policies/misses/miss_config.h)
 //   --miss-eviction E          lfu | lru | score-ema (overrides the preset's)
 //   --miss-threshold X         the threshold rule's gate-weight threshold (default 0.15)
+//   --miss-blind-fraction Q    weight-blind: share of non-first misses substituted (default 0.5)
 //   --miss-admission-beta B    background admission at beta (0 = off; overrides the preset's)
 //   --miss-admission-delay D   tokens until an admitted expert is resident (default 1)
 //   --miss-decay G             per-token decay of LFU counts and score EMAs (default 0.98)
@@ -29,6 +30,7 @@ struct MissFlags {
   std::string policy;  // empty: no miss policy
   std::string eviction;
   float threshold = -1.f;
+  float blind_fraction = -1.f;
   float admission_beta = -1.f;
   int admission_delay = 0;
   double decay = 0;

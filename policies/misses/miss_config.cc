@@ -10,6 +10,7 @@ const char* MissRuleName(MissRule r) {
     case MissRule::kFetchEveryMiss: return "fetch-every-miss";
     case MissRule::kThreshold: return "threshold";
     case MissRule::kFirstChoice: return "first-choice";
+    case MissRule::kWeightBlind: return "weight-blind";
   }
   return "?";
 }
@@ -27,7 +28,8 @@ Result<MissRule> ParseMissRule(std::string_view name) {
   if (name == "fetch-every-miss") return MissRule::kFetchEveryMiss;
   if (name == "threshold") return MissRule::kThreshold;
   if (name == "first-choice") return MissRule::kFirstChoice;
-  return InvalidArgument("miss rule must be fetch-every-miss, threshold or first-choice, got '" +
+  if (name == "weight-blind") return MissRule::kWeightBlind;
+  return InvalidArgument("miss rule must be fetch-every-miss, threshold, first-choice or weight-blind, got '" +
                          std::string(name) + "'");
 }
 
@@ -39,7 +41,7 @@ Result<Eviction> ParseEviction(std::string_view name) {
 }
 
 const char* MissPresetNames() {
-  return "fetch-every-miss, rule-0.15, first-choice, quality-first, speed-first";
+  return "fetch-every-miss, rule-0.15, first-choice, weight-blind, quality-first, speed-first";
 }
 
 Result<MissConfig> ParseMissPreset(std::string_view name) {
@@ -51,6 +53,10 @@ Result<MissConfig> ParseMissPreset(std::string_view name) {
   }
   if (name == "first-choice") {
     c.rule = MissRule::kFirstChoice;
+    return c;
+  }
+  if (name == "weight-blind") {
+    c.rule = MissRule::kWeightBlind;
     return c;
   }
   if (name == "quality-first" || name == "speed-first") {
@@ -66,6 +72,9 @@ Result<MissConfig> ParseMissPreset(std::string_view name) {
 Status ValidateMissConfig(const MissConfig& c) {
   if (!std::isfinite(c.threshold) || c.threshold < 0.f || c.threshold > 1.f) {
     return InvalidArgument("miss threshold must be in [0, 1], got " + std::to_string(c.threshold));
+  }
+  if (!std::isfinite(c.blind_fraction) || c.blind_fraction < 0.f || c.blind_fraction > 1.f) {
+    return InvalidArgument("weight-blind fraction must be in [0, 1], got " + std::to_string(c.blind_fraction));
   }
   if (!(c.decay > 0.0 && c.decay < 1.0)) {
     return InvalidArgument("eviction decay must be in (0, 1), got " + std::to_string(c.decay));
@@ -86,6 +95,9 @@ std::string DescribeMissConfig(const MissConfig& c) {
   std::string rule = MissRuleName(c.rule);
   if (c.rule == MissRule::kThreshold) {
     std::snprintf(buf, sizeof buf, "rule-%g", static_cast<double>(c.threshold));
+    rule = buf;
+  } else if (c.rule == MissRule::kWeightBlind) {
+    std::snprintf(buf, sizeof buf, "weight-blind-%g", static_cast<double>(c.blind_fraction));
     rule = buf;
   }
   std::string ev = EvictionName(c.eviction);

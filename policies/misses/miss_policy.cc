@@ -4,6 +4,20 @@
 #include <string>
 
 namespace pw::misses {
+namespace {
+
+// Uniform in [0, 1) from (layer, token clock, expert): splitmix64's finaliser.
+double BlindDraw(int layer, int64_t clock, int expert) {
+  uint64_t z = (static_cast<uint64_t>(layer) << 48) ^ (static_cast<uint64_t>(clock) << 16) ^
+               static_cast<uint64_t>(expert);
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<MissPolicy>> MissPolicy::Create(const MissConfig& config, int num_layers,
                                                        int num_experts, int top_k, int capacity) {
@@ -119,6 +133,9 @@ float MissPolicy::DecideToken(int layer, MissSlot* slots, int n, const float* pr
         case MissRule::kFetchEveryMiss: fetch = true; break;
         case MissRule::kThreshold: fetch = j == first || s.weight >= config_.threshold; break;
         case MissRule::kFirstChoice: fetch = j == first; break;
+        case MissRule::kWeightBlind:
+          fetch = j == first || BlindDraw(layer, now, s.expert) >= config_.blind_fraction;
+          break;
       }
       int32_t sub = -1;
       if (!fetch) {

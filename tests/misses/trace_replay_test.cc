@@ -244,6 +244,30 @@ TEST(TraceReplay, MatchesBruteForce) {
   EXPECT_EQ(checked, 36);
 }
 
+TEST(TraceReplay, WeightBlindSpansFetchEveryMissToFirstChoice) {
+  const RouterTrace tr = MakeTrace(23, 200);
+  const ReplayInput in = ReplayInput::From(tr);
+  auto run = [&](MissRule rule, float q) {
+    MissConfig c;
+    c.rule = rule;
+    c.blind_fraction = q;
+    auto r = Replay(in, c, 4, CostModel{});
+    EXPECT_TRUE(r.ok());
+    return r->stats;
+  };
+  const MissStats all = run(MissRule::kFetchEveryMiss, 0), none = run(MissRule::kWeightBlind, 0.f);
+  EXPECT_EQ(none.fetches, all.fetches);
+  EXPECT_EQ(none.substitutions, 0);
+  const MissStats fc = run(MissRule::kFirstChoice, 0), one = run(MissRule::kWeightBlind, 1.f);
+  EXPECT_EQ(one.fetches, fc.fetches);
+  EXPECT_EQ(one.substitutions, fc.substitutions);
+  const MissStats half = run(MissRule::kWeightBlind, 0.5f);
+  EXPECT_GT(half.substitutions, 0);
+  EXPECT_LT(half.substitutions, fc.substitutions);
+  EXPECT_EQ(half.first_choice_substitutions, 0);
+  EXPECT_EQ(run(MissRule::kWeightBlind, 0.5f).substitutions, half.substitutions);  // repeatable
+}
+
 TEST(TraceReplay, CostModelAndBudget) {
   const RouterTrace tr = MakeTrace(22, 50);
   const ReplayInput in = ReplayInput::From(tr);
