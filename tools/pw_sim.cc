@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--fetch-gbps", cost.fetch_gbps, "modelled fetch bandwidth, GB/s")->check(CLI::PositiveNumber);
   app.add_option("--expert-bytes", cost.expert_bytes, "bytes of one expert (0: bf16 from the trace)");
   bool sweep = false;
-  std::string policies = "fetch-every-miss,rule-0.15,first-choice,quality-first,speed-first";
+  std::string policies = "fetch-every-miss,rule-0.15,first-choice,weight-blind,quality-first,speed-first";
   std::string evictions, residencies = "0.25,0.5", csv, json, svg;
   app.add_flag("--sweep", sweep, "one replay per (residency, policy, eviction)");
   app.add_option("--policies", policies, "sweep: presets");

@@ -9,7 +9,7 @@
 // selection and its gate weights are the router's own, stored in fp32.
 //
 // Cost model (per token; every figure an input, defaults in CostModel measured on this
-// machine, docs/benchmarks.md "Expert misses"):
+// machine):
 //   compute  = base_us + (computed experts per token) * expert_us
 //   fetch    = fetch_latency_us + expert_bytes / (fetch_gbps * 1e3)   [us per expert block set]
 //   sync     = (synchronous fetches per token) * fetch
@@ -29,10 +29,14 @@
 
 namespace pw::misses {
 
+// Defaults: tiny-moe batch-1 decode on this machine, 136.5 us per token of which 42 % inside
+// the expert matmuls (pw-bench-engine), so 16 expert computations of 3.6 us and 79 us of the
+// rest; a fetch as a UCX get over shared memory, 24.7 us + bytes / 2.9 GB/s (the line through
+// pw-bench-ucx's 32 KiB and 256 KiB get rows). docs/benchmarks.md, "Expert misses".
 struct CostModel {
-  double base_us = 90.0;          // per token: attention, router, norms, lm_head (tiny-moe)
-  double expert_us = 4.4;         // per computed expert per token per layer (tiny-moe, bf16)
-  double fetch_latency_us = 25.0;  // per synchronous fetch (UCX get, shared memory)
+  double base_us = 79.0;          // per token: attention, router, norms, lm_head
+  double expert_us = 3.6;         // per computed expert per token per layer
+  double fetch_latency_us = 24.7;  // per synchronous fetch
   double fetch_gbps = 2.9;        // fetch bandwidth, GB/s = 1e9 bytes/s
   double expert_bytes = 0;        // bytes of one expert's blocks; 0: bf16 from the header
 };
