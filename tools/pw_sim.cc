@@ -5,6 +5,8 @@
 //          [--base-us U --expert-us U --fetch-latency-us U --fetch-gbps G --expert-bytes B]
 //   pw-sim --trace FILE --sweep [--policies P1,P2..] [--evictions E1,E2..] [--residencies F1,F2..]
 //          [--csv FILE] [--json FILE] [--svg FILE]
+//   pw-sim --synthesize FILE [--layers 16 --experts 64 --top-k 8 --hidden 2048 --ffn 1024
+//          --steps N --tokens-per-step T --seed S]   writes a synthetic trace (synthetic_trace.h)
 // One run prints "key value" lines; a sweep prints its CSV (and writes the files asked for).
 #include <CLI/CLI.hpp>
 
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "policies/misses/synthetic_trace.h"
 #include "policies/misses/trace_replay.h"
 #include "tools/miss_cli.h"
 
@@ -46,7 +49,25 @@ pw::Status WriteFile(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"pw-sim: replay a router-logit trace against expert-miss policies"};
   std::string trace_path;
-  app.add_option("--trace", trace_path, "router-logit trace (pw-eval/pw-generate --record-trace)")->required();
+  app.add_option("--trace", trace_path, "router-logit trace (pw-eval/pw-generate --record-trace)");
+  std::string synth;
+  pw::misses::TraceHeader sh;
+  sh.num_layers = 16;
+  sh.num_experts = 64;
+  sh.top_k = 8;
+  sh.hidden_size = 2048;
+  sh.moe_intermediate_size = 1024;
+  int steps = 10000, tokens_per_step = 1;
+  uint32_t seed = 1;
+  app.add_option("--synthesize", synth, "write a synthetic trace to FILE and exit");
+  app.add_option("--layers", sh.num_layers, "synthetic: layers")->check(CLI::Range(1, 1024));
+  app.add_option("--experts", sh.num_experts, "synthetic: experts")->check(CLI::Range(1, 65535));
+  app.add_option("--top-k", sh.top_k, "synthetic: top-k")->check(CLI::Range(1, 65535));
+  app.add_option("--hidden", sh.hidden_size, "synthetic: hidden size");
+  app.add_option("--ffn", sh.moe_intermediate_size, "synthetic: expert FFN size");
+  app.add_option("--steps", steps, "synthetic: forward passes")->check(CLI::Range(0, 1 << 24));
+  app.add_option("--tokens-per-step", tokens_per_step, "synthetic: tokens per pass")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--seed", seed, "synthetic: seed");
   pw::tools::MissFlags miss;
   pw::tools::AddMissFlags(&app, &miss, /*with_residency=*/true);
   pw::misses::CostModel cost;
@@ -66,6 +87,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json, "sweep: write JSON here");
   app.add_option("--svg", svg, "sweep: write an SVG plot (time per token vs substituted mass) here");
   CLI11_PARSE(app, argc, argv);
+  if (!synth.empty()) {
+    if (auto s = pw::misses::WriteSyntheticTrace(synth, sh, steps, tokens_per_step, seed); !s.ok()) return Fail(s);
+    return 0;
+  }
+  if (trace_path.empty()) return Fail(pw::InvalidArgument("--trace FILE is required"));
 
   const auto t0 = std::chrono::steady_clock::now();
   auto trace = pw::misses::RouterTrace::Read(trace_path);
