@@ -2,6 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <fstream>
+#include <sstream>
+
 namespace pw::tools {
 
 void AddMissFlags(CLI::App* app, MissFlags* f, bool with_residency) {
@@ -18,6 +21,7 @@ void AddMissFlags(CLI::App* app, MissFlags* f, bool with_residency) {
   app->add_option("--miss-admission-delay", f->admission_delay, "tokens until an admitted expert is resident")
       ->check(CLI::Range(1, 1 << 20));
   app->add_option("--miss-decay", f->decay, "per-token decay of LFU counts / score EMAs, (0, 1)");
+  app->add_option("--miss-config", f->config, "YAML miss-policy settings (flags win)");
   if (with_residency) {
     app->add_option("--residency", f->residency, "fraction of each MoE layer's experts resident, (0, 1]")
         ->check(CLI::Range(0.0, 1.0));
@@ -32,28 +36,41 @@ void AddTraceFlags(CLI::App* app, TraceFlags* f) {
   app->add_option("--trace-sample", f->sample, "record every N-th forward pass")->check(CLI::Range(1, 1 << 30));
 }
 
-Result<misses::MissConfig> MissConfigFrom(const MissFlags& f) {
-  auto c = misses::ParseMissPreset(f.policy.empty() ? "fetch-every-miss" : f.policy);
-  if (!c.ok()) return c.status();
-  misses::MissConfig cfg = *c;
-  if (!f.eviction.empty()) {
-    auto e = misses::ParseEviction(f.eviction);
-    if (!e.ok()) return e.status();
-    cfg.eviction = *e;
+Result<misses::MissSettings> MissSettingsFrom(const MissFlags& f) {
+  misses::MissSettings s;
+  s.policy = f.policy;
+  if (!f.eviction.empty()) s.eviction = f.eviction;
+  if (f.threshold >= 0.f) s.threshold = f.threshold;
+  if (f.blind_fraction >= 0.f) s.blind_fraction = f.blind_fraction;
+  if (f.admission_beta >= 0.f) s.admission_beta = f.admission_beta;
+  if (f.admission_delay > 0) s.admission_delay = f.admission_delay;
+  if (f.decay != 0) s.decay = f.decay;
+  if (f.residency > 0) s.residency = f.residency;
+  if (f.residency_bytes > 0) s.residency_bytes = f.residency_bytes;
+  if (!f.config.empty()) {
+    std::ifstream in(f.config);
+    if (!in) return NotFound("cannot open --miss-config " + f.config);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto file = misses::ParseMissSettingsYaml(text.str(), f.config);
+    if (!file.ok()) return file.status();
+    s.FillFrom(*file);
   }
-  if (f.threshold >= 0.f) cfg.threshold = f.threshold;
-  if (f.blind_fraction >= 0.f) cfg.blind_fraction = f.blind_fraction;
-  if (f.admission_beta >= 0.f) cfg.admission_beta = f.admission_beta;
-  if (f.admission_delay > 0) cfg.admission_delay = f.admission_delay;
-  if (f.decay != 0) cfg.decay = f.decay;
-  PW_RETURN_IF_ERROR(misses::ValidateMissConfig(cfg));
-  return cfg;
+  return s;
 }
 
-misses::Budget BudgetFrom(const MissFlags& f) {
+Result<misses::MissConfig> MissConfigFrom(const MissFlags& f) {
+  auto s = MissSettingsFrom(f);
+  if (!s.ok()) return s.status();
+  return misses::ToMissConfig(*s);
+}
+
+Result<misses::Budget> BudgetFrom(const MissFlags& f) {
+  auto s = MissSettingsFrom(f);
+  if (!s.ok()) return s.status();
   misses::Budget b;
-  b.fraction = f.residency;
-  b.bytes = f.residency_bytes;
+  b.fraction = s->residency.value_or(0.0);
+  b.bytes = s->residency_bytes.value_or(0);
   return b;
 }
 

@@ -10,6 +10,8 @@
 //   --miss-decay G             per-token decay of LFU counts and score EMAs (default 0.98)
 //   --residency F              fraction of each MoE layer's experts resident, (0, 1]
 //   --residency-bytes N        or bytes of experts resident over all MoE layers (bf16 sizes)
+//   --miss-config FILE         YAML with any of the above (policies/misses/miss_settings.h);
+//                              flags given on the command line win
 //   --record-trace FILE        write a router-logit trace (docs/formats.md)
 //   --trace-max-mb M           bound the trace (0 = none); --trace-sample N: every N-th pass
 #pragma once
@@ -18,6 +20,7 @@
 
 #include "common/status.h"
 #include "policies/misses/miss_config.h"
+#include "policies/misses/miss_settings.h"
 #include "policies/misses/trace_replay.h"
 
 namespace CLI {
@@ -36,6 +39,7 @@ struct MissFlags {
   double decay = 0;
   double residency = 0;
   uint64_t residency_bytes = 0;
+  std::string config;  // --miss-config FILE
 };
 
 struct TraceFlags {
@@ -48,8 +52,11 @@ struct TraceFlags {
 void AddMissFlags(CLI::App* app, MissFlags* f, bool with_residency);
 void AddTraceFlags(CLI::App* app, TraceFlags* f);
 
-// The config the flags name (preset, then the overrides). kInvalidArgument on bad flags.
+// The settings the flags name, over the --miss-config file's. kInvalidArgument on bad flags
+// or a bad file (kNotFound when it cannot be read).
+Result<misses::MissSettings> MissSettingsFrom(const MissFlags& f);
+// The config (preset, then the overrides) and the budget (fraction and bytes 0 when none).
 Result<misses::MissConfig> MissConfigFrom(const MissFlags& f);
-misses::Budget BudgetFrom(const MissFlags& f);
+Result<misses::Budget> BudgetFrom(const MissFlags& f);
 
 }  // namespace pw::tools

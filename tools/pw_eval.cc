@@ -134,11 +134,15 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   for (const auto& layer : (*engine)->model().layers()) moe_layers += layer.is_moe ? 1 : 0;
   std::unique_ptr<pw::misses::MissPolicy> policy;
   std::unique_ptr<pw::engine::MissRoutingHook> miss_hook;
-  if (miss.residency > 0 || miss.residency_bytes > 0) {
-    auto mc = pw::tools::MissConfigFrom(miss);
+  auto budget = pw::tools::BudgetFrom(miss);
+  if (!budget.ok()) return Fail(budget.status());
+  auto settings = pw::tools::MissSettingsFrom(miss);
+  if (!settings.ok()) return Fail(settings.status());
+  if (budget->fraction > 0 || budget->bytes > 0) {
+    auto mc = pw::misses::ToMissConfig(*settings);
     if (!mc.ok()) return Fail(mc.status());
     const double expert_bytes = 3.0 * cfg.hidden_size * cfg.moe_intermediate_size * 2.0;
-    auto cap = pw::misses::CapacityFor(pw::tools::BudgetFrom(miss), moe_layers,
+    auto cap = pw::misses::CapacityFor(*budget, moe_layers,
                                        static_cast<int>(cfg.num_experts),
                                        static_cast<int>(cfg.num_experts_per_tok), expert_bytes);
     if (!cap.ok()) return Fail(cap.status());
@@ -154,7 +158,7 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
     std::fprintf(stderr, "pw-eval: miss policy %s, %d of %lld experts resident per layer\n",
                  desc.c_str(), *cap, static_cast<long long>(cfg.num_experts));
     std::printf("miss_policy %s\nresident_per_layer %d\n", desc.c_str(), *cap);
-  } else if (!miss.policy.empty()) {
+  } else if (!settings->policy.empty()) {
     return Fail(pw::InvalidArgument("--miss-policy needs --residency F or --residency-bytes N"));
   }
   std::unique_ptr<pw::engine::RoutingHookChain> chain;

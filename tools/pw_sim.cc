@@ -107,7 +107,9 @@ int main(int argc, char** argv) {
   if (!sweep) {
     auto cfg = pw::tools::MissConfigFrom(miss);
     if (!cfg.ok()) return Fail(cfg.status());
-    auto cap = pw::misses::CapacityFor(pw::tools::BudgetFrom(miss), in.num_moe_layers,
+    auto budget = pw::tools::BudgetFrom(miss);
+    if (!budget.ok()) return Fail(budget.status());
+    auto cap = pw::misses::CapacityFor(*budget, in.num_moe_layers,
                                        static_cast<int>(h.num_experts), static_cast<int>(h.top_k), bytes);
     if (!cap.ok()) return Fail(cap.status());
     auto r = pw::misses::Replay(in, *cfg, *cap, cost);

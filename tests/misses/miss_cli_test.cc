@@ -81,10 +81,14 @@ TEST(MissCli, RecordReplayAndEmulate) {
   auto fv = Values(fem.output);
   EXPECT_EQ(fv["ppl"], bv["ppl"]);  // bf16 fetches are exact
   EXPECT_EQ(fv["misses_substitutions"], "0");
+  // The same run from a --miss-config file, the flag overriding the file's eviction.
+  const std::string cfg = dir + "/pw_miss_cli_ok.yaml";
+  std::ofstream(cfg) << "policy: quality-first\nresidency: 0.25\neviction: score-ema\n";
   ProcResult qf = Exec(Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text +
-                       " --ctx 64 --residency 0.25 --miss-policy quality-first --miss-eviction lru");
+                       " --ctx 64 --miss-config " + cfg + " --miss-eviction lru");
   ASSERT_EQ(qf.status, 0) << qf.output;
   auto qv = Values(qf.output);
+  EXPECT_EQ(qv["resident_per_layer"], "8");
   EXPECT_NE(qv["ppl"], bv["ppl"]);
   EXPECT_EQ(qv["misses_first_choice_substitutions"], "0");
   EXPECT_NE(qv["miss_policy"].find("lru"), std::string::npos) << qv["miss_policy"];
@@ -130,6 +134,14 @@ TEST(MissCli, RejectsBadFlags) {
   EXPECT_NE(r.output.find("quality-first"), std::string::npos) << r.output;  // lists the presets
   r = Exec(eval + " --residency 0.25 --miss-eviction fifo");
   EXPECT_GT(r.status, 0) << r.output;
+  const std::string cfg = ::testing::TempDir() + "/pw_miss_cli.yaml";
+  std::ofstream(cfg) << "policy: speed-first\nresidency: 0.25\nevictoin: lru\n";
+  r = Exec(eval + " --miss-config " + cfg);
+  EXPECT_GT(r.status, 0);
+  EXPECT_NE(r.output.find("unknown key 'evictoin'"), std::string::npos) << r.output;
+  r = Exec(eval + " --miss-config /nonexistent/m.yaml");
+  EXPECT_GT(r.status, 0);
+  EXPECT_NE(r.output.find("/nonexistent/m.yaml"), std::string::npos) << r.output;
   r = Exec(Bin("pw-sim") + " --trace /nonexistent/x.trace --residency 0.25");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("/nonexistent/x.trace"), std::string::npos) << r.output;
