@@ -5,6 +5,9 @@
 //               [--batch B [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
 //                           [--lynx-keep K'] [--lynx-config FILE]]]
+//               [--residency F | --residency-bytes N] [--miss-policy P [--miss-eviction E]
+//                [--miss-threshold X] [--miss-admission-beta B] [--miss-admission-delay D]]
+//               [--record-trace FILE [--trace-max-mb M] [--trace-sample N]]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
 // the checkpoint's bf16) or at each block's width in MAP (quant/apw_provider.h),
 // through the integer fast path (default) or the exact fp16-LUT path.
@@ -17,6 +20,13 @@
 // tokens; --lynx then runs a batch remap rule (LYNX or the piggyback baseline, tools/lynx_cli.h)
 // as the routing hook and reports the distinct experts per layer before and after. Without
 // --batch the windows run whole, as before.
+// --residency F (or --residency-bytes) with --miss-policy P emulates a residency budget: only
+// round(F * E) experts per MoE layer are resident (cold start, kept across windows) and the
+// policy (policies/misses) decides every miss as the cache evolves, token by token; outputs
+// are exact (the substitutes really run), fetch time is idealised. With --lynx the remap runs
+// first, then the miss policy. It prints the policy's counts (misses_* lines).
+// --record-trace writes the router's logits and selection of every MoE layer to FILE for
+// pw-sim (with a miss policy: the logits of the emulated run).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -31,10 +41,14 @@
 #include "quant/apw_provider.h"
 #include "services/engine/engine.h"
 #include "services/engine/lynx_routing_hook.h"
+#include "services/engine/miss_routing_hook.h"
+#include "services/engine/routing_hook_chain.h"
+#include "services/engine/trace_recorder.h"
 #include "services/engine/model.h"
 #include "services/engine/perplexity.h"
 #include "tools/lockstep_perplexity.h"
 #include "tools/lynx_cli.h"
+#include "tools/miss_cli.h"
 
 namespace {
 
@@ -54,7 +68,8 @@ struct ApwFlags {
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
            const ApwFlags& apw, const std::string& nll_out, int batch,
-           const pw::tools::LynxFlags& lynx) {
+           const pw::tools::LynxFlags& lynx, const pw::tools::MissFlags& miss,
+           const pw::tools::TraceFlags& trace) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Fail(pw::NotFound("cannot open --text file " + text_path));
   std::stringstream ss;
@@ -114,6 +129,50 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
     std::fprintf(stderr, "pw-eval: %s\n", desc.c_str());
     std::printf("remap %s\n", desc.c_str());
   }
+  const auto& cfg = (*engine)->model().config();
+  int moe_layers = 0;
+  for (const auto& layer : (*engine)->model().layers()) moe_layers += layer.is_moe ? 1 : 0;
+  std::unique_ptr<pw::misses::MissPolicy> policy;
+  std::unique_ptr<pw::engine::MissRoutingHook> miss_hook;
+  auto budget = pw::tools::BudgetFrom(miss);
+  if (!budget.ok()) return Fail(budget.status());
+  auto settings = pw::tools::MissSettingsFrom(miss);
+  if (!settings.ok()) return Fail(settings.status());
+  if (budget->fraction > 0 || budget->bytes > 0) {
+    auto mc = pw::misses::ToMissConfig(*settings);
+    if (!mc.ok()) return Fail(mc.status());
+    const double expert_bytes = 3.0 * cfg.hidden_size * cfg.moe_intermediate_size * 2.0;
+    auto cap = pw::misses::CapacityFor(*budget, moe_layers,
+                                       static_cast<int>(cfg.num_experts),
+                                       static_cast<int>(cfg.num_experts_per_tok), expert_bytes);
+    if (!cap.ok()) return Fail(cap.status());
+    auto p = pw::misses::MissPolicy::Create(*mc, static_cast<int>(cfg.num_layers),
+                                            static_cast<int>(cfg.num_experts),
+                                            static_cast<int>(cfg.num_experts_per_tok), *cap);
+    if (!p.ok()) return Fail(p.status());
+    policy = std::move(p).value();
+    policy->set_record_events(false);
+    miss_hook = std::make_unique<pw::engine::MissRoutingHook>(policy.get());
+    hooks.residency = miss_hook.get();
+    const std::string desc = pw::misses::DescribeMissConfig(*mc);
+    std::fprintf(stderr, "pw-eval: miss policy %s, %d of %lld experts resident per layer\n",
+                 desc.c_str(), *cap, static_cast<long long>(cfg.num_experts));
+    std::printf("miss_policy %s\nresident_per_layer %d\n", desc.c_str(), *cap);
+  } else if (!settings->policy.empty()) {
+    return Fail(pw::InvalidArgument("--miss-policy needs --residency F or --residency-bytes N"));
+  }
+  std::unique_ptr<pw::engine::RoutingHookChain> chain;
+  hooks.routing_hook = pw::engine::ComposeRouting(lynx_hook.get(), miss_hook.get(), &chain);
+  std::unique_ptr<pw::misses::RouterTraceWriter> trace_writer;
+  std::unique_ptr<pw::engine::TraceRecorder> recorder;
+  if (!trace.path.empty()) {
+    auto w = pw::misses::RouterTraceWriter::Create(trace.path, pw::engine::TraceHeaderFor(cfg),
+                                                   static_cast<uint64_t>(trace.max_mb * 1e6));
+    if (!w.ok()) return Fail(w.status());
+    trace_writer = std::move(w).value();
+    recorder = std::make_unique<pw::engine::TraceRecorder>(trace_writer.get(), trace.sample);
+    hooks.recorder = recorder.get();
+  }
   std::fprintf(stderr, "pw-eval: %zu tokens, windows of %d", ids->size(), ctx);
   if (batch > 0) std::fprintf(stderr, ", %d streams in lockstep", batch);
   std::fprintf(stderr, "\n");
@@ -132,7 +191,10 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
     lo.hooks = hooks;
     r = pw::eval::LockstepPerplexity(**engine, *ids, lo, progress);
   } else {
-    if (hooks.provider != nullptr) (*engine)->SetMoeHooks(hooks);
+    if (hooks.provider != nullptr || hooks.routing_hook != nullptr || hooks.recorder != nullptr ||
+        hooks.residency != nullptr) {
+      (*engine)->SetMoeHooks(hooks);
+    }
     r = pw::engine::Perplexity(**engine, *ids, ctx, progress);
   }
   std::fprintf(stderr, "\n");
@@ -150,6 +212,35 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
                                 (st.tokens * (*engine)->model().config().num_experts_per_tok)
                           : 0.0);
     std::printf("remap_seconds %.4f\n", st.seconds);
+  }
+  if (miss_hook) {
+    const pw::misses::MissStats& st = miss_hook->stats();
+    const double tl = st.token_layers ? static_cast<double>(st.token_layers) : 1.0;
+    const double tokens = static_cast<double>(st.token_layers) / std::max(1, moe_layers);
+    std::printf("misses_token_layers %lld\nmisses_slots %lld\nmisses_hits %lld\nmisses_misses %lld\n",
+                static_cast<long long>(st.token_layers), static_cast<long long>(st.slots),
+                static_cast<long long>(st.hits), static_cast<long long>(st.misses));
+    std::printf("misses_fetches %lld\nmisses_substitutions %lld\nmisses_first_choice_substitutions %lld\n",
+                static_cast<long long>(st.fetches), static_cast<long long>(st.substitutions),
+                static_cast<long long>(st.first_choice_substitutions));
+    std::printf("misses_forced_fetches %lld\nmisses_admissions %lld\nmisses_evictions %lld\n",
+                static_cast<long long>(st.forced_fetches), static_cast<long long>(st.admissions),
+                static_cast<long long>(st.evictions));
+    std::printf("misses_admissions_per_token %.6f\n", tokens > 0 ? st.admissions / tokens : 0.0);
+    std::printf("misses_fetches_per_token %.6f\nmisses_substitution_rate %.6f\nmisses_mass_mean %.6f\n",
+                tokens > 0 ? st.fetches / tokens : 0.0,
+                st.slots ? static_cast<double>(st.substitutions) / static_cast<double>(st.slots) : 0.0,
+                st.mass_sum / tl);
+    std::printf("misses_policy_seconds %.4f\n", miss_hook->seconds());
+  }
+  if (trace_writer) {
+    if (!recorder->status().ok()) return Fail(recorder->status());
+    const pw::misses::TraceCounts counts = trace_writer->counts();
+    if (auto s = trace_writer->Close(); !s.ok()) return Fail(s);
+    std::printf("trace_records %llu\ntrace_dropped_records %llu\ntrace_bytes %llu\n",
+                static_cast<unsigned long long>(counts.layer_records),
+                static_cast<unsigned long long>(counts.dropped_records),
+                static_cast<unsigned long long>(trace_writer->bytes()));
   }
   if (!nll_out.empty()) {
     std::FILE* f = std::fopen(nll_out.c_str(), "w");
@@ -195,6 +286,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 4096));
   pw::tools::LynxFlags lynx;
   pw::tools::AddLynxFlags(ppl, &lynx);
+  pw::tools::MissFlags miss;
+  pw::tools::AddMissFlags(ppl, &miss, /*with_residency=*/true);
+  pw::tools::TraceFlags trace;
+  pw::tools::AddTraceFlags(ppl, &trace);
   CLI11_PARSE(app, argc, argv);
   if (lynx.on && batch < 1) return Fail(pw::InvalidArgument("--lynx needs --batch B"));
   if (!apw.store.empty() && apw.bits == 0 && apw.bits_map.empty()) {
@@ -204,6 +299,6 @@ int main(int argc, char** argv) {
     return Fail(pw::InvalidArgument("--bits and --bits-map need --store"));
   }
   apw.dense_int8 = dense == "int8";
-  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out, batch, lynx);
+  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out, batch, lynx, miss, trace);
   return 2;
 }

@@ -1,8 +1,10 @@
 // pw-generate: generate a continuation of a prompt with the CPU engine.
 //   pw-generate --model DIR --prompt TEXT [--max-tokens N] [--temperature T --top-p P
 //               --top-k K --seed S] [--threads T]
+//               [--record-trace FILE [--trace-max-mb M] [--trace-sample N]]
 // Greedy by default. The continuation is streamed to stdout through the incremental decoder
-// (never half a UTF-8 character); prompt/decode speed goes to stderr.
+// (never half a UTF-8 character); prompt/decode speed goes to stderr. --record-trace writes
+// the router's logits and selection of every MoE layer (prompt and decode) for pw-sim.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -10,6 +12,9 @@
 
 #include "common/tokenizer.h"
 #include "services/engine/engine.h"
+#include "services/engine/model.h"
+#include "services/engine/trace_recorder.h"
+#include "tools/miss_cli.h"
 
 namespace {
 
@@ -36,6 +41,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--seed", sp.seed, "random seed");
   app.add_option("--threads", threads, "compute threads")->check(CLI::Range(1, 256));
+  pw::tools::TraceFlags trace;
+  pw::tools::AddTraceFlags(&app, &trace);
   CLI11_PARSE(app, argc, argv);
 
   auto tok = pw::Tokenizer::FromModelDir(model);
@@ -63,6 +70,19 @@ int main(int argc, char** argv) {
     if (!engine.ok()) return Fail(engine.status());
   }
   auto& eng = **engine;
+  std::unique_ptr<pw::misses::RouterTraceWriter> trace_writer;
+  std::unique_ptr<pw::engine::TraceRecorder> recorder;
+  if (!trace.path.empty()) {
+    auto w = pw::misses::RouterTraceWriter::Create(
+        trace.path, pw::engine::TraceHeaderFor(eng.model().config()),
+        static_cast<uint64_t>(trace.max_mb * 1e6));
+    if (!w.ok()) return Fail(w.status());
+    trace_writer = std::move(w).value();
+    recorder = std::make_unique<pw::engine::TraceRecorder>(trace_writer.get(), trace.sample);
+    pw::engine::MoeHooks hooks;
+    hooks.recorder = recorder.get();
+    eng.SetMoeHooks(hooks);
+  }
   if (auto s = eng.AddSequence(1, *ids, sp); !s.ok()) return Fail(s.WithContext("--prompt"));
   pw::IncrementalDecoder dec(**tok, /*skip_special_tokens=*/true);
   const auto t0 = std::chrono::steady_clock::now();
@@ -87,6 +107,13 @@ int main(int argc, char** argv) {
   std::fputc('\n', stdout);
   std::fflush(stdout);
   const auto t1 = std::chrono::steady_clock::now();
+  if (trace_writer) {
+    if (!recorder->status().ok()) return Fail(recorder->status());
+    if (auto s = trace_writer->Close(); !s.ok()) return Fail(s);
+    std::fprintf(stderr, "pw-generate: trace %s, %llu layer records, %llu bytes\n", trace.path.c_str(),
+                 static_cast<unsigned long long>(trace_writer->counts().layer_records),
+                 static_cast<unsigned long long>(trace_writer->bytes()));
+  }
   const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
   const double decode_s = std::chrono::duration<double>(t1 - t_first).count();
   std::fprintf(stderr,

@@ -7,6 +7,7 @@
 //   probs = softmax(L); top-k per token (descending probability, lower expert id on ties);
 //   weights renormalised to sum 1 when the model says so (norm_topk_prob; mixtral always)
 //   (c) hook->Rewrite(ctx, &assignments)             LYNX remap, miss policy substitution...
+//       (e) ctx.fetcher->Fetch / Admit / Evict           a miss policy's explicit weight moves
 //   assignments grouped per expert; for each expert e with tokens:
 //     (a) provider->Apply(layer, e, kGateUp, x_e)    -> [T_e, 2I]  (gate | up)
 //         h = silu(gate) * up
@@ -71,6 +72,8 @@ class ExpertResidency {
   virtual bool IsResident(int layer, int expert) const = 0;
 };
 
+class ExpertFetcher;
+
 // What a hook or recorder sees of one MoE layer of one batch.
 struct RoutingContext {
   int layer = 0;
@@ -85,6 +88,7 @@ struct RoutingContext {
   const uint64_t* seq_ids = nullptr;           // [T] sequence of each token
   const int32_t* positions = nullptr;          // [T] absolute position of each token
   const ExpertResidency* residency = nullptr;  // never null inside the engine
+  ExpertFetcher* fetcher = nullptr;            // null: fetches are idealised (nothing to move)
 };
 
 // (c) Rewrites the router's assignments before experts run (LYNX, miss policies). On entry
@@ -106,13 +110,32 @@ class RouterLogitsRecorder {
   virtual void Record(const RoutingContext& ctx, const std::vector<ExpertAssignment>& selected) = 0;
 };
 
+// (e) Moves expert weights when a miss policy (a routing hook) decides to, so a fetch is an
+// explicit call at the routing step, not hidden inside the weight provider. Optional: without
+// one the policy's decisions are applied to residency only (emulation: exact outputs, fetch
+// time idealised). Called from the hook, on the engine's driving thread.
+class ExpertFetcher {
+ public:
+  virtual ~ExpertFetcher() = default;
+  // Synchronous: on OK the expert's blocks are readable by this step's expert computation.
+  // A non-OK Status fails the engine step.
+  virtual Status Fetch(int layer, int expert) = 0;
+  // Starts an asynchronous load (background admission); the serving process tells the policy
+  // when it has committed. A non-OK Status fails the step.
+  virtual Status Admit(int layer, int expert) = 0;
+  // The expert leaves residency; its memory may be released once no in-flight step reads it
+  // (the next safe point).
+  virtual void Evict(int layer, int expert) = 0;
+};
+
 // The seams an engine uses; null members mean: bf16 experts from the checkpoint, every expert
-// resident, the router's choice unchanged, nothing recorded.
+// resident, the router's choice unchanged, nothing recorded, no weight moves.
 struct MoeHooks {
   ExpertWeightProvider* provider = nullptr;
   const ExpertResidency* residency = nullptr;
   RoutingHook* routing_hook = nullptr;
   RouterLogitsRecorder* recorder = nullptr;
+  ExpertFetcher* fetcher = nullptr;
 };
 
 }  // namespace pw::engine

@@ -157,6 +157,7 @@ Status Runner::Forward(std::span<const ForwardItem> items, bool pure_decode,
       ctx.seq_ids = tok_seq_.data();
       ctx.positions = tok_pos_.data();
       ctx.residency = residency;
+      ctx.fetcher = hooks_.fetcher;
       PW_RETURN_IF_ERROR(
           RunMoeLayer(cfg_, w, ctx, h_.data(), tmp_.data(), hooks_, provider, &moe_, pool, k_));
     } else {

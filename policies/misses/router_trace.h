@@ -1,0 +1,112 @@
+// Router-logit traces: per MoE layer of every forward pass, each token's router logits (fp16)
+// and the router's own selection (experts and gate weights, before any routing hook), in one
+// append-only file (docs/formats.md, "Router-logit trace"). pw-sim replays them
+// (trace_replay.h); the engine writes them through its recorder seam
+// (services/engine/trace_recorder.h).
+//
+// File: a 64-byte header, then records, each a 16-byte record header and a payload:
+//   layer record: one MoE layer of one forward pass (T tokens);
+//   end record:   the counts; always the last record. A file without one was cut short.
+// Every header and payload carries a CRC-32 (pw::apw::Crc32, common/apw_store.h). The reader refuses a bad
+// magic or version, a checksum mismatch, a record running past the end of the file
+// ("truncated"), a missing end record, out-of-range layers or experts, and trailing bytes,
+// naming the byte offset and record index.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pw::misses {
+
+inline constexpr uint32_t kRouterTraceVersion = 1;
+
+struct TraceHeader {
+  uint32_t num_layers = 0;   // MoE layers are indexed by model layer, < num_layers
+  uint32_t num_experts = 0;  // E
+  uint32_t top_k = 0;        // k
+  bool norm_topk_prob = false;
+  uint32_t hidden_size = 0;             // H (an expert block is 3 * H * I weights)
+  uint32_t moe_intermediate_size = 0;   // I
+  uint64_t model_hash = 0;              // the writer's model identity (0: not given)
+};
+
+// One layer record, in memory.
+struct TraceLayer {
+  uint32_t layer = 0;
+  uint64_t step = 0;               // the forward pass it belongs to (the writer's counter)
+  std::vector<uint64_t> seq_ids;   // [T]
+  std::vector<int32_t> positions;  // [T]
+  std::vector<uint16_t> logits;    // [T, E] IEEE fp16
+  std::vector<uint16_t> experts;   // [T, k] router top-k, rank order
+  std::vector<float> weights;      // [T, k] their gate weights
+  size_t num_tokens() const { return seq_ids.size(); }
+};
+
+struct TraceCounts {
+  uint64_t layer_records = 0;
+  uint64_t token_layers = 0;         // sum of T over layer records
+  uint64_t dropped_records = 0;      // layer records not written (size bound, sampling)
+  uint64_t dropped_token_layers = 0;
+};
+
+// Writes a trace. Append is bounded by max_bytes (0: unbounded): a record that would cross it
+// is dropped and counted, so the file stays valid. Not thread-safe.
+class RouterTraceWriter {
+ public:
+  static Result<std::unique_ptr<RouterTraceWriter>> Create(const std::string& path,
+                                                           const TraceHeader& header,
+                                                           uint64_t max_bytes = 0);
+  ~RouterTraceWriter();
+  RouterTraceWriter(const RouterTraceWriter&) = delete;
+  RouterTraceWriter& operator=(const RouterTraceWriter&) = delete;
+
+  // One MoE layer of one forward pass: T tokens, logits fp32 [T, E] (stored as fp16),
+  // experts [T, k], weights [T, k]. seq_ids/positions may be null (zeros written).
+  Status Append(uint32_t layer, uint64_t step, size_t num_tokens, const uint64_t* seq_ids,
+                const int32_t* positions, const float* logits, const int32_t* experts,
+                const float* weights);
+  // Counts a record the caller chose not to write (sampling).
+  void CountDropped(size_t num_tokens) {
+    counts_.dropped_records++;
+    counts_.dropped_token_layers += num_tokens;
+  }
+  // Writes the end record and closes the file. Called by the destructor if not before (errors
+  // then go to the log).
+  Status Close();
+
+  const TraceCounts& counts() const { return counts_; }
+  uint64_t bytes() const { return bytes_; }
+  const TraceHeader& header() const { return header_; }
+
+ private:
+  RouterTraceWriter(std::FILE* f, std::string path, const TraceHeader& h, uint64_t max_bytes);
+  Status WriteRecord(uint32_t kind, const std::vector<uint8_t>& payload);
+
+  std::FILE* f_;
+  std::string path_;
+  TraceHeader header_;
+  uint64_t max_bytes_;
+  uint64_t bytes_ = 0;
+  TraceCounts counts_;
+  std::vector<uint8_t> buf_;
+  bool failed_ = false;
+};
+
+// A whole trace, read and validated.
+struct RouterTrace {
+  TraceHeader header;
+  std::vector<TraceLayer> layers;  // file order
+  TraceCounts counts;
+
+  // Reads and validates `path` (rules above); kCorrupt / kNotFound with the path and offset.
+  static Result<RouterTrace> Read(const std::string& path);
+  // Parses an in-memory image (what Read does after loading the file); `name` for messages.
+  static Result<RouterTrace> Parse(const uint8_t* data, size_t size, const std::string& name);
+};
+
+}  // namespace pw::misses
