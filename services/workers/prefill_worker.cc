@@ -193,6 +193,13 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
     metrics_->requests_finished_error->Increment();
   } else {
     kr.setFirstToken(static_cast<uint32_t>(o.first_token));
+    if (o.first_logprobs) ToWire(*o.first_logprobs, kr.initFirstLogprob());
+    if (!o.prompt_logprobs.empty()) {
+      auto list = kr.initPromptLogprobs(static_cast<unsigned>(o.prompt_logprobs.size()));
+      for (size_t i = 0; i < o.prompt_logprobs.size(); ++i) {
+        ToWire(o.prompt_logprobs[i], list[static_cast<unsigned>(i)]);
+      }
+    }
     metrics_->requests_finished_ok->Increment();
   }
   kr.setNumTokens(o.num_tokens);
@@ -302,6 +309,7 @@ Status PrefillWorker::Prepare(Job* job) {
   }
   if (g >= job->tokens.size()) return InvalidArgument("generatedSoFar >= tokens");
   job->work.num_generated_before = static_cast<int>(g);
+  job->work.prompt_logprobs = req.getPromptLogprobs();  // range checked by CheckPrefill
   job->work.prompt = job->tokens;
   // Checked without blocks first (the blocks come from Admit).
   if (n_blocks > engine_->kv_pool().num_blocks()) {
@@ -450,6 +458,8 @@ void PrefillWorker::Retire(Job* job, Status st) {
   o.num_tokens = job->num_tokens;
   o.status = std::move(st);
   o.first_token = job->work.result.first_token;
+  if (job->work.params.logprobs >= 0) o.first_logprobs = job->work.result.first_logprobs;
+  o.prompt_logprobs = std::move(job->work.result.prompt_logprobs);
   outbox_.push_back(std::move(o));
 }
 

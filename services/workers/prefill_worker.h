@@ -15,7 +15,10 @@
 // outbox.
 //
 // Sampling: the first token of a re-prefilled request (generatedSoFar = k) is drawn as the
-// request's draw number k, as the in-process engine would.
+// request's draw number k, as the in-process engine would. Log-probabilities: with
+// sampling.logprobs >= 0 KvReady carries the first token's; with promptLogprobs >= 0 every
+// prompt token's after the first (each position's logits are then computed, not only the
+// last).
 //
 // KV endpoints use UCX without peer error handling (shared memory on one host; see
 // services/transport/ucx.h), so a dead decode worker is noticed by the control plane: the
@@ -36,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,6 +105,8 @@ class PrefillWorker {
     uint32_t num_tokens = 0;
     Status status;
     int32_t first_token = -1;
+    std::optional<engine::TokenLogprobs> first_logprobs;  // sampling.logprobs >= 0
+    std::vector<engine::TokenLogprobs> prompt_logprobs;   // promptLogprobs >= 0
   };
 
   explicit PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock);
