@@ -636,7 +636,9 @@ class RawDecodePeer {
 // Collects events; checks indices are contiguous (no gap, no repeat reaches the router).
 class Collector final : public GenerationEvents {
  public:
-  void OnTokens(uint64_t id, uint32_t start, std::vector<int32_t> tokens) override {
+  void OnPromptLogprobs(uint64_t, std::vector<TokenLogprob>) override {}
+  void OnTokens(uint64_t id, uint32_t start, std::vector<int32_t> tokens,
+                std::vector<TokenLogprob>) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto& v = tokens_[id];
     if (start != v.size()) {
