@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""e2e: the official `openai` client streams a chat completion from a local cluster.
+"""e2e: the official `openai` client against a local cluster (openai_client_test.py), with API keys.
 
 Usage: run_openai_e2e.py BUILD_DIR MODEL_DIR
 The `openai` package is not a build dependency: this test keeps its own venv in
@@ -40,12 +40,27 @@ def main():
         print("SKIPPED: cannot install the openai client (PyPI unreachable?)")
         return SKIP
     log_dir = os.path.join(build_dir, "e2e-logs", "openai")
-    with LocalCluster(build_dir, model_dir, log_dir) as c:
-        client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_client_test.py")
-        r = subprocess.run([py, client, "--url", c.url, "--model", c.model_name], timeout=600)
-        if r.returncode != 0:
-            c.dump_logs()
-        return r.returncode
+    # The router takes its key from the environment here (PW_API_KEY, two keys); the client
+    # sends the second.
+    key = "pw-e2e-" + os.urandom(8).hex()
+    os.environ["PW_API_KEY"] = "pw-other-key," + key
+    try:
+        cluster = LocalCluster(build_dir, model_dir, log_dir)
+        with cluster as c:
+            client = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                  "openai_client_test.py")
+            r = subprocess.run([py, client, "--url", c.url, "--model", c.model_name,
+                                "--api-key", key], timeout=600)
+            if r.returncode != 0:
+                c.dump_logs()
+            for name in ("router",):
+                with open(os.path.join(log_dir, name + ".log")) as f:
+                    if key in f.read():
+                        print("FAIL the router logged an API key")
+                        return 1
+            return r.returncode
+    finally:
+        os.environ.pop("PW_API_KEY", None)
 
 
 if __name__ == "__main__":
