@@ -44,6 +44,9 @@ struct GenerationRequest {
   uint64_t id = 0;              // unique per router process, never 0
   std::vector<int32_t> prompt;  // token ids, non-empty, shorter than the context
   SamplingOptions sampling;
+  // Non-zero: requests of one group have the same prompt (the candidates of one API request);
+  // a backend may compute that prompt once for all of them.
+  uint64_t share_group = 0;
 };
 
 enum class FinishReason {

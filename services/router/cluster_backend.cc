@@ -274,6 +274,18 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
     }
     if (o.phase == Phase::kPrefilling) prefilling_tokens[o.prefill_peer] += toks;
   }
+  // The prefill worker another request of this one's group (same prompt) went to: it computes
+  // the prompt once for all of them when they meet there (docs/router.md, n and best_of).
+  std::string group_peer;
+  if (r.request.share_group != 0 && r.generated.empty()) {
+    for (const auto& [oid, o] : reqs_) {
+      if (oid != id && o.phase != Phase::kPending && o.generated.empty() &&
+          o.request.share_group == r.request.share_group) {
+        group_peer = o.prefill_peer;
+        break;
+      }
+    }
+  }
   // Workers this request already failed on rank after all others.
   auto failed_before = [&](const std::string& peer) {
     return std::find(r.failed_on.begin(), r.failed_on.end(), peer) != r.failed_on.end();
@@ -296,14 +308,16 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   }
   if (best_d == nullptr) return false;
   const transport::PeerInfo* best_p = nullptr;
-  std::pair<bool, int64_t> best_p_key{false, std::numeric_limits<int64_t>::max()};
+  std::tuple<bool, bool, int64_t> best_p_key{false, false, std::numeric_limits<int64_t>::max()};
   for (const auto& [peer, info] : server_->peers()) {
     if (info.role != wire::Role::PREFILL || info.load.draining || !Reachable(info)) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || ws->layout_hash != best_ds->layout_hash) continue;
-    // Prefer workers not failed on, then the shortest queue.
-    std::pair<bool, int64_t> key{failed_before(peer),
-                                 int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer]};
+    // Prefer workers not failed on, then the one the request's group went to, then the
+    // shortest queue.
+    std::tuple<bool, bool, int64_t> key{
+        failed_before(peer), !group_peer.empty() && peer != group_peer,
+        int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer]};
     if (best_p == nullptr || key < best_p_key) {
       best_p_key = key;
       best_p = &info;

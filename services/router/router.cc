@@ -366,6 +366,7 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
     r->index = i;
     r->request = base;
     r->request.id = r->id;
+    if (api.best_of > 1) r->request.share_group = call->ids.empty() ? r->id : call->ids.front();
     r->request.sampling.has_seed = api.seed.has_value();
     r->request.sampling.seed = api.seed.value_or(0) + static_cast<uint64_t>(i);
     r->decoder = codec_->NewDecoder();

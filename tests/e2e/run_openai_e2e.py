@@ -7,9 +7,11 @@ BUILD_DIR/e2e-venv with only `openai` from PyPI, created on first use. When that
 made (no network), the test reports itself skipped (exit 77), so `make test` on a machine
 without PyPI still passes.
 """
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import SKIP, LocalCluster, model_present  # noqa: E402
@@ -29,6 +31,27 @@ def ensure_venv(build_dir):
     if r.returncode != 0:
         return None
     return py
+
+
+def shared_prefill(c, key):
+    """n = 4 computes the prompt once: the prefill worker's prompt-token counter grows by the
+    prompt's length, not four times it."""
+    def counter():
+        return sum(v for k, v in c.worker_metrics("prefill-0").items()
+                   if k.startswith("pagedweight_prompt_tokens_total"))
+    before = counter()
+    body = json.dumps({"model": c.model_name, "prompt": "The candidates share one prefill",
+                       "max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 4}).encode()
+    req = urllib.request.Request(c.url + "/v1/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": "Bearer " + key})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        out = json.loads(resp.read())
+    grown = counter() - before
+    ok = len(out["choices"]) == 4 and grown == out["usage"]["prompt_tokens"]
+    print(("ok   " if ok else "FAIL ") + f"n=4 prefills the prompt once: prompt-token counter "
+          f"+{grown:g} for a prompt of {out['usage']['prompt_tokens']} tokens")
+    return ok
 
 
 def main():
@@ -53,6 +76,8 @@ def main():
                                 "--api-key", key], timeout=600)
             if r.returncode != 0:
                 c.dump_logs()
+            elif not shared_prefill(c, key):
+                r = subprocess.CompletedProcess([], 1)
             for name in ("router",):
                 with open(os.path.join(log_dir, name + ".log")) as f:
                     if key in f.read():
