@@ -15,6 +15,13 @@
 // services/engine/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
 // --nll-out writes one line per prediction, "<window> <nll>", for paired comparisons of two
 // runs over the same text (tools/compare_nll.py).
+//   pw-eval loglik --model DIR --pairs FILE.jsonl [--threads T]
+// Log-likelihood of continuations: FILE has one JSON object per line, {"context": ...,
+// "continuation": ...}; each is tokenized as an evaluation harness does (trailing whitespace of
+// the context moves to the continuation; the continuation's tokens are those of
+// context + continuation after the context's own tokens) and scored teacher-forced. stdout has
+// one line per pair, "ll <index> <log-likelihood> <tokens> <greedy 0|1>", then
+// `loglik_sum <value>`.
 // --batch B scores the same windows as B streams decoded in lockstep, one token per stream per
 // step (tools/lockstep_perplexity.h), so every forward pass is a pure-decode batch of up to B
 // tokens; --lynx then runs a batch remap rule (LYNX or the piggyback baseline, tools/lynx_cli.h)
@@ -34,6 +41,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/apw_store.h"
@@ -255,6 +263,74 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   return 0;
 }
 
+// Python's str.rstrip() for the ASCII whitespace an evaluation harness meets.
+size_t TrailingSpaces(const std::string& s) {
+  size_t n = 0;
+  while (n < s.size()) {
+    const char c = s[s.size() - 1 - n];
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != '\v' && c != '\f') break;
+    ++n;
+  }
+  return n;
+}
+
+int RunLoglik(const std::string& model_dir, const std::string& pairs_path, int threads) {
+  std::ifstream in(pairs_path, std::ios::binary);
+  if (!in) return Fail(pw::NotFound("cannot open --pairs file " + pairs_path));
+  auto tok = pw::Tokenizer::FromModelDir(model_dir);
+  if (!tok.ok()) return Fail(tok.status());
+  pw::engine::EngineOptions eo;
+  eo.num_threads = threads;
+  eo.num_kv_blocks = 512;
+  auto engine = pw::engine::Engine::Create(model_dir, eo);
+  if (!engine.ok()) return Fail(engine.status());
+  const int V = (*engine)->vocab_size();
+  std::string line;
+  int index = 0;
+  double total = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("context") || !j.contains("continuation") ||
+        !j["context"].is_string() || !j["continuation"].is_string()) {
+      return Fail(pw::InvalidArgument(pairs_path + ": line " + std::to_string(index + 1) +
+                                      " is not {\"context\": string, \"continuation\": string}"));
+    }
+    std::string context = j["context"], continuation = j["continuation"];
+    if (context.empty()) {
+      return Fail(pw::InvalidArgument(pairs_path + ": line " + std::to_string(index + 1) +
+                                      ": empty context"));
+    }
+    const size_t spaces = TrailingSpaces(context);
+    continuation = context.substr(context.size() - spaces) + continuation;
+    context.resize(context.size() - spaces);
+    auto whole = (*tok)->Encode(context + continuation);
+    auto ctx_ids = (*tok)->Encode(context);
+    if (!whole.ok()) return Fail(whole.status());
+    if (!ctx_ids.ok()) return Fail(ctx_ids.status());
+    const size_t ctx_len = ctx_ids->size();
+    if (ctx_len == 0 || ctx_len >= whole->size()) {
+      return Fail(pw::InvalidArgument(pairs_path + ": line " + std::to_string(index + 1) +
+                                      ": the continuation adds no token"));
+    }
+    auto logits = (*engine)->ForwardLogits(*whole);
+    if (!logits.ok()) return Fail(logits.status());
+    double ll = 0;
+    bool greedy = true;
+    for (size_t pos = ctx_len; pos < whole->size(); ++pos) {
+      const float* row = logits->data() + (pos - 1) * static_cast<size_t>(V);
+      const auto lp = pw::engine::ComputeLogprobs(row, V, (*whole)[pos], 1);
+      ll += lp.logprob;
+      greedy &= lp.top[0].first == (*whole)[pos];
+    }
+    total += ll;
+    std::printf("ll %d %.6f %zu %d\n", index, ll, whole->size() - ctx_len, greedy ? 1 : 0);
+    ++index;
+  }
+  std::printf("loglik_sum %.6f\n", total);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -290,7 +366,13 @@ int main(int argc, char** argv) {
   pw::tools::AddMissFlags(ppl, &miss, /*with_residency=*/true);
   pw::tools::TraceFlags trace;
   pw::tools::AddTraceFlags(ppl, &trace);
+  auto* loglik = app.add_subcommand("loglik", "log-likelihood of continuations (JSON lines)");
+  std::string pairs;
+  loglik->add_option("--model", model, "model directory")->required();
+  loglik->add_option("--pairs", pairs, "JSON lines of {context, continuation}")->required();
+  loglik->add_option("--threads", threads, "compute threads")->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
+  if (loglik->parsed()) return RunLoglik(model, pairs, threads);
   if (lynx.on && batch < 1) return Fail(pw::InvalidArgument("--lynx needs --batch B"));
   if (!apw.store.empty() && apw.bits == 0 && apw.bits_map.empty()) {
     return Fail(pw::InvalidArgument("--store needs --bits or --bits-map"));

@@ -345,6 +345,10 @@ Result<StepResult> Engine::Step() {
         u.logits.assign(logits.begin() + static_cast<std::ptrdiff_t>(row * V),
                         logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * V));
       }
+      if (s->params.logprobs >= 0) {
+        u.logprobs.push_back(
+            ComputeLogprobs(logits.data() + row * V, static_cast<int>(V), tok, s->params.logprobs));
+      }
       ++row;
       s->tokens.push_back(tok);
       s->num_generated++;
@@ -374,6 +378,10 @@ Status Engine::CheckPrefill(const PrefillJob& job) const {
   if (job.num_computed < 0 || static_cast<size_t>(job.num_computed) > n) {
     return InvalidArgument("prefill: num_computed outside [0, prompt size]");
   }
+  if (job.prompt_logprobs < -1 || job.prompt_logprobs > kMaxLogprobs) {
+    return InvalidArgument("prefill: prompt_logprobs must be in [-1, " +
+                           std::to_string(kMaxLogprobs) + "]");
+  }
   const std::vector<int32_t> ids(job.prompt.begin(), job.prompt.end());
   PW_RETURN_IF_ERROR(CheckNewSequence(kEvalSeqId, ids, job.params, 0, /*eval=*/true));
   const int need = BlocksForTokens(static_cast<int>(n), options_.block_size);
@@ -391,7 +399,6 @@ Status Engine::CheckPrefill(const PrefillJob& job) const {
 
 Result<int> Engine::PrefillPass(std::span<PrefillJob> jobs) {
   std::vector<ForwardItem> items;
-  std::vector<PrefillJob*> sampled;
   int budget = options_.max_batch_tokens;
   for (PrefillJob& job : jobs) {
     if (budget <= 0) break;
@@ -404,31 +411,54 @@ Result<int> Engine::PrefillPass(std::span<PrefillJob> jobs) {
     it.n = std::min(budget, n - job.num_computed);
     it.start_pos = job.num_computed;
     it.blocks = job.block_ids.data();
-    it.logits = job.num_computed + it.n == n ? LogitsWanted::kLast : LogitsWanted::kNone;
-    if (it.logits == LogitsWanted::kLast) sampled.push_back(&job);
+    const bool last = job.num_computed + it.n == n;
+    // Prompt log-probabilities need every position's logits.
+    it.logits = job.prompt_logprobs >= 0 ? LogitsWanted::kAll
+                : last                   ? LogitsWanted::kLast
+                                         : LogitsWanted::kNone;
     budget -= it.n;
     items.push_back(it);
   }
   if (items.empty()) return 0;
   std::vector<float> logits;
   PW_RETURN_IF_ERROR(runner_->Forward(items, false, &logits));
+  const size_t V = static_cast<size_t>(vocab_size());
   int ran = 0;
   size_t k = 0;
+  size_t row = 0;  // first logits row of items[k]
   for (PrefillJob& job : jobs) {
     if (k == items.size()) break;
     if (job.done()) continue;
-    job.num_computed += items[k].n;
-    ran += items[k].n;
+    const ForwardItem& it = items[k];
+    if (it.logits == LogitsWanted::kAll) {
+      // Row r predicts prompt position start_pos + r + 1 (the last row of the prompt predicts
+      // the first generated token and is sampled below).
+      for (int r = 0; r < it.n; ++r) {
+        const size_t next = static_cast<size_t>(it.start_pos + r + 1);
+        if (next >= job.prompt.size()) break;
+        job.result.prompt_logprobs.push_back(ComputeLogprobs(logits.data() + (row + r) * V,
+                                                             static_cast<int>(V), job.prompt[next],
+                                                             job.prompt_logprobs));
+      }
+    }
+    const size_t rows = it.logits == LogitsWanted::kAll    ? static_cast<size_t>(it.n)
+                        : it.logits == LogitsWanted::kLast ? 1
+                                                           : 0;
+    job.num_computed += it.n;
+    ran += it.n;
+    if (job.done()) {
+      const float* last_row = logits.data() + (row + rows - 1) * V;
+      job.result.last_logits.assign(last_row, last_row + V);
+      job.result.first_token =
+          SampleToken(last_row, static_cast<int>(V), job.params,
+                      static_cast<uint64_t>(job.num_generated_before), &sample_scratch_);
+      if (job.params.logprobs >= 0) {
+        job.result.first_logprobs = ComputeLogprobs(last_row, static_cast<int>(V),
+                                                    job.result.first_token, job.params.logprobs);
+      }
+    }
+    row += rows;
     ++k;
-  }
-  const size_t V = static_cast<size_t>(vocab_size());
-  for (size_t row = 0; row < sampled.size(); ++row) {
-    PrefillJob& job = *sampled[row];
-    job.result.last_logits.assign(logits.begin() + static_cast<std::ptrdiff_t>(row * V),
-                                  logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * V));
-    job.result.first_token =
-        SampleToken(job.result.last_logits.data(), static_cast<int>(V), job.params,
-                    static_cast<uint64_t>(job.num_generated_before), &sample_scratch_);
   }
   return ran;
 }

@@ -109,6 +109,8 @@ struct SequenceUpdate {
   FinishReason reason = FinishReason::kNone;
   // [vocab] logits the new token was sampled from; only with EngineOptions::return_logits.
   std::vector<float> logits;
+  // One entry per new token when the sequence's params.logprobs >= 0 (sampler.h).
+  std::vector<TokenLogprobs> logprobs;
 };
 
 struct StepResult {
@@ -121,6 +123,11 @@ struct StepResult {
 struct PrefillResult {
   std::vector<float> last_logits;  // [vocab] logits of the last prompt position
   int32_t first_token = -1;        // sampled from last_logits with the request's params
+  // params.logprobs >= 0: first_token's log-probability and alternatives.
+  TokenLogprobs first_logprobs;
+  // PrefillJob::prompt_logprobs >= 0: entry i is prompt token i + 1 given tokens [0, i] (the
+  // first prompt token has none), with that many alternatives.
+  std::vector<TokenLogprobs> prompt_logprobs;
 };
 
 // One prompt of a batched prefill (Engine::PrefillPass / PrefillBatch). The spans are borrowed
@@ -130,6 +137,9 @@ struct PrefillJob {
   std::span<const int32_t> block_ids;  // >= BlocksForTokens(prompt.size(), block_size) blocks
   SamplingParams params;
   int num_generated_before = 0;  // as in Engine::Prefill
+  // -1: no prompt log-probabilities; N in [0, kMaxLogprobs]: PrefillResult::prompt_logprobs
+  // with N alternatives each (every position's logits are then computed).
+  int prompt_logprobs = -1;
   // Progress: prompt positions whose KV is in block_ids. PrefillPass advances it.
   int num_computed = 0;
   // Set by the pass that computes the last position.

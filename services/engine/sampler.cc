@@ -68,6 +68,10 @@ Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
   if (!(p.top_p > 0.f && p.top_p <= 1.f))
     return InvalidArgument("sampling: top_p must be in (0, 1]");
   if (p.max_tokens < 1) return InvalidArgument("sampling: max_tokens must be >= 1");
+  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
+    return InvalidArgument("sampling: logprobs must be in [-1, " + std::to_string(kMaxLogprobs) +
+                           "]");
+  }
   for (int32_t t : p.stop_token_ids) {
     if (t < 0 || t >= vocab_size) {
       return InvalidArgument("sampling: stop token id " + std::to_string(t) +
@@ -104,6 +108,35 @@ std::vector<std::pair<int32_t, double>> SamplingDistribution(const float* logits
   const double sum = Candidates(logits, vocab_size, p, &c, &probs);
   std::vector<std::pair<int32_t, double>> out(c.size());
   for (size_t i = 0; i < c.size(); ++i) out[i] = {c[i].second, probs[i] / sum};
+  return out;
+}
+
+TokenLogprobs ComputeLogprobs(const float* logits, int vocab_size, int32_t token, int top_n) {
+  TokenLogprobs out;
+  out.token = token;
+  if (vocab_size <= 0) return out;
+  double mx = logits[0];
+  for (int i = 1; i < vocab_size; ++i) mx = std::max(mx, double(logits[i]));
+  double sum = 0;
+  for (int i = 0; i < vocab_size; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double log_z = mx + std::log(sum);
+  if (token >= 0 && token < vocab_size) {
+    out.logprob = static_cast<float>(double(logits[token]) - log_z);
+  }
+  top_n = std::clamp(top_n, 0, vocab_size);
+  if (top_n > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(vocab_size));
+    for (int i = 0; i < vocab_size; ++i) ids[static_cast<size_t>(i)] = i;
+    auto desc = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    std::partial_sort(ids.begin(), ids.begin() + top_n, ids.end(), desc);
+    out.top.reserve(static_cast<size_t>(top_n));
+    for (int i = 0; i < top_n; ++i) {
+      const int32_t id = ids[static_cast<size_t>(i)];
+      out.top.emplace_back(id, static_cast<float>(double(logits[id]) - log_z));
+    }
+  }
   return out;
 }
 

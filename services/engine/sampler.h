@@ -30,7 +30,27 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   // When false, the model's eos ids (config) also stop the request.
   bool ignore_eos = false;
+  // Log-probabilities of each generated token: -1 = none; N >= 0 = the token's own plus the N
+  // most likely alternatives (TokenLogprobs below).
+  int logprobs = -1;
 };
+
+// Largest number of alternatives a request may ask for per token (ValidateSamplingParams).
+inline constexpr int kMaxLogprobs = 20;
+
+// The log-probability of one token and the most likely alternatives at its position, from
+// the log-softmax of the raw logits row the sampler reads (before temperature, top-k and
+// top-p: the model's own distribution, as vLLM's default and OpenAI report it).
+struct TokenLogprobs {
+  int32_t token = -1;
+  float logprob = 0.f;
+  // The top alternatives, most likely first (ties: lower id first); may include `token`.
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// TokenLogprobs of `token` with `top_n` alternatives (0 <= top_n <= vocab_size) from
+// logits[0..vocab_size). Log-softmax in double precision.
+TokenLogprobs ComputeLogprobs(const float* logits, int vocab_size, int32_t token, int top_n);
 
 // kInvalidArgument naming the field when a parameter is out of range.
 Status ValidateSamplingParams(const SamplingParams& p, int vocab_size);

@@ -98,6 +98,17 @@ struct SamplingParams {
   maxTokens @4 :UInt32;       # generated tokens, including the first
   stopTokenIds @5 :List(UInt32);
   ignoreEos @6 :Bool;
+  logprobs @7 :Int32 = -1;    # -1: none; N >= 0: each generated token's log-probability and
+                              # its N most likely alternatives (TokenLogprob)
+}
+
+# A token's log-probability (natural log, from the raw logits, before temperature/top-k/top-p)
+# and the most likely alternatives at its position, most likely first.
+struct TokenLogprob {
+  token @0 :UInt32;
+  logprob @1 :Float32;
+  topTokens @2 :List(UInt32);
+  topLogprobs @3 :List(Float32);   # parallel to topTokens
 }
 
 # Router -> decode: reserve KV blocks for a prompt of numTokens tokens.
@@ -132,6 +143,7 @@ struct PrefillRequest {
   generatedSoFar @8 :UInt32;      # tokens of `tokens` that were generated (re-prefill); the
                                   # sampled token then has output index generatedSoFar
   pageIds @9 :List(UInt32);       # KvReserveReply.pageIds of the lease
+  promptLogprobs @10 :Int32 = -1; # -1: none; N >= 0: KvReady.promptLogprobs with N alternatives
 }
 
 # Prefill -> router: KV is in the decode worker's blocks (puts flushed), first token sampled.
@@ -143,6 +155,9 @@ struct KvReady {
   numTokens @4 :UInt32;           # tokens whose KV was written
   leaseId @5 :UInt64;
   decodeWorkerId @6 :Text;
+  firstLogprob @7 :TokenLogprob;          # sampling.logprobs >= 0: firstToken's
+  promptLogprobs @8 :List(TokenLogprob);  # PrefillRequest.promptLogprobs >= 0: entry i is
+                                          # tokens[i + 1] given tokens[0..i]
 }
 
 # Router -> decode: admit a request whose KV arrived.
@@ -161,6 +176,7 @@ struct TokenChunk {
   requestId @0 :UInt64;
   startIndex @1 :UInt32;
   tokens @2 :List(UInt32);
+  logprobs @3 :List(TokenLogprob);  # sampling.logprobs >= 0: one per token, else empty
 }
 
 enum FinishReason {

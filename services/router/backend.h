@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -24,12 +25,28 @@ struct SamplingOptions {
   int32_t max_tokens = 16;              // generated tokens, >= 1
   std::vector<int32_t> stop_token_ids;  // end-of-sequence ids: generation stops after one
   bool ignore_eos = false;              // also ignore the model's own end-of-sequence ids
+  // -1: none; N >= 0: each generated token's log-probability with N alternatives.
+  int32_t logprobs = -1;
+  // -1: none; N >= 0: the prompt tokens' log-probabilities (OnPromptLogprobs) with N
+  // alternatives.
+  int32_t prompt_logprobs = -1;
+};
+
+// A token's log-probability (natural log of the model's own distribution: the raw logits'
+// softmax, before temperature, top-k and top-p) and the most likely alternatives there.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first
 };
 
 struct GenerationRequest {
   uint64_t id = 0;              // unique per router process, never 0
   std::vector<int32_t> prompt;  // token ids, non-empty, shorter than the context
   SamplingOptions sampling;
+  // Non-zero: requests of one group have the same prompt (the candidates of one API request);
+  // a backend may compute that prompt once for all of them.
+  uint64_t share_group = 0;
 };
 
 enum class FinishReason {
@@ -48,8 +65,13 @@ class GenerationEvents {
   virtual ~GenerationEvents() = default;
   // Tokens of request `id`, in order: `start_index` is the output index of tokens[0] (0 = the
   // first generated token). A backend never skips an index; it may repeat indices already
-  // delivered after a failover (the receiver ignores indices it has).
-  virtual void OnTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens) = 0;
+  // delivered after a failover (the receiver ignores indices it has). `logprobs`: one per
+  // token when sampling.logprobs >= 0, else empty.
+  virtual void OnTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens,
+                        std::vector<TokenLogprob> logprobs) = 0;
+  // sampling.prompt_logprobs >= 0: once, before the first OnTokens; entry i is prompt token
+  // i + 1 given the tokens before it (the first prompt token has none).
+  virtual void OnPromptLogprobs(uint64_t id, std::vector<TokenLogprob> logprobs) = 0;
   // The request ended; no more events for `id` follow. `error` is OK unless reason is kError.
   virtual void OnFinished(uint64_t id, FinishReason reason, Status error) = 0;
 };

@@ -54,10 +54,23 @@ void FillSampling(wire::SamplingParams::Builder b, const SamplingOptions& s) {
   b.setSeed(s.seed);
   b.setMaxTokens(static_cast<uint32_t>(s.max_tokens));
   b.setIgnoreEos(s.ignore_eos);
+  b.setLogprobs(s.logprobs);
   auto stops = b.initStopTokenIds(static_cast<unsigned>(s.stop_token_ids.size()));
   for (size_t i = 0; i < s.stop_token_ids.size(); ++i) {
     stops.set(static_cast<unsigned>(i), static_cast<uint32_t>(s.stop_token_ids[i]));
   }
+}
+
+TokenLogprob FromWire(wire::TokenLogprob::Reader r) {
+  TokenLogprob t;
+  t.token = static_cast<int32_t>(r.getToken());
+  t.logprob = r.getLogprob();
+  auto ids = r.getTopTokens();
+  auto lps = r.getTopLogprobs();
+  const unsigned n = std::min(ids.size(), lps.size());
+  t.top.reserve(n);
+  for (unsigned i = 0; i < n; ++i) t.top.emplace_back(static_cast<int32_t>(ids[i]), lps[i]);
+  return t;
 }
 
 }  // namespace
@@ -264,6 +277,18 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
     }
     if (o.phase == Phase::kPrefilling) prefilling_tokens[o.prefill_peer] += toks;
   }
+  // The prefill worker another request of this one's group (same prompt) went to: it computes
+  // the prompt once for all of them when they meet there (docs/router.md, n and best_of).
+  std::string group_peer;
+  if (r.request.share_group != 0 && r.generated.empty()) {
+    for (const auto& [oid, o] : reqs_) {
+      if (oid != id && o.phase != Phase::kPending && o.generated.empty() &&
+          o.request.share_group == r.request.share_group) {
+        group_peer = o.prefill_peer;
+        break;
+      }
+    }
+  }
   // Workers this request already failed on rank after all others.
   auto failed_before = [&](const std::string& peer) {
     return std::find(r.failed_on.begin(), r.failed_on.end(), peer) != r.failed_on.end();
@@ -286,14 +311,16 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   }
   if (best_d == nullptr) return false;
   const transport::PeerInfo* best_p = nullptr;
-  std::pair<bool, int64_t> best_p_key{false, std::numeric_limits<int64_t>::max()};
+  std::tuple<bool, bool, int64_t> best_p_key{false, false, std::numeric_limits<int64_t>::max()};
   for (const auto& [peer, info] : server_->peers()) {
     if (info.role != wire::Role::PREFILL || info.load.draining || !Reachable(info)) continue;
     const WorkerStatic* ws = StaticOf(info);
     if (ws == nullptr || ws->layout_hash != best_ds->layout_hash) continue;
-    // Prefer workers not failed on, then the shortest queue.
-    std::pair<bool, int64_t> key{failed_before(peer),
-                                 int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer]};
+    // Prefer workers not failed on, then the one the request's group went to, then the
+    // shortest queue.
+    std::tuple<bool, bool, int64_t> key{
+        failed_before(peer), !group_peer.empty() && peer != group_peer,
+        int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer]};
     if (best_p == nullptr || key < best_p_key) {
       best_p_key = key;
       best_p = &info;
@@ -411,6 +438,8 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   proto::FillU32([&](unsigned n) { return pr.initPageIds(n); }, r.page_ids);
   pr.setLeaseId(r.lease_id);
   pr.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
+  // Prompt log-probabilities are asked for until they were delivered (with the first token).
+  if (r.generated.empty()) pr.setPromptLogprobs(r.request.sampling.prompt_logprobs);
   r.prefill_epoch = p->epoch;
   Status st = server_->Send(r.prefill_peer, out);
   if (!st.ok()) {
@@ -441,8 +470,26 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   }
   const int32_t first = static_cast<int32_t>(m.getFirstToken());
   const uint32_t index = static_cast<uint32_t>(r.generated.size());
+  if (index == 0 && r.request.sampling.prompt_logprobs >= 0) {
+    std::vector<TokenLogprob> prompt_lps;
+    for (auto lp : m.getPromptLogprobs()) prompt_lps.push_back(FromWire(lp));
+    if (prompt_lps.size() + 1 != r.request.prompt.size()) {
+      SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
+      Retry(id, r,
+            "prefill on '" + peer + "' sent " + std::to_string(prompt_lps.size()) +
+                " prompt log-probabilities for " + std::to_string(r.request.prompt.size()) +
+                " prompt tokens");
+      return;
+    }
+    events_->OnPromptLogprobs(id, std::move(prompt_lps));
+  }
   r.generated.push_back(first);
-  events_->OnTokens(id, index, {first});
+  std::vector<TokenLogprob> first_lp;
+  if (r.request.sampling.logprobs >= 0) {
+    first_lp.push_back(FromWire(m.getFirstLogprob()));
+    first_lp.back().token = first;
+  }
+  events_->OnTokens(id, index, {first}, std::move(first_lp));
   const auto& stops = r.request.sampling.stop_token_ids;
   const bool is_stop = std::find(stops.begin(), stops.end(), first) != stops.end();
   const bool at_length = static_cast<int32_t>(r.generated.size()) >= r.request.sampling.max_tokens;
@@ -488,15 +535,27 @@ void ClusterBackend::OnTokenChunk(const std::string& peer, wire::TokenChunk::Rea
               ", got " + std::to_string(start));
     return;
   }
+  auto lps = m.getLogprobs();
+  const bool want_lps = r.request.sampling.logprobs >= 0;
+  if (want_lps && lps.size() != tokens.size()) {
+    Retry(id, r,
+          "TokenChunk from '" + peer + "' without the log-probabilities the request asked for");
+    return;
+  }
   std::vector<int32_t> fresh;
+  std::vector<TokenLogprob> fresh_lps;
   for (unsigned i = 0; i < tokens.size(); ++i) {
     if (start + i < r.generated.size()) continue;  // already delivered
     fresh.push_back(static_cast<int32_t>(tokens[i]));
     r.generated.push_back(static_cast<int32_t>(tokens[i]));
+    if (want_lps) {
+      fresh_lps.push_back(FromWire(lps[i]));
+      fresh_lps.back().token = fresh.back();
+    }
   }
   if (!fresh.empty()) {
     const auto first_index = static_cast<uint32_t>(r.generated.size() - fresh.size());
-    events_->OnTokens(id, first_index, std::move(fresh));
+    events_->OnTokens(id, first_index, std::move(fresh), std::move(fresh_lps));
   }
 }
 

@@ -1,6 +1,9 @@
 // pw-router: the OpenAI-compatible HTTP front end of a PagedWeight cluster.
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
 
+#include "services/router/api_keys.h"
 #include "services/router/router_app.h"
 
 int main(int argc, char** argv) {
@@ -30,7 +33,23 @@ int main(int argc, char** argv) {
   app.add_option("--body-timeout-ms", body_timeout_ms,
                  "time allowed for a request body after its headers (then 408)");
   app.add_option("--max-body-bytes", max_body, "request body limit (then 413)");
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  app.add_option("--api-key", api_keys,
+                 "API key clients must send as 'Authorization: Bearer KEY' (repeatable; also "
+                 "--api-key-file and the PW_API_KEY environment variable, comma-separated)");
+  app.add_option("--api-key-file", api_key_file, "file with one API key per line");
+  app.add_flag("--protect-health", o.router.protect_health,
+               "with API keys: /health needs a key too (default: open)");
+  app.add_flag("--protect-metrics", o.router.protect_metrics,
+               "with API keys: /metrics needs a key too (default: open)");
   CLI11_PARSE(app, argc, argv);
+  auto keys = pw::router::LoadApiKeys(api_keys, api_key_file, std::getenv(pw::router::kApiKeyEnv));
+  if (!keys.ok()) {
+    std::fprintf(stderr, "pw-router: %s\n", keys.status().ToString().c_str());
+    return 1;
+  }
+  o.router.api_keys = std::move(*keys);
   o.http.bind_address = host;
   o.http.port = static_cast<uint16_t>(port);
   o.http.header_timeout = std::chrono::milliseconds(header_timeout_ms);

@@ -178,21 +178,30 @@ std::optional<ApiError> ParsePrompt(const json& body, const ApiLimits& limits, A
     if (r->prompt_text.empty()) return Bad("'prompt' must not be empty", "prompt");
     return std::nullopt;
   }
+  const json* ids = &*it;
+  std::string where = "prompt";
   if (first.is_array()) {
-    return Bad("'prompt' as a list of token lists is not supported; send one prompt per request",
-               "prompt");
+    // A batch of token lists (as evaluation harnesses send): one list only.
+    if (it->size() != 1) {
+      return Bad("'prompt' holds " + std::to_string(it->size()) +
+                     " token lists; send one prompt per request",
+                 "prompt");
+    }
+    ids = &first;
+    where = "prompt[0]";
+    if (ids->empty()) return Bad("'prompt' must not be empty", "prompt");
   }
   r->prompt_is_tokens = true;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& t = (*it)[i];
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const json& t = (*ids)[i];
     if (!t.is_number_integer()) {
-      return WrongType("prompt[" + std::to_string(i) + "]", "an integer token id", t);
+      return WrongType(where + "[" + std::to_string(i) + "]", "an integer token id", t);
     }
     const bool in_range = t.is_number_unsigned()
                               ? t.get<uint64_t>() < static_cast<uint64_t>(limits.vocab_size)
                               : t.get<int64_t>() >= 0 && t.get<int64_t>() < limits.vocab_size;
     if (!in_range) {
-      return Bad("'prompt[" + std::to_string(i) + "]' = " + t.dump() +
+      return Bad("'" + where + "[" + std::to_string(i) + "]' = " + t.dump() +
                      " is not a token id (vocabulary size " + std::to_string(limits.vocab_size) +
                      ")",
                  "prompt");
@@ -207,17 +216,18 @@ std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
   auto not_supported = [](const std::string& field) {
     return Bad("'" + field + "' is not supported by this server", field, "unsupported_parameter");
   };
-  auto it = body.find("logprobs");
-  if (it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>())) {
-    return not_supported("logprobs");
-  }
-  it = body.find("echo");
-  if (it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>())) {
-    return not_supported("echo");
-  }
-  it = body.find("best_of");
-  if (it != body.end() && !it->is_null() && !(it->is_number_integer() && it->get<int64_t>() == 1)) {
-    return not_supported("best_of");
+  auto it = body.end();
+  if (endpoint == Endpoint::kChatCompletions) {
+    // Completions-only options.
+    it = body.find("echo");
+    if (it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>())) {
+      return not_supported("echo");
+    }
+    it = body.find("best_of");
+    if (it != body.end() && !it->is_null() &&
+        !(it->is_number_integer() && it->get<int64_t>() == 1)) {
+      return not_supported("best_of");
+    }
   }
   it = body.find("suffix");
   if (it != body.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
@@ -235,7 +245,66 @@ std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
       return not_supported("response_format");
     }
   }
-  (void)endpoint;
+  return std::nullopt;
+}
+
+// Reads an optional integer field in [lo, hi]; absent or null leaves *out.
+std::optional<ApiError> GetInt(const json& body, const char* field, int64_t lo, int64_t hi,
+                               int32_t* out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) return WrongType(field, "an integer", *it);
+  // Non-negative integers parse as unsigned: compare those as unsigned.
+  const bool out_of_range =
+      it->is_number_unsigned()
+          ? it->get<uint64_t>() > uint64_t(hi) || (lo > 0 && it->get<uint64_t>() < uint64_t(lo))
+          : it->get<int64_t>() > hi || it->get<int64_t>() < lo;
+  if (out_of_range) {
+    return Bad("'" + std::string(field) + "' must be in [" + std::to_string(lo) + ", " +
+                   std::to_string(hi) + "], got " + it->dump(),
+               field);
+  }
+  *out = static_cast<int32_t>(it->get<int64_t>());
+  return std::nullopt;
+}
+
+// logprobs / top_logprobs / echo / n / best_of.
+std::optional<ApiError> ParseChoiceOptions(const json& body, Endpoint endpoint,
+                                           const ApiLimits& limits, ApiRequest* r) {
+  if (endpoint == Endpoint::kCompletions) {
+    auto it = body.find("logprobs");
+    if (it != body.end() && it->is_boolean() && !it->get<bool>()) {
+      // false: off (some clients send it)
+    } else if (auto e = GetInt(body, "logprobs", 0, limits.max_logprobs, &r->logprobs)) {
+      return e;
+    }
+    if (auto ie = body.find("echo"); ie != body.end() && !ie->is_null()) {
+      if (!ie->is_boolean()) return WrongType("echo", "a boolean", *ie);
+      r->echo = ie->get<bool>();
+    }
+  } else {
+    bool want = false;
+    if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean()) return WrongType("logprobs", "a boolean", *it);
+      want = it->get<bool>();
+    }
+    int32_t top = -1;
+    if (auto e = GetInt(body, "top_logprobs", 0, limits.max_logprobs, &top)) return e;
+    if (top >= 0 && !want) {
+      return Bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
+    }
+    if (want) r->logprobs = std::max(top, 0);
+  }
+  if (auto e = GetInt(body, "n", 1, limits.max_n, &r->n)) return e;
+  r->best_of = r->n;
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto e = GetInt(body, "best_of", 1, limits.max_n, &r->best_of)) return e;
+    if (r->best_of < r->n) {
+      return Bad("'best_of' (" + std::to_string(r->best_of) + ") must be at least 'n' (" +
+                     std::to_string(r->n) + ")",
+                 "best_of");
+    }
+  }
   return std::nullopt;
 }
 
@@ -323,6 +392,7 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
     if (auto e = ParsePrompt(body, limits, &r)) return *e;
   }
   if (auto e = RejectUnsupported(body, endpoint)) return *e;
+  if (auto e = ParseChoiceOptions(body, endpoint, limits, &r)) return *e;
 
   // max_tokens (chat also accepts max_completion_tokens, which wins when both are given).
   for (const char* field : {"max_tokens", "max_completion_tokens"}) {
@@ -336,8 +406,13 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
                  field);
     }
     int64_t v = it->get<int64_t>();
-    if (v < 1)
-      return Bad("'" + std::string(field) + "' must be at least 1, got " + it->dump(), field);
+    if (v == 0 && r.echo) {
+      // echo with max_tokens 0: the prompt's log-likelihood only.
+    } else if (v < 1) {
+      return Bad(
+          "'" + std::string(field) + "' must be at least 1 (0 only with 'echo'), got " + it->dump(),
+          field);
+    }
     if (v > limits.max_tokens_cap) {
       return Bad("'" + std::string(field) + "' = " + it->dump() + " exceeds the limit of " +
                      std::to_string(limits.max_tokens_cap),
@@ -358,10 +433,6 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
     if (!it->is_number_integer()) return WrongType("seed", "an integer", *it);
     r.seed =
         it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
-  }
-  if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_integer()) return WrongType("n", "an integer", *it);
-    if (it->get<int64_t>() != 1) return Bad("only 'n' = 1 is supported, got " + it->dump(), "n");
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -408,6 +479,9 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
       r.include_usage = iu->get<bool>();
     }
   }
+  if (r.stream && r.best_of > r.n) {
+    return Bad("'best_of' greater than 'n' cannot be streamed", "best_of");
+  }
   return r;
 }
 
@@ -448,24 +522,123 @@ json FinishJson(std::string_view finish_reason) {
 
 }  // namespace
 
-std::string FullResponseJson(const ResponseContext& ctx, std::string_view text,
-                             std::string_view finish_reason, const Usage& usage) {
-  json j = Envelope(ctx, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
-  if (ctx.endpoint == Endpoint::kChatCompletions) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+std::string TokenString(std::string_view bytes) {
+  if (IsValidUtf8(bytes)) return std::string(bytes);
+  static const char* kHex = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) {
+    out += "\\x";
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
   }
-  j["choices"] = json::array({choice});
+  return out;
+}
+
+int64_t TextOffsetCounter::Next(std::string_view text_bytes) {
+  int64_t offset = code_points_;
+  if (!text_bytes.empty() && (static_cast<unsigned char>(text_bytes[0]) & 0xC0) == 0x80 &&
+      code_points_ > 0) {
+    offset = code_points_ - 1;  // begins inside the character before
+  }
+  for (unsigned char c : text_bytes) {
+    if ((c & 0xC0) != 0x80) ++code_points_;
+  }
+  return offset;
+}
+
+json CompletionLogprobsJson(const std::vector<LogprobEntry>& entries) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const LogprobEntry& e : entries) {
+    const std::string tok = TokenString(e.bytes);
+    tokens.push_back(tok);
+    offsets.push_back(e.text_offset);
+    if (!e.logprob) {
+      token_lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    token_lps.push_back(*e.logprob);
+    json top = json::object();
+    for (const LogprobAlternative& a : e.top) {
+      const std::string s = TokenString(a.bytes);
+      if (!top.contains(s)) top[s] = a.logprob;  // two ids with one text: the likelier
+    }
+    if (!top.contains(tok)) top[tok] = *e.logprob;  // the chosen token is always listed
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
+namespace {
+json BytesJson(std::string_view b) {
+  json a = json::array();
+  for (unsigned char c : b) a.push_back(static_cast<int>(c));
+  return a;
+}
+}  // namespace
+
+json ChatLogprobsJson(const std::vector<LogprobEntry>& entries, int32_t top_n) {
+  json content = json::array();
+  for (const LogprobEntry& e : entries) {
+    json top = json::array();
+    for (size_t i = 0; i < e.top.size() && static_cast<int32_t>(i) < top_n; ++i) {
+      top.push_back({{"token", TokenString(e.top[i].bytes)},
+                     {"logprob", e.top[i].logprob},
+                     {"bytes", BytesJson(e.top[i].bytes)}});
+    }
+    content.push_back({{"token", TokenString(e.bytes)},
+                       {"logprob", e.logprob ? json(*e.logprob) : json(nullptr)},
+                       {"bytes", BytesJson(e.bytes)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+namespace {
+json ChoiceLogprobs(const ResponseContext& ctx, const std::vector<LogprobEntry>& entries,
+                    int32_t top_n) {
+  return ctx.endpoint == Endpoint::kChatCompletions ? ChatLogprobsJson(entries, top_n)
+                                                    : CompletionLogprobsJson(entries);
+}
+}  // namespace
+
+std::string FullResponseJson(const ResponseContext& ctx, const std::vector<ChoiceResult>& choices,
+                             const Usage& usage) {
+  json j = Envelope(ctx, false);
+  json list = json::array();
+  for (const ChoiceResult& c : choices) {
+    json choice = {
+        {"index", c.index},
+        {"logprobs", c.with_logprobs ? ChoiceLogprobs(ctx, c.logprobs, c.top_n) : json(nullptr)},
+        {"finish_reason", FinishJson(c.finish_reason)}};
+    if (ctx.endpoint == Endpoint::kChatCompletions) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    list.push_back(std::move(choice));
+  }
+  j["choices"] = std::move(list);
   j["usage"] = UsageJson(usage);
   return Dump(j);
 }
 
-std::string StreamRoleChunk(const ResponseContext& ctx) {
+std::string FullResponseJson(const ResponseContext& ctx, std::string_view text,
+                             std::string_view finish_reason, const Usage& usage) {
+  ChoiceResult c;
+  c.text = std::string(text);
+  c.finish_reason = std::string(finish_reason);
+  return FullResponseJson(ctx, std::vector<ChoiceResult>{c}, usage);
+}
+
+std::string StreamRoleChunk(const ResponseContext& ctx, int32_t index) {
   if (ctx.endpoint != Endpoint::kChatCompletions) return "";
   json j = Envelope(ctx, true);
-  j["choices"] = json::array({{{"index", 0},
+  j["choices"] = json::array({{{"index", index},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
@@ -473,10 +646,15 @@ std::string StreamRoleChunk(const ResponseContext& ctx) {
   return SseData(j);
 }
 
-std::string StreamTextChunk(const ResponseContext& ctx, std::string_view text,
-                            std::string_view finish_reason) {
+std::string StreamRoleChunk(const ResponseContext& ctx) { return StreamRoleChunk(ctx, 0); }
+
+std::string StreamChoiceChunk(const ResponseContext& ctx, int32_t index, std::string_view text,
+                              std::string_view finish_reason,
+                              const std::vector<LogprobEntry>* logprobs, int32_t top_n) {
   json j = Envelope(ctx, true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishJson(finish_reason)}};
+  json choice = {{"index", index},
+                 {"logprobs", logprobs ? ChoiceLogprobs(ctx, *logprobs, top_n) : json(nullptr)},
+                 {"finish_reason", FinishJson(finish_reason)}};
   if (ctx.endpoint == Endpoint::kChatCompletions) {
     choice["delta"] = text.empty() ? json::object() : json{{"content", text}};
   } else {
@@ -485,6 +663,11 @@ std::string StreamTextChunk(const ResponseContext& ctx, std::string_view text,
   j["choices"] = json::array({choice});
   if (ctx.include_usage) j["usage"] = nullptr;
   return SseData(j);
+}
+
+std::string StreamTextChunk(const ResponseContext& ctx, std::string_view text,
+                            std::string_view finish_reason) {
+  return StreamChoiceChunk(ctx, 0, text, finish_reason, nullptr);
 }
 
 std::string StreamUsageChunk(const ResponseContext& ctx, const Usage& usage) {

@@ -35,7 +35,8 @@ struct ApiRequest {
   std::vector<int32_t> prompt_tokens;
   bool prompt_is_tokens = false;
   std::vector<ChatMessage> messages;  // chat only, non-empty
-  std::optional<int64_t> max_tokens;  // absent: until end of sequence or end of context
+  std::optional<int64_t> max_tokens;  // absent: until end of sequence or end of context; 0 only
+                                      // with echo (the prompt's log-likelihood, no generation)
   double temperature = 1.0;           // [0, 2]; 0 = greedy
   double top_p = 1.0;                 // (0, 1]
   int32_t top_k = 0;                  // 0 = off (extension, as vLLM accepts it)
@@ -44,6 +45,12 @@ struct ApiRequest {
   bool ignore_eos = false;        // extension (as vLLM): do not stop at end-of-sequence
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage (stream only)
+  // Log-probabilities: -1 = off; N = each token's with N alternatives. Completions: `logprobs`
+  // (integer); chat: `logprobs: true` with `top_logprobs` N (default 0).
+  int32_t logprobs = -1;
+  bool echo = false;    // completions: the prompt is prepended to the text (and its logprobs)
+  int32_t n = 1;        // choices returned
+  int32_t best_of = 1;  // completions: candidates generated (>= n); the n best are returned
 };
 
 // An error answered to the client: HTTP status plus the OpenAI error object's fields.
@@ -65,7 +72,9 @@ struct ApiLimits {
   size_t max_stop = 4;            // OpenAI allows up to 4 stop sequences
   size_t max_stop_bytes = 256;
   size_t max_messages = 1024;
-  int max_json_depth = 32;  // nesting deeper than this is refused before parsing
+  int max_json_depth = 32;    // nesting deeper than this is refused before parsing
+  int32_t max_logprobs = 20;  // logprobs / top_logprobs above this -> 400
+  int32_t max_n = 16;         // n and best_of above this -> 400
 };
 
 // Parses and validates a request body for `endpoint`. Every rejection names the field.
@@ -108,6 +117,63 @@ std::string StreamTextChunk(const ResponseContext& ctx, std::string_view text,
 std::string StreamUsageChunk(const ResponseContext& ctx, const Usage& usage);
 // An error inside a stream: "data: {"error":{...}}\n\n".
 std::string StreamErrorChunk(const ApiError& e);
+
+// One token of a response's log-probabilities, in the terms a client sees.
+struct LogprobAlternative {
+  std::string bytes;  // the token's raw bytes
+  float logprob = 0.f;
+};
+struct LogprobEntry {
+  std::string bytes;                    // the token's raw bytes (may be part of a UTF-8 character)
+  std::optional<float> logprob;         // none: the first prompt token (nothing predicts it)
+  std::vector<LogprobAlternative> top;  // most likely first; empty with no logprob
+  int64_t text_offset = 0;              // code points of the response text before the token (see
+                                        // TextOffsetCounter)
+};
+
+// How a token's bytes are written as a string: the bytes themselves when they are valid UTF-8,
+// else "bytes:" followed by \xNN for each byte (as OpenAI writes a token that splits a
+// character).
+std::string TokenString(std::string_view bytes);
+
+// text_offset of successive tokens: the index, in Unicode code points of the response text,
+// of the character holding the token's first byte (a token that begins inside a character
+// split over tokens gets that character's index). Tokens that add no text (special tokens)
+// get the current length and add nothing.
+class TextOffsetCounter {
+ public:
+  // Offset of a token whose `text_bytes` (the bytes it adds to the text) come next.
+  int64_t Next(std::string_view text_bytes);
+  int64_t code_points() const { return code_points_; }
+
+ private:
+  int64_t code_points_ = 0;
+};
+
+// The legacy completions shape: {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+// top_logprobs maps token strings to log-probabilities (the N most likely and the chosen one).
+nlohmann::json CompletionLogprobsJson(const std::vector<LogprobEntry>& entries);
+// The chat shape: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}],
+// "refusal": null}; top_logprobs holds exactly the N most likely.
+nlohmann::json ChatLogprobsJson(const std::vector<LogprobEntry>& entries, int32_t top_n);
+
+// One choice of a full response.
+struct ChoiceResult {
+  int32_t index = 0;
+  std::string text;
+  std::string finish_reason;   // "stop" | "length"
+  bool with_logprobs = false;  // "logprobs" set (else null)
+  int32_t top_n = 0;           // chat: alternatives per token
+  std::vector<LogprobEntry> logprobs;
+};
+std::string FullResponseJson(const ResponseContext& ctx, const std::vector<ChoiceResult>& choices,
+                             const Usage& usage);
+// A stream chunk of choice `index` (text may be empty); `logprobs` null -> "logprobs": null.
+std::string StreamChoiceChunk(const ResponseContext& ctx, int32_t index, std::string_view text,
+                              std::string_view finish_reason,
+                              const std::vector<LogprobEntry>* logprobs, int32_t top_n = 0);
+// First chunk of choice `index` of a chat stream (role assistant). Completions: "".
+std::string StreamRoleChunk(const ResponseContext& ctx, int32_t index);
 
 // GET /v1/models body.
 std::string ModelsJson(std::string_view model, int64_t created, std::string_view owned_by);

@@ -1,11 +1,15 @@
 #include "services/router/router.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <ctime>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "common/logging.h"
+#include "services/router/api_keys.h"
 
 namespace pw::router {
 
@@ -70,9 +74,58 @@ void Router::ReplyError(HttpExchange& ex, const std::string& endpoint, const Api
   Reply(ex, endpoint, e.http_status, ErrorJson(e), std::move(headers));
 }
 
+bool Router::Authorized(const HttpRequest& request, HttpExchange& exchange,
+                        const std::string& label) {
+  std::string_view auth = request.Header("Authorization");
+  std::string_view token;
+  bool bearer = false;
+  if (auth.size() > 7) {
+    std::string scheme(auth.substr(0, 7));
+    std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (scheme == "bearer ") {
+      bearer = true;
+      token = auth.substr(7);
+      while (!token.empty() && (token.front() == ' ' || token.front() == '\t')) {
+        token.remove_prefix(1);
+      }
+      while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) {
+        token.remove_suffix(1);
+      }
+    }
+  }
+  bool ok = false;
+  if (bearer) {
+    for (const std::string& key : options_.api_keys) ok |= ConstantTimeEquals(token, key);
+  }
+  if (ok) return true;
+  metrics_->rejected.Add({{"reason", "unauthorized"}}).Increment();
+  ApiError e;
+  e.http_status = 401;
+  // Neither message repeats what was presented.
+  e.message =
+      bearer ? "Incorrect API key provided" : "Missing API key: send 'Authorization: Bearer <key>'";
+  e.code = "invalid_api_key";
+  ReplyError(exchange, label, e, {{"WWW-Authenticate", "Bearer"}});
+  return false;
+}
+
 void Router::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
   std::string_view path = request.Path();
   const bool is_get = request.method == "GET";
+  if (!options_.api_keys.empty()) {
+    const bool open = (path == "/health" && !options_.protect_health) ||
+                      (path == "/metrics" && !options_.protect_metrics);
+    std::string label = path == "/v1/completions"        ? "completions"
+                        : path == "/v1/chat/completions" ? "chat_completions"
+                        : path == "/v1/models"           ? "models"
+                        : path == "/health"              ? "health"
+                        : path == "/metrics"             ? "metrics"
+                        : path == "/tokenize" || path == "/detokenize" || path == "/tokenizer_info"
+                            ? "tokenizer"
+                            : "other";
+    if (!open && !Authorized(request, *exchange, label)) return;
+  }
   auto method_not_allowed = [&](const std::string& endpoint, const char* allowed) {
     ApiError e;
     e.http_status = 405;
@@ -86,6 +139,12 @@ void Router::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange)
     std::string label = ep == Endpoint::kCompletions ? "completions" : "chat_completions";
     if (request.method != "POST") return method_not_allowed(label, "POST");
     HandleGenerate(std::move(request), std::move(exchange), ep);
+    return;
+  }
+  if (path == "/tokenize" || path == "/detokenize" || path == "/tokenizer_info") {
+    const char* allowed = path == "/tokenizer_info" ? "GET" : "POST";
+    if (request.method != allowed) return method_not_allowed("tokenizer", allowed);
+    HandleTokenizer(request, *exchange, path);
     return;
   }
   if (path == "/v1/models") {
@@ -220,6 +279,9 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
   } else {
     max_tokens = std::min(options_.default_max_tokens, ctx - n_prompt);
   }
+  // echo with max_tokens 0: one token is computed (the prefill samples it) and not shown.
+  const bool discard_output = max_tokens == 0;
+  if (discard_output) max_tokens = 1;
 
   // Admission.
   if (waiting_count_ >= options_.max_waiting) {
@@ -234,61 +296,144 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
     return;
   }
 
-  auto r = std::make_unique<InFlight>();
-  r->id = next_id_++;
-  r->endpoint_label = label;
-  r->exchange = exchange;
-  r->ctx.endpoint = ep;
-  r->ctx.id = (ep == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomHex(24);
-  r->ctx.created = static_cast<int64_t>(std::time(nullptr));
-  r->ctx.model = options_.model_name;
-  r->ctx.include_usage = api.stream && api.include_usage;
-  r->request.id = r->id;
-  r->request.prompt = std::move(prompt);
-  r->request.sampling.temperature = static_cast<float>(api.temperature);
-  r->request.sampling.top_p = static_cast<float>(api.top_p);
-  r->request.sampling.top_k = api.top_k;
-  r->request.sampling.has_seed = api.seed.has_value();
-  r->request.sampling.seed = api.seed.value_or(0);
-  r->request.sampling.max_tokens = static_cast<int32_t>(max_tokens);
-  if (api.ignore_eos) {
-    r->request.sampling.ignore_eos = true;
-  } else {
-    r->request.sampling.stop_token_ids = codec_->stop_token_ids(ep);
+  auto call = std::make_shared<Call>();
+  call->endpoint_label = label;
+  call->exchange = exchange;
+  call->ctx.endpoint = ep;
+  call->ctx.id = (ep == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + RandomHex(24);
+  call->ctx.created = static_cast<int64_t>(std::time(nullptr));
+  call->ctx.model = options_.model_name;
+  call->ctx.include_usage = api.stream && api.include_usage;
+  call->stream = api.stream;
+  call->n = api.n;
+  call->best_of = api.best_of;
+  call->logprobs = api.logprobs;
+  call->echo = api.echo;
+  call->discard_output = discard_output;
+  call->admitted = Clock::now();
+  if (api.echo) {
+    auto text = codec_->Decode(prompt);
+    call->echo_text = text.ok() ? std::move(*text) : std::string();
   }
-  r->decoder = codec_->NewDecoder();
-  r->stop = StopMatcher(api.stop);
-  r->admitted = Clock::now();
-  const uint64_t id = r->id;
+  call->remaining = api.best_of;
+  call->mean_logprob.assign(static_cast<size_t>(api.best_of), 0.0);
+  // Candidates are scored by their tokens' log-probabilities when best_of > n.
+  const bool scored = api.best_of > api.n;
+  GenerationRequest base;
+  base.prompt = std::move(prompt);
+  base.sampling.temperature = static_cast<float>(api.temperature);
+  base.sampling.top_p = static_cast<float>(api.top_p);
+  base.sampling.top_k = api.top_k;
+  base.sampling.max_tokens = static_cast<int32_t>(max_tokens);
+  base.sampling.logprobs = api.logprobs >= 0 ? api.logprobs : (scored ? 0 : -1);
+  base.sampling.prompt_logprobs = api.echo && api.logprobs >= 0 ? api.logprobs : -1;
+  if (api.ignore_eos) {
+    base.sampling.ignore_eos = true;
+  } else {
+    base.sampling.stop_token_ids = codec_->stop_token_ids(ep);
+  }
   metrics_->prompt_tokens.Increment(static_cast<double>(n_prompt));
+  call->prompt = base.prompt;
 
-  r->stream = api.stream;
   if (api.stream) {
     exchange->BeginStream(200, "text/event-stream",
-                          {{"Cache-Control", "no-cache"}, {"X-Request-Id", r->ctx.id}});
-    exchange->StreamWrite(StreamRoleChunk(r->ctx));
+                          {{"Cache-Control", "no-cache"}, {"X-Request-Id", call->ctx.id}});
   }
-  exchange->SetOnDisconnect([this, id] {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) return;
-    metrics_->CountRequest(it->second->endpoint_label, 499);  // client closed the request
-    Remove(id, /*cancel=*/true);
+  std::weak_ptr<Call> weak = call;
+  exchange->SetOnDisconnect([this, weak] {
+    auto c = weak.lock();
+    if (!c || c->remaining <= 0) return;
+    metrics_->CountRequest(c->endpoint_label, 499);  // client closed the request
+    c->remaining = 0;
+    RemoveCall(c);
+    if (c->timer_id != 0 && server_ != nullptr) server_->CancelTimer(c->timer_id);
     AfterEvent();
   });
-  r->timer_id = server_->PostAfter(options_.request_timeout, [this, id] {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) return;
-    it->second->timer_id = 0;
-    Fail(id, ServerError(504,
-                         "the request did not finish within " +
-                             std::to_string(options_.request_timeout.count()) + " ms",
-                         "timeout"));
+  call->timer_id = server_->PostAfter(options_.request_timeout, [this, weak] {
+    auto c = weak.lock();
+    if (!c || c->remaining <= 0) return;
+    c->timer_id = 0;
+    FailCall(c, ServerError(504,
+                            "the request did not finish within " +
+                                std::to_string(options_.request_timeout.count()) + " ms",
+                            "timeout"));
     AfterEvent();
   });
-  requests_.emplace(id, std::move(r));
-  waiting_.push_back(id);
-  ++waiting_count_;
+  for (int32_t i = 0; i < api.best_of; ++i) {
+    auto r = std::make_unique<InFlight>();
+    r->id = next_id_++;
+    r->call = call;
+    r->index = i;
+    r->request = base;
+    r->request.id = r->id;
+    if (api.best_of > 1) r->request.share_group = call->ids.empty() ? r->id : call->ids.front();
+    r->request.sampling.has_seed = api.seed.has_value();
+    r->request.sampling.seed = api.seed.value_or(0) + static_cast<uint64_t>(i);
+    r->decoder = codec_->NewDecoder();
+    r->stop = StopMatcher(api.stop);
+    call->ids.push_back(r->id);
+    if (api.stream) exchange->StreamWrite(StreamRoleChunk(call->ctx, i));
+    // Echo without log-probabilities: the prompt text is known now.
+    if (api.echo && base.sampling.prompt_logprobs < 0) EmitPrompt(*r, nullptr);
+    const uint64_t id = r->id;
+    requests_.emplace(id, std::move(r));
+    waiting_.push_back(id);
+    ++waiting_count_;
+  }
   AfterEvent();
+}
+
+void Router::HandleTokenizer(const HttpRequest& request, HttpExchange& exchange,
+                             std::string_view path) {
+  using nlohmann::json;
+  auto bad = [&](std::string message, std::string param, std::string code = "") {
+    ApiError e;
+    e.message = std::move(message);
+    e.param = std::move(param);
+    e.code = std::move(code);
+    ReplyError(exchange, "tokenizer", e);
+  };
+  if (path == "/tokenizer_info") {
+    auto opt = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+    json j = {
+        {"tokenizer_class", "PreTrainedTokenizerFast"}, {"bos_token", opt(codec_->bos_token())},
+        {"eos_token", opt(codec_->eos_token())},        {"pad_token", nullptr},
+        {"model_max_length", options_.context_length},  {"vocab_size", codec_->vocab_size()}};
+    Reply(exchange, "tokenizer", 200, j.dump());
+    return;
+  }
+  if (!IsValidUtf8(request.body)) return bad("request body is not valid UTF-8", "", "invalid_utf8");
+  json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return bad("request body must be a JSON object", "", "invalid_json");
+  }
+  if (path == "/tokenize") {
+    auto it = body.find("prompt");
+    if (it == body.end() || !it->is_string()) return bad("'prompt' must be a string", "prompt");
+    auto ids = codec_->Encode(it->get<std::string>());
+    if (!ids.ok()) return bad("cannot tokenize prompt: " + ids.status().message(), "prompt");
+    json j = {{"count", ids->size()}, {"max_model_len", options_.context_length}, {"tokens", *ids}};
+    Reply(exchange, "tokenizer", 200, j.dump());
+    return;
+  }
+  auto it = body.find("tokens");
+  if (it == body.end() || !it->is_array()) {
+    return bad("'tokens' must be an array of token ids", "tokens");
+  }
+  std::vector<int32_t> ids;
+  for (const json& t : *it) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= codec_->vocab_size()) {
+      return bad("'tokens' holds " + t.dump() + ", not a token id (vocabulary size " +
+                     std::to_string(codec_->vocab_size()) + ")",
+                 "tokens");
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  auto text = codec_->Decode(ids);
+  if (!text.ok()) return bad("cannot detokenize: " + text.status().message(), "tokens");
+  Reply(exchange, "tokenizer", 200,
+        json{{"prompt", *text}}.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 void Router::Pump() {
@@ -323,9 +468,18 @@ void Router::Pump() {
   UpdateGauges();
 }
 
-void Router::OnTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens) {
-  server_->Post([this, id, start_index, tokens = std::move(tokens)]() mutable {
-    DeliverTokens(id, start_index, std::move(tokens));
+void Router::OnTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens,
+                      std::vector<TokenLogprob> logprobs) {
+  server_->Post([this, id, start_index, tokens = std::move(tokens),
+                 logprobs = std::move(logprobs)]() mutable {
+    DeliverTokens(id, start_index, std::move(tokens), std::move(logprobs));
+    AfterEvent();
+  });
+}
+
+void Router::OnPromptLogprobs(uint64_t id, std::vector<TokenLogprob> logprobs) {
+  server_->Post([this, id, logprobs = std::move(logprobs)]() mutable {
+    DeliverPromptLogprobs(id, std::move(logprobs));
     AfterEvent();
   });
 }
@@ -342,10 +496,77 @@ void Router::AfterEvent() {
   CheckDrained();
 }
 
-void Router::DeliverTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens) {
+LogprobEntry Router::Entry(const TokenLogprob& lp, std::string_view text_bytes,
+                           TextOffsetCounter* offs) {
+  LogprobEntry e;
+  e.bytes = codec_->TokenBytes(lp.token);
+  e.logprob = lp.logprob;
+  e.top.reserve(lp.top.size());
+  for (const auto& [tok, v] : lp.top) e.top.push_back({codec_->TokenBytes(tok), v});
+  e.text_offset = offs->Next(text_bytes);
+  return e;
+}
+
+void Router::EmitPrompt(InFlight& r, const std::vector<TokenLogprob>* prompt_lps) {
+  Call& c = *r.call;
+  r.prompt_sent = true;
+  std::vector<LogprobEntry> entries;
+  if (prompt_lps != nullptr) {
+    const auto& prompt = r.request.prompt;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const std::string bytes = codec_->TokenBytes(prompt[i]);  // echo text keeps specials
+      if (i == 0) {
+        LogprobEntry e;
+        e.bytes = bytes;
+        e.text_offset = r.offsets.Next(bytes);
+        entries.push_back(std::move(e));
+      } else {
+        entries.push_back(Entry((*prompt_lps)[i - 1], bytes, &r.offsets));
+      }
+    }
+  }
+  if (c.stream) {
+    c.exchange->StreamWrite(StreamChoiceChunk(c.ctx, r.index, c.echo_text, "",
+                                              prompt_lps ? &entries : nullptr, c.logprobs));
+  } else {
+    r.text += c.echo_text;
+    for (auto& e : entries) r.logprobs.push_back(std::move(e));
+  }
+}
+
+void Router::DeliverPromptLogprobs(uint64_t id, std::vector<TokenLogprob> logprobs) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  InFlight& r = *it->second;
+  if (r.prompt_sent || !r.call->echo) return;  // a replay after a failover
+  if (logprobs.size() + 1 != r.request.prompt.size()) {
+    Fail(id, ServerError(500,
+                         "the backend sent " + std::to_string(logprobs.size()) +
+                             " prompt log-probabilities for a prompt of " +
+                             std::to_string(r.request.prompt.size()) + " tokens",
+                         "internal_error"));
+    return;
+  }
+  EmitPrompt(r, &logprobs);
+}
+
+void Router::DeliverTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens,
+                           std::vector<TokenLogprob> logprobs) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;  // finished, cancelled or timed out meanwhile
   InFlight& r = *it->second;
+  Call& call = *r.call;
+  if (call.echo && !r.prompt_sent) {
+    Fail(id, ServerError(500, "the backend sent tokens before the prompt's log-probabilities",
+                         "internal_error"));
+    return;
+  }
+  const bool with_lps = r.request.sampling.logprobs >= 0;
+  if (with_lps && logprobs.size() != tokens.size()) {
+    Fail(id, ServerError(500, "the backend sent tokens without their log-probabilities",
+                         "internal_error"));
+    return;
+  }
   const auto& eos = r.request.sampling.stop_token_ids;
   for (size_t i = 0; i < tokens.size(); ++i) {
     uint64_t index = uint64_t(start_index) + i;
@@ -362,14 +583,28 @@ void Router::DeliverTokens(uint64_t id, uint32_t start_index, std::vector<int32_
     metrics_->generation_tokens.Increment();
     auto now = Clock::now();
     if (r.tokens_received == 1) {
-      metrics_->ttft.Observe(Seconds(now - r.admitted));
+      metrics_->ttft.Observe(Seconds(now - call.admitted));
     } else {
       metrics_->itl.Observe(Seconds(now - r.last_token));
     }
     r.last_token = now;
+    if (call.discard_output) {  // echo with max_tokens 0
+      Complete(id, "length");
+      return;
+    }
+    if (with_lps) {
+      r.sum_logprob += logprobs[i].logprob;
+      ++r.scored_tokens;
+    }
     if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
       Complete(id, "stop");  // the end-of-sequence token itself is not text
       return;
+    }
+    if (call.logprobs >= 0) {
+      TokenLogprob lp = logprobs[i];
+      lp.token = tok;
+      const std::string bytes = codec_->IsSpecial(tok) ? std::string() : codec_->TokenBytes(tok);
+      r.logprobs.push_back(Entry(lp, bytes, &r.offsets));
     }
     Emit(r, r.stop.Push(r.decoder->Push(tok)));
     if (r.stop.stopped()) {
@@ -407,9 +642,13 @@ void Router::DeliverFinished(uint64_t id, FinishReason reason, Status error) {
 }
 
 void Router::Emit(InFlight& r, std::string_view text) {
-  if (text.empty()) return;
-  if (r.stream) {  // streams began at admission; others collect the text
-    r.exchange->StreamWrite(StreamTextChunk(r.ctx, text, ""));
+  if (text.empty()) return;  // log-probabilities of held-back text wait for it
+  Call& c = *r.call;
+  if (c.stream) {  // streams began at admission; others collect the text
+    const bool lps = c.logprobs >= 0;
+    c.exchange->StreamWrite(
+        StreamChoiceChunk(c.ctx, r.index, text, "", lps ? &r.logprobs : nullptr, c.logprobs));
+    r.logprobs.clear();
   } else {
     r.text.append(text);
   }
@@ -418,35 +657,92 @@ void Router::Emit(InFlight& r, std::string_view text) {
 void Router::Complete(uint64_t id, std::string_view finish_reason) {
   std::unique_ptr<InFlight> r = Remove(id, /*cancel=*/true);
   if (!r) return;
+  std::shared_ptr<Call> call = r->call;
   if (!r->stop.stopped()) {
     std::string tail = r->stop.Push(r->decoder->Flush());
     tail += r->stop.Flush();
     Emit(*r, tail);
   }
-  Usage usage{static_cast<int64_t>(r->request.prompt.size()), r->tokens_received};
-  metrics_->e2e.Observe(Seconds(Clock::now() - r->admitted));
-  if (r->stream) {
-    metrics_->CountRequest(r->endpoint_label, 200);
-    r->exchange->StreamWrite(StreamTextChunk(r->ctx, "", finish_reason));
-    if (r->ctx.include_usage) r->exchange->StreamWrite(StreamUsageChunk(r->ctx, usage));
-    r->exchange->StreamWrite(std::string(kSseDone));
-    r->exchange->EndStream();
+  if (!call->discard_output) call->completion_tokens += r->tokens_received;
+  call->mean_logprob[static_cast<size_t>(r->index)] =
+      r->scored_tokens > 0 ? r->sum_logprob / static_cast<double>(r->scored_tokens)
+                           : -std::numeric_limits<double>::infinity();
+  call->ids[static_cast<size_t>(r->index)] = 0;
+  if (call->stream) {
+    const bool lps = call->logprobs >= 0 && !r->logprobs.empty();
+    call->exchange->StreamWrite(StreamChoiceChunk(call->ctx, r->index, "", finish_reason,
+                                                  lps ? &r->logprobs : nullptr, call->logprobs));
   } else {
-    Reply(*r->exchange, r->endpoint_label, 200,
-          FullResponseJson(r->ctx, r->text, finish_reason, usage));
+    ChoiceResult c;
+    c.index = r->index;
+    c.text = std::move(r->text);
+    c.finish_reason = std::string(finish_reason);
+    c.with_logprobs = call->logprobs >= 0;
+    c.top_n = std::max(call->logprobs, 0);
+    c.logprobs = std::move(r->logprobs);
+    call->results.push_back(std::move(c));
   }
+  if (--call->remaining == 0) FinishCall(call);
+}
+
+void Router::FinishCall(const std::shared_ptr<Call>& call) {
+  if (call->timer_id != 0 && server_ != nullptr) server_->CancelTimer(call->timer_id);
+  call->timer_id = 0;
+  call->exchange->SetOnDisconnect(nullptr);
+  Usage usage{static_cast<int64_t>(call->prompt.size()), call->completion_tokens};
+  metrics_->e2e.Observe(Seconds(Clock::now() - call->admitted));
+  if (call->stream) {
+    metrics_->CountRequest(call->endpoint_label, 200);
+    if (call->ctx.include_usage) call->exchange->StreamWrite(StreamUsageChunk(call->ctx, usage));
+    call->exchange->StreamWrite(std::string(kSseDone));
+    call->exchange->EndStream();
+    return;
+  }
+  auto& res = call->results;
+  if (call->best_of > call->n) {
+    // The n candidates with the highest mean token log-probability, best first.
+    std::stable_sort(res.begin(), res.end(), [&](const ChoiceResult& a, const ChoiceResult& b) {
+      const double la = call->mean_logprob[static_cast<size_t>(a.index)];
+      const double lb = call->mean_logprob[static_cast<size_t>(b.index)];
+      return la > lb || (la == lb && a.index < b.index);
+    });
+    res.resize(static_cast<size_t>(call->n));
+    for (size_t i = 0; i < res.size(); ++i) res[i].index = static_cast<int32_t>(i);
+  } else {
+    std::sort(res.begin(), res.end(),
+              [](const ChoiceResult& a, const ChoiceResult& b) { return a.index < b.index; });
+  }
+  Reply(*call->exchange, call->endpoint_label, 200, FullResponseJson(call->ctx, res, usage));
 }
 
 void Router::Fail(uint64_t id, const ApiError& e) {
-  std::unique_ptr<InFlight> r = Remove(id, /*cancel=*/true);
-  if (!r) return;
-  if (r->stream) {
-    metrics_->CountRequest(r->endpoint_label, e.http_status);
-    r->exchange->StreamWrite(StreamErrorChunk(e));
-    r->exchange->StreamWrite(std::string(kSseDone));
-    r->exchange->EndStream();
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  std::shared_ptr<Call> call = it->second->call;  // outlives the candidates FailCall removes
+  FailCall(call, e);
+}
+
+void Router::FailCall(const std::shared_ptr<Call>& call, const ApiError& e) {
+  if (call->remaining <= 0) return;
+  call->remaining = 0;
+  RemoveCall(call);
+  if (call->timer_id != 0 && server_ != nullptr) server_->CancelTimer(call->timer_id);
+  call->timer_id = 0;
+  call->exchange->SetOnDisconnect(nullptr);
+  if (call->stream) {
+    metrics_->CountRequest(call->endpoint_label, e.http_status);
+    call->exchange->StreamWrite(StreamErrorChunk(e));
+    call->exchange->StreamWrite(std::string(kSseDone));
+    call->exchange->EndStream();
   } else {
-    ReplyError(*r->exchange, r->endpoint_label, e);
+    ReplyError(*call->exchange, call->endpoint_label, e);
+  }
+}
+
+void Router::RemoveCall(const std::shared_ptr<Call>& call) {
+  for (uint64_t& id : call->ids) {
+    if (id != 0) Remove(id, /*cancel=*/true);
+    id = 0;
   }
 }
 
@@ -461,8 +757,6 @@ std::unique_ptr<Router::InFlight> Router::Remove(uint64_t id, bool cancel) {
   } else {
     --waiting_count_;
   }
-  if (r->timer_id != 0 && server_ != nullptr) server_->CancelTimer(r->timer_id);
-  r->exchange->SetOnDisconnect(nullptr);
   UpdateGauges();
   return r;
 }

@@ -87,6 +87,11 @@ int RunRouterApp(RouterAppOptions o) {
   router.SetServer(server->get());
   (*backend)->Start();
   (*server)->Start();
+  if (!o.router.api_keys.empty()) {  // how many, never which
+    PW_LOG(INFO) << "API keys: " << o.router.api_keys.size() << " configured; /health "
+                 << (o.router.protect_health ? "protected" : "open") << ", /metrics "
+                 << (o.router.protect_metrics ? "protected" : "open");
+  }
   PW_LOG(INFO) << "serving model '" << model_name << "' (context " << context << ") on http://"
                << o.http.bind_address << ":" << (*server)->port() << ", workers connect to "
                << (*backend)->endpoint();

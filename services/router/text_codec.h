@@ -37,6 +37,16 @@ class TextCodec {
   // Token ids that end generation (the model's end-of-sequence token; for chat also the
   // template's end-of-turn token when the vocabulary has one).
   virtual std::vector<int32_t> stop_token_ids(Endpoint endpoint) const = 0;
+  // The raw bytes a token stands for (may be part of a UTF-8 character; a special token's
+  // literal content); "" for an unknown id.
+  virtual std::string TokenBytes(int32_t id) const = 0;
+  // Special tokens (end of text, end of turn) produce no text in a response.
+  virtual bool IsSpecial(int32_t id) const = 0;
+  // Text of `ids` with special tokens (invalid UTF-8 replaced by U+FFFD).
+  virtual Result<std::string> Decode(const std::vector<int32_t>& ids) const = 0;
+  // tokenizer_config.json's bos/eos token strings ("" when absent).
+  virtual std::string bos_token() const = 0;
+  virtual std::string eos_token() const = 0;
 };
 
 }  // namespace pw::router

@@ -55,4 +55,9 @@ std::vector<int32_t> TokenizerCodec::stop_token_ids(Endpoint endpoint) const {
   return endpoint == Endpoint::kChatCompletions ? chat_stop_ids_ : eos_ids_;
 }
 
+std::string TokenizerCodec::TokenBytes(int32_t id) const {
+  auto b = tokenizer_->TokenBytes(id);
+  return b.ok() ? std::string(*b) : std::string();
+}
+
 }  // namespace pw::router

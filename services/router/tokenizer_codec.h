@@ -23,6 +23,13 @@ class TokenizerCodec final : public TextCodec {
   std::unique_ptr<TextDecoder> NewDecoder() const override;
   int32_t vocab_size() const override { return tokenizer_->VocabSize(); }
   std::vector<int32_t> stop_token_ids(Endpoint endpoint) const override;
+  std::string TokenBytes(int32_t id) const override;
+  bool IsSpecial(int32_t id) const override { return tokenizer_->IsSpecial(id); }
+  Result<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    return tokenizer_->Decode(ids);
+  }
+  std::string bos_token() const override { return tokenizer_->bos_token(); }
+  std::string eos_token() const override { return tokenizer_->eos_token(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
  private:

@@ -741,6 +741,12 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
         list.set(static_cast<unsigned>(i), static_cast<uint32_t>(u.new_tokens[i]));
         run.generated.push_back(u.new_tokens[i]);
       }
+      if (!u.logprobs.empty() && u.logprobs.size() == u.new_tokens.size()) {  // asked for
+        auto lps = tc.initLogprobs(static_cast<unsigned>(u.logprobs.size()));
+        for (size_t i = 0; i < u.logprobs.size(); ++i) {
+          ToWire(u.logprobs[i], lps[static_cast<unsigned>(i)]);
+        }
+      }
       run.next_index += static_cast<uint32_t>(u.new_tokens.size());
       metrics_->tokens_generated->Increment(static_cast<double>(u.new_tokens.size()));
       Status st = router_->Send(m);

@@ -197,6 +197,13 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
     metrics_->requests_finished_error->Increment();
   } else {
     kr.setFirstToken(static_cast<uint32_t>(o.first_token));
+    if (o.first_logprobs) ToWire(*o.first_logprobs, kr.initFirstLogprob());
+    if (!o.prompt_logprobs.empty()) {
+      auto list = kr.initPromptLogprobs(static_cast<unsigned>(o.prompt_logprobs.size()));
+      for (size_t i = 0; i < o.prompt_logprobs.size(); ++i) {
+        ToWire(o.prompt_logprobs[i], list[static_cast<unsigned>(i)]);
+      }
+    }
     metrics_->requests_finished_ok->Increment();
   }
   kr.setNumTokens(o.num_tokens);
@@ -257,7 +264,8 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   compute_.join();
   SendOutcomes();
   router_->Poll(0, handler);
-  PW_LOG(INFO) << options_.id << ": stopped; largest batch " << largest_batch_.load()
+  PW_LOG(INFO) << options_.id << ": stopped; " << shared_prompts_.load()
+               << " prompts served from another's prefill; largest batch " << largest_batch_.load()
                << " prompts in one forward pass";
   return Status::Ok();
 }
@@ -320,6 +328,7 @@ Status PrefillWorker::Prepare(Job* job) {
   }
   if (g >= job->tokens.size()) return InvalidArgument("generatedSoFar >= tokens");
   job->work.num_generated_before = static_cast<int>(g);
+  job->work.prompt_logprobs = req.getPromptLogprobs();  // range checked by CheckPrefill
   job->work.prompt = job->tokens;
   // Checked without blocks first (the blocks come from Admit).
   if (n_blocks > engine_->kv_pool().num_blocks()) {
@@ -346,9 +355,43 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
       job = queue_.front();
     }
     Status st = proto::GuardWire("PrefillRequest", [&]() -> Status { return Prepare(job.get()); });
+    // An equal prompt being prefilled, or just prefilled: share its forward passes.
+    std::shared_ptr<Job> leader;
+    bool from_recent = false;
+    if (st.ok()) st = engine::ValidateSamplingParams(job->work.params, engine_->vocab_size());
+    if (st.ok()) {
+      for (const auto& a : *active) {
+        if (!a->work.done() &&
+            SameWork(*a, job->tokens, job->work.num_generated_before, job->work.prompt_logprobs)) {
+          leader = a;
+          break;
+        }
+      }
+      from_recent = leader == nullptr && recent_ && recent_->tokens == job->tokens &&
+                    recent_->num_generated_before == job->work.num_generated_before &&
+                    recent_->prompt_logprobs == job->work.prompt_logprobs;
+    }
+    if (st.ok() && (leader || from_recent)) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = std::find(queue_.begin(), queue_.end(), job);
+        if (it == queue_.end()) continue;  // cancelled meanwhile
+        queue_.erase(it);
+        queued_tokens_ -= job->num_tokens;
+        inflight_[job->request_id] = job;
+      }
+      if (leader) {
+        leader->followers.push_back(std::move(job));
+      } else {
+        recent_->at_ms = transport::SteadyClock::Get()->NowMs();
+        ServeShared(job.get(), recent_->own, recent_->result);
+      }
+      continue;
+    }
     if (st.ok()) {
       const int need =
           engine::BlocksForTokens(static_cast<int>(job->tokens.size()), pool.layout().block_size);
+      if (need > pool.num_free() && recent_) DropRecent();  // the kept KV gives way
       if (need > pool.num_free()) {
         if (!active->empty()) return;  // waits for blocks of the running prompts
         st = ResourceExhausted("no room in the prefill KV pool");  // cannot happen: pool is free
@@ -473,7 +516,71 @@ void PrefillWorker::Retire(Job* job, Status st) {
   o.num_tokens = job->num_tokens;
   o.status = std::move(st);
   o.first_token = job->work.result.first_token;
+  if (job->work.params.logprobs >= 0) o.first_logprobs = job->work.result.first_logprobs;
+  o.prompt_logprobs = std::move(job->work.result.prompt_logprobs);
   outbox_.push_back(std::move(o));
+}
+
+bool PrefillWorker::SameWork(const Job& a, const std::vector<int32_t>& tokens,
+                             int num_generated_before, int prompt_logprobs) {
+  return a.tokens == tokens && a.work.num_generated_before == num_generated_before &&
+         a.work.prompt_logprobs == prompt_logprobs;
+}
+
+void PrefillWorker::ServeShared(Job* f, const std::vector<int32_t>& blocks,
+                                const engine::PrefillResult& r) {
+  if (f->cancelled.load()) {
+    Retire(f, Cancelled("cancelled"));
+    return;
+  }
+  const int V = engine_->vocab_size();
+  f->work.num_computed = static_cast<int>(f->tokens.size());
+  f->work.result.prompt_logprobs = r.prompt_logprobs;
+  // Its own first token: its own seed, its own draw number.
+  f->work.result.first_token =
+      engine::SampleToken(r.last_logits.data(), V, f->work.params,
+                          static_cast<uint64_t>(f->work.num_generated_before), &sample_scratch_);
+  if (f->work.params.logprobs >= 0) {
+    f->work.result.first_logprobs = engine::ComputeLogprobs(
+        r.last_logits.data(), V, f->work.result.first_token, f->work.params.logprobs);
+  }
+  shared_prompts_.fetch_add(1);
+  f->own = blocks;  // borrowed for the transfer; not freed by Retire
+  Status st = Transfer(f);
+  if (!st.ok()) st = st.WithContext("writing KV to '" + f->decode_id + "'");
+  f->own.clear();
+  Retire(f, st);
+}
+
+void PrefillWorker::DropRecent() {
+  if (!recent_) return;
+  Status st = engine_->kv_pool().Free(recent_->own);
+  if (!st.ok()) PW_LOG(ERROR) << options_.id << ": freeing kept blocks: " << st.ToString();
+  recent_.reset();
+  free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
+}
+
+void PrefillWorker::FinishJob(const std::shared_ptr<Job>& j) {
+  metrics_->prompt_tokens->Increment(static_cast<double>(j->tokens.size()));
+  Status st = Status::Ok();
+  if (!j->cancelled.load()) {
+    st = Transfer(j.get());
+    if (!st.ok()) st = st.WithContext("writing KV to '" + j->decode_id + "'");
+  }
+  for (auto& f : j->followers) ServeShared(f.get(), j->own, j->work.result);
+  j->followers.clear();
+  // Keep the KV for an equal prompt arriving next (the blocks leave Retire's hands).
+  DropRecent();
+  Recent rec;
+  rec.tokens = j->tokens;
+  rec.num_generated_before = j->work.num_generated_before;
+  rec.prompt_logprobs = j->work.prompt_logprobs;
+  rec.own = std::move(j->own);
+  j->own.clear();
+  rec.result = j->work.result;
+  rec.at_ms = transport::SteadyClock::Get()->NowMs();
+  recent_ = std::move(rec);
+  Retire(j.get(), j->cancelled.load() ? Cancelled("cancelled") : st);
 }
 
 void PrefillWorker::PublishLoad(const std::vector<std::shared_ptr<Job>>& active) {
@@ -493,10 +600,24 @@ void PrefillWorker::ComputeLoop() {
                         [&] { return stop_compute_.load() || !queue_.empty(); });
     }
     if (stop_compute_.load()) break;
+    if (recent_ && transport::SteadyClock::Get()->NowMs() - recent_->at_ms > kRecentMs) {
+      DropRecent();
+    }
     Admit(&active);
-    // Drop what was cancelled (between passes; a transfer checks its flag itself).
+    // Drop what was cancelled (between passes; a transfer checks its flag itself). A cancelled
+    // prompt that others wait for keeps running for them.
     for (auto it = active.begin(); it != active.end();) {
-      if ((*it)->cancelled.load()) {
+      Job& j = **it;
+      auto& fs = j.followers;
+      for (auto f = fs.begin(); f != fs.end();) {
+        if ((*f)->cancelled.load()) {
+          Retire(f->get(), Cancelled("cancelled"));
+          f = fs.erase(f);
+        } else {
+          ++f;
+        }
+      }
+      if (j.cancelled.load() && fs.empty()) {
         Retire(it->get(), Cancelled("cancelled"));
         it = active.erase(it);
       } else {
@@ -519,6 +640,8 @@ void PrefillWorker::ComputeLoop() {
     std::vector<std::shared_ptr<Job>> next;
     for (auto& j : active) {
       if (!ran.ok()) {
+        for (auto& f : j->followers) Retire(f.get(), ran.status());
+        j->followers.clear();
         Retire(j.get(), ran.status());
         continue;
       }
@@ -526,18 +649,21 @@ void PrefillWorker::ComputeLoop() {
         next.push_back(std::move(j));
         continue;
       }
-      metrics_->prompt_tokens->Increment(static_cast<double>(j->tokens.size()));
-      Status st = Transfer(j.get());
-      if (!st.ok()) st = st.WithContext("writing KV to '" + j->decode_id + "'");
-      Retire(j.get(), st);
+      FinishJob(j);
     }
     active.swap(next);
     PublishLoad(active);
   }
   for (auto& j : active) {
+    for (auto& f : j->followers) {
+      f->cancelled.store(true);
+      Retire(f.get(), Cancelled("stopping"));
+    }
+    j->followers.clear();
     j->cancelled.store(true);
     Retire(j.get(), Cancelled("stopping"));
   }
+  DropRecent();
   PublishLoad({});
 }
 

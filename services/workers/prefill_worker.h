@@ -15,7 +15,10 @@
 // outbox.
 //
 // Sampling: the first token of a re-prefilled request (generatedSoFar = k) is drawn as the
-// request's draw number k, as the in-process engine would.
+// request's draw number k, as the in-process engine would. Log-probabilities: with
+// sampling.logprobs >= 0 KvReady carries the first token's; with promptLogprobs >= 0 every
+// prompt token's after the first (each position's logits are then computed, not only the
+// last).
 //
 // KV endpoints use UCX without peer error handling (shared memory on one host; see
 // services/transport/ucx.h), so a dead decode worker is noticed by the control plane: the
@@ -24,6 +27,13 @@
 // closes the endpoint; every put and flush is also bounded by put_timeout_ms. An endpoint is
 // re-created when the decode worker re-registers (new worker address) or after a failure.
 // PW_UCX_ERR_MODE=peer restores peer error handling (tcp).
+//
+// Shared prefill: a request whose tokens (and generatedSoFar and promptLogprobs) equal those of
+// a prompt being prefilled here waits for that prompt's forward passes instead of running its
+// own (the candidates of one `n` / `best_of` request), and one equal to the prompt prefilled
+// last is served from it while its blocks are kept (up to kRecentMs, or until the pool needs
+// them). Either way the request gets its own first token (its own seed and draw number), and
+// the same KV is put into its own reserved blocks.
 //
 // Everything a request names (layout, block ids, region bounds) is checked before use; a bad
 // request gets KvReady{ok = false, error}. A cancelled request gets no KvReady.
@@ -36,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,7 +106,19 @@ class PrefillWorker {
     std::vector<int32_t> own;  // blocks of this worker's pool
     engine::PrefillJob work;
     std::atomic<bool> cancelled{false};
+    // Compute thread: requests with the same work waiting for this one's prefill.
+    std::vector<std::shared_ptr<Job>> followers;
   };
+  // The prompt prefilled last, its KV kept in `own` (compute thread).
+  struct Recent {
+    std::vector<int32_t> tokens;
+    int num_generated_before = 0;
+    int prompt_logprobs = -1;
+    std::vector<int32_t> own;
+    engine::PrefillResult result;
+    uint64_t at_ms = 0;
+  };
+  static constexpr uint64_t kRecentMs = 2000;
   // What the control thread sends as KvReady.
   struct Outcome {
     uint64_t request_id = 0, lease_id = 0;
@@ -103,6 +126,8 @@ class PrefillWorker {
     uint32_t num_tokens = 0;
     Status status;
     int32_t first_token = -1;
+    std::optional<engine::TokenLogprobs> first_logprobs;  // sampling.logprobs >= 0
+    std::vector<engine::TokenLogprobs> prompt_logprobs;   // promptLogprobs >= 0
   };
 
   explicit PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock);
@@ -126,6 +151,15 @@ class PrefillWorker {
   // it was cancelled.
   void Retire(Job* job, Status st);
   void PublishLoad(const std::vector<std::shared_ptr<Job>>& active);
+  // True when `a` can take `b`'s prefill (same tokens, generatedSoFar and promptLogprobs).
+  static bool SameWork(const Job& a, const std::vector<int32_t>& tokens, int num_generated_before,
+                       int prompt_logprobs);
+  // Serves `f` from an equal prompt's KV (`blocks`, not f's) and result: samples f's first
+  // token, puts the KV into f's blocks, retires f.
+  void ServeShared(Job* f, const std::vector<int32_t>& blocks, const engine::PrefillResult& r);
+  // Finishes a computed job: its transfer, its followers', then keeps its blocks as recent_.
+  void FinishJob(const std::shared_ptr<Job>& j);
+  void DropRecent();
 
   PrefillWorkerOptions options_;
   const transport::Clock* clock_;
@@ -149,7 +183,10 @@ class PrefillWorker {
   std::atomic<uint32_t> free_blocks_{0};
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_compute_{false};
-  std::atomic<int> largest_batch_{0};  // most prompts in one forward pass so far
+  std::atomic<int> largest_batch_{0};        // most prompts in one forward pass so far
+  std::atomic<uint64_t> shared_prompts_{0};  // requests served from another's prefill
+  std::optional<Recent> recent_;             // compute thread
+  std::vector<std::pair<float, int32_t>> sample_scratch_;  // compute thread
   std::thread compute_;
 };
 

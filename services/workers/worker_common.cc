@@ -26,7 +26,19 @@ engine::SamplingParams FromWire(wire::SamplingParams::Reader s) {
   p.max_tokens = static_cast<int>(std::min<uint32_t>(s.getMaxTokens(), 1u << 30));
   for (uint32_t t : s.getStopTokenIds()) p.stop_token_ids.push_back(static_cast<int32_t>(t));
   p.ignore_eos = s.getIgnoreEos();
+  p.logprobs = s.getLogprobs();
   return p;
+}
+
+void ToWire(const engine::TokenLogprobs& lp, wire::TokenLogprob::Builder b) {
+  b.setToken(static_cast<uint32_t>(lp.token));
+  b.setLogprob(lp.logprob);
+  auto ids = b.initTopTokens(static_cast<unsigned>(lp.top.size()));
+  auto lps = b.initTopLogprobs(static_cast<unsigned>(lp.top.size()));
+  for (size_t i = 0; i < lp.top.size(); ++i) {
+    ids.set(static_cast<unsigned>(i), static_cast<uint32_t>(lp.top[i].first));
+    lps.set(static_cast<unsigned>(i), lp.top[i].second);
+  }
 }
 
 std::string ModelNameFromDir(const std::string& model_dir) {

@@ -19,6 +19,9 @@ uint64_t KvLayoutHash(const engine::KvLayout& layout, int64_t hidden_size, int64
 // Wire sampling parameters -> engine's. Does not validate (the engine does).
 engine::SamplingParams FromWire(wire::SamplingParams::Reader s);
 
+// Writes an engine TokenLogprobs into its wire form.
+void ToWire(const engine::TokenLogprobs& lp, wire::TokenLogprob::Builder b);
+
 // The worker id from the environment-independent default: "<role>-<pid>" when `id` is empty.
 std::string DefaultWorkerId(const std::string& id, const char* role);
 

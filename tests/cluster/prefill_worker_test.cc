@@ -15,6 +15,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "services/engine/engine.h"
 #include "services/transport/control.h"
@@ -45,6 +46,9 @@ struct Result1 {
   std::string error;
   int32_t first_token = -1;
   uint32_t num_tokens = 0;
+  // KvReady's log-probabilities: (token, logprob, number of alternatives).
+  std::tuple<int32_t, float, size_t> first_logprob{-1, 0.f, 0};
+  std::vector<std::tuple<int32_t, float, size_t>> prompt_logprobs;
 };
 
 // Router + decode side of one prefill worker.
@@ -119,7 +123,7 @@ class Harness {
   // process's, or `remote`).
   void Submit(uint64_t id, const std::vector<int32_t>& tokens, const std::vector<uint32_t>& blocks,
               const engine::SamplingParams& sp, uint32_t generated_so_far = 0,
-              const Remote* remote = nullptr) {
+              const Remote* remote = nullptr, int32_t prompt_logprobs = -1) {
     results[id] = {};
     proto::OutMessage out;
     auto pr = out.body().initPrefillRequest();
@@ -133,6 +137,8 @@ class Harness {
     s.setSeed(sp.seed);
     s.setMaxTokens(static_cast<uint32_t>(sp.max_tokens));
     s.setIgnoreEos(sp.ignore_eos);
+    s.setLogprobs(sp.logprobs);
+    pr.setPromptLogprobs(prompt_logprobs);
     pr.setDecodeWorkerId(remote ? remote->decode_id : "decode-test");
     auto mem = pr.initDecodeMemory();
     mem.setWorkerAddress(proto::AsData(remote ? remote->address : worker_->Address()));
@@ -187,6 +193,14 @@ class Harness {
           r.error = proto::ToString(kr.getError());
           r.first_token = static_cast<int32_t>(kr.getFirstToken());
           r.num_tokens = kr.getNumTokens();
+          auto fl = kr.getFirstLogprob();
+          r.first_logprob = {static_cast<int32_t>(fl.getToken()), fl.getLogprob(),
+                             fl.getTopTokens().size()};
+          r.prompt_logprobs.clear();
+          for (auto lp : kr.getPromptLogprobs()) {
+            r.prompt_logprobs.emplace_back(static_cast<int32_t>(lp.getToken()), lp.getLogprob(),
+                                           lp.getTopTokens().size());
+          }
         }
         return Status::Ok();
       });
@@ -364,6 +378,106 @@ TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
   EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
   // The worker did batch: some forward pass carried more than one prompt.
   EXPECT_GE(LargestBatch(h.prefill.Log()), 2) << h.prefill.Log();
+}
+
+// The prompt's log-probabilities (promptLogprobs) and the first token's (sampling.logprobs)
+// come back in KvReady and equal the engine's teacher-forced log-softmax.
+TEST(PrefillWorker, PromptAndFirstTokenLogprobsEqualTheEngine) {
+  Harness h(FixtureModel(), 256);
+  ASSERT_TRUE(h.Start({"--max-batch-tokens", "32", "--heartbeat-ms", "100"})) << h.prefill.Log();
+  auto ref = Reference(FixtureModel(), static_cast<int>(h.block_tokens()));
+  ASSERT_TRUE(ref);
+  auto prompts = RandomPrompts(2, 4242, 70, 90, ref->vocab_size());  // several passes each
+  engine::SamplingParams sp;
+  sp.max_tokens = 4;
+  sp.logprobs = 2;
+  std::vector<uint32_t> dst0, dst1;
+  const int nb0 = engine::BlocksForTokens(static_cast<int>(prompts[0].size()),
+                                          static_cast<int>(h.block_tokens()));
+  for (int b = 0; b < nb0; ++b) dst0.push_back(static_cast<uint32_t>(b));
+  for (int b = 0; b < 40; ++b) dst1.push_back(static_cast<uint32_t>(100 + b));
+  h.Submit(1, prompts[0], dst0, sp, 0, nullptr, /*prompt_logprobs=*/3);
+  engine::SamplingParams plain = sp;
+  plain.logprobs = -1;
+  h.Submit(2, prompts[1], dst1, plain);  // shares the passes, asks for nothing
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+  const Result1& r = h.results[1];
+  ASSERT_TRUE(r.ok) << r.error;
+  auto logits = ref->ForwardLogits(prompts[0]);
+  ASSERT_TRUE(logits.ok());
+  const int V = ref->vocab_size();
+  ASSERT_EQ(r.prompt_logprobs.size(), prompts[0].size() - 1);
+  for (size_t p = 0; p + 1 < prompts[0].size(); ++p) {
+    auto want = engine::ComputeLogprobs(logits->data() + p * V, V, prompts[0][p + 1], 3);
+    EXPECT_EQ(std::get<0>(r.prompt_logprobs[p]), prompts[0][p + 1]);
+    EXPECT_NEAR(std::get<1>(r.prompt_logprobs[p]), want.logprob, 1e-4) << "position " << p + 1;
+    EXPECT_EQ(std::get<2>(r.prompt_logprobs[p]), 3u);
+  }
+  auto last = engine::ComputeLogprobs(logits->data() + (prompts[0].size() - 1) * V, V,
+                                      r.first_token, 2);
+  EXPECT_EQ(std::get<0>(r.first_logprob), r.first_token);
+  EXPECT_NEAR(std::get<1>(r.first_logprob), last.logprob, 1e-4);
+  EXPECT_EQ(std::get<2>(r.first_logprob), 2u);
+  ASSERT_TRUE(h.results[2].ok);
+  EXPECT_TRUE(h.results[2].prompt_logprobs.empty());
+  EXPECT_EQ(std::get<2>(h.results[2].first_logprob), 0u);
+}
+
+// Requests with the same prompt (the candidates of an `n` request) share one prefill: each
+// gets the KV in its own blocks and its own first token (its own seed), and the worker counts
+// the ones it served from another's forward passes.
+TEST(PrefillWorker, EqualPromptsShareOnePrefill) {
+  Harness h(FixtureModel(), 512);
+  ASSERT_TRUE(h.Start({"--max-batch-tokens", "32", "--heartbeat-ms", "100"})) << h.prefill.Log();
+  auto ref = Reference(FixtureModel(), static_cast<int>(h.block_tokens()));
+  ASSERT_TRUE(ref);
+  auto prompt = RandomPrompts(1, 99, 100, 100, ref->vocab_size())[0];
+  const int nb =
+      engine::BlocksForTokens(static_cast<int>(prompt.size()), static_cast<int>(h.block_tokens()));
+  std::vector<engine::SamplingParams> params(4);
+  std::vector<std::vector<uint32_t>> dst(4);
+  for (size_t i = 0; i < 4; ++i) {
+    params[i].max_tokens = 8;
+    params[i].temperature = 1.0f;
+    params[i].seed = 500 + i;
+    for (int b = 0; b < nb; ++b) dst[i].push_back(static_cast<uint32_t>(i * 64 + b));
+  }
+  for (size_t i = 0; i < 3; ++i) h.Submit(i + 1, prompt, dst[i], params[i]);
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+  // One more, right after: served from the prompt just prefilled.
+  h.Submit(4, prompt, dst[3], params[3]);
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+  auto own = ref->kv_pool().Allocate(nb);
+  ASSERT_TRUE(own.ok());
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("request " + std::to_string(i + 1));
+    const Result1& r = h.results[i + 1];
+    ASSERT_TRUE(r.ok) << r.error;
+    auto alone = ref->Prefill(prompt, *own, params[i]);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(r.first_token, alone->first_token);
+    double worst = 0;
+    const auto& layout = ref->kv_pool().layout();
+    for (int b = 0; b < nb; ++b) {
+      const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]));
+      const float* want = reinterpret_cast<const float*>(ref->kv_pool().BlockAddress((*own)[b]));
+      const int valid =
+          std::min<int>(layout.block_size, static_cast<int>(prompt.size()) - b * layout.block_size);
+      for (int slab = 0; slab < layout.num_layers * 2 * layout.num_kv_heads; ++slab) {
+        const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
+        for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
+          worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
+        }
+      }
+    }
+    EXPECT_LE(worst, 1e-5);
+  }
+  ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
+  h.prefill.Kill(SIGTERM);
+  EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
+  EXPECT_NE(h.prefill.Log().find(": stopped; 3 prompts served from another's prefill"),
+            std::string::npos)
+      << h.prefill.Log();
 }
 
 // Failover re-prefill with seeded sampling: tokens = prompt + the k tokens already sent and

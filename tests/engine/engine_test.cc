@@ -448,6 +448,89 @@ TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
   }
 }
 
+// Log-probabilities of the prompt (batched, chunked prefill) and of generated tokens (Step)
+// equal the log-softmax of the teacher-forced logits of the same tokens.
+TEST(EngineLogprobs, PromptAndGeneratedLogprobsMatchTheTeacherForcedLogits) {
+  const std::string type = "qwen2_moe";
+  auto prompts = RaggedPrompts(3, 120, 5);
+  for (int i = 0; i < 60; ++i) prompts[1].push_back((i * 13) % 120);  // spans several passes
+  auto engine = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 29});
+  ASSERT_TRUE(engine);
+  const int V = engine->vocab_size();
+  auto log_softmax = [V](const float* row, int32_t tok) {
+    double mx = row[0], sum = 0;
+    for (int i = 1; i < V; ++i) mx = std::max(mx, double(row[i]));
+    for (int i = 0; i < V; ++i) sum += std::exp(double(row[i]) - mx);
+    return double(row[tok]) - mx - std::log(sum);
+  };
+  SamplingParams sp;
+  sp.temperature = 0.8f;
+  sp.seed = 3;
+  sp.logprobs = 2;
+  std::vector<std::vector<int32_t>> blocks(prompts.size());
+  std::vector<PrefillJob> jobs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto got = engine->kv_pool().Allocate(BlocksForTokens(static_cast<int>(prompts[i].size()), 4));
+    ASSERT_TRUE(got.ok());
+    blocks[i] = *got;
+    jobs[i].prompt = prompts[i];
+    jobs[i].block_ids = blocks[i];
+    jobs[i].params = sp;
+    jobs[i].prompt_logprobs = i == 2 ? -1 : 3;  // one job without: it shares the passes
+  }
+  ASSERT_TRUE(engine->PrefillBatch(jobs).ok());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto logits = engine->ForwardLogits(prompts[i]);
+    ASSERT_TRUE(logits.ok());
+    const auto& r = jobs[i].result;
+    if (i == 2) {
+      EXPECT_TRUE(r.prompt_logprobs.empty());
+    } else {
+      ASSERT_EQ(r.prompt_logprobs.size(), prompts[i].size() - 1) << i;
+      for (size_t p = 0; p + 1 < prompts[i].size(); ++p) {
+        const float* row = logits->data() + p * V;
+        EXPECT_EQ(r.prompt_logprobs[p].token, prompts[i][p + 1]);
+        EXPECT_NEAR(r.prompt_logprobs[p].logprob, log_softmax(row, prompts[i][p + 1]), 1e-4)
+            << "prompt " << i << " position " << p + 1;
+        ASSERT_EQ(r.prompt_logprobs[p].top.size(), 3u);
+        EXPECT_GE(r.prompt_logprobs[p].top[0].second, r.prompt_logprobs[p].top[1].second);
+      }
+    }
+    const float* last = logits->data() + (prompts[i].size() - 1) * V;
+    EXPECT_EQ(r.first_logprobs.token, r.first_token);
+    EXPECT_NEAR(r.first_logprobs.logprob, log_softmax(last, r.first_token), 1e-4);
+    EXPECT_EQ(r.first_logprobs.top.size(), 2u);
+    ASSERT_TRUE(engine->kv_pool().Free(blocks[i]).ok());
+  }
+  // Generated tokens: Step() reports the log-softmax of the logits each token was drawn from.
+  auto gen = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 29, .return_logits = true});
+  ASSERT_TRUE(gen);
+  sp.max_tokens = 6;
+  ASSERT_TRUE(gen->AddSequence(1, prompts[0], sp).ok());
+  SamplingParams none = sp;
+  none.logprobs = -1;
+  ASSERT_TRUE(gen->AddSequence(2, prompts[1], none).ok());
+  int checked = 0;
+  while (gen->HasWork()) {
+    auto step = gen->Step();
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    for (const auto& u : step->updates) {
+      if (u.id == 2) {
+        EXPECT_TRUE(u.logprobs.empty());
+        continue;
+      }
+      ASSERT_EQ(u.logprobs.size(), u.new_tokens.size());
+      for (size_t k = 0; k < u.new_tokens.size(); ++k) {
+        EXPECT_EQ(u.logprobs[k].token, u.new_tokens[k]);
+        EXPECT_NEAR(u.logprobs[k].logprob, log_softmax(u.logits.data(), u.new_tokens[k]), 1e-6);
+        EXPECT_EQ(u.logprobs[k].top.size(), 2u);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 6);
+}
+
 TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdentically) {
   const std::string type = "olmoe";
   auto prompts = RaggedPrompts(2, 300, 21);

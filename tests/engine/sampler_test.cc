@@ -117,5 +117,44 @@ TEST(Sampler, ValidateNamesTheField) {
   EXPECT_NE(ValidateSamplingParams(p, 10).message().find("max_tokens"), std::string::npos);
 }
 
+TEST(Sampler, LogprobsAreTheRawLogSoftmaxWithTheTopAlternatives) {
+  std::vector<float> l = Known();
+  for (float& x : l) x += 3.f;  // a shift changes nothing
+  const double p[] = {0.05, 0.4, 0.1, 0.3, 0.15};
+  TokenLogprobs lp = ComputeLogprobs(l.data(), 5, 2, 3);
+  EXPECT_EQ(lp.token, 2);
+  EXPECT_NEAR(lp.logprob, std::log(0.1), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  const int32_t order[] = {1, 3, 4};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(lp.top[i].first, order[i]);
+    EXPECT_NEAR(lp.top[i].second, std::log(p[order[i]]), 1e-6);
+  }
+  EXPECT_TRUE(ComputeLogprobs(l.data(), 5, 1, 0).top.empty());
+  EXPECT_EQ(ComputeLogprobs(l.data(), 5, 1, 99).top.size(), 5u);  // clamped to the vocabulary
+  // Ties: the lower id first.
+  std::vector<float> flat(4, 0.f);
+  TokenLogprobs t = ComputeLogprobs(flat.data(), 4, 3, 2);
+  EXPECT_EQ(t.top[0].first, 0);
+  EXPECT_EQ(t.top[1].first, 1);
+  EXPECT_NEAR(t.logprob, std::log(0.25), 1e-6);
+  // Independent of the sampling parameters: the model's distribution, not the sampler's.
+  SamplingParams hot;
+  hot.temperature = 1.7f;
+  hot.top_k = 2;
+  EXPECT_EQ(SamplingDistribution(l.data(), 5, hot).size(), 2u);
+  EXPECT_NEAR(ComputeLogprobs(l.data(), 5, 0, 1).logprob, std::log(0.05), 1e-6);
+}
+
+TEST(Sampler, LogprobsRangeIsValidated) {
+  SamplingParams sp;
+  sp.logprobs = kMaxLogprobs;
+  EXPECT_TRUE(ValidateSamplingParams(sp, 10).ok());
+  sp.logprobs = kMaxLogprobs + 1;
+  EXPECT_NE(ValidateSamplingParams(sp, 10).message().find("logprobs"), std::string::npos);
+  sp.logprobs = -2;
+  EXPECT_FALSE(ValidateSamplingParams(sp, 10).ok());
+}
+
 }  // namespace
 }  // namespace pw::engine

@@ -31,6 +31,19 @@ uint32_t NextToken(const std::vector<uint32_t>& seq) {
   return static_cast<uint32_t>(10 + h % 900);
 }
 
+// The toy log-probability of token t, and its alternatives (t itself, then t + 1, ...).
+float ToyLogprob(uint32_t t) { return -0.125f * static_cast<float>(t % 7 + 1); }
+void FillToyLogprob(wire::TokenLogprob::Builder b, uint32_t t, int32_t top_n) {
+  b.setToken(t);
+  b.setLogprob(ToyLogprob(t));
+  auto ids = b.initTopTokens(static_cast<unsigned>(std::max(top_n, 0)));
+  auto lps = b.initTopLogprobs(static_cast<unsigned>(std::max(top_n, 0)));
+  for (int32_t k = 0; k < top_n; ++k) {
+    ids.set(static_cast<unsigned>(k), t + static_cast<uint32_t>(k));
+    lps.set(static_cast<unsigned>(k), ToyLogprob(t) - static_cast<float>(k));
+  }
+}
+
 std::vector<int32_t> Reference(std::vector<int32_t> prompt, int n) {
   std::vector<uint32_t> seq(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
@@ -214,12 +227,15 @@ class ProtocolTestWorker {
     std::set<uint32_t> stops;
     uint64_t lease_id = 0;
     uint32_t blocks = 0;
+    int32_t logprobs = -1;
   };
   struct Kept {
     uint64_t request_id = 0;
     uint64_t lease_id = 0;
     std::string decode_worker;
     std::vector<uint32_t> tokens;
+    int32_t logprobs = -1;
+    int32_t prompt_logprobs = -1;
   };
 
   void Run() {
@@ -265,6 +281,13 @@ class ProtocolTestWorker {
     kr.setOk(ok);
     if (!ok) kr.setError(error);
     kr.setFirstToken(NextToken(k.tokens));
+    if (k.logprobs >= 0) FillToyLogprob(kr.initFirstLogprob(), NextToken(k.tokens), k.logprobs);
+    if (k.prompt_logprobs >= 0) {
+      auto list = kr.initPromptLogprobs(static_cast<unsigned>(k.tokens.size() - 1));
+      for (size_t i = 1; i < k.tokens.size(); ++i) {
+        FillToyLogprob(list[static_cast<unsigned>(i - 1)], k.tokens[i], k.prompt_logprobs);
+      }
+    }
     kr.setNumTokens(static_cast<uint32_t>(k.tokens.size()));
     kr.setLeaseId(k.lease_id);
     kr.setDecodeWorkerId(k.decode_worker);
@@ -343,6 +366,8 @@ class ProtocolTestWorker {
         k.lease_id = p.getLeaseId();
         k.decode_worker = proto::ToString(p.getDecodeWorkerId());
         k.tokens = proto::ToVector<uint32_t>(p.getTokens());
+        k.logprobs = p.getSampling().getLogprobs();
+        k.prompt_logprobs = p.getPromptLogprobs();
         if (stall_) {
           stash_.push_back(std::move(k));
           return Status::Ok();
@@ -380,6 +405,7 @@ class ProtocolTestWorker {
         r.seq.push_back(s.getFirstToken());
         r.generated = s.getGeneratedSoFar();
         r.max_tokens = s.getSampling().getMaxTokens();
+        r.logprobs = s.getSampling().getLogprobs();
         for (uint32_t t : s.getSampling().getStopTokenIds()) r.stops.insert(t);
         r.lease_id = lit->first;
         r.blocks = lit->second.blocks;
@@ -462,6 +488,7 @@ class ProtocolTestWorker {
       c.setRequestId(id);
       c.setStartIndex(r.generated);
       c.initTokens(1).set(0, t);
+      if (r.logprobs >= 0) FillToyLogprob(c.initLogprobs(1)[0], t, r.logprobs);
       (void)client_->Send(out);
       ++r.generated;
       bool stop = r.stops.count(t) != 0;
@@ -636,8 +663,15 @@ class RawDecodePeer {
 // Collects events; checks indices are contiguous (no gap, no repeat reaches the router).
 class Collector final : public GenerationEvents {
  public:
-  void OnTokens(uint64_t id, uint32_t start, std::vector<int32_t> tokens) override {
+  void OnPromptLogprobs(uint64_t id, std::vector<TokenLogprob> lps) override {
     std::lock_guard<std::mutex> lock(mu_);
+    prompt_logprobs_[id].push_back(std::move(lps));
+  }
+  void OnTokens(uint64_t id, uint32_t start, std::vector<int32_t> tokens,
+                std::vector<TokenLogprob> lps) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& l = logprobs_[id];
+    l.insert(l.end(), lps.begin(), lps.end());
     auto& v = tokens_[id];
     if (start != v.size()) {
       ADD_FAILURE() << "request " << id << ": tokens at index " << start << ", expected "
@@ -678,10 +712,20 @@ class Collector final : public GenerationEvents {
     std::lock_guard<std::mutex> lock(mu_);
     return violations_;
   }
+  std::vector<TokenLogprob> logprobs(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return logprobs_[id];
+  }
+  std::vector<std::vector<TokenLogprob>> prompt_logprobs(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prompt_logprobs_[id];
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
+  std::map<uint64_t, std::vector<TokenLogprob>> logprobs_;
+  std::map<uint64_t, std::vector<std::vector<TokenLogprob>>> prompt_logprobs_;
   std::map<uint64_t, std::vector<int32_t>> tokens_;
   std::map<uint64_t, std::pair<FinishReason, Status>> finished_;
   std::vector<uint64_t> violations_;
@@ -888,6 +932,46 @@ TEST_F(ClusterBackendTest, DeadDecodeWorkerRequestsContinueWithoutGapOrRepeat) {
   EXPECT_TRUE(events_.violations().empty());
   EXPECT_EQ(d1->stats().starts, 4);
   EXPECT_EQ(backend_->Load().decode_workers, 1);
+}
+
+// Log-probabilities travel with their tokens (KvReady for the first, TokenChunk for the rest),
+// one per token, also across a decode worker's death; the prompt's arrive once, before the
+// first token, and are asked for on the first placement only.
+TEST_F(ClusterBackendTest, LogprobsFollowTheirTokensAcrossAFailover) {
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  GenerationRequest with = Request(1, 120, {5, 6, 7, 8});
+  with.sampling.logprobs = 2;
+  with.sampling.prompt_logprobs = 1;
+  ASSERT_TRUE(backend_->Submit(with).ok());
+  ASSERT_TRUE(backend_->Submit(Request(2, 120)).ok());  // asks for none
+  ASSERT_TRUE(events_.WaitTokens(1, 10));
+  AddWorker("decode-1", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(2, 1));
+  d0->Kill();
+  for (uint64_t id : {1, 2}) ASSERT_TRUE(events_.WaitFinished(id, 20000)) << id;
+  const auto tokens = events_.tokens(1);
+  ASSERT_EQ(tokens, Reference({5, 6, 7, 8}, 120));
+  const auto lps = events_.logprobs(1);
+  ASSERT_EQ(lps.size(), tokens.size());
+  for (size_t i = 0; i < lps.size(); ++i) {
+    EXPECT_EQ(lps[i].token, tokens[i]) << i;
+    EXPECT_FLOAT_EQ(lps[i].logprob, ToyLogprob(static_cast<uint32_t>(tokens[i]))) << i;
+    ASSERT_EQ(lps[i].top.size(), 2u) << i;
+    EXPECT_EQ(lps[i].top[1].first, tokens[i] + 1);
+  }
+  const auto prompt = events_.prompt_logprobs(1);
+  ASSERT_EQ(prompt.size(), 1u);  // once, although the request was placed twice
+  ASSERT_EQ(prompt[0].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(prompt[0][i].token, static_cast<int32_t>(6 + i));
+    EXPECT_FLOAT_EQ(prompt[0][i].logprob, ToyLogprob(6 + static_cast<uint32_t>(i)));
+    EXPECT_EQ(prompt[0][i].top.size(), 1u);
+  }
+  EXPECT_TRUE(events_.logprobs(2).empty());
+  EXPECT_TRUE(events_.prompt_logprobs(2).empty());
+  EXPECT_TRUE(events_.violations().empty());
 }
 
 TEST_F(ClusterBackendTest, DeadPrefillWorkerRequestsAreRedispatched) {

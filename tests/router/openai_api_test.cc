@@ -58,7 +58,12 @@ TEST(OpenAiApi, PromptForms) {
   EXPECT_TRUE(t.prompt_is_tokens);
   EXPECT_EQ(t.prompt_tokens, (std::vector<int32_t>{5, 6, 999}));
   EXPECT_EQ(Err(R"({"model":"m","prompt":["a","b"]})").param, "prompt");
-  EXPECT_EQ(Err(R"({"model":"m","prompt":[[1,2]]})").param, "prompt");
+  ApiRequest nested = Ok(R"({"model":"m","prompt":[[1,2]]})");  // a batch of one token list
+  EXPECT_TRUE(nested.prompt_is_tokens);
+  EXPECT_EQ(nested.prompt_tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(Err(R"({"model":"m","prompt":[[1,2],[3]]})").param, "prompt");
+  EXPECT_EQ(Err(R"({"model":"m","prompt":[[]]})").param, "prompt");
+  EXPECT_EQ(Err(R"({"model":"m","prompt":[[1,"a"]]})").param, "prompt[0][1]");
   EXPECT_EQ(Err(R"({"model":"m","prompt":[1,1000]})").param, "prompt");
   EXPECT_EQ(Err(R"({"model":"m","prompt":[1,-1]})").param, "prompt");
   EXPECT_EQ(Err(R"({"model":"m","prompt":[1,"a"]})").param, "prompt[1]");
@@ -101,16 +106,175 @@ TEST(OpenAiApi, Rejections) {
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","max_tokens":1e3})").param, "max_tokens");
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","temperature":-0.1})").param, "temperature");
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","top_p":1.5})").param, "top_p");
-  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","n":3})").param, "n");
+  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","n":17})").param, "n");
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","stop":""})").param, "stop");
   EXPECT_EQ(Err(R"({"model":"m","prompt":"x","stop":{"a":1}})").param, "stop");
-  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","logprobs":2})").code, "unsupported_parameter");
-  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","echo":true})").param, "echo");
+  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","echo":1})").param, "echo");
   EXPECT_EQ(
       Err(R"({"model":"m","prompt":"x","stream_options":{"include_usage":1},"stream":true})").param,
       "stream_options.include_usage");
-  // Defaults of unsupported options are accepted.
+  // Defaults are accepted.
   Ok(R"({"model":"m","prompt":"x","logprobs":null,"echo":false,"best_of":1,"n":null})");
+}
+
+TEST(OpenAiApi, LogprobsEchoNBestOf) {
+  ApiRequest r = Ok(R"({"model":"m","prompt":"x","logprobs":5,"echo":true,"n":2,"best_of":3,
+                        "max_tokens":0})");
+  EXPECT_EQ(r.logprobs, 5);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 3);
+  EXPECT_EQ(r.max_tokens, 0);
+  EXPECT_EQ(Ok(R"({"model":"m","prompt":"x","logprobs":0})").logprobs, 0);
+  EXPECT_EQ(Ok(R"({"model":"m","prompt":"x","logprobs":20})").logprobs, 20);
+  EXPECT_EQ(Ok(R"({"model":"m","prompt":"x","logprobs":false})").logprobs, -1);
+  EXPECT_EQ(Ok(R"({"model":"m","prompt":"x"})").logprobs, -1);
+  EXPECT_EQ(Ok(R"({"model":"m","prompt":"x","n":16})").best_of, 16);  // best_of defaults to n
+  // Chat: logprobs is a boolean, top_logprobs the count.
+  auto chat = [](const std::string& extra) {
+    return R"({"model":"m","messages":[{"role":"user","content":"hi"}])" + extra + "}";
+  };
+  EXPECT_EQ(Ok(chat(R"(,"logprobs":true,"top_logprobs":3)"), Endpoint::kChatCompletions).logprobs,
+            3);
+  EXPECT_EQ(Ok(chat(R"(,"logprobs":true)"), Endpoint::kChatCompletions).logprobs, 0);
+  EXPECT_EQ(Ok(chat(R"(,"logprobs":false)"), Endpoint::kChatCompletions).logprobs, -1);
+  EXPECT_EQ(Ok(chat(R"(,"n":4)"), Endpoint::kChatCompletions).n, 4);
+}
+
+TEST(OpenAiApi, LogprobsEchoNBestOfBadValuesNameTheParam) {
+  struct Case {
+    std::string body;
+    Endpoint ep;
+    std::string param;
+  };
+  auto chat = [](const std::string& extra) {
+    return R"({"model":"m","messages":[{"role":"user","content":"hi"}])" + extra + "}";
+  };
+  const Case cases[] = {
+      {R"({"model":"m","prompt":"x","logprobs":-1})", Endpoint::kCompletions, "logprobs"},
+      {R"({"model":"m","prompt":"x","logprobs":21})", Endpoint::kCompletions, "logprobs"},
+      {R"({"model":"m","prompt":"x","logprobs":1.5})", Endpoint::kCompletions, "logprobs"},
+      {R"({"model":"m","prompt":"x","logprobs":true})", Endpoint::kCompletions, "logprobs"},
+      {R"({"model":"m","prompt":"x","logprobs":18446744073709551615})", Endpoint::kCompletions,
+       "logprobs"},
+      {R"({"model":"m","prompt":"x","n":0})", Endpoint::kCompletions, "n"},
+      {R"({"model":"m","prompt":"x","n":-2})", Endpoint::kCompletions, "n"},
+      {R"({"model":"m","prompt":"x","n":17})", Endpoint::kCompletions, "n"},
+      {R"({"model":"m","prompt":"x","n":"2"})", Endpoint::kCompletions, "n"},
+      {R"({"model":"m","prompt":"x","best_of":0})", Endpoint::kCompletions, "best_of"},
+      {R"({"model":"m","prompt":"x","best_of":17})", Endpoint::kCompletions, "best_of"},
+      {R"({"model":"m","prompt":"x","n":3,"best_of":2})", Endpoint::kCompletions, "best_of"},
+      {R"({"model":"m","prompt":"x","best_of":2,"stream":true})", Endpoint::kCompletions,
+       "best_of"},
+      {R"({"model":"m","prompt":"x","max_tokens":0})", Endpoint::kCompletions, "max_tokens"},
+      {R"({"model":"m","prompt":"x","echo":"yes"})", Endpoint::kCompletions, "echo"},
+      {chat(R"(,"logprobs":1)"), Endpoint::kChatCompletions, "logprobs"},
+      {chat(R"(,"top_logprobs":2)"), Endpoint::kChatCompletions, "top_logprobs"},
+      {chat(R"(,"logprobs":true,"top_logprobs":-1)"), Endpoint::kChatCompletions, "top_logprobs"},
+      {chat(R"(,"logprobs":true,"top_logprobs":21)"), Endpoint::kChatCompletions, "top_logprobs"},
+      {chat(R"(,"n":0)"), Endpoint::kChatCompletions, "n"},
+      {chat(R"(,"echo":true)"), Endpoint::kChatCompletions, "echo"},
+      {chat(R"(,"best_of":2)"), Endpoint::kChatCompletions, "best_of"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseApiRequest(c.body, c.ep, Limits());
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << "accepted: " << c.body;
+    const ApiError& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.http_status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+}
+
+TEST(OpenAiApi, TokenStringWritesSplitCharactersAsBytes) {
+  EXPECT_EQ(TokenString("hello"), "hello");
+  EXPECT_EQ(TokenString("\xc3\xa9"), "\xc3\xa9");  // é whole
+  EXPECT_EQ(TokenString("\xe6\x97"), "bytes:\\xe6\\x97");
+  EXPECT_EQ(TokenString("\xa5"), "bytes:\\xa5");
+  EXPECT_EQ(TokenString(""), "");
+}
+
+TEST(OpenAiApi, TextOffsetsCountCodePointsAndSplitCharacters) {
+  // "a" "日" split as \xe6 | \x97\xa5, then "b", then a special token adding no text, "é".
+  TextOffsetCounter c;
+  EXPECT_EQ(c.Next("a"), 0);
+  EXPECT_EQ(c.Next("\xe6"), 1);      // begins the character at index 1
+  EXPECT_EQ(c.Next("\x97\xa5"), 1);  // begins inside it: that character's index
+  EXPECT_EQ(c.Next("b"), 2);
+  EXPECT_EQ(c.Next(""), 3);
+  EXPECT_EQ(c.Next("\xc3\xa9x"), 3);
+  EXPECT_EQ(c.code_points(), 5);  // a 日 b é x
+}
+
+TEST(OpenAiApi, CompletionLogprobsLegacyShape) {
+  std::vector<LogprobEntry> entries(3);
+  entries[0].bytes = "The";  // first prompt token: nothing predicts it
+  entries[0].text_offset = 0;
+  entries[1].bytes = " cat";
+  entries[1].logprob = -1.5f;
+  entries[1].top = {{" dog", -0.5f}, {" cow", -1.0f}};
+  entries[1].text_offset = 3;
+  entries[2].bytes = "\xe6";
+  entries[2].logprob = -2.0f;
+  entries[2].top = {{"\xe6", -2.0f}};
+  entries[2].text_offset = 7;
+  json j = CompletionLogprobsJson(entries);
+  EXPECT_EQ(j["tokens"], json({"The", " cat", "bytes:\\xe6"}));
+  EXPECT_TRUE(j["token_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(j["token_logprobs"][1].get<double>(), -1.5);
+  EXPECT_TRUE(j["top_logprobs"][0].is_null());
+  // The N most likely, and the chosen token (not among them) as well.
+  EXPECT_EQ(j["top_logprobs"][1].size(), 3u);
+  EXPECT_DOUBLE_EQ(j["top_logprobs"][1][" dog"].get<double>(), -0.5);
+  EXPECT_DOUBLE_EQ(j["top_logprobs"][1][" cat"].get<double>(), -1.5);
+  EXPECT_EQ(j["top_logprobs"][2].size(), 1u);
+  EXPECT_EQ(j["text_offset"], json({0, 3, 7}));
+}
+
+TEST(OpenAiApi, ChatLogprobsShape) {
+  std::vector<LogprobEntry> entries(1);
+  entries[0].bytes = "Hi";
+  entries[0].logprob = -0.25f;
+  entries[0].top = {{"Hi", -0.25f}, {"Ho", -2.0f}, {"He", -3.0f}};
+  json j = ChatLogprobsJson(entries, 2);
+  EXPECT_TRUE(j["refusal"].is_null());
+  ASSERT_EQ(j["content"].size(), 1u);
+  const json& c = j["content"][0];
+  EXPECT_EQ(c["token"], "Hi");
+  EXPECT_DOUBLE_EQ(c["logprob"].get<double>(), -0.25);
+  EXPECT_EQ(c["bytes"], json({72, 105}));
+  ASSERT_EQ(c["top_logprobs"].size(), 2u);  // exactly top_logprobs entries
+  EXPECT_EQ(c["top_logprobs"][1]["token"], "Ho");
+  EXPECT_EQ(c["top_logprobs"][1]["bytes"], json({72, 111}));
+}
+
+TEST(OpenAiApi, FullResponseWithSeveralChoicesAndLogprobs) {
+  ResponseContext ctx;
+  ctx.id = "cmpl-1";
+  ctx.model = "m";
+  std::vector<ChoiceResult> choices(2);
+  choices[0].index = 0;
+  choices[0].text = "a";
+  choices[0].finish_reason = "length";
+  choices[0].with_logprobs = true;
+  choices[0].logprobs.resize(1);
+  choices[0].logprobs[0].bytes = "a";
+  choices[0].logprobs[0].logprob = -1.f;
+  choices[1].index = 1;
+  choices[1].text = "b";
+  choices[1].finish_reason = "stop";
+  json j = json::parse(FullResponseJson(ctx, choices, Usage{3, 2}));
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"], json({"a"}));
+  EXPECT_TRUE(j["choices"][1]["logprobs"].is_null());
+  EXPECT_EQ(j["usage"]["total_tokens"], 5);
+  ctx.endpoint = Endpoint::kChatCompletions;
+  choices[0].top_n = 0;
+  j = json::parse(FullResponseJson(ctx, choices, Usage{3, 2}));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "a");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"][0]["token"], "a");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"][0]["top_logprobs"], json::array());
 }
 
 TEST(OpenAiApi, Utf8Validator) {

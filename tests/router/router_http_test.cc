@@ -1,12 +1,17 @@
 // The router's HTTP front end end to end over loopback: OpenAI formats, SSE, validation and
-// every bad input the router must refuse, admission (429), cancellation on disconnect, timeouts, drain.
+// every bad input the router must refuse, admission (429), cancellation on disconnect, timeouts, drain,
+// logprobs (both shapes, streamed and not, exact text offsets), echo, n and best_of, API keys and
+// the tokenizer endpoints.
 // The worker side is ScriptedTestBackend (router logic only); the tokenizer is the real one of
 // the embedded model.
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "common/tokenizer.h"
@@ -433,7 +438,7 @@ TEST_F(RouterHttpTest, OutOfRangeValues) {
               "temperature");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","top_p":0})"), 400,
               "top_p");
-  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","n":2})"), 400, "n");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","n":17})"), 400, "n");
   ExpectError(
       Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stop":["a","b","c","d","e"]})"),
       400, "stop");
@@ -751,6 +756,336 @@ TEST_F(RouterHttpTest, IdleConnectionsCostNoThreads) {
   ASSERT_TRUE(WaitFor([&] { return server_->connections() >= 500; }));
   EXPECT_EQ(ThreadCount(), before);
   ExpectHealthy();
+}
+
+// ---- logprobs, echo, n, best_of, API keys, tokenizer endpoints ----
+
+// Index of the character (code point) holding byte `pos` of the UTF-8 text `text`.
+int64_t CharIndexOfByte(const std::string& text, size_t pos) {
+  int64_t index = -1;
+  for (size_t i = 0; i < text.size() && i <= pos; ++i) {
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) ++index;
+  }
+  return pos >= text.size() ? index + 1 : index;
+}
+
+// Checks a legacy logprobs object against the ids it should describe: token strings, the
+// scripted log-probabilities (the first `no_logprob` entries have none) and text offsets into
+// `text` (the bytes of ids, in order, before `text_bytes_before`).
+void ExpectLegacyLogprobs(const json& lp, const TextCodec& codec, const std::vector<int32_t>& ids,
+                          const std::vector<float>& logprobs, const std::string& text, int top_n) {
+  ASSERT_TRUE(lp.is_object()) << lp.dump();
+  ASSERT_EQ(lp["tokens"].size(), ids.size()) << lp.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+  ASSERT_EQ(lp["top_logprobs"].size(), ids.size());
+  ASSERT_EQ(lp["text_offset"].size(), ids.size());
+  size_t byte_pos = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string bytes = codec.TokenBytes(ids[i]);
+    EXPECT_EQ(lp["tokens"][i], TokenString(bytes)) << i;
+    if (std::isnan(logprobs[i])) {
+      EXPECT_TRUE(lp["token_logprobs"][i].is_null()) << i;
+      EXPECT_TRUE(lp["top_logprobs"][i].is_null()) << i;
+    } else {
+      EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), logprobs[i]) << i;
+      const json& top = lp["top_logprobs"][i];
+      EXPECT_TRUE(top.contains(TokenString(bytes))) << i << " " << top.dump();
+      EXPECT_LE(top.size(), static_cast<size_t>(std::max(top_n, 1)) + 1) << top.dump();
+    }
+    EXPECT_EQ(lp["text_offset"][i], CharIndexOfByte(text, byte_pos))
+        << "token " << i << " at byte " << byte_pos << " of " << text;
+    byte_pos += bytes.size();
+  }
+}
+
+// Prompt with characters the byte-level tokenizer splits over several tokens.
+constexpr const char* kSplitPrompt = "Runes \xe1\x9a\xa0\xe1\x9a\xa2 and \xf0\x9d\x94\x98 end";
+
+TEST_F(RouterHttpTest, CompletionLogprobsHaveTheLegacyShapeAndExactOffsets) {
+  auto r =
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":30,"logprobs":2})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  const std::string text = j["choices"][0]["text"];
+  EXPECT_EQ(text, Decode(30));
+  std::vector<int32_t> ids(script_.begin(), script_.begin() + 30);
+  std::vector<float> lps;
+  for (size_t i = 0; i < ids.size(); ++i)
+    lps.push_back(testing::ScriptedLogprob(ids[i], i, 2).logprob);
+  ExpectLegacyLogprobs(j["choices"][0]["logprobs"], *codec_, ids, lps, text, 2);
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 1u);
+  EXPECT_EQ(sub[0].sampling.logprobs, 2);
+  EXPECT_EQ(sub[0].sampling.prompt_logprobs, -1);
+  // Without logprobs the field is null.
+  auto plain = json::parse(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})").body);
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(RouterHttpTest, StreamedLogprobsEqualTheFullResponse) {
+  const std::string req = R"({"model":"tiny-moe","prompt":"Hi","max_tokens":30,"logprobs":1)";
+  json full = json::parse(Post("/v1/completions", req + "}").body)["choices"][0]["logprobs"];
+  auto r = Post("/v1/completions", req + R"(,"stream":true})");
+  ASSERT_EQ(r.status, 200);
+  auto events = SseEvents(r.body);
+  json merged = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json c = json::parse(events[i])["choices"][0];
+    if (c["logprobs"].is_null()) continue;
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      for (const auto& v : c["logprobs"][k]) merged[k].push_back(v);
+    }
+  }
+  EXPECT_EQ(merged, full);
+}
+
+TEST_F(RouterHttpTest, EchoWithMaxTokensZeroGivesThePromptLogLikelihood) {
+  auto prompt = codec_->Encode(kSplitPrompt);
+  ASSERT_TRUE(prompt.ok());
+  bool splits = false;
+  for (int32_t id : *prompt) splits |= !IsValidUtf8(codec_->TokenBytes(id));
+  ASSERT_TRUE(splits) << "the prompt should hold a token that splits a character";
+  auto r = Post("/v1/completions", std::string(R"({"model":"tiny-moe","prompt":")") + kSplitPrompt +
+                                       R"(","max_tokens":0,"echo":true,"logprobs":1})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], kSplitPrompt);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt->size());
+  std::vector<float> lps = {std::nanf("")};
+  for (size_t i = 1; i < prompt->size(); ++i) {
+    lps.push_back(testing::ScriptedLogprob((*prompt)[i], i, 1).logprob);
+  }
+  ExpectLegacyLogprobs(j["choices"][0]["logprobs"], *codec_, *prompt, lps, kSplitPrompt, 1);
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 1u);
+  EXPECT_EQ(sub[0].sampling.prompt_logprobs, 1);
+  EXPECT_EQ(sub[0].sampling.max_tokens, 1);  // one token is computed, not shown
+}
+
+TEST_F(RouterHttpTest, EchoWithGenerationContinuesTheOffsets) {
+  auto prompt = codec_->Encode(kSplitPrompt);
+  const std::string body = std::string(R"({"model":"tiny-moe","prompt":")") + kSplitPrompt +
+                           R"(","max_tokens":25,"echo":true,"logprobs":0)";
+  json j = json::parse(Post("/v1/completions", body + "}").body);
+  const std::string text = j["choices"][0]["text"];
+  EXPECT_EQ(text, std::string(kSplitPrompt) + Decode(25));
+  std::vector<int32_t> ids = *prompt;
+  std::vector<float> lps = {std::nanf("")};
+  for (size_t i = 1; i < prompt->size(); ++i) {
+    lps.push_back(testing::ScriptedLogprob((*prompt)[i], i, 0).logprob);
+  }
+  for (size_t i = 0; i < 25; ++i) {
+    ids.push_back(script_[i]);
+    lps.push_back(testing::ScriptedLogprob(script_[i], i, 0).logprob);
+  }
+  ExpectLegacyLogprobs(j["choices"][0]["logprobs"], *codec_, ids, lps, text, 0);
+  // Streamed: the prompt comes first, then the generated text.
+  auto r = Post("/v1/completions", body + R"(,"stream":true})");
+  auto events = SseEvents(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(json::parse(events[0])["choices"][0]["text"], kSplitPrompt);
+  std::string streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    streamed += json::parse(events[i])["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, text);
+  // Echo without logprobs: the text only.
+  json plain = json::parse(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":3,"echo":true})")
+          .body);
+  EXPECT_EQ(plain["choices"][0]["text"], "Hi" + Decode(3));
+  EXPECT_TRUE(plain["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(RouterHttpTest, EchoWithAPromptTooLongIsRefused) {
+  std::string prompt;
+  for (int i = 0; i < 80; ++i) prompt += " word";
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":")" + prompt +
+                                          R"(","max_tokens":0,"echo":true,"logprobs":1})"),
+              400, "prompt");
+  ExpectError(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":0,"logprobs":1})"),
+      400, "max_tokens");
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, ChatLogprobsHaveTheChatShape) {
+  const std::string req =
+      R"({"model":"tiny-moe","messages":[{"role":"user","content":"Hi"}],"max_tokens":12,
+          "logprobs":true,"top_logprobs":3)";
+  auto r = Post("/v1/chat/completions", req + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json lp = json::parse(r.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["content"].size(), 12u) << lp.dump();
+  EXPECT_TRUE(lp["refusal"].is_null());
+  for (size_t i = 0; i < 12; ++i) {
+    const json& e = lp["content"][i];
+    const std::string bytes = codec_->TokenBytes(script_[i]);
+    EXPECT_EQ(e["token"], TokenString(bytes));
+    EXPECT_FLOAT_EQ(e["logprob"].get<float>(), testing::ScriptedLogprob(script_[i], i, 3).logprob);
+    ASSERT_EQ(e["bytes"].size(), bytes.size());
+    ASSERT_EQ(e["top_logprobs"].size(), 3u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], TokenString(bytes));
+  }
+  // Streamed: the chunks' content entries add up to the same list.
+  auto s = Post("/v1/chat/completions", req + R"(,"stream":true})");
+  json merged = json::array();
+  for (const auto& ev : SseEvents(s.body)) {
+    if (ev == "[DONE]") continue;
+    json c = json::parse(ev)["choices"][0];
+    if (!c["logprobs"].is_null()) {
+      for (const auto& e : c["logprobs"]["content"]) merged.push_back(e);
+    }
+  }
+  EXPECT_EQ(merged, lp["content"]);
+}
+
+TEST_F(RouterHttpTest, NChoicesAreIndependentCandidates) {
+  auto r = Post("/v1/completions",
+                R"({"model":"tiny-moe","prompt":"Hi","max_tokens":5,"n":3,"seed":7})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], Decode(5));
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 15);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], codec_->Encode("Hi")->size());
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 3u);
+  std::set<uint64_t> seeds;
+  for (const auto& g : sub) {
+    EXPECT_TRUE(g.sampling.has_seed);
+    seeds.insert(g.sampling.seed);
+  }
+  EXPECT_EQ(seeds, (std::set<uint64_t>{7, 8, 9}));
+  // Chat, streamed: every choice gets its role chunk, text and finish chunk; one [DONE].
+  auto s = Post("/v1/chat/completions",
+                R"({"model":"tiny-moe","messages":[{"role":"user","content":"Hi"}],"max_tokens":4,
+                    "n":2,"stream":true})");
+  auto events = SseEvents(s.body);
+  EXPECT_EQ(std::count(events.begin(), events.end(), "[DONE]"), 1);
+  std::map<int, std::string> text;
+  std::map<int, int> roles, finishes;
+  for (const auto& ev : events) {
+    if (ev == "[DONE]") continue;
+    json c = json::parse(ev)["choices"][0];
+    int idx = c["index"];
+    if (c["delta"].contains("role")) ++roles[idx];
+    if (c["delta"].contains("content")) text[idx] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finishes[idx];
+  }
+  EXPECT_EQ(roles, (std::map<int, int>{{0, 1}, {1, 1}}));
+  EXPECT_EQ(finishes, (std::map<int, int>{{0, 1}, {1, 1}}));
+  EXPECT_EQ(text[0], text[1]);
+}
+
+TEST_F(RouterHttpTest, BestOfScoresCandidatesAndReturnsN) {
+  auto r = Post("/v1/completions",
+                R"({"model":"tiny-moe","prompt":"Hi","max_tokens":4,"n":2,"best_of":3})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());  // not asked for
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);      // every candidate's tokens
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 3u);
+  for (const auto& g : sub) EXPECT_EQ(g.sampling.logprobs, 0);  // scored internally
+  ExpectError(Post("/v1/completions",
+                   R"({"model":"tiny-moe","prompt":"Hi","n":2,"best_of":3,"stream":true})"),
+              400, "best_of");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","n":0})"), 400, "n");
+  ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","n":17})"), 400, "n");
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, DisconnectCancelsEveryCandidate) {
+  backend_->SetPaused(true);
+  {
+    TestConnection c(server_->port());
+    ASSERT_TRUE(c.Send(PostRequest("/v1/completions",
+                                   R"({"model":"tiny-moe","prompt":"Hi","max_tokens":5,"n":3})")));
+    ASSERT_TRUE(WaitFor([&] { return backend_->submitted().size() == 3; }));
+  }
+  EXPECT_TRUE(WaitFor([&] { return backend_->cancelled().size() == 3; }));
+  EXPECT_TRUE(WaitFor([&] { return router_in_flight() == 0; }));
+  backend_->SetPaused(false);
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, ApiKeysGuardTheApi) {
+  Teardown();
+  RouterOptions ro;
+  ro.api_keys = {"sk-first", "sk-second"};
+  Build(ro, HttpServerOptions{});
+  const std::string body = R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})";
+  auto missing = Post("/v1/completions", body);
+  json e = ExpectError(missing, 401);
+  EXPECT_EQ(e["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(missing.headers["www-authenticate"], "Bearer");
+  auto wrong = Call(PostRequest("/v1/completions", body, "Authorization: Bearer sk-wrong-key\r\n"));
+  ExpectError(wrong, 401);
+  EXPECT_EQ(wrong.body.find("sk-wrong-key"), std::string::npos);  // never repeated
+  ExpectError(Call(PostRequest("/v1/completions", body, "Authorization: Basic sk-first\r\n")), 401);
+  ExpectError(Call(PostRequest("/v1/completions", body, "Authorization: Bearer sk-firs\r\n")), 401);
+  for (const char* key : {"sk-first", "sk-second"}) {
+    auto ok = Call(
+        PostRequest("/v1/completions", body, std::string("Authorization: Bearer ") + key + "\r\n"));
+    EXPECT_EQ(ok.status, 200) << ok.body;
+  }
+  EXPECT_EQ(
+      Call(PostRequest("/v1/completions", body, "authorization: bearer  sk-first \r\n")).status,
+      200);
+  ExpectError(Call(GetRequest("/v1/models")), 401);
+  ExpectError(Post("/tokenize", R"({"prompt":"Hi"})"), 401);
+  EXPECT_EQ(Call(GetRequest("/health")).status, 200);  // open by default
+  EXPECT_EQ(Call(GetRequest("/metrics")).status, 200);
+
+  Teardown();
+  ro.protect_health = true;
+  ro.protect_metrics = true;
+  Build(ro, HttpServerOptions{});
+  ExpectError(Call(GetRequest("/health")), 401);
+  ExpectError(Call(GetRequest("/metrics")), 401);
+  auto h =
+      Call("GET /health HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sk-second\r\n\r\n");
+  EXPECT_EQ(h.status, 200);
+  auto m =
+      Call("GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sk-first\r\n\r\n");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("reason=\"unauthorized\""), std::string::npos);
+  EXPECT_EQ(m.body.find("sk-"), std::string::npos);
+}
+
+TEST_F(RouterHttpTest, TokenizerEndpoints) {
+  auto t = Post("/tokenize", R"({"prompt":"Hello there","add_special_tokens":false})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  json tj = json::parse(t.body);
+  EXPECT_EQ(tj["tokens"].get<std::vector<int32_t>>(), *codec_->Encode("Hello there"));
+  EXPECT_EQ(tj["count"], tj["tokens"].size());
+  EXPECT_EQ(tj["max_model_len"], 64);
+  auto d = Post("/detokenize", json{{"tokens", tj["tokens"]}}.dump());
+  ASSERT_EQ(d.status, 200);
+  EXPECT_EQ(json::parse(d.body)["prompt"], "Hello there");
+  auto info = Call(GetRequest("/tokenizer_info"));
+  ASSERT_EQ(info.status, 200);
+  json ij = json::parse(info.body);
+  EXPECT_EQ(ij["eos_token"], tokenizer_->eos_token());
+  ExpectError(Post("/detokenize", R"({"tokens":[1,-1]})"), 400, "tokens");
+  ExpectError(Post("/tokenize", R"({"prompt":5})"), 400, "prompt");
+  ExpectError(Call(GetRequest("/tokenize")), 405);
+  // A batch of one token list, as evaluation harnesses send it.
+  json batch = {{"model", "tiny-moe"}, {"prompt", json::array({tj["tokens"]})}, {"max_tokens", 2}};
+  EXPECT_EQ(Post("/v1/completions", batch.dump()).status, 200);
 }
 
 }  // namespace

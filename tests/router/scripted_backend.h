@@ -1,7 +1,8 @@
 // ScriptedTestBackend: a GenerationBackend for unit tests of the router's own logic (HTTP,
 // validation, SSE, admission, cancellation, drain). It is not a model: each request "generates"
 // the ids of a fixed script text, one per step, from its own thread. Cluster behaviour is tested
-// against the real workers elsewhere.
+// against the real workers elsewhere. Log-probabilities, when asked for, are a fixed made-up
+// rule (ScriptedLogprob) so the router's shapes and offsets can be checked exactly.
 #pragma once
 
 #include <atomic>
@@ -16,6 +17,16 @@
 #include "services/router/backend.h"
 
 namespace pw::router::testing {
+
+// The made-up log-probability of `token` at output (or prompt) position `index`, with `top_n`
+// alternatives: the token itself first, then token + k at logprob - k.
+inline TokenLogprob ScriptedLogprob(int32_t token, size_t index, int32_t top_n) {
+  TokenLogprob lp;
+  lp.token = token;
+  lp.logprob = -0.25f * static_cast<float>(1 + index % 4);
+  for (int32_t k = 0; k < top_n; ++k) lp.top.emplace_back(token + k, lp.logprob - float(k));
+  return lp;
+}
 
 class ScriptedTestBackend final : public GenerationBackend {
  public:
@@ -99,9 +110,19 @@ class ScriptedTestBackend final : public GenerationBackend {
       if (stop_ || paused_) continue;
       std::vector<uint64_t> done;
       for (auto& [id, st] : active_) {
+        const auto& sp = st.request.sampling;
+        if (st.next == 0 && sp.prompt_logprobs >= 0) {
+          std::vector<TokenLogprob> prompt_lps;
+          for (size_t i = 1; i < st.request.prompt.size(); ++i) {
+            prompt_lps.push_back(ScriptedLogprob(st.request.prompt[i], i, sp.prompt_logprobs));
+          }
+          events_->OnPromptLogprobs(id, std::move(prompt_lps));
+        }
         int32_t tok = script_[st.next % script_.size()];
         uint32_t index = static_cast<uint32_t>(st.next++);
-        events_->OnTokens(id, index, {tok});
+        std::vector<TokenLogprob> lps;
+        if (sp.logprobs >= 0) lps.push_back(ScriptedLogprob(tok, index, sp.logprobs));
+        events_->OnTokens(id, index, {tok}, std::move(lps));
         const auto& stops = st.request.sampling.stop_token_ids;
         if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
           events_->OnFinished(id, FinishReason::kStop, Status::Ok());
