@@ -459,14 +459,16 @@ TEST(PrefillWorker, EqualPromptsShareOnePrefill) {
     double worst = 0;
     const auto& layout = ref->kv_pool().layout();
     for (int b = 0; b < nb; ++b) {
-      const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]));
-      const float* want = reinterpret_cast<const float*>(ref->kv_pool().BlockAddress((*own)[b]));
       const int valid =
           std::min<int>(layout.block_size, static_cast<int>(prompt.size()) - b * layout.block_size);
-      for (int slab = 0; slab < layout.num_layers * 2 * layout.num_kv_heads; ++slab) {
-        const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
-        for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
-          worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
+      for (int l = 0; l < layout.num_layers; ++l) {
+        const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]) + l * layout.bytes_per_layer());
+        const float* want = reinterpret_cast<const float*>(ref->kv_pool().LayerPage((*own)[b], l));
+        for (int slab = 0; slab < 2 * layout.num_kv_heads; ++slab) {
+          const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
+          for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
+            worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
+          }
         }
       }
     }
