@@ -1,7 +1,10 @@
 // pw-router: the OpenAI-compatible HTTP front end of a PagedWeight cluster.
 #include <CLI/CLI.hpp>
+#include <cstdio>
 
 #include "services/router/router_app.h"
+#include "services/transport/control_auth.h"
+#include "services/transport/service_setup.h"
 
 int main(int argc, char** argv) {
   pw::router::RouterAppOptions o;
@@ -30,7 +33,15 @@ int main(int argc, char** argv) {
   app.add_option("--body-timeout-ms", body_timeout_ms,
                  "time allowed for a request body after its headers (then 408)");
   app.add_option("--max-body-bytes", max_body, "request body limit (then 413)");
+  pw::transport::ServiceSecurityFlags security;
+  app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
+  app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-router", o.cluster.bind);
+      !s.ok()) {
+    std::fprintf(stderr, "pw-router: %s\n", s.message().c_str());
+    return 2;
+  }
   o.http.bind_address = host;
   o.http.port = static_cast<uint16_t>(port);
   o.http.header_timeout = std::chrono::milliseconds(header_timeout_ms);
