@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "common/logging.h"
+#include "services/transport/control_auth.h"
+#include "services/transport/service_setup.h"
 #include "services/broker/broker.h"
 #include "services/workers/signals.h"
 
@@ -14,8 +16,15 @@ int main(int argc, char** argv) {
   app.add_option("--bind", o.bind, "control endpoint (ZeroMQ ROUTER)");
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")->check(CLI::Range(10, 60000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9102");
+  pw::transport::ServiceSecurityFlags security;
+  app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
+  app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag("broker");
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-broker", o.bind); !s.ok()) {
+    std::fprintf(stderr, "pw-broker: %s\n", s.message().c_str());
+    return 2;
+  }
   pw::workers::InstallStopHandlers();
   auto b = pw::broker::Broker::Create(o);
   if (!b.ok()) {
