@@ -172,8 +172,17 @@ void ControlServer::HandleRegister(const std::string& peer,
     if (claimed != peer) {
       return InvalidArgument("workerId '" + claimed + "' differs from routing id '" + peer + "'");
     }
-    if (on_register) PW_RETURN_IF_ERROR(on_register(peer, reg));
     auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second.pid == reg.getPid() && it->second.frames == 0) {
+      // The same process repeating the Register we accepted, before our ack reached it (the
+      // client repeats it every heartbeat until acknowledged): acknowledge it again and keep
+      // the registration. A process that registers again after losing us has sent frames in
+      // between (at least its heartbeats) and is registered afresh below.
+      it->second.last_seq_in = std::max(it->second.last_seq_in, msg->seq());
+      liveness_.Touch(peer);
+      return Status::Ok();
+    }
+    if (on_register) PW_RETURN_IF_ERROR(on_register(peer, reg));
     if (it != peers_.end() && it->second.pid != reg.getPid()) {
       PW_LOG(WARNING) << "peer '" << peer << "' re-registered from a new process (pid "
                       << it->second.pid << " -> " << reg.getPid() << ")";
@@ -192,6 +201,7 @@ void ControlServer::HandleRegister(const std::string& peer,
     info.last_seq_in = msg->seq();
     info.epoch = next_epoch_++;
     info.acked_seq = 0;
+    info.frames = 0;
     if (fresh) {
       auto u = unregistered_seq_out_.find(peer);
       if (u != unregistered_seq_out_.end()) {
@@ -232,6 +242,7 @@ void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
   }
   if (!CheckSeq(msg->seq(), &it->second.last_seq_in, peer, &counters_)) return;
   liveness_.Touch(peer);
+  ++it->second.frames;
   it->second.acked_seq = std::max(it->second.acked_seq, msg->envelope().getAckSeq());
   if (msg->which() == proto::Body::HEARTBEAT) {
     ++it->second.heartbeats;
@@ -427,8 +438,13 @@ void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
   if (which == proto::Body::NOT_REGISTERED) {
     // May come from a restarted server whose numbering started again: no seq check.
     liveness_.Touch("server");
-    MarkLost("does not know us");
-    (void)SendRegister();
+    // One Register per lost registration: the server answers every frame it got from us while
+    // it did not know us, and answering each NotRegistered of such a burst would send as many
+    // Registers (the timer repeats ours every heartbeat until it is acknowledged).
+    if (registered_) {
+      MarkLost("does not know us");
+      (void)SendRegister();
+    }
     return;
   }
   if (!CheckSeq(msg->seq(), &last_seq_in_, "server", &counters_)) return;

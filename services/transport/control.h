@@ -12,7 +12,9 @@
 //   both ways         Heartbeat           every heartbeat_ms; silent for 3 beats = dead
 //   server -> client  NotRegistered       when an unknown peer sends anything else
 // A client re-registers when the server's instance id changes (server restarted), when it
-// gets NotRegistered, or when the server has been silent for 3 beats.
+// gets NotRegistered while registered (one Register for a burst of them), or when the server
+// has been silent for 3 beats. A Register repeated by the same process before it sent anything
+// else (it had not yet seen the ack) is acknowledged again, not taken as a new registration.
 // Sequence numbers are per link and registration: a receiver drops a frame whose seq is not
 // above the last one seen on that link and counts gaps as lost frames. Every accepted
 // registration starts the numbering afresh on both sides: the server takes the Register's seq
@@ -76,6 +78,7 @@ struct PeerInfo {
   uint64_t epoch = 0;      // changes at every accepted registration (server-wide counter)
   uint64_t acked_seq = 0;  // highest ackSeq the peer sent in this registration
   uint64_t heartbeats = 0; // Heartbeat frames accepted from this peer since it registered
+  uint64_t frames = 0;     // frames other than Register accepted since it registered
 };
 
 // Handler for application messages; an error is logged and counted, the frame dropped.

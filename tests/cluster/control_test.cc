@@ -2,6 +2,7 @@
 // detection (manual clock), refusal of malformed / wrong-version / unregistered frames, and the
 // fault-injecting transport.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <deque>
 #include <memory>
@@ -262,6 +263,65 @@ TEST(Control, WorkerWhoseRoutingIdWasTakenOverReconnectsAndRegistersAgain) {
   ASSERT_TRUE(p.client->Send(m).ok());
   ASSERT_TRUE(PumpUntil(p, [&] { return got_request != 0; }, sh));
   EXPECT_EQ(got_request, 42u);
+}
+
+// A worker stopped (SIGSTOP) past 3 heartbeats is forgotten by the server; when it continues
+// it sends what it had queued (heartbeats, token chunks), and the server answers each frame
+// with NotRegistered. The worker must register once, not once per NotRegistered: the server
+// takes every Register of the same process after the first as a worker that lost it and
+// dropped its requests, and would place those requests again each time.
+TEST(Control, BurstOfNotRegisteredGivesOneRegistration) {
+  Pair p;
+  MakePair(&p);
+  int registrations = 0;
+  p.server->on_register = [&](const std::string&, wire::Register::Reader) {
+    ++registrations;
+    return Status::Ok();
+  };
+  ASSERT_TRUE(p.client->Start().ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }));
+  ASSERT_EQ(registrations, 1);
+  // The worker is stopped: only the server runs, and declares it dead.
+  for (int i = 0; i < 8; ++i) {
+    p.clock.Advance(kBeatMs);
+    p.server->Poll(0, nullptr);
+  }
+  ASSERT_EQ(p.server->FindPeer("decode-0"), nullptr);
+  // It continues, still thinking itself registered, with 20 frames queued.
+  for (int i = 0; i < 20; ++i) {
+    proto::OutMessage m;
+    m.body().initTokenChunk().setRequestId(static_cast<uint64_t>(i + 1));
+    ASSERT_TRUE(p.client->Send(m).ok());
+  }
+  const uint64_t unregistered = p.server->counters().unregistered;
+  ASSERT_TRUE(PumpUntil(p, [&] {
+    return p.server->counters().unregistered >= unregistered + 20 && p.client->registered() &&
+           p.server->FindPeer("decode-0") != nullptr;
+  }));
+  for (int i = 0; i < 50; ++i) {  // let any extra Register arrive
+    p.server->Poll(2, nullptr);
+    p.client->Poll(2, nullptr);
+  }
+  EXPECT_EQ(registrations, 2) << "one Register per NotRegistered";
+  const uint64_t epoch = p.server->FindPeer("decode-0")->epoch;
+  // A Register repeated before the ack came (the client's timer) keeps the registration.
+  proto::OutMessage again;
+  auto reg = again.body().initRegister();
+  reg.setRole(wire::Role::DECODE);
+  reg.setWorkerId("decode-0");
+  reg.setPid(static_cast<uint32_t>(getpid()));
+  ASSERT_TRUE(p.client->Send(again).ok());
+  for (int i = 0; i < 50; ++i) {
+    p.server->Poll(2, nullptr);
+    p.client->Poll(2, nullptr);
+  }
+  EXPECT_EQ(registrations, 2);
+  EXPECT_EQ(p.server->FindPeer("decode-0")->epoch, epoch);
+  // After a heartbeat the same Register is a new registration (the worker lost us meanwhile).
+  p.clock.Advance(kBeatMs + 1);
+  ASSERT_TRUE(PumpUntil(p, [&] { return p.server->FindPeer("decode-0")->heartbeats > 0; }));
+  ASSERT_TRUE(p.client->Send(again).ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return registrations == 3; }));
 }
 
 TEST(Control, RestartedServerIsDetectedAndClientReregisters) {
