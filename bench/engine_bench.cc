@@ -80,7 +80,7 @@
 #include "common/logging.h"
 #include "common/model_config.h"
 #include "kernels/anyprec/anyprec.h"
-#include "kernels/anyprec/apw_provider.h"
+#include "quant/apw_provider.h"
 #include "services/engine/engine.h"
 #include "services/engine/lynx_routing_hook.h"
 #include "services/engine/model.h"

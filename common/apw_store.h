@@ -121,6 +121,9 @@ class ApwStore {
   Status VerifyBlock(int i) const;
   // "block 12 (layer 1, expert 4, down)" for messages.
   std::string BlockName(int i) const;
+  // The whole mapped file (what a server registers for peers to read planes and LUTs from).
+  const uint8_t* map_data() const { return map_; }
+  size_t map_bytes() const { return map_bytes_; }
 
  private:
   ApwStore() = default;

@@ -6,7 +6,7 @@
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
 //                           [--lynx-keep K'] [--lynx-config FILE]]]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
-// the checkpoint's bf16) or at each block's width in MAP (kernels/anyprec/apw_provider.h),
+// the checkpoint's bf16) or at each block's width in MAP (quant/apw_provider.h),
 // through the integer fast path (default) or the exact fp16-LUT path.
 // Teacher-forced perplexity over non-overlapping windows of N tokens (rule in
 // services/engine/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
@@ -28,7 +28,7 @@
 
 #include "common/apw_store.h"
 #include "common/tokenizer.h"
-#include "kernels/anyprec/apw_provider.h"
+#include "quant/apw_provider.h"
 #include "services/engine/engine.h"
 #include "services/engine/lynx_routing_hook.h"
 #include "services/engine/model.h"

@@ -3,8 +3,8 @@
 //   pw-quantize --model DIR --calib FILE --out STORE [--seed-bits 3] [--max-bits 8] [--threads N]
 //   pw-quantize --model DIR --calib-random-tokens N [--calib-seed S] --out STORE [...]
 //   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
-// The work is QuantizeModel (kernels/anyprec/quantize_model.h) and PlanDamageRanked /
-// PlanRandom (kernels/anyprec/apw_provider.h); this is their command line.
+// The work is QuantizeModel (quant/quantize_model.h) and PlanDamageRanked /
+// PlanRandom (quant/apw_provider.h); this is their command line.
 // --calib-random-tokens calibrates on N token ids drawn uniformly from the vocabulary instead of
 // text, so a checkpoint without a tokenizer (make_synthetic_moe's) gets a store: its widths and
 // damage tables then reflect random inputs, fine for speed figures, not for quality ones.
@@ -14,8 +14,8 @@
 #include <optional>
 
 #include "common/apw_store.h"
-#include "kernels/anyprec/apw_provider.h"
-#include "kernels/anyprec/quantize_model.h"
+#include "quant/apw_provider.h"
+#include "quant/quantize_model.h"
 
 namespace {
 

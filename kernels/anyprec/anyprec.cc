@@ -85,7 +85,7 @@ Status CheckWorkspace(Workspace ws, size_t need, const char* what) {
 
 }  // namespace
 
-Status ValidateView(const BlockView& view, int bits) {
+Status ValidatePlanes(const BlockView& view, int bits) {
   if (bits < kMinBits || bits > kMaxBits) {
     return InvalidArgument("anyprec: width " + std::to_string(bits) + " outside [3, 8]");
   }
@@ -106,6 +106,11 @@ Status ValidateView(const BlockView& view, int bits) {
       }
     }
   }
+  return Status::Ok();
+}
+
+Status ValidateView(const BlockView& view, int bits) {
+  PW_RETURN_IF_ERROR(ValidatePlanes(view, bits));
   if (view.luts[bits] == nullptr) {
     return InvalidArgument("anyprec: LUT for width " + std::to_string(bits) + " missing");
   }

@@ -52,6 +52,8 @@ struct BlockView {
 
 // Checks that `view` can run at width `bits` (shapes, non-null planes/LUT). Cheap.
 Status ValidateView(const BlockView& view, int bits);
+// The same checks without the fp16 LUT (the fast path reads an int8 LUT instead, q8.h).
+Status ValidatePlanes(const BlockView& view, int bits);
 
 enum class Backend { kScalar, kAvx2, kAvx512 };
 const char* BackendName(Backend backend);

@@ -214,12 +214,13 @@ Backend BestQ8Backend() {
 
 Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end) {
-  PW_RETURN_IF_ERROR(ValidateView(view, bits));
+  PW_RETURN_IF_ERROR(ValidatePlanes(view, bits));
   if (!Q8BackendAvailable(backend)) {
     return Unsupported(std::string("anyprec q8: backend ") + BackendName(backend) +
                        " has no fast path on this CPU");
   }
-  if (lut.values == nullptr || lut.scales == nullptr) {
+  if ((lut.values == nullptr && (lut.pages == nullptr || lut.tile_rows < 1)) ||
+      lut.scales == nullptr) {
     return InvalidArgument("anyprec q8: int8 LUT for width " + std::to_string(bits) + " missing");
   }
   PW_RETURN_IF_ERROR(CheckActsAndRows(acts, view.cols, view.rows, y, ldy, row_begin, row_end));

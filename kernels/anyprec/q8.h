@@ -30,11 +30,22 @@ namespace pw::anyprec {
 // Columns per activation scale (one packing group).
 inline constexpr int kActGroupCols = kGroupCols;
 
-// int8 LUT of one block at one width: values [rows][2^bits], scales [rows].
+// int8 LUT of one block at one width: values [rows][2^bits], scales [rows]. The values are
+// either one contiguous array (`values`) or, when `pages` is set, row tiles: page i holds rows
+// [i * tile_rows, min(rows, (i + 1) * tile_rows)) contiguously (pages of a paged pool).
 struct Q8Lut {
   const int8_t* values = nullptr;
   const float* scales = nullptr;
+  const int8_t* const* pages = nullptr;
+  int tile_rows = 0;
 };
+// Start of row r's 2^bits int8 centroids.
+inline const int8_t* Q8LutRow(const Q8Lut& lut, int r, int bits) {
+  if (lut.pages != nullptr) {
+    return lut.pages[r / lut.tile_rows] + (static_cast<size_t>(r % lut.tile_rows) << bits);
+  }
+  return lut.values + (static_cast<size_t>(r) << bits);
+}
 
 // Bytes of the int8 LUT values of a block (rows x 2^bits) and of its scales (rows floats).
 constexpr size_t Q8LutValueBytes(int rows, int bits) { return static_cast<size_t>(rows) << bits; }
@@ -81,7 +92,8 @@ Backend BestQ8Backend();
 
 // Rows [row_begin, row_end) of y [acts.tokens][ldy] (other entries untouched):
 //   y[t][r] = the fast-path product above for block `view` at width `bits`.
-// Reads planes 0..bits-1 of the view and `lut`; acts.cols must equal view.cols.
+// Reads planes 0..bits-1 of the view and `lut` (the view's fp16 LUTs may be null); acts.cols
+// must equal view.cols.
 Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end);
 

@@ -97,7 +97,7 @@ struct Row {
 
   void Init(const BlockAndLut& s, int r) {
     for (int p = 0; p < B; ++p) pl[p] = s.view.PlaneRow(p, r);
-    tab.Load(s.lut.values + (static_cast<size_t>(r) << B));
+    tab.Load(Q8LutRow(s.lut, r, B));
     scale = s.lut.scales[r];
   }
 

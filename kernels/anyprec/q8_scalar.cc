@@ -18,12 +18,11 @@ void QuantizeRowScalar(const float* x, int cols, int8_t* q, float* scales, float
 void Q8RowsScalar(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
                   size_t ldy, int row_begin, int row_end) {
   const int cols = view.cols;
-  const int entries = LutEntries(bits);
   const int stride = Q8ActStride(cols), groups = Q8ActGroups(cols);
   for (int r = row_begin; r < row_end; ++r) {
     const uint8_t* plane_rows[kNumPlanes];
     for (int p = 0; p < bits; ++p) plane_rows[p] = view.PlaneRow(p, r);
-    const int8_t* w = lut.values + static_cast<size_t>(r) * entries;
+    const int8_t* w = Q8LutRow(lut, r, bits);
     for (int t = 0; t < acts.tokens; ++t) {
       const int8_t* xq = acts.q + static_cast<size_t>(t) * stride;
       const float* xs = acts.scales + static_cast<size_t>(t) * groups;

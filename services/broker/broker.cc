@@ -4,6 +4,7 @@
 
 #include "common/hash.h"
 #include "common/logging.h"
+#include "quant/apw_provider.h"
 #include "services/engine/model.h"
 #include "services/transport/zmq_transport.h"
 #include "services/workers/worker_common.h"
@@ -29,17 +30,16 @@ Result<std::unique_ptr<Broker>> Broker::Create(BrokerOptions options,
   return b;
 }
 
-Status Broker::Setup() {
+Status Broker::SetupBf16Store(const engine::Model& model) {
   // The store: every expert block of the checkpoint, copied into one registered buffer.
-  PW_ASSIGN_OR_RETURN(auto model, engine::Model::Load(options_.model_dir));
-  layout_ = workers::ExpertStoreLayout::For(model->config());
+  layout_ = workers::ExpertStoreLayout::For(model.config());
   if (layout_.regions.empty()) return Unsupported("broker: the model has no MoE experts");
   store_.reset(new uint8_t[layout_.total_bytes]);
   std::memset(store_.get(), 0, layout_.total_bytes);
   checksums_.resize(layout_.regions.size());
   for (size_t i = 0; i < layout_.regions.size(); ++i) {
     const auto& r = layout_.regions[i];
-    const auto& w = model->layers()[static_cast<size_t>(r.layer)].experts[static_cast<size_t>(r.expert)];
+    const auto& w = model.layers()[static_cast<size_t>(r.layer)].experts[static_cast<size_t>(r.expert)];
     uint8_t* dst = store_.get() + r.offset;
     if (r.kind == 0) {
       const size_t half = static_cast<size_t>(w.gate.rows * w.gate.cols) * 2;
@@ -56,10 +56,38 @@ Status Broker::Setup() {
     }
     checksums_[i] = Fnv1a64Of(dst, r.bytes);
   }
-  PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
-  PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
   PW_ASSIGN_OR_RETURN(region_, transport::ucx::MemoryRegion::Register(*ucx_ctx_, store_.get(),
                                                                      layout_.total_bytes));
+  return Status::Ok();
+}
+
+Status Broker::Setup() {
+  PW_ASSIGN_OR_RETURN(auto model, engine::Model::Load(options_.model_dir));
+  const ModelConfig& cfg = model->config();
+  if (cfg.num_experts < 1) return Unsupported("broker: the model has no MoE experts");
+  PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
+  PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
+  const int num_layers = static_cast<int>(cfg.num_layers), num_experts = static_cast<int>(cfg.num_experts);
+  if (!options_.store_path.empty()) {
+    if (options_.initial_bits < anyprec::kMinBits || options_.initial_bits > anyprec::kMaxBits) {
+      return InvalidArgument("broker: initial_bits " + std::to_string(options_.initial_bits) +
+                             " outside 3..8");
+    }
+    PW_ASSIGN_OR_RETURN(uint64_t hash, anyprec::ModelHash(*model));
+    PW_ASSIGN_OR_RETURN(served_, ServedStore::Open(options_.store_path, hash, *ucx_ctx_));
+    if (served_->store().info().num_layers != static_cast<uint32_t>(num_layers)) {
+      return Unsupported("broker: store " + options_.store_path + " has " +
+                         std::to_string(served_->store().info().num_layers) +
+                         " MoE layers, the model " + std::to_string(num_layers) +
+                         " layers (every layer must be MoE)");
+    }
+    book_ = std::make_unique<PlanBook>(num_layers, num_experts, options_.initial_bits,
+                                       anyprec::kMinBits, anyprec::kMaxBits);
+  } else {
+    PW_RETURN_IF_ERROR(SetupBf16Store(*model));
+    book_ = std::make_unique<PlanBook>(num_layers, num_experts, 16, 16, 16);
+  }
+  model.reset();
   ucx_worker_->StartProgressThread();
 
   PW_ASSIGN_OR_RETURN(auto t, transport::ZmqRouterTransport::Bind(options_.bind));
@@ -73,17 +101,31 @@ Status Broker::Setup() {
   };
   server_->on_peer_dead = [this](const std::string& peer, const transport::PeerInfo&) {
     workers_.erase(peer);
+    book_->Forget(peer);
+    plan_sent_ms_.erase(peer);
     if (workers_gauge_) workers_gauge_->Set(static_cast<double>(workers_.size()));
   };
 
   registry_ = std::make_shared<prometheus::Registry>();
   prometheus::BuildGauge().Name("pagedweight_broker_store_bytes")
       .Help("Bytes of the host expert store").Register(*registry_).Add({})
-      .Set(static_cast<double>(layout_.total_bytes));
+      .Set(static_cast<double>(served_ ? served_->bytes() : layout_.total_bytes));
   workers_gauge_ = &prometheus::BuildGauge().Name("pagedweight_broker_workers")
                         .Help("Registered workers").Register(*registry_).Add({});
   manifests_counter_ = &prometheus::BuildCounter().Name("pagedweight_broker_manifests_total")
                             .Help("Weight manifests served").Register(*registry_).Add({});
+  plans_counter_ = &prometheus::BuildCounter().Name("pagedweight_broker_plans_sent_total")
+                        .Help("Plans sent to decode workers").Register(*registry_).Add({});
+  auto& ctl = prometheus::BuildCounter().Name("pagedweight_broker_ctl_requests_total")
+                  .Help("pw-ctl requests by result").Register(*registry_);
+  ctl_counter_ = &ctl.Add({{"result", "ok"}});
+  ctl_errors_counter_ = &ctl.Add({{"result", "error"}});
+  epoch_gauge_ = &prometheus::BuildGauge().Name("pagedweight_broker_plan_epoch")
+                      .Help("Epoch of the latest plan").Register(*registry_).Add({});
+  committed_family_ = &prometheus::BuildGauge().Name("pagedweight_committed_blocks")
+                           .Help("Expert blocks per committed width, per decode worker and layer "
+                                 "(the broker's mirror of the workers' tables)")
+                           .Register(*registry_);
   if (!options_.metrics_bind.empty()) {
     try {
       exposer_ = std::make_unique<prometheus::Exposer>(options_.metrics_bind);
@@ -92,8 +134,15 @@ Status Broker::Setup() {
       return Unavailable("broker: cannot serve /metrics on '" + options_.metrics_bind + "': " + e.what());
     }
   }
-  PW_LOG(INFO) << "broker: " << layout_.regions.size() << " expert blocks, "
-               << layout_.total_bytes << " bytes registered; control " << endpoint_;
+  if (served_) {
+    PW_LOG(INFO) << "broker: store " << options_.store_path << " (" << served_->store().num_blocks()
+                 << " blocks, " << served_->num_parts() << " parts, " << served_->bytes()
+                 << " bytes mapped and registered), initial width " << options_.initial_bits
+                 << " bits; control " << endpoint_;
+  } else {
+    PW_LOG(INFO) << "broker: " << layout_.regions.size() << " bf16 expert blocks, "
+                 << layout_.total_bytes << " bytes registered; control " << endpoint_;
+  }
   return Status::Ok();
 }
 
@@ -109,6 +158,18 @@ Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r) {
   for (auto e : r.getWeightTable()) {
     ++rec.weight_entries;
     rec.committed_bits_sum += e.getCommittedBits();
+  }
+  if (r.getRole() == wire::Role::DECODE && r.hasWeightTable()) {
+    std::vector<BlockWidth> committed, desired;
+    for (auto e : r.getWeightTable()) {
+      const ExpertProj proj = e.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp : ExpertProj::kDown;
+      committed.push_back({static_cast<int>(e.getLayer()), static_cast<int>(e.getExpert()), proj, e.getCommittedBits()});
+      desired.push_back({static_cast<int>(e.getLayer()), static_cast<int>(e.getExpert()), proj, e.getDesiredBits()});
+    }
+    PW_RETURN_IF_ERROR(book_->Mirror(peer, committed).WithContext("weight table of '" + peer + "'"));
+    book_->AdoptDesired(desired);
+    plan_sent_ms_[peer] = 0;
+    ExportPlanMetrics();
   }
   const bool known = workers_.count(peer) != 0;
   workers_[peer] = rec;
@@ -126,6 +187,8 @@ void Broker::SendManifest(const std::string& peer, const std::string& model_name
   if (!model_name.empty() && model_name != options_.model_name) {
     wm.setOk(false);
     wm.setError("this broker holds '" + options_.model_name + "', not '" + model_name + "'");
+  } else if (served_) {
+    served_->FillManifest(wm, ucx_worker_->Address(), options_.initial_bits);
   } else {
     wm.setOk(true);
     auto mem = wm.initMemory();
@@ -161,10 +224,131 @@ Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
       SendManifest(peer, proto::ToString(m.body().getWeightManifestRequest().getModelName()));
       return Status::Ok();
     case proto::Body::PLAN_ACK:
-    case proto::Body::TELEMETRY:
-      return Status::Ok();  // consumed by the planner (later issues)
+      return OnPlanAck(peer, m.body().getPlanAck());
+    case proto::Body::TELEMETRY: {
+      auto t = m.body().getTelemetry();
+      WorkerPool p;
+      p.page_bytes = t.getPageBytes();
+      p.kv = t.getPoolPagesKv();
+      p.weights = t.getPoolPagesWeights();
+      p.free = t.getPoolPagesFree();
+      p.epoch = t.getPlanEpoch();
+      p.pending = t.getChangesPending();
+      book_->Telemetry(peer, p);
+      return Status::Ok();
+    }
+    case proto::Body::CTL_REQUEST:
+      OnCtl(peer, m.body().getCtlRequest());
+      return Status::Ok();
     default:
       return InvalidArgument("unexpected message " + proto::BodyName(m.which()) + " for the broker");
+  }
+}
+
+Status Broker::OnPlanAck(const std::string& peer, wire::PlanAck::Reader r) {
+  std::vector<BlockWidth> committed;
+  for (auto e : r.getCommitted()) {
+    committed.push_back({static_cast<int>(e.getLayer()), static_cast<int>(e.getExpert()),
+                         e.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp : ExpertProj::kDown,
+                         e.getCommittedBits()});
+  }
+  if (r.hasRefused() && r.getRefused().size() > 0) {
+    PW_LOG(WARNING) << "broker: '" << peer << "' refused " << r.getRefused().size()
+                    << " change(s) of epoch " << r.getEpoch() << ": " << proto::ToString(r.getReason());
+  }
+  PW_RETURN_IF_ERROR(book_->Acked(peer, r.getEpoch(), committed, r.getComplete()));
+  ExportPlanMetrics();
+  return Status::Ok();
+}
+
+void Broker::OnCtl(const std::string& peer, wire::CtlRequest::Reader r) {
+  proto::OutMessage out;
+  auto reply = out.body().initCtlReply();
+  Result<uint64_t> epoch = uint64_t{0};
+  switch (r.which()) {
+    case wire::CtlRequest::SHOW: {
+      auto s = r.getShow();
+      reply.setOk(true);
+      reply.setText(book_->Show(s.getBlocks(), s.getLayer()));
+      break;
+    }
+    case wire::CtlRequest::SET_BITS: {
+      auto s = r.getSetBits();
+      epoch = book_->SetBits(s.getBits(), s.getLayer(), s.getExpert(), s.getKind());
+      break;
+    }
+    case wire::CtlRequest::APPLY: {
+      std::vector<PlanBook::Selection> selections;
+      for (auto e : r.getApply()) {
+        selections.push_back({e.getBits(), e.getLayer(), e.getExpert(), e.getKind()});
+      }
+      epoch = book_->Apply(selections);
+      break;
+    }
+    default:
+      epoch = InvalidArgument("unknown pw-ctl request");
+  }
+  if (r.which() != wire::CtlRequest::SHOW) {
+    if (epoch.ok()) {
+      reply.setOk(true);
+      reply.setEpoch(*epoch);
+      reply.setText("plan epoch " + std::to_string(*epoch) + " sent to " +
+                    std::to_string(plan_sent_ms_.size()) + " decode worker(s)");
+      SendPlans(/*force=*/true);
+    } else {
+      reply.setOk(false);
+      reply.setError(epoch.status().message());
+    }
+  }
+  (reply.getOk() ? ctl_counter_ : ctl_errors_counter_)->Increment();
+  Status st = server_->Send(peer, out);
+  if (!st.ok()) PW_LOG(WARNING) << "broker: pw-ctl reply to '" << peer << "': " << st.ToString();
+}
+
+void Broker::SendPlans(bool force) {
+  const uint64_t now = clock_->NowMs();
+  for (auto& [peer, sent] : plan_sent_ms_) {
+    if (!force && sent != 0 && now - sent < options_.plan_resend_ms) continue;
+    const std::vector<BlockWidth> pending = book_->PendingFor(peer);
+    if (pending.empty()) continue;
+    proto::OutMessage m;
+    auto plan = m.body().initPlan();
+    plan.setEpoch(book_->epoch());
+    auto list = plan.initChanges(static_cast<unsigned>(pending.size()));
+    for (size_t i = 0; i < pending.size(); ++i) {
+      auto e = list[static_cast<unsigned>(i)];
+      e.setLayer(static_cast<uint32_t>(pending[i].layer));
+      e.setExpert(static_cast<uint32_t>(pending[i].expert));
+      e.setKind(pending[i].proj == ExpertProj::kGateUp ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+      e.setDesiredBits(static_cast<uint8_t>(pending[i].bits));
+    }
+    Status st = server_->Send(peer, m);
+    if (!st.ok()) {
+      PW_LOG(WARNING) << "broker: plan to '" << peer << "': " << st.ToString();
+      continue;
+    }
+    sent = now;
+    plans_counter_->Increment();
+  }
+  epoch_gauge_->Set(static_cast<double>(book_->epoch()));
+}
+
+void Broker::ExportPlanMetrics() {
+  // Per worker and layer: blocks at each width (from the mirror).
+  const int L = book_->num_layers(), E = book_->num_experts();
+  for (const auto& [peer, sent] : plan_sent_ms_) {
+    const std::vector<int>* committed = book_->Committed(peer);
+    if (committed == nullptr) continue;
+    for (int l = 0; l < L; ++l) {
+      int count[17] = {};
+      for (int e = 0; e < E; ++e) {
+        for (int p = 0; p < 2; ++p) count[(*committed)[ExpertBlockIndex(l, e, static_cast<ExpertProj>(p), E)]]++;
+      }
+      for (int b : {0, 3, 4, 5, 6, 7, 8, 16}) {
+        committed_family_->Add({{"worker", peer}, {"layer", std::to_string(l)}, {"bits", std::to_string(b)}})
+            .Set(count[b]);
+      }
+    }
   }
 }
 
@@ -172,6 +356,7 @@ void Broker::PollOnce(int timeout_ms) {
   server_->Poll(timeout_ms, [this](const std::string& peer, const proto::InMessage& m) {
     return Handle(peer, m);
   });
+  SendPlans(/*force=*/false);
 }
 
 Status Broker::Run(const std::atomic<bool>& stop) {

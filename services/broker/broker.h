@@ -1,12 +1,17 @@
 // Broker: the library behind pw-broker, the node's memory broker.
 //
-// Holds the host-RAM expert store (today: the bf16 expert weights of the checkpoint, laid out
-// as services/workers/expert_store.h describes), registered with UCX and progressed by a
-// thread, and serves it to decode workers: WeightManifestRequest -> WeightManifest (UCX
-// coordinates + one region per expert block with its checksum); the worker then gets the bytes
-// with one-sided UCX gets. Keeps a registry of the workers (their Register messages, including
-// each decode worker's weight table: committed bits per expert block), which a restarted
-// broker rebuilds as the workers re-register. The planner (Plan / PlanAck) comes later.
+// Holds the host-RAM expert store, registered with UCX and progressed by a thread, and serves
+// it to decode workers: WeightManifestRequest -> WeightManifest; workers then get bytes with
+// one-sided UCX gets. Two kinds of store:
+//   - an .apw any-precision store (--store), memory-mapped as it is (served_store.h): the
+//     manifest lists every bit-plane and LUT of every block with its checksum, so a worker
+//     fetches one plane of one block at a time;
+//   - the checkpoint's bf16 experts (no --store), copied into one buffer laid out as
+//     services/workers/expert_store.h describes, one region per block.
+// Widths are the PlanBook's (plan_book.h): pw-ctl (CtlRequest) changes desired widths, the
+// broker sends each decode worker a Plan with what it still has to change (again every
+// second until its PlanAcks show it done), and mirrors every worker's committed table from its
+// registration and acks, so a restarted broker rebuilds it as the workers re-register.
 #pragma once
 
 #include <atomic>
@@ -23,7 +28,13 @@
 #include "common/status.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
+#include "services/broker/plan_book.h"
+#include "services/broker/served_store.h"
 #include "services/workers/expert_store.h"
+
+namespace pw::engine {
+class Model;
+}
 
 namespace pw::broker {
 
@@ -34,6 +45,9 @@ struct BrokerOptions {
   std::string id = "broker";
   uint64_t heartbeat_ms = 500;
   std::string metrics_bind;                 // "127.0.0.1:9102"; empty = none
+  std::string store_path;                   // .apw store; empty = the checkpoint's bf16 experts
+  int initial_bits = 4;                     // width of every block until a plan changes it
+  uint64_t plan_resend_ms = 1000;           // a worker with pending changes gets its plan again
 };
 
 // What the broker knows about one worker (rebuilt from re-registrations after a restart).
@@ -58,6 +72,7 @@ class Broker {
   const std::map<std::string, WorkerRecord>& workers() const { return workers_; }
   uint64_t store_bytes() const { return layout_.total_bytes; }
   uint64_t manifests_served() const { return manifests_served_; }
+  const PlanBook& plans() const { return *book_; }
 
  private:
   explicit Broker(BrokerOptions options, const transport::Clock* clock);
@@ -65,12 +80,21 @@ class Broker {
   Status Handle(const std::string& peer, const proto::InMessage& m);
   Status OnRegister(const std::string& peer, wire::Register::Reader r);
   void SendManifest(const std::string& peer, const std::string& model_name);
+  Status SetupBf16Store(const engine::Model& model);
+  void OnCtl(const std::string& peer, wire::CtlRequest::Reader r);
+  Status OnPlanAck(const std::string& peer, wire::PlanAck::Reader r);
+  // Sends every decode worker with pending changes its plan (`force`: now, else when due).
+  void SendPlans(bool force);
+  void ExportPlanMetrics();
 
   BrokerOptions options_;
   const transport::Clock* clock_;
   workers::ExpertStoreLayout layout_;
   std::unique_ptr<uint8_t[]> store_;
   std::vector<uint64_t> checksums_;
+  std::unique_ptr<ServedStore> served_;
+  std::unique_ptr<PlanBook> book_;
+  std::map<std::string, uint64_t> plan_sent_ms_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
   std::unique_ptr<transport::ucx::Worker> ucx_worker_;
   std::unique_ptr<transport::ucx::MemoryRegion> region_;
@@ -82,6 +106,11 @@ class Broker {
   std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Gauge* workers_gauge_ = nullptr;
   prometheus::Counter* manifests_counter_ = nullptr;
+  prometheus::Counter* plans_counter_ = nullptr;
+  prometheus::Counter* ctl_counter_ = nullptr;
+  prometheus::Counter* ctl_errors_counter_ = nullptr;
+  prometheus::Gauge* epoch_gauge_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* committed_family_ = nullptr;
 };
 
 }  // namespace pw::broker

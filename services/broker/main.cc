@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   app.add_option("--bind", o.bind, "control endpoint (ZeroMQ ROUTER)");
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")->check(CLI::Range(10, 60000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9102");
+  app.add_option("--store", o.store_path, "any-precision .apw store to serve (default: the checkpoint's bf16 experts)");
+  app.add_option("--initial-bits", o.initial_bits, "width of every expert block until a plan changes it")
+      ->check(CLI::Range(3, 8));
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);

@@ -23,6 +23,8 @@ const Schema& ClusterSchema() {
       {"bin_dir", Schema::String()},
       {"heartbeat_ms", Schema::Int().Range(10, 60000).Default(int64_t{500})},
       {"drain_timeout_ms", Schema::Int().Range(0, 3600000).Default(int64_t{30000})},
+      // KV elements on prefill and decode workers (services/engine/kv_cache.h).
+      {"kv_dtype", Schema::String().OneOf({"bf16", "fp32"}).Default("bf16")},
       {"router", Schema::Map({
                      {"port", PortSchema(8000)},
                      {"control_port", PortSchema(5555)},
@@ -33,6 +35,9 @@ const Schema& ClusterSchema() {
                      {"enabled", Schema::Bool().Default(true)},
                      {"control_port", PortSchema(5556)},
                      {"metrics_port", OptPort()},
+                     // Any-precision .apw store (pw-quantize); absent = bf16 experts.
+                     {"store", Schema::String().NonEmpty()},
+                     {"initial_bits", Schema::Int().Range(3, 8).Default(int64_t{8})},
                  })},
       {"prefill", Schema::List(Schema::Map({
                       {"id", Schema::String().NonEmpty().Required()},
@@ -48,6 +53,12 @@ const Schema& ClusterSchema() {
                      {"max_batch_tokens", Schema::Int().Range(1, 1 << 20).Default(int64_t{256})},
                      {"max_batch", Schema::Int().Range(1, 65536).Default(int64_t{64})},
                      {"metrics_port", OptPort()},
+                     // Page pool shared by KV and expert planes: MiB (0 = kv_blocks of KV plus
+                     // every expert at 8 bits), page size (0 = one layer of one KV block), and
+                     // the plane transfer rate limit (0 = none).
+                     {"pool_mb", Schema::Int().Range(0, 1 << 24).Default(int64_t{0})},
+                     {"page_bytes", Schema::Int().Range(0, 1 << 30).Default(int64_t{0})},
+                     {"weight_rate_mb_s", Schema::Int().Range(0, 1 << 20).Default(int64_t{0})},
                      // LYNX (DESIGN.md 5.3): alpha 0 / beta -1 = derived from k/N.
                      {"lynx", Schema::Map({
                                   {"enabled", Schema::Bool().Default(false)},
@@ -128,6 +139,10 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
       b.argv.push_back("--metrics");
       b.argv.push_back(out.host + ":" + std::to_string(broker["metrics_port"].AsInt()));
     }
+    if (broker.Has("store")) {
+      b.argv.insert(b.argv.end(), {"--store", broker["store"].AsString(), "--initial-bits",
+                                   std::to_string(broker["initial_bits"].AsInt())});
+    }
     name_args(&b.argv);
     out.processes.push_back(std::move(b));
   }
@@ -148,10 +163,14 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                          out.model_dir, "--router", router_ep, "--id", id, "--kv-blocks",
                          std::to_string(w["kv_blocks"].AsInt()), "--threads",
                          std::to_string(w["threads"].AsInt()), "--max-batch-tokens",
-                         std::to_string(w["max_batch_tokens"].AsInt()), "--heartbeat-ms", hb}, 2, 1};
+                         std::to_string(w["max_batch_tokens"].AsInt()), "--heartbeat-ms", hb,
+                         "--kv-dtype", cfg["kv_dtype"].AsString()}, 2, 1};
       if (kind[0] == 'd') {
         p.argv.push_back("--max-batch");
         p.argv.push_back(std::to_string(w["max_batch"].AsInt()));
+        p.argv.insert(p.argv.end(), {"--pool-bytes", std::to_string(w["pool_mb"].AsInt() << 20),
+                                     "--page-bytes", std::to_string(w["page_bytes"].AsInt()),
+                                     "--weight-rate-mb-s", std::to_string(w["weight_rate_mb_s"].AsInt())});
         const ConfigValue& lynx = w["lynx"];
         if (lynx["enabled"].AsBool()) {
           p.argv.insert(p.argv.end(), {"--lynx", "--lynx-gate-weights", lynx["gate_weights"].AsString()});

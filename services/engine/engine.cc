@@ -63,7 +63,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   layout.num_kv_heads = static_cast<int>(c.num_kv_heads);
   layout.head_dim = static_cast<int>(c.head_dim);
   layout.block_size = options.block_size;
-  PW_ASSIGN_OR_RETURN(e->pool_, KvBlockPool::Create(layout, options.num_kv_blocks));
+  layout.dtype = options.kv_dtype;
+  if (options.kv_pages != nullptr) {
+    PW_ASSIGN_OR_RETURN(e->pool_, KvBlockPool::CreateOn(layout, options.kv_pages, options.num_kv_blocks));
+  } else {
+    PW_ASSIGN_OR_RETURN(e->pool_, KvBlockPool::Create(layout, options.num_kv_blocks));
+  }
   for (int64_t id : c.eos_token_ids) e->eos_ids_.push_back(static_cast<int32_t>(id));
   e->runner_ = std::make_unique<Runner>(*e->model_, e->pool_.get(), options.num_threads);
   return e;

@@ -83,6 +83,13 @@ struct EngineOptions {
   // MLPs) run from int8 copies with one scale per row against int8 activations
   // (Model::QuantizeDenseInt8, as llama.cpp's q8_0); false keeps them bf16 (HF parity).
   bool dense_int8 = false;
+  // KV elements: fp32 (exact parity with the reference) or bf16 (half the memory; attention
+  // still accumulates in fp32).
+  KvDtype kv_dtype = KvDtype::kF32;
+  // When set, KV blocks take their pages from this pool (borrowed: a decode worker's page pool,
+  // shared with its expert weights), num_kv_blocks being the most blocks at once; when null the
+  // engine makes its own pool of num_kv_blocks blocks.
+  memory::PagePool* kv_pages = nullptr;
 };
 
 enum class FinishReason : uint8_t {

@@ -1,19 +1,26 @@
-// Paged KV cache: one pool of fixed-size blocks and per-sequence block tables.
+// Paged KV cache: KV blocks over the pages of a memory::PagePool, and per-sequence block
+// tables.
 //
-// Memory layout (the cluster copies whole blocks between processes, so it is part of the
-// contract). The pool is ONE contiguous, 64-byte aligned buffer of `num_blocks` blocks:
+// Memory layout (the cluster copies pages between processes, so it is part of the contract;
+// version kKvLayoutVersion, carried in the registration so peers refuse a mismatch):
 //
-//   block b starts at  base() + b * bytes_per_block()
-//   inside a block (all fp32, little-endian, no padding):
-//     [layer l][kv c (0 = K, 1 = V)][kv head h][slot s][head_dim d]
-//   float offset in the block = (((l * 2 + c) * num_kv_heads + h) * block_size + s) * head_dim + d
-//   bytes_per_block = num_layers * 2 * num_kv_heads * block_size * head_dim * 4
+//   a KV block holds block_size tokens of every layer, as one page per layer: page (b, l)
+//   holds, with no padding,
+//     [kv c (0 = K, 1 = V)][kv head h][slot s][head_dim d]        of layer l
+//   element offset in the page = ((c * num_kv_heads + h) * block_size + s) * head_dim + d
+//   elements are fp32 or bf16 (KvLayout::dtype); bytes_per_layer() = 2 * num_kv_heads *
+//   block_size * head_dim * element bytes, rounded up to 64 for the page size.
+//
+// Pages are fixed-size and shared with the expert weights of a decode worker (the worker owns
+// the PagePool and lends it: CreateOn), so a page a dropped expert plane frees holds one layer
+// of one KV block with no copy; a standalone pool (Create) makes its own PagePool. A block's
+// pages need not be adjacent: Slab() and LayerPage() find them through the block's page list.
 //
 // A sequence's token at position p lives in block table[p / block_size], slot p % block_size.
 // K is stored after RoPE (and after q/k-norm where the model has one), exactly what attention
-// reads, so a block copied to another pool with the same layout is usable as is.
+// reads, so a page copied to another pool with the same layout is usable as is.
 //
-// Two pools are compatible (blocks can be copied between them) iff their KvLayout is equal.
+// Two pools are compatible (pages can be copied between them) iff their KvLayout is equal.
 // The pool is not thread-safe: one thread (the engine's) allocates and frees.
 #pragma once
 
@@ -21,11 +28,20 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "memory/page_pool.h"
 
 namespace pw::engine {
+
+inline constexpr uint32_t kKvLayoutVersion = 2;  // 2: one page per (block, layer), fp32|bf16
+
+enum class KvDtype : uint8_t { kF32 = 0, kBf16 = 1 };
+const char* KvDtypeName(KvDtype d);
+// "fp32" | "f32" or "bf16".
+Result<KvDtype> ParseKvDtype(const std::string& name);
 
 // Shape of the KV data of one block.
 struct KvLayout {
@@ -33,59 +49,77 @@ struct KvLayout {
   int num_kv_heads = 0;
   int head_dim = 0;
   int block_size = 16;  // tokens per block
+  KvDtype dtype = KvDtype::kF32;
 
-  // Floats of K (or of V) for one layer in one block: num_kv_heads * block_size * head_dim.
-  size_t floats_per_layer_kv() const {
+  size_t element_bytes() const { return dtype == KvDtype::kF32 ? 4 : 2; }
+  // Elements of K (or of V) for one layer in one block: num_kv_heads * block_size * head_dim.
+  size_t elements_per_layer_kv() const {
     return static_cast<size_t>(num_kv_heads) * block_size * head_dim;
   }
-  // num_layers * 2 * floats_per_layer_kv() * sizeof(float).
-  size_t bytes_per_block() const {
-    return static_cast<size_t>(num_layers) * 2 * floats_per_layer_kv() * 4;
-  }
+  // Bytes one layer of one block uses in its page (K then V).
+  size_t bytes_per_layer() const { return 2 * elements_per_layer_kv() * element_bytes(); }
+  // Bytes of KV data in one block (all layers), excluding page rounding.
+  size_t bytes_per_block() const { return static_cast<size_t>(num_layers) * bytes_per_layer(); }
+  // The smallest page that holds one layer of one block.
+  size_t min_page_bytes() const { return (bytes_per_layer() + 63) / 64 * 64; }
   bool operator==(const KvLayout&) const = default;
 };
 
 class KvBlockPool {
  public:
+  // A pool with its own pages: num_blocks * num_layers pages of min_page_bytes().
   // kInvalidArgument for non-positive sizes; kResourceExhausted when the buffer cannot be
   // allocated (message gives the bytes asked for).
   static Result<std::unique_ptr<KvBlockPool>> Create(const KvLayout& layout, int num_blocks);
+  // A pool over borrowed pages (which must outlive it); up to `max_blocks` blocks, each taking
+  // num_layers pages of `pages` as tenant kKv when allocated.
+  static Result<std::unique_ptr<KvBlockPool>> CreateOn(const KvLayout& layout,
+                                                       memory::PagePool* pages, int max_blocks);
   ~KvBlockPool();
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
   const KvLayout& layout() const { return layout_; }
+  // Block ids are in [0, num_blocks()).
   int num_blocks() const { return num_blocks_; }
-  // Free blocks now; used = num_blocks() - num_free().
-  int num_free() const { return static_cast<int>(free_.size()); }
-  size_t bytes_per_block() const { return bytes_per_block_; }
-  size_t total_bytes() const { return bytes_per_block_ * static_cast<size_t>(num_blocks_); }
-  // Start of the pool buffer (what a transport registers).
-  uint8_t* base() { return base_; }
-  const uint8_t* base() const { return base_; }
-  // Start of block `id`; id must be in [0, num_blocks()) (checked: a broken invariant aborts).
-  uint8_t* BlockAddress(int32_t id);
-  // [block_size][head_dim] K (kv = 0) or V (kv = 1) floats of one layer and kv head of a block.
+  // Blocks that can be allocated now: free ids, limited by the free pages of the page pool
+  // (which other tenants share). used = num_blocks() - num_free() only for an own pool.
+  int num_free() const;
+  // Blocks allocated now.
+  int num_used() const { return num_blocks_ - static_cast<int>(free_.size()); }
+  size_t bytes_per_block() const { return layout_.bytes_per_block(); }
+  memory::PagePool& pages() { return *pages_; }
+  const memory::PagePool& pages() const { return *pages_; }
+  // The page of layer `layer` of block `id` (allocated; checked: a broken invariant aborts).
+  memory::PageId PageOf(int32_t id, int layer) const;
+  uint8_t* LayerPage(int32_t id, int layer);
+  const uint8_t* LayerPage(int32_t id, int layer) const;
+  // [block_size][head_dim] K (kv = 0) or V (kv = 1) of one layer and kv head of a block, as
+  // fp32 (layout().dtype must be kF32) or bf16 bits (kBf16).
   float* Slab(int32_t block, int layer, int kv, int kv_head);
   const float* Slab(int32_t block, int layer, int kv, int kv_head) const;
+  uint16_t* SlabBf16(int32_t block, int layer, int kv, int kv_head);
+  const uint16_t* SlabBf16(int32_t block, int layer, int kv, int kv_head) const;
 
-  // Takes n free blocks, all or nothing; kResourceExhausted (nothing taken) when fewer than n
-  // are free. Block contents are unspecified.
+  // Takes n free blocks (and their pages), all or nothing; kResourceExhausted (nothing taken)
+  // when fewer than n are free. Block contents are unspecified.
   Result<std::vector<int32_t>> Allocate(int n);
-  // Returns blocks to the pool. kInvalidArgument (nothing freed) if an id is out of range,
-  // not allocated, or repeated.
+  // Returns blocks (and their pages). kInvalidArgument (nothing freed) if an id is out of
+  // range, not allocated, or repeated.
   Status Free(std::span<const int32_t> ids);
   // True if `id` is in range and currently allocated. Used to validate ids from a peer.
   bool IsAllocated(int32_t id) const;
 
  private:
-  KvBlockPool(const KvLayout& layout, int num_blocks, uint8_t* base);
+  KvBlockPool(const KvLayout& layout, memory::PagePool* pages, int num_blocks);
+  size_t SlabOffset(int kv, int kv_head) const;
   KvLayout layout_;
+  std::unique_ptr<memory::PagePool> own_pages_;  // null when borrowed
+  memory::PagePool* pages_;
   int num_blocks_;
-  size_t bytes_per_block_;
-  uint8_t* base_;
-  std::vector<int32_t> free_;       // stack of free ids (lowest id handed out first)
-  std::vector<uint8_t> allocated_;  // per block: 1 if allocated
+  std::vector<int32_t> free_;           // stack of free ids (lowest id handed out first)
+  std::vector<uint8_t> allocated_;      // per block: 1 if allocated
+  std::vector<memory::PageId> page_of_; // [block][layer]
 };
 
 // Blocks needed to hold n tokens.

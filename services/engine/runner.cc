@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/dtype.h"
 #include "services/engine/ops.h"
 
 namespace pw::engine {
@@ -69,6 +70,7 @@ Status Runner::Forward(std::span<const ForwardItem> items, bool pure_decode,
   cpu::ThreadPool* pool = &threads_;
   ExpertWeightProvider* provider = hooks_.provider ? hooks_.provider : &bf16_provider_;
   const ExpertResidency* residency = hooks_.residency ? hooks_.residency : &all_resident_;
+  const bool kv_bf16 = pool_->layout().dtype == KvDtype::kBf16;
 
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& w = model_.layers()[static_cast<size_t>(l)];
@@ -121,10 +123,19 @@ Status Runner::Forward(std::span<const ForwardItem> items, bool pure_decode,
       const int32_t block = tok_blocks_[i][pos / bs];
       const size_t slot = static_cast<size_t>(pos % bs);
       for (size_t hd = 0; hd < nkv; ++hd) {
-        std::memcpy(pool_->Slab(block, static_cast<int>(l), 0, static_cast<int>(hd)) + slot * D,
-                    kk + hd * D, D * sizeof(float));
-        std::memcpy(pool_->Slab(block, static_cast<int>(l), 1, static_cast<int>(hd)) + slot * D,
-                    vv + hd * D, D * sizeof(float));
+        if (kv_bf16) {
+          uint16_t* kd = pool_->SlabBf16(block, static_cast<int>(l), 0, static_cast<int>(hd)) + slot * D;
+          uint16_t* vd = pool_->SlabBf16(block, static_cast<int>(l), 1, static_cast<int>(hd)) + slot * D;
+          for (size_t d = 0; d < D; ++d) {
+            kd[d] = F32ToBf16(kk[hd * D + d]);
+            vd[d] = F32ToBf16(vv[hd * D + d]);
+          }
+        } else {
+          std::memcpy(pool_->Slab(block, static_cast<int>(l), 0, static_cast<int>(hd)) + slot * D,
+                      kk + hd * D, D * sizeof(float));
+          std::memcpy(pool_->Slab(block, static_cast<int>(l), 1, static_cast<int>(hd)) + slot * D,
+                      vv + hd * D, D * sizeof(float));
+        }
       }
     }
     Attention(static_cast<int>(l), T);
@@ -187,8 +198,18 @@ void Runner::Attention(int layer, size_t T) {
   const size_t work = static_cast<size_t>(max_pos + 1) * D * T * nh;
   const size_t min_per =
       std::max<size_t>(1, kMinParallelMacs / std::max<size_t>(1, work / (T * nh)));
+  const bool kv_bf16 = pool_->layout().dtype == KvDtype::kBf16;
+  // One layer and head of a block as fp32: the slab itself, or bf16 widened into `buf`.
+  auto slab = [&](int32_t block, int kv, int kvh, int32_t n, std::vector<float>& buf) -> const float* {
+    if (!kv_bf16) return pool_->Slab(block, layer, kv, kvh);
+    const uint16_t* src = pool_->SlabBf16(block, layer, kv, kvh);
+    const size_t count = static_cast<size_t>(n) * D;
+    for (size_t i = 0; i < count; ++i) buf[i] = Bf16ToF32(src[i]);
+    return buf.data();
+  };
   threads_.ParallelFor(T * nh, 1, min_per, [&](size_t begin, size_t end) {
     std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
+    std::vector<float> kvbuf(kv_bf16 ? static_cast<size_t>(bs) * D : 0);
     for (size_t job = begin; job < end; ++job) {
       const size_t i = job / nh, hd = job % nh;
       const int kvh = static_cast<int>(hd / group);
@@ -197,15 +218,15 @@ void Runner::Attention(int layer, size_t T) {
       const int32_t n = tok_pos_[i] + 1;
       const int32_t* blocks = tok_blocks_[i];
       for (int32_t j0 = 0; j0 < n; j0 += bs) {
-        const float* kb = pool_->Slab(blocks[j0 / bs], layer, 0, kvh);
         const int32_t jn = std::min(n - j0, bs);
+        const float* kb = slab(blocks[j0 / bs], 0, kvh, jn, kvbuf);
         for (int32_t s = 0; s < jn; ++s) scores[j0 + s] = k_.dot(q, kb + s * D, D) * scale;
       }
       k_.softmax(scores.data(), static_cast<size_t>(n));
       std::memset(out, 0, D * sizeof(float));
       for (int32_t j0 = 0; j0 < n; j0 += bs) {
-        const float* vb = pool_->Slab(blocks[j0 / bs], layer, 1, kvh);
         const int32_t jn = std::min(n - j0, bs);
+        const float* vb = slab(blocks[j0 / bs], 1, kvh, jn, kvbuf);
         for (int32_t s = 0; s < jn; ++s) k_.axpy(scores[j0 + s], vb + s * D, D, out);
       }
     }

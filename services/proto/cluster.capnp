@@ -42,7 +42,10 @@ struct KvLayout {
   numBlocks @0 :UInt32;     # blocks in the pool
   blockTokens @1 :UInt32;   # tokens per block
   blockBytes @2 :UInt64;    # bytes of one block (all layers, K and V)
-  layoutHash @3 :UInt64;    # hash of model + layer/head/dim/dtype layout; must match to exchange
+  layoutHash @3 :UInt64;    # hash of the layout version, model, layer/head/dim/dtype; must match
+  pageBytes @4 :UInt64;     # bytes of one page of the pool (services/engine/kv_cache.h)
+  layerBytes @5 :UInt64;    # bytes of one layer of one block inside its page
+  numLayers @6 :UInt32;     # pages per block
 }
 
 # ---- registration and liveness ----
@@ -112,6 +115,8 @@ struct KvReserveReply {
   leaseId @3 :UInt64;             # names the reservation in StartDecode and Cancel
   blockIds @4 :List(UInt32);      # in sequence order; block i holds tokens [i*bt, (i+1)*bt)
   leaseExpiresMs @5 :UInt64;      # decode worker's steady-clock ms (informational)
+  pageIds @6 :List(UInt32);       # the blocks' pages: numLayers per block, block i's layer l
+                                  # at i * numLayers + l (byte offset pageId * pageBytes)
 }
 
 # Router -> prefill: run a prompt and write its KV into a decode worker's reserved blocks.
@@ -126,6 +131,7 @@ struct PrefillRequest {
   leaseId @7 :UInt64;
   generatedSoFar @8 :UInt32;      # tokens of `tokens` that were generated (re-prefill); the
                                   # sampled token then has output index generatedSoFar
+  pageIds @9 :List(UInt32);       # KvReserveReply.pageIds of the lease
 }
 
 # Prefill -> router: KV is in the decode worker's blocks (puts flushed), first token sampled.
@@ -195,6 +201,12 @@ struct Telemetry {
   ucxBytesGot @3 :UInt64;
   tokensGenerated @4 :UInt64;
   expertMass @5 :List(Float32);   # [layers * experts] routing-mass EMA (later issues)
+  pageBytes @6 :UInt64;           # the worker's page pool (memory/page_pool.h)
+  poolPagesKv @7 :UInt32;
+  poolPagesWeights @8 :UInt32;
+  poolPagesFree @9 :UInt32;
+  planEpoch @10 :UInt64;          # last plan epoch fully committed
+  changesPending @11 :UInt32;     # blocks whose committed width differs from the desired one
 }
 
 enum WeightKind {
@@ -218,13 +230,32 @@ struct WeightManifestRequest {
   modelName @0 :Text;
 }
 
+# One part of an any-precision expert block in the broker's mapped .apw store: a bit-plane
+# (row-major, PlaneRowBytes(cols) bytes a row) or the fp16 LUT of one width ([rows][2^b]);
+# docs/formats.md.
+struct BlockPart {
+  layer @0 :UInt32;
+  expert @1 :UInt32;
+  kind @2 :WeightKind;
+  plane @3 :Int8;           # 0..7: bit-plane p (0 = most significant); -1: a LUT
+  lutBits @4 :UInt8;        # the LUT's width (3..8) when plane = -1
+  reserved @5 :UInt8;       # 0
+  offset @6 :UInt64;        # bytes from WeightManifest.memory's baseAddr
+  bytes @7 :UInt64;
+  checksum @8 :UInt64;      # FNV-1a 64 of the bytes
+}
+
 # Broker -> worker.
 struct WeightManifest {
   ok @0 :Bool;
   error @1 :Text;
   memory @2 :UcxMemory;
-  regions @3 :List(WeightRegion);
+  regions @3 :List(WeightRegion);     # bf16 stores: one region per block
   modelHash @4 :UInt64;
+  anyPrecision @5 :Bool;              # true: `parts` describe an .apw store (regions empty)
+  storeHash @6 :UInt64;               # the store's model hash (names the store in logs)
+  parts @7 :List(BlockPart);          # every plane and every LUT width of every block
+  initialBits @8 :UInt8;              # width a worker loads each block at before serving
 }
 
 # Committed width of one expert block on a worker (weight page table entry, DESIGN.md 4).
@@ -246,6 +277,38 @@ struct Plan {
 struct PlanAck {
   epoch @0 :UInt64;
   committed @1 :List(WeightEntry);
+  complete @2 :Bool;        # every change of the epoch is committed (else: more acks follow)
+  refused @3 :List(WeightEntry);  # changes the worker cannot make (error in `reason`)
+  reason @4 :Text;
+}
+
+# pw-ctl -> broker: inspect or change expert widths by hand (the broker turns changes into
+# plans for every decode worker).
+struct CtlRequest {
+  union {
+    show @0 :CtlShow;
+    setBits @1 :CtlSetBits;
+    apply @2 :List(CtlSetBits);     # several selections, one plan (bits 0 = drop allowed)
+  }
+}
+
+struct CtlShow {
+  blocks @0 :Bool;          # list every block, not only per-layer histograms
+  layer @1 :Int32 = -1;     # only this layer (-1: all)
+}
+
+struct CtlSetBits {
+  bits @0 :UInt8;           # 3..8 (or 16 for a bf16 store)
+  layer @1 :Int32 = -1;     # -1: every layer
+  expert @2 :Int32 = -1;    # -1: every expert (with layer set: the whole layer)
+  kind @3 :Int8 = -1;       # -1: both; 0 gate_up; 1 down
+}
+
+struct CtlReply {
+  ok @0 :Bool;
+  error @1 :Text;
+  text @2 :Text;            # human-readable answer
+  epoch @3 :UInt64;         # the plan epoch a change was sent as
 }
 
 struct Envelope {
@@ -274,6 +337,8 @@ struct Envelope {
     weightManifest @21 :WeightManifest;
     plan @22 :Plan;
     planAck @23 :PlanAck;
+    ctlRequest @25 :CtlRequest;
+    ctlReply @26 :CtlReply;
   }
   ackSeq @24 :UInt64;       # clients: seq of the last server frame handled in the current
                             # registration (0 while unregistered); see services/transport/control.h

@@ -28,12 +28,14 @@ std::string BodyName(Body::Which which) {
     case Body::WEIGHT_MANIFEST: return "weightManifest";
     case Body::PLAN: return "plan";
     case Body::PLAN_ACK: return "planAck";
+    case Body::CTL_REQUEST: return "ctlRequest";
+    case Body::CTL_REPLY: return "ctlReply";
   }
   return "unknown(" + std::to_string(static_cast<unsigned>(which)) + ")";
 }
 
 static bool KnownBody(Body::Which which) {
-  return static_cast<unsigned>(which) <= static_cast<unsigned>(Body::PLAN_ACK);
+  return static_cast<unsigned>(which) <= static_cast<unsigned>(Body::CTL_REPLY);
 }
 
 OutMessage::OutMessage()

@@ -221,6 +221,9 @@ const ClusterBackend::WorkerStatic* ClusterBackend::StaticOf(const transport::Pe
     ws.block_tokens = layout.getBlockTokens();
     ws.num_blocks = layout.getNumBlocks();
     ws.block_bytes = layout.getBlockBytes();
+    ws.page_bytes = layout.getPageBytes();
+    ws.layer_bytes = layout.getLayerBytes();
+    ws.num_layers = layout.getNumLayers();
     auto mem = reg.getKvMemory();
     ws.worker_address = proto::ToBytes(mem.getWorkerAddress());
     ws.rkey = proto::ToBytes(mem.getRkey());
@@ -319,6 +322,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   r.prefill_peer = best_p->id;
   r.lease_id = 0;
   r.block_ids.clear();
+  r.page_ids.clear();
   ++r.attempts;
   return true;
 }
@@ -374,6 +378,7 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   }
   r.lease_id = m.getLeaseId();
   r.block_ids = proto::ToVector<uint32_t>(m.getBlockIds());
+  r.page_ids = proto::ToVector<uint32_t>(m.getPageIds());
   const transport::PeerInfo* d = server_->FindPeer(peer);
   const transport::PeerInfo* p = server_->FindPeer(r.prefill_peer);
   const WorkerStatic* ds = d ? StaticOf(*d) : nullptr;
@@ -399,7 +404,11 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   layout.setBlockTokens(ds->block_tokens);
   layout.setBlockBytes(ds->block_bytes);
   layout.setLayoutHash(ds->layout_hash);
+  layout.setPageBytes(ds->page_bytes);
+  layout.setLayerBytes(ds->layer_bytes);
+  layout.setNumLayers(ds->num_layers);
   proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, r.block_ids);
+  proto::FillU32([&](unsigned n) { return pr.initPageIds(n); }, r.page_ids);
   pr.setLeaseId(r.lease_id);
   pr.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
   r.prefill_epoch = p->epoch;
@@ -674,6 +683,7 @@ void ClusterBackend::Retry(uint64_t id, Req& r, const std::string& why, bool cou
   r.prefill_peer.clear();
   r.lease_id = 0;
   r.block_ids.clear();
+  r.page_ids.clear();
   r.not_before_ms = 0;
   ++replaced_;
 }

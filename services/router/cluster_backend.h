@@ -107,6 +107,7 @@ class ClusterBackend final : public GenerationBackend {
     std::string prefill_peer;
     uint64_t lease_id = 0;
     std::vector<uint32_t> block_ids;
+    std::vector<uint32_t> page_ids;   // the blocks' pages in the decode worker's pool
     std::vector<int32_t> generated;      // output tokens delivered to the router, in order
     int attempts = 0;                    // placements made
     uint64_t not_before_ms = 0;          // retry backoff
@@ -128,6 +129,9 @@ class ClusterBackend final : public GenerationBackend {
     // (reading a kept Cap'n Proto message again and again exhausts its traversal budget).
     uint32_t num_blocks = 0;
     uint64_t block_bytes = 0;
+    uint64_t page_bytes = 0;   // KV pages (services/engine/kv_cache.h)
+    uint64_t layer_bytes = 0;
+    uint32_t num_layers = 0;
     std::string worker_address;  // UcxMemory.workerAddress bytes
     std::string rkey;            // UcxMemory.rkey bytes
     uint64_t base_addr = 0;

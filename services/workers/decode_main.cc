@@ -29,6 +29,15 @@ int main(int argc, char** argv) {
                  "... or this long once the router is lost")
       ->check(CLI::Range(1, 86400000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101");
+  std::string kv_dtype = "bf16";
+  app.add_option("--kv-dtype", kv_dtype, "KV elements")->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--pool-bytes", o.pool_bytes,
+                 "page pool budget shared by KV and expert planes (0: kv-blocks of KV plus every expert at 8 bits)");
+  app.add_option("--page-bytes", o.page_bytes, "page size (0: one layer of one KV block)");
+  uint64_t rate_mb_s = 0;
+  app.add_option("--weight-rate-mb-s", rate_mb_s, "plane transfer rate limit in MiB/s (0: none)");
+  app.add_option("--weight-max-in-flight", o.weight_max_in_flight, "expert width changes in flight")
+      ->check(CLI::Range(1, 4096));
   app.add_flag("--lynx", o.lynx, "LYNX: remap decode batches' expert choices (pagedweight_lynx_*)");
   float lynx_alpha = 0.f;
   int lynx_beta = -1;
@@ -42,6 +51,8 @@ int main(int argc, char** argv) {
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
+  o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
+  o.weight_bytes_per_s = rate_mb_s << 20;
   if (lynx_alpha != 0.f || lynx_beta >= 0) {
     if (lynx_alpha == 0.f || lynx_beta < 0) {
       std::fprintf(stderr, "pw-decode: --lynx-alpha and --lynx-beta go together\n");

@@ -24,12 +24,16 @@ DecodeWorker::~DecodeWorker() {
     keepalive_cv_.notify_all();
     keepalive_.join();
   }
-  // Drop the engine's hooks before the provider goes, and stop UCX before freeing the pool.
+  // Drop the engine's hooks before the providers go, give the engine's and the table's pages
+  // back, and stop UCX before freeing the pool.
   if (engine_) engine_->SetMoeHooks({});
   experts_.reset();
+  paged_.reset();
+  engine_.reset();
   kv_region_.reset();
   ucx_worker_.reset();
   ucx_ctx_.reset();
+  pool_.reset();
 }
 
 Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions options,
@@ -45,11 +49,46 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
 }
 
 Status DecodeWorker::Setup() {
+  // The page pool: pages sized to one layer of one KV block unless configured.
+  PW_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(options_.model_dir + "/config.json"));
+  engine::KvLayout kl;
+  kl.num_layers = static_cast<int>(mc.num_layers);
+  kl.num_kv_heads = static_cast<int>(mc.num_kv_heads);
+  kl.head_dim = static_cast<int>(mc.head_dim);
+  kl.block_size = options_.block_size;
+  kl.dtype = options_.kv_dtype;
+  const uint64_t page_bytes = options_.page_bytes != 0 ? options_.page_bytes : kl.min_page_bytes();
+  if (page_bytes < kl.bytes_per_layer() || page_bytes % 64 != 0) {
+    return InvalidArgument("decode worker: page_bytes " + std::to_string(page_bytes) +
+                           " must be a multiple of 64 and hold one layer of a KV block (" +
+                           std::to_string(kl.bytes_per_layer()) + " bytes)");
+  }
+  uint64_t pages = 0;
+  if (options_.pool_bytes != 0) {
+    pages = options_.pool_bytes / page_bytes;
+  } else {
+    pages = static_cast<uint64_t>(options_.num_kv_blocks) * static_cast<uint64_t>(kl.num_layers);
+    if (!options_.broker_endpoint.empty() && mc.num_experts > 0) {
+      const int g = memory::WeightPageTable::PagesFor(static_cast<int>(2 * mc.moe_intermediate_size),
+                                                      static_cast<int>(mc.hidden_size), 8, page_bytes);
+      const int d = memory::WeightPageTable::PagesFor(static_cast<int>(mc.hidden_size),
+                                                      static_cast<int>(mc.moe_intermediate_size), 8, page_bytes);
+      if (g > 0 && d > 0) pages += static_cast<uint64_t>(g + d) * mc.num_layers * mc.num_experts;
+    }
+  }
+  if (pages < static_cast<uint64_t>(kl.num_layers) || pages > (1ull << 31) - 1) {
+    return InvalidArgument("decode worker: a pool of " + std::to_string(pages) + " pages of " +
+                           std::to_string(page_bytes) + " bytes cannot hold one KV block");
+  }
+  PW_ASSIGN_OR_RETURN(pool_, memory::PagePool::Create(page_bytes, static_cast<int>(pages)));
   engine::EngineOptions eo;
-  eo.num_kv_blocks = options_.num_kv_blocks;
+  eo.num_kv_blocks = static_cast<int>(pages / static_cast<uint64_t>(kl.num_layers));
+  if (options_.pool_bytes == 0) eo.num_kv_blocks = options_.num_kv_blocks;
   eo.block_size = options_.block_size;
   eo.num_threads = options_.threads;
   eo.max_batch_tokens = options_.max_batch_tokens;
+  eo.kv_dtype = options_.kv_dtype;
+  eo.kv_pages = pool_.get();
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
@@ -70,8 +109,8 @@ Status DecodeWorker::Setup() {
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
   PW_ASSIGN_OR_RETURN(kv_region_,
-                      transport::ucx::MemoryRegion::Register(*ucx_ctx_, engine_->kv_pool().base(),
-                                                             engine_->kv_pool().total_bytes()));
+                      transport::ucx::MemoryRegion::Register(*ucx_ctx_, pool_->base(), pool_->total_bytes()));
+  paged_metrics_ = PagedMetrics::Register(*metrics_->registry, options_.id, static_cast<int>(mc.num_layers));
   ucx_worker_->StartProgressThread();
 
   if (!options_.broker_endpoint.empty()) {
@@ -85,12 +124,17 @@ Status DecodeWorker::Setup() {
     broker_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
     broker_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
     broker_->on_registered = [this] {
+      // Once serving, a new registration means a new broker process: its store needs a new
+      // manifest (new UCX coordinates) before planes can move again.
       if (experts_) return;
       proto::OutMessage m;
       m.body().initWeightManifestRequest().setModelName(options_.model_name);
       Status st = broker_->Send(m);
       if (!st.ok()) PW_LOG(WARNING) << "weight manifest request: " << st.ToString();
       manifest_pending_ = true;
+    };
+    broker_->on_server_lost = [this] {
+      if (paged_) paged_->CancelTransfers("broker lost");
     };
     PW_RETURN_IF_ERROR(LoadExpertsFromBroker());
   }
@@ -121,7 +165,7 @@ Status DecodeWorker::LoadExpertsFromBroker() {
   PW_RETURN_IF_ERROR(broker_->Start());
   const uint64_t t0 = transport::SteadyClock::Get()->NowMs();
   uint64_t last_ask = t0;
-  while (!experts_) {
+  while (!experts_ && !paged_) {
     const uint64_t now = transport::SteadyClock::Get()->NowMs();
     if (now - t0 > static_cast<uint64_t>(options_.weights_timeout_ms)) {
       return Unavailable("no expert weights from the broker at " + options_.broker_endpoint +
@@ -137,27 +181,161 @@ Status DecodeWorker::LoadExpertsFromBroker() {
     broker_->Poll(20, [this](const std::string&, const proto::InMessage& m) -> Status {
       return HandleBroker(m);
     });
-    if (manifest_) {
-      std::unique_ptr<proto::InMessage> manifest = std::move(manifest_);
-      auto p = RemoteExpertProvider::Load(*ucx_worker_, manifest->body().getWeightManifest(),
-                                          engine_->model().config());
-      if (!p.ok()) return p.status().WithContext("loading experts from the broker");
-      experts_ = std::move(p).value();
-      metrics_->ucx_get_bytes->Increment(static_cast<double>(experts_->bytes_loaded()));
-      engine::MoeHooks hooks;
-      hooks.provider = experts_.get();
-      hooks.routing_hook = lynx_hook_.get();
-      engine_->SetMoeHooks(hooks);
-      PW_LOG(INFO) << options_.id << ": loaded " << experts_->layout().regions.size()
-                   << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker";
-    }
+    if (manifest_) PW_RETURN_IF_ERROR(OnManifest(std::move(manifest_)));
   }
   return Status::Ok();
+}
+
+Status DecodeWorker::OnManifest(std::unique_ptr<proto::InMessage> msg) {
+  auto manifest = msg->body().getWeightManifest();
+  if (paged_) {
+    // A restarted broker: same store, new coordinates.
+    Status st = paged_->Rebind(*ucx_worker_, manifest);
+    if (!st.ok()) {
+      PW_LOG(ERROR) << options_.id << ": the restarted broker's store: " << st.ToString()
+                    << "; expert widths stay as they are";
+    } else {
+      PW_LOG(INFO) << options_.id << ": reading planes from the restarted broker";
+    }
+    return Status::Ok();
+  }
+  engine::MoeHooks hooks;
+  hooks.routing_hook = lynx_hook_.get();
+  if (manifest.getOk() && manifest.getAnyPrecision()) {
+    PagedWeightsOptions po;
+    po.max_bytes_per_s = options_.weight_bytes_per_s;
+    po.max_in_flight = options_.weight_max_in_flight;
+    auto p = PagedWeights::Create(pool_.get(), engine_->model().config(), *ucx_worker_, manifest, po);
+    if (!p.ok()) return p.status().WithContext("loading experts from the broker");
+    paged_ = std::move(p).value();
+    const int bits = manifest.getInitialBits();
+    PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.weights_timeout_ms)
+                           .WithContext("loading experts at " + std::to_string(bits) + " bits"));
+    metrics_->ucx_get_bytes->Increment(static_cast<double>(paged_->stats().bytes_raised));
+    hooks.provider = paged_->provider();
+    engine_->SetMoeHooks(hooks);
+    PW_LOG(INFO) << options_.id << ": loaded " << paged_->table().num_blocks() << " expert blocks at "
+                 << bits << " bits (" << pool_->Count(memory::Tenant::kWeights) << " of "
+                 << pool_->num_pages() << " pages of " << pool_->page_bytes() << " bytes) from the broker";
+    return Status::Ok();
+  }
+  auto p = RemoteExpertProvider::Load(*ucx_worker_, manifest, engine_->model().config());
+  if (!p.ok()) return p.status().WithContext("loading experts from the broker");
+  experts_ = std::move(p).value();
+  metrics_->ucx_get_bytes->Increment(static_cast<double>(experts_->bytes_loaded()));
+  hooks.provider = experts_.get();
+  engine_->SetMoeHooks(hooks);
+  PW_LOG(INFO) << options_.id << ": loaded " << experts_->layout().regions.size()
+               << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker";
+  return Status::Ok();
+}
+
+void DecodeWorker::OnPlan(wire::Plan::Reader plan) {
+  if (!paged_) {
+    PW_LOG(DEBUG) << options_.id << ": plan epoch " << plan.getEpoch() << " ignored (bf16 experts)";
+    return;
+  }
+  if (plan.getEpoch() < plan_epoch_) return;  // an older plan arriving late
+  std::vector<std::pair<size_t, int>> changes;
+  const auto& t = paged_->table();
+  std::string bad;
+  for (auto e : plan.getChanges()) {
+    const int l = static_cast<int>(e.getLayer()), x = static_cast<int>(e.getExpert());
+    if (l >= t.num_layers() || x >= t.num_experts()) {
+      bad = "block (layer " + std::to_string(l) + ", expert " + std::to_string(x) + ") outside this model";
+      break;
+    }
+    changes.emplace_back(t.Index(l, x, e.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp
+                                                                              : ExpertProj::kDown),
+                         e.getDesiredBits());
+  }
+  Status st = bad.empty() ? paged_->SetDesired(changes) : InvalidArgument(bad);
+  if (!st.ok()) {
+    PW_LOG(WARNING) << options_.id << ": plan epoch " << plan.getEpoch() << " refused: " << st.ToString();
+    proto::OutMessage m;
+    auto ack = m.body().initPlanAck();
+    ack.setEpoch(plan.getEpoch());
+    ack.setReason(st.message());
+    auto refused = ack.initRefused(plan.getChanges().size());
+    for (unsigned i = 0; i < plan.getChanges().size(); ++i) refused.setWithCaveats(i, plan.getChanges()[i]);
+    (void)broker_->Send(m);
+    return;
+  }
+  plan_epoch_ = plan.getEpoch();
+  paged_metrics_->plans_applied->Increment();
+  if (paged_->pending() == 0) SendPlanAck({});
+}
+
+void DecodeWorker::SendPlanAck(const std::vector<WidthChange>& committed) {
+  if (!broker_ || !broker_->registered()) return;
+  proto::OutMessage m;
+  auto ack = m.body().initPlanAck();
+  ack.setEpoch(plan_epoch_);
+  ack.setComplete(paged_->pending() == 0 && paged_->in_flight() == 0);
+  auto list = ack.initCommitted(static_cast<unsigned>(committed.size()));
+  const auto& t = paged_->table();
+  for (size_t k = 0; k < committed.size(); ++k) {
+    const size_t i = committed[k].block;
+    auto e = list[static_cast<unsigned>(k)];
+    e.setLayer(static_cast<uint32_t>(i / 2 / static_cast<size_t>(t.num_experts())));
+    e.setExpert(static_cast<uint32_t>(i / 2 % static_cast<size_t>(t.num_experts())));
+    e.setKind(i % 2 == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+    e.setCommittedBits(static_cast<uint8_t>(committed[k].to));
+    e.setDesiredBits(t.entry(i).desired);
+  }
+  Status st = broker_->Send(m);
+  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": PlanAck: " << st.ToString();
+}
+
+void DecodeWorker::SendTelemetry() {
+  if (!broker_ || !broker_->registered()) return;
+  proto::OutMessage m;
+  auto t = m.body().initTelemetry();
+  const auto& pool = engine_->kv_pool();
+  t.setKvBlocksFree(static_cast<uint32_t>(pool.num_free()));
+  t.setKvBlocksUsed(static_cast<uint32_t>(pool.num_used()));
+  t.setTokensGenerated(static_cast<uint64_t>(metrics_->tokens_generated->Value()));
+  t.setPageBytes(pool_->page_bytes());
+  t.setPoolPagesKv(static_cast<uint32_t>(pool_->Count(memory::Tenant::kKv)));
+  t.setPoolPagesWeights(static_cast<uint32_t>(pool_->Count(memory::Tenant::kWeights)));
+  t.setPoolPagesFree(static_cast<uint32_t>(pool_->Count(memory::Tenant::kFree)));
+  if (paged_) {
+    t.setPlanEpoch(paged_->pending() == 0 ? plan_epoch_ : 0);
+    t.setChangesPending(static_cast<uint32_t>(paged_->pending()));
+  }
+  (void)broker_->Send(m);
+}
+
+void DecodeWorker::WeightsBoundary() {
+  if (paged_) {
+    // Keep one block per running or leased request free for KV growth.
+    const int reserve = static_cast<int>(running_.size() + leases_.size()) *
+                        engine_->kv_pool().layout().num_layers;
+    std::vector<WidthChange> committed = paged_->Poll(reserve);
+    if (!committed.empty()) SendPlanAck(committed);
+  }
+  const uint64_t now = clock_->NowMs();
+  if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
+    last_telemetry_ms_ = now;
+    paged_metrics_->Export(*pool_, paged_.get());
+    SendTelemetry();
+  }
 }
 
 Status DecodeWorker::HandleBroker(const proto::InMessage& m) {
   if (m.which() == proto::Body::WEIGHT_MANIFEST) {
     if (experts_ || !manifest_pending_) return Status::Ok();
+    if (paged_) {
+      // Serving already: a restarted broker answered; rebind now.
+      manifest_pending_ = false;
+      ::capnp::MallocMessageBuilder b;
+      b.setRoot(m.envelope());
+      auto flat = ::capnp::messageToFlatArray(b);
+      auto bytes = flat.asBytes();
+      PW_ASSIGN_OR_RETURN(auto copy, proto::InMessage::Parse(std::string_view(
+                                         reinterpret_cast<const char*>(bytes.begin()), bytes.size())));
+      return OnManifest(std::move(copy));
+    }
     // Keep a private copy of the frame: the provider reads it after this handler returns.
     ::capnp::MallocMessageBuilder b;
     b.setRoot(m.envelope());
@@ -169,8 +347,7 @@ Status DecodeWorker::HandleBroker(const proto::InMessage& m) {
     return Status::Ok();
   }
   if (m.which() == proto::Body::PLAN) {
-    PW_LOG(DEBUG) << options_.id << ": plan epoch " << m.body().getPlan().getEpoch()
-                  << " ignored (bf16 experts)";
+    OnPlan(m.body().getPlan());
     return Status::Ok();
   }
   return Status::Ok();
@@ -184,6 +361,9 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
   kl.setBlockTokens(static_cast<uint32_t>(pool.layout().block_size));
   kl.setBlockBytes(pool.bytes_per_block());
   kl.setLayoutHash(layout_hash_);
+  kl.setPageBytes(pool_->page_bytes());
+  kl.setLayerBytes(pool.layout().bytes_per_layer());
+  kl.setNumLayers(static_cast<uint32_t>(pool.layout().num_layers));
   auto km = r.initKvMemory();
   km.setWorkerAddress(proto::AsData(ucx_worker_->Address()));
   km.setRkey(proto::AsData(kv_region_->PackedRkey()));
@@ -192,7 +372,18 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
   r.setMaxBatch(static_cast<uint32_t>(options_.max_batch));
   r.setMaxContext(static_cast<uint32_t>(engine_->max_context()));
   r.setMetricsPort(metrics_port());
-  if (experts_) {
+  if (paged_) {
+    const auto& t = paged_->table();
+    auto wt = r.initWeightTable(static_cast<unsigned>(t.num_blocks()));
+    for (int i = 0; i < t.num_blocks(); ++i) {
+      auto e = wt[static_cast<unsigned>(i)];
+      e.setLayer(static_cast<uint32_t>(i / 2 / t.num_experts()));
+      e.setExpert(static_cast<uint32_t>(i / 2 % t.num_experts()));
+      e.setKind(i % 2 == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+      e.setCommittedBits(t.entry(static_cast<size_t>(i)).committed);
+      e.setDesiredBits(t.entry(static_cast<size_t>(i)).desired);
+    }
+  } else if (experts_) {
     const auto& regions = experts_->layout().regions;
     auto wt = r.initWeightTable(static_cast<unsigned>(regions.size()));
     for (size_t i = 0; i < regions.size(); ++i) {
@@ -210,7 +401,7 @@ DecodeWorker::LoadSnapshot DecodeWorker::TakeLoad() const {
   const auto& pool = engine_->kv_pool();
   LoadSnapshot l;
   l.free_kv_blocks = static_cast<uint32_t>(pool.num_free());
-  l.used_kv_blocks = static_cast<uint32_t>(pool.num_blocks() - pool.num_free());
+  l.used_kv_blocks = static_cast<uint32_t>(pool.num_used());
   l.reserved_kv_blocks = static_cast<uint32_t>(leases_.reserved_blocks() + quarantined_blocks());
   l.running = static_cast<uint32_t>(running_.size());
   l.waiting = static_cast<uint32_t>(leases_.size());
@@ -232,7 +423,7 @@ void DecodeWorker::UpdateMetrics() {
   metrics_->kv_blocks_free->Set(pool.num_free());
   const double reserved = static_cast<double>(leases_.reserved_blocks() + quarantined_blocks());
   metrics_->kv_blocks_reserved->Set(reserved);
-  metrics_->kv_blocks_used->Set(pool.num_blocks() - pool.num_free() - reserved);
+  metrics_->kv_blocks_used->Set(pool.num_used() - reserved);
   metrics_->requests_running->Set(static_cast<double>(running_.size()));
   metrics_->requests_waiting->Set(static_cast<double>(leases_.size()));
   const auto& c = router_->counters();
@@ -359,6 +550,15 @@ void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
       reply.setLeaseId(lease);
       auto list = reply.initBlockIds(static_cast<unsigned>(ids.size()));
       for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), static_cast<uint32_t>(ids[i]));
+      const auto& kv = engine_->kv_pool();
+      const int L = kv.layout().num_layers;
+      auto pages = reply.initPageIds(static_cast<unsigned>(ids.size() * static_cast<size_t>(L)));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        for (int l = 0; l < L; ++l) {
+          pages.set(static_cast<unsigned>(i * static_cast<size_t>(L) + static_cast<size_t>(l)),
+                    static_cast<uint32_t>(kv.PageOf(ids[i], l)));
+        }
+      }
       reply.setLeaseExpiresMs(clock_->NowMs() + lease_ms);
     }
   }
@@ -494,7 +694,9 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
   step_load_ = TakeLoad();
   in_step_ = true;
   control.unlock();
+  if (paged_) paged_->BeginStep();
   auto step = engine_->Step();
+  if (paged_) paged_->EndStep();
   control.lock();
   in_step_ = false;
   if (lynx_metrics_) lynx_metrics_->Export(lynx_hook_->stats());
@@ -549,8 +751,11 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   PW_RETURN_IF_ERROR(router_->Start());
   keepalive_stop_ = false;
   keepalive_ = std::thread([this] { KeepaliveLoop(); });
-  PW_LOG(INFO) << options_.id << ": serving; KV pool " << engine_->kv_pool().num_blocks()
-               << " blocks of " << engine_->kv_pool().bytes_per_block() << " bytes, router "
+  PW_LOG(INFO) << options_.id << ": serving; page pool " << pool_->num_pages() << " pages of "
+               << pool_->page_bytes() << " bytes (" << pool_->Count(memory::Tenant::kWeights)
+               << " weights, " << pool_->num_free() << " free), KV up to "
+               << engine_->kv_pool().num_blocks() << " blocks of " << engine_->kv_pool().layout().num_layers
+               << " pages (" << engine::KvDtypeName(engine_->kv_pool().layout().dtype) << "), router "
                << options_.router_endpoint;
   uint64_t drain_deadline = 0;
   auto router_handler = [this](const std::string&, const proto::InMessage& m) -> Status {
@@ -588,6 +793,7 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       metrics_->leases_expired->Increment();
     }
     ExpireQuarantine();
+    WeightsBoundary();
     if (engine_->HasWork()) StepOnce(control);
     UpdateMetrics();
   }

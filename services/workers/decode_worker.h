@@ -24,6 +24,13 @@
 // (its prefill workers lose it too and stop writing). StartDecode for a lease that is not live
 // is refused.
 //
+// Memory: the worker owns one PagePool (memory/page_pool.h) and lends it to the engine (KV
+// blocks, one page per layer) and, with an any-precision store, to PagedWeights (expert
+// planes and LUTs, paged_weights.h); the whole pool is registered with UCX, so prefill workers
+// put KV pages into it. Plans from the broker set expert widths; at every iteration boundary
+// (between engine steps) finished transfers commit, new ones start on free pages above a KV
+// reserve (one block per running or leased request), and PlanAcks report what committed.
+//
 // Preemption: when a step needs KV blocks the pool lacks, the most recently admitted running
 // sequence is removed and queued again with the tokens it generated; the engine recomputes its
 // KV later and continues (nothing lost, nothing repeated on the stream).
@@ -48,6 +55,9 @@
 #include "services/engine/lynx_routing_hook.h"
 #include "services/workers/kv_lease.h"
 #include "services/workers/lynx_metrics.h"
+#include "memory/page_pool.h"
+#include "services/workers/paged_metrics.h"
+#include "services/workers/paged_weights.h"
 #include "services/workers/remote_experts.h"
 #include "services/workers/worker_metrics.h"
 
@@ -75,6 +85,15 @@ struct DecodeWorkerOptions {
   uint64_t router_lost_quarantine_ms = 30000;
   int weights_timeout_ms = 120000; // waiting for the broker's expert weights at start
   std::string metrics_bind;        // "127.0.0.1:0"; empty = no /metrics
+  // KV elements (prefill workers must use the same: the layout hash says so).
+  engine::KvDtype kv_dtype = engine::KvDtype::kBf16;
+  // The page pool shared by KV and any-precision expert planes (memory/page_pool.h).
+  // pool_bytes 0: num_kv_blocks blocks of KV plus, with an any-precision store, every expert
+  // block at 8 bits. Otherwise the budget in bytes; KV may then use any page the weights leave.
+  uint64_t pool_bytes = 0;
+  uint64_t page_bytes = 0;               // 0: one layer of one KV block (rounded up to 64)
+  uint64_t weight_bytes_per_s = 0;       // plane transfer rate limit; 0 = unlimited
+  int weight_max_in_flight = 8;          // block width changes in flight at once
   // LYNX (DESIGN.md 5.3): remap pure-decode batches' expert choices through the engine's
   // routing hook; counted as pagedweight_lynx_* (lynx_metrics.h).
   bool lynx = false;
@@ -114,6 +133,12 @@ class DecodeWorker {
   explicit DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock);
   Status Setup();
   Status LoadExpertsFromBroker();
+  Status OnManifest(std::unique_ptr<proto::InMessage> manifest);
+  void OnPlan(wire::Plan::Reader plan);
+  // The iteration boundary for expert widths: commit, start, acknowledge (see the file comment).
+  void WeightsBoundary();
+  void SendPlanAck(const std::vector<WidthChange>& committed);
+  void SendTelemetry();
   Status HandleRouter(const proto::InMessage& m);
   Status HandleBroker(const proto::InMessage& m);
   void OnReserve(wire::KvReserve::Reader r);
@@ -150,8 +175,13 @@ class DecodeWorker {
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
   std::unique_ptr<transport::ucx::Worker> ucx_worker_;
-  std::unique_ptr<transport::ucx::MemoryRegion> kv_region_;
-  std::unique_ptr<RemoteExpertProvider> experts_;
+  std::unique_ptr<transport::ucx::MemoryRegion> kv_region_;  // the whole page pool
+  std::unique_ptr<memory::PagePool> pool_;          // owned here, lent to engine_ and paged_
+  std::unique_ptr<RemoteExpertProvider> experts_;   // bf16 store
+  std::unique_ptr<PagedWeights> paged_;             // any-precision store
+  std::unique_ptr<PagedMetrics> paged_metrics_;
+  uint64_t plan_epoch_ = 0;                         // newest plan applied
+  uint64_t last_telemetry_ms_ = 0;
   std::unique_ptr<transport::ControlClient> router_;
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;

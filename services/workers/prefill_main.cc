@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   app.add_option("--id", o.id, "worker id (default prefill-<pid>)");
   app.add_option("--model-name", o.model_name, "model name reported to the router");
   app.add_option("--kv-blocks", o.num_kv_blocks, "KV pool blocks")->check(CLI::Range(1, 1 << 24));
+  std::string kv_dtype = "bf16";
+  app.add_option("--kv-dtype", kv_dtype, "KV elements (must equal the decode workers')")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--block-size", o.block_size, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--threads", o.threads, "compute threads")->check(CLI::Range(1, 1024));
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "prompt tokens per forward pass")
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
+  o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   pw::SetLogProcessTag(o.id.empty() ? "prefill" : o.id);
   if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-prefill", o.router_endpoint); !s.ok()) {
     std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());

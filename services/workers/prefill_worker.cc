@@ -58,6 +58,7 @@ Status PrefillWorker::Setup() {
   eo.block_size = options_.block_size;
   eo.num_threads = options_.threads;
   eo.max_batch_tokens = options_.max_batch_tokens;
+  eo.kv_dtype = options_.kv_dtype;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   const auto& cfg = engine_->model().config();
   layout_hash_ =
@@ -109,6 +110,9 @@ void PrefillWorker::FillRegister(wire::Register::Builder r) {
   kl.setBlockTokens(static_cast<uint32_t>(pool.layout().block_size));
   kl.setBlockBytes(pool.bytes_per_block());
   kl.setLayoutHash(layout_hash_);
+  kl.setPageBytes(pool.pages().page_bytes());
+  kl.setLayerBytes(pool.layout().bytes_per_layer());
+  kl.setNumLayers(static_cast<uint32_t>(pool.layout().num_layers));
   r.setMaxBatch(static_cast<uint32_t>(options_.max_batch_prompts));
   r.setMaxContext(static_cast<uint32_t>(engine_->max_context()));
   r.setMetricsPort(metrics_ ? metrics_->port() : 0);
@@ -267,9 +271,12 @@ Status PrefillWorker::Prepare(Job* job) {
   job->tokens.clear();
   if (dl.getLayoutHash() != layout_hash_ ||
       dl.getBlockTokens() != static_cast<uint32_t>(pool_layout.block_size) ||
-      dl.getBlockBytes() != engine_->kv_pool().bytes_per_block()) {
+      dl.getBlockBytes() != engine_->kv_pool().bytes_per_block() ||
+      dl.getLayerBytes() != pool_layout.bytes_per_layer() ||
+      dl.getNumLayers() != static_cast<uint32_t>(pool_layout.num_layers) ||
+      dl.getPageBytes() < pool_layout.bytes_per_layer()) {
     return InvalidArgument("decode worker '" + job->decode_id +
-                           "' has another KV layout (hash/block tokens/block bytes differ)");
+                           "' has another KV layout (version/dtype/hash/block tokens/page bytes differ)");
   }
   for (uint32_t t : req.getTokens()) job->tokens.push_back(static_cast<int32_t>(t));
   if (job->tokens.empty()) return InvalidArgument("empty prompt");
@@ -282,15 +289,26 @@ Status PrefillWorker::Prepare(Job* job) {
                            std::to_string(n_blocks) + " needed)");
   }
   std::set<uint32_t> distinct;
-  const uint64_t block_bytes = engine_->kv_pool().bytes_per_block();
-  auto mem = req.getDecodeMemory();
   for (int i = 0; i < n_blocks; ++i) {
     const uint32_t b = dst[static_cast<unsigned>(i)];
     if (b >= dl.getNumBlocks() || !distinct.insert(b).second) {
       return InvalidArgument("reserved block id " + std::to_string(b) + " invalid or repeated");
     }
-    if ((static_cast<uint64_t>(b) + 1) * block_bytes > mem.getBytes()) {
-      return InvalidArgument("reserved block " + std::to_string(b) + " outside the decode pool");
+  }
+  // Every layer of every reserved block is one page of the decode worker's pool.
+  auto pages = req.getPageIds();
+  const uint64_t page_bytes = dl.getPageBytes();
+  const auto mem = req.getDecodeMemory();
+  const size_t n_pages = static_cast<size_t>(n_blocks) * static_cast<size_t>(pool_layout.num_layers);
+  if (pages.size() < n_pages) {
+    return InvalidArgument(std::to_string(pages.size()) + " reserved pages for " +
+                           std::to_string(n_blocks) + " blocks (" + std::to_string(n_pages) + " needed)");
+  }
+  std::set<uint32_t> distinct_pages;
+  for (size_t i = 0; i < n_pages; ++i) {
+    const uint32_t p = pages[static_cast<unsigned>(i)];
+    if (!distinct_pages.insert(p).second || (static_cast<uint64_t>(p) + 1) * page_bytes > mem.getBytes()) {
+      return InvalidArgument("reserved page " + std::to_string(p) + " repeated or outside the decode pool");
     }
   }
   job->work.params = FromWire(req.getSampling());
@@ -406,23 +424,28 @@ Result<PrefillWorker::Peer*> PrefillWorker::PeerFor(const std::string& decode_id
 Status PrefillWorker::Transfer(Job* job) {
   auto req = job->msg->body().getPrefillRequest();
   auto& pool = engine_->kv_pool();
-  const uint64_t block_bytes = pool.bytes_per_block();
-  auto dst = req.getBlockIds();
-  // One put per run of blocks contiguous on both sides.
+  const int L = pool.layout().num_layers;
+  const uint64_t layer_bytes = pool.layout().bytes_per_layer();
+  const uint64_t page_bytes = req.getDecodeLayout().getPageBytes();
+  auto pages = req.getPageIds();
+  // One put per (block, layer) page, runs contiguous on both sides merged into one.
   std::vector<transport::ucx::RemoteRegion::Segment> segs;
   for (size_t i = 0; i < job->own.size(); ++i) {
-    const uint64_t off = static_cast<uint64_t>(dst[static_cast<unsigned>(i)]) * block_bytes;
-    const uint8_t* src = pool.BlockAddress(job->own[i]);
-    if (!segs.empty()) {
-      auto& last = segs.back();
-      if (last.offset + last.bytes == off &&
-          static_cast<const uint8_t*>(last.local) + last.bytes == src) {
-        last.bytes += block_bytes;
-        continue;
+    for (int l = 0; l < L; ++l) {
+      const uint64_t off = static_cast<uint64_t>(pages[static_cast<unsigned>(i * L + l)]) * page_bytes;
+      const uint8_t* src = pool.LayerPage(job->own[i], l);
+      if (!segs.empty()) {
+        auto& last = segs.back();
+        if (last.offset + last.bytes == off &&
+            static_cast<const uint8_t*>(last.local) + last.bytes == src) {
+          last.bytes += layer_bytes;
+          continue;
+        }
       }
+      segs.push_back({off, src, layer_bytes});
     }
-    segs.push_back({off, src, block_bytes});
   }
+  const uint64_t block_bytes = pool.bytes_per_block();
   PW_ASSIGN_OR_RETURN(Peer * peer, PeerFor(job->decode_id, req.getDecodeMemory()));
   PW_RETURN_IF_ERROR(peer->region->PutAll(segs, options_.put_timeout_ms, &job->cancelled));
   PW_RETURN_IF_ERROR(peer->ep->Flush(options_.put_timeout_ms, &job->cancelled));

@@ -57,6 +57,8 @@ struct PrefillWorkerOptions {
   std::string broker_endpoint;  // empty: no broker registration
   int num_kv_blocks = 1024;
   int block_size = 16;
+  engine::KvDtype kv_dtype = engine::KvDtype::kBf16;  // must equal the decode workers'
+
   int threads = 1;
   int max_batch_tokens = 256;  // prompt tokens per forward pass
   int max_batch_prompts = 32;  // prompts in flight (sharing passes) at once

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "common/apw_store.h"
-#include "kernels/anyprec/apw_provider.h"
-#include "kernels/anyprec/quantize_model.h"
+#include "quant/apw_provider.h"
+#include "quant/quantize_model.h"
 #include "services/engine/engine.h"
 
 namespace pw::anyprec {

@@ -11,6 +11,7 @@
 //     lists of several tile sizes, outputs poisoned with NaN first.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -237,6 +238,48 @@ TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
             }
             EXPECT_EQ(bad, 0);
           }
+        }
+      }
+    }
+  }
+}
+
+// The int8 LUT given as row tiles (pages of a paged pool, each its own allocation) gives the
+// same bits as the contiguous LUT, on every backend, for tiles that do and do not divide rows.
+TEST(Q8Backends, PagedLutEqualsContiguousLut) {
+  std::vector<Backend> backends = Q8SimdBackends();
+  backends.push_back(Backend::kScalar);
+  std::mt19937 rng(7);
+  const Shape shapes[] = {{1, 1}, {37, 50}, {129, 300}};
+  for (const Shape& s : shapes) {
+    RandomBlock rb = MakeRandomBlock(s.rows, s.cols, rng);
+    const Q8Luts luts = MakeQ8Luts(rb.block);
+    const int tokens = 3;
+    auto x = RandomX(tokens, s.cols, rng);
+    Acts a(x, tokens, s.cols);
+    PageLists planes = rb.block.Pages(16);
+    for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+      for (int tile : {1, 5, 64}) {
+        std::vector<std::vector<int8_t>> page_store;
+        std::vector<const int8_t*> pages;
+        for (int r0 = 0; r0 < s.rows; r0 += tile) {
+          const int n = std::min(tile, s.rows - r0);
+          page_store.emplace_back(luts.values[bits].begin() + (static_cast<size_t>(r0) << bits),
+                                  luts.values[bits].begin() + (static_cast<size_t>(r0 + n) << bits));
+        }
+        for (const auto& p : page_store) pages.push_back(p.data());
+        Q8Lut paged;
+        paged.scales = luts.scales[bits].data();
+        paged.pages = pages.data();
+        paged.tile_rows = tile;
+        for (Backend be : backends) {
+          std::vector<float> want(static_cast<size_t>(tokens) * s.rows, kNaN), got(want.size(), kNaN);
+          ASSERT_TRUE(ApGemmQ8Rows(be, planes.view(), bits, luts.At(bits), a.acts, want.data(),
+                                   s.rows, 0, s.rows).ok());
+          ASSERT_TRUE(ApGemmQ8Rows(be, planes.view(), bits, paged, a.acts, got.data(), s.rows, 0,
+                                   s.rows).ok());
+          EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+              << BackendName(be) << " " << s.rows << "x" << s.cols << " b" << bits << " tile " << tile;
         }
       }
     }

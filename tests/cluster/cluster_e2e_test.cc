@@ -186,6 +186,8 @@ class ClusterE2E : public ::testing::Test {
     auto tok = Tokenizer::FromModelDir(ModelDir());
     EXPECT_TRUE(tok.ok());
     engine::EngineOptions eo;
+  eo.kv_dtype = engine::KvDtype::kBf16;  // the workers' default
+    eo.kv_dtype = engine::KvDtype::kBf16;  // the workers' default
     auto e = engine::Engine::Create(ModelDir(), eo);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     engine::SamplingParams p;

@@ -79,8 +79,9 @@ class Harness {
     const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
     mkdir(log_dir.c_str(), 0755);
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::vector<std::string> argv = {Bin("pw-prefill"), "--insecure", "--model", model_dir_, "--router",
-                                     endpoint_,         "--id",    "prefill-0"};
+    std::vector<std::string> argv = {Bin("pw-prefill"), "--insecure", "--model", model_dir_,
+                                     "--router", endpoint_, "--id", "prefill-0", "--kv-dtype",
+                                     "fp32"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (!prefill.Start(argv, log_dir + "/PrefillWorker." + tag + ".prefill.log")) return false;
     bool up = false;
@@ -94,6 +95,8 @@ class Harness {
     layout_hash_ = kl.getLayoutHash();
     block_tokens_ = kl.getBlockTokens();
     block_bytes_ = kl.getBlockBytes();
+    layer_bytes_ = kl.getLayerBytes();
+    num_layers_ = kl.getNumLayers();
     mem_.assign(static_cast<size_t>(dst_blocks_) * block_bytes_, 0);
     auto ctx = transport::ucx::Context::Create();
     if (!ctx.ok()) return false;
@@ -142,8 +145,17 @@ class Harness {
     dl.setBlockTokens(block_tokens_);
     dl.setBlockBytes(block_bytes_);
     dl.setLayoutHash(layout_hash_);
+    // Pages as a decode pool would hand them out, here laid out block after block: page
+    // b * L + l holds layer l of block b, so block(b) below reads a whole block.
+    dl.setPageBytes(layer_bytes_);
+    dl.setLayerBytes(layer_bytes_);
+    dl.setNumLayers(num_layers_);
     auto bl = pr.initBlockIds(static_cast<unsigned>(blocks.size()));
     for (size_t i = 0; i < blocks.size(); ++i) bl.set(i, blocks[i]);
+    auto pl = pr.initPageIds(static_cast<unsigned>(blocks.size() * num_layers_));
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      for (uint32_t l = 0; l < num_layers_; ++l) pl.set(static_cast<unsigned>(i * num_layers_ + l), blocks[i] * num_layers_ + l);
+    }
     pr.setLeaseId(id + 1000);
     pr.setGeneratedSoFar(generated_so_far);
     ASSERT_TRUE(server_->Send("prefill-0", out).ok());
@@ -206,6 +218,8 @@ class Harness {
   uint64_t layout_hash_ = 0;
   uint32_t block_tokens_ = 0;
   uint64_t block_bytes_ = 0;
+  uint64_t layer_bytes_ = 0;
+  uint32_t num_layers_ = 0;
   std::vector<uint8_t> mem_;
   std::unique_ptr<transport::ucx::Context> ctx_;
   std::unique_ptr<transport::ucx::Worker> worker_;
@@ -331,14 +345,16 @@ TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
     // KV of every prompt position, block by block, within 1e-5 of the engine alone.
     double worst = 0;
     for (size_t b = 0; b < dst[i].size(); ++b) {
-      const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]));
-      const float* want = reinterpret_cast<const float*>(ref->kv_pool().BlockAddress((*own)[b]));
       const int valid = std::min<int>(layout.block_size,
                                       static_cast<int>(prompts[i].size() - b * layout.block_size));
-      for (int slab = 0; slab < layout.num_layers * 2 * layout.num_kv_heads; ++slab) {
-        const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
-        for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
-          worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
+      for (int l = 0; l < layout.num_layers; ++l) {
+        const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]) + l * layout.bytes_per_layer());
+        const float* want = reinterpret_cast<const float*>(ref->kv_pool().LayerPage((*own)[b], l));
+        for (int slab = 0; slab < 2 * layout.num_kv_heads; ++slab) {
+          const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
+          for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
+            worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
+          }
         }
       }
     }

@@ -35,6 +35,7 @@ struct Req {
   std::vector<int32_t> out;
   uint64_t lease = 0;
   std::vector<uint32_t> blocks;
+  std::vector<uint32_t> pages;
   bool finished = false;
   wire::FinishReason reason = wire::FinishReason::STOP;
   std::string error;
@@ -123,6 +124,7 @@ class MiniRouter {
         }
         r->lease = rep.getLeaseId();
         r->blocks = proto::ToVector<uint32_t>(rep.getBlockIds());
+        r->pages = proto::ToVector<uint32_t>(rep.getPageIds());
         const transport::PeerInfo* d = server_->FindPeer("decode-0");
         auto reg = d->registration->body().getRegister();
         proto::OutMessage out;
@@ -136,6 +138,7 @@ class MiniRouter {
         pr.setDecodeLayout(reg.getKvLayout());
         auto bl = pr.initBlockIds(static_cast<unsigned>(r->blocks.size()));
         for (size_t i = 0; i < r->blocks.size(); ++i) bl.set(i, r->blocks[i]);
+        proto::FillU32([&](unsigned n) { return pr.initPageIds(n); }, r->pages);
         pr.setLeaseId(r->lease);
         if (corrupt_blocks_for == r->id) bl.set(0, 1u << 30);
         return server_->Send("prefill-0", out);
@@ -238,6 +241,7 @@ struct Cluster {
 std::vector<std::vector<int32_t>> Reference(const std::vector<std::vector<int32_t>>& prompts,
                                             int max_tokens) {
   engine::EngineOptions eo;
+  eo.kv_dtype = engine::KvDtype::kBf16;  // the workers' default
   eo.num_kv_blocks = 1024;
   auto e = engine::Engine::Create(ModelDir(), eo);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
@@ -402,6 +406,7 @@ class StepRouter {
     bool finished = false;
     uint64_t lease = 0;
     std::vector<uint32_t> blocks;
+    std::vector<uint32_t> pages;
     std::vector<int32_t> out;
     wire::FinishReason reason = wire::FinishReason::STOP;
     std::string error;
@@ -425,6 +430,7 @@ class StepRouter {
             s.reserved = true;
             s.lease = b.getKvReserveReply().getLeaseId();
             s.blocks = proto::ToVector<uint32_t>(b.getKvReserveReply().getBlockIds());
+            s.pages = proto::ToVector<uint32_t>(b.getKvReserveReply().getPageIds());
           } else {
             s.reserve_refused = true;
           }
@@ -485,6 +491,7 @@ class StepRouter {
     pr.setDecodeMemory(reg.getKvMemory());
     pr.setDecodeLayout(reg.getKvLayout());
     proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, s.blocks);
+    proto::FillU32([&](unsigned n) { return pr.initPageIds(n); }, s.pages);
     pr.setLeaseId(s.lease);
     ASSERT_TRUE(server->Send(prefill, out).ok());
   }
@@ -526,11 +533,13 @@ class StepRouter {
       if (!region.ok()) return "";
       kv_region = std::move(region).value();
     }
-    const uint64_t block_bytes = reg.getKvLayout().getBlockBytes();
+    // Every layer page of every block, in block then layer order.
+    const uint64_t page_bytes = reg.getKvLayout().getPageBytes();
+    const uint64_t layer_bytes = reg.getKvLayout().getLayerBytes();
     std::string out;
-    for (uint32_t b : seen[id].blocks) {
-      std::string bytes(block_bytes, '\0');
-      Status st = kv_region->Get(b * block_bytes, bytes.data(), bytes.size(), 30000);
+    for (uint32_t p : seen[id].pages) {
+      std::string bytes(layer_bytes, '\0');
+      Status st = kv_region->Get(static_cast<uint64_t>(p) * page_bytes, bytes.data(), bytes.size(), 30000);
       EXPECT_TRUE(st.ok()) << st.ToString();
       if (!st.ok()) return "";
       out += bytes;
@@ -737,6 +746,7 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
     std::vector<int32_t> prompt, out;
     uint64_t lease = 0;
     std::vector<uint32_t> blocks;
+    std::vector<uint32_t> pages;
     bool reserved = false, ready = false, finished = false;
     wire::FinishReason reason = wire::FinishReason::STOP;
     std::string error;
@@ -768,6 +778,7 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
         s.reserved = true;
         s.lease = rep.getLeaseId();
         s.blocks = proto::ToVector<uint32_t>(rep.getBlockIds());
+        s.pages = proto::ToVector<uint32_t>(rep.getPageIds());
         auto reg = server.FindPeer("decode-0")->registration->body().getRegister();
         proto::OutMessage out;
         auto pr = out.body().initPrefillRequest();
@@ -779,6 +790,7 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
         pr.setDecodeMemory(reg.getKvMemory());
         pr.setDecodeLayout(reg.getKvLayout());
         proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, s.blocks);
+        proto::FillU32([&](unsigned n) { return pr.initPageIds(n); }, s.pages);
         pr.setLeaseId(s.lease);
         return server.Send("prefill-0", out);
       }
@@ -883,6 +895,7 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
   EXPECT_NE(server.FindPeer("decode-0"), nullptr);
   EXPECT_NE(decode.Log().find("preempted"), std::string::npos) << logs();
   engine::EngineOptions eo;
+  eo.kv_dtype = engine::KvDtype::kBf16;  // the workers' default
   eo.num_kv_blocks = 1024;
   eo.max_batch_tokens = 2048;
   auto e = engine::Engine::Create(model, eo);

@@ -287,10 +287,13 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
     auto pr = prefill->Prefill(prompts[i], *src, sp);
     ASSERT_TRUE(pr.ok()) << pr.status().ToString();
     ASSERT_EQ(pr->first_token, alone[i].tokens[0]);
-    // Copy whole blocks, as the transport does.
+    // Copy every layer page of every block, as the transport does.
+    const KvLayout& kl = decode->kv_pool().layout();
     for (int b = 0; b < nb; ++b) {
-      std::memcpy(decode->kv_pool().BlockAddress((*dst)[b]),
-                  prefill->kv_pool().BlockAddress((*src)[b]), decode->kv_pool().bytes_per_block());
+      for (int l = 0; l < kl.num_layers; ++l) {
+        std::memcpy(decode->kv_pool().LayerPage((*dst)[b], l),
+                    prefill->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
+      }
     }
     ASSERT_TRUE(prefill->kv_pool().Free(*src).ok());
     ASSERT_TRUE(decode->AddPrefilledSequence(i, prompts[i], *dst, pr->first_token, sp).ok());
@@ -362,8 +365,10 @@ TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
       alone.push_back(*r);
       std::vector<float> kv;
       for (int32_t b : *blocks) {
-        const float* f = reinterpret_cast<const float*>(pool.BlockAddress(b));
-        kv.insert(kv.end(), f, f + block_floats);
+        for (int layer = 0; layer < pool.layout().num_layers; ++layer) {
+          const float* f = reinterpret_cast<const float*>(pool.LayerPage(b, layer));
+          kv.insert(kv.end(), f, f + block_floats / pool.layout().num_layers);
+        }
       }
       alone_kv.push_back(std::move(kv));
       ASSERT_TRUE(pool.Free(*blocks).ok());

@@ -14,13 +14,62 @@ TEST(KvBlockPool, LayoutIsTheDocumentedOne) {
   ASSERT_TRUE(pool.ok());
   auto& p = **pool;
   EXPECT_EQ(p.bytes_per_block(), size_t{3 * 2 * 2 * 4 * 8 * 4});
-  EXPECT_EQ(p.total_bytes(), 5 * p.bytes_per_block());
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p.base()) % 64, 0u);
-  EXPECT_EQ(p.BlockAddress(3), p.base() + 3 * p.bytes_per_block());
-  // float offset = (((l * 2 + c) * kv_heads + h) * block_size + s) * head_dim + d
-  const float* block2 = reinterpret_cast<const float*>(p.BlockAddress(2));
-  EXPECT_EQ(p.Slab(2, 1, 1, 1), block2 + ((1 * 2 + 1) * 2 + 1) * 4 * 8);
-  EXPECT_EQ(p.Slab(2, 0, 0, 0), block2);
+  // One page per (block, layer): [kv c][kv head h][slot s][head_dim d], fp32.
+  EXPECT_EQ(p.pages().page_bytes(), size_t{2 * 2 * 4 * 8 * 4});
+  EXPECT_EQ(p.pages().num_pages(), 5 * 3);
+  auto b = p.Allocate(3);
+  ASSERT_TRUE(b.ok());
+  const int32_t blk = (*b)[2];
+  for (int l = 0; l < 3; ++l) {
+    const float* page = reinterpret_cast<const float*>(p.LayerPage(blk, l));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(page) % 64, 0u);
+    EXPECT_EQ(p.Slab(blk, l, 0, 0), page);
+    // element offset = ((c * kv_heads + h) * block_size + s) * head_dim + d
+    EXPECT_EQ(p.Slab(blk, l, 1, 1), page + (1 * 2 + 1) * 4 * 8);
+  }
+  // Distinct pages for distinct (block, layer).
+  std::set<memory::PageId> pages;
+  for (int32_t id : *b) {
+    for (int l = 0; l < 3; ++l) pages.insert(p.PageOf(id, l));
+  }
+  EXPECT_EQ(pages.size(), 9u);
+}
+
+TEST(KvBlockPool, Bf16HalvesThePage) {
+  KvLayout l = Layout();
+  l.dtype = KvDtype::kBf16;
+  auto pool = KvBlockPool::Create(l, 2);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->pages().page_bytes(), size_t{2 * 2 * 4 * 8 * 2});
+  auto b = (*pool)->Allocate(1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*pool)->SlabBf16((*b)[0], 2, 1, 0),
+            reinterpret_cast<uint16_t*>((*pool)->LayerPage((*b)[0], 2)) + 2 * 4 * 8);
+  EXPECT_EQ(ParseKvDtype("bf16").value(), KvDtype::kBf16);
+  EXPECT_FALSE(ParseKvDtype("fp16").ok());
+}
+
+// On a shared page pool KV takes pages as tenant kKv; what another tenant holds is not free
+// for KV, and what it gives back is usable by KV at once.
+TEST(KvBlockPool, SharesAPagePoolWithAnotherTenant) {
+  auto pages = memory::PagePool::Create(512, 30).value();
+  auto pool = KvBlockPool::CreateOn(Layout(), pages.get(), 100);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto& p = **pool;
+  EXPECT_EQ(p.num_free(), 10);  // 30 pages / 3 layers
+  auto weights = pages->Allocate(12, memory::Tenant::kWeights).value();
+  EXPECT_EQ(p.num_free(), 6);
+  auto kv = p.Allocate(6);
+  ASSERT_TRUE(kv.ok());
+  EXPECT_EQ(pages->Count(memory::Tenant::kKv), 18);
+  EXPECT_EQ(p.Allocate(1).status().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(pages->Free(std::span<const memory::PageId>(weights).first(3), memory::Tenant::kWeights).ok());
+  EXPECT_TRUE(p.Allocate(1).ok());
+  ASSERT_TRUE(p.Free(*kv).ok());
+  EXPECT_TRUE(pages->Balanced());
+  // Pages too small for one layer of a block.
+  auto tiny = memory::PagePool::Create(64, 4).value();
+  EXPECT_FALSE(KvBlockPool::CreateOn(Layout(), tiny.get(), 4).ok());
 }
 
 TEST(KvBlockPool, AllocateFreeExhaustion) {

@@ -1,4 +1,4 @@
-#include "kernels/anyprec/quantize_model.h"
+#include "quant/quantize_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "common/apw_store.h"
 #include "common/dtype.h"
 #include "common/tokenizer.h"
-#include "kernels/anyprec/apw_provider.h"
+#include "quant/apw_provider.h"
 #include "kernels/anyprec/quantizer.h"
 #include "services/engine/engine.h"
 

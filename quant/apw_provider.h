@@ -80,6 +80,28 @@ Result<WidthMap> PlanDamageRanked(const apw::ApwStore& store, double avg_bits, i
 Result<WidthMap> PlanRandom(const apw::ApwStore& store, double avg_bits, uint64_t seed,
                             int min_bits = kMinBits);
 
+// Scratch for quantized activations (Q8ActsBytes), grown on demand and reused.
+class Q8ActsScratch {
+ public:
+  uint8_t* Get(size_t bytes);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<uint8_t, Free> buf_;
+  size_t bytes_ = 0;
+};
+
+// One block on the fast path: y[t][r] for t < num_tokens (in chunks of kMaxTokens, each
+// quantized once for all the threads that share its rows) and every row r, split across
+// `pool` when the block is large enough. Used by every provider that reads planes, so a block
+// gives the same bits whichever memory (a mapped store, pool pages) its planes are in.
+Status ApplyQ8Block(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
+                    const float* x, size_t ldx, size_t num_tokens, float* y, size_t ldy,
+                    cpu::ThreadPool* pool, Q8ActsScratch* acts);
+
 // Runs expert blocks from an .apw store, each at its width in the map (16 = the checkpoint's
 // bf16 block, the reference path). Rows are split across the engine's thread pool; scratch
 // (per-thread workspaces, x/y staging) is grown on demand and reused. On the fast path (the
@@ -111,8 +133,6 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
   uint8_t* Workspace(int i, size_t bytes);
   // The int8 LUT of block i at `bits`, made on first use.
   Result<Q8Lut> FastLut(size_t i, int bits);
-  Status ApplyFast(size_t block, const BlockView& view, int bits, const float* x, size_t ldx,
-                   int n, float* y, size_t ldy, cpu::ThreadPool* pool);
 
   struct Q8LutCache {
     std::vector<int8_t> values;
@@ -127,8 +147,7 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
   Backend q8_backend_;
   KernelPath path_ = KernelPath::kFast;
   std::vector<std::unique_ptr<Q8LutCache>> q8_luts_;  // [block * (kMaxBits + 1) + bits]
-  AlignedPtr acts_buf_;
-  size_t acts_bytes_ = 0;
+  Q8ActsScratch acts_;
   std::vector<AlignedPtr> ws_;
   std::vector<size_t> ws_bytes_;
   std::vector<float> xbuf_, ybuf_;

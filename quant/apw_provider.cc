@@ -1,4 +1,4 @@
-#include "kernels/anyprec/apw_provider.h"
+#include "quant/apw_provider.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -343,7 +343,10 @@ Status ApwExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, 
   for (size_t t0 = 0; t0 < num_tokens; t0 += kMaxTokens) {
     const int n = static_cast<int>(std::min<size_t>(kMaxTokens, num_tokens - t0));
     if (path_ == KernelPath::kFast) {
-      Status s = ApplyFast(block, view, bits, x + t0 * ldx, ldx, n, y + t0 * ldy, ldy, pool);
+      auto lut = FastLut(block, bits);
+      Status s = lut.ok() ? ApplyQ8Block(q8_backend_, view, bits, *lut, x + t0 * ldx, ldx,
+                                         static_cast<size_t>(n), y + t0 * ldy, ldy, pool, &acts_)
+                          : lut.status();
       if (!s.ok()) {
         return s.WithContext("apw experts (layer " + std::to_string(layer) + ", expert " +
                              std::to_string(expert) + ", " + ProjName(proj) + ")");
@@ -391,21 +394,32 @@ Result<Q8Lut> ApwExpertProvider::FastLut(size_t i, int bits) {
   return Q8Lut{slot->values.data(), slot->scales.data()};
 }
 
-Status ApwExpertProvider::ApplyFast(size_t block, const BlockView& view, int bits, const float* x,
-                                    size_t ldx, int n, float* y, size_t ldy, cpu::ThreadPool* pool) {
-  PW_ASSIGN_OR_RETURN(Q8Lut lut, FastLut(block, bits));
-  const size_t need = Q8ActsBytes(n, view.cols);
-  if (acts_bytes_ < need) {
-    acts_buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(kWorkspaceAlign, (need + 63) / 64 * 64)));
-    acts_bytes_ = need;
+void Q8ActsScratch::Free::operator()(void* p) const { std::free(p); }
+
+uint8_t* Q8ActsScratch::Get(size_t bytes) {
+  if (bytes_ < bytes) {
+    buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(kWorkspaceAlign, (bytes + 63) / 64 * 64)));
+    bytes_ = bytes;
   }
-  Q8Acts acts;
-  PW_RETURN_IF_ERROR(QuantizeActs(x, ldx, n, view.cols, {acts_buf_.get(), acts_bytes_}, &acts));
+  return buf_.get();
+}
+
+Status ApplyQ8Block(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
+                    const float* x, size_t ldx, size_t num_tokens, float* y, size_t ldy,
+                    cpu::ThreadPool* pool, Q8ActsScratch* acts) {
   const int threads = pool != nullptr ? std::max(1, pool->num_threads()) : 1;
-  return SplitRows(pool, view.rows, Pieces(view.rows, view.cols, n, threads),
-                   [&](int, int r0, int r1) {
-                     return ApGemmQ8Rows(q8_backend_, view, bits, lut, acts, y, ldy, r0, r1);
-                   });
+  for (size_t t0 = 0; t0 < num_tokens; t0 += kMaxTokens) {
+    const int n = static_cast<int>(std::min<size_t>(kMaxTokens, num_tokens - t0));
+    const size_t need = Q8ActsBytes(n, view.cols);
+    Q8Acts a;
+    PW_RETURN_IF_ERROR(QuantizeActs(x + t0 * ldx, ldx, n, view.cols, {acts->Get(need), need}, &a));
+    float* yt = y + t0 * ldy;
+    PW_RETURN_IF_ERROR(SplitRows(pool, view.rows, Pieces(view.rows, view.cols, n, threads),
+                                 [&](int, int r0, int r1) {
+                                   return ApGemmQ8Rows(backend, view, bits, lut, a, yt, ldy, r0, r1);
+                                 }));
+  }
+  return Status::Ok();
 }
 
 // ---- CalibrationRecorder ------------------------------------------------------------------

@@ -1,0 +1,366 @@
+#include "services/workers/paged_weights.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/logging.h"
+#include "kernels/anyprec/pack.h"
+
+namespace pw::workers {
+
+using memory::PartFill;
+using memory::WeightPageTable;
+
+// The engine's view of the table: each block at its committed width from its pages.
+class PagedWeights::Provider final : public engine::ExpertWeightProvider {
+ public:
+  explicit Provider(PagedWeights* w) : w_(w), backend_(anyprec::BestQ8Backend()) {}
+
+  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
+               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override {
+    const WeightPageTable& t = *w_->table_;
+    if (layer < 0 || layer >= t.num_layers() || expert < 0 || expert >= t.num_experts()) {
+      return InvalidArgument("paged experts: no expert " + std::to_string(expert) + " in layer " +
+                             std::to_string(layer));
+    }
+    const size_t i = t.Index(layer, expert, proj);
+    const WeightPageTable::Entry& e = t.entry(i);
+    anyprec::BlockView v;
+    v.rows = e.rows;
+    v.cols = e.cols;
+    anyprec::Q8Lut lut;
+    int bits = e.committed;
+    if (bits == 0) return ApplyMissing(i, x, ldx, num_tokens, y, ldy, pool);
+    v.tile_rows = t.PlaneTileRows(e.cols);
+    for (int p = 0; p < bits; ++p) v.planes[p] = e.planes[p].addrs.data();
+    lut.pages = reinterpret_cast<const int8_t* const*>(e.lut.addrs.data());
+    lut.tile_rows = t.LutTileRows(bits);
+    lut.scales = e.lut_scales.data();
+    return anyprec::ApplyQ8Block(backend_, v, bits, lut, x, ldx, num_tokens, y, ldy, pool, &acts_);
+  }
+
+  int Bits(int layer, int expert, engine::ExpertProj proj) const override {
+    const WeightPageTable& t = *w_->table_;
+    return t.entry(t.Index(layer, expert, proj)).committed;
+  }
+
+ private:
+  // A block that is not resident: fetched into scratch for this call only.
+  Status ApplyMissing(size_t i, const float* x, size_t ldx, size_t num_tokens, float* y,
+                      size_t ldy, cpu::ThreadPool* pool) {
+    const WeightPageTable::Entry& e = w_->table_->entry(i);
+    const int bits = e.desired > 0 ? e.desired : anyprec::kMinBits;
+    const size_t row_bytes = anyprec::PlaneRowBytes(e.cols);
+    miss_planes_.resize(static_cast<size_t>(bits) * e.rows * row_bytes);
+    miss_lut_.resize(static_cast<size_t>(e.rows) << bits);
+    miss_scales_.resize(static_cast<size_t>(e.rows));
+    std::vector<uint8_t*> plane_page(static_cast<size_t>(bits));
+    for (int p = 0; p < bits; ++p) {
+      plane_page[static_cast<size_t>(p)] = miss_planes_.data() + static_cast<size_t>(p) * e.rows * row_bytes;
+      MovePart part;
+      part.rows = e.rows;
+      part.tile_rows = e.rows;
+      part.row_bytes = row_bytes;
+      const PartRef& ref = w_->Ref(i, p);
+      part.remote_offset = ref.offset;
+      part.bytes = ref.bytes;
+      part.checksum = ref.checksum;
+      part.pages = {plane_page[static_cast<size_t>(p)]};
+      PW_RETURN_IF_ERROR(w_->mover_->FetchNow(part).WithContext("synchronous fetch of block " + std::to_string(i)));
+      w_->stats_.sync_fetch_bytes += ref.bytes;
+    }
+    MovePart part;
+    part.lut = true;
+    part.lut_bits = bits;
+    part.rows = e.rows;
+    part.tile_rows = e.rows;
+    part.row_bytes = static_cast<size_t>(1) << bits;
+    const PartRef& ref = w_->Ref(i, anyprec::kNumPlanes + bits - anyprec::kMinBits);
+    part.remote_offset = ref.offset;
+    part.bytes = ref.bytes;
+    part.checksum = ref.checksum;
+    part.pages = {reinterpret_cast<uint8_t*>(miss_lut_.data())};
+    part.scales = miss_scales_.data();
+    PW_RETURN_IF_ERROR(w_->mover_->FetchNow(part).WithContext("synchronous fetch of block " + std::to_string(i)));
+    w_->stats_.sync_fetch_bytes += ref.bytes;
+    w_->stats_.sync_fetches++;
+    anyprec::BlockView v;
+    v.rows = e.rows;
+    v.cols = e.cols;
+    v.tile_rows = e.rows;
+    const uint8_t* ptrs[anyprec::kNumPlanes] = {};
+    for (int p = 0; p < bits; ++p) {
+      ptrs[p] = plane_page[static_cast<size_t>(p)];
+      v.planes[p] = &ptrs[p];
+    }
+    anyprec::Q8Lut lut;
+    lut.values = miss_lut_.data();
+    lut.scales = miss_scales_.data();
+    return anyprec::ApplyQ8Block(backend_, v, bits, lut, x, ldx, num_tokens, y, ldy, pool, &acts_);
+  }
+
+  PagedWeights* w_;
+  anyprec::Backend backend_;
+  anyprec::Q8ActsScratch acts_;
+  std::vector<uint8_t> miss_planes_;
+  std::vector<int8_t> miss_lut_;
+  std::vector<float> miss_scales_;
+};
+
+PagedWeights::~PagedWeights() {
+  mover_.reset();  // joins its thread before the table (and the pages it may write) go
+}
+
+engine::ExpertWeightProvider* PagedWeights::provider() { return provider_.get(); }
+
+Result<std::unique_ptr<PagedWeights>> PagedWeights::Create(memory::PagePool* pool,
+                                                           const ModelConfig& config,
+                                                           transport::ucx::Worker& ucx,
+                                                           wire::WeightManifest::Reader manifest,
+                                                           PagedWeightsOptions options) {
+  if (!manifest.getOk()) return Unavailable("broker: " + proto::ToString(manifest.getError()));
+  if (!manifest.getAnyPrecision()) return InvalidArgument("weight manifest is not an any-precision store");
+  std::unique_ptr<PagedWeights> w(new PagedWeights());
+  w->pool_ = pool;
+  w->options_ = options;
+  const int L = static_cast<int>(config.num_layers);
+  const int E = static_cast<int>(config.num_experts);
+  // The engine names blocks by absolute layer; the store counts MoE layers. They agree when
+  // every layer is MoE, which is what paged experts support today.
+  for (int l = 0; l < L; ++l) {
+    if (!config.IsMoeLayer(l)) return Unsupported("paged experts: layer " + std::to_string(l) + " is dense; every layer must be MoE");
+  }
+  PW_ASSIGN_OR_RETURN(w->table_, WeightPageTable::Create(pool, L, E,
+                                                         static_cast<int>(config.hidden_size),
+                                                         static_cast<int>(config.moe_intermediate_size)));
+  PW_RETURN_IF_ERROR(w->ReadManifest(manifest, &w->parts_));
+  PW_RETURN_IF_ERROR(w->StartMover(ucx, manifest));
+  w->provider_ = std::make_unique<Provider>(w.get());
+  return w;
+}
+
+Status PagedWeights::ReadManifest(wire::WeightManifest::Reader manifest, std::vector<PartRef>* parts) const {
+  if (!manifest.getOk()) return Unavailable("broker: " + proto::ToString(manifest.getError()));
+  if (!manifest.getAnyPrecision()) return InvalidArgument("weight manifest is not an any-precision store");
+  const int moe_layers = table_->num_layers(), E = table_->num_experts();
+  const uint64_t region_bytes = manifest.getMemory().getBytes();
+  parts->assign(static_cast<size_t>(table_->num_blocks()) * kPartsPerBlock, PartRef{});
+  for (auto p : manifest.getParts()) {
+    const int layer = static_cast<int>(p.getLayer()), expert = static_cast<int>(p.getExpert());
+    if (layer >= moe_layers || expert >= E) {
+      return Corrupt("weight manifest: part of block (layer " + std::to_string(layer) + ", expert " +
+                     std::to_string(expert) + ") outside this model");
+    }
+    const ExpertProj proj = p.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp : ExpertProj::kDown;
+    const size_t i = table_->Index(layer, expert, proj);
+    const auto& e = table_->entry(i);
+    int slot;
+    uint64_t expect;
+    if (p.getPlane() >= 0 && p.getPlane() < anyprec::kNumPlanes) {
+      slot = p.getPlane();
+      expect = anyprec::PlaneBytes(e.rows, e.cols);
+    } else if (p.getPlane() == -1 && p.getLutBits() >= anyprec::kMinBits && p.getLutBits() <= anyprec::kMaxBits) {
+      slot = anyprec::kNumPlanes + p.getLutBits() - anyprec::kMinBits;
+      expect = (static_cast<uint64_t>(e.rows) << p.getLutBits()) * 2;
+    } else {
+      return Corrupt("weight manifest: part with plane " + std::to_string(p.getPlane()) + " / LUT bits " +
+                     std::to_string(p.getLutBits()));
+    }
+    const std::string name = "block (layer " + std::to_string(layer) + ", expert " + std::to_string(expert) +
+                             ", " + (proj == ExpertProj::kGateUp ? "gate_up" : "down") + ")";
+    PartRef& ref = (*parts)[i * kPartsPerBlock + static_cast<size_t>(slot)];
+    if (ref.present) return Corrupt("weight manifest: " + name + " part " + std::to_string(slot) + " listed twice");
+    if (p.getBytes() != expect) {
+      return Corrupt("weight manifest: " + name + " part " + std::to_string(slot) + " has " +
+                     std::to_string(p.getBytes()) + " bytes, this model needs " + std::to_string(expect));
+    }
+    if (p.getOffset() > region_bytes || p.getBytes() > region_bytes - p.getOffset()) {
+      return Corrupt("weight manifest: " + name + " part " + std::to_string(slot) + " lies outside the store region");
+    }
+    ref = {p.getOffset(), p.getBytes(), p.getChecksum(), true};
+  }
+  for (size_t k = 0; k < parts->size(); ++k) {
+    if (!(*parts)[k].present) {
+      return Corrupt("weight manifest: block " + std::to_string(k / kPartsPerBlock) + " lacks part " +
+                     std::to_string(k % kPartsPerBlock));
+    }
+  }
+  return Status::Ok();
+}
+
+Status PagedWeights::StartMover(transport::ucx::Worker& ucx, wire::WeightManifest::Reader manifest) {
+  const auto mem = manifest.getMemory();
+  PlaneMover::Options mo;
+  mo.max_bytes_per_s = options_.max_bytes_per_s;
+  mo.timeout_ms = options_.timeout_ms;
+  PW_ASSIGN_OR_RETURN(mover_, PlaneMover::Start(ucx, proto::ToBytes(mem.getWorkerAddress()),
+                                                proto::ToBytes(mem.getRkey()), mem.getBaseAddr(),
+                                                mem.getBytes(), mo));
+  store_hash_ = manifest.getStoreHash();
+  return Status::Ok();
+}
+
+Status PagedWeights::Rebind(transport::ucx::Worker& ucx, wire::WeightManifest::Reader manifest) {
+  std::vector<PartRef> parts;
+  PW_RETURN_IF_ERROR(ReadManifest(manifest, &parts));
+  if (manifest.getStoreHash() != store_hash_) {
+    return InvalidArgument("the restarted broker serves another store (model hash differs)");
+  }
+  // Take back everything the old mover holds: the blocks keep their widths.
+  mover_->Cancel("broker restarted");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (mover_->outstanding() > 0) {
+    for (MoveResult& r : mover_->TakeDone()) {
+      r.status = Cancelled("broker restarted");
+      Finish(r, nullptr);
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(2 * options_.timeout_ms)) {
+      return DeadlineExceeded("plane mover: transfers to the old broker did not end");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  mover_.reset();
+  parts_ = std::move(parts);
+  return StartMover(ucx, manifest);
+}
+
+MoveJob PagedWeights::MakeJob(size_t block, int target, const std::vector<PartFill>& fills) {
+  MoveJob job;
+  job.id = next_job_++;
+  job.block = block;
+  job.target = target;
+  const auto& e = table_->entry(block);
+  for (const PartFill& f : fills) {
+    MovePart part;
+    part.lut = f.plane < 0;
+    part.lut_bits = f.lut_bits;
+    part.rows = e.rows;
+    part.tile_rows = f.tile_rows;
+    part.row_bytes = f.row_bytes;
+    const PartRef& ref = Ref(block, part.lut ? anyprec::kNumPlanes + f.lut_bits - anyprec::kMinBits : f.plane);
+    part.remote_offset = ref.offset;
+    part.bytes = ref.bytes;
+    part.checksum = ref.checksum;
+    part.pages = f.pages;
+    if (part.lut) part.scales = const_cast<float*>(e.next_lut_scales.data());
+    job.parts.push_back(std::move(part));
+  }
+  return job;
+}
+
+Status PagedWeights::StartTransition(size_t block, int target) {
+  PW_ASSIGN_OR_RETURN(auto fills, table_->Begin(block, target));
+  if (fills.empty()) {
+    // Lowering to 0: nothing to fetch; committed at this boundary.
+    return Status::Ok();
+  }
+  mover_->Submit(MakeJob(block, target, fills));
+  ++in_flight_;
+  return Status::Ok();
+}
+
+Status PagedWeights::SetDesired(const std::vector<std::pair<size_t, int>>& changes) {
+  for (const auto& [i, bits] : changes) {
+    if (i >= static_cast<size_t>(table_->num_blocks())) return InvalidArgument("no block " + std::to_string(i));
+    if (bits != 0 && (bits < anyprec::kMinBits || bits > anyprec::kMaxBits)) {
+      return InvalidArgument("block " + std::to_string(i) + ": width " + std::to_string(bits) + " is not 0 or 3..8");
+    }
+  }
+  for (const auto& [i, bits] : changes) table_->set_desired(i, bits);
+  return Status::Ok();
+}
+
+void PagedWeights::Finish(MoveResult& r, std::vector<WidthChange>* committed) {
+  --in_flight_;
+  const int from = table_->entry(r.block).committed;
+  if (r.status.ok()) {
+    const int held_before = table_->pages_held();
+    Status st = table_->Commit(r.block);
+    PW_CHECK(st.ok());
+    stats_.transitions_committed++;
+    stats_.bytes_raised += r.bytes;
+    if (r.target > from) {
+      stats_.planes_raised += static_cast<uint64_t>(r.target - from);
+      raise_seconds_.push_back(static_cast<double>(r.elapsed_us) * 1e-6);
+    }
+    if (r.target < from) stats_.planes_lowered += static_cast<uint64_t>(from - r.target);
+    if (table_->pages_held() < held_before) {
+      stats_.bytes_released += static_cast<uint64_t>(held_before - table_->pages_held()) * pool_->page_bytes();
+    }
+    if (committed != nullptr) committed->push_back({r.block, from, r.target});
+  } else {
+    PW_LOG(WARNING) << "block " << r.block << ": " << from << " -> " << r.target
+                    << " bits failed: " << r.status.ToString() << "; stays at " << from;
+    Status st = table_->Abort(r.block);
+    PW_CHECK(st.ok());
+    stats_.transitions_failed++;
+  }
+}
+
+std::vector<WidthChange> PagedWeights::Poll(int reserve_pages) {
+  std::vector<WidthChange> committed;
+  for (MoveResult& r : mover_->TakeDone()) Finish(r, &committed);
+  // Blocks lowered to 0 commit at once; others start while pages and slots allow.
+  const size_t n = static_cast<size_t>(table_->num_blocks());
+  for (size_t k = 0; k < n && in_flight_ < static_cast<size_t>(options_.max_in_flight); ++k) {
+    const size_t i = (scan_from_ + k) % n;
+    const auto& e = table_->entry(i);
+    if (e.target >= 0 || e.desired == e.committed) continue;
+    const int from = e.committed, to = e.desired;
+    // A raise (or a lower's new LUT) takes pages only above the KV reserve.
+    if (to > 0 && pool_->num_free() - table_->PagesToBegin(i, to) < reserve_pages) continue;
+    Status st = StartTransition(i, to);
+    if (!st.ok()) {
+      if (st.code() != StatusCode::kResourceExhausted) {
+        PW_LOG(WARNING) << "block " << i << ": " << st.ToString();
+      }
+      continue;  // waits for free pages
+    }
+    if (to == 0) {
+      const int held_before = table_->pages_held();
+      PW_CHECK(table_->Commit(i).ok());
+      stats_.transitions_committed++;
+      stats_.planes_lowered += static_cast<uint64_t>(from);
+      stats_.bytes_released += static_cast<uint64_t>(held_before - table_->pages_held()) * pool_->page_bytes();
+      committed.push_back({i, from, 0});
+    }
+  }
+  scan_from_ = (scan_from_ + 1) % std::max<size_t>(1, n);
+  return committed;
+}
+
+int PagedWeights::pending() const {
+  int n = 0;
+  for (int i = 0; i < table_->num_blocks(); ++i) {
+    const auto& e = table_->entry(static_cast<size_t>(i));
+    if (e.desired != e.committed) ++n;
+  }
+  return n;
+}
+
+void PagedWeights::CancelTransfers(const std::string& why) { mover_->Cancel(why); }
+
+Status PagedWeights::LoadAll(int bits, int timeout_ms) {
+  std::vector<std::pair<size_t, int>> all;
+  for (int i = 0; i < table_->num_blocks(); ++i) all.emplace_back(static_cast<size_t>(i), bits);
+  PW_RETURN_IF_ERROR(SetDesired(all));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (pending() > 0) {
+    const uint64_t failed = stats_.transitions_failed;
+    (void)Poll();
+    if (stats_.transitions_failed > failed) return Unavailable("loading experts: a transfer failed (see the log)");
+    if (in_flight_ == 0 && pending() > 0) {
+      return ResourceExhausted("loading experts at " + std::to_string(bits) + " bits: the page pool (" +
+                               std::to_string(pool_->num_pages()) + " pages of " +
+                               std::to_string(pool_->page_bytes()) + " bytes) is too small");
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(timeout_ms)) {
+      return DeadlineExceeded("loading experts: not done after " + std::to_string(timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return Status::Ok();
+}
+
+}  // namespace pw::workers

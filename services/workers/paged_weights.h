@@ -1,0 +1,130 @@
+// PagedWeights: a decode worker's any-precision experts in its page pool (DESIGN.md 4).
+//
+// Ties together what the worker lends it and what it owns:
+//   - the weight page table (memory/weight_page_table.h) over the worker's PagePool;
+//   - the plane mover (plane_mover.h) reading the broker's mapped .apw store;
+//   - the manifest: where each plane and LUT of each block lies in the store, and its
+//     checksum (checked against the shapes this worker computes from its own config);
+//   - the engine-facing provider (provider()): every expert block runs on the fast path at its
+//     committed width, straight from its pages. A block at width 0 (not resident) is fetched
+//     synchronously into scratch at its desired width (or 3) for that call and counted.
+//
+// Plans set desired widths (SetDesired). At every iteration boundary the worker calls Poll():
+// finished transfers are committed (or aborted: the block keeps its width, pages go back),
+// then new transitions start for blocks whose desired width differs from the committed one,
+// while free pages allow (never taking KV's pages) and at most max_in_flight at a time.
+// Lowering needs only the small LUT of the new width; raising also the missing planes.
+// Everything but the mover's thread runs on the worker's loop thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/model_config.h"
+#include "common/status.h"
+#include "memory/page_pool.h"
+#include "memory/weight_page_table.h"
+#include "services/engine/moe.h"
+#include "services/proto/codec.h"
+#include "services/transport/ucx.h"
+#include "services/workers/plane_mover.h"
+#include "kernels/anyprec/q8.h"
+#include "quant/apw_provider.h"
+
+namespace pw::workers {
+
+struct PagedWeightsOptions {
+  uint64_t max_bytes_per_s = 0;  // plane transfer rate limit; 0 = unlimited
+  int max_in_flight = 8;         // block transitions in flight at once
+  int timeout_ms = 10000;        // per UCX get
+};
+
+// A committed change, for PlanAck and metrics.
+struct WidthChange {
+  size_t block = 0;
+  int from = 0, to = 0;
+};
+
+struct PagedWeightsStats {
+  uint64_t planes_raised = 0, planes_lowered = 0;  // planes made resident / released
+  uint64_t bytes_raised = 0;                       // bytes read from the store by transitions
+  uint64_t bytes_released = 0;                     // page bytes returned by lowering
+  uint64_t transitions_committed = 0, transitions_failed = 0;
+  uint64_t sync_fetches = 0, sync_fetch_bytes = 0;
+};
+
+class PagedWeights {
+ public:
+  // Validates `manifest` (an any-precision one) against `config`'s shapes: every block's
+  // 8 planes and 6 LUTs present once, sizes as computed here, inside the advertised region.
+  static Result<std::unique_ptr<PagedWeights>> Create(memory::PagePool* pool, const ModelConfig& config,
+                                                      transport::ucx::Worker& ucx,
+                                                      wire::WeightManifest::Reader manifest,
+                                                      PagedWeightsOptions options);
+  ~PagedWeights();
+
+  engine::ExpertWeightProvider* provider();
+  memory::WeightPageTable& table() { return *table_; }
+  const memory::WeightPageTable& table() const { return *table_; }
+  const PagedWeightsStats& stats() const { return stats_; }
+  // Seconds each raise committed since the last call took, submit to arrival.
+  std::vector<double> TakeRaiseSeconds() { return std::exchange(raise_seconds_, {}); }
+  uint64_t store_hash() const { return store_hash_; }
+
+  // Desired widths (0 or 3..8) of the listed blocks; kInvalidArgument names a bad one and
+  // changes nothing.
+  Status SetDesired(const std::vector<std::pair<size_t, int>>& changes);
+  // Every block to `bits`, synchronously (start-up): returns when all are committed, or the
+  // first error (a block that does not fit the pool is an error here).
+  Status LoadAll(int bits, int timeout_ms);
+  // The iteration boundary: commits finished transitions, starts new ones, leaving at least
+  // `reserve_pages` pages free for KV (raises never take what running requests will need).
+  // Returns what was committed now.
+  std::vector<WidthChange> Poll(int reserve_pages = 0);
+  // A restarted broker: fails the transfers in flight (their blocks keep their widths) and
+  // reads from the new broker's store, after checking its manifest as Create does.
+  Status Rebind(transport::ucx::Worker& ucx, wire::WeightManifest::Reader manifest);
+  // Blocks whose committed width differs from the desired one, and transitions in flight.
+  int pending() const;
+  int in_flight() const { return static_cast<int>(in_flight_); }
+  // The broker went away: fail what is in flight (those blocks keep their widths).
+  void CancelTransfers(const std::string& why);
+
+  // Engine step brackets (nothing in the table changes in between).
+  void BeginStep() { table_->BeginStep(); }
+  void EndStep() { table_->EndStep(); }
+
+ private:
+  class Provider;
+  PagedWeights() = default;
+  struct PartRef {
+    uint64_t offset = 0, bytes = 0, checksum = 0;
+    bool present = false;
+  };
+  // [block][0..7 planes, 8 + (b - 3) LUT of width b]
+  static constexpr int kPartsPerBlock = anyprec::kNumPlanes + (anyprec::kMaxBits - anyprec::kMinBits + 1);
+  PartRef& Ref(size_t block, int slot) { return parts_[block * kPartsPerBlock + static_cast<size_t>(slot)]; }
+  Status StartTransition(size_t block, int target);
+  Status ReadManifest(wire::WeightManifest::Reader manifest, std::vector<PartRef>* parts) const;
+  Status StartMover(transport::ucx::Worker& ucx, wire::WeightManifest::Reader manifest);
+  void Finish(MoveResult& r, std::vector<WidthChange>* committed);
+  MoveJob MakeJob(size_t block, int target, const std::vector<memory::PartFill>& fills);
+
+  memory::PagePool* pool_ = nullptr;
+  std::unique_ptr<memory::WeightPageTable> table_;
+  std::unique_ptr<PlaneMover> mover_;
+  std::unique_ptr<Provider> provider_;
+  std::vector<PartRef> parts_;
+  PagedWeightsOptions options_;
+  PagedWeightsStats stats_;
+  uint64_t store_hash_ = 0;
+  uint64_t next_job_ = 1;
+  size_t in_flight_ = 0;
+  size_t scan_from_ = 0;  // round-robin start of the pending scan
+  std::vector<double> raise_seconds_;
+};
+
+}  // namespace pw::workers

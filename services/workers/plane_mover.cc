@@ -1,0 +1,173 @@
+#include "services/workers/plane_mover.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/hash.h"
+#include "kernels/anyprec/q8.h"
+
+namespace pw::workers {
+namespace {
+
+uint64_t NowUs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PlaneMover>> PlaneMover::Start(transport::ucx::Worker& worker,
+                                                      const std::string& remote_address,
+                                                      const std::string& rkey, uint64_t base,
+                                                      uint64_t bytes, Options options) {
+  std::unique_ptr<PlaneMover> m(new PlaneMover(options));
+  using transport::ucx::Endpoint;
+  PW_ASSIGN_OR_RETURN(m->ep_, Endpoint::Connect(worker, remote_address, Endpoint::ErrorMode::kNone));
+  PW_ASSIGN_OR_RETURN(m->region_, m->ep_->OpenRegion(rkey, base, bytes));
+  PW_ASSIGN_OR_RETURN(m->sync_ep_, Endpoint::Connect(worker, remote_address, Endpoint::ErrorMode::kNone));
+  PW_ASSIGN_OR_RETURN(m->sync_region_, m->sync_ep_->OpenRegion(rkey, base, bytes));
+  m->thread_ = std::thread([p = m.get()] { p->Loop(); });
+  return m;
+}
+
+PlaneMover::~PlaneMover() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    cancel_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  region_.reset();
+  ep_.reset();
+  sync_region_.reset();
+  sync_ep_.reset();
+}
+
+void PlaneMover::Submit(MoveJob job) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.emplace_back(std::move(job), NowUs());
+    ++outstanding_;
+  }
+  cv_.notify_all();
+}
+
+std::vector<MoveResult> PlaneMover::TakeDone() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<MoveResult> out;
+  out.swap(done_);
+  outstanding_ -= out.size();
+  return out;
+}
+
+size_t PlaneMover::outstanding() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return outstanding_;
+}
+
+void PlaneMover::Cancel(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    cancel_ = true;
+    cancel_why_ = why;
+    for (auto& [job, t0] : queue_) {
+      done_.push_back({job.id, job.block, job.target, Cancelled("plane transfer cancelled: " + why), 0,
+                       NowUs() - t0});
+    }
+    queue_.clear();
+  }
+  cv_.notify_all();
+}
+
+void PlaneMover::Loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) break;
+    auto [job, t0] = std::move(queue_.front());
+    queue_.pop_front();
+    l.unlock();
+    uint64_t bytes = 0;
+    Status st = cancel_.load() ? Cancelled("plane transfer cancelled") : Run(job, &bytes);
+    l.lock();
+    done_.push_back({job.id, job.block, job.target, std::move(st), bytes, NowUs() - t0});
+  }
+  // Whatever is still queued fails (the caller takes the results back).
+  for (auto& [job, t0] : queue_) {
+    done_.push_back({job.id, job.block, job.target, Cancelled("plane mover stopped"), 0, NowUs() - t0});
+  }
+  queue_.clear();
+}
+
+Status PlaneMover::Run(const MoveJob& job, uint64_t* bytes) {
+  std::vector<uint8_t> staging;
+  for (const MovePart& part : job.parts) {
+    PW_RETURN_IF_ERROR(RunPart(*region_, part, &staging, &cancel_, bytes));
+  }
+  return Status::Ok();
+}
+
+Status PlaneMover::FetchNow(const MovePart& part) {
+  uint64_t bytes = 0;
+  return RunPart(*sync_region_, part, &sync_staging_, nullptr, &bytes);
+}
+
+Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart& part,
+                           std::vector<uint8_t>* staging, const std::atomic<bool>* cancel,
+                           uint64_t* bytes) {
+  auto throttle = [&](uint64_t n) {
+    if (options_.max_bytes_per_s == 0 || cancel == nullptr) return;
+    const uint64_t now = NowUs();
+    const double rate = static_cast<double>(options_.max_bytes_per_s);
+    budget_bytes_ = std::min(rate * 0.05, budget_bytes_ + rate * static_cast<double>(now - budget_at_us_) * 1e-6);
+    budget_at_us_ = now;
+    budget_bytes_ -= static_cast<double>(n);
+    if (budget_bytes_ < 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<uint64_t>(-budget_bytes_ / rate * 1e6)));
+    }
+  };
+  Fnv1a64 h;
+  if (!part.lut) {
+    // A plane: row tiles straight into the pages.
+    uint64_t off = 0;
+    for (size_t k = 0; k < part.pages.size(); ++k) {
+      const int r0 = static_cast<int>(k) * part.tile_rows;
+      const int n = std::min(part.tile_rows, part.rows - r0);
+      const size_t len = static_cast<size_t>(n) * part.row_bytes;
+      if (off + len > part.bytes) return Corrupt("plane transfer: pages overrun the part");
+      PW_RETURN_IF_ERROR(region.Get(part.remote_offset + off, part.pages[k], len, options_.timeout_ms, cancel));
+      h.Update(part.pages[k], len);
+      off += len;
+      *bytes += len;
+      throttle(len);
+    }
+    if (off != part.bytes) return Corrupt("plane transfer: pages cover " + std::to_string(off) + " of " + std::to_string(part.bytes) + " bytes");
+  } else {
+    // A LUT: the fp16 centroids into staging, checked, then quantized tile by tile.
+    staging->resize(part.bytes);
+    PW_RETURN_IF_ERROR(region.Get(part.remote_offset, staging->data(), part.bytes, options_.timeout_ms, cancel));
+    h.Update(staging->data(), part.bytes);
+    *bytes += part.bytes;
+    throttle(part.bytes);
+  }
+  if (h.digest() != part.checksum) {
+    return Corrupt(std::string("plane transfer: checksum mismatch on arrival (") +
+                   (part.lut ? "LUT " + std::to_string(part.lut_bits) + " bits" : "plane") + ")");
+  }
+  if (part.lut) {
+    const auto* lut = reinterpret_cast<const uint16_t*>(staging->data());
+    for (size_t k = 0; k < part.pages.size(); ++k) {
+      const int r0 = static_cast<int>(k) * part.tile_rows;
+      const int n = std::min(part.tile_rows, part.rows - r0);
+      PW_RETURN_IF_ERROR(anyprec::QuantizeLut(lut + (static_cast<size_t>(r0) << part.lut_bits), n,
+                                              part.lut_bits, reinterpret_cast<int8_t*>(part.pages[k]),
+                                              part.scales + r0));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace pw::workers

@@ -1,0 +1,114 @@
+// PlaneMover: fills weight pages with bit-planes and LUTs from the broker's store, in the
+// background (DESIGN.md 4: pages move asynchronously, commit at safe points).
+//
+// Owns one thread and one UCX endpoint to the broker's worker (used by that thread only). A
+// job names one block's transition: for each part (plane or LUT) the store range to read and
+// the pages it lands in. The thread gets every range with one-sided UCX gets, checks each
+// part's FNV-1a 64 checksum against the manifest, and turns a fetched fp16 LUT into the int8
+// LUT the fast-path kernels read (kernels/anyprec/q8.h), row tile by row tile, straight into
+// its pages. Transfers are rate-limited (bytes per second) so decode keeps its share of the
+// memory bus. Results come back through TakeDone(); the caller commits or aborts the block at
+// its next iteration boundary (memory/weight_page_table.h).
+//
+// The pages of a submitted job belong to the mover until its result is taken. Cancel() ends
+// the job in flight and fails every queued one (the broker is gone or the worker stops).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "services/transport/ucx.h"
+
+namespace pw::workers {
+
+struct MovePart {
+  bool lut = false;           // false: a bit-plane, copied as is; true: an fp16 LUT
+  int lut_bits = 0;
+  int rows = 0;
+  int tile_rows = 0;          // rows per page
+  size_t row_bytes = 0;       // bytes of one row in a page (plane row, or 2^b int8 values)
+  uint64_t remote_offset = 0; // the part's first byte in the broker's region
+  uint64_t bytes = 0;         // the part's bytes in the store
+  uint64_t checksum = 0;      // FNV-1a 64 of those bytes (from the manifest)
+  std::vector<uint8_t*> pages;
+  float* scales = nullptr;    // LUT: rows fp32 scales written here
+};
+
+struct MoveJob {
+  uint64_t id = 0;
+  size_t block = 0;
+  int target = 0;
+  std::vector<MovePart> parts;
+};
+
+struct MoveResult {
+  uint64_t id = 0;
+  size_t block = 0;
+  int target = 0;
+  Status status;
+  uint64_t bytes = 0;      // bytes read from the store
+  uint64_t elapsed_us = 0; // submit to done
+};
+
+class PlaneMover {
+ public:
+  struct Options {
+    uint64_t max_bytes_per_s = 0;  // 0 = unlimited
+    int timeout_ms = 10000;        // per get
+  };
+  // Connects to the broker's UCX worker and opens its store region.
+  static Result<std::unique_ptr<PlaneMover>> Start(transport::ucx::Worker& worker,
+                                                   const std::string& remote_address,
+                                                   const std::string& rkey, uint64_t base,
+                                                   uint64_t bytes, Options options);
+  ~PlaneMover();
+  PlaneMover(const PlaneMover&) = delete;
+  PlaneMover& operator=(const PlaneMover&) = delete;
+
+  void Submit(MoveJob job);
+  std::vector<MoveResult> TakeDone();
+  // Jobs submitted and not yet taken back.
+  size_t outstanding() const;
+  // Fails the job in flight and every queued one (their results still come back).
+  void Cancel(const std::string& why);
+  // Synchronous fetch of one part on the calling thread (a second endpoint; for the
+  // synchronous-miss path): fills `pages` and `scales` as a job would.
+  Status FetchNow(const MovePart& part);
+
+ private:
+  PlaneMover(Options options) : options_(options) {}
+  void Loop();
+  Status Run(const MoveJob& job, uint64_t* bytes);
+  Status RunPart(transport::ucx::RemoteRegion& region, const MovePart& part,
+                 std::vector<uint8_t>* staging, const std::atomic<bool>* cancel, uint64_t* bytes);
+
+  Options options_;
+  std::unique_ptr<transport::ucx::Endpoint> ep_;
+  std::unique_ptr<transport::ucx::RemoteRegion> region_;
+  std::unique_ptr<transport::ucx::Endpoint> sync_ep_;
+  std::unique_ptr<transport::ucx::RemoteRegion> sync_region_;
+  std::vector<uint8_t> sync_staging_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<MoveJob, uint64_t>> queue_;  // job, submit time (us)
+  std::vector<MoveResult> done_;
+  size_t outstanding_ = 0;
+  bool stop_ = false;
+  std::atomic<bool> cancel_{false};
+  std::string cancel_why_;
+  std::thread thread_;
+  // Rate limit state (mover thread only).
+  double budget_bytes_ = 0;
+  uint64_t budget_at_us_ = 0;
+};
+
+}  // namespace pw::workers
