@@ -54,5 +54,8 @@ std::vector<std::string> PwFuzzSeeds() {
       std::string("\x01") +
           R"({"model":"tiny-moe","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"top_p":0.5,"top_k":4})",
       std::string("\x01") + R"({"model":"other","messages":[]})",
+      // Found by libFuzzer: a number too large for a double made the error path throw.
+      std::string("\x0a") + "8e4444\x03meg",
+      std::string("\x00") + R"({"model":"tiny-moe","prompt":"x","max_tokens":1e400})",
   };
 }
