@@ -5,12 +5,12 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 # The concurrent parts (thread pool, control plane, UCX progress thread, router I/O threads,
 # multi-threaded engine): the tests labelled `tsan`.
-TSAN_TARGETS = kernels_cpu_test engine_test pw_control_test pw_ucx_test router_http_test router_cluster_test memory_test pw_paged_weights_test
+TSAN_TARGETS = kernels_cpu_test engine_test pw_control_test pw_control_auth_test pw_ucx_test router_http_test router_cluster_test memory_test pw_paged_weights_test
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PY ?= /usr/bin/python3
 
-.PHONY: all deps build test test-unit test-asan test-tsan run eval-data bench fuzz venv format clean
+.PHONY: all deps build test test-unit test-asan test-tsan run eval-data bench fuzz soak venv format clean
 
 all: build
 
@@ -58,6 +58,13 @@ bench: build
 
 fuzz:
 	bash tools/fuzz.sh
+
+# Fault soak: a node under steady bursty load while a random process (router excepted) is
+# SIGKILLed or SIGSTOPped every ~20 s; SOAK_SECONDS long (tests/e2e/soak_test.py).
+SOAK_SECONDS ?= 240
+soak: build
+	$(PY) tests/e2e/soak_test.py $(BUILD) models/tiny-moe --seconds $(SOAK_SECONDS); \
+	  rc=$$?; if [ $$rc -eq 77 ]; then echo "soak skipped (no weights)"; rc=0; fi; exit $$rc
 
 venv:
 	bash tools/setup_venv.sh

@@ -2,6 +2,8 @@
 // satisfy the invariants the reader promises (every tensor inside the image, sizes consistent,
 // no overlap); a violation aborts, which libFuzzer reports.
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -33,4 +35,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i) PW_CHECK(spans[i].first >= spans[i - 1].second);
   return 0;
+}
+
+// A small valid file (two tensors) for the bounded smoke run.
+std::vector<std::string> PwFuzzSeeds() {
+  const std::string h =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"BF16","shape":[2,3],"data_offsets":[8,20]}})";
+  std::string s(8, '\0');
+  const uint64_t n = h.size();
+  std::memcpy(&s[0], &n, 8);
+  return {s + h + std::string(20, '\x01')};
 }

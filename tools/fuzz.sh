@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in build-fuzz (clang, ASan + UBSan, libraries instrumented for
-# coverage) and runs each for a bounded time. Not part of CI. `make fuzz` calls it.
+# coverage) and runs each for a bounded time: the long run. `make fuzz` calls it. (CI runs every
+# target for a few seconds without libFuzzer instead: the `fuzz_smoke_*` tests, fuzz/CMakeLists.txt.)
 #
 #   tools/fuzz.sh [seconds-per-target (default 60)] [target ...]
 #
@@ -12,7 +13,8 @@ cd "$(dirname "$0")/.."
 SECS=${1:-60}
 shift || true
 BUILD=${FUZZ_BUILD:-build-fuzz}
-ALL=(safetensors_header_fuzz config_fuzz tokenizer_encode_fuzz tokenizer_json_fuzz)
+ALL=(safetensors_header_fuzz config_fuzz tokenizer_encode_fuzz tokenizer_json_fuzz
+     apw_store_fuzz control_frame_fuzz openai_request_fuzz http_request_fuzz)
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then TARGETS=("${ALL[@]}"); fi
 
@@ -34,11 +36,16 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     -DCMAKE_C_FLAGS="$SAN" -DCMAKE_CXX_FLAGS="$SAN" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
 fi
-cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}"
+cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" \
+  $(printf '%s_smoke ' "${TARGETS[@]}")
 
 # Seeds.
 SEEDS="$BUILD/seeds"
 mkdir -p "$SEEDS"/{safetensors_header_fuzz,config_fuzz,tokenizer_encode_fuzz,tokenizer_json_fuzz}
+# The seeds a target builds itself (a valid .apw store, well-formed frames and requests).
+for t in "${TARGETS[@]}"; do
+  "$BUILD/bin/${t}_smoke" --write-seeds "$SEEDS/$t" > /dev/null
+done
 /usr/bin/python3 - "$SEEDS" <<'PY'
 import json, os, struct, sys, glob
 out = sys.argv[1]

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "common/logging.h"
+#include "services/transport/control_auth.h"
+#include "services/transport/service_setup.h"
 #include "services/broker/broker.h"
 #include "services/workers/signals.h"
 
@@ -17,8 +19,15 @@ int main(int argc, char** argv) {
   app.add_option("--store", o.store_path, "any-precision .apw store to serve (default: the checkpoint's bf16 experts)");
   app.add_option("--initial-bits", o.initial_bits, "width of every expert block until a plan changes it")
       ->check(CLI::Range(3, 8));
+  pw::transport::ServiceSecurityFlags security;
+  app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
+  app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag("broker");
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-broker", o.bind); !s.ok()) {
+    std::fprintf(stderr, "pw-broker: %s\n", s.message().c_str());
+    return 2;
+  }
   pw::workers::InstallStopHandlers();
   auto b = pw::broker::Broker::Create(o);
   if (!b.ok()) {

@@ -1,7 +1,10 @@
 // pw-cluster: starts, supervises and stops one node's processes from one YAML file.
 //
-//   pw-cluster up --config deploy/local.yaml [--run-dir DIR]
+//   pw-cluster up --config deploy/local.yaml [--run-dir DIR] [--insecure]
+//   pw-cluster keys --out FILE     (fresh control-plane keys, for processes started by hand)
 //
+// `up` writes fresh control-plane keys to <run_dir>/control.keys (0600) and passes them to
+// every child; --insecure (tests only) runs the control plane unauthenticated instead.
 // SIGINT/SIGTERM drain the cluster (router, then workers, then broker) and exit 0. A process
 // that exits within its first seconds 3 times in a row (restart.fail_fast_*) stops the node:
 // its command line and the last lines of its log are printed, and the exit code is 3.
@@ -14,7 +17,9 @@
 
 #include "common/logging.h"
 #include "services/cluster/cluster_config.h"
+#include "services/cluster/control_keys.h"
 #include "services/cluster/supervisor.h"
+#include "services/transport/curve_keys.h"
 #include "services/workers/signals.h"
 
 namespace {
@@ -34,14 +39,33 @@ int main(int argc, char** argv) {
   auto* up = app.add_subcommand("up", "start the node's processes and supervise them");
   up->add_option("--config", config_path, "cluster YAML file")->required();
   up->add_option("--run-dir", run_dir, "directory for per-process logs (overrides run_dir)");
+  bool insecure = false;
+  up->add_flag("--insecure", insecure,
+               "unauthenticated control plane: any local process can pose as a worker (tests only)");
+  std::string keys_out;
+  auto* keys = app.add_subcommand("keys", "write fresh control-plane keys (mode 0600)");
+  keys->add_option("--out", keys_out, "key file to write")->required();
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag("cluster");
+  if (keys->parsed()) {
+    auto k = pw::transport::GenerateCurveKeys();
+    pw::Status st = k.ok() ? pw::transport::WriteCurveKeys(keys_out, *k) : k.status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "pw-cluster: %s\n", st.message().c_str());
+      return 1;
+    }
+    return 0;
+  }
   auto cfg = pw::cluster::LoadClusterConfig(config_path, SelfDir());
   if (!cfg.ok()) {
     std::fprintf(stderr, "pw-cluster: %s\n", cfg.status().message().c_str());
     return 2;
   }
   if (!run_dir.empty()) cfg->run_dir = run_dir;
+  if (pw::Status st = pw::cluster::PrepareControlKeys(&*cfg, insecure); !st.ok()) {
+    std::fprintf(stderr, "pw-cluster: %s\n", st.message().c_str());
+    return 1;
+  }
   pw::workers::InstallStopHandlers();
   pw::cluster::Supervisor sup(cfg->processes, cfg->restart, cfg->run_dir, cfg->drain_timeout_ms);
   pw::Status st = sup.Start();

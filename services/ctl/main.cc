@@ -1,6 +1,7 @@
 // pw-ctl: inspect and change expert widths by hand through the broker (services/ctl/).
 //
-//   pw-ctl [--broker tcp://127.0.0.1:5556] show [--block] [--layer L]
+//   pw-ctl [--broker tcp://127.0.0.1:5556] (--control-keys RUN_DIR/control.keys | --insecure)
+//          show [--block] [--layer L]
 //   pw-ctl set-bits B --all | --layer L | --block L:E[:gate_up|down]
 //   pw-ctl apply PLAN.yaml            (services/ctl/plan_file.h)
 #include <CLI/CLI.hpp>
@@ -9,6 +10,8 @@
 
 #include "common/logging.h"
 #include "services/ctl/ctl_client.h"
+#include "services/transport/control_auth.h"
+#include "services/transport/service_setup.h"
 
 namespace {
 
@@ -57,6 +60,9 @@ int main(int argc, char** argv) {
   int timeout_ms = 5000;
   app.add_option("--broker", broker, "broker control endpoint");
   app.add_option("--timeout-ms", timeout_ms, "how long to wait for the broker")->check(CLI::Range(1, 600000));
+  pw::transport::ServiceSecurityFlags security;
+  app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
+  app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   app.require_subcommand(1);
 
   auto* show = app.add_subcommand("show", "committed widths per layer, pool pages by tenant");
@@ -84,6 +90,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag("pw-ctl");
   pw::SetLogLevel(pw::LogLevel::kWarning);
+  if (pw::Status st = pw::transport::SetUpServiceTransport(security, "pw-ctl", broker); !st.ok()) {
+    return Fail(st);
+  }
 
   std::vector<pw::ctl::PlanEntry> plan;
   int layer = -1, expert = -1, proj = -1;

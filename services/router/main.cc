@@ -5,6 +5,8 @@
 
 #include "services/router/api_keys.h"
 #include "services/router/router_app.h"
+#include "services/transport/control_auth.h"
+#include "services/transport/service_setup.h"
 
 int main(int argc, char** argv) {
   pw::router::RouterAppOptions o;
@@ -43,6 +45,9 @@ int main(int argc, char** argv) {
                "with API keys: /health needs a key too (default: open)");
   app.add_flag("--protect-metrics", o.router.protect_metrics,
                "with API keys: /metrics needs a key too (default: open)");
+  pw::transport::ServiceSecurityFlags security;
+  app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
+  app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
   auto keys = pw::router::LoadApiKeys(api_keys, api_key_file, std::getenv(pw::router::kApiKeyEnv));
   if (!keys.ok()) {
@@ -50,6 +55,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   o.router.api_keys = std::move(*keys);
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-router", o.cluster.bind);
+      !s.ok()) {
+    std::fprintf(stderr, "pw-router: %s\n", s.message().c_str());
+    return 2;
+  }
   o.http.bind_address = host;
   o.http.port = static_cast<uint16_t>(port);
   o.http.header_timeout = std::chrono::milliseconds(header_timeout_ms);

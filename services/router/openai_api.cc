@@ -364,7 +364,7 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
     try {
       json discarded = json::parse(body_text);
       (void)discarded;
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number overflow
       detail = e.what();
     }
     return Bad("request body is not valid JSON" + (detail.empty() ? "" : ": " + detail), "",

@@ -166,14 +166,27 @@ void ControlServer::HandleRegister(const std::string& peer,
   auto ack = ack_msg.body().initRegisterAck();
   ack.setServerInstance(instance_);
   ack.setHeartbeatIntervalMs(static_cast<uint32_t>(options_.heartbeat_ms));
+  bool accepted_new = false;  // a new registration (not a repeat), if st is Ok
   Status st = proto::GuardWire("register from '" + peer + "'", [&]() -> Status {
     auto reg = msg->body().getRegister();
     std::string claimed = proto::ToString(reg.getWorkerId());
     if (claimed != peer) {
       return InvalidArgument("workerId '" + claimed + "' differs from routing id '" + peer + "'");
     }
-    if (on_register) PW_RETURN_IF_ERROR(on_register(peer, reg));
     auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second.pid == reg.getPid() && it->second.frames == 0 &&
+        msg->envelope().getAckSeq() < it->second.register_ack_seq) {
+      // The same process repeating the Register we accepted, before it handled our ack (the
+      // client repeats it every heartbeat until acknowledged; a Register's ackSeq is the seq
+      // of the last RegisterAck the client accepted): acknowledge it again and keep the
+      // registration. A process that saw our ack and registers again has lost us (and dropped
+      // its work): it is registered afresh below.
+      it->second.last_seq_in = std::max(it->second.last_seq_in, msg->seq());
+      liveness_.Touch(peer);
+      return Status::Ok();
+    }
+    accepted_new = true;
+    if (on_register) PW_RETURN_IF_ERROR(on_register(peer, reg));
     if (it != peers_.end() && it->second.pid != reg.getPid()) {
       PW_LOG(WARNING) << "peer '" << peer << "' re-registered from a new process (pid "
                       << it->second.pid << " -> " << reg.getPid() << ")";
@@ -192,6 +205,7 @@ void ControlServer::HandleRegister(const std::string& peer,
     info.last_seq_in = msg->seq();
     info.epoch = next_epoch_++;
     info.acked_seq = 0;
+    info.frames = 0;
     if (fresh) {
       auto u = unregistered_seq_out_.find(peer);
       if (u != unregistered_seq_out_.end()) {
@@ -208,8 +222,13 @@ void ControlServer::HandleRegister(const std::string& peer,
     ack.setReason(st.message());
     PW_LOG(WARNING) << "refused registration of '" << peer << "': " << st.message();
   }
-  Status sst = Send(peer, ack_msg);
+  uint64_t ack_seq = 0;
+  Status sst = Send(peer, ack_msg, &ack_seq);
   if (!sst.ok()) PW_LOG(WARNING) << "register ack to '" << peer << "': " << sst.ToString();
+  if (st.ok() && accepted_new) {
+    auto it = peers_.find(peer);
+    if (it != peers_.end()) it->second.register_ack_seq = ack_seq;
+  }
 }
 
 void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
@@ -232,6 +251,7 @@ void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
   }
   if (!CheckSeq(msg->seq(), &it->second.last_seq_in, peer, &counters_)) return;
   liveness_.Touch(peer);
+  ++it->second.frames;
   it->second.acked_seq = std::max(it->second.acked_seq, msg->envelope().getAckSeq());
   if (msg->which() == proto::Body::HEARTBEAT) {
     ++it->second.heartbeats;
@@ -262,7 +282,11 @@ ControlClient::ControlClient(std::unique_ptr<Transport> transport, const Clock* 
       liveness_(clock, options_.heartbeat_ms, options_.dead_after_beats) {}
 
 Status ControlClient::Send(proto::OutMessage& msg) {
-  msg.envelope().setAckSeq(registered_ ? last_seq_in_ : 0);
+  // A Register carries the seq of the last RegisterAck accepted, so the server can tell a
+  // repeat (its ack not yet seen) from a registration after a loss.
+  msg.envelope().setAckSeq(registered_            ? last_seq_in_
+                           : msg.body().isRegister() ? last_ack_seq_
+                                                     : 0);
   std::string bytes = proto::Encode(msg, next_seq_out_++, options_.id, clock_->NowMs());
   Status st = transport_->Send("", bytes);
   if (!st.ok()) ++counters_.send_errors;
@@ -416,6 +440,7 @@ void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
         PW_LOG(ERROR) << options_.id << ": registration refused: " << reason;
         return;
       }
+      last_ack_seq_ = msg->seq();
       if (!registered_) {
         registered_ = true;
         PW_LOG(INFO) << options_.id << ": registered with " << transport_->Describe();
@@ -427,8 +452,13 @@ void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
   if (which == proto::Body::NOT_REGISTERED) {
     // May come from a restarted server whose numbering started again: no seq check.
     liveness_.Touch("server");
-    MarkLost("does not know us");
-    (void)SendRegister();
+    // One Register per lost registration: the server answers every frame it got from us while
+    // it did not know us, and answering each NotRegistered of such a burst would send as many
+    // Registers (the timer repeats ours every heartbeat until it is acknowledged).
+    if (registered_) {
+      MarkLost("does not know us");
+      (void)SendRegister();
+    }
     return;
   }
   if (!CheckSeq(msg->seq(), &last_seq_in_, "server", &counters_)) return;

@@ -12,7 +12,11 @@
 //   both ways         Heartbeat           every heartbeat_ms; silent for 3 beats = dead
 //   server -> client  NotRegistered       when an unknown peer sends anything else
 // A client re-registers when the server's instance id changes (server restarted), when it
-// gets NotRegistered, or when the server has been silent for 3 beats.
+// gets NotRegistered while registered (one Register for a burst of them), or when the server
+// has been silent for 3 beats. A Register repeated by the same process before it handled the
+// ack (it sent nothing else, and the Register's ackSeq, the seq of the last RegisterAck the
+// client accepted, is below this registration's ack) is acknowledged again, not taken as a new
+// registration.
 // Sequence numbers are per link and registration: a receiver drops a frame whose seq is not
 // above the last one seen on that link and counts gaps as lost frames. Every accepted
 // registration starts the numbering afresh on both sides: the server takes the Register's seq
@@ -76,6 +80,8 @@ struct PeerInfo {
   uint64_t epoch = 0;      // changes at every accepted registration (server-wide counter)
   uint64_t acked_seq = 0;  // highest ackSeq the peer sent in this registration
   uint64_t heartbeats = 0; // Heartbeat frames accepted from this peer since it registered
+  uint64_t frames = 0;     // frames other than Register accepted since it registered
+  uint64_t register_ack_seq = 0;  // seq of the RegisterAck that accepted this registration
 };
 
 // Handler for application messages; an error is logged and counted, the frame dropped.
@@ -183,6 +189,7 @@ class ControlClient {
   uint64_t server_instance_ = 0;
   uint64_t next_seq_out_ = 1;
   uint64_t last_seq_in_ = 0;
+  uint64_t last_ack_seq_ = 0;  // seq of the last RegisterAck accepted (sent in Registers)
   uint64_t next_timer_ms_ = 0;
   ControlCounters counters_;
 };

@@ -1,11 +1,15 @@
 #include "services/transport/ucx.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 
 #include "common/logging.h"
 
@@ -26,7 +30,48 @@ uint64_t NowMs() {
                                    .count());
 }
 
+std::mutex g_bind_mu;
+std::string g_net_device = "lo";  // guarded by g_bind_mu; "" = every interface
+
 }  // namespace
+
+// ---------------------------------------------------------------- bind host
+
+Result<std::string> NetDeviceForHost(const std::string& host) {
+  if (host == "0.0.0.0" || host == "*" || host.empty()) return std::string();
+  if (host == "localhost") return NetDeviceForHost("127.0.0.1");
+  in_addr want{};
+  if (inet_pton(AF_INET, host.c_str(), &want) != 1) {
+    return InvalidArgument("bind host '" + host + "' is not an IPv4 address");
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return IoError("getifaddrs failed");
+  std::string dev;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == want.s_addr) {
+      dev = a->ifa_name;
+      break;
+    }
+  }
+  freeifaddrs(list);
+  if (dev.empty()) return NotFound("no network interface has address " + host);
+  return dev;
+}
+
+Status SetBindHost(const std::string& host) {
+  PW_ASSIGN_OR_RETURN(std::string dev, NetDeviceForHost(host));
+  std::lock_guard<std::mutex> lock(g_bind_mu);
+  g_net_device = dev;
+  return Status::Ok();
+}
+
+Status SetBindHostFromEndpoint(const std::string& endpoint) {
+  std::string rest = endpoint;
+  if (rest.rfind("tcp://", 0) == 0) rest = rest.substr(6);
+  const size_t colon = rest.rfind(':');
+  return SetBindHost(colon == std::string::npos ? rest : rest.substr(0, colon));
+}
 
 // ---------------------------------------------------------------- Context
 
@@ -34,6 +79,20 @@ Result<std::unique_ptr<Context>> Context::Create() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return Unavailable(UcsError("ucp_config_read", st));
+  if (std::getenv("UCX_NET_DEVICES") == nullptr) {
+    std::string dev;
+    {
+      std::lock_guard<std::mutex> lock(g_bind_mu);
+      dev = g_net_device;
+    }
+    if (!dev.empty()) {
+      st = ucp_config_modify(config, "NET_DEVICES", dev.c_str());
+      if (st != UCS_OK) {
+        ucp_config_release(config);
+        return Unavailable(UcsError(("UCX NET_DEVICES=" + dev).c_str(), st));
+      }
+    }
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   // PW_UCX_WAKEUP=0 leaves out the wakeup feature (the progress thread then polls).

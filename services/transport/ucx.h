@@ -50,9 +50,21 @@
 
 namespace pw::transport::ucx {
 
+// Where UCX listens. Its TCP transport opens a listening socket on every network interface it
+// uses, so a Context is confined to the one interface that carries the process's configured
+// bind host (127.0.0.1 by default: lo). "0.0.0.0" or "*" leaves UCX on every interface.
+// UCX_NET_DEVICES in the environment wins over both. Call before Context::Create; errors when
+// no interface has the address.
+Status SetBindHost(const std::string& host);
+// The host of a "tcp://HOST:PORT" endpoint, passed to SetBindHost.
+Status SetBindHostFromEndpoint(const std::string& endpoint);
+// The interface carrying IPv4 address `host` ("lo" for 127.0.0.1); "" for a wildcard.
+Result<std::string> NetDeviceForHost(const std::string& host);
+
 class Context {
  public:
-  // Initialises ucp with RMA (+ wakeup). Transports come from UCX_TLS (default: all usable).
+  // Initialises ucp with RMA (+ wakeup). Transports come from UCX_TLS (default: all usable);
+  // network devices from SetBindHost.
   static Result<std::unique_ptr<Context>> Create();
   ~Context();
   Context(const Context&) = delete;

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "common/logging.h"
+#include "services/transport/control_auth.h"
+#include "services/transport/service_setup.h"
 #include "services/workers/decode_worker.h"
 #include "services/workers/signals.h"
 
@@ -45,6 +47,9 @@ int main(int argc, char** argv) {
   app.add_option("--lynx-gate-weights", lynx_gate, "renorm or mass")->check(CLI::IsMember({"renorm", "mass"}));
   app.add_option("--lynx-exempt", o.lynx_options.exempt_layers, "layers LYNX leaves unchanged")
       ->delimiter(',');
+  pw::transport::ServiceSecurityFlags security;
+  app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
+  app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
   o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   o.weight_bytes_per_s = rate_mb_s << 20;
@@ -62,6 +67,10 @@ int main(int argc, char** argv) {
   o.lynx_options.gate_weights =
       lynx_gate == "mass" ? pw::lynx::GateWeights::kOriginalMass : pw::lynx::GateWeights::kRenormalize;
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-decode", o.router_endpoint); !s.ok()) {
+    std::fprintf(stderr, "pw-decode: %s\n", s.message().c_str());
+    return 2;
+  }
   pw::workers::InstallStopHandlers();
   auto w = pw::workers::DecodeWorker::Create(o);
   if (!w.ok()) {

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "common/logging.h"
+#include "services/transport/control_auth.h"
+#include "services/transport/service_setup.h"
 #include "services/workers/prefill_worker.h"
 #include "services/workers/signals.h"
 
@@ -34,9 +36,16 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")
       ->check(CLI::Range(10, 60000));
   app.add_option("--metrics", o.metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101");
+  pw::transport::ServiceSecurityFlags security;
+  app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
+  app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
   o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   pw::SetLogProcessTag(o.id.empty() ? "prefill" : o.id);
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-prefill", o.router_endpoint); !s.ok()) {
+    std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());
+    return 2;
+  }
   pw::workers::InstallStopHandlers();
   auto w = pw::workers::PrefillWorker::Create(o);
   if (!w.ok()) {

@@ -17,11 +17,15 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <mutex>
+#include <map>
+#include <set>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "common/tokenizer.h"
 #include "services/engine/engine.h"
+#include "services/transport/curve_keys.h"
 #include "services/transport/zmq_transport.h"
 #include "tests/cluster/http_util.h"
 #include "tests/cluster/process_util.h"
@@ -48,6 +52,10 @@ class ClusterE2E : public ::testing::Test {
     ctl_port_ = FreePort();
     broker_port_ = FreePort();
     while (broker_port_ == ctl_port_ || broker_port_ == http_port_) broker_port_ = FreePort();
+    std::set<int> used = {http_port_, ctl_port_, broker_port_};
+    for (int* m : {&broker_metrics_port_, &prefill_metrics_port_, &decode_metrics_port_}) {
+      do *m = FreePort(); while (!used.insert(*m).second);
+    }
     run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/e2e-" +
                ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(run_dir_);
@@ -59,9 +67,12 @@ class ClusterE2E : public ::testing::Test {
                         << "heartbeat_ms: 300\ndrain_timeout_ms: 20000\n"
                         << "router: {port: " << http_port_ << ", control_port: " << ctl_port_
                         << ", lease_ms: 20000}\n"
-                        << "broker: {control_port: " << broker_port_ << "}\n"
-                        << "prefill: [{id: prefill-0, kv_blocks: 256}]\n"
-                        << "decode: [{id: decode-0, kv_blocks: 1024}]\n"
+                        << "broker: {control_port: " << broker_port_
+                        << ", metrics_port: " << broker_metrics_port_ << "}\n"
+                        << "prefill: [{id: prefill-0, kv_blocks: 256, metrics_port: "
+                        << prefill_metrics_port_ << "}]\n"
+                        << "decode: [{id: decode-0, kv_blocks: 1024, metrics_port: "
+                        << decode_metrics_port_ << "}]\n"
                         << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
     ASSERT_TRUE(cluster_.Start({std::string(PW_BINARY_DIR) + "/bin/pw-cluster", "up", "--config", yaml},
                                run_dir_ + "/pw-cluster.out"));
@@ -139,8 +150,11 @@ class ClusterE2E : public ::testing::Test {
     return out;
   }
 
+  void KillUnderLoadLosesNoRequest(const std::string& binary, const std::string& name);
+
   testing::ChildProcess cluster_;
   int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0;
+  int broker_metrics_port_ = 0, prefill_metrics_port_ = 0, decode_metrics_port_ = 0;
   std::string run_dir_;
 };
 
@@ -212,11 +226,12 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   EXPECT_TRUE(restarted) << Logs();
 }
 
-// Steady load of 8 clients while pw-prefill is SIGKILLed, and a burst of 8 more right after:
-// the requests it held, and those placed on it before the router notices its death (their
-// PrefillRequest cannot be sent), wait for the restarted worker; every request completes with
-// the undisturbed greedy text.
-TEST_F(ClusterE2E, PrefillWorkerKilledUnderLoadLosesNoRequest) {
+// Steady load of 8 clients while a worker (`binary`, named `name` by pw-cluster) is SIGKILLed,
+// and a burst of 8 more right after: the requests it held, and those placed on it before the
+// router notices its death (their messages cannot be sent), wait for the restarted worker (or
+// are placed again with prompt + streamed tokens); every request completes with the
+// undisturbed greedy text.
+void ClusterE2E::KillUnderLoadLosesNoRequest(const std::string& binary, const std::string& name) {
   const int kMax = 8;
   auto prompts = Prompts(16, 31);
   auto ref = Reference(prompts, kMax);
@@ -240,11 +255,11 @@ TEST_F(ClusterE2E, PrefillWorkerKilledUnderLoadLosesNoRequest) {
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  auto prefills = PidsWithCmdline("pw-prefill --model " + ModelDir() + " --router tcp://127.0.0.1:" +
-                                  std::to_string(ctl_port_));
-  ASSERT_EQ(prefills.size(), 1u) << Logs();
+  auto victims = PidsWithCmdline(binary + " --model " + ModelDir() + " --router tcp://127.0.0.1:" +
+                                 std::to_string(ctl_port_));
+  ASSERT_EQ(victims.size(), 1u) << Logs();
   const int before_kill = served.load();
-  kill(prefills[0], SIGKILL);
+  kill(victims[0], SIGKILL);
   // A burst that arrives while the worker is down (the steady clients may all be waiting on
   // requests it held): the router still lists it until it is declared dead or restarted.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -257,8 +272,8 @@ TEST_F(ClusterE2E, PrefillWorkerKilledUnderLoadLosesNoRequest) {
   for (int i = 0; i < 300 && !back; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::string log = ReadFile(run_dir_ + "/pw-cluster.out");
-    back = log.find("prefill-0 exited") != std::string::npos &&
-           PidsWithCmdline("pw-prefill --model " + ModelDir()).size() == 1;
+    back = log.find(name + " exited") != std::string::npos &&
+           PidsWithCmdline(binary + " --model " + ModelDir()).size() == 1;
   }
   EXPECT_TRUE(back) << Logs();
   ASSERT_TRUE(WaitServing(60)) << Logs();
@@ -271,22 +286,72 @@ TEST_F(ClusterE2E, PrefillWorkerKilledUnderLoadLosesNoRequest) {
   EXPECT_EQ(wrong.load(), 0) << (failures.empty() ? "" : failures[0]) << "\n" << Logs();
 }
 
-// Issue 15, part 1, the recovery half: a process that connects a DEALER to the router's
-// control port with routing id decode-0, holds it 0.8 s and closes it, sending nothing, used to
-// leave the router without a decode worker for good. The real pw-decode, silenced, reconnects
-// after 3 heartbeats and registers again; completions are served again within seconds.
-// (Refusing the impostor needs authentication, not built yet.)
-TEST_F(ClusterE2E, SpoofedRoutingIdDoesNotTakeTheDecodeWorkerOutForGood) {
+TEST_F(ClusterE2E, PrefillWorkerKilledUnderLoadLosesNoRequest) {
+  KillUnderLoadLosesNoRequest("pw-prefill", "prefill-0");
+}
+
+TEST_F(ClusterE2E, DecodeWorkerKilledUnderLoadLosesNoRequest) {
+  KillUnderLoadLosesNoRequest("pw-decode", "decode-0");
+}
+
+// A process on the host opens a DEALER to the router's control port with routing id decode-0,
+// holds it 0.8 s and closes it, sending nothing (`spoof_keys` null: plaintext, as any local
+// process can; otherwise with the given CURVE keys).
+void Spoof(int port, const transport::CurveKeys* spoof_keys) {
+  zmq::socket_t spoof(transport::ZmqContext(), zmq::socket_type::dealer);
+  spoof.set(zmq::sockopt::routing_id, "decode-0");
+  spoof.set(zmq::sockopt::linger, 0);
+  if (spoof_keys != nullptr) {
+    spoof.set(zmq::sockopt::curve_serverkey, spoof_keys->server.public_z85);
+    spoof.set(zmq::sockopt::curve_publickey, spoof_keys->client.public_z85);
+    spoof.set(zmq::sockopt::curve_secretkey, spoof_keys->client.secret_z85);
+  }
+  spoof.connect("tcp://127.0.0.1:" + std::to_string(port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+}
+
+// Without the cluster's credentials (plaintext, or CURVE with a key pair of its own) the
+// impostor never completes a handshake: the live pw-decode is not disturbed at all (it never
+// has to register again) and completions are served throughout.
+TEST_F(ClusterE2E, SpoofedRoutingIdWithoutCredentialsLeavesTheDecodeWorkerAlone) {
   auto prompts = Prompts(2, 3);
   auto ref = Reference(prompts, 8);
   ASSERT_EQ(Complete(prompts[0], 8), ref[0]);
-  {
-    zmq::socket_t spoof(transport::ZmqContext(), zmq::socket_type::dealer);
-    spoof.set(zmq::sockopt::routing_id, "decode-0");
-    spoof.set(zmq::sockopt::linger, 0);
-    spoof.connect("tcp://127.0.0.1:" + std::to_string(ctl_port_));
-    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  auto real = transport::ReadCurveKeys(run_dir_ + "/control.keys");
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  transport::CurveKeys forged = *real;
+  forged.client = transport::GenerateCurveKeys()->client;
+  for (const transport::CurveKeys* keys : {static_cast<const transport::CurveKeys*>(nullptr),
+                                           static_cast<const transport::CurveKeys*>(&forged)}) {
+    SCOPED_TRACE(keys ? "CURVE with another client key" : "plaintext");
+    std::thread spoof([&] { Spoof(ctl_port_, keys); });
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(Complete(prompts[1], 8), ref[1]) << Logs();
+    spoof.join();
+    // Three heartbeats (300 ms each) after the impostor left, and more.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_EQ(Complete(prompts[0], 8), ref[0]) << Logs();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+    auto [status, body] = Http(http_port_, "GET", "/health");
+    EXPECT_EQ(status, 200) << body;
   }
+  const std::string decode_log = ReadFile(run_dir_ + "/decode-0.log");
+  EXPECT_EQ(decode_log.find("registering again"), std::string::npos) << decode_log;
+  EXPECT_NE(ReadFile(run_dir_ + "/router.log").find("refused a control-plane connection"),
+            std::string::npos)
+      << "the router's ZAP handler did not see the forged key";
+}
+
+// With the cluster's credentials (a process that can read the run directory is a member of
+// the cluster) the impostor takes the routing id over; the real pw-decode, silenced, reconnects
+// after 3 heartbeats and registers again: completions are served again within seconds.
+TEST_F(ClusterE2E, SpoofedRoutingIdWithCredentialsDoesNotTakeTheDecodeWorkerOutForGood) {
+  auto prompts = Prompts(2, 3);
+  auto ref = Reference(prompts, 8);
+  ASSERT_EQ(Complete(prompts[0], 8), ref[0]);
+  auto keys = transport::ReadCurveKeys(run_dir_ + "/control.keys");
+  ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+  Spoof(ctl_port_, &*keys);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(Complete(prompts[1], 8), ref[1]) << Logs();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
@@ -294,6 +359,40 @@ TEST_F(ClusterE2E, SpoofedRoutingIdDoesNotTakeTheDecodeWorkerOutForGood) {
   auto [status, body] = Http(http_port_, "GET", "/health");
   EXPECT_EQ(status, 200) << body;
   EXPECT_EQ(Complete(prompts[0], 8), ref[0]);
+}
+
+// Every TCP listener of every process of the node (router HTTP and control, broker control and
+// metrics, workers' metrics, UCX listeners) is on the configured host, 127.0.0.1, and nothing
+// else: `ss -ltnp` over the node's processes.
+TEST_F(ClusterE2E, EveryListenerBindsTheConfiguredHostOnly) {
+  if (system("ss -V > /dev/null 2>&1") != 0) GTEST_SKIP() << "ss (iproute2) is not installed";
+  // Every child of pw-cluster has the run's key file on its command line.
+  auto pids = PidsWithCmdline("--control-keys " + run_dir_ + "/control.keys");
+  ASSERT_GE(pids.size(), 4u) << Logs();  // broker, router, prefill-0, decode-0
+  const std::string out_path = run_dir_ + "/ss.txt";
+  ASSERT_EQ(system(("ss -H -ltnp > " + out_path + " 2>&1").c_str()), 0);
+  const std::string ss = ReadFile(out_path);
+  std::map<pid_t, int> listeners;
+  std::istringstream in(ss);
+  std::string line;
+  while (std::getline(in, line)) {
+    // State Recv-Q Send-Q Local:Port Peer:Port users:(("name",pid=N,fd=M),...)
+    std::istringstream f(line);
+    std::string state, rq, sq, local, peer;
+    f >> state >> rq >> sq >> local >> peer;
+    for (pid_t p : pids) {
+      if (line.find("pid=" + std::to_string(p) + ",") == std::string::npos) continue;
+      ++listeners[p];
+      EXPECT_EQ(local.rfind("127.0.0.1:", 0), 0u) << "pid " << p << " listens on " << local
+                                                   << "\n" << line;
+    }
+  }
+  // The router (HTTP + control), the broker (control + metrics) and each worker (metrics +
+  // UCX) listen: a process with no listener means the check did not see it.
+  for (pid_t p : pids) EXPECT_GE(listeners[p], 1) << "pid " << p << "\n" << ss;
+  int total = 0;
+  for (auto& [p, n] : listeners) total += n;
+  EXPECT_GE(total, 8) << ss;
 }
 
 // A broken model directory: every process that reads it exits at start, so pw-cluster stops

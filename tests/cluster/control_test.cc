@@ -2,6 +2,7 @@
 // detection (manual clock), refusal of malformed / wrong-version / unregistered frames, and the
 // fault-injecting transport.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <deque>
 #include <memory>
@@ -262,6 +263,95 @@ TEST(Control, WorkerWhoseRoutingIdWasTakenOverReconnectsAndRegistersAgain) {
   ASSERT_TRUE(p.client->Send(m).ok());
   ASSERT_TRUE(PumpUntil(p, [&] { return got_request != 0; }, sh));
   EXPECT_EQ(got_request, 42u);
+}
+
+// A worker stopped (SIGSTOP) past 3 heartbeats is forgotten by the server; when it continues
+// it sends what it had queued (heartbeats, token chunks), and the server answers each frame
+// with NotRegistered. The worker must register once, not once per NotRegistered: the server
+// takes every Register of the same process after the first as a worker that lost it and
+// dropped its requests, and would place those requests again each time.
+TEST(Control, BurstOfNotRegisteredGivesOneRegistration) {
+  Pair p;
+  MakePair(&p);
+  int registrations = 0;
+  p.server->on_register = [&](const std::string&, wire::Register::Reader) {
+    ++registrations;
+    return Status::Ok();
+  };
+  ASSERT_TRUE(p.client->Start().ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }));
+  ASSERT_EQ(registrations, 1);
+  // The worker is stopped: only the server runs, and declares it dead.
+  for (int i = 0; i < 8; ++i) {
+    p.clock.Advance(kBeatMs);
+    p.server->Poll(0, nullptr);
+  }
+  ASSERT_EQ(p.server->FindPeer("decode-0"), nullptr);
+  // It continues, still thinking itself registered, with 20 frames queued.
+  for (int i = 0; i < 20; ++i) {
+    proto::OutMessage m;
+    m.body().initTokenChunk().setRequestId(static_cast<uint64_t>(i + 1));
+    ASSERT_TRUE(p.client->Send(m).ok());
+  }
+  const uint64_t unregistered = p.server->counters().unregistered;
+  ASSERT_TRUE(PumpUntil(p, [&] {
+    return p.server->counters().unregistered >= unregistered + 20 && p.client->registered() &&
+           p.server->FindPeer("decode-0") != nullptr;
+  }));
+  for (int i = 0; i < 50; ++i) {  // let any extra Register arrive
+    p.server->Poll(2, nullptr);
+    p.client->Poll(2, nullptr);
+  }
+  EXPECT_EQ(registrations, 2) << "one Register per NotRegistered";
+}
+
+// A Register repeated before the client handled the ack (its ackSeq, the last RegisterAck it
+// accepted, is below this registration's ack) keeps the registration; one that carries the
+// ack's seq comes from a client that saw the ack and lost the server since: registered afresh.
+TEST(Control, RepeatedRegisterKeepsTheRegistrationUnlessTheAckWasSeen) {
+  Pair p;
+  MakePair(&p);
+  int registrations = 0;
+  p.server->on_register = [&](const std::string&, wire::Register::Reader) {
+    ++registrations;
+    return Status::Ok();
+  };
+  auto raw = ZmqDealerTransport::Connect(p.endpoint, "decode-9");
+  ASSERT_TRUE(raw.ok());
+  uint64_t seq = 1;
+  auto send_register = [&](uint64_t ack_seq) {
+    proto::OutMessage m;
+    auto reg = m.body().initRegister();
+    reg.setRole(wire::Role::DECODE);
+    reg.setWorkerId("decode-9");
+    reg.setPid(4242);
+    m.envelope().setAckSeq(ack_seq);
+    ASSERT_TRUE((*raw)->Send("", proto::Encode(m, seq++, "decode-9", 1)).ok());
+  };
+  // Reads the server's frames to decode-9 until a RegisterAck; returns its seq.
+  auto read_ack = [&]() -> uint64_t {
+    for (int i = 0; i < 500; ++i) {
+      p.server->Poll(2, nullptr);
+      auto f = (*raw)->Recv(2);
+      if (!f.ok() || !f->has_value()) continue;
+      auto in = proto::InMessage::Parse((*f)->bytes);
+      if (in.ok() && (*in)->which() == proto::Body::REGISTER_ACK) return (*in)->seq();
+    }
+    return 0;
+  };
+  send_register(0);
+  send_register(0);  // the timer's repeat, before the ack was read
+  const uint64_t ack1 = read_ack();
+  ASSERT_NE(ack1, 0u);
+  const uint64_t ack2 = read_ack();  // the repeat is acknowledged too
+  ASSERT_NE(ack2, 0u);
+  EXPECT_EQ(registrations, 1) << "a repeated Register was taken as a new registration";
+  const uint64_t epoch = p.server->FindPeer("decode-9")->epoch;
+  // The client saw the ack, then lost the server (without a frame in between): new registration.
+  send_register(ack1);
+  ASSERT_NE(read_ack(), 0u);
+  EXPECT_EQ(registrations, 2);
+  EXPECT_NE(p.server->FindPeer("decode-9")->epoch, epoch);
 }
 
 TEST(Control, RestartedServerIsDetectedAndClientReregisters) {

@@ -83,8 +83,9 @@ class Harness {
     const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
     mkdir(log_dir.c_str(), 0755);
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::vector<std::string> argv = {Bin("pw-prefill"), "--model", model_dir_, "--router",
-                                     endpoint_,         "--id",    "prefill-0", "--kv-dtype", "fp32"};
+    std::vector<std::string> argv = {Bin("pw-prefill"), "--insecure", "--model", model_dir_,
+                                     "--router", endpoint_, "--id", "prefill-0", "--kv-dtype",
+                                     "fp32"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     if (!prefill.Start(argv, log_dir + "/PrefillWorker." + tag + ".prefill.log")) return false;
     bool up = false;

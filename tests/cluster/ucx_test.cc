@@ -11,9 +11,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -366,6 +371,95 @@ TEST(Ucx, InProcessLoopbackAndBounds) {
   EXPECT_EQ((*rr)->Put(4097, src.data(), src.size()).code(), StatusCode::kOutOfRange);
   EXPECT_EQ((*ep)->OpenRegion("", 1, 1).status().code(), StatusCode::kCorrupt);
   EXPECT_EQ(Endpoint::Connect(**user, "").status().code(), StatusCode::kInvalidArgument);
+}
+
+// The local addresses ("a.b.c.d:port", IPv6 as "[hex]:port") of this process's listening TCP
+// sockets, from /proc/self/fd and /proc/net/tcp{,6}.
+std::vector<std::string> OwnListeningAddresses() {
+  std::set<std::string> inodes;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char link[256];
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+      if (n <= 0) continue;
+      std::string l(link, static_cast<size_t>(n));
+      if (l.rfind("socket:[", 0) == 0) inodes.insert(l.substr(8, l.size() - 9));
+    }
+    closedir(d);
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(table);
+    std::string line;
+    std::getline(f, line);  // header
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+      in >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (st != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
+      const size_t colon = local.find(':');
+      const std::string ip = local.substr(0, colon);
+      const unsigned port = std::stoul(local.substr(colon + 1), nullptr, 16);
+      if (ip.size() == 8) {
+        const unsigned long a = std::stoul(ip, nullptr, 16);  // little-endian on x86
+        out.push_back(std::to_string(a & 255) + "." + std::to_string((a >> 8) & 255) + "." +
+                      std::to_string((a >> 16) & 255) + "." + std::to_string(a >> 24) + ":" +
+                      std::to_string(port));
+      } else {
+        out.push_back("[" + ip + "]:" + std::to_string(port));
+      }
+    }
+  }
+  return out;
+}
+
+TEST(UcxBindHost, InterfaceOfTheConfiguredHost) {
+  EXPECT_EQ(*NetDeviceForHost("127.0.0.1"), "lo");
+  EXPECT_EQ(*NetDeviceForHost("localhost"), "lo");
+  EXPECT_EQ(*NetDeviceForHost("0.0.0.0"), "");
+  EXPECT_EQ(NetDeviceForHost("203.0.113.77").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(NetDeviceForHost("not-an-ip").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(SetBindHostFromEndpoint("tcp://203.0.113.77:5555").ok());
+}
+
+// A worker's UCX listeners (its TCP transport listens on each interface it uses) are on
+// 127.0.0.1 only, by default and with the bind host set from a loopback endpoint. In a child
+// process, like the other UCX tests: the parent creates no UCX state.
+TEST(UcxBindHost, WorkerListensOnLoopbackOnly) {
+  if (std::getenv("UCX_NET_DEVICES") != nullptr) GTEST_SKIP() << "UCX_NET_DEVICES is set";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    int code = 0;
+    std::string report;
+    if (!SetBindHostFromEndpoint("tcp://127.0.0.1:5555").ok()) code = 20;
+    auto ctx = Context::Create();
+    auto worker = ctx.ok() ? Worker::Create(**ctx) : Result<std::unique_ptr<Worker>>(ctx.status());
+    if (!worker.ok()) code = 21;
+    for (const std::string& a : OwnListeningAddresses()) report += a + "\n";
+    (void)WriteBlob(fds[1], report);
+    _exit(code);
+  }
+  close(fds[1]);
+  std::string report;
+  ASSERT_TRUE(ReadBlob(fds[0], &report));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  std::istringstream in(report);
+  std::string addr;
+  int listeners = 0;
+  while (std::getline(in, addr)) {
+    ++listeners;
+    EXPECT_EQ(addr.rfind("127.0.0.1:", 0), 0u) << "UCX listens on " << addr;
+  }
+  EXPECT_GT(listeners, 0) << "no UCX listener found: the check proves nothing";
 }
 
 }  // namespace

@@ -213,13 +213,13 @@ struct Cluster {
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     if (use_broker) {
       broker_endpoint = "tcp://127.0.0.1:" + std::to_string(FreePort());
-      if (!broker.Start({Bin("pw-broker"), "--model", ModelDir(), "--bind", broker_endpoint,
+      if (!broker.Start({Bin("pw-broker"), "--insecure", "--model", ModelDir(), "--bind", broker_endpoint,
                          "--heartbeat-ms", "200"},
                         log_dir + "/" + tag + ".broker.log")) {
         return false;
       }
     }
-    std::vector<std::string> d = {Bin("pw-decode"), "--model", ModelDir(), "--router",
+    std::vector<std::string> d = {Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router",
                                   router.endpoint(), "--id", "decode-0", "--kv-blocks",
                                   std::to_string(decode_kv_blocks), "--heartbeat-ms", "200"};
     if (use_broker) {
@@ -227,7 +227,7 @@ struct Cluster {
       d.push_back(broker_endpoint);
     }
     if (!decode.Start(d, log_dir + "/" + tag + ".decode.log")) return false;
-    if (!prefill.Start({Bin("pw-prefill"), "--model", ModelDir(), "--router", router.endpoint(),
+    if (!prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", router.endpoint(),
                         "--id", "prefill-0", "--heartbeat-ms", "200"},
                        log_dir + "/" + tag + ".prefill.log")) {
       return false;
@@ -571,14 +571,14 @@ TEST(Workers, LateWriterOfAnExpiredLeaseCannotCorruptAnotherRequest) {
   const std::string beat = std::to_string(StepRouter::kBeatMs);
   constexpr int kBlocks = 8;  // 16 tokens each: room for one 90-token prompt and its output
   testing::ChildProcess decode, slow, fast;
-  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--model", ModelDir(), "--router", r.endpoint,
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
                             "--id", "decode-0", "--kv-blocks", std::to_string(kBlocks),
                             "--heartbeat-ms", beat},
                            log_dir + "/" + tag + ".decode.log"));
-  ASSERT_TRUE(slow.Start({Bin("pw-prefill"), "--model", ModelDir(), "--router", r.endpoint, "--id",
+  ASSERT_TRUE(slow.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", r.endpoint, "--id",
                           "prefill-slow", "--heartbeat-ms", beat},
                          log_dir + "/" + tag + ".prefill-slow.log"));
-  ASSERT_TRUE(fast.Start({Bin("pw-prefill"), "--model", ModelDir(), "--router", r.endpoint, "--id",
+  ASSERT_TRUE(fast.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", r.endpoint, "--id",
                           "prefill-fast", "--heartbeat-ms", beat},
                          log_dir + "/" + tag + ".prefill-fast.log"));
   auto logs = [&] { return "decode:\n" + decode.Log() + "\nslow:\n" + slow.Log() + "\nfast:\n" + fast.Log(); };
@@ -655,7 +655,7 @@ TEST(Workers, RouterLossShortensTheQuarantine) {
   unlink(log_path.c_str());
   constexpr int kBlocks = 8;
   testing::ChildProcess decode;
-  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--model", ModelDir(), "--router", endpoint, "--id",
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router", endpoint, "--id",
                             "decode-0", "--kv-blocks", std::to_string(kBlocks), "--heartbeat-ms",
                             "200", "--quarantine-max-ms", "600000", "--router-lost-quarantine-ms",
                             "2000"},
@@ -731,12 +731,12 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
   }
   const std::string beat = std::to_string(kBeatMs);
   testing::ChildProcess decode, prefill;
-  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--model", model, "--router", endpoint, "--id",
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", model, "--router", endpoint, "--id",
                             "decode-0", "--kv-blocks", std::to_string(kv_blocks), "--block-size",
                             std::to_string(kBlockTokens), "--max-batch-tokens", "8192",
                             "--threads", "1", "--heartbeat-ms", beat},
                            log_dir + "/LongDecodeSteps.decode.log"));
-  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--model", model, "--router", endpoint, "--id",
+  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--insecure", "--model", model, "--router", endpoint, "--id",
                              "prefill-0", "--block-size", std::to_string(kBlockTokens),
                              "--heartbeat-ms", beat},
                             log_dir + "/LongDecodeSteps.prefill.log"));

@@ -77,6 +77,12 @@ class LocalCluster:
         self.procs = {}
         self.metrics_ports = {}
         os.makedirs(log_dir, exist_ok=True)
+        # Fresh control-plane keys (ZeroMQ CURVE), as pw-cluster makes for a run.
+        self.keys = os.path.join(log_dir, "control.keys")
+        if os.path.exists(self.keys):
+            os.remove(self.keys)
+        subprocess.run([os.path.join(self.bin, "pw-cluster"), "keys", "--out", self.keys],
+                       check=True)
 
     def _start(self, name, argv):
         log = open(os.path.join(self.log_dir, name + ".log"), "w")
@@ -86,14 +92,16 @@ class LocalCluster:
         self._start("router", [os.path.join(self.bin, "pw-router"), "--model", self.model_dir,
                                "--model-name", self.model_name, "--port", str(self.port),
                                "--workers", f"tcp://127.0.0.1:{self.worker_port}",
-                               "--heartbeat-ms", str(self.heartbeat_ms)] + self.router_args)
+                               "--heartbeat-ms", str(self.heartbeat_ms),
+                               "--control-keys", self.keys] + self.router_args)
 
     def start_worker(self, kind, index):
         name = f"{kind}-{index}"
         argv = [os.path.join(self.bin, f"pw-{kind}"), "--model", self.model_dir,
                 "--router", f"tcp://127.0.0.1:{self.worker_port}", "--id", name,
                 "--model-name", self.model_name, "--kv-blocks", str(self.kv_blocks),
-                "--heartbeat-ms", str(self.heartbeat_ms), "--threads", "1"]
+                "--heartbeat-ms", str(self.heartbeat_ms), "--threads", "1",
+                "--control-keys", self.keys]
         self.metrics_ports[name] = free_port()
         argv += ["--metrics", f"127.0.0.1:{self.metrics_ports[name]}"]
         if kind == "decode":
