@@ -25,7 +25,7 @@ import urllib.request
 
 
 def ctl(args, a):
-    out = subprocess.run([a.pw_ctl, "--broker", a.broker] + args, capture_output=True, text=True)
+    out = subprocess.run([a.pw_ctl, "--broker", a.broker, "--control-keys", a.control_keys] + args, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"pw-ctl {' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
@@ -92,6 +92,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pw-ctl", default="build/bin/pw-ctl")
     p.add_argument("--broker", default="tcp://127.0.0.1:5556")
+    p.add_argument("--control-keys", default="build/run/control.keys",
+                   help="the node's key file (pw-cluster writes it into its run_dir)")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--decode-metrics", type=int, default=9102)
     p.add_argument("--model", default="tiny-moe")

@@ -103,7 +103,8 @@ class PagedServing : public ::testing::Test {
     return out;
   }
   std::pair<int, std::string> Ctl(const std::string& args) {
-    return Shell(Bin("pw-ctl") + " --broker tcp://127.0.0.1:" + std::to_string(broker_port_) + " " + args);
+    return Shell(Bin("pw-ctl") + " --broker tcp://127.0.0.1:" + std::to_string(broker_port_) +
+                 " --control-keys " + run_dir_ + "/control.keys " + args);
   }
   // A metric of the decode worker ("name{labels}" prefix), or -1.
   double Metric(const std::string& prefix) {
