@@ -300,6 +300,7 @@ void Router::Pump() {
     if (it == requests_.end() || it->second->submitted) continue;  // removed while waiting
     InFlight& r = *it->second;
     --waiting_count_;
+    metrics_->queue_time.Observe(Seconds(Clock::now() - r.admitted));
     r.submitted = true;
     ++running_;
     Status s = backend_->Submit(r.request);
@@ -425,6 +426,7 @@ void Router::Complete(uint64_t id, std::string_view finish_reason) {
   }
   Usage usage{static_cast<int64_t>(r->request.prompt.size()), r->tokens_received};
   metrics_->e2e.Observe(Seconds(Clock::now() - r->admitted));
+  metrics_->CountSuccess(std::string(finish_reason), usage.prompt_tokens, usage.completion_tokens);
   if (r->stream) {
     metrics_->CountRequest(r->endpoint_label, 200);
     r->exchange->StreamWrite(StreamTextChunk(r->ctx, "", finish_reason));

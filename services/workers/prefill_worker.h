@@ -30,6 +30,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -93,6 +94,7 @@ class PrefillWorker {
     std::vector<int32_t> own;  // blocks of this worker's pool
     engine::PrefillJob work;
     std::atomic<bool> cancelled{false};
+    std::chrono::steady_clock::time_point received, admitted;  // for the metrics
   };
   // What the control thread sends as KvReady.
   struct Outcome {
