@@ -1,6 +1,11 @@
 // pw-cluster: starts, supervises and stops one node's processes from one YAML file.
 //
 //   pw-cluster up --config deploy/local.yaml [--run-dir DIR]
+//   pw-cluster status --config deploy/local.yaml [--prometheus-targets FILE]
+//
+// status prints one line per process of the file (name, pid, state, metrics URL) and exits 0
+// when every process is up, 1 otherwise; --prometheus-targets also writes the file's scrape
+// targets as Prometheus file_sd JSON.
 //
 // SIGINT/SIGTERM drain the cluster (router, then workers, then broker) and exit 0. A process
 // that exits within its first seconds 3 times in a row (restart.fail_fast_*) stops the node:
@@ -10,10 +15,12 @@
 #include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "common/logging.h"
 #include "services/cluster/cluster_config.h"
+#include "services/cluster/cluster_status.h"
 #include "services/cluster/supervisor.h"
 #include "services/workers/signals.h"
 
@@ -34,12 +41,34 @@ int main(int argc, char** argv) {
   auto* up = app.add_subcommand("up", "start the node's processes and supervise them");
   up->add_option("--config", config_path, "cluster YAML file")->required();
   up->add_option("--run-dir", run_dir, "directory for per-process logs (overrides run_dir)");
+  std::string targets_path;
+  auto* status =
+      app.add_subcommand("status", "one line per process: name, pid, state, metrics URL");
+  status->add_option("--config", config_path, "cluster YAML file")->required();
+  status->add_option("--prometheus-targets", targets_path,
+                     "also write the Prometheus file_sd targets of the file here");
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag("cluster");
   auto cfg = pw::cluster::LoadClusterConfig(config_path, SelfDir());
   if (!cfg.ok()) {
     std::fprintf(stderr, "pw-cluster: %s\n", cfg.status().message().c_str());
     return 2;
+  }
+  if (status->parsed()) {
+    if (!targets_path.empty()) {
+      std::ofstream f(targets_path);
+      f << pw::cluster::PrometheusTargets(*cfg);
+      if (!f) {
+        std::fprintf(stderr, "pw-cluster: cannot write '%s'\n", targets_path.c_str());
+        return 2;
+      }
+    }
+    const auto st = pw::cluster::QueryStatus(*cfg);
+    std::printf("%s", pw::cluster::FormatStatus(st).c_str());
+    for (const auto& s : st) {
+      if (s.state != "up" && s.state != "running") return 1;
+    }
+    return 0;
   }
   if (!run_dir.empty()) cfg->run_dir = run_dir;
   pw::workers::InstallStopHandlers();
@@ -52,9 +81,10 @@ int main(int argc, char** argv) {
   }
   const std::string url = "http://" + cfg->host + ":" + std::to_string(cfg->http_port);
   std::printf("PagedWeight is starting at %s (logs in %s)\n", url.c_str(), cfg->run_dir.c_str());
-  std::printf("Try:\n  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
-              "    -d '{\"model\": \"tiny-moe\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
-              url.c_str());
+  std::printf(
+      "Try:\n  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
+      "    -d '{\"model\": \"tiny-moe\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
+      url.c_str());
   std::fflush(stdout);
   pw::Status run = sup.Run(pw::workers::StopFlag());
   if (!run.ok()) {
