@@ -27,7 +27,9 @@ void AddFlags(CLI::App& app, CliOptions* o) {
   app.add_option("--dataset-name", o->dataset_name, "random (token ids) or text (--dataset-path)")
       ->check(CLI::IsMember({"random", "text"}));
   app.add_option("--dataset-path", o->dataset_path, "text file prompts are cut from");
-  app.add_option("--num-prompts", o->num_prompts, "requests to send");
+  app.add_option(
+      "--num-prompts", o->num_prompts,
+      "requests to send (default 1000; with --duration or --trace and not given: no limit)");
   app.add_option("--random-input-len", o->random_input_len, "prompt tokens");
   app.add_option("--random-output-len", o->random_output_len, "output tokens (max_tokens)");
   app.add_option("--random-range-ratio", o->random_range_ratio,
@@ -202,7 +204,7 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
     to.clip_context = o.clip_context;
     to.clip_output = o.clip_output;
     to.duration_s = o.duration;
-    to.max_requests = o.num_prompts;
+    to.max_requests = o.num_prompts_given ? o.num_prompts : 0;
     if (!o.trace_window.empty()) {
       const size_t colon = o.trace_window.find(':');
       char* e1 = nullptr;
@@ -238,7 +240,7 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
       if (plan.empty()) return Fail("--trace: no rows in the requested window");
     } else {
       RandomArrivalOptions ro;
-      ro.num_prompts = o.num_prompts;
+      ro.num_prompts = o.duration > 0 && !o.num_prompts_given ? 0 : o.num_prompts;
       ro.request_rate = rate;
       ro.burstiness = o.burstiness;
       if (o.ramp_up_strategy == "linear") {

@@ -26,6 +26,7 @@ struct CliOptions {
   std::string dataset_name = "random";
   std::string dataset_path;
   int num_prompts = 1000;
+  bool num_prompts_given = false;  // set by the caller: --num-prompts was on the command line
   int random_input_len = 1024;
   int random_output_len = 128;
   double random_range_ratio = 0;

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pw-loadgen: benchmark an OpenAI-compatible server (vllm bench serve flags)"};
   pw::loadgen::AddFlags(app, &opts);
   CLI11_PARSE(app, argc, argv);
+  opts.num_prompts_given = app.count("--num-prompts") > 0;
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);

@@ -28,8 +28,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -37,6 +40,7 @@
 #include "loadgen/arrivals.h"
 #include "loadgen/bench_result.h"
 #include "loadgen/benchmark.h"
+#include "loadgen/loadgen_cli.h"
 #include "loadgen/prompt_source.h"
 #include "tests/loadgen/fake_sse_server.h"
 
@@ -284,6 +288,76 @@ Attempt TraceReplayOnce() {
 }
 
 TEST(LoadgenClient, TraceReplayKeepsTheTraceTimes) { RunTimed(TraceReplayOnce); }
+
+TEST(LoadgenCli, WritesVllmResultKeysAndRefusesBadOptions) {
+  FakeSseServer server(microseconds(2000), microseconds(1000));
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/loadgen-cli";
+  std::filesystem::remove_all(dir);
+  CliOptions o;
+  o.base_url = "http://127.0.0.1:" + std::to_string(server.port());
+  o.num_prompts = 6;
+  o.num_prompts_given = true;
+  o.random_input_len = 8;
+  o.random_output_len = 5;
+  o.ignore_eos = true;
+  o.quiet = true;
+  o.goodput = {"ttft:1000", "tpot:1000"};
+  o.metric_percentiles = "50,99.9";
+  o.save_result = true;
+  o.result_dir = dir;
+  o.result_filename = "r.json";
+  ASSERT_EQ(RunCli(o, nullptr), 0);
+  std::ifstream f(dir + "/r.json");
+  const auto j = nlohmann::json::parse(f);
+  for (const char* k : {"date",
+                        "backend",
+                        "model_id",
+                        "num_prompts",
+                        "request_rate",
+                        "burstiness",
+                        "duration",
+                        "completed",
+                        "total_input_tokens",
+                        "total_output_tokens",
+                        "request_throughput",
+                        "request_goodput",
+                        "output_throughput",
+                        "total_token_throughput",
+                        "input_lens",
+                        "output_lens",
+                        "ttfts",
+                        "itls",
+                        "errors",
+                        "mean_ttft_ms",
+                        "median_tpot_ms",
+                        "std_itl_ms",
+                        "p99.9_ttft_ms",
+                        "p50_itl_ms",
+                        "timeline"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["completed"], 6);
+  EXPECT_EQ(j["total_output_tokens"], 30);
+  EXPECT_EQ(j["request_rate"], "inf");
+  EXPECT_DOUBLE_EQ(j["request_goodput"].get<double>(), j["request_throughput"].get<double>());
+  EXPECT_FALSE(j.contains("generated_texts"));  // only with --save-detailed
+
+  CliOptions bad = o;
+  bad.goodput = {"ttft=5"};
+  EXPECT_EQ(RunCli(bad, nullptr), 2);
+  bad = o;
+  bad.request_rate = "fast";
+  EXPECT_EQ(RunCli(bad, nullptr), 2);
+  bad = o;
+  bad.trace = "/nonexistent.csv";
+  EXPECT_EQ(RunCli(bad, nullptr), 2);
+  bad = o;
+  bad.endpoint = "/v1/chat/completions";  // chat needs the tokenizer
+  EXPECT_EQ(RunCli(bad, nullptr), 2);
+  bad = o;
+  bad.base_url = "https://127.0.0.1:1";
+  EXPECT_EQ(RunCli(bad, nullptr), 2);
+}
 
 }  // namespace
 }  // namespace pw::loadgen
