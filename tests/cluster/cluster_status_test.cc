@@ -118,8 +118,9 @@ TEST(ClusterStatus, StatesPidsTableAndTargets) {
   ASSERT_EQ(cfg->scrape_targets.size(), 2u);
 
   // Nothing started: all stopped.
-  for (const auto& s : QueryStatus(*cfg)) {
-    EXPECT_EQ(s.state, "stopped") << s.name;
+  const auto before = QueryStatus(*cfg);
+  for (const auto& s : before) {
+    EXPECT_EQ(s.state, "stopped") << FormatStatus(before);
     EXPECT_EQ(s.pid, -1);
   }
   std::map<std::string, pid_t> pids;
@@ -139,6 +140,7 @@ TEST(ClusterStatus, StatesPidsTableAndTargets) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     st = QueryStatus(*cfg);
   }
+  SCOPED_TRACE(FormatStatus(st));
   EXPECT_EQ(Find(st, "router")->state, "up");
   EXPECT_EQ(Find(st, "router")->pid, pids["router"]);
   EXPECT_EQ(Find(st, "router")->metrics_url,

@@ -118,18 +118,19 @@ void FakeSseServer::Serve(int fd) {
     bool ok = true;
     for (int64_t i = 0; i < s.max_tokens && ok; ++i) {
       std::this_thread::sleep_until(first + i * itl_);
+      s.events.push_back(Clock::now());  // just before the bytes go: the client cannot be earlier
       ok = send_all(
           chunk("data: {\"choices\":[{\"index\":0,\"text\":\"t" + std::to_string(i) + "\"}]}\n\n"));
-      s.events.push_back(Clock::now());
+    }
+    // Recorded before the last bytes go: a client that has them all finds its request here.
+    {
+      std::lock_guard<std::mutex> lock(served_mu_);
+      served_.push_back(s);
     }
     ok = ok && send_all(chunk("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,"
                               "\"completion_tokens\":" +
                               std::to_string(s.max_tokens) + "}}\n\ndata: [DONE]\n\n") +
                         "0\r\n\r\n");
-    {
-      std::lock_guard<std::mutex> lock(served_mu_);
-      served_.push_back(std::move(s));
-    }
     if (!ok) break;
   }
   close(fd);

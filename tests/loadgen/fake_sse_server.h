@@ -20,7 +20,7 @@ class FakeSseServer {
   using Clock = std::chrono::steady_clock;
   struct Served {
     Clock::time_point arrived;
-    std::vector<Clock::time_point> events;  // after each content event's send()
+    std::vector<Clock::time_point> events;  // right before each content event's send()
     int64_t max_tokens = 0;
     std::vector<int32_t> prompt;  // token ids when the prompt was a list of ids
   };
