@@ -4,7 +4,7 @@
 Starts the embedded cluster (tests/e2e/cluster.py: pw-router, one pw-prefill, one pw-decode,
 --threads 1 each, decode maxBatch 64, 2048 KV blocks) and runs pw-loadgen against it:
 
-  1. TTFT side by side: the Azure conversation trace (AzureLLMInferenceTrace_conv.csv) at 4x,
+  1. TTFT side by side (odd rounds in reverse order): the Azure conversation trace (AzureLLMInferenceTrace_conv.csv) at 4x,
      prompts clipped to 384 tokens, outputs to 256 (exact, ignore_eos), 300 requests, under
      each configuration, interleaved over --repeat rounds (one fresh cluster per run):
        before  the Python load generator of the previous tree (--python-loadgen FILE) and the
@@ -119,7 +119,9 @@ def main():
         configs.append(("before", args.python_loadgen, 0))
     rows = []
     for rnd in range(args.repeat):
-        for name, py, ahead in configs:
+        # Odd rounds run the configurations in reverse order, so a load trend on the machine
+        # does not favour one of them.
+        for name, py, ahead in (configs if rnd % 2 == 0 else configs[::-1]):
             la0 = load_avg()
             with cluster(build, model, logs, ahead) as c:
                 m0 = {**c.metrics(), **c.worker_metrics("prefill-0")}
