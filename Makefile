@@ -5,12 +5,13 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 # The concurrent parts (thread pool, control plane, UCX progress thread, router I/O threads,
 # multi-threaded engine): the tests labelled `tsan`.
-TSAN_TARGETS = kernels_cpu_test engine_test pw_control_test pw_control_auth_test pw_ucx_test router_http_test router_cluster_test memory_test pw_paged_weights_test
+TSAN_TARGETS = kernels_cpu_test engine_test pw_control_test pw_control_auth_test pw_ucx_test router_http_test router_cluster_test \
+  memory_test pw_paged_weights_test loadgen_client_test
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PY ?= /usr/bin/python3
 
-.PHONY: all deps build test test-unit test-asan test-tsan run eval-data bench fuzz soak venv format clean
+.PHONY: all deps build test test-unit test-asan test-tsan run demo eval-data bench fuzz soak venv format clean
 
 all: build
 
@@ -52,6 +53,10 @@ test-tsan: deps
 
 run: build
 	bash tools/run_local.sh $(BUILD)
+
+# The local node, a real Prometheus on loopback and 60 s of bursty load; results in out/.
+demo: build
+	bash tools/demo.sh $(BUILD)
 
 bench: build
 	$(BUILD)/bin/pw-bench-engine

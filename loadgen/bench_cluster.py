@@ -41,11 +41,11 @@ def main():
         for n in [n for n in args.streams for _ in range(args.repeat)]:
             m0 = c.metrics()
             out = os.path.join(log_dir, f"streams-{n}.json")
-            argv = [sys.executable, os.path.join(build_dir, "bin", "pw-loadgen"), "--url", c.url,
-                    "--num-requests", str(max(16, 4 * n)), "--rate", "inf",
-                    "--max-concurrency", str(n), "--prompt-tokens", str(args.prompt_tokens),
-                    "--max-tokens", str(args.max_tokens), "--ignore-eos", "--seed", "1",
-                    "--json-out", out]
+            argv = [os.path.join(build_dir, "bin", "pw-loadgen"), "--base-url", c.url,
+                    "--num-prompts", str(max(16, 4 * n)), "--request-rate", "inf",
+                    "--max-concurrency", str(n), "--random-input-len", str(args.prompt_tokens),
+                    "--random-output-len", str(args.max_tokens), "--ignore-eos", "--seed", "1",
+                    "--metric-percentiles", "50,90", "--quiet", "--result-filename", out]
             print("+", " ".join(argv), flush=True)
             if subprocess.run(argv).returncode != 0:
                 print(f"streams {n}: some requests failed", file=sys.stderr)
@@ -65,12 +65,12 @@ def main():
 
         def med(f):
             return statistics.median(f(s) for s in runs)
-        print(f"| {n} | {med(lambda s: s['ttft']['p50_ms']):.1f} | "
-              f"{med(lambda s: s['ttft']['p90_ms']):.1f} | "
-              f"{med(lambda s: s['tpot']['mean_ms']):.2f} | "
+        print(f"| {n} | {med(lambda s: s['p50_ttft_ms']):.1f} | "
+              f"{med(lambda s: s['p90_ttft_ms']):.1f} | "
+              f"{med(lambda s: s['mean_tpot_ms']):.2f} | "
               f"{med(lambda s: s['router_itl_mean_ms']):.2f} | "
-              f"{med(lambda s: s['itl']['p50_ms']):.2f} / {med(lambda s: s['itl']['p90_ms']):.2f} | "
-              f"{med(lambda s: s['output_token_throughput_per_s']):.0f} |")
+              f"{med(lambda s: s['p50_itl_ms']):.2f} / {med(lambda s: s['p90_itl_ms']):.2f} | "
+              f"{med(lambda s: s['output_throughput']):.0f} |")
     return 0
 
 

@@ -15,7 +15,7 @@ PKGS=(
   libboost-dev libboost-system-dev
   libcli11-dev libspdlog-dev libfmt-dev
   python3-venv curl
-  iproute2
+  iproute2 prometheus python3-matplotlib
   bible-kjv bible-kjv-text fortunes fortunes-min manpages manpages-dev
   libc6-dev linux-libc-dev libpython3.11-stdlib libpython3.11-minimal
 )

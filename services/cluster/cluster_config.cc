@@ -138,6 +138,7 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
     if (broker["metrics_port"].AsInt() != 0) {
       b.argv.push_back("--metrics");
       b.argv.push_back(out.host + ":" + std::to_string(broker["metrics_port"].AsInt()));
+      out.scrape_targets.push_back({"broker", "broker", b.argv.back()});
     }
     if (broker.Has("store")) {
       b.argv.insert(b.argv.end(), {"--store", broker["store"].AsString(), "--initial-bits",
@@ -153,6 +154,8 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                            std::to_string(router["max_waiting"].AsInt()), "--drain-timeout-ms",
                            std::to_string(out.drain_timeout_ms)}, 1, 0};
   name_args(&r.argv);
+  out.scrape_targets.push_back(
+      {"router", "router", out.host + ":" + std::to_string(router["port"].AsInt())});
   out.processes.push_back(std::move(r));
   for (const char* kind : {"prefill", "decode"}) {
     for (const auto& w : cfg[kind].Items()) {
@@ -195,6 +198,7 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
       if (w["metrics_port"].AsInt() != 0) {
         p.argv.push_back("--metrics");
         p.argv.push_back(out.host + ":" + std::to_string(w["metrics_port"].AsInt()));
+        out.scrape_targets.push_back({id, kind, p.argv.back()});
       }
       name_args(&p.argv);
       out.processes.push_back(std::move(p));

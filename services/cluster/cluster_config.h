@@ -44,6 +44,14 @@ struct RestartPolicy {
   int64_t fail_fast_exits = 3;
 };
 
+// A process's Prometheus endpoint (those with one: the router, and the broker and workers given
+// a metrics_port).
+struct ScrapeTarget {
+  std::string process;    // ProcessSpec::name
+  std::string role;       // router | broker | prefill | decode
+  std::string host_port;  // "127.0.0.1:9101"; GET /metrics there
+};
+
 struct ClusterConfig {
   std::string model_dir;
   std::string host = "127.0.0.1";
@@ -52,6 +60,7 @@ struct ClusterConfig {
   int64_t drain_timeout_ms = 30000;
   RestartPolicy restart;
   std::vector<ProcessSpec> processes;
+  std::vector<ScrapeTarget> scrape_targets;
 };
 
 // Loads and validates `path` (errors carry file:line:col and the key path) and builds the

@@ -2,6 +2,11 @@
 //
 //   pw-cluster up --config deploy/local.yaml [--run-dir DIR] [--insecure]
 //   pw-cluster keys --out FILE     (fresh control-plane keys, for processes started by hand)
+//   pw-cluster status --config deploy/local.yaml [--prometheus-targets FILE]
+//
+// status prints one line per process of the file (name, pid, state, metrics URL) and exits 0
+// when every process is up, 1 otherwise; --prometheus-targets also writes the file's scrape
+// targets as Prometheus file_sd JSON.
 //
 // `up` writes fresh control-plane keys to <run_dir>/control.keys (0600) and passes them to
 // every child; --insecure (tests only) runs the control plane unauthenticated instead.
@@ -13,11 +18,13 @@
 #include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "common/logging.h"
 #include "services/cluster/cluster_config.h"
 #include "services/cluster/control_keys.h"
+#include "services/cluster/cluster_status.h"
 #include "services/cluster/supervisor.h"
 #include "services/transport/curve_keys.h"
 #include "services/workers/signals.h"
@@ -45,6 +52,12 @@ int main(int argc, char** argv) {
   std::string keys_out;
   auto* keys = app.add_subcommand("keys", "write fresh control-plane keys (mode 0600)");
   keys->add_option("--out", keys_out, "key file to write")->required();
+  std::string targets_path;
+  auto* status =
+      app.add_subcommand("status", "one line per process: name, pid, state, metrics URL");
+  status->add_option("--config", config_path, "cluster YAML file")->required();
+  status->add_option("--prometheus-targets", targets_path,
+                     "also write the Prometheus file_sd targets of the file here");
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag("cluster");
   if (keys->parsed()) {
@@ -61,6 +74,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-cluster: %s\n", cfg.status().message().c_str());
     return 2;
   }
+  if (status->parsed()) {
+    if (!targets_path.empty()) {
+      std::ofstream f(targets_path);
+      f << pw::cluster::PrometheusTargets(*cfg);
+      if (!f) {
+        std::fprintf(stderr, "pw-cluster: cannot write '%s'\n", targets_path.c_str());
+        return 2;
+      }
+    }
+    const auto st = pw::cluster::QueryStatus(*cfg);
+    std::printf("%s", pw::cluster::FormatStatus(st).c_str());
+    for (const auto& s : st) {
+      if (s.state != "up" && s.state != "running") return 1;
+    }
+    return 0;
+  }
   if (!run_dir.empty()) cfg->run_dir = run_dir;
   if (pw::Status st = pw::cluster::PrepareControlKeys(&*cfg, insecure); !st.ok()) {
     std::fprintf(stderr, "pw-cluster: %s\n", st.message().c_str());
@@ -76,9 +105,10 @@ int main(int argc, char** argv) {
   }
   const std::string url = "http://" + cfg->host + ":" + std::to_string(cfg->http_port);
   std::printf("PagedWeight is starting at %s (logs in %s)\n", url.c_str(), cfg->run_dir.c_str());
-  std::printf("Try:\n  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
-              "    -d '{\"model\": \"tiny-moe\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
-              url.c_str());
+  std::printf(
+      "Try:\n  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
+      "    -d '{\"model\": \"tiny-moe\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
+      url.c_str());
   std::fflush(stdout);
   pw::Status run = sup.Run(pw::workers::StopFlag());
   if (!run.ok()) {

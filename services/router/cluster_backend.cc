@@ -182,6 +182,7 @@ void ClusterBackend::Run() {
     CheckPhaseTimeouts();
     CheckFences();
     DispatchPending();
+    StartReady();
     PublishLoad();
     // Pending requests waiting for a backoff or capacity: look again soon.
     bool pending = false;
@@ -299,7 +300,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   for (const auto& [peer, info] : server_->peers()) {
     if (info.role != wire::Role::DECODE || info.load.draining || !Reachable(info)) continue;
     const WorkerStatic* ws = StaticOf(info);
-    if (ws == nullptr || assigned[peer] >= ws->max_batch) continue;
+    if (ws == nullptr || assigned[peer] >= ws->max_batch + AheadOf(*ws)) continue;
     std::tuple<bool, int64_t, int64_t> key{!failed_before(peer),
                                            int64_t(info.load.free_kv_blocks) - recent_blocks[peer],
                                            -assigned[peer]};
@@ -499,6 +500,45 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
     Finish(id, is_stop ? FinishReason::kStop : FinishReason::kLength, Status::Ok());
     return;
   }
+  // The decode batch is full: the first token has streamed; StartDecode once a slot frees.
+  auto ws = statics_.find(r.decode_peer);
+  if (ws != statics_.end() && DecodingOn(r.decode_peer) >= ws->second.max_batch) {
+    r.phase = Phase::kReady;
+    return;
+  }
+  StartDecode(id, r);
+}
+
+int64_t ClusterBackend::AheadOf(const WorkerStatic& ws) const {
+  return options_.prefill_ahead >= 0 ? options_.prefill_ahead : ws.max_batch / 4;
+}
+
+int64_t ClusterBackend::DecodingOn(const std::string& peer) const {
+  int64_t n = 0;
+  for (const auto& [id, r] : reqs_) n += r.phase == Phase::kDecoding && r.decode_peer == peer;
+  return n;
+}
+
+void ClusterBackend::StartReady() {
+  std::map<std::string, int64_t> decoding;
+  bool any = false;
+  for (const auto& [id, r] : reqs_) {
+    if (r.phase == Phase::kDecoding) ++decoding[r.decode_peer];
+    any |= r.phase == Phase::kReady;
+  }
+  if (!any) return;
+  std::vector<uint64_t> start;
+  for (auto& [id, r] : reqs_) {  // ids grow with submission: oldest first
+    if (r.phase != Phase::kReady) continue;
+    auto ws = statics_.find(r.decode_peer);
+    if (ws == statics_.end() || decoding[r.decode_peer] >= ws->second.max_batch) continue;
+    ++decoding[r.decode_peer];
+    start.push_back(id);
+  }
+  for (uint64_t id : start) StartDecode(id, reqs_[id]);
+}
+
+void ClusterBackend::StartDecode(uint64_t id, Req& r) {
   proto::OutMessage out;
   auto sd = out.body().initStartDecode();
   sd.setRequestId(id);
@@ -506,7 +546,7 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   std::vector<uint32_t> tokens = AllTokens(r.request, r.generated);
   tokens.pop_back();  // the KV holds everything before the first new token
   proto::FillU32([&](unsigned n) { return sd.initTokens(n); }, tokens);
-  sd.setFirstToken(static_cast<uint32_t>(first));
+  sd.setFirstToken(static_cast<uint32_t>(r.generated.back()));
   FillSampling(sd.initSampling(), r.request.sampling);
   sd.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
   Status st = server_->Send(r.decode_peer, out);
@@ -649,8 +689,10 @@ void ClusterBackend::ReleasePlacement(uint64_t id, Req& r) {
   if (r.decode_peer.empty()) return;
   // Reserving: no prefill worker has the lease (a reply still on its way is answered in
   // OnReserveReply). Decoding: the lease became a running sequence.
-  SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/r.phase == Phase::kReserving &&
-                                                r.lease_id != 0);
+  // Ready: the prefill worker is done with the lease (its KvReady came).
+  SendCancel(r.decode_peer, id, r.lease_id,
+             /*writer_done=*/(r.phase == Phase::kReserving && r.lease_id != 0) ||
+                 r.phase == Phase::kReady);
 }
 
 void ClusterBackend::WriterDone(const std::string& decode_peer, uint64_t id, uint64_t lease_id) {
@@ -685,8 +727,7 @@ void ClusterBackend::CheckFences() {
       // this router's silence; a dead one writes nothing. Wait out the longest write.
       if (f.gone_since_ms == 0) f.gone_since_ms = now;
       writer_done = now - f.gone_since_ms >= options_.writer_grace_ms;
-    } else if (p->epoch != f.prefill_epoch ||
-               (f.cancel_seq != 0 && p->acked_seq >= f.cancel_seq)) {
+    } else if (p->epoch != f.prefill_epoch || (f.cancel_seq != 0 && p->acked_seq >= f.cancel_seq)) {
       // It handled our Cancel, or registered again (having cancelled all it had): a transfer
       // already posted may still land for a short, bounded time.
       if (f.stopped_since_ms == 0) f.stopped_since_ms = now;
@@ -773,7 +814,7 @@ void ClusterBackend::PublishLoad() {
     if (info.role == wire::Role::DECODE) {
       const WorkerStatic* ws = StaticOf(info);
       ++l.decode_workers;
-      l.capacity += ws ? static_cast<int32_t>(ws->max_batch) : 0;
+      l.capacity += ws ? static_cast<int32_t>(ws->max_batch + AheadOf(*ws)) : 0;
       l.free_kv_blocks += info.load.free_kv_blocks;
       l.used_kv_blocks += info.load.used_kv_blocks;
     } else if (info.role == wire::Role::PREFILL) {

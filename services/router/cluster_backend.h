@@ -4,14 +4,17 @@
 // Per request (DESIGN.md section 2, "Request path"):
 //   1. place: decode worker D with the most free KV blocks (last heartbeat, minus the blocks of
 //      this router's requests placed there within the last two heartbeat intervals, which the
-//      heartbeat may not show yet; ties go to fewer requests) among those running fewer than
-//      their maxBatch of this router's requests; prefill worker P with the fewest queued prompt
-//      tokens (last heartbeat, plus prompt tokens of this router's requests prefilling there),
+//      heartbeat may not show yet; ties go to fewer requests) among those holding fewer than
+//      maxBatch + prefill_ahead of this router's requests; prefill worker P with the fewest
+//      queued prompt tokens (last heartbeat, plus prompt tokens of this router's requests
+//      prefilling there),
 //      with a KV layout hash equal to D's;
 //   2. router -> D  KvReserve(numTokens, leaseMs)         D -> router KvReserveReply(lease, blocks)
 //   3. router -> P  PrefillRequest(tokens, D's KV memory, blocks, lease)
 //                                                          P -> router KvReady(firstToken)
 //   4. router -> D  StartDecode(lease, tokens, firstToken) D -> router TokenChunk*, Finish
+//      (the first token streams at KvReady; when D already decodes maxBatch of our requests,
+//      StartDecode waits until one of them ends: at most maxBatch decode at once on D)
 //   Cancel (client gone, stop sequence matched, timeout): router -> D (and P while it
 //   prefills) Cancel(requestId, leaseId); both free what the request holds.
 // Failures: when a worker is declared dead (silent for 3 heartbeats) or re-registers from a new
@@ -76,6 +79,12 @@ struct ClusterBackendOptions {
   // within this long (its cancelled transfer flushes what was posted, then closes).
   uint64_t cancel_grace_ms = 5000;
   uint32_t default_max_batch = 64;  // when a decode worker registers maxBatch 0
+  // Prefill ahead of a decode slot: up to this many requests per decode worker beyond its
+  // maxBatch are reserved and prefilled while its batch is full; their first token streams at
+  // once and StartDecode waits (phase kReady, FIFO) until a running request there ends, so the
+  // decode batch never exceeds maxBatch. -1: maxBatch / 4; 0: none (requests wait in the
+  // router's queue until a slot frees).
+  int32_t prefill_ahead = -1;
 };
 
 class ClusterBackend final : public GenerationBackend {
@@ -99,7 +108,8 @@ class ClusterBackend final : public GenerationBackend {
   BackendLoad Load() const override;
 
  private:
-  enum class Phase { kPending, kReserving, kPrefilling, kDecoding };
+  // kReady: prefilled (first token delivered), waiting for a decode slot (prefill_ahead).
+  enum class Phase { kPending, kReserving, kPrefilling, kReady, kDecoding };
   struct Req {
     GenerationRequest request;
     Phase phase = Phase::kPending;
@@ -161,6 +171,14 @@ class ClusterBackend final : public GenerationBackend {
   void DispatchPending();
   // Tries to place `r` (phase kPending); true when KvReserve was sent.
   bool Place(uint64_t id, Req& r);
+  // Requests a decode worker takes beyond its maxBatch while its batch is full.
+  int64_t AheadOf(const WorkerStatic& ws) const;
+  // Sends StartDecode (phase kDecoding after).
+  void StartDecode(uint64_t id, Req& r);
+  // Starts kReady requests, oldest first, on decode workers with a free slot.
+  void StartReady();
+  // Requests in phase kDecoding on `peer`.
+  int64_t DecodingOn(const std::string& peer) const;
   Status Handle(const std::string& peer, const proto::InMessage& msg);
   // `ack_seq`: the reply frame's ackSeq (the last frame of ours its sender had handled).
   void OnReserveReply(const std::string& peer, wire::KvReserveReply::Reader m, uint64_t ack_seq);

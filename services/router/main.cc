@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
   app.add_option("--workers", o.cluster.bind, "ZeroMQ ROUTER endpoint workers connect to");
   app.add_option("--heartbeat-ms", o.cluster.heartbeat_ms, "control-plane heartbeat interval");
   app.add_option("--lease-ms", o.cluster.lease_ms, "KV reservation lease");
+  app.add_option("--prefill-ahead", o.cluster.prefill_ahead,
+                 "requests per decode worker prefilled beyond its full batch (-1: maxBatch/4)")
+      ->check(CLI::Range(-1, 1 << 20));
   app.add_option("--max-waiting", o.router.max_waiting, "admission queue bound (then 429)");
   app.add_option("--max-tokens-default", o.router.default_max_tokens,
                  "max_tokens when a request gives none");

@@ -14,6 +14,10 @@ Histogram::BucketBoundaries LatencyBuckets() {
           0.16,   0.32,    0.64,   1.28,  2.56,   5.12,  10.24, 20.48, 40.96, 81.92};
 }
 
+Histogram::BucketBoundaries TokenBuckets() {
+  return {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000};
+}
+
 template <typename Builder>
 auto& Make(Builder b, const char* name, const char* help, prometheus::Registry& r) {
   return b.Name(name).Help(help).Register(r);
@@ -31,10 +35,13 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
       e2e(Make(prometheus::BuildHistogram(), "pagedweight_router_e2e_request_latency_seconds",
                "Time from admission to the end of the response", *registry)
               .Add({}, LatencyBuckets())),
-      running(Make(prometheus::BuildGauge(), "pagedweight_router_requests_running",
+      queue_time(Make(prometheus::BuildHistogram(), "pagedweight_router_request_queue_time_seconds",
+                      "Time from admission to the hand-over to the workers", *registry)
+                     .Add({}, LatencyBuckets())),
+      running(Make(prometheus::BuildGauge(), "pagedweight_router_num_requests_running",
                    "Requests submitted to the workers and not finished", *registry)
                   .Add({})),
-      waiting(Make(prometheus::BuildGauge(), "pagedweight_router_requests_waiting",
+      waiting(Make(prometheus::BuildGauge(), "pagedweight_router_num_requests_waiting",
                    "Requests admitted and queued at the router", *registry)
                   .Add({})),
       prompt_tokens(Make(prometheus::BuildCounter(), "pagedweight_router_prompt_tokens_total",
@@ -61,13 +68,35 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
               .Add({})),
       registry_(std::move(registry)),
       requests_(&Make(prometheus::BuildCounter(), "pagedweight_router_requests_total",
-                      "Finished HTTP requests by endpoint and status code", *registry_)) {}
+                      "Finished HTTP requests by endpoint and status code", *registry_)),
+      success_(&Make(prometheus::BuildCounter(), "pagedweight_router_request_success_total",
+                     "Completed generations by finish reason", *registry_)),
+      request_prompt_tokens_(&Make(prometheus::BuildHistogram(),
+                                   "pagedweight_router_request_prompt_tokens",
+                                   "Prompt tokens of each completed request", *registry_)
+                                  .Add({}, TokenBuckets())),
+      request_generation_tokens_(&Make(prometheus::BuildHistogram(),
+                                       "pagedweight_router_request_generation_tokens",
+                                       "Generated tokens of each completed request", *registry_)
+                                      .Add({}, TokenBuckets())),
+      kv_usage_(&Make(prometheus::BuildGauge(), "pagedweight_router_kv_cache_usage_perc",
+                      "Fraction of the live decode workers' KV blocks in use (0..1)", *registry_)
+                     .Add({})) {}
+
+void RouterMetrics::CountSuccess(const std::string& finished_reason, int64_t prompt_tokens,
+                                 int64_t generation_tokens) {
+  success_->Add({{"finished_reason", finished_reason}}).Increment();
+  request_prompt_tokens_->Observe(static_cast<double>(prompt_tokens));
+  request_generation_tokens_->Observe(static_cast<double>(generation_tokens));
+}
 
 void RouterMetrics::CountRequest(const std::string& endpoint, int http_status) {
   requests_->Add({{"endpoint", endpoint}, {"code", std::to_string(http_status)}}).Increment();
 }
 
 std::string RouterMetrics::Serialize() const {
+  const double used = used_kv_blocks.Value(), total = used + free_kv_blocks.Value();
+  kv_usage_->Set(total > 0 ? used / total : 0.0);
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

@@ -445,6 +445,7 @@ void Router::Pump() {
     if (it == requests_.end() || it->second->submitted) continue;  // removed while waiting
     InFlight& r = *it->second;
     --waiting_count_;
+    metrics_->queue_time.Observe(Seconds(Clock::now() - r.call->admitted));
     r.submitted = true;
     ++running_;
     Status s = backend_->Submit(r.request);
@@ -682,7 +683,11 @@ void Router::Complete(uint64_t id, std::string_view finish_reason) {
     c.logprobs = std::move(r->logprobs);
     call->results.push_back(std::move(c));
   }
-  if (--call->remaining == 0) FinishCall(call);
+  if (--call->remaining == 0) {
+    metrics_->CountSuccess(std::string(finish_reason), static_cast<int64_t>(call->prompt.size()),
+                           call->completion_tokens);
+    FinishCall(call);
+  }
 }
 
 void Router::FinishCall(const std::shared_ptr<Call>& call) {

@@ -149,6 +149,7 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
       job->lease_id = req.getLeaseId();
       job->decode_id = proto::ToString(req.getDecodeWorkerId());
       job->num_tokens = req.getTokens().size();
+      job->received = std::chrono::steady_clock::now();
       {
         std::lock_guard<std::mutex> lk(mu_);
         queued_tokens_ += job->num_tokens;
@@ -416,7 +417,12 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
       }
       queue_.erase(it);
       queued_tokens_ -= job->num_tokens;
-      if (st.ok()) inflight_[job->request_id] = job;
+      if (st.ok()) {
+        inflight_[job->request_id] = job;
+        job->admitted = std::chrono::steady_clock::now();
+        metrics_->request_queue_time->Observe(
+            std::chrono::duration<double>(job->admitted - job->received).count());
+      }
     }
     if (!st.ok()) {
       if (!job->own.empty()) (void)pool.Free(job->own);
@@ -508,6 +514,10 @@ void PrefillWorker::Retire(Job* job, Status st) {
   if (job->cancelled.load()) {  // the router has moved on: no KvReady
     metrics_->requests_cancelled->Increment();
     return;
+  }
+  if (st.ok()) {
+    metrics_->request_prefill_time->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job->admitted).count());
   }
   Outcome o;
   o.request_id = job->request_id;

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -108,6 +109,7 @@ class PrefillWorker {
     std::atomic<bool> cancelled{false};
     // Compute thread: requests with the same work waiting for this one's prefill.
     std::vector<std::shared_ptr<Job>> followers;
+    std::chrono::steady_clock::time_point received, admitted;  // for the metrics
   };
   // The prompt prefilled last, its KV kept in `own` (compute thread).
   struct Recent {

@@ -5,6 +5,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <memory>
@@ -37,6 +38,10 @@ struct WorkerMetrics {
   prometheus::Counter* requests_finished_error = nullptr;
   prometheus::Counter* requests_cancelled = nullptr;
   prometheus::Gauge* frames_dropped = nullptr;  // malformed + wrong version + unregistered
+  // Prefill worker (as vllm:request_queue_time_seconds / vllm:request_prefill_time_seconds):
+  // PrefillRequest received -> admitted to a forward pass, and admitted -> KV written.
+  prometheus::Histogram* request_queue_time = nullptr;
+  prometheus::Histogram* request_prefill_time = nullptr;
 
  private:
   std::unique_ptr<prometheus::Exposer> exposer_;

@@ -131,7 +131,7 @@ def main():
             return sum(v for w in ("decode-0", "decode-1")
                        for k, v in c.worker_metrics(w).items()
                        if k.split("{")[0] == "pagedweight_kv_blocks" and 'state="used"' in k)
-        freed = wait_until(lambda: c.metrics().get("pagedweight_router_requests_running") == 0
+        freed = wait_until(lambda: c.metrics().get("pagedweight_router_num_requests_running") == 0
                            and kv_used() == 0, 10)
         check(closed_by_client() == closed_before + 1, "the router saw the client leave (499)")
         check(freed, f"client disconnect cancels and frees KV (used blocks {kv_used()})")
@@ -146,7 +146,7 @@ def main():
         unfinished = sum(1 for s in streams if not s.finish)
         # Kill the decode worker running the most of them.
         running = {w: sum(v for k, v in c.worker_metrics(w).items()
-                          if k.split("{")[0] == "pagedweight_requests_running")
+                          if k.split("{")[0] == "pagedweight_worker_num_requests_running")
                    for w in ("decode-0", "decode-1")}
         victim = max(running, key=running.get)
         print(f"running per decode worker: {running}; killing {victim}")

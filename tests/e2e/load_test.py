@@ -19,10 +19,11 @@ KV_BLOCKS = 1024
 
 
 def loadgen(build_dir, url, n, rate, burstiness, out):
-    argv = [sys.executable, os.path.join(build_dir, "bin", "pw-loadgen"), "--url", url,
-            "--num-requests", str(n), "--rate", str(rate), "--burstiness", str(burstiness),
-            "--max-concurrency", "128", "--prompt-tokens", "48", "--prompt-jitter", "0.5",
-            "--max-tokens", "24", "--seed", "7", "--timeout", "600", "--json-out", out]
+    argv = [os.path.join(build_dir, "bin", "pw-loadgen"), "--base-url", url,
+            "--num-prompts", str(n), "--request-rate", str(rate), "--burstiness", str(burstiness),
+            "--max-concurrency", "128", "--random-input-len", "48", "--random-range-ratio", "0.5",
+            "--random-output-len", "24", "--seed", "7", "--request-timeout", "600", "--quiet",
+            "--result-filename", out]
     print("+", " ".join(argv), flush=True)
     return subprocess.run(argv, timeout=1800).returncode
 
@@ -58,12 +59,12 @@ def main():
             m = c.metrics()
             if (m.get("pagedweight_router_backend_used_kv_blocks") == 0 and
                     m.get("pagedweight_router_backend_free_kv_blocks") == KV_BLOCKS and
-                    m.get("pagedweight_router_requests_running") == 0):
+                    m.get("pagedweight_router_num_requests_running") == 0):
                 break
             time.sleep(0.2)
         print("after load: free KV blocks", m.get("pagedweight_router_backend_free_kv_blocks"),
               "used", m.get("pagedweight_router_backend_used_kv_blocks"),
-              "running", m.get("pagedweight_router_requests_running"))
+              "running", m.get("pagedweight_router_num_requests_running"))
         if m.get("pagedweight_router_backend_used_kv_blocks") != 0 or \
                 m.get("pagedweight_router_backend_free_kv_blocks") != KV_BLOCKS:
             failures.append("KV blocks not all free after the load")

@@ -78,6 +78,7 @@ class ProtocolTestWorker {
   struct Stats {
     int reserves = 0, prefills = 0, starts = 0, cancels = 0;
     int refused_starts = 0;      // StartDecode for a lease that is not live
+    size_t max_running = 0;      // largest running batch (decode worker)
     int stray_writer_done = 0;   // writerDone naming no lease this process holds
   };
   ProtocolTestWorker(const std::string& endpoint, const std::string& id, wire::Role role,
@@ -411,6 +412,7 @@ class ProtocolTestWorker {
         r.blocks = lit->second.blocks;
         leases_.erase(lit);
         running_[id] = std::move(r);
+        stats_.max_running = std::max(stats_.max_running, running_.size());
         return Status::Ok();
       }
       case proto::Body::CANCEL: {
@@ -839,7 +841,7 @@ TEST_F(ClusterBackendTest, RequestFlowsThroughPrefillAndDecode) {
   auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
   auto* d = AddWorker("decode-0", wire::Role::DECODE);
   ASSERT_TRUE(WaitCapacity(1, 1));
-  EXPECT_EQ(backend_->Load().capacity, 16);
+  EXPECT_EQ(backend_->Load().capacity, 16 + 16 / 4);  // maxBatch + prefill ahead
   ASSERT_TRUE(backend_->Submit(Request(1, 12)).ok());
   ASSERT_TRUE(events_.WaitFinished(1));
   EXPECT_EQ(events_.finish(1).first, FinishReason::kLength);
@@ -848,6 +850,61 @@ TEST_F(ClusterBackendTest, RequestFlowsThroughPrefillAndDecode) {
   EXPECT_EQ(p->stats().prefills, 1);
   EXPECT_EQ(d->stats().starts, 1);
   EXPECT_EQ(d->free_blocks(), 64u);
+}
+
+TEST_F(ClusterBackendTest, PrefillAheadStreamsFirstTokensButKeepsTheBatchAtMaxBatch) {
+  // maxBatch 16 and 4 ahead: 20 requests of 60 tokens (180 ms of decode each) at once. All 20
+  // get their first token from the prefill while the decode batch stays at 16; the other 4
+  // start as slots free, and every request gets exactly its tokens.
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE, 1024);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  ASSERT_EQ(backend_->Load().capacity, 20);
+  for (uint64_t id = 1; id <= 20; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 60)).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    for (uint64_t id = 1; id <= 20; ++id) {
+      if (events_.tokens(id).empty()) return false;
+    }
+    return true;
+  }));
+  EXPECT_LE(d->running(), 16u);
+  for (uint64_t id = 1; id <= 20; ++id) {
+    ASSERT_TRUE(events_.WaitFinished(id)) << id;
+    EXPECT_EQ(events_.finish(id).first, FinishReason::kLength);
+    EXPECT_EQ(events_.tokens(id), Reference({5, 6, 7}, 60)) << id;
+  }
+  EXPECT_TRUE(events_.violations().empty());
+  EXPECT_EQ(d->stats().starts, 20);
+  EXPECT_EQ(d->stats().refused_starts, 0);
+  EXPECT_EQ(d->stats().max_running, 16u);
+  EXPECT_TRUE(WaitAllFree(d, 1024));
+}
+
+TEST_F(ClusterBackendTest, CancelOfAPrefilledRequestWaitingForASlotFreesItsBlocks) {
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE, 1024);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  for (uint64_t id = 1; id <= 17; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 300)).ok());
+  // Request 17 has its first token and waits: the batch is full with 1..16.
+  ASSERT_TRUE(WaitFor([&] { return !events_.tokens(17).empty() && d->running() == 16; }));
+  EXPECT_EQ(events_.tokens(17).size(), 1u);
+  backend_->Cancel(17);  // a cancel ends a request without an event
+  for (uint64_t id = 1; id <= 16; ++id) backend_->Cancel(id);
+  EXPECT_LE(d->stats().starts, 16);  // 17 never started
+  EXPECT_TRUE(WaitAllFree(d, 1024));  // its lease came back (writer done), none quarantined
+}
+
+TEST_F(ClusterBackendTest, NoPrefillAheadMeansCapacityIsMaxBatch) {
+  ClusterBackendOptions o = BaseOptions();
+  o.prefill_ahead = 0;
+  Restart(o);
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE, 1024);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  EXPECT_EQ(backend_->Load().capacity, 16);
+  for (uint64_t id = 1; id <= 20; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 20)).ok());
+  for (uint64_t id = 1; id <= 20; ++id) ASSERT_TRUE(events_.WaitFinished(id)) << id;
+  EXPECT_LE(d->stats().max_running, 16u);
 }
 
 TEST_F(ClusterBackendTest, ManyRequestsOverOneRegistration) {

@@ -292,7 +292,7 @@ TEST_F(RouterHttpTest, ModelsHealthMetricsAndRoutes) {
         "pagedweight_router_time_to_first_token_seconds_bucket",
         "pagedweight_router_inter_token_latency_seconds_bucket",
         "pagedweight_router_e2e_request_latency_seconds_count",
-        "pagedweight_router_requests_running", "pagedweight_router_requests_waiting"}) {
+        "pagedweight_router_num_requests_running", "pagedweight_router_num_requests_waiting"}) {
     EXPECT_NE(met.body.find(name), std::string::npos) << name;
   }
   EXPECT_NE(met.body.find("code=\"200\""), std::string::npos);

@@ -1,0 +1,230 @@
+#include "loadgen/benchmark.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace pw::loadgen {
+
+namespace {
+
+constexpr uint64_t kWarmupBase = uint64_t{1} << 40;
+
+double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// State shared by the dispatcher, the I/O threads' done callback and the progress thread.
+struct Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t in_flight = 0;
+  int64_t max_in_flight = 0;
+  int64_t sent = 0, completed = 0, failed = 0;
+  int64_t warmups_left = 0;
+  std::vector<RequestRecord>* records = nullptr;
+  std::vector<PlannedRequest> const* plan = nullptr;
+  SteadyClock::time_point t0;
+  SteadyClock::time_point last_done;
+  std::string warmup_error;
+};
+
+RequestRecord ToRecord(const StreamOutcome& o, const PlannedRequest& p,
+                       SteadyClock::time_point t0) {
+  RequestRecord r;
+  r.scheduled_s = p.at_s;
+  r.sent_s = Seconds(o.sent - t0);
+  r.success = o.success;
+  r.error_kind = o.error_kind;
+  r.error = o.error;
+  r.input_len = o.prompt_tokens >= 0 ? static_cast<int32_t>(o.prompt_tokens) : p.input_len;
+  r.output_len = o.completion_tokens >= 0 ? static_cast<int32_t>(o.completion_tokens)
+                                          : static_cast<int32_t>(o.chunk_times.size());
+  r.latency_s = Seconds(o.done - o.sent);
+  r.ttft_s = o.chunk_times.empty() ? r.latency_s : Seconds(o.chunk_times.front() - o.sent);
+  for (size_t i = 1; i < o.chunk_times.size(); ++i) {
+    r.itl_s.push_back(Seconds(o.chunk_times[i] - o.chunk_times[i - 1]));
+  }
+  r.text = o.text;
+  return r;
+}
+
+}  // namespace
+
+Result<std::string> BuildRequestBody(const BenchmarkOptions& o, const PromptSource& prompts,
+                                     const PlannedRequest& p, uint64_t index) {
+  nlohmann::json b;
+  b["model"] = o.model;
+  b["max_tokens"] = p.output_len;
+  b["stream"] = true;
+  b["stream_options"] = {{"include_usage", true}};
+  b["temperature"] = o.temperature;
+  if (o.ignore_eos) b["ignore_eos"] = true;
+  if (o.chat) {
+    PW_ASSIGN_OR_RETURN(std::string text, prompts.Text(p.input_len, index));
+    b["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", text}}});
+  } else {
+    b["prompt"] = prompts.Tokens(p.input_len, index);
+  }
+  return b.dump();
+}
+
+Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
+                                  const PromptSource& prompts, const BenchmarkOptions& o,
+                                  const std::atomic<bool>* stop) {
+  BenchmarkRun run;
+  run.records.resize(plan.size());
+  Shared sh;
+  sh.records = &run.records;
+  sh.plan = &plan;
+  StreamClient::Options co;
+  co.io_threads = o.io_threads;
+  co.request_timeout = o.request_timeout;
+  co.keep_text = o.keep_text;
+  StreamClient client(o.target, co, [&](StreamOutcome out) {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    --sh.in_flight;
+    if (out.index >= kWarmupBase) {
+      if (!out.success && sh.warmup_error.empty()) {
+        sh.warmup_error = out.error_kind + ": " + out.error;
+      }
+      --sh.warmups_left;
+    } else {
+      (*sh.records)[out.index] = ToRecord(out, (*sh.plan)[out.index], sh.t0);
+      if (out.success)
+        ++sh.completed;
+      else
+        ++sh.failed;
+      if (out.done > sh.last_done) sh.last_done = out.done;
+    }
+    sh.cv.notify_all();
+  });
+  PW_RETURN_IF_ERROR(client.Start());
+
+  auto acquire = [&]() {
+    std::unique_lock<std::mutex> lock(sh.mu);
+    sh.cv.wait(lock, [&] { return o.max_concurrency <= 0 || sh.in_flight < o.max_concurrency; });
+    ++sh.in_flight;
+    sh.max_in_flight = std::max(sh.max_in_flight, sh.in_flight);
+  };
+
+  // Warm-up: the plan's first lengths, all at once (bounded by the concurrency limit).
+  if (o.num_warmups > 0 && !plan.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(sh.mu);
+      sh.warmups_left = o.num_warmups;
+    }
+    for (int64_t i = 0; i < o.num_warmups; ++i) {
+      PW_ASSIGN_OR_RETURN(std::string body,
+                          BuildRequestBody(o, prompts, plan[i % plan.size()], kWarmupBase + i));
+      acquire();
+      client.Submit(kWarmupBase + i, std::move(body));
+    }
+    std::unique_lock<std::mutex> lock(sh.mu);
+    sh.cv.wait(lock, [&] { return sh.warmups_left == 0; });
+    if (!sh.warmup_error.empty()) {
+      lock.unlock();
+      client.Stop();
+      return Unavailable("a warm-up request failed (" + sh.warmup_error + ")");
+    }
+    sh.max_in_flight = 0;
+  }
+
+  const bool tty = isatty(STDERR_FILENO) == 1;
+  std::mutex progress_mu;
+  std::condition_variable progress_cv;
+  bool progress_stop = false;
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.t0 = SteadyClock::now();
+    sh.last_done = sh.t0;
+  }
+  std::thread progress([&] {
+    const auto t0 = sh.t0;
+    int64_t last_completed = 0, last_chunks = 0;
+    auto last_print = t0;
+    int64_t tick = 0;
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(progress_mu);
+        if (progress_cv.wait_until(lock, t0 + std::chrono::seconds(tick + 1),
+                                   [&] { return progress_stop; })) {
+          break;
+        }
+      }
+      ++tick;
+      TimelineSample s;
+      s.t_s = static_cast<double>(tick);
+      {
+        std::lock_guard<std::mutex> lock(sh.mu);
+        s.sent = sh.sent;
+        s.completed = sh.completed;
+        s.failed = sh.failed;
+        s.in_flight = sh.in_flight;
+      }
+      s.chunks = client.chunks_received();
+      run.timeline.push_back(s);
+      const auto now = SteadyClock::now();
+      const double since = Seconds(now - last_print);
+      if (o.quiet || (!tty && since < 9.99)) continue;
+      const double req_rate = (s.completed - last_completed) / since;
+      const double tok_rate = (s.chunks - last_chunks) / since;
+      std::fprintf(stderr,
+                   "%s%s[%6.1f s] sent %lld/%zu  completed %lld  failed %lld  in flight %lld  "
+                   "| %.1f req/s  %.0f tok/s%s",
+                   tty ? "\r\033[K" : "", o.label.c_str(), s.t_s, static_cast<long long>(s.sent),
+                   plan.size(), static_cast<long long>(s.completed),
+                   static_cast<long long>(s.failed), static_cast<long long>(s.in_flight), req_rate,
+                   tok_rate, tty ? "" : "\n");
+      std::fflush(stderr);
+      last_print = now;
+      last_completed = s.completed;
+      last_chunks = s.chunks;
+    }
+    if (!o.quiet && tty) std::fprintf(stderr, "\n");
+  });
+
+  size_t sent = 0;
+  Status failure = Status::Ok();
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (stop && stop->load()) {
+      run.interrupted = true;
+      break;
+    }
+    auto body = BuildRequestBody(o, prompts, plan[i], i);
+    if (!body.ok()) {
+      failure = body.status().WithContext("request " + std::to_string(i));
+      break;
+    }
+    std::this_thread::sleep_until(sh.t0 + std::chrono::duration_cast<SteadyClock::duration>(
+                                              std::chrono::duration<double>(plan[i].at_s)));
+    acquire();
+    {
+      std::lock_guard<std::mutex> lock(sh.mu);
+      ++sh.sent;
+    }
+    client.Submit(i, std::move(*body));
+    ++sent;
+  }
+  {
+    std::unique_lock<std::mutex> lock(sh.mu);
+    sh.cv.wait(lock, [&] { return sh.completed + sh.failed == static_cast<int64_t>(sent); });
+    run.t0 = sh.t0;
+    run.duration_s = Seconds(sh.last_done - sh.t0);
+    run.max_in_flight = sh.max_in_flight;
+  }
+  {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    progress_stop = true;
+  }
+  progress_cv.notify_all();
+  progress.join();
+  client.Stop();
+  PW_RETURN_IF_ERROR(failure);
+  run.records.resize(sent);
+  return run;
+}
+
+}  // namespace pw::loadgen

@@ -1,0 +1,60 @@
+// RunBenchmark: sends a planned list of requests at their times and collects what came back.
+//
+// The dispatcher (the calling thread) builds each request's body ahead of time, sleeps until its
+// planned start (steady clock), waits for a free slot when --max-concurrency is reached, and
+// hands it to the StreamClient. Warm-up requests (the first lengths of the plan, sent at once)
+// run and finish before the timed part and are not recorded. A progress thread prints a status
+// line (sent, completed, failed, in flight, request and token rates over the last interval) to
+// stderr each second on a terminal (every 10 s otherwise) unless quiet, and samples the same
+// counters into the timeline every second.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "loadgen/arrivals.h"
+#include "loadgen/bench_result.h"
+#include "loadgen/prompt_source.h"
+#include "loadgen/stream_client.h"
+
+namespace pw::loadgen {
+
+struct BenchmarkOptions {
+  HttpTarget target;
+  std::string model = "tiny-moe";
+  bool chat = false;        // /v1/chat/completions body (messages) instead of a prompt
+  bool ignore_eos = false;  // exact output lengths
+  double temperature = 0;
+  int64_t max_concurrency = 0;  // 0 = no limit
+  int64_t num_warmups = 0;
+  int io_threads = 2;
+  std::chrono::milliseconds request_timeout{600000};
+  bool keep_text = false;
+  bool quiet = false;
+  std::string label;  // printed at the start of the progress line (e.g. the sweep's rate)
+};
+
+struct BenchmarkRun {
+  std::vector<RequestRecord> records;  // the timed requests that were sent, in plan order
+  std::vector<TimelineSample> timeline;
+  SteadyClock::time_point t0;  // the benchmark's start (records' times are relative to it)
+  double duration_s = 0;       // first planned start -> last request finished
+  int64_t max_in_flight = 0;
+  bool interrupted = false;  // `stop` became true before the plan was sent
+};
+
+// The JSON body of one request (stream with usage, max_tokens = output_len).
+Result<std::string> BuildRequestBody(const BenchmarkOptions& o, const PromptSource& prompts,
+                                     const PlannedRequest& p, uint64_t index);
+
+// `stop` (may be null): when it becomes true no further request is sent; what is in flight
+// still finishes.
+Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
+                                  const PromptSource& prompts, const BenchmarkOptions& o,
+                                  const std::atomic<bool>* stop = nullptr);
+
+}  // namespace pw::loadgen
