@@ -59,7 +59,7 @@ def run_load(a, label, during=None):
     def sampler():
         while not stop.is_set():
             m = metrics(a)
-            samples.append((time.time(), pick(m, "pagedweight_requests_running"),
+            samples.append((time.time(), pick(m, "pagedweight_worker_num_requests_running"),
                             pick(m, 'pagedweight_pool_pages{tenant="kv"'),
                             pick(m, 'pagedweight_pool_pages{tenant="weights"'),
                             pick(m, 'pagedweight_pool_pages{tenant="free"')))
@@ -99,7 +99,7 @@ def run_load(a, label, during=None):
           f"{sum(tokens) / wall:.1f} tok/s; running at once: peak {max(running):.0f}, mean "
           f"{sum(running) / len(running):.1f}; pool pages kv peak {max(x[2] for x in samples):.0f}, "
           f"weights {samples[0][3]:.0f} -> {samples[-1][3]:.0f}; preemptions "
-          f"{pick(m1, 'pagedweight_preemptions_total') - pick(m0, 'pagedweight_preemptions_total'):.0f}; "
+          f"{pick(m1, 'pagedweight_worker_num_preemptions_total') - pick(m0, 'pagedweight_worker_num_preemptions_total'):.0f}; "
           f"failed {len(errors)}", flush=True)
     if errors:
         print("  first error:", errors[0])

@@ -38,7 +38,7 @@ def shared_prefill(c, key):
     prompt's length, not four times it."""
     def counter():
         return sum(v for k, v in c.worker_metrics("prefill-0").items()
-                   if k.startswith("pagedweight_prompt_tokens_total"))
+                   if k.startswith("pagedweight_worker_prompt_tokens_total"))
     before = counter()
     body = json.dumps({"model": c.model_name, "prompt": "The candidates share one prefill",
                        "max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 4}).encode()
