@@ -60,7 +60,7 @@ def parse_metrics(text):
 class LocalCluster:
     def __init__(self, build_dir, model_dir, log_dir, model_name="tiny-moe", kv_blocks=512,
                  decode_workers=1, prefill_workers=1, heartbeat_ms=200, max_batch=128,
-                 router_args=(), decode_args=()):
+                 router_args=(), decode_args=(), kv_dtype=None):
         self.bin = os.path.join(build_dir, "bin")
         self.model_dir = model_dir
         self.model_name = model_name
@@ -72,6 +72,7 @@ class LocalCluster:
         self.max_batch = max_batch
         self.router_args = list(router_args)
         self.decode_args = list(decode_args)
+        self.kv_dtype = kv_dtype  # None: the workers' default (bf16)
         self.port = free_port()
         self.worker_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -105,6 +106,8 @@ class LocalCluster:
                 "--control-keys", self.keys]
         self.metrics_ports[name] = free_port()
         argv += ["--metrics", f"127.0.0.1:{self.metrics_ports[name]}"]
+        if self.kv_dtype:
+            argv += ["--kv-dtype", self.kv_dtype]
         if kind == "decode":
             argv += ["--max-batch", str(self.max_batch)] + self.decode_args
         self._start(name, argv)

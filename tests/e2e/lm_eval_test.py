@@ -140,7 +140,9 @@ def main():
 
     failures = []
     log_dir = os.path.join(build_dir, "e2e-logs", "lm_eval_cluster")
-    with LocalCluster(build_dir, model_dir, log_dir,
+    # pw-eval runs the engine's fp32 KV; the workers keep the same layout here, so the three
+    # computations agree to rounding (bf16 KV, the serving default, moves them by ~1e-2 nats).
+    with LocalCluster(build_dir, model_dir, log_dir, kv_dtype="fp32",
                       router_args=["--api-key", API_KEY]) as c:
         # 2. The API directly.
         api_ll = [api_loglik(c.url, c.model_name, p) for p in pairs]
