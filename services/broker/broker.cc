@@ -281,7 +281,16 @@ void Broker::OnCtl(const std::string& peer, wire::CtlRequest::Reader r) {
     case wire::CtlRequest::SHOW: {
       auto s = r.getShow();
       reply.setOk(true);
-      reply.setText(book_->Show(s.getBlocks(), s.getLayer()));
+      std::string text = book_->Show(s.getBlocks(), s.getLayer());
+      if (planner_ != nullptr) {
+        const PlannerDriver::Outcome* last = planner_->last();
+        text += last == nullptr ? "planner: on, no decision yet\n"
+                                : "planner: last decision for '" + last->worker + "': " +
+                                      planner::PlanActionName(last->decision.action) + ", " +
+                                      std::to_string(last->decision.changes.size()) + " change(s), epoch " +
+                                      std::to_string(last->epoch) + "; " + last->decision.reason + "\n";
+      }
+      reply.setText(text);
       break;
     }
     case wire::CtlRequest::SET_BITS: {
