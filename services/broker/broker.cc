@@ -126,6 +126,17 @@ Status Broker::Setup() {
                            .Help("Expert blocks per committed width, per decode worker and layer "
                                  "(the broker's mirror of the workers' tables)")
                            .Register(*registry_);
+  if (options_.planner.enabled) {
+    if (!served_) return InvalidArgument("broker: the planner needs an .apw store (--store)");
+    PW_ASSIGN_OR_RETURN(planner_, PlannerDriver::Create(served_->store(), options_.planner));
+    planner_plans_ = &prometheus::BuildCounter().Name("pagedweight_broker_planner_plans_total")
+                          .Help("Plans the planner made, by action (lower, raise)").Register(*registry_);
+    planner_pages_ = &prometheus::BuildCounter().Name("pagedweight_broker_planner_pages_total")
+                          .Help("Pool pages the planner's plans free (lower) or take (raise)")
+                          .Register(*registry_);
+    planner_errors_ = &prometheus::BuildCounter().Name("pagedweight_broker_planner_errors_total")
+                           .Help("Planner ticks that failed").Register(*registry_).Add({});
+  }
   if (!options_.metrics_bind.empty()) {
     try {
       exposer_ = std::make_unique<prometheus::Exposer>(options_.metrics_bind);
@@ -270,7 +281,16 @@ void Broker::OnCtl(const std::string& peer, wire::CtlRequest::Reader r) {
     case wire::CtlRequest::SHOW: {
       auto s = r.getShow();
       reply.setOk(true);
-      reply.setText(book_->Show(s.getBlocks(), s.getLayer()));
+      std::string text = book_->Show(s.getBlocks(), s.getLayer());
+      if (planner_ != nullptr) {
+        const PlannerDriver::Outcome* last = planner_->last();
+        text += last == nullptr ? "planner: on, no decision yet\n"
+                                : "planner: last decision for '" + last->worker + "': " +
+                                      planner::PlanActionName(last->decision.action) + ", " +
+                                      std::to_string(last->decision.changes.size()) + " change(s), epoch " +
+                                      std::to_string(last->epoch) + "; " + last->decision.reason + "\n";
+      }
+      reply.setText(text);
       break;
     }
     case wire::CtlRequest::SET_BITS: {
@@ -353,10 +373,30 @@ void Broker::ExportPlanMetrics() {
   }
 }
 
+void Broker::RunPlanner() {
+  std::vector<std::string> decode;
+  for (const auto& [peer, sent] : plan_sent_ms_) decode.push_back(peer);
+  auto r = planner_->Tick(clock_->NowMs(), book_.get(), decode);
+  if (!r.ok()) {
+    planner_errors_->Increment();
+    PW_LOG(WARNING) << "broker: planner: " << r.status().ToString();
+    return;
+  }
+  if (!r->has_value() || (*r)->epoch == 0) return;
+  const auto& o = **r;
+  const char* action = planner::PlanActionName(o.decision.action);
+  planner_plans_->Add({{"action", action}}).Increment();
+  planner_pages_->Add({{"action", action}}).Increment(static_cast<double>(o.decision.pages_moved));
+  PW_LOG(INFO) << "broker: planner epoch " << o.epoch << " for '" << o.worker << "': " << action << " "
+               << o.decision.changes.size() << " block(s); " << o.decision.reason;
+  SendPlans(/*force=*/true);
+}
+
 void Broker::PollOnce(int timeout_ms) {
   server_->Poll(timeout_ms, [this](const std::string& peer, const proto::InMessage& m) {
     return Handle(peer, m);
   });
+  if (planner_) RunPlanner();
   SendPlans(/*force=*/false);
 }
 

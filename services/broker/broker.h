@@ -28,7 +28,9 @@
 #include "common/status.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
+#include "policies/planner/planner_params.h"
 #include "services/broker/plan_book.h"
+#include "services/broker/planner_driver.h"
 #include "services/broker/served_store.h"
 #include "services/workers/expert_store.h"
 
@@ -48,6 +50,8 @@ struct BrokerOptions {
   std::string store_path;                   // .apw store; empty = the checkpoint's bf16 experts
   int initial_bits = 4;                     // width of every block until a plan changes it
   uint64_t plan_resend_ms = 1000;           // a worker with pending changes gets its plan again
+  // The quality-aware planner (planner_driver.h); off by default, needs an .apw store.
+  planner::PlannerParams planner;
 };
 
 // What the broker knows about one worker (rebuilt from re-registrations after a restart).
@@ -86,6 +90,8 @@ class Broker {
   // Sends every decode worker with pending changes its plan (`force`: now, else when due).
   void SendPlans(bool force);
   void ExportPlanMetrics();
+  // One planner tick (when enabled): its changes become a new epoch, sent at once.
+  void RunPlanner();
 
   BrokerOptions options_;
   const transport::Clock* clock_;
@@ -111,6 +117,10 @@ class Broker {
   prometheus::Counter* ctl_errors_counter_ = nullptr;
   prometheus::Gauge* epoch_gauge_ = nullptr;
   prometheus::Family<prometheus::Gauge>* committed_family_ = nullptr;
+  std::unique_ptr<PlannerDriver> planner_;
+  prometheus::Family<prometheus::Counter>* planner_plans_ = nullptr;
+  prometheus::Family<prometheus::Counter>* planner_pages_ = nullptr;
+  prometheus::Counter* planner_errors_ = nullptr;
 };
 
 }  // namespace pw::broker

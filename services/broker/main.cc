@@ -22,7 +22,23 @@ int main(int argc, char** argv) {
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
+  auto& pl = o.planner;
+  app.add_flag("--planner", pl.enabled, "run the quality-aware planner (needs --store)");
+  app.add_flag("--planner-static", pl.static_mode, "ablation: the planner never changes widths");
+  app.add_flag("--planner-no-routing", [&pl](int64_t) { pl.use_routing = false; },
+               "ablation: no routing statistics (every expert average, no hot floor)");
+  app.add_option("--planner-low", pl.low_watermark, "low watermark, fraction of the pool free");
+  app.add_option("--planner-high", pl.high_watermark, "high watermark, fraction of the pool free");
+  app.add_option("--planner-headroom", pl.headroom, "fraction of the pool freed beyond the shortfall");
+  app.add_option("--planner-hot-floor", pl.hot_floor_bits, "lowest width of a hot expert");
+  app.add_option("--planner-max-bytes", pl.max_bytes_per_decision, "bytes one decision may move (0 = no limit)");
+  app.add_option("--planner-min-interval-ms", pl.min_interval_ms, "least time between two changes");
+  app.add_option("--planner-interval-ms", pl.interval_ms, "how often the planner runs");
   CLI11_PARSE(app, argc, argv);
+  if (pw::Status st = pl.Validate(); !st.ok()) {
+    std::fprintf(stderr, "pw-broker: %s\n", st.ToString().c_str());
+    return 1;
+  }
   pw::SetLogProcessTag("broker");
   if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-broker", o.bind); !s.ok()) {
     std::fprintf(stderr, "pw-broker: %s\n", s.message().c_str());

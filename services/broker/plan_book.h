@@ -72,6 +72,11 @@ class PlanBook {
     auto it = mirrors_.find(worker);
     return it == mirrors_.end() ? nullptr : &it->second.committed;
   }
+  // The worker's pool figures from its last Telemetry (page_bytes 0 before any), or null.
+  const WorkerPool* Pool(const std::string& worker) const {
+    auto it = mirrors_.find(worker);
+    return it == mirrors_.end() ? nullptr : &it->second.pool;
+  }
   // Blocks whose desired width differs from the worker's mirrored committed width.
   std::vector<BlockWidth> PendingFor(const std::string& worker) const;
   // When a broker restarts, the workers' desired widths are the best record of what was asked:

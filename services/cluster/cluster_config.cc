@@ -38,6 +38,26 @@ const Schema& ClusterSchema() {
                      // Any-precision .apw store (pw-quantize); absent = bf16 experts.
                      {"store", Schema::String().NonEmpty()},
                      {"initial_bits", Schema::Int().Range(3, 8).Default(int64_t{8})},
+                     // The quality-aware planner (policies/planner/planner_params.h); needs
+                     // the store.
+                     {"planner", Schema::Map({
+                                     {"enabled", Schema::Bool().Default(false)},
+                                     {"static", Schema::Bool().Default(false)},
+                                     {"use_routing", Schema::Bool().Default(true)},
+                                     {"low_watermark", Schema::Double().Range(0, 1).Default(0.05)},
+                                     {"high_watermark", Schema::Double().Range(0, 1).Default(0.20)},
+                                     {"headroom", Schema::Double().Range(0, 1).Default(0.05)},
+                                     {"hot_floor_bits", Schema::Int().Range(0, 8).Default(int64_t{6})},
+                                     {"max_bytes_per_decision",
+                                      Schema::Int().Range(0, int64_t{1} << 50).Default(int64_t{0})},
+                                     {"min_interval_ms", Schema::Int().Range(0, 3600000).Default(int64_t{500})},
+                                     {"interval_ms", Schema::Int().Range(1, 3600000).Default(int64_t{200})},
+                                 }).Check([](const ConfigValue& v) -> std::string {
+                                   if (v["high_watermark"].AsDouble() < v["low_watermark"].AsDouble()) {
+                                     return "high_watermark is below low_watermark";
+                                   }
+                                   return "";
+                                 })},
                  })},
       {"prefill", Schema::List(Schema::Map({
                       {"id", Schema::String().NonEmpty().Required()},
@@ -143,6 +163,19 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
     if (broker.Has("store")) {
       b.argv.insert(b.argv.end(), {"--store", broker["store"].AsString(), "--initial-bits",
                                    std::to_string(broker["initial_bits"].AsInt())});
+    }
+    const ConfigValue& pl = broker["planner"];
+    if (pl["enabled"].AsBool()) {
+      if (!broker.Has("store")) return pl["enabled"].Error("the planner needs broker.store (an .apw store)");
+      b.argv.insert(b.argv.end(), {"--planner", "--planner-low", std::to_string(pl["low_watermark"].AsDouble()),
+                                   "--planner-high", std::to_string(pl["high_watermark"].AsDouble()),
+                                   "--planner-headroom", std::to_string(pl["headroom"].AsDouble()),
+                                   "--planner-hot-floor", std::to_string(pl["hot_floor_bits"].AsInt()),
+                                   "--planner-max-bytes", std::to_string(pl["max_bytes_per_decision"].AsInt()),
+                                   "--planner-min-interval-ms", std::to_string(pl["min_interval_ms"].AsInt()),
+                                   "--planner-interval-ms", std::to_string(pl["interval_ms"].AsInt())});
+      if (pl["static"].AsBool()) b.argv.push_back("--planner-static");
+      if (!pl["use_routing"].AsBool()) b.argv.push_back("--planner-no-routing");
     }
     name_args(&b.argv);
     out.processes.push_back(std::move(b));

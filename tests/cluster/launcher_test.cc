@@ -82,6 +82,45 @@ TEST(ClusterConfig, DecodeLynxBlockBecomesFlags) {
   EXPECT_NE(r.status().message().find("alpha and beta"), std::string::npos) << r.status().ToString();
 }
 
+TEST(ClusterConfig, BrokerPlannerBlockBecomesFlags) {
+  auto path = WriteTemp("planner.yaml",
+                        "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
+                        "broker: {store: s.apw, planner: {enabled: true, low_watermark: 0.1, "
+                        "high_watermark: 0.3, use_routing: false, max_bytes_per_decision: 4096}}\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const auto& b = cfg->processes[0].argv;
+  ASSERT_EQ(cfg->processes[0].name, "broker");
+  auto value_after = [&](const std::string& flag) {
+    for (size_t i = 0; i + 1 < b.size(); ++i) {
+      if (b[i] == flag) return b[i + 1];
+    }
+    return std::string("(absent)");
+  };
+  EXPECT_NE(std::find(b.begin(), b.end(), "--planner"), b.end());
+  EXPECT_EQ(std::stod(value_after("--planner-low")), 0.1);
+  EXPECT_EQ(std::stod(value_after("--planner-high")), 0.3);
+  EXPECT_EQ(value_after("--planner-max-bytes"), "4096");
+  EXPECT_NE(std::find(b.begin(), b.end(), "--planner-no-routing"), b.end());
+  EXPECT_EQ(std::find(b.begin(), b.end(), "--planner-static"), b.end());
+
+  // Off by default: no planner flag at all.
+  auto off = LoadClusterConfig(WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                              "decode: [{id: d}]\nbroker: {store: s.apw}\n"),
+                               "/bin");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  for (const auto& a : off->processes[0].argv) EXPECT_EQ(a.rfind("--planner", 0), std::string::npos) << a;
+
+  for (const char* text : {"broker: {planner: {enabled: true}}\n",
+                           "broker: {store: s.apw, planner: {low_watermark: 0.5, high_watermark: 0.1}}\n"}) {
+    auto r = LoadClusterConfig(WriteTemp("planner_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
+                                                                         "decode: [{id: d}]\n") + text),
+                               "/bin");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find("planner"), std::string::npos) << r.status().ToString();
+  }
+}
+
 TEST(ClusterConfig, BadFilesNameTheProblem) {
   struct Case {
     const char* yaml;

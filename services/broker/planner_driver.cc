@@ -1,0 +1,102 @@
+#include "services/broker/planner_driver.h"
+
+#include "memory/weight_page_table.h"
+
+namespace pw::broker {
+
+PlannerDriver::PlannerDriver(const apw::ApwStore& store, const planner::PlannerParams& params)
+    : store_(store), params_(params) {}
+
+Result<std::unique_ptr<PlannerDriver>> PlannerDriver::Create(const apw::ApwStore& store,
+                                                             const planner::PlannerParams& params) {
+  PW_RETURN_IF_ERROR(params.Validate());
+  return std::unique_ptr<PlannerDriver>(new PlannerDriver(store, params));
+}
+
+Result<const std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>>*> PlannerDriver::PagesFor(
+    uint64_t page_bytes) {
+  auto it = pages_.find(page_bytes);
+  if (it != pages_.end()) return &it->second;
+  std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>> table(static_cast<size_t>(store_.num_blocks()));
+  for (int i = 0; i < store_.num_blocks(); ++i) {
+    const apw::BlockData& b = store_.block(i);
+    auto& row = table[static_cast<size_t>(i)];
+    for (int w = anyprec::kMinBits; w <= anyprec::kMaxBits; ++w) {
+      const int n = memory::WeightPageTable::PagesFor(static_cast<int>(b.rows), static_cast<int>(b.cols), w,
+                                                      page_bytes);
+      if (n < 0) {
+        return InvalidArgument("planner: a page of " + std::to_string(page_bytes) + " bytes cannot hold a row of " +
+                               store_.BlockName(i) + " at " + std::to_string(w) + " bits");
+      }
+      row[w] = static_cast<uint32_t>(n);
+    }
+  }
+  return &pages_.emplace(page_bytes, std::move(table)).first->second;
+}
+
+Result<std::optional<PlannerDriver::Outcome>> PlannerDriver::Tick(uint64_t now_ms, PlanBook* book,
+                                                                   const std::vector<std::string>& workers) {
+  const int64_t now = static_cast<int64_t>(now_ms);
+  if (last_tick_ms_ >= 0 && now - last_tick_ms_ < params_.interval_ms) return std::optional<Outcome>();
+  last_tick_ms_ = now;
+  // The tightest worker, and only when every worker has committed the desired map.
+  const std::string* tightest = nullptr;
+  const WorkerPool* pool = nullptr;
+  for (const std::string& w : workers) {
+    const WorkerPool* p = book->Pool(w);
+    if (p == nullptr || p->page_bytes == 0 || p->pending != 0 || !book->PendingFor(w).empty()) {
+      return std::optional<Outcome>();
+    }
+    if (pool == nullptr || p->free < pool->free) {
+      tightest = &w;
+      pool = p;
+    }
+  }
+  if (tightest == nullptr) return std::optional<Outcome>();
+  const std::vector<int>* committed = book->Committed(*tightest);
+  if (committed == nullptr || committed->size() != static_cast<size_t>(store_.num_blocks())) {
+    return std::optional<Outcome>();
+  }
+  PW_ASSIGN_OR_RETURN(auto* pages, PagesFor(pool->page_bytes));
+
+  planner::PlannerInputs in;
+  in.num_layers = book->num_layers();
+  in.num_experts = book->num_experts();
+  in.blocks.reserve(static_cast<size_t>(store_.num_blocks()));
+  for (int i = 0; i < store_.num_blocks(); ++i) {
+    const apw::BlockData& b = store_.block(i);
+    planner::BlockInput bi;
+    bi.layer = static_cast<int>(b.layer);
+    bi.expert = static_cast<int>(b.expert);
+    bi.proj = b.kind;
+    bi.committed = (*committed)[ExpertBlockIndex(b.layer, b.expert, b.kind, in.num_experts)];
+    bi.pages = (*pages)[static_cast<size_t>(i)];
+    for (int w : {0, 3, 4, 5, 6, 7, 8}) bi.damage[w] = b.damage[w];
+    // Widths 1..2 do not exist; give them the damage of dropping the block so the table is
+    // monotone (the planner never moves a block there).
+    bi.damage[1] = bi.damage[2] = b.damage[0];
+    in.blocks.push_back(bi);
+  }
+  in.pool.page_bytes = pool->page_bytes;
+  in.pool.free = pool->free;
+  in.pool.kv = pool->kv;
+  in.pool.weights = pool->weights;
+  in.now_ms = now;
+  in.last_change_ms = last_change_ms_;
+  PW_ASSIGN_OR_RETURN(planner::PlannerDecision d, planner::Plan(in, params_));
+
+  Outcome out;
+  out.worker = *tightest;
+  if (!d.changes.empty()) {
+    std::vector<PlanBook::Selection> sel;
+    sel.reserve(d.changes.size());
+    for (const auto& c : d.changes) sel.push_back({c.to, c.layer, c.expert, static_cast<int>(c.proj)});
+    PW_ASSIGN_OR_RETURN(out.epoch, book->Apply(sel));
+    last_change_ms_ = now;
+  }
+  out.decision = std::move(d);
+  last_ = out;
+  return std::optional<Outcome>(std::move(out));
+}
+
+}  // namespace pw::broker

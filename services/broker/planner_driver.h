@@ -1,0 +1,65 @@
+// PlannerDriver: runs the quality-aware planner (policies/planner/planner.h) from the broker's
+// loop and turns its decisions into PlanBook changes (DESIGN.md 5.1).
+//
+// Every interval_ms, when every decode worker the book mirrors has committed the desired map
+// (a worker that has not acknowledged the last plan is not planned for again until it does)
+// and has sent Telemetry, it plans for the worker with the fewest free pages:
+//   - committed widths: that worker's mirror;
+//   - pages per width: WeightPageTable::PagesFor with the worker's page size;
+//   - damage D_i[b]: the .apw store's table;
+//   - pool pages: the worker's last Telemetry;
+//   - KV demand: 0 (Telemetry does not carry queued prompts or running growth yet);
+//   - routing mass: none, every expert average (Telemetry's expertMass is not filled yet).
+// Changes go to the book as one Apply (a new epoch); the broker sends them as plans.
+// Loop thread only, like the book.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/apw_store.h"
+#include "common/status.h"
+#include "policies/planner/planner.h"
+#include "services/broker/plan_book.h"
+
+namespace pw::broker {
+
+class PlannerDriver {
+ public:
+  // The store must have the book's layers and experts.
+  static Result<std::unique_ptr<PlannerDriver>> Create(const apw::ApwStore& store,
+                                                       const planner::PlannerParams& params);
+
+  struct Outcome {
+    std::string worker;                  // planned for
+    planner::PlannerDecision decision;
+    uint64_t epoch = 0;                  // the book's epoch after the changes (0: none applied)
+  };
+  // One decision when due and possible (see the file comment), else nullopt. `workers`: the
+  // decode workers plans go to. Errors: a bad input or a change the book refused.
+  Result<std::optional<Outcome>> Tick(uint64_t now_ms, PlanBook* book,
+                                      const std::vector<std::string>& workers);
+
+  const planner::PlannerParams& params() const { return params_; }
+  // The last decision made (for logs and pw-ctl show); null before the first.
+  const Outcome* last() const { return last_ ? &*last_ : nullptr; }
+
+ private:
+  PlannerDriver(const apw::ApwStore& store, const planner::PlannerParams& params);
+  // Pages per width of every block for a page size (cached).
+  Result<const std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>>*> PagesFor(uint64_t page_bytes);
+
+  const apw::ApwStore& store_;
+  planner::PlannerParams params_;
+  std::map<uint64_t, std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>>> pages_;
+  int64_t last_tick_ms_ = -1;
+  int64_t last_change_ms_ = -1;
+  std::optional<Outcome> last_;
+};
+
+}  // namespace pw::broker

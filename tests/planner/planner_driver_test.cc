@@ -1,0 +1,169 @@
+// The broker's PlannerDriver over a real .apw store and PlanBook: Telemetry in, a new epoch
+// of desired widths out; no plan for a worker that has not committed the last one.
+#include "services/broker/planner_driver.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "common/apw_store.h"
+#include "tests/anyprec/random_block.h"
+
+namespace pw::broker {
+namespace {
+
+constexpr int kLayers = 1, kExperts = 2, kHidden = 64, kFfn = 32;
+constexpr uint64_t kPage = 1024;
+
+class PlannerDriverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = std::string(PW_BINARY_DIR) + "/test-tmp/planner_driver_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".apw";
+    std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
+    apw::StoreInfo info;
+    info.num_layers = kLayers;
+    info.num_experts = kExperts;
+    info.hidden = kHidden;
+    info.ffn = kFfn;
+    info.model_hash = 7;
+    auto w = apw::ApwWriter::Create(path_, info).value();
+    std::mt19937 rng(5);
+    for (uint32_t e = 0; e < kExperts; ++e) {
+      for (auto kind : {ExpertProj::kGateUp, ExpertProj::kDown}) {
+        const int rows = kind == ExpertProj::kGateUp ? 2 * kFfn : kHidden;
+        const int cols = kind == ExpertProj::kGateUp ? kHidden : kFfn;
+        anyprec::RandomBlock rb = anyprec::MakeRandomBlock(rows, cols, rng);
+        apw::BlockData b;
+        b.layer = 0;
+        b.expert = e;
+        b.kind = kind;
+        b.rows = rows;
+        b.cols = cols;
+        for (int p = 0; p < apw::kPlanes; ++p) b.planes[p] = rb.block.Plane(p);
+        for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.luts[bits] = rb.block.luts[bits].data();
+        // Expert 1 is ten times as sensitive as expert 0.
+        const double scale = e == 0 ? 1.0 : 10.0;
+        for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.damage[bits] = scale * std::pow(2.0, 8 - bits);
+        b.damage[0] = scale * 1000;
+        ASSERT_TRUE(w->Add(b).ok());
+        blocks_.push_back(std::move(rb));
+      }
+    }
+    ASSERT_TRUE(w->Finish().ok());
+    store_ = apw::ApwStore::Open(path_).value();
+  }
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove(path_);
+  }
+
+  static std::vector<BlockWidth> All(int bits) {
+    std::vector<BlockWidth> t;
+    for (int e = 0; e < kExperts; ++e) {
+      for (auto p : {ExpertProj::kGateUp, ExpertProj::kDown}) t.push_back({0, e, p, bits});
+    }
+    return t;
+  }
+  static planner::PlannerParams Params() {
+    planner::PlannerParams p;
+    p.enabled = true;
+    p.low_watermark = 0.10;
+    p.high_watermark = 0.30;
+    p.headroom = 0.0;
+    p.min_interval_ms = 0;
+    p.interval_ms = 100;
+    return p;
+  }
+
+  std::string path_;
+  std::vector<anyprec::RandomBlock> blocks_;
+  std::unique_ptr<apw::ApwStore> store_;
+};
+
+TEST_F(PlannerDriverTest, LowersUnderPressureWaitsForTheAckThenRaises) {
+  PlanBook book(kLayers, kExperts, 8, 3, 8);
+  ASSERT_TRUE(book.Mirror("d0", All(8)).ok());
+  auto driver = PlannerDriver::Create(*store_, Params()).value();
+  const std::vector<std::string> workers = {"d0"};
+
+  // No Telemetry yet: nothing to plan from.
+  auto none = driver->Tick(1000, &book, workers);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->has_value());
+
+  // 4 blocks at 8 bits in 1 KiB pages: gate_up [64 x 64] and down [64 x 32] take one page a
+  // plane and 16 pages of LUT: 24 pages each.
+  const int64_t weights = 4 * 24;
+  book.Telemetry("d0", WorkerPool{kPage, 500, static_cast<uint32_t>(weights), 10, 0, 0});
+  auto low = driver->Tick(1100, &book, workers);
+  ASSERT_TRUE(low.ok()) << low.status().ToString();
+  ASSERT_TRUE(low->has_value());
+  const auto& d = (*low)->decision;
+  EXPECT_EQ(d.action, planner::PlanAction::kLower);
+  EXPECT_EQ(d.target_pages, 61 - 10);  // ceil(0.1 * 606) - 10
+  EXPECT_TRUE(d.target_met);
+  EXPECT_EQ((*low)->epoch, 1u);
+  EXPECT_EQ(book.epoch(), 1u);
+  // The cheap expert 0 goes down before the sensitive expert 1.
+  int lowered0 = 0, lowered1 = 0;
+  for (const auto& c : d.changes) {
+    EXPECT_EQ(book.desired(ExpertBlockIndex(0, c.expert, c.proj, kExperts)), c.to);
+    (c.expert == 0 ? lowered0 : lowered1) += c.from - c.to;
+  }
+  EXPECT_GT(lowered0, lowered1);
+  const std::vector<BlockWidth> pending = book.PendingFor("d0");
+  EXPECT_EQ(pending.size(), d.changes.size());
+
+  // Too soon, then not acknowledged yet: no new plan.
+  auto soon = driver->Tick(1150, &book, workers);
+  ASSERT_TRUE(soon.ok());
+  EXPECT_FALSE(soon->has_value());
+  auto unacked = driver->Tick(1300, &book, workers);
+  ASSERT_TRUE(unacked.ok());
+  EXPECT_FALSE(unacked->has_value());
+  EXPECT_EQ(book.epoch(), 1u);
+
+  // Acknowledged, and the burst is over: widths come back up.
+  ASSERT_TRUE(book.Acked("d0", 1, pending, false).ok());
+  book.Telemetry("d0", WorkerPool{kPage, 100, static_cast<uint32_t>(weights - d.pages_moved), 500, 1, 0});
+  auto high = driver->Tick(1500, &book, workers);
+  ASSERT_TRUE(high.ok()) << high.status().ToString();
+  ASSERT_TRUE(high->has_value());
+  EXPECT_EQ((*high)->decision.action, planner::PlanAction::kRaise);
+  EXPECT_EQ((*high)->epoch, 2u);
+  for (const auto& c : (*high)->decision.changes) EXPECT_GT(c.to, c.from);
+  ASSERT_NE(driver->last(), nullptr);
+  EXPECT_EQ(driver->last()->epoch, 2u);
+}
+
+TEST_F(PlannerDriverTest, StaticModeAndBadParams) {
+  PlanBook book(kLayers, kExperts, 8, 3, 8);
+  ASSERT_TRUE(book.Mirror("d0", All(8)).ok());
+  book.Telemetry("d0", WorkerPool{kPage, 500, 96, 0, 0, 0});
+  planner::PlannerParams p = Params();
+  p.static_mode = true;
+  auto driver = PlannerDriver::Create(*store_, p).value();
+  auto r = driver->Tick(1000, &book, {"d0"});
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->has_value());
+  EXPECT_TRUE((*r)->decision.changes.empty());
+  EXPECT_EQ((*r)->epoch, 0u);
+  EXPECT_EQ(book.epoch(), 0u);
+
+  p = Params();
+  p.interval_ms = 0;
+  EXPECT_EQ(PlannerDriver::Create(*store_, p).status().code(), StatusCode::kInvalidArgument);
+
+  // A page too small for one row of an 8-bit LUT is a clear error, not a plan.
+  auto ok = PlannerDriver::Create(*store_, Params()).value();
+  book.Telemetry("d0", WorkerPool{128, 500, 96, 0, 0, 0});
+  auto bad = ok->Tick(1000, &book, {"d0"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("128 bytes"), std::string::npos) << bad.status().ToString();
+}
+
+}  // namespace
+}  // namespace pw::broker

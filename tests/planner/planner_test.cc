@@ -1,0 +1,313 @@
+#include "policies/planner/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "policies/planner/step_damage.h"
+
+namespace pw::planner {
+namespace {
+
+// A block of 10 pages a bit from 3 bits up (30 pages at 3 bits, 80 at 8) whose damage doubles
+// with each bit removed: D[b] = scale * 2^(8 - b), D[0] = scale * 1000.
+BlockInput MakeBlock(int layer, int expert, ExpertProj proj, int committed, double scale) {
+  BlockInput b;
+  b.layer = layer;
+  b.expert = expert;
+  b.proj = proj;
+  b.committed = committed;
+  for (int w = 3; w <= 8; ++w) {
+    b.pages[w] = 10 * w;
+    b.damage[w] = scale * std::pow(2.0, 8 - w);
+  }
+  b.damage[0] = scale * 1000;
+  return b;
+}
+
+// One layer of `experts` experts, gate_up blocks only, all at `bits`, equal damage; a pool of
+// 1000 pages of 4 KiB with `free` pages free.
+PlannerInputs MakeInputs(int experts, int bits, int64_t free, double scale = 1.0) {
+  PlannerInputs in;
+  in.num_layers = 1;
+  in.num_experts = experts;
+  for (int e = 0; e < experts; ++e) in.blocks.push_back(MakeBlock(0, e, ExpertProj::kGateUp, bits, scale));
+  in.pool.page_bytes = 4096;
+  int64_t weights = 0;
+  for (const auto& b : in.blocks) weights += b.pages[b.committed];
+  in.pool.weights = weights;
+  in.pool.free = free;
+  in.pool.kv = 1000 - weights - free;
+  return in;
+}
+
+PlannerParams Params() {
+  PlannerParams p;
+  p.enabled = true;
+  p.low_watermark = 0.10;   // 100 pages
+  p.high_watermark = 0.30;  // 300 pages
+  p.headroom = 0.0;
+  p.min_interval_ms = 0;
+  return p;
+}
+
+int64_t PagesFreed(const PlannerInputs& in, const PlannerDecision& d) {
+  int64_t freed = 0;
+  for (const auto& c : d.changes) {
+    const auto& b = in.blocks[c.block];
+    freed += static_cast<int64_t>(b.pages[c.from]) - b.pages[c.to];
+  }
+  return freed;
+}
+
+int WidthOf(const PlannerInputs& in, const PlannerDecision& d, size_t block) {
+  for (const auto& c : d.changes) {
+    if (c.block == block) return c.to;
+  }
+  return in.blocks[block].committed;
+}
+
+TEST(PlannerTest, HysteresisNoChangeBetweenWatermarks) {
+  for (int64_t free : {100, 200, 300}) {  // low = 100, high = 300: both ends are inside
+    PlannerInputs in = MakeInputs(4, 6, free);
+    auto d = Plan(in, Params());
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->action, PlanAction::kNone) << "free " << free;
+    EXPECT_TRUE(d->changes.empty()) << "free " << free;
+  }
+  // Just outside either watermark the planner acts.
+  auto lower = Plan(MakeInputs(4, 6, 99), Params());
+  ASSERT_TRUE(lower.ok());
+  EXPECT_EQ(lower->action, PlanAction::kLower);
+  EXPECT_FALSE(lower->changes.empty());
+  auto raise = Plan(MakeInputs(4, 6, 311), Params());
+  ASSERT_TRUE(raise.ok());
+  EXPECT_EQ(raise->action, PlanAction::kRaise);
+  EXPECT_FALSE(raise->changes.empty());
+}
+
+TEST(PlannerTest, HotExpertProtected) {
+  // Expert 0 carries 70 % of the layer's routing mass (r = 2.8, hot); three cold ones 10 %.
+  PlannerInputs in = MakeInputs(4, 8, 80);  // 20 pages short of the low watermark
+  in.routing_mass = {0.7, 0.1, 0.1, 0.1};
+  auto d = Plan(in, Params());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->action, PlanAction::kLower);
+  EXPECT_GE(d->pages_moved, 20);
+  EXPECT_EQ(WidthOf(in, *d, 0), 8) << "the hot expert was lowered while cold ones were not at their floor";
+
+  // A shortfall larger than all the cold experts can give: the hot one stops at hot_floor_bits.
+  in.kv_demand_pages = 1000;
+  auto all = Plan(in, Params());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(WidthOf(in, *all, 0), Params().hot_floor_bits);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(WidthOf(in, *all, i), 3) << "block " << i;
+  EXPECT_FALSE(all->target_met);
+
+  // Ablation: without routing statistics every expert weighs the same; the tie goes to the
+  // lowest block index, so expert 0 is lowered first and has no hot floor.
+  PlannerParams off = Params();
+  off.use_routing = false;
+  in.kv_demand_pages = 0;
+  in.pool.free = 90;
+  in.pool.kv = 1000 - in.pool.weights - 90;
+  auto flat = Plan(in, off);
+  ASSERT_TRUE(flat.ok());
+  ASSERT_EQ(flat->changes.size(), 1u);
+  EXPECT_EQ(flat->changes[0].block, 0u);
+  EXPECT_EQ(flat->changes[0].to, 7);
+}
+
+TEST(PlannerTest, FloorsHeld) {
+  PlannerInputs in = MakeInputs(3, 8, 0);
+  in.blocks[0].floor = 5;
+  in.blocks[2].floor = 7;
+  PlannerParams p = Params();
+  p.min_bits = 4;
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(WidthOf(in, *d, 0), 5);
+  EXPECT_EQ(WidthOf(in, *d, 1), 4);
+  EXPECT_EQ(WidthOf(in, *d, 2), 7);
+  EXPECT_FALSE(d->target_met);
+  EXPECT_EQ(d->pages_moved, 30 + 40 + 10);
+  for (const auto& c : d->changes) EXPECT_LT(c.to, c.from);
+}
+
+TEST(PlannerTest, TargetMetExactlyWithLeastDamage) {
+  // Three experts with damage scales 1, 3 and 10; the pool is 25 pages short plus 2 % (20
+  // pages) of headroom: 45 pages, so five 10-page steps.
+  PlannerInputs in = MakeInputs(3, 8, 75);
+  in.blocks[1] = MakeBlock(0, 1, ExpertProj::kGateUp, 8, 3.0);
+  in.blocks[2] = MakeBlock(0, 2, ExpertProj::kGateUp, 8, 10.0);
+  PlannerParams p = Params();
+  p.headroom = 0.02;
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->target_pages, 45);
+  EXPECT_TRUE(d->target_met);
+  EXPECT_EQ(d->pages_moved, PagesFreed(in, *d));
+  EXPECT_GE(d->pages_moved, 45);
+  EXPECT_LT(d->pages_moved - 10, 45) << "one step more than needed";
+
+  // The least total damage over every assignment of widths 3..8 that frees >= 45 pages.
+  double best = std::numeric_limits<double>::infinity();
+  for (int a = 3; a <= 8; ++a) {
+    for (int b = 3; b <= 8; ++b) {
+      for (int c = 3; c <= 8; ++c) {
+        const int w[3] = {a, b, c};
+        int64_t freed = 0;
+        double dmg = 0;
+        for (int i = 0; i < 3; ++i) {
+          freed += in.blocks[i].pages[8] - in.blocks[i].pages[w[i]];
+          dmg += in.blocks[i].damage[w[i]] - in.blocks[i].damage[8];
+        }
+        if (freed >= 45) best = std::min(best, dmg);
+      }
+    }
+  }
+  double chosen = 0;
+  for (const auto& c : d->changes) chosen += in.blocks[c.block].damage[c.to] - in.blocks[c.block].damage[c.from];
+  EXPECT_DOUBLE_EQ(chosen, best);
+  EXPECT_DOUBLE_EQ(d->damage, best);  // uniform routing: hot = 1
+}
+
+TEST(PlannerTest, KvDemandThatDoesNotFitLowers) {
+  PlannerInputs in = MakeInputs(4, 8, 250);  // free is inside the band ...
+  in.kv_demand_pages = 300;                  // ... but admitted KV needs more than is free
+  auto d = Plan(in, Params());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->available_pages, -50);
+  EXPECT_EQ(d->action, PlanAction::kLower);
+  EXPECT_EQ(d->target_pages, 150);
+  EXPECT_GE(d->pages_moved, 150);
+}
+
+TEST(PlannerTest, RateLimitsHonoured) {
+  PlannerInputs in = MakeInputs(4, 8, 0);
+  PlannerParams p = Params();
+  p.max_bytes_per_decision = 25 * 4096;  // 25 pages: two 10-page steps
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->pages_moved, 20);
+  EXPECT_LE(PagesFreed(in, *d) * 4096, static_cast<int64_t>(p.max_bytes_per_decision));
+  EXPECT_FALSE(d->target_met);
+
+  // Raise side: 4 blocks at 3 bits, 880 pages free.
+  in.pool.kv = 0;
+  for (auto& b : in.blocks) b.committed = 3;
+  in.pool.weights = 120;
+  in.pool.free = 880;
+  auto r = Plan(in, p);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->action, PlanAction::kRaise);
+  EXPECT_EQ(r->pages_moved, 20);
+
+  // min_interval_ms: nothing within it of the last change, the same decision after it.
+  p.max_bytes_per_decision = 0;
+  p.min_interval_ms = 500;
+  in.now_ms = 10'000;
+  in.last_change_ms = 9'700;
+  auto early = Plan(in, p);
+  ASSERT_TRUE(early.ok());
+  EXPECT_TRUE(early->changes.empty());
+  EXPECT_NE(early->reason.find("rate limited"), std::string::npos) << early->reason;
+  in.last_change_ms = 9'500;
+  auto later = Plan(in, p);
+  ASSERT_TRUE(later.ok());
+  EXPECT_FALSE(later->changes.empty());
+}
+
+TEST(PlannerTest, RaisesHottestFirstAndStaysAboveHighWatermark) {
+  PlannerInputs in = MakeInputs(4, 3, 315);  // 15 pages above the high watermark: one step
+  in.routing_mass = {0.1, 0.1, 0.5, 0.3};
+  auto d = Plan(in, Params());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->action, PlanAction::kRaise);
+  ASSERT_EQ(d->changes.size(), 1u);
+  EXPECT_EQ(d->changes[0].block, 2u);
+  EXPECT_EQ(d->changes[0].to, 4);
+  EXPECT_GE(d->available_pages - d->pages_moved, d->high_pages);
+
+  // Lots of room: every block goes up to max_bits and no further.
+  in.pool.free = 800;
+  in.pool.kv = 1000 - in.pool.weights - 800;
+  auto all = Plan(in, Params());
+  ASSERT_TRUE(all.ok());
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(WidthOf(in, *all, i), 8);
+  EXPECT_GE(all->available_pages - all->pages_moved, all->high_pages);
+}
+
+TEST(PlannerTest, StaticModeReturnsNothing) {
+  PlannerParams p = Params();
+  p.static_mode = true;
+  for (int64_t free : {0, 800}) {
+    PlannerInputs in = MakeInputs(4, free == 0 ? 8 : 3, free);
+    auto d = Plan(in, p);
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->action, PlanAction::kNone);
+    EXPECT_TRUE(d->changes.empty());
+    EXPECT_EQ(d->reason, "static mode");
+  }
+}
+
+TEST(PlannerTest, LeavesWidthsOutsideItsRangeAlone) {
+  PlannerInputs in = MakeInputs(2, 8, 0);
+  in.blocks[0].committed = 0;  // not resident: not the planner's to move
+  auto d = Plan(in, Params());
+  ASSERT_TRUE(d.ok());
+  for (const auto& c : d->changes) EXPECT_NE(c.block, 0u);
+}
+
+TEST(PlannerTest, BadInputIsRefused) {
+  PlannerInputs in = MakeInputs(2, 8, 0);
+  PlannerParams p = Params();
+  p.low_watermark = 0.5;
+  p.high_watermark = 0.2;
+  EXPECT_EQ(Plan(in, p).status().code(), StatusCode::kInvalidArgument);
+
+  PlannerInputs mass = in;
+  mass.routing_mass = {1.0, 2.0, 3.0};
+  auto r = Plan(mass, Params());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("routing_mass"), std::string::npos);
+
+  PlannerInputs pages = in;
+  pages.blocks[1].pages[5] = 1;
+  r = Plan(pages, Params());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("expert 1"), std::string::npos) << r.status().message();
+
+  PlannerInputs dup = in;
+  dup.blocks[1].expert = 0;
+  EXPECT_EQ(Plan(dup, Params()).status().code(), StatusCode::kInvalidArgument);
+
+  PlannerInputs nan = in;
+  nan.blocks[0].damage[4] = std::nan("");
+  EXPECT_EQ(Plan(nan, Params()).status().code(), StatusCode::kInvalidArgument);
+
+  PlannerParams bytes = Params();
+  bytes.max_bytes_per_decision = 1 << 20;
+  PlannerInputs no_page = in;
+  no_page.pool.page_bytes = 0;
+  EXPECT_EQ(Plan(no_page, bytes).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PlannerTest, StepDamageWeighsByHotness) {
+  BlockInput b = MakeBlock(0, 0, ExpertProj::kDown, 8, 2.0);
+  EXPECT_DOUBLE_EQ(StepDamage(b, 8, 7, 1.0), 2.0);
+  EXPECT_DOUBLE_EQ(StepDamage(b, 8, 6, 3.0), 18.0);
+  EXPECT_DOUBLE_EQ(PromptResidual(b), 1.0);
+  auto r = NormalizedMass({0.0, 0.0, 3.0, 1.0}, 2, 2, true);
+  EXPECT_EQ(r, (std::vector<double>{1.0, 1.0, 1.5, 0.5}));  // a layer with no mass: uniform
+  PlannerParams p = Params();
+  EXPECT_DOUBLE_EQ(HotWeight(0.0, p), p.hot_weight_min);
+  EXPECT_DOUBLE_EQ(HotWeight(100.0, p), p.hot_weight_max);
+  p.use_routing = false;
+  EXPECT_DOUBLE_EQ(HotWeight(100.0, p), 1.0);
+}
+
+}  // namespace
+}  // namespace pw::planner
