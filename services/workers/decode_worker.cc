@@ -320,9 +320,19 @@ void DecodeWorker::SendTelemetry() {
 
 void DecodeWorker::WeightsBoundary() {
   if (paged_) {
-    // Keep one block per running or leased request free for KV growth.
-    const int reserve = static_cast<int>(running_.size() + leases_.size()) *
-                        engine_->kv_pool().layout().num_layers;
+    // Keep free the KV the requests here will still need: each running one up to its
+    // max_tokens (capped by the context), one block per leased one. Raises take only pages
+    // above that, so they wait for KV to come back rather than force a preemption.
+    const auto& kv = engine_->kv_pool().layout();
+    int64_t blocks = static_cast<int64_t>(leases_.size());
+    for (const auto& [id, run] : running_) {
+      const int64_t now_len = static_cast<int64_t>(run.prompt.size() + run.generated.size());
+      const int64_t end_len = std::min<int64_t>(
+          static_cast<int64_t>(run.prompt.size()) + 1 + run.params.max_tokens, engine_->max_context());
+      blocks += std::max<int64_t>(0, engine::BlocksForTokens(static_cast<int>(end_len), kv.block_size) -
+                                         engine::BlocksForTokens(static_cast<int>(now_len), kv.block_size)) + 1;
+    }
+    const int reserve = static_cast<int>(std::min<int64_t>(blocks * kv.num_layers, pool_->num_pages()));
     std::vector<WidthChange> committed = paged_->Poll(reserve);
     if (!committed.empty()) SendPlanAck(committed);
   }
