@@ -172,7 +172,7 @@ def accounting(node):
     """What must be zero at rest, as {what: value}."""
     out = {}
     m = node.router_metrics()
-    out["router requests running"] = m.get("pagedweight_router_requests_running")
+    out["router requests running"] = m.get("pagedweight_router_num_requests_running")
     out["router used KV blocks"] = m.get("pagedweight_router_backend_used_kv_blocks")
     free = m.get("pagedweight_router_backend_free_kv_blocks")
     out["router KV blocks not free"] = None if free is None else KV_BLOCKS["decode-0"] - free
