@@ -313,6 +313,28 @@ int LargestBatch(const std::string& log) {
   return std::atoi(log.c_str() + at + key.size());
 }
 
+// Largest difference between the KV the worker put into the harness's blocks `dst` and the
+// reference engine's blocks `own` (same layout, fp32), over the prompt's `tokens` positions.
+double WorstKvDiff(const Harness& h, const std::vector<uint32_t>& dst, const engine::Engine& ref,
+                   const std::vector<int32_t>& own, size_t tokens) {
+  const auto& layout = ref.kv_pool().layout();
+  double worst = 0;
+  for (size_t b = 0; b < dst.size(); ++b) {
+    const int valid = std::min<int>(layout.block_size, static_cast<int>(tokens - b * layout.block_size));
+    for (int l = 0; l < layout.num_layers; ++l) {
+      const float* got = reinterpret_cast<const float*>(h.block(dst[b]) + l * layout.bytes_per_layer());
+      const float* want = reinterpret_cast<const float*>(ref.kv_pool().LayerPage(own[b], l));
+      for (int slab = 0; slab < 2 * layout.num_kv_heads; ++slab) {
+        const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
+        for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
+          worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
+        }
+      }
+    }
+  }
+  return worst;
+}
+
 TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
   Harness h(FixtureModel(), 512);
   // 64-token passes: long prompts take several, short ones share them.
@@ -344,7 +366,6 @@ TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
   for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], dst[i], params[i]);
   ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
 
-  const auto& layout = ref->kv_pool().layout();
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE("prompt " + std::to_string(i) + " of " + std::to_string(prompts[i].size()) +
                  " tokens");
@@ -357,21 +378,7 @@ TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
     ASSERT_TRUE(alone.ok()) << alone.status().ToString();
     EXPECT_EQ(r.first_token, alone->first_token);
     // KV of every prompt position, block by block, within 1e-5 of the engine alone.
-    double worst = 0;
-    for (size_t b = 0; b < dst[i].size(); ++b) {
-      const int valid = std::min<int>(layout.block_size,
-                                      static_cast<int>(prompts[i].size() - b * layout.block_size));
-      for (int l = 0; l < layout.num_layers; ++l) {
-        const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]) + l * layout.bytes_per_layer());
-        const float* want = reinterpret_cast<const float*>(ref->kv_pool().LayerPage((*own)[b], l));
-        for (int slab = 0; slab < 2 * layout.num_kv_heads; ++slab) {
-          const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
-          for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
-            worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
-          }
-        }
-      }
-    }
+    const double worst = WorstKvDiff(h, dst[i], *ref, *own, prompts[i].size());
     EXPECT_LE(worst, 1e-5);
     ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
   }
@@ -457,22 +464,7 @@ TEST(PrefillWorker, EqualPromptsShareOnePrefill) {
     auto alone = ref->Prefill(prompt, *own, params[i]);
     ASSERT_TRUE(alone.ok());
     EXPECT_EQ(r.first_token, alone->first_token);
-    double worst = 0;
-    const auto& layout = ref->kv_pool().layout();
-    for (int b = 0; b < nb; ++b) {
-      const int valid =
-          std::min<int>(layout.block_size, static_cast<int>(prompt.size()) - b * layout.block_size);
-      for (int l = 0; l < layout.num_layers; ++l) {
-        const float* got = reinterpret_cast<const float*>(h.block(dst[i][b]) + l * layout.bytes_per_layer());
-        const float* want = reinterpret_cast<const float*>(ref->kv_pool().LayerPage((*own)[b], l));
-        for (int slab = 0; slab < 2 * layout.num_kv_heads; ++slab) {
-          const size_t base = static_cast<size_t>(slab) * layout.block_size * layout.head_dim;
-          for (size_t e = 0; e < static_cast<size_t>(valid * layout.head_dim); ++e) {
-            worst = std::max(worst, static_cast<double>(std::fabs(got[base + e] - want[base + e])));
-          }
-        }
-      }
-    }
+    const double worst = WorstKvDiff(h, dst[i], *ref, *own, prompt.size());
     EXPECT_LE(worst, 1e-5);
   }
   ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
