@@ -20,4 +20,16 @@ constexpr size_t ExpertBlockIndex(int64_t layer, int64_t expert, ExpertProj proj
   return static_cast<size_t>((layer * num_experts + expert) * kProjsPerExpert + static_cast<int64_t>(proj));
 }
 
+// The block an ExpertBlockIndex names (its inverse).
+struct ExpertBlock {
+  int64_t layer = 0, expert = 0;
+  ExpertProj proj = ExpertProj::kGateUp;
+};
+constexpr ExpertBlock ExpertBlockAt(size_t index, int64_t num_experts) {
+  const int64_t i = static_cast<int64_t>(index);
+  return {i / kProjsPerExpert / num_experts, i / kProjsPerExpert % num_experts,
+          static_cast<ExpertProj>(i % kProjsPerExpert)};
+}
+static_assert(ExpertBlockAt(ExpertBlockIndex(3, 5, ExpertProj::kDown, 7), 7).expert == 5);
+
 }  // namespace pw

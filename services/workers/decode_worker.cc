@@ -11,6 +11,20 @@
 #include "services/workers/worker_common.h"
 
 namespace pw::workers {
+namespace {
+
+// One weight-table entry on the wire for block `index` (ExpertBlockIndex order).
+void FillWeightEntry(wire::WeightEntry::Builder e, size_t index, int num_experts, int committed,
+                     int desired) {
+  const ExpertBlock b = ExpertBlockAt(index, num_experts);
+  e.setLayer(static_cast<uint32_t>(b.layer));
+  e.setExpert(static_cast<uint32_t>(b.expert));
+  e.setKind(b.proj == ExpertProj::kGateUp ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+  e.setCommittedBits(static_cast<uint8_t>(committed));
+  e.setDesiredBits(static_cast<uint8_t>(desired));
+}
+
+}  // namespace
 
 DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock)
     : options_(std::move(options)), clock_(clock), leases_(clock) {}
@@ -278,12 +292,7 @@ void DecodeWorker::SendPlanAck(const std::vector<WidthChange>& committed) {
   const auto& t = paged_->table();
   for (size_t k = 0; k < committed.size(); ++k) {
     const size_t i = committed[k].block;
-    auto e = list[static_cast<unsigned>(k)];
-    e.setLayer(static_cast<uint32_t>(i / 2 / static_cast<size_t>(t.num_experts())));
-    e.setExpert(static_cast<uint32_t>(i / 2 % static_cast<size_t>(t.num_experts())));
-    e.setKind(i % 2 == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
-    e.setCommittedBits(static_cast<uint8_t>(committed[k].to));
-    e.setDesiredBits(t.entry(i).desired);
+    FillWeightEntry(list[static_cast<unsigned>(k)], i, t.num_experts(), committed[k].to, t.entry(i).desired);
   }
   Status st = broker_->Send(m);
   if (!st.ok()) PW_LOG(WARNING) << options_.id << ": PlanAck: " << st.ToString();
@@ -398,12 +407,9 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
     const auto& t = paged_->table();
     auto wt = r.initWeightTable(static_cast<unsigned>(t.num_blocks()));
     for (int i = 0; i < t.num_blocks(); ++i) {
-      auto e = wt[static_cast<unsigned>(i)];
-      e.setLayer(static_cast<uint32_t>(i / 2 / t.num_experts()));
-      e.setExpert(static_cast<uint32_t>(i / 2 % t.num_experts()));
-      e.setKind(i % 2 == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
-      e.setCommittedBits(t.entry(static_cast<size_t>(i)).committed);
-      e.setDesiredBits(t.entry(static_cast<size_t>(i)).desired);
+      const auto& entry = t.entry(static_cast<size_t>(i));
+      FillWeightEntry(wt[static_cast<unsigned>(i)], static_cast<size_t>(i), t.num_experts(),
+                      entry.committed, entry.desired);
     }
   } else if (experts_) {
     const auto& regions = experts_->layout().regions;
