@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "services/engine/model.h"
 #include "services/transport/zmq_transport.h"
+#include "services/common/model_name.h"
 #include "services/workers/worker_common.h"
 
 namespace pw::workers {
@@ -55,7 +56,7 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
   if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "decode");
-  if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
+  if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<DecodeWorker> w(
       new DecodeWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());

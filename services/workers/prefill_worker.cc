@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "services/engine/model.h"
 #include "services/transport/zmq_transport.h"
+#include "services/common/model_name.h"
 #include "services/workers/worker_common.h"
 
 namespace pw::workers {
@@ -45,7 +46,7 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOption
     return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
   }
   options.id = DefaultWorkerId(options.id, "prefill");
-  if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
+  if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<PrefillWorker> w(
       new PrefillWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());
