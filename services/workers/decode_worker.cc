@@ -7,7 +7,7 @@
 
 #include "common/logging.h"
 #include "services/engine/model.h"
-#include "services/transport/zmq_transport.h"
+#include "services/transport/control_connect.h"
 #include "services/common/model_name.h"
 #include "services/workers/worker_common.h"
 
@@ -111,16 +111,19 @@ Status DecodeWorker::Setup() {
                       transport::ucx::MemoryRegion::Register(*ucx_ctx_, pool_->base(), pool_->total_bytes()));
   ucx_worker_->StartProgressThread();
 
+  auto make_client =
+      [&](const std::string& endpoint) -> Result<std::unique_ptr<transport::ControlClient>> {
+    transport::ControlClient::Options o;
+    o.id = options_.id;
+    o.role = wire::Role::DECODE;
+    o.heartbeat_ms = options_.heartbeat_ms;
+    PW_ASSIGN_OR_RETURN(auto c, transport::ConnectControlClient(endpoint, clock_, o));
+    c->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
+    c->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
+    return c;
+  };
   if (!options_.broker_endpoint.empty()) {
-    PW_ASSIGN_OR_RETURN(auto bt, transport::ZmqDealerTransport::Connect(options_.broker_endpoint,
-                                                                        options_.id));
-    transport::ControlClient::Options bo;
-    bo.id = options_.id;
-    bo.role = wire::Role::DECODE;
-    bo.heartbeat_ms = options_.heartbeat_ms;
-    broker_ = std::make_unique<transport::ControlClient>(std::move(bt), clock_, bo);
-    broker_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
-    broker_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
+    PW_ASSIGN_OR_RETURN(broker_, make_client(options_.broker_endpoint));
     broker_->on_registered = [this] { weights_->OnBrokerRegistered(); };
     broker_->on_server_lost = [this] { weights_->OnBrokerLost(); };
   }
@@ -141,15 +144,7 @@ Status DecodeWorker::Setup() {
     engine_->SetMoeHooks(hooks);
   }
 
-  PW_ASSIGN_OR_RETURN(auto rt, transport::ZmqDealerTransport::Connect(options_.router_endpoint,
-                                                                      options_.id));
-  transport::ControlClient::Options ro;
-  ro.id = options_.id;
-  ro.role = wire::Role::DECODE;
-  ro.heartbeat_ms = options_.heartbeat_ms;
-  router_ = std::make_unique<transport::ControlClient>(std::move(rt), clock_, ro);
-  router_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
-  router_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
+  PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
   router_->on_server_lost = [this] {
     DropAll("router lost");
     // No router will speak for any quarantined lease again, and the prefill workers that may

@@ -6,7 +6,7 @@
 
 #include "common/logging.h"
 #include "services/engine/model.h"
-#include "services/transport/zmq_transport.h"
+#include "services/transport/control_connect.h"
 #include "services/common/model_name.h"
 #include "services/workers/worker_common.h"
 
@@ -73,12 +73,11 @@ Status PrefillWorker::Setup() {
 
   auto make_client =
       [&](const std::string& endpoint) -> Result<std::unique_ptr<transport::ControlClient>> {
-    PW_ASSIGN_OR_RETURN(auto t, transport::ZmqDealerTransport::Connect(endpoint, options_.id));
     transport::ControlClient::Options o;
     o.id = options_.id;
     o.role = wire::Role::PREFILL;
     o.heartbeat_ms = options_.heartbeat_ms;
-    auto c = std::make_unique<transport::ControlClient>(std::move(t), clock_, o);
+    PW_ASSIGN_OR_RETURN(auto c, transport::ConnectControlClient(endpoint, clock_, o));
     c->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
     c->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
     return c;
