@@ -18,12 +18,10 @@ struct ActRows {
   int8_t* q = nullptr;
   float* scales = nullptr;
   float* offsets = nullptr;
+  int8_t* Q(int row) const { return q + static_cast<size_t>(row) * Q8ActStride(cols); }
+  float* Scales(int row) const { return scales + static_cast<size_t>(row) * Q8ActGroups(cols); }
   // The Q8Acts view of rows [row, row + n).
-  Q8Acts View(int row, int n) const {
-    const size_t stride = static_cast<size_t>(Q8ActStride(cols)), groups = static_cast<size_t>(Q8ActGroups(cols));
-    return Q8Acts{n, cols, q + static_cast<size_t>(row) * stride, scales + static_cast<size_t>(row) * groups,
-                  offsets + row};
-  }
+  Q8Acts View(int row, int n) const { return Q8Acts{n, cols, Q(row), Scales(row), offsets + row}; }
 };
 
 size_t Align(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
@@ -65,11 +63,13 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
   const ActRows gq = TakeActRows(ws, 1, R, h);
   {
     const size_t stride = static_cast<size_t>(Q8ActStride(h)), groups = static_cast<size_t>(Q8ActGroups(h));
-    for (size_t r = 0; r < R; ++r) {
-      const size_t t = static_cast<size_t>(call.rows[r].token);
-      std::memcpy(gq.q + r * stride, xq.q + t * stride, stride);
-      std::memcpy(gq.scales + r * groups, xq.scales + t * groups, groups * sizeof(float));
-      gq.offsets[r] = xq.offsets[t];
+    for (const engine::ExpertGroup& e : call.groups) {
+      for (int32_t r = e.begin; r < e.end; ++r) {
+        const int32_t t = call.rows[r].token;
+        std::memcpy(gq.Q(r), xq.Q(t), stride);
+        std::memcpy(gq.Scales(r), xq.Scales(t), groups * sizeof(float));
+        gq.offsets[r] = xq.offsets[t];
+      }
     }
   }
   // 2. Every group's gate_up rows in one dispatch.
@@ -84,10 +84,16 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
   }));
   // 3. h = silu(gate) * up for every row, quantized at once.
   float* act = ws.Array<float>(3, R * I);
-  for (size_t r = 0; r < R; ++r) k.silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);
   const ActRows aq = TakeActRows(ws, 4, R, f);
-  PW_RETURN_IF_ERROR(QuantizeActRows(act, I, static_cast<int>(R), f, aq.q, aq.scales, aq.offsets)
-                         .WithContext("fast-path experts (layer " + std::to_string(call.layer) + ", down input)"));
+  for (size_t g = 0; g < call.groups.size(); ++g) {
+    const engine::ExpertGroup& e = call.groups[g];
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      k.silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);
+    }
+    PW_RETURN_IF_ERROR(QuantizeActRows(act + static_cast<size_t>(e.begin) * I, I, e.size(), f, aq.Q(e.begin),
+                                       aq.Scales(e.begin), aq.offsets + e.begin)
+                           .WithContext(Where(call, static_cast<int32_t>(g), "down input")));
+  }
   // 4. Every group's down rows in one dispatch.
   float* ye = ws.Array<float>(5, R * H);
   ListTiles(call, static_cast<int32_t>(H), &tiles);
@@ -98,8 +104,10 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
     return s.ok() ? s : s.WithContext(Where(call, t.group, "down"));
   }));
   // 5. The weighted sum, in group order.
-  for (size_t r = 0; r < R; ++r) {
-    k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);
+  for (const engine::ExpertGroup& e : call.groups) {
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);
+    }
   }
   return Status::Ok();
 }

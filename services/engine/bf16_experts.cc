@@ -17,8 +17,10 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
   float* gate_up = ws.Array<float>(1, R * 2 * I);
   float* act = ws.Array<float>(2, R * I);
   float* ye = ws.Array<float>(3, R * H);
-  for (size_t r = 0; r < R; ++r) {
-    std::memcpy(xe + r * H, call.x + static_cast<size_t>(call.rows[r].token) * H, H * sizeof(float));
+  for (const ExpertGroup& e : call.groups) {
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      std::memcpy(xe + r * H, call.x + static_cast<size_t>(call.rows[r].token) * H, H * sizeof(float));
+    }
   }
   std::vector<ExpertTile>& tiles = ws.tiles();
   tiles.clear();
@@ -39,7 +41,11 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
     }
     return Status::Ok();
   }));
-  for (size_t r = 0; r < R; ++r) k.silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+  for (const ExpertGroup& e : call.groups) {
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      k.silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+    }
+  }
   tiles.clear();
   for (size_t g = 0; g < call.groups.size(); ++g) {
     const ExpertGroup& e = call.groups[g];
@@ -51,8 +57,10 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
                   ye + static_cast<size_t>(t.row0) * H, H);
     return Status::Ok();
   }));
-  for (size_t r = 0; r < R; ++r) {
-    k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);
+  for (const ExpertGroup& e : call.groups) {
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);
+    }
   }
   return Status::Ok();
 }

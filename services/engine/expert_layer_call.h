@@ -13,7 +13,9 @@
 //
 // Layout (FlashInfer-style indptr): groups[g] covers rows[groups[g].begin, groups[g].end) of
 // `rows`; a token appears at most once per group (rows keep the router's token-major order;
-// a routing hook's additions may follow). Every group is non-empty. Built by RunMoeLayer (moe_layer.h), which checks what a
+// a routing hook's additions may follow). Every group is non-empty; groups do not overlap.
+// A provider reads only the rows its groups cover, so a call narrowed to some of the groups
+// (a wrapper splitting a layer) stays valid. Built by RunMoeLayer (moe_layer.h), which checks what a
 // routing hook returned first; providers may rely on the layout.
 #pragma once
 
@@ -50,7 +52,7 @@ struct ExpertLayerCall {
   size_t ffn = 0;         // I: the experts' intermediate width
   const float* x = nullptr;              // [T, H] the layer's post-attention-normed input
   std::span<const ExpertGroup> groups;   // the experts used, ascending id
-  std::span<const ExpertRow> rows;       // [sum of group sizes]
+  std::span<const ExpertRow> rows;       // indexed by the groups' ranges
   float* out = nullptr;                  // [T, H] accumulated into (+=), never read otherwise
   ExpertWorkspace* workspace = nullptr;  // scratch lent by the engine for this call
   cpu::ThreadPool* pool = nullptr;       // null: run on the calling thread

@@ -28,6 +28,7 @@ class ExpertWorkspace {
   // At least `bytes` bytes, kAlign-aligned (a fresh buffer when the slot was smaller; the
   // old contents are then gone). slot in [0, kSlots).
   void* Bytes(int slot, size_t bytes) {
+    if (slot < 0 || slot >= kSlots) std::abort();  // a broken invariant: slots are constants
     Buffer& b = buffers_[slot];
     if (b.bytes < bytes || b.p == nullptr) {
       const size_t n = (bytes + kAlign - 1) / kAlign * kAlign;
