@@ -22,8 +22,8 @@
 namespace pw::cpu {
 
 // Instruction-set levels a backend is compiled for. kAmx is the AVX-512 backend with the bf16
-// matmul of two tokens and more on AMX-BF16 tiles (activations split into a bf16 hi + lo pair:
-// within 2^-16 * sum |x w| of fp32, dense_amx.cc).
+// matmul of five tokens and more on AMX-BF16 tiles (each fp32 activation split exactly into
+// three bf16 parts, so the products are fp32's: dense_amx.cc).
 enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 
 const char* IsaName(Isa isa);

@@ -1,5 +1,5 @@
-// AMX backend of the dense CPU kernels: the bf16 matmul for two tokens and more on AMX-BF16
-// tiles; one token, the fp32 matmul and the vector kernels are the AVX-512 backend's.
+// AMX backend of the dense CPU kernels: the bf16 matmul for five tokens and more on AMX-BF16
+// tiles; fewer tokens, the fp32 matmul and the vector kernels are the AVX-512 backend's.
 // Compiled with -mamx-tile -mamx-bf16 -mavx512bf16 (pw_kernels_cpu's CMakeLists); selected at
 // run time only when the CPU reports AMX-TILE, AMX-BF16 and AVX512-BF16 and the kernel grants
 // the process the tile data state (dispatch.cc).
@@ -35,9 +35,10 @@ void AxpyAvx512(float alpha, const float* x, size_t n, float* y);
 
 namespace {
 
-// Fewest tokens the tiles take; one token stays on the AVX-512 GEMV (it is bound by memory,
-// and the split activations would double its arithmetic for nothing).
-constexpr size_t kMinTokens = 2;
+// Fewest tokens the tiles take: up to 4 tokens stay on the AVX-512 few-token GEMV, which reads
+// memory faster there (pw-bench-kernels, bf16gemv t1..t4: 14-15.6 GB/s per core against
+// 12-13 GB/s on tiles) and is not bound by its arithmetic yet.
+constexpr size_t kMinTokens = 5;
 // Tokens per tile (one C tile holds 16 rows x 16 tokens) and per pass over the weights.
 constexpr int kGroup = 16;
 constexpr size_t kPassTokens = 2 * kGroup;

@@ -1,6 +1,6 @@
 // Every dense CPU backend (scalar, AVX2, AVX-512, AMX: each one the CPU has) against the
-// scalar reference and the exact product, on fresh random inputs and awkward shapes (1, 2, 3,
-// 16, 17, 37 tokens; rows and columns not multiples of 8/16/32). Outputs are poisoned with NaN
+// scalar reference and the exact product, on fresh random inputs and awkward shapes (1..5,
+// 16, 17, 20, 33, 37 tokens; rows and columns not multiples of 8/16/32). Outputs are poisoned with NaN
 // before each run and guard values around them must survive.
 //
 // Tolerance: |y - ref| <= 1e-5 * sum_k |x_k * w_k| + 1e-6 for products (fp32 sums in a
@@ -89,13 +89,13 @@ TEST_P(DenseTest, MatmulBf16AndF32MatchReference) {
   }
 }
 
-// Longer rows and the token counts where the AMX backend changes strategy (2 = its first tile
-// width, 16/17 = one or two tile groups, 33/37 = a second pass over the weights), rows not a
-// multiple of 16 (the tail goes through AVX-512) and columns past one layout chunk with a tail
-// under 32. Checked against the exact (double) product as above and against the scalar
+// Longer rows and the token counts where the backends change strategy (1..4 = the AVX-512
+// few-token GEMV, 5 = the AMX backend's first tile width, 16/17 = one or two tile groups,
+// 33/37 = a second pass over the weights), rows not a multiple of 16 (the AMX tail goes
+// through AVX-512) and columns past one layout chunk with a tail under 32. Checked against the exact (double) product as above and against the scalar
 // backend's output.
 TEST_P(DenseTest, MatmulBf16LongRowsAndTileTokenCounts) {
-  for (size_t T : {1, 2, 3, 16, 17, 20, 33, 37}) {
+  for (size_t T : {1, 2, 3, 4, 5, 16, 17, 20, 33, 37}) {
     for (size_t K : {1057, 2100}) {
       for (size_t N : {37, 100}) {
         SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " N=" << N << " seed=1234");
@@ -142,7 +142,7 @@ TEST_P(DenseTest, MatmulBf16KeepsEveryActivationBit) {
   const size_t K = 96, N = 64;
   std::vector<uint16_t> w(N * K, 0);
   for (size_t n = 0; n < N; ++n) w[n * K + (n * 7) % K] = ToBf16Bits(1.f);
-  for (size_t T : {1, 2, 5, 16, 20, 32}) {
+  for (size_t T : {1, 2, 4, 5, 16, 20, 32}) {
     SCOPED_TRACE(testing::Message() << "T=" << T);
     std::vector<float> x(T * K);
     std::uniform_real_distribution<float> mant(1.f, 2.f);
