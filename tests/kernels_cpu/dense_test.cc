@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace pw::cpu {
@@ -95,9 +96,10 @@ TEST_P(DenseTest, MatmulBf16AndF32MatchReference) {
 // through AVX-512) and columns past one layout chunk with a tail under 32. Checked against the exact (double) product as above and against the scalar
 // backend's output.
 TEST_P(DenseTest, MatmulBf16LongRowsAndTileTokenCounts) {
+  const std::pair<size_t, size_t> shapes[] = {{1057, 100}, {2100, 37}};  // (K, N)
   for (size_t T : {1, 2, 3, 4, 5, 16, 17, 20, 33, 37}) {
-    for (size_t K : {1057, 2100}) {
-      for (size_t N : {37, 100}) {
+    for (const auto& [K, N] : shapes) {
+      {
         SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " N=" << N << " seed=1234");
         const size_t ldx = K + 5, ldy = N + 3;
         auto x = Random(T * ldx);
