@@ -13,6 +13,10 @@
 // from the other backends (the same tolerance holds). The tile unit treats denormal bf16 inputs
 // as zero, so for smaller activations the dropped part is below 2^-126 per product;
 // non-finite activations give NaN.
+//
+// No allocation: the activation layout lives on the calling thread's stack (192 KiB per call,
+// kChunkCols below), so callers' threads need stacks of at least 256 KiB (glibc's default is
+// 8 MiB).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -57,8 +61,7 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles: 0 and 1 the accumulators of groups 0 and 1, 2 the
-// weight rows (16 rows x 32 bf16), 3/4/5 the hi/mid/lo activations of group 0, 6/7 hi/mid of
+// Tiles: 0 and 1 the accumulators of groups 0 and 1, 2 the weight rows (16 rows x 32 bf16), 3/4/5 the hi/mid/lo activations of group 0, 6/7 hi/mid of
 // group 1 (its lo goes through tile 3 once group 0's hi has been used, so at G = 2 both groups
 // are laid out 16 tokens wide, group 1 padded with zero activations). tt: the tokens of group 0
 // (G = 1) or 16 (G = 2).
