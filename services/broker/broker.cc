@@ -245,6 +245,8 @@ Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
       p.free = t.getPoolPagesFree();
       p.epoch = t.getPlanEpoch();
       p.pending = t.getChangesPending();
+      p.kv_demand = t.getKvDemandPages();
+      for (float x : t.getExpertMass()) p.mass.push_back(x);
       book_->Telemetry(peer, p);
       return Status::Ok();
     }
