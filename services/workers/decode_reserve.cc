@@ -35,8 +35,23 @@ void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
   const auto admit = reserve_wait_.Decide(
       h.need_pages, pool_->Count(memory::Tenant::kFree), Demand().reserve_pages(),
       paged_ ? ReserveWait::LowerablePages(paged_->table(), anyprec::kMinBits) : 0);
-  if (admit == ReserveWait::Admit::kHold) return reserve_wait_.Hold(h);
+  if (admit == ReserveWait::Admit::kHold) {
+    metrics_->reserve_held->Increment();
+    return reserve_wait_.Hold(h);
+  }
   AnswerReserve(h, "");
+}
+
+void DecodeWorker::AnswerHeldReserves() {
+  if (draining_) {
+    for (const auto& h : reserve_wait_.TakeAll()) AnswerReserve(h, "decode worker " + options_.id + " is draining");
+  }
+  // Oldest first; a grant's lease counts in the reserve at once.
+  while (auto due = reserve_wait_.Next(clock_->NowMs(), pool_->Count(memory::Tenant::kFree),
+                                       Demand().reserve_pages())) {
+    (due->fits ? metrics_->reserve_held_fit : metrics_->reserve_held_waited_out)->Increment();
+    AnswerReserve(due->reserve, "");
+  }
 }
 
 void DecodeWorker::AnswerReserve(const HeldReserve& h, const std::string& error) {

@@ -345,14 +345,7 @@ void DecodeWorker::WeightsBoundary() {
     std::vector<WidthChange> committed = paged_->Poll(static_cast<int>(reserve));
     if (!committed.empty()) SendPlanAck(committed);
   }
-  if (draining_) {
-    for (const auto& h : reserve_wait_.TakeAll()) AnswerReserve(h, "decode worker " + options_.id + " is draining");
-  }
-  // Held reservations that fit now or waited their time (a grant's lease counts at once).
-  while (auto due = reserve_wait_.Next(clock_->NowMs(), pool_->Count(memory::Tenant::kFree),
-                                       Demand().reserve_pages())) {
-    AnswerReserve(due->reserve, "");
-  }
+  AnswerHeldReserves();
   const uint64_t now = clock_->NowMs();
   if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
     last_telemetry_ms_ = now;

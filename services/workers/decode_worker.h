@@ -162,6 +162,8 @@ class DecodeWorker {
   void OnReserve(wire::KvReserve::Reader r);
   // Grants `h` (a lease over its prompt's blocks) or, with `error` or no blocks, refuses it.
   void AnswerReserve(const HeldReserve& h, const std::string& error);
+  // Answers the held reservations that fit now or waited their time (every one when draining).
+  void AnswerHeldReserves();
   // The KV the requests here will still need (kv_demand.h).
   KvDemand Demand() const;
   void OnStartDecode(wire::StartDecode::Reader r);
