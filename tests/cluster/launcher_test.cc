@@ -121,6 +121,20 @@ TEST(ClusterConfig, BrokerPlannerBlockBecomesFlags) {
   }
 }
 
+TEST(ClusterConfig, DeployTightPlannerYamlLoadsWithThePlannerOn) {
+  auto cfg = LoadClusterConfig(std::string(PW_SOURCE_DIR) + "/deploy/tight-planner.yaml", "/opt/pw/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  bool planner = false, reserve_wait = false;
+  for (const auto& p : cfg->processes) {
+    for (const auto& a : p.argv) {
+      planner |= p.name == "broker" && a == "--planner";
+      reserve_wait |= p.name == "decode-0" && a == "--reserve-wait-ms";
+    }
+  }
+  EXPECT_TRUE(planner);
+  EXPECT_TRUE(reserve_wait);
+}
+
 TEST(ClusterConfig, DecodeReserveWaitBecomesAFlag) {
   auto cfg = LoadClusterConfig(WriteTemp("reserve_wait.yaml", "model_dir: m\nprefill: [{id: p}]\n"
                                                                "decode: [{id: d, reserve_wait_ms: 3000}, {id: e}]\n"),
