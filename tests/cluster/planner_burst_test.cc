@@ -24,8 +24,6 @@ namespace {
 using nlohmann::json;
 using testing::FreePort;
 using testing::Http;
-using testing::PidsWithCmdline;
-using testing::ReadFile;
 
 std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
 std::string StorePath() { return std::string(PW_BINARY_DIR) + "/tiny-moe.apw"; }
@@ -40,6 +38,7 @@ class PlannerBurst : public ::testing::Test {
     ctl_port_ = FreePort();
     broker_port_ = FreePort();
     decode_metrics_ = FreePort();
+    broker_metrics_ = FreePort();
     run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/planner-burst";
     std::filesystem::remove_all(run_dir_);
     std::filesystem::create_directories(run_dir_);
@@ -49,7 +48,8 @@ class PlannerBurst : public ::testing::Test {
                         << "\nbin_dir: " << PW_BINARY_DIR << "/bin\nheartbeat_ms: 300\ndrain_timeout_ms: 20000\n"
                         << "router: {port: " << http_port_ << ", control_port: " << ctl_port_
                         << ", lease_ms: 20000, max_waiting: 1024}\n"
-                        << "broker: {control_port: " << broker_port_ << ", store: " << StorePath()
+                        << "broker: {control_port: " << broker_port_ << ", metrics_port: " << broker_metrics_
+                        << ", store: " << StorePath()
                         << ", initial_bits: 8, planner: {enabled: true, low_watermark: 0.05, "
                         << "high_watermark: 0.20, headroom: 0.05, interval_ms: 200, min_interval_ms: 300}}\n"
                         << "prefill: [{id: prefill-0, kv_blocks: 512}]\n"
@@ -57,34 +57,17 @@ class PlannerBurst : public ::testing::Test {
                         << "reserve_wait_ms: 5000, metrics_port: " << decode_metrics_ << "}]\n"
                         << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
     ASSERT_TRUE(cluster_.Start({Bin("pw-cluster"), "up", "--config", yaml}, run_dir_ + "/pw-cluster.out"));
-    ASSERT_TRUE(WaitServing(120)) << Logs();
+    ASSERT_TRUE(testing::WaitServing(http_port_, 120)) << Logs();
   }
   void TearDown() override {
     cluster_.Kill(SIGKILL);
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl_port_))) kill(p, SIGKILL);
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(broker_port_))) kill(p, SIGKILL);
+    testing::KillNodeProcesses({ctl_port_, broker_port_});
   }
-  bool WaitServing(int timeout_s) {
-    for (int i = 0; i < timeout_s * 5; ++i) {
-      auto [status, body] = Http(http_port_, "POST", "/v1/completions",
-                                 R"({"model":"tiny-moe","prompt":[1,2,3],"max_tokens":1})", 10);
-      if (status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return false;
-  }
-  std::string Logs() {
-    std::string out;
-    for (const char* n : {"pw-cluster.out", "router.log", "broker.log", "prefill-0.log", "decode-0.log"}) {
-      std::string t = ReadFile(run_dir_ + "/" + n);
-      if (t.size() > 3000) t = t.substr(t.size() - 3000);
-      out += std::string("--- ") + n + "\n" + t;
-    }
-    return out;
-  }
-  // The decode worker's sample of `name` whose labels contain `label` (summed), or -1.
-  double Metric(const std::string& name, const std::string& label = "") {
-    auto [status, body] = Http(decode_metrics_, "GET", "/metrics", "", 10);
+  std::string Logs() { return testing::RunLogs(run_dir_); }
+  // The decode worker's (or `port`'s) samples of `name` whose labels contain `label`, summed; -1
+  // when there is none.
+  double Metric(const std::string& name, const std::string& label = "", int port = 0) {
+    auto [status, body] = Http(port != 0 ? port : decode_metrics_, "GET", "/metrics", "", 10);
     if (status != 200) return -1;
     double sum = 0;
     bool found = false;
@@ -103,7 +86,7 @@ class PlannerBurst : public ::testing::Test {
   double MeanBits() { return Metric("pagedweight_committed_bits_mean", "layer=\"all\""); }
 
   testing::ChildProcess cluster_;
-  int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0, decode_metrics_ = 0;
+  int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0, decode_metrics_ = 0, broker_metrics_ = 0;
   std::string run_dir_;
 };
 
@@ -162,6 +145,15 @@ TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
   }
   EXPECT_EQ(after, 8.0) << Logs();
   EXPECT_EQ(Metric("pagedweight_worker_requests_total", "status=\"error\""), 0);
+  // The broker's planner metrics saw both directions, with their pages, damage and latency.
+  for (const char* action : {"lower", "raise"}) {
+    const std::string l = std::string("action=\"") + action + "\"";
+    EXPECT_GE(Metric("pagedweight_broker_planner_plans_total", l, broker_metrics_), 1) << action;
+    EXPECT_GT(Metric("pagedweight_broker_planner_pages_total", l, broker_metrics_), 0) << action;
+    EXPECT_GT(Metric("pagedweight_broker_planner_damage_total", l, broker_metrics_), 0) << action;
+  }
+  EXPECT_GE(Metric("pagedweight_broker_planner_decision_seconds_count", "", broker_metrics_), 2);
+  EXPECT_EQ(Metric("pagedweight_broker_planner_errors_total", "", broker_metrics_), 0);
   std::printf("lowest mean bits %.3f; reservations held %.0f (fit %.0f, waited out %.0f); preemptions %.0f\n",
               lowest, Metric("pagedweight_kv_reservations_held_total", "outcome=\"held\""),
               Metric("pagedweight_kv_reservations_held_total", "outcome=\"fit\""),
