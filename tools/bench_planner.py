@@ -269,18 +269,57 @@ def weighted_bits(m):
     return sum(size[p] * b for _, _, p, b in m) / sum(size[p] for _, _, p, _ in m)
 
 
-def ppl(a, extra):
+def ppl(a, extra, store=True):
     argv = [os.path.join(a.build, "bin", "pw-eval"), "ppl", "--model", a.model, "--text", a.heldout,
-            "--ctx", "256", "--threads", "2", "--store", a.store] + extra
+            "--ctx", "256", "--threads", "2"] + (["--store", a.store] if store else []) + extra
     out = subprocess.run(argv, capture_output=True, text=True)
-    m = re.search(r"ppl\s*[=:]?\s*([0-9.]+)", out.stdout + out.stderr)
+    m = re.search(r"^ppl\s+([0-9.]+)", out.stdout, re.M)
     if out.returncode != 0 or not m:
         raise SystemExit(f"{' '.join(argv)}: {out.stderr.strip()[-400:]}")
     return float(m.group(1))
 
 
+def block_pages(proj, bits, page_bytes=4096, hidden=128, ffn=128):
+    """memory::WeightPageTable::PagesFor for the embedded model's blocks: planes and int8 LUT."""
+    rows, cols = (2 * ffn, hidden) if proj == "gate_up" else (hidden, ffn)
+    if bits == 0:
+        return 0
+    plane_tile = page_bytes // (((cols + 255) // 256) * 32)
+    return bits * math.ceil(rows / plane_tile) + math.ceil(rows / (page_bytes >> bits))
+
+
+def map_pages(path):
+    with open(path) as f:
+        return sum(block_pages(b["proj"], b["bits"]) for b in json.load(f)["blocks"])
+
+
+def uniform_pages(bits, layers=4, experts=32):
+    return layers * experts * (block_pages("gate_up", bits) + block_pages("down", bits))
+
+
+def map_bits(path):
+    with open(path) as f:
+        m = json.load(f)
+    return weighted_bits([(b["layer"], b["expert"], b["proj"], b["bits"]) for b in m["blocks"]])
+
+
 def evaluate(a):
+    """Quality rows: each planner run's maps (time-weighted: exp of the share-weighted mean
+    log-perplexity over the --max-maps maps that held the most time, shares renormalised), and
+    at the same bits per expert weight the damage-ranked map and the uniform widths around it."""
     rows = []
+    cache_path = os.path.join(a.out, "ppl-cache.json")  # perplexity per map or width, kept between runs
+    done = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+
+    def once(key, extra):
+        if key not in done:
+            done[key] = ppl(a, extra)
+            with open(cache_path, "w") as f:
+                json.dump(done, f)
+        return done[key]
+
+    rows.append({"what": "bf16 experts (checkpoint)", "bits": 16, "ppl": done.get("bf16") or ppl(a, [], store=False)})
+    done["bf16"] = rows[-1]["ppl"]
     for mode in a.modes:
         index_path = os.path.join(a.out, mode, "maps.json")
         if not os.path.exists(index_path):
@@ -289,13 +328,27 @@ def evaluate(a):
             index = json.load(f)
         kept = index[: a.max_maps]
         share = sum(x["share"] for x in kept)
-        log_ppl = 0.0
+        log_ppl, bits = 0.0, 0.0
         for x in kept:
-            x["ppl"] = ppl(a, ["--bits-map", x["map"]])
+            x["mean_bits"] = map_bits(x["map"])
+            x["ppl"] = once(x["map"], ["--bits-map", x["map"]])
             log_ppl += x["share"] / share * math.log(x["ppl"])
-        bits = sum(x["share"] / share * x["mean_bits"] for x in kept)
+            bits += x["share"] / share * x["mean_bits"]
+        pages = sum(x["share"] / share * map_pages(x["map"]) for x in kept)
         rows.append({"what": f"{mode}: time-weighted over {len(kept)} of {len(index)} maps ({share:.1%} of the time)",
-                     "bits": bits, "ppl": math.exp(log_ppl), "maps": kept})
+                     "bits": bits, "pages": pages, "ppl": math.exp(log_ppl), "maps": kept})
+        ranked = os.path.join(a.out, mode, f"ranked-{bits:.3f}.json")
+        subprocess.run([os.path.join(a.build, "bin", "pw-quantize"), "plan", "--store", a.store,
+                        "--avg-bits", f"{bits:.3f}", "--out", ranked], check=True, capture_output=True)
+        rows.append({"what": f"damage-ranked at the {mode} run's mean", "bits": map_bits(ranked),
+                     "pages": map_pages(ranked), "ppl": once(ranked, ["--bits-map", ranked])})
+        for u in sorted({max(3, math.floor(bits)), min(8, math.ceil(bits))}):
+            rows.append({"what": f"uniform {u} bits", "bits": u, "pages": uniform_pages(u),
+                         "ppl": once(f"u{u}", ["--bits", str(u)])})
+    rows.append({"what": "uniform 8 bits (the store's top width)", "bits": 8, "pages": uniform_pages(8),
+                 "ppl": once("u8", ["--bits", "8"])})
+    with open(os.path.join(a.out, "quality.json"), "w") as f:
+        json.dump(rows, f, indent=1)
     return rows
 
 
@@ -323,8 +376,14 @@ def main():
     a.modes = a.modes.split(",")
     os.makedirs(a.out, exist_ok=True)
     if a.eval:
-        for r in evaluate(a):
-            print(f"| {r['what']} | {r['bits']:.3f} | {r['ppl']:.4f} |", flush=True)
+        rows = evaluate(a)
+        base = rows[0]["ppl"]
+        print("| experts | bits per expert weight | pool pages (planes + LUT) | perplexity | vs bf16 |")
+        print("|---|---:|---:|---:|---:|")
+        for r in rows:
+            pages = f"{r['pages']:.0f}" if "pages" in r else "-"
+            print(f"| {r['what']} | {r['bits']:.3f} | {pages} | {r['ppl']:.4f} | {100 * (r['ppl'] / base - 1):+.3f} % |",
+                  flush=True)
         return
     rows = []
     for mode in a.modes:
