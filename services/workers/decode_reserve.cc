@@ -46,6 +46,7 @@ void DecodeWorker::AnswerHeldReserves() {
   if (draining_) {
     for (const auto& h : reserve_wait_.TakeAll()) AnswerReserve(h, "decode worker " + options_.id + " is draining");
   }
+  if (reserve_wait_.size() == 0) return;
   // Oldest first; a grant's lease counts in the reserve at once.
   while (auto due = reserve_wait_.Next(clock_->NowMs(), pool_->Count(memory::Tenant::kFree),
                                        Demand().reserve_pages())) {
