@@ -1,5 +1,7 @@
 #include "services/broker/broker.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/hash.h"
@@ -137,6 +139,12 @@ Status Broker::Setup() {
                           .Register(*registry_);
     planner_errors_ = &prometheus::BuildCounter().Name("pagedweight_broker_planner_errors_total")
                            .Help("Planner ticks that failed").Register(*registry_).Add({});
+    planner_damage_ = &prometheus::BuildCounter().Name("pagedweight_broker_planner_damage_total")
+                           .Help("Weighted step damage the planner's plans add (lower) or avoid (raise)")
+                           .Register(*registry_);
+    planner_seconds_ = &prometheus::BuildHistogram().Name("pagedweight_broker_planner_decision_seconds")
+                            .Help("Wall time of one planner decision (inputs to plan)").Register(*registry_)
+                            .Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1});
   }
   if (!options_.metrics_bind.empty()) {
     try {
@@ -246,6 +254,8 @@ Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
       p.free = t.getPoolPagesFree();
       p.epoch = t.getPlanEpoch();
       p.pending = t.getChangesPending();
+      p.kv_demand = t.getKvDemandPages();
+      for (float x : t.getExpertMass()) p.mass.push_back(x);
       book_->Telemetry(peer, p);
       return Status::Ok();
     }
@@ -377,7 +387,11 @@ void Broker::ExportPlanMetrics() {
 void Broker::RunPlanner() {
   std::vector<std::string> decode;
   for (const auto& [peer, sent] : plan_sent_ms_) decode.push_back(peer);
+  const auto t0 = std::chrono::steady_clock::now();
   auto r = planner_->Tick(clock_->NowMs(), book_.get(), decode);
+  if (r.ok() && r->has_value()) {
+    planner_seconds_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   if (!r.ok()) {
     planner_errors_->Increment();
     PW_LOG(WARNING) << "broker: planner: " << r.status().ToString();
@@ -388,6 +402,7 @@ void Broker::RunPlanner() {
   const char* action = planner::PlanActionName(o.decision.action);
   planner_plans_->Add({{"action", action}}).Increment();
   planner_pages_->Add({{"action", action}}).Increment(static_cast<double>(o.decision.pages_moved));
+  planner_damage_->Add({{"action", action}}).Increment(std::max(0.0, o.decision.damage));
   PW_LOG(INFO) << "broker: planner epoch " << o.epoch << " for '" << o.worker << "': " << action << " "
                << o.decision.changes.size() << " block(s); " << o.decision.reason;
   SendPlans(/*force=*/true);

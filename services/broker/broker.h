@@ -23,6 +23,7 @@
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include "common/status.h"
@@ -121,6 +122,8 @@ class Broker {
   prometheus::Family<prometheus::Counter>* planner_plans_ = nullptr;
   prometheus::Family<prometheus::Counter>* planner_pages_ = nullptr;
   prometheus::Counter* planner_errors_ = nullptr;
+  prometheus::Family<prometheus::Counter>* planner_damage_ = nullptr;
+  prometheus::Histogram* planner_seconds_ = nullptr;
 };
 
 }  // namespace pw::broker

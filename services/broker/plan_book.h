@@ -32,6 +32,8 @@ struct WorkerPool {
   uint32_t kv = 0, weights = 0, free = 0;
   uint64_t epoch = 0;  // last epoch the worker fully committed
   uint32_t pending = 0;
+  uint32_t kv_demand = 0;    // KV pages still needed and not held (services/workers/kv_demand.h)
+  std::vector<float> mass;   // routing-mass EMA [layers * experts]; empty: none reported
 };
 
 class PlanBook {

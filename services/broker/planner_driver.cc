@@ -1,5 +1,7 @@
 #include "services/broker/planner_driver.h"
 
+#include <algorithm>
+
 #include "memory/weight_page_table.h"
 
 namespace pw::broker {
@@ -81,6 +83,13 @@ Result<std::optional<PlannerDriver::Outcome>> PlannerDriver::Tick(uint64_t now_m
   in.pool.free = pool->free;
   in.pool.kv = pool->kv;
   in.pool.weights = pool->weights;
+  in.kv_demand_pages = pool->kv_demand;
+  // Routing mass as the worker measured it, when it covers every (layer, expert) and says
+  // something (all zero: no decode step seen yet).
+  if (params_.use_routing && pool->mass.size() == static_cast<size_t>(in.num_layers) * in.num_experts &&
+      std::any_of(pool->mass.begin(), pool->mass.end(), [](float m) { return m > 0.f; })) {
+    in.routing_mass.assign(pool->mass.begin(), pool->mass.end());
+  }
   in.now_ms = now;
   in.last_change_ms = last_change_ms_;
   PW_ASSIGN_OR_RETURN(planner::PlannerDecision d, planner::Plan(in, params_));

@@ -8,8 +8,10 @@
 //   - pages per width: WeightPageTable::PagesFor with the worker's page size;
 //   - damage D_i[b]: the .apw store's table;
 //   - pool pages: the worker's last Telemetry;
-//   - KV demand: 0 (Telemetry does not carry queued prompts or running growth yet);
-//   - routing mass: none, every expert average (Telemetry's expertMass is not filled yet).
+//   - KV demand: the worker's kvDemandPages (running growth, leases, held reservations);
+//   - routing mass: the worker's expertMass EMA (services/workers/routing_stats.h), unless
+//     the routing ablation is on or the worker has not seen a decode step yet (then every
+//     expert is average).
 // Changes go to the book as one Apply (a new epoch); the broker sends them as plans.
 // Loop thread only, like the book.
 #pragma once

@@ -72,6 +72,10 @@ const Schema& ClusterSchema() {
                      {"threads", Schema::Int().Range(1, 1024).Default(int64_t{1})},
                      {"max_batch_tokens", Schema::Int().Range(1, 1 << 20).Default(int64_t{256})},
                      {"max_batch", Schema::Int().Range(1, 65536).Default(int64_t{64})},
+                     // A reservation that fits only after lowering expert widths waits up to
+                     // this long (services/workers/reserve_wait.h); 0 = answered at once. Below
+                     // the router's 30 s reservation timeout.
+                     {"reserve_wait_ms", Schema::Int().Range(0, 20000).Default(int64_t{0})},
                      {"metrics_port", OptPort()},
                      // Page pool shared by KV and expert planes: MiB (0 = kv_blocks of KV plus
                      // every expert at 8 bits), page size (0 = one layer of one KV block), and
@@ -204,6 +208,9 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
       if (kind[0] == 'd') {
         p.argv.push_back("--max-batch");
         p.argv.push_back(std::to_string(w["max_batch"].AsInt()));
+        if (w["reserve_wait_ms"].AsInt() > 0) {
+          p.argv.insert(p.argv.end(), {"--reserve-wait-ms", std::to_string(w["reserve_wait_ms"].AsInt())});
+        }
         p.argv.insert(p.argv.end(), {"--pool-bytes", std::to_string(w["pool_mb"].AsInt() << 20),
                                      "--page-bytes", std::to_string(w["page_bytes"].AsInt()),
                                      "--weight-rate-mb-s", std::to_string(w["weight_rate_mb_s"].AsInt())});

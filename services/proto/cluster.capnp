@@ -116,6 +116,7 @@ struct KvReserve {
   requestId @0 :UInt64;
   numTokens @1 :UInt32;       # prompt tokens whose KV prefill will write
   leaseMs @2 :UInt32;         # blocks return to the pool if KvReady does not arrive in time
+  maxTokens @3 :UInt32;       # tokens still to generate after the prompt (0: not said)
 }
 
 # Decode -> router.
@@ -216,13 +217,14 @@ struct Telemetry {
   ucxBytesPut @2 :UInt64;
   ucxBytesGot @3 :UInt64;
   tokensGenerated @4 :UInt64;
-  expertMass @5 :List(Float32);   # [layers * experts] routing-mass EMA (later issues)
+  expertMass @5 :List(Float32);   # [layers * experts] routing-mass EMA (services/workers/routing_stats.h)
   pageBytes @6 :UInt64;           # the worker's page pool (memory/page_pool.h)
   poolPagesKv @7 :UInt32;
   poolPagesWeights @8 :UInt32;
   poolPagesFree @9 :UInt32;
   planEpoch @10 :UInt64;          # last plan epoch fully committed
   changesPending @11 :UInt32;     # blocks whose committed width differs from the desired one
+  kvDemandPages @12 :UInt32;      # KV pages still needed and not held (services/workers/kv_demand.h)
 }
 
 enum WeightKind {

@@ -334,6 +334,8 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   kr.setRequestId(id);
   kr.setNumTokens(static_cast<uint32_t>(n_tokens));
   kr.setLeaseMs(options_.lease_ms);
+  kr.setMaxTokens(static_cast<uint32_t>(
+      std::max<int64_t>(0, int64_t{r.request.sampling.max_tokens} - static_cast<int64_t>(r.generated.size()))));
   uint64_t reserve_seq = 0;
   Status st = server_->Send(best_d->id, m, &reserve_seq);
   if (!st.ok()) {

@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   app.add_option("--weight-rate-mb-s", rate_mb_s, "plane transfer rate limit in MiB/s (0: none)");
   app.add_option("--weight-max-in-flight", o.weight_max_in_flight, "expert width changes in flight")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--reserve-wait-ms", o.reserve_wait_ms,
+                 "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")
+      ->check(CLI::Range(0, 20000));
   app.add_flag("--lynx", o.lynx, "LYNX: remap decode batches' expert choices (pagedweight_lynx_*)");
   float lynx_alpha = 0.f;
   int lynx_beta = -1;

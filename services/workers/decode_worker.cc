@@ -13,7 +13,10 @@
 
 namespace pw::workers {
 DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock)
-    : options_(std::move(options)), clock_(clock), leases_(clock) {}
+    : options_(std::move(options)),
+      clock_(clock),
+      leases_(clock),
+      reserve_wait_(options_.reserve_wait_ms, static_cast<size_t>(options_.max_batch)) {}
 
 DecodeWorker::~DecodeWorker() {
   if (keepalive_.joinable()) {  // Run stops it; this covers a Run that never got there
@@ -99,10 +102,12 @@ Status DecodeWorker::Setup() {
     lynx_hook_->Reserve(std::max(options_.max_batch_tokens, options_.max_batch),
                         static_cast<int>(cfg.num_experts), static_cast<int>(cfg.num_experts_per_tok));
     lynx_metrics_ = LynxMetrics::Register(*metrics_->registry, options_.id);
-    engine::MoeHooks hooks;
-    hooks.routing_hook = lynx_hook_.get();
-    engine_->SetMoeHooks(hooks);
   }
+  routing_ = std::make_unique<RoutingStats>(static_cast<int>(cfg.num_layers), static_cast<int>(cfg.num_experts));
+  engine::MoeHooks hooks;
+  hooks.routing_hook = lynx_hook_.get();
+  hooks.recorder = routing_.get();
+  engine_->SetMoeHooks(hooks);
 
   // UCX: register the KV pool, progress it from a thread (prefill workers put into it).
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
@@ -140,6 +145,7 @@ Status DecodeWorker::Setup() {
     metrics_->ucx_get_bytes->Increment(static_cast<double>(weights_->bytes_loaded()));
     engine::MoeHooks hooks;
     hooks.routing_hook = lynx_hook_.get();
+    hooks.recorder = routing_.get();
     hooks.provider = weights_->provider();
     engine_->SetMoeHooks(hooks);
   }
@@ -171,26 +177,20 @@ void DecodeWorker::SendTelemetry() {
   t.setPoolPagesWeights(static_cast<uint32_t>(pool_->Count(memory::Tenant::kWeights)));
   t.setPoolPagesFree(static_cast<uint32_t>(pool_->Count(memory::Tenant::kFree)));
   weights_->FillTelemetry(t);
+  t.setKvDemandPages(static_cast<uint32_t>(std::min<int64_t>(Demand().pages(), UINT32_MAX)));
+  const auto& mass = routing_->mass();
+  auto list = t.initExpertMass(static_cast<unsigned>(mass.size()));
+  for (size_t i = 0; i < mass.size(); ++i) list.set(static_cast<unsigned>(i), mass[i]);
   (void)broker_->Send(m);
 }
 
 void DecodeWorker::WeightsBoundary() {
   if (weights_->paged() != nullptr) {
-    // Keep free the KV the requests here will still need: each running one up to its
-    // max_tokens (capped by the context), one block per leased one. Raises take only pages
-    // above that, so they wait for KV to come back rather than force a preemption.
-    const auto& kv = engine_->kv_pool().layout();
-    int64_t blocks = static_cast<int64_t>(leases_.size());
-    for (const auto& [id, run] : running_) {
-      const int64_t now_len = static_cast<int64_t>(run.prompt.size() + run.generated.size());
-      const int64_t end_len = std::min<int64_t>(
-          static_cast<int64_t>(run.prompt.size()) + 1 + run.params.max_tokens, engine_->max_context());
-      blocks += std::max<int64_t>(0, engine::BlocksForTokens(static_cast<int>(end_len), kv.block_size) -
-                                         engine::BlocksForTokens(static_cast<int>(now_len), kv.block_size)) + 1;
-    }
-    const int reserve = static_cast<int>(std::min<int64_t>(blocks * kv.num_layers, pool_->num_pages()));
-    weights_->Boundary(reserve);
+    // Raises never take the KV running requests and leases will still need (kv_demand.h), so
+    // they wait for KV to come back rather than force a preemption.
+    weights_->Boundary(static_cast<int>(std::min<int64_t>(Demand().reserve_pages(), pool_->num_pages())));
   }
+  AnswerHeldReserves();
   const uint64_t now = clock_->NowMs();
   if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
     last_telemetry_ms_ = now;
@@ -321,7 +321,7 @@ void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
 }
 
 void DecodeWorker::DropAll(const char* why) {
-  size_t n = running_.size() + leases_.size();
+  size_t n = running_.size() + leases_.size() + reserve_wait_.TakeAll().size();
   for (auto& [id, r] : running_) (void)engine_->RemoveSequence(id);
   running_.clear();
   admit_order_.clear();
@@ -344,50 +344,6 @@ Status DecodeWorker::HandleRouter(const proto::InMessage& m) {
                              " for a decode worker");
   }
   return Status::Ok();
-}
-
-void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
-  proto::OutMessage out;
-  auto reply = out.body().initKvReserveReply();
-  reply.setRequestId(r.getRequestId());
-  const int bs = engine_->kv_pool().layout().block_size;
-  const uint32_t n_tokens = r.getNumTokens();
-  if (draining_) {
-    reply.setOk(false);
-    reply.setError("decode worker " + options_.id + " is draining");
-  } else if (n_tokens == 0 || n_tokens >= static_cast<uint32_t>(engine_->max_context())) {
-    reply.setOk(false);
-    reply.setError("numTokens " + std::to_string(n_tokens) + " outside [1, " +
-                   std::to_string(engine_->max_context()) + ")");
-  } else {
-    const int n_blocks = engine::BlocksForTokens(static_cast<int>(n_tokens), bs);
-    auto blocks = engine_->kv_pool().Allocate(n_blocks);
-    if (!blocks.ok()) {
-      reply.setOk(false);
-      reply.setError("decode worker " + options_.id + ": " + blocks.status().message());
-    } else {
-      const uint64_t lease_ms = std::min<uint64_t>(r.getLeaseMs() == 0 ? 30000 : r.getLeaseMs(),
-                                                   options_.max_lease_ms);
-      auto ids = *blocks;
-      const uint64_t lease = leases_.Add(r.getRequestId(), *blocks, lease_ms);
-      reply.setOk(true);
-      reply.setLeaseId(lease);
-      auto list = reply.initBlockIds(static_cast<unsigned>(ids.size()));
-      for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), static_cast<uint32_t>(ids[i]));
-      const auto& kv = engine_->kv_pool();
-      const int L = kv.layout().num_layers;
-      auto pages = reply.initPageIds(static_cast<unsigned>(ids.size() * static_cast<size_t>(L)));
-      for (size_t i = 0; i < ids.size(); ++i) {
-        for (int l = 0; l < L; ++l) {
-          pages.set(static_cast<unsigned>(i * static_cast<size_t>(L) + static_cast<size_t>(l)),
-                    static_cast<uint32_t>(kv.PageOf(ids[i], l)));
-        }
-      }
-      reply.setLeaseExpiresMs(clock_->NowMs() + lease_ms);
-    }
-  }
-  Status st = router_->Send(out);
-  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": KvReserveReply: " << st.ToString();
 }
 
 void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
@@ -451,6 +407,7 @@ void DecodeWorker::OnCancel(wire::Cancel::Reader r) {
     ReleaseQuarantined(lease_id, id, "writer done");
     return;
   }
+  (void)reserve_wait_.Drop(id);  // held, not granted: nothing to finish
   bool found = false;
   std::vector<KvLease> ended;
   if (lease_id != 0) {
@@ -627,6 +584,7 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
     if (engine_->HasWork()) StepOnce(control);
     UpdateMetrics();
   }
+  for (const auto& h : reserve_wait_.TakeAll()) AnswerReserve(h, "decode worker " + options_.id + " shut down");
   for (auto& l : leases_.TakeAll()) FreeBlocks(l.blocks, "shutdown");
   for (auto& [lease, q] : quarantine_) FreeBlocks(q.blocks, "shutdown");
   quarantine_.clear();

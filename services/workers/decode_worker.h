@@ -29,8 +29,19 @@
 // the plans from the broker; with an any-precision store, planes and LUTs in pool pages); the
 // whole pool is registered with UCX, so prefill workers put KV pages into it. At every
 // iteration boundary (between engine steps) finished width changes commit and new ones start
-// on free pages above a KV reserve (what running requests still need up to their max_tokens,
-// one block per leased request).
+// on free pages above a KV reserve (what running requests and leases still need up to their
+// max_tokens, kv_demand.h).
+//
+// Planner inputs: the engine's recorder seam feeds RoutingStats (routing_stats.h), the EMA of
+// gate weight per (layer, expert) over decode batches; KvDemand (kv_demand.h) counts the KV
+// pages running requests, leases and held reservations will still need. Telemetry to the
+// broker carries both (expertMass, kvDemandPages) every 200 ms at most.
+//
+// Admission (reserve_wait.h, off unless reserve_wait_ms > 0): a KvReserve whose prompt and
+// max_tokens do not fit beside that demand, but would after lowering expert widths, is held
+// up to reserve_wait_ms (counted in kvDemandPages, so the planner lowers for it) and granted
+// at the first iteration boundary where it fits, instead of being granted into KV a running
+// request will need (a preemption later) or refused. See decode_reserve.cc.
 //
 // Preemption: when a step needs KV blocks the pool lacks, the most recently admitted running
 // sequence is removed and queued again with the tokens it generated; the engine recomputes its
@@ -54,10 +65,13 @@
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/engine/lynx_routing_hook.h"
+#include "services/workers/kv_demand.h"
 #include "services/workers/kv_lease.h"
 #include "services/workers/lynx_metrics.h"
 #include "memory/page_pool.h"
 #include "services/workers/decode_weights.h"
+#include "services/workers/reserve_wait.h"
+#include "services/workers/routing_stats.h"
 #include "services/workers/worker_metrics.h"
 
 namespace pw::workers {
@@ -97,6 +111,9 @@ struct DecodeWorkerOptions {
   // routing hook; counted as pagedweight_lynx_* (lynx_metrics.h).
   bool lynx = false;
   lynx::LynxOptions lynx_options;
+  // Pool-aware admission (reserve_wait.h): a reservation that fits only after a lowering of
+  // expert widths waits up to this long (at most max_batch of them); 0 = answered at once.
+  uint64_t reserve_wait_ms = 0;
 };
 
 class DecodeWorker {
@@ -136,6 +153,12 @@ class DecodeWorker {
   void SendTelemetry();
   Status HandleRouter(const proto::InMessage& m);
   void OnReserve(wire::KvReserve::Reader r);
+  // Grants `h` (a lease over its prompt's blocks) or, with `error` or no blocks, refuses it.
+  void AnswerReserve(const HeldReserve& h, const std::string& error);
+  // Answers the held reservations that fit now or waited their time (every one when draining).
+  void AnswerHeldReserves();
+  // The KV the requests here will still need (kv_demand.h).
+  KvDemand Demand() const;
   void OnStartDecode(wire::StartDecode::Reader r);
   void OnCancel(wire::Cancel::Reader r);
   // Runs one engine step with `control` (a lock on control_mu_) released, so the keepalive
@@ -179,6 +202,8 @@ class DecodeWorker {
   std::unique_ptr<lynx::LynxRemapper> lynx_;
   std::unique_ptr<engine::LynxRoutingHook> lynx_hook_;  // null when LYNX is off
   std::unique_ptr<LynxMetrics> lynx_metrics_;
+  std::unique_ptr<RoutingStats> routing_;  // the engine's recorder: routing mass for Telemetry
+  ReserveWait reserve_wait_;
   KvLeaseTable leases_;
   std::map<uint64_t, Quarantined> quarantine_;  // by lease id
   std::map<uint64_t, Running> running_;

@@ -21,6 +21,7 @@ struct KvLease {
   uint64_t request_id = 0;
   std::vector<int32_t> blocks;  // in sequence order
   uint64_t expires_ms = 0;      // clock time at which the blocks return to the pool
+  uint32_t max_tokens = 0;      // tokens to generate after the prompt (0: not said)
 };
 
 class KvLeaseTable {
@@ -28,8 +29,9 @@ class KvLeaseTable {
   explicit KvLeaseTable(const transport::Clock* clock) : clock_(clock) {}
 
   // Records a lease of `blocks` for `request_id` lasting `lease_ms`; returns its id (never 0).
-  uint64_t Add(uint64_t request_id, std::vector<int32_t> blocks, uint64_t lease_ms) {
+  uint64_t Add(uint64_t request_id, std::vector<int32_t> blocks, uint64_t lease_ms, uint32_t max_tokens = 0) {
     KvLease l;
+    l.max_tokens = max_tokens;
     l.lease_id = next_id_++;
     l.request_id = request_id;
     l.blocks = std::move(blocks);
@@ -76,6 +78,7 @@ class KvLeaseTable {
     return out;
   }
   size_t size() const { return leases_.size(); }
+  const std::map<uint64_t, KvLease>& all() const { return leases_; }
   // Sum of blocks over live leases.
   size_t reserved_blocks() const { return reserved_blocks_; }
 

@@ -18,6 +18,8 @@ std::unique_ptr<PagedMetrics> PagedMetrics::Register(prometheus::Registry& r,
                           .Help("Page bytes of expert blocks committed at each width").Register(r);
   m->by_layer_ = &prometheus::BuildGauge().Name("pagedweight_committed_blocks_by_layer")
                       .Help("Expert blocks per committed width and layer").Register(r);
+  m->mean_bits_ = &prometheus::BuildGauge().Name("pagedweight_committed_bits_mean")
+                       .Help("Mean committed width of the expert blocks, per layer and layer=\"all\"").Register(r);
   m->pending_ = &prometheus::BuildGauge().Name("pagedweight_weight_changes_pending")
                      .Help("Expert blocks whose desired width differs from the committed one")
                      .Register(r).Add(w);
@@ -62,6 +64,7 @@ void PagedMetrics::Export(const memory::PagePool& pool, PagedWeights* weights) {
   for (int b : {0, 3, 4, 5, 6, 7, 8}) {
     weight_bytes_->Add({{"worker", worker_id_}, {"bits", std::to_string(b)}}).Set(static_cast<double>(bytes[b]));
   }
+  double all_bits = 0;
   for (int l = 0; l < table.num_layers(); ++l) {
     int count[9] = {};
     for (int e = 0; e < table.num_experts(); ++e) {
@@ -72,7 +75,14 @@ void PagedMetrics::Export(const memory::PagePool& pool, PagedWeights* weights) {
       by_layer_->Add({{"worker", worker_id_}, {"layer", std::to_string(l)}, {"bits", std::to_string(b)}})
           .Set(count[b]);
     }
+    double bits = 0;
+    for (int b = 0; b <= 8; ++b) bits += b * count[b];
+    all_bits += bits;
+    mean_bits_->Add({{"worker", worker_id_}, {"layer", std::to_string(l)}})
+        .Set(table.num_experts() > 0 ? bits / (2.0 * table.num_experts()) : 0);
   }
+  mean_bits_->Add({{"worker", worker_id_}, {"layer", "all"}})
+      .Set(table.num_blocks() > 0 ? all_bits / table.num_blocks() : 0);
   pending_->Set(weights->pending());
   const PagedWeightsStats& s = weights->stats();
   planes_raised_->Increment(static_cast<double>(s.planes_raised - last_.planes_raised));

@@ -51,6 +51,7 @@ class PagedMetrics {
   prometheus::Gauge* balanced_ = nullptr;
   prometheus::Family<prometheus::Gauge>* weight_bytes_ = nullptr;
   prometheus::Family<prometheus::Gauge>* by_layer_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* mean_bits_ = nullptr;  // per layer, and layer="all"
   prometheus::Gauge* pending_ = nullptr;
   prometheus::Counter* planes_raised_ = nullptr;
   prometheus::Counter* planes_lowered_ = nullptr;

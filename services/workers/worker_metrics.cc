@@ -33,6 +33,12 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
   m->leases_expired = &prometheus::BuildCounter().Name("pagedweight_kv_leases_expired_total")
                            .Help("KV reservations freed by their lease timeout")
                            .Register(r).Add(id);
+  auto& held = prometheus::BuildCounter().Name("pagedweight_kv_reservations_held_total")
+                   .Help("KV reservations held for a lowering of expert widths: held, then fit or waited_out")
+                   .Register(r);
+  m->reserve_held = &held.Add({{"worker", worker_id}, {"outcome", "held"}});
+  m->reserve_held_fit = &held.Add({{"worker", worker_id}, {"outcome", "fit"}});
+  m->reserve_held_waited_out = &held.Add({{"worker", worker_id}, {"outcome", "waited_out"}});
   auto& fin = prometheus::BuildCounter().Name("pagedweight_worker_requests_total")
                   .Help("Requests that ended on this worker, by status").Register(r);
   m->requests_finished_ok = &fin.Add({{"worker", worker_id}, {"status", "ok"}});

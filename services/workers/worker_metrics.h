@@ -34,6 +34,10 @@ struct WorkerMetrics {
   prometheus::Counter* ucx_get_bytes = nullptr;
   prometheus::Counter* preemptions = nullptr;
   prometheus::Counter* leases_expired = nullptr;
+  // Decode: reservations held for a lowering (reserve_wait.h), and how the hold ended.
+  prometheus::Counter* reserve_held = nullptr;
+  prometheus::Counter* reserve_held_fit = nullptr;
+  prometheus::Counter* reserve_held_waited_out = nullptr;
   prometheus::Counter* requests_finished_ok = nullptr;
   prometheus::Counter* requests_finished_error = nullptr;
   prometheus::Counter* requests_cancelled = nullptr;

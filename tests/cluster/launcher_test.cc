@@ -121,6 +121,43 @@ TEST(ClusterConfig, BrokerPlannerBlockBecomesFlags) {
   }
 }
 
+TEST(ClusterConfig, DeployTightPlannerYamlLoadsWithThePlannerOn) {
+  auto cfg = LoadClusterConfig(std::string(PW_SOURCE_DIR) + "/deploy/tight-planner.yaml", "/opt/pw/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  bool planner = false, reserve_wait = false;
+  for (const auto& p : cfg->processes) {
+    for (const auto& a : p.argv) {
+      planner |= p.name == "broker" && a == "--planner";
+      reserve_wait |= p.name == "decode-0" && a == "--reserve-wait-ms";
+    }
+  }
+  EXPECT_TRUE(planner);
+  EXPECT_TRUE(reserve_wait);
+}
+
+TEST(ClusterConfig, DecodeReserveWaitBecomesAFlag) {
+  auto cfg = LoadClusterConfig(WriteTemp("reserve_wait.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                               "decode: [{id: d, reserve_wait_ms: 3000}, {id: e}]\n"),
+                               "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  int with = 0;
+  for (const auto& p : cfg->processes) {
+    auto it = std::find(p.argv.begin(), p.argv.end(), "--reserve-wait-ms");
+    if (it == p.argv.end()) continue;
+    ++with;
+    EXPECT_EQ(p.name, "d");
+    ASSERT_NE(it + 1, p.argv.end());
+    EXPECT_EQ(*(it + 1), "3000");
+  }
+  EXPECT_EQ(with, 1) << "only the worker that set it (0, the default, is no flag)";
+  // Past the router's 30 s reservation timeout: refused, naming the key.
+  auto bad = LoadClusterConfig(WriteTemp("reserve_wait_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                                   "decode: [{id: d, reserve_wait_ms: 60000}]\n"),
+                               "/bin");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("reserve_wait_ms"), std::string::npos) << bad.status().ToString();
+}
+
 TEST(ClusterConfig, BadFilesNameTheProblem) {
   struct Case {
     const char* yaml;

@@ -139,6 +139,51 @@ TEST_F(PlannerDriverTest, LowersUnderPressureWaitsForTheAckThenRaises) {
   EXPECT_EQ(driver->last()->epoch, 2u);
 }
 
+TEST_F(PlannerDriverTest, KvDemandAndRoutingMassFromTelemetryReachThePlanner) {
+  // Free pages above the high watermark, but the worker reports KV demand that leaves too few:
+  // the planner lowers before the free pages are gone.
+  const uint32_t weights = 4 * 24;
+  auto lowered = [&](bool use_routing, std::vector<float> mass, int* by0, int* by1) {
+    PlanBook book(kLayers, kExperts, 8, 3, 8);
+    ASSERT_TRUE(book.Mirror("d0", All(8)).ok());
+    planner::PlannerParams p = Params();
+    p.use_routing = use_routing;
+    p.hot_threshold = 100.0;  // no hot floor here: only the weighting
+    auto driver = PlannerDriver::Create(*store_, p).value();
+    WorkerPool pool{kPage, 500, weights, 300, 0, 0};
+    pool.kv_demand = 260;  // total 896: low 90, high 269; available 300 - 260 = 40
+    pool.mass = std::move(mass);
+    book.Telemetry("d0", pool);
+    auto r = driver->Tick(1000, &book, {"d0"});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->has_value());
+    EXPECT_EQ((*r)->decision.action, planner::PlanAction::kLower);
+    EXPECT_EQ((*r)->decision.target_pages, 90 - 40);
+    EXPECT_TRUE((*r)->decision.target_met);
+    *by0 = *by1 = 0;
+    for (const auto& c : (*r)->decision.changes) (c.expert == 0 ? *by0 : *by1) += c.from - c.to;
+  };
+  int a0 = 0, a1 = 0;
+  // Without routing mass the cheap expert 0 goes down first...
+  lowered(true, {}, &a0, &a1);
+  EXPECT_GT(a0, a1);
+  // ... but it takes 95 % of the gate weight: the sensitive, cold expert 1 is cheaper now.
+  int b0 = 0, b1 = 0;
+  lowered(true, {0.95f, 0.05f}, &b0, &b1);
+  EXPECT_GT(b1, b0);
+  // The routing ablation ignores the same mass.
+  int c0 = 0, c1 = 0;
+  lowered(false, {0.95f, 0.05f}, &c0, &c1);
+  EXPECT_EQ(c0, a0);
+  EXPECT_EQ(c1, a1);
+  // All zero (no decode step seen yet) or the wrong size: every expert average.
+  int d0 = 0, d1 = 0;
+  lowered(true, {0.f, 0.f}, &d0, &d1);
+  EXPECT_EQ(d0, a0);
+  lowered(true, {0.5f, 0.3f, 0.2f}, &d0, &d1);
+  EXPECT_EQ(d0, a0);
+}
+
 TEST_F(PlannerDriverTest, StaticModeAndBadParams) {
   PlanBook book(kLayers, kExperts, 8, 3, 8);
   ASSERT_TRUE(book.Mirror("d0", All(8)).ok());

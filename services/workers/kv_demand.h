@@ -1,0 +1,50 @@
+// KvDemand: the KV a decode worker's requests will still need and do not hold yet, in blocks
+// (one page per layer each), so the broker's planner can lower expert widths before free
+// pages run out rather than after (DESIGN.md 5.1, "KV demand queued").
+//
+//   running request: blocks to grow from its current length to prompt + 1 + max_tokens
+//                    (capped by the context), plus one block of slack; a preempted one holds
+//                    nothing, so it needs every block of that length;
+//   lease (prefill writing its prompt, its blocks held): its growth from the blocks it holds
+//                    to prompt + 1 + max_tokens, plus one block of slack (one block when
+//                    max_tokens is not known);
+//   waiting reservation (reserve_wait.h): every block of its prompt plus its growth.
+// The worker keeps `reserve_pages()` (running + leases) free from raises, and reports
+// `pages()` (all three) in Telemetry as kvDemandPages.
+#pragma once
+
+#include <cstdint>
+
+namespace pw::workers {
+
+class KvDemand {
+ public:
+  // block_size: tokens per block; max_context: the model's context (lengths are capped there).
+  KvDemand(int block_size, int num_layers, int64_t max_context);
+
+  // `len`: tokens whose KV the request has now (prompt + generated); `end`: its final length
+  // before the cap (prompt + 1 + max_tokens left). holds_kv false: preempted, holds nothing.
+  void AddRunning(int64_t len, int64_t end, bool holds_kv);
+  // A lease holding `held_blocks` whose request will generate `max_tokens` (0: unknown).
+  void AddLease(int64_t held_blocks, int64_t max_tokens);
+  // A reservation that waits for pages: `prompt` tokens to be written, `max_tokens` to follow.
+  void AddWaiting(int64_t prompt, int64_t max_tokens);
+
+  int64_t running_blocks() const { return running_blocks_; }
+  int64_t lease_blocks() const { return lease_blocks_; }
+  int64_t waiting_blocks() const { return waiting_blocks_; }
+  // Pages kept from raises: running growth and leases.
+  int64_t reserve_pages() const { return (running_blocks_ + lease_blocks_) * num_layers_; }
+  // Everything still needed, waiting reservations included.
+  int64_t pages() const { return (running_blocks_ + lease_blocks_ + waiting_blocks_) * num_layers_; }
+
+ private:
+  int64_t Blocks(int64_t tokens) const;
+
+  int block_size_;
+  int num_layers_;
+  int64_t max_context_;
+  int64_t running_blocks_ = 0, lease_blocks_ = 0, waiting_blocks_ = 0;
+};
+
+}  // namespace pw::workers

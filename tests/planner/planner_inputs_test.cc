@@ -1,0 +1,126 @@
+// The decode worker's side of the planner's inputs: routing mass (the engine's recorder seam),
+// KV demand in pages, and the reservations held for a lowering (pool-aware admission).
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "services/workers/kv_demand.h"
+#include "services/workers/reserve_wait.h"
+#include "services/workers/routing_stats.h"
+
+namespace pw::workers {
+namespace {
+
+engine::RoutingContext Ctx(int layer, int tokens, bool pure_decode) {
+  engine::RoutingContext c;
+  c.layer = layer;
+  c.num_tokens = tokens;
+  c.num_experts = 4;
+  c.top_k = 2;
+  c.pure_decode = pure_decode;
+  return c;
+}
+
+TEST(RoutingStats, FirstBatchSetsTheShareThenAnEmaOfGateWeight) {
+  RoutingStats s(2, 4, 0.5);
+  EXPECT_EQ(s.mass(), std::vector<float>(8, 0.f));
+  // Two tokens: expert 0 gets 0.75 + 0.5, expert 1 0.25, expert 2 0.5 of 2.0 in all.
+  s.Record(Ctx(1, 2, true), {{0, 0, 0.75f, 0}, {0, 1, 0.25f, 1}, {1, 0, 0.5f, 0}, {1, 2, 0.5f, 1}});
+  EXPECT_EQ(s.batches(1), 1u);
+  EXPECT_EQ(s.batches(0), 0u);
+  EXPECT_FLOAT_EQ(s.mass()[4 + 0], 0.625f);
+  EXPECT_FLOAT_EQ(s.mass()[4 + 1], 0.125f);
+  EXPECT_FLOAT_EQ(s.mass()[4 + 2], 0.25f);
+  EXPECT_FLOAT_EQ(s.mass()[4 + 3], 0.f);
+  for (int e = 0; e < 4; ++e) EXPECT_EQ(s.mass()[e], 0.f) << "layer 0 untouched";
+  // Everything to expert 3 next: halfway there with alpha 0.5; the row still sums to 1.
+  s.Record(Ctx(1, 1, true), {{0, 3, 1.f, 0}});
+  EXPECT_FLOAT_EQ(s.mass()[4 + 3], 0.5f);
+  EXPECT_FLOAT_EQ(s.mass()[4 + 0], 0.3125f);
+  EXPECT_NEAR(std::accumulate(s.mass().begin() + 4, s.mass().end(), 0.0), 1.0, 1e-6);
+}
+
+TEST(RoutingStats, SkipsPromptBatchesAndForeignShapes) {
+  RoutingStats s(1, 4, 0.5);
+  s.Record(Ctx(0, 1, /*pure_decode=*/false), {{0, 1, 1.f, 0}});
+  EXPECT_EQ(s.batches(0), 0u);
+  s.Record(Ctx(3, 1, true), {{0, 1, 1.f, 0}});  // no layer 3
+  auto wrong = Ctx(0, 1, true);
+  wrong.num_experts = 8;
+  s.Record(wrong, {{0, 1, 1.f, 0}});
+  s.Record(Ctx(0, 1, true), {});  // nothing routed
+  EXPECT_EQ(s.batches(0), 0u);
+  EXPECT_EQ(s.mass(), std::vector<float>(4, 0.f));
+}
+
+TEST(KvDemand, RunningGrowthLeasesAndWaitingInPages) {
+  // 16 tokens a block, 4 layers (pages per block), context 256.
+  KvDemand d(16, 4, 256);
+  // 20 tokens now, 20 + 1 + 30 at the end: blocks 4 - 2 = 2, plus one of slack.
+  d.AddRunning(20, 51, true);
+  EXPECT_EQ(d.running_blocks(), 3);
+  // Preempted: holds nothing, needs all 4 of its blocks (+1).
+  d.AddRunning(20, 51, false);
+  EXPECT_EQ(d.running_blocks(), 3 + 5);
+  // Capped by the context: 250 now, 1000 at the end -> 16 - 16 + 1.
+  d.AddRunning(250, 1000, true);
+  EXPECT_EQ(d.running_blocks(), 3 + 5 + 1);
+  // A lease of 2 blocks for 40 tokens more: ends by 2 * 16 + 41 = 73 tokens, 5 blocks.
+  d.AddLease(2, 40);
+  EXPECT_EQ(d.lease_blocks(), 3 + 1);
+  d.AddLease(2, 0);  // max_tokens unknown: one block
+  EXPECT_EQ(d.lease_blocks(), 4 + 1);
+  // Waiting: 33 prompt tokens + 1 + 14 = 48 -> 3 blocks.
+  d.AddWaiting(33, 14);
+  EXPECT_EQ(d.waiting_blocks(), 3);
+  EXPECT_EQ(d.reserve_pages(), (9 + 5) * 4);
+  EXPECT_EQ(d.pages(), (9 + 5 + 3) * 4);
+}
+
+TEST(ReserveWait, HoldsWhatALoweringCanMakeRoomForAndAnswersWithinTheWait) {
+  ReserveWait off(0, 8);
+  EXPECT_EQ(off.Decide(10, 0, 0, 1000), ReserveWait::Admit::kAnswer);
+
+  ReserveWait w(500, 2);
+  // Fits beside the reserve: now.
+  EXPECT_EQ(w.Decide(10, 100, 90, 0), ReserveWait::Admit::kNow);
+  // Does not fit beside the reserve, would after lowering: hold.
+  EXPECT_EQ(w.Decide(11, 100, 90, 1), ReserveWait::Admit::kHold);
+  // Would not fit even with every block at the lowest width: answer (grant or refuse) now.
+  EXPECT_EQ(w.Decide(12, 100, 90, 1), ReserveWait::Admit::kAnswer);
+
+  w.Hold({1, 100, 50, 30000, /*since_ms=*/1000, /*need_pages=*/40});
+  // FIFO: something waits, so even a reservation that fits waits behind it.
+  EXPECT_EQ(w.Decide(1, 100, 0, 0), ReserveWait::Admit::kHold);
+  w.Hold({2, 10, 0, 30000, 1100, 5});
+  EXPECT_EQ(w.Decide(1, 0, 0, 100), ReserveWait::Admit::kAnswer) << "max_waiting reached";
+  EXPECT_EQ(w.size(), 2u);
+
+  // Not due: the first does not fit and has not waited 500 ms; the second waits behind it.
+  EXPECT_FALSE(w.Next(1400, 30, 0).has_value());
+  // Room now (a lowering committed): granted in order.
+  auto a = w.Next(1450, 45, 5);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->reserve.request_id, 1u);
+  EXPECT_TRUE(a->fits);
+  // The second has waited its 500 ms without room: answered as without waiting.
+  EXPECT_FALSE(w.Next(1599, 0, 0).has_value());
+  auto b = w.Next(1600, 0, 0);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->reserve.request_id, 2u);
+  EXPECT_FALSE(b->fits);
+  EXPECT_EQ(w.size(), 0u);
+
+  // A cancelled one leaves the queue.
+  w.Hold({7, 1, 0, 0, 0, 1});
+  EXPECT_FALSE(w.Drop(8));
+  EXPECT_TRUE(w.Drop(7));
+  EXPECT_EQ(w.size(), 0u);
+  w.Hold({9, 1, 0, 0, 0, 1});
+  EXPECT_EQ(w.TakeAll().size(), 1u);
+  EXPECT_EQ(w.size(), 0u);
+}
+
+}  // namespace
+}  // namespace pw::workers

@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""The quality-aware planner against static expert widths under one bursty load.
+
+For each mode of --modes, on a fresh node started from --config (deploy/tight-planner.yaml:
+the embedded model, a decode page pool too small for 8-bit experts plus the KV a burst needs),
+with free ports:
+  planner       the config as it is (broker.planner on, decode reserve_wait_ms);
+  no-routing    the planner without routing statistics (broker.planner.use_routing false);
+  static8       planner off, every block at 8 bits (the store's top width), reservations
+                answered at once (decode reserve_wait_ms 0, the default: a burst that does not
+                fit is preempted, or refused and retried by the router);
+  static8-hold  the same with the config's reserve_wait_ms (a burst queues at the worker);
+  static4       planner off, `pw-ctl set-bits 4 --all` before the load, reserve_wait_ms 0;
+  ranked        planner off, the damage-ranked map of `pw-quantize plan --avg-bits A` applied
+                before the load (A: --ranked-avg-bits, default the planner run's time-weighted
+                bits per expert weight from its sampled maps), reserve_wait_ms 0;
+  static-mode   broker.planner.static true (the planner runs and never changes a width).
+then runs pw-loadgen (gamma arrivals, --burstiness) and samples the decode worker's /metrics
+every 100 ms (pagedweight_committed_bits_mean{layer="all"}, preemptions, held reservations)
+and, in the planner modes, `pw-ctl show --block` every --map-every s (the committed width of
+every block). Writes OUT/MODE/loadgen.json, OUT/MODE/samples.json, the distinct width maps
+seen (OUT/MODE/maps/map-K.json, pw-eval --bits-map format) with their share of the load's
+time (OUT/MODE/maps.json), and prints one markdown row per mode. --eval then scores those
+maps and the static ones with `pw-eval ppl` and prints the quality rows.
+Needs PyYAML (the config) and the Release build (build/bin, build/tiny-moe.apw).
+"""
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import yaml
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_ok(port, body, timeout=10):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(req, timeout=timeout).status == 200
+    except Exception:  # noqa: BLE001 - not serving yet
+        return False
+
+
+def metrics(port):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in body.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        k, v = line.rsplit(" ", 1)
+        out[k] = float(v)
+    return out
+
+
+def pick(m, prefix, label=""):
+    return sum(v for k, v in m.items() if k.startswith(prefix) and label in k)
+
+
+class Node:
+    """One pw-cluster on free ports from a variant of the config."""
+
+    def __init__(self, a, mode, cfg, out_dir):
+        self.a, self.mode, self.out_dir = a, mode, out_dir
+        os.makedirs(out_dir, exist_ok=True)
+        cfg["run_dir"] = os.path.join(out_dir, "run")
+        cfg["bin_dir"] = os.path.abspath(os.path.join(a.build, "bin"))
+        cfg["model_dir"] = os.path.abspath(cfg["model_dir"])
+        cfg["broker"]["store"] = os.path.abspath(cfg["broker"]["store"])
+        self.http = cfg["router"]["port"] = free_port()
+        cfg["router"]["control_port"] = free_port()
+        self.broker = cfg["broker"]["control_port"] = free_port()
+        cfg["broker"]["metrics_port"] = free_port()
+        for w in cfg["prefill"]:
+            w["metrics_port"] = free_port()
+        self.decode_metrics = cfg["decode"][0]["metrics_port"] = free_port()
+        self.keys = os.path.join(cfg["run_dir"], "control.keys")
+        self.yaml = os.path.join(out_dir, "cluster.yaml")
+        with open(self.yaml, "w") as f:
+            yaml.safe_dump(cfg, f)
+        self.proc = None
+
+    def __enter__(self):
+        log = open(os.path.join(self.out_dir, "pw-cluster.out"), "w")
+        self.proc = subprocess.Popen([os.path.join(self.a.build, "bin", "pw-cluster"), "up", "--config", self.yaml],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        t0 = time.time()
+        while not http_ok(self.http, {"model": "tiny-moe", "prompt": [1, 2, 3], "max_tokens": 1}):
+            if time.time() - t0 > 180 or self.proc.poll() is not None:
+                raise SystemExit(f"{self.mode}: the node did not start serving; see {self.out_dir}")
+            time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def ctl(self, *args):
+        r = subprocess.run([os.path.join(self.a.build, "bin", "pw-ctl"), "--broker", f"tcp://127.0.0.1:{self.broker}",
+                            "--control-keys", self.keys] + list(args), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"pw-ctl {' '.join(args)}: {r.stderr.strip()}")
+        return r.stdout
+
+    def wait_committed(self, out):
+        epoch = int(re.search(r"plan epoch (\d+)", out).group(1))
+        t0 = time.time()
+        while time.time() - t0 < 120:
+            m = re.search(r"committed epoch (\d+), 0 change", self.ctl("show"))
+            if m and int(m.group(1)) >= epoch:
+                return time.time() - t0
+            time.sleep(0.1)
+        raise SystemExit(f"{self.mode}: epoch {epoch} not committed")
+
+    def block_widths(self):
+        rows = re.findall(r"^(\d+)\s+(\d+)\s+(gate_up|down)\s+(\d+)\s+(\d+)\s*$", self.ctl("show", "--block"), re.M)
+        return tuple((int(l), int(e), p, int(c)) for l, e, p, _, c in rows)
+
+
+def variant(a, mode, ranked_map):
+    with open(a.config) as f:
+        cfg = yaml.safe_load(f)
+    planner = cfg["broker"].setdefault("planner", {})
+    setup = []
+    if mode == "planner":
+        pass
+    elif mode == "no-routing":
+        planner["use_routing"] = False
+    elif mode == "static-mode":
+        planner["static"] = True
+    elif mode in ("static8", "static8-hold", "static4", "ranked"):
+        planner["enabled"] = False
+        if mode != "static8-hold":
+            cfg["decode"][0]["reserve_wait_ms"] = 0
+        if mode == "static4":
+            setup = ["set-bits", "4", "--all"]
+        elif mode == "ranked":
+            setup = ["apply", ranked_map]
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    return cfg, setup
+
+
+def plan_file(width_map, path):
+    """A pw-quantize / pw-eval width map as a pw-ctl plan file (blocks only)."""
+    with open(width_map) as f:
+        m = json.load(f)
+    with open(path, "w") as f:
+        json.dump({"blocks": [{"layer": b["layer"], "expert": b["expert"], "proj": b["proj"], "bits": b["bits"]}
+                              for b in m["blocks"]]}, f)
+    return path
+
+
+def run_mode(a, mode, ranked_map=None):
+    out_dir = os.path.join(a.out, mode)
+    cfg, setup = variant(a, mode, ranked_map)
+    planned = cfg["broker"]["planner"].get("enabled", False)
+    with Node(a, mode, cfg, out_dir) as node:
+        if setup:
+            if setup[0] == "apply":
+                setup = ["apply", plan_file(setup[1], os.path.join(out_dir, "plan.json"))]
+            print(f"{mode}: {' '.join(setup)} committed in {node.wait_committed(node.ctl(*setup)):.2f} s", flush=True)
+        samples, maps = [], []
+        stop = threading.Event()
+
+        def sampler():
+            while not stop.is_set():
+                m = metrics(node.decode_metrics)
+                samples.append({"t": time.time(),
+                                "bits": pick(m, "pagedweight_committed_bits_mean", 'layer="all"'),
+                                "preemptions": pick(m, "pagedweight_worker_num_preemptions_total"),
+                                "held": pick(m, "pagedweight_kv_reservations_held_total", 'outcome="held"'),
+                                "waited_out": pick(m, "pagedweight_kv_reservations_held_total", 'outcome="waited_out"'),
+                                "kv_pages": pick(m, "pagedweight_pool_pages", 'tenant="kv"'),
+                                "free_pages": pick(m, "pagedweight_pool_pages", 'tenant="free"')})
+                time.sleep(0.1)
+
+        def map_sampler():
+            while not stop.is_set():
+                maps.append((time.time(), node.block_widths()))
+                stop.wait(a.map_every)
+
+        m0 = metrics(node.decode_metrics)
+        threads = [threading.Thread(target=sampler)] + ([threading.Thread(target=map_sampler)] if planned else [])
+        for t in threads:
+            t.start()
+        result = os.path.join(out_dir, "loadgen.json")
+        argv = [os.path.join(a.build, "bin", "pw-loadgen"), "--base-url", f"http://127.0.0.1:{node.http}",
+                "--model", "tiny-moe", "--request-rate", str(a.rate), "--burstiness", str(a.burstiness),
+                "--duration", str(a.duration), "--random-input-len", str(a.input_len),
+                "--random-output-len", str(a.output_len), "--random-range-ratio", str(a.range_ratio),
+                "--ignore-eos", "--seed", str(a.seed), "--metric-percentiles", "50,90,99",
+                "--request-timeout", "300", "--quiet", "--result-filename", result]
+        t_start = time.time()
+        rc = subprocess.run(argv).returncode
+        t_end = time.time()
+        # After the load: how long until the widths are back at the top.
+        recovered = None
+        while planned and time.time() - t_end < 30:
+            if samples and samples[-1]["bits"] >= 8.0:
+                recovered = time.time() - t_end
+                break
+            time.sleep(0.1)
+        stop.set()
+        for t in threads:
+            t.join()
+        m1 = metrics(node.decode_metrics)
+    with open(result) as f:
+        s = json.load(f)
+    load = [x for x in samples if t_start <= x["t"] <= t_end]
+    # Time-weighted mean width over the load (each 100 ms sample weighs the gap to the next).
+    tw = sum(x["bits"] * (y["t"] - x["t"]) for x, y in zip(load, load[1:])) / max(1e-9, load[-1]["t"] - load[0]["t"])
+    row = {"mode": mode, "rc": rc, "completed": s.get("completed"), "failed": s.get("failed"),
+           "output_throughput": s.get("output_throughput"), "request_throughput": s.get("request_throughput"),
+           "ttft_p50": s.get("median_ttft_ms"), "ttft_p99": s.get("p99_ttft_ms"),
+           "tpot_p50": s.get("median_tpot_ms"), "tpot_p99": s.get("p99_tpot_ms"),
+           "bits_min": min(x["bits"] for x in load), "bits_time_weighted": tw,
+           "bits_end": samples[-1]["bits"], "recovered_s": recovered,
+           "preemptions": pick(m1, "pagedweight_worker_num_preemptions_total") - pick(m0, "pagedweight_worker_num_preemptions_total"),
+           "held": pick(m1, "pagedweight_kv_reservations_held_total", 'outcome="held"'),
+           "waited_out": pick(m1, "pagedweight_kv_reservations_held_total", 'outcome="waited_out"'),
+           "kv_pages_peak": max(x["kv_pages"] for x in load), "load_window_s": t_end - t_start}
+    if planned:
+        row["weight_bits_time_weighted"] = write_maps(out_dir, [(t, m) for t, m in maps if t_start <= t <= t_end], t_end)
+    with open(os.path.join(out_dir, "samples.json"), "w") as f:
+        json.dump({"samples": samples, "row": row}, f)
+    return row
+
+
+def write_maps(out_dir, maps, t_end):
+    """Distinct committed maps seen during the load, each weighted by the time it held."""
+    os.makedirs(os.path.join(out_dir, "maps"), exist_ok=True)
+    weights = {}
+    for (t, m), nxt in zip(maps, maps[1:] + [(t_end, None)]):
+        weights[m] = weights.get(m, 0.0) + (nxt[0] - t)
+    total = sum(weights.values())
+    index = []
+    for k, (m, w) in enumerate(sorted(weights.items(), key=lambda kv: -kv[1])):
+        path = os.path.join(out_dir, "maps", f"map-{k}.json")
+        with open(path, "w") as f:
+            json.dump({"default_bits": 8, "blocks": [{"layer": l, "expert": e, "proj": p, "bits": b}
+                                                     for l, e, p, b in m]}, f)
+        index.append({"map": path, "share": w / total, "mean_bits": weighted_bits(m)})
+    with open(os.path.join(out_dir, "maps.json"), "w") as f:
+        json.dump(index, f, indent=1)
+    return sum(x["share"] * x["mean_bits"] for x in index)
+
+
+def weighted_bits(m):
+    """Bits per expert weight of a map, weighted by block size (gate_up [2I, H] is twice down [H, I])."""
+    size = {"gate_up": 2.0, "down": 1.0}
+    return sum(size[p] * b for _, _, p, b in m) / sum(size[p] for _, _, p, _ in m)
+
+
+def ppl(a, extra, store=True):
+    argv = [os.path.join(a.build, "bin", "pw-eval"), "ppl", "--model", a.model, "--text", a.heldout,
+            "--ctx", "256", "--threads", "2"] + (["--store", a.store] if store else []) + extra
+    out = subprocess.run(argv, capture_output=True, text=True)
+    m = re.search(r"^ppl\s+([0-9.]+)", out.stdout, re.M)
+    if out.returncode != 0 or not m:
+        raise SystemExit(f"{' '.join(argv)}: {out.stderr.strip()[-400:]}")
+    return float(m.group(1))
+
+
+def block_pages(proj, bits, page_bytes=4096, hidden=128, ffn=128):
+    """memory::WeightPageTable::PagesFor for the embedded model's blocks: planes and int8 LUT."""
+    rows, cols = (2 * ffn, hidden) if proj == "gate_up" else (hidden, ffn)
+    if bits == 0:
+        return 0
+    plane_tile = page_bytes // (((cols + 255) // 256) * 32)
+    return bits * math.ceil(rows / plane_tile) + math.ceil(rows / (page_bytes >> bits))
+
+
+def map_pages(path):
+    with open(path) as f:
+        return sum(block_pages(b["proj"], b["bits"]) for b in json.load(f)["blocks"])
+
+
+def uniform_pages(bits, layers=4, experts=32):
+    return layers * experts * (block_pages("gate_up", bits) + block_pages("down", bits))
+
+
+def map_bits(path):
+    with open(path) as f:
+        m = json.load(f)
+    return weighted_bits([(b["layer"], b["expert"], b["proj"], b["bits"]) for b in m["blocks"]])
+
+
+def evaluate(a):
+    """Quality rows: each planner run's maps (time-weighted: exp of the share-weighted mean
+    log-perplexity over the --max-maps maps that held the most time, shares renormalised), and
+    at the same bits per expert weight the damage-ranked map and the uniform widths around it."""
+    rows = []
+    cache_path = os.path.join(a.out, "ppl-cache.json")  # perplexity per map or width, kept between runs
+    done = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+
+    def once(key, extra):
+        if key not in done:
+            done[key] = ppl(a, extra)
+            with open(cache_path, "w") as f:
+                json.dump(done, f)
+        return done[key]
+
+    rows.append({"what": "bf16 experts (checkpoint)", "bits": 16, "ppl": done.get("bf16") or ppl(a, [], store=False)})
+    done["bf16"] = rows[-1]["ppl"]
+    for mode in a.modes:
+        index_path = os.path.join(a.out, mode, "maps.json")
+        if not os.path.exists(index_path):
+            continue
+        with open(index_path) as f:
+            index = json.load(f)
+        kept = index[: a.max_maps]
+        share = sum(x["share"] for x in kept)
+        log_ppl, bits = 0.0, 0.0
+        for x in kept:
+            x["mean_bits"] = map_bits(x["map"])
+            x["ppl"] = once(x["map"], ["--bits-map", x["map"]])
+            log_ppl += x["share"] / share * math.log(x["ppl"])
+            bits += x["share"] / share * x["mean_bits"]
+        pages = sum(x["share"] / share * map_pages(x["map"]) for x in kept)
+        rows.append({"what": f"{mode}: time-weighted over {len(kept)} of {len(index)} maps ({share:.1%} of the time)",
+                     "bits": bits, "pages": pages, "ppl": math.exp(log_ppl), "maps": kept})
+        ranked = os.path.join(a.out, mode, f"ranked-{bits:.3f}.json")
+        subprocess.run([os.path.join(a.build, "bin", "pw-quantize"), "plan", "--store", a.store,
+                        "--avg-bits", f"{bits:.3f}", "--out", ranked], check=True, capture_output=True)
+        rows.append({"what": f"damage-ranked at the {mode} run's mean", "bits": map_bits(ranked),
+                     "pages": map_pages(ranked), "ppl": once(ranked, ["--bits-map", ranked])})
+        for u in sorted({max(3, math.floor(bits)), min(8, math.ceil(bits))}):
+            rows.append({"what": f"uniform {u} bits", "bits": u, "pages": uniform_pages(u),
+                         "ppl": once(f"u{u}", ["--bits", str(u)])})
+    rows.append({"what": "uniform 8 bits (the store's top width)", "bits": 8, "pages": uniform_pages(8),
+                 "ppl": once("u8", ["--bits", "8"])})
+    with open(os.path.join(a.out, "quality.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="deploy/tight-planner.yaml")
+    p.add_argument("--build", default="build")
+    p.add_argument("--out", default="build/bench-planner")
+    p.add_argument("--modes", default="planner,static8,static4,ranked")
+    p.add_argument("--rate", type=float, default=40)
+    p.add_argument("--burstiness", type=float, default=0.5)
+    p.add_argument("--duration", type=float, default=30)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=192)
+    p.add_argument("--range-ratio", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--map-every", type=float, default=0.5, help="seconds between pw-ctl show --block samples")
+    p.add_argument("--ranked-avg-bits", type=float, default=0, help="0: the planner run's time-weighted mean")
+    p.add_argument("--eval", action="store_true", help="score the planner runs' maps with pw-eval ppl")
+    p.add_argument("--max-maps", type=int, default=12, help="--eval: the maps holding the most time")
+    p.add_argument("--model", default="models/tiny-moe")
+    p.add_argument("--store", default="build/tiny-moe.apw")
+    p.add_argument("--heldout", default="build/eval/heldout.txt")
+    a = p.parse_args()
+    a.modes = a.modes.split(",")
+    os.makedirs(a.out, exist_ok=True)
+    if a.eval:
+        rows = evaluate(a)
+        base = rows[0]["ppl"]
+        print("| experts | bits per expert weight | pool pages (planes + LUT) | perplexity | vs bf16 |")
+        print("|---|---:|---:|---:|---:|")
+        for r in rows:
+            pages = f"{r['pages']:.0f}" if "pages" in r else "-"
+            print(f"| {r['what']} | {r['bits']:.3f} | {pages} | {r['ppl']:.4f} | {100 * (r['ppl'] / base - 1):+.3f} % |",
+                  flush=True)
+        return
+    rows = []
+    for mode in a.modes:
+        ranked = None
+        if mode == "ranked":
+            avg = a.ranked_avg_bits or next((r["weight_bits_time_weighted"] for r in rows if r["mode"] == "planner"), 0)
+            if not avg:
+                raise SystemExit("ranked: give --ranked-avg-bits or run the planner mode first")
+            ranked = os.path.join(a.out, f"ranked-{avg:.3f}.json")
+            subprocess.run([os.path.join(a.build, "bin", "pw-quantize"), "plan", "--store", a.store,
+                            "--avg-bits", f"{avg:.3f}", "--out", ranked], check=True, capture_output=True)
+        load0 = os.getloadavg()[0]
+        r = run_mode(a, mode, ranked)
+        r["load"] = f"{load0:.2f}->{os.getloadavg()[0]:.2f}"
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    with open(os.path.join(a.out, "rows.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print("| mode | load avg | completed | failed | output tok/s | TTFT p50 | p99 ms | TPOT p50 | p99 ms | "
+          "mean bits: min / time-weighted / end | preemptions | held (waited out) | KV pages peak |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['load']} | {r['completed']} | {r['failed']} | {r['output_throughput']:.0f} | "
+              f"{r['ttft_p50']:.0f} | {r['ttft_p99']:.0f} | {r['tpot_p50']:.2f} | {r['tpot_p99']:.2f} | "
+              f"{r['bits_min']:.2f} / {r['bits_time_weighted']:.2f} / {r['bits_end']:.2f} | {r['preemptions']:.0f} | "
+              f"{r['held']:.0f} ({r['waited_out']:.0f}) | {r['kv_pages_peak']:.0f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
