@@ -42,6 +42,7 @@ DecodeWorker::~DecodeWorker() {
   // back, and stop UCX before freeing the pool.
   if (engine_) engine_->SetMoeHooks({});
   experts_.reset();
+  residency_.reset();
   paged_.reset();
   engine_.reset();
   kv_region_.reset();
@@ -54,6 +55,9 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
                                                            const transport::Clock* clock) {
   if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
+  if (PagedResidency::Enabled(options.misses) && options.broker_endpoint.empty()) {
+    return InvalidArgument("decode worker: a residency budget needs the broker's .apw store");
+  }
   options.id = DefaultWorkerId(options.id, "decode");
   if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
   std::unique_ptr<DecodeWorker> w(
@@ -224,8 +228,15 @@ Status DecodeWorker::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     if (!p.ok()) return p.status().WithContext("loading experts from the broker");
     paged_ = std::move(p).value();
     const int bits = manifest.getInitialBits();
-    PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.weights_timeout_ms)
-                           .WithContext("loading experts at " + std::to_string(bits) + " bits"));
+    if (PagedResidency::Enabled(options_.misses)) {  // cold: the first tokens fetch experts
+      PW_ASSIGN_OR_RETURN(residency_, PagedResidency::Create(options_.misses, engine_->model().config(),
+                                                             paged_.get(), pool_.get(), bits));
+      residency_metrics_ = ResidencyMetrics::Register(*metrics_->registry, options_.id);
+      residency_->Install(lynx_hook_.get(), &hooks);
+    } else {
+      PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.weights_timeout_ms)
+                             .WithContext("loading experts at " + std::to_string(bits) + " bits"));
+    }
     metrics_->ucx_get_bytes->Increment(static_cast<double>(paged_->stats().bytes_raised));
     hooks.provider = paged_->provider();
     engine_->SetMoeHooks(hooks);
@@ -235,6 +246,7 @@ Status DecodeWorker::OnManifest(std::unique_ptr<proto::InMessage> msg) {
                  << pool_->num_pages() << " pages of " << pool_->page_bytes() << " bytes) from the broker";
     return Status::Ok();
   }
+  if (PagedResidency::Enabled(options_.misses)) return InvalidArgument("residency budget, bf16 store");
   auto p = RemoteExpertProvider::Load(*ucx_worker_, manifest, engine_->model().config());
   if (!p.ok()) return p.status().WithContext("loading experts from the broker");
   experts_ = std::move(p).value();
@@ -252,20 +264,10 @@ void DecodeWorker::OnPlan(wire::Plan::Reader plan) {
     return;
   }
   if (plan.getEpoch() < plan_epoch_) return;  // an older plan arriving late
-  std::vector<std::pair<size_t, int>> changes;
-  const auto& t = paged_->table();
-  std::string bad;
-  for (auto e : plan.getChanges()) {
-    const int l = static_cast<int>(e.getLayer()), x = static_cast<int>(e.getExpert());
-    if (l >= t.num_layers() || x >= t.num_experts()) {
-      bad = "block (layer " + std::to_string(l) + ", expert " + std::to_string(x) + ") outside this model";
-      break;
-    }
-    changes.emplace_back(t.Index(l, x, e.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp
-                                                                              : ExpertProj::kDown),
-                         e.getDesiredBits());
-  }
-  Status st = bad.empty() ? paged_->SetDesired(changes) : InvalidArgument(bad);
+  auto changes = paged_->PlanChanges(plan);
+  Status st = !changes.ok()  ? changes.status()
+              : residency_ ? residency_->SetPlanWidths(*changes)
+                           : paged_->SetDesired(*changes);
   if (!st.ok()) {
     PW_LOG(WARNING) << options_.id << ": plan epoch " << plan.getEpoch() << " refused: " << st.ToString();
     proto::OutMessage m;
@@ -342,13 +344,14 @@ void DecodeWorker::WeightsBoundary() {
                                          engine::BlocksForTokens(static_cast<int>(now_len), kv.block_size)) + 1;
     }
     const int reserve = static_cast<int>(std::min<int64_t>(blocks * kv.num_layers, pool_->num_pages()));
-    std::vector<WidthChange> committed = paged_->Poll(reserve);
+    std::vector<WidthChange> committed = residency_ ? residency_->Boundary(reserve) : paged_->Poll(reserve);
     if (!committed.empty()) SendPlanAck(committed);
   }
   const uint64_t now = clock_->NowMs();
   if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
     last_telemetry_ms_ = now;
     paged_metrics_->Export(*pool_, paged_.get());
+    if (residency_metrics_) residency_metrics_->Export(*residency_);
     SendTelemetry();
   }
 }
@@ -356,17 +359,6 @@ void DecodeWorker::WeightsBoundary() {
 Status DecodeWorker::HandleBroker(const proto::InMessage& m) {
   if (m.which() == proto::Body::WEIGHT_MANIFEST) {
     if (experts_ || !manifest_pending_) return Status::Ok();
-    if (paged_) {
-      // Serving already: a restarted broker answered; rebind now.
-      manifest_pending_ = false;
-      ::capnp::MallocMessageBuilder b;
-      b.setRoot(m.envelope());
-      auto flat = ::capnp::messageToFlatArray(b);
-      auto bytes = flat.asBytes();
-      PW_ASSIGN_OR_RETURN(auto copy, proto::InMessage::Parse(std::string_view(
-                                         reinterpret_cast<const char*>(bytes.begin()), bytes.size())));
-      return OnManifest(std::move(copy));
-    }
     // Keep a private copy of the frame: the provider reads it after this handler returns.
     ::capnp::MallocMessageBuilder b;
     b.setRoot(m.envelope());
@@ -375,7 +367,8 @@ Status DecodeWorker::HandleBroker(const proto::InMessage& m) {
     PW_ASSIGN_OR_RETURN(manifest_, proto::InMessage::Parse(std::string_view(
                                        reinterpret_cast<const char*>(bytes.begin()), bytes.size())));
     manifest_pending_ = false;
-    return Status::Ok();
+    // Serving already: a restarted broker answered; rebind now.
+    return paged_ ? OnManifest(std::move(manifest_)) : Status::Ok();
   }
   if (m.which() == proto::Body::PLAN) {
     OnPlan(m.body().getPlan());

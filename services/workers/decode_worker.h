@@ -57,8 +57,10 @@
 #include "services/workers/lynx_metrics.h"
 #include "memory/page_pool.h"
 #include "services/workers/paged_metrics.h"
+#include "services/workers/paged_residency.h"
 #include "services/workers/paged_weights.h"
 #include "services/workers/remote_experts.h"
+#include "services/workers/residency_metrics.h"
 #include "services/workers/worker_metrics.h"
 
 namespace pw::workers {
@@ -98,6 +100,10 @@ struct DecodeWorkerOptions {
   // routing hook; counted as pagedweight_lynx_* (lynx_metrics.h).
   bool lynx = false;
   lynx::LynxOptions lynx_options;
+  // Expert residency budget (DESIGN.md 5.2, paged_residency.h): with residency or
+  // residency_bytes set and an any-precision store, only that many experts stay resident and
+  // the miss policy decides every miss (after LYNX); unset = every expert resident.
+  misses::MissSettings misses;
 };
 
 class DecodeWorker {
@@ -181,6 +187,8 @@ class DecodeWorker {
   std::unique_ptr<RemoteExpertProvider> experts_;   // bf16 store
   std::unique_ptr<PagedWeights> paged_;             // any-precision store
   std::unique_ptr<PagedMetrics> paged_metrics_;
+  std::unique_ptr<PagedResidency> residency_;       // null: every expert resident
+  std::unique_ptr<ResidencyMetrics> residency_metrics_;
   uint64_t plan_epoch_ = 0;                         // newest plan applied
   uint64_t last_telemetry_ms_ = 0;
   std::unique_ptr<transport::ControlClient> router_;
