@@ -380,12 +380,12 @@ Status PagedWeights::LoadAll(int bits, int timeout_ms) {
 Status PagedWeights::FetchBlockNow(size_t block, int bits, uint64_t* bytes) {
   PW_ASSIGN_OR_RETURN(auto fills, table_->FetchBegin(block, bits));
   MoveJob job = MakeJob(block, bits, fills);
+  Status st = mover_->FetchNow(job.parts);
+  if (!st.ok()) {
+    PW_CHECK(table_->FetchAbort(block).ok());
+    return st.WithContext("fetching block " + std::to_string(block));
+  }
   for (const MovePart& part : job.parts) {
-    Status st = mover_->FetchNow(part);
-    if (!st.ok()) {
-      PW_CHECK(table_->FetchAbort(block).ok());
-      return st.WithContext("fetching block " + std::to_string(block));
-    }
     if (bytes != nullptr) *bytes += part.bytes;
   }
   return table_->FetchCommit(block);

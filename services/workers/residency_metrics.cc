@@ -19,7 +19,7 @@ std::unique_ptr<ResidencyMetrics> ResidencyMetrics::Register(prometheus::Registr
                    .Register(r);
   m->fetched_ = &miss.Add(with("action", "fetched"));
   m->substituted_ = &miss.Add(with("action", "substituted"));
-  m->mass_ = &prometheus::BuildCounter().Name("pagedweight_expert_substituted_mass_total")
+  m->mass_ = &prometheus::BuildCounter().Name("pagedweight_substituted_gate_mass_total")
                   .Help("Sum over (token, MoE layer) of the gate mass served by substitutes")
                   .Register(r).Add(id);
   m->token_layers_ = &prometheus::BuildCounter().Name("pagedweight_expert_token_layers_total")

@@ -4,7 +4,7 @@
 //   pagedweight_expert_selections_total{result="hit|miss"}    selected experts resident or not
 //   pagedweight_expert_misses_total{action="fetched|substituted"}
 //                                                             how each miss was served
-//   pagedweight_expert_substituted_mass_total                 sum over (token, layer) of the
+//   pagedweight_substituted_gate_mass_total                 sum over (token, layer) of the
 //                                                             substituted gate mass m
 //   pagedweight_expert_token_layers_total                     (token, layer) pairs decided
 //                                                             (mean m = the two divided)

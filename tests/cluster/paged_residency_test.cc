@@ -15,7 +15,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -86,17 +88,21 @@ class PagedResidencyTest : public ::testing::Test {
           for (int p = 0; p < apw::kPlanes; ++p) b.planes[p] = rb.block.Plane(p);
           for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.luts[bits] = rb.block.luts[bits].data();
           ASSERT_TRUE(w->Add(b).ok());
+          blocks_.push_back(std::move(rb));
         }
       }
     }
     ASSERT_TRUE(w->Finish().ok());
   }
 
-  // Paged weights over a pool of `pages` pages (nothing resident) and a residency budget.
-  void Start(int pages, const std::string& yaml, int initial_bits = 4) {
+  // Paged weights over a pool of `pages` pages (nothing resident) and a residency budget;
+  // `edit` may spoil the manifest.
+  void Start(int pages, const std::string& yaml, int initial_bits = 4,
+             const std::function<void(wire::WeightManifest::Builder)>& edit = nullptr) {
     pool_ = memory::PagePool::Create(1024, pages).value();
     auto wm = msg_.body().initWeightManifest();
     served_->FillManifest(wm, broker_->Address(), static_cast<uint8_t>(initial_bits));
+    if (edit) edit(wm);
     auto w = PagedWeights::Create(pool_.get(), config_, *client_, wm.asReader(), {});
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     weights_ = std::move(w).value();
@@ -108,6 +114,28 @@ class PagedResidencyTest : public ::testing::Test {
     residency_->Install(nullptr, &hooks_);
     ASSERT_EQ(hooks_.fetcher, residency_.get());
     ASSERT_NE(hooks_.routing_hook, nullptr);
+  }
+
+  // The committed planes of block i, read back from its pages, equal the store's (and its LUT
+  // scales are set).
+  void ExpectPagesHoldTheStore(size_t i) {
+    const auto& t = weights_->table();
+    const auto& e = t.entry(i);
+    ASSERT_GT(e.committed, 0);
+    const anyprec::PackedBlock& want = blocks_[i].block;
+    const size_t row = anyprec::PlaneRowBytes(e.cols);
+    const int tile = t.PlaneTileRows(e.cols);
+    for (int p = 0; p < e.committed; ++p) {
+      std::vector<uint8_t> got;
+      for (size_t k = 0; k < e.planes[p].addrs.size(); ++k) {
+        const int n = std::min(tile, e.rows - static_cast<int>(k) * tile);
+        got.insert(got.end(), e.planes[p].addrs[k], e.planes[p].addrs[k] + static_cast<size_t>(n) * row);
+      }
+      ASSERT_EQ(got.size(), anyprec::PlaneBytes(e.rows, e.cols));
+      EXPECT_EQ(0, std::memcmp(got.data(), want.Plane(p), got.size())) << "block " << i << " plane " << p;
+    }
+    ASSERT_EQ(e.lut_scales.size(), static_cast<size_t>(e.rows));
+    for (float sc : e.lut_scales) ASSERT_GT(sc, 0.f);
   }
 
   // One token of `layer` selecting `experts` with `weights` (router probabilities: the given
@@ -162,6 +190,7 @@ class PagedResidencyTest : public ::testing::Test {
 
   ModelConfig config_;
   std::string path_;
+  std::vector<anyprec::RandomBlock> blocks_;  // ExpertBlockIndex order
   std::unique_ptr<transport::ucx::Context> ctx_;
   std::unique_ptr<transport::ucx::Worker> broker_, client_;
   std::unique_ptr<broker::ServedStore> served_;
@@ -188,6 +217,9 @@ TEST_F(PagedResidencyTest, FetchesIntoPagesDuringTheStepAndEvictsAtTheBoundary) 
   EXPECT_EQ(pool_->Count(memory::Tenant::kWeights), 2 * one_expert);
   EXPECT_GT(residency_->stats().fetch_bytes, 0u);
   EXPECT_EQ(residency_->TakeFetchSeconds().size(), 2u);
+  for (int e : {0, 1}) {
+    for (auto p : {ExpertProj::kGateUp, ExpertProj::kDown}) ExpectPagesHoldTheStore(t.Index(0, e, p));
+  }
   ASSERT_TRUE(residency_->Check(true).ok());
   EXPECT_TRUE(residency_->Boundary(0).empty());  // nothing to change
 
@@ -337,6 +369,35 @@ TEST_F(PagedResidencyTest, RandomTokensKeepTheTableFollowingThePolicy) {
   EXPECT_TRUE(residency_->Check(true).ok()) << residency_->Check(true).ToString();
   EXPECT_GT(residency_->policy().stats().substitutions, 0);
   EXPECT_GT(residency_->stats().fetches, 0u);
+  ExpectBalanced();
+}
+
+TEST_F(PagedResidencyTest, AFetchWhoseChecksumFailsFailsTheStepAndHoldsNoPage) {
+  // Plane 2 of block (layer 0, expert 3, gate_up) carries a wrong checksum.
+  Start(4000, "policy: fetch-every-miss\nresidency: 0.25\n", 4, [](wire::WeightManifest::Builder m) {
+    for (auto p : m.getParts()) {
+      if (p.getLayer() == 0 && p.getExpert() == 3 && p.getKind() == wire::WeightKind::GATE_UP && p.getPlane() == 2) {
+        p.setChecksum(p.getChecksum() ^ 1);
+      }
+    }
+  });
+  std::vector<float> probs(kE, 0.01f);
+  std::vector<engine::ExpertAssignment> a = {{0, 3, 0.5f, 0}, {0, 4, 0.5f, 1}};
+  engine::RoutingContext ctx;
+  ctx.layer = 0;
+  ctx.num_tokens = 1;
+  ctx.num_experts = kE;
+  ctx.top_k = 2;
+  ctx.router_probs = probs.data();
+  ctx.residency = hooks_.residency;
+  ctx.fetcher = hooks_.fetcher;
+  weights_->BeginStep();
+  Status st = hooks_.routing_hook->Rewrite(ctx, &a);
+  weights_->EndStep();
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+  EXPECT_NE(st.message().find("checksum"), std::string::npos) << st.ToString();
+  EXPECT_TRUE(BothAt(0, 3, 0));
+  EXPECT_EQ(pool_->Count(memory::Tenant::kWeights), 0);
   ExpectBalanced();
 }
 

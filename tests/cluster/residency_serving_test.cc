@@ -233,7 +233,7 @@ TEST_F(ResidencyServing, GreedyOutputsEqualTheEmulationOfTheSamePolicyAndBudget)
   EXPECT_EQ(Metric("pagedweight_expert_misses_total{action=\"substituted\""), static_cast<double>(substitutions_));
   EXPECT_GT(Metric("pagedweight_expert_fetches_total{path=\"pages\""), 0);
   EXPECT_GT(Metric("pagedweight_expert_evictions_total{"), 0);
-  EXPECT_GT(Metric("pagedweight_expert_substituted_mass_total{"), 0);
+  EXPECT_GT(Metric("pagedweight_substituted_gate_mass_total{"), 0);
   const double capacity = Metric("pagedweight_experts_resident_capacity{");
   EXPECT_EQ(capacity, 8 * 4);  // 25 % of 32 experts in each of 4 layers
   EXPECT_LE(Metric("pagedweight_experts_resident{"), capacity);
