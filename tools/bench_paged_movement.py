@@ -15,44 +15,13 @@ the movement's duration and the bytes it moved (decode worker's /metrics).
 Standard library only.
 """
 import argparse
-import json
-import re
-import subprocess
+import os
 import sys
 import threading
 import time
-import urllib.request
 
-
-def ctl(args, a):
-    out = subprocess.run([a.pw_ctl, "--broker", a.broker, "--control-keys", a.control_keys] + args, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"pw-ctl {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout
-
-
-def wait_committed(epoch, a, timeout=600):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        m = re.search(r"committed epoch (\d+), 0 change", ctl(["show"], a))
-        if m and int(m.group(1)) >= epoch:
-            return time.time() - t0
-        time.sleep(0.05)
-    sys.exit(f"epoch {epoch} not committed in {timeout} s")
-
-
-def change(args, a):
-    out = ctl(args, a)
-    return int(re.search(r"plan epoch (\d+)", out).group(1))
-
-
-def metric(a, name):
-    body = urllib.request.urlopen(f"http://127.0.0.1:{a.decode_metrics}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for line in body.splitlines():
-        if line.startswith(name):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from paged_node import add_node_args, change, complete, metrics, pick, wait_committed  # noqa: E402
 
 
 def load_window(a, seconds):
@@ -65,13 +34,8 @@ def load_window(a, seconds):
     def stream(i):
         n = 0
         while time.time() < stop:
-            body = json.dumps({"model": a.model, "prompt": [1 + (i * 7 + n) % 300, 5, 9, 17],
-                               "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{a.http_port}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
             try:
-                r = json.loads(urllib.request.urlopen(req, timeout=300).read())
-                tokens[i] += r["usage"]["completion_tokens"]
+                tokens[i] += complete(a, [1 + (i * 7 + n) % 300, 5, 9, 17], a.max_tokens, timeout=300)
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(str(e))
             n += 1
@@ -90,13 +54,7 @@ def load_window(a, seconds):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pw-ctl", default="build/bin/pw-ctl")
-    p.add_argument("--broker", default="tcp://127.0.0.1:5556")
-    p.add_argument("--control-keys", default="build/run/control.keys",
-                   help="the node's key file (pw-cluster writes it into its run_dir)")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--decode-metrics", type=int, default=9102)
-    p.add_argument("--model", default="tiny-moe")
+    add_node_args(p)
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--experts", type=int, required=True)
     p.add_argument("--low", type=int, default=3)
@@ -116,16 +74,16 @@ def main():
                 f.write(f"  - {{layer: {layer}, expert: {e}, bits: {a.high}}}\n")
     rows = []
     for r in range(a.rounds):
-        wait_committed(change(["set-bits", str(a.low), "--all"], a), a)
+        wait_committed(a, change(a, "set-bits", str(a.low), "--all"))
         low = load_window(a, a.window)
-        b0 = metric(a, 'pagedweight_plane_bytes_moved_total{direction="raise"')
-        epoch = change(["apply", plan], a)
+        b0 = pick(metrics(a), 'pagedweight_plane_bytes_moved_total{direction="raise"')
+        epoch = change(a, "apply", plan)
         done = {}
-        threading.Thread(target=lambda: done.setdefault("s", wait_committed(epoch, a)), daemon=True).start()
+        threading.Thread(target=lambda: done.setdefault("s", wait_committed(a, epoch)), daemon=True).start()
         moving = load_window(a, a.window)
         while "s" not in done:
             time.sleep(0.05)
-        moved = metric(a, 'pagedweight_plane_bytes_moved_total{direction="raise"') - b0
+        moved = pick(metrics(a), 'pagedweight_plane_bytes_moved_total{direction="raise"') - b0
         high = load_window(a, a.window)
         rows.append((low, moving, high, done["s"], moved))
         print(f"round {r}: still-low {low:.1f} tok/s, moving {moving:.1f} tok/s "

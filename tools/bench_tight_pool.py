@@ -10,46 +10,17 @@ The last phase sets its width while the previous phase's load is still running (
 come back while serving). Standard library only.
 """
 import argparse
-import json
-import re
-import subprocess
+import os
 import sys
 import threading
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from paged_node import add_node_args, change, complete, metrics, pick, wait_committed  # noqa: E402
 
 
-def ctl(a, *args):
-    out = subprocess.run([a.pw_ctl, "--broker", a.broker, "--control-keys", a.control_keys] + list(args), capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"pw-ctl {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout
-
-
-def set_bits(a, bits, wait=True):
-    epoch = int(re.search(r"plan epoch (\d+)", ctl(a, "set-bits", str(bits), "--all")).group(1))
-    t0 = time.time()
-    while wait and time.time() - t0 < 300:
-        m = re.search(r"committed epoch (\d+), 0 change", ctl(a, "show"))
-        if m and int(m.group(1)) >= epoch:
-            return time.time() - t0
-        time.sleep(0.05)
-    return None
-
-
-def metrics(a):
-    body = urllib.request.urlopen(f"http://127.0.0.1:{a.decode_metrics}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in body.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        k, v = line.rsplit(" ", 1)
-        out[k] = float(v)
-    return out
-
-
-def pick(m, prefix):
-    return sum(v for k, v in m.items() if k.startswith(prefix))
+def set_bits(a, bits):
+    return wait_committed(a, change(a, "set-bits", str(bits), "--all"), timeout=300)
 
 
 def run_load(a, label, during=None):
@@ -70,12 +41,8 @@ def run_load(a, label, during=None):
     errors = []
 
     def one(i):
-        body = json.dumps({"model": a.model, "prompt": [1 + i % 300, 7, 11, 13, 17, 19, 23, 29],
-                           "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{a.http_port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
         try:
-            tokens[i] = json.loads(urllib.request.urlopen(req, timeout=600).read())["usage"]["completion_tokens"]
+            tokens[i] = complete(a, [1 + i % 300, 7, 11, 13, 17, 19, 23, 29], a.max_tokens)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(str(e))
 
@@ -107,13 +74,7 @@ def run_load(a, label, during=None):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pw-ctl", default="build/bin/pw-ctl")
-    p.add_argument("--broker", default="tcp://127.0.0.1:5556")
-    p.add_argument("--control-keys", default="build/run/control.keys",
-                   help="the node's key file (pw-cluster writes it into its run_dir)")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--decode-metrics", type=int, default=9102)
-    p.add_argument("--model", default="tiny-moe")
+    add_node_args(p)
     p.add_argument("--requests", type=int, default=96)
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--switch-after", type=float, default=3.0)

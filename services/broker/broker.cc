@@ -7,7 +7,7 @@
 #include "quant/apw_provider.h"
 #include "services/engine/model.h"
 #include "services/transport/zmq_transport.h"
-#include "services/workers/worker_common.h"
+#include "services/common/model_name.h"
 
 namespace pw::broker {
 
@@ -23,7 +23,7 @@ Broker::~Broker() {
 Result<std::unique_ptr<Broker>> Broker::Create(BrokerOptions options,
                                                const transport::Clock* clock) {
   if (options.model_dir.empty()) return InvalidArgument("broker: model dir is required");
-  if (options.model_name.empty()) options.model_name = workers::ModelNameFromDir(options.model_dir);
+  if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<Broker> b(
       new Broker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(b->Setup());
@@ -32,7 +32,7 @@ Result<std::unique_ptr<Broker>> Broker::Create(BrokerOptions options,
 
 Status Broker::SetupBf16Store(const engine::Model& model) {
   // The store: every expert block of the checkpoint, copied into one registered buffer.
-  layout_ = workers::ExpertStoreLayout::For(model.config());
+  layout_ = service::ExpertStoreLayout::For(model.config());
   if (layout_.regions.empty()) return Unsupported("broker: the model has no MoE experts");
   store_.reset(new uint8_t[layout_.total_bytes]);
   std::memset(store_.get(), 0, layout_.total_bytes);

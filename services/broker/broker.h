@@ -7,7 +7,7 @@
 //     manifest lists every bit-plane and LUT of every block with its checksum, so a worker
 //     fetches one plane of one block at a time;
 //   - the checkpoint's bf16 experts (no --store), copied into one buffer laid out as
-//     services/workers/expert_store.h describes, one region per block.
+//     services/common/expert_store_layout.h describes, one region per block.
 // Widths are the PlanBook's (plan_book.h): pw-ctl (CtlRequest) changes desired widths, the
 // broker sends each decode worker a Plan with what it still has to change (again every
 // second until its PlanAcks show it done), and mirrors every worker's committed table from its
@@ -32,7 +32,7 @@
 #include "services/broker/plan_book.h"
 #include "services/broker/planner_driver.h"
 #include "services/broker/served_store.h"
-#include "services/workers/expert_store.h"
+#include "services/common/expert_store_layout.h"
 
 namespace pw::engine {
 class Model;
@@ -95,7 +95,7 @@ class Broker {
 
   BrokerOptions options_;
   const transport::Clock* clock_;
-  workers::ExpertStoreLayout layout_;
+  service::ExpertStoreLayout layout_;
   std::unique_ptr<uint8_t[]> store_;
   std::vector<uint64_t> checksums_;
   std::unique_ptr<ServedStore> served_;

@@ -6,7 +6,7 @@
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
 #include "services/broker/broker.h"
-#include "services/workers/signals.h"
+#include "services/common/stop_signals.h"
 
 int main(int argc, char** argv) {
   pw::broker::BrokerOptions o;
@@ -44,12 +44,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-broker: %s\n", s.message().c_str());
     return 2;
   }
-  pw::workers::InstallStopHandlers();
+  pw::service::InstallStopHandlers();
   auto b = pw::broker::Broker::Create(o);
   if (!b.ok()) {
     std::fprintf(stderr, "pw-broker: %s\n", b.status().ToString().c_str());
     return 1;
   }
-  pw::Status st = (*b)->Run(pw::workers::StopFlag());
+  pw::Status st = (*b)->Run(pw::service::StopFlag());
   return st.ok() ? 0 : 1;
 }

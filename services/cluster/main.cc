@@ -27,7 +27,7 @@
 #include "services/cluster/cluster_status.h"
 #include "services/cluster/supervisor.h"
 #include "services/transport/curve_keys.h"
-#include "services/workers/signals.h"
+#include "services/common/stop_signals.h"
 
 namespace {
 std::string SelfDir() {
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-cluster: %s\n", st.message().c_str());
     return 1;
   }
-  pw::workers::InstallStopHandlers();
+  pw::service::InstallStopHandlers();
   pw::cluster::Supervisor sup(cfg->processes, cfg->restart, cfg->run_dir, cfg->drain_timeout_ms);
   pw::Status st = sup.Start();
   if (!st.ok()) {
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
       "    -d '{\"model\": \"tiny-moe\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
       url.c_str());
   std::fflush(stdout);
-  pw::Status run = sup.Run(pw::workers::StopFlag());
+  pw::Status run = sup.Run(pw::service::StopFlag());
   if (!run.ok()) {
     std::fflush(stdout);
     std::fprintf(stderr, "pw-cluster: %s\npw-cluster: node stopped\n", run.message().c_str());

@@ -7,7 +7,7 @@
 
 #include "services/proto/codec.h"
 #include "services/transport/control.h"
-#include "services/transport/zmq_transport.h"
+#include "services/transport/control_connect.h"
 
 namespace pw::ctl {
 
@@ -44,12 +44,11 @@ Result<std::unique_ptr<CtlClient>> CtlClient::Connect(const std::string& broker,
   auto impl = std::make_unique<Impl>();
   impl->timeout_ms = timeout_ms;
   const std::string id = "pw-ctl-" + std::to_string(getpid());
-  PW_ASSIGN_OR_RETURN(auto t, transport::ZmqDealerTransport::Connect(broker, id));
   transport::ControlClient::Options o;
   o.id = id;
   o.role = wire::Role::CLIENT;
   o.heartbeat_ms = 500;
-  impl->client = std::make_unique<transport::ControlClient>(std::move(t), transport::SteadyClock::Get(), o);
+  PW_ASSIGN_OR_RETURN(impl->client, transport::ConnectControlClient(broker, transport::SteadyClock::Get(), o));
   PW_RETURN_IF_ERROR(impl->client->Start());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!impl->client->registered() && std::chrono::steady_clock::now() < deadline) {

@@ -6,7 +6,7 @@
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
 #include "services/workers/decode_worker.h"
-#include "services/workers/signals.h"
+#include "services/common/stop_signals.h"
 #include "tools/miss_cli.h"
 
 int main(int argc, char** argv) {
@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   }
   if (miss_settings.ok() && pw::workers::PagedResidency::Enabled(*miss_settings)) {
     if (auto c = pw::misses::ToMissConfig(*miss_settings); !c.ok()) miss_settings = c.status();
+    if (o.broker_endpoint.empty()) miss_settings = pw::InvalidArgument("--residency needs --broker (an .apw store)");
   }
   if (!miss_settings.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", miss_settings.status().ToString().c_str());
@@ -86,13 +87,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-decode: %s\n", s.message().c_str());
     return 2;
   }
-  pw::workers::InstallStopHandlers();
+  pw::service::InstallStopHandlers();
   auto w = pw::workers::DecodeWorker::Create(o);
   if (!w.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", w.status().ToString().c_str());
     return 1;
   }
-  pw::Status st = (*w)->Run(pw::workers::StopFlag());
+  pw::Status st = (*w)->Run(pw::service::StopFlag());
   if (!st.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", st.ToString().c_str());
     return 1;

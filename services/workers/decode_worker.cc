@@ -7,25 +7,11 @@
 
 #include "common/logging.h"
 #include "services/engine/model.h"
-#include "services/transport/zmq_transport.h"
+#include "services/transport/control_connect.h"
+#include "services/common/model_name.h"
 #include "services/workers/worker_common.h"
 
 namespace pw::workers {
-namespace {
-
-// One weight-table entry on the wire for block `index` (ExpertBlockIndex order).
-void FillWeightEntry(wire::WeightEntry::Builder e, size_t index, int num_experts, int committed,
-                     int desired) {
-  const ExpertBlock b = ExpertBlockAt(index, num_experts);
-  e.setLayer(static_cast<uint32_t>(b.layer));
-  e.setExpert(static_cast<uint32_t>(b.expert));
-  e.setKind(b.proj == ExpertProj::kGateUp ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
-  e.setCommittedBits(static_cast<uint8_t>(committed));
-  e.setDesiredBits(static_cast<uint8_t>(desired));
-}
-
-}  // namespace
-
 DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock)
     : options_(std::move(options)), clock_(clock), leases_(clock) {}
 
@@ -41,9 +27,7 @@ DecodeWorker::~DecodeWorker() {
   // Drop the engine's hooks before the providers go, give the engine's and the table's pages
   // back, and stop UCX before freeing the pool.
   if (engine_) engine_->SetMoeHooks({});
-  experts_.reset();
-  residency_.reset();
-  paged_.reset();
+  weights_.reset();
   engine_.reset();
   kv_region_.reset();
   ucx_worker_.reset();
@@ -55,11 +39,8 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
                                                            const transport::Clock* clock) {
   if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
-  if (PagedResidency::Enabled(options.misses) && options.broker_endpoint.empty()) {
-    return InvalidArgument("decode worker: a residency budget needs the broker's .apw store");
-  }
   options.id = DefaultWorkerId(options.id, "decode");
-  if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
+  if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<DecodeWorker> w(
       new DecodeWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());
@@ -128,44 +109,43 @@ Status DecodeWorker::Setup() {
   PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
   PW_ASSIGN_OR_RETURN(kv_region_,
                       transport::ucx::MemoryRegion::Register(*ucx_ctx_, pool_->base(), pool_->total_bytes()));
-  paged_metrics_ = PagedMetrics::Register(*metrics_->registry, options_.id, static_cast<int>(mc.num_layers));
   ucx_worker_->StartProgressThread();
 
+  auto make_client =
+      [&](const std::string& endpoint) -> Result<std::unique_ptr<transport::ControlClient>> {
+    transport::ControlClient::Options o;
+    o.id = options_.id;
+    o.role = wire::Role::DECODE;
+    o.heartbeat_ms = options_.heartbeat_ms;
+    PW_ASSIGN_OR_RETURN(auto c, transport::ConnectControlClient(endpoint, clock_, o));
+    c->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
+    c->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
+    return c;
+  };
   if (!options_.broker_endpoint.empty()) {
-    PW_ASSIGN_OR_RETURN(auto bt, transport::ZmqDealerTransport::Connect(options_.broker_endpoint,
-                                                                        options_.id));
-    transport::ControlClient::Options bo;
-    bo.id = options_.id;
-    bo.role = wire::Role::DECODE;
-    bo.heartbeat_ms = options_.heartbeat_ms;
-    broker_ = std::make_unique<transport::ControlClient>(std::move(bt), clock_, bo);
-    broker_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
-    broker_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
-    broker_->on_registered = [this] {
-      // Once serving, a new registration means a new broker process: its store needs a new
-      // manifest (new UCX coordinates) before planes can move again.
-      if (experts_) return;
-      proto::OutMessage m;
-      m.body().initWeightManifestRequest().setModelName(options_.model_name);
-      Status st = broker_->Send(m);
-      if (!st.ok()) PW_LOG(WARNING) << "weight manifest request: " << st.ToString();
-      manifest_pending_ = true;
-    };
-    broker_->on_server_lost = [this] {
-      if (paged_) paged_->CancelTransfers("broker lost");
-    };
-    PW_RETURN_IF_ERROR(LoadExpertsFromBroker());
+    PW_ASSIGN_OR_RETURN(broker_, make_client(options_.broker_endpoint));
+    broker_->on_registered = [this] { weights_->OnBrokerRegistered(); };
+    broker_->on_server_lost = [this] { weights_->OnBrokerLost(); };
+  }
+  DecodeWeightsOptions wo;
+  wo.worker_id = options_.id;
+  wo.model_name = options_.model_name;
+  wo.timeout_ms = options_.weights_timeout_ms;
+  wo.paged.max_bytes_per_s = options_.weight_bytes_per_s;
+  wo.paged.max_in_flight = options_.weight_max_in_flight;
+  wo.misses = options_.misses;
+  weights_ = std::make_unique<DecodeWeights>(wo, cfg, pool_.get(), ucx_worker_.get(), broker_.get(),
+                                             *metrics_->registry);
+  if (broker_) {
+    PW_RETURN_IF_ERROR(weights_->Load().WithContext("broker " + options_.broker_endpoint));
+    metrics_->ucx_get_bytes->Increment(static_cast<double>(weights_->bytes_loaded()));
+    engine::MoeHooks hooks;
+    hooks.routing_hook = lynx_hook_.get();
+    weights_->AddHooks(&hooks);  // the provider; with a residency budget its policy after LYNX
+    engine_->SetMoeHooks(hooks);
   }
 
-  PW_ASSIGN_OR_RETURN(auto rt, transport::ZmqDealerTransport::Connect(options_.router_endpoint,
-                                                                      options_.id));
-  transport::ControlClient::Options ro;
-  ro.id = options_.id;
-  ro.role = wire::Role::DECODE;
-  ro.heartbeat_ms = options_.heartbeat_ms;
-  router_ = std::make_unique<transport::ControlClient>(std::move(rt), clock_, ro);
-  router_->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
-  router_->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(TakeLoad(), h); };
+  PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
   router_->on_server_lost = [this] {
     DropAll("router lost");
     // No router will speak for any quarantined lease again, and the prefill workers that may
@@ -177,137 +157,6 @@ Status DecodeWorker::Setup() {
     }
   };
   return Status::Ok();
-}
-
-Status DecodeWorker::LoadExpertsFromBroker() {
-  PW_RETURN_IF_ERROR(broker_->Start());
-  const uint64_t t0 = transport::SteadyClock::Get()->NowMs();
-  uint64_t last_ask = t0;
-  while (!experts_ && !paged_) {
-    const uint64_t now = transport::SteadyClock::Get()->NowMs();
-    if (now - t0 > static_cast<uint64_t>(options_.weights_timeout_ms)) {
-      return Unavailable("no expert weights from the broker at " + options_.broker_endpoint +
-                         " after " + std::to_string(options_.weights_timeout_ms) + " ms");
-    }
-    // Ask again now and then: a manifest request can be lost with a restarting broker.
-    if (broker_->registered() && manifest_pending_ && now - last_ask > 5000) {
-      last_ask = now;
-      proto::OutMessage m;
-      m.body().initWeightManifestRequest().setModelName(options_.model_name);
-      (void)broker_->Send(m);
-    }
-    broker_->Poll(20, [this](const std::string&, const proto::InMessage& m) -> Status {
-      return HandleBroker(m);
-    });
-    if (manifest_) PW_RETURN_IF_ERROR(OnManifest(std::move(manifest_)));
-  }
-  return Status::Ok();
-}
-
-Status DecodeWorker::OnManifest(std::unique_ptr<proto::InMessage> msg) {
-  auto manifest = msg->body().getWeightManifest();
-  if (paged_) {
-    // A restarted broker: same store, new coordinates.
-    Status st = paged_->Rebind(*ucx_worker_, manifest);
-    if (!st.ok()) {
-      PW_LOG(ERROR) << options_.id << ": the restarted broker's store: " << st.ToString()
-                    << "; expert widths stay as they are";
-    } else {
-      PW_LOG(INFO) << options_.id << ": reading planes from the restarted broker";
-    }
-    SendFullAck();
-    return Status::Ok();
-  }
-  engine::MoeHooks hooks;
-  hooks.routing_hook = lynx_hook_.get();
-  if (manifest.getOk() && manifest.getAnyPrecision()) {
-    PagedWeightsOptions po;
-    po.max_bytes_per_s = options_.weight_bytes_per_s;
-    po.max_in_flight = options_.weight_max_in_flight;
-    auto p = PagedWeights::Create(pool_.get(), engine_->model().config(), *ucx_worker_, manifest, po);
-    if (!p.ok()) return p.status().WithContext("loading experts from the broker");
-    paged_ = std::move(p).value();
-    const int bits = manifest.getInitialBits();
-    if (PagedResidency::Enabled(options_.misses)) {  // cold: the first tokens fetch experts
-      PW_ASSIGN_OR_RETURN(residency_, PagedResidency::Create(options_.misses, engine_->model().config(),
-                                                             paged_.get(), pool_.get(), bits));
-      residency_metrics_ = ResidencyMetrics::Register(*metrics_->registry, options_.id);
-      residency_->Install(lynx_hook_.get(), &hooks);
-    } else {
-      PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.weights_timeout_ms)
-                             .WithContext("loading experts at " + std::to_string(bits) + " bits"));
-    }
-    metrics_->ucx_get_bytes->Increment(static_cast<double>(paged_->stats().bytes_raised));
-    hooks.provider = paged_->provider();
-    engine_->SetMoeHooks(hooks);
-    SendFullAck();
-    PW_LOG(INFO) << options_.id << ": loaded " << paged_->table().num_blocks() << " expert blocks at "
-                 << bits << " bits (" << pool_->Count(memory::Tenant::kWeights) << " of "
-                 << pool_->num_pages() << " pages of " << pool_->page_bytes() << " bytes) from the broker";
-    return Status::Ok();
-  }
-  if (PagedResidency::Enabled(options_.misses)) return InvalidArgument("residency budget, bf16 store");
-  auto p = RemoteExpertProvider::Load(*ucx_worker_, manifest, engine_->model().config());
-  if (!p.ok()) return p.status().WithContext("loading experts from the broker");
-  experts_ = std::move(p).value();
-  metrics_->ucx_get_bytes->Increment(static_cast<double>(experts_->bytes_loaded()));
-  hooks.provider = experts_.get();
-  engine_->SetMoeHooks(hooks);
-  PW_LOG(INFO) << options_.id << ": loaded " << experts_->layout().regions.size()
-               << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker";
-  return Status::Ok();
-}
-
-void DecodeWorker::OnPlan(wire::Plan::Reader plan) {
-  if (!paged_) {
-    PW_LOG(DEBUG) << options_.id << ": plan epoch " << plan.getEpoch() << " ignored (bf16 experts)";
-    return;
-  }
-  if (plan.getEpoch() < plan_epoch_) return;  // an older plan arriving late
-  auto changes = paged_->PlanChanges(plan);
-  Status st = !changes.ok()  ? changes.status()
-              : residency_ ? residency_->SetPlanWidths(*changes)
-                           : paged_->SetDesired(*changes);
-  if (!st.ok()) {
-    PW_LOG(WARNING) << options_.id << ": plan epoch " << plan.getEpoch() << " refused: " << st.ToString();
-    proto::OutMessage m;
-    auto ack = m.body().initPlanAck();
-    ack.setEpoch(plan.getEpoch());
-    ack.setReason(st.message());
-    auto refused = ack.initRefused(plan.getChanges().size());
-    for (unsigned i = 0; i < plan.getChanges().size(); ++i) refused.setWithCaveats(i, plan.getChanges()[i]);
-    (void)broker_->Send(m);
-    return;
-  }
-  plan_epoch_ = plan.getEpoch();
-  paged_metrics_->plans_applied->Increment();
-  if (paged_->pending() == 0) SendPlanAck({});
-}
-
-void DecodeWorker::SendPlanAck(const std::vector<WidthChange>& committed) {
-  if (!broker_ || !broker_->registered()) return;
-  proto::OutMessage m;
-  auto ack = m.body().initPlanAck();
-  ack.setEpoch(plan_epoch_);
-  ack.setComplete(paged_->pending() == 0 && paged_->in_flight() == 0);
-  auto list = ack.initCommitted(static_cast<unsigned>(committed.size()));
-  const auto& t = paged_->table();
-  for (size_t k = 0; k < committed.size(); ++k) {
-    const size_t i = committed[k].block;
-    FillWeightEntry(list[static_cast<unsigned>(k)], i, t.num_experts(), committed[k].to, t.entry(i).desired);
-  }
-  Status st = broker_->Send(m);
-  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": PlanAck: " << st.ToString();
-}
-
-void DecodeWorker::SendFullAck() {
-  // Every block's committed width, so the broker's mirror is whole whatever it saw before.
-  std::vector<WidthChange> all;
-  const auto& t = paged_->table();
-  for (int i = 0; i < t.num_blocks(); ++i) {
-    all.push_back({static_cast<size_t>(i), 0, t.entry(static_cast<size_t>(i)).committed});
-  }
-  SendPlanAck(all);
 }
 
 void DecodeWorker::SendTelemetry() {
@@ -322,15 +171,12 @@ void DecodeWorker::SendTelemetry() {
   t.setPoolPagesKv(static_cast<uint32_t>(pool_->Count(memory::Tenant::kKv)));
   t.setPoolPagesWeights(static_cast<uint32_t>(pool_->Count(memory::Tenant::kWeights)));
   t.setPoolPagesFree(static_cast<uint32_t>(pool_->Count(memory::Tenant::kFree)));
-  if (paged_) {
-    t.setPlanEpoch(paged_->pending() == 0 ? plan_epoch_ : 0);
-    t.setChangesPending(static_cast<uint32_t>(paged_->pending()));
-  }
+  weights_->FillTelemetry(t);
   (void)broker_->Send(m);
 }
 
 void DecodeWorker::WeightsBoundary() {
-  if (paged_) {
+  if (weights_->paged() != nullptr) {
     // Keep free the KV the requests here will still need: each running one up to its
     // max_tokens (capped by the context), one block per leased one. Raises take only pages
     // above that, so they wait for KV to come back rather than force a preemption.
@@ -344,37 +190,14 @@ void DecodeWorker::WeightsBoundary() {
                                          engine::BlocksForTokens(static_cast<int>(now_len), kv.block_size)) + 1;
     }
     const int reserve = static_cast<int>(std::min<int64_t>(blocks * kv.num_layers, pool_->num_pages()));
-    std::vector<WidthChange> committed = residency_ ? residency_->Boundary(reserve) : paged_->Poll(reserve);
-    if (!committed.empty()) SendPlanAck(committed);
+    weights_->Boundary(reserve);
   }
   const uint64_t now = clock_->NowMs();
   if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
     last_telemetry_ms_ = now;
-    paged_metrics_->Export(*pool_, paged_.get());
-    if (residency_metrics_) residency_metrics_->Export(*residency_);
+    weights_->ExportMetrics();
     SendTelemetry();
   }
-}
-
-Status DecodeWorker::HandleBroker(const proto::InMessage& m) {
-  if (m.which() == proto::Body::WEIGHT_MANIFEST) {
-    if (experts_ || !manifest_pending_) return Status::Ok();
-    // Keep a private copy of the frame: the provider reads it after this handler returns.
-    ::capnp::MallocMessageBuilder b;
-    b.setRoot(m.envelope());
-    auto flat = ::capnp::messageToFlatArray(b);
-    auto bytes = flat.asBytes();
-    PW_ASSIGN_OR_RETURN(manifest_, proto::InMessage::Parse(std::string_view(
-                                       reinterpret_cast<const char*>(bytes.begin()), bytes.size())));
-    manifest_pending_ = false;
-    // Serving already: a restarted broker answered; rebind now.
-    return paged_ ? OnManifest(std::move(manifest_)) : Status::Ok();
-  }
-  if (m.which() == proto::Body::PLAN) {
-    OnPlan(m.body().getPlan());
-    return Status::Ok();
-  }
-  return Status::Ok();
 }
 
 void DecodeWorker::FillRegister(wire::Register::Builder r) {
@@ -396,26 +219,7 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
   r.setMaxBatch(static_cast<uint32_t>(options_.max_batch));
   r.setMaxContext(static_cast<uint32_t>(engine_->max_context()));
   r.setMetricsPort(metrics_port());
-  if (paged_) {
-    const auto& t = paged_->table();
-    auto wt = r.initWeightTable(static_cast<unsigned>(t.num_blocks()));
-    for (int i = 0; i < t.num_blocks(); ++i) {
-      const auto& entry = t.entry(static_cast<size_t>(i));
-      FillWeightEntry(wt[static_cast<unsigned>(i)], static_cast<size_t>(i), t.num_experts(),
-                      entry.committed, entry.desired);
-    }
-  } else if (experts_) {
-    const auto& regions = experts_->layout().regions;
-    auto wt = r.initWeightTable(static_cast<unsigned>(regions.size()));
-    for (size_t i = 0; i < regions.size(); ++i) {
-      auto e = wt[static_cast<unsigned>(i)];
-      e.setLayer(static_cast<uint32_t>(regions[i].layer));
-      e.setExpert(static_cast<uint32_t>(regions[i].expert));
-      e.setKind(regions[i].kind == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
-      e.setCommittedBits(16);
-      e.setDesiredBits(16);
-    }
-  }
+  weights_->FillWeightTable(r);
 }
 
 DecodeWorker::LoadSnapshot DecodeWorker::TakeLoad() const {
@@ -715,9 +519,9 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
   step_load_ = TakeLoad();
   in_step_ = true;
   control.unlock();
-  if (paged_) paged_->BeginStep();
+  weights_->BeginStep();
   auto step = engine_->Step();
-  if (paged_) paged_->EndStep();
+  weights_->EndStep();
   control.lock();
   in_step_ = false;
   if (lynx_metrics_) lynx_metrics_->Export(lynx_hook_->stats());
@@ -789,7 +593,7 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
     return HandleRouter(m);
   };
   auto broker_handler = [this](const std::string&, const proto::InMessage& m) -> Status {
-    return HandleBroker(m);
+    return weights_->Handle(m);
   };
   while (true) {
     if (stop.load() && !draining_) {

@@ -25,11 +25,12 @@
 // is refused.
 //
 // Memory: the worker owns one PagePool (memory/page_pool.h) and lends it to the engine (KV
-// blocks, one page per layer) and, with an any-precision store, to PagedWeights (expert
-// planes and LUTs, paged_weights.h); the whole pool is registered with UCX, so prefill workers
-// put KV pages into it. Plans from the broker set expert widths; at every iteration boundary
-// (between engine steps) finished transfers commit, new ones start on free pages above a KV
-// reserve (one block per running or leased request), and PlanAcks report what committed.
+// blocks, one page per layer) and to DecodeWeights (decode_weights.h: the expert weights and
+// the plans from the broker; with an any-precision store, planes and LUTs in pool pages); the
+// whole pool is registered with UCX, so prefill workers put KV pages into it. At every
+// iteration boundary (between engine steps) finished width changes commit and new ones start
+// on free pages above a KV reserve (what running requests still need up to their max_tokens,
+// one block per leased request).
 //
 // Preemption: when a step needs KV blocks the pool lacks, the most recently admitted running
 // sequence is removed and queued again with the tokens it generated; the engine recomputes its
@@ -56,11 +57,7 @@
 #include "services/workers/kv_lease.h"
 #include "services/workers/lynx_metrics.h"
 #include "memory/page_pool.h"
-#include "services/workers/paged_metrics.h"
-#include "services/workers/paged_residency.h"
-#include "services/workers/paged_weights.h"
-#include "services/workers/remote_experts.h"
-#include "services/workers/residency_metrics.h"
+#include "services/workers/decode_weights.h"
 #include "services/workers/worker_metrics.h"
 
 namespace pw::workers {
@@ -138,16 +135,10 @@ class DecodeWorker {
 
   explicit DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock);
   Status Setup();
-  Status LoadExpertsFromBroker();
-  Status OnManifest(std::unique_ptr<proto::InMessage> manifest);
-  void OnPlan(wire::Plan::Reader plan);
   // The iteration boundary for expert widths: commit, start, acknowledge (see the file comment).
   void WeightsBoundary();
-  void SendPlanAck(const std::vector<WidthChange>& committed);
-  void SendFullAck();
   void SendTelemetry();
   Status HandleRouter(const proto::InMessage& m);
-  Status HandleBroker(const proto::InMessage& m);
   void OnReserve(wire::KvReserve::Reader r);
   void OnStartDecode(wire::StartDecode::Reader r);
   void OnCancel(wire::Cancel::Reader r);
@@ -183,13 +174,8 @@ class DecodeWorker {
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
   std::unique_ptr<transport::ucx::Worker> ucx_worker_;
   std::unique_ptr<transport::ucx::MemoryRegion> kv_region_;  // the whole page pool
-  std::unique_ptr<memory::PagePool> pool_;          // owned here, lent to engine_ and paged_
-  std::unique_ptr<RemoteExpertProvider> experts_;   // bf16 store
-  std::unique_ptr<PagedWeights> paged_;             // any-precision store
-  std::unique_ptr<PagedMetrics> paged_metrics_;
-  std::unique_ptr<PagedResidency> residency_;       // null: every expert resident
-  std::unique_ptr<ResidencyMetrics> residency_metrics_;
-  uint64_t plan_epoch_ = 0;                         // newest plan applied
+  std::unique_ptr<memory::PagePool> pool_;          // owned here, lent to engine_ and weights_
+  std::unique_ptr<DecodeWeights> weights_;         // expert weights, plans (decode_weights.h)
   uint64_t last_telemetry_ms_ = 0;
   std::unique_ptr<transport::ControlClient> router_;
   std::unique_ptr<transport::ControlClient> broker_;
@@ -203,8 +189,6 @@ class DecodeWorker {
   std::vector<uint64_t> admit_order_;  // request ids, oldest first (preemption picks the last)
   uint64_t layout_hash_ = 0;
   bool draining_ = false;
-  bool manifest_pending_ = false;
-  std::unique_ptr<proto::InMessage> manifest_;
 
   // Keepalive (see the file comment). control_mu_ guards router_, broker_ and the fields below
   // while Run runs.

@@ -6,7 +6,7 @@
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
 #include "services/workers/prefill_worker.h"
-#include "services/workers/signals.h"
+#include "services/common/stop_signals.h"
 
 int main(int argc, char** argv) {
   pw::workers::PrefillWorkerOptions o;
@@ -46,13 +46,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());
     return 2;
   }
-  pw::workers::InstallStopHandlers();
+  pw::service::InstallStopHandlers();
   auto w = pw::workers::PrefillWorker::Create(o);
   if (!w.ok()) {
     std::fprintf(stderr, "pw-prefill: %s\n", w.status().ToString().c_str());
     return 1;
   }
-  pw::Status st = (*w)->Run(pw::workers::StopFlag());
+  pw::Status st = (*w)->Run(pw::service::StopFlag());
   if (!st.ok()) {
     std::fprintf(stderr, "pw-prefill: %s\n", st.ToString().c_str());
     return 1;

@@ -6,7 +6,8 @@
 
 #include "common/logging.h"
 #include "services/engine/model.h"
-#include "services/transport/zmq_transport.h"
+#include "services/transport/control_connect.h"
+#include "services/common/model_name.h"
 #include "services/workers/worker_common.h"
 
 namespace pw::workers {
@@ -45,7 +46,7 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOption
     return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
   }
   options.id = DefaultWorkerId(options.id, "prefill");
-  if (options.model_name.empty()) options.model_name = ModelNameFromDir(options.model_dir);
+  if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<PrefillWorker> w(
       new PrefillWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());
@@ -72,12 +73,11 @@ Status PrefillWorker::Setup() {
 
   auto make_client =
       [&](const std::string& endpoint) -> Result<std::unique_ptr<transport::ControlClient>> {
-    PW_ASSIGN_OR_RETURN(auto t, transport::ZmqDealerTransport::Connect(endpoint, options_.id));
     transport::ControlClient::Options o;
     o.id = options_.id;
     o.role = wire::Role::PREFILL;
     o.heartbeat_ms = options_.heartbeat_ms;
-    auto c = std::make_unique<transport::ControlClient>(std::move(t), clock_, o);
+    PW_ASSIGN_OR_RETURN(auto c, transport::ConnectControlClient(endpoint, clock_, o));
     c->fill_register = [this](wire::Register::Builder r) { FillRegister(r); };
     c->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
     return c;

@@ -18,8 +18,8 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
     transport::ucx::Worker& worker, wire::WeightManifest::Reader manifest,
     const ModelConfig& config) {
   std::unique_ptr<RemoteExpertProvider> p(new RemoteExpertProvider());
-  p->layout_ = ExpertStoreLayout::For(config);
-  const ExpertStoreLayout& layout = p->layout_;
+  p->layout_ = service::ExpertStoreLayout::For(config);
+  const service::ExpertStoreLayout& layout = p->layout_;
   if (!manifest.getOk()) {
     return Unavailable("broker refused the weight manifest: " +
                        proto::ToString(manifest.getError()));
@@ -48,7 +48,7 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
     if (idx < 0) return Corrupt("weight manifest: " + name + " is not an expert block here");
     if (seen[static_cast<size_t>(idx)]) return Corrupt("weight manifest: " + name + " twice");
     seen[static_cast<size_t>(idx)] = 1;
-    const ExpertRegion& local = layout.regions[static_cast<size_t>(idx)];
+    const service::ExpertRegion& local = layout.regions[static_cast<size_t>(idx)];
     if (r.getBits() != 16) {
       return Unsupported("weight manifest: " + name + " has " + std::to_string(r.getBits()) +
                          " bits; this worker runs bf16 (16) blocks");
@@ -69,7 +69,7 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
   p->data_.reset(new uint16_t[layout.total_bytes / 2 + 32]);
   auto* base = reinterpret_cast<uint8_t*>(p->data_.get());
   for (const Fetch& f : fetches) {
-    const ExpertRegion& local = layout.regions[f.local];
+    const service::ExpertRegion& local = layout.regions[f.local];
     const std::string name = BlockName(local.layer, local.expert, local.kind);
     PW_RETURN_IF_ERROR((*remote)->Get(f.remote_offset, base + local.offset, local.bytes)
                            .WithContext("getting " + name + " from the broker"));
@@ -88,7 +88,7 @@ Status RemoteExpertProvider::Apply(int layer, int expert, engine::ExpertProj pro
   if (idx < 0) {
     return InvalidArgument("broker experts: no " + BlockName(layer, expert, kind));
   }
-  const ExpertRegion& r = layout_.regions[static_cast<size_t>(idx)];
+  const service::ExpertRegion& r = layout_.regions[static_cast<size_t>(idx)];
   const auto* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(data_.get()) +
                                                     r.offset);
   const cpu::DenseKernels& k = cpu::Kernels();

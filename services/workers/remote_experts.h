@@ -11,7 +11,7 @@
 #include "services/engine/moe.h"
 #include "services/proto/codec.h"
 #include "services/transport/ucx.h"
-#include "services/workers/expert_store.h"
+#include "services/common/expert_store_layout.h"
 
 namespace pw::workers {
 
@@ -29,11 +29,11 @@ class RemoteExpertProvider final : public engine::ExpertWeightProvider {
   int Bits(int, int, engine::ExpertProj) const override { return 16; }
 
   uint64_t bytes_loaded() const { return layout_.total_bytes; }
-  const ExpertStoreLayout& layout() const { return layout_; }
+  const service::ExpertStoreLayout& layout() const { return layout_; }
 
  private:
   RemoteExpertProvider() = default;
-  ExpertStoreLayout layout_;
+  service::ExpertStoreLayout layout_;
   std::unique_ptr<uint16_t[]> data_;  // layout_.total_bytes / 2 bf16 values
 };
 

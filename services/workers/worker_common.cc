@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include "common/hash.h"
-#include "services/workers/expert_store.h"
 
 namespace pw::workers {
 
@@ -39,13 +38,6 @@ void ToWire(const engine::TokenLogprobs& lp, wire::TokenLogprob::Builder b) {
     ids.set(static_cast<unsigned>(i), static_cast<uint32_t>(lp.top[i].first));
     lps.set(static_cast<unsigned>(i), lp.top[i].second);
   }
-}
-
-std::string ModelNameFromDir(const std::string& model_dir) {
-  std::string s = model_dir;
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  size_t slash = s.rfind('/');
-  return slash == std::string::npos ? s : s.substr(slash + 1);
 }
 
 std::string DefaultWorkerId(const std::string& id, const char* role) {

@@ -25,8 +25,4 @@ void ToWire(const engine::TokenLogprobs& lp, wire::TokenLogprob::Builder b);
 // The worker id from the environment-independent default: "<role>-<pid>" when `id` is empty.
 std::string DefaultWorkerId(const std::string& id, const char* role);
 
-// The model name served when none is configured: the last component of the model directory
-// ("models/tiny-moe/" -> "tiny-moe").
-std::string ModelNameFromDir(const std::string& model_dir);
-
 }  // namespace pw::workers

@@ -81,28 +81,9 @@ class ClusterE2E : public ::testing::Test {
   void TearDown() override { cluster_.Kill(SIGKILL); KillStragglers(); }
 
   // The cluster has serving capacity once a completion succeeds.
-  bool WaitServing(int timeout_s) {
-    for (int i = 0; i < timeout_s * 5; ++i) {
-      auto [status, body] = Http(http_port_, "POST", "/v1/completions",
-                                 R"({"model":"tiny-moe","prompt":[1,2,3],"max_tokens":1})", 10);
-      if (status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return false;
-  }
-  void KillStragglers() {
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl_port_))) kill(p, SIGKILL);
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(broker_port_))) kill(p, SIGKILL);
-  }
-  std::string Logs() {
-    std::string out;
-    for (const char* n : {"pw-cluster.out", "router.log", "broker.log", "prefill-0.log", "decode-0.log"}) {
-      std::string t = ReadFile(run_dir_ + "/" + n);
-      if (t.size() > 3000) t = t.substr(t.size() - 3000);
-      out += std::string("--- ") + n + "\n" + t;
-    }
-    return out;
-  }
+  bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s); }
+  void KillStragglers() { testing::KillNodeProcesses({ctl_port_, broker_port_}); }
+  std::string Logs() { return testing::RunLogs(run_dir_); }
   // Greedy completion of token-id prompt; returns the text (or "HTTP <status>: body").
   std::string Complete(const std::vector<int32_t>& prompt, int max_tokens) {
     json req = {{"model", "tiny-moe"}, {"prompt", prompt}, {"max_tokens", max_tokens},
@@ -458,8 +439,7 @@ TEST(ClusterBadModel, LauncherExitsNamingTheFileAndTheProblem) {
     EXPECT_NE(out_text.find(c.problem, tail), std::string::npos) << out_text;
     cluster.Kill(SIGKILL);
     EXPECT_TRUE(PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl)).empty());
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl))) kill(p, SIGKILL);
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(broker))) kill(p, SIGKILL);
+    testing::KillNodeProcesses({ctl, broker});
   }
 }
 

@@ -1,5 +1,5 @@
 // Helpers for tests that drive a whole cluster from outside: a minimal HTTP/1.1 client, the
-// pids of processes by command line, whole-file reads.
+// pids of processes by command line, whole-file reads, waiting for a node to serve, its logs.
 #pragma once
 
 #include <arpa/inet.h>
@@ -8,8 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
+#include <thread>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -87,6 +91,38 @@ inline std::vector<pid_t> PidsWithCmdline(const std::string& needle) {
 inline std::string ReadFile(const std::string& path) {
   std::ifstream f(path);
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// True once a one-token completion of `model` succeeds on `http_port` (within `timeout_s`).
+inline bool WaitServing(int http_port, int timeout_s, const std::string& model = "tiny-moe") {
+  const std::string body = R"({"model":")" + model + R"(","prompt":[1,2,3],"max_tokens":1})";
+  for (int i = 0; i < timeout_s * 5; ++i) {
+    if (Http(http_port, "POST", "/v1/completions", body, 10).first == 200) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+// The last 3000 bytes of each of a run directory's logs, for a failure message.
+inline std::string RunLogs(const std::string& run_dir,
+                           std::initializer_list<const char*> names = {"pw-cluster.out", "router.log",
+                                                                       "broker.log", "prefill-0.log",
+                                                                       "decode-0.log"}) {
+  std::string out;
+  for (const char* n : names) {
+    std::string t = ReadFile(run_dir + "/" + n);
+    if (t.size() > 3000) t = t.substr(t.size() - 3000);
+    out += std::string("--- ") + n + "\n" + t;
+  }
+  return out;
+}
+
+// SIGKILLs every process still connected to one of a node's control ports (children a killed
+// pw-cluster left behind).
+inline void KillNodeProcesses(std::initializer_list<int> control_ports) {
+  for (int port : control_ports) {
+    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(port))) kill(p, SIGKILL);
+  }
 }
 
 }  // namespace pw::testing

@@ -81,27 +81,10 @@ class PagedServing : public ::testing::Test {
   }
   void TearDown() override {
     cluster_.Kill(SIGKILL);
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl_port_))) kill(p, SIGKILL);
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(broker_port_))) kill(p, SIGKILL);
+    testing::KillNodeProcesses({ctl_port_, broker_port_});
   }
-  bool WaitServing(int timeout_s) {
-    for (int i = 0; i < timeout_s * 5; ++i) {
-      auto [status, body] = Http(http_port_, "POST", "/v1/completions",
-                                 R"({"model":"tiny-moe","prompt":[1,2,3],"max_tokens":1})", 10);
-      if (status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return false;
-  }
-  std::string Logs() {
-    std::string out;
-    for (const char* n : {"pw-cluster.out", "router.log", "broker.log", "prefill-0.log", "decode-0.log"}) {
-      std::string t = ReadFile(run_dir_ + "/" + n);
-      if (t.size() > 3000) t = t.substr(t.size() - 3000);
-      out += std::string("--- ") + n + "\n" + t;
-    }
-    return out;
-  }
+  bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s); }
+  std::string Logs() { return testing::RunLogs(run_dir_); }
   std::pair<int, std::string> Ctl(const std::string& args) {
     return Shell(Bin("pw-ctl") + " --broker tcp://127.0.0.1:" + std::to_string(broker_port_) +
                  " --control-keys " + run_dir_ + "/control.keys " + args);

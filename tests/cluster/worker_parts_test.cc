@@ -43,7 +43,7 @@ class ManifestTest : public ::testing::Test {
     cfg_.num_layers = 2;
     cfg_.num_experts = 2;
     cfg_.moe_intermediate_size = 4;
-    layout_ = ExpertStoreLayout::For(cfg_);
+    layout_ = service::ExpertStoreLayout::For(cfg_);
     auto ctx = transport::ucx::Context::Create();
     ASSERT_TRUE(ctx.ok());
     ctx_ = std::move(ctx).value();
@@ -72,7 +72,7 @@ class ManifestTest : public ::testing::Test {
     return RemoteExpertProvider::Load(*worker_, m.asReader(), cfg_).status();
   }
   ModelConfig cfg_;
-  ExpertStoreLayout layout_;
+  service::ExpertStoreLayout layout_;
   std::unique_ptr<transport::ucx::Context> ctx_;
   std::unique_ptr<transport::ucx::Worker> worker_;
 };

@@ -19,7 +19,7 @@
 #include "common/model_config.h"
 #include "common/status.h"
 
-namespace pw::workers {
+namespace pw::service {
 
 struct ExpertRegion {
   int layer = 0;
@@ -45,4 +45,4 @@ struct ExpertStoreLayout {
 
 // Region checksums are FNV-1a 64 (common/hash.h, Fnv1a64Of).
 
-}  // namespace pw::workers
+}  // namespace pw::service

@@ -1,10 +1,10 @@
-// SIGINT/SIGTERM -> a flag the service loops poll to start draining.
+// SIGINT/SIGTERM -> a flag the service loops poll to start draining (every process's main).
 #pragma once
 
 #include <atomic>
 #include <csignal>
 
-namespace pw::workers {
+namespace pw::service {
 
 inline std::atomic<bool>& StopFlag() {
   static std::atomic<bool> flag{false};
@@ -20,4 +20,4 @@ inline void InstallStopHandlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-}  // namespace pw::workers
+}  // namespace pw::service

@@ -1,6 +1,6 @@
-#include "services/workers/expert_store.h"
+#include "services/common/expert_store_layout.h"
 
-namespace pw::workers {
+namespace pw::service {
 
 ExpertStoreLayout ExpertStoreLayout::For(const ModelConfig& c) {
   ExpertStoreLayout s;
@@ -41,4 +41,4 @@ int64_t ExpertStoreLayout::Find(int layer, int expert, int kind) const {
 }
 
 
-}  // namespace pw::workers
+}  // namespace pw::service
