@@ -82,7 +82,7 @@ std::string Describe(uint32_t layer, uint32_t expert, BlockKind kind) {
 }  // namespace
 
 const char* BlockKindName(BlockKind kind) {
-  return kind == BlockKind::kGateUp ? "gate_up" : kind == BlockKind::kDown ? "down" : "unknown";
+  return ExpertProjName(kind);
 }
 
 uint32_t Crc32(const void* data, size_t n, uint32_t crc) {

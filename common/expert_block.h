@@ -15,6 +15,11 @@ enum class ExpertProj : uint8_t { kGateUp = 0, kDown = 1 };
 
 inline constexpr int kProjsPerExpert = 2;
 
+// "gate_up" or "down": how logs, errors, plan files and the store name a projection.
+constexpr const char* ExpertProjName(ExpertProj proj) {
+  return proj == ExpertProj::kGateUp ? "gate_up" : proj == ExpertProj::kDown ? "down" : "unknown";
+}
+
 // Index of block (layer, expert, proj) in a table of num_experts experts per layer.
 constexpr size_t ExpertBlockIndex(int64_t layer, int64_t expert, ExpertProj proj, int64_t num_experts) {
   return static_cast<size_t>((layer * num_experts + expert) * kProjsPerExpert + static_cast<int64_t>(proj));

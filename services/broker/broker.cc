@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "quant/apw_provider.h"
 #include "services/engine/model.h"
+#include "services/proto/weight_kind.h"
 #include "services/transport/zmq_transport.h"
 #include "services/common/model_name.h"
 
@@ -41,7 +42,7 @@ Status Broker::SetupBf16Store(const engine::Model& model) {
     const auto& r = layout_.regions[i];
     const auto& w = model.layers()[static_cast<size_t>(r.layer)].experts[static_cast<size_t>(r.expert)];
     uint8_t* dst = store_.get() + r.offset;
-    if (r.kind == 0) {
+    if (r.proj == ExpertProj::kGateUp) {
       const size_t half = static_cast<size_t>(w.gate.rows * w.gate.cols) * 2;
       if (half * 2 != r.bytes || w.up.rows * w.up.cols * 2 != static_cast<int64_t>(half)) {
         return Corrupt("broker: expert gate/up shapes disagree with config.json");
@@ -173,7 +174,7 @@ Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r) {
   if (r.getRole() == wire::Role::DECODE && r.hasWeightTable()) {
     std::vector<BlockWidth> committed, desired;
     for (auto e : r.getWeightTable()) {
-      const ExpertProj proj = e.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp : ExpertProj::kDown;
+      const ExpertProj proj = proto::FromWire(e.getKind());
       committed.push_back({static_cast<int>(e.getLayer()), static_cast<int>(e.getExpert()), proj, e.getCommittedBits()});
       desired.push_back({static_cast<int>(e.getLayer()), static_cast<int>(e.getExpert()), proj, e.getDesiredBits()});
     }
@@ -213,7 +214,7 @@ void Broker::SendManifest(const std::string& peer, const std::string& model_name
       auto w = regions[static_cast<unsigned>(i)];
       w.setLayer(static_cast<uint32_t>(r.layer));
       w.setExpert(static_cast<uint32_t>(r.expert));
-      w.setKind(r.kind == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+      w.setKind(proto::ToWire(r.proj));
       w.setOffset(r.offset);
       w.setBytes(r.bytes);
       w.setBits(16);
@@ -260,7 +261,7 @@ Status Broker::OnPlanAck(const std::string& peer, wire::PlanAck::Reader r) {
   std::vector<BlockWidth> committed;
   for (auto e : r.getCommitted()) {
     committed.push_back({static_cast<int>(e.getLayer()), static_cast<int>(e.getExpert()),
-                         e.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp : ExpertProj::kDown,
+                         proto::FromWire(e.getKind()),
                          e.getCommittedBits()});
   }
   if (r.hasRefused() && r.getRefused().size() > 0) {
@@ -340,7 +341,7 @@ void Broker::SendPlans(bool force) {
       auto e = list[static_cast<unsigned>(i)];
       e.setLayer(static_cast<uint32_t>(pending[i].layer));
       e.setExpert(static_cast<uint32_t>(pending[i].expert));
-      e.setKind(pending[i].proj == ExpertProj::kGateUp ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+      e.setKind(proto::ToWire(pending[i].proj));
       e.setDesiredBits(static_cast<uint8_t>(pending[i].bits));
     }
     Status st = server_->Send(peer, m);

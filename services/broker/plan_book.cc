@@ -188,7 +188,7 @@ std::string PlanBook::Show(bool blocks, int layer) const {
         for (int p = 0; p < 2; ++p) {
           const size_t i = Index(l, e, static_cast<ExpertProj>(p));
           char buf[96];
-          std::snprintf(buf, sizeof buf, "%-5d %-6d %-8s %7d", l, e, p == 0 ? "gate_up" : "down",
+          std::snprintf(buf, sizeof buf, "%-5d %-6d %-8s %7d", l, e, ExpertProjName(static_cast<ExpertProj>(p)),
                         desired_[i]);
           o << buf;
           for (const auto& [id, m] : mirrors_) o << " " << m.committed[i];

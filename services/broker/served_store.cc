@@ -1,6 +1,7 @@
 #include "services/broker/served_store.h"
 
 #include "common/hash.h"
+#include "services/proto/weight_kind.h"
 #include "kernels/anyprec/pack.h"
 
 namespace pw::broker {
@@ -58,7 +59,7 @@ void ServedStore::FillManifest(wire::WeightManifest::Builder m, const std::strin
     auto w = list[static_cast<unsigned>(i)];
     w.setLayer(p.layer);
     w.setExpert(p.expert);
-    w.setKind(p.kind == apw::BlockKind::kGateUp ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+    w.setKind(proto::ToWire(p.kind));
     w.setPlane(p.plane);
     w.setLutBits(p.lut_bits);
     w.setOffset(p.offset);

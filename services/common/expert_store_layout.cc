@@ -16,7 +16,7 @@ ExpertStoreLayout ExpertStoreLayout::For(const ModelConfig& c) {
         ExpertRegion r;
         r.layer = static_cast<int>(l);
         r.expert = static_cast<int>(e);
-        r.kind = kind;
+        r.proj = static_cast<ExpertProj>(kind);
         r.rows = kind == 0 ? 2 * f : h;
         r.cols = kind == 0 ? h : f;
         r.bytes = static_cast<uint64_t>(r.rows * r.cols) * 2;
@@ -32,13 +32,12 @@ ExpertStoreLayout ExpertStoreLayout::For(const ModelConfig& c) {
   return s;
 }
 
-int64_t ExpertStoreLayout::Find(int layer, int expert, int kind) const {
-  if (layer < 0 || layer >= num_layers_ || expert < 0 || expert >= num_experts_ || kind < 0 ||
-      kind > 1) {
+int64_t ExpertStoreLayout::Find(int layer, int expert, ExpertProj proj) const {
+  if (layer < 0 || layer >= num_layers_ || expert < 0 || expert >= num_experts_ ||
+      (proj != ExpertProj::kGateUp && proj != ExpertProj::kDown)) {
     return -1;
   }
-  return index_[ExpertBlockIndex(layer, expert, static_cast<ExpertProj>(kind), num_experts_)];
+  return index_[ExpertBlockIndex(layer, expert, proj, num_experts_)];
 }
-
 
 }  // namespace pw::service

@@ -24,7 +24,7 @@ namespace pw::service {
 struct ExpertRegion {
   int layer = 0;
   int expert = 0;
-  int kind = 0;        // 0 = gateUp, 1 = down (wire::WeightKind order)
+  ExpertProj proj = ExpertProj::kGateUp;
   uint64_t offset = 0; // bytes from the store's start
   uint64_t bytes = 0;
   int64_t rows = 0, cols = 0;
@@ -33,8 +33,8 @@ struct ExpertRegion {
 struct ExpertStoreLayout {
   std::vector<ExpertRegion> regions;
   uint64_t total_bytes = 0;
-  // Index of (layer, expert, kind) in regions, or -1.
-  int64_t Find(int layer, int expert, int kind) const;
+  // Index of (layer, expert, proj) in regions, or -1.
+  int64_t Find(int layer, int expert, ExpertProj proj) const;
   // Builds the layout of `config`'s MoE layers.
   static ExpertStoreLayout For(const ModelConfig& config);
 

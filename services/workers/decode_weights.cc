@@ -2,6 +2,7 @@
 
 #include "common/expert_block.h"
 #include "common/logging.h"
+#include "services/proto/weight_kind.h"
 #include "services/transport/clock.h"
 
 namespace pw::workers {
@@ -13,7 +14,7 @@ void FillWeightEntry(wire::WeightEntry::Builder e, size_t index, int num_experts
   const ExpertBlock b = ExpertBlockAt(index, num_experts);
   e.setLayer(static_cast<uint32_t>(b.layer));
   e.setExpert(static_cast<uint32_t>(b.expert));
-  e.setKind(b.proj == ExpertProj::kGateUp ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+  e.setKind(proto::ToWire(b.proj));
   e.setCommittedBits(static_cast<uint8_t>(committed));
   e.setDesiredBits(static_cast<uint8_t>(desired));
 }
@@ -240,7 +241,7 @@ void DecodeWeights::FillWeightTable(wire::Register::Builder r) const {
       auto e = wt[static_cast<unsigned>(i)];
       e.setLayer(static_cast<uint32_t>(regions[i].layer));
       e.setExpert(static_cast<uint32_t>(regions[i].expert));
-      e.setKind(regions[i].kind == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+      e.setKind(proto::ToWire(regions[i].proj));
       e.setCommittedBits(16);
       e.setDesiredBits(16);
     }

@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "kernels/anyprec/pack.h"
+#include "services/proto/weight_kind.h"
 
 namespace pw::workers {
 namespace {
@@ -400,8 +401,7 @@ Result<std::vector<std::pair<size_t, int>>> PagedWeights::PlanChanges(wire::Plan
       return InvalidArgument("block (layer " + std::to_string(l) + ", expert " + std::to_string(x) +
                              ") outside this model");
     }
-    const ExpertProj proj = e.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp : ExpertProj::kDown;
-    changes.emplace_back(t.Index(l, x, proj), e.getDesiredBits());
+    changes.emplace_back(t.Index(l, x, proto::FromWire(e.getKind())), e.getDesiredBits());
   }
   return changes;
 }

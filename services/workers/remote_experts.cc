@@ -4,13 +4,14 @@
 
 #include "common/hash.h"
 #include "services/engine/ops.h"
+#include "services/proto/weight_kind.h"
 
 namespace pw::workers {
 
 namespace {
-std::string BlockName(int layer, int expert, int kind) {
-  return "layer " + std::to_string(layer) + " expert " + std::to_string(expert) +
-         (kind == 0 ? " gate_up" : " down");
+std::string BlockName(int layer, int expert, ExpertProj proj) {
+  return "layer " + std::to_string(layer) + " expert " + std::to_string(expert) + " " +
+         ExpertProjName(proj);
 }
 }  // namespace
 
@@ -39,12 +40,12 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
   std::vector<uint8_t> seen(layout.regions.size(), 0);
   for (auto r : regions) {
     const int layer = static_cast<int>(r.getLayer()), expert = static_cast<int>(r.getExpert());
-    const int kind = r.getKind() == wire::WeightKind::GATE_UP ? 0 : 1;
+    const ExpertProj proj = proto::FromWire(r.getKind());
     if (r.getLayer() > (1u << 20) || r.getExpert() > (1u << 20)) {
       return Corrupt("weight manifest: block index out of range");
     }
-    const int64_t idx = layout.Find(layer, expert, kind);
-    const std::string name = BlockName(layer, expert, kind);
+    const int64_t idx = layout.Find(layer, expert, proj);
+    const std::string name = BlockName(layer, expert, proj);
     if (idx < 0) return Corrupt("weight manifest: " + name + " is not an expert block here");
     if (seen[static_cast<size_t>(idx)]) return Corrupt("weight manifest: " + name + " twice");
     seen[static_cast<size_t>(idx)] = 1;
@@ -70,7 +71,7 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
   auto* base = reinterpret_cast<uint8_t*>(p->data_.get());
   for (const Fetch& f : fetches) {
     const service::ExpertRegion& local = layout.regions[f.local];
-    const std::string name = BlockName(local.layer, local.expert, local.kind);
+    const std::string name = BlockName(local.layer, local.expert, local.proj);
     PW_RETURN_IF_ERROR((*remote)->Get(f.remote_offset, base + local.offset, local.bytes)
                            .WithContext("getting " + name + " from the broker"));
     if (Fnv1a64Of(base + local.offset, local.bytes) != f.checksum) {
@@ -83,16 +84,15 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
 Status RemoteExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, const float* x,
                                    size_t ldx, size_t num_tokens, float* y, size_t ldy,
                                    cpu::ThreadPool* pool) {
-  const int kind = proj == engine::ExpertProj::kGateUp ? 0 : 1;
-  const int64_t idx = layout_.Find(layer, expert, kind);
+  const int64_t idx = layout_.Find(layer, expert, proj);
   if (idx < 0) {
-    return InvalidArgument("broker experts: no " + BlockName(layer, expert, kind));
+    return InvalidArgument("broker experts: no " + BlockName(layer, expert, proj));
   }
   const service::ExpertRegion& r = layout_.regions[static_cast<size_t>(idx)];
   const auto* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(data_.get()) +
                                                     r.offset);
   const cpu::DenseKernels& k = cpu::Kernels();
-  if (kind == 0) {
+  if (proj == ExpertProj::kGateUp) {
     // Two products (gate rows, then up rows) exactly as the checkpoint provider computes them.
     const int64_t f = r.rows / 2;
     engine::Linear(pool, k, x, ldx, num_tokens, w, static_cast<size_t>(f),

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/model_config.h"
+#include "services/proto/weight_kind.h"
 #include "services/workers/kv_lease.h"
 #include "services/workers/remote_experts.h"
 
@@ -63,7 +64,7 @@ class ManifestTest : public ::testing::Test {
       auto w = regions[static_cast<unsigned>(i)];
       w.setLayer(r.layer);
       w.setExpert(r.expert);
-      w.setKind(r.kind == 0 ? wire::WeightKind::GATE_UP : wire::WeightKind::DOWN);
+      w.setKind(proto::ToWire(r.proj));
       w.setOffset(r.offset);
       w.setBytes(r.bytes);
       w.setBits(16);
@@ -81,8 +82,8 @@ TEST_F(ManifestTest, LayoutIsDenseAndAligned) {
   ASSERT_EQ(layout_.regions.size(), 8u);  // 2 layers x 2 experts x {gate_up, down}
   EXPECT_EQ(layout_.regions[0].bytes, 2u * 4 * 8 * 2);
   for (const auto& r : layout_.regions) EXPECT_EQ(r.offset % 64, 0u);
-  EXPECT_EQ(layout_.Find(1, 1, 1), 7);
-  EXPECT_EQ(layout_.Find(2, 0, 0), -1);
+  EXPECT_EQ(layout_.Find(1, 1, ExpertProj::kDown), 7);
+  EXPECT_EQ(layout_.Find(2, 0, ExpertProj::kGateUp), -1);
 }
 
 TEST_F(ManifestTest, BadManifestsAreRefusedBeforeAnyTransfer) {
