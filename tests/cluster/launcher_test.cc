@@ -119,7 +119,9 @@ TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
     auto p = WriteTemp("misses_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n") + bad);
     auto r = LoadClusterConfig(p, "/bin");
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find("misses"), std::string::npos) << r.status().ToString();
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("misses"), std::string::npos) << r.status().ToString();
+    }
   }
 }
 
