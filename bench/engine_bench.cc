@@ -114,10 +114,9 @@ double Median(std::vector<double> v) {
 class TimingProvider final : public engine::ExpertWeightProvider {
  public:
   explicit TimingProvider(engine::ExpertWeightProvider* inner) : inner_(inner) {}
-  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
-               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override {
+  Status RunExperts(const engine::ExpertLayerCall& call) override {
     auto t0 = Clock::now();
-    Status s = inner_->Apply(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
+    Status s = inner_->RunExperts(call);
     seconds_ += Seconds(t0, Clock::now());
     return s;
   }

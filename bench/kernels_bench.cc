@@ -8,6 +8,8 @@
 //                                           activation quantization included; bytes per call =
 //                                           bits planes + the int8 LUT_bits and its row scales
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
+//                                           (expert shapes, and 2048x2048 / 50304x2048: an
+//                                           OLMoE-dimension attention projection and lm_head)
 //   memread/<bytes>                         streaming read of <bytes> bytes per iteration, the
 //                                           way the best read loop can (bench/bandwidth_probe.h:
 //                                           the probe's best stream count, 64-byte loads; the
@@ -343,6 +345,8 @@ struct ShapeSpec {
 void RegisterAll() {
   const ShapeSpec shapes[] = {{1024, 2048}, {2048, 1024}, {14336, 4096}, {4096, 14336}};
   const int token_counts[] = {1, 4, 16};
+  // The dense kernel also at the token counts of batch-2/8/32 decode steps.
+  const int bf16_token_counts[] = {1, 2, 4, 8, 16, 32};
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   // Single-thread cases keep their plain names; threaded ones get "/threads<n>" and wall time.
   auto finish = [](benchmark::internal::Benchmark* b, int threads) {
@@ -368,7 +372,17 @@ void RegisterAll() {
         read_sizes.insert(ApBytesPerCall(s.rows, s.cols, bits));
         read_sizes.insert(Q8BytesPerCall(s.rows, s.cols, bits));
       }
-      for (int t : token_counts) {
+      for (int t : bf16_token_counts) {
+        const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                                 "/t" + std::to_string(t) + suffix(threads);
+        finish(benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t, threads), threads);
+      }
+      read_sizes.insert(size_t{2} * s.rows * s.cols);
+    }
+    // The dense bf16 matrices of an OLMoE-dimension decode step: attention q/k/v/o
+    // (2048x2048) and lm_head (50304x2048, 206 MB).
+    for (const ShapeSpec& s : {ShapeSpec{2048, 2048}, ShapeSpec{50304, 2048}}) {
+      for (int t : bf16_token_counts) {
         const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                                  "/t" + std::to_string(t) + suffix(threads);
         finish(benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t, threads), threads);

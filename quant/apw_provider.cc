@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "kernels/cpu/thread_pool.h"
+#include "quant/q8_experts.h"
+#include "services/engine/run_experts_by_block.h"
 
 namespace pw::anyprec {
 namespace {
@@ -327,15 +329,54 @@ uint8_t* ApwExpertProvider::Workspace(int i, size_t bytes) {
   return ws_[i].get();
 }
 
-Status ApwExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, const float* x,
-                                size_t ldx, size_t num_tokens, float* y, size_t ldy,
-                                cpu::ThreadPool* pool) {
-  if (layer < 0 || layer >= widths_.num_layers() || expert < 0 || expert >= widths_.num_experts()) {
-    return InvalidArgument("apw experts: no expert " + std::to_string(expert) + " in layer " +
-                           std::to_string(layer));
+Status ApwExpertProvider::RunExperts(const engine::ExpertLayerCall& call) {
+  const int layer = call.layer;
+  bool any_bf16 = false, all_bf16 = true;
+  for (const engine::ExpertGroup& g : call.groups) {
+    if (layer < 0 || layer >= widths_.num_layers() || g.expert < 0 || g.expert >= widths_.num_experts()) {
+      return InvalidArgument("apw experts: no expert " + std::to_string(g.expert) + " in layer " +
+                             std::to_string(layer));
+    }
+    for (auto proj : {engine::ExpertProj::kGateUp, engine::ExpertProj::kDown}) {
+      const bool bf16 = widths_.Get(layer, g.expert, proj) == kBf16Bits;
+      any_bf16 |= bf16;
+      all_bf16 &= bf16;
+    }
   }
+  if (all_bf16) return bf16_.RunExperts(call);
+  if (path_ == KernelPath::kFast && !any_bf16) {
+    // The whole layer on the fast path: x quantized once, one dispatch per projection.
+    const size_t n = call.groups.size();
+    auto* gate_up = call.workspace->Array<Q8ExpertBlock>(engine::ExpertWorkspace::kRunnerSlots, n);
+    auto* down = call.workspace->Array<Q8ExpertBlock>(engine::ExpertWorkspace::kRunnerSlots + 1, n);
+    for (size_t g = 0; g < n; ++g) {
+      for (auto proj : {engine::ExpertProj::kGateUp, engine::ExpertProj::kDown}) {
+        const int expert = call.groups[g].expert;
+        const size_t block = ExpertBlockIndex(layer, expert, proj, widths_.num_experts());
+        const int bits = widths_.Get(layer, expert, proj);
+        auto lut = FastLut(block, bits);
+        if (!lut.ok()) {
+          return lut.status().WithContext("apw experts (layer " + std::to_string(layer) + ", expert " +
+                                          std::to_string(expert) + ", " + ProjName(proj) + ")");
+        }
+        (proj == engine::ExpertProj::kGateUp ? gate_up : down)[g] = {pages_[block]->view(), *lut, bits};
+      }
+    }
+    return RunQ8Experts(q8_backend_, call, gate_up, down, cpu::Kernels());
+  }
+  // The reference path (or a layer mixing bf16 and any-precision blocks): block by block.
+  return engine::RunExpertsByBlock(call, cpu::Kernels(),
+                                   [&](int expert, engine::ExpertProj proj, const float* x, size_t ldx,
+                                       size_t tokens, float* y, size_t ldy) {
+                                     return ApplyBlock(layer, expert, proj, x, ldx, tokens, y, ldy, call.pool);
+                                   });
+}
+
+Status ApwExpertProvider::ApplyBlock(int layer, int expert, engine::ExpertProj proj, const float* x,
+                                     size_t ldx, size_t num_tokens, float* y, size_t ldy,
+                                     cpu::ThreadPool* pool) {
   const int bits = widths_.Get(layer, expert, proj);
-  if (bits == kBf16Bits) return bf16_.Apply(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
+  if (bits == kBf16Bits) return bf16_.ApplyBlock(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
   const size_t block = ExpertBlockIndex(layer, expert, proj, widths_.num_experts());
   const BlockView& view = pages_[block]->view();
   const int rows = view.rows, cols = view.cols;
@@ -424,7 +465,7 @@ Status ApplyQ8Block(Backend backend, const BlockView& view, int bits, const Q8Lu
 
 // ---- CalibrationRecorder ------------------------------------------------------------------
 
-CalibrationRecorder::CalibrationRecorder(engine::ExpertWeightProvider* inner, int num_layers,
+CalibrationRecorder::CalibrationRecorder(const engine::Bf16ExpertProvider* inner, int num_layers,
                                          int num_experts, int hidden, int ffn)
     : inner_(inner), num_layers_(num_layers), num_experts_(num_experts) {
   sums_.resize(static_cast<size_t>(num_layers) * num_experts * 2);
@@ -432,21 +473,28 @@ CalibrationRecorder::CalibrationRecorder(engine::ExpertWeightProvider* inner, in
   for (size_t i = 0; i < sums_.size(); ++i) sums_[i].assign(i % 2 == 0 ? hidden : ffn, 0.0);
 }
 
-Status CalibrationRecorder::Apply(int layer, int expert, engine::ExpertProj proj, const float* x,
-                                  size_t ldx, size_t num_tokens, float* y, size_t ldy,
-                                  cpu::ThreadPool* pool) {
-  if (layer < 0 || layer >= num_layers_ || expert < 0 || expert >= num_experts_) {
-    return InvalidArgument("calibration: no expert " + std::to_string(expert) + " in layer " +
-                           std::to_string(layer));
+Status CalibrationRecorder::RunExperts(const engine::ExpertLayerCall& call) {
+  const int layer = call.layer;
+  for (const engine::ExpertGroup& g : call.groups) {
+    if (layer < 0 || layer >= num_layers_ || g.expert < 0 || g.expert >= num_experts_) {
+      return InvalidArgument("calibration: no expert " + std::to_string(g.expert) + " in layer " +
+                             std::to_string(layer));
+    }
   }
-  const size_t i = Index(layer, expert, proj);
-  std::vector<double>& s = sums_[i];
-  for (size_t t = 0; t < num_tokens; ++t) {
-    const float* row = x + t * ldx;
-    for (size_t j = 0; j < s.size(); ++j) s[j] += static_cast<double>(row[j]) * row[j];
-  }
-  tokens_[i] += num_tokens;
-  return inner_->Apply(layer, expert, proj, x, ldx, num_tokens, y, ldy, pool);
+  // Block by block: the down block's input (silu(gate) * up) is recorded too.
+  return engine::RunExpertsByBlock(
+      call, cpu::Kernels(),
+      [&](int expert, engine::ExpertProj proj, const float* x, size_t ldx, size_t num_tokens, float* y,
+          size_t ldy) {
+        const size_t i = Index(layer, expert, proj);
+        std::vector<double>& s = sums_[i];
+        for (size_t t = 0; t < num_tokens; ++t) {
+          const float* row = x + t * ldx;
+          for (size_t j = 0; j < s.size(); ++j) s[j] += static_cast<double>(row[j]) * row[j];
+        }
+        tokens_[i] += num_tokens;
+        return inner_->ApplyBlock(layer, expert, proj, x, ldx, num_tokens, y, ldy, call.pool);
+      });
 }
 
 }  // namespace pw::anyprec

@@ -1,8 +1,9 @@
 // Engine integration of any-precision experts (services/engine/moe.h seams):
 //   - WidthMap: the width (3..8 bits, or 16 = the checkpoint's bf16) of every expert block;
-//   - ApwExpertProvider: runs expert blocks from an .apw store at their widths;
-//   - CalibrationRecorder: wraps a provider and accumulates, per block, sum_t x_tj^2 over the
-//     tokens routed to it (the diagonal Hessian the quantizer weighs errors by);
+//   - ApwExpertProvider: runs a layer's experts from an .apw store at their blocks' widths;
+//   - CalibrationRecorder: computes the experts from the checkpoint's bf16 blocks and
+//     accumulates, per block, sum_t x_tj^2 over the tokens routed to it (the diagonal Hessian
+//     the quantizer weighs errors by);
 //   - ModelHash: the hash an .apw store records for the checkpoint it was made from.
 #pragma once
 
@@ -96,8 +97,8 @@ class Q8ActsScratch {
 
 // One block on the fast path: y[t][r] for t < num_tokens (in chunks of kMaxTokens, each
 // quantized once for all the threads that share its rows) and every row r, split across
-// `pool` when the block is large enough. Used by every provider that reads planes, so a block
-// gives the same bits whichever memory (a mapped store, pool pages) its planes are in.
+// `pool` when the block is large enough. The per-block form of RunQ8Experts (q8_experts.h),
+// which gives the same bits for a whole layer.
 Status ApplyQ8Block(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const float* x, size_t ldx, size_t num_tokens, float* y, size_t ldy,
                     cpu::ThreadPool* pool, Q8ActsScratch* acts);
@@ -106,7 +107,7 @@ Status ApplyQ8Block(Backend backend, const BlockView& view, int bits, const Q8Lu
 // bf16 block, the reference path). Rows are split across the engine's thread pool; scratch
 // (per-thread workspaces, x/y staging) is grown on demand and reused. On the fast path (the
 // default) a block's int8 LUT at a width is made the first time the block runs at that width
-// and kept; each call quantizes its activations once for all the threads that share its rows.
+// and kept.
 class ApwExpertProvider final : public engine::ExpertWeightProvider {
  public:
   // The store must match the model (shapes; and hash unless check_hash is false). tile_rows:
@@ -115,8 +116,10 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
                                                            const engine::Model& model,
                                                            WidthMap widths, bool check_hash = true,
                                                            int tile_rows = 64);
-  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
-               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
+  // A layer whose blocks are all at 3..8 bits runs on the fast path through RunQ8Experts (x
+  // quantized once, one dispatch per projection); all at 16 through the checkpoint's bf16
+  // provider; the exact path, or a layer mixing 16 with 3..8, block by block.
+  Status RunExperts(const engine::ExpertLayerCall& call) override;
   int Bits(int layer, int expert, engine::ExpertProj proj) const override;
   KernelPath kernel_path() const { return path_; }
   void set_kernel_path(KernelPath path) { path_ = path; }
@@ -130,6 +133,9 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
     void operator()(void* p) const;
   };
   using AlignedPtr = std::unique_ptr<uint8_t, AlignedFree>;
+  // One block's product at its width (the per-block path).
+  Status ApplyBlock(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
+                    size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool);
   uint8_t* Workspace(int i, size_t bytes);
   // The int8 LUT of block i at `bits`, made on first use.
   Result<Q8Lut> FastLut(size_t i, int bits);
@@ -153,13 +159,13 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
   std::vector<float> xbuf_, ybuf_;
 };
 
-// Accumulates per block input statistics while delegating the products to `inner`.
+// Accumulates per block input statistics while computing the experts from the checkpoint's
+// bf16 blocks (`inner`), block by block (the down block's input is silu(gate) * up).
 class CalibrationRecorder final : public engine::ExpertWeightProvider {
  public:
-  CalibrationRecorder(engine::ExpertWeightProvider* inner, int num_layers, int num_experts,
+  CalibrationRecorder(const engine::Bf16ExpertProvider* inner, int num_layers, int num_experts,
                       int hidden, int ffn);
-  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
-               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
+  Status RunExperts(const engine::ExpertLayerCall& call) override;
   int Bits(int layer, int expert, engine::ExpertProj proj) const override {
     return inner_->Bits(layer, expert, proj);
   }
@@ -176,7 +182,7 @@ class CalibrationRecorder final : public engine::ExpertWeightProvider {
   size_t Index(int layer, int expert, engine::ExpertProj proj) const {
     return ExpertBlockIndex(layer, expert, proj, num_experts_);
   }
-  engine::ExpertWeightProvider* inner_;
+  const engine::Bf16ExpertProvider* inner_;
   int num_layers_, num_experts_;
   std::vector<std::vector<double>> sums_;
   std::vector<uint64_t> tokens_;

@@ -165,6 +165,27 @@ Status QuantizeActs(const float* x, size_t ldx, int tokens, int cols, Workspace 
     return InvalidArgument("anyprec q8: activation buffer of " + std::to_string(buf.bytes) +
                            " bytes (aligned to 64), need " + std::to_string(need));
   }
+  const int stride = Q8ActStride(cols), groups = Q8ActGroups(cols);
+  auto* base = static_cast<uint8_t*>(buf.data);
+  auto* q = reinterpret_cast<int8_t*>(base);
+  auto* scales = reinterpret_cast<float*>(base + AlignUp(static_cast<size_t>(tokens) * stride));
+  auto* offsets = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(scales) +
+                                           AlignUp(static_cast<size_t>(tokens) * groups * sizeof(float)));
+  PW_RETURN_IF_ERROR(QuantizeActRows(x, ldx, tokens, cols, q, scales, offsets));
+  *out = Q8Acts{tokens, cols, q, scales, offsets};
+  return Status::Ok();
+}
+
+Status QuantizeActRows(const float* x, size_t ldx, int tokens, int cols, int8_t* q, float* scales,
+                       float* offsets) {
+  if (tokens < 0 || cols < 1 || ldx < static_cast<size_t>(cols)) {
+    return InvalidArgument("anyprec q8: activations of " + std::to_string(tokens) + " tokens x " +
+                           std::to_string(cols) + " columns (ldx " + std::to_string(ldx) + ")");
+  }
+  if (tokens > 0 && (x == nullptr || q == nullptr || scales == nullptr || offsets == nullptr ||
+                     reinterpret_cast<uintptr_t>(q) % kWorkspaceAlign != 0)) {
+    return InvalidArgument("anyprec q8: null or unaligned activation arrays");
+  }
   for (int t = 0; t < tokens; ++t) {
     const float* row = x + static_cast<size_t>(t) * ldx;
     for (int c = 0; c < cols; ++c) {
@@ -175,17 +196,11 @@ Status QuantizeActs(const float* x, size_t ldx, int tokens, int cols, Workspace 
     }
   }
   const int stride = Q8ActStride(cols), groups = Q8ActGroups(cols);
-  auto* base = static_cast<uint8_t*>(buf.data);
-  auto* q = reinterpret_cast<int8_t*>(base);
-  auto* scales = reinterpret_cast<float*>(base + AlignUp(static_cast<size_t>(tokens) * stride));
-  auto* offsets = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(scales) +
-                                           AlignUp(static_cast<size_t>(tokens) * groups * sizeof(float)));
   const internal::QuantizeRowFn fn = QuantizeFn();
   for (int t = 0; t < tokens; ++t) {
     fn(x + static_cast<size_t>(t) * ldx, cols, q + static_cast<size_t>(t) * stride,
        scales + static_cast<size_t>(t) * groups, offsets + t);
   }
-  *out = Q8Acts{tokens, cols, q, scales, offsets};
   return Status::Ok();
 }
 

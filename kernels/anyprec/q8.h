@@ -85,6 +85,14 @@ size_t Q8ActsBytes(int tokens, int cols);
 // Non-finite x is an error. tokens in [1, kMaxTokens].
 Status QuantizeActs(const float* x, size_t ldx, int tokens, int cols, Workspace buf, Q8Acts* out);
 
+// The same quantization for any number of rows into caller arrays: row t's values at
+// q + t * Q8ActStride(cols), its scales at scales + t * Q8ActGroups(cols), its offset at
+// offsets[t] — so rows [a, a + n) of the result, as Q8Acts{n, cols, q + a * stride,
+// scales + a * groups, offsets + a}, are exactly what QuantizeActs gives for those n rows.
+// q must be kWorkspaceAlign-aligned. Non-finite x is an error (nothing is then promised).
+Status QuantizeActRows(const float* x, size_t ldx, int tokens, int cols, int8_t* q, float* scales,
+                       float* offsets);
+
 // True when `backend` has an integer fast path on this CPU (AVX-512 needs VNNI and VBMI too).
 bool Q8BackendAvailable(Backend backend);
 // The fastest backend with a fast path (PW_ANYPREC_BACKEND overrides as for BestBackend()).

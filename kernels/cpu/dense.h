@@ -21,14 +21,17 @@
 
 namespace pw::cpu {
 
-// Instruction-set levels a backend is compiled for.
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// Instruction-set levels a backend is compiled for. kAmx is the AVX-512 backend with the bf16
+// matmul of five tokens and more on AMX-BF16 tiles (each fp32 activation split exactly into
+// three bf16 parts, so the products are fp32's: dense_amx.cc).
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 
 const char* IsaName(Isa isa);
 // True when this binary has the backend and the running CPU can execute it.
 bool IsaSupported(Isa isa);
-// Fastest supported level; the environment variable PW_CPU_ISA=scalar|avx2|avx512 lowers it
-// (never raises it past what the CPU supports).
+// Fastest supported level; the environment variable PW_CPU_ISA=scalar|avx2|avx512|amx lowers it
+// (never raises it past what the CPU supports). kAmx needs AMX-TILE, AMX-BF16 and AVX512-BF16
+// and the kernel's leave to use the tile state (asked once, arch_prctl ARCH_REQ_XCOMP_PERM).
 Isa BestIsa();
 
 // bf16 <-> fp32 by bits: bf16 is the top 16 bits of an fp32. Rounding to bf16 is
@@ -80,5 +83,6 @@ const DenseKernels& Kernels();
 extern const DenseKernels kScalarKernels;
 extern const DenseKernels kAvx2Kernels;
 extern const DenseKernels kAvx512Kernels;
+extern const DenseKernels kAmxKernels;
 
 }  // namespace pw::cpu

@@ -72,6 +72,91 @@ inline void Tokens512(const float* x, size_t ldx, size_t T, const W* w, size_t K
   }
 }
 
+// Few-token bf16 GEMV over R rows read side by side, for TT <= kGemvMaxTokens tokens: 64-byte
+// loads (32 weights per row per step), the even and odd weights of each load widened in place
+// (a shift and a mask: no cross-lane shuffle on the weights) against the activations split
+// once per step into their even and odd columns, each row's stream prefetched kGemvPrefetch
+// bytes ahead. The K tail goes through masked loads (never read past a row). One token keeps
+// separate even/odd accumulators (two independent chains per row); more tokens share one.
+constexpr size_t kGemvPrefetch = 2048;
+constexpr size_t kGemvMaxTokens = 4;
+
+template <int R, int TT>
+inline void GemvBf16(const float* x, size_t ldx, const uint16_t* const* w, size_t K,
+                     float* const* y, size_t ldy) {
+  constexpr int A = TT == 1 ? 2 : 1;  // accumulators per (row, token)
+  __m512 acc[R][TT][A];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t)
+      for (int a = 0; a < A; ++a) acc[r][t][a] = _mm512_setzero_ps();
+  const __m512i idx_e = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i idx_o = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  auto step = [&](size_t k, __mmask32 mw, bool tail) {
+    __m512 xe[TT], xo[TT];
+    for (int t = 0; t < TT; ++t) {
+      const float* xt = x + t * ldx + k;
+      const __m512 x0 = tail ? _mm512_maskz_loadu_ps(static_cast<__mmask16>(mw), xt) : _mm512_loadu_ps(xt);
+      const __m512 x1 = tail ? _mm512_maskz_loadu_ps(static_cast<__mmask16>(mw >> 16), xt + 16)
+                             : _mm512_loadu_ps(xt + 16);
+      xe[t] = _mm512_permutex2var_ps(x0, idx_e, x1);
+      xo[t] = _mm512_permutex2var_ps(x0, idx_o, x1);
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512i v;
+      if (tail) {
+        v = _mm512_maskz_loadu_epi16(mw, w[r] + k);
+      } else {
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kGemvPrefetch, _MM_HINT_T0);
+        v = _mm512_loadu_si512(w[r] + k);
+      }
+      const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+      for (int t = 0; t < TT; ++t) {
+        acc[r][t][0] = _mm512_fmadd_ps(we, xe[t], acc[r][t][0]);
+        acc[r][t][A - 1] = _mm512_fmadd_ps(wo, xo[t], acc[r][t][A - 1]);
+      }
+    }
+  };
+  size_t k = 0;
+  for (; k + 32 <= K; k += 32) step(k, ~__mmask32{0}, false);
+  if (k < K) step(k, static_cast<__mmask32>((uint64_t{1} << (K - k)) - 1), true);
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < TT; ++t) {
+      const __m512 s = A == 2 ? _mm512_add_ps(acc[r][t][0], acc[r][t][A - 1]) : acc[r][t][0];
+      y[r][t * ldy] = _mm512_reduce_add_ps(s);
+    }
+  }
+}
+
+// Up to kGemvMaxTokens tokens: the thread's rows [n_begin, n_end) cut into kGemvStreams
+// contiguous parts walked in lockstep, one row of each part per pass, so every thread keeps
+// that many long sequential streams open (the way the bandwidth probe reads fastest) instead
+// of short runs of adjacent rows that end every few KiB. The rows left over go one at a time.
+constexpr int kGemvStreams = 4;
+
+template <int TT>
+void GemvBf16Rows(const float* x, size_t ldx, const uint16_t* w, size_t K, size_t n_begin,
+                  size_t n_end, float* y, size_t ldy) {
+  constexpr int S = kGemvStreams;
+  const size_t part = (n_end - n_begin) / S;
+  const uint16_t* rows[S];
+  float* outs[S];
+  for (size_t i = 0; i < part; ++i) {
+    for (int s = 0; s < S; ++s) {
+      const size_t n = n_begin + s * part + i;
+      rows[s] = w + n * K;
+      outs[s] = y + n;
+    }
+    GemvBf16<S, TT>(x, ldx, rows, K, outs, ldy);
+  }
+  for (size_t n = n_begin + S * part; n < n_end; ++n) {
+    rows[0] = w + n * K;
+    outs[0] = y + n;
+    GemvBf16<1, TT>(x, ldx, rows, K, outs, ldy);
+  }
+}
+
 template <typename W>
 void Matmul512(const float* x, size_t ldx, size_t T, const W* w, size_t K, size_t n_begin,
                size_t n_end, float* y, size_t ldy) {
@@ -89,8 +174,22 @@ void Matmul512(const float* x, size_t ldx, size_t T, const W* w, size_t K, size_
   }
 }
 
+}  // namespace
+
 void MatmulBf16Avx512(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                       size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  switch (T) {
+    case 1:
+      return GemvBf16Rows<1>(x, ldx, w, K, n_begin, n_end, y, ldy);
+    case 2:
+      return GemvBf16Rows<2>(x, ldx, w, K, n_begin, n_end, y, ldy);
+    case 3:
+      return GemvBf16Rows<3>(x, ldx, w, K, n_begin, n_end, y, ldy);
+    case 4:
+      return GemvBf16Rows<4>(x, ldx, w, K, n_begin, n_end, y, ldy);
+    default:
+      break;
+  }
   Matmul512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
@@ -128,8 +227,6 @@ void RmsNormAvx512(const float* x, const float* w, size_t dim, float eps, float*
   }
   for (; i < dim; ++i) y[i] = w[i] * (x[i] * r);
 }
-
-}  // namespace
 
 const DenseKernels kAvx512Kernels = {
     MatmulBf16Avx512, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,

@@ -5,7 +5,35 @@
 
 #include "kernels/cpu/dense.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace pw::cpu {
+namespace {
+
+#if defined(__x86_64__)
+// AMX-TILE + AMX-BF16 (CPUID.7.0:EDX bits 24, 22), AVX512-BF16 (CPUID.7.1:EAX bit 5), the OS
+// saving the tile state (XCR0 bits 17, 18), and the kernel's leave for this process to use it
+// (Linux asks for it once: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+bool AmxUsable() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (((d >> 24) & 1) == 0 || ((d >> 22) & 1) == 0) return false;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || ((a >> 5) & 1) == 0) return false;
+  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || ((c >> 27) & 1) == 0) return false;  // OSXSAVE
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if (((lo >> 17) & 3) != 3) return false;
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+}  // namespace
 
 const char* IsaName(Isa isa) {
   switch (isa) {
@@ -15,6 +43,8 @@ const char* IsaName(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAmx:
+      return "amx";
   }
   return "unknown";
 }
@@ -36,13 +66,23 @@ bool IsaSupported(Isa isa) {
 #else
       return false;
 #endif
+    case Isa::kAmx: {
+#if defined(__x86_64__)
+      static const bool usable = IsaSupported(Isa::kAvx512) && AmxUsable();
+      return usable;
+#else
+      return false;
+#endif
+    }
   }
   return false;
 }
 
 Isa BestIsa() {
   Isa best = Isa::kScalar;
-  if (IsaSupported(Isa::kAvx512)) {
+  if (IsaSupported(Isa::kAmx)) {
+    best = Isa::kAmx;
+  } else if (IsaSupported(Isa::kAvx512)) {
     best = Isa::kAvx512;
   } else if (IsaSupported(Isa::kAvx2)) {
     best = Isa::kAvx2;
@@ -52,6 +92,7 @@ Isa BestIsa() {
     if (std::strcmp(env, "scalar") == 0) want = Isa::kScalar;
     if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
     if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
+    if (std::strcmp(env, "amx") == 0) want = Isa::kAmx;
     if (static_cast<int>(want) < static_cast<int>(best) && IsaSupported(want)) best = want;
   }
   return best;
@@ -64,6 +105,8 @@ const DenseKernels& KernelsFor(Isa isa) {
     std::abort();
   }
   switch (isa) {
+    case Isa::kAmx:
+      return kAmxKernels;
     case Isa::kAvx512:
       return kAvx512Kernels;
     case Isa::kAvx2:

@@ -8,11 +8,9 @@
 //   weights renormalised to sum 1 when the model says so (norm_topk_prob; mixtral always)
 //   (c) hook->Rewrite(ctx, &assignments)             LYNX remap, miss policy substitution...
 //       (e) ctx.fetcher->Fetch / Admit / Evict           a miss policy's explicit weight moves
-//   assignments grouped per expert; for each expert e with tokens:
-//     (a) provider->Apply(layer, e, kGateUp, x_e)    -> [T_e, 2I]  (gate | up)
-//         h = silu(gate) * up
-//     (a) provider->Apply(layer, e, kDown, h)        -> [T_e, H]
-//     out[token] += weight * y
+//   assignments grouped per expert (ExpertLayerCall, expert_layer_call.h), then ONE call:
+//     (a) provider->RunExperts(call)                  for every used expert e:
+//         h = silu(gate_e x_e) * (up_e x_e);  out[token] += weight * down_e h
 //   shared expert (qwen2_moe): out += sigmoid(x . w_gate) * MLP_shared(x)
 //
 // (b) residency is a query the hook (and the provider) may consult; the MoE step itself never
@@ -29,10 +27,7 @@
 
 #include "common/expert_block.h"
 #include "common/status.h"
-
-namespace pw::cpu {
-class ThreadPool;
-}
+#include "services/engine/expert_layer_call.h"
 
 namespace pw::engine {
 
@@ -48,20 +43,20 @@ struct ExpertAssignment {
   int16_t rank = -1;   // 0..k-1: position in the router's top-k; -1: added by a hook
 };
 
-// (a) Supplies expert weight blocks: computes one block's product for a group of tokens.
+// (a) Supplies the routed experts of a layer: computes every expert a batch uses, at each
+// block's width, in one call per MoE layer (so a provider can share work across experts:
+// quantize the layer input once, split all experts' rows over its threads in one dispatch).
 // The default provider reads bf16 weights from the checkpoint; the any-precision store
 // implements it reading bit-planes at each block's committed width.
 class ExpertWeightProvider {
  public:
   virtual ~ExpertWeightProvider() = default;
-  // y[t * ldy + n] = sum_k W[n, k] * x[t * ldx + k] for t < num_tokens and every row n of the
-  // block (2I rows for kGateUp, H for kDown). x: fp32 [num_tokens, ldx], ldx >= K (H for
-  // kGateUp, I for kDown); y: fp32 [num_tokens, ldy]. fp32 accumulation. A non-OK Status
-  // (block unavailable, fetch failed) fails the engine step.
-  virtual Status Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx,
-                       size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) = 0;
+  // call.out[token] += weight * expert(call.x[token]) for every row of every group, fp32
+  // accumulation, additions in group order (expert_layer_call.h). A non-OK Status (block
+  // unavailable, fetch failed) fails the engine step; `out` is then unspecified.
+  virtual Status RunExperts(const ExpertLayerCall& call) = 0;
   // Bits per weight the block is read at now: 16 for bf16, 3..8 for any-precision; 0 when not
-  // resident (Apply must then fetch it or fail).
+  // resident (RunExperts must then fetch it or fail).
   virtual int Bits(int layer, int expert, ExpertProj proj) const = 0;
 };
 

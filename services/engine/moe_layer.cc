@@ -5,19 +5,26 @@
 #include <cstring>
 #include <string>
 
+#include "services/engine/bf16_experts.h"
 #include "services/engine/ops.h"
 
 namespace pw::engine {
 
-Status Bf16ExpertProvider::Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx,
-                                 size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) {
+Status Bf16ExpertProvider::CheckExpert(int layer, int expert) const {
   const auto& layers = model_.layers();
   if (layer < 0 || static_cast<size_t>(layer) >= layers.size() || !layers[layer].is_moe ||
       expert < 0 || static_cast<size_t>(expert) >= layers[layer].experts.size()) {
     return InvalidArgument("bf16 experts: no expert " + std::to_string(expert) + " in layer " +
                            std::to_string(layer));
   }
-  const MlpWeights& w = layers[layer].experts[expert];
+  return Status::Ok();
+}
+
+Status Bf16ExpertProvider::ApplyBlock(int layer, int expert, ExpertProj proj, const float* x,
+                                      size_t ldx, size_t num_tokens, float* y, size_t ldy,
+                                      cpu::ThreadPool* pool) const {
+  PW_RETURN_IF_ERROR(CheckExpert(layer, expert));
+  const MlpWeights& w = model_.layers()[layer].experts[expert];
   const cpu::DenseKernels& k = cpu::Kernels();
   if (proj == ExpertProj::kGateUp) {
     Linear(pool, k, x, ldx, num_tokens, w.gate, y, ldy);
@@ -26,6 +33,16 @@ Status Bf16ExpertProvider::Apply(int layer, int expert, ExpertProj proj, const f
     Linear(pool, k, x, ldx, num_tokens, w.down, y, ldy);
   }
   return Status::Ok();
+}
+
+Status Bf16ExpertProvider::RunExperts(const ExpertLayerCall& call) {
+  auto* experts = call.workspace->Array<Bf16Expert>(ExpertWorkspace::kRunnerSlots, call.groups.size());
+  for (size_t g = 0; g < call.groups.size(); ++g) {
+    PW_RETURN_IF_ERROR(CheckExpert(call.layer, call.groups[g].expert));
+    const MlpWeights& w = model_.layers()[call.layer].experts[call.groups[g].expert];
+    experts[g] = {w.gate.data, w.up.data, w.down.data};
+  }
+  return RunBf16Experts(call, experts, cpu::Kernels());
 }
 
 void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
@@ -112,31 +129,30 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   }
 
   std::memset(out, 0, T * H * sizeof(float));
+  s->groups.clear();
+  s->rows.resize(s->assignments.size());
+  for (size_t i = 0; i < s->assignments.size(); ++i) {
+    const ExpertAssignment& a = s->assignments[s->order[i]];
+    s->rows[i] = {a.token, a.weight};
+  }
   for (size_t e = 0; e < E; ++e) {
-    const size_t begin = static_cast<size_t>(s->offsets[e]),
-                 end = static_cast<size_t>(s->offsets[e + 1]);
-    const size_t n = end - begin;
-    if (n == 0) continue;
-    s->xe.resize(n * H);
-    s->gate_up.resize(n * 2 * I);
-    s->act.resize(n * I);
-    s->ye.resize(n * H);
-    for (size_t r = 0; r < n; ++r) {
-      const ExpertAssignment& a = s->assignments[s->order[begin + r]];
-      std::memcpy(s->xe.data() + r * H, x + static_cast<size_t>(a.token) * H, H * sizeof(float));
+    if (s->offsets[e + 1] > s->offsets[e]) {
+      s->groups.push_back({static_cast<int32_t>(e), s->offsets[e], s->offsets[e + 1]});
     }
-    PW_RETURN_IF_ERROR(provider->Apply(ctx.layer, static_cast<int>(e), ExpertProj::kGateUp,
-                                       s->xe.data(), H, n, s->gate_up.data(), 2 * I, pool));
-    for (size_t r = 0; r < n; ++r) {
-      k.silu_mul(s->gate_up.data() + r * 2 * I, s->gate_up.data() + r * 2 * I + I, I,
-                 s->act.data() + r * I);
-    }
-    PW_RETURN_IF_ERROR(provider->Apply(ctx.layer, static_cast<int>(e), ExpertProj::kDown,
-                                       s->act.data(), I, n, s->ye.data(), H, pool));
-    for (size_t r = 0; r < n; ++r) {
-      const ExpertAssignment& a = s->assignments[s->order[begin + r]];
-      k.axpy(a.weight, s->ye.data() + r * H, H, out + static_cast<size_t>(a.token) * H);
-    }
+  }
+  if (!s->groups.empty()) {
+    ExpertLayerCall call;
+    call.layer = ctx.layer;
+    call.num_tokens = T;
+    call.hidden = H;
+    call.ffn = I;
+    call.x = x;
+    call.groups = s->groups;
+    call.rows = s->rows;
+    call.out = out;
+    call.workspace = &s->experts;
+    call.pool = pool;
+    PW_RETURN_IF_ERROR(provider->RunExperts(call));
   }
 
   if (w.has_shared_expert) {

@@ -7,20 +7,26 @@
 
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/thread_pool.h"
+#include "services/engine/expert_workspace.h"
 #include "services/engine/model.h"
 #include "services/engine/moe.h"
 
 namespace pw::engine {
 
-// Reads expert blocks from the checkpoint's bf16 matrices.
+// Reads expert blocks from the checkpoint's bf16 matrices; a layer runs through
+// RunBf16Experts (bf16_experts.h).
 class Bf16ExpertProvider final : public ExpertWeightProvider {
  public:
   explicit Bf16ExpertProvider(const Model& model) : model_(model) {}
-  Status Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx,
-               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
+  Status RunExperts(const ExpertLayerCall& call) override;
   int Bits(int, int, ExpertProj) const override { return 16; }
+  // One block's product (the block function of RunExpertsByBlock, run_experts_by_block.h),
+  // for providers that fall back to bf16 block by block.
+  Status ApplyBlock(int layer, int expert, ExpertProj proj, const float* x, size_t ldx,
+                    size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) const;
 
  private:
+  Status CheckExpert(int layer, int expert) const;
   const Model& model_;
 };
 
@@ -36,7 +42,10 @@ struct MoeScratch {
   std::vector<ExpertAssignment> assignments;  // router's top-k, then the hook's rewrite
   std::vector<ExpertAssignment> selected;     // router's top-k kept for the recorder
   std::vector<int32_t> order, offsets;        // assignments grouped per expert
-  std::vector<float> xe, gate_up, act, ye;    // per-expert token rows
+  std::vector<ExpertGroup> groups;            // the ExpertLayerCall of the layer
+  std::vector<ExpertRow> rows;
+  ExpertWorkspace experts;                    // lent to the provider
+  std::vector<float> gate_up, ye;             // shared expert
   std::vector<float> shared_gate;             // [T]
   std::vector<int32_t> topk_idx;
   std::vector<uint8_t> seen;                  // [T, E]: the hook's (token, expert) pairs

@@ -6,6 +6,8 @@
 
 #include "common/logging.h"
 #include "kernels/anyprec/pack.h"
+#include "quant/q8_experts.h"
+#include "services/engine/expert_workspace.h"
 #include "services/proto/weight_kind.h"
 
 namespace pw::workers {
@@ -24,32 +26,28 @@ uint64_t NowMs() {
 using memory::PartFill;
 using memory::WeightPageTable;
 
-// The engine's view of the table: each block at its committed width from its pages.
+// The engine's view of the table: each block at its committed width from its pages, a layer
+// at a time on the fast path (anyprec::RunQ8Experts).
 class PagedWeights::Provider final : public engine::ExpertWeightProvider {
  public:
   explicit Provider(PagedWeights* w) : w_(w), backend_(anyprec::BestQ8Backend()) {}
 
-  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
-               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override {
+  Status RunExperts(const engine::ExpertLayerCall& call) override {
     const WeightPageTable& t = *w_->table_;
-    if (layer < 0 || layer >= t.num_layers() || expert < 0 || expert >= t.num_experts()) {
-      return InvalidArgument("paged experts: no expert " + std::to_string(expert) + " in layer " +
-                             std::to_string(layer));
+    const size_t n = call.groups.size();
+    auto* gate_up = call.workspace->Array<anyprec::Q8ExpertBlock>(engine::ExpertWorkspace::kRunnerSlots, n);
+    auto* down = call.workspace->Array<anyprec::Q8ExpertBlock>(engine::ExpertWorkspace::kRunnerSlots + 1, n);
+    misses_used_ = 0;
+    for (size_t g = 0; g < n; ++g) {
+      const int layer = call.layer, expert = call.groups[g].expert;
+      if (layer < 0 || layer >= t.num_layers() || expert < 0 || expert >= t.num_experts()) {
+        return InvalidArgument("paged experts: no expert " + std::to_string(expert) + " in layer " +
+                               std::to_string(layer));
+      }
+      PW_RETURN_IF_ERROR(Resolve(t.Index(layer, expert, engine::ExpertProj::kGateUp), &gate_up[g]));
+      PW_RETURN_IF_ERROR(Resolve(t.Index(layer, expert, engine::ExpertProj::kDown), &down[g]));
     }
-    const size_t i = t.Index(layer, expert, proj);
-    const WeightPageTable::Entry& e = t.entry(i);
-    anyprec::BlockView v;
-    v.rows = e.rows;
-    v.cols = e.cols;
-    anyprec::Q8Lut lut;
-    int bits = e.committed;
-    if (bits == 0) return ApplyMissing(i, x, ldx, num_tokens, y, ldy, pool);
-    v.tile_rows = t.PlaneTileRows(e.cols);
-    for (int p = 0; p < bits; ++p) v.planes[p] = e.planes[p].addrs.data();
-    lut.pages = reinterpret_cast<const int8_t* const*>(e.lut.addrs.data());
-    lut.tile_rows = t.LutTileRows(bits);
-    lut.scales = e.lut_scales.data();
-    return anyprec::ApplyQ8Block(backend_, v, bits, lut, x, ldx, num_tokens, y, ldy, pool, &acts_);
+    return anyprec::RunQ8Experts(backend_, call, gate_up, down, cpu::Kernels());
   }
 
   int Bits(int layer, int expert, engine::ExpertProj proj) const override {
@@ -58,18 +56,46 @@ class PagedWeights::Provider final : public engine::ExpertWeightProvider {
   }
 
  private:
+  // A block fetched for one layer call: its planes, LUT and the page pointers of its view.
+  struct Miss {
+    std::vector<uint8_t> planes;
+    std::vector<int8_t> lut;
+    std::vector<float> scales;
+    const uint8_t* ptrs[anyprec::kNumPlanes] = {};
+  };
+
+  // Block i as the fast path reads it: at its committed width from its pages, or fetched.
+  Status Resolve(size_t i, anyprec::Q8ExpertBlock* out) {
+    const WeightPageTable& t = *w_->table_;
+    const WeightPageTable::Entry& e = t.entry(i);
+    anyprec::BlockView v;
+    v.rows = e.rows;
+    v.cols = e.cols;
+    anyprec::Q8Lut lut;
+    int bits = e.committed;
+    if (bits == 0) return FetchMissing(i, out);
+    v.tile_rows = t.PlaneTileRows(e.cols);
+    for (int p = 0; p < bits; ++p) v.planes[p] = e.planes[p].addrs.data();
+    lut.pages = reinterpret_cast<const int8_t* const*>(e.lut.addrs.data());
+    lut.tile_rows = t.LutTileRows(bits);
+    lut.scales = e.lut_scales.data();
+    *out = {v, lut, bits};
+    return Status::Ok();
+  }
+
   // A block that is not resident: fetched into scratch for this call only.
-  Status ApplyMissing(size_t i, const float* x, size_t ldx, size_t num_tokens, float* y,
-                      size_t ldy, cpu::ThreadPool* pool) {
+  Status FetchMissing(size_t i, anyprec::Q8ExpertBlock* out) {
+    if (misses_used_ == misses_.size()) misses_.push_back(std::make_unique<Miss>());
+    Miss& m = *misses_[misses_used_++];
     const WeightPageTable::Entry& e = w_->table_->entry(i);
     const int bits = e.desired > 0 ? e.desired : anyprec::kMinBits;
     const size_t row_bytes = anyprec::PlaneRowBytes(e.cols);
-    miss_planes_.resize(static_cast<size_t>(bits) * e.rows * row_bytes);
-    miss_lut_.resize(static_cast<size_t>(e.rows) << bits);
-    miss_scales_.resize(static_cast<size_t>(e.rows));
-    std::vector<uint8_t*> plane_page(static_cast<size_t>(bits));
+    m.planes.resize(static_cast<size_t>(bits) * e.rows * row_bytes);
+    m.lut.resize(static_cast<size_t>(e.rows) << bits);
+    m.scales.resize(static_cast<size_t>(e.rows));
     for (int p = 0; p < bits; ++p) {
-      plane_page[static_cast<size_t>(p)] = miss_planes_.data() + static_cast<size_t>(p) * e.rows * row_bytes;
+      uint8_t* plane = m.planes.data() + static_cast<size_t>(p) * e.rows * row_bytes;
+      m.ptrs[p] = plane;
       MovePart part;
       part.rows = e.rows;
       part.tile_rows = e.rows;
@@ -78,7 +104,7 @@ class PagedWeights::Provider final : public engine::ExpertWeightProvider {
       part.remote_offset = ref.offset;
       part.bytes = ref.bytes;
       part.checksum = ref.checksum;
-      part.pages = {plane_page[static_cast<size_t>(p)]};
+      part.pages = {plane};
       PW_RETURN_IF_ERROR(w_->mover_->FetchNow(part).WithContext("synchronous fetch of block " + std::to_string(i)));
       w_->stats_.sync_fetch_bytes += ref.bytes;
     }
@@ -92,8 +118,8 @@ class PagedWeights::Provider final : public engine::ExpertWeightProvider {
     part.remote_offset = ref.offset;
     part.bytes = ref.bytes;
     part.checksum = ref.checksum;
-    part.pages = {reinterpret_cast<uint8_t*>(miss_lut_.data())};
-    part.scales = miss_scales_.data();
+    part.pages = {reinterpret_cast<uint8_t*>(m.lut.data())};
+    part.scales = m.scales.data();
     PW_RETURN_IF_ERROR(w_->mover_->FetchNow(part).WithContext("synchronous fetch of block " + std::to_string(i)));
     w_->stats_.sync_fetch_bytes += ref.bytes;
     w_->stats_.sync_fetches++;
@@ -101,23 +127,18 @@ class PagedWeights::Provider final : public engine::ExpertWeightProvider {
     v.rows = e.rows;
     v.cols = e.cols;
     v.tile_rows = e.rows;
-    const uint8_t* ptrs[anyprec::kNumPlanes] = {};
-    for (int p = 0; p < bits; ++p) {
-      ptrs[p] = plane_page[static_cast<size_t>(p)];
-      v.planes[p] = &ptrs[p];
-    }
+    for (int p = 0; p < bits; ++p) v.planes[p] = &m.ptrs[p];
     anyprec::Q8Lut lut;
-    lut.values = miss_lut_.data();
-    lut.scales = miss_scales_.data();
-    return anyprec::ApplyQ8Block(backend_, v, bits, lut, x, ldx, num_tokens, y, ldy, pool, &acts_);
+    lut.values = m.lut.data();
+    lut.scales = m.scales.data();
+    *out = {v, lut, bits};
+    return Status::Ok();
   }
 
   PagedWeights* w_;
   anyprec::Backend backend_;
-  anyprec::Q8ActsScratch acts_;
-  std::vector<uint8_t> miss_planes_;
-  std::vector<int8_t> miss_lut_;
-  std::vector<float> miss_scales_;
+  std::vector<std::unique_ptr<Miss>> misses_;  // fetched blocks of the current call
+  size_t misses_used_ = 0;
 };
 
 PagedWeights::~PagedWeights() {

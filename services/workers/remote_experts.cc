@@ -3,7 +3,8 @@
 #include <string>
 
 #include "common/hash.h"
-#include "services/engine/ops.h"
+#include "services/engine/bf16_experts.h"
+#include "services/engine/expert_workspace.h"
 #include "services/proto/weight_kind.h"
 
 namespace pw::workers {
@@ -81,29 +82,24 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
   return p;
 }
 
-Status RemoteExpertProvider::Apply(int layer, int expert, engine::ExpertProj proj, const float* x,
-                                   size_t ldx, size_t num_tokens, float* y, size_t ldy,
-                                   cpu::ThreadPool* pool) {
-  const int64_t idx = layout_.Find(layer, expert, proj);
-  if (idx < 0) {
-    return InvalidArgument("broker experts: no " + BlockName(layer, expert, proj));
+Status RemoteExpertProvider::RunExperts(const engine::ExpertLayerCall& call) {
+  // The checkpoint provider's layer runner over the fetched copies, so tokens match.
+  auto* experts = call.workspace->Array<engine::Bf16Expert>(engine::ExpertWorkspace::kRunnerSlots,
+                                                            call.groups.size());
+  const auto* base = reinterpret_cast<const uint8_t*>(data_.get());
+  for (size_t g = 0; g < call.groups.size(); ++g) {
+    const int expert = call.groups[g].expert;
+    const int64_t gu = layout_.Find(call.layer, expert, ExpertProj::kGateUp),
+                  dn = layout_.Find(call.layer, expert, ExpertProj::kDown);
+    if (gu < 0 || dn < 0) {
+      return InvalidArgument("broker experts: no " + BlockName(call.layer, expert, gu < 0 ? ExpertProj::kGateUp : ExpertProj::kDown));
+    }
+    const service::ExpertRegion& a = layout_.regions[static_cast<size_t>(gu)];
+    const service::ExpertRegion& b = layout_.regions[static_cast<size_t>(dn)];
+    const auto* w = reinterpret_cast<const uint16_t*>(base + a.offset);
+    experts[g] = {w, w + (a.rows / 2) * a.cols, reinterpret_cast<const uint16_t*>(base + b.offset)};
   }
-  const service::ExpertRegion& r = layout_.regions[static_cast<size_t>(idx)];
-  const auto* w = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(data_.get()) +
-                                                    r.offset);
-  const cpu::DenseKernels& k = cpu::Kernels();
-  if (proj == ExpertProj::kGateUp) {
-    // Two products (gate rows, then up rows) exactly as the checkpoint provider computes them.
-    const int64_t f = r.rows / 2;
-    engine::Linear(pool, k, x, ldx, num_tokens, w, static_cast<size_t>(f),
-                   static_cast<size_t>(r.cols), y, ldy);
-    engine::Linear(pool, k, x, ldx, num_tokens, w + f * r.cols, static_cast<size_t>(f),
-                   static_cast<size_t>(r.cols), y + f, ldy);
-  } else {
-    engine::Linear(pool, k, x, ldx, num_tokens, w, static_cast<size_t>(r.rows),
-                   static_cast<size_t>(r.cols), y, ldy);
-  }
-  return Status::Ok();
+  return engine::RunBf16Experts(call, experts, cpu::Kernels());
 }
 
 }  // namespace pw::workers

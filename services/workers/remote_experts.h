@@ -24,8 +24,7 @@ class RemoteExpertProvider final : public engine::ExpertWeightProvider {
                                                             wire::WeightManifest::Reader manifest,
                                                             const ModelConfig& config);
 
-  Status Apply(int layer, int expert, engine::ExpertProj proj, const float* x, size_t ldx,
-               size_t num_tokens, float* y, size_t ldy, cpu::ThreadPool* pool) override;
+  Status RunExperts(const engine::ExpertLayerCall& call) override;
   int Bits(int, int, engine::ExpertProj) const override { return 16; }
 
   uint64_t bytes_loaded() const { return layout_.total_bytes; }

@@ -181,6 +181,57 @@ TEST_F(ApwEngineTest, FastPathTracksExactPath) {
   EXPECT_FALSE(bad.ok());
 }
 
+// Hands the provider one expert per call instead of the whole layer.
+class OneExpertPerCall final : public engine::ExpertWeightProvider {
+ public:
+  explicit OneExpertPerCall(engine::ExpertWeightProvider* inner) : inner_(inner) {}
+  Status RunExperts(const engine::ExpertLayerCall& call) override {
+    for (const engine::ExpertGroup& g : call.groups) {
+      engine::ExpertLayerCall one = call;
+      one.groups = {&g, 1};
+      PW_RETURN_IF_ERROR(inner_->RunExperts(one));
+      ++calls;
+    }
+    return Status::Ok();
+  }
+  int Bits(int l, int e, engine::ExpertProj p) const override { return inner_->Bits(l, e, p); }
+  int calls = 0;
+
+ private:
+  engine::ExpertWeightProvider* inner_;
+};
+
+// The whole layer in one call (x quantized once, one dispatch per projection) gives the same
+// logits, bit for bit, as one expert per call — on the fast path, on a layer that mixes bf16
+// and 4-bit blocks (block by block), and on the exact path.
+TEST_F(ApwEngineTest, WholeLayerCallEqualsOneExpertPerCall) {
+  auto eng = engine::Engine::Create(kModel, {.num_threads = 2});
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  auto opened = apw::ApwStore::Open(*store_path_);
+  ASSERT_TRUE(opened.ok());
+  std::shared_ptr<const apw::ApwStore> store = std::move(opened).value();
+  WidthMap mixed = *WidthMap::Uniform(4, 2, 8);
+  for (int e = 0; e < 8; ++e) ASSERT_TRUE(mixed.Set(0, e, engine::ExpertProj::kDown, e % 2 ? 16 : 3 + e % 6).ok());
+  const auto ids = Ids();
+  for (int variant = 0; variant < 3; ++variant) {
+    auto provider = ApwExpertProvider::Create(store, (*eng)->model(), variant == 1 ? mixed : *WidthMap::Uniform(5, 2, 8));
+    ASSERT_TRUE(provider.ok()) << provider.status().ToString();
+    if (variant == 2) (*provider)->set_kernel_path(KernelPath::kExact);
+    engine::MoeHooks hooks;
+    hooks.provider = provider->get();
+    (*eng)->SetMoeHooks(hooks);
+    auto whole = (*eng)->ForwardLogits(ids);
+    OneExpertPerCall split(provider->get());
+    hooks.provider = &split;
+    (*eng)->SetMoeHooks(hooks);
+    auto apart = (*eng)->ForwardLogits(ids);
+    (*eng)->SetMoeHooks({});
+    ASSERT_TRUE(whole.ok() && apart.ok());
+    EXPECT_GT(split.calls, 2) << "variant " << variant;
+    EXPECT_EQ(*whole, *apart) << "variant " << variant;
+  }
+}
+
 TEST_F(ApwEngineTest, MixedWidthMapFromFile) {
   const std::string map_path = TempPath("map") + ".json";
   {

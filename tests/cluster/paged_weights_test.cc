@@ -1,8 +1,9 @@
 // PagedWeights in one process over real UCX: a broker-side ServedStore maps a small .apw store
 // (random planes and LUTs at the shapes of the qwen3_moe fixture) and registers it; a second
 // UCX worker reads it through PagedWeights (page table + plane mover) into a PagePool. Checks:
-//   - every block run from its pages gives the same bits as the fast-path kernel over the
-//     store's own memory, at the initial width and after random raises and lowers;
+//   - every layer run from its pages (one provider call) gives the same bits as the fast-path
+//     kernel block by block over the store's own memory, at the initial width and after random
+//     raises and lowers;
 //   - pool accounting balances to the page after every change;
 //   - a part whose checksum fails on arrival leaves its block at its width, pages returned;
 //   - a block that is not resident is fetched synchronously (and counted);
@@ -12,16 +13,21 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
 #include "common/apw_store.h"
 #include "common/model_config.h"
 #include "kernels/anyprec/q8.h"
+#include "kernels/cpu/dense.h"
 #include "memory/page_pool.h"
 #include "services/broker/served_store.h"
+#include "services/engine/expert_layer_call.h"
+#include "services/engine/expert_workspace.h"
 #include "services/workers/paged_weights.h"
 #include "tests/anyprec/random_block.h"
 
@@ -116,27 +122,70 @@ class PagedWeightsTest : public ::testing::Test {
     return y;
   }
 
-  // Every block through the provider equals the reference at its committed width.
+  // One layer call through the provider: every expert in `experts` computes all `tokens` rows
+  // of x [tokens, H], expert g's output weighted 1 / (g + 1).
+  std::vector<float> RunLayer(PagedWeights& w, int layer, const std::vector<int>& experts,
+                              const std::vector<float>& x, int tokens) {
+    std::vector<engine::ExpertGroup> groups;
+    std::vector<engine::ExpertRow> rows;
+    for (size_t g = 0; g < experts.size(); ++g) {
+      groups.push_back({experts[g], static_cast<int32_t>(rows.size()), static_cast<int32_t>(rows.size()) + tokens});
+      for (int t = 0; t < tokens; ++t) rows.push_back({t, 1.f / static_cast<float>(g + 1)});
+    }
+    const size_t H = static_cast<size_t>(config_.hidden_size);
+    std::vector<float> out(static_cast<size_t>(tokens) * H, 0.f);
+    engine::ExpertWorkspace ws;
+    engine::ExpertLayerCall call;
+    call.layer = layer;
+    call.num_tokens = static_cast<size_t>(tokens);
+    call.hidden = H;
+    call.ffn = static_cast<size_t>(config_.moe_intermediate_size);
+    call.x = x.data();
+    call.groups = groups;
+    call.rows = rows;
+    call.out = out.data();
+    call.workspace = &ws;
+    EXPECT_TRUE(w.provider()->RunExperts(call).ok());
+    return out;
+  }
+
+  // The same layer from Reference block by block, block i at bits_of(i).
+  std::vector<float> ReferenceLayer(const memory::WeightPageTable& t, int layer, const std::vector<int>& experts,
+                                    const std::function<int(size_t)>& bits_of, const std::vector<float>& x,
+                                    int tokens) {
+    const size_t H = static_cast<size_t>(config_.hidden_size), I = static_cast<size_t>(config_.moe_intermediate_size);
+    const cpu::DenseKernels& k = cpu::Kernels();
+    std::vector<float> out(static_cast<size_t>(tokens) * H, 0.f);
+    for (size_t g = 0; g < experts.size(); ++g) {
+      const size_t gu = t.Index(layer, experts[g], ExpertProj::kGateUp), dn = t.Index(layer, experts[g], ExpertProj::kDown);
+      const auto y1 = Reference(gu, bits_of(gu), x, tokens);
+      std::vector<float> act(static_cast<size_t>(tokens) * I);
+      for (int r = 0; r < tokens; ++r) k.silu_mul(&y1[r * 2 * I], &y1[r * 2 * I + I], I, &act[r * I]);
+      const auto y2 = Reference(dn, bits_of(dn), act, tokens);
+      for (int r = 0; r < tokens; ++r) k.axpy(1.f / static_cast<float>(g + 1), &y2[r * H], H, &out[r * H]);
+    }
+    return out;
+  }
+
+  // Every layer through the provider (all its experts in one call) equals the reference at the
+  // committed widths.
   void ExpectEveryBlockMatches(PagedWeights& w) {
     std::mt19937 rng(5);
     const auto& t = w.table();
+    const int tokens = 3;
     for (int l = 0; l < t.num_layers(); ++l) {
+      std::vector<int> experts;
       for (int e = 0; e < t.num_experts(); ++e) {
+        experts.push_back(e);
         for (auto proj : {ExpertProj::kGateUp, ExpertProj::kDown}) {
-          const size_t i = t.Index(l, e, proj);
-          const auto& entry = t.entry(i);
-          const int bits = entry.committed;
-          ASSERT_GT(bits, 0);
-          const int tokens = 3;
-          auto x = anyprec::RandomX(tokens, entry.cols, rng);
-          std::vector<float> y(static_cast<size_t>(tokens) * entry.rows);
-          ASSERT_TRUE(w.provider()->Apply(l, e, proj, x.data(), entry.cols, tokens, y.data(), entry.rows, nullptr).ok());
-          EXPECT_EQ(w.provider()->Bits(l, e, proj), bits);
-          const auto want = Reference(i, bits, x, tokens);
-          ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
-              << "block " << i << " at " << bits << " bits";
+          ASSERT_GT(t.entry(t.Index(l, e, proj)).committed, 0);
+          EXPECT_EQ(w.provider()->Bits(l, e, proj), t.entry(t.Index(l, e, proj)).committed);
         }
       }
+      auto x = anyprec::RandomX(tokens, static_cast<int>(config_.hidden_size), rng);
+      const auto got = RunLayer(w, l, experts, x, tokens);
+      const auto want = ReferenceLayer(t, l, experts, [&](size_t i) { return t.entry(i).committed; }, x, tokens);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "layer " << l;
     }
   }
 
@@ -240,14 +289,14 @@ TEST_F(PagedWeightsTest, ANonResidentBlockIsFetchedSynchronously) {
   ASSERT_TRUE(weights_->SetDesired({{i, 0}}).ok());
   Settle(*weights_);
   ASSERT_EQ(weights_->table().entry(i).committed, 0);
-  const auto& e = weights_->table().entry(i);
   std::mt19937 rng(1);
-  auto x = anyprec::RandomX(2, e.cols, rng);
-  std::vector<float> y(2 * static_cast<size_t>(e.rows));
-  ASSERT_TRUE(weights_->provider()->Apply(0, 7, ExpertProj::kGateUp, x.data(), e.cols, 2, y.data(), e.rows, nullptr).ok());
+  auto x = anyprec::RandomX(2, static_cast<int>(config_.hidden_size), rng);
+  const auto got = RunLayer(*weights_, 0, {7}, x, 2);
   EXPECT_EQ(weights_->stats().sync_fetches, 1u);
-  const auto want = Reference(i, anyprec::kMinBits, x, 2);  // desired 0: read at the lowest width
-  EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
+  const auto& t = weights_->table();
+  // desired 0: read at the lowest width; the expert's down block at its committed 5 bits.
+  const auto want = ReferenceLayer(t, 0, {7}, [&](size_t b) { return b == i ? anyprec::kMinBits : t.entry(b).committed; }, x, 2);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
   ExpectBalanced(*weights_);  // the fetch used scratch, not pool pages
 }
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "common/safetensors.h"
 #include "services/engine/model.h"
@@ -579,11 +580,10 @@ TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdenti
 class CountingProvider : public ExpertWeightProvider {
  public:
   explicit CountingProvider(ExpertWeightProvider* inner) : inner_(inner) {}
-  Status Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx, size_t n,
-               float* y, size_t ldy, cpu::ThreadPool* pool) override {
+  Status RunExperts(const ExpertLayerCall& call) override {
     ++calls;
-    rows += n;
-    return inner_->Apply(layer, expert, proj, x, ldx, n, y, ldy, pool);
+    for (const ExpertGroup& g : call.groups) rows += static_cast<size_t>(g.size());
+    return inner_->RunExperts(call);
   }
   int Bits(int l, int e, ExpertProj p) const override { return inner_->Bits(l, e, p); }
   ExpertWeightProvider* inner_;
@@ -657,10 +657,10 @@ TEST(EngineSeams, ProviderHookAndRecorderAreCalledAndTakeEffect) {
     moe_layers += (*model)->config().IsMoeLayer(l);
   EXPECT_EQ(rec.calls, moe_layers);
   EXPECT_EQ(rec.tokens, moe_layers * 8);
-  EXPECT_GT(counting.calls, 0);
-  // Every (token, expert) pair goes through the provider twice (gate_up, down).
+  // One provider call per MoE layer, carrying every (token, expert) pair of the layer once.
+  EXPECT_EQ(counting.calls, moe_layers);
   EXPECT_EQ(counting.rows,
-            static_cast<size_t>(2 * moe_layers * 8 * (*model)->config().num_experts_per_tok));
+            static_cast<size_t>(moe_layers * 8 * (*model)->config().num_experts_per_tok));
 
   FirstChoiceOnly hook;
   hooks = {};
@@ -677,6 +677,92 @@ TEST(EngineSeams, ProviderHookAndRecorderAreCalledAndTakeEffect) {
   auto err = engine->ForwardLogits(ids);
   EXPECT_EQ(err.status().code(), StatusCode::kInternal);
   EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+  engine->SetMoeHooks({});
+}
+
+// What the engine hands the provider (one ExpertLayerCall per MoE layer) and what the router
+// chose, both as sorted (layer, expert, token, weight) lists per call.
+class LayerCallLog : public ExpertWeightProvider, public RouterLogitsRecorder {
+ public:
+  using Pair = std::tuple<int, int, int, float>;  // layer, expert, token, weight
+  explicit LayerCallLog(ExpertWeightProvider* inner) : inner_(inner) {}
+  Status RunExperts(const ExpertLayerCall& call) override {
+    std::vector<Pair> got;
+    int prev = -1;
+    for (const ExpertGroup& g : call.groups) {
+      EXPECT_GT(g.expert, prev) << "groups not in ascending expert order";
+      EXPECT_GT(g.size(), 0) << "an empty group";
+      prev = g.expert;
+      for (int32_t r = g.begin; r < g.end; ++r) {
+        got.emplace_back(call.layer, g.expert, call.rows[r].token, call.rows[r].weight);
+      }
+    }
+    EXPECT_EQ(got.size(), call.rows.size()) << "groups do not cover the rows";
+    calls.push_back(std::move(got));
+    tokens.push_back(call.num_tokens);
+    return inner_->RunExperts(call);
+  }
+  int Bits(int l, int e, ExpertProj p) const override { return inner_->Bits(l, e, p); }
+  void Record(const RoutingContext& ctx, const std::vector<ExpertAssignment>& sel) override {
+    std::vector<Pair> want;
+    for (const ExpertAssignment& a : sel) want.emplace_back(ctx.layer, a.expert, a.token, a.weight);
+    std::sort(want.begin(), want.end());
+    chosen.push_back(std::move(want));
+  }
+  std::vector<std::vector<Pair>> calls, chosen;
+  std::vector<size_t> tokens;
+
+ private:
+  ExpertWeightProvider* inner_;
+};
+
+TEST(EngineSeams, OneProviderCallPerMoeLayerWithTheRoutersGroups) {
+  const std::string type = "qwen2_moe";
+  auto engine = MakeEngine(type);
+  ASSERT_TRUE(engine);
+  auto model = Model::Load(FixtureModelDir(type));
+  ASSERT_TRUE(model.ok());
+  const ModelConfig& c = (*model)->config();
+  int moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l);
+  ASSERT_GT(moe_layers, 0);
+  Bf16ExpertProvider bf16(**model);
+  for (int T : {1, 3, 37}) {
+    std::vector<int32_t> ids;
+    for (int t = 0; t < T; ++t) ids.push_back(1 + (t * 7) % 50);
+    engine->SetMoeHooks({});
+    auto base = engine->ForwardLogits(ids);
+    ASSERT_TRUE(base.ok());
+    LayerCallLog log(&bf16);
+    MoeHooks hooks;
+    hooks.provider = &log;
+    hooks.recorder = &log;
+    engine->SetMoeHooks(hooks);
+    auto same = engine->ForwardLogits(ids);
+    ASSERT_TRUE(same.ok());
+    EXPECT_EQ(*same, *base) << T << " tokens";
+    ASSERT_EQ(log.calls.size(), static_cast<size_t>(moe_layers)) << T << " tokens";
+    ASSERT_EQ(log.chosen.size(), log.calls.size());
+    for (size_t i = 0; i < log.calls.size(); ++i) {
+      EXPECT_EQ(log.tokens[i], static_cast<size_t>(T));
+      EXPECT_EQ(log.calls[i].size(), static_cast<size_t>(T * c.num_experts_per_tok));
+      // Exactly the router's (expert, token, weight) choices of that layer, grouped per expert.
+      EXPECT_EQ(log.calls[i], log.chosen[i]) << "layer call " << i << ", " << T << " tokens";
+    }
+  }
+  // After a hook, the call carries the hook's assignments: one expert per token, weight 1.
+  FirstChoiceOnly hook;
+  LayerCallLog log(&bf16);
+  MoeHooks hooks;
+  hooks.provider = &log;
+  hooks.routing_hook = &hook;
+  engine->SetMoeHooks(hooks);
+  ASSERT_TRUE(engine->ForwardLogits(std::vector<int32_t>{5, 6, 7}).ok());
+  ASSERT_EQ(log.calls.size(), static_cast<size_t>(moe_layers));
+  for (const auto& call : log.calls) {
+    ASSERT_EQ(call.size(), 3u);
+    for (const auto& p : call) EXPECT_EQ(std::get<3>(p), 1.0f);
+  }
   engine->SetMoeHooks({});
 }
 

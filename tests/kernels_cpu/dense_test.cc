@@ -1,6 +1,7 @@
-// Every dense CPU backend against the scalar reference, on fresh random inputs and awkward
-// shapes (1, 3, 37 tokens; rows and columns not multiples of 8/16/32). Outputs are poisoned
-// with NaN before each run and guard values around them must survive.
+// Every dense CPU backend (scalar, AVX2, AVX-512, AMX: each one the CPU has) against the
+// scalar reference and the exact product, on fresh random inputs and awkward shapes (1..5,
+// 16, 17, 20, 33, 37 tokens; rows and columns not multiples of 8/16/32). Outputs are poisoned with NaN
+// before each run and guard values around them must survive.
 //
 // Tolerance: |y - ref| <= 1e-5 * sum_k |x_k * w_k| + 1e-6 for products (fp32 sums in a
 // different order), 2e-6 relative for softmax/RMSNorm, 1e-5 relative for SiLU*mul (the
@@ -11,6 +12,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace pw::cpu {
@@ -20,7 +22,7 @@ constexpr float kGuard = 12345.f;
 
 std::vector<Isa> BackendsUnderTest() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
     if (IsaSupported(isa)) out.push_back(isa);
   }
   return out;
@@ -83,6 +85,76 @@ TEST_P(DenseTest, MatmulBf16AndF32MatchReference) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// Longer rows and the token counts where the backends change strategy (1..4 = the AVX-512
+// few-token GEMV, 5 = the AMX backend's first tile width, 16/17 = one or two tile groups,
+// 33/37 = a second pass over the weights), rows not a multiple of 16 (the AMX tail goes
+// through AVX-512) and columns past one layout chunk with a tail under 32. Checked against the exact (double) product as above and against the scalar
+// backend's output.
+TEST_P(DenseTest, MatmulBf16LongRowsAndTileTokenCounts) {
+  const std::pair<size_t, size_t> shapes[] = {{1057, 100}, {2100, 37}};  // (K, N)
+  for (size_t T : {1, 2, 3, 4, 5, 16, 17, 20, 33, 37}) {
+    for (const auto& [K, N] : shapes) {
+      {
+        SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " N=" << N << " seed=1234");
+        const size_t ldx = K + 5, ldy = N + 3;
+        auto x = Random(T * ldx);
+        std::vector<uint16_t> wb(N * K);
+        for (auto& v : wb) v = ToBf16Bits(Random(1)[0]);
+        const size_t n_begin = 3, n_end = N - 1;  // an odd row range, as a thread could get
+        std::vector<float> y(T * ldy, NAN), want(T * ldy, NAN);
+        for (size_t t = 0; t < T; ++t) {
+          for (size_t n = 0; n < ldy; ++n) {
+            if (n < n_begin || n >= n_end) y[t * ldy + n] = want[t * ldy + n] = kGuard;
+          }
+        }
+        k().matmul_bf16(x.data(), ldx, T, wb.data(), K, n_begin, n_end, y.data(), ldy);
+        ref().matmul_bf16(x.data(), ldx, T, wb.data(), K, n_begin, n_end, want.data(), ldy);
+        for (size_t t = 0; t < T; ++t) {
+          for (size_t n = 0; n < ldy; ++n) {
+            const float got = y[t * ldy + n];
+            if (n < n_begin || n >= n_end) {
+              ASSERT_EQ(got, kGuard) << "wrote outside its rows at t=" << t << " n=" << n;
+              continue;
+            }
+            double exact = 0, mag = 0;
+            for (size_t kk = 0; kk < K; ++kk) {
+              const double p = double(x[t * ldx + kk]) * Bf16Bits(wb[n * K + kk]);
+              exact += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n;
+            ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
+            ASSERT_NEAR(got, want[t * ldy + n], 2e-5 * mag + 2e-6) << "t=" << t << " n=" << n;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A weight matrix that picks one column per row returns the activations themselves, exactly,
+// at magnitudes from 1e-30 to 1e30: no backend may round an fp32 activation (the AMX backend's
+// three-way bf16 split of each activation must be exact).
+TEST_P(DenseTest, MatmulBf16KeepsEveryActivationBit) {
+  const size_t K = 96, N = 64;
+  std::vector<uint16_t> w(N * K, 0);
+  for (size_t n = 0; n < N; ++n) w[n * K + (n * 7) % K] = ToBf16Bits(1.f);
+  for (size_t T : {1, 2, 4, 5, 16, 20, 32}) {
+    SCOPED_TRACE(testing::Message() << "T=" << T);
+    std::vector<float> x(T * K);
+    std::uniform_real_distribution<float> mant(1.f, 2.f);
+    std::uniform_int_distribution<int> expo(-99, 99);
+    for (auto& v : x) v = std::ldexp(mant(rng_), expo(rng_)) * (rng_() % 2 ? 1.f : -1.f);
+    std::vector<float> y(T * N, NAN);
+    k().matmul_bf16(x.data(), K, T, w.data(), K, 0, N, y.data(), N);
+    for (size_t t = 0; t < T; ++t) {
+      for (size_t n = 0; n < N; ++n) {
+        ASSERT_EQ(y[t * N + n], x[t * K + (n * 7) % K]) << "t=" << t << " n=" << n;
       }
     }
   }

@@ -95,18 +95,19 @@ TEST(MissEngine, FetchEveryMissIsBitIdenticalToAllResident) {
   e->SetMoeHooks({});
 }
 
-// Fails Apply for an expert that is not resident when the step computes it.
+// Fails the layer's call when it names an expert that is not resident.
 class ResidentOnlyProvider final : public ExpertWeightProvider {
  public:
   ResidentOnlyProvider(const Model& m, const ExpertResidency* r) : inner_(m), residency_(r) {}
-  Status Apply(int layer, int expert, ExpertProj proj, const float* x, size_t ldx, size_t n,
-               float* y, size_t ldy, cpu::ThreadPool* pool) override {
-    ++calls_;
-    if (!residency_->IsResident(layer, expert)) {
-      return Internal("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
-                      " computed while not resident");
+  Status RunExperts(const ExpertLayerCall& call) override {
+    for (const ExpertGroup& g : call.groups) {
+      ++calls_;  // experts computed
+      if (!residency_->IsResident(call.layer, g.expert)) {
+        return Internal("expert " + std::to_string(g.expert) + " of layer " +
+                        std::to_string(call.layer) + " computed while not resident");
+      }
     }
-    return inner_.Apply(layer, expert, proj, x, ldx, n, y, ldy, pool);
+    return inner_.RunExperts(call);
   }
   int Bits(int, int, ExpertProj) const override { return 16; }
   int64_t calls_ = 0;

@@ -1,0 +1,287 @@
+// The per-layer expert seam's runners against computing the same experts one block at a time:
+//   - RunQ8Experts (x quantized once per layer, one dispatch per projection) gives the same
+//     bits as ApplyQ8Block per block (each expert's rows quantized on their own), on every
+//     fast-path backend, at mixed widths, for T = 1, 3, 37 and 70 tokens (an expert with more
+//     than kMaxTokens rows), with experts that get no token, on 1, 2 and 3 threads;
+//   - RunBf16Experts gives the same bits as the bf16 Linear per block;
+//   - both add into `out` (never overwrite it);
+//   - RunExpertTiles runs every tile once, each thread a contiguous run of about equal cost;
+//   - non-finite activations are a clear error naming the layer.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/anyprec/pack.h"
+#include "kernels/anyprec/q8.h"
+#include "kernels/cpu/dense.h"
+#include "kernels/cpu/thread_pool.h"
+#include "quant/apw_provider.h"
+#include "quant/q8_experts.h"
+#include "services/engine/bf16_experts.h"
+#include "services/engine/expert_tiles.h"
+#include "services/engine/expert_workspace.h"
+#include "services/engine/ops.h"
+#include "services/engine/run_experts_by_block.h"
+#include "tests/anyprec/random_block.h"
+
+namespace pw::anyprec {
+namespace {
+
+using engine::ExpertGroup;
+using engine::ExpertLayerCall;
+using engine::ExpertProj;
+using engine::ExpertRow;
+
+// Awkward shapes: H not a multiple of 256 (a half group pair), I not a multiple of 64.
+constexpr int kHidden = 300;
+constexpr int kFfn = 88;
+constexpr int kExperts = 9;
+constexpr int kTopK = 3;
+
+// A routed layer: tokens pick kTopK distinct experts among those allowed; expert 4 is picked by
+// every token (so it gets more than kMaxTokens rows at T = 70), experts 0 and 6 by none.
+struct Routing {
+  std::vector<ExpertGroup> groups;
+  std::vector<ExpertRow> rows;
+};
+
+Routing Route(int tokens, std::mt19937& rng) {
+  std::vector<std::vector<ExpertRow>> per(kExperts);
+  std::uniform_real_distribution<float> w(0.05f, 1.f);
+  const std::vector<int> others = {1, 2, 3, 5, 7, 8};
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<int> pick = others;
+    std::shuffle(pick.begin(), pick.end(), rng);
+    pick.resize(kTopK - 1);
+    pick.push_back(4);
+    for (int e : pick) per[e].push_back({t, w(rng)});
+  }
+  Routing r;
+  for (int e = 0; e < kExperts; ++e) {
+    if (per[e].empty()) continue;
+    r.groups.push_back({e, static_cast<int32_t>(r.rows.size()), static_cast<int32_t>(r.rows.size() + per[e].size())});
+    r.rows.insert(r.rows.end(), per[e].begin(), per[e].end());
+  }
+  return r;
+}
+
+ExpertLayerCall MakeCall(const Routing& r, const std::vector<float>& x, int tokens, std::vector<float>* out,
+                         engine::ExpertWorkspace* ws, cpu::ThreadPool* pool) {
+  ExpertLayerCall c;
+  c.layer = 3;
+  c.num_tokens = static_cast<size_t>(tokens);
+  c.hidden = kHidden;
+  c.ffn = kFfn;
+  c.x = x.data();
+  c.groups = r.groups;
+  c.rows = r.rows;
+  c.out = out->data();
+  c.workspace = ws;
+  c.pool = pool;
+  return c;
+}
+
+// Expert blocks at random widths, their int8 LUTs and page lists (tiles of 32 rows).
+struct Q8Layer {
+  std::vector<RandomBlock> blocks;  // [expert][proj]
+  std::vector<std::unique_ptr<PageLists>> pages;
+  std::vector<std::vector<int8_t>> lut_values;
+  std::vector<std::vector<float>> lut_scales;
+  std::vector<int> bits;
+
+  explicit Q8Layer(std::mt19937& rng) {
+    std::uniform_int_distribution<int> width(kMinBits, kMaxBits);
+    for (int e = 0; e < kExperts; ++e) {
+      for (int proj = 0; proj < 2; ++proj) {
+        const int rows = proj == 0 ? 2 * kFfn : kHidden, cols = proj == 0 ? kHidden : kFfn;
+        blocks.push_back(MakeRandomBlock(rows, cols, rng));
+        const PackedBlock& b = blocks.back().block;
+        const uint8_t* planes[kNumPlanes];
+        for (int p = 0; p < kNumPlanes; ++p) planes[p] = b.Plane(p);
+        const uint16_t* luts[kMaxBits + 1] = {};
+        for (int w = kMinBits; w <= kMaxBits; ++w) luts[w] = b.luts[w].data();
+        pages.push_back(std::make_unique<PageLists>(planes, luts, rows, cols, 32));
+        const int w = width(rng);
+        bits.push_back(w);
+        lut_values.emplace_back(Q8LutValueBytes(rows, w));
+        lut_scales.emplace_back(static_cast<size_t>(rows));
+        EXPECT_TRUE(QuantizeLut(b.luts[w].data(), rows, w, lut_values.back().data(), lut_scales.back().data()).ok());
+      }
+    }
+  }
+  Q8ExpertBlock Block(int expert, int proj) const {
+    const size_t i = static_cast<size_t>(expert) * 2 + static_cast<size_t>(proj);
+    return {pages[i]->view(), Q8Lut{lut_values[i].data(), lut_scales[i].data()}, bits[i]};
+  }
+};
+
+std::vector<Backend> FastBackends() {
+  std::vector<Backend> v;
+  for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512}) {
+    if (Q8BackendAvailable(b)) v.push_back(b);
+  }
+  return v;
+}
+
+TEST(ExpertLayer, Q8LayerMatchesPerBlockQuantization) {
+  std::mt19937 rng(21);
+  const Q8Layer layer(rng);
+  const cpu::DenseKernels& k = cpu::Kernels();
+  for (Backend backend : FastBackends()) {
+    for (int tokens : {1, 3, 37, 70}) {
+      const Routing r = Route(tokens, rng);
+      const auto x = RandomX(tokens, kHidden, rng);
+      std::vector<Q8ExpertBlock> gu, dn;
+      for (const ExpertGroup& g : r.groups) {
+        gu.push_back(layer.Block(g.expert, 0));
+        dn.push_back(layer.Block(g.expert, 1));
+      }
+      // Reference: each expert's rows quantized on their own, block by block.
+      std::vector<float> want(static_cast<size_t>(tokens) * kHidden, 0.25f);
+      engine::ExpertWorkspace ref_ws;
+      Q8ActsScratch acts;
+      ASSERT_TRUE(engine::RunExpertsByBlock(
+                      MakeCall(r, x, tokens, &want, &ref_ws, nullptr), k,
+                      [&](int expert, ExpertProj proj, const float* in, size_t ldx, size_t n, float* y, size_t ldy) {
+                        const Q8ExpertBlock b = layer.Block(expert, proj == ExpertProj::kGateUp ? 0 : 1);
+                        return ApplyQ8Block(backend, b.view, b.bits, b.lut, in, ldx, n, y, ldy, nullptr, &acts);
+                      })
+                      .ok());
+      for (int threads : {1, 2, 3}) {
+        cpu::ThreadPool pool(threads);
+        std::vector<float> got(static_cast<size_t>(tokens) * kHidden, 0.25f);
+        engine::ExpertWorkspace ws;
+        Status s = RunQ8Experts(backend, MakeCall(r, x, tokens, &got, &ws, &pool), gu.data(), dn.data(), k);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+            << BackendName(backend) << ", " << tokens << " tokens, " << threads << " threads";
+        // Untouched tokens would still read 0.25: every token got its experts' sum.
+        for (int t = 0; t < tokens; ++t) EXPECT_NE(got[static_cast<size_t>(t) * kHidden], 0.25f);
+      }
+    }
+  }
+}
+
+TEST(ExpertLayer, Bf16LayerMatchesPerBlockLinear) {
+  std::mt19937 rng(22);
+  std::normal_distribution<float> d(0.f, 0.05f);
+  std::vector<std::vector<uint16_t>> gate(kExperts), up(kExperts), down(kExperts);
+  for (int e = 0; e < kExperts; ++e) {
+    for (auto* m : {&gate[e], &up[e]}) {
+      m->resize(static_cast<size_t>(kFfn) * kHidden);
+      for (auto& v : *m) v = cpu::ToBf16Bits(d(rng));
+    }
+    down[e].resize(static_cast<size_t>(kHidden) * kFfn);
+    for (auto& v : down[e]) v = cpu::ToBf16Bits(d(rng));
+  }
+  const cpu::DenseKernels& k = cpu::Kernels();
+  for (int tokens : {1, 3, 37, 70}) {
+    const Routing r = Route(tokens, rng);
+    const auto x = RandomX(tokens, kHidden, rng);
+    std::vector<engine::Bf16Expert> experts;
+    for (const ExpertGroup& g : r.groups) experts.push_back({gate[g.expert].data(), up[g.expert].data(), down[g.expert].data()});
+    cpu::ThreadPool ref_pool(2);
+    std::vector<float> want(static_cast<size_t>(tokens) * kHidden, -1.f);
+    engine::ExpertWorkspace ref_ws;
+    ASSERT_TRUE(engine::RunExpertsByBlock(
+                    MakeCall(r, x, tokens, &want, &ref_ws, &ref_pool), k,
+                    [&](int e, ExpertProj proj, const float* in, size_t ldx, size_t n, float* y, size_t ldy) {
+                      if (proj == ExpertProj::kGateUp) {
+                        engine::Linear(&ref_pool, k, in, ldx, n, gate[e].data(), kFfn, kHidden, y, ldy);
+                        engine::Linear(&ref_pool, k, in, ldx, n, up[e].data(), kFfn, kHidden, y + kFfn, ldy);
+                      } else {
+                        engine::Linear(&ref_pool, k, in, ldx, n, down[e].data(), kHidden, kFfn, y, ldy);
+                      }
+                      return Status::Ok();
+                    })
+                    .ok());
+    for (int threads : {1, 2, 3}) {
+      cpu::ThreadPool pool(threads);
+      std::vector<float> got(static_cast<size_t>(tokens) * kHidden, -1.f);
+      engine::ExpertWorkspace ws;
+      ASSERT_TRUE(engine::RunBf16Experts(MakeCall(r, x, tokens, &got, &ws, &pool), experts.data(), k).ok());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+          << tokens << " tokens, " << threads << " threads";
+    }
+  }
+}
+
+TEST(ExpertLayer, NonFiniteActivationsAreAnErrorNamingTheLayer) {
+  std::mt19937 rng(23);
+  const Q8Layer layer(rng);
+  const Routing r = Route(3, rng);
+  auto x = RandomX(3, kHidden, rng);
+  x[kHidden + 7] = std::nanf("");
+  std::vector<Q8ExpertBlock> gu, dn;
+  for (const ExpertGroup& g : r.groups) {
+    gu.push_back(layer.Block(g.expert, 0));
+    dn.push_back(layer.Block(g.expert, 1));
+  }
+  std::vector<float> out(3 * kHidden, 0.f);
+  engine::ExpertWorkspace ws;
+  Status s = RunQ8Experts(BestQ8Backend(), MakeCall(r, x, 3, &out, &ws, nullptr), gu.data(), dn.data(), cpu::Kernels());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer 3"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.ToString();
+}
+
+TEST(ExpertTiles, EveryTileOnceInContiguousRunsOfAboutEqualCost) {
+  std::vector<engine::ExpertTile> tiles;
+  // Uneven experts: 1, 30, 2 and 64 tokens; a gate_up block of 2 * 100 rows split at 100.
+  int32_t row = 0, g = 0;
+  for (int32_t n : {1, 30, 2, 64}) {
+    engine::AppendExpertTiles(g++, row, n, 200, 100, &tiles);
+    row += n;
+  }
+  for (const auto& t : tiles) {
+    EXPECT_LE(t.r1 - t.r0, engine::kExpertTileRows);
+    EXPECT_TRUE(t.r1 <= 100 || t.r0 >= 100) << "a tile crosses the split";
+  }
+  ASSERT_EQ(tiles.size(), 4u * 4u);  // [0,64) [64,100) [100,164) [164,200) per expert
+  cpu::ThreadPool pool(3);
+  std::mutex mu;
+  std::vector<std::pair<std::thread::id, size_t>> ran;
+  ASSERT_TRUE(engine::RunExpertTiles(&pool, tiles, 4096, 0, [&](const engine::ExpertTile& t) {
+                std::lock_guard<std::mutex> l(mu);
+                ran.push_back({std::this_thread::get_id(), static_cast<size_t>(&t - tiles.data())});
+                return Status::Ok();
+              }).ok());
+  ASSERT_EQ(ran.size(), tiles.size());
+  std::sort(ran.begin(), ran.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (size_t i = 0; i < ran.size(); ++i) EXPECT_EQ(ran[i].second, i);
+  // Each thread's tiles are one contiguous run; costs within one tile of an equal share.
+  uint64_t total = 0, most_tile = 0;
+  for (const auto& t : tiles) {
+    const uint64_t c = static_cast<uint64_t>(t.r1 - t.r0) * t.tokens;
+    total += c;
+    most_tile = std::max(most_tile, c);
+  }
+  std::vector<std::thread::id> runs;
+  std::vector<uint64_t> cost;
+  for (size_t i = 0; i < ran.size(); ++i) {
+    const uint64_t c = static_cast<uint64_t>(tiles[i].r1 - tiles[i].r0) * tiles[i].tokens;
+    if (i == 0 || ran[i].first != ran[i - 1].first) {
+      for (const auto& id : runs) EXPECT_NE(id, ran[i].first) << "a thread ran two separate runs";
+      runs.push_back(ran[i].first);
+      cost.push_back(0);
+    }
+    cost.back() += c;
+  }
+  EXPECT_EQ(runs.size(), 3u);
+  for (uint64_t c : cost) EXPECT_LE(std::llabs(static_cast<long long>(3 * c) - static_cast<long long>(total)), static_cast<long long>(3 * most_tile));
+  // A failing tile's error comes back; small work runs inline.
+  Status s = engine::RunExpertTiles(&pool, tiles, 1, 1u << 30, [&](const engine::ExpertTile& t) {
+    return t.group == 2 ? Internal("tile of group 2") : Status::Ok();
+  });
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace pw::anyprec
