@@ -85,6 +85,35 @@ Status WeightPageTable::CheckIdle(const char* what) const {
 
 Result<std::vector<PartFill>> WeightPageTable::Begin(size_t i, int target) {
   PW_RETURN_IF_ERROR(CheckIdle("Begin"));
+  return BeginAny(i, target);
+}
+
+Status WeightPageTable::CheckFetch(size_t i, int target) const {
+  if (i >= entries_.size()) return InvalidArgument("weight page table: no block " + std::to_string(i));
+  const Entry& e = entries_[i];
+  if (e.committed != 0 || target < anyprec::kMinBits || target > anyprec::kMaxBits) {
+    return InvalidArgument("weight page table: a fetch raises a block from 0 (block " + std::to_string(i) +
+                           " is at " + std::to_string(e.committed) + ", target " + std::to_string(target) + ")");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<PartFill>> WeightPageTable::FetchBegin(size_t i, int target) {
+  PW_RETURN_IF_ERROR(CheckFetch(i, target));
+  return BeginAny(i, target);
+}
+
+Status WeightPageTable::FetchCommit(size_t i) {
+  PW_RETURN_IF_ERROR(CheckFetch(i, i < entries_.size() ? entries_[i].target : 0));
+  return CommitAny(i);
+}
+
+Status WeightPageTable::FetchAbort(size_t i) {
+  PW_RETURN_IF_ERROR(CheckFetch(i, i < entries_.size() ? entries_[i].target : 0));
+  return AbortAny(i);
+}
+
+Result<std::vector<PartFill>> WeightPageTable::BeginAny(size_t i, int target) {
   if (i >= entries_.size()) return InvalidArgument("weight page table: no block " + std::to_string(i));
   Entry& e = entries_[i];
   if (target != 0 && (target < anyprec::kMinBits || target > anyprec::kMaxBits)) {
@@ -153,6 +182,10 @@ void WeightPageTable::ReleasePart(PagedPart* part) {
 
 Status WeightPageTable::Commit(size_t i) {
   PW_RETURN_IF_ERROR(CheckIdle("Commit"));
+  return CommitAny(i);
+}
+
+Status WeightPageTable::CommitAny(size_t i) {
   if (i >= entries_.size()) return InvalidArgument("weight page table: no block " + std::to_string(i));
   Entry& e = entries_[i];
   if (e.target < 0) return InvalidArgument("weight page table: block " + std::to_string(i) + " has no change in flight");
@@ -172,6 +205,10 @@ Status WeightPageTable::Commit(size_t i) {
 
 Status WeightPageTable::Abort(size_t i) {
   PW_RETURN_IF_ERROR(CheckIdle("Abort"));
+  return AbortAny(i);
+}
+
+Status WeightPageTable::AbortAny(size_t i) {
   if (i >= entries_.size()) return InvalidArgument("weight page table: no block " + std::to_string(i));
   Entry& e = entries_[i];
   if (e.target < 0) return InvalidArgument("weight page table: block " + std::to_string(i) + " has no change in flight");

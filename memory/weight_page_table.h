@@ -26,6 +26,9 @@
 //
 // Steps read the committed state only (View), and every mutation checks that no step is
 // running (BeginStep / EndStep bracket Engine::Step), so nothing changes under a running step.
+// One exception, a synchronous fetch (FetchBegin / FetchCommit / FetchAbort): a block at 0 is
+// read by no one, so raising it from 0 may happen during a step; the caller fills its pages
+// before the step's expert computation reads it.
 // Not thread-safe: one thread (the worker's loop) uses it; page memory being filled belongs to
 // the mover until Commit or Abort.
 #pragma once
@@ -106,6 +109,11 @@ class WeightPageTable {
   Status Commit(size_t i);
   // Drops the transition in flight of block i; its pages return to the pool.
   Status Abort(size_t i);
+  // Begin / Commit / Abort of a raise 0 -> target (3..8), allowed during a step (see the file
+  // comment); kInvalidArgument when the block is not at 0 or the transition is not such a raise.
+  Result<std::vector<PartFill>> FetchBegin(size_t i, int target);
+  Status FetchCommit(size_t i);
+  Status FetchAbort(size_t i);
 
   void BeginStep() { in_step_ = true; }
   void EndStep() { in_step_ = false; }
@@ -122,6 +130,10 @@ class WeightPageTable {
   Status TakePages(PagedPart* part, int n);
   void ReleasePart(PagedPart* part);
   Status CheckIdle(const char* what) const;
+  Status CheckFetch(size_t i, int target) const;
+  Result<std::vector<PartFill>> BeginAny(size_t i, int target);
+  Status CommitAny(size_t i);
+  Status AbortAny(size_t i);
 
   PagePool* pool_;
   int num_layers_, num_experts_;

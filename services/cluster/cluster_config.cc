@@ -1,5 +1,7 @@
 #include "services/cluster/cluster_config.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "common/yaml_config.h"
@@ -97,6 +99,27 @@ const Schema& ClusterSchema() {
                                 }
                                 return "";
                               })},
+                     // Expert residency budget and miss policy (policies/misses/miss_settings.h,
+                     // the same keys); absent or without a budget = every expert resident.
+                     {"misses", Schema::Map({
+                                    {"policy", Schema::String().NonEmpty()},
+                                    {"eviction", Schema::String().OneOf({"lfu", "lru", "score-ema"})},
+                                    {"threshold", Schema::Double().Range(0, 1)},
+                                    {"blind_fraction", Schema::Double().Range(0, 1)},
+                                    {"admission_beta", Schema::Double().Range(0, 1e6)},
+                                    {"admission_delay", Schema::Int().Range(1, 1 << 20)},
+                                    {"decay", Schema::Double().Range(0, 1)},
+                                    {"residency", Schema::Double().Range(0, 1)},
+                                    {"residency_bytes", Schema::Int().Range(1, int64_t{1} << 50)},
+                                }).Check([](const ConfigValue& v) -> std::string {
+                                  if (v.Has("residency") && v.Has("residency_bytes")) {
+                                    return "residency and residency_bytes exclude each other";
+                                  }
+                                  if (v.Has("policy") && !v.Has("residency") && !v.Has("residency_bytes")) {
+                                    return "a policy needs a budget (residency or residency_bytes)";
+                                  }
+                                  return "";
+                                })},
                  })).Size(1, 64).Required()},
       {"restart", Schema::Map({
                       {"initial_backoff_ms", Schema::Int().Range(0, 600000).Default(int64_t{500})},
@@ -228,6 +251,25 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
               layers += std::to_string(l.AsInt());
             }
             p.argv.insert(p.argv.end(), {"--lynx-exempt", layers});
+          }
+        }
+        const ConfigValue& misses = w["misses"];
+        for (const char* key : {"policy", "eviction", "threshold", "blind_fraction", "admission_beta",
+                                "admission_delay", "decay", "residency", "residency_bytes"}) {
+          if (!misses.Has(key)) continue;
+          std::string flag = key;
+          std::replace(flag.begin(), flag.end(), '_', '-');
+          const bool budget = flag.rfind("residency", 0) == 0;
+          p.argv.push_back(budget ? "--" + flag : "--miss-" + flag);
+          const ConfigValue& v = misses[key];
+          if (v.kind() == ConfigValue::Kind::kString) {
+            p.argv.push_back(v.AsString());
+          } else if (v.kind() == ConfigValue::Kind::kInt) {
+            p.argv.push_back(std::to_string(v.AsInt()));
+          } else {
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "%.17g", v.AsDouble());
+            p.argv.push_back(buf);
           }
         }
       }

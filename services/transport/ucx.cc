@@ -409,4 +409,18 @@ Status RemoteRegion::Get(uint64_t offset, void* local, size_t bytes, int timeout
   return ep_.Wait({&r, 1}, "ucp_get_nbx", timeout_ms, cancel);
 }
 
+Status RemoteRegion::GetAll(std::span<const GetSegment> segments, int timeout_ms,
+                            const std::atomic<bool>* cancel) {
+  for (const GetSegment& s : segments) PW_RETURN_IF_ERROR(CheckRange(s.offset, s.bytes));
+  std::vector<ucs_status_ptr_t> reqs;
+  reqs.reserve(segments.size());
+  for (const GetSegment& s : segments) {
+    if (s.bytes == 0) continue;
+    ucp_request_param_t p{};
+    reqs.push_back(ucp_get_nbx(ep_.ep_, s.local, s.bytes, base_ + s.offset, rkey_, &p));
+    if (UCS_PTR_IS_ERR(reqs.back())) break;  // Wait reports it
+  }
+  return ep_.Wait(reqs, "ucp_get_nbx", timeout_ms, cancel);
+}
+
 }  // namespace pw::transport::ucx

@@ -206,6 +206,15 @@ class RemoteRegion {
   // Copies `bytes` from region offset `offset` into local memory; returns once they arrived.
   Status Get(uint64_t offset, void* local, size_t bytes, int timeout_ms = 30000,
              const std::atomic<bool>* cancel = nullptr);
+  // Several gets posted back to back, then waited for together (one deadline for all). Every
+  // range is checked before the first is posted.
+  struct GetSegment {
+    uint64_t offset = 0;
+    void* local = nullptr;
+    size_t bytes = 0;
+  };
+  Status GetAll(std::span<const GetSegment> segments, int timeout_ms = 30000,
+                const std::atomic<bool>* cancel = nullptr);
   uint64_t size() const { return bytes_; }
 
  private:

@@ -7,6 +7,7 @@
 #include "services/transport/service_setup.h"
 #include "services/workers/decode_worker.h"
 #include "services/common/stop_signals.h"
+#include "tools/miss_cli.h"
 
 int main(int argc, char** argv) {
   pw::workers::DecodeWorkerOptions o;
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
   app.add_option("--lynx-gate-weights", lynx_gate, "renorm or mass")->check(CLI::IsMember({"renorm", "mass"}));
   app.add_option("--lynx-exempt", o.lynx_options.exempt_layers, "layers LYNX leaves unchanged")
       ->delimiter(',');
+  pw::tools::MissFlags miss;  // a residency budget and its miss policy (paged_residency.h)
+  pw::tools::AddMissFlags(&app, &miss, /*with_residency=*/true);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
@@ -69,6 +72,19 @@ int main(int argc, char** argv) {
   }
   o.lynx_options.gate_weights =
       lynx_gate == "mass" ? pw::lynx::GateWeights::kOriginalMass : pw::lynx::GateWeights::kRenormalize;
+  auto miss_settings = pw::tools::MissSettingsFrom(miss);
+  if (miss_settings.ok() && !pw::workers::PagedResidency::Enabled(*miss_settings) && !miss_settings->policy.empty()) {
+    miss_settings = pw::InvalidArgument("--miss-policy needs --residency F or --residency-bytes N");
+  }
+  if (miss_settings.ok() && pw::workers::PagedResidency::Enabled(*miss_settings)) {
+    if (auto c = pw::misses::ToMissConfig(*miss_settings); !c.ok()) miss_settings = c.status();
+    if (o.broker_endpoint.empty()) miss_settings = pw::InvalidArgument("--residency needs --broker (an .apw store)");
+  }
+  if (!miss_settings.ok()) {
+    std::fprintf(stderr, "pw-decode: %s\n", miss_settings.status().ToString().c_str());
+    return 2;
+  }
+  o.misses = *miss_settings;
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);
   if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-decode", o.router_endpoint); !s.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", s.message().c_str());

@@ -35,9 +35,17 @@ DecodeWeights::DecodeWeights(DecodeWeightsOptions options, const ModelConfig& co
                              memory::PagePool* pool, transport::ucx::Worker* ucx,
                              transport::ControlClient* broker, prometheus::Registry& registry)
     : options_(std::move(options)), config_(config), pool_(pool), ucx_(ucx), broker_(broker),
-      metrics_(PagedMetrics::Register(registry, options_.worker_id, static_cast<int>(config.num_layers))) {}
+      metrics_(PagedMetrics::Register(registry, options_.worker_id, static_cast<int>(config.num_layers))),
+      registry_(registry) {}
 
-DecodeWeights::~DecodeWeights() = default;
+DecodeWeights::~DecodeWeights() {
+  residency_.reset();  // before the weights it follows
+}
+
+void DecodeWeights::AddHooks(engine::MoeHooks* hooks) {
+  hooks->provider = provider();
+  if (residency_) residency_->Install(hooks->routing_hook, hooks);
+}
 
 engine::ExpertWeightProvider* DecodeWeights::provider() {
   if (paged_) return paged_->provider();
@@ -104,8 +112,15 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     if (!p.ok()) return p.status().WithContext("loading experts from the broker");
     paged_ = std::move(p).value();
     const int bits = manifest.getInitialBits();
-    PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.timeout_ms)
-                           .WithContext("loading experts at " + std::to_string(bits) + " bits"));
+    if (PagedResidency::Enabled(options_.misses)) {  // cold: the first tokens fetch experts
+      PW_ASSIGN_OR_RETURN(residency_, PagedResidency::Create(options_.misses, config_, paged_.get(), pool_, bits));
+      residency_metrics_ = ResidencyMetrics::Register(registry_, options_.worker_id);
+      PW_LOG(INFO) << options_.worker_id << ": residency budget of " << residency_->capacity()
+                   << " experts per layer, " << misses::DescribeMissConfig(residency_->policy().config());
+    } else {
+      PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.timeout_ms)
+                             .WithContext("loading experts at " + std::to_string(bits) + " bits"));
+    }
     bytes_loaded_ = paged_->stats().bytes_raised;
     SendFullAck();
     PW_LOG(INFO) << options_.worker_id << ": loaded " << paged_->table().num_blocks()
@@ -114,6 +129,7 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
                  << " bytes) from the broker";
     return Status::Ok();
   }
+  if (PagedResidency::Enabled(options_.misses)) return InvalidArgument("a residency budget needs an any-precision store");
   auto p = RemoteExpertProvider::Load(*ucx_, manifest, config_);
   if (!p.ok()) return p.status().WithContext("loading experts from the broker");
   experts_ = std::move(p).value();
@@ -143,18 +159,10 @@ void DecodeWeights::OnPlan(wire::Plan::Reader plan) {
     return;
   }
   if (plan.getEpoch() < plan_epoch_) return;  // an older plan arriving late
-  std::vector<std::pair<size_t, int>> changes;
-  const auto& t = paged_->table();
-  std::string bad;
-  for (auto e : plan.getChanges()) {
-    const int l = static_cast<int>(e.getLayer()), x = static_cast<int>(e.getExpert());
-    if (l >= t.num_layers() || x >= t.num_experts()) {
-      bad = "block (layer " + std::to_string(l) + ", expert " + std::to_string(x) + ") outside this model";
-      break;
-    }
-    changes.emplace_back(t.Index(l, x, proto::FromWire(e.getKind())), e.getDesiredBits());
-  }
-  Status st = bad.empty() ? paged_->SetDesired(changes) : InvalidArgument(bad);
+  auto changes = paged_->PlanChanges(plan);
+  Status st = !changes.ok()  ? changes.status()
+              : residency_ ? residency_->SetPlanWidths(*changes)
+                           : paged_->SetDesired(*changes);
   if (!st.ok()) {
     PW_LOG(WARNING) << options_.worker_id << ": plan epoch " << plan.getEpoch() << " refused: " << st.ToString();
     proto::OutMessage m;
@@ -199,11 +207,15 @@ void DecodeWeights::SendFullAck() {
 
 void DecodeWeights::Boundary(int kv_reserve_pages) {
   if (!paged_) return;
-  std::vector<WidthChange> committed = paged_->Poll(kv_reserve_pages);
+  std::vector<WidthChange> committed =
+      residency_ ? residency_->Boundary(kv_reserve_pages) : paged_->Poll(kv_reserve_pages);
   if (!committed.empty()) SendPlanAck(committed);
 }
 
-void DecodeWeights::ExportMetrics() { metrics_->Export(*pool_, paged_.get()); }
+void DecodeWeights::ExportMetrics() {
+  metrics_->Export(*pool_, paged_.get());
+  if (residency_metrics_) residency_metrics_->Export(*residency_);
+}
 
 void DecodeWeights::BeginStep() {
   if (paged_) paged_->BeginStep();

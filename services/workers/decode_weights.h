@@ -9,6 +9,10 @@
 // every iteration boundary the worker calls Boundary, which commits finished transfers and
 // starts new ones on free pages above the KV reserve it is given.
 //
+// With a residency budget (options.misses) nothing is loaded: PagedResidency starts cold and
+// the miss policy decides which experts are resident; plans set the widths they have when
+// resident, and the boundary is the residency's.
+//
 // It owns the providers and the paged-weight metrics; it borrows the pool, the UCX worker and
 // the broker's control client from the decode worker, and never touches the engine: the
 // worker hands provider() to the engine once Load returns. Called from the worker's loop
@@ -27,9 +31,12 @@
 #include "services/proto/codec.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
+#include "policies/misses/miss_settings.h"
 #include "services/workers/paged_metrics.h"
+#include "services/workers/paged_residency.h"
 #include "services/workers/paged_weights.h"
 #include "services/workers/remote_experts.h"
+#include "services/workers/residency_metrics.h"
 
 namespace prometheus {
 class Registry;
@@ -42,6 +49,9 @@ struct DecodeWeightsOptions {
   std::string model_name;            // what the manifest is asked for
   int timeout_ms = 120000;           // Load's wait for the manifest and the first widths
   PagedWeightsOptions paged;         // rate limit, transfers in flight
+  // A residency budget (paged_residency.h) for an any-precision store; none = every expert
+  // resident (loaded at the initial width by Load).
+  misses::MissSettings misses;
 };
 
 class DecodeWeights {
@@ -77,6 +87,10 @@ class DecodeWeights {
   void FillTelemetry(wire::Telemetry::Builder t) const;
 
   engine::ExpertWeightProvider* provider();
+  // Sets the provider in `hooks`; with a residency budget also its miss policy as the routing
+  // hook after hooks->routing_hook (LYNX), the residency and the fetcher.
+  void AddHooks(engine::MoeHooks* hooks);
+  PagedResidency* residency() { return residency_.get(); }
   PagedWeights* paged() { return paged_.get(); }
   uint64_t bytes_loaded() const { return bytes_loaded_; }
 
@@ -94,6 +108,9 @@ class DecodeWeights {
   std::unique_ptr<PagedMetrics> metrics_;
   std::unique_ptr<RemoteExpertProvider> experts_;  // bf16 store
   std::unique_ptr<PagedWeights> paged_;            // any-precision store
+  std::unique_ptr<PagedResidency> residency_;      // null: every expert resident
+  std::unique_ptr<ResidencyMetrics> residency_metrics_;
+  prometheus::Registry& registry_;
   uint64_t plan_epoch_ = 0;                        // newest plan applied
   uint64_t bytes_loaded_ = 0;
   bool manifest_pending_ = false;

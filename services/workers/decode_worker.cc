@@ -138,6 +138,7 @@ Status DecodeWorker::Setup() {
   wo.timeout_ms = options_.weights_timeout_ms;
   wo.paged.max_bytes_per_s = options_.weight_bytes_per_s;
   wo.paged.max_in_flight = options_.weight_max_in_flight;
+  wo.misses = options_.misses;
   weights_ = std::make_unique<DecodeWeights>(wo, cfg, pool_.get(), ucx_worker_.get(), broker_.get(),
                                              *metrics_->registry);
   if (broker_) {
@@ -146,7 +147,7 @@ Status DecodeWorker::Setup() {
     engine::MoeHooks hooks;
     hooks.routing_hook = lynx_hook_.get();
     hooks.recorder = routing_.get();
-    hooks.provider = weights_->provider();
+    weights_->AddHooks(&hooks);  // the provider; with a residency budget its policy after LYNX
     engine_->SetMoeHooks(hooks);
   }
 

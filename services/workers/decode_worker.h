@@ -114,6 +114,10 @@ struct DecodeWorkerOptions {
   // Pool-aware admission (reserve_wait.h): a reservation that fits only after a lowering of
   // expert widths waits up to this long (at most max_batch of them); 0 = answered at once.
   uint64_t reserve_wait_ms = 0;
+  // Expert residency budget (DESIGN.md 5.2, paged_residency.h): with residency or
+  // residency_bytes set and an any-precision store, only that many experts stay resident and
+  // the miss policy decides every miss (after LYNX); unset = every expert resident.
+  misses::MissSettings misses;
 };
 
 class DecodeWorker {

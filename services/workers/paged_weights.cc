@@ -8,6 +8,7 @@
 #include "kernels/anyprec/pack.h"
 #include "quant/q8_experts.h"
 #include "services/engine/expert_workspace.h"
+#include "services/proto/weight_kind.h"
 
 namespace pw::workers {
 namespace {
@@ -396,6 +397,34 @@ Status PagedWeights::LoadAll(int bits, int timeout_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return Status::Ok();
+}
+
+Status PagedWeights::FetchBlockNow(size_t block, int bits, uint64_t* bytes) {
+  PW_ASSIGN_OR_RETURN(auto fills, table_->FetchBegin(block, bits));
+  MoveJob job = MakeJob(block, bits, fills);
+  Status st = mover_->FetchNow(job.parts);
+  if (!st.ok()) {
+    PW_CHECK(table_->FetchAbort(block).ok());
+    return st.WithContext("fetching block " + std::to_string(block));
+  }
+  for (const MovePart& part : job.parts) {
+    if (bytes != nullptr) *bytes += part.bytes;
+  }
+  return table_->FetchCommit(block);
+}
+
+Result<std::vector<std::pair<size_t, int>>> PagedWeights::PlanChanges(wire::Plan::Reader plan) const {
+  std::vector<std::pair<size_t, int>> changes;
+  const WeightPageTable& t = *table_;
+  for (auto e : plan.getChanges()) {
+    const int l = static_cast<int>(e.getLayer()), x = static_cast<int>(e.getExpert());
+    if (l >= t.num_layers() || x >= t.num_experts()) {
+      return InvalidArgument("block (layer " + std::to_string(l) + ", expert " + std::to_string(x) +
+                             ") outside this model");
+    }
+    changes.emplace_back(t.Index(l, x, proto::FromWire(e.getKind())), e.getDesiredBits());
+  }
+  return changes;
 }
 
 }  // namespace pw::workers

@@ -75,6 +75,9 @@ class PagedWeights {
   std::vector<double> TakeRaiseSeconds() { return std::exchange(raise_seconds_, {}); }
   uint64_t store_hash() const { return store_hash_; }
 
+  // A plan's changes as (block, desired width); kInvalidArgument names a block outside the
+  // model. Widths are checked by SetDesired.
+  Result<std::vector<std::pair<size_t, int>>> PlanChanges(wire::Plan::Reader plan) const;
   // Desired widths (0 or 3..8) of the listed blocks; kInvalidArgument names a bad one and
   // changes nothing.
   Status SetDesired(const std::vector<std::pair<size_t, int>>& changes);
@@ -93,6 +96,13 @@ class PagedWeights {
   int in_flight() const { return static_cast<int>(in_flight_); }
   // The broker went away: fail what is in flight (those blocks keep their widths).
   void CancelTransfers(const std::string& why);
+
+  // A synchronous fetch, allowed during a step: block `block`, at width 0 with no transition
+  // in flight, is read from the store into pool pages at `bits` and committed before this
+  // returns (WeightPageTable::FetchBegin). kResourceExhausted (nothing changed) when the pool
+  // lacks the pages; a failed get or checksum gives its pages back and leaves the block at 0.
+  // *bytes gains the bytes read.
+  Status FetchBlockNow(size_t block, int bits, uint64_t* bytes);
 
   // Engine step brackets (nothing in the table changes in between).
   void BeginStep() { table_->BeginStep(); }

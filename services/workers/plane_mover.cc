@@ -170,4 +170,56 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
   return Status::Ok();
 }
 
+Status PlaneMover::FetchNow(std::span<const MovePart> parts) {
+  std::vector<transport::ucx::RemoteRegion::GetSegment> segs;
+  size_t luts = 0;
+  for (const MovePart& part : parts) luts += part.lut ? 1 : 0;
+  if (sync_luts_.size() < luts) sync_luts_.resize(luts);
+  size_t lut = 0;
+  for (const MovePart& part : parts) {
+    if (part.lut) {
+      sync_luts_[lut].resize(part.bytes);
+      segs.push_back({part.remote_offset, sync_luts_[lut++].data(), part.bytes});
+      continue;
+    }
+    uint64_t off = 0;
+    for (size_t k = 0; k < part.pages.size(); ++k) {
+      const int n = std::min(part.tile_rows, part.rows - static_cast<int>(k) * part.tile_rows);
+      const size_t len = static_cast<size_t>(n) * part.row_bytes;
+      if (off + len > part.bytes) return Corrupt("plane transfer: pages overrun the part");
+      segs.push_back({part.remote_offset + off, part.pages[k], len});
+      off += len;
+    }
+    if (off != part.bytes) return Corrupt("plane transfer: pages cover " + std::to_string(off) + " of " + std::to_string(part.bytes) + " bytes");
+  }
+  PW_RETURN_IF_ERROR(sync_region_->GetAll(segs, options_.timeout_ms));
+  size_t seg = 0;
+  lut = 0;
+  for (const MovePart& part : parts) {
+    Fnv1a64 h;
+    const uint8_t* staged = nullptr;
+    if (part.lut) {
+      staged = sync_luts_[lut++].data();
+      h.Update(staged, part.bytes);
+      ++seg;
+    } else {
+      for (size_t k = 0; k < part.pages.size(); ++k, ++seg) h.Update(part.pages[k], segs[seg].bytes);
+    }
+    if (h.digest() != part.checksum) {
+      return Corrupt(std::string("plane transfer: checksum mismatch on arrival (") +
+                     (part.lut ? "LUT " + std::to_string(part.lut_bits) + " bits" : "plane") + ")");
+    }
+    if (!part.lut) continue;
+    const auto* values = reinterpret_cast<const uint16_t*>(staged);
+    for (size_t k = 0; k < part.pages.size(); ++k) {
+      const int r0 = static_cast<int>(k) * part.tile_rows;
+      const int n = std::min(part.tile_rows, part.rows - r0);
+      PW_RETURN_IF_ERROR(anyprec::QuantizeLut(values + (static_cast<size_t>(r0) << part.lut_bits), n,
+                                              part.lut_bits, reinterpret_cast<int8_t*>(part.pages[k]),
+                                              part.scales + r0));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace pw::workers

@@ -20,6 +20,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +83,10 @@ class PlaneMover {
   // Synchronous fetch of one part on the calling thread (a second endpoint; for the
   // synchronous-miss path): fills `pages` and `scales` as a job would.
   Status FetchNow(const MovePart& part);
+  // The same for several parts with every get posted at once and waited for together (one
+  // round trip instead of one per page); each part's checksum is checked after they all
+  // arrived. On error the pages may hold partial data.
+  Status FetchNow(std::span<const MovePart> parts);
 
  private:
   PlaneMover(Options options) : options_(options) {}
@@ -96,6 +101,7 @@ class PlaneMover {
   std::unique_ptr<transport::ucx::Endpoint> sync_ep_;
   std::unique_ptr<transport::ucx::RemoteRegion> sync_region_;
   std::vector<uint8_t> sync_staging_;
+  std::vector<std::vector<uint8_t>> sync_luts_;  // FetchNow(parts): one staging buffer per LUT
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -82,6 +82,49 @@ TEST(ClusterConfig, DecodeLynxBlockBecomesFlags) {
   EXPECT_NE(r.status().message().find("alpha and beta"), std::string::npos) << r.status().ToString();
 }
 
+TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
+  auto path = WriteTemp("misses.yaml",
+                        "model_dir: m\nprefill: [{id: p}]\n"
+                        "decode: [{id: d, misses: {policy: quality-first, eviction: lru, residency: 0.25, "
+                        "admission_beta: 1, admission_delay: 2}}, {id: e}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto argv_of = [&](const std::string& name) {
+    for (const auto& p : cfg->processes) {
+      if (p.name == name) return p.argv;
+    }
+    return std::vector<std::string>{};
+  };
+  auto value_after = [](const std::vector<std::string>& argv, const std::string& flag) {
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == flag) return argv[i + 1];
+    }
+    return std::string("(absent)");
+  };
+  const auto d = argv_of("d");
+  EXPECT_EQ(value_after(d, "--miss-policy"), "quality-first");
+  EXPECT_EQ(value_after(d, "--miss-eviction"), "lru");
+  EXPECT_EQ(std::stod(value_after(d, "--residency")), 0.25);
+  EXPECT_EQ(std::stod(value_after(d, "--miss-admission-beta")), 1.0);
+  EXPECT_EQ(value_after(d, "--miss-admission-delay"), "2");
+  EXPECT_EQ(value_after(d, "--miss-threshold"), "(absent)");
+  const auto e = argv_of("e");  // no misses block: every expert resident
+  EXPECT_EQ(value_after(e, "--residency"), "(absent)");
+  EXPECT_EQ(value_after(e, "--miss-policy"), "(absent)");
+  for (const char* bad : {"decode: [{id: d, misses: {policy: rule-0.15}}]\n",
+                          "decode: [{id: d, misses: {residency: 0.5, residency_bytes: 100}}]\n",
+                          "decode: [{id: d, misses: {residency: 1.5}}]\n",
+                          "decode: [{id: d, misses: {eviction: fifo, residency: 0.5}}]\n",
+                          "decode: [{id: d, misses: {budget: 0.5}}]\n"}) {
+    auto p = WriteTemp("misses_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n") + bad);
+    auto r = LoadClusterConfig(p, "/bin");
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("misses"), std::string::npos) << r.status().ToString();
+    }
+  }
+}
+
 TEST(ClusterConfig, BrokerPlannerBlockBecomesFlags) {
   auto path = WriteTemp("planner.yaml",
                         "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"

@@ -65,6 +65,25 @@ int InitiatorMain(int info_fd, int done_fd, Endpoint::ErrorMode mode) {
   for (size_t i = 0; i < buf.size(); ++i) {
     if (buf[i] != Pattern(i, 1)) return 16;
   }
+  // The first half again as a batch of uneven gets, posted at once, scattered in reverse order.
+  {
+    std::vector<uint8_t> back(buf.size(), 0);
+    std::vector<RemoteRegion::GetSegment> gets;
+    const size_t piece = back.size() / 29 + 5;
+    for (size_t at = 0; at < back.size(); at += piece) {
+      const size_t n = std::min(piece, back.size() - at);
+      gets.push_back({at, back.data() + (back.size() - at - n), n});
+    }
+    if (!(*region)->GetAll(gets).ok()) return 25;
+    for (const auto& g : gets) {
+      const auto* got = static_cast<const uint8_t*>(g.local);
+      for (size_t i = 0; i < g.bytes; ++i) {
+        if (got[i] != Pattern(g.offset + i, 1)) return 26;
+      }
+    }
+    std::vector<RemoteRegion::GetSegment> bad = {{0, back.data(), 8}, {kRegionBytes - 4, back.data(), 8}};
+    if ((*region)->GetAll(bad).code() != StatusCode::kOutOfRange) return 27;
+  }
   // Put a new pattern into the second half, in 37 uneven pieces, then flush.
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = Pattern(i, 2);
   size_t off = 0;

@@ -1,6 +1,6 @@
 // WeightPageTable: raising and lowering through Begin/Commit/Abort keeps the pool's accounting
 // exact, frees what a lower width does not use, refuses to take pages that are not free, and
-// never changes under a step.
+// never changes under a step but for a synchronous fetch (a raise from 0).
 #include "memory/weight_page_table.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +103,37 @@ TEST(WeightPageTable, RefusesBadWidthsAndChangesDuringAStep) {
   t->EndStep();
   EXPECT_TRUE(t->Commit(0).ok());
   EXPECT_FALSE(WeightPageTable::Create(PagePool::Create(128, 4).value().get(), 1, 1, 128, 128).ok());
+}
+
+TEST(WeightPageTable, AFetchRaisesABlockFromZeroDuringAStep) {
+  auto pool = PagePool::Create(4096, 200).value();
+  auto t = WeightPageTable::Create(pool.get(), 1, 2, kHidden, kFfn).value();
+  t->BeginStep();
+  EXPECT_EQ(t->Begin(0, 4).status().code(), StatusCode::kInternal);  // the ordinary path waits
+  auto fills = t->FetchBegin(0, 4);
+  ASSERT_TRUE(fills.ok()) << fills.status().ToString();
+  EXPECT_EQ(fills->size(), 5u);
+  EXPECT_EQ(t->Commit(0).code(), StatusCode::kInternal);
+  ASSERT_TRUE(t->FetchCommit(0).ok());
+  EXPECT_EQ(t->entry(0).committed, 4);
+  EXPECT_EQ(pool->Count(Tenant::kWeights), t->PagesAt(0, 4));
+  // Only raises from 0: not a block that is resident, not to 0 or a bad width.
+  EXPECT_FALSE(t->FetchBegin(0, 6).ok());
+  EXPECT_FALSE(t->FetchBegin(1, 0).ok());
+  EXPECT_FALSE(t->FetchBegin(1, 9).ok());
+  EXPECT_FALSE(t->FetchBegin(7, 4).ok());
+  EXPECT_FALSE(t->FetchCommit(1).ok());  // nothing in flight
+  ASSERT_TRUE(t->FetchBegin(1, 3).ok());
+  ASSERT_TRUE(t->FetchAbort(1).ok());  // a failed fetch: the pages go back
+  EXPECT_EQ(t->entry(1).committed, 0);
+  EXPECT_EQ(pool->Count(Tenant::kWeights), t->PagesAt(0, 4));
+  t->EndStep();
+  // A lowering is never a fetch, even between steps.
+  ASSERT_TRUE(t->Begin(0, 0).ok());
+  EXPECT_FALSE(t->FetchCommit(0).ok());
+  ASSERT_TRUE(t->Commit(0).ok());
+  EXPECT_EQ(pool->Count(Tenant::kWeights), 0);
+  EXPECT_TRUE(pool->Balanced());
 }
 
 TEST(WeightPageTable, RandomTransitionsBalanceToThePage) {
