@@ -16,7 +16,7 @@ with free ports:
                 bits per expert weight from its sampled maps), reserve_wait_ms 0;
   static-mode   broker.planner.static true (the planner runs and never changes a width).
 then runs pw-loadgen (gamma arrivals, --burstiness) and samples the decode worker's /metrics
-every 100 ms (pagedweight_committed_bits_mean{layer="all"}, preemptions, held reservations)
+every 100 ms (pagedweight_committed_width_mean{layer="all"}, preemptions, held reservations)
 and, in the planner modes, `pw-ctl show --block` every --map-every s (the committed width of
 every block). Writes OUT/MODE/loadgen.json, OUT/MODE/samples.json, the distinct width maps
 seen (OUT/MODE/maps/map-K.json, pw-eval --bits-map format) with their share of the load's
@@ -184,7 +184,7 @@ def run_mode(a, mode, ranked_map=None):
             while not stop.is_set():
                 m = metrics(node.decode_metrics)
                 samples.append({"t": time.time(),
-                                "bits": pick(m, "pagedweight_committed_bits_mean", 'layer="all"'),
+                                "bits": pick(m, "pagedweight_committed_width_mean", 'layer="all"'),
                                 "preemptions": pick(m, "pagedweight_worker_num_preemptions_total"),
                                 "held": pick(m, "pagedweight_kv_reservations_held_total", 'outcome="held"'),
                                 "waited_out": pick(m, "pagedweight_kv_reservations_held_total", 'outcome="waited_out"'),

@@ -18,7 +18,7 @@ std::unique_ptr<PagedMetrics> PagedMetrics::Register(prometheus::Registry& r,
                           .Help("Page bytes of expert blocks committed at each width").Register(r);
   m->by_layer_ = &prometheus::BuildGauge().Name("pagedweight_committed_blocks_by_layer")
                       .Help("Expert blocks per committed width and layer").Register(r);
-  m->mean_bits_ = &prometheus::BuildGauge().Name("pagedweight_committed_bits_mean")
+  m->mean_bits_ = &prometheus::BuildGauge().Name("pagedweight_committed_width_mean")
                        .Help("Mean committed width of the expert blocks, per layer and layer=\"all\"").Register(r);
   m->pending_ = &prometheus::BuildGauge().Name("pagedweight_weight_changes_pending")
                      .Help("Expert blocks whose desired width differs from the committed one")

@@ -1,7 +1,7 @@
 // The quality-aware planner through the whole node (pw-cluster: broker with the planner on,
 // serving the embedded model's .apw store; router; prefill; decode with a tight page pool and
 // reservations held for a lowering). A burst whose KV does not fit beside 8-bit experts drives
-// the committed widths down (pagedweight_committed_bits_mean falls below 8), its end brings
+// the committed widths down (pagedweight_committed_width_mean falls below 8), its end brings
 // them back to 8, and every request completes with its full length: none fails.
 // Skips when the embedded model or its store (built with the Release build) is absent.
 #include <gtest/gtest.h>
@@ -83,7 +83,7 @@ class PlannerBurst : public ::testing::Test {
     }
     return found ? sum : -1;
   }
-  double MeanBits() { return Metric("pagedweight_committed_bits_mean", "layer=\"all\""); }
+  double MeanBits() { return Metric("pagedweight_committed_width_mean", "layer=\"all\""); }
 
   testing::ChildProcess cluster_;
   int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0, decode_metrics_ = 0, broker_metrics_ = 0;
