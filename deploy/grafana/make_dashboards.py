@@ -9,9 +9,9 @@ Two dashboards:
   pagedweight-memory.json   PagedWeight's own: memory split weights/KV/free over time, weight
                             bytes by width, committed-bits distribution per layer (heatmap),
                             expert misses and substituted gate mass, LYNX distinct experts
-                            before/after and remapped assignments, page transfers
-Every panel holds the real PromQL of the metric it shows (docs/architecture.md lists the
-metrics, including those of parts not built yet, under their final names).
+                            before/after and remapped assignments, plane transfers
+Every panel holds the real PromQL of the metric it shows (the metrics are listed in
+docs/architecture.md "Metrics" and "Paged memory").
 """
 import json
 import os
@@ -102,7 +102,7 @@ MEMORY = [
           stack=True, w=24, desc="Pages of the unified page pool by tenant, over time"),
     panel("Weight bytes by bit width", [q("sum by (bits) (pagedweight_weight_bytes)", "{{bits}} bit")],
           unit="bytes", stack=True),
-    panel("Committed bits per layer", [q('sum by (bits) (pagedweight_committed_bits_blocks{layer=~"$layer"})',
+    panel("Committed bits per layer", [q('sum by (bits) (pagedweight_committed_blocks_by_layer{layer=~"$layer"})',
                                          "{{bits}}", fmt="heatmap")],
           kind="heatmap", desc="Expert blocks of the layer committed at each width",
           extra={"repeat": "layer", "repeatDirection": "h", "maxPerRow": 4,
@@ -119,9 +119,9 @@ MEMORY = [
         q(f"sum(rate(pagedweight_lynx_remapped_assignments_total[{RI}]))", "remapped assignments/s"),
         q(f'sum(rate(pagedweight_lynx_tokens_total{{state="changed"}}[{RI}])) / '
           f'sum(rate(pagedweight_lynx_tokens_total{{state="seen"}}[{RI}]))', "fraction of tokens changed")]),
-    panel("Plans and page transfers", [
-        q(f"sum(rate(pagedweight_plans_total[{RI}]))", "plans/s"),
-        q(f"sum by (direction) (rate(pagedweight_page_transfers_total[{RI}]))", "pages {{direction}}/s")]),
+    panel("Plans and plane transfers", [
+        q(f"sum(rate(pagedweight_plans_applied_total[{RI}]))", "plans/s"),
+        q(f"sum by (direction) (rate(pagedweight_planes_moved_total[{RI}]))", "planes {{direction}}/s")]),
     panel("UCX bytes moved", [q(f"sum by (worker, op) (rate(pagedweight_ucx_bytes_total[{RI}]))",
                                 "{{worker}} {{op}}")], unit="Bps"),
 ]
@@ -143,9 +143,9 @@ def dashboard(uid, title, panels, layer_var=False):
                    "label": "Prometheus", "current": {}, "hide": 0}]
     if layer_var:
         templating.append({"name": "layer", "type": "query", "datasource": DS, "label": "layer",
-                           "query": {"query": "label_values(pagedweight_committed_bits_blocks, layer)",
+                           "query": {"query": "label_values(pagedweight_committed_blocks_by_layer, layer)",
                                      "refId": "layers"},
-                           "definition": "label_values(pagedweight_committed_bits_blocks, layer)",
+                           "definition": "label_values(pagedweight_committed_blocks_by_layer, layer)",
                            "refresh": 2, "multi": True, "includeAll": True, "current": {}, "hide": 0})
     return {"uid": uid, "title": title, "tags": ["pagedweight"], "schemaVersion": 39, "version": 1,
             "editable": True, "timezone": "utc", "refresh": "5s",

@@ -60,7 +60,7 @@ def parse_metrics(text):
 class LocalCluster:
     def __init__(self, build_dir, model_dir, log_dir, model_name="tiny-moe", kv_blocks=512,
                  decode_workers=1, prefill_workers=1, heartbeat_ms=200, max_batch=128,
-                 router_args=(), decode_args=(), kv_dtype=None):
+                 router_args=(), decode_args=(), kv_dtype=None, store=None, initial_bits=4):
         self.bin = os.path.join(build_dir, "bin")
         self.model_dir = model_dir
         self.model_name = model_name
@@ -73,6 +73,11 @@ class LocalCluster:
         self.router_args = list(router_args)
         self.decode_args = list(decode_args)
         self.kv_dtype = kv_dtype  # None: the workers' default (bf16)
+        # An .apw store: a broker serves it and the decode workers read their experts from it
+        # (pool pages, any-precision widths); None: every worker reads the checkpoint's bf16.
+        self.store = store
+        self.initial_bits = initial_bits
+        self.broker_port = free_port() if store else None
         self.port = free_port()
         self.worker_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -97,6 +102,16 @@ class LocalCluster:
                                "--heartbeat-ms", str(self.heartbeat_ms),
                                "--control-keys", self.keys] + self.router_args)
 
+    def start_broker(self):
+        self.metrics_ports["broker"] = free_port()
+        self._start("broker", [os.path.join(self.bin, "pw-broker"), "--model", self.model_dir,
+                               "--model-name", self.model_name,
+                               "--bind", f"tcp://127.0.0.1:{self.broker_port}",
+                               "--heartbeat-ms", str(self.heartbeat_ms), "--store", self.store,
+                               "--initial-bits", str(self.initial_bits),
+                               "--metrics", f"127.0.0.1:{self.metrics_ports['broker']}",
+                               "--control-keys", self.keys])
+
     def start_worker(self, kind, index):
         name = f"{kind}-{index}"
         argv = [os.path.join(self.bin, f"pw-{kind}"), "--model", self.model_dir,
@@ -110,9 +125,13 @@ class LocalCluster:
             argv += ["--kv-dtype", self.kv_dtype]
         if kind == "decode":
             argv += ["--max-batch", str(self.max_batch)] + self.decode_args
+            if self.store:
+                argv += ["--broker", f"tcp://127.0.0.1:{self.broker_port}"]
         self._start(name, argv)
 
     def __enter__(self):
+        if self.store:
+            self.start_broker()
         self.start_router()
         for i in range(self.n_prefill):
             self.start_worker("prefill", i)

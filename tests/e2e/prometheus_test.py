@@ -67,9 +67,17 @@ def main():
         return SKIP
     log_dir = os.path.join(build_dir, "e2e-logs", "prometheus")
     failures = []
-    # LYNX on, so that its dashboard panels have data.
+    # LYNX on and, when the embedded model's store is built, experts from a broker at 4 bits
+    # under a residency budget, so that the memory dashboard's panels have data too.
+    store = os.path.join(build_dir, "tiny-moe.apw")
+    decode_args = ["--lynx"]
+    if os.path.exists(store):
+        decode_args += ["--residency", "0.5", "--miss-policy", "rule-0.15"]
+    else:
+        store = None
+        print("no build/tiny-moe.apw: the memory dashboard's paged panels are skipped")
     with LocalCluster(build_dir, os.path.abspath(args.model_dir), log_dir, kv_blocks=1024,
-                      decode_args=["--lynx"]) as c:
+                      decode_args=decode_args, store=store) as c:
         targets = {"router": f"127.0.0.1:{c.port}"}
         for name, port in c.metrics_ports.items():
             targets[name] = f"127.0.0.1:{port}"
