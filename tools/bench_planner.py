@@ -39,6 +39,9 @@ import urllib.request
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from paged_node import pick, scrape  # noqa: E402
+
 
 def free_port():
     with socket.socket() as s:
@@ -53,21 +56,6 @@ def http_ok(port, body, timeout=10):
         return urllib.request.urlopen(req, timeout=timeout).status == 200
     except Exception:  # noqa: BLE001 - not serving yet
         return False
-
-
-def metrics(port):
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in body.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        k, v = line.rsplit(" ", 1)
-        out[k] = float(v)
-    return out
-
-
-def pick(m, prefix, label=""):
-    return sum(v for k, v in m.items() if k.startswith(prefix) and label in k)
 
 
 class Node:
@@ -182,7 +170,7 @@ def run_mode(a, mode, ranked_map=None):
 
         def sampler():
             while not stop.is_set():
-                m = metrics(node.decode_metrics)
+                m = scrape(node.decode_metrics)
                 samples.append({"t": time.time(),
                                 "bits": pick(m, "pagedweight_committed_width_mean", 'layer="all"'),
                                 "preemptions": pick(m, "pagedweight_worker_num_preemptions_total"),
@@ -197,7 +185,7 @@ def run_mode(a, mode, ranked_map=None):
                 maps.append((time.time(), node.block_widths()))
                 stop.wait(a.map_every)
 
-        m0 = metrics(node.decode_metrics)
+        m0 = scrape(node.decode_metrics)
         threads = [threading.Thread(target=sampler)] + ([threading.Thread(target=map_sampler)] if planned else [])
         for t in threads:
             t.start()
@@ -221,7 +209,7 @@ def run_mode(a, mode, ranked_map=None):
         stop.set()
         for t in threads:
             t.join()
-        m1 = metrics(node.decode_metrics)
+        m1 = scrape(node.decode_metrics)
     with open(result) as f:
         s = json.load(f)
     load = [x for x in samples if t_start <= x["t"] <= t_end]

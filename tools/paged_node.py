@@ -47,7 +47,12 @@ def wait_committed(a, epoch, timeout=600):
 
 def metrics(a):
     """The decode worker's samples: {'name{labels}': value}."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{a.decode_metrics}/metrics", timeout=10).read().decode()
+    return scrape(a.decode_metrics)
+
+
+def scrape(port):
+    """The samples of the /metrics on 127.0.0.1:`port`: {'name{labels}': value}."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {}
     for line in body.splitlines():
         if line.startswith("#") or " " not in line:
@@ -57,9 +62,9 @@ def metrics(a):
     return out
 
 
-def pick(m, prefix):
-    """Sum of the samples whose name (with labels) starts with `prefix`."""
-    return sum(v for k, v in m.items() if k.startswith(prefix))
+def pick(m, prefix, label=""):
+    """Sum of the samples whose name (with labels) starts with `prefix` and contains `label`."""
+    return sum(v for k, v in m.items() if k.startswith(prefix) and label in k)
 
 
 def complete(a, prompt, max_tokens, timeout=600):
