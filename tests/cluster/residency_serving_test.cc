@@ -37,7 +37,6 @@ namespace {
 using nlohmann::json;
 using testing::FreePort;
 using testing::Http;
-using testing::PidsWithCmdline;
 using testing::ReadFile;
 
 std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
@@ -76,29 +75,12 @@ class ResidencyServing : public ::testing::Test {
   void TearDown() override {
     cluster_.Kill(SIGKILL);
     if (ctl_port_ == 0) return;
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl_port_))) kill(p, SIGKILL);
-    for (pid_t p : PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(broker_port_))) kill(p, SIGKILL);
+    testing::KillNodeProcesses({ctl_port_, broker_port_});
   }
-  bool WaitServing(int timeout_s) {
-    // max_tokens 1: the first token comes from prefill, so the decode worker's policy sees
-    // nothing of this probe.
-    for (int i = 0; i < timeout_s * 5; ++i) {
-      auto [status, body] = Http(http_port_, "POST", "/v1/completions",
-                                 R"({"model":"tiny-moe","prompt":[1,2,3],"max_tokens":1})", 10);
-      if (status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    return false;
-  }
-  std::string Logs() {
-    std::string out;
-    for (const char* n : {"pw-cluster.out", "router.log", "broker.log", "prefill-0.log", "decode-0.log"}) {
-      std::string t = ReadFile(run_dir_ + "/" + n);
-      if (t.size() > 3000) t = t.substr(t.size() - 3000);
-      out += std::string("--- ") + n + "\n" + t;
-    }
-    return out;
-  }
+  // max_tokens 1: the first token comes from prefill, so the decode worker's policy sees
+  // nothing of this probe.
+  bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s); }
+  std::string Logs() { return testing::RunLogs(run_dir_); }
   std::string MetricsText() {
     auto [status, body] = Http(decode_metrics_, "GET", "/metrics", "", 10);
     return status == 200 ? body : "";
