@@ -66,6 +66,44 @@ PeerLoad LoadFrom(wire::Heartbeat::Reader hb) {
   return l;
 }
 
+// One endpoint's Poll: receives and dispatches frames for up to `timeout_ms` (at most 256, so
+// timers run under a flood), never sleeping through the next timer (`next_timer_ms`, which
+// `run_timers` moves). Frames still queued are signs of life not yet read: no peer is declared
+// dead (`run_timers(true)`) before the queue has been drained.
+int PollFrames(Transport& transport, const Clock& clock, const uint64_t& next_timer_ms,
+               int timeout_ms, const std::function<void(bool sweep)>& run_timers,
+               const std::function<void(Frame)>& handle) {
+  int handled = 0;
+  int wait = timeout_ms;
+  bool drained = false;
+  while (true) {
+    uint64_t now = clock.NowMs();
+    if (now >= next_timer_ms) {
+      run_timers(/*sweep=*/false);
+      now = clock.NowMs();
+    }
+    const int until_timer =
+        next_timer_ms > now ? static_cast<int>(std::min<uint64_t>(next_timer_ms - now, 1u << 30))
+                            : 0;
+    const int w = wait < 0 ? until_timer : std::min(wait, until_timer);
+    auto r = transport.Recv(w);
+    if (!r.ok()) {
+      PW_LOG(ERROR) << transport.Describe() << ": " << r.status().ToString();
+      break;
+    }
+    if (!r->has_value()) {
+      drained = true;
+      break;
+    }
+    handle(std::move(**r));
+    ++handled;
+    wait = 0;
+    if (handled >= 256) break;
+  }
+  run_timers(drained);
+  return handled;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- server
@@ -99,39 +137,9 @@ Status ControlServer::Send(const std::string& peer, proto::OutMessage& msg, uint
 }
 
 int ControlServer::Poll(int timeout_ms, const MessageHandler& handler) {
-  int handled = 0;
-  int wait = timeout_ms;
-  bool drained = false;
-  while (true) {
-    // Never sleep through a heartbeat: send what is due, then wait no longer than the next.
-    uint64_t now = clock_->NowMs();
-    if (now >= next_heartbeat_ms_) {
-      RunTimers(/*sweep=*/false);
-      now = clock_->NowMs();
-    }
-    const int until_timer =
-        next_heartbeat_ms_ > now
-            ? static_cast<int>(std::min<uint64_t>(next_heartbeat_ms_ - now, 1u << 30))
-            : 0;
-    const int w = wait < 0 ? until_timer : std::min(wait, until_timer);
-    auto r = transport_->Recv(w);
-    if (!r.ok()) {
-      PW_LOG(ERROR) << transport_->Describe() << ": " << r.status().ToString();
-      break;
-    }
-    if (!r->has_value()) {
-      drained = true;
-      break;
-    }
-    HandleFrame(std::move(**r), handler);
-    ++handled;
-    wait = 0;
-    if (handled >= 256) break;  // let timers run under a flood
-  }
-  // Frames still queued are signs of life not yet read: no peer is declared dead before the
-  // queue has been drained.
-  RunTimers(drained);
-  return handled;
+  return PollFrames(
+      *transport_, *clock_, next_heartbeat_ms_, timeout_ms, [this](bool sweep) { RunTimers(sweep); },
+      [&](Frame frame) { HandleFrame(std::move(frame), handler); });
 }
 
 void ControlServer::RunTimers(bool sweep) {
@@ -357,37 +365,9 @@ bool ControlClient::HeartbeatIfDue(const std::function<void(wire::Heartbeat::Bui
 }
 
 int ControlClient::Poll(int timeout_ms, const MessageHandler& handler) {
-  int handled = 0;
-  int wait = timeout_ms;
-  bool drained = false;
-  while (true) {
-    // Never sleep through a heartbeat: send what is due, then wait no longer than the next.
-    uint64_t now = clock_->NowMs();
-    if (now >= next_timer_ms_) {
-      RunTimers(/*sweep=*/false);
-      now = clock_->NowMs();
-    }
-    const int until_timer =
-        next_timer_ms_ > now ? static_cast<int>(std::min<uint64_t>(next_timer_ms_ - now, 1u << 30))
-                             : 0;
-    const int w = wait < 0 ? until_timer : std::min(wait, until_timer);
-    auto r = transport_->Recv(w);
-    if (!r.ok()) {
-      PW_LOG(ERROR) << transport_->Describe() << ": " << r.status().ToString();
-      break;
-    }
-    if (!r->has_value()) {
-      drained = true;
-      break;
-    }
-    HandleFrame(std::move(**r), handler);
-    ++handled;
-    wait = 0;
-    if (handled >= 256) break;
-  }
-  // The server is declared lost only once its queued frames have been read.
-  RunTimers(drained);
-  return handled;
+  return PollFrames(
+      *transport_, *clock_, next_timer_ms_, timeout_ms, [this](bool sweep) { RunTimers(sweep); },
+      [&](Frame frame) { HandleFrame(std::move(frame), handler); });
 }
 
 void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
