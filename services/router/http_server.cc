@@ -364,6 +364,20 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
         {status, "application/json", {}, HttpErrorBody(message, "invalid_request_error", code)});
   }
 
+  // The client closed or reset the connection (or the server is closing it): nothing to answer.
+  static bool PeerWentAway(beast::error_code ec) {
+    return ec == http::error::end_of_stream || ec == net::error::eof ||
+           ec == net::error::operation_aborted || ec == net::error::connection_reset ||
+           ec == net::error::bad_descriptor;
+  }
+
+  void FailBodyTooLarge() {
+    FailRequest(413,
+                "request body exceeds the limit of " + std::to_string(opts().max_body_bytes) +
+                    " bytes",
+                "body_too_large");
+  }
+
   void OnHeader(beast::error_code ec) {
     if (closed_) return;
     if (ec == http::error::header_limit) {
@@ -373,16 +387,11 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
       return;
     }
     if (ec == http::error::body_limit) {
-      FailRequest(
-          413,
-          "request body exceeds the limit of " + std::to_string(opts().max_body_bytes) + " bytes",
-          "body_too_large");
+      FailBodyTooLarge();
       return;
     }
     if (ec) {
-      if (ec == http::error::end_of_stream || ec == net::error::eof ||
-          ec == net::error::operation_aborted || ec == net::error::connection_reset ||
-          ec == net::error::bad_descriptor) {
+      if (PeerWentAway(ec)) {
         CloseNow();
         return;
       }
@@ -423,16 +432,11 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
       return;
     }
     if (ec == http::error::body_limit) {
-      FailRequest(
-          413,
-          "request body exceeds the limit of " + std::to_string(opts().max_body_bytes) + " bytes",
-          "body_too_large");
+      FailBodyTooLarge();
       return;
     }
     if (ec) {
-      if (ec == http::error::end_of_stream || ec == net::error::eof ||
-          ec == net::error::operation_aborted || ec == net::error::connection_reset ||
-          ec == net::error::bad_descriptor || ec == http::error::partial_message) {
+      if (PeerWentAway(ec) || ec == http::error::partial_message) {
         CloseNow();
         return;
       }
