@@ -818,6 +818,14 @@ class ClusterBackendTest : public ::testing::Test {
     backend_->Stop();
     EXPECT_EQ(backend_->fences(), 0u);
   }
+  // Request `id` (prompt {5, 6, 7}) finishes by length with the reference's first `n` tokens.
+  // Call through ASSERT_NO_FATAL_FAILURE.
+  void ExpectCompleted(uint64_t id, int n, int timeout_ms = 10000) {
+    ASSERT_TRUE(events_.WaitFinished(id, timeout_ms));
+    EXPECT_EQ(events_.finish(id).first, FinishReason::kLength)
+        << events_.finish(id).second.ToString();
+    EXPECT_EQ(events_.tokens(id), Reference({5, 6, 7}, n));
+  }
   // Every block of `d` back in its pool, none quarantined.
   static bool WaitAllFree(ProtocolTestWorker* d, uint32_t total = 64, int timeout_ms = 15000) {
     return WaitFor([&] { return d->free_blocks() == total && d->quarantined_blocks() == 0; },
@@ -843,9 +851,7 @@ TEST_F(ClusterBackendTest, RequestFlowsThroughPrefillAndDecode) {
   ASSERT_TRUE(WaitCapacity(1, 1));
   EXPECT_EQ(backend_->Load().capacity, 16 + 16 / 4);  // maxBatch + prefill ahead
   ASSERT_TRUE(backend_->Submit(Request(1, 12)).ok());
-  ASSERT_TRUE(events_.WaitFinished(1));
-  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength);
-  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 12));
+  ASSERT_NO_FATAL_FAILURE(ExpectCompleted(1, 12));
   EXPECT_TRUE(events_.violations().empty());
   EXPECT_EQ(p->stats().prefills, 1);
   EXPECT_EQ(d->stats().starts, 1);
@@ -1043,9 +1049,7 @@ TEST_F(ClusterBackendTest, DeadPrefillWorkerRequestsAreRedispatched) {
   ASSERT_EQ(p0->stats().prefills, 1);
   AddWorker("prefill-1", wire::Role::PREFILL);
   p0->Kill();
-  ASSERT_TRUE(events_.WaitFinished(1, 20000));
-  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength);
-  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 20));
+  ASSERT_NO_FATAL_FAILURE(ExpectCompleted(1, 20, 20000));
   // The first lease stays quarantined for writer_grace_ms after prefill-0's death, then
   // comes back.
   EXPECT_TRUE(WaitAllFree(d));
@@ -1104,9 +1108,7 @@ TEST_F(ClusterBackendTest, UnansweredPrefillIsPlacedAgainElsewhere) {
   ProtocolTestWorker* stalled = p0->stats().prefills == 1 ? p0 : p1;
   ProtocolTestWorker* other = stalled == p0 ? p1 : p0;
   other->SetStall(false);
-  ASSERT_TRUE(events_.WaitFinished(1, 10000));
-  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength);
-  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 6));
+  ASSERT_NO_FATAL_FAILURE(ExpectCompleted(1, 6, 10000));
   EXPECT_EQ(other->stats().prefills, 1);
   EXPECT_GE(stalled->stats().cancels, 1);
   // The stalled worker handled the Cancel: its lease comes back cancel_grace_ms later.
@@ -1245,10 +1247,7 @@ TEST_F(ClusterBackendTest, FenceIsLiftedCancelGraceAfterThePrefillWorkerRegister
   ASSERT_TRUE(WaitFor([&] { return p->stalled() == 1; }));
   p->SetStall(false);
   p->FlushStalled();
-  ASSERT_TRUE(events_.WaitFinished(1, 15000));
-  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength)
-      << events_.finish(1).second.ToString();
-  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 8));
+  ASSERT_NO_FATAL_FAILURE(ExpectCompleted(1, 8, 15000));
   EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
   ExpectNoStrayReleaseAndNoFence(d);
 }
@@ -1271,10 +1270,7 @@ TEST_F(ClusterBackendTest, FenceIsLiftedWriterGraceAfterThePrefillWorkersDeath) 
   EXPECT_LE(ElapsedMs(dead_at, released), 1200.0 + kSlackMs);
   // Another prefill worker takes the request.
   AddWorker("prefill-1", wire::Role::PREFILL);
-  ASSERT_TRUE(events_.WaitFinished(1, 15000));
-  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength)
-      << events_.finish(1).second.ToString();
-  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 8));
+  ASSERT_NO_FATAL_FAILURE(ExpectCompleted(1, 8, 15000));
   EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
   ExpectNoStrayReleaseAndNoFence(d);
 }
@@ -1382,10 +1378,7 @@ TEST_F(ClusterBackendTest, ReplyToAnEarlierReservationIsNotTakenForTheCurrentOne
   ASSERT_TRUE(WaitCapacity(1, 1));
   d->SetNextReserveDelayMs(1000);
   ASSERT_TRUE(backend_->Submit(Request(1, 6)).ok());
-  ASSERT_TRUE(events_.WaitFinished(1, 15000));
-  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength)
-      << events_.finish(1).second.ToString();
-  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 6));
+  ASSERT_NO_FATAL_FAILURE(ExpectCompleted(1, 6, 15000));
   EXPECT_GE(d->stats().reserves, 2);
   EXPECT_EQ(d->stats().refused_starts, 0) << "StartDecode named the quarantined first lease";
   EXPECT_EQ(p->stats().prefills, 1);
