@@ -75,8 +75,17 @@ struct DenseKernels {
 };
 
 // The table of one backend. Requires IsaSupported(isa) (aborts otherwise: a broken invariant).
-const DenseKernels& KernelsFor(Isa isa);
-// The table of BestIsa(), resolved once.
+// With `batch_invariant`, every kernel computes each token (row of x) in one summation order
+// whatever T is, so a token's result is the same bits however it is batched: the avx512 backend
+// then skips its few-token GEMV (whose order differs from its tiles'), and the amx backend
+// runs every token count on tiles with one column chunking. The other backends are invariant
+// already. Costs speed where a backend switches kernels by token count (docs/benchmarks.md).
+const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false);
+// True when the environment asks for batch-invariant kernels: PW_BATCH_INVARIANT=1. Served
+// outputs then do not depend on what a request was batched with (a greedy completion is the
+// same under any load), as tests comparing a cluster with an in-process engine need.
+bool BatchInvariantRequested();
+// The table of BestIsa() (batch-invariant when requested), resolved once.
 const DenseKernels& Kernels();
 
 // Per-backend tables, defined in dense_<isa>.cc. Use KernelsFor() instead.
@@ -84,5 +93,7 @@ extern const DenseKernels kScalarKernels;
 extern const DenseKernels kAvx2Kernels;
 extern const DenseKernels kAvx512Kernels;
 extern const DenseKernels kAmxKernels;
+extern const DenseKernels kAvx512InvariantKernels;
+extern const DenseKernels kAmxInvariantKernels;
 
 }  // namespace pw::cpu

@@ -31,6 +31,8 @@ void MatmulBf16Avx512(const float* x, size_t ldx, size_t T, const uint16_t* w, s
                       size_t n_begin, size_t n_end, float* y, size_t ldy);
 void MatmulF32Avx512(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
                      size_t n_end, float* y, size_t ldy);
+void MatmulBf16TilesAvx512(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                           size_t n_begin, size_t n_end, float* y, size_t ldy);
 void RmsNormAvx512(const float* x, const float* w, size_t dim, float eps, float* y);
 void SoftmaxAvx2(float* x, size_t n);
 void SiluMulAvx2(const float* gate, const float* up, size_t n, float* out);
@@ -122,10 +124,12 @@ inline void WriteBack(const float* c, int tt, bool first, float* y, size_t ldy) 
 // column chunk (once in all at G = 1 and K <= 2048), the next block prefetched line by line
 // while one is multiplied. (Blocks of 16 rows taken from 16 distant parts of the range, one
 // long stream per tile row, measured no faster.)
-template <int G>
+// kChunk: the columns laid out at a time (kChunkCols / G, or kChunkCols / 2 for both G when
+// every token count must sum in one order: each chunk's sum is added to the last in fp32).
+template <int G, size_t kChunk = kChunkCols / G>
 void TilePass(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K, size_t K32,
               size_t n_begin, size_t n_end, float* y, size_t ldy) {
-  constexpr size_t kChunk = kChunkCols / G;
+  static_assert(kChunk * G <= kChunkCols && kChunk % 32 == 0);
   constexpr size_t kPairs = kChunk / 2;
   alignas(64) uint32_t acts[G][kSplits][kPairs * kGroup];
   alignas(64) float c[G][16 * 16];
@@ -184,12 +188,17 @@ void TilePass(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
   _tile_release();
 }
 
-void MatmulBf16Amx(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
-                   size_t n_begin, size_t n_end, float* y, size_t ldy) {
+// kInvariant: tiles for every token count (not only from kMinTokens), one column chunking for
+// one and two groups, and the rows past the last block of 16 on the AVX-512 tiles, so each
+// token sums in one order whatever T is.
+template <bool kInvariant>
+void MatmulBf16AmxImpl(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                       size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  constexpr auto rest = kInvariant ? MatmulBf16TilesAvx512 : MatmulBf16Avx512;
   const size_t K32 = K / 32 * 32;
   const size_t n_tiles = n_begin + (n_end - n_begin) / 16 * 16;
-  if (T < kMinTokens || K32 == 0 || n_tiles == n_begin) {
-    MatmulBf16Avx512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+  if ((!kInvariant && T < kMinTokens) || K32 == 0 || n_tiles == n_begin) {
+    rest(x, ldx, T, w, K, n_begin, n_end, y, ldy);
     return;
   }
   for (size_t t0 = 0; t0 < T; t0 += kPassTokens) {
@@ -198,6 +207,8 @@ void MatmulBf16Amx(const float* x, size_t ldx, size_t T, const uint16_t* w, size
     float* yt = y + t0 * ldy;
     if (tt > static_cast<size_t>(kGroup)) {
       TilePass<2>(xt, ldx, tt, w, K, K32, n_begin, n_tiles, yt, ldy);
+    } else if constexpr (kInvariant) {
+      TilePass<1, kChunkCols / 2>(xt, ldx, tt, w, K, K32, n_begin, n_tiles, yt, ldy);
     } else {
       TilePass<1>(xt, ldx, tt, w, K, K32, n_begin, n_tiles, yt, ldy);
     }
@@ -213,7 +224,17 @@ void MatmulBf16Amx(const float* x, size_t ldx, size_t T, const uint16_t* w, size
     }
   }
   // Rows past the last block of 16.
-  if (n_tiles < n_end) MatmulBf16Avx512(x, ldx, T, w, K, n_tiles, n_end, y, ldy);
+  if (n_tiles < n_end) rest(x, ldx, T, w, K, n_tiles, n_end, y, ldy);
+}
+
+void MatmulBf16Amx(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                   size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  MatmulBf16AmxImpl<false>(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
+void MatmulBf16AmxInvariant(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                            size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  MatmulBf16AmxImpl<true>(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
 }  // namespace
@@ -221,6 +242,11 @@ void MatmulBf16Amx(const float* x, size_t ldx, size_t T, const uint16_t* w, size
 const DenseKernels kAmxKernels = {
     MatmulBf16Amx, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
     SiluMulAvx2,   DotAvx512,       AxpyAvx512,
+};
+
+const DenseKernels kAmxInvariantKernels = {
+    MatmulBf16AmxInvariant, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
+    SiluMulAvx2,            DotAvx512,       AxpyAvx512,
 };
 
 }  // namespace pw::cpu

@@ -198,6 +198,13 @@ void MatmulF32Avx512(const float* x, size_t ldx, size_t T, const float* w, size_
   Matmul512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
+// The tiles for every token count: Tile512 sums each (row, token) in the same order whatever
+// its row and token counts.
+void MatmulBf16TilesAvx512(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                           size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  Matmul512(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
 float DotAvx512(const float* a, const float* b, size_t n) {
   __m512 s = _mm512_setzero_ps();
   size_t i = 0;
@@ -230,6 +237,11 @@ void RmsNormAvx512(const float* x, const float* w, size_t dim, float eps, float*
 
 const DenseKernels kAvx512Kernels = {
     MatmulBf16Avx512, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
+    SiluMulAvx2,      DotAvx512,       AxpyAvx512,
+};
+
+const DenseKernels kAvx512InvariantKernels = {
+    MatmulBf16TilesAvx512, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
     SiluMulAvx2,      DotAvx512,       AxpyAvx512,
 };
 

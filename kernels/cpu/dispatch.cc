@@ -98,7 +98,7 @@ Isa BestIsa() {
   return best;
 }
 
-const DenseKernels& KernelsFor(Isa isa) {
+const DenseKernels& KernelsFor(Isa isa, bool batch_invariant) {
   if (!IsaSupported(isa)) {
     std::fprintf(stderr, "%s:%d: CPU kernel backend %s requested but not supported here\n",
                  __FILE__, __LINE__, IsaName(isa));
@@ -106,9 +106,9 @@ const DenseKernels& KernelsFor(Isa isa) {
   }
   switch (isa) {
     case Isa::kAmx:
-      return kAmxKernels;
+      return batch_invariant ? kAmxInvariantKernels : kAmxKernels;
     case Isa::kAvx512:
-      return kAvx512Kernels;
+      return batch_invariant ? kAvx512InvariantKernels : kAvx512Kernels;
     case Isa::kAvx2:
       return kAvx2Kernels;
     case Isa::kScalar:
@@ -117,8 +117,13 @@ const DenseKernels& KernelsFor(Isa isa) {
   return kScalarKernels;
 }
 
+bool BatchInvariantRequested() {
+  const char* env = std::getenv("PW_BATCH_INVARIANT");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
 const DenseKernels& Kernels() {
-  static const DenseKernels& table = KernelsFor(BestIsa());
+  static const DenseKernels& table = KernelsFor(BestIsa(), BatchInvariantRequested());
   return table;
 }
 

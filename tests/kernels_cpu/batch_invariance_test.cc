@@ -1,0 +1,105 @@
+// The batch-invariant dense tables (KernelsFor(isa, true)): a token's matmul result is the same
+// bits whatever T it was computed with and wherever it sits in the batch, for every backend
+// the CPU has, on random inputs and awkward shapes (K not a multiple of 32, K past one column
+// chunk, row counts not multiples of 16, 1..37 tokens), and within the dense tests' tolerance of
+// the exact product. Also that the default amx table is
+// not (so the invariant one is what makes the difference here).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/dense.h"
+
+namespace pw::cpu {
+namespace {
+
+struct Case {
+  std::vector<float> x;
+  std::vector<uint16_t> w;
+  size_t K, N, ldx;
+};
+
+Case MakeCase(size_t T, size_t K, size_t N, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  Case c;
+  c.K = K;
+  c.N = N;
+  c.ldx = K + 5;
+  c.x.resize(T * c.ldx);
+  for (auto& v : c.x) v = d(rng);
+  c.w.resize(N * K);
+  for (auto& v : c.w) v = ToBf16Bits(d(rng));
+  return c;
+}
+
+// y of tokens [t0, t0 + T) of the case, rows [0, N) split at 16-row boundaries as the engine's
+// thread pool splits them.
+std::vector<float> Matmul(const DenseKernels& k, const Case& c, size_t t0, size_t T) {
+  const size_t ldy = c.N + 3;
+  std::vector<float> y(T * ldy, NAN);
+  for (size_t n0 = 0; n0 < c.N; n0 += 48) {
+    const size_t n1 = n0 + 48 < c.N ? n0 + 48 : c.N;
+    k.matmul_bf16(c.x.data() + t0 * c.ldx, c.ldx, T, c.w.data(), c.K, n0, n1, y.data(), ldy);
+  }
+  return y;
+}
+
+bool SameBits(const float* a, const float* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+TEST(BatchInvariance, EveryTokenGetsTheSameBitsAtEveryBatchSize) {
+  constexpr size_t kTokens = 37;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
+    if (!IsaSupported(isa)) continue;
+    const DenseKernels& k = KernelsFor(isa, /*batch_invariant=*/true);
+    for (size_t K : {31, 64, 1057, 2100}) {
+      for (size_t N : {15, 33, 100}) {
+        SCOPED_TRACE(testing::Message() << IsaName(isa) << " K=" << K << " N=" << N);
+        const Case c = MakeCase(kTokens, K, N, static_cast<uint32_t>(K * 131 + N));
+        const size_t ldy = N + 3;
+        const std::vector<float> all = Matmul(k, c, 0, kTokens);
+        // Still the product: within the dense tests' tolerance of the exact sum.
+        for (size_t t = 0; t < kTokens; ++t) {
+          for (size_t n = 0; n < N; ++n) {
+            double exact = 0, mag = 0;
+            for (size_t kk = 0; kk < K; ++kk) {
+              const double p = double(c.x[t * c.ldx + kk]) * Bf16Bits(c.w[n * K + kk]);
+              exact += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_LE(std::fabs(all[t * ldy + n] - exact), 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
+          }
+        }
+        for (size_t T : {1, 2, 3, 4, 5, 16, 17, 33}) {
+          for (size_t t0 : {size_t{0}, kTokens - T}) {
+            const std::vector<float> part = Matmul(k, c, t0, T);
+            for (size_t t = 0; t < T; ++t) {
+              ASSERT_TRUE(SameBits(part.data() + t * ldy, all.data() + (t0 + t) * ldy, N))
+                  << "token " << t0 + t << " computed in a batch of " << T;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(BatchInvariance, TheDefaultAmxTableDependsOnTheBatch) {
+  if (!IsaSupported(Isa::kAmx)) GTEST_SKIP() << "no AMX here";
+  const DenseKernels& k = KernelsFor(Isa::kAmx);
+  const Case c = MakeCase(8, 2048, 64, 7);
+  const std::vector<float> all = Matmul(k, c, 0, 8);
+  int differ = 0;
+  for (size_t t = 0; t < 8; ++t) {
+    differ += SameBits(Matmul(k, c, t, 1).data(), all.data() + t * (c.N + 3), c.N) ? 0 : 1;
+  }
+  EXPECT_GT(differ, 0) << "the few-token GEMV and the tiles gave the same bits";
+}
+
+}  // namespace
+}  // namespace pw::cpu
