@@ -5,89 +5,40 @@
 // them back to 8, and every request completes with its full length: none fails.
 // Skips when the embedded model or its store (built with the Release build) is absent.
 #include <gtest/gtest.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
-#include <filesystem>
-#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "tests/cluster/http_util.h"
-#include "tests/cluster/process_util.h"
+#include "tests/cluster/paged_node.h"
 
 namespace pw {
 namespace {
 
 using nlohmann::json;
-using testing::FreePort;
 using testing::Http;
-
-std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
-std::string StorePath() { return std::string(PW_BINARY_DIR) + "/tiny-moe.apw"; }
-std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
 
 class PlannerBurst : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) GTEST_SKIP() << "no weights in " << ModelDir();
-    if (!std::filesystem::exists(StorePath())) GTEST_SKIP() << "no store " << StorePath() << " (built by the Release build)";
-    http_port_ = FreePort();
-    ctl_port_ = FreePort();
-    broker_port_ = FreePort();
-    decode_metrics_ = FreePort();
-    broker_metrics_ = FreePort();
-    run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/planner-burst";
-    std::filesystem::remove_all(run_dir_);
-    std::filesystem::create_directories(run_dir_);
-    const std::string yaml = run_dir_ + "/cluster.yaml";
+    if (const std::string why = testing::PagedNodeMissing(); !why.empty()) GTEST_SKIP() << why;
+    testing::PagedNodeConfig c;
+    c.name = "planner-burst";
+    c.initial_bits = 8;
+    c.router_extra = ", max_waiting: 1024";
+    c.broker_extra =
+        ", planner: {enabled: true, low_watermark: 0.05, high_watermark: 0.20, headroom: 0.05, "
+        "interval_ms: 200, min_interval_ms: 300}";
+    c.prefill_kv_blocks = 512;
     // 32 MiB of 4 KiB pages: 8-bit experts take 6144 of the 8192, leaving 512 KV blocks.
-    std::ofstream(yaml) << "model_dir: " << ModelDir() << "\nmodel_name: tiny-moe\nrun_dir: " << run_dir_
-                        << "\nbin_dir: " << PW_BINARY_DIR << "/bin\nheartbeat_ms: 300\ndrain_timeout_ms: 20000\n"
-                        << "router: {port: " << http_port_ << ", control_port: " << ctl_port_
-                        << ", lease_ms: 20000, max_waiting: 1024}\n"
-                        << "broker: {control_port: " << broker_port_ << ", metrics_port: " << broker_metrics_
-                        << ", store: " << StorePath()
-                        << ", initial_bits: 8, planner: {enabled: true, low_watermark: 0.05, "
-                        << "high_watermark: 0.20, headroom: 0.05, interval_ms: 200, min_interval_ms: 300}}\n"
-                        << "prefill: [{id: prefill-0, kv_blocks: 512}]\n"
-                        << "decode: [{id: decode-0, pool_mb: 32, kv_blocks: 2048, max_batch: 128, "
-                        << "reserve_wait_ms: 5000, metrics_port: " << decode_metrics_ << "}]\n"
-                        << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
-    ASSERT_TRUE(cluster_.Start({Bin("pw-cluster"), "up", "--config", yaml}, run_dir_ + "/pw-cluster.out"));
-    ASSERT_TRUE(testing::WaitServing(http_port_, 120)) << Logs();
+    c.decode_fields = "pool_mb: 32, kv_blocks: 2048, max_batch: 128, reserve_wait_ms: 5000";
+    ASSERT_NO_FATAL_FAILURE(node_.Start(c));
   }
-  void TearDown() override {
-    cluster_.Kill(SIGKILL);
-    testing::KillNodeProcesses({ctl_port_, broker_port_});
-  }
-  std::string Logs() { return testing::RunLogs(run_dir_); }
-  // The decode worker's (or `port`'s) samples of `name` whose labels contain `label`, summed; -1
-  // when there is none.
-  double Metric(const std::string& name, const std::string& label = "", int port = 0) {
-    auto [status, body] = Http(port != 0 ? port : decode_metrics_, "GET", "/metrics", "", 10);
-    if (status != 200) return -1;
-    double sum = 0;
-    bool found = false;
-    size_t at = 0;
-    while ((at = body.find("\n" + name, at)) != std::string::npos) {
-      const size_t end = body.find('\n', at + 1);
-      const std::string line = body.substr(at + 1, end - at - 1);
-      at = end;
-      const char next = line.size() > name.size() ? line[name.size()] : ' ';
-      if ((next != '{' && next != ' ') || line.find(label) == std::string::npos) continue;
-      sum += std::atof(line.c_str() + line.rfind(' ') + 1);
-      found = true;
-    }
-    return found ? sum : -1;
-  }
-  double MeanBits() { return Metric("pagedweight_committed_width_mean", "layer=\"all\""); }
+  double MeanBits() { return node_.MetricSum("pagedweight_committed_width_mean", "layer=\"all\""); }
 
-  testing::ChildProcess cluster_;
-  int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0, decode_metrics_ = 0, broker_metrics_ = 0;
-  std::string run_dir_;
+  testing::PagedNode node_;
 };
 
 TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
@@ -97,7 +48,7 @@ TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
     before = MeanBits();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_EQ(before, 8.0) << Logs();
+  ASSERT_EQ(before, 8.0) << node_.Logs();
 
   // 96 greedy completions of 192 tokens at once: 13 KV blocks (52 pages) each, 4992 pages in
   // all against the 2048 the 8-bit experts leave free.
@@ -116,7 +67,7 @@ TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
     json req = {{"model", "tiny-moe"}, {"prompt", std::vector<int>{1 + i % 7, 2, 3, 4, 5, 6, 7, 8}},
                 {"max_tokens", kTokens}, {"temperature", 0}, {"ignore_eos", true}};
     replies.push_back(std::async(std::launch::async, [this, body = req.dump()] {
-      return Http(http_port_, "POST", "/v1/completions", body, 120);
+      return Http(node_.http_port(), "POST", "/v1/completions", body, 120);
     }));
   }
   int ok = 0;
@@ -131,10 +82,10 @@ TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
   }
   done = true;
   sampler.get();
-  EXPECT_EQ(ok, kRequests) << Logs();
-  EXPECT_LT(lowest, 8.0) << "the burst did not lower any width\n" << Logs();
+  EXPECT_EQ(ok, kRequests) << node_.Logs();
+  EXPECT_LT(lowest, 8.0) << "the burst did not lower any width\n" << node_.Logs();
   EXPECT_GE(lowest, 3.0);
-  EXPECT_GT(Metric("pagedweight_kv_reservations_held_total", "outcome=\"held\""), 0)
+  EXPECT_GT(node_.MetricSum("pagedweight_kv_reservations_held_total", "outcome=\"held\""), 0)
       << "no reservation waited for the lowering";
 
   // The end of the burst brings every block back to 8 bits.
@@ -143,22 +94,22 @@ TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
     after = MeanBits();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_EQ(after, 8.0) << Logs();
-  EXPECT_EQ(Metric("pagedweight_worker_requests_total", "status=\"error\""), 0);
+  EXPECT_EQ(after, 8.0) << node_.Logs();
+  EXPECT_EQ(node_.MetricSum("pagedweight_worker_requests_total", "status=\"error\""), 0);
   // The broker's planner metrics saw both directions, with their pages, damage and latency.
   for (const char* action : {"lower", "raise"}) {
     const std::string l = std::string("action=\"") + action + "\"";
-    EXPECT_GE(Metric("pagedweight_broker_planner_plans_total", l, broker_metrics_), 1) << action;
-    EXPECT_GT(Metric("pagedweight_broker_planner_pages_total", l, broker_metrics_), 0) << action;
-    EXPECT_GT(Metric("pagedweight_broker_planner_damage_total", l, broker_metrics_), 0) << action;
+    EXPECT_GE(node_.MetricSum("pagedweight_broker_planner_plans_total", l, node_.broker_metrics_port()), 1) << action;
+    EXPECT_GT(node_.MetricSum("pagedweight_broker_planner_pages_total", l, node_.broker_metrics_port()), 0) << action;
+    EXPECT_GT(node_.MetricSum("pagedweight_broker_planner_damage_total", l, node_.broker_metrics_port()), 0) << action;
   }
-  EXPECT_GE(Metric("pagedweight_broker_planner_decision_seconds_count", "", broker_metrics_), 2);
-  EXPECT_EQ(Metric("pagedweight_broker_planner_errors_total", "", broker_metrics_), 0);
+  EXPECT_GE(node_.MetricSum("pagedweight_broker_planner_decision_seconds_count", "", node_.broker_metrics_port()), 2);
+  EXPECT_EQ(node_.MetricSum("pagedweight_broker_planner_errors_total", "", node_.broker_metrics_port()), 0);
   std::printf("lowest mean bits %.3f; reservations held %.0f (fit %.0f, waited out %.0f); preemptions %.0f\n",
-              lowest, Metric("pagedweight_kv_reservations_held_total", "outcome=\"held\""),
-              Metric("pagedweight_kv_reservations_held_total", "outcome=\"fit\""),
-              Metric("pagedweight_kv_reservations_held_total", "outcome=\"waited_out\""),
-              Metric("pagedweight_worker_num_preemptions_total"));
+              lowest, node_.MetricSum("pagedweight_kv_reservations_held_total", "outcome=\"held\""),
+              node_.MetricSum("pagedweight_kv_reservations_held_total", "outcome=\"fit\""),
+              node_.MetricSum("pagedweight_kv_reservations_held_total", "outcome=\"waited_out\""),
+              node_.MetricSum("pagedweight_worker_num_preemptions_total"));
 }
 
 }  // namespace

@@ -12,13 +12,9 @@
 //     every request completes and the pool balances.
 // Skips when the embedded model or its store (built with the Release build) is absent.
 #include <gtest/gtest.h>
-#include <signal.h>
 
-#include <filesystem>
 #include <fstream>
 #include <future>
-#include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "common/tokenizer.h"
@@ -28,91 +24,44 @@
 #include "quant/apw_provider.h"
 #include "services/engine/engine.h"
 #include "services/engine/miss_routing_hook.h"
-#include "tests/cluster/http_util.h"
-#include "tests/cluster/process_util.h"
+#include "tests/cluster/paged_node.h"
+#include "tests/cluster/split_reference.h"
 
 namespace pw {
 namespace {
 
-using nlohmann::json;
-using testing::FreePort;
-using testing::Http;
 using testing::ReadFile;
-
-std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
-std::string StorePath() { return std::string(PW_BINARY_DIR) + "/tiny-moe.apw"; }
-std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
 constexpr int kBits = 4;
 
 class ResidencyServing : public ::testing::Test {
  protected:
   // Starts the node with `misses` as the decode worker's misses block (YAML flow mapping).
   void Start(const std::string& misses) {
-    if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) GTEST_SKIP() << "no weights in " << ModelDir();
-    if (!std::filesystem::exists(StorePath())) GTEST_SKIP() << "no store " << StorePath() << " (built by the Release build)";
-    http_port_ = FreePort();
-    ctl_port_ = FreePort();
-    broker_port_ = FreePort();
-    decode_metrics_ = FreePort();
-    run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/residency-" +
-               ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::filesystem::remove_all(run_dir_);
-    std::filesystem::create_directories(run_dir_);
-    const std::string yaml = run_dir_ + "/cluster.yaml";
-    std::ofstream(yaml) << "model_dir: " << ModelDir() << "\nmodel_name: tiny-moe\nrun_dir: " << run_dir_
-                        << "\nbin_dir: " << PW_BINARY_DIR << "/bin\nheartbeat_ms: 300\ndrain_timeout_ms: 20000\n"
-                        << "router: {port: " << http_port_ << ", control_port: " << ctl_port_ << ", lease_ms: 20000}\n"
-                        << "broker: {control_port: " << broker_port_ << ", store: " << StorePath()
-                        << ", initial_bits: " << kBits << "}\n"
-                        << "prefill: [{id: prefill-0, kv_blocks: 256}]\n"
-                        << "decode: [{id: decode-0, kv_blocks: 512, metrics_port: " << decode_metrics_
-                        << ", misses: " << misses << "}]\n"
-                        << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
-    ASSERT_TRUE(cluster_.Start({Bin("pw-cluster"), "up", "--config", yaml}, run_dir_ + "/pw-cluster.out"));
-    ASSERT_TRUE(WaitServing(120)) << Logs();
-    store_ = std::shared_ptr<const apw::ApwStore>(apw::ApwStore::Open(StorePath()).value().release());
-  }
-  void TearDown() override {
-    cluster_.Kill(SIGKILL);
-    if (ctl_port_ == 0) return;
-    testing::KillNodeProcesses({ctl_port_, broker_port_});
-  }
-  // max_tokens 1: the first token comes from prefill, so the decode worker's policy sees
-  // nothing of this probe.
-  bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s); }
-  std::string Logs() { return testing::RunLogs(run_dir_); }
-  std::string MetricsText() {
-    auto [status, body] = Http(decode_metrics_, "GET", "/metrics", "", 10);
-    return status == 200 ? body : "";
-  }
-  // A metric of the decode worker ("name{labels}" prefix), or -1.
-  double Metric(const std::string& prefix) {
-    const std::string body = MetricsText();
-    size_t at = body.find("\n" + prefix);
-    if (at == std::string::npos) return -1;
-    size_t sp = body.find(' ', at + 1 + prefix.size());
-    return std::atof(body.c_str() + sp + 1);
+    if (const std::string why = testing::PagedNodeMissing(); !why.empty()) GTEST_SKIP() << why;
+    testing::UseBatchInvariantKernels();
+    testing::PagedNodeConfig c;
+    c.name = std::string("residency-") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    c.initial_bits = kBits;
+    c.decode_fields = "kv_blocks: 512, misses: " + misses;
+    ASSERT_NO_FATAL_FAILURE(node_.Start(c));
+    store_ = std::shared_ptr<const apw::ApwStore>(apw::ApwStore::Open(testing::TinyStorePath()).value().release());
   }
   // The worker exports its metrics at most every 200 ms: wait for a fresh export.
   void WaitMetricsFresh() { std::this_thread::sleep_for(std::chrono::milliseconds(700)); }
-  std::string Complete(const std::vector<int32_t>& prompt, int max_tokens) {
-    json req = {{"model", "tiny-moe"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
-    auto [status, body] = Http(http_port_, "POST", "/v1/completions", req.dump());
-    if (status != 200) return "HTTP " + std::to_string(status) + ": " + body;
-    auto j = json::parse(body, nullptr, false);
-    if (j.is_discarded() || !j.contains("choices")) return "bad reply: " + body;
-    return j["choices"][0]["text"].get<std::string>();
+  std::vector<std::vector<int32_t>> Prompts(int n, uint32_t seed) {
+    auto tok = Tokenizer::FromModelDir(testing::TinyModelDir()).value();
+    return testing::SnippetPrompts(*tok, n, seed);
   }
   // The cluster's split in process, one request after another: prefill on a bf16 engine, its
   // KV pages copied to a decode engine reading the store at kBits; with `policy`, the miss
   // policy (cold, capacity from the same budget) as that engine's routing hook and residency.
   std::vector<std::string> Reference(const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
                                      const misses::MissSettings* policy) {
-    auto tok = Tokenizer::FromModelDir(ModelDir()).value();
+    auto tok = Tokenizer::FromModelDir(testing::TinyModelDir()).value();
     engine::EngineOptions eo;
     eo.kv_dtype = engine::KvDtype::kBf16;
-    auto pre = engine::Engine::Create(ModelDir(), eo).value();
-    auto dec = engine::Engine::Create(ModelDir(), eo).value();
+    auto pre = engine::Engine::Create(testing::TinyModelDir(), eo).value();
+    auto dec = engine::Engine::Create(testing::TinyModelDir(), eo).value();
     const auto& cfg = dec->model().config();
     const int L = static_cast<int>(cfg.num_layers), E = static_cast<int>(cfg.num_experts);
     auto provider = anyprec::ApwExpertProvider::Create(store_, dec->model(),
@@ -133,62 +82,20 @@ class ResidencyServing : public ::testing::Test {
       hooks.residency = hook.get();
     }
     dec->SetMoeHooks(hooks);
-    engine::SamplingParams p;
-    p.max_tokens = max_tokens;
-    std::vector<std::string> out;
-    const engine::KvLayout& kl = dec->kv_pool().layout();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const int nb = engine::BlocksForTokens(static_cast<int>(prompts[i].size()), kl.block_size);
-      auto src = pre->kv_pool().Allocate(nb).value();
-      auto dst = dec->kv_pool().Allocate(nb).value();
-      auto first = pre->Prefill(prompts[i], src, p);
-      EXPECT_TRUE(first.ok()) << first.status().ToString();
-      for (int b = 0; b < nb; ++b) {
-        for (int l = 0; l < kl.num_layers; ++l) {
-          std::memcpy(dec->kv_pool().LayerPage(dst[b], l), pre->kv_pool().LayerPage(src[b], l), kl.bytes_per_layer());
-        }
-      }
-      EXPECT_TRUE(pre->kv_pool().Free(src).ok());
-      std::vector<int32_t> toks = {first->first_token};
-      EXPECT_TRUE(dec->AddPrefilledSequence(i, prompts[i], dst, first->first_token, p).ok());
-      while (dec->HasWork()) {
-        auto step = dec->Step();
-        if (!step.ok()) {
-          ADD_FAILURE() << step.status().ToString();
-          break;
-        }
-        for (auto& u : step->updates) for (int32_t t : u.new_tokens) toks.push_back(t);
-      }
-      out.push_back(tok->Decode(toks, /*skip_special_tokens=*/true).value());
-    }
+    auto out = testing::SplitGreedy(*pre, *dec, *tok, prompts, max_tokens, /*one_at_a_time=*/true);
     if (mp) substitutions_ = mp->stats().substitutions;
     dec->SetMoeHooks({});
     return out;
   }
-  std::vector<std::vector<int32_t>> Prompts(int n, uint32_t seed) {
-    const char* texts[] = {"The sea", "Once upon a time there was", "int main(int argc, char** argv) {",
-                           "In the beginning", "def parse(self, text):", "The manual page says"};
-    auto tok = Tokenizer::FromModelDir(ModelDir()).value();
-    std::mt19937 rng(seed);
-    std::vector<std::vector<int32_t>> out;
-    for (int i = 0; i < n; ++i) {
-      std::string text = texts[i % 6];
-      for (int r = static_cast<int>(rng() % 5); r > 0; --r) text += std::string(" ") + texts[rng() % 6];
-      out.push_back(tok->Encode(text).value());
-    }
-    return out;
-  }
   void ExpectPromtoolClean() {
     if (std::system("command -v promtool >/dev/null 2>&1") != 0) return;  // checked where installed
-    const std::string path = run_dir_ + "/metrics.txt";
-    std::ofstream(path) << MetricsText();
+    const std::string path = node_.run_dir() + "/metrics.txt";
+    std::ofstream(path) << node_.MetricsText();
     const std::string cmd = "promtool check metrics < " + path + " > " + path + ".out 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(path + ".out");
   }
 
-  testing::ChildProcess cluster_;
-  int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0, decode_metrics_ = 0;
-  std::string run_dir_;
+  testing::PagedNode node_;
   std::shared_ptr<const apw::ApwStore> store_;
   int64_t substitutions_ = 0;
 };
@@ -207,22 +114,22 @@ TEST_F(ResidencyServing, GreedyOutputsEqualTheEmulationOfTheSamePolicyAndBudget)
   auto all_resident = Reference(prompts, kMax, nullptr);
   int differ = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(Complete(prompts[i], kMax), want[i]) << "prompt " << i << "\n" << Logs();
+    EXPECT_EQ(node_.Complete(prompts[i], kMax), want[i]) << "prompt " << i << "\n" << node_.Logs();
     differ += want[i] != all_resident[i] ? 1 : 0;
   }
   EXPECT_GT(differ, 0) << "the budget changes no output: the test could not tell";
   WaitMetricsFresh();
-  EXPECT_EQ(Metric("pagedweight_expert_misses_total{action=\"substituted\""), static_cast<double>(substitutions_));
-  EXPECT_GT(Metric("pagedweight_expert_fetches_total{path=\"pages\""), 0);
-  EXPECT_GT(Metric("pagedweight_expert_evictions_total{"), 0);
-  EXPECT_GT(Metric("pagedweight_substituted_gate_mass_total{"), 0);
-  const double capacity = Metric("pagedweight_experts_resident_capacity{");
+  EXPECT_EQ(node_.Metric("pagedweight_expert_misses_total{action=\"substituted\""), static_cast<double>(substitutions_));
+  EXPECT_GT(node_.Metric("pagedweight_expert_fetches_total{path=\"pages\""), 0);
+  EXPECT_GT(node_.Metric("pagedweight_expert_evictions_total{"), 0);
+  EXPECT_GT(node_.Metric("pagedweight_substituted_gate_mass_total{"), 0);
+  const double capacity = node_.Metric("pagedweight_experts_resident_capacity{");
   EXPECT_EQ(capacity, 8 * 4);  // 25 % of 32 experts in each of 4 layers
-  EXPECT_LE(Metric("pagedweight_experts_resident{"), capacity);
-  EXPECT_GT(Metric("pagedweight_experts_resident{"), 0);
-  EXPECT_EQ(Metric("pagedweight_pool_balanced{"), 1);
-  EXPECT_GT(Metric("pagedweight_pool_pages{tenant=\"weights\""), 0);
-  EXPECT_EQ(Metric("pagedweight_weight_changes_pending{"), 0);
+  EXPECT_LE(node_.Metric("pagedweight_experts_resident{"), capacity);
+  EXPECT_GT(node_.Metric("pagedweight_experts_resident{"), 0);
+  EXPECT_EQ(node_.Metric("pagedweight_pool_balanced{"), 1);
+  EXPECT_GT(node_.Metric("pagedweight_pool_pages{tenant=\"weights\""), 0);
+  EXPECT_EQ(node_.Metric("pagedweight_weight_changes_pending{"), 0);
   ExpectPromtoolClean();
 }
 
@@ -231,18 +138,18 @@ TEST_F(ResidencyServing, AdmissionsCommitUnderConcurrentRequests) {
   if (IsSkipped() || HasFatalFailure()) return;
   auto prompts = Prompts(12, 7);
   std::vector<std::future<std::string>> got;
-  for (const auto& p : prompts) got.push_back(std::async(std::launch::async, [&, p] { return Complete(p, 24); }));
+  for (const auto& p : prompts) got.push_back(std::async(std::launch::async, [&, p] { return node_.Complete(p, 24); }));
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string text = got[i].get();
-    EXPECT_TRUE(text.rfind("HTTP ", 0) != 0 && text.rfind("bad reply", 0) != 0) << text << "\n" << Logs();
+    EXPECT_TRUE(text.rfind("HTTP ", 0) != 0 && text.rfind("bad reply", 0) != 0) << text << "\n" << node_.Logs();
   }
   WaitMetricsFresh();
-  EXPECT_GT(Metric("pagedweight_expert_admissions_total{state=\"started\""), 0) << Logs();
-  EXPECT_GT(Metric("pagedweight_expert_admissions_total{state=\"committed\""), 0) << Logs();
-  EXPECT_GT(Metric("pagedweight_expert_misses_total{action=\"fetched\""), 0);
-  EXPECT_LE(Metric("pagedweight_experts_resident{"), Metric("pagedweight_experts_resident_capacity{"));
-  EXPECT_EQ(Metric("pagedweight_pool_balanced{"), 1);
-  EXPECT_EQ(Metric("pagedweight_pool_pages{tenant=\"kv\""), 0) << Logs();
+  EXPECT_GT(node_.Metric("pagedweight_expert_admissions_total{state=\"started\""), 0) << node_.Logs();
+  EXPECT_GT(node_.Metric("pagedweight_expert_admissions_total{state=\"committed\""), 0) << node_.Logs();
+  EXPECT_GT(node_.Metric("pagedweight_expert_misses_total{action=\"fetched\""), 0);
+  EXPECT_LE(node_.Metric("pagedweight_experts_resident{"), node_.Metric("pagedweight_experts_resident_capacity{"));
+  EXPECT_EQ(node_.Metric("pagedweight_pool_balanced{"), 1);
+  EXPECT_EQ(node_.Metric("pagedweight_pool_pages{tenant=\"kv\""), 0) << node_.Logs();
   ExpectPromtoolClean();
 }
 
