@@ -27,6 +27,7 @@
 #include "services/engine/engine.h"
 #include "services/transport/curve_keys.h"
 #include "services/transport/zmq_transport.h"
+#include "tests/cluster/batch_invariance.h"
 #include "tests/cluster/http_util.h"
 #include "tests/cluster/process_util.h"
 
@@ -48,6 +49,7 @@ class ClusterE2E : public ::testing::Test {
     if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) {
       GTEST_SKIP() << "no weights in " << ModelDir();
     }
+    testing::UseBatchInvariantKernels();
     http_port_ = FreePort();
     ctl_port_ = FreePort();
     broker_port_ = FreePort();

@@ -25,6 +25,7 @@
 #include "common/tokenizer.h"
 #include "quant/apw_provider.h"
 #include "services/engine/engine.h"
+#include "tests/cluster/batch_invariance.h"
 #include "tests/cluster/paged_node.h"
 #include "tests/cluster/split_reference.h"
 

@@ -22,6 +22,7 @@
 #include "services/transport/ucx.h"
 #include "services/transport/pipe_io.h"
 #include "services/transport/zmq_transport.h"
+#include "tests/cluster/batch_invariance.h"
 #include "tests/cluster/process_util.h"
 
 namespace pw {
@@ -80,6 +81,7 @@ class Harness {
   // Starts pw-prefill with `extra` flags and waits for its registration; then registers the
   // decode-side region, sized from the prefill's KV layout (same model, same layout).
   bool Start(const std::vector<std::string>& extra) {
+    testing::UseBatchInvariantKernels();
     const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
     mkdir(log_dir.c_str(), 0755);
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();

@@ -24,6 +24,7 @@
 #include "quant/apw_provider.h"
 #include "services/engine/engine.h"
 #include "services/engine/miss_routing_hook.h"
+#include "tests/cluster/batch_invariance.h"
 #include "tests/cluster/paged_node.h"
 #include "tests/cluster/split_reference.h"
 

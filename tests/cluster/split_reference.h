@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -15,12 +14,6 @@
 #include "services/engine/engine.h"
 
 namespace pw::testing {
-
-// Makes this process and the processes it starts use the batch-invariant dense kernels
-// (PW_BATCH_INVARIANT=1, kernels/cpu/dense.h): a served request's numerics then do not depend
-// on what it was batched with, so served greedy outputs can equal the reference's token for
-// token. Call before anything in this process runs a kernel (the table is chosen once).
-inline void UseBatchInvariantKernels() { setenv("PW_BATCH_INVARIANT", "1", /*overwrite=*/1); }
 
 // Greedy continuations (`max_tokens` each, the first token from prefill) decoded to text. With
 // `one_at_a_time`, each request decodes alone before the next is prefilled (a cold cache per

@@ -16,6 +16,7 @@
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/transport/zmq_transport.h"
+#include "tests/cluster/batch_invariance.h"
 #include "tests/cluster/process_util.h"
 
 namespace pw {
@@ -208,6 +209,7 @@ struct Cluster {
   std::string broker_endpoint;
 
   bool Start(int decode_kv_blocks = 256, bool use_broker = true) {
+    testing::UseBatchInvariantKernels();
     const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
     mkdir(log_dir.c_str(), 0755);
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
