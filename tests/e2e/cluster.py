@@ -93,7 +93,10 @@ class LocalCluster:
 
     def _start(self, name, argv):
         log = open(os.path.join(self.log_dir, name + ".log"), "w")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        # Batch-invariant dense kernels: a prompt's greedy text is the same bits whatever it
+        # was batched with, so runs under load can be compared with a reference run.
+        env = dict(os.environ, PW_BATCH_INVARIANT="1")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def start_router(self):
         self._start("router", [os.path.join(self.bin, "pw-router"), "--model", self.model_dir,

@@ -100,9 +100,12 @@ class Node:
                     f"restart: {{initial_backoff_ms: 200, max_backoff_ms: 2000, "
                     f"stable_after_ms: 5000}}\n")
         self.out = open(os.path.join(log_dir, "pw-cluster.out"), "w")
+        # Batch-invariant dense kernels: the undisturbed reference and the runs under load and
+        # faults batch each prompt differently, and must still give the same text.
         self.proc = subprocess.Popen([os.path.join(build_dir, "bin", "pw-cluster"), "up",
                                       "--config", yaml], stdout=self.out,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, PW_BATCH_INVARIANT="1"))
 
     def children(self):
         """{name: pid} of pw-cluster's children."""
