@@ -124,12 +124,14 @@ inline void WriteBack(const float* c, int tt, bool first, float* y, size_t ldy) 
 // column chunk (once in all at G = 1 and K <= 2048), the next block prefetched line by line
 // while one is multiplied. (Blocks of 16 rows taken from 16 distant parts of the range, one
 // long stream per tile row, measured no faster.)
-// kChunk: the columns laid out at a time (kChunkCols / G, or kChunkCols / 2 for both G when
-// every token count must sum in one order: each chunk's sum is added to the last in fp32).
-template <int G, size_t kChunk = kChunkCols / G>
+// kSegment: the columns one accumulator sums before its tile is added into y in fp32 (at most
+// the chunk, the columns laid out at a time, kChunkCols / G). Every token count sums in one
+// order when both G use the same segments (kChunkCols / 2): the batch-invariant table.
+template <int G, size_t kSegment = kChunkCols / G>
 void TilePass(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K, size_t K32,
               size_t n_begin, size_t n_end, float* y, size_t ldy) {
-  static_assert(kChunk * G <= kChunkCols && kChunk % 32 == 0);
+  constexpr size_t kChunk = kChunkCols / G;
+  static_assert(kSegment <= kChunk && kChunk % kSegment == 0 && kSegment % 32 == 0);
   constexpr size_t kPairs = kChunk / 2;
   alignas(64) uint32_t acts[G][kSplits][kPairs * kGroup];
   alignas(64) float c[G][16 * 16];
@@ -150,6 +152,17 @@ void TilePass(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
       const uint16_t* a = w + n0 * K + k0;
       // The next row block, at the same columns (one line per row per step).
       const char* ahead = reinterpret_cast<const char*>(a + 16 * K);
+      // The accumulators into y: stored on the row block's first segment, added on the next.
+      bool first = k0 == 0;
+      auto flush = [&] {
+        _tile_stored(0, c[0], 64);
+        WriteBack(c[0], tt0, first, y + n0, ldy);
+        if constexpr (G == 2) {
+          _tile_stored(1, c[1], 64);
+          WriteBack(c[1], static_cast<int>(T) - kGroup, first, y + kGroup * ldy + n0, ldy);
+        }
+        first = false;
+      };
       _tile_zero(0);
       if constexpr (G == 2) _tile_zero(1);
       for (size_t kk = 0; kk < kc; kk += 32) {
@@ -176,20 +189,22 @@ void TilePass(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
           _tile_dpbf16ps(1, 2, 3);
         }
         for (int r = 0; r < 16; ++r) _mm_prefetch(ahead + r * stride + kk * 2, _MM_HINT_T0);
+        if constexpr (kSegment < kChunk) {
+          if ((kk + 32) % kSegment == 0 && kk + 32 < kc) {
+            flush();
+            _tile_zero(0);
+            if constexpr (G == 2) _tile_zero(1);
+          }
+        }
       }
-      _tile_stored(0, c[0], 64);
-      WriteBack(c[0], tt0, k0 == 0, y + n0, ldy);
-      if constexpr (G == 2) {
-        _tile_stored(1, c[1], 64);
-        WriteBack(c[1], static_cast<int>(T) - kGroup, k0 == 0, y + kGroup * ldy + n0, ldy);
-      }
+      flush();
     }
   }
   _tile_release();
 }
 
-// kInvariant: tiles for every token count (not only from kMinTokens), one column chunking for
-// one and two groups, and the rows past the last block of 16 on the AVX-512 tiles, so each
+// kInvariant: tiles for every token count (not only from kMinTokens), the same accumulation
+// segments for one and two groups, and the rows past the last block of 16 on the AVX-512 tiles, so each
 // token sums in one order whatever T is.
 template <bool kInvariant>
 void MatmulBf16AmxImpl(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
