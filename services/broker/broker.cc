@@ -256,6 +256,7 @@ Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
       p.pending = t.getChangesPending();
       p.kv_demand = t.getKvDemandPages();
       for (float x : t.getExpertMass()) p.mass.push_back(x);
+      for (float x : t.getPromptFeatures()) p.prompt_features.push_back(x);
       book_->Telemetry(peer, p);
       return Status::Ok();
     }
