@@ -325,8 +325,13 @@ Result<ResidualTrainReport> TrainResidualHeads(const ResidualTrainOptions& o) {
     }
   }
   ResidualHeads heads(L, E, hash, o.clamp);
+  if (!o.evaluate_heads.empty()) {
+    // Score existing heads: every prompt is held out, nothing is fitted or written.
+    PW_ASSIGN_OR_RETURN(heads, ResidualHeads::Load(o.evaluate_heads, hash));
+    for (ResidualSample& smp : samples) smp.heldout = true;
+  }
   PW_ASSIGN_OR_RETURN(ResidualTrainReport rep, FitResidualHeads(samples, o.ridge, &heads));
-  PW_RETURN_IF_ERROR(heads.Save(o.out_path));
+  if (o.evaluate_heads.empty()) PW_RETURN_IF_ERROR(heads.Save(o.out_path));
   rep.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return rep;
 }

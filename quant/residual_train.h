@@ -41,6 +41,8 @@ struct ResidualTrainOptions {
   double clamp = 2.0;          // |residual| at most this (ResidualHeads::clamp)
   int threads = 1;
   std::string out_path;        // heads file (written atomically)
+  // Non-empty: score these heads on the prompts instead (all held out; nothing written).
+  std::string evaluate_heads;
 };
 
 // One measured sample: prompt p at (layer, proj).

@@ -5,6 +5,7 @@
 //   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
 //   pw-quantize residuals --model DIR --store STORE (--calib FILE | --calib-random-tokens N)
 //               --out HEADS.pwrh [--prompt-tokens 64] [--max-prompts N] [--ridge R]
+//   pw-quantize residuals ... --evaluate HEADS.pwrh   (score heads on other prompts)
 // The work is QuantizeModel (quant/quantize_model.h) and PlanDamageRanked /
 // PlanRandom (quant/apw_provider.h) and TrainResidualHeads (quant/residual_train.h: the
 // planner's prompt residual heads, a file beside the store); this is their command line.
@@ -100,10 +101,17 @@ int main(int argc, char** argv) {
   res->add_option("--ridge", ro.ridge, "L2 penalty relative to the features' variance")->check(CLI::Range(0.0, 1e6));
   res->add_option("--clamp", ro.clamp, "largest |residual| a head may predict")->check(CLI::Range(1e-6, 8.0));
   res->add_option("--threads", ro.threads, "engine threads")->check(CLI::Range(1, 1024));
-  res->add_option("--out", ro.out_path, "heads file to write (.pwrh)")->required();
+  auto* rout = res->add_option("--out", ro.out_path, "heads file to write (.pwrh)");
+  auto* reval = res->add_option("--evaluate", ro.evaluate_heads,
+                                "score these heads on the prompts (every prompt held out) instead of training");
+  rout->excludes(reval);
   CLI11_PARSE(app, argc, argv);
   if (plan->parsed()) return RunPlan(plan_store, avg_bits, plan_out, random_seed, min_bits);
   if (res->parsed()) {
+    if (ro.out_path.empty() && ro.evaluate_heads.empty()) {
+      std::fprintf(stderr, "pw-quantize residuals: --out (or --evaluate) is required\n");
+      return 2;
+    }
     if (ro.calib_path.empty() && ro.calib_random_tokens == 0) {
       std::fprintf(stderr, "pw-quantize residuals: --calib or --calib-random-tokens is required\n");
       return 2;
@@ -114,7 +122,8 @@ int main(int argc, char** argv) {
                  "pw-quantize residuals: %d prompts (%d train, %d held out), %d samples; train R^2 %.3f, "
                  "held-out R^2 %.3f, correlation %.3f (target sd %.3f); %.1fs -> %s\n",
                  r->prompts, r->train_prompts, r->heldout_prompts, r->samples, r->train_r2, r->heldout_r2,
-                 r->heldout_corr, r->target_sd, r->seconds, ro.out_path.c_str());
+                 r->heldout_corr, r->target_sd, r->seconds,
+                 ro.evaluate_heads.empty() ? ro.out_path.c_str() : "(evaluated, nothing written)");
     return 0;
   }
 

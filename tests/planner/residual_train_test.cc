@@ -77,6 +77,18 @@ TEST_F(ResidualTrainTest, TrainsHeadsBesideTheStoreDeterministically) {
       for (size_t k = 1; k < heads->head(l, p).size(); ++k) weight_mass += std::fabs(heads->head(l, p)[k]);
   EXPECT_GT(weight_mass, 0.0);
 
+  // Scoring the heads on other prompts: all of them held out, nothing written.
+  ResidualTrainOptions eval = Options(dir_ + "/not-written.pwrh");
+  eval.out_path.clear();
+  eval.evaluate_heads = out;
+  eval.calib_seed = 3;
+  auto scored = TrainResidualHeads(eval);
+  ASSERT_TRUE(scored.ok()) << scored.status().ToString();
+  EXPECT_EQ(scored->heldout_prompts, 24);
+  EXPECT_EQ(scored->train_prompts, 0);
+  EXPECT_TRUE(std::isfinite(scored->heldout_r2));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/not-written.pwrh"));
+
   // The same inputs give the same bytes.
   const std::string again = dir_ + "/again.pwrh";
   ASSERT_TRUE(TrainResidualHeads(Options(again)).ok());
