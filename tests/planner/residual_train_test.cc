@@ -4,6 +4,7 @@
 #include "quant/residual_train.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -22,7 +23,8 @@ const std::string kOtherModel = std::string(PW_SOURCE_DIR) + "/tests/fixtures/mo
 class ResidualTrainTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/residual_train";
+    // One folder per process: ctest runs each test of the suite in its own process at once.
+    dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/residual_train_" + std::to_string(getpid());
     std::filesystem::create_directories(dir_);
     QuantizeModelOptions q;
     q.model_dir = kModel;
