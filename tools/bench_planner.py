@@ -14,7 +14,9 @@ with free ports:
   ranked        planner off, the damage-ranked map of `pw-quantize plan --avg-bits A` applied
                 before the load (A: --ranked-avg-bits, default the planner run's time-weighted
                 bits per expert weight from its sampled maps), reserve_wait_ms 0;
-  static-mode   broker.planner.static true (the planner runs and never changes a width).
+  static-mode   broker.planner.static true (the planner runs and never changes a width);
+  no-residuals  the planner without prompt residuals (broker.planner.use_residuals false).
+--residuals HEADS (pw-quantize residuals) sets broker.planner.residuals in every planner mode.
 then runs pw-loadgen (gamma arrivals, --burstiness) and samples the decode worker's /metrics
 every 100 ms (pagedweight_committed_width_mean{layer="all"}, preemptions, held reservations)
 and, in the planner modes, `pw-ctl show --block` every --map-every s (the committed width of
@@ -133,6 +135,8 @@ def variant(a, mode, ranked_map):
         planner["use_routing"] = False
     elif mode == "static-mode":
         planner["static"] = True
+    elif mode == "no-residuals":
+        planner["use_residuals"] = False
     elif mode in ("static8", "static8-hold", "static4", "ranked"):
         planner["enabled"] = False
         if mode != "static8-hold":
@@ -143,6 +147,8 @@ def variant(a, mode, ranked_map):
             setup = ["apply", ranked_map]
     else:
         raise SystemExit(f"unknown mode {mode}")
+    if a.residuals:
+        planner["residuals"] = os.path.abspath(a.residuals)
     return cfg, setup
 
 
@@ -360,6 +366,7 @@ def main():
     p.add_argument("--model", default="models/tiny-moe")
     p.add_argument("--store", default="build/tiny-moe.apw")
     p.add_argument("--heldout", default="build/eval/heldout.txt")
+    p.add_argument("--residuals", default="", help="prompt residual heads for the planner modes (.pwrh)")
     a = p.parse_args()
     a.modes = a.modes.split(",")
     os.makedirs(a.out, exist_ok=True)

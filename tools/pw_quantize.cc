@@ -3,8 +3,12 @@
 //   pw-quantize --model DIR --calib FILE --out STORE [--seed-bits 3] [--max-bits 8] [--threads N]
 //   pw-quantize --model DIR --calib-random-tokens N [--calib-seed S] --out STORE [...]
 //   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
+//   pw-quantize residuals --model DIR --store STORE (--calib FILE | --calib-random-tokens N)
+//               --out HEADS.pwrh [--prompt-tokens 64] [--max-prompts N] [--ridge R]
+//   pw-quantize residuals ... --evaluate HEADS.pwrh   (score heads on other prompts)
 // The work is QuantizeModel (quant/quantize_model.h) and PlanDamageRanked /
-// PlanRandom (quant/apw_provider.h); this is their command line.
+// PlanRandom (quant/apw_provider.h) and TrainResidualHeads (quant/residual_train.h: the
+// planner's prompt residual heads, a file beside the store); this is their command line.
 // --calib-random-tokens calibrates on N token ids drawn uniformly from the vocabulary instead of
 // text, so a checkpoint without a tokenizer (make_synthetic_moe's) gets a store: its widths and
 // damage tables then reflect random inputs, fine for speed figures, not for quality ones.
@@ -16,6 +20,7 @@
 #include "common/apw_store.h"
 #include "quant/apw_provider.h"
 #include "quant/quantize_model.h"
+#include "quant/residual_train.h"
 
 namespace {
 
@@ -78,8 +83,49 @@ int main(int argc, char** argv) {
   plan->add_option("--out", plan_out, "width map to write (JSON)")->required();
   plan->add_option("--random-seed", random_seed, "random map with this seed instead of damage-ranked");
   plan->add_option("--min-bits", min_bits, "lowest width a block may get")->check(CLI::Range(3, 8));
+  auto* res = app.add_subcommand("residuals", "train the planner's prompt residual heads beside a store");
+  pw::anyprec::ResidualTrainOptions ro;
+  res->add_option("--model", ro.model_dir, "checkpoint directory")->required();
+  res->add_option("--store", ro.store_path, "the .apw store the heads go beside")->required();
+  auto* rcalib = res->add_option("--calib", ro.calib_path, "calibration text (UTF-8), split into prompts");
+  auto* rrandom = res->add_option("--calib-random-tokens", ro.calib_random_tokens,
+                                  "prompts of this many random token ids in all instead of --calib")
+                      ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
+  rcalib->excludes(rrandom);
+  res->add_option("--calib-seed", ro.calib_seed, "seed of --calib-random-tokens");
+  res->add_option("--tokenizer", ro.tokenizer_path, "tokenizer.json (default: <model>/tokenizer.json)");
+  res->add_option("--prompt-tokens", ro.prompt_tokens, "tokens per calibration prompt")->check(CLI::Range(2, 1 << 20));
+  res->add_option("--max-prompts", ro.max_prompts, "use at most this many prompts (0 = all)")->check(CLI::Range(0, 1 << 24));
+  res->add_option("--holdout-every", ro.holdout_every, "every Nth prompt is held out for the fit figures")
+      ->check(CLI::Range(2, 1000));
+  res->add_option("--ridge", ro.ridge, "L2 penalty relative to the features' variance")->check(CLI::Range(0.0, 1e6));
+  res->add_option("--clamp", ro.clamp, "largest |residual| a head may predict")->check(CLI::Range(1e-6, 8.0));
+  res->add_option("--threads", ro.threads, "engine threads")->check(CLI::Range(1, 1024));
+  auto* rout = res->add_option("--out", ro.out_path, "heads file to write (.pwrh)");
+  auto* reval = res->add_option("--evaluate", ro.evaluate_heads,
+                                "score these heads on the prompts (every prompt held out) instead of training");
+  rout->excludes(reval);
   CLI11_PARSE(app, argc, argv);
   if (plan->parsed()) return RunPlan(plan_store, avg_bits, plan_out, random_seed, min_bits);
+  if (res->parsed()) {
+    if (ro.out_path.empty() && ro.evaluate_heads.empty()) {
+      std::fprintf(stderr, "pw-quantize residuals: --out (or --evaluate) is required\n");
+      return 2;
+    }
+    if (ro.calib_path.empty() && ro.calib_random_tokens == 0) {
+      std::fprintf(stderr, "pw-quantize residuals: --calib or --calib-random-tokens is required\n");
+      return 2;
+    }
+    auto r = pw::anyprec::TrainResidualHeads(ro);
+    if (!r.ok()) return Fail(r.status());
+    std::fprintf(stderr,
+                 "pw-quantize residuals: %d prompts (%d train, %d held out), %d samples; train R^2 %.3f, "
+                 "held-out R^2 %.3f, correlation %.3f (target sd %.3f); %.1fs -> %s\n",
+                 r->prompts, r->train_prompts, r->heldout_prompts, r->samples, r->train_r2, r->heldout_r2,
+                 r->heldout_corr, r->target_sd, r->seconds,
+                 ro.evaluate_heads.empty() ? ro.out_path.c_str() : "(evaluated, nothing written)");
+    return 0;
+  }
 
   if (o.model_dir.empty() || (o.calib_path.empty() && o.calib_random_tokens == 0) || o.out_path.empty()) {
     std::fprintf(stderr, "pw-quantize: --model, --calib (or --calib-random-tokens) and --out are required\n%s",

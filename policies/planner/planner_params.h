@@ -22,6 +22,9 @@ struct PlannerParams {
   bool enabled = false;          // the broker runs the planner at all
   bool static_mode = false;      // ablation: widths never change (Plan returns no change)
   bool use_routing = true;       // ablation: false = every expert weighs 1 and no hot floor
+  // ablation: false = no prompt residuals (every block's PromptResidual is 1; the broker's
+  // driver leaves BlockInput::log_residual at 0)
+  bool use_prompt_residuals = true;
   double low_watermark = 0.05;   // fraction of the pool
   double high_watermark = 0.20;  // fraction of the pool; >= low_watermark
   double headroom = 0.05;        // fraction of the pool freed beyond the shortfall

@@ -1,6 +1,7 @@
 #include "policies/planner/step_damage.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace pw::planner {
 
@@ -25,7 +26,10 @@ double HotWeight(double normalized_mass, const PlannerParams& params) {
   return std::clamp(normalized_mass, params.hot_weight_min, params.hot_weight_max);
 }
 
-double PromptResidual(const BlockInput& /*block*/) { return 1.0; }
+double PromptResidual(const BlockInput& block) {
+  if (block.log_residual == 0 || !std::isfinite(block.log_residual)) return 1.0;
+  return std::exp(std::clamp(block.log_residual, -kMaxLogResidual, kMaxLogResidual));
+}
 
 double StepDamage(const BlockInput& block, int from, int to, double hot) {
   const double d = block.damage[to] - block.damage[from];

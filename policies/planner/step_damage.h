@@ -1,6 +1,7 @@
 // StepDamage: the expected damage of moving one expert block between two widths.
 //
 //   damage(i: b -> b') = (D_i[b'] - D_i[b]) * hot(r_e) * PromptResidual(i)
+// with PromptResidual(i) = exp(log_residual_i), the running batch's prompt residual
 // for a lowering b' < b (for a raise b -> b', the damage avoided is the same expression with
 // the widths swapped). hot(r) = clamp(r, hot_weight_min, hot_weight_max) where r is the
 // expert's routing mass over the mean of its layer (planner_params.h); with use_routing off,
@@ -22,8 +23,10 @@ std::vector<double> NormalizedMass(const std::vector<double>& mass, int num_laye
 
 double HotWeight(double normalized_mass, const PlannerParams& params);
 
-// The factor exp(residual_i(prompt features)) of the running batch's prompts. The per-layer
-// residual heads are not built: this returns 1.0 for every block.
+// The factor exp(residual_i(prompt features)) of the running batch's prompts:
+// exp(block.log_residual), clamped to [exp(-kMaxLogResidual), exp(kMaxLogResidual)]; 1.0 when
+// the residual is 0 (no heads, no features, or the ablation) or not finite.
+inline constexpr double kMaxLogResidual = 8.0;
 double PromptResidual(const BlockInput& block);
 
 // Damage added by lowering `block` from `from` to `to` bits (to < from), weighted.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "common/hash.h"
@@ -132,6 +133,11 @@ Status Broker::Setup() {
   if (options_.planner.enabled) {
     if (!served_) return InvalidArgument("broker: the planner needs an .apw store (--store)");
     PW_ASSIGN_OR_RETURN(planner_, PlannerDriver::Create(served_->store(), options_.planner));
+    if (!options_.planner_residuals.empty()) {
+      PW_ASSIGN_OR_RETURN(ResidualHeads heads,
+                          ResidualHeads::Load(options_.planner_residuals, served_->store().info().model_hash));
+      PW_RETURN_IF_ERROR(planner_->SetResidualHeads(std::make_shared<const ResidualHeads>(std::move(heads))));
+    }
     planner_plans_ = &prometheus::BuildCounter().Name("pagedweight_broker_planner_plans_total")
                           .Help("Plans the planner made, by action (lower, raise)").Register(*registry_);
     planner_pages_ = &prometheus::BuildCounter().Name("pagedweight_broker_planner_pages_total")
@@ -256,6 +262,7 @@ Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
       p.pending = t.getChangesPending();
       p.kv_demand = t.getKvDemandPages();
       for (float x : t.getExpertMass()) p.mass.push_back(x);
+      for (float x : t.getPromptFeatures()) p.prompt_features.push_back(x);
       book_->Telemetry(peer, p);
       return Status::Ok();
     }
@@ -300,6 +307,20 @@ void Broker::OnCtl(const std::string& peer, wire::CtlRequest::Reader r) {
                                       planner::PlanActionName(last->decision.action) + ", " +
                                       std::to_string(last->decision.changes.size()) + " change(s), epoch " +
                                       std::to_string(last->epoch) + "; " + last->decision.reason + "\n";
+        if (last != nullptr && !last->prompt_residuals.empty()) {
+          // exp(residual) per layer, gate_up/down: the prompt factor on each layer's step damage.
+          text += "planner: prompt residuals (damage factor, layer: gate_up/down):";
+          char buf[48];
+          for (size_t l = 0; l * 2 + 1 < last->prompt_residuals.size(); ++l) {
+            std::snprintf(buf, sizeof buf, " %zu: %.3f/%.3f", l, last->prompt_residuals[l * 2],
+                          last->prompt_residuals[l * 2 + 1]);
+            text += buf;
+          }
+          text += "\n";
+        } else if (planner_->residual_heads() != nullptr) {
+          text += planner_->params().use_prompt_residuals ? "planner: prompt residuals: heads loaded, no features yet\n"
+                                                          : "planner: prompt residuals: off (ablation)\n";
+        }
       }
       reply.setText(text);
       break;

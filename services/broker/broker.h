@@ -49,6 +49,9 @@ struct BrokerOptions {
   uint64_t heartbeat_ms = 500;
   std::string metrics_bind;                 // "127.0.0.1:9102"; empty = none
   std::string store_path;                   // .apw store; empty = the checkpoint's bf16 experts
+  // Prompt residual heads beside the store (common/residual_heads.h, pw-quantize residuals);
+  // empty = none (every prompt residual 1).
+  std::string planner_residuals;
   int initial_bits = 4;                     // width of every block until a plan changes it
   uint64_t plan_resend_ms = 1000;           // a worker with pending changes gets its plan again
   // The quality-aware planner (planner_driver.h); off by default, needs an .apw store.

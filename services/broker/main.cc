@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   app.add_flag("--planner-static", pl.static_mode, "ablation: the planner never changes widths");
   app.add_flag("--planner-no-routing", [&pl](int64_t) { pl.use_routing = false; },
                "ablation: no routing statistics (every expert average, no hot floor)");
+  app.add_option("--planner-residuals", o.planner_residuals,
+                 "prompt residual heads beside the store (pw-quantize residuals)");
+  app.add_flag("--planner-no-residuals", [&pl](int64_t) { pl.use_prompt_residuals = false; },
+               "ablation: no prompt residuals (every step's prompt factor is 1)");
   app.add_option("--planner-low", pl.low_watermark, "low watermark, fraction of the pool free");
   app.add_option("--planner-high", pl.high_watermark, "high watermark, fraction of the pool free");
   app.add_option("--planner-headroom", pl.headroom, "fraction of the pool freed beyond the shortfall");

@@ -34,6 +34,7 @@ struct WorkerPool {
   uint32_t pending = 0;
   uint32_t kv_demand = 0;    // KV pages still needed and not held (services/workers/kv_demand.h)
   std::vector<float> mass;   // routing-mass EMA [layers * experts]; empty: none reported
+  std::vector<float> prompt_features;  // routing histogram of recent prefills [layers * experts]; empty: none
 };
 
 class PlanBook {

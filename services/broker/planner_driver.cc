@@ -1,6 +1,7 @@
 #include "services/broker/planner_driver.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "memory/weight_page_table.h"
 
@@ -13,6 +14,18 @@ Result<std::unique_ptr<PlannerDriver>> PlannerDriver::Create(const apw::ApwStore
                                                              const planner::PlannerParams& params) {
   PW_RETURN_IF_ERROR(params.Validate());
   return std::unique_ptr<PlannerDriver>(new PlannerDriver(store, params));
+}
+
+Status PlannerDriver::SetResidualHeads(std::shared_ptr<const ResidualHeads> heads) {
+  if (heads && (heads->num_layers() != static_cast<int>(store_.info().num_layers) ||
+                heads->num_experts() != static_cast<int>(store_.info().num_experts))) {
+    return InvalidArgument("planner: residual heads for " + std::to_string(heads->num_layers()) + " layers x " +
+                           std::to_string(heads->num_experts()) + " experts do not fit the store (" +
+                           std::to_string(store_.info().num_layers) + " x " +
+                           std::to_string(store_.info().num_experts) + ")");
+  }
+  heads_ = std::move(heads);
+  return Status::Ok();
 }
 
 Result<const std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>>*> PlannerDriver::PagesFor(
@@ -90,12 +103,30 @@ Result<std::optional<PlannerDriver::Outcome>> PlannerDriver::Tick(uint64_t now_m
       std::any_of(pool->mass.begin(), pool->mass.end(), [](float m) { return m > 0.f; })) {
     in.routing_mass.assign(pool->mass.begin(), pool->mass.end());
   }
+  // Prompt residuals from the worker's prompt features (see the header).
+  const size_t cells = static_cast<size_t>(in.num_layers) * in.num_experts;
+  std::vector<double> residuals;
+  if (params_.use_prompt_residuals && heads_ && pool->prompt_features.size() == cells &&
+      std::any_of(pool->prompt_features.begin(), pool->prompt_features.end(), [](float f) { return f > 0.f; })) {
+    residuals.resize(static_cast<size_t>(in.num_layers) * kProjsPerExpert);
+    for (int l = 0; l < in.num_layers; ++l) {
+      for (auto proj : {ExpertProj::kGateUp, ExpertProj::kDown}) {
+        residuals[static_cast<size_t>(l) * kProjsPerExpert + static_cast<int>(proj)] =
+            heads_->Predict(l, proj, pool->prompt_features.data() + static_cast<size_t>(l) * in.num_experts);
+      }
+    }
+    for (planner::BlockInput& bi : in.blocks) {
+      bi.log_residual = residuals[static_cast<size_t>(bi.layer) * kProjsPerExpert + static_cast<int>(bi.proj)];
+    }
+    for (double& r : residuals) r = std::exp(r);
+  }
   in.now_ms = now;
   in.last_change_ms = last_change_ms_;
   PW_ASSIGN_OR_RETURN(planner::PlannerDecision d, planner::Plan(in, params_));
 
   Outcome out;
   out.worker = *tightest;
+  out.prompt_residuals = std::move(residuals);
   if (!d.changes.empty()) {
     std::vector<PlanBook::Selection> sel;
     sel.reserve(d.changes.size());

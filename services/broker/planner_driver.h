@@ -11,7 +11,11 @@
 //   - KV demand: the worker's kvDemandPages (running growth, leases, held reservations);
 //   - routing mass: the worker's expertMass EMA (services/workers/routing_stats.h), unless
 //     the routing ablation is on or the worker has not seen a decode step yet (then every
-//     expert is average).
+//     expert is average);
+//   - prompt residuals: with residual heads set (SetResidualHeads) and the prompt-residual
+//     ablation off, each block's log_residual is its (layer, proj) head applied to the
+//     worker's promptFeatures (services/workers/prompt_features.h), when those cover every
+//     (layer, expert) and are not all zero; otherwise 0 (a factor of 1).
 // Changes go to the book as one Apply (a new epoch); the broker sends them as plans.
 // Loop thread only, like the book.
 #pragma once
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "common/apw_store.h"
+#include "common/residual_heads.h"
 #include "common/status.h"
 #include "policies/planner/planner.h"
 #include "services/broker/plan_book.h"
@@ -41,6 +46,8 @@ class PlannerDriver {
     std::string worker;                  // planned for
     planner::PlannerDecision decision;
     uint64_t epoch = 0;                  // the book's epoch after the changes (0: none applied)
+    // exp(residual) per (layer, proj), index layer * 2 + proj, the decision used; empty: none
+    std::vector<double> prompt_residuals;
   };
   // One decision when due and possible (see the file comment), else nullopt. `workers`: the
   // decode workers plans go to. Errors: a bad input or a change the book refused.
@@ -48,6 +55,10 @@ class PlannerDriver {
                                       const std::vector<std::string>& workers);
 
   const planner::PlannerParams& params() const { return params_; }
+  // The prompt residual heads (null: none). InvalidArgument unless their layers and experts
+  // are the store's.
+  Status SetResidualHeads(std::shared_ptr<const ResidualHeads> heads);
+  const ResidualHeads* residual_heads() const { return heads_.get(); }
   // The last decision made (for logs and pw-ctl show); null before the first.
   const Outcome* last() const { return last_ ? &*last_ : nullptr; }
 
@@ -58,6 +69,7 @@ class PlannerDriver {
 
   const apw::ApwStore& store_;
   planner::PlannerParams params_;
+  std::shared_ptr<const ResidualHeads> heads_;
   std::map<uint64_t, std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>>> pages_;
   int64_t last_tick_ms_ = -1;
   int64_t last_change_ms_ = -1;

@@ -46,6 +46,10 @@ const Schema& ClusterSchema() {
                                      {"enabled", Schema::Bool().Default(false)},
                                      {"static", Schema::Bool().Default(false)},
                                      {"use_routing", Schema::Bool().Default(true)},
+                                     // Prompt residual heads (pw-quantize residuals) and
+                                     // the "no prompt residuals" ablation.
+                                     {"residuals", Schema::String().NonEmpty()},
+                                     {"use_residuals", Schema::Bool().Default(true)},
                                      {"low_watermark", Schema::Double().Range(0, 1).Default(0.05)},
                                      {"high_watermark", Schema::Double().Range(0, 1).Default(0.20)},
                                      {"headroom", Schema::Double().Range(0, 1).Default(0.05)},
@@ -203,6 +207,8 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                                    "--planner-interval-ms", std::to_string(pl["interval_ms"].AsInt())});
       if (pl["static"].AsBool()) b.argv.push_back("--planner-static");
       if (!pl["use_routing"].AsBool()) b.argv.push_back("--planner-no-routing");
+      if (pl.Has("residuals")) b.argv.insert(b.argv.end(), {"--planner-residuals", pl["residuals"].AsString()});
+      if (!pl["use_residuals"].AsBool()) b.argv.push_back("--planner-no-residuals");
     }
     name_args(&b.argv);
     out.processes.push_back(std::move(b));

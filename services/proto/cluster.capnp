@@ -159,6 +159,8 @@ struct KvReady {
   firstLogprob @7 :TokenLogprob;          # sampling.logprobs >= 0: firstToken's
   promptLogprobs @8 :List(TokenLogprob);  # PrefillRequest.promptLogprobs >= 0: entry i is
                                           # tokens[i + 1] given tokens[0..i]
+  promptRouting @9 :List(UInt32);  # [layers * experts] the prompt's top-k routing counts
+                                   # (services/workers/prompt_features.h); empty: not recorded
 }
 
 # Router -> decode: admit a request whose KV arrived.
@@ -169,6 +171,7 @@ struct StartDecode {
   firstToken @3 :UInt32;          # next input token (already streamed to the client)
   sampling @4 :SamplingParams;
   generatedSoFar @5 :UInt32;      # output tokens already streamed, including firstToken
+  promptRouting @6 :List(UInt32); # KvReady.promptRouting of the prefill, as it came
 }
 
 # Decode -> router: tokens generated, in order. startIndex is the output index of tokens[0]
@@ -225,6 +228,8 @@ struct Telemetry {
   planEpoch @10 :UInt64;          # last plan epoch fully committed
   changesPending @11 :UInt32;     # blocks whose committed width differs from the desired one
   kvDemandPages @12 :UInt32;      # KV pages still needed and not held (services/workers/kv_demand.h)
+  promptFeatures @13 :List(Float32);  # [layers * experts] routing histogram of recent prefills
+                                      # (services/workers/prompt_features.h); empty: none yet
 }
 
 enum WeightKind {

@@ -487,6 +487,8 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
     events_->OnPromptLogprobs(id, std::move(prompt_lps));
   }
   r.generated.push_back(first);
+  r.prompt_routing.clear();
+  for (uint32_t c : m.getPromptRouting()) r.prompt_routing.push_back(c);
   std::vector<TokenLogprob> first_lp;
   if (r.request.sampling.logprobs >= 0) {
     first_lp.push_back(FromWire(m.getFirstLogprob()));
@@ -551,6 +553,9 @@ void ClusterBackend::StartDecode(uint64_t id, Req& r) {
   sd.setFirstToken(static_cast<uint32_t>(r.generated.back()));
   FillSampling(sd.initSampling(), r.request.sampling);
   sd.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
+  if (!r.prompt_routing.empty()) {
+    proto::FillU32([&](unsigned n) { return sd.initPromptRouting(n); }, r.prompt_routing);
+  }
   Status st = server_->Send(r.decode_peer, out);
   if (!st.ok()) {
     SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);

@@ -127,6 +127,7 @@ class ClusterBackend final : public GenerationBackend {
     uint64_t prefill_epoch = 0;          // prefill peer's registration when PrefillRequest went
     uint32_t decode_pid = 0;             // the decode process that granted the lease
     std::vector<std::string> failed_on;  // workers this request failed on (avoided if possible)
+    std::vector<uint32_t> prompt_routing;  // KvReady.promptRouting, passed on in StartDecode
   };
   // What a worker registered with (read once per process instance).
   struct WorkerStatic {

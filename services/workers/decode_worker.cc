@@ -104,6 +104,8 @@ Status DecodeWorker::Setup() {
     lynx_metrics_ = LynxMetrics::Register(*metrics_->registry, options_.id);
   }
   routing_ = std::make_unique<RoutingStats>(static_cast<int>(cfg.num_layers), static_cast<int>(cfg.num_experts));
+  prompt_features_ =
+      std::make_unique<PromptFeatures>(static_cast<int>(cfg.num_layers), static_cast<int>(cfg.num_experts));
   engine::MoeHooks hooks;
   hooks.routing_hook = lynx_hook_.get();
   hooks.recorder = routing_.get();
@@ -182,6 +184,11 @@ void DecodeWorker::SendTelemetry() {
   const auto& mass = routing_->mass();
   auto list = t.initExpertMass(static_cast<unsigned>(mass.size()));
   for (size_t i = 0; i < mass.size(); ++i) list.set(static_cast<unsigned>(i), mass[i]);
+  if (prompt_features_->requests() > 0) {
+    const auto& pf = prompt_features_->features();
+    auto fl = t.initPromptFeatures(static_cast<unsigned>(pf.size()));
+    for (size_t i = 0; i < pf.size(); ++i) fl.set(static_cast<unsigned>(i), pf[i]);
+  }
   (void)broker_->Send(m);
 }
 
@@ -390,6 +397,11 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
     return;
   }
   run.lease_id = lease->lease_id;
+  {
+    std::vector<uint32_t> counts;
+    for (uint32_t c : r.getPromptRouting()) counts.push_back(c);
+    prompt_features_->Add(counts);
+  }
   running_[id] = std::move(run);
   admit_order_.push_back(id);
 }

@@ -71,6 +71,7 @@
 #include "memory/page_pool.h"
 #include "services/workers/decode_weights.h"
 #include "services/workers/reserve_wait.h"
+#include "services/workers/prompt_features.h"
 #include "services/workers/routing_stats.h"
 #include "services/workers/worker_metrics.h"
 
@@ -207,6 +208,7 @@ class DecodeWorker {
   std::unique_ptr<engine::LynxRoutingHook> lynx_hook_;  // null when LYNX is off
   std::unique_ptr<LynxMetrics> lynx_metrics_;
   std::unique_ptr<RoutingStats> routing_;  // the engine's recorder: routing mass for Telemetry
+  std::unique_ptr<PromptFeatures> prompt_features_;  // admitted prompts' routing, for Telemetry
   ReserveWait reserve_wait_;
   KvLeaseTable leases_;
   std::map<uint64_t, Quarantined> quarantine_;  // by lease id

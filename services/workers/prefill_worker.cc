@@ -62,6 +62,13 @@ Status PrefillWorker::Setup() {
   eo.kv_dtype = options_.kv_dtype;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   const auto& cfg = engine_->model().config();
+  prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),
+                                                            static_cast<int>(cfg.num_experts));
+  {
+    engine::MoeHooks hooks;
+    hooks.recorder = prompt_routing_.get();
+    engine_->SetMoeHooks(hooks);
+  }
   layout_hash_ =
       KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size, cfg.model_type);
   pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
@@ -204,6 +211,9 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
       for (size_t i = 0; i < o.prompt_logprobs.size(); ++i) {
         ToWire(o.prompt_logprobs[i], list[static_cast<unsigned>(i)]);
       }
+    }
+    if (!o.prompt_routing.empty()) {
+      proto::FillU32([&](unsigned n) { return kr.initPromptRouting(n); }, o.prompt_routing);
     }
     metrics_->requests_finished_ok->Increment();
   }
@@ -528,6 +538,7 @@ void PrefillWorker::Retire(Job* job, Status st) {
   o.first_token = job->work.result.first_token;
   if (job->work.params.logprobs >= 0) o.first_logprobs = job->work.result.first_logprobs;
   o.prompt_logprobs = std::move(job->work.result.prompt_logprobs);
+  if (o.status.ok()) o.prompt_routing = std::move(job->routing);
   outbox_.push_back(std::move(o));
 }
 
@@ -639,10 +650,18 @@ void PrefillWorker::ComputeLoop() {
     // One forward pass over the next chunks of the running prompts.
     batch.clear();
     for (const auto& j : active) batch.push_back(j->work);
+    prompt_routing_->BeginPass();
     auto ran = engine_->PrefillPass(batch);
     int in_pass = 0;
     for (size_t i = 0; i < active.size(); ++i) {
-      if (batch[i].num_computed != active[i]->work.num_computed) ++in_pass;
+      if (batch[i].num_computed != active[i]->work.num_computed) {
+        // The pass's sequences appear in the order of its jobs that ran.
+        const size_t k = static_cast<size_t>(in_pass);
+        if (ran.ok() && k < prompt_routing_->num_sequences()) {
+          AddRoutingCounts(prompt_routing_->counts(k), &active[i]->routing);
+        }
+        ++in_pass;
+      }
       active[i]->work.num_computed = batch[i].num_computed;
       active[i]->work.result = std::move(batch[i].result);
     }

@@ -57,6 +57,7 @@
 #include "services/transport/clock.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
+#include "services/workers/prompt_features.h"
 #include "services/workers/worker_metrics.h"
 
 namespace pw::workers {
@@ -110,6 +111,7 @@ class PrefillWorker {
     // Compute thread: requests with the same work waiting for this one's prefill.
     std::vector<std::shared_ptr<Job>> followers;
     std::chrono::steady_clock::time_point received, admitted;  // for the metrics
+    std::vector<uint32_t> routing;  // compute thread: prompt routing counts (prompt_features.h)
   };
   // The prompt prefilled last, its KV kept in `own` (compute thread).
   struct Recent {
@@ -130,6 +132,7 @@ class PrefillWorker {
     int32_t first_token = -1;
     std::optional<engine::TokenLogprobs> first_logprobs;  // sampling.logprobs >= 0
     std::vector<engine::TokenLogprobs> prompt_logprobs;   // promptLogprobs >= 0
+    std::vector<uint32_t> prompt_routing;                 // KvReady.promptRouting
   };
 
   explicit PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock);
@@ -165,6 +168,8 @@ class PrefillWorker {
 
   PrefillWorkerOptions options_;
   const transport::Clock* clock_;
+  // The engine's recorder (compute thread); outlives the engine, which points at it.
+  std::unique_ptr<PromptRoutingRecorder> prompt_routing_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
   std::unique_ptr<transport::ucx::Worker> ucx_worker_;

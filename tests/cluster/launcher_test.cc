@@ -332,5 +332,31 @@ TEST(Supervisor, MissingBinaryIsAClearError) {
   EXPECT_NE(st.message().find("/nonexistent/pw-ghost"), std::string::npos);
 }
 
+TEST(ClusterConfig, PlannerResidualsBecomeBrokerFlags) {
+  auto cfg = LoadClusterConfig(
+      WriteTemp("residuals.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
+                                  "broker: {store: s.apw, planner: {enabled: true, residuals: h.pwrh}}\n"),
+      "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto off = LoadClusterConfig(
+      WriteTemp("residuals_off.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
+                                      "broker: {store: s.apw, planner: {enabled: true, residuals: h.pwrh, "
+                                      "use_residuals: false}}\n"),
+      "/bin");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  auto broker_argv = [](const ClusterConfig& c) {
+    for (const auto& p : c.processes)
+      if (p.name == "broker") return p.argv;
+    return std::vector<std::string>{};
+  };
+  const auto on_argv = broker_argv(*cfg), off_argv = broker_argv(*off);
+  auto it = std::find(on_argv.begin(), on_argv.end(), "--planner-residuals");
+  ASSERT_NE(it, on_argv.end());
+  ASSERT_NE(it + 1, on_argv.end());
+  EXPECT_EQ(*(it + 1), "h.pwrh");
+  EXPECT_EQ(std::count(on_argv.begin(), on_argv.end(), "--planner-no-residuals"), 0);
+  EXPECT_EQ(std::count(off_argv.begin(), off_argv.end(), "--planner-no-residuals"), 1);
+}
+
 }  // namespace
 }  // namespace pw::cluster
