@@ -81,7 +81,7 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
     Status s = ApGemmQ8Rows(backend, b.view, b.bits, b.lut, gq.View(t.row0, t.tokens),
                             gu + static_cast<size_t>(t.row0) * 2 * I, 2 * I, t.r0, t.r1);
     return s.ok() ? s : s.WithContext(Where(call, t.group, "gate_up"));
-  }));
+  }, engine::TileCalls::kCoalesce));
   // 3. h = silu(gate) * up for every row, quantized at once.
   float* act = ws.Array<float>(3, R * I);
   const ActRows aq = TakeActRows(ws, 4, R, f);
@@ -102,7 +102,7 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
     Status s = ApGemmQ8Rows(backend, b.view, b.bits, b.lut, aq.View(t.row0, t.tokens),
                             ye + static_cast<size_t>(t.row0) * H, H, t.r0, t.r1);
     return s.ok() ? s : s.WithContext(Where(call, t.group, "down"));
-  }));
+  }, engine::TileCalls::kCoalesce));
   // 5. The weighted sum, in group order.
   for (const engine::ExpertGroup& e : call.groups) {
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {

@@ -3,7 +3,8 @@
 // One 64-byte load of a plane row covers two 256-column groups (bytes 0..31 of group 2P, then
 // of group 2P+1). For each of the 8 slices k the codes of 64 columns are formed in registers:
 // bit k of plane p moved to bit b-1-p with one shift and one ternary-logic merge per plane; for
-// b <= 4 slices k and k+4 are formed together (low and high nibble) by the same shifts. Codes
+// b <= 4 slices k and k+4 are formed together (low and high nibble) by the same shifts; for
+// b >= 5 all 8 slices at once by an 8x8 bit transpose across the plane registers. Codes
 // are looked up in the row's int8 LUT, offset to unsigned (+128), with vpermb (b <= 6, the
 // table replicated to 64 entries), vpermi2b (b = 7), or two vpermi2b and a blend on bit 7
 // (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per group pair
@@ -49,6 +50,35 @@ inline __m512i Codes(const __m512i* pl, __m512i c) {
   } else {
     return c;
   }
+}
+
+// From this width on the codes of all 8 slices are formed at once by transposing, in every
+// byte position, the 8x8 bit matrix (register q, bit k) across the 8 registers: 3 stages of 4
+// register pairs, 2 shifts and 2 bit-selects each = 48 µops per 512 weights, where forming
+// each slice plane by plane costs 2 per plane and slice (16·B per 512 weights).
+constexpr int kTransposeFrom = 5;
+
+// Swaps bit j + D of r[i] with bit j of r[i + D] for every j with (j & D) == 0 and every i with
+// (i & D) == 0, in every byte: one stage of the 8x8 bit transpose.
+template <int D>
+inline void TransposeStage(__m512i* r) {
+  constexpr int hi_bits = D == 1 ? 0xAA : D == 2 ? 0xCC : 0xF0;
+  const __m512i mh = _mm512_set1_epi8(static_cast<char>(hi_bits));
+  const __m512i ml = _mm512_set1_epi8(static_cast<char>(hi_bits >> D));
+  for (int i = 0; i < 8; ++i) {
+    if ((i & D) != 0) continue;
+    const __m512i lo = r[i], hi = r[i + D];
+    // 0xD8: C ? B : A (bit select by the third operand).
+    r[i] = _mm512_ternarylogic_epi64(lo, _mm512_slli_epi16(hi, D), mh, 0xD8);
+    r[i + D] = _mm512_ternarylogic_epi64(hi, _mm512_srli_epi16(lo, D), ml, 0xD8);
+  }
+}
+
+// r[k] bit q = r[q] bit k (before), in every byte of the 8 registers.
+inline void Transpose8x8(__m512i* r) {
+  TransposeStage<4>(r);
+  TransposeStage<2>(r);
+  TransposeStage<1>(r);
 }
 
 // The row's int8 LUT as unsigned (+128) vpermb / vpermi2b tables.
@@ -112,7 +142,17 @@ struct Row {
                        : _mm512_loadu_si512(pl[p] + 64 * P);
     }
     const __m512i zero = _mm512_setzero_si512();
-    if constexpr (B <= 4) {
+    if constexpr (B >= kTransposeFrom) {
+      // r[q]: the plane whose bit k becomes code bit q (above B - 1: any plane, the lookup
+      // ignores those bits). After the transpose r[k] holds slice k's codes.
+      __m512i r[8];
+      for (int q = 0; q < 8; ++q) r[q] = planes[q < B ? B - 1 - q : 0];
+      Transpose8x8(r);
+      (void)zero;
+      [&]<int... K>(std::integer_sequence<int, K...>) {
+        ((void)use(K, tab.Look(r[K])), ...);
+      }(std::make_integer_sequence<int, 8>{});
+    } else if constexpr (B <= 4) {
       [&]<int... K>(std::integer_sequence<int, K...>) {
         ((void)[&] {
           const __m512i c = Codes<B, K, true>(planes, zero);

@@ -40,7 +40,7 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
       k.matmul_bf16(x, H, tokens, w.up, H, t.r0 - I, t.r1 - I, y + I, 2 * I);
     }
     return Status::Ok();
-  }));
+  }, TileCalls::kCoalesce));
   for (const ExpertGroup& e : call.groups) {
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
       k.silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
@@ -56,7 +56,7 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
                   experts[t.group].down, I, static_cast<size_t>(t.r0), static_cast<size_t>(t.r1),
                   ye + static_cast<size_t>(t.row0) * H, H);
     return Status::Ok();
-  }));
+  }, TileCalls::kCoalesce));
   for (const ExpertGroup& e : call.groups) {
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
       k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);

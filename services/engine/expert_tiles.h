@@ -24,6 +24,7 @@ struct ExpertTile {
   int32_t tokens = 0; // consecutive rows from row0
   int32_t r0 = 0;     // output rows of the block, [r0, r1)
   int32_t r1 = 0;
+  int32_t part = 0;   // 0: rows below the block's split (or no split), 1: rows from it
 };
 
 // Output rows per tile: a multiple of 16 (the dense kernels' row blocks), small enough that a
@@ -36,21 +37,43 @@ inline constexpr int32_t kExpertTileRows = 64;
 void AppendExpertTiles(int32_t group, int32_t row0, int32_t tokens, int32_t rows, int32_t split,
                        std::vector<ExpertTile>* tiles);
 
+// Whether b continues a: the same group, tokens and part, and b's rows start where a's end.
+inline bool ContinuesTile(const ExpertTile& a, const ExpertTile& b) {
+  return a.group == b.group && a.row0 == b.row0 && a.tokens == b.tokens && a.part == b.part &&
+         b.r0 == a.r1;
+}
+
+// How RunExpertTiles hands a thread's run of tiles to fn.
+enum class TileCalls {
+  kEach,      // one call per tile
+  kCoalesce,  // consecutive tiles that continue each other (ContinuesTile) as one call: one
+              // long weight stream per block and thread instead of one per kExpertTileRows
+};
+
 // Runs fn(tile) -> Status for every tile, on the pool in one dispatch when the work is worth
 // one (cols x rows x tokens summed over tiles >= min_macs), else on the calling thread. Each
 // thread runs a contiguous run of tiles of about equal rows x tokens. Returns the first error
-// in tile order (every tile runs even after an error).
+// in tile order (every tile runs even after an error). With TileCalls::kCoalesce, fn receives
+// the union of each stretch of a thread's tiles that continue each other (never across a
+// block's split: AppendExpertTiles marks the two sides as different parts).
 template <typename F>
 Status RunExpertTiles(cpu::ThreadPool* pool, const std::vector<ExpertTile>& tiles, size_t cols,
-                      size_t min_macs, F&& fn) {
+                      size_t min_macs, F&& fn, TileCalls calls = TileCalls::kEach) {
   constexpr size_t kMaxPieces = 64;
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   uint64_t total = 0;
   for (const ExpertTile& t : tiles) total += static_cast<uint64_t>(t.r1 - t.r0) * t.tokens;
   auto run = [&](size_t b, size_t e) -> Status {
     Status first = Status::Ok();
-    for (size_t i = b; i < e; ++i) {
-      Status s = fn(tiles[i]);
+    for (size_t i = b; i < e;) {
+      Status s;
+      if (calls == TileCalls::kCoalesce) {
+        ExpertTile t = tiles[i++];
+        while (i < e && ContinuesTile(t, tiles[i])) t.r1 = tiles[i++].r1;
+        s = fn(static_cast<const ExpertTile&>(t));
+      } else {
+        s = fn(tiles[i++]);
+      }
       if (!s.ok() && first.ok()) first = std::move(s);
     }
     return first;

@@ -283,5 +283,42 @@ TEST(ExpertTiles, EveryTileOnceInContiguousRunsOfAboutEqualCost) {
   EXPECT_EQ(s.code(), StatusCode::kInternal);
 }
 
+TEST(ExpertTiles, CoalescedCallsCoverEveryRowOnceAndNeverCrossTheSplit) {
+  std::vector<engine::ExpertTile> tiles;
+  int32_t row = 0, g = 0;
+  for (int32_t n : {1, 30, 2, 64}) {
+    engine::AppendExpertTiles(g++, row, n, 200, 100, &tiles);
+    row += n;
+  }
+  auto run = [&](cpu::ThreadPool* pool, size_t min_macs) {
+    std::mutex mu;
+    std::vector<engine::ExpertTile> calls;
+    EXPECT_TRUE(engine::RunExpertTiles(pool, tiles, 4096, min_macs, [&](const engine::ExpertTile& t) {
+                  std::lock_guard<std::mutex> l(mu);
+                  calls.push_back(t);
+                  return Status::Ok();
+                }, engine::TileCalls::kCoalesce).ok());
+    // Every (group, block row) once; each call one part of one group's block.
+    std::vector<int> seen(4 * 200, 0);
+    for (const auto& t : calls) {
+      EXPECT_TRUE(t.r1 <= 100 || t.r0 >= 100) << "a call crosses the split";
+      EXPECT_EQ(t.part, t.r0 >= 100 ? 1 : 0);
+      EXPECT_LT(t.r0, t.r1);
+      for (int32_t r = t.r0; r < t.r1; ++r) ++seen[static_cast<size_t>(t.group) * 200 + r];
+    }
+    for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "group " << i / 200 << " row " << i % 200;
+    return calls;
+  };
+  // Inline (one thread): each group's two parts as one call each.
+  const auto inline_calls = run(nullptr, 0);
+  ASSERT_EQ(inline_calls.size(), 8u);
+  for (const auto& t : inline_calls) EXPECT_EQ(t.r1 - t.r0, 100);
+  // On 3 threads: at most one extra call per cut between threads.
+  cpu::ThreadPool pool(3);
+  const auto pooled = run(&pool, 0);
+  EXPECT_GE(pooled.size(), 8u);
+  EXPECT_LE(pooled.size(), 8u + 2u);
+}
+
 }  // namespace
 }  // namespace pw::anyprec
