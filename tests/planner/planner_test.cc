@@ -136,6 +136,36 @@ TEST(PlannerTest, FloorsHeld) {
   for (const auto& c : d->changes) EXPECT_LT(c.to, c.from);
 }
 
+TEST(PlannerTest, MinBitsFloorHoldsUnderABacklogAndTheHotFloorAboveIt) {
+  // A backlog: the KV demand is more than the whole pool, so every step would be taken.
+  PlannerInputs in = MakeInputs(4, 8, 0);
+  in.kv_demand_pages = 5000;
+  in.routing_mass = {4.0, 1.0, 1.0, 1.0};  // expert 0 hot (r = 4 / 1.75 > 2)
+  PlannerParams p = Params();
+  p.min_bits = 4;
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->action, PlanAction::kLower);
+  EXPECT_FALSE(d->target_met);
+  EXPECT_EQ(WidthOf(in, *d, 0), 6) << "hot floor";
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(WidthOf(in, *d, i), 4) << "block " << i;
+  EXPECT_EQ(d->pages_moved, 20 + 3 * 40);
+  // The same inputs with the default floor go to 3 bits: the floor is what held them.
+  p.min_bits = 3;
+  auto low = Plan(in, p);
+  ASSERT_TRUE(low.ok());
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(WidthOf(in, *low, i), 3) << "block " << i;
+  // A block already below min_bits is left alone (neither lowered nor raised by the floor).
+  in.blocks[1].committed = 3;
+  in.kv_demand_pages = 0;
+  in.pool.free = 900;
+  p.min_bits = 4;
+  auto up = Plan(in, p);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->action, PlanAction::kRaise);
+  EXPECT_EQ(WidthOf(in, *up, 1), 3);
+}
+
 TEST(PlannerTest, TargetMetExactlyWithLeastDamage) {
   // Three experts with damage scales 1, 3 and 10; the pool is 25 pages short plus 2 % (20
   // pages) of headroom: 45 pages, so five 10-page steps.
