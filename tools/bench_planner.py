@@ -14,7 +14,11 @@ with free ports:
   ranked        planner off, the damage-ranked map of `pw-quantize plan --avg-bits A` applied
                 before the load (A: --ranked-avg-bits, default the planner run's time-weighted
                 bits per expert weight from its sampled maps), reserve_wait_ms 0;
-  static-mode   broker.planner.static true (the planner runs and never changes a width).
+  static-mode   broker.planner.static true (the planner runs and never changes a width);
+  no-async      broker.planner.async_movement false (widths change only where a request joins
+                or leaves the decode batch);
+  no-floor      the planner without the backlog bounds: broker.planner.min_bits 3 and decode
+                demand_horizon_tokens 0 (every request's whole growth to max_tokens counts).
 then runs pw-loadgen (gamma arrivals, --burstiness) and samples the decode worker's /metrics
 every 100 ms (pagedweight_committed_width_mean{layer="all"}, preemptions, held reservations)
 and, in the planner modes, `pw-ctl show --block` every --map-every s (the committed width of
@@ -133,6 +137,11 @@ def variant(a, mode, ranked_map):
         planner["use_routing"] = False
     elif mode == "static-mode":
         planner["static"] = True
+    elif mode == "no-async":
+        planner["async_movement"] = False
+    elif mode == "no-floor":
+        planner["min_bits"] = 3
+        cfg["decode"][0]["demand_horizon_tokens"] = 0
     elif mode in ("static8", "static8-hold", "static4", "ranked"):
         planner["enabled"] = False
         if mode != "static8-hold":
