@@ -39,7 +39,8 @@ class PlannerBurst : public ::testing::Test {
     broker_port_ = FreePort();
     decode_metrics_ = FreePort();
     broker_metrics_ = FreePort();
-    run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/planner-burst";
+    run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/planner-burst-" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name();
     std::filesystem::remove_all(run_dir_);
     std::filesystem::create_directories(run_dir_);
     const std::string yaml = run_dir_ + "/cluster.yaml";
@@ -51,7 +52,8 @@ class PlannerBurst : public ::testing::Test {
                         << "broker: {control_port: " << broker_port_ << ", metrics_port: " << broker_metrics_
                         << ", store: " << StorePath()
                         << ", initial_bits: 8, planner: {enabled: true, low_watermark: 0.05, "
-                        << "high_watermark: 0.20, headroom: 0.05, interval_ms: 200, min_interval_ms: 300}}\n"
+                        << "high_watermark: 0.20, headroom: 0.05, interval_ms: 200, min_interval_ms: 300"
+                        << PlannerExtra() << "}}\n"
                         << "prefill: [{id: prefill-0, kv_blocks: 512}]\n"
                         << "decode: [{id: decode-0, pool_mb: 32, kv_blocks: 2048, max_batch: 128, "
                         << "reserve_wait_ms: 5000, metrics_port: " << decode_metrics_ << "}]\n"
@@ -59,6 +61,8 @@ class PlannerBurst : public ::testing::Test {
     ASSERT_TRUE(cluster_.Start({Bin("pw-cluster"), "up", "--config", yaml}, run_dir_ + "/pw-cluster.out"));
     ASSERT_TRUE(testing::WaitServing(http_port_, 120)) << Logs();
   }
+  // More keys of broker.planner (", key: value ..."); none by default.
+  virtual std::string PlannerExtra() const { return ""; }
   void TearDown() override {
     cluster_.Kill(SIGKILL);
     testing::KillNodeProcesses({ctl_port_, broker_port_});
@@ -159,6 +163,60 @@ TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
               Metric("pagedweight_kv_reservations_held_total", "outcome=\"fit\""),
               Metric("pagedweight_kv_reservations_held_total", "outcome=\"waited_out\""),
               Metric("pagedweight_worker_num_preemptions_total"));
+}
+
+// The "no async movement" ablation with the backlog floor: widths change only where a request
+// joins or leaves the decode batch, and never below min_bits.
+class PlannerBurstAtRequestBoundaries : public PlannerBurst {
+ protected:
+  std::string PlannerExtra() const override { return ", min_bits: 5, async_movement: false"; }
+};
+
+TEST_F(PlannerBurstAtRequestBoundaries, BurstLowersWidthsToTheFloorAndRequestsBringThemBack) {
+  double before = -1;
+  for (int i = 0; i < 50 && before != 8.0; ++i) {
+    before = MeanBits();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(before, 8.0) << Logs();
+  constexpr int kRequests = 96, kTokens = 192;
+  std::atomic<bool> done{false};
+  double lowest = 8.0;
+  auto sampler = std::async(std::launch::async, [&] {
+    while (!done.load()) {
+      const double b = MeanBits();
+      if (b >= 0) lowest = std::min(lowest, b);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto complete = [this](int i, int tokens) {
+    json req = {{"model", "tiny-moe"}, {"prompt", std::vector<int>{1 + i % 7, 2, 3, 4, 5, 6, 7, 8}},
+                {"max_tokens", tokens}, {"temperature", 0}, {"ignore_eos", true}};
+    auto [status, body] = Http(http_port_, "POST", "/v1/completions", req.dump(), 120);
+    auto j = json::parse(body, nullptr, false);
+    return status == 200 && !j.is_discarded() && j["usage"]["completion_tokens"] == tokens;
+  };
+  std::vector<std::future<bool>> replies;
+  for (int i = 0; i < kRequests; ++i) replies.push_back(std::async(std::launch::async, complete, i, kTokens));
+  int ok = 0;
+  for (auto& f : replies) ok += f.get() ? 1 : 0;
+  done = true;
+  sampler.get();
+  EXPECT_EQ(ok, kRequests) << Logs();
+  EXPECT_LT(lowest, 8.0) << "the burst did not lower any width\n" << Logs();
+  EXPECT_GE(lowest, 5.0) << "below min_bits";
+  // Raising back needs request boundaries: short requests one after another until every
+  // block is at 8 bits again.
+  double after = MeanBits();
+  int extra = 0;
+  for (; extra < 200 && after != 8.0; ++extra) {
+    EXPECT_TRUE(complete(extra, 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    after = MeanBits();
+  }
+  EXPECT_EQ(after, 8.0) << Logs();
+  EXPECT_EQ(Metric("pagedweight_worker_requests_total", "status=\"error\""), 0);
+  std::printf("lowest mean bits %.3f; %d short requests to get back to 8 bits\n", lowest, extra);
 }
 
 }  // namespace
