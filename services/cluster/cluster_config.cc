@@ -53,6 +53,8 @@ const Schema& ClusterSchema() {
                                      // The widths the planner moves blocks between.
                                      {"min_bits", Schema::Int().Range(3, 8).Default(int64_t{3})},
                                      {"max_bits", Schema::Int().Range(3, 8).Default(int64_t{8})},
+                                     // Floor on the mean width (0: none), policies/planner/planner_params.h.
+                                     {"min_mean_bits", Schema::Double().Range(0, 8).Default(0.0)},
                                      // false: the "no async movement" ablation (pw-decode
                                      // --plans-at-request-boundaries on every decode worker).
                                      {"async_movement", Schema::Bool().Default(true)},
@@ -211,6 +213,7 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                                    "--planner-hot-floor", std::to_string(pl["hot_floor_bits"].AsInt()),
                                    "--planner-min-bits", std::to_string(pl["min_bits"].AsInt()),
                                    "--planner-max-bits", std::to_string(pl["max_bits"].AsInt()),
+                                   "--planner-min-mean-bits", std::to_string(pl["min_mean_bits"].AsDouble()),
                                    "--planner-max-bytes", std::to_string(pl["max_bytes_per_decision"].AsInt()),
                                    "--planner-min-interval-ms", std::to_string(pl["min_interval_ms"].AsInt()),
                                    "--planner-interval-ms", std::to_string(pl["interval_ms"].AsInt())});

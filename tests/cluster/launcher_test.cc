@@ -205,7 +205,8 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
   auto cfg = LoadClusterConfig(
       WriteTemp("planner_floor.yaml",
                 "model_dir: m\nprefill: [{id: p}]\n"
-                "broker: {store: s.apw, planner: {enabled: true, min_bits: 4, max_bits: 7, async_movement: false}}\n"
+                "broker: {store: s.apw, planner: {enabled: true, min_bits: 4, max_bits: 7, min_mean_bits: 4.5, "
+                "async_movement: false}}\n"
                 "decode: [{id: d, demand_horizon_tokens: 64}, {id: e}]\n"),
       "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
@@ -219,6 +220,7 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
     if (p.name == "broker") {
       EXPECT_EQ(value(p.argv, "--planner-min-bits"), "4");
       EXPECT_EQ(value(p.argv, "--planner-max-bits"), "7");
+      EXPECT_EQ(value(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5");
     }
     if (p.name == "d") {
       EXPECT_EQ(value(p.argv, "--demand-horizon-tokens"), "64");
@@ -242,7 +244,7 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
     }
     EXPECT_EQ(value(p.argv, "--plans-at-request-boundaries"), "absent");
   }
-  for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}"}) {
+  for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}"}) {
     auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
                                                                                 "decode: [{id: d}]\n"
                                                                                 "broker: {store: s.apw, planner: ") +

@@ -166,6 +166,38 @@ TEST(PlannerTest, MinBitsFloorHoldsUnderABacklogAndTheHotFloorAboveIt) {
   EXPECT_EQ(WidthOf(in, *up, 1), 3);
 }
 
+TEST(PlannerTest, MeanWidthFloorStopsTheGreedyAtTheMeanNotEveryBlockAtAFloor) {
+  // A backlog on four equal-size blocks with damage scales 1, 4, 16, 64: with min_mean_bits
+  // 5.5 the widths may sum to 22 (from 32): the ten cheapest steps (costs 1, 2, 4, 4, 8, 8, 16,
+  // 16, 16, 32) take block 0 to 3 bits, block 1 to 4, block 2 to 7 and leave block 3 at 8.
+  PlannerInputs in = MakeInputs(4, 8, 0);
+  for (int e = 0; e < 4; ++e) in.blocks[e] = MakeBlock(0, e, ExpertProj::kGateUp, 8, std::pow(4.0, e));
+  in.kv_demand_pages = 5000;
+  PlannerParams p = Params();
+  p.min_mean_bits = 5.5;
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(WidthOf(in, *d, 0), 3);
+  EXPECT_EQ(WidthOf(in, *d, 1), 4);
+  EXPECT_EQ(WidthOf(in, *d, 2), 7);
+  EXPECT_EQ(WidthOf(in, *d, 3), 8);
+  EXPECT_EQ(d->pages_moved, 100);
+  EXPECT_FALSE(d->target_met);
+  // Without it every block goes to 3 bits.
+  p.min_mean_bits = 0;
+  auto all = Plan(in, p);
+  ASSERT_TRUE(all.ok());
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(WidthOf(in, *all, i), 3) << "block " << i;
+  // Already at the mean floor: nothing to lower.
+  p.min_mean_bits = 8;
+  auto none = Plan(in, p);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->changes.empty());
+  // Out of range: refused.
+  p.min_mean_bits = 9;
+  EXPECT_FALSE(Plan(in, p).ok());
+}
+
 TEST(PlannerTest, TargetMetExactlyWithLeastDamage) {
   // Three experts with damage scales 1, 3 and 10; the pool is 25 pages short plus 2 % (20
   // pages) of headroom: 45 pages, so five 10-page steps.
