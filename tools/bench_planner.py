@@ -17,8 +17,10 @@ with free ports:
   static-mode   broker.planner.static true (the planner runs and never changes a width);
   no-async      broker.planner.async_movement false (widths change only where a request joins
                 or leaves the decode batch);
-  no-floor      the planner without the backlog bounds: broker.planner.min_bits 3 and decode
-                demand_horizon_tokens 0 (every request's whole growth to max_tokens counts).
+  no-floor      the planner without the backlog bounds: broker.planner.min_bits 3,
+                min_mean_bits 0 and decode demand_horizon_tokens 0 (every request's whole
+                growth to max_tokens counts);
+  floor4        the backlog floor as a per-block floor: min_bits 4, min_mean_bits 0.
 then runs pw-loadgen (gamma arrivals, --burstiness) and samples the decode worker's /metrics
 every 100 ms (pagedweight_committed_width_mean{layer="all"}, preemptions, held reservations)
 and, in the planner modes, `pw-ctl show --block` every --map-every s (the committed width of
@@ -141,7 +143,11 @@ def variant(a, mode, ranked_map):
         planner["async_movement"] = False
     elif mode == "no-floor":
         planner["min_bits"] = 3
+        planner["min_mean_bits"] = 0
         cfg["decode"][0]["demand_horizon_tokens"] = 0
+    elif mode == "floor4":
+        planner["min_bits"] = 4
+        planner["min_mean_bits"] = 0
     elif mode in ("static8", "static8-hold", "static4", "ranked"):
         planner["enabled"] = False
         if mode != "static8-hold":
