@@ -15,6 +15,12 @@ with free ports:
                 before the load (A: --ranked-avg-bits, default the planner run's time-weighted
                 bits per expert weight from its sampled maps), reserve_wait_ms 0;
   static-mode   broker.planner.static true (the planner runs and never changes a width);
+  no-async      broker.planner.async_movement false (widths change only where a request joins
+                or leaves the decode batch);
+  no-floor      the planner without the backlog bounds: broker.planner.min_bits 3,
+                min_mean_bits 0 and decode demand_horizon_tokens 0 (every request's whole
+                growth to max_tokens counts);
+  floor4        the backlog floor as a per-block floor: min_bits 4, min_mean_bits 0;
   no-residuals  the planner without prompt residuals (broker.planner.use_residuals false).
 --residuals HEADS (pw-quantize residuals) sets broker.planner.residuals in every planner mode.
 then runs pw-loadgen (gamma arrivals, --burstiness) and samples the decode worker's /metrics
@@ -137,6 +143,15 @@ def variant(a, mode, ranked_map):
         planner["static"] = True
     elif mode == "no-residuals":
         planner["use_residuals"] = False
+    elif mode == "no-async":
+        planner["async_movement"] = False
+    elif mode == "no-floor":
+        planner["min_bits"] = 3
+        planner["min_mean_bits"] = 0
+        cfg["decode"][0]["demand_horizon_tokens"] = 0
+    elif mode == "floor4":
+        planner["min_bits"] = 4
+        planner["min_mean_bits"] = 0
     elif mode in ("static8", "static8-hold", "static4", "ranked"):
         planner["enabled"] = False
         if mode != "static8-hold":

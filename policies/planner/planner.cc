@@ -163,12 +163,23 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
       Step s;
       if (movable[i] && next(i, &s)) heap.push(s);
     }
+    // The mean-width floor: sum of size * width against min_mean_bits * sum of sizes.
+    double size_sum = 0, size_bits = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double size = in.blocks[i].pages[params.max_bits];
+      size_sum += size;
+      size_bits += size * width[i];
+    }
+    const double mean_floor = params.min_mean_bits * size_sum;
     while (out.pages_moved < out.target_pages && !heap.empty()) {
       const Step s = heap.top();
       heap.pop();
       const BlockInput& b = in.blocks[s.block];
       const int64_t freed = static_cast<int64_t>(b.pages[width[s.block]]) - b.pages[s.to];
       if (out.pages_moved + freed > max_pages) continue;  // over the rate limit: leave the block
+      const double drop = static_cast<double>(b.pages[params.max_bits]) * (width[s.block] - s.to);
+      if (params.min_mean_bits > 0 && size_bits - drop < mean_floor) continue;  // below the mean floor
+      size_bits -= drop;
       out.damage += s.per_page * static_cast<double>(freed);
       out.pages_moved += freed;
       width[s.block] = s.to;

@@ -6,7 +6,7 @@
 // the lowering step with the least damage per page freed (StepDamage / (pages[b] - pages[b'])),
 // b' the next lower width that frees a page, never below the block's floor (the block's own,
 // min_bits, and hot_floor_bits for hot experts), until the pages freed reach the target. A
-// step that would exceed the rate limit is skipped. If every step is taken and the target is
+// step that would exceed the rate limit, or put the mean width below min_mean_bits, is skipped. If every step is taken and the target is
 // not met, the decision says so (target_met = false).
 // Raising (available > high watermark): with at most (available - high_pages) pages, take the
 // raise with the most damage avoided per page added, up to max_bits, hottest expert first on

@@ -21,6 +21,9 @@ Status PlannerParams::Validate() const {
                            " <= min_bits <= max_bits <= " + std::to_string(anyprec::kMaxBits) +
                            " (got " + std::to_string(min_bits) + ".." + std::to_string(max_bits) + ")");
   }
+  if (!std::isfinite(min_mean_bits) || min_mean_bits < 0 || min_mean_bits > max_bits) {
+    return InvalidArgument("planner min_mean_bits must be in [0, max_bits]");
+  }
   if (!std::isfinite(hot_weight_min) || !std::isfinite(hot_weight_max) || hot_weight_min <= 0 ||
       hot_weight_max < hot_weight_min) {
     return InvalidArgument("planner hot weights must satisfy 0 < hot_weight_min <= hot_weight_max");

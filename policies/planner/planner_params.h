@@ -30,6 +30,11 @@ struct PlannerParams {
   double headroom = 0.05;        // fraction of the pool freed beyond the shortfall
   int min_bits = anyprec::kMinBits;  // widths the planner moves blocks between
   int max_bits = anyprec::kMaxBits;
+  // Backlog floor on the mean width (0 = none): a lowering step is not taken when it would put
+  // the mean committed width below this, the mean over every block weighted by its pages at
+  // max_bits (about its number of weights). Unlike min_bits it leaves the greedy free to take
+  // the cheap steps to low widths and stops it at a mean instead.
+  double min_mean_bits = 0;
   // Hot experts: normalized routing mass r = m_e / mean_e(m) over the layer's experts (1 = an
   // average expert). hot(r) = clamp(r, hot_weight_min, hot_weight_max) weighs step damage;
   // an expert with r >= hot_threshold is never lowered below hot_floor_bits.

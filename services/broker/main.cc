@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   app.add_option("--planner-high", pl.high_watermark, "high watermark, fraction of the pool free");
   app.add_option("--planner-headroom", pl.headroom, "fraction of the pool freed beyond the shortfall");
   app.add_option("--planner-hot-floor", pl.hot_floor_bits, "lowest width of a hot expert");
+  app.add_option("--planner-min-bits", pl.min_bits, "lowest width the planner lowers a block to");
+  app.add_option("--planner-max-bits", pl.max_bits, "highest width the planner raises a block to");
+  app.add_option("--planner-min-mean-bits", pl.min_mean_bits, "lowest mean width the planner lowers to (0: none)");
   app.add_option("--planner-max-bytes", pl.max_bytes_per_decision, "bytes one decision may move (0 = no limit)");
   app.add_option("--planner-min-interval-ms", pl.min_interval_ms, "least time between two changes");
   app.add_option("--planner-interval-ms", pl.interval_ms, "how often the planner runs");

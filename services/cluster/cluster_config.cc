@@ -54,6 +54,14 @@ const Schema& ClusterSchema() {
                                      {"high_watermark", Schema::Double().Range(0, 1).Default(0.20)},
                                      {"headroom", Schema::Double().Range(0, 1).Default(0.05)},
                                      {"hot_floor_bits", Schema::Int().Range(0, 8).Default(int64_t{6})},
+                                     // The widths the planner moves blocks between.
+                                     {"min_bits", Schema::Int().Range(3, 8).Default(int64_t{3})},
+                                     {"max_bits", Schema::Int().Range(3, 8).Default(int64_t{8})},
+                                     // Floor on the mean width (0: none), policies/planner/planner_params.h.
+                                     {"min_mean_bits", Schema::Double().Range(0, 8).Default(0.0)},
+                                     // false: the "no async movement" ablation (pw-decode
+                                     // --plans-at-request-boundaries on every decode worker).
+                                     {"async_movement", Schema::Bool().Default(true)},
                                      {"max_bytes_per_decision",
                                       Schema::Int().Range(0, int64_t{1} << 50).Default(int64_t{0})},
                                      {"min_interval_ms", Schema::Int().Range(0, 3600000).Default(int64_t{500})},
@@ -61,6 +69,9 @@ const Schema& ClusterSchema() {
                                  }).Check([](const ConfigValue& v) -> std::string {
                                    if (v["high_watermark"].AsDouble() < v["low_watermark"].AsDouble()) {
                                      return "high_watermark is below low_watermark";
+                                   }
+                                   if (v["max_bits"].AsInt() < v["min_bits"].AsInt()) {
+                                     return "max_bits is below min_bits";
                                    }
                                    return "";
                                  })},
@@ -82,6 +93,8 @@ const Schema& ClusterSchema() {
                      // this long (services/workers/reserve_wait.h); 0 = answered at once. Below
                      // the router's 30 s reservation timeout.
                      {"reserve_wait_ms", Schema::Int().Range(0, 20000).Default(int64_t{0})},
+                     // KV demand horizon in tokens (services/workers/kv_demand.h); 0 = to max_tokens.
+                     {"demand_horizon_tokens", Schema::Int().Range(0, int64_t{1} << 20).Default(int64_t{0})},
                      {"metrics_port", OptPort()},
                      // Page pool shared by KV and expert planes: MiB (0 = kv_blocks of KV plus
                      // every expert at 8 bits), page size (0 = one layer of one KV block), and
@@ -202,6 +215,9 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                                    "--planner-high", std::to_string(pl["high_watermark"].AsDouble()),
                                    "--planner-headroom", std::to_string(pl["headroom"].AsDouble()),
                                    "--planner-hot-floor", std::to_string(pl["hot_floor_bits"].AsInt()),
+                                   "--planner-min-bits", std::to_string(pl["min_bits"].AsInt()),
+                                   "--planner-max-bits", std::to_string(pl["max_bits"].AsInt()),
+                                   "--planner-min-mean-bits", std::to_string(pl["min_mean_bits"].AsDouble()),
                                    "--planner-max-bytes", std::to_string(pl["max_bytes_per_decision"].AsInt()),
                                    "--planner-min-interval-ms", std::to_string(pl["min_interval_ms"].AsInt()),
                                    "--planner-interval-ms", std::to_string(pl["interval_ms"].AsInt())});
@@ -239,6 +255,13 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
         p.argv.push_back(std::to_string(w["max_batch"].AsInt()));
         if (w["reserve_wait_ms"].AsInt() > 0) {
           p.argv.insert(p.argv.end(), {"--reserve-wait-ms", std::to_string(w["reserve_wait_ms"].AsInt())});
+        }
+        if (w["demand_horizon_tokens"].AsInt() > 0) {
+          p.argv.insert(p.argv.end(), {"--demand-horizon-tokens", std::to_string(w["demand_horizon_tokens"].AsInt())});
+        }
+        const ConfigValue& planner = cfg["broker"]["planner"];
+        if (broker_on && planner["enabled"].AsBool() && !planner["async_movement"].AsBool()) {
+          p.argv.push_back("--plans-at-request-boundaries");
         }
         p.argv.insert(p.argv.end(), {"--pool-bytes", std::to_string(w["pool_mb"].AsInt() << 20),
                                      "--page-bytes", std::to_string(w["page_bytes"].AsInt()),

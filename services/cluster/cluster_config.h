@@ -8,12 +8,14 @@
 //   router:  {port: 8000, control_port: 5555, lease_ms: 30000, max_waiting: 256}
 //   broker:  {enabled: true, control_port: 5556, metrics_port: 9100, store, initial_bits: 8,
 //             planner: {enabled: false, static: false, use_routing: true, low_watermark: 0.05,
-//                       high_watermark: 0.2, headroom: 0.05, hot_floor_bits: 6,
+//                       high_watermark: 0.2, headroom: 0.05, hot_floor_bits: 6, min_bits: 3,
+//                       max_bits: 8, min_mean_bits: 0, async_movement: true,
 //                       max_bytes_per_decision: 0, min_interval_ms: 500, interval_ms: 200,
 //                       residuals: HEADS.pwrh, use_residuals: true}}
 //            (planner: passed as pw-broker --planner ...; enabled needs store)
 //   prefill: [{id, kv_blocks, threads, max_batch_tokens, metrics_port}]   (1..64 entries)
 //   decode:  [{id, kv_blocks, threads, max_batch_tokens, max_batch, metrics_port,
+//              reserve_wait_ms: 0, demand_horizon_tokens: 0,
 //              lynx: {enabled: false, alpha, beta, gate_weights: renorm|mass, exempt_layers: []}}]
 //            (1..64; lynx alpha/beta omitted = derived from k/N; passed as pw-decode --lynx ...)
 //   restart: {initial_backoff_ms: 500, max_backoff_ms: 10000, stable_after_ms: 10000,

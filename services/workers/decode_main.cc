@@ -42,6 +42,11 @@ int main(int argc, char** argv) {
   app.add_option("--reserve-wait-ms", o.reserve_wait_ms,
                  "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")
       ->check(CLI::Range(0, 20000));
+  app.add_option("--demand-horizon-tokens", o.demand_horizon_tokens,
+                 "KV demand counts each request's next this many tokens only (0: its growth to max_tokens)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_flag("--plans-at-request-boundaries", o.plans_at_request_boundaries,
+               "ablation: expert width changes only where a request joins or leaves the batch");
   app.add_flag("--lynx", o.lynx, "LYNX: remap decode batches' expert choices (pagedweight_lynx_*)");
   float lynx_alpha = 0.f;
   int lynx_beta = -1;

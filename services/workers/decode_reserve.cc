@@ -10,7 +10,7 @@ namespace pw::workers {
 
 KvDemand DecodeWorker::Demand() const {
   const auto& kv = engine_->kv_pool().layout();
-  KvDemand d(kv.block_size, kv.num_layers, engine_->max_context());
+  KvDemand d(kv.block_size, kv.num_layers, engine_->max_context(), options_.demand_horizon_tokens);
   for (const auto& [id, l] : leases_.all()) d.AddLease(static_cast<int64_t>(l.blocks.size()), l.max_tokens);
   for (const auto& [id, run] : running_) {
     d.AddRunning(static_cast<int64_t>(run.prompt.size() + run.generated.size()),
@@ -29,7 +29,7 @@ void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
   }
   // Pool-aware admission (reserve_wait.h): hold it while a lowering can make room.
   KvDemand need(engine_->kv_pool().layout().block_size, engine_->kv_pool().layout().num_layers,
-                engine_->max_context());
+                engine_->max_context(), options_.demand_horizon_tokens);
   need.AddWaiting(h.num_tokens, h.max_tokens);
   h.need_pages = need.pages();
   const auto admit = reserve_wait_.Decide(

@@ -193,7 +193,13 @@ void DecodeWorker::SendTelemetry() {
 }
 
 void DecodeWorker::WeightsBoundary() {
-  if (weights_->paged() != nullptr) {
+  bool boundary = true;
+  if (options_.plans_at_request_boundaries) {
+    request_boundary_.Begin();
+    for (const auto& [id, run] : running_) request_boundary_.Add(id);
+    boundary = request_boundary_.Crossed();
+  }
+  if (weights_->paged() != nullptr && boundary) {
     // Raises never take the KV running requests and leases will still need (kv_demand.h), so
     // they wait for KV to come back rather than force a preemption.
     weights_->Boundary(static_cast<int>(std::min<int64_t>(Demand().reserve_pages(), pool_->num_pages())));

@@ -70,6 +70,7 @@
 #include "services/workers/lynx_metrics.h"
 #include "memory/page_pool.h"
 #include "services/workers/decode_weights.h"
+#include "services/workers/request_boundary.h"
 #include "services/workers/reserve_wait.h"
 #include "services/workers/prompt_features.h"
 #include "services/workers/routing_stats.h"
@@ -115,6 +116,13 @@ struct DecodeWorkerOptions {
   // Pool-aware admission (reserve_wait.h): a reservation that fits only after a lowering of
   // expert widths waits up to this long (at most max_batch of them); 0 = answered at once.
   uint64_t reserve_wait_ms = 0;
+  // KV demand horizon (kv_demand.h): requests count the growth of their next this many tokens
+  // only, in kvDemandPages, the pages raises leave free and the reservations' fit; 0 = their
+  // whole growth to max_tokens.
+  int64_t demand_horizon_tokens = 0;
+  // Ablation "no async movement" (request_boundary.h): expert width changes are committed and
+  // started only at an iteration boundary where a request joined or left the running batch.
+  bool plans_at_request_boundaries = false;
   // Expert residency budget (DESIGN.md 5.2, paged_residency.h): with residency or
   // residency_bytes set and an any-precision store, only that many experts stay resident and
   // the miss policy decides every miss (after LYNX); unset = every expert resident.
@@ -210,6 +218,7 @@ class DecodeWorker {
   std::unique_ptr<RoutingStats> routing_;  // the engine's recorder: routing mass for Telemetry
   std::unique_ptr<PromptFeatures> prompt_features_;  // admitted prompts' routing, for Telemetry
   ReserveWait reserve_wait_;
+  RequestBoundary request_boundary_;
   KvLeaseTable leases_;
   std::map<uint64_t, Quarantined> quarantine_;  // by lease id
   std::map<uint64_t, Running> running_;

@@ -9,6 +9,12 @@
 //                    to prompt + 1 + max_tokens, plus one block of slack (one block when
 //                    max_tokens is not known);
 //   waiting reservation (reserve_wait.h): every block of its prompt plus its growth.
+// With a horizon of H tokens (> 0), every request counts only the growth of its next H
+// tokens (its length capped at len + H, a lease's and a waiting reservation's max_tokens at
+// H): the KV the requests can use before the planner's next decisions, not everything they
+// will ever hold. Requests finish and release their KV while others grow, so the sum of every
+// request's final length overstates what the pool must hold at once under a backlog; 0 (the
+// default) counts the whole growth to max_tokens.
 // The worker keeps `reserve_pages()` (running + leases) free from raises, and reports
 // `pages()` (all three) in Telemetry as kvDemandPages.
 #pragma once
@@ -20,7 +26,8 @@ namespace pw::workers {
 class KvDemand {
  public:
   // block_size: tokens per block; max_context: the model's context (lengths are capped there).
-  KvDemand(int block_size, int num_layers, int64_t max_context);
+  // horizon_tokens: see the file comment (0: to max_tokens).
+  KvDemand(int block_size, int num_layers, int64_t max_context, int64_t horizon_tokens = 0);
 
   // `len`: tokens whose KV the request has now (prompt + generated); `end`: its final length
   // before the cap (prompt + 1 + max_tokens left). holds_kv false: preempted, holds nothing.
@@ -44,6 +51,7 @@ class KvDemand {
   int block_size_;
   int num_layers_;
   int64_t max_context_;
+  int64_t horizon_;
   int64_t running_blocks_ = 0, lease_blocks_ = 0, waiting_blocks_ = 0;
 };
 

@@ -201,6 +201,60 @@ TEST(ClusterConfig, DecodeReserveWaitBecomesAFlag) {
   EXPECT_NE(bad.status().message().find("reserve_wait_ms"), std::string::npos) << bad.status().ToString();
 }
 
+TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
+  auto cfg = LoadClusterConfig(
+      WriteTemp("planner_floor.yaml",
+                "model_dir: m\nprefill: [{id: p}]\n"
+                "broker: {store: s.apw, planner: {enabled: true, min_bits: 4, max_bits: 7, min_mean_bits: 4.5, "
+                "async_movement: false}}\n"
+                "decode: [{id: d, demand_horizon_tokens: 64}, {id: e}]\n"),
+      "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto value = [](const std::vector<std::string>& argv, const std::string& flag) -> std::string {
+    auto it = std::find(argv.begin(), argv.end(), flag);
+    if (it == argv.end()) return "absent";
+    return it + 1 == argv.end() ? "" : *(it + 1);
+  };
+  int boundary = 0;
+  for (const auto& p : cfg->processes) {
+    if (p.name == "broker") {
+      EXPECT_EQ(value(p.argv, "--planner-min-bits"), "4");
+      EXPECT_EQ(value(p.argv, "--planner-max-bits"), "7");
+      EXPECT_EQ(value(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5");
+    }
+    if (p.name == "d") {
+      EXPECT_EQ(value(p.argv, "--demand-horizon-tokens"), "64");
+    }
+    if (p.name == "e") {
+      EXPECT_EQ(value(p.argv, "--demand-horizon-tokens"), "absent") << "0, the default, is no flag";
+    }
+    boundary += std::count(p.argv.begin(), p.argv.end(), "--plans-at-request-boundaries");
+  }
+  EXPECT_EQ(boundary, 2) << "every decode worker";
+  // The defaults: widths 3..8 and no ablation flag.
+  auto def = LoadClusterConfig(WriteTemp("planner_default.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                                  "broker: {store: s.apw, planner: {enabled: true}}\n"
+                                                                  "decode: [{id: d}]\n"),
+                               "/bin");
+  ASSERT_TRUE(def.ok()) << def.status().ToString();
+  for (const auto& p : def->processes) {
+    if (p.name == "broker") {
+      EXPECT_EQ(value(p.argv, "--planner-min-bits"), "3");
+      EXPECT_EQ(value(p.argv, "--planner-max-bits"), "8");
+    }
+    EXPECT_EQ(value(p.argv, "--plans-at-request-boundaries"), "absent");
+  }
+  for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}"}) {
+    auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
+                                                                                "decode: [{id: d}]\n"
+                                                                                "broker: {store: s.apw, planner: ") +
+                                                                        text + "}\n"),
+                                 "/bin");
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_NE(bad.status().message().find("bits"), std::string::npos) << bad.status().ToString();
+  }
+}
+
 TEST(ClusterConfig, BadFilesNameTheProblem) {
   struct Case {
     const char* yaml;

@@ -25,17 +25,21 @@ class PlannerBurst : public ::testing::Test {
   void SetUp() override {
     if (const std::string why = testing::PagedNodeMissing(); !why.empty()) GTEST_SKIP() << why;
     testing::PagedNodeConfig c;
-    c.name = "planner-burst";
+    c.name = std::string("planner-burst-") +
+             ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name();
     c.initial_bits = 8;
     c.router_extra = ", max_waiting: 1024";
     c.broker_extra =
         ", planner: {enabled: true, low_watermark: 0.05, high_watermark: 0.20, headroom: 0.05, "
-        "interval_ms: 200, min_interval_ms: 300}";
+        "interval_ms: 200, min_interval_ms: 300" +
+        PlannerExtra() + "}";
     c.prefill_kv_blocks = 512;
     // 32 MiB of 4 KiB pages: 8-bit experts take 6144 of the 8192, leaving 512 KV blocks.
     c.decode_fields = "pool_mb: 32, kv_blocks: 2048, max_batch: 128, reserve_wait_ms: 5000";
     ASSERT_NO_FATAL_FAILURE(node_.Start(c));
   }
+  // More keys of broker.planner (", key: value ..."); none by default.
+  virtual std::string PlannerExtra() const { return ""; }
   double MeanBits() { return node_.MetricSum("pagedweight_committed_width_mean", "layer=\"all\""); }
 
   testing::PagedNode node_;
@@ -110,6 +114,60 @@ TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
               node_.MetricSum("pagedweight_kv_reservations_held_total", "outcome=\"fit\""),
               node_.MetricSum("pagedweight_kv_reservations_held_total", "outcome=\"waited_out\""),
               node_.MetricSum("pagedweight_worker_num_preemptions_total"));
+}
+
+// The "no async movement" ablation with the backlog floor: widths change only where a request
+// joins or leaves the decode batch, and never below min_bits.
+class PlannerBurstAtRequestBoundaries : public PlannerBurst {
+ protected:
+  std::string PlannerExtra() const override { return ", min_bits: 5, async_movement: false"; }
+};
+
+TEST_F(PlannerBurstAtRequestBoundaries, BurstLowersWidthsToTheFloorAndRequestsBringThemBack) {
+  double before = -1;
+  for (int i = 0; i < 50 && before != 8.0; ++i) {
+    before = MeanBits();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(before, 8.0) << node_.Logs();
+  constexpr int kRequests = 96, kTokens = 192;
+  std::atomic<bool> done{false};
+  double lowest = 8.0;
+  auto sampler = std::async(std::launch::async, [&] {
+    while (!done.load()) {
+      const double b = MeanBits();
+      if (b >= 0) lowest = std::min(lowest, b);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto complete = [this](int i, int tokens) {
+    json req = {{"model", "tiny-moe"}, {"prompt", std::vector<int>{1 + i % 7, 2, 3, 4, 5, 6, 7, 8}},
+                {"max_tokens", tokens}, {"temperature", 0}, {"ignore_eos", true}};
+    auto [status, body] = Http(node_.http_port(), "POST", "/v1/completions", req.dump(), 120);
+    auto j = json::parse(body, nullptr, false);
+    return status == 200 && !j.is_discarded() && j["usage"]["completion_tokens"] == tokens;
+  };
+  std::vector<std::future<bool>> replies;
+  for (int i = 0; i < kRequests; ++i) replies.push_back(std::async(std::launch::async, complete, i, kTokens));
+  int ok = 0;
+  for (auto& f : replies) ok += f.get() ? 1 : 0;
+  done = true;
+  sampler.get();
+  EXPECT_EQ(ok, kRequests) << node_.Logs();
+  EXPECT_LT(lowest, 8.0) << "the burst did not lower any width\n" << node_.Logs();
+  EXPECT_GE(lowest, 5.0) << "below min_bits";
+  // Raising back needs request boundaries: short requests one after another until every
+  // block is at 8 bits again.
+  double after = MeanBits();
+  int extra = 0;
+  for (; extra < 200 && after != 8.0; ++extra) {
+    EXPECT_TRUE(complete(extra, 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    after = MeanBits();
+  }
+  EXPECT_EQ(after, 8.0) << node_.Logs();
+  EXPECT_EQ(node_.MetricSum("pagedweight_worker_requests_total", "status=\"error\""), 0);
+  std::printf("lowest mean bits %.3f; %d short requests to get back to 8 bits\n", lowest, extra);
 }
 
 }  // namespace

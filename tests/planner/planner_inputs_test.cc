@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "services/workers/kv_demand.h"
+#include "services/workers/request_boundary.h"
 #include "services/workers/reserve_wait.h"
 #include "services/workers/routing_stats.h"
 
@@ -76,6 +77,52 @@ TEST(KvDemand, RunningGrowthLeasesAndWaitingInPages) {
   EXPECT_EQ(d.waiting_blocks(), 3);
   EXPECT_EQ(d.reserve_pages(), (9 + 5) * 4);
   EXPECT_EQ(d.pages(), (9 + 5 + 3) * 4);
+}
+
+TEST(KvDemand, AHorizonCountsOnlyTheNextTokensOfEveryRequest) {
+  // 16 tokens a block, 4 layers, context 256, a horizon of 20 tokens.
+  KvDemand d(16, 4, 256, 20);
+  // 20 tokens now, 51 at the end: only to 40 -> 3 - 2 = 1 block (+1 slack); without the
+  // horizon it is 2 (+1).
+  d.AddRunning(20, 51, true);
+  EXPECT_EQ(d.running_blocks(), 2);
+  // Ends within the horizon: its whole growth, 21 -> 30 tokens: 2 - 2 (+1).
+  d.AddRunning(21, 30, true);
+  EXPECT_EQ(d.running_blocks(), 2 + 1);
+  // Preempted: every block of its length plus the horizon, 40 tokens -> 3 (+1).
+  d.AddRunning(20, 200, false);
+  EXPECT_EQ(d.running_blocks(), 3 + 4);
+  // A lease of 2 blocks for 100 tokens more: 2 * 16 + 1 + 20 = 53 -> 4 - 2 (+1).
+  d.AddLease(2, 100);
+  EXPECT_EQ(d.lease_blocks(), 3);
+  // Waiting: 33 prompt tokens + 1 + min(100, 20) = 54 -> 4 blocks (7 without the horizon).
+  d.AddWaiting(33, 100);
+  EXPECT_EQ(d.waiting_blocks(), 4);
+  EXPECT_EQ(d.pages(), (7 + 3 + 4) * 4);
+
+  KvDemand whole(16, 4, 256, 0);
+  whole.AddWaiting(33, 100);
+  EXPECT_EQ(whole.waiting_blocks(), 9);  // 134 tokens
+  whole.AddRunning(20, 51, true);
+  EXPECT_EQ(whole.running_blocks(), 3);
+}
+
+TEST(RequestBoundary, CrossedWhenARequestJoinsOrLeavesTheBatch) {
+  RequestBoundary b;
+  auto crossed = [&b](std::initializer_list<uint64_t> ids) {
+    b.Begin();
+    for (uint64_t id : ids) b.Add(id);
+    return b.Crossed();
+  };
+  EXPECT_TRUE(crossed({}));  // the first check
+  EXPECT_FALSE(crossed({}));
+  EXPECT_TRUE(crossed({7}));        // one joined
+  EXPECT_FALSE(crossed({7}));       // same batch, another iteration
+  EXPECT_TRUE(crossed({7, 9}));     // one joined
+  EXPECT_FALSE(crossed({9, 7}));    // order does not matter
+  EXPECT_TRUE(crossed({9, 11}));    // one left and one joined in the same iteration
+  EXPECT_TRUE(crossed({9}));        // one left
+  EXPECT_TRUE(crossed({}));         // the last left
 }
 
 TEST(ReserveWait, HoldsWhatALoweringCanMakeRoomForAndAnswersWithinTheWait) {

@@ -136,6 +136,68 @@ TEST(PlannerTest, FloorsHeld) {
   for (const auto& c : d->changes) EXPECT_LT(c.to, c.from);
 }
 
+TEST(PlannerTest, MinBitsFloorHoldsUnderABacklogAndTheHotFloorAboveIt) {
+  // A backlog: the KV demand is more than the whole pool, so every step would be taken.
+  PlannerInputs in = MakeInputs(4, 8, 0);
+  in.kv_demand_pages = 5000;
+  in.routing_mass = {4.0, 1.0, 1.0, 1.0};  // expert 0 hot (r = 4 / 1.75 > 2)
+  PlannerParams p = Params();
+  p.min_bits = 4;
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->action, PlanAction::kLower);
+  EXPECT_FALSE(d->target_met);
+  EXPECT_EQ(WidthOf(in, *d, 0), 6) << "hot floor";
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(WidthOf(in, *d, i), 4) << "block " << i;
+  EXPECT_EQ(d->pages_moved, 20 + 3 * 40);
+  // The same inputs with the default floor go to 3 bits: the floor is what held them.
+  p.min_bits = 3;
+  auto low = Plan(in, p);
+  ASSERT_TRUE(low.ok());
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(WidthOf(in, *low, i), 3) << "block " << i;
+  // A block already below min_bits is left alone (neither lowered nor raised by the floor).
+  in.blocks[1].committed = 3;
+  in.kv_demand_pages = 0;
+  in.pool.free = 900;
+  p.min_bits = 4;
+  auto up = Plan(in, p);
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->action, PlanAction::kRaise);
+  EXPECT_EQ(WidthOf(in, *up, 1), 3);
+}
+
+TEST(PlannerTest, MeanWidthFloorStopsTheGreedyAtTheMeanNotEveryBlockAtAFloor) {
+  // A backlog on four equal-size blocks with damage scales 1, 4, 16, 64: with min_mean_bits
+  // 5.5 the widths may sum to 22 (from 32): the ten cheapest steps (costs 1, 2, 4, 4, 8, 8, 16,
+  // 16, 16, 32) take block 0 to 3 bits, block 1 to 4, block 2 to 7 and leave block 3 at 8.
+  PlannerInputs in = MakeInputs(4, 8, 0);
+  for (int e = 0; e < 4; ++e) in.blocks[e] = MakeBlock(0, e, ExpertProj::kGateUp, 8, std::pow(4.0, e));
+  in.kv_demand_pages = 5000;
+  PlannerParams p = Params();
+  p.min_mean_bits = 5.5;
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(WidthOf(in, *d, 0), 3);
+  EXPECT_EQ(WidthOf(in, *d, 1), 4);
+  EXPECT_EQ(WidthOf(in, *d, 2), 7);
+  EXPECT_EQ(WidthOf(in, *d, 3), 8);
+  EXPECT_EQ(d->pages_moved, 100);
+  EXPECT_FALSE(d->target_met);
+  // Without it every block goes to 3 bits.
+  p.min_mean_bits = 0;
+  auto all = Plan(in, p);
+  ASSERT_TRUE(all.ok());
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(WidthOf(in, *all, i), 3) << "block " << i;
+  // Already at the mean floor: nothing to lower.
+  p.min_mean_bits = 8;
+  auto none = Plan(in, p);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->changes.empty());
+  // Out of range: refused.
+  p.min_mean_bits = 9;
+  EXPECT_FALSE(Plan(in, p).ok());
+}
+
 TEST(PlannerTest, TargetMetExactlyWithLeastDamage) {
   // Three experts with damage scales 1, 3 and 10; the pool is 25 pages short plus 2 % (20
   // pages) of headroom: 45 pages, so five 10-page steps.
