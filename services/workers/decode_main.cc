@@ -7,7 +7,7 @@
 #include "services/transport/service_setup.h"
 #include "services/workers/decode_worker.h"
 #include "services/common/stop_signals.h"
-#include "tools/miss_cli.h"
+#include "policies/misses/miss_flags.h"
 
 int main(int argc, char** argv) {
   pw::workers::DecodeWorkerOptions o;
@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
   app.add_option("--lynx-gate-weights", lynx_gate, "renorm or mass")->check(CLI::IsMember({"renorm", "mass"}));
   app.add_option("--lynx-exempt", o.lynx_options.exempt_layers, "layers LYNX leaves unchanged")
       ->delimiter(',');
-  pw::tools::MissFlags miss;  // a residency budget and its miss policy (paged_residency.h)
-  pw::tools::AddMissFlags(&app, &miss, /*with_residency=*/true);
+  pw::misses::MissFlags miss;  // a residency budget and its miss policy (paged_residency.h)
+  pw::misses::AddMissFlags(&app, &miss, /*with_residency=*/true);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   }
   o.lynx_options.gate_weights =
       lynx_gate == "mass" ? pw::lynx::GateWeights::kOriginalMass : pw::lynx::GateWeights::kRenormalize;
-  auto miss_settings = pw::tools::MissSettingsFrom(miss);
+  auto miss_settings = pw::misses::MissSettingsFrom(miss);
   if (miss_settings.ok() && !pw::workers::PagedResidency::Enabled(*miss_settings) && !miss_settings->policy.empty()) {
     miss_settings = pw::InvalidArgument("--miss-policy needs --residency F or --residency-bytes N");
   }
