@@ -188,6 +188,7 @@ Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r) {
     }
     PW_RETURN_IF_ERROR(book_->Mirror(peer, committed).WithContext("weight table of '" + peer + "'"));
     book_->AdoptDesired(desired);
+    book_->Residency(peer, r.getResidencyCapacity());
     plan_sent_ms_[peer] = 0;
     ExportPlanMetrics();
   }
@@ -255,6 +256,7 @@ Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
       p.epoch = t.getPlanEpoch();
       p.pending = t.getChangesPending();
       p.kv_demand = t.getKvDemandPages();
+      p.residency_capacity = t.getResidencyCapacity();
       for (float x : t.getExpertMass()) p.mass.push_back(x);
       book_->Telemetry(peer, p);
       return Status::Ok();
@@ -360,6 +362,7 @@ void Broker::SendPlans(bool force) {
       continue;
     }
     sent = now;
+    book_->Sent(peer, pending);
     plans_counter_->Increment();
   }
   epoch_gauge_->Set(static_cast<double>(book_->epoch()));

@@ -9,7 +9,10 @@
 //   - the worker fetched into pool pages, substituted, evicted, and never held more experts
 //     than the budget; its pool balances and /metrics passes `promtool check metrics`;
 //   - with background admission (quality-first) under concurrent requests, admissions commit,
-//     every request completes and the pool balances.
+//     every request completes and the pool balances;
+//   - the broker knows the worker's budget: it stops sending plans once the worker has them
+//     (counted over a window of several resend periods), and a pw-ctl change still reaches the
+//     worker once and its resident experts take the new width.
 // Skips when the embedded model or its store (built with the Release build) is absent.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -47,13 +50,15 @@ constexpr int kBits = 4;
 class ResidencyServing : public ::testing::Test {
  protected:
   // Starts the node with `misses` as the decode worker's misses block (YAML flow mapping).
-  void Start(const std::string& misses) {
+  // `decode_extra`: more keys of the decode entry (", key: value").
+  void Start(const std::string& misses, const std::string& decode_extra = "") {
     if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) GTEST_SKIP() << "no weights in " << ModelDir();
     if (!std::filesystem::exists(StorePath())) GTEST_SKIP() << "no store " << StorePath() << " (built by the Release build)";
     http_port_ = FreePort();
     ctl_port_ = FreePort();
     broker_port_ = FreePort();
     decode_metrics_ = FreePort();
+    broker_metrics_ = FreePort();
     run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/residency-" +
                ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(run_dir_);
@@ -62,11 +67,11 @@ class ResidencyServing : public ::testing::Test {
     std::ofstream(yaml) << "model_dir: " << ModelDir() << "\nmodel_name: tiny-moe\nrun_dir: " << run_dir_
                         << "\nbin_dir: " << PW_BINARY_DIR << "/bin\nheartbeat_ms: 300\ndrain_timeout_ms: 20000\n"
                         << "router: {port: " << http_port_ << ", control_port: " << ctl_port_ << ", lease_ms: 20000}\n"
-                        << "broker: {control_port: " << broker_port_ << ", store: " << StorePath()
-                        << ", initial_bits: " << kBits << "}\n"
+                        << "broker: {control_port: " << broker_port_ << ", metrics_port: " << broker_metrics_
+                        << ", store: " << StorePath() << ", initial_bits: " << kBits << "}\n"
                         << "prefill: [{id: prefill-0, kv_blocks: 256}]\n"
                         << "decode: [{id: decode-0, kv_blocks: 512, metrics_port: " << decode_metrics_
-                        << ", misses: " << misses << "}]\n"
+                        << ", misses: " << misses << decode_extra << "}]\n"
                         << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
     ASSERT_TRUE(cluster_.Start({Bin("pw-cluster"), "up", "--config", yaml}, run_dir_ + "/pw-cluster.out"));
     ASSERT_TRUE(WaitServing(120)) << Logs();
@@ -85,9 +90,13 @@ class ResidencyServing : public ::testing::Test {
     auto [status, body] = Http(decode_metrics_, "GET", "/metrics", "", 10);
     return status == 200 ? body : "";
   }
-  // A metric of the decode worker ("name{labels}" prefix), or -1.
-  double Metric(const std::string& prefix) {
-    const std::string body = MetricsText();
+  // A metric of the decode worker ("name{labels}" prefix; `port`: another process's), or -1.
+  double Metric(const std::string& prefix, int port = 0) {
+    std::string body = MetricsText();
+    if (port != 0) {
+      auto [status, text] = Http(port, "GET", "/metrics", "", 10);
+      body = status == 200 ? text : "";
+    }
     size_t at = body.find("\n" + prefix);
     if (at == std::string::npos) return -1;
     size_t sp = body.find(' ', at + 1 + prefix.size());
@@ -187,7 +196,22 @@ class ResidencyServing : public ::testing::Test {
   }
 
   testing::ChildProcess cluster_;
-  int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0, decode_metrics_ = 0;
+  // Runs pw-ctl against the node's broker; returns {exit code, output}.
+  std::pair<int, std::string> Ctl(const std::string& args) {
+    const std::string cmd = Bin("pw-ctl") + " --broker tcp://127.0.0.1:" + std::to_string(broker_port_) +
+                            " --control-keys " + run_dir_ + "/control.keys " + args + " 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return {-1, ""};
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int st = pclose(p);
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  }
+  double PlansSent() { return Metric("pagedweight_broker_plans_sent_total", broker_metrics_); }
+
+  int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0, decode_metrics_ = 0, broker_metrics_ = 0;
   std::string run_dir_;
   std::shared_ptr<const apw::ApwStore> store_;
   int64_t substitutions_ = 0;
@@ -244,6 +268,37 @@ TEST_F(ResidencyServing, AdmissionsCommitUnderConcurrentRequests) {
   EXPECT_EQ(Metric("pagedweight_pool_balanced{"), 1);
   EXPECT_EQ(Metric("pagedweight_pool_pages{tenant=\"kv\""), 0) << Logs();
   ExpectPromtoolClean();
+}
+
+TEST_F(ResidencyServing, TheBrokerStopsResendingPlansToABudgetedWorker) {
+  Start("{policy: rule-0.15, eviction: lfu, residency: 0.25}");
+  if (IsSkipped() || HasFatalFailure()) return;
+  auto prompts = Prompts(3, 5);
+  for (const auto& p : prompts) ASSERT_EQ(Complete(p, 16).rfind("HTTP ", 0), std::string::npos) << Logs();
+  // Non-resident blocks sit at 0 while the broker's desired width is 4: without knowing the
+  // budget the broker would resend every plan_resend_ms (1 s), i.e. about 4 plans in 4 s.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double before = PlansSent();
+  ASSERT_GE(before, 1) << "the worker never got its first plan\n" << Logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  EXPECT_EQ(PlansSent(), before) << "plans resent to a budgeted worker\n" << Logs();
+  auto [src, shown] = Ctl("show");
+  EXPECT_EQ(src, 0) << shown;
+  EXPECT_NE(shown.find("0 change(s) pending; residency budget 8 experts per layer"), std::string::npos) << shown;
+
+  // A change still reaches it, once; the experts it makes resident afterwards take the width.
+  const double applied = Metric("pagedweight_plans_applied_total{");
+  auto [rc, out] = Ctl("set-bits 5 --all");
+  ASSERT_EQ(rc, 0) << out;
+  for (const auto& p : Prompts(3, 6)) ASSERT_EQ(Complete(p, 16).rfind("HTTP ", 0), std::string::npos) << Logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double after_change = PlansSent();
+  EXPECT_GT(after_change, before);
+  EXPECT_GT(Metric("pagedweight_plans_applied_total{"), applied);
+  EXPECT_GT(Metric("pagedweight_weight_bytes{bits=\"5\""), 0) << MetricsText();
+  EXPECT_LE(Metric("pagedweight_experts_resident{"), Metric("pagedweight_experts_resident_capacity{"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  EXPECT_EQ(PlansSent(), after_change) << Logs();
 }
 
 }  // namespace
