@@ -53,6 +53,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   pw::misses::MissFlags miss;  // a residency budget and its miss policy (paged_residency.h)
   pw::misses::AddMissFlags(&app, &miss, /*with_residency=*/true);
+  pw::misses::TraceFlags trace;  // router-logit trace of the served tokens (decode_trace.h)
+  pw::misses::AddTraceFlags(&app, &trace);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
@@ -85,6 +87,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.misses = *miss_settings;
+  if (!trace.path.empty()) {
+    if (trace.max_mb <= 0) {
+      std::fprintf(stderr, "pw-decode: --record-trace needs --trace-max-mb M > 0 (a serving process's trace is bounded)\n");
+      return 2;
+    }
+    o.trace.path = trace.path;
+    o.trace.sample_every = trace.sample;
+    o.trace.max_bytes = static_cast<uint64_t>(trace.max_mb * 1e6);
+  }
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);
   if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-decode", o.router_endpoint); !s.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", s.message().c_str());

@@ -12,7 +12,9 @@
 //     every request completes and the pool balances;
 //   - the broker knows the worker's budget: it stops sending plans once the worker has them
 //     (counted over a window of several resend periods), and a pw-ctl change still reaches the
-//     worker once and its resident experts take the new width.
+//     worker once and its resident experts take the new width;
+//   - the worker records the router logits of what it serves (the decode entry's `trace:`),
+//     sampled and within its byte bound, into a trace that reads back and that pw-sim replays.
 // Skips when the embedded model or its store (built with the Release build) is absent.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -27,6 +29,7 @@
 #include "common/tokenizer.h"
 #include "policies/misses/miss_policy.h"
 #include "policies/misses/miss_settings.h"
+#include "policies/misses/router_trace.h"
 #include "policies/misses/trace_replay.h"
 #include "quant/apw_provider.h"
 #include "services/engine/engine.h"
@@ -299,6 +302,48 @@ TEST_F(ResidencyServing, TheBrokerStopsResendingPlansToABudgetedWorker) {
   EXPECT_LE(Metric("pagedweight_experts_resident{"), Metric("pagedweight_experts_resident_capacity{"));
   std::this_thread::sleep_for(std::chrono::milliseconds(3000));
   EXPECT_EQ(PlansSent(), after_change) << Logs();
+}
+
+TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/residency-trace";
+  std::filesystem::create_directories(dir);
+  const std::string trace = dir + "/decode.trace";
+  std::filesystem::remove(trace);
+  constexpr uint64_t kCap = 10000;  // bytes: a few dozen of the decode steps below
+  Start("{policy: speed-first, residency: 0.5}",
+        ", trace: {path: " + trace + ", max_mb: " + std::to_string(kCap / 1e6) + ", sample: 2}");
+  if (IsSkipped() || HasFatalFailure()) return;
+  for (const auto& p : Prompts(6, 9)) ASSERT_EQ(Complete(p, 24).rfind("HTTP ", 0), std::string::npos) << Logs();
+  // The end record is written when the worker stops.
+  cluster_.Kill(SIGTERM);
+  ASSERT_EQ(cluster_.Wait(60000), 0) << Logs();
+  ASSERT_TRUE(std::filesystem::exists(trace)) << Logs();
+  EXPECT_LE(std::filesystem::file_size(trace), kCap);
+  auto t = misses::RouterTrace::Read(trace);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->header.num_layers, 4u);
+  EXPECT_EQ(t->header.num_experts, 32u);
+  ASSERT_GT(t->layers.size(), 8u);
+  EXPECT_EQ(t->counts.layer_records, t->layers.size());
+  // About 6 x 23 decode passes of 4 layers: sampling alone would drop about as many records as
+  // it keeps; the byte bound drops far more.
+  EXPECT_GT(t->counts.dropped_records, 2 * t->counts.layer_records);
+  for (size_t i = 0; i < t->layers.size(); ++i) {
+    const auto& l = t->layers[i];
+    EXPECT_EQ(l.step % 2, 0u) << "record " << i << " of an unsampled pass";
+    EXPECT_EQ(l.layer, i % 4) << "record " << i;
+    ASSERT_EQ(l.num_tokens(), 1u);  // one request at a time: one decode token a pass
+    EXPECT_GT(l.positions[0], 0);   // decode tokens follow their prompt
+    EXPECT_EQ(l.experts.size(), t->header.top_k);
+  }
+  ASSERT_EQ(std::system((Bin("pw-sim") + " --trace " + trace + " --residency 0.25 --miss-policy speed-first > " +
+                         dir + "/sim.out 2>&1").c_str()),
+            0)
+      << ReadFile(dir + "/sim.out");
+  const std::string sim = ReadFile(dir + "/sim.out");
+  // speed-first = first-choice + LFU + admission; its replay of what the worker served.
+  EXPECT_NE(sim.find("\npolicy first-choice lfu"), std::string::npos) << sim;
+  EXPECT_NE(sim.find("\ntokens " + std::to_string(t->layers.size() / 4) + "\n"), std::string::npos) << sim;
 }
 
 }  // namespace
