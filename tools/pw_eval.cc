@@ -56,7 +56,7 @@
 #include "services/engine/perplexity.h"
 #include "tools/lockstep_perplexity.h"
 #include "tools/lynx_cli.h"
-#include "tools/miss_cli.h"
+#include "policies/misses/miss_flags.h"
 
 namespace {
 
@@ -76,8 +76,8 @@ struct ApwFlags {
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
            const ApwFlags& apw, const std::string& nll_out, int batch,
-           const pw::tools::LynxFlags& lynx, const pw::tools::MissFlags& miss,
-           const pw::tools::TraceFlags& trace) {
+           const pw::tools::LynxFlags& lynx, const pw::misses::MissFlags& miss,
+           const pw::misses::TraceFlags& trace) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Fail(pw::NotFound("cannot open --text file " + text_path));
   std::stringstream ss;
@@ -142,9 +142,9 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   for (const auto& layer : (*engine)->model().layers()) moe_layers += layer.is_moe ? 1 : 0;
   std::unique_ptr<pw::misses::MissPolicy> policy;
   std::unique_ptr<pw::engine::MissRoutingHook> miss_hook;
-  auto budget = pw::tools::BudgetFrom(miss);
+  auto budget = pw::misses::BudgetFrom(miss);
   if (!budget.ok()) return Fail(budget.status());
-  auto settings = pw::tools::MissSettingsFrom(miss);
+  auto settings = pw::misses::MissSettingsFrom(miss);
   if (!settings.ok()) return Fail(settings.status());
   if (budget->fraction > 0 || budget->bytes > 0) {
     auto mc = pw::misses::ToMissConfig(*settings);
@@ -362,10 +362,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 4096));
   pw::tools::LynxFlags lynx;
   pw::tools::AddLynxFlags(ppl, &lynx);
-  pw::tools::MissFlags miss;
-  pw::tools::AddMissFlags(ppl, &miss, /*with_residency=*/true);
-  pw::tools::TraceFlags trace;
-  pw::tools::AddTraceFlags(ppl, &trace);
+  pw::misses::MissFlags miss;
+  pw::misses::AddMissFlags(ppl, &miss, /*with_residency=*/true);
+  pw::misses::TraceFlags trace;
+  pw::misses::AddTraceFlags(ppl, &trace);
   auto* loglik = app.add_subcommand("loglik", "log-likelihood of continuations (JSON lines)");
   std::string pairs;
   loglik->add_option("--model", model, "model directory")->required();

@@ -14,7 +14,7 @@
 #include "services/engine/engine.h"
 #include "services/engine/model.h"
 #include "services/engine/trace_recorder.h"
-#include "tools/miss_cli.h"
+#include "policies/misses/miss_flags.h"
 
 namespace {
 
@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--seed", sp.seed, "random seed");
   app.add_option("--threads", threads, "compute threads")->check(CLI::Range(1, 256));
-  pw::tools::TraceFlags trace;
-  pw::tools::AddTraceFlags(&app, &trace);
+  pw::misses::TraceFlags trace;
+  pw::misses::AddTraceFlags(&app, &trace);
   CLI11_PARSE(app, argc, argv);
 
   auto tok = pw::Tokenizer::FromModelDir(model);

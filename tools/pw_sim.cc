@@ -17,7 +17,7 @@
 
 #include "policies/misses/synthetic_trace.h"
 #include "policies/misses/trace_replay.h"
-#include "tools/miss_cli.h"
+#include "policies/misses/miss_flags.h"
 
 namespace {
 
@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "synthetic: forward passes")->check(CLI::Range(0, 1 << 24));
   app.add_option("--tokens-per-step", tokens_per_step, "synthetic: tokens per pass")->check(CLI::Range(1, 1 << 16));
   app.add_option("--seed", seed, "synthetic: seed");
-  pw::tools::MissFlags miss;
-  pw::tools::AddMissFlags(&app, &miss, /*with_residency=*/true);
+  pw::misses::MissFlags miss;
+  pw::misses::AddMissFlags(&app, &miss, /*with_residency=*/true);
   pw::misses::CostModel cost;
   app.add_option("--base-us", cost.base_us, "modelled us per token outside routed experts");
   app.add_option("--expert-us", cost.expert_us, "modelled us per computed expert per token");
@@ -105,9 +105,9 @@ int main(int argc, char** argv) {
   const double bytes = cost.expert_bytes > 0 ? cost.expert_bytes : in.expert_bytes;
 
   if (!sweep) {
-    auto cfg = pw::tools::MissConfigFrom(miss);
+    auto cfg = pw::misses::MissConfigFrom(miss);
     if (!cfg.ok()) return Fail(cfg.status());
-    auto budget = pw::tools::BudgetFrom(miss);
+    auto budget = pw::misses::BudgetFrom(miss);
     if (!budget.ok()) return Fail(budget.status());
     auto cap = pw::misses::CapacityFor(*budget, in.num_moe_layers,
                                        static_cast<int>(h.num_experts), static_cast<int>(h.top_k), bytes);
@@ -131,16 +131,16 @@ int main(int argc, char** argv) {
   std::vector<pw::misses::MissConfig> configs;
   const std::vector<std::string> evs = Split(evictions);
   for (const std::string& p : Split(policies)) {
-    pw::tools::MissFlags f = miss;
+    pw::misses::MissFlags f = miss;
     f.policy = p;
     if (evs.empty()) {
-      auto c = pw::tools::MissConfigFrom(f);
+      auto c = pw::misses::MissConfigFrom(f);
       if (!c.ok()) return Fail(c.status());
       configs.push_back(*c);
     }
     for (const std::string& e : evs) {
       f.eviction = e;
-      auto c = pw::tools::MissConfigFrom(f);
+      auto c = pw::misses::MissConfigFrom(f);
       if (!c.ok()) return Fail(c.status());
       configs.push_back(*c);
     }

@@ -194,6 +194,7 @@ Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r) {
     }
     PW_RETURN_IF_ERROR(book_->Mirror(peer, committed).WithContext("weight table of '" + peer + "'"));
     book_->AdoptDesired(desired);
+    book_->Residency(peer, r.getResidencyCapacity());
     plan_sent_ms_[peer] = 0;
     ExportPlanMetrics();
   }
@@ -261,6 +262,7 @@ Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
       p.epoch = t.getPlanEpoch();
       p.pending = t.getChangesPending();
       p.kv_demand = t.getKvDemandPages();
+      p.residency_capacity = t.getResidencyCapacity();
       for (float x : t.getExpertMass()) p.mass.push_back(x);
       for (float x : t.getPromptFeatures()) p.prompt_features.push_back(x);
       book_->Telemetry(peer, p);
@@ -381,6 +383,7 @@ void Broker::SendPlans(bool force) {
       continue;
     }
     sent = now;
+    book_->Sent(peer, pending);
     plans_counter_->Increment();
   }
   epoch_gauge_->Set(static_cast<double>(book_->epoch()));

@@ -11,7 +11,9 @@
 // Widths are the PlanBook's (plan_book.h): pw-ctl (CtlRequest) changes desired widths, the
 // broker sends each decode worker a Plan with what it still has to change (again every
 // second until its PlanAcks show it done), and mirrors every worker's committed table from its
-// registration and acks, so a restarted broker rebuilds it as the workers re-register.
+// registration and acks, so a restarted broker rebuilds it as the workers re-register. A
+// worker with a residency budget (Register/Telemetry residencyCapacity) keeps non-resident
+// blocks at 0 by design: those are sent once per change of their desired width, not resent.
 #pragma once
 
 #include <atomic>

@@ -73,9 +73,15 @@ Result<uint64_t> PlanBook::Apply(const std::vector<Selection>& selections) {
   return ++epoch_;
 }
 
-Status PlanBook::Mirror(const std::string& worker, const std::vector<BlockWidth>& committed) {
+PlanBook::MirrorState PlanBook::NewMirror() const {
   MirrorState m;
   m.committed.assign(desired_.size(), 0);
+  m.told.assign(desired_.size(), -1);
+  return m;
+}
+
+Status PlanBook::Mirror(const std::string& worker, const std::vector<BlockWidth>& committed) {
+  MirrorState m = NewMirror();
   for (const BlockWidth& c : committed) {
     PW_RETURN_IF_ERROR(CheckBlock(c.layer, c.expert));
     m.committed[Index(c.layer, c.expert, c.proj)] = c.bits;
@@ -91,9 +97,7 @@ Status PlanBook::Acked(const std::string& worker, uint64_t epoch,
   auto it = mirrors_.find(worker);
   if (it == mirrors_.end()) {
     // A worker that registered before it had loaded its experts: its first ack lists them all.
-    MirrorState m;
-    m.committed.assign(desired_.size(), 0);
-    it = mirrors_.emplace(worker, std::move(m)).first;
+    it = mirrors_.emplace(worker, NewMirror()).first;
   }
   for (const BlockWidth& c : committed) {
     PW_RETURN_IF_ERROR(CheckBlock(c.layer, c.expert));
@@ -112,6 +116,19 @@ void PlanBook::Telemetry(const std::string& worker, const WorkerPool& pool) {
   }
 }
 
+void PlanBook::Residency(const std::string& worker, uint32_t capacity) {
+  auto it = mirrors_.find(worker);
+  if (it != mirrors_.end()) it->second.pool.residency_capacity = capacity;
+}
+
+void PlanBook::Sent(const std::string& worker, const std::vector<BlockWidth>& changes) {
+  auto it = mirrors_.find(worker);
+  if (it == mirrors_.end()) return;
+  for (const BlockWidth& c : changes) {
+    if (CheckBlock(c.layer, c.expert).ok()) it->second.told[Index(c.layer, c.expert, c.proj)] = c.bits;
+  }
+}
+
 void PlanBook::Forget(const std::string& worker) { mirrors_.erase(worker); }
 
 void PlanBook::AdoptDesired(const std::vector<BlockWidth>& desired) {
@@ -127,11 +144,15 @@ std::vector<BlockWidth> PlanBook::PendingFor(const std::string& worker) const {
   std::vector<BlockWidth> out;
   auto it = mirrors_.find(worker);
   if (it == mirrors_.end()) return out;
+  const MirrorState& m = it->second;
+  const bool budget = m.pool.residency_capacity != 0;
   for (int l = 0; l < num_layers_; ++l) {
     for (int e = 0; e < num_experts_; ++e) {
       for (int p = 0; p < 2; ++p) {
         const size_t i = Index(l, e, static_cast<ExpertProj>(p));
-        if (it->second.committed[i] != desired_[i]) {
+        const bool pending = budget && m.committed[i] == 0 ? m.told[i] != desired_[i]
+                                                           : m.committed[i] != desired_[i];
+        if (pending) {
           out.push_back({l, e, static_cast<ExpertProj>(p), desired_[i]});
         }
       }
@@ -150,7 +171,9 @@ std::string PlanBook::Show(bool blocks, int layer) const {
     const size_t pending = PendingFor(id).size();
     o << "worker " << id << ": pool pages of " << p.page_bytes << " B: kv " << p.kv << ", weights "
       << p.weights << ", free " << p.free << "; committed epoch " << (pending == 0 ? epoch_ : p.epoch)
-      << ", " << pending << " change(s) pending\n";
+      << ", " << pending << " change(s) pending";
+    if (p.residency_capacity != 0) o << "; residency budget " << p.residency_capacity << " experts per layer";
+    o << "\n";
   }
   auto histogram_row = [&](const char* what, int l, const std::vector<int>& bits) {
     int count[17] = {};

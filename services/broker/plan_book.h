@@ -8,6 +8,11 @@
 //     Telemetry;
 //   - PendingFor(worker): the changes that worker still has to make (d_i != its q_i), which
 //     the broker sends as one Plan.
+//   - a worker with a residency budget (its Register/Telemetry residencyCapacity) holds only
+//     the experts its miss policy keeps resident; its other blocks sit at q_i = 0 by design and
+//     take the plan's width only when they become resident. For such a worker a block at 0 is
+//     pending only until the worker has been sent its current desired width once (Sent); a
+//     resident block (q_i != 0) is pending while q_i != d_i, as for any worker.
 // Pure bookkeeping: no I/O, no clock; the broker calls it from its loop thread.
 #pragma once
 
@@ -33,6 +38,7 @@ struct WorkerPool {
   uint64_t epoch = 0;  // last epoch the worker fully committed
   uint32_t pending = 0;
   uint32_t kv_demand = 0;    // KV pages still needed and not held (services/workers/kv_demand.h)
+  uint32_t residency_capacity = 0;  // experts per layer under a residency budget; 0: none
   std::vector<float> mass;   // routing-mass EMA [layers * experts]; empty: none reported
   std::vector<float> prompt_features;  // routing histogram of recent prefills [layers * experts]; empty: none
 };
@@ -68,6 +74,10 @@ class PlanBook {
   Status Acked(const std::string& worker, uint64_t epoch, const std::vector<BlockWidth>& committed,
                bool complete);
   void Telemetry(const std::string& worker, const WorkerPool& pool);
+  // The worker's residency budget from its registration (experts per layer; 0: none).
+  void Residency(const std::string& worker, uint32_t capacity);
+  // `changes` (from PendingFor) reached the worker in a Plan: their widths are what it was told.
+  void Sent(const std::string& worker, const std::vector<BlockWidth>& changes);
   void Forget(const std::string& worker);
   bool knows(const std::string& worker) const { return mirrors_.count(worker) != 0; }
   // The worker's mirrored committed widths (ExpertBlockIndex order), or null.
@@ -80,7 +90,8 @@ class PlanBook {
     auto it = mirrors_.find(worker);
     return it == mirrors_.end() ? nullptr : &it->second.pool;
   }
-  // Blocks whose desired width differs from the worker's mirrored committed width.
+  // Blocks whose desired width differs from the worker's mirrored committed width (with a
+  // residency budget, non-resident blocks only until told; see the file comment).
   std::vector<BlockWidth> PendingFor(const std::string& worker) const;
   // When a broker restarts, the workers' desired widths are the best record of what was asked:
   // adopt a registering worker's desired widths while no change was made here.
@@ -106,8 +117,10 @@ class PlanBook {
   std::vector<int> desired_;
   struct MirrorState {
     std::vector<int> committed;
+    std::vector<int> told;  // width last sent in a Plan, -1: none since the mirror began
     WorkerPool pool;
   };
+  MirrorState NewMirror() const;
   std::map<std::string, MirrorState> mirrors_;
 };
 

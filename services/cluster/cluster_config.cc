@@ -137,6 +137,13 @@ const Schema& ClusterSchema() {
                                   }
                                   return "";
                                 })},
+                     // Router-logit trace of the served tokens (services/workers/decode_trace.h):
+                     // every `sample`-th forward pass, the file bounded by max_mb (MB).
+                     {"trace", Schema::Map({
+                                   {"path", Schema::String().NonEmpty().Required()},
+                                   {"max_mb", Schema::Double().Range(0.001, 1e6).Default(64.0)},
+                                   {"sample", Schema::Int().Range(1, 1 << 30).Default(int64_t{1})},
+                               })},
                  })).Size(1, 64).Required()},
       {"restart", Schema::Map({
                       {"initial_backoff_ms", Schema::Int().Range(0, 600000).Default(int64_t{500})},
@@ -300,6 +307,13 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
             std::snprintf(buf, sizeof buf, "%.17g", v.AsDouble());
             p.argv.push_back(buf);
           }
+        }
+        if (w.Has("trace")) {
+          const ConfigValue& t = w["trace"];
+          char mb[32];
+          std::snprintf(mb, sizeof mb, "%.17g", t["max_mb"].AsDouble());
+          p.argv.insert(p.argv.end(), {"--record-trace", t["path"].AsString(), "--trace-max-mb", mb,
+                                       "--trace-sample", std::to_string(t["sample"].AsInt())});
         }
       }
       if (broker_on) {

@@ -62,6 +62,9 @@ struct Register {
   maxContext @8 :UInt32;    # tokens
   metricsPort @9 :UInt16;   # Prometheus /metrics port of this process, 0 if none
   weightTable @10 :List(WeightEntry);  # decode workers: committed expert widths (broker rebuild)
+  residencyCapacity @11 :UInt32;       # decode workers with a residency budget: experts per MoE
+                                       # layer kept resident (blocks of the others sit at 0 by
+                                       # design); 0 = no budget, every block resident
 }
 
 struct RegisterAck {
@@ -230,6 +233,7 @@ struct Telemetry {
   kvDemandPages @12 :UInt32;      # KV pages still needed and not held (services/workers/kv_demand.h)
   promptFeatures @13 :List(Float32);  # [layers * experts] routing histogram of recent prefills
                                       # (services/workers/prompt_features.h); empty: none yet
+  residencyCapacity @14 :UInt32;  # as Register.residencyCapacity (0 = no residency budget)
 }
 
 enum WeightKind {

@@ -7,7 +7,7 @@
 #include "services/transport/service_setup.h"
 #include "services/workers/decode_worker.h"
 #include "services/common/stop_signals.h"
-#include "tools/miss_cli.h"
+#include "policies/misses/miss_flags.h"
 
 int main(int argc, char** argv) {
   pw::workers::DecodeWorkerOptions o;
@@ -56,8 +56,10 @@ int main(int argc, char** argv) {
   app.add_option("--lynx-gate-weights", lynx_gate, "renorm or mass")->check(CLI::IsMember({"renorm", "mass"}));
   app.add_option("--lynx-exempt", o.lynx_options.exempt_layers, "layers LYNX leaves unchanged")
       ->delimiter(',');
-  pw::tools::MissFlags miss;  // a residency budget and its miss policy (paged_residency.h)
-  pw::tools::AddMissFlags(&app, &miss, /*with_residency=*/true);
+  pw::misses::MissFlags miss;  // a residency budget and its miss policy (paged_residency.h)
+  pw::misses::AddMissFlags(&app, &miss, /*with_residency=*/true);
+  pw::misses::TraceFlags trace;  // router-logit trace of the served tokens (decode_trace.h)
+  pw::misses::AddTraceFlags(&app, &trace);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
@@ -77,7 +79,7 @@ int main(int argc, char** argv) {
   }
   o.lynx_options.gate_weights =
       lynx_gate == "mass" ? pw::lynx::GateWeights::kOriginalMass : pw::lynx::GateWeights::kRenormalize;
-  auto miss_settings = pw::tools::MissSettingsFrom(miss);
+  auto miss_settings = pw::misses::MissSettingsFrom(miss);
   if (miss_settings.ok() && !pw::workers::PagedResidency::Enabled(*miss_settings) && !miss_settings->policy.empty()) {
     miss_settings = pw::InvalidArgument("--miss-policy needs --residency F or --residency-bytes N");
   }
@@ -90,6 +92,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.misses = *miss_settings;
+  if (!trace.path.empty()) {
+    if (trace.max_mb <= 0) {
+      std::fprintf(stderr, "pw-decode: --record-trace needs --trace-max-mb M > 0 (a serving process's trace is bounded)\n");
+      return 2;
+    }
+    o.trace.path = trace.path;
+    o.trace.sample_every = trace.sample;
+    o.trace.max_bytes = static_cast<uint64_t>(trace.max_mb * 1e6);
+  }
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);
   if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-decode", o.router_endpoint); !s.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", s.message().c_str());

@@ -231,9 +231,13 @@ void DecodeWeights::FillWeightTable(wire::Register::Builder r) const {
     auto wt = r.initWeightTable(static_cast<unsigned>(t.num_blocks()));
     for (int i = 0; i < t.num_blocks(); ++i) {
       const auto& entry = t.entry(static_cast<size_t>(i));
+      // With a budget the table's desired 0 means "not resident"; the broker's width for the
+      // block is the plan width (what a restarted broker adopts).
+      const int desired = residency_ ? residency_->PlanBits(static_cast<size_t>(i)) : entry.desired;
       FillWeightEntry(wt[static_cast<unsigned>(i)], static_cast<size_t>(i), t.num_experts(),
-                      entry.committed, entry.desired);
+                      entry.committed, desired);
     }
+    if (residency_) r.setResidencyCapacity(static_cast<uint32_t>(residency_->capacity()));
   } else if (experts_) {
     const auto& regions = experts_->layout().regions;
     auto wt = r.initWeightTable(static_cast<unsigned>(regions.size()));
@@ -252,6 +256,7 @@ void DecodeWeights::FillTelemetry(wire::Telemetry::Builder t) const {
   if (!paged_) return;
   t.setPlanEpoch(paged_->pending() == 0 ? plan_epoch_ : 0);
   t.setChangesPending(static_cast<uint32_t>(paged_->pending()));
+  if (residency_) t.setResidencyCapacity(static_cast<uint32_t>(residency_->capacity()));
 }
 
 }  // namespace pw::workers

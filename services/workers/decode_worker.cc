@@ -30,6 +30,7 @@ DecodeWorker::~DecodeWorker() {
   // Drop the engine's hooks before the providers go, give the engine's and the table's pages
   // back, and stop UCX before freeing the pool.
   if (engine_) engine_->SetMoeHooks({});
+  trace_.reset();  // writes the trace's end record
   weights_.reset();
   engine_.reset();
   kv_region_.reset();
@@ -106,9 +107,14 @@ Status DecodeWorker::Setup() {
   routing_ = std::make_unique<RoutingStats>(static_cast<int>(cfg.num_layers), static_cast<int>(cfg.num_experts));
   prompt_features_ =
       std::make_unique<PromptFeatures>(static_cast<int>(cfg.num_layers), static_cast<int>(cfg.num_experts));
+  if (!options_.trace.path.empty()) {
+    PW_ASSIGN_OR_RETURN(trace_, DecodeTrace::Create(options_.trace, cfg, routing_.get()));
+    PW_LOG(INFO) << options_.id << ": recording router logits to " << options_.trace.path << " (every "
+                 << options_.trace.sample_every << ". forward pass, at most " << options_.trace.max_bytes << " bytes)";
+  }
   engine::MoeHooks hooks;
   hooks.routing_hook = lynx_hook_.get();
-  hooks.recorder = routing_.get();
+  hooks.recorder = recorder();
   engine_->SetMoeHooks(hooks);
 
   // UCX: register the KV pool, progress it from a thread (prefill workers put into it).
@@ -148,7 +154,7 @@ Status DecodeWorker::Setup() {
     metrics_->ucx_get_bytes->Increment(static_cast<double>(weights_->bytes_loaded()));
     engine::MoeHooks hooks;
     hooks.routing_hook = lynx_hook_.get();
-    hooks.recorder = routing_.get();
+    hooks.recorder = recorder();
     weights_->AddHooks(&hooks);  // the provider; with a residency budget its policy after LYNX
     engine_->SetMoeHooks(hooks);
   }

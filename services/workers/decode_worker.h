@@ -73,6 +73,7 @@
 #include "services/workers/request_boundary.h"
 #include "services/workers/reserve_wait.h"
 #include "services/workers/prompt_features.h"
+#include "services/workers/decode_trace.h"
 #include "services/workers/routing_stats.h"
 #include "services/workers/worker_metrics.h"
 
@@ -127,6 +128,8 @@ struct DecodeWorkerOptions {
   // residency_bytes set and an any-precision store, only that many experts stay resident and
   // the miss policy decides every miss (after LYNX); unset = every expert resident.
   misses::MissSettings misses;
+  // Router-logit trace recording (decode_trace.h): path empty = off; sampled and bounded.
+  DecodeTraceOptions trace;
 };
 
 class DecodeWorker {
@@ -215,6 +218,10 @@ class DecodeWorker {
   std::unique_ptr<lynx::LynxRemapper> lynx_;
   std::unique_ptr<engine::LynxRoutingHook> lynx_hook_;  // null when LYNX is off
   std::unique_ptr<LynxMetrics> lynx_metrics_;
+  std::unique_ptr<DecodeTrace> trace_;     // null unless recording; passes layers on to routing_
+  engine::RouterLogitsRecorder* recorder() {
+    return trace_ ? static_cast<engine::RouterLogitsRecorder*>(trace_.get()) : routing_.get();
+  }
   std::unique_ptr<RoutingStats> routing_;  // the engine's recorder: routing mass for Telemetry
   std::unique_ptr<PromptFeatures> prompt_features_;  // admitted prompts' routing, for Telemetry
   ReserveWait reserve_wait_;

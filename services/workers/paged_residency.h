@@ -94,6 +94,9 @@ class PagedResidency final : public engine::ExpertFetcher {
   const engine::MissRoutingHook& hook() const { return *hook_; }
   const ResidencyStats& stats() const { return stats_; }
   int capacity() const { return capacity_; }
+  // The broker's width for `block` when its expert is resident (the last plan's, else the
+  // initial width).
+  int PlanBits(size_t block) const;
   // Experts the policy holds resident, over all layers.
   int resident_experts() const;
   // Seconds each synchronous fetch took since the last call.
@@ -104,7 +107,6 @@ class PagedResidency final : public engine::ExpertFetcher {
   size_t Block(int layer, int expert, ExpertProj proj) const {
     return weights_->table().Index(layer, expert, proj);
   }
-  int PlanBits(size_t block) const;
   bool Wanted(int layer, int expert) const;
   void Follow();  // desired widths from the policy
 

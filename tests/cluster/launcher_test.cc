@@ -82,6 +82,39 @@ TEST(ClusterConfig, DecodeLynxBlockBecomesFlags) {
   EXPECT_NE(r.status().message().find("alpha and beta"), std::string::npos) << r.status().ToString();
 }
 
+TEST(ClusterConfig, DecodeTraceBlockBecomesFlags) {
+  auto path = WriteTemp("trace.yaml",
+                        "model_dir: m\nprefill: [{id: p}]\n"
+                        "decode: [{id: d, trace: {path: /tmp/d.trace, max_mb: 2.5, sample: 4}}, "
+                        "{id: e, trace: {path: /tmp/e.trace}}, {id: f}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto value_after = [&](const std::string& name, const std::string& flag) {
+    for (const auto& p : cfg->processes) {
+      if (p.name != name) continue;
+      for (size_t i = 0; i + 1 < p.argv.size(); ++i) {
+        if (p.argv[i] == flag) return p.argv[i + 1];
+      }
+    }
+    return std::string("(absent)");
+  };
+  EXPECT_EQ(value_after("d", "--record-trace"), "/tmp/d.trace");
+  EXPECT_EQ(std::stod(value_after("d", "--trace-max-mb")), 2.5);
+  EXPECT_EQ(value_after("d", "--trace-sample"), "4");
+  EXPECT_EQ(std::stod(value_after("e", "--trace-max-mb")), 64.0);  // bounded by default
+  EXPECT_EQ(value_after("e", "--trace-sample"), "1");
+  EXPECT_EQ(value_after("f", "--record-trace"), "(absent)");
+  for (const char* bad : {"decode: [{id: d, trace: {max_mb: 1}}]\n", "decode: [{id: d, trace: {path: x, max_mb: 0}}]\n",
+                          "decode: [{id: d, trace: {path: x, sample: 0}}]\n", "decode: [{id: d, trace: {path: x, rate: 2}}]\n"}) {
+    auto p = WriteTemp("trace_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n") + bad);
+    auto r = LoadClusterConfig(p, "/bin");
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("trace"), std::string::npos) << r.status().ToString();
+    }
+  }
+}
+
 TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
   auto path = WriteTemp("misses.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"

@@ -115,9 +115,10 @@ class PagedNode {
     auto [status, body] = Http(port != 0 ? port : decode_metrics_, "GET", "/metrics", "", 10);
     return status == 200 ? body : "";
   }
-  // The first sample of the decode worker whose line starts with `prefix` ("name{labels"), or -1.
-  double Metric(const std::string& prefix) const {
-    const std::string body = MetricsText();
+  // The first sample of the decode worker (or `port`) whose line starts with `prefix`
+  // ("name{labels"), or -1.
+  double Metric(const std::string& prefix, int port = 0) const {
+    const std::string body = MetricsText(port);
     const size_t at = body.find("\n" + prefix);
     if (at == std::string::npos) return -1;
     const size_t sp = body.find(' ', at + 1 + prefix.size());

@@ -9,7 +9,12 @@
 //   - the worker fetched into pool pages, substituted, evicted, and never held more experts
 //     than the budget; its pool balances and /metrics passes `promtool check metrics`;
 //   - with background admission (quality-first) under concurrent requests, admissions commit,
-//     every request completes and the pool balances.
+//     every request completes and the pool balances;
+//   - the broker knows the worker's budget: it stops sending plans once the worker has them
+//     (counted over a window of several resend periods), and a pw-ctl change still reaches the
+//     worker once and its resident experts take the new width;
+//   - the worker records the router logits of what it serves (the decode entry's `trace:`),
+//     sampled and within its byte bound, into a trace that reads back and that pw-sim replays.
 // Skips when the embedded model or its store (built with the Release build) is absent.
 #include <gtest/gtest.h>
 
@@ -20,6 +25,7 @@
 #include "common/tokenizer.h"
 #include "policies/misses/miss_policy.h"
 #include "policies/misses/miss_settings.h"
+#include "policies/misses/router_trace.h"
 #include "policies/misses/trace_replay.h"
 #include "quant/apw_provider.h"
 #include "services/engine/engine.h"
@@ -37,13 +43,14 @@ constexpr int kBits = 4;
 class ResidencyServing : public ::testing::Test {
  protected:
   // Starts the node with `misses` as the decode worker's misses block (YAML flow mapping).
-  void Start(const std::string& misses) {
+  // `decode_extra`: more keys of the decode entry (", key: value").
+  void Start(const std::string& misses, const std::string& decode_extra = "") {
     if (const std::string why = testing::PagedNodeMissing(); !why.empty()) GTEST_SKIP() << why;
     testing::UseBatchInvariantKernels();
     testing::PagedNodeConfig c;
     c.name = std::string("residency-") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     c.initial_bits = kBits;
-    c.decode_fields = "kv_blocks: 512, misses: " + misses;
+    c.decode_fields = "kv_blocks: 512, misses: " + misses + decode_extra;
     ASSERT_NO_FATAL_FAILURE(node_.Start(c));
     store_ = std::shared_ptr<const apw::ApwStore>(apw::ApwStore::Open(testing::TinyStorePath()).value().release());
   }
@@ -95,6 +102,8 @@ class ResidencyServing : public ::testing::Test {
     const std::string cmd = "promtool check metrics < " + path + " > " + path + ".out 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(path + ".out");
   }
+
+  double PlansSent() { return node_.Metric("pagedweight_broker_plans_sent_total", node_.broker_metrics_port()); }
 
   testing::PagedNode node_;
   std::shared_ptr<const apw::ApwStore> store_;
@@ -152,6 +161,79 @@ TEST_F(ResidencyServing, AdmissionsCommitUnderConcurrentRequests) {
   EXPECT_EQ(node_.Metric("pagedweight_pool_balanced{"), 1);
   EXPECT_EQ(node_.Metric("pagedweight_pool_pages{tenant=\"kv\""), 0) << node_.Logs();
   ExpectPromtoolClean();
+}
+
+TEST_F(ResidencyServing, TheBrokerStopsResendingPlansToABudgetedWorker) {
+  Start("{policy: rule-0.15, eviction: lfu, residency: 0.25}");
+  if (IsSkipped() || HasFatalFailure()) return;
+  auto prompts = Prompts(3, 5);
+  for (const auto& p : prompts) ASSERT_EQ(node_.Complete(p, 16).rfind("HTTP ", 0), std::string::npos) << node_.Logs();
+  // Non-resident blocks sit at 0 while the broker's desired width is 4: without knowing the
+  // budget the broker would resend every plan_resend_ms (1 s), i.e. about 4 plans in 4 s.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double before = PlansSent();
+  ASSERT_GE(before, 1) << "the worker never got its first plan\n" << node_.Logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  EXPECT_EQ(PlansSent(), before) << "plans resent to a budgeted worker\n" << node_.Logs();
+  auto [src, shown] = node_.Ctl("show");
+  EXPECT_EQ(src, 0) << shown;
+  EXPECT_NE(shown.find("0 change(s) pending; residency budget 8 experts per layer"), std::string::npos) << shown;
+
+  // A change still reaches it, once; the experts it makes resident afterwards take the width.
+  const double applied = node_.Metric("pagedweight_plans_applied_total{");
+  auto [rc, out] = node_.Ctl("set-bits 5 --all");
+  ASSERT_EQ(rc, 0) << out;
+  for (const auto& p : Prompts(3, 6)) ASSERT_EQ(node_.Complete(p, 16).rfind("HTTP ", 0), std::string::npos) << node_.Logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const double after_change = PlansSent();
+  EXPECT_GT(after_change, before);
+  EXPECT_GT(node_.Metric("pagedweight_plans_applied_total{"), applied);
+  EXPECT_GT(node_.Metric("pagedweight_weight_bytes{bits=\"5\""), 0) << node_.MetricsText();
+  EXPECT_LE(node_.Metric("pagedweight_experts_resident{"), node_.Metric("pagedweight_experts_resident_capacity{"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  EXPECT_EQ(PlansSent(), after_change) << node_.Logs();
+}
+
+TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/residency-trace";
+  std::filesystem::create_directories(dir);
+  const std::string trace = dir + "/decode.trace";
+  std::filesystem::remove(trace);
+  constexpr uint64_t kCap = 10000;  // bytes: a few dozen of the decode steps below
+  Start("{policy: speed-first, residency: 0.5}",
+        ", trace: {path: " + trace + ", max_mb: " + std::to_string(kCap / 1e6) + ", sample: 2}");
+  if (IsSkipped() || HasFatalFailure()) return;
+  for (const auto& p : Prompts(6, 9)) ASSERT_EQ(node_.Complete(p, 24).rfind("HTTP ", 0), std::string::npos) << node_.Logs();
+  // The end record is written when the worker stops.
+  cluster_.Kill(SIGTERM);
+  ASSERT_EQ(cluster_.Wait(60000), 0) << node_.Logs();
+  ASSERT_TRUE(std::filesystem::exists(trace)) << node_.Logs();
+  EXPECT_LE(std::filesystem::file_size(trace), kCap);
+  auto t = misses::RouterTrace::Read(trace);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->header.num_layers, 4u);
+  EXPECT_EQ(t->header.num_experts, 32u);
+  ASSERT_GT(t->layers.size(), 8u);
+  EXPECT_EQ(t->counts.layer_records, t->layers.size());
+  // About 6 x 23 decode passes of 4 layers: sampling alone would drop about as many records as
+  // it keeps; the byte bound drops far more.
+  EXPECT_GT(t->counts.dropped_records, 2 * t->counts.layer_records);
+  for (size_t i = 0; i < t->layers.size(); ++i) {
+    const auto& l = t->layers[i];
+    EXPECT_EQ(l.step % 2, 0u) << "record " << i << " of an unsampled pass";
+    EXPECT_EQ(l.layer, i % 4) << "record " << i;
+    ASSERT_EQ(l.num_tokens(), 1u);  // one request at a time: one decode token a pass
+    EXPECT_GT(l.positions[0], 0);   // decode tokens follow their prompt
+    EXPECT_EQ(l.experts.size(), t->header.top_k);
+  }
+  ASSERT_EQ(std::system((testing::BinPath("pw-sim") + " --trace " + trace + " --residency 0.25 --miss-policy speed-first > " +
+                         dir + "/sim.out 2>&1").c_str()),
+            0)
+      << ReadFile(dir + "/sim.out");
+  const std::string sim = ReadFile(dir + "/sim.out");
+  // speed-first = first-choice + LFU + admission; its replay of what the worker served.
+  EXPECT_NE(sim.find("\npolicy first-choice lfu"), std::string::npos) << sim;
+  EXPECT_NE(sim.find("\ntokens " + std::to_string(t->layers.size() / 4) + "\n"), std::string::npos) << sim;
 }
 
 }  // namespace

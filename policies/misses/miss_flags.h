@@ -1,4 +1,5 @@
-// The expert-miss and router-trace flags pw-eval, pw-generate and pw-sim share.
+// The expert-miss and router-trace command-line flags pw-eval, pw-generate, pw-sim and
+// pw-decode share (CLI11), turned into MissSettings / MissConfig / Budget.
 //
 //   --miss-policy P            preset: fetch-every-miss, rule-0.15, first-choice, weight-blind,
 //                              quality-first, speed-first (policies/misses/miss_config.h)
@@ -27,7 +28,7 @@ namespace CLI {
 class App;
 }
 
-namespace pw::tools {
+namespace pw::misses {
 
 struct MissFlags {
   std::string policy;  // empty: no miss policy
@@ -54,9 +55,9 @@ void AddTraceFlags(CLI::App* app, TraceFlags* f);
 
 // The settings the flags name, over the --miss-config file's. kInvalidArgument on bad flags
 // or a bad file (kNotFound when it cannot be read).
-Result<misses::MissSettings> MissSettingsFrom(const MissFlags& f);
+Result<MissSettings> MissSettingsFrom(const MissFlags& f);
 // The config (preset, then the overrides) and the budget (fraction and bytes 0 when none).
-Result<misses::MissConfig> MissConfigFrom(const MissFlags& f);
-Result<misses::Budget> BudgetFrom(const MissFlags& f);
+Result<MissConfig> MissConfigFrom(const MissFlags& f);
+Result<Budget> BudgetFrom(const MissFlags& f);
 
-}  // namespace pw::tools
+}  // namespace pw::misses

@@ -1,15 +1,15 @@
-#include "tools/miss_cli.h"
+#include "policies/misses/miss_flags.h"
 
 #include <CLI/CLI.hpp>
 
 #include <fstream>
 #include <sstream>
 
-namespace pw::tools {
+namespace pw::misses {
 
 void AddMissFlags(CLI::App* app, MissFlags* f, bool with_residency) {
   app->add_option("--miss-policy", f->policy, std::string("expert-miss policy preset: ") +
-                                                  misses::MissPresetNames());
+                                                  MissPresetNames());
   app->add_option("--miss-eviction", f->eviction, "lfu, lru or score-ema (overrides the preset)")
       ->check(CLI::IsMember({"lfu", "lru", "score-ema"}));
   app->add_option("--miss-threshold", f->threshold, "threshold rule: fetch when gate weight >= X")
@@ -36,8 +36,8 @@ void AddTraceFlags(CLI::App* app, TraceFlags* f) {
   app->add_option("--trace-sample", f->sample, "record every N-th forward pass")->check(CLI::Range(1, 1 << 30));
 }
 
-Result<misses::MissSettings> MissSettingsFrom(const MissFlags& f) {
-  misses::MissSettings s;
+Result<MissSettings> MissSettingsFrom(const MissFlags& f) {
+  MissSettings s;
   s.policy = f.policy;
   if (!f.eviction.empty()) s.eviction = f.eviction;
   if (f.threshold >= 0.f) s.threshold = f.threshold;
@@ -52,26 +52,26 @@ Result<misses::MissSettings> MissSettingsFrom(const MissFlags& f) {
     if (!in) return NotFound("cannot open --miss-config " + f.config);
     std::stringstream text;
     text << in.rdbuf();
-    auto file = misses::ParseMissSettingsYaml(text.str(), f.config);
+    auto file = ParseMissSettingsYaml(text.str(), f.config);
     if (!file.ok()) return file.status();
     s.FillFrom(*file);
   }
   return s;
 }
 
-Result<misses::MissConfig> MissConfigFrom(const MissFlags& f) {
+Result<MissConfig> MissConfigFrom(const MissFlags& f) {
   auto s = MissSettingsFrom(f);
   if (!s.ok()) return s.status();
-  return misses::ToMissConfig(*s);
+  return ToMissConfig(*s);
 }
 
-Result<misses::Budget> BudgetFrom(const MissFlags& f) {
+Result<Budget> BudgetFrom(const MissFlags& f) {
   auto s = MissSettingsFrom(f);
   if (!s.ok()) return s.status();
-  misses::Budget b;
+  Budget b;
   b.fraction = s->residency.value_or(0.0);
   b.bytes = s->residency_bytes.value_or(0);
   return b;
 }
 
-}  // namespace pw::tools
+}  // namespace pw::misses
