@@ -96,6 +96,11 @@ class PagedNode {
                                run_dir_ + "/pw-cluster.out"));
     ASSERT_TRUE(WaitServing(http_port_, 120)) << Logs();
   }
+  // SIGTERM to pw-cluster (every process drains and stops); its exit code (ChildProcess::Wait).
+  int Terminate(int timeout_ms) {
+    cluster_.Kill(SIGTERM);
+    return cluster_.Wait(timeout_ms);
+  }
   // SIGKILLs pw-cluster and whatever of its children it left behind.
   void Stop() {
     if (ctl_port_ == 0) return;

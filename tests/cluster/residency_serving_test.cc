@@ -205,8 +205,7 @@ TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
   if (IsSkipped() || HasFatalFailure()) return;
   for (const auto& p : Prompts(6, 9)) ASSERT_EQ(node_.Complete(p, 24).rfind("HTTP ", 0), std::string::npos) << node_.Logs();
   // The end record is written when the worker stops.
-  cluster_.Kill(SIGTERM);
-  ASSERT_EQ(cluster_.Wait(60000), 0) << node_.Logs();
+  ASSERT_EQ(node_.Terminate(60000), 0) << node_.Logs();
   ASSERT_TRUE(std::filesystem::exists(trace)) << node_.Logs();
   EXPECT_LE(std::filesystem::file_size(trace), kCap);
   auto t = misses::RouterTrace::Read(trace);
