@@ -41,51 +41,66 @@ class PlannerBurst : public ::testing::Test {
   // More keys of broker.planner (", key: value ..."); none by default.
   virtual std::string PlannerExtra() const { return ""; }
   double MeanBits() { return node_.MetricSum("pagedweight_committed_width_mean", "layer=\"all\""); }
+  // Waits (up to 5 s) until every block is at 8 bits. Call through ASSERT_NO_FATAL_FAILURE.
+  void ExpectAllAt8() {
+    double bits = -1;
+    for (int i = 0; i < 50 && bits != 8.0; ++i) {
+      bits = MeanBits();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_EQ(bits, 8.0) << node_.Logs();
+  }
+  // One greedy completion of `tokens` tokens (ignore_eos) of a short prompt chosen by `i`; ""
+  // when it completed with all of them, else what came back.
+  std::string Complete(int i, int tokens) {
+    const json req = {{"model", "tiny-moe"}, {"prompt", std::vector<int>{1 + i % 7, 2, 3, 4, 5, 6, 7, 8}},
+                      {"max_tokens", tokens}, {"temperature", 0}, {"ignore_eos", true}};
+    auto [status, body] = Http(node_.http_port(), "POST", "/v1/completions", req.dump(), 120);
+    auto j = json::parse(body, nullptr, false);
+    if (status == 200 && !j.is_discarded() && j["usage"]["completion_tokens"] == tokens) return "";
+    return "HTTP " + std::to_string(status) + ": " + body.substr(0, 300);
+  }
+  // `requests` completions of `tokens` tokens at once while the committed mean width is sampled
+  // every 100 ms; returns how many completed, the lowest mean width seen in `lowest`.
+  int Burst(int requests, int tokens, double* lowest) {
+    std::atomic<bool> done{false};
+    *lowest = 8.0;
+    auto sampler = std::async(std::launch::async, [&] {
+      while (!done.load()) {
+        const double b = MeanBits();
+        if (b >= 0) *lowest = std::min(*lowest, b);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+    std::vector<std::future<std::string>> replies;
+    for (int i = 0; i < requests; ++i) {
+      replies.push_back(std::async(std::launch::async, [this, i, tokens] { return Complete(i, tokens); }));
+    }
+    int ok = 0;
+    for (auto& f : replies) {
+      const std::string error = f.get();
+      if (error.empty()) {
+        ++ok;
+      } else {
+        ADD_FAILURE() << error;
+      }
+    }
+    done = true;
+    sampler.get();
+    return ok;
+  }
 
   testing::PagedNode node_;
 };
 
 TEST_F(PlannerBurst, BurstLowersWidthsAndItsEndRaisesThemBackNoRequestFails) {
   // Before the burst: every block at 8 bits, nothing to plan.
-  double before = -1;
-  for (int i = 0; i < 50 && before != 8.0; ++i) {
-    before = MeanBits();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_EQ(before, 8.0) << node_.Logs();
-
+  ASSERT_NO_FATAL_FAILURE(ExpectAllAt8());
   // 96 greedy completions of 192 tokens at once: 13 KV blocks (52 pages) each, 4992 pages in
   // all against the 2048 the 8-bit experts leave free.
   constexpr int kRequests = 96, kTokens = 192;
-  std::atomic<bool> done{false};
   double lowest = 8.0;
-  auto sampler = std::async(std::launch::async, [&] {
-    while (!done.load()) {
-      const double b = MeanBits();
-      if (b >= 0) lowest = std::min(lowest, b);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  });
-  std::vector<std::future<std::pair<int, std::string>>> replies;
-  for (int i = 0; i < kRequests; ++i) {
-    json req = {{"model", "tiny-moe"}, {"prompt", std::vector<int>{1 + i % 7, 2, 3, 4, 5, 6, 7, 8}},
-                {"max_tokens", kTokens}, {"temperature", 0}, {"ignore_eos", true}};
-    replies.push_back(std::async(std::launch::async, [this, body = req.dump()] {
-      return Http(node_.http_port(), "POST", "/v1/completions", body, 120);
-    }));
-  }
-  int ok = 0;
-  for (auto& f : replies) {
-    auto [status, body] = f.get();
-    auto j = json::parse(body, nullptr, false);
-    if (status == 200 && !j.is_discarded() && j["usage"]["completion_tokens"] == kTokens) {
-      ++ok;
-    } else {
-      ADD_FAILURE() << "HTTP " << status << ": " << body.substr(0, 300);
-    }
-  }
-  done = true;
-  sampler.get();
+  const int ok = Burst(kRequests, kTokens, &lowest);
   EXPECT_EQ(ok, kRequests) << node_.Logs();
   EXPECT_LT(lowest, 8.0) << "the burst did not lower any width\n" << node_.Logs();
   EXPECT_GE(lowest, 3.0);
@@ -124,35 +139,10 @@ class PlannerBurstAtRequestBoundaries : public PlannerBurst {
 };
 
 TEST_F(PlannerBurstAtRequestBoundaries, BurstLowersWidthsToTheFloorAndRequestsBringThemBack) {
-  double before = -1;
-  for (int i = 0; i < 50 && before != 8.0; ++i) {
-    before = MeanBits();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_EQ(before, 8.0) << node_.Logs();
+  ASSERT_NO_FATAL_FAILURE(ExpectAllAt8());
   constexpr int kRequests = 96, kTokens = 192;
-  std::atomic<bool> done{false};
   double lowest = 8.0;
-  auto sampler = std::async(std::launch::async, [&] {
-    while (!done.load()) {
-      const double b = MeanBits();
-      if (b >= 0) lowest = std::min(lowest, b);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  });
-  auto complete = [this](int i, int tokens) {
-    json req = {{"model", "tiny-moe"}, {"prompt", std::vector<int>{1 + i % 7, 2, 3, 4, 5, 6, 7, 8}},
-                {"max_tokens", tokens}, {"temperature", 0}, {"ignore_eos", true}};
-    auto [status, body] = Http(node_.http_port(), "POST", "/v1/completions", req.dump(), 120);
-    auto j = json::parse(body, nullptr, false);
-    return status == 200 && !j.is_discarded() && j["usage"]["completion_tokens"] == tokens;
-  };
-  std::vector<std::future<bool>> replies;
-  for (int i = 0; i < kRequests; ++i) replies.push_back(std::async(std::launch::async, complete, i, kTokens));
-  int ok = 0;
-  for (auto& f : replies) ok += f.get() ? 1 : 0;
-  done = true;
-  sampler.get();
+  const int ok = Burst(kRequests, kTokens, &lowest);
   EXPECT_EQ(ok, kRequests) << node_.Logs();
   EXPECT_LT(lowest, 8.0) << "the burst did not lower any width\n" << node_.Logs();
   EXPECT_GE(lowest, 5.0) << "below min_bits";
@@ -161,7 +151,7 @@ TEST_F(PlannerBurstAtRequestBoundaries, BurstLowersWidthsToTheFloorAndRequestsBr
   double after = MeanBits();
   int extra = 0;
   for (; extra < 200 && after != 8.0; ++extra) {
-    EXPECT_TRUE(complete(extra, 2));
+    EXPECT_EQ(Complete(extra, 2), "");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     after = MeanBits();
   }
