@@ -15,8 +15,8 @@ namespace pw::workers {
 DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
-      leases_(clock),
-      reserve_wait_(options_.reserve_wait_ms, static_cast<size_t>(options_.max_batch)) {}
+      reserve_wait_(options_.reserve_wait_ms, static_cast<size_t>(options_.max_batch)),
+      leases_(clock) {}
 
 DecodeWorker::~DecodeWorker() {
   if (keepalive_.joinable()) {  // Run stops it; this covers a Run that never got there
