@@ -297,6 +297,7 @@ Status Endpoint::Wait(std::span<const ucs_status_ptr_t> reqs, const char* what, 
     }
     if (pending == 0) break;
     worker_.Progress();
+    if (backoff_sleep_us_ > 0 && spins >= backoff_spins_) usleep(backoff_sleep_us_);
     if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
       if (result.ok()) result = Cancelled(std::string(what) + ": cancelled");
       break;

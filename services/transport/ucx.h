@@ -163,6 +163,13 @@ class Endpoint {
   // False once the peer failed, an operation timed out or was cancelled, or Fail was called.
   bool healthy() const { return !failed_.load(); }
   ErrorMode mode() const { return mode_; }
+  // Waits on this endpoint poll the worker for `spins` rounds, then sleep `sleep_us` between
+  // polls (0, the default: poll without sleeping). A background endpoint sharing few cores with
+  // latency-critical work sets it, so its waits do not take a core from them. Set before use.
+  void SetWaitBackoff(uint32_t spins, uint32_t sleep_us) {
+    backoff_spins_ = spins;
+    backoff_sleep_us_ = sleep_us;
+  }
   Worker& worker() { return worker_; }
   ucp_ep_h handle() const { return ep_; }
 
@@ -179,6 +186,8 @@ class Endpoint {
   Worker& worker_;
   ucp_ep_h ep_;
   ErrorMode mode_;
+  uint32_t backoff_spins_ = 0;
+  uint32_t backoff_sleep_us_ = 0;
   std::atomic<bool> failed_{false};
 };
 
