@@ -123,7 +123,7 @@ Result<std::unique_ptr<Worker>> Worker::Create(Context& ctx) {
   ucp_worker_h w = nullptr;
   ucs_status_t st = ucp_worker_create(ctx.handle(), &wp, &w);
   if (st != UCS_OK) return Unavailable(UcsError("ucp_worker_create", st));
-  std::unique_ptr<Worker> worker(new Worker(w));
+  std::unique_ptr<Worker> worker(new Worker(ctx, w));
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   st = ucp_worker_get_address(w, &addr, &len);
@@ -219,12 +219,8 @@ Endpoint::ErrorMode Endpoint::EffectiveMode(ErrorMode requested) {
   return requested;
 }
 
-Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker, std::string_view remote_address,
-                                                    ErrorMode mode) {
+Status Endpoint::CreateUcpEndpoint(Endpoint& ep, std::string_view remote_address) {
   if (remote_address.empty()) return InvalidArgument("empty UCX worker address");
-  mode = EffectiveMode(mode);
-  // Allocate first so the error callback has a stable pointer.
-  std::unique_ptr<Endpoint> ep(new Endpoint(worker, nullptr, mode));
   std::string addr_copy(remote_address);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -233,18 +229,36 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker, std::string_
   // 1.13 then uses only transports that detect peer failure (tcp), not shared memory; without
   // it, deadlines, cancel flags and the forced close in Wait stand in (see the header).
   params.err_mode =
-      mode == ErrorMode::kNone ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
-  if (mode == ErrorMode::kPeer) {
+      ep.mode_ == ErrorMode::kNone ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+  if (ep.mode_ == ErrorMode::kPeer) {
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.err_handler.cb = &Endpoint::OnError;
-    params.err_handler.arg = ep.get();
+    params.err_handler.arg = &ep;
   }
   ucp_ep_h h = nullptr;
-  ucs_status_t st = ucp_ep_create(worker.handle(), &params, &h);
+  ucs_status_t st = ucp_ep_create(ep.worker_.handle(), &params, &h);
   if (st != UCS_OK) {
     return Unavailable(UcsError("ucp_ep_create (malformed or unreachable worker address?)", st));
   }
-  ep->ep_ = h;
+  ep.ep_ = h;
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker, std::string_view remote_address,
+                                                    ErrorMode mode) {
+  // Allocate first so the error callback has a stable pointer.
+  std::unique_ptr<Endpoint> ep(new Endpoint(worker, nullptr, EffectiveMode(mode)));
+  PW_RETURN_IF_ERROR(CreateUcpEndpoint(*ep, remote_address));
+  return ep;
+}
+
+Result<std::unique_ptr<Endpoint>> Endpoint::ConnectOnOwnWorker(Context& ctx,
+                                                               std::string_view remote_address,
+                                                               ErrorMode mode) {
+  if (remote_address.empty()) return InvalidArgument("empty UCX worker address");
+  PW_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx));
+  std::unique_ptr<Endpoint> ep(new Endpoint(std::move(worker), EffectiveMode(mode)));
+  PW_RETURN_IF_ERROR(CreateUcpEndpoint(*ep, remote_address));
   return ep;
 }
 

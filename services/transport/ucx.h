@@ -25,6 +25,14 @@
 // (flush, up to 1 s, so a live peer gets no late write from it), forcibly otherwise; after a
 // deadline, forcibly at once (a late write to a peer that was only slow remains possible).
 // The caller reconnects with a new Endpoint.
+//
+// Workers per peer: with kNone, a peer killed while puts to it are queued can leave the worker
+// those puts were posted on unable to complete any later operation, to any peer (UCX 1.13:
+// tests/cluster/ucx_test.cc reproduced it in about a third of runs of a kill mid-transfer; a
+// new endpoint on the same worker timed out too, a new worker on the same context did not). So
+// an initiator that must outlive its peers connects with Endpoint::ConnectOnOwnWorker: each
+// endpoint then progresses a worker of its own, destroyed with it, and a dead peer takes only
+// that worker down.
 // PW_UCX_ERR_MODE=peer|none in the environment overrides the mode every caller asks for.
 //
 // Threading: the context and workers are created in UCS_THREAD_MODE_MULTI; any thread may
@@ -98,10 +106,13 @@ class Worker {
   // control plane that a peer's puts are done (KvReady → StartDecode), before reading the data.
   void SyncWithProgress() { (void)ucp_worker_progress(worker_); }
   ucp_worker_h handle() const { return worker_; }
+  // The context this worker was created from.
+  Context& context() const { return ctx_; }
 
  private:
-  explicit Worker(ucp_worker_h w) : worker_(w) {}
+  Worker(Context& ctx, ucp_worker_h w) : ctx_(ctx), worker_(w) {}
   void ProgressLoop();
+  Context& ctx_;
   ucp_worker_h worker_;
   std::string address_;
   int efd_ = -1;
@@ -145,6 +156,12 @@ class Endpoint {
   // `remote_address`: the peer's Worker::Address() bytes, as received over the control plane.
   static Result<std::unique_ptr<Endpoint>> Connect(Worker& worker, std::string_view remote_address,
                                                    ErrorMode mode = ErrorMode::kPeer);
+  // Connects from a new worker of `ctx` that this endpoint owns (no progress thread: its waits
+  // progress it) and destroys after closing. Memory registered with `ctx` serves as local
+  // buffers as usual. For initiators that reconnect after a peer died (see the header comment).
+  static Result<std::unique_ptr<Endpoint>> ConnectOnOwnWorker(Context& ctx,
+                                                              std::string_view remote_address,
+                                                              ErrorMode mode = ErrorMode::kPeer);
   // The mode Connect uses when asked for `requested`: PW_UCX_ERR_MODE (peer|none) wins.
   static ErrorMode EffectiveMode(ErrorMode requested);
   ~Endpoint();  // closes (flushing when healthy, bounded by 2 s; forcibly otherwise)
@@ -176,6 +193,10 @@ class Endpoint {
  private:
   friend class RemoteRegion;
   Endpoint(Worker& w, ucp_ep_h ep, ErrorMode mode) : worker_(w), ep_(ep), mode_(mode) {}
+  Endpoint(std::unique_ptr<Worker> own, ErrorMode mode)
+      : own_worker_(std::move(own)), worker_(*own_worker_), ep_(nullptr), mode_(mode) {}
+  // Creates the ucp endpoint of `ep` (constructed with ep_ null) to `remote_address`.
+  static Status CreateUcpEndpoint(Endpoint& ep, std::string_view remote_address);
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
   // Waits for requests returned by *_nbx calls (null entries completed in place) and frees
   // them. On deadline, cancel or error the endpoint is failed and force-closed.
@@ -183,6 +204,7 @@ class Endpoint {
               const std::atomic<bool>* cancel);
   // Closes ep_ (force: without flushing) and waits up to 2 s for the close.
   void Close(bool force);
+  std::unique_ptr<Worker> own_worker_;  // set by ConnectOnOwnWorker; outlives the close
   Worker& worker_;
   ucp_ep_h ep_;
   ErrorMode mode_;

@@ -24,12 +24,14 @@ Result<std::unique_ptr<PlaneMover>> PlaneMover::Start(transport::ucx::Worker& wo
                                                       uint64_t bytes, Options options) {
   std::unique_ptr<PlaneMover> m(new PlaneMover(options));
   using transport::ucx::Endpoint;
-  PW_ASSIGN_OR_RETURN(m->ep_, Endpoint::Connect(worker, remote_address, Endpoint::ErrorMode::kNone));
+  PW_ASSIGN_OR_RETURN(m->ep_, Endpoint::ConnectOnOwnWorker(worker.context(), remote_address,
+                                                             Endpoint::ErrorMode::kNone));
   // The background thread's waits sleep after a short spin: spinning, it would hold a core the
   // decode step (and its synchronous fetches on sync_ep_, which keep spinning) needs.
   m->ep_->SetWaitBackoff(/*spins=*/16, /*sleep_us=*/200);
   PW_ASSIGN_OR_RETURN(m->region_, m->ep_->OpenRegion(rkey, base, bytes));
-  PW_ASSIGN_OR_RETURN(m->sync_ep_, Endpoint::Connect(worker, remote_address, Endpoint::ErrorMode::kNone));
+  PW_ASSIGN_OR_RETURN(m->sync_ep_, Endpoint::ConnectOnOwnWorker(worker.context(), remote_address,
+                                                             Endpoint::ErrorMode::kNone));
   PW_ASSIGN_OR_RETURN(m->sync_region_, m->sync_ep_->OpenRegion(rkey, base, bytes));
   m->thread_ = std::thread([p = m.get()] { p->Loop(); });
   return m;

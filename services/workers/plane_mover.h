@@ -65,7 +65,10 @@ class PlaneMover {
     uint64_t max_bytes_per_s = 0;  // 0 = unlimited
     int timeout_ms = 10000;        // per get
   };
-  // Connects to the broker's UCX worker and opens its store region.
+  // Connects to the broker's UCX worker and opens its store region, twice (the background
+  // thread's endpoint and the synchronous one), each endpoint on a worker of its own created
+  // from `worker`'s context: a broker that dies mid-transfer takes only those down, and the
+  // two waits never contend for one worker's lock.
   static Result<std::unique_ptr<PlaneMover>> Start(transport::ucx::Worker& worker,
                                                    const std::string& remote_address,
                                                    const std::string& rkey, uint64_t base,

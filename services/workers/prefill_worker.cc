@@ -33,7 +33,6 @@ PrefillWorker::~PrefillWorker() {
   work_cv_.notify_all();
   if (compute_.joinable()) compute_.join();
   peers_.clear();
-  ucx_worker_.reset();
   ucx_ctx_.reset();
 }
 
@@ -75,8 +74,9 @@ Status PrefillWorker::Setup() {
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
-  PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
-  // This process registers no memory of its own; its puts progress the worker while they wait.
+  // This process registers no memory of its own. Each decode peer is reached from a worker of
+  // its own (Endpoint::ConnectOnOwnWorker), progressed by the puts while they wait: a decode
+  // worker killed mid-transfer then cannot stall the transfers to the others.
 
   auto make_client =
       [&](const std::string& endpoint) -> Result<std::unique_ptr<transport::ControlClient>> {
@@ -473,8 +473,8 @@ Result<PrefillWorker::Peer*> PrefillWorker::PeerFor(const std::string& decode_id
   p.rkey = rkey;
   p.base = mem.getBaseAddr();
   p.bytes = mem.getBytes();
-  PW_ASSIGN_OR_RETURN(p.ep, transport::ucx::Endpoint::Connect(
-                                *ucx_worker_, address, transport::ucx::Endpoint::ErrorMode::kNone));
+  PW_ASSIGN_OR_RETURN(p.ep, transport::ucx::Endpoint::ConnectOnOwnWorker(
+                                *ucx_ctx_, address, transport::ucx::Endpoint::ErrorMode::kNone));
   PW_ASSIGN_OR_RETURN(p.region, p.ep->OpenRegion(rkey, p.base, p.bytes));
   auto [ins, ok] = peers_.emplace(decode_id, std::move(p));
   return &ins->second;

@@ -172,7 +172,6 @@ class PrefillWorker {
   std::unique_ptr<PromptRoutingRecorder> prompt_routing_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
-  std::unique_ptr<transport::ucx::Worker> ucx_worker_;
   std::unique_ptr<transport::ControlClient> router_;
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;

@@ -228,7 +228,11 @@ TEST_P(UcxModes, DeadPeerFailsInsteadOfHanging) {
 }
 
 // SIGKILL of the owner while puts are in flight: every call returns (error or not) within its
-// deadline, the endpoint ends failed, and the same worker then serves a new peer.
+// deadline, the endpoint ends failed, and another peer is then served from the same context.
+// Each endpoint runs on a worker of its own (ConnectOnOwnWorker, as the prefill worker and the
+// plane mover connect): with kNone, a worker whose peer died with puts queued could fail to
+// complete a later get to any other peer (a third of runs here), so the dead peer's worker goes
+// with its endpoint.
 TEST_P(UcxModes, OwnerKilledMidTransfer) {
   constexpr size_t kBytes = 32u << 20;
   // Both owners are forked before this process creates UCX state (UCX does not survive fork).
@@ -239,10 +243,8 @@ TEST_P(UcxModes, OwnerKilledMidTransfer) {
   ASSERT_GT(pid2, 0);
   auto ctx = Context::Create();
   ASSERT_TRUE(ctx.ok());
-  auto worker = Worker::Create(**ctx);
-  ASSERT_TRUE(worker.ok());
   {
-    auto ep = Endpoint::Connect(**worker, info.address, GetParam());
+    auto ep = Endpoint::ConnectOnOwnWorker(**ctx, info.address, GetParam());
     ASSERT_TRUE(ep.ok()) << ep.status().ToString();
     auto region = (*ep)->OpenRegion(info.rkey, info.base, info.bytes);
     ASSERT_TRUE(region.ok());
@@ -269,8 +271,8 @@ TEST_P(UcxModes, OwnerKilledMidTransfer) {
     EXPECT_LT(SecondsSince(t0), 120.0);
     EXPECT_FALSE((*ep)->healthy());
   }
-  // Another owner, reached from the same local worker, works.
-  auto ep2 = Endpoint::Connect(**worker, info2.address, GetParam());
+  // Another owner, reached from a new endpoint of the same context, works.
+  auto ep2 = Endpoint::ConnectOnOwnWorker(**ctx, info2.address, GetParam());
   ASSERT_TRUE(ep2.ok());
   auto region2 = (*ep2)->OpenRegion(info2.rkey, info2.base, info2.bytes);
   ASSERT_TRUE(region2.ok());
@@ -390,6 +392,18 @@ TEST(Ucx, InProcessLoopbackAndBounds) {
   EXPECT_EQ((*rr)->Put(4097, src.data(), src.size()).code(), StatusCode::kOutOfRange);
   EXPECT_EQ((*ep)->OpenRegion("", 1, 1).status().code(), StatusCode::kCorrupt);
   EXPECT_EQ(Endpoint::Connect(**user, "").status().code(), StatusCode::kInvalidArgument);
+  // An endpoint on a worker of its own reads what the first one wrote.
+  auto own = Endpoint::ConnectOnOwnWorker(**ctx, (*owner)->Address());
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  EXPECT_NE(&(*own)->worker(), user->get());
+  EXPECT_EQ(&(*own)->worker().context(), ctx->get());
+  auto own_rr = (*own)->OpenRegion((*region)->PackedRkey(), (*region)->base(), (*region)->size());
+  ASSERT_TRUE(own_rr.ok());
+  std::vector<uint8_t> back(src.size(), 0);
+  ASSERT_TRUE((*own_rr)->Get(4096, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(Endpoint::ConnectOnOwnWorker(**ctx, "").status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 // The local addresses ("a.b.c.d:port", IPv6 as "[hex]:port") of this process's listening TCP
