@@ -9,8 +9,8 @@
 
 #include "common/apw_store.h"
 #include "common/dtype.h"
-#include "common/tokenizer.h"
 #include "quant/apw_provider.h"
+#include "quant/calibration_tokens.h"
 #include "kernels/anyprec/quantizer.h"
 #include "services/engine/engine.h"
 
@@ -50,30 +50,6 @@ class Progress {
   Clock::time_point start_, last_{};
 };
 
-Result<std::string> ReadText(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFound(path + ": cannot read calibration text");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// n token ids uniform over [0, vocab) from a 64-bit xorshift* generator: the same ids for the
-// same seed on every platform (std:: distributions are not specified bit for bit).
-std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed) {
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-  if (s == 0) s = 1;
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& id : ids) {
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    const uint64_t r = s * 0x2545F4914F6CDD1Dull;
-    id = static_cast<int32_t>((r >> 32) % static_cast<uint64_t>(vocab));
-  }
-  return ids;
-}
-
 }  // namespace
 
 Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
@@ -94,27 +70,14 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
 
   // 1. Calibration.
-  std::vector<int32_t> ids;
-  std::string source;  // names the calibration tokens in the message below
-  if (o.calib_random_tokens > 0) {
-    const int64_t n = o.max_calib_tokens > 0 ? std::min(o.calib_random_tokens, o.max_calib_tokens)
-                                              : o.calib_random_tokens;
-    ids = RandomTokens(n, eng->vocab_size(), o.calib_seed);
-    source = "random calibration tokens:";
-  } else {
-    const std::string tok_path = o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
-    PW_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(tok_path));
-    PW_ASSIGN_OR_RETURN(std::string text, ReadText(o.calib_path));
-    PW_ASSIGN_OR_RETURN(ids, tokenizer->Encode(text));
-    if (o.max_calib_tokens > 0 && static_cast<int64_t>(ids.size()) > o.max_calib_tokens) ids.resize(o.max_calib_tokens);
-    for (int32_t id : ids) {
-      if (id < 0 || id >= eng->vocab_size()) {
-        return InvalidArgument(tok_path + ": token id " + std::to_string(id) + " outside the model's vocabulary");
-      }
-    }
-    source = o.calib_path + ": calibration text has";
-  }
-  if (ids.size() < 2) return InvalidArgument(source + " fewer than 2 tokens");
+  CalibrationSource calib;
+  calib.random_tokens = o.calib_random_tokens;
+  calib.seed = o.calib_seed;
+  calib.text_path = o.calib_path;
+  calib.tokenizer_path = o.tokenizer_path;
+  calib.model_dir = o.model_dir;
+  calib.max_tokens = o.max_calib_tokens;
+  PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
   engine::Bf16ExpertProvider bf16(model);
   CalibrationRecorder recorder(&bf16, L, E, H, I);
   engine::MoeHooks hooks;

@@ -9,9 +9,9 @@
 
 #include "common/apw_store.h"
 #include "common/dtype.h"
-#include "common/tokenizer.h"
 #include "kernels/anyprec/pack.h"
 #include "quant/apw_provider.h"
+#include "quant/calibration_tokens.h"
 #include "services/engine/engine.h"
 
 namespace pw::anyprec {
@@ -47,20 +47,6 @@ bool Solve(std::vector<double> a, std::vector<double> b, int n, std::vector<doub
   return true;
 }
 
-// n token ids uniform over [0, vocab) (xorshift*, the same ids on every platform).
-std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed) {
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-  if (s == 0) s = 1;
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& id : ids) {
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    id = static_cast<int32_t>(((s * 0x2545F4914F6CDD1Dull) >> 32) % static_cast<uint64_t>(vocab));
-  }
-  return ids;
-}
-
 // err_b[j] - err_hi[j] for b = lo: per column, sum over rows of the squared error at the
 // lowest width minus that at the highest, the weights from the checkpoint, the codes and LUTs
 // from the store.
@@ -82,14 +68,6 @@ std::vector<double> ColumnErrorSpan(const apw::BlockData& b, const std::vector<f
     }
   }
   return out;
-}
-
-Result<std::string> ReadText(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFound(path + ": cannot read calibration text");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -231,20 +209,13 @@ Result<ResidualTrainReport> TrainResidualHeads(const ResidualTrainOptions& o) {
   PW_ASSIGN_OR_RETURN(auto store, apw::ApwStore::Open(o.store_path, so));
 
   // Prompts.
-  std::vector<int32_t> ids;
-  if (o.calib_random_tokens > 0) {
-    ids = RandomTokens(o.calib_random_tokens, eng->vocab_size(), o.calib_seed);
-  } else {
-    const std::string tok_path = o.tokenizer_path.empty() ? o.model_dir + "/tokenizer.json" : o.tokenizer_path;
-    PW_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(tok_path));
-    PW_ASSIGN_OR_RETURN(std::string text, ReadText(o.calib_path));
-    PW_ASSIGN_OR_RETURN(ids, tokenizer->Encode(text));
-    for (int32_t id : ids) {
-      if (id < 0 || id >= eng->vocab_size()) {
-        return InvalidArgument(tok_path + ": token id " + std::to_string(id) + " outside the model's vocabulary");
-      }
-    }
-  }
+  CalibrationSource calib;
+  calib.random_tokens = o.calib_random_tokens;
+  calib.seed = o.calib_seed;
+  calib.text_path = o.calib_path;
+  calib.tokenizer_path = o.tokenizer_path;
+  calib.model_dir = o.model_dir;
+  PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
   const int whole = static_cast<int>(ids.size() / static_cast<size_t>(o.prompt_tokens));
   const int num_prompts = o.max_prompts > 0 ? std::min(whole, o.max_prompts) : whole;
   // Prompt p starts at whole prompt floor(p * whole / num_prompts): spread over the text.

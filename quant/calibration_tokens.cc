@@ -1,0 +1,65 @@
+#include "quant/calibration_tokens.h"
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "common/tokenizer.h"
+
+namespace pw::anyprec {
+namespace {
+
+Result<std::string> ReadText(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return NotFound(path + ": cannot read calibration text");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  if (s == 0) s = 1;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    const uint64_t r = s * 0x2545F4914F6CDD1Dull;
+    id = static_cast<int32_t>((r >> 32) % static_cast<uint64_t>(vocab));
+  }
+  return ids;
+}
+
+Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& src, int vocab) {
+  std::vector<int32_t> ids;
+  if (src.random_tokens > 0) {
+    const int64_t n =
+        src.max_tokens > 0 ? std::min(src.random_tokens, src.max_tokens) : src.random_tokens;
+    ids = RandomTokens(n, vocab, src.seed);
+    if (ids.size() < 2) return InvalidArgument("random calibration tokens: fewer than 2 tokens");
+    return ids;
+  }
+  const std::string tok_path =
+      src.tokenizer_path.empty() ? src.model_dir + "/tokenizer.json" : src.tokenizer_path;
+  PW_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(tok_path));
+  PW_ASSIGN_OR_RETURN(std::string text, ReadText(src.text_path));
+  PW_ASSIGN_OR_RETURN(ids, tokenizer->Encode(text));
+  if (src.max_tokens > 0 && static_cast<int64_t>(ids.size()) > src.max_tokens) {
+    ids.resize(static_cast<size_t>(src.max_tokens));
+  }
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      return InvalidArgument(tok_path + ": token id " + std::to_string(id) +
+                             " outside the model's vocabulary");
+    }
+  }
+  if (ids.size() < 2) {
+    return InvalidArgument(src.text_path + ": calibration text has fewer than 2 tokens");
+  }
+  return ids;
+}
+
+}  // namespace pw::anyprec

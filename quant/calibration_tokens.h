@@ -1,0 +1,31 @@
+// Calibration token ids for pw-quantize's passes over a model: reproducible random ids (for a
+// checkpoint without a tokenizer), or a text file through the model's tokenizer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pw::anyprec {
+
+struct CalibrationSource {
+  int64_t random_tokens = 0;   // > 0: this many uniform random ids (the text is not read)
+  uint64_t seed = 0;           // of the random ids
+  std::string text_path;       // otherwise this text,
+  std::string tokenizer_path;  // through this tokenizer ("": model_dir/tokenizer.json)
+  std::string model_dir;
+  int64_t max_tokens = 0;      // > 0: at most this many ids (the first ones)
+};
+
+// The ids, each checked against `vocab`. Errors name the file: kNotFound for an unreadable
+// text or tokenizer, kInvalidArgument for an id outside the vocabulary or fewer than 2 ids.
+Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& source, int vocab);
+
+// n ids uniform over [0, vocab) from a 64-bit xorshift* generator: the same ids for the same
+// seed on every platform (std:: distributions are not specified bit for bit); a prefix of the
+// ids of any larger n.
+std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed);
+
+}  // namespace pw::anyprec
