@@ -9,7 +9,7 @@
 #include <random>
 
 #include "common/apw_store.h"
-#include "tests/anyprec/random_block.h"
+#include "tests/planner/damage_scaled_store.h"
 
 namespace pw::broker {
 namespace {
@@ -20,39 +20,11 @@ constexpr uint64_t kPage = 1024;
 class PlannerDriverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = std::string(PW_BINARY_DIR) + "/test-tmp/planner_driver_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".apw";
-    std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
-    apw::StoreInfo info;
-    info.num_layers = kLayers;
-    info.num_experts = kExperts;
-    info.hidden = kHidden;
-    info.ffn = kFfn;
-    info.model_hash = 7;
-    auto w = apw::ApwWriter::Create(path_, info).value();
-    std::mt19937 rng(5);
-    for (uint32_t e = 0; e < kExperts; ++e) {
-      for (auto kind : {ExpertProj::kGateUp, ExpertProj::kDown}) {
-        const int rows = kind == ExpertProj::kGateUp ? 2 * kFfn : kHidden;
-        const int cols = kind == ExpertProj::kGateUp ? kHidden : kFfn;
-        anyprec::RandomBlock rb = anyprec::MakeRandomBlock(rows, cols, rng);
-        apw::BlockData b;
-        b.layer = 0;
-        b.expert = e;
-        b.kind = kind;
-        b.rows = rows;
-        b.cols = cols;
-        for (int p = 0; p < apw::kPlanes; ++p) b.planes[p] = rb.block.Plane(p);
-        for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.luts[bits] = rb.block.luts[bits].data();
-        // Expert 1 is ten times as sensitive as expert 0.
-        const double scale = e == 0 ? 1.0 : 10.0;
-        for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.damage[bits] = scale * std::pow(2.0, 8 - bits);
-        b.damage[0] = scale * 1000;
-        ASSERT_TRUE(w->Add(b).ok());
-        blocks_.push_back(std::move(rb));
-      }
-    }
-    ASSERT_TRUE(w->Finish().ok());
+    path_ = TestStorePath("planner_driver_");
+    // Expert 1 is ten times as sensitive as expert 0.
+    WriteDamageScaledStore(path_, {kLayers, kExperts, kHidden, kFfn, 7},
+                           [](uint32_t, uint32_t e) { return e == 0 ? 1.0 : 10.0; });
+    ASSERT_FALSE(HasFatalFailure());
     store_ = apw::ApwStore::Open(path_).value();
   }
   void TearDown() override {
@@ -67,19 +39,9 @@ class PlannerDriverTest : public ::testing::Test {
     }
     return t;
   }
-  static planner::PlannerParams Params() {
-    planner::PlannerParams p;
-    p.enabled = true;
-    p.low_watermark = 0.10;
-    p.high_watermark = 0.30;
-    p.headroom = 0.0;
-    p.min_interval_ms = 0;
-    p.interval_ms = 100;
-    return p;
-  }
+  static planner::PlannerParams Params() { return WatermarkParams(); }
 
   std::string path_;
-  std::vector<anyprec::RandomBlock> blocks_;
   std::unique_ptr<apw::ApwStore> store_;
 };
 

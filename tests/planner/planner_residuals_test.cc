@@ -10,7 +10,7 @@
 #include "common/apw_store.h"
 #include "common/residual_heads.h"
 #include "services/broker/planner_driver.h"
-#include "tests/anyprec/random_block.h"
+#include "tests/planner/damage_scaled_store.h"
 
 namespace pw::broker {
 namespace {
@@ -21,34 +21,11 @@ constexpr uint64_t kPage = 1024, kHash = 7;
 class PlannerResidualsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = std::string(PW_BINARY_DIR) + "/test-tmp/planner_residuals_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".apw";
-    std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
-    apw::StoreInfo info{kLayers, kExperts, kHidden, kFfn, kHash};
-    auto w = apw::ApwWriter::Create(path_, info).value();
-    std::mt19937 rng(5);
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      for (auto kind : {ExpertProj::kGateUp, ExpertProj::kDown}) {
-        const int rows = kind == ExpertProj::kGateUp ? 2 * kFfn : kHidden;
-        const int cols = kind == ExpertProj::kGateUp ? kHidden : kFfn;
-        anyprec::RandomBlock rb = anyprec::MakeRandomBlock(rows, cols, rng);
-        apw::BlockData b;
-        b.layer = l;
-        b.expert = 0;
-        b.kind = kind;
-        b.rows = rows;
-        b.cols = cols;
-        for (int p = 0; p < apw::kPlanes; ++p) b.planes[p] = rb.block.Plane(p);
-        for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.luts[bits] = rb.block.luts[bits].data();
-        // Layer 1 is 1.5 times as sensitive as layer 0 by the table.
-        const double scale = l == 0 ? 1.0 : 1.5;
-        for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.damage[bits] = scale * std::pow(2.0, 8 - bits);
-        b.damage[0] = scale * 1000;
-        ASSERT_TRUE(w->Add(b).ok());
-        blocks_.push_back(std::move(rb));
-      }
-    }
-    ASSERT_TRUE(w->Finish().ok());
+    path_ = TestStorePath("planner_residuals_");
+    // Layer 1 is 1.5 times as sensitive as layer 0 by the table.
+    WriteDamageScaledStore(path_, {kLayers, kExperts, kHidden, kFfn, kHash},
+                           [](uint32_t l, uint32_t) { return l == 0 ? 1.0 : 1.5; });
+    ASSERT_FALSE(HasFatalFailure());
     store_ = apw::ApwStore::Open(path_).value();
   }
   void TearDown() override {
@@ -56,16 +33,7 @@ class PlannerResidualsTest : public ::testing::Test {
     std::filesystem::remove(path_);
   }
 
-  static planner::PlannerParams Params() {
-    planner::PlannerParams p;
-    p.enabled = true;
-    p.low_watermark = 0.10;
-    p.high_watermark = 0.30;
-    p.headroom = 0.0;
-    p.min_interval_ms = 0;
-    p.interval_ms = 100;
-    return p;
-  }
+  static planner::PlannerParams Params() { return WatermarkParams(); }
   // Heads that say layer 0's blocks take twice the table's damage whenever the prompts route
   // to its (only) expert.
   static std::shared_ptr<const ResidualHeads> Heads() {
@@ -100,7 +68,6 @@ class PlannerResidualsTest : public ::testing::Test {
 
   std::vector<double> last_residuals_;  // the last decision's prompt factors
   std::string path_;
-  std::vector<anyprec::RandomBlock> blocks_;
   std::unique_ptr<apw::ApwStore> store_;
 };
 
