@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/cluster/http_util.h"
+#include "tests/common/run_command.h"
 #include "tests/cluster/process_util.h"
 
 namespace pw::testing {
@@ -41,14 +42,8 @@ inline std::string PagedNodeMissing() {
 
 // Runs a command; returns {exit code, stdout + stderr}.
 inline std::pair<int, std::string> Shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, ""};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  pw::testing::CommandResult r = pw::testing::RunCommand(cmd);
+  return {r.status, std::move(r.output)};
 }
 
 // What differs between the tests' nodes; the rest of the YAML is the same for all.

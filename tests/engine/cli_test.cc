@@ -10,54 +10,42 @@
 #include <fstream>
 #include <string>
 
+#include "tests/common/run_command.h"
+
 namespace {
 
-struct ProcResult {
-  int status = -1;  // exit status, or -1 when killed by a signal
-  std::string output;
-};
-
-ProcResult Exec(const std::string& cmd) {
-  ProcResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using pw::testing::CommandResult;
+using pw::testing::RunCommand;
 
 std::string Bin(const char* name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
 std::string Fixture() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen3_moe"; }
 
 TEST(Cli, GenerateRejectsBadInput) {
-  ProcResult r = Exec(Bin("pw-generate") + " --model /nonexistent/dir --prompt hi");
+  CommandResult r = RunCommand(Bin("pw-generate") + " --model /nonexistent/dir --prompt hi");
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/dir"), std::string::npos) << r.output;
 
   // The random fixture checkpoints have no tokenizer: the error names tokenizer.json.
-  r = Exec(Bin("pw-generate") + " --model " + Fixture() + " --prompt hi");
+  r = RunCommand(Bin("pw-generate") + " --model " + Fixture() + " --prompt hi");
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("tokenizer.json"), std::string::npos) << r.output;
 
-  r = Exec(Bin("pw-generate") + " --model " + Fixture());
+  r = RunCommand(Bin("pw-generate") + " --model " + Fixture());
   EXPECT_GT(r.status, 0) << r.output;  // --prompt is required
-  r = Exec(Bin("pw-generate") + " --model " + Fixture() + " --prompt hi --max-tokens -3");
+  r = RunCommand(Bin("pw-generate") + " --model " + Fixture() + " --prompt hi --max-tokens -3");
   EXPECT_GT(r.status, 0) << r.output;
 }
 
 TEST(Cli, EvalRejectsBadInput) {
-  ProcResult r =
-      Exec(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /nonexistent/file.txt");
+  CommandResult r =
+      RunCommand(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /nonexistent/file.txt");
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/file.txt"), std::string::npos) << r.output;
-  r = Exec(Bin("pw-eval") + " ppl --model /nonexistent/dir --text /etc/hostname");
+  r = RunCommand(Bin("pw-eval") + " ppl --model /nonexistent/dir --text /etc/hostname");
   EXPECT_GT(r.status, 0) << r.output;
-  r = Exec(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /etc/hostname --ctx 1");
+  r = RunCommand(Bin("pw-eval") + " ppl --model " + Fixture() + " --text /etc/hostname --ctx 1");
   EXPECT_GT(r.status, 0) << r.output;
-  r = Exec(Bin("pw-eval"));
+  r = RunCommand(Bin("pw-eval"));
   EXPECT_GT(r.status, 0) << r.output;
 }
 
@@ -78,21 +66,21 @@ std::string MakeModelWithTokenizer() {
 
 TEST(Cli, GenerateRunsAndRejectsInvalidUtf8AndOverlongPrompts) {
   const std::string dir = MakeModelWithTokenizer();
-  ProcResult r =
-      Exec(Bin("pw-generate") + " --model " + dir + " --prompt 'Hello there' --max-tokens 5");
+  CommandResult r =
+      RunCommand(Bin("pw-generate") + " --model " + dir + " --prompt 'Hello there' --max-tokens 5");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
-  r = Exec(Bin("pw-generate") + " --model " + dir +
+  r = RunCommand(Bin("pw-generate") + " --model " + dir +
            " --prompt 'Hi' --max-tokens 5 --temperature 0.8 --top-p 0.9 --top-k 50 --seed 7");
   EXPECT_EQ(r.status, 0) << r.output;
 
-  r = Exec(Bin("pw-generate") + " --model " + dir + " --prompt \"$(printf 'ab\\377\\376')\"");
+  r = RunCommand(Bin("pw-generate") + " --model " + dir + " --prompt \"$(printf 'ab\\377\\376')\"");
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("UTF-8"), std::string::npos) << r.output;
 
   std::string long_prompt;
   for (int i = 0; i < 700; ++i) long_prompt += " x";  // > 512 tokens, the fixture's context
-  r = Exec(Bin("pw-generate") + " --model " + dir + " --prompt '" + long_prompt + "'");
+  r = RunCommand(Bin("pw-generate") + " --model " + dir + " --prompt '" + long_prompt + "'");
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("context"), std::string::npos) << r.output;
 
@@ -101,7 +89,7 @@ TEST(Cli, GenerateRunsAndRejectsInvalidUtf8AndOverlongPrompts) {
     std::ofstream f(bad_text, std::ios::binary);
     f << "valid start \xc3\x28 then invalid";
   }
-  r = Exec(Bin("pw-eval") + " ppl --model " + dir + " --text " + bad_text);
+  r = RunCommand(Bin("pw-eval") + " ppl --model " + dir + " --text " + bad_text);
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find(bad_text), std::string::npos) << r.output;
   std::filesystem::remove_all(dir);
@@ -112,17 +100,17 @@ TEST(Cli, GenerateRunsAndRejectsInvalidUtf8AndOverlongPrompts) {
 TEST(Cli, QuantizeCalibratesOnRandomTokens) {
   if (!std::filesystem::exists(Bin("pw-quantize"))) GTEST_SKIP() << "pw-quantize not built";
   const std::string out = ::testing::TempDir() + "/pw_cli_random.apw";
-  ProcResult r = Exec(Bin("pw-quantize") + " --model " + Fixture() +
+  CommandResult r = RunCommand(Bin("pw-quantize") + " --model " + Fixture() +
                       " --calib-random-tokens 200 --calib-seed 5 --ctx 64 --quiet --out " + out);
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("200 calibration tokens"), std::string::npos) << r.output;
   EXPECT_TRUE(std::filesystem::exists(out));
   std::filesystem::remove(out);
 
-  r = Exec(Bin("pw-quantize") + " --model " + Fixture() +
+  r = RunCommand(Bin("pw-quantize") + " --model " + Fixture() +
            " --calib /etc/hostname --calib-random-tokens 200 --out " + out);
   EXPECT_GT(r.status, 0) << r.output;
-  r = Exec(Bin("pw-quantize") + " --model " + Fixture() + " --out " + out);
+  r = RunCommand(Bin("pw-quantize") + " --model " + Fixture() + " --out " + out);
   EXPECT_GT(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("--calib-random-tokens"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(out));

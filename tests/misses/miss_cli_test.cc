@@ -13,24 +13,12 @@
 #include <sstream>
 #include <string>
 
+#include "tests/common/run_command.h"
+
 namespace {
 
-struct ProcResult {
-  int status = -1;
-  std::string output;
-};
-
-ProcResult Exec(const std::string& cmd) {
-  ProcResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using pw::testing::CommandResult;
+using pw::testing::RunCommand;
 
 std::string Bin(const char* name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
 std::string Tiny() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
@@ -61,21 +49,21 @@ TEST(MissCli, RecordReplayAndEmulate) {
   if (!std::filesystem::exists(Tiny() + "/model.safetensors")) GTEST_SKIP() << "no tiny model";
   const std::string dir = ::testing::TempDir();
   const std::string gen_trace = dir + "/pw_miss_cli_gen.trace", eval_trace = dir + "/pw_miss_cli_eval.trace";
-  ProcResult g = Exec(Bin("pw-generate") + " --model " + Tiny() +
+  CommandResult g = RunCommand(Bin("pw-generate") + " --model " + Tiny() +
                       " --prompt 'In the beginning' --max-tokens 12 --record-trace " + gen_trace);
   ASSERT_EQ(g.status, 0) << g.output;
-  ProcResult s = Exec(Bin("pw-sim") + " --trace " + gen_trace + " --residency 0.25 --miss-policy speed-first");
+  CommandResult s = RunCommand(Bin("pw-sim") + " --trace " + gen_trace + " --residency 0.25 --miss-policy speed-first");
   ASSERT_EQ(s.status, 0) << s.output;
   auto sv = Values(s.output);
   EXPECT_EQ(sv["capacity"], "8");
   EXPECT_GT(std::stoll(sv["slots"]), 0);
 
   const std::string text = Text();
-  ProcResult base = Exec(Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text +
+  CommandResult base = RunCommand(Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text +
                          " --ctx 64 --record-trace " + eval_trace);
   ASSERT_EQ(base.status, 0) << base.output;
   auto bv = Values(base.output);
-  ProcResult fem = Exec(Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text +
+  CommandResult fem = RunCommand(Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text +
                         " --ctx 64 --residency 0.25 --miss-policy fetch-every-miss");
   ASSERT_EQ(fem.status, 0) << fem.output;
   auto fv = Values(fem.output);
@@ -84,7 +72,7 @@ TEST(MissCli, RecordReplayAndEmulate) {
   // The same run from a --miss-config file, the flag overriding the file's eviction.
   const std::string cfg = dir + "/pw_miss_cli_ok.yaml";
   std::ofstream(cfg) << "policy: quality-first\nresidency: 0.25\neviction: score-ema\n";
-  ProcResult qf = Exec(Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text +
+  CommandResult qf = RunCommand(Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text +
                        " --ctx 64 --miss-config " + cfg + " --miss-eviction lru");
   ASSERT_EQ(qf.status, 0) << qf.output;
   auto qv = Values(qf.output);
@@ -94,7 +82,7 @@ TEST(MissCli, RecordReplayAndEmulate) {
   EXPECT_NE(qv["miss_policy"].find("lru"), std::string::npos) << qv["miss_policy"];
 
   // A sweep over the eval trace writes CSV, JSON and SVG.
-  ProcResult sw = Exec(Bin("pw-sim") + " --trace " + eval_trace + " --sweep --residencies 0.25,0.5 --csv " +
+  CommandResult sw = RunCommand(Bin("pw-sim") + " --trace " + eval_trace + " --sweep --residencies 0.25,0.5 --csv " +
                        dir + "/pw_miss_cli.csv --json " + dir + "/pw_miss_cli.json --svg " + dir + "/pw_miss_cli.svg");
   ASSERT_EQ(sw.status, 0) << sw.output;
   std::ifstream csv(dir + "/pw_miss_cli.csv");
@@ -109,11 +97,11 @@ TEST(MissCli, RecordReplayAndEmulate) {
     f.seekp(200);
     f.put('\x55');
   }
-  ProcResult bad = Exec(Bin("pw-sim") + " --trace " + eval_trace + " --residency 0.5");
+  CommandResult bad = RunCommand(Bin("pw-sim") + " --trace " + eval_trace + " --residency 0.5");
   EXPECT_GT(bad.status, 0) << bad.output;
   EXPECT_NE(bad.output.find("checksum mismatch"), std::string::npos) << bad.output;
   std::filesystem::resize_file(gen_trace, std::filesystem::file_size(gen_trace) - 5);
-  bad = Exec(Bin("pw-sim") + " --trace " + gen_trace + " --residency 0.5");
+  bad = RunCommand(Bin("pw-sim") + " --trace " + gen_trace + " --residency 0.5");
   EXPECT_GT(bad.status, 0) << bad.output;
   EXPECT_NE(bad.output.find("truncated"), std::string::npos) << bad.output;
   for (const std::string& f : {gen_trace, eval_trace}) std::filesystem::remove(f);
@@ -123,29 +111,29 @@ TEST(MissCli, RejectsBadFlags) {
   if (!std::filesystem::exists(Tiny() + "/model.safetensors")) GTEST_SKIP() << "no tiny model";
   const std::string text = Text();
   const std::string eval = Bin("pw-eval") + " ppl --model " + Tiny() + " --text " + text + " --ctx 64";
-  ProcResult r = Exec(eval + " --miss-policy quality-first");
+  CommandResult r = RunCommand(eval + " --miss-policy quality-first");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("needs --residency"), std::string::npos) << r.output;
-  r = Exec(eval + " --residency 0.05 --miss-policy quality-first");  // 2 experts < top-4
+  r = RunCommand(eval + " --residency 0.05 --miss-policy quality-first");  // 2 experts < top-4
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("outside [top_k, experts]"), std::string::npos) << r.output;
-  r = Exec(eval + " --residency 0.25 --miss-policy fastest");
+  r = RunCommand(eval + " --residency 0.25 --miss-policy fastest");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("quality-first"), std::string::npos) << r.output;  // lists the presets
-  r = Exec(eval + " --residency 0.25 --miss-eviction fifo");
+  r = RunCommand(eval + " --residency 0.25 --miss-eviction fifo");
   EXPECT_GT(r.status, 0) << r.output;
   const std::string cfg = ::testing::TempDir() + "/pw_miss_cli.yaml";
   std::ofstream(cfg) << "policy: speed-first\nresidency: 0.25\nevictoin: lru\n";
-  r = Exec(eval + " --miss-config " + cfg);
+  r = RunCommand(eval + " --miss-config " + cfg);
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("unknown key 'evictoin'"), std::string::npos) << r.output;
-  r = Exec(eval + " --miss-config /nonexistent/m.yaml");
+  r = RunCommand(eval + " --miss-config /nonexistent/m.yaml");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("/nonexistent/m.yaml"), std::string::npos) << r.output;
-  r = Exec(Bin("pw-sim") + " --trace /nonexistent/x.trace --residency 0.25");
+  r = RunCommand(Bin("pw-sim") + " --trace /nonexistent/x.trace --residency 0.25");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("/nonexistent/x.trace"), std::string::npos) << r.output;
-  r = Exec(Bin("pw-generate") + " --model " + Tiny() + " --prompt hi --record-trace /nonexistent/dir/t.trace");
+  r = RunCommand(Bin("pw-generate") + " --model " + Tiny() + " --prompt hi --record-trace /nonexistent/dir/t.trace");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("/nonexistent/dir/t.trace"), std::string::npos) << r.output;
 }
