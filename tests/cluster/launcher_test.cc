@@ -25,6 +25,25 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
   return path;
 }
 
+// The command line of process `name` (empty when there is none).
+std::vector<std::string> ArgvOf(const ClusterConfig& cfg, const std::string& name) {
+  for (const auto& p : cfg.processes) {
+    if (p.name == name) return p.argv;
+  }
+  return {};
+}
+
+// The word after `flag` in `argv`: "(absent)" without the flag, "" when it ends the line.
+std::string ValueAfter(const std::vector<std::string>& argv, const std::string& flag) {
+  auto it = std::find(argv.begin(), argv.end(), flag);
+  if (it == argv.end()) return "(absent)";
+  return it + 1 == argv.end() ? "" : *(it + 1);
+}
+
+bool HasFlag(const std::vector<std::string>& argv, const std::string& flag) {
+  return std::find(argv.begin(), argv.end(), flag) != argv.end();
+}
+
 TEST(ClusterConfig, DeployLocalYamlLoads) {
   auto cfg = LoadClusterConfig(std::string(PW_SOURCE_DIR) + "/deploy/local.yaml", "/opt/pw/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
@@ -54,26 +73,14 @@ TEST(ClusterConfig, DecodeLynxBlockBecomesFlags) {
                         "gate_weights: mass, exempt_layers: [0, 3]}}, {id: e}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  auto argv_of = [&](const std::string& name) {
-    for (const auto& p : cfg->processes) {
-      if (p.name == name) return p.argv;
-    }
-    return std::vector<std::string>{};
-  };
-  auto value_after = [](const std::vector<std::string>& argv, const std::string& flag) {
-    for (size_t i = 0; i + 1 < argv.size(); ++i) {
-      if (argv[i] == flag) return argv[i + 1];
-    }
-    return std::string("(absent)");
-  };
-  const auto d = argv_of("d");
-  EXPECT_NE(std::find(d.begin(), d.end(), "--lynx"), d.end());
-  EXPECT_EQ(std::stod(value_after(d, "--lynx-alpha")), 3.0);
-  EXPECT_EQ(value_after(d, "--lynx-beta"), "3");
-  EXPECT_EQ(value_after(d, "--lynx-gate-weights"), "mass");
-  EXPECT_EQ(value_after(d, "--lynx-exempt"), "0,3");
-  const auto e = argv_of("e");  // no lynx block: off
-  EXPECT_EQ(std::find(e.begin(), e.end(), "--lynx"), e.end());
+  const auto d = ArgvOf(*cfg, "d");
+  EXPECT_TRUE(HasFlag(d, "--lynx"));
+  EXPECT_EQ(std::stod(ValueAfter(d, "--lynx-alpha")), 3.0);
+  EXPECT_EQ(ValueAfter(d, "--lynx-beta"), "3");
+  EXPECT_EQ(ValueAfter(d, "--lynx-gate-weights"), "mass");
+  EXPECT_EQ(ValueAfter(d, "--lynx-exempt"), "0,3");
+  const auto e = ArgvOf(*cfg, "e");  // no lynx block: off
+  EXPECT_FALSE(HasFlag(e, "--lynx"));
 
   auto bad = WriteTemp("lynx_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
                                         "decode: [{id: d, lynx: {enabled: true, alpha: 3}}]\n");
@@ -89,21 +96,12 @@ TEST(ClusterConfig, DecodeTraceBlockBecomesFlags) {
                         "{id: e, trace: {path: /tmp/e.trace}}, {id: f}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  auto value_after = [&](const std::string& name, const std::string& flag) {
-    for (const auto& p : cfg->processes) {
-      if (p.name != name) continue;
-      for (size_t i = 0; i + 1 < p.argv.size(); ++i) {
-        if (p.argv[i] == flag) return p.argv[i + 1];
-      }
-    }
-    return std::string("(absent)");
-  };
-  EXPECT_EQ(value_after("d", "--record-trace"), "/tmp/d.trace");
-  EXPECT_EQ(std::stod(value_after("d", "--trace-max-mb")), 2.5);
-  EXPECT_EQ(value_after("d", "--trace-sample"), "4");
-  EXPECT_EQ(std::stod(value_after("e", "--trace-max-mb")), 64.0);  // bounded by default
-  EXPECT_EQ(value_after("e", "--trace-sample"), "1");
-  EXPECT_EQ(value_after("f", "--record-trace"), "(absent)");
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "d"), "--record-trace"), "/tmp/d.trace");
+  EXPECT_EQ(std::stod(ValueAfter(ArgvOf(*cfg, "d"), "--trace-max-mb")), 2.5);
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "d"), "--trace-sample"), "4");
+  EXPECT_EQ(std::stod(ValueAfter(ArgvOf(*cfg, "e"), "--trace-max-mb")), 64.0);  // bounded by default
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "e"), "--trace-sample"), "1");
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "f"), "--record-trace"), "(absent)");
   for (const char* bad : {"decode: [{id: d, trace: {max_mb: 1}}]\n", "decode: [{id: d, trace: {path: x, max_mb: 0}}]\n",
                           "decode: [{id: d, trace: {path: x, sample: 0}}]\n", "decode: [{id: d, trace: {path: x, rate: 2}}]\n"}) {
     auto p = WriteTemp("trace_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n") + bad);
@@ -122,28 +120,16 @@ TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
                         "admission_beta: 1, admission_delay: 2}}, {id: e}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  auto argv_of = [&](const std::string& name) {
-    for (const auto& p : cfg->processes) {
-      if (p.name == name) return p.argv;
-    }
-    return std::vector<std::string>{};
-  };
-  auto value_after = [](const std::vector<std::string>& argv, const std::string& flag) {
-    for (size_t i = 0; i + 1 < argv.size(); ++i) {
-      if (argv[i] == flag) return argv[i + 1];
-    }
-    return std::string("(absent)");
-  };
-  const auto d = argv_of("d");
-  EXPECT_EQ(value_after(d, "--miss-policy"), "quality-first");
-  EXPECT_EQ(value_after(d, "--miss-eviction"), "lru");
-  EXPECT_EQ(std::stod(value_after(d, "--residency")), 0.25);
-  EXPECT_EQ(std::stod(value_after(d, "--miss-admission-beta")), 1.0);
-  EXPECT_EQ(value_after(d, "--miss-admission-delay"), "2");
-  EXPECT_EQ(value_after(d, "--miss-threshold"), "(absent)");
-  const auto e = argv_of("e");  // no misses block: every expert resident
-  EXPECT_EQ(value_after(e, "--residency"), "(absent)");
-  EXPECT_EQ(value_after(e, "--miss-policy"), "(absent)");
+  const auto d = ArgvOf(*cfg, "d");
+  EXPECT_EQ(ValueAfter(d, "--miss-policy"), "quality-first");
+  EXPECT_EQ(ValueAfter(d, "--miss-eviction"), "lru");
+  EXPECT_EQ(std::stod(ValueAfter(d, "--residency")), 0.25);
+  EXPECT_EQ(std::stod(ValueAfter(d, "--miss-admission-beta")), 1.0);
+  EXPECT_EQ(ValueAfter(d, "--miss-admission-delay"), "2");
+  EXPECT_EQ(ValueAfter(d, "--miss-threshold"), "(absent)");
+  const auto e = ArgvOf(*cfg, "e");  // no misses block: every expert resident
+  EXPECT_EQ(ValueAfter(e, "--residency"), "(absent)");
+  EXPECT_EQ(ValueAfter(e, "--miss-policy"), "(absent)");
   for (const char* bad : {"decode: [{id: d, misses: {policy: rule-0.15}}]\n",
                           "decode: [{id: d, misses: {residency: 0.5, residency_bytes: 100}}]\n",
                           "decode: [{id: d, misses: {residency: 1.5}}]\n",
@@ -167,18 +153,12 @@ TEST(ClusterConfig, BrokerPlannerBlockBecomesFlags) {
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   const auto& b = cfg->processes[0].argv;
   ASSERT_EQ(cfg->processes[0].name, "broker");
-  auto value_after = [&](const std::string& flag) {
-    for (size_t i = 0; i + 1 < b.size(); ++i) {
-      if (b[i] == flag) return b[i + 1];
-    }
-    return std::string("(absent)");
-  };
-  EXPECT_NE(std::find(b.begin(), b.end(), "--planner"), b.end());
-  EXPECT_EQ(std::stod(value_after("--planner-low")), 0.1);
-  EXPECT_EQ(std::stod(value_after("--planner-high")), 0.3);
-  EXPECT_EQ(value_after("--planner-max-bytes"), "4096");
-  EXPECT_NE(std::find(b.begin(), b.end(), "--planner-no-routing"), b.end());
-  EXPECT_EQ(std::find(b.begin(), b.end(), "--planner-static"), b.end());
+  EXPECT_TRUE(HasFlag(b, "--planner"));
+  EXPECT_EQ(std::stod(ValueAfter(b, "--planner-low")), 0.1);
+  EXPECT_EQ(std::stod(ValueAfter(b, "--planner-high")), 0.3);
+  EXPECT_EQ(ValueAfter(b, "--planner-max-bytes"), "4096");
+  EXPECT_TRUE(HasFlag(b, "--planner-no-routing"));
+  EXPECT_FALSE(HasFlag(b, "--planner-static"));
 
   // Off by default: no planner flag at all.
   auto off = LoadClusterConfig(WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
@@ -243,23 +223,18 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
                 "decode: [{id: d, demand_horizon_tokens: 64}, {id: e}]\n"),
       "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  auto value = [](const std::vector<std::string>& argv, const std::string& flag) -> std::string {
-    auto it = std::find(argv.begin(), argv.end(), flag);
-    if (it == argv.end()) return "absent";
-    return it + 1 == argv.end() ? "" : *(it + 1);
-  };
   int boundary = 0;
   for (const auto& p : cfg->processes) {
     if (p.name == "broker") {
-      EXPECT_EQ(value(p.argv, "--planner-min-bits"), "4");
-      EXPECT_EQ(value(p.argv, "--planner-max-bits"), "7");
-      EXPECT_EQ(value(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5");
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "4");
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "7");
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5");
     }
     if (p.name == "d") {
-      EXPECT_EQ(value(p.argv, "--demand-horizon-tokens"), "64");
+      EXPECT_EQ(ValueAfter(p.argv, "--demand-horizon-tokens"), "64");
     }
     if (p.name == "e") {
-      EXPECT_EQ(value(p.argv, "--demand-horizon-tokens"), "absent") << "0, the default, is no flag";
+      EXPECT_EQ(ValueAfter(p.argv, "--demand-horizon-tokens"), "(absent)") << "0, the default, is no flag";
     }
     boundary += std::count(p.argv.begin(), p.argv.end(), "--plans-at-request-boundaries");
   }
@@ -272,10 +247,10 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
   ASSERT_TRUE(def.ok()) << def.status().ToString();
   for (const auto& p : def->processes) {
     if (p.name == "broker") {
-      EXPECT_EQ(value(p.argv, "--planner-min-bits"), "3");
-      EXPECT_EQ(value(p.argv, "--planner-max-bits"), "8");
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "3");
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "8");
     }
-    EXPECT_EQ(value(p.argv, "--plans-at-request-boundaries"), "absent");
+    EXPECT_EQ(ValueAfter(p.argv, "--plans-at-request-boundaries"), "(absent)");
   }
   for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}"}) {
     auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
