@@ -19,6 +19,19 @@ struct CalibrationSource {
   int64_t max_tokens = 0;      // > 0: at most this many ids (the first ones)
 };
 
+// The source named by a pw-quantize subcommand's options (their calib_random_tokens,
+// calib_seed, calib_path, tokenizer_path and model_dir fields); no token limit.
+template <typename Options>
+CalibrationSource CalibrationSourceOf(const Options& o) {
+  CalibrationSource s;
+  s.random_tokens = o.calib_random_tokens;
+  s.seed = o.calib_seed;
+  s.text_path = o.calib_path;
+  s.tokenizer_path = o.tokenizer_path;
+  s.model_dir = o.model_dir;
+  return s;
+}
+
 // The ids, each checked against `vocab`. Errors name the file: kNotFound for an unreadable
 // text or tokenizer, kInvalidArgument for an id outside the vocabulary or fewer than 2 ids.
 Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& source, int vocab);

@@ -70,12 +70,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
 
   // 1. Calibration.
-  CalibrationSource calib;
-  calib.random_tokens = o.calib_random_tokens;
-  calib.seed = o.calib_seed;
-  calib.text_path = o.calib_path;
-  calib.tokenizer_path = o.tokenizer_path;
-  calib.model_dir = o.model_dir;
+  CalibrationSource calib = CalibrationSourceOf(o);
   calib.max_tokens = o.max_calib_tokens;
   PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
   engine::Bf16ExpertProvider bf16(model);

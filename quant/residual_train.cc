@@ -209,13 +209,8 @@ Result<ResidualTrainReport> TrainResidualHeads(const ResidualTrainOptions& o) {
   PW_ASSIGN_OR_RETURN(auto store, apw::ApwStore::Open(o.store_path, so));
 
   // Prompts.
-  CalibrationSource calib;
-  calib.random_tokens = o.calib_random_tokens;
-  calib.seed = o.calib_seed;
-  calib.text_path = o.calib_path;
-  calib.tokenizer_path = o.tokenizer_path;
-  calib.model_dir = o.model_dir;
-  PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
+  PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                      CalibrationTokens(CalibrationSourceOf(o), eng->vocab_size()));
   const int whole = static_cast<int>(ids.size() / static_cast<size_t>(o.prompt_tokens));
   const int num_prompts = o.max_prompts > 0 ? std::min(whole, o.max_prompts) : whole;
   // Prompt p starts at whole prompt floor(p * whole / num_prompts): spread over the text.
