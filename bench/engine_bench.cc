@@ -5,7 +5,7 @@
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
-//                   [--kernel-path fast|exact] [--dense bf16|int8]
+//                   [--kernel-path fast|exact] [--dense bf16|int8] [--same-prompts]
 //                   [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
 //                           [--lynx-keep K'] [--lynx-config FILE]]
@@ -20,6 +20,10 @@
 // sequence one token (greedy, eos ignored). Reported: median over `runs` runs of
 //   prefill tok/s = B * prompt_len / prefill time
 //   decode  tok/s = B * decode_steps / decode time
+// --same-prompts gives every sequence of a batch the same prompt (a run's first), so greedy
+// decoding keeps them identical and every token of a step selects the same experts: the input
+// llama.cpp's llama-batched-bench decodes (token 0 at every position of every sequence). A
+// batch then reads the experts of one sequence, not of B (the `distinct` column says so).
 //
 // Any-precision experts. With --store, the one model (--model, default the synthetic one) runs
 // its routed experts from the .apw store through anyprec::ApwExpertProvider (as pw-eval does),
@@ -283,6 +287,7 @@ struct Options {
   std::string store;                  // empty: bf16 experts from the checkpoint
   std::vector<ExpertConfig> configs;  // with a store: one per --bits entry, then --bits-map
   anyprec::KernelPath kernel_path = anyprec::KernelPath::kFast;
+  bool same_prompts = false;  // every sequence of a batch decodes the same prompt
 };
 
 // The store-backed provider for one configuration.
@@ -331,9 +336,15 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
       std::vector<uint64_t> ids;
       auto t0 = Clock::now();
       const double cpu0 = ProcessCpuSeconds();
+      std::vector<int32_t> first;
       for (int b = 0; b < batch; ++b) {
         std::vector<int32_t> prompt(o.prompt_len);
-        for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+        if (o.same_prompts && b > 0) {
+          prompt = first;
+        } else {
+          for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+          first = prompt;
+        }
         ids.push_back(*next_id);
         PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
       }
@@ -521,6 +532,9 @@ int Main(int argc, char** argv) {
   std::string dense = "bf16";
   app.add_option("--dense", dense, "dense weights (attention, lm_head, dense MLPs): bf16 or int8")
       ->check(CLI::IsMember({"bf16", "int8"}));
+  app.add_flag("--same-prompts", o.same_prompts,
+               "every sequence of a batch gets the same prompt (identical routing, as "
+               "llama-batched-bench decodes)");
   tools::AddLynxFlags(&app, &o.lynx);
   CLI11_PARSE(app, argc, argv);
   o.dense_int8 = dense == "int8";
@@ -603,7 +617,8 @@ int Main(int argc, char** argv) {
               bw.best_streams == 1 ? "" : "s", bw.cpu / 1e9, bw.best_cpu_streams,
               bw.best_cpu_streams == 1 ? "" : "s");
   if (widths) std::printf("experts from %s\n", o.store.c_str());
-  std::printf("prompt %d tokens, %d decode steps, median of %d runs, %d threads\n\n", o.prompt_len,
+  std::printf("prompt %d tokens%s, %d decode steps, median of %d runs, %d threads\n\n",
+              o.prompt_len, o.same_prompts ? " (one prompt for every sequence of a batch)" : "",
               o.decode_steps, o.runs, o.threads);
   std::printf("Wall clock:\n\n");
   if (widths) {
