@@ -23,8 +23,6 @@
 
 namespace pw::anyprec::internal {
 namespace avx512q8 {
-#include "kernels/anyprec/q8_quantize.inc"
-
 namespace {
 
 #include "kernels/anyprec/q8_avx512_decode.inc"
@@ -137,12 +135,49 @@ constexpr size_t kDenseAhead = kPrefetchBytes;
 
 #include "kernels/anyprec/q8_rows.inc"
 
+// QuantizeActs's rule for one token (q8_quantize.inc) in 16-float vectors: per group amax by
+// vmaxps, q = round-to-nearest-even(x * (127 / amax)) by vmulps and vcvtps2dq (the default
+// rounding mode), packed to bytes by vpmovdb; the group's sum of q in int32.
+void QuantizeRowVec(const float* x, int cols, int8_t* q, float* scales, float* offset) {
+  const int groups = Q8ActGroups(cols);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  double off = 0.0;
+  for (int g = 0; g < groups; ++g) {
+    const int c0 = g * kGroupCols;
+    const int n = c0 >= cols ? 0 : (cols - c0 < kGroupCols ? cols - c0 : kGroupCols);
+    auto mask = [&](int i) -> __mmask16 {
+      const int m = n - i;
+      return m >= 16 ? static_cast<__mmask16>(0xFFFF) : m <= 0 ? 0 : static_cast<__mmask16>((1u << m) - 1);
+    };
+    __m512 vmax = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+      vmax = _mm512_max_ps(vmax, _mm512_and_ps(_mm512_maskz_loadu_ps(mask(i), x + c0 + i), abs_mask));
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    const float scale = amax / 127.f;
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    int8_t* dst = q + (g / 2) * (2 * kGroupCols) + (g % 2) * 32;
+    __m512i sum = _mm512_setzero_si512();
+    for (int k = 0; k < kGroupCols / 32; ++k) {
+      for (int h = 0; h < 2; ++h) {
+        const int i = 32 * k + 16 * h;
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask(i), x + c0 + i), inv);
+        const __m512i r = _mm512_cvtps_epi32(v);
+        sum = _mm512_add_epi32(sum, r);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 64 * k + 16 * h), _mm512_cvtepi32_epi8(r));
+      }
+    }
+    scales[g] = scale;
+    off += static_cast<double>(scale) * _mm512_reduce_add_epi32(sum);
+  }
+  *offset = static_cast<float>(128.0 * off);
+}
 
 }  // namespace
 }  // namespace avx512q8
 
 void QuantizeRowAvx512(const float* x, int cols, int8_t* q, float* scales, float* offset) {
-  avx512q8::QuantizeRowImpl(x, cols, q, scales, offset);
+  avx512q8::QuantizeRowVec(x, cols, q, scales, offset);
 }
 
 void DenseQ8RowsAvx512(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,
