@@ -1,10 +1,10 @@
-// AMX backend of the integer fast path (q8.h): from MinTokens(bits) tokens on, rows of up to
-// kMaxCols columns run on AMX-INT8 tiles (TDPBSSD, signed int8 x signed int8 into int32);
-// fewer tokens, longer rows and the dense int8 matrices are the AVX-512 backend's
-// (q8_avx512.cc). Compiled with the
-// AVX-512 fast path's flags plus -mamx-tile -mamx-int8; selected at run time only when the CPU
-// reports AMX-TILE and AMX-INT8 beside the AVX-512 fast path's extensions and the kernel grants
-// the process the tile data state (q8.cc).
+// AMX backend of the integer fast path (q8.h): where UseTiles says (from 8 or 12 tokens, rows
+// of up to 2048 columns, of 4096 up to 16 tokens) a block's rows run on AMX-INT8 tiles
+// (TDPBSSD, signed int8 x signed int8 into int32); fewer tokens, longer rows and the dense
+// int8 matrices are the AVX-512 backend's (q8_avx512.cc). Compiled with the AVX-512 fast
+// path's flags plus -mamx-tile -mamx-int8; selected at run time only when the CPU reports
+// AMX-TILE and AMX-INT8 beside the AVX-512 fast path's extensions and the kernel grants the
+// process the tile data state (q8.cc).
 //
 // Per block of 16 rows and group pair: each row's codes are formed and looked up in registers
 // exactly as in the AVX-512 backend (q8_avx512_decode.inc), but in the row's signed int8 LUT,
@@ -18,7 +18,7 @@
 // applied once at the end.
 //
 // No allocation: tiles and the activation layout live on the calling thread's stack (about
-// 70 KiB per call).
+// 230 KiB per call; glibc's default thread stack is 8 MiB).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -36,19 +36,28 @@ namespace {
 // Where the tiles beat the AVX-512 loops (pw-bench-kernels apq8gemv, one thread, both backends
 // with the tiles forced from 1 token, CPU time): from 8 tokens at 3-4 bits (1.09-1.36x at 8
 // tokens), from 12 at 5-8 bits (1.04-1.41x at 12; 0.78-0.98x at 8, where the codes cost more
-// and the AVX-512 loop's per-token work is still small), at 1024 and 2048 columns (1-2 column
-// chunks). Rows of 4096 and 14336 columns stay on AVX-512: walked chunk by chunk (2 and 7
-// passes over the rows) the tiles lost at every width and token count measured (0.16-0.97x at
-// 4-12 tokens, at most 1.36x at 16).
+// and the AVX-512 loop's per-token work is still small); rows of up to 2048 columns at any
+// token count (1-2 column chunks: 1.4x at 32 tokens), of up to 4096 while they are one chunk
+// (up to 16 tokens: 14336x4096 at 12 and 16 tokens 1.2-1.8x). Longer rows stay on AVX-512:
+// walked chunk by chunk (2 and 7 passes over the rows of 14336x4096 and 4096x14336 with 4 pairs
+// per chunk) the tiles lost almost everywhere (0.16-0.97x at 4-12 tokens, 0.39-1.36x at 16):
+// each pass reads a few hundred bytes of every plane row, 8 strided streams.
 constexpr int MinTokens(int bits) { return bits <= 4 ? 8 : 12; }
-constexpr int kMaxCols = 2048;
+constexpr int kAnyTokensCols = 2048;
 // Tokens per C / B tile, rows per A / C tile.
 constexpr int kTileTokens = 16;
 constexpr int kTileRows = 16;
 // Group pairs whose A and B tiles are laid out at a time for G groups of 16 tokens: kChunkPairs
-// / G (at least 1): 32 KiB of A tiles (16 rows) and at most 32 KiB of B tiles.
-constexpr int kChunkPairs = 4;
+// / G (at least 1): 64 KiB of A tiles per row block (two kept) and at most 64 KiB of B tiles,
+// so up to 16 tokens a row of 4096 columns is one chunk.
+constexpr int kChunkPairs = 8;
 constexpr int kTileBytes = 1024;  // 16 rows x 64 bytes
+// Whether block rows of `cols` columns at `tokens` tokens run on the tiles (see MinTokens).
+constexpr bool UseTiles(int cols, int tokens, int bits) {
+  const int pairs = (cols + 2 * kGroupCols - 1) / (2 * kGroupCols);
+  const int g = (tokens + kTileTokens - 1) / kTileTokens;
+  return tokens >= MinTokens(bits) && (cols <= kAnyTokensCols || pairs <= kChunkPairs / g);
+}
 // A and B tiles per group pair: 2 groups x 4 steps of 64 columns.
 constexpr int kPairTiles = 8;
 
@@ -280,7 +289,7 @@ void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size
 
 void Q8RowsAmx(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
                size_t ldy, int row_begin, int row_end) {
-  if (acts.tokens < amxq8::MinTokens(bits) || view.cols > amxq8::kMaxCols) {
+  if (!amxq8::UseTiles(view.cols, acts.tokens, bits)) {
     Q8RowsAvx512(view, bits, lut, acts, y, ldy, row_begin, row_end);
     return;
   }

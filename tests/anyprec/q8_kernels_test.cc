@@ -197,9 +197,10 @@ TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
   // Rows past the last block of 16, odd group counts (a half last pair); on the AMX backend
-  // several column chunks at 37 and 64 tokens (one group pair per chunk), rows of up to 2048
-  // columns on tiles and longer ones ({2, 4100}) on its AVX-512 loops.
-  const Shape shapes[] = {{1, 1}, {37, 50}, {129, 65}, {64, 256}, {33, 513}, {9, 768}, {3, 1000}, {6, 1024}, {40, 2000}, {2, 4100}};
+  // several column chunks at 37 and 64 tokens (two group pairs per chunk), rows of up to 2048
+  // columns on tiles, of 3600 (8 pairs, one chunk) on tiles up to 16 tokens, longer ones
+  // ({2, 4100}) on its AVX-512 loops.
+  const Shape shapes[] = {{1, 1}, {37, 50}, {129, 65}, {64, 256}, {33, 513}, {9, 768}, {3, 1000}, {6, 1024}, {40, 2000}, {20, 3600}, {2, 4100}};
   // 8 (3-4 bits), 12, 16, 37, 64: the AMX tiles (one partial, one full, three and four token
   // groups of 16).
   const int token_counts[] = {1, 3, 8, 12, 16, 37, 64};
