@@ -277,13 +277,6 @@ void TileRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, s
   _tile_release();
 }
 
-
-template <int B>
-void RowsB(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, size_t ldy, int r0,
-           int r1) {
-  TileRows<B>(v, lut, a, y, ldy, r0, r1);
-}
-
 }  // namespace
 }  // namespace amxq8
 
@@ -294,12 +287,12 @@ void Q8RowsAmx(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& 
     return;
   }
   switch (bits) {
-    case 3: amxq8::RowsB<3>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 4: amxq8::RowsB<4>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 5: amxq8::RowsB<5>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 6: amxq8::RowsB<6>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 7: amxq8::RowsB<7>(view, lut, acts, y, ldy, row_begin, row_end); break;
-    case 8: amxq8::RowsB<8>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 3: amxq8::TileRows<3>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 4: amxq8::TileRows<4>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 5: amxq8::TileRows<5>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 6: amxq8::TileRows<6>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 7: amxq8::TileRows<7>(view, lut, acts, y, ldy, row_begin, row_end); break;
+    case 8: amxq8::TileRows<8>(view, lut, acts, y, ldy, row_begin, row_end); break;
     default: break;
   }
 }
