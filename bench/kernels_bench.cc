@@ -345,6 +345,8 @@ struct ShapeSpec {
 void RegisterAll() {
   const ShapeSpec shapes[] = {{1024, 2048}, {2048, 1024}, {14336, 4096}, {4096, 14336}};
   const int token_counts[] = {1, 4, 16};
+  // The fast path also at 8 and 32 tokens (where the AMX backend takes over from AVX-512).
+  const int q8_token_counts[] = {1, 4, 8, 12, 16, 32};
   // The dense kernel also at the token counts of batch-2/8/32 decode steps.
   const int bf16_token_counts[] = {1, 2, 4, 8, 16, 32};
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -365,7 +367,10 @@ void RegisterAll() {
                                    "/b" + std::to_string(bits) + "/t" + std::to_string(t) + suffix(threads);
           finish(benchmark::RegisterBenchmark(name.c_str(), BM_ApGemv, s.rows, s.cols, bits, t, threads),
                  threads);
-          const std::string q8 = "apq8gemv" + name.substr(name.find('/'));
+        }
+        for (int t : q8_token_counts) {
+          const std::string q8 = "apq8gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                                 "/b" + std::to_string(bits) + "/t" + std::to_string(t) + suffix(threads);
           finish(benchmark::RegisterBenchmark(q8.c_str(), BM_ApQ8Gemv, s.rows, s.cols, bits, t, threads),
                  threads);
         }

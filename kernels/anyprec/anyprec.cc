@@ -66,6 +66,7 @@ internal::GemmRowsFn BackendFn(Backend backend) {
     case Backend::kScalar: return internal::GemmRowsScalar;
     case Backend::kAvx2: return internal::GemmRowsAvx2;
     case Backend::kAvx512: return internal::GemmRowsAvx512;
+    case Backend::kAmx: return nullptr;  // never available (BackendAvailable)
   }
   return nullptr;
 }
@@ -122,6 +123,7 @@ const char* BackendName(Backend backend) {
     case Backend::kScalar: return "scalar";
     case Backend::kAvx2: return "avx2";
     case Backend::kAvx512: return "avx512";
+    case Backend::kAmx: return "amx";
   }
   return "unknown";
 }
@@ -131,6 +133,7 @@ bool BackendAvailable(Backend backend) {
     case Backend::kScalar: return true;
     case Backend::kAvx2: return CpuHasAvx2();
     case Backend::kAvx512: return CpuHasAvx512();
+    case Backend::kAmx: return false;  // a fast-path backend only (q8.h)
   }
   return false;
 }

@@ -55,7 +55,9 @@ Status ValidateView(const BlockView& view, int bits);
 // The same checks without the fp16 LUT (the fast path reads an int8 LUT instead, q8.h).
 Status ValidatePlanes(const BlockView& view, int bits);
 
-enum class Backend { kScalar, kAvx2, kAvx512 };
+// kAmx: the integer fast path's AVX-512 backend with AMX-INT8 tiles for 8-12 tokens and more
+// (q8.h); the exact path has no AMX backend (BackendAvailable(kAmx) is false).
+enum class Backend { kScalar, kAvx2, kAvx512, kAmx };
 const char* BackendName(Backend backend);
 // True when this binary has the backend and the CPU running it supports it.
 bool BackendAvailable(Backend backend);

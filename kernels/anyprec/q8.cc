@@ -10,6 +10,12 @@
 #include "common/dtype.h"
 #include "kernels/anyprec/q8_internal.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace pw::anyprec {
 namespace {
 
@@ -24,11 +30,35 @@ bool CpuHasAvx512Q8() {
          __builtin_cpu_supports("avx512vbmi");
 }
 
+// AMX-TILE + AMX-INT8 (CPUID.7.0:EDX bits 24, 25), the OS saving the tile state (OSXSAVE,
+// XCR0 bits 17, 18), and the kernel's leave for this process to use it (Linux: arch_prctl
+// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA; asked once).
+bool AmxInt8Usable() {
+#if defined(__x86_64__)
+  static const bool usable = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (((d >> 24) & 1) == 0 || ((d >> 25) & 1) == 0) return false;
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || ((c >> 27) & 1) == 0) return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3) != 3) return false;
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+
 internal::Q8RowsFn RowsFn(Backend backend) {
   switch (backend) {
     case Backend::kScalar: return internal::Q8RowsScalar;
     case Backend::kAvx2: return internal::Q8RowsAvx2;
     case Backend::kAvx512: return internal::Q8RowsAvx512;
+    case Backend::kAmx: return internal::Q8RowsAmx;
   }
   return nullptr;
 }
@@ -142,7 +172,10 @@ Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float
   switch (backend) {
     case Backend::kScalar: internal::DenseQ8RowsScalar(w, acts, y, ldy, row_begin, row_end); break;
     case Backend::kAvx2: internal::DenseQ8RowsAvx2(w, acts, y, ldy, row_begin, row_end); break;
-    case Backend::kAvx512: internal::DenseQ8RowsAvx512(w, acts, y, ldy, row_begin, row_end); break;
+    case Backend::kAvx512:
+    case Backend::kAmx:  // dense int8 matrices stay on the AVX-512 loops
+      internal::DenseQ8RowsAvx512(w, acts, y, ldy, row_begin, row_end);
+      break;
   }
   return Status::Ok();
 }
@@ -188,6 +221,15 @@ Status QuantizeActRows(const float* x, size_t ldx, int tokens, int cols, int8_t*
   }
   for (int t = 0; t < tokens; ++t) {
     const float* row = x + static_cast<size_t>(t) * ldx;
+    // One pass without an early exit on the exponent bits (vectorizes with SSE2's integer
+    // compares); the position only when something is wrong.
+    uint32_t bad = 0;
+    for (int c = 0; c < cols; ++c) {
+      uint32_t u;
+      std::memcpy(&u, row + c, sizeof u);
+      bad |= static_cast<uint32_t>((u & 0x7F800000u) == 0x7F800000u);
+    }
+    if (bad == 0) continue;
     for (int c = 0; c < cols; ++c) {
       if (!std::isfinite(row[c])) {
         return InvalidArgument("anyprec q8: non-finite activation at token " + std::to_string(t) +
@@ -209,6 +251,7 @@ bool Q8BackendAvailable(Backend backend) {
     case Backend::kScalar: return true;
     case Backend::kAvx2: return CpuHasAvx2();
     case Backend::kAvx512: return CpuHasAvx512Q8();
+    case Backend::kAmx: return CpuHasAvx512Q8() && AmxInt8Usable();
   }
   return false;
 }
@@ -216,10 +259,11 @@ bool Q8BackendAvailable(Backend backend) {
 Backend BestQ8Backend() {
   static const Backend best = [] {
     if (const char* env = std::getenv("PW_ANYPREC_BACKEND")) {
-      for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512}) {
+      for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
         if (std::string(env) == BackendName(b) && Q8BackendAvailable(b)) return b;
       }
     }
+    if (Q8BackendAvailable(Backend::kAmx)) return Backend::kAmx;
     if (Q8BackendAvailable(Backend::kAvx512)) return Backend::kAvx512;
     if (Q8BackendAvailable(Backend::kAvx2)) return Backend::kAvx2;
     return Backend::kScalar;

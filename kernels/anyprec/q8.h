@@ -11,7 +11,10 @@
 //
 // Backends: scalar (the reference: int64 group sums, fp64 accumulation); AVX2 (byte shuffles
 // into the int8 LUT, vpmaddubsw with the sign trick); AVX-512 with VNNI and VBMI (vpermb /
-// vpermi2b lookups, vpdpbusd on the LUT offset to unsigned). The planes and the exact fp16 LUT
+// vpermi2b lookups, vpdpbusd on the LUT offset to unsigned); AMX (the AVX-512 backend, with
+// rows of up to 2048 columns (4096 up to 16 tokens) at 8 tokens and more (3-4 bits) or 12
+// and more (5-8 bits) on AMX-INT8 tiles: the same codes and lookups in the signed LUT stored
+// as A tiles, TDPBSSD per 256-column group, q8_amx.cc). The planes and the exact fp16 LUT
 // stay as they are; the int8 LUT is a few KB per block and width (QuantizeLut), made when a
 // store is opened or a width committed. Activations are quantized once per layer input
 // (QuantizeActs) and shared by every block that reads them.
@@ -93,9 +96,11 @@ Status QuantizeActs(const float* x, size_t ldx, int tokens, int cols, Workspace 
 Status QuantizeActRows(const float* x, size_t ldx, int tokens, int cols, int8_t* q, float* scales,
                        float* offsets);
 
-// True when `backend` has an integer fast path on this CPU (AVX-512 needs VNNI and VBMI too).
+// True when `backend` has an integer fast path on this CPU (AVX-512 needs VNNI and VBMI too;
+// AMX needs AVX-512's, AMX-TILE and AMX-INT8, and the OS's leave to use the tile state).
 bool Q8BackendAvailable(Backend backend);
-// The fastest backend with a fast path (PW_ANYPREC_BACKEND overrides as for BestBackend()).
+// The fastest backend with a fast path (AMX > AVX-512 > AVX2 > scalar; PW_ANYPREC_BACKEND=
+// scalar|avx2|avx512|amx overrides as for BestBackend()).
 Backend BestQ8Backend();
 
 // Rows [row_begin, row_end) of y [acts.tokens][ldy] (other entries untouched):

@@ -23,156 +23,9 @@
 
 namespace pw::anyprec::internal {
 namespace avx512q8 {
-#include "kernels/anyprec/q8_quantize.inc"
-
 namespace {
 
-// v's bit K of every byte moved to bit S (other bits unspecified; the caller masks).
-template <int K, int S>
-inline __m512i Shift(__m512i v) {
-  if constexpr (K > S) {
-    return _mm512_srli_epi16(v, K - S);
-  } else if constexpr (K < S) {
-    return _mm512_slli_epi16(v, S - K);
-  } else {
-    return v;
-  }
-}
-
-// Codes of slice K from planes pl[0..B-1]; with Pair (B <= 4) slice K + 4 in the high nibble.
-template <int B, int K, bool Pair, int P = 0>
-inline __m512i Codes(const __m512i* pl, __m512i c) {
-  constexpr int S = B - 1 - P;
-  constexpr int m = Pair ? (0x11 << S) : (1 << S);
-  c = _mm512_ternarylogic_epi32(c, Shift<K, S>(pl[P]), _mm512_set1_epi8(static_cast<char>(m)), 0xF8);
-  if constexpr (P + 1 < B) {
-    return Codes<B, K, Pair, P + 1>(pl, c);
-  } else {
-    return c;
-  }
-}
-
-// From this width on the codes of all 8 slices are formed at once by transposing, in every
-// byte position, the 8x8 bit matrix (register q, bit k) across the 8 registers: 3 stages of 4
-// register pairs, 2 shifts and 2 bit-selects each = 48 µops per 512 weights, where forming
-// each slice plane by plane costs 2 per plane and slice (16·B per 512 weights).
-constexpr int kTransposeFrom = 5;
-
-// Swaps bit j + D of r[i] with bit j of r[i + D] for every j with (j & D) == 0 and every i with
-// (i & D) == 0, in every byte: one stage of the 8x8 bit transpose.
-template <int D>
-inline void TransposeStage(__m512i* r) {
-  constexpr int hi_bits = D == 1 ? 0xAA : D == 2 ? 0xCC : 0xF0;
-  const __m512i mh = _mm512_set1_epi8(static_cast<char>(hi_bits));
-  const __m512i ml = _mm512_set1_epi8(static_cast<char>(hi_bits >> D));
-  for (int i = 0; i < 8; ++i) {
-    if ((i & D) != 0) continue;
-    const __m512i lo = r[i], hi = r[i + D];
-    // 0xD8: C ? B : A (bit select by the third operand).
-    r[i] = _mm512_ternarylogic_epi64(lo, _mm512_slli_epi16(hi, D), mh, 0xD8);
-    r[i + D] = _mm512_ternarylogic_epi64(hi, _mm512_srli_epi16(lo, D), ml, 0xD8);
-  }
-}
-
-// r[k] bit q = r[q] bit k (before), in every byte of the 8 registers.
-inline void Transpose8x8(__m512i* r) {
-  TransposeStage<4>(r);
-  TransposeStage<2>(r);
-  TransposeStage<1>(r);
-}
-
-// The row's int8 LUT as unsigned (+128) vpermb / vpermi2b tables.
-template <int B>
-struct Tables {
-  __m512i t[B == 8 ? 4 : B == 7 ? 2 : 1];
-
-  void Load(const int8_t* lut) {
-    const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));
-    if constexpr (B == 3) {
-      int64_t v;
-      __builtin_memcpy(&v, lut, 8);
-      t[0] = _mm512_set1_epi64(v);
-    } else if constexpr (B == 4) {
-      t[0] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lut)));
-    } else if constexpr (B == 5) {
-      t[0] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lut)));
-    } else {
-      for (int i = 0; i < static_cast<int>(sizeof(t) / sizeof(t[0])); ++i) {
-        t[i] = _mm512_loadu_si512(lut + 64 * i);
-      }
-    }
-    for (auto& v : t) v = _mm512_xor_si512(v, off);
-  }
-
-  // Unsigned weights of 64 codes (bits above the code are ignored for B <= 6: the tables
-  // repeat with period 2^B, and vpermb reads 6 index bits).
-  __m512i Look(__m512i c) const {
-    if constexpr (B <= 6) {
-      return _mm512_permutexvar_epi8(c, t[0]);
-    } else if constexpr (B == 7) {
-      return _mm512_permutex2var_epi8(t[0], c, t[1]);
-    } else {
-      const __m512i lo = _mm512_permutex2var_epi8(t[0], c, t[1]);
-      const __m512i hi = _mm512_permutex2var_epi8(t[2], c, t[3]);
-      return _mm512_mask_blend_epi8(_mm512_movepi8_mask(c), lo, hi);
-    }
-  }
-};
-
-template <int B>
-struct Row {
-  const uint8_t* pl[B];
-  Tables<B> tab;
-  float scale;
-
-  void Init(const BlockAndLut& s, int r) {
-    for (int p = 0; p < B; ++p) pl[p] = s.view.PlaneRow(p, r);
-    tab.Load(Q8LutRow(s.lut, r, B));
-    scale = s.lut.scales[r];
-  }
-
-  // Calls use(k, w) for the 8 slices of group pair P, w = 64 unsigned weights of slice k.
-  // half: the pair's second group does not exist (its bytes are not read).
-  template <class F>
-  inline void DecodePair(int P, bool half, F&& use, size_t prefetch = 0) const {
-    __m512i planes[B];
-    for (int p = 0; p < B; ++p) {
-      if (prefetch != 0) _mm_prefetch(reinterpret_cast<const char*>(pl[p] + 64 * P + prefetch), _MM_HINT_T0);
-      planes[p] = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, pl[p] + 64 * P)
-                       : _mm512_loadu_si512(pl[p] + 64 * P);
-    }
-    const __m512i zero = _mm512_setzero_si512();
-    if constexpr (B >= kTransposeFrom) {
-      // r[q]: the plane whose bit k becomes code bit q (above B - 1: any plane, the lookup
-      // ignores those bits). After the transpose r[k] holds slice k's codes.
-      __m512i r[8];
-      for (int q = 0; q < 8; ++q) r[q] = planes[q < B ? B - 1 - q : 0];
-      Transpose8x8(r);
-      (void)zero;
-      [&]<int... K>(std::integer_sequence<int, K...>) {
-        ((void)use(K, tab.Look(r[K])), ...);
-      }(std::make_integer_sequence<int, 8>{});
-    } else if constexpr (B <= 4) {
-      [&]<int... K>(std::integer_sequence<int, K...>) {
-        ((void)[&] {
-          const __m512i c = Codes<B, K, true>(planes, zero);
-          use(K, tab.Look(c));
-          use(K + 4, tab.Look(_mm512_srli_epi16(c, 4)));
-        }(), ...);
-      }(std::make_integer_sequence<int, 4>{});
-    } else {
-      [&]<int... K>(std::integer_sequence<int, K...>) {
-        ((void)use(K, tab.Look(Codes<B, K, false>(planes, zero))), ...);
-      }(std::make_integer_sequence<int, 8>{});
-    }
-  }
-};
-
-// Software prefetch distance along each plane (planes are contiguous within a page, so this is
-// the stream a later pair or row reads; a prefetch past a page's end is harmless). Measured on
-// the Xeon of docs/benchmarks.md at 1024, 4096 and 14336 columns: 2 KiB beat 0.5, 1, 3.5, 4
-// and 7 KiB.
-constexpr size_t kPrefetchBytes = 2048;
+#include "kernels/anyprec/q8_avx512_decode.inc"
 
 // Activation scales of group pair P as one vector (lanes 0..7: group 2P, 8..15: group 2P+1).
 inline __m512 PairScales(const float* s, int P) {
@@ -282,11 +135,49 @@ constexpr size_t kDenseAhead = kPrefetchBytes;
 
 #include "kernels/anyprec/q8_rows.inc"
 
+// QuantizeActs's rule for one token (q8_quantize.inc) in 16-float vectors: per group amax by
+// vmaxps, q = round-to-nearest-even(x * (127 / amax)) by vmulps and vcvtps2dq (the default
+// rounding mode), packed to bytes by vpmovdb; the group's sum of q in int32.
+void QuantizeRowVec(const float* x, int cols, int8_t* q, float* scales, float* offset) {
+  const int groups = Q8ActGroups(cols);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  double off = 0.0;
+  for (int g = 0; g < groups; ++g) {
+    const int c0 = g * kGroupCols;
+    const int n = c0 >= cols ? 0 : (cols - c0 < kGroupCols ? cols - c0 : kGroupCols);
+    auto mask = [&](int i) -> __mmask16 {
+      const int m = n - i;
+      return m >= 16 ? static_cast<__mmask16>(0xFFFF) : m <= 0 ? 0 : static_cast<__mmask16>((1u << m) - 1);
+    };
+    __m512 vmax = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+      vmax = _mm512_max_ps(vmax, _mm512_and_ps(_mm512_maskz_loadu_ps(mask(i), x + c0 + i), abs_mask));
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    const float scale = amax / 127.f;
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    int8_t* dst = q + (g / 2) * (2 * kGroupCols) + (g % 2) * 32;
+    __m512i sum = _mm512_setzero_si512();
+    for (int k = 0; k < kGroupCols / 32; ++k) {
+      for (int h = 0; h < 2; ++h) {
+        const int i = 32 * k + 16 * h;
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask(i), x + c0 + i), inv);
+        const __m512i r = _mm512_cvtps_epi32(v);
+        sum = _mm512_add_epi32(sum, r);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 64 * k + 16 * h), _mm512_cvtepi32_epi8(r));
+      }
+    }
+    scales[g] = scale;
+    off += static_cast<double>(scale) * _mm512_reduce_add_epi32(sum);
+  }
+  *offset = static_cast<float>(128.0 * off);
+}
+
 }  // namespace
 }  // namespace avx512q8
 
 void QuantizeRowAvx512(const float* x, int cols, int8_t* q, float* scales, float* offset) {
-  avx512q8::QuantizeRowImpl(x, cols, q, scales, offset);
+  avx512q8::QuantizeRowVec(x, cols, q, scales, offset);
 }
 
 void DenseQ8RowsAvx512(const Q8Matrix& m, const Q8Acts& acts, float* y, size_t ldy, int row_begin,

@@ -124,7 +124,7 @@ struct Q8Layer {
 
 std::vector<Backend> FastBackends() {
   std::vector<Backend> v;
-  for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512}) {
+  for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
     if (Q8BackendAvailable(b)) v.push_back(b);
   }
   return v;

@@ -8,7 +8,8 @@
 //     offset to unsigned (w8 + 128) and subtracts the offset's share at the end, so its rounding
 //     scales with the offset sum too (one column of a small weight would otherwise fail a bound
 //     on |w8 x8| alone); on random blocks of awkward shapes, every width, 1/3/37/64 tokens, page
-//     lists of several tile sizes, outputs poisoned with NaN first.
+//     lists of several tile sizes, outputs poisoned with NaN first; the AMX backend also at
+//     8, 12 and 16 tokens, where its tiles take over.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,7 +61,7 @@ struct Acts {
 
 std::vector<Backend> Q8SimdBackends() {
   std::vector<Backend> out;
-  for (Backend b : {Backend::kAvx2, Backend::kAvx512}) {
+  for (Backend b : {Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
     if (Q8BackendAvailable(b)) {
       out.push_back(b);
     } else {
@@ -195,8 +196,14 @@ TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
   const unsigned seed = std::random_device{}();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
-  const Shape shapes[] = {{1, 1}, {37, 50}, {129, 65}, {64, 256}, {33, 513}, {9, 768}, {3, 1000}, {6, 1024}, {2, 4100}};
-  const int token_counts[] = {1, 3, 37, 64};
+  // Rows past the last block of 16, odd group counts (a half last pair); on the AMX backend
+  // several column chunks at 37 and 64 tokens (two group pairs per chunk), rows of up to 2048
+  // columns on tiles, of 3600 (8 pairs, one chunk) on tiles up to 16 tokens, longer ones
+  // ({2, 4100}) on its AVX-512 loops.
+  const Shape shapes[] = {{1, 1}, {37, 50}, {129, 65}, {64, 256}, {33, 513}, {9, 768}, {3, 1000}, {6, 1024}, {40, 2000}, {20, 3600}, {2, 4100}};
+  // 8 (3-4 bits), 12, 16, 37, 64: the AMX tiles (one partial, one full, three and four token
+  // groups of 16).
+  const int token_counts[] = {1, 3, 8, 12, 16, 37, 64};
   const int tiles[] = {1, 7, 64};
   for (const Shape& s : shapes) {
     RandomBlock rb = MakeRandomBlock(s.rows, s.cols, rng);
@@ -288,16 +295,16 @@ TEST(Q8Backends, PagedLutEqualsContiguousLut) {
 
 TEST(Q8Backends, RowRangeAndStrideWriteOnlyTheirEntries) {
   std::mt19937 rng(14);
-  const int rows = 40, cols = 300, tokens = 3, ldy = 45;
+  const int rows = 40, cols = 300, tokens = 13, ldy = 45;
   RandomBlock rb = MakeRandomBlock(rows, cols, rng);
   const Q8Luts luts = MakeQ8Luts(rb.block);
   auto x = RandomX(tokens, cols, rng);
   Acts a(x, tokens, cols);
   PageLists pages = rb.block.Pages(16);
-  for (int tok : {1, tokens}) {
+  for (int tok : {1, 3, 9, tokens}) {
     Q8Acts sub = a.acts;
     sub.tokens = tok;
-    for (Backend be : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512}) {
+    for (Backend be : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
       if (!Q8BackendAvailable(be)) continue;
       for (int bits : {3, 4, 8}) {
         std::vector<float> y(tokens * ldy, kNaN);
