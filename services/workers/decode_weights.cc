@@ -108,7 +108,12 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     return Status::Ok();
   }
   if (manifest.getOk() && manifest.getAnyPrecision()) {
-    auto p = PagedWeights::Create(pool_, config_, *ucx_, manifest, options_.paged);
+    PagedWeightsOptions po = options_.paged;
+    if (po.pacing == MoverPacing::kAuto) {
+      po.pacing = PagedResidency::Enabled(options_.misses) ? MoverPacing::kSteps : MoverPacing::kFree;
+    }
+    PW_LOG(INFO) << options_.worker_id << ": background width changes paced: " << MoverPacingName(po.pacing);
+    auto p = PagedWeights::Create(pool_, config_, *ucx_, manifest, po);
     if (!p.ok()) return p.status().WithContext("loading experts from the broker");
     paged_ = std::move(p).value();
     const int bits = manifest.getInitialBits();
