@@ -45,11 +45,15 @@ namespace pw::workers {
 //   kSteps   - it holds back for the whole of every engine step (BeginStep .. EndStep): pages
 //              move between steps (and, bounded by PlaneMover::Options::max_held_us, one get
 //              at a time when steps run back to back);
-//   kAuto    - the decode worker's default: kSteps with a residency budget (its admissions
-//              and the step's synchronous fetches would share the cores), kFree without (the
-//              planner's raises move as soon as they are asked for). PagedWeights reads it
-//              as kFree.
+//   kAuto    - the decode worker's default: kSteps with a residency budget whose experts are
+//              small (at most kAutoStepsMaxExpertBytes at the initial width: a fetch is then
+//              a round trip, and admissions moving during the step delay it), kFree otherwise
+//              (the planner's raises move as soon as asked; a large expert's admission held
+//              through long steps would starve). PagedWeights reads it as kFree.
+//              (docs/benchmarks.md: on the embedded model, 61 KiB experts, steps beat free;
+//              on the OLMoE-dimension one, 3.1 MiB, free beat steps.)
 enum class MoverPacing { kFree, kFetches, kSteps, kAuto };
+inline constexpr double kAutoStepsMaxExpertBytes = 1 << 20;
 // "free" | "fetches" | "steps" | "auto"; kInvalidArgument otherwise.
 Result<MoverPacing> ParseMoverPacing(const std::string& name);
 const char* MoverPacingName(MoverPacing p);
