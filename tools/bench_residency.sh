@@ -11,6 +11,12 @@
 # decode worker's /metrics for misses, fetches and substitutions per decoded token. Prints one
 # Markdown row per configuration. TPOT = time per output token after the first (pw-loadgen's
 # mean_tpot_ms), i.e. the decode step as a client sees it.
+#
+# A configuration is a policy name, optionally followed by +key=value overrides: a misses key
+# (admission_beta=0, eviction=lru, ...) goes into the misses block, pacing=free|fetches|steps
+# becomes the decode entry's weight_pacing (default auto; e.g. "quality-first+admission_beta=0",
+# "quality-first+pacing=free"). REPEAT=N runs the whole list N times, alternating, so
+# configurations compared see the same machine load.
 set -euo pipefail
 BUILD=${1:-build}
 MODEL=${2:-models/tiny-moe}
@@ -32,18 +38,32 @@ lscpu | grep -E "Model name|^CPU\(s\)" | sed 's/  */ /g'
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "model $MODEL, store $STORE at $BITS bits, residency $RESIDENCY, $PROMPTS prompts x $OUT_LEN tokens, concurrency $CONC"
 echo
-echo "| configuration | TPOT mean ms | TPOT median ms | output tok/s | misses / token | fetches / token | substituted / token | mean m | fetch ms (mean) |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| configuration | TPOT mean ms | TPOT median ms | output tok/s | misses / token | fetches / token | substituted / token | mean m | fetch ms (mean) | get / check / table ms | step fetch wait ms / token | admissions / token | paced ms / token | load |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 metric() {  # metric NAME_PREFIX FILE -> value (0 when absent)
   awk -v p="$1" 'index($0, p) == 1 { v = $NF } END { print (v == "" ? 0 : v) }' "$2"
 }
-for P in $POLICIES; do
+REPEAT=${REPEAT:-1}
+LIST=""
+for _ in $(seq 1 "$REPEAT"); do LIST="$LIST $POLICIES"; done
+N=0
+for P in $LIST; do
+  N=$((N + 1))
   HTTP=$(port); CTL=$(port); BRK=$(port); MET=$(port)
-  RUN="$WORK/$P"
+  RUN="$WORK/$N"
   mkdir -p "$RUN"
+  NAME=${P%%+*}
+  EXTRA=""; PACING=auto
+  if [ "$NAME" != "$P" ]; then
+    IFS='+' read -r -a KV <<< "${P#*+}"
+    for kv in "${KV[@]}"; do
+      k=${kv%%=*}; v=${kv#*=}
+      if [ "$k" = pacing ]; then PACING=$v; else EXTRA="$EXTRA, $k: $v"; fi
+    done
+  fi
   MISSES=""
-  [ "$P" != "all-resident" ] && MISSES=", misses: {policy: $P, residency: $RESIDENCY}"
+  [ "$NAME" != "all-resident" ] && MISSES=", misses: {policy: $NAME, residency: $RESIDENCY$EXTRA}"
   cat > "$RUN/cluster.yaml" <<EOF
 model_dir: $MODEL
 model_name: bench
@@ -52,7 +72,7 @@ bin_dir: $BIN
 router: {port: $HTTP, control_port: $CTL}
 broker: {control_port: $BRK, store: $STORE, initial_bits: $BITS}
 prefill: [{id: prefill-0, kv_blocks: 256}]
-decode: [{id: decode-0, kv_blocks: 512, metrics_port: $MET$MISSES}]
+decode: [{id: decode-0, kv_blocks: 512, metrics_port: $MET, weight_pacing: $PACING$MISSES}]
 EOF
   "$BIN/pw-cluster" up --config "$RUN/cluster.yaml" > "$RUN/pw-cluster.out" 2>&1 &
   CLUSTER=$!
@@ -69,9 +89,9 @@ EOF
   sleep 0.6  # the worker's metrics are exported every 200 ms
   curl -sf "http://127.0.0.1:$MET/metrics" > "$RUN/metrics.txt"
   kill "$CLUSTER"; wait "$CLUSTER" 2>/dev/null || true; CLUSTER=0
-  python3 - "$P" "$RUN/result.json" "$RUN/metrics.txt" "$MODEL/config.json" <<'EOF'
+  python3 - "$P" "$RUN/result.json" "$RUN/metrics.txt" "$MODEL/config.json" "$(cut -d' ' -f1 /proc/loadavg)" <<'EOF'
 import json, sys
-name, result, metrics, config = sys.argv[1:5]
+name, result, metrics, config, load = sys.argv[1:6]
 layers = json.load(open(config))["num_hidden_layers"]
 r = json.load(open(result))
 m = {}
@@ -94,6 +114,15 @@ def per_token(x):
 row = [name, f"{r['mean_tpot_ms']:.3f}", f"{r['median_tpot_ms']:.3f}", f"{r['output_throughput']:.0f}",
        per_token(misses), per_token(fetched), per_token(subst),
        f"{mass / tl:.4f}" if tl else "-", f"{1e3 * fs / fc:.3f}" if fc else "-"]
+def phase(p):
+    label = '{phase="' + p + '"'
+    c = get("pagedweight_expert_fetch_phase_seconds_count" + label)
+    return f"{1e3 * get('pagedweight_expert_fetch_phase_seconds_sum' + label) / c:.3f}" if c else "-"
+row.append(" / ".join(phase(p) for p in ("get", "check", "table")))
+row.append(per_token(1e3 * get("pagedweight_step_fetch_wait_seconds_sum")))
+row.append(per_token(get('pagedweight_expert_admissions_total{state="started"')))
+row.append(per_token(1e3 * get("pagedweight_plane_mover_paced_seconds_total")))
+row.append(load)
 print("| " + " | ".join(row) + " |")
 EOF
 done

@@ -102,6 +102,9 @@ const Schema& ClusterSchema() {
                      {"pool_mb", Schema::Int().Range(0, 1 << 24).Default(int64_t{0})},
                      {"page_bytes", Schema::Int().Range(0, 1 << 30).Default(int64_t{0})},
                      {"weight_rate_mb_s", Schema::Int().Range(0, 1 << 20).Default(int64_t{0})},
+                     // How background width changes give way to the step
+                     // (services/workers/paged_weights.h, MoverPacing).
+                     {"weight_pacing", Schema::String().OneOf({"free", "fetches", "steps", "auto"}).Default("auto")},
                      // LYNX (DESIGN.md 5.3): alpha 0 / beta -1 = derived from k/N.
                      {"lynx", Schema::Map({
                                   {"enabled", Schema::Bool().Default(false)},
@@ -273,6 +276,9 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
         p.argv.insert(p.argv.end(), {"--pool-bytes", std::to_string(w["pool_mb"].AsInt() << 20),
                                      "--page-bytes", std::to_string(w["page_bytes"].AsInt()),
                                      "--weight-rate-mb-s", std::to_string(w["weight_rate_mb_s"].AsInt())});
+        if (w["weight_pacing"].AsString() != "auto") {  // pw-decode's default
+          p.argv.insert(p.argv.end(), {"--weight-pacing", w["weight_pacing"].AsString()});
+        }
         const ConfigValue& lynx = w["lynx"];
         if (lynx["enabled"].AsBool()) {
           p.argv.insert(p.argv.end(), {"--lynx", "--lynx-gate-weights", lynx["gate_weights"].AsString()});

@@ -39,6 +39,11 @@ int main(int argc, char** argv) {
   app.add_option("--weight-rate-mb-s", rate_mb_s, "plane transfer rate limit in MiB/s (0: none)");
   app.add_option("--weight-max-in-flight", o.weight_max_in_flight, "expert width changes in flight")
       ->check(CLI::Range(1, 4096));
+  std::string pacing = "auto";
+  app.add_option("--weight-pacing", pacing,
+                 "background width changes give way to the step: free, fetches (while a synchronous fetch runs), "
+                 "steps (for every whole step) or auto (steps with a residency budget, else free)")
+      ->check(CLI::IsMember({"free", "fetches", "steps", "auto"}));
   app.add_option("--reserve-wait-ms", o.reserve_wait_ms,
                  "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")
       ->check(CLI::Range(0, 20000));
@@ -66,6 +71,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   o.weight_bytes_per_s = rate_mb_s << 20;
+  o.weight_pacing = *pw::workers::ParseMoverPacing(pacing);  // checked by CLI11
   if (lynx_alpha != 0.f || lynx_beta >= 0) {
     if (lynx_alpha == 0.f || lynx_beta < 0) {
       std::fprintf(stderr, "pw-decode: --lynx-alpha and --lynx-beta go together\n");

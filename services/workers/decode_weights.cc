@@ -108,7 +108,19 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     return Status::Ok();
   }
   if (manifest.getOk() && manifest.getAnyPrecision()) {
-    auto p = PagedWeights::Create(pool_, config_, *ucx_, manifest, options_.paged);
+    PagedWeightsOptions po = options_.paged;
+    if (po.pacing == MoverPacing::kAuto) {
+      // Steps only for a budget with small experts: there a fetch is a round trip, and an
+      // admission moving during the step delays it; a large expert's admission held through
+      // long steps would starve (paged_weights.h, MoverPacing).
+      const double expert_bytes = 3.0 * static_cast<double>(config_.hidden_size) *
+                                  static_cast<double>(config_.moe_intermediate_size) * manifest.getInitialBits() / 8.0;
+      po.pacing = PagedResidency::Enabled(options_.misses) && expert_bytes <= kAutoStepsMaxExpertBytes
+                      ? MoverPacing::kSteps
+                      : MoverPacing::kFree;
+    }
+    PW_LOG(INFO) << options_.worker_id << ": background width changes paced: " << MoverPacingName(po.pacing);
+    auto p = PagedWeights::Create(pool_, config_, *ucx_, manifest, po);
     if (!p.ok()) return p.status().WithContext("loading experts from the broker");
     paged_ = std::move(p).value();
     const int bits = manifest.getInitialBits();

@@ -109,6 +109,7 @@ Status DecodeWorker::Setup() {
       std::make_unique<PromptFeatures>(static_cast<int>(cfg.num_layers), static_cast<int>(cfg.num_experts));
   if (!options_.trace.path.empty()) {
     PW_ASSIGN_OR_RETURN(trace_, DecodeTrace::Create(options_.trace, cfg, routing_.get()));
+    trace_metrics_ = TraceMetrics::Register(*metrics_->registry, options_.id);
     PW_LOG(INFO) << options_.id << ": recording router logits to " << options_.trace.path << " (every "
                  << options_.trace.sample_every << ". forward pass, at most " << options_.trace.max_bytes << " bytes)";
   }
@@ -146,6 +147,7 @@ Status DecodeWorker::Setup() {
   wo.timeout_ms = options_.weights_timeout_ms;
   wo.paged.max_bytes_per_s = options_.weight_bytes_per_s;
   wo.paged.max_in_flight = options_.weight_max_in_flight;
+  wo.paged.pacing = options_.weight_pacing;
   wo.misses = options_.misses;
   weights_ = std::make_unique<DecodeWeights>(wo, cfg, pool_.get(), ucx_worker_.get(), broker_.get(),
                                              *metrics_->registry);
@@ -215,6 +217,7 @@ void DecodeWorker::WeightsBoundary() {
   if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
     last_telemetry_ms_ = now;
     weights_->ExportMetrics();
+    if (trace_metrics_) trace_metrics_->Export(*trace_);
     SendTelemetry();
   }
 }

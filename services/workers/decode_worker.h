@@ -74,6 +74,7 @@
 #include "services/workers/reserve_wait.h"
 #include "services/workers/prompt_features.h"
 #include "services/workers/decode_trace.h"
+#include "services/workers/trace_metrics.h"
 #include "services/workers/routing_stats.h"
 #include "services/workers/worker_metrics.h"
 
@@ -110,6 +111,7 @@ struct DecodeWorkerOptions {
   uint64_t page_bytes = 0;               // 0: one layer of one KV block (rounded up to 64)
   uint64_t weight_bytes_per_s = 0;       // plane transfer rate limit; 0 = unlimited
   int weight_max_in_flight = 8;          // block width changes in flight at once
+  MoverPacing weight_pacing = MoverPacing::kAuto;  // how they give way to the step
   // LYNX (DESIGN.md 5.3): remap pure-decode batches' expert choices through the engine's
   // routing hook; counted as pagedweight_lynx_* (lynx_metrics.h).
   bool lynx = false;
@@ -219,6 +221,7 @@ class DecodeWorker {
   std::unique_ptr<engine::LynxRoutingHook> lynx_hook_;  // null when LYNX is off
   std::unique_ptr<LynxMetrics> lynx_metrics_;
   std::unique_ptr<DecodeTrace> trace_;     // null unless recording; passes layers on to routing_
+  std::unique_ptr<TraceMetrics> trace_metrics_;  // with trace_
   engine::RouterLogitsRecorder* recorder() {
     return trace_ ? static_cast<engine::RouterLogitsRecorder*>(trace_.get()) : routing_.get();
   }

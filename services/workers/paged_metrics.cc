@@ -48,6 +48,12 @@ std::unique_ptr<PagedMetrics> PagedMetrics::Register(prometheus::Registry& r,
                           .Register(r).Add(w);
   m->sync_fetch_bytes_ = &prometheus::BuildCounter().Name("pagedweight_sync_fetch_bytes_total")
                               .Help("Bytes of synchronous fetches").Register(r).Add(w);
+  m->paced_ = &prometheus::BuildCounter().Name("pagedweight_plane_mover_paced_total")
+                   .Help("Background plane gets held back while a synchronous fetch or an engine step ran")
+                   .Register(r).Add(w);
+  m->paced_seconds_ = &prometheus::BuildCounter().Name("pagedweight_plane_mover_paced_seconds_total")
+                           .Help("Time background plane gets were held back by pacing")
+                           .Register(r).Add(w);
   return m;
 }
 
@@ -94,6 +100,10 @@ void PagedMetrics::Export(const memory::PagePool& pool, PagedWeights* weights) {
   sync_fetches_->Increment(static_cast<double>(s.sync_fetches - last_.sync_fetches));
   sync_fetch_bytes_->Increment(static_cast<double>(s.sync_fetch_bytes - last_.sync_fetch_bytes));
   for (double v : weights->TakeRaiseSeconds()) raise_seconds_->Observe(v);
+  const PlaneMover::PacingStats p = weights->pacing();
+  paced_->Increment(static_cast<double>(p.waits - last_pacing_.waits));
+  paced_seconds_->Increment(static_cast<double>(p.wait_us - last_pacing_.wait_us) * 1e-6);
+  last_pacing_ = p;
   last_ = s;
 }
 

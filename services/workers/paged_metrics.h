@@ -21,6 +21,10 @@
 //   pagedweight_sync_fetches_total, pagedweight_sync_fetch_bytes_total
 //                                                             blocks fetched synchronously
 //                                                             because they were not resident
+//   pagedweight_plane_mover_paced_total                       background gets held back while
+//                                                             a synchronous fetch or a step
+//                                                             ran (PagedWeightsOptions::pacing)
+//   pagedweight_plane_mover_paced_seconds_total               time they were held back
 #pragma once
 
 #include <prometheus/counter.h>
@@ -62,6 +66,9 @@ class PagedMetrics {
   prometheus::Histogram* raise_seconds_ = nullptr;
   prometheus::Counter* sync_fetches_ = nullptr;
   prometheus::Counter* sync_fetch_bytes_ = nullptr;
+  prometheus::Counter* paced_ = nullptr;
+  prometheus::Counter* paced_seconds_ = nullptr;
+  PlaneMover::PacingStats last_pacing_;
   std::string worker_id_;
   int num_layers_ = 0;
   PagedWeightsStats last_;

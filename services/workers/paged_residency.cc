@@ -90,6 +90,7 @@ void PagedResidency::Follow() {
 Status PagedResidency::Fetch(int layer, int expert) {
   const auto t0 = std::chrono::steady_clock::now();
   bool to_pages = true;
+  FetchTimes phases;
   for (ExpertProj p : kProjs) {
     const size_t i = Block(layer, expert, p);
     const int bits = PlanBits(i);
@@ -102,7 +103,7 @@ Status PagedResidency::Fetch(int layer, int expert) {
       to_pages = false;
       continue;
     }
-    Status st = weights_->FetchBlockNow(i, bits, &stats_.fetch_bytes);
+    Status st = weights_->FetchBlockNow(i, bits, &stats_.fetch_bytes, &phases);
     if (st.code() == StatusCode::kResourceExhausted) {
       to_pages = false;
       continue;
@@ -112,10 +113,13 @@ Status PagedResidency::Fetch(int layer, int expert) {
   }
   if (to_pages) {
     stats_.fetches++;
+    fetch_phases_.push_back(phases);
   } else {
     stats_.scratch_fetches++;
   }
-  fetch_seconds_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fetch_seconds_.push_back(took);
+  step_wait_ += took;
   return Status::Ok();
 }
 
@@ -137,6 +141,7 @@ void PagedResidency::Evict(int, int) {
 
 std::vector<WidthChange> PagedResidency::Boundary(int reserve_pages) {
   reserve_pages_ = reserve_pages;
+  if (step_wait_ > 0) step_waits_.push_back(std::exchange(step_wait_, 0.0));
   Follow();
   std::vector<WidthChange> committed = weights_->Poll(reserve_pages);
   const auto& t = weights_->table();

@@ -101,6 +101,12 @@ class PagedResidency final : public engine::ExpertFetcher {
   int resident_experts() const;
   // Seconds each synchronous fetch took since the last call.
   std::vector<double> TakeFetchSeconds() { return std::exchange(fetch_seconds_, {}); }
+  // Where each fetch into pages spent its time (UCX get, checks, page table), since the last
+  // call.
+  std::vector<FetchTimes> TakeFetchPhases() { return std::exchange(fetch_phases_, {}); }
+  // For every step that fetched, the seconds it waited on synchronous fetches (summed between
+  // two boundaries), since the last call.
+  std::vector<double> TakeStepWaits() { return std::exchange(step_waits_, {}); }
 
  private:
   PagedResidency() = default;
@@ -121,6 +127,9 @@ class PagedResidency final : public engine::ExpertFetcher {
   int reserve_pages_ = 0;            // the KV reserve of the last boundary
   ResidencyStats stats_;
   std::vector<double> fetch_seconds_;
+  std::vector<FetchTimes> fetch_phases_;
+  std::vector<double> step_waits_;
+  double step_wait_ = 0;  // this step's so far
 };
 
 }  // namespace pw::workers

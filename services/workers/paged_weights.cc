@@ -230,6 +230,7 @@ Status PagedWeights::StartMover(transport::ucx::Worker& ucx, wire::WeightManifes
   PlaneMover::Options mo;
   mo.max_bytes_per_s = options_.max_bytes_per_s;
   mo.timeout_ms = options_.timeout_ms;
+  mo.yield_to_fetches = options_.pacing == MoverPacing::kFetches || options_.pacing == MoverPacing::kSteps;
   PW_ASSIGN_OR_RETURN(mover_, PlaneMover::Start(ucx, proto::ToBytes(mem.getWorkerAddress()),
                                                 proto::ToBytes(mem.getRkey()), mem.getBaseAddr(),
                                                 mem.getBytes(), mo));
@@ -331,7 +332,14 @@ std::vector<WidthChange> PagedWeights::Poll(int reserve_pages) {
   for (MoveResult& r : mover_->TakeDone()) Finish(r, &committed);
   for (auto it = retiring_.begin(); it != retiring_.end();) {
     for (MoveResult& r : (*it)->TakeDone()) Finish(r, &committed);
-    it = (*it)->outstanding() == 0 ? retiring_.erase(it) : it + 1;
+    if ((*it)->outstanding() != 0 || it->get() == held_) {
+      ++it;
+      continue;
+    }
+    const auto p = (*it)->pacing();
+    retired_pacing_.waits += p.waits;
+    retired_pacing_.wait_us += p.wait_us;
+    it = retiring_.erase(it);
   }
   // Blocks lowered to 0 commit at once; others start while pages and slots allow.
   const size_t n = static_cast<size_t>(table_->num_blocks());
@@ -399,10 +407,24 @@ Status PagedWeights::LoadAll(int bits, int timeout_ms) {
   return Status::Ok();
 }
 
-Status PagedWeights::FetchBlockNow(size_t block, int bits, uint64_t* bytes) {
+Status PagedWeights::FetchBlockNow(size_t block, int bits, uint64_t* bytes, FetchTimes* times) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FetchTimes mine;
+  struct AddTable {  // whatever the mover did not spend is table work
+    FetchTimes* times;
+    const FetchTimes& mine;
+    std::chrono::steady_clock::time_point t0;
+    ~AddTable() {
+      if (times == nullptr) return;
+      const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      times->get_s += mine.get_s;
+      times->check_s += mine.check_s;
+      times->table_s += std::max(0.0, all - mine.get_s - mine.check_s);
+    }
+  } add_table{times, mine, t0};
   PW_ASSIGN_OR_RETURN(auto fills, table_->FetchBegin(block, bits));
   MoveJob job = MakeJob(block, bits, fills);
-  Status st = mover_->FetchNow(job.parts);
+  Status st = mover_->FetchNow(job.parts, &mine);
   if (!st.ok()) {
     PW_CHECK(table_->FetchAbort(block).ok());
     return st.WithContext("fetching block " + std::to_string(block));
@@ -411,6 +433,51 @@ Status PagedWeights::FetchBlockNow(size_t block, int bits, uint64_t* bytes) {
     if (bytes != nullptr) *bytes += part.bytes;
   }
   return table_->FetchCommit(block);
+}
+
+void PagedWeights::BeginStep() {
+  table_->BeginStep();
+  if (options_.pacing == MoverPacing::kSteps && held_ == nullptr && mover_) {
+    held_ = mover_.get();
+    held_->Hold();
+  }
+}
+
+void PagedWeights::EndStep() {
+  // After a rebind during the step the held mover is retiring: it lives until Poll lets it go.
+  if (held_ != nullptr) held_->Release();
+  held_ = nullptr;
+  table_->EndStep();
+}
+
+PlaneMover::PacingStats PagedWeights::pacing() const {
+  PlaneMover::PacingStats s = retired_pacing_;
+  auto add = [&s](const PlaneMover& m) {
+    const auto p = m.pacing();
+    s.waits += p.waits;
+    s.wait_us += p.wait_us;
+  };
+  if (mover_) add(*mover_);
+  for (const auto& m : retiring_) add(*m);
+  return s;
+}
+
+Result<MoverPacing> ParseMoverPacing(const std::string& name) {
+  if (name == "free") return MoverPacing::kFree;
+  if (name == "fetches") return MoverPacing::kFetches;
+  if (name == "steps") return MoverPacing::kSteps;
+  if (name == "auto") return MoverPacing::kAuto;
+  return InvalidArgument("weight pacing '" + name + "' is not free, fetches, steps or auto");
+}
+
+const char* MoverPacingName(MoverPacing p) {
+  switch (p) {
+    case MoverPacing::kFree: return "free";
+    case MoverPacing::kFetches: return "fetches";
+    case MoverPacing::kSteps: return "steps";
+    case MoverPacing::kAuto: return "auto";
+  }
+  return "?";
 }
 
 Result<std::vector<std::pair<size_t, int>>> PagedWeights::PlanChanges(wire::Plan::Reader plan) const {

@@ -37,10 +37,32 @@
 
 namespace pw::workers {
 
+// How background width changes (raises, lowerings, a residency budget's admissions) give way
+// to the decode step (plane_mover.h, "Pacing"):
+//   kFree    - they run whenever they are queued;
+//   kFetches - the mover holds back while a synchronous fetch (FetchBlockNow, the scratch
+//              path) runs, so the step's own fetches do not wait behind it;
+//   kSteps   - it holds back for the whole of every engine step (BeginStep .. EndStep): pages
+//              move between steps (and, bounded by PlaneMover::Options::max_held_us, one get
+//              at a time when steps run back to back);
+//   kAuto    - the decode worker's default: kSteps with a residency budget whose experts are
+//              small (at most kAutoStepsMaxExpertBytes at the initial width: a fetch is then
+//              a round trip, and admissions moving during the step delay it), kFree otherwise
+//              (the planner's raises move as soon as asked; a large expert's admission held
+//              through long steps would starve). PagedWeights reads it as kFree.
+//              (docs/benchmarks.md: on the embedded model, 61 KiB experts, steps beat free;
+//              on the OLMoE-dimension one, 3.1 MiB, free beat steps.)
+enum class MoverPacing { kFree, kFetches, kSteps, kAuto };
+inline constexpr double kAutoStepsMaxExpertBytes = 1 << 20;
+// "free" | "fetches" | "steps" | "auto"; kInvalidArgument otherwise.
+Result<MoverPacing> ParseMoverPacing(const std::string& name);
+const char* MoverPacingName(MoverPacing p);
+
 struct PagedWeightsOptions {
   uint64_t max_bytes_per_s = 0;  // plane transfer rate limit; 0 = unlimited
   int max_in_flight = 8;         // block transitions in flight at once
   int timeout_ms = 10000;        // per UCX get
+  MoverPacing pacing = MoverPacing::kFree;
 };
 
 // A committed change, for PlanAck and metrics.
@@ -101,12 +123,15 @@ class PagedWeights {
   // in flight, is read from the store into pool pages at `bits` and committed before this
   // returns (WeightPageTable::FetchBegin). kResourceExhausted (nothing changed) when the pool
   // lacks the pages; a failed get or checksum gives its pages back and leaves the block at 0.
-  // *bytes gains the bytes read.
-  Status FetchBlockNow(size_t block, int bits, uint64_t* bytes);
+  // *bytes gains the bytes read; `times` (optional) where the time went.
+  Status FetchBlockNow(size_t block, int bits, uint64_t* bytes, FetchTimes* times = nullptr);
 
-  // Engine step brackets (nothing in the table changes in between).
-  void BeginStep() { table_->BeginStep(); }
-  void EndStep() { table_->EndStep(); }
+  // Engine step brackets (nothing in the table changes in between; with MoverPacing::kSteps
+  // the mover holds back in between).
+  void BeginStep();
+  void EndStep();
+  // The background mover's pacing waits (plane_mover.h), summed over the movers so far.
+  PlaneMover::PacingStats pacing() const;
 
  private:
   class Provider;
@@ -128,6 +153,8 @@ class PagedWeights {
   std::unique_ptr<memory::WeightPageTable> table_;
   std::unique_ptr<PlaneMover> mover_;
   std::vector<std::unique_ptr<PlaneMover>> retiring_;  // cancelled, results not all taken back
+  PlaneMover* held_ = nullptr;                          // held for the step (kSteps)
+  PlaneMover::PacingStats retired_pacing_;              // of movers let go
   std::unique_ptr<Provider> provider_;
   std::vector<PartRef> parts_;
   PagedWeightsOptions options_;

@@ -44,6 +44,7 @@ PlaneMover::~PlaneMover() {
     cancel_ = true;
   }
   cv_.notify_all();
+  held_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   region_.reset();
   ep_.reset();
@@ -85,6 +86,38 @@ void PlaneMover::Cancel(const std::string& why) {
     queue_.clear();
   }
   cv_.notify_all();
+  held_cv_.notify_all();
+}
+
+void PlaneMover::Hold() { holds_.fetch_add(1); }
+
+void PlaneMover::Release() {
+  const int before = holds_.fetch_sub(1);
+  PW_CHECK(before > 0);
+  // Only a waiting mover thread is woken, so a release on the fetch path costs no lock and no
+  // wake-up otherwise. (The waiter sets held_waiting_ before it reads holds_, this reads
+  // held_waiting_ after it wrote holds_: one of the two sees the other; taking mu_ before the
+  // notify means the waiter is either still to test holds_ or already asleep.)
+  if (before == 1 && held_waiting_.load()) {
+    { std::lock_guard<std::mutex> l(mu_); }
+    held_cv_.notify_one();
+  }
+}
+
+void PlaneMover::WaitWhileHeld() {
+  if (holds_.load() == 0) return;
+  const uint64_t t0 = NowUs();
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    held_waiting_.store(true);
+    // Bounded: width changes keep moving (slowly) when the holds never end, e.g. back-to-back
+    // steps under kSteps.
+    held_cv_.wait_for(l, std::chrono::microseconds(options_.max_held_us),
+                      [this] { return holds_.load() == 0 || stop_ || cancel_.load(); });
+    held_waiting_.store(false);
+  }
+  pacing_waits_.fetch_add(1);
+  pacing_wait_us_.fetch_add(NowUs() - t0);
 }
 
 void PlaneMover::Loop() {
@@ -115,7 +148,26 @@ Status PlaneMover::Run(const MoveJob& job, uint64_t* bytes) {
   return Status::Ok();
 }
 
+namespace {
+// Holds `m`'s background thread for a synchronous fetch when its options ask for it.
+class FetchHold {
+ public:
+  FetchHold(PlaneMover* m, bool on) : m_(on ? m : nullptr) {
+    if (m_) m_->Hold();
+  }
+  ~FetchHold() {
+    if (m_) m_->Release();
+  }
+  FetchHold(const FetchHold&) = delete;
+  FetchHold& operator=(const FetchHold&) = delete;
+
+ private:
+  PlaneMover* m_;
+};
+}  // namespace
+
 Status PlaneMover::FetchNow(const MovePart& part) {
+  FetchHold hold(this, options_.yield_to_fetches);
   uint64_t bytes = 0;
   return RunPart(*sync_region_, part, &sync_staging_, nullptr, &bytes);
 }
@@ -143,6 +195,7 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
       const int n = std::min(part.tile_rows, part.rows - r0);
       const size_t len = static_cast<size_t>(n) * part.row_bytes;
       if (off + len > part.bytes) return Corrupt("plane transfer: pages overrun the part");
+      if (cancel != nullptr) WaitWhileHeld();
       PW_RETURN_IF_ERROR(region.Get(part.remote_offset + off, part.pages[k], len, options_.timeout_ms, cancel));
       h.Update(part.pages[k], len);
       off += len;
@@ -153,6 +206,7 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
   } else {
     // A LUT: the fp16 centroids into staging, checked, then quantized tile by tile.
     staging->resize(part.bytes);
+    if (cancel != nullptr) WaitWhileHeld();
     PW_RETURN_IF_ERROR(region.Get(part.remote_offset, staging->data(), part.bytes, options_.timeout_ms, cancel));
     h.Update(staging->data(), part.bytes);
     *bytes += part.bytes;
@@ -175,7 +229,8 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
   return Status::Ok();
 }
 
-Status PlaneMover::FetchNow(std::span<const MovePart> parts) {
+Status PlaneMover::FetchNow(std::span<const MovePart> parts, FetchTimes* times) {
+  FetchHold hold(this, options_.yield_to_fetches);
   std::vector<transport::ucx::RemoteRegion::GetSegment> segs;
   size_t luts = 0;
   for (const MovePart& part : parts) luts += part.lut ? 1 : 0;
@@ -197,7 +252,17 @@ Status PlaneMover::FetchNow(std::span<const MovePart> parts) {
     }
     if (off != part.bytes) return Corrupt("plane transfer: pages cover " + std::to_string(off) + " of " + std::to_string(part.bytes) + " bytes");
   }
+  const auto t_get = std::chrono::steady_clock::now();
   PW_RETURN_IF_ERROR(sync_region_->GetAll(segs, options_.timeout_ms));
+  const auto t_check = std::chrono::steady_clock::now();
+  if (times != nullptr) times->get_s += std::chrono::duration<double>(t_check - t_get).count();
+  struct AddCheck {
+    FetchTimes* times;
+    std::chrono::steady_clock::time_point t0;
+    ~AddCheck() {
+      if (times != nullptr) times->check_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } add_check{times, t_check};
   size_t seg = 0;
   lut = 0;
   for (const MovePart& part : parts) {

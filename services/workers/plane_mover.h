@@ -12,6 +12,13 @@
 //
 // The pages of a submitted job belong to the mover until its result is taken. Cancel() ends
 // the job in flight and fails every queued one (the broker is gone or the worker stops).
+//
+// Pacing: the background thread gives way to latency-critical work. While the mover is held
+// (Hold/Release, counted; and, with Options::yield_to_fetches, during every synchronous
+// FetchNow) it starts no new get: it waits before its next page or LUT until the last hold is
+// released (or Options::max_held_us passed: then it posts that one get and waits again), so a
+// synchronous fetch does not queue behind background gets at the broker nor share the cores
+// and the worker's progress with them. A get already posted completes.
 #pragma once
 
 #include <atomic>
@@ -50,6 +57,13 @@ struct MoveJob {
   std::vector<MovePart> parts;
 };
 
+// Where one synchronous FetchNow(parts) spent its time.
+struct FetchTimes {
+  double get_s = 0;    // posting the gets and waiting for them (UCX)
+  double check_s = 0;  // checksums and LUT quantization on arrival
+  double table_s = 0;  // page-table work and job building around it (PagedWeights)
+};
+
 struct MoveResult {
   uint64_t id = 0;
   size_t block = 0;
@@ -64,6 +78,13 @@ class PlaneMover {
   struct Options {
     uint64_t max_bytes_per_s = 0;  // 0 = unlimited
     int timeout_ms = 10000;        // per get
+    bool yield_to_fetches = true;  // the background thread waits while a FetchNow runs
+    uint32_t max_held_us = 5000;   // a held background thread posts its next get after this
+  };
+  // The background thread's pacing so far (it may read them while the mover runs).
+  struct PacingStats {
+    uint64_t waits = 0;     // gets the background thread held back
+    uint64_t wait_us = 0;   // time it spent held
   };
   // Connects to the broker's UCX worker and opens its store region, twice (the background
   // thread's endpoint and the synchronous one), each endpoint on a worker of its own created
@@ -83,13 +104,19 @@ class PlaneMover {
   size_t outstanding() const;
   // Fails the job in flight and every queued one (their results still come back).
   void Cancel(const std::string& why);
+  // Holds the background thread (see the file comment); every Hold needs its Release. Any
+  // thread.
+  void Hold();
+  void Release();
+  PacingStats pacing() const { return {pacing_waits_.load(), pacing_wait_us_.load()}; }
   // Synchronous fetch of one part on the calling thread (a second endpoint; for the
   // synchronous-miss path): fills `pages` and `scales` as a job would.
   Status FetchNow(const MovePart& part);
   // The same for several parts with every get posted at once and waited for together (one
   // round trip instead of one per page); each part's checksum is checked after they all
   // arrived. On error the pages may hold partial data.
-  Status FetchNow(std::span<const MovePart> parts);
+  // `times` (optional) gains where the time went.
+  Status FetchNow(std::span<const MovePart> parts, FetchTimes* times = nullptr);
 
  private:
   PlaneMover(Options options) : options_(options) {}
@@ -97,6 +124,8 @@ class PlaneMover {
   Status Run(const MoveJob& job, uint64_t* bytes);
   Status RunPart(transport::ucx::RemoteRegion& region, const MovePart& part,
                  std::vector<uint8_t>* staging, const std::atomic<bool>* cancel, uint64_t* bytes);
+  // Mover thread: returns once no hold is left (or on cancel / stop).
+  void WaitWhileHeld();
 
   Options options_;
   std::unique_ptr<transport::ucx::Endpoint> ep_;
@@ -113,6 +142,10 @@ class PlaneMover {
   size_t outstanding_ = 0;
   bool stop_ = false;
   std::atomic<bool> cancel_{false};
+  std::atomic<int> holds_{0};
+  std::atomic<bool> held_waiting_{false};  // the mover thread waits on held_cv_ (set under mu_)
+  std::condition_variable held_cv_;
+  std::atomic<uint64_t> pacing_waits_{0}, pacing_wait_us_{0};
   std::string cancel_why_;
   std::thread thread_;
   // Rate limit state (mover thread only).

@@ -38,6 +38,18 @@ std::unique_ptr<ResidencyMetrics> ResidencyMetrics::Register(prometheus::Registr
                            .Register(r)
                            .Add(id, prometheus::Histogram::BucketBoundaries{
                                         1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1});
+  const prometheus::Histogram::BucketBoundaries fine{1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1};
+  auto& phase = prometheus::BuildHistogram().Name("pagedweight_expert_fetch_phase_seconds")
+                    .Help("Where one expert fetch into pages spent its time: UCX gets, checksums and LUT quantization, page-table work")
+                    .Register(r);
+  m->phase_get_ = &phase.Add(with("phase", "get"), fine);
+  m->phase_check_ = &phase.Add(with("phase", "check"), fine);
+  m->phase_table_ = &phase.Add(with("phase", "table"), fine);
+  m->step_wait_ = &prometheus::BuildHistogram().Name("pagedweight_step_fetch_wait_seconds")
+                       .Help("Per engine step that fetched experts: its time waiting on synchronous fetches")
+                       .Register(r)
+                       .Add(id, prometheus::Histogram::BucketBoundaries{
+                                    1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1});
   auto& adm = prometheus::BuildCounter().Name("pagedweight_expert_admissions_total")
                   .Help("Background expert admissions: started, and committed (resident)")
                   .Register(r);
@@ -71,6 +83,12 @@ void ResidencyMetrics::Export(PagedResidency& residency) {
   add(admit_started_, static_cast<double>(s.admissions_started - last_.admissions_started));
   add(admit_committed_, static_cast<double>(s.admissions_committed - last_.admissions_committed));
   for (double sec : residency.TakeFetchSeconds()) fetch_seconds_->Observe(sec);
+  for (const FetchTimes& t : residency.TakeFetchPhases()) {
+    phase_get_->Observe(t.get_s);
+    phase_check_->Observe(t.check_s);
+    phase_table_->Observe(t.table_s);
+  }
+  for (double sec : residency.TakeStepWaits()) step_wait_->Observe(sec);
   resident_->Set(residency.resident_experts());
   capacity_->Set(static_cast<double>(residency.capacity()) * residency.policy().cache().num_layers());
   last_policy_ = p;

@@ -13,6 +13,12 @@
 //                                                             provider's scratch path
 //   pagedweight_expert_fetch_bytes_total                      bytes fetched into pool pages
 //   pagedweight_expert_fetch_seconds (histogram)              one expert's synchronous fetch
+//   pagedweight_expert_fetch_phase_seconds{phase="get|check|table"} (histogram)
+//                                                             where a fetch into pages spent
+//                                                             it: UCX gets, checksums and LUT
+//                                                             quantization, page-table work
+//   pagedweight_step_fetch_wait_seconds (histogram)           per step that fetched, its time
+//                                                             waiting on synchronous fetches
 //   pagedweight_expert_admissions_total{state="started|committed"}
 //                                                             background admissions
 //   pagedweight_expert_evictions_total                        experts evicted
@@ -46,6 +52,8 @@ class ResidencyMetrics {
   prometheus::Counter *mass_ = nullptr, *token_layers_ = nullptr;
   prometheus::Counter *fetch_pages_ = nullptr, *fetch_scratch_ = nullptr, *fetch_bytes_ = nullptr;
   prometheus::Histogram* fetch_seconds_ = nullptr;
+  prometheus::Histogram *phase_get_ = nullptr, *phase_check_ = nullptr, *phase_table_ = nullptr;
+  prometheus::Histogram* step_wait_ = nullptr;
   prometheus::Counter *admit_started_ = nullptr, *admit_committed_ = nullptr;
   prometheus::Counter* evictions_ = nullptr;
   prometheus::Gauge *resident_ = nullptr, *capacity_ = nullptr;

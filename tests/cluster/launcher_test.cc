@@ -113,6 +113,33 @@ TEST(ClusterConfig, DecodeTraceBlockBecomesFlags) {
   }
 }
 
+TEST(ClusterConfig, DecodeWeightPacingBecomesAFlag) {
+  auto path = WriteTemp("pacing.yaml",
+                        "model_dir: m\nprefill: [{id: p}]\n"
+                        "decode: [{id: d, weight_pacing: steps}, {id: e, weight_pacing: free}, "
+                        "{id: f, weight_pacing: fetches}, {id: g}, {id: h, weight_pacing: auto}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto value_after = [&](const std::string& name, const std::string& flag) {
+    for (const auto& p : cfg->processes) {
+      if (p.name != name) continue;
+      for (size_t i = 0; i + 1 < p.argv.size(); ++i) {
+        if (p.argv[i] == flag) return p.argv[i + 1];
+      }
+    }
+    return std::string("(absent)");
+  };
+  EXPECT_EQ(value_after("d", "--weight-pacing"), "steps");
+  EXPECT_EQ(value_after("e", "--weight-pacing"), "free");
+  EXPECT_EQ(value_after("f", "--weight-pacing"), "fetches");
+  EXPECT_EQ(value_after("g", "--weight-pacing"), "(absent)");  // pw-decode's default, auto
+  EXPECT_EQ(value_after("h", "--weight-pacing"), "(absent)");
+  auto bad = WriteTemp("pacing_bad.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d, weight_pacing: later}]\n");
+  auto r = LoadClusterConfig(bad, "/bin");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("weight_pacing"), std::string::npos) << r.status().ToString();
+}
+
 TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
   auto path = WriteTemp("misses.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"

@@ -98,12 +98,13 @@ class PagedResidencyTest : public ::testing::Test {
   // Paged weights over a pool of `pages` pages (nothing resident) and a residency budget;
   // `edit` may spoil the manifest.
   void Start(int pages, const std::string& yaml, int initial_bits = 4,
-             const std::function<void(wire::WeightManifest::Builder)>& edit = nullptr) {
+             const std::function<void(wire::WeightManifest::Builder)>& edit = nullptr,
+             PagedWeightsOptions options = {}) {
     pool_ = memory::PagePool::Create(1024, pages).value();
     auto wm = msg_.body().initWeightManifest();
     served_->FillManifest(wm, broker_->Address(), static_cast<uint8_t>(initial_bits));
     if (edit) edit(wm);
-    auto w = PagedWeights::Create(pool_.get(), config_, *client_, wm.asReader(), {});
+    auto w = PagedWeights::Create(pool_.get(), config_, *client_, wm.asReader(), options);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     weights_ = std::move(w).value();
     auto s = misses::ParseMissSettingsYaml(yaml, "test");
@@ -216,12 +217,26 @@ TEST_F(PagedResidencyTest, FetchesIntoPagesDuringTheStepAndEvictsAtTheBoundary) 
   const int one_expert = t.PagesAt(t.Index(0, 0, ExpertProj::kGateUp), 4) + t.PagesAt(t.Index(0, 0, ExpertProj::kDown), 4);
   EXPECT_EQ(pool_->Count(memory::Tenant::kWeights), 2 * one_expert);
   EXPECT_GT(residency_->stats().fetch_bytes, 0u);
-  EXPECT_EQ(residency_->TakeFetchSeconds().size(), 2u);
+  const std::vector<double> took = residency_->TakeFetchSeconds();
+  ASSERT_EQ(took.size(), 2u);
+  // Where each fetch went: UCX gets, checks (checksums, LUTs), page table; within its time.
+  const std::vector<FetchTimes> phases = residency_->TakeFetchPhases();
+  ASSERT_EQ(phases.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_GT(phases[k].get_s, 0.0);
+    EXPECT_GT(phases[k].check_s, 0.0);
+    EXPECT_GE(phases[k].table_s, 0.0);
+    EXPECT_LE(phases[k].get_s + phases[k].check_s + phases[k].table_s, took[k] + 1e-9);
+  }
+  EXPECT_TRUE(residency_->TakeStepWaits().empty());  // the step's wait is known at its boundary
   for (int e : {0, 1}) {
     for (auto p : {ExpertProj::kGateUp, ExpertProj::kDown}) ExpectPagesHoldTheStore(t.Index(0, e, p));
   }
   ASSERT_TRUE(residency_->Check(true).ok());
   EXPECT_TRUE(residency_->Boundary(0).empty());  // nothing to change
+  const std::vector<double> waits = residency_->TakeStepWaits();
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_DOUBLE_EQ(waits[0], took[0] + took[1]);
 
   // Two more: 0 and 1 leave residency at once, but their pages stay until the boundary.
   EXPECT_EQ(Token(0, {2, 3}, {0.7f, 0.3f}), (std::vector<int32_t>{2, 3}));
@@ -419,6 +434,44 @@ TEST_F(PagedResidencyTest, RefusesBadSettings) {
   s.policy = "rule-0.15";
   EXPECT_FALSE(PagedResidency::Create(s, config_, weights_.get(), pool_.get(), 2).ok());
   EXPECT_TRUE(PagedResidency::Create(s, config_, weights_.get(), pool_.get(), 4).ok());
+}
+
+// MoverPacing::kSteps: an admission's transfers do not run while a step is under way (the
+// mover waits before its next get), and finish after it; kFree lets them run through it.
+TEST_F(PagedResidencyTest, UnderStepPacingAdmissionsMoveBetweenSteps) {
+  for (MoverPacing pacing : {MoverPacing::kSteps, MoverPacing::kFree}) {
+    SCOPED_TRACE(MoverPacingName(pacing));
+    PagedWeightsOptions o;
+    o.pacing = pacing;
+    // As in AdmissionCommitsThroughTheRaisePathBeforeItIsResident: 3's admission starts.
+    Start(4000, "policy: first-choice\neviction: lru\nadmission_beta: 0.5\nresidency: 0.25\n", 8, nullptr, o);
+    Token(0, {0, 1}, {0.6f, 0.4f});
+    Token(0, {1}, {1.f});
+    Token(0, {2, 3}, {0.55f, 0.45f});
+    (void)residency_->Boundary(0);
+    Token(0, {2, 3}, {0.5f, 0.5f}, {0, 0.3f});
+    ASSERT_EQ(residency_->stats().admissions_started, 1u);
+    (void)residency_->Boundary(0);  // both blocks' raises start (0 -> 8 bits: 8 planes, a LUT)
+    ASSERT_EQ(weights_->in_flight(), 2);
+    weights_->BeginStep();
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    weights_->EndStep();
+    if (pacing == MoverPacing::kSteps) {
+      EXPECT_GE(weights_->pacing().waits, 1u);
+      EXPECT_GE(weights_->pacing().wait_us, 1000u);
+    } else {
+      EXPECT_EQ(weights_->pacing().waits, 0u);
+    }
+    Settle();
+    EXPECT_EQ(weights_->stats().transitions_failed, 0u);
+    EXPECT_TRUE(residency_->policy().IsResident(0, 3));
+    EXPECT_TRUE(BothAt(0, 3, 8));
+    ExpectPagesHoldTheStore(weights_->table().Index(0, 3, ExpertProj::kGateUp));
+    ASSERT_TRUE(residency_->Check(true).ok()) << residency_->Check(true).ToString();
+    ExpectBalanced();
+    residency_.reset();
+    weights_.reset();
+  }
 }
 
 }  // namespace

@@ -131,6 +131,16 @@ TEST_F(ResidencyServing, GreedyOutputsEqualTheEmulationOfTheSamePolicyAndBudget)
   WaitMetricsFresh();
   EXPECT_EQ(node_.Metric("pagedweight_expert_misses_total{action=\"substituted\""), static_cast<double>(substitutions_));
   EXPECT_GT(node_.Metric("pagedweight_expert_fetches_total{path=\"pages\""), 0);
+  // Every fetch into pages has its phases; every step that fetched, its wait.
+  for (const char* phase : {"get", "check", "table"}) {
+    EXPECT_EQ(node_.Metric(std::string("pagedweight_expert_fetch_phase_seconds_count{phase=\"") + phase + "\""),
+              node_.Metric("pagedweight_expert_fetches_total{path=\"pages\""))
+        << phase;
+  }
+  EXPECT_GT(node_.Metric("pagedweight_expert_fetch_phase_seconds_sum{phase=\"get\""), 0);
+  EXPECT_GT(node_.Metric("pagedweight_step_fetch_wait_seconds_count{"), 0);
+  EXPECT_LE(node_.Metric("pagedweight_step_fetch_wait_seconds_sum{"),
+            node_.Metric("pagedweight_expert_fetch_seconds_sum{") + 1e-9);
   EXPECT_GT(node_.Metric("pagedweight_expert_evictions_total{"), 0);
   EXPECT_GT(node_.Metric("pagedweight_substituted_gate_mass_total{"), 0);
   const double capacity = node_.Metric("pagedweight_experts_resident_capacity{");
@@ -204,6 +214,11 @@ TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
         ", trace: {path: " + trace + ", max_mb: " + std::to_string(kCap / 1e6) + ", sample: 2}");
   if (IsSkipped() || HasFatalFailure()) return;
   for (const auto& p : Prompts(6, 9)) ASSERT_EQ(node_.Complete(p, 24).rfind("HTTP ", 0), std::string::npos) << node_.Logs();
+  WaitMetricsFresh();
+  const double written = node_.Metric("pagedweight_decode_trace_records_total{result=\"written\"");
+  const double dropped = node_.Metric("pagedweight_decode_trace_records_total{result=\"dropped\"");
+  const double bytes = node_.Metric("pagedweight_decode_trace_bytes{");
+  ExpectPromtoolClean();
   // The end record is written when the worker stops.
   ASSERT_EQ(node_.Terminate(60000), 0) << node_.Logs();
   ASSERT_TRUE(std::filesystem::exists(trace)) << node_.Logs();
@@ -217,6 +232,11 @@ TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
   // About 6 x 23 decode passes of 4 layers: sampling alone would drop about as many records as
   // it keeps; the byte bound drops far more.
   EXPECT_GT(t->counts.dropped_records, 2 * t->counts.layer_records);
+  // The metrics said the same before the worker stopped (no pass ran since).
+  EXPECT_EQ(written, static_cast<double>(t->counts.layer_records));
+  EXPECT_EQ(dropped, static_cast<double>(t->counts.dropped_records));
+  EXPECT_GT(bytes, 0);
+  EXPECT_LT(bytes, static_cast<double>(std::filesystem::file_size(trace)));  // the end record came later
   for (size_t i = 0; i < t->layers.size(); ++i) {
     const auto& l = t->layers[i];
     EXPECT_EQ(l.step % 2, 0u) << "record " << i << " of an unsampled pass";
