@@ -34,7 +34,7 @@ void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
   h.need_pages = need.pages();
   const auto admit = reserve_wait_.Decide(
       h.need_pages, pool_->Count(memory::Tenant::kFree), Demand().reserve_pages(),
-      weights_->paged() ? ReserveWait::LowerablePages(weights_->paged()->table(), anyprec::kMinBits) : 0);
+      weights_->paged() ? ReserveWait::LowerablePages(weights_->paged()->table(), options_.lower_floors) : 0);
   if (admit == ReserveWait::Admit::kHold) {
     metrics_->reserve_held->Increment();
     return reserve_wait_.Hold(h);

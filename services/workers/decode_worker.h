@@ -117,6 +117,9 @@ struct DecodeWorkerOptions {
   // Pool-aware admission (reserve_wait.h): a reservation that fits only after a lowering of
   // expert widths waits up to this long (at most max_batch of them); 0 = answered at once.
   uint64_t reserve_wait_ms = 0;
+  // The broker planner's floors: a reservation is held only when the pages lowering to them
+  // frees would make it fit (ReserveWait::LowerablePages).
+  LowerFloors lower_floors;
   // KV demand horizon (kv_demand.h): requests count the growth of their next this many tokens
   // only, in kvDemandPages, the pages raises leave free and the reservations' fit; 0 = their
   // whole growth to max_tokens.

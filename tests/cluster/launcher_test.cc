@@ -258,6 +258,11 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
     if (p.name == "d") {
       EXPECT_EQ(value(p.argv, "--demand-horizon-tokens"), "64");
     }
+    if (p.name == "d" || p.name == "e") {  // held reservations count what the floors let a lowering free
+      EXPECT_EQ(value(p.argv, "--planner-min-bits"), "4") << p.name;
+      EXPECT_EQ(value(p.argv, "--planner-max-bits"), "7") << p.name;
+      EXPECT_EQ(value(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5") << p.name;
+    }
     if (p.name == "e") {
       EXPECT_EQ(value(p.argv, "--demand-horizon-tokens"), "absent") << "0, the default, is no flag";
     }
@@ -276,7 +281,14 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
       EXPECT_EQ(value(p.argv, "--planner-max-bits"), "8");
     }
     EXPECT_EQ(value(p.argv, "--plans-at-request-boundaries"), "absent");
+    if (p.name == "d") EXPECT_EQ(value(p.argv, "--planner-min-bits"), "3");
   }
+  // No planner: the decode workers get no floors (the defaults, 3..8 and no mean floor).
+  auto off = LoadClusterConfig(WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                              "broker: {store: s.apw}\ndecode: [{id: d}]\n"),
+                               "/bin");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  for (const auto& p : off->processes) EXPECT_EQ(value(p.argv, "--planner-min-bits"), "absent") << p.name;
   for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}"}) {
     auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
                                                                                 "decode: [{id: d}]\n"
