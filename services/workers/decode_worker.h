@@ -38,7 +38,8 @@
 // broker carries both (expertMass, kvDemandPages) every 200 ms at most.
 //
 // Admission (reserve_wait.h, off unless reserve_wait_ms > 0): a KvReserve whose prompt and
-// max_tokens do not fit beside that demand, but would after lowering expert widths, is held
+// max_tokens do not fit beside that demand, but would after lowering expert widths within the
+// planner's floors or once the KV held now comes back (requests finishing), is held
 // up to reserve_wait_ms (counted in kvDemandPages, so the planner lowers for it) and granted
 // at the first iteration boundary where it fits, instead of being granted into KV a running
 // request will need (a preemption later) or refused. See decode_reserve.cc.

@@ -6,10 +6,10 @@
 
 namespace pw::workers {
 
-ReserveWait::Admit ReserveWait::Decide(int64_t need, int64_t free, int64_t reserve, int64_t lowerable) const {
+ReserveWait::Admit ReserveWait::Decide(int64_t need, int64_t free, int64_t reserve, int64_t room) const {
   if (!enabled()) return Admit::kAnswer;
   if (held_.empty() && need <= free - reserve) return Admit::kNow;
-  if (held_.size() < max_waiting_ && need <= free - reserve + lowerable) return Admit::kHold;
+  if (held_.size() < max_waiting_ && need <= free - reserve + room) return Admit::kHold;
   return Admit::kAnswer;
 }
 

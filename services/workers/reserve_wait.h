@@ -8,10 +8,11 @@
 // and, with `free` pool pages free and `reserve` pages kept for the running requests' growth
 // and the leases (KvDemand::reserve_pages), it is
 //   granted now   when need <= free - reserve and nothing waits before it (FIFO);
-//   held          when need <= free - reserve + lowerable (the pages the broker planner's
-//                 lowest widths would free: every block at min_bits, or, with a mean-width
-//                 floor, as far down as the floor lets the mean go; see LowerablePages) and
-//                 fewer than max_waiting wait: it
+//   held          when need <= free - reserve + room and fewer than max_waiting wait, room
+//                 being what a wait can make: the pages the broker planner's lowest widths
+//                 would free (every block at min_bits, or, with a mean-width floor, as far
+//                 down as the floor lets the mean go; see LowerablePages) plus the KV pages
+//                 held now (the decode worker adds them: they come back as requests finish): it
 //                 counts in Telemetry's kvDemandPages, so the broker's planner lowers widths
 //                 for it, and is granted at the first iteration boundary where it fits;
 //   answered now  otherwise (waiting cannot help): granted if the KV pool has the prompt's
@@ -73,7 +74,7 @@ class ReserveWait {
   const std::deque<HeldReserve>& held() const { return held_; }
 
   // What to do with a new reservation (see the file comment).
-  Admit Decide(int64_t need, int64_t free, int64_t reserve, int64_t lowerable) const;
+  Admit Decide(int64_t need, int64_t free, int64_t reserve, int64_t room) const;
   void Hold(HeldReserve r) { held_.push_back(r); }
   // Drops a held reservation (the router cancelled it); false if none is held for it.
   bool Drop(uint64_t request_id);
