@@ -242,6 +242,9 @@ def run_mode(a, mode, ranked_map=None):
                 "--request-timeout", "300", "--quiet", "--result-filename", result]
         if a.token_max:
             argv += ["--random-token-max", str(a.token_max)]
+        if a.prompt_text:  # prompts cut from a text (the served model's tokenizer) instead of random ids
+            argv += ["--dataset-name", "text", "--dataset-path", os.path.abspath(a.prompt_text),
+                     "--tokenizer", cfg["model_dir"]]
         t_start = time.time()
         rc = subprocess.run(argv).returncode
         t_end = time.time()
@@ -493,6 +496,7 @@ def main():
     p.add_argument("--model-dir", default="", help="the checkpoint directory (default: the config's model_dir)")
     p.add_argument("--pool-mb", type=int, default=0, help="the decode page pool in MiB (default: the config's)")
     p.add_argument("--page-bytes", type=int, default=-1, help="the decode pool's page size (default: the config's)")
+    p.add_argument("--prompt-text", default="", help="prompts cut from this text instead of random token ids")
     p.add_argument("--token-max", type=int, default=0, help="random prompt token ids below this (0: pw-loadgen's)")
     p.add_argument("--start-timeout", type=float, default=180, help="seconds a node may take to start serving")
     p.add_argument("--set", action="append", default=[],
