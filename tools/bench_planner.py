@@ -23,13 +23,21 @@ with free ports:
   floor4        the backlog floor as a per-block floor: min_bits 4, min_mean_bits 0;
   no-residuals  the planner without prompt residuals (broker.planner.use_residuals false).
 --residuals HEADS (pw-quantize residuals) sets broker.planner.residuals in every planner mode.
+--set KEY.PATH=VALUE replaces any config value (before the mode's own changes); --model-dir,
+--store, --pool-mb and --page-bytes replace the config's model, store and decode
+pool (another model: e.g. the synthetic OLMoE-dimension checkpoint, whose directory needs a
+tokenizer.json beside its config.json and model.safetensors; --token-max keeps random prompt
+ids below that tokenizer's vocabulary).
 then runs pw-loadgen (gamma arrivals, --burstiness) and samples the decode worker's /metrics
 every 100 ms (pagedweight_committed_width_mean{layer="all"}, preemptions, held reservations)
 and, in the planner modes, `pw-ctl show --block` every --map-every s (the committed width of
 every block). Writes OUT/MODE/loadgen.json, OUT/MODE/samples.json, the distinct width maps
 seen (OUT/MODE/maps/map-K.json, pw-eval --bits-map format) with their share of the load's
 time (OUT/MODE/maps.json), and prints one markdown row per mode. --eval then scores those
-maps and the static ones with `pw-eval ppl` and prints the quality rows.
+maps and the static ones with `pw-eval ppl` and prints the quality rows; --damage instead scores
+them with the store's own damage table (sum over blocks of (calibration tokens + 1) * D_i[b_i],
+the expected squared output error the quantizer measured; no perplexity, for a model whose
+weights are random).
 Needs PyYAML (the config) and the Release build (build/bin, build/tiny-moe.apw).
 """
 import argparse
@@ -88,14 +96,15 @@ class Node:
         with open(self.yaml, "w") as f:
             yaml.safe_dump(cfg, f)
         self.proc = None
+        self.model_name = cfg.get("model_name", "tiny-moe")
 
     def __enter__(self):
         log = open(os.path.join(self.out_dir, "pw-cluster.out"), "w")
         self.proc = subprocess.Popen([os.path.join(self.a.build, "bin", "pw-cluster"), "up", "--config", self.yaml],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.time()
-        while not http_ok(self.http, {"model": "tiny-moe", "prompt": [1, 2, 3], "max_tokens": 1}):
-            if time.time() - t0 > 180 or self.proc.poll() is not None:
+        while not http_ok(self.http, {"model": self.model_name, "prompt": [1, 2, 3], "max_tokens": 1}):
+            if time.time() - t0 > self.a.start_timeout or self.proc.poll() is not None:
                 raise SystemExit(f"{self.mode}: the node did not start serving; see {self.out_dir}")
             time.sleep(0.3)
         return self
@@ -134,6 +143,20 @@ def variant(a, mode, ranked_map):
     with open(a.config) as f:
         cfg = yaml.safe_load(f)
     planner = cfg["broker"].setdefault("planner", {})
+    if a.model_dir:
+        cfg["model_dir"] = a.model_dir
+    cfg["broker"]["store"] = a.store
+    if a.pool_mb:
+        cfg["decode"][0]["pool_mb"] = a.pool_mb
+    if a.page_bytes >= 0:
+        cfg["decode"][0]["page_bytes"] = a.page_bytes
+    for item in a.set:  # KEY.PATH=VALUE, list items by index: decode.0.max_batch=64
+        path, _, value = item.partition("=")
+        keys = path.split(".")
+        where = cfg
+        for k in keys[:-1]:
+            where = where[int(k)] if isinstance(where, list) else where.setdefault(k, {})
+        where[int(keys[-1]) if isinstance(where, list) else keys[-1]] = yaml.safe_load(value)
     setup = []
     if mode == "planner":
         pass
@@ -212,11 +235,16 @@ def run_mode(a, mode, ranked_map=None):
             t.start()
         result = os.path.join(out_dir, "loadgen.json")
         argv = [os.path.join(a.build, "bin", "pw-loadgen"), "--base-url", f"http://127.0.0.1:{node.http}",
-                "--model", "tiny-moe", "--request-rate", str(a.rate), "--burstiness", str(a.burstiness),
+                "--model", node.model_name, "--request-rate", str(a.rate), "--burstiness", str(a.burstiness),
                 "--duration", str(a.duration), "--random-input-len", str(a.input_len),
                 "--random-output-len", str(a.output_len), "--random-range-ratio", str(a.range_ratio),
                 "--ignore-eos", "--seed", str(a.seed), "--metric-percentiles", "50,90,99",
                 "--request-timeout", "300", "--quiet", "--result-filename", result]
+        if a.token_max:
+            argv += ["--random-token-max", str(a.token_max)]
+        if a.prompt_text:  # prompts cut from a text (the served model's tokenizer) instead of random ids
+            argv += ["--dataset-name", "text", "--dataset-path", os.path.abspath(a.prompt_text),
+                     "--tokenizer", cfg["model_dir"]]
         t_start = time.time()
         rc = subprocess.run(argv).returncode
         t_end = time.time()
@@ -289,7 +317,7 @@ def ppl(a, extra, store=True):
 
 
 def block_pages(proj, bits, page_bytes=4096, hidden=128, ffn=128):
-    """memory::WeightPageTable::PagesFor for the embedded model's blocks: planes and int8 LUT."""
+    """memory::WeightPageTable::PagesFor (planes and int8 LUT); the defaults: the embedded model."""
     rows, cols = (2 * ffn, hidden) if proj == "gate_up" else (hidden, ffn)
     if bits == 0:
         return 0
@@ -310,6 +338,91 @@ def map_bits(path):
     with open(path) as f:
         m = json.load(f)
     return weighted_bits([(b["layer"], b["expert"], b["proj"], b["bits"]) for b in m["blocks"]])
+
+
+def read_store(path):
+    """The .apw header's shape and every block's (layer, expert, proj, calib_tokens, damage[0..8])
+    (docs/formats.md: header fields at 32.., block table entries of 128 bytes)."""
+    import struct
+    with open(path, "rb") as f:
+        head = f.read(256)
+        if head[:8] != b"PWAPW\r\n\x1a":
+            raise SystemExit(f"{path}: not an .apw store")
+        layers, experts, hidden, ffn, num_blocks, entry_bytes = struct.unpack_from("<6I", head, 32)
+        (table_offset,) = struct.unpack_from("<Q", head, 56)
+        f.seek(table_offset)
+        table = f.read(num_blocks * entry_bytes)
+    blocks = {}
+    for k in range(num_blocks):
+        e = table[k * entry_bytes:(k + 1) * entry_bytes]
+        layer, expert, kind = struct.unpack_from("<3I", e, 0)
+        (calib,) = struct.unpack_from("<Q", e, 40)
+        d = struct.unpack_from("<7d", e, 48)
+        damage = [d[0], None, None] + list(d[1:])  # D[0], D[3..8]
+        blocks[(layer, expert, "gate_up" if kind == 0 else "down")] = (calib, damage)
+    return {"layers": layers, "experts": experts, "hidden": hidden, "ffn": ffn, "blocks": blocks}
+
+
+def pool_page_bytes(a):
+    """The decode pool's page size: the config's page_bytes, or one layer of one 16-token KV block."""
+    with open(a.config) as f:
+        cfg = yaml.safe_load(f)
+    pb = a.page_bytes if a.page_bytes >= 0 else cfg["decode"][0].get("page_bytes", 0)
+    if pb:
+        return pb
+    with open(os.path.join(a.model_dir or cfg["model_dir"], "config.json")) as f:
+        mc = json.load(f)
+    head_dim = mc.get("head_dim") or mc["hidden_size"] // mc["num_attention_heads"]
+    return (2 * mc["num_key_value_heads"] * 16 * head_dim * 2 + 63) // 64 * 64  # bf16 KV
+
+
+def damage_rows(a):
+    """Store-damage rows: each planner mode's maps time-weighted (all of them), the static
+    modes' maps, and at the same bits the damage-ranked map and the uniform widths around it."""
+    st = read_store(a.store)
+    pb = pool_page_bytes(a)
+
+    def score(widths):  # {(layer, expert, proj): bits}, default 8
+        dmg = sum((c + 1.0) * d[widths.get(k, 8)] for k, (c, d) in st["blocks"].items())
+        bits = weighted_bits([(l, e, p, widths.get((l, e, p), 8)) for l, e, p in st["blocks"]])
+        pages = sum(block_pages(p, widths.get((l, e, p), 8), pb, st["hidden"], st["ffn"]) for l, e, p in st["blocks"])
+        return dmg, bits, pages
+
+    def load(path):
+        with open(path) as f:
+            return {(b["layer"], b["expert"], b["proj"]): b["bits"] for b in json.load(f)["blocks"]}
+
+    uniform = {u: score({k: u for k in st["blocks"]}) for u in range(3, 9)}
+    rows = []
+    for mode in a.modes:
+        index_path = os.path.join(a.out, mode, "maps.json")
+        if not os.path.exists(index_path):
+            continue
+        with open(index_path) as f:
+            index = json.load(f)
+        dmg = bits = pages = 0.0
+        for x in index:
+            d, b, p = score(load(x["map"]))
+            dmg += x["share"] * d
+            bits += x["share"] * b
+            pages += x["share"] * p
+        rows.append({"what": f"{mode}: time-weighted over its {len(index)} maps", "bits": bits, "pages": pages,
+                     "damage": dmg})
+        ranked = os.path.join(a.out, mode, f"ranked-{bits:.3f}.json")
+        subprocess.run([os.path.join(a.build, "bin", "pw-quantize"), "plan", "--store", a.store,
+                        "--avg-bits", f"{bits:.3f}", "--out", ranked], check=True, capture_output=True)
+        d, b, p = score(load(ranked))
+        rows.append({"what": f"damage-ranked at the {mode} run's mean", "bits": b, "pages": p, "damage": d})
+        for u in sorted({max(3, math.floor(bits)), min(8, math.ceil(bits))}):
+            d, b, p = uniform[u]
+            rows.append({"what": f"uniform {u} bits", "bits": b, "pages": p, "damage": d})
+    for u in (4, 8):
+        d, b, p = uniform[u]
+        rows.append({"what": f"uniform {u} bits" + (" (the store's top width)" if u == 8 else ""), "bits": b,
+                     "pages": p, "damage": d})
+    with open(os.path.join(a.out, "damage.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    return rows
 
 
 def evaluate(a):
@@ -379,12 +492,37 @@ def main():
     p.add_argument("--eval", action="store_true", help="score the planner runs' maps with pw-eval ppl")
     p.add_argument("--max-maps", type=int, default=12, help="--eval: the maps holding the most time")
     p.add_argument("--model", default="models/tiny-moe")
-    p.add_argument("--store", default="build/tiny-moe.apw")
+    p.add_argument("--store", default="", help="the .apw store (default: the config's broker.store)")
+    p.add_argument("--model-dir", default="", help="the checkpoint directory (default: the config's model_dir)")
+    p.add_argument("--pool-mb", type=int, default=0, help="the decode page pool in MiB (default: the config's)")
+    p.add_argument("--page-bytes", type=int, default=-1, help="the decode pool's page size (default: the config's)")
+    p.add_argument("--prompt-text", default="", help="prompts cut from this text instead of random token ids")
+    p.add_argument("--token-max", type=int, default=0, help="random prompt token ids below this (0: pw-loadgen's)")
+    p.add_argument("--start-timeout", type=float, default=180, help="seconds a node may take to start serving")
+    p.add_argument("--set", action="append", default=[],
+                   help="KEY.PATH=VALUE: replace one config value in every mode, e.g. broker.planner.low_watermark=0.01")
+    p.add_argument("--damage", action="store_true", help="score the runs' maps with the store's damage table")
     p.add_argument("--heldout", default="build/eval/heldout.txt")
     p.add_argument("--residuals", default="", help="prompt residual heads for the planner modes (.pwrh)")
     a = p.parse_args()
     a.modes = a.modes.split(",")
     os.makedirs(a.out, exist_ok=True)
+    if not a.store:
+        with open(a.config) as f:
+            a.store = yaml.safe_load(f)["broker"]["store"]
+    a.store = os.path.abspath(a.store)
+    if a.model_dir:
+        a.model_dir = os.path.abspath(a.model_dir)
+    if a.damage:
+        rows = damage_rows(a)
+        u8 = next(r["damage"] for r in rows if r["what"].startswith("uniform 8"))
+        u4 = next(r["damage"] for r in rows if r["what"] == "uniform 4 bits")
+        print("| experts | bits per expert weight | pool pages (planes + LUT) | store damage | vs uniform 8 | vs uniform 4 |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['what']} | {r['bits']:.3f} | {r['pages']:.0f} | {r['damage']:.4g} | {r['damage'] / u8:.2f}x | "
+                  f"{r['damage'] / u4:.4f}x |", flush=True)
+        return
     if a.eval:
         rows = evaluate(a)
         base = rows[0]["ppl"]

@@ -273,6 +273,11 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
         if (broker_on && planner["enabled"].AsBool() && !planner["async_movement"].AsBool()) {
           p.argv.push_back("--plans-at-request-boundaries");
         }
+        if (broker_on && planner["enabled"].AsBool()) {  // held reservations respect its floors
+          p.argv.insert(p.argv.end(), {"--planner-min-bits", std::to_string(planner["min_bits"].AsInt()),
+                                       "--planner-max-bits", std::to_string(planner["max_bits"].AsInt()),
+                                       "--planner-min-mean-bits", std::to_string(planner["min_mean_bits"].AsDouble())});
+        }
         p.argv.insert(p.argv.end(), {"--pool-bytes", std::to_string(w["pool_mb"].AsInt() << 20),
                                      "--page-bytes", std::to_string(w["page_bytes"].AsInt()),
                                      "--weight-rate-mb-s", std::to_string(w["weight_rate_mb_s"].AsInt())});

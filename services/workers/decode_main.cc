@@ -47,6 +47,14 @@ int main(int argc, char** argv) {
   app.add_option("--reserve-wait-ms", o.reserve_wait_ms,
                  "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")
       ->check(CLI::Range(0, 20000));
+  app.add_option("--planner-min-bits", o.lower_floors.min_bits,
+                 "the broker planner's lowest width: a reservation is held only if lowering to it makes room")
+      ->check(CLI::Range(pw::anyprec::kMinBits, pw::anyprec::kMaxBits));
+  app.add_option("--planner-max-bits", o.lower_floors.max_bits, "the broker planner's highest width")
+      ->check(CLI::Range(pw::anyprec::kMinBits, pw::anyprec::kMaxBits));
+  app.add_option("--planner-min-mean-bits", o.lower_floors.min_mean_bits,
+                 "the broker planner's floor on the mean width (0: none)")
+      ->check(CLI::Range(0.0, static_cast<double>(pw::anyprec::kMaxBits)));
   app.add_option("--demand-horizon-tokens", o.demand_horizon_tokens,
                  "KV demand counts each request's next this many tokens only (0: its growth to max_tokens)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
@@ -72,6 +80,10 @@ int main(int argc, char** argv) {
   o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   o.weight_bytes_per_s = rate_mb_s << 20;
   o.weight_pacing = *pw::workers::ParseMoverPacing(pacing);  // checked by CLI11
+  if (o.lower_floors.max_bits < o.lower_floors.min_bits) {
+    std::fprintf(stderr, "pw-decode: --planner-max-bits is below --planner-min-bits\n");
+    return 2;
+  }
   if (lynx_alpha != 0.f || lynx_beta >= 0) {
     if (lynx_alpha == 0.f || lynx_beta < 0) {
       std::fprintf(stderr, "pw-decode: --lynx-alpha and --lynx-beta go together\n");

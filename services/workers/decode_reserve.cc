@@ -32,9 +32,12 @@ void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
                 engine_->max_context(), options_.demand_horizon_tokens);
   need.AddWaiting(h.num_tokens, h.max_tokens);
   h.need_pages = need.pages();
-  const auto admit = reserve_wait_.Decide(
-      h.need_pages, pool_->Count(memory::Tenant::kFree), Demand().reserve_pages(),
-      weights_->paged() ? ReserveWait::LowerablePages(weights_->paged()->table(), anyprec::kMinBits) : 0);
+  // Room a wait can make: what a lowering within the planner's floors frees, and the KV pages
+  // held now (running requests, leases), which come back as those requests finish.
+  const int64_t lowerable =
+      weights_->paged() ? ReserveWait::LowerablePages(weights_->paged()->table(), options_.lower_floors) : 0;
+  const auto admit = reserve_wait_.Decide(h.need_pages, pool_->Count(memory::Tenant::kFree), Demand().reserve_pages(),
+                                          lowerable + pool_->Count(memory::Tenant::kKv));
   if (admit == ReserveWait::Admit::kHold) {
     metrics_->reserve_held->Increment();
     return reserve_wait_.Hold(h);

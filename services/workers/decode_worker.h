@@ -38,7 +38,8 @@
 // broker carries both (expertMass, kvDemandPages) every 200 ms at most.
 //
 // Admission (reserve_wait.h, off unless reserve_wait_ms > 0): a KvReserve whose prompt and
-// max_tokens do not fit beside that demand, but would after lowering expert widths, is held
+// max_tokens do not fit beside that demand, but would after lowering expert widths within the
+// planner's floors or once the KV held now comes back (requests finishing), is held
 // up to reserve_wait_ms (counted in kvDemandPages, so the planner lowers for it) and granted
 // at the first iteration boundary where it fits, instead of being granted into KV a running
 // request will need (a preemption later) or refused. See decode_reserve.cc.
@@ -119,6 +120,9 @@ struct DecodeWorkerOptions {
   // Pool-aware admission (reserve_wait.h): a reservation that fits only after a lowering of
   // expert widths waits up to this long (at most max_batch of them); 0 = answered at once.
   uint64_t reserve_wait_ms = 0;
+  // The broker planner's floors: a reservation is held only when the pages lowering to them
+  // frees would make it fit (ReserveWait::LowerablePages).
+  LowerFloors lower_floors;
   // KV demand horizon (kv_demand.h): requests count the growth of their next this many tokens
   // only, in kvDemandPages, the pages raises leave free and the reservations' fit; 0 = their
   // whole growth to max_tokens.

@@ -8,8 +8,11 @@
 // and, with `free` pool pages free and `reserve` pages kept for the running requests' growth
 // and the leases (KvDemand::reserve_pages), it is
 //   granted now   when need <= free - reserve and nothing waits before it (FIFO);
-//   held          when need <= free - reserve + lowerable (the pages lowering every expert
-//                 block to the lowest width would free) and fewer than max_waiting wait: it
+//   held          when need <= free - reserve + room and fewer than max_waiting wait, room
+//                 being what a wait can make: the pages the broker planner's lowest widths
+//                 would free (every block at min_bits, or, with a mean-width floor, as far
+//                 down as the floor lets the mean go; see LowerablePages) plus the KV pages
+//                 held now (the decode worker adds them: they come back as requests finish): it
 //                 counts in Telemetry's kvDemandPages, so the broker's planner lowers widths
 //                 for it, and is granted at the first iteration boundary where it fits;
 //   answered now  otherwise (waiting cannot help): granted if the KV pool has the prompt's
@@ -20,14 +23,35 @@
 // must stay well below it. wait_ms 0 (the default): every reservation is answered at once.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <vector>
 
+#include "common/plane_layout.h"
 #include "memory/weight_page_table.h"
 
 namespace pw::workers {
+
+// The widths a lowering may reach: the broker planner's floors (policies/planner/
+// planner_params.h), which the decode worker is told (pw-decode --planner-min-bits,
+// --planner-max-bits, --planner-min-mean-bits).
+struct LowerFloors {
+  int min_bits = anyprec::kMinBits;
+  int max_bits = anyprec::kMaxBits;
+  // The planner's floor on the mean committed width, blocks weighted by their pages at
+  // max_bits; 0 = none.
+  double min_mean_bits = 0;
+};
+
+// One expert block as LowerablePages sees it: its committed width and the pages it holds at
+// each width 0..8 (non-decreasing).
+struct LowerableBlock {
+  int committed = 0;
+  std::array<int, anyprec::kMaxBits + 1> pages{};
+};
 
 struct HeldReserve {
   uint64_t request_id = 0;
@@ -50,7 +74,7 @@ class ReserveWait {
   const std::deque<HeldReserve>& held() const { return held_; }
 
   // What to do with a new reservation (see the file comment).
-  Admit Decide(int64_t need, int64_t free, int64_t reserve, int64_t lowerable) const;
+  Admit Decide(int64_t need, int64_t free, int64_t reserve, int64_t room) const;
   void Hold(HeldReserve r) { held_.push_back(r); }
   // Drops a held reservation (the router cancelled it); false if none is held for it.
   bool Drop(uint64_t request_id);
@@ -64,8 +88,13 @@ class ReserveWait {
   // Every held reservation, removed (draining, a lost router).
   std::deque<HeldReserve> TakeAll();
 
-  // Pages lowering every block of `table` to `min_bits` would free.
-  static int64_t LowerablePages(const memory::WeightPageTable& table, int min_bits);
+  // Pages the lowest widths `floors` allow would free. Blocks committed within
+  // [min_bits, max_bits] move (as in the planner); without a mean floor each goes to min_bits.
+  // With min_mean_bits, the mean width may fall only to it: one-width steps are taken greedily
+  // by pages freed per unit of mean width given up (a step over what is left is skipped, as the
+  // planner skips it), which is about the most any lowering within the floors frees.
+  static int64_t LowerablePages(const std::vector<LowerableBlock>& blocks, const LowerFloors& floors);
+  static int64_t LowerablePages(const memory::WeightPageTable& table, const LowerFloors& floors);
 
  private:
   uint64_t wait_ms_;

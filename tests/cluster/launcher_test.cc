@@ -120,20 +120,11 @@ TEST(ClusterConfig, DecodeWeightPacingBecomesAFlag) {
                         "{id: f, weight_pacing: fetches}, {id: g}, {id: h, weight_pacing: auto}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  auto value_after = [&](const std::string& name, const std::string& flag) {
-    for (const auto& p : cfg->processes) {
-      if (p.name != name) continue;
-      for (size_t i = 0; i + 1 < p.argv.size(); ++i) {
-        if (p.argv[i] == flag) return p.argv[i + 1];
-      }
-    }
-    return std::string("(absent)");
-  };
-  EXPECT_EQ(value_after("d", "--weight-pacing"), "steps");
-  EXPECT_EQ(value_after("e", "--weight-pacing"), "free");
-  EXPECT_EQ(value_after("f", "--weight-pacing"), "fetches");
-  EXPECT_EQ(value_after("g", "--weight-pacing"), "(absent)");  // pw-decode's default, auto
-  EXPECT_EQ(value_after("h", "--weight-pacing"), "(absent)");
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "d"), "--weight-pacing"), "steps");
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "e"), "--weight-pacing"), "free");
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "f"), "--weight-pacing"), "fetches");
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "g"), "--weight-pacing"), "(absent)");  // pw-decode's default, auto
+  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "h"), "--weight-pacing"), "(absent)");
   auto bad = WriteTemp("pacing_bad.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d, weight_pacing: later}]\n");
   auto r = LoadClusterConfig(bad, "/bin");
   ASSERT_FALSE(r.ok());
@@ -260,6 +251,11 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
     if (p.name == "d") {
       EXPECT_EQ(ValueAfter(p.argv, "--demand-horizon-tokens"), "64");
     }
+    if (p.name == "d" || p.name == "e") {  // held reservations count what the floors let a lowering free
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "4") << p.name;
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "7") << p.name;
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5") << p.name;
+    }
     if (p.name == "e") {
       EXPECT_EQ(ValueAfter(p.argv, "--demand-horizon-tokens"), "(absent)") << "0, the default, is no flag";
     }
@@ -278,7 +274,14 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
       EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "8");
     }
     EXPECT_EQ(ValueAfter(p.argv, "--plans-at-request-boundaries"), "(absent)");
+    if (p.name == "d") EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "3");
   }
+  // No planner: the decode workers get no floors (the defaults, 3..8 and no mean floor).
+  auto off = LoadClusterConfig(WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                              "broker: {store: s.apw}\ndecode: [{id: d}]\n"),
+                               "/bin");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  for (const auto& p : off->processes) EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "(absent)") << p.name;
   for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}"}) {
     auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
                                                                                 "decode: [{id: d}]\n"

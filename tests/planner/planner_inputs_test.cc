@@ -169,5 +169,43 @@ TEST(ReserveWait, HoldsWhatALoweringCanMakeRoomForAndAnswersWithinTheWait) {
   EXPECT_EQ(w.size(), 0u);
 }
 
+// pages[w] = per_bit * w + 2 (planes plus a LUT), 0 when absent.
+LowerableBlock Block(int committed, int per_bit) {
+  LowerableBlock b;
+  b.committed = committed;
+  for (int w = 1; w <= anyprec::kMaxBits; ++w) b.pages[static_cast<size_t>(w)] = per_bit * w + 2;
+  return b;
+}
+
+TEST(ReserveWait, WhatALoweringCanFreeRespectsThePlannersFloors) {
+  const std::vector<LowerableBlock> four(4, Block(8, 10));
+  // No floors but the lowest width: every block 8 -> 3 frees 50 pages.
+  EXPECT_EQ(ReserveWait::LowerablePages(four, LowerFloors{}), 200);
+  // min_bits 5: 8 -> 5 frees 30 each.
+  EXPECT_EQ(ReserveWait::LowerablePages(four, LowerFloors{5, 8, 0}), 120);
+  // A mean floor of 6.5 bits over four 8-bit blocks of equal size: six one-width steps in
+  // all, 10 pages each, however the greedy spreads them.
+  EXPECT_EQ(ReserveWait::LowerablePages(four, LowerFloors{3, 8, 6.5}), 60);
+  // Both floors: the mean allows 8 steps (mean 6), min_bits 7 only 4 (one per block).
+  EXPECT_EQ(ReserveWait::LowerablePages(four, LowerFloors{7, 8, 6.0}), 40);
+  // A mean already at the floor frees nothing.
+  EXPECT_EQ(ReserveWait::LowerablePages(four, LowerFloors{3, 8, 8.0}), 0);
+
+  // Blocks of two sizes (gate_up twice down), mean floor 7: size 162 and 82, budget
+  // 244 * (8 - 7) = 244. The big block's step frees more per unit of the mean (20/162 >
+  // 10/82): taken (82 left); its next step (162) is over what is left, the small block's
+  // (82) is not: 20 + 10 pages, mean exactly 7.
+  const std::vector<LowerableBlock> two{Block(8, 20), Block(8, 10)};
+  EXPECT_EQ(ReserveWait::LowerablePages(two, LowerFloors{3, 8, 7.0}), 30);
+
+  // Blocks outside [min_bits, max_bits] do not move (as in the planner), and absent ones count
+  // nothing; they still weigh in the mean (an absent block at 0 bits pulls it down).
+  const std::vector<LowerableBlock> mixed{Block(8, 10), Block(4, 10), Block(0, 10)};
+  EXPECT_EQ(ReserveWait::LowerablePages(mixed, LowerFloors{5, 8, 0}), 30);
+  EXPECT_EQ(ReserveWait::LowerablePages(mixed, LowerFloors{3, 7, 0}), 10) << "only the 4-bit block moves";
+  // Mean (8 + 4 + 0) / 3 = 4 at size 82 each; floor 3: three one-width steps of 10 pages.
+  EXPECT_EQ(ReserveWait::LowerablePages(mixed, LowerFloors{3, 8, 3.0}), 30);
+}
+
 }  // namespace
 }  // namespace pw::workers
