@@ -9,11 +9,10 @@
 
 #include "common/dtype.h"
 #include "kernels/anyprec/q8_internal.h"
+#include "kernels/cpu/amx_permission.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace pw::anyprec {
@@ -39,13 +38,7 @@ bool AmxInt8Usable() {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     if (((d >> 24) & 1) == 0 || ((d >> 25) & 1) == 0) return false;
-    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || ((c >> 27) & 1) == 0) return false;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if (((lo >> 17) & 3) != 3) return false;
-    constexpr long kArchReqXcompPerm = 0x1023;
-    constexpr long kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    return cpu::AmxTileStatePermitted();
   }();
   return usable;
 #else

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "kernels/anyprec/q8_internal.h"
+#include "kernels/cpu/amx_tile_config.h"
 
 namespace pw::anyprec::internal {
 namespace amxq8 {
@@ -61,18 +62,10 @@ constexpr bool UseTiles(int cols, int tokens, int bits) {
 // A and B tiles per group pair: 2 groups x 4 steps of 64 columns.
 constexpr int kPairTiles = 8;
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0, 1: the C tiles of a pair's two groups (16 rows x w tokens); 2, 4: A tiles (16 rows
 // x 64 bytes); 3, 5: B tiles (16 rows x w tokens' 4 bytes).
 void Configure(int w) {
-  TileConfig c;
+  cpu::AmxTileConfig c;
   for (int i : {0, 1, 3, 5}) {
     c.rows[i] = kTileRows;
     c.colsb[i] = static_cast<uint16_t>(4 * w);

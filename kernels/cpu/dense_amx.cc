@@ -23,6 +23,7 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "kernels/cpu/amx_tile_config.h"
 #include "kernels/cpu/dense.h"
 
 namespace pw::cpu {
@@ -55,20 +56,12 @@ constexpr size_t kPassTokens = 2 * kGroup;
 constexpr size_t kChunkCols = 2048;
 constexpr int kSplits = 3;
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles: 0 and 1 the accumulators of groups 0 and 1, 2 the weight rows (16 rows x 32 bf16), 3/4/5 the hi/mid/lo activations of group 0, 6/7 hi/mid of
 // group 1 (its lo goes through tile 3 once group 0's hi has been used, so at G = 2 both groups
 // are laid out 16 tokens wide, group 1 padded with zero activations). tt: the tokens of group 0
 // (G = 1) or 16 (G = 2).
 void Configure(int tt) {
-  TileConfig c;
+  AmxTileConfig c;
   c.rows[2] = 16;
   c.colsb[2] = 64;
   for (int i : {0, 1, 3, 4, 5, 6, 7}) {

@@ -3,12 +3,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/amx_permission.h"
 #include "kernels/cpu/dense.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace pw::cpu {
@@ -23,13 +22,7 @@ bool AmxUsable() {
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   if (((d >> 24) & 1) == 0 || ((d >> 22) & 1) == 0) return false;
   if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || ((a >> 5) & 1) == 0) return false;
-  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || ((c >> 27) & 1) == 0) return false;  // OSXSAVE
-  unsigned lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if (((lo >> 17) & 3) != 3) return false;
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return AmxTileStatePermitted();
 }
 #endif
 
