@@ -17,8 +17,8 @@ Result<std::string> ReadText(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace
-
+// n ids uniform over [0, vocab) from a 64-bit xorshift* generator: the same ids for the same
+// seed on every platform (std:: distributions are not specified bit for bit).
 std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
   if (s == 0) s = 1;
@@ -32,6 +32,8 @@ std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed) {
   }
   return ids;
 }
+
+}  // namespace
 
 Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& src, int vocab) {
   std::vector<int32_t> ids;

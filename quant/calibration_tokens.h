@@ -32,13 +32,10 @@ CalibrationSource CalibrationSourceOf(const Options& o) {
   return s;
 }
 
-// The ids, each checked against `vocab`. Errors name the file: kNotFound for an unreadable
-// text or tokenizer, kInvalidArgument for an id outside the vocabulary or fewer than 2 ids.
+// The ids, each checked against `vocab`. Random ids are uniform over [0, vocab), the same for
+// the same seed on every platform, and a prefix of the ids of any larger count. Errors name
+// the file: kNotFound for an unreadable text or tokenizer, kInvalidArgument for an id outside
+// the vocabulary or fewer than 2 ids.
 Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& source, int vocab);
-
-// n ids uniform over [0, vocab) from a 64-bit xorshift* generator: the same ids for the same
-// seed on every platform (std:: distributions are not specified bit for bit); a prefix of the
-// ids of any larger n.
-std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed);
 
 }  // namespace pw::anyprec
