@@ -376,6 +376,15 @@ def pool_page_bytes(a):
     return (2 * mc["num_key_value_heads"] * 16 * head_dim * 2 + 63) // 64 * 64  # bf16 KV
 
 
+def run_maps(a, mode):
+    """The width maps a run of `mode` recorded (its maps.json index), or None if it did not run."""
+    index_path = os.path.join(a.out, mode, "maps.json")
+    if not os.path.exists(index_path):
+        return None
+    with open(index_path) as f:
+        return json.load(f)
+
+
 def damage_rows(a):
     """Store-damage rows: each planner mode's maps time-weighted (all of them), the static
     modes' maps, and at the same bits the damage-ranked map and the uniform widths around it."""
@@ -395,11 +404,9 @@ def damage_rows(a):
     uniform = {u: score({k: u for k in st["blocks"]}) for u in range(3, 9)}
     rows = []
     for mode in a.modes:
-        index_path = os.path.join(a.out, mode, "maps.json")
-        if not os.path.exists(index_path):
+        index = run_maps(a, mode)
+        if index is None:
             continue
-        with open(index_path) as f:
-            index = json.load(f)
         dmg = bits = pages = 0.0
         for x in index:
             d, b, p = score(load(x["map"]))
@@ -443,11 +450,9 @@ def evaluate(a):
     rows.append({"what": "bf16 experts (checkpoint)", "bits": 16, "ppl": done.get("bf16") or ppl(a, [], store=False)})
     done["bf16"] = rows[-1]["ppl"]
     for mode in a.modes:
-        index_path = os.path.join(a.out, mode, "maps.json")
-        if not os.path.exists(index_path):
+        index = run_maps(a, mode)
+        if index is None:
             continue
-        with open(index_path) as f:
-            index = json.load(f)
         kept = index[: a.max_maps]
         share = sum(x["share"] for x in kept)
         log_ppl, bits = 0.0, 0.0
