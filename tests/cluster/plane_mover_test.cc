@@ -68,6 +68,13 @@ class PlaneMoverTest : public ::testing::Test {
     }
     return p;
   }
+  // Job 1: one part of `rows` rows at `offset`, its pages appended to *pages.
+  MoveJob OnePartJob(uint64_t offset, int rows, std::vector<std::vector<uint8_t>>* pages) {
+    MoveJob job;
+    job.id = 1;
+    job.parts.push_back(Part(offset, rows, pages));
+    return job;
+  }
   bool Holds(const std::vector<std::vector<uint8_t>>& pages, uint64_t offset) const {
     for (size_t k = 0; k < pages.size(); ++k) {
       if (std::memcmp(pages[k].data(), store_.data() + offset + k * pages[k].size(), pages[k].size()) != 0) return false;
@@ -96,9 +103,7 @@ TEST_F(PlaneMoverTest, AHeldMoverStartsNoGetUntilTheLastHoldIsReleased) {
   o.max_held_us = 60'000'000;
   Start(o);
   std::vector<std::vector<uint8_t>> pages;
-  MoveJob job;
-  job.id = 1;
-  job.parts.push_back(Part(4096, 64, &pages));
+  MoveJob job = OnePartJob(4096, 64, &pages);
   mover_->Hold();
   mover_->Hold();  // counted: two holders
   mover_->Submit(job);
@@ -125,9 +130,7 @@ TEST_F(PlaneMoverTest, AHoldThatNeverEndsSlowsTheMoverButDoesNotStopIt) {
   o.max_held_us = 20'000;
   Start(o);
   std::vector<std::vector<uint8_t>> pages;
-  MoveJob job;
-  job.id = 1;
-  job.parts.push_back(Part(8192, 4 * kTileRows, &pages));  // 4 pages: 4 gets
+  MoveJob job = OnePartJob(8192, 4 * kTileRows, &pages);  // 4 pages: 4 gets
   mover_->Hold();
   const auto t0 = std::chrono::steady_clock::now();
   mover_->Submit(job);
@@ -146,9 +149,7 @@ TEST_F(PlaneMoverTest, CancelEndsAHeldWait) {
   o.max_held_us = 60'000'000;
   Start(o);
   std::vector<std::vector<uint8_t>> pages;
-  MoveJob job;
-  job.id = 1;
-  job.parts.push_back(Part(0, 16, &pages));
+  MoveJob job = OnePartJob(0, 16, &pages);
   mover_->Hold();
   mover_->Submit(job);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -170,9 +171,7 @@ TEST_F(PlaneMoverTest, SynchronousFetchesHoldTheBackgroundThreadOnlyWhenAsked) {
     o.max_bytes_per_s = 4'000'000;
     Start(o);
     std::vector<std::vector<uint8_t>> bg_pages, fg_pages;
-    MoveJob job;
-    job.id = 1;
-    job.parts.push_back(Part(1 << 20, 8 * 600, &bg_pages));  // 600 pages, ~0.15 s
+    MoveJob job = OnePartJob(1 << 20, 8 * 600, &bg_pages);  // 600 pages, ~0.15 s
     mover_->Submit(job);
     // Synchronous fetches (several parts at once, as a residency fetch does) until the
     // background thread was seen held, or the job is done.
