@@ -27,7 +27,7 @@
 #include "services/broker/served_store.h"
 #include "services/workers/paged_residency.h"
 #include "services/workers/paged_weights.h"
-#include "tests/anyprec/random_block.h"
+#include "tests/anyprec/random_store.h"
 
 namespace pw::workers {
 namespace {
@@ -45,6 +45,7 @@ class PagedResidencyTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".apw";
     std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
     WriteStore();
+    ASSERT_FALSE(HasFatalFailure());
     ctx_ = transport::ucx::Context::Create().value();
     broker_ = transport::ucx::Worker::Create(*ctx_).value();
     client_ = transport::ucx::Worker::Create(*ctx_).value();
@@ -71,28 +72,7 @@ class PagedResidencyTest : public ::testing::Test {
     info.hidden = static_cast<uint32_t>(config_.hidden_size);
     info.ffn = static_cast<uint32_t>(config_.moe_intermediate_size);
     info.model_hash = kHash;
-    auto w = apw::ApwWriter::Create(path_, info).value();
-    std::mt19937 rng(13);
-    for (uint32_t l = 0; l < info.num_layers; ++l) {
-      for (uint32_t e = 0; e < info.num_experts; ++e) {
-        for (auto kind : {ExpertProj::kGateUp, ExpertProj::kDown}) {
-          const int rows = kind == ExpertProj::kGateUp ? 2 * static_cast<int>(info.ffn) : static_cast<int>(info.hidden);
-          const int cols = kind == ExpertProj::kGateUp ? static_cast<int>(info.hidden) : static_cast<int>(info.ffn);
-          anyprec::RandomBlock rb = anyprec::MakeRandomBlock(rows, cols, rng);
-          apw::BlockData b;
-          b.layer = l;
-          b.expert = e;
-          b.kind = kind;
-          b.rows = static_cast<uint32_t>(rows);
-          b.cols = static_cast<uint32_t>(cols);
-          for (int p = 0; p < apw::kPlanes; ++p) b.planes[p] = rb.block.Plane(p);
-          for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.luts[bits] = rb.block.luts[bits].data();
-          ASSERT_TRUE(w->Add(b).ok());
-          blocks_.push_back(std::move(rb));
-        }
-      }
-    }
-    ASSERT_TRUE(w->Finish().ok());
+    anyprec::WriteRandomStore(path_, info, 13, &blocks_);
   }
 
   // Paged weights over a pool of `pages` pages (nothing resident) and a residency budget;

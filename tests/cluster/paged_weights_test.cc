@@ -29,7 +29,7 @@
 #include "services/engine/expert_layer_call.h"
 #include "services/engine/expert_workspace.h"
 #include "services/workers/paged_weights.h"
-#include "tests/anyprec/random_block.h"
+#include "tests/anyprec/random_store.h"
 
 namespace pw::workers {
 namespace {
@@ -46,6 +46,7 @@ class PagedWeightsTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".apw";
     std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
     WriteStore(path_, kHash);
+    ASSERT_FALSE(HasFatalFailure());
     ctx_ = transport::ucx::Context::Create().value();
     broker_ = transport::ucx::Worker::Create(*ctx_).value();
     client_ = transport::ucx::Worker::Create(*ctx_).value();
@@ -72,29 +73,7 @@ class PagedWeightsTest : public ::testing::Test {
     info.hidden = static_cast<uint32_t>(config_.hidden_size);
     info.ffn = static_cast<uint32_t>(config_.moe_intermediate_size);
     info.model_hash = hash;
-    auto w = apw::ApwWriter::Create(path, info).value();
-    std::mt19937 rng(11);
-    blocks_.clear();
-    for (uint32_t l = 0; l < info.num_layers; ++l) {
-      for (uint32_t e = 0; e < info.num_experts; ++e) {
-        for (auto kind : {ExpertProj::kGateUp, ExpertProj::kDown}) {
-          const int rows = kind == ExpertProj::kGateUp ? 2 * static_cast<int>(info.ffn) : static_cast<int>(info.hidden);
-          const int cols = kind == ExpertProj::kGateUp ? static_cast<int>(info.hidden) : static_cast<int>(info.ffn);
-          anyprec::RandomBlock rb = anyprec::MakeRandomBlock(rows, cols, rng);
-          apw::BlockData b;
-          b.layer = l;
-          b.expert = e;
-          b.kind = kind;
-          b.rows = static_cast<uint32_t>(rows);
-          b.cols = static_cast<uint32_t>(cols);
-          for (int p = 0; p < apw::kPlanes; ++p) b.planes[p] = rb.block.Plane(p);
-          for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.luts[bits] = rb.block.luts[bits].data();
-          ASSERT_TRUE(w->Add(b).ok());
-          blocks_.push_back(std::move(rb));
-        }
-      }
-    }
-    ASSERT_TRUE(w->Finish().ok());
+    anyprec::WriteRandomStore(path, info, 11, &blocks_);
   }
 
   // A manifest as the broker sends it; `edit` may spoil it.

@@ -14,7 +14,7 @@
 
 #include "common/apw_store.h"
 #include "policies/planner/planner_params.h"
-#include "tests/anyprec/random_block.h"
+#include "tests/anyprec/random_store.h"
 
 namespace pw::broker {
 
@@ -29,37 +29,12 @@ inline std::string TestStorePath(const std::string& prefix) {
 // Writes the store (callers check HasFatalFailure() after it).
 inline void WriteDamageScaledStore(const std::string& path, const apw::StoreInfo& info,
                                    const std::function<double(uint32_t layer, uint32_t expert)>& scale) {
-  auto w = apw::ApwWriter::Create(path, info);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  std::mt19937 rng(5);
-  std::vector<anyprec::RandomBlock> blocks;  // alive until Finish
-  for (uint32_t l = 0; l < info.num_layers; ++l) {
-    for (uint32_t e = 0; e < info.num_experts; ++e) {
-      for (auto kind : {ExpertProj::kGateUp, ExpertProj::kDown}) {
-        const int rows = kind == ExpertProj::kGateUp ? 2 * static_cast<int>(info.ffn)
-                                                     : static_cast<int>(info.hidden);
-        const int cols = kind == ExpertProj::kGateUp ? static_cast<int>(info.hidden)
-                                                     : static_cast<int>(info.ffn);
-        anyprec::RandomBlock rb = anyprec::MakeRandomBlock(rows, cols, rng);
-        apw::BlockData b;
-        b.layer = l;
-        b.expert = e;
-        b.kind = kind;
-        b.rows = rows;
-        b.cols = cols;
-        for (int p = 0; p < apw::kPlanes; ++p) b.planes[p] = rb.block.Plane(p);
-        const double s = scale(l, e);
-        for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) {
-          b.luts[bits] = rb.block.luts[bits].data();
-          b.damage[bits] = s * std::pow(2.0, 8 - bits);
-        }
-        b.damage[0] = s * 1000;
-        ASSERT_TRUE((*w)->Add(b).ok());
-        blocks.push_back(std::move(rb));
-      }
-    }
-  }
-  ASSERT_TRUE((*w)->Finish().ok());
+  std::vector<anyprec::RandomBlock> blocks;
+  anyprec::WriteRandomStore(path, info, 5, &blocks, [&](apw::BlockData& b) {
+    const double s = scale(b.layer, b.expert);
+    for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.damage[bits] = s * std::pow(2.0, 8 - bits);
+    b.damage[0] = s * 1000;
+  });
 }
 
 // Enabled, low watermark 10 %, high 30 %, no headroom, no rate limit, 100 ms interval.
