@@ -177,6 +177,8 @@ def variant(a, mode, ranked_map):
         planner["min_mean_bits"] = 0
     elif mode in ("static8", "static8-hold", "static4", "ranked"):
         planner["enabled"] = False
+        if mode in ("static8", "static8-hold"):
+            cfg["broker"]["initial_bits"] = 8  # the store's top width, whatever cap the planner has
         if mode != "static8-hold":
             cfg["decode"][0]["reserve_wait_ms"] = 0
         if mode == "static4":
@@ -248,10 +250,11 @@ def run_mode(a, mode, ranked_map=None):
         t_start = time.time()
         rc = subprocess.run(argv).returncode
         t_end = time.time()
-        # After the load: how long until the widths are back at the top.
+        # After the load: how long until the widths are back at the top (the planner's max_bits).
+        top = cfg["broker"]["planner"].get("max_bits", 8)
         recovered = None
         while planned and time.time() - t_end < 30:
-            if samples and samples[-1]["bits"] >= 8.0:
+            if samples and samples[-1]["bits"] >= top:
                 recovered = time.time() - t_end
                 break
             time.sleep(0.1)
