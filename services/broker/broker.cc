@@ -428,7 +428,10 @@ void Broker::RunPlanner() {
   planner_pages_->Add({{"action", action}}).Increment(static_cast<double>(o.decision.pages_moved));
   planner_damage_->Add({{"action", action}}).Increment(std::max(0.0, o.decision.damage));
   PW_LOG(INFO) << "broker: planner epoch " << o.epoch << " for '" << o.worker << "': " << action << " "
-               << o.decision.changes.size() << " block(s); " << o.decision.reason;
+               << o.decision.changes.size() << " block(s)"
+               << (o.raises_taken_back > 0 ? " (" + std::to_string(o.raises_taken_back) + " pending raise(s) taken back)"
+                                           : std::string())
+               << "; " << o.decision.reason;
   SendPlans(/*force=*/true);
 }
 

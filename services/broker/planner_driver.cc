@@ -6,6 +6,21 @@
 #include "memory/weight_page_table.h"
 
 namespace pw::broker {
+namespace {
+
+// Whether what `worker` still has to make includes a raise of a resident block (a block at 0
+// under a residency budget is not resident: taking its width is not a raise).
+bool RaisePending(const PlanBook& book, const std::string& worker) {
+  const std::vector<int>* committed = book.Committed(worker);
+  if (committed == nullptr) return false;
+  for (const BlockWidth& b : book.PendingFor(worker)) {
+    const size_t i = ExpertBlockIndex(b.layer, b.expert, b.proj, book.num_experts());
+    if (i < committed->size() && (*committed)[i] != 0 && b.bits > (*committed)[i]) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 PlannerDriver::PlannerDriver(const apw::ApwStore& store, const planner::PlannerParams& params)
     : store_(store), params_(params) {}
@@ -54,13 +69,18 @@ Result<std::optional<PlannerDriver::Outcome>> PlannerDriver::Tick(uint64_t now_m
   const int64_t now = static_cast<int64_t>(now_ms);
   if (last_tick_ms_ >= 0 && now - last_tick_ms_ < params_.interval_ms) return std::optional<Outcome>();
   last_tick_ms_ = now;
-  // The tightest worker, and only when every worker has committed the desired map.
+  // The tightest worker, and only when every worker has committed the desired map, or when
+  // what a worker still has to make includes a raise (see the header: a lowering may then take
+  // it back).
   const std::string* tightest = nullptr;
   const WorkerPool* pool = nullptr;
+  bool raises_pending = false;
   for (const std::string& w : workers) {
     const WorkerPool* p = book->Pool(w);
-    if (p == nullptr || p->page_bytes == 0 || p->pending != 0 || !book->PendingFor(w).empty()) {
-      return std::optional<Outcome>();
+    if (p == nullptr || p->page_bytes == 0) return std::optional<Outcome>();
+    if (p->pending != 0 || !book->PendingFor(w).empty()) {
+      if (!RaisePending(*book, w)) return std::optional<Outcome>();
+      raises_pending = true;
     }
     if (pool == nullptr || p->free < pool->free) {
       tightest = &w;
@@ -123,14 +143,30 @@ Result<std::optional<PlannerDriver::Outcome>> PlannerDriver::Tick(uint64_t now_m
   in.now_ms = now;
   in.last_change_ms = last_change_ms_;
   PW_ASSIGN_OR_RETURN(planner::PlannerDecision d, planner::Plan(in, params_));
+  // With raises still pending only a lowering goes out; otherwise wait for the ack as usual.
+  if (raises_pending && d.action != planner::PlanAction::kLower) return std::optional<Outcome>();
 
   Outcome out;
   out.worker = *tightest;
   out.prompt_residuals = std::move(residuals);
-  if (!d.changes.empty()) {
-    std::vector<PlanBook::Selection> sel;
-    sel.reserve(d.changes.size());
-    for (const auto& c : d.changes) sel.push_back({c.to, c.layer, c.expert, static_cast<int>(c.proj)});
+  std::vector<PlanBook::Selection> sel;
+  sel.reserve(d.changes.size());
+  std::vector<bool> changed(in.blocks.size(), false);
+  for (const auto& c : d.changes) {
+    sel.push_back({c.to, c.layer, c.expert, static_cast<int>(c.proj)});
+    changed[c.block] = true;
+  }
+  if (raises_pending) {  // a raise the lowering does not touch goes back to the committed width
+    for (size_t i = 0; i < in.blocks.size(); ++i) {
+      const planner::BlockInput& b = in.blocks[i];
+      if (changed[i] || book->desired(ExpertBlockIndex(b.layer, b.expert, b.proj, in.num_experts)) <= b.committed) {
+        continue;
+      }
+      sel.push_back({b.committed, b.layer, b.expert, static_cast<int>(b.proj)});
+      ++out.raises_taken_back;
+    }
+  }
+  if (!sel.empty()) {
     PW_ASSIGN_OR_RETURN(out.epoch, book->Apply(sel));
     last_change_ms_ = now;
   }

@@ -3,7 +3,12 @@
 //
 // Every interval_ms, when every decode worker the book mirrors has committed the desired map
 // (a worker that has not acknowledged the last plan is not planned for again until it does)
-// and has sent Telemetry, it plans for the worker with the fewest free pages:
+// and has sent Telemetry, it plans for the worker with the fewest free pages. One exception to
+// waiting for the ack: when what a worker still has to make includes a raise, a decision to
+// lower goes out at once, and it also takes back every pending raise it does not touch (desired
+// back to the committed width). A raise needs free pages; when KV has taken them since it was
+// planned it cannot finish, and waiting for its ack would hold back the lowering the KV needs.
+// Inputs:
 //   - committed widths: that worker's mirror;
 //   - pages per width: WeightPageTable::PagesFor with the worker's page size;
 //   - damage D_i[b]: the .apw store's table;
@@ -48,6 +53,7 @@ class PlannerDriver {
     uint64_t epoch = 0;                  // the book's epoch after the changes (0: none applied)
     // exp(residual) per (layer, proj), index layer * 2 + proj, the decision used; empty: none
     std::vector<double> prompt_residuals;
+    int raises_taken_back = 0;           // pending raises the plan returned to the committed width
   };
   // One decision when due and possible (see the file comment), else nullopt. `workers`: the
   // decode workers plans go to. Errors: a bad input or a change the book refused.

@@ -352,8 +352,10 @@ std::vector<WidthChange> PagedWeights::Poll(int reserve_pages) {
       retry_at_ms_[i] = 0;
     }
     const int from = e.committed, to = e.desired;
-    // A raise (or a lower's new LUT) takes pages only above the KV reserve.
-    if (to > 0 && pool_->num_free() - table_->PagesToBegin(i, to) < reserve_pages) continue;
+    // A raise takes pages only above the KV reserve. A lowering's new LUT may take reserved
+    // pages: it gives back more at its commit, and it is what makes room for that KV (behind
+    // the reserve it would wait for the KV it frees pages for).
+    if (to > from && pool_->num_free() - table_->PagesToBegin(i, to) < reserve_pages) continue;
     Status st = StartTransition(i, to);
     if (!st.ok()) {
       if (st.code() != StatusCode::kResourceExhausted) {

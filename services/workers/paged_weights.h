@@ -107,7 +107,8 @@ class PagedWeights {
   // first error (a block that does not fit the pool is an error here).
   Status LoadAll(int bits, int timeout_ms);
   // The iteration boundary: commits finished transitions, starts new ones, leaving at least
-  // `reserve_pages` pages free for KV (raises never take what running requests will need).
+  // `reserve_pages` pages free for KV (raises never take what running requests will need;
+  // a lowering's new LUT may, since its commit frees more than it took).
   // Returns what was committed now.
   std::vector<WidthChange> Poll(int reserve_pages = 0);
   // A restarted broker: fails the transfers in flight (their blocks keep their widths) and

@@ -228,6 +228,32 @@ TEST_F(PagedWeightsTest, BlocksFromPagesEqualTheKernelOverTheStoreAtEveryWidth) 
   EXPECT_TRUE(pool_->Balanced());
 }
 
+TEST_F(PagedWeightsTest, ALoweringStartsInsideTheKvReserveARaiseDoesNot) {
+  auto w = Create();
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  weights_ = std::move(w).value();
+  ASSERT_TRUE(weights_->LoadAll(6, 30000).ok());
+  const size_t lo = weights_->table().Index(0, 1, ExpertProj::kGateUp);
+  const size_t hi = weights_->table().Index(0, 2, ExpertProj::kGateUp);
+  const int held = pool_->Count(memory::Tenant::kWeights);
+  ASSERT_TRUE(weights_->SetDesired({{lo, 5}, {hi, 7}}).ok());
+  // Every free page reserved for KV: the raise waits, the lowering (which frees pages at its
+  // commit) goes on and commits.
+  for (int k = 0; k < 20000 && weights_->table().entry(lo).committed != 5; ++k) {
+    (void)weights_->Poll(pool_->num_free());
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  EXPECT_EQ(weights_->table().entry(lo).committed, 5);
+  EXPECT_EQ(weights_->table().entry(hi).committed, 6);
+  EXPECT_EQ(weights_->table().entry(hi).target, -1);  // not started
+  EXPECT_LT(pool_->Count(memory::Tenant::kWeights), held);
+  // Without the reserve the raise goes too.
+  Settle(*weights_);
+  EXPECT_EQ(weights_->table().entry(hi).committed, 7);
+  ExpectEveryBlockMatches(*weights_);
+  ExpectBalanced(*weights_);
+}
+
 TEST_F(PagedWeightsTest, ChecksumFailureOnArrivalLeavesTheBlockAsItWas) {
   // Plane 5 of block (layer 1, expert 2, down) carries a wrong checksum.
   auto w = Create([](wire::WeightManifest::Builder m) {

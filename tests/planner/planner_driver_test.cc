@@ -101,6 +101,59 @@ TEST_F(PlannerDriverTest, LowersUnderPressureWaitsForTheAckThenRaises) {
   EXPECT_EQ(driver->last()->epoch, 2u);
 }
 
+TEST_F(PlannerDriverTest, ALoweringTakesBackPendingRaisesTheKvLeftNoRoomFor) {
+  // Committed at 5 bits, desired 8 (a raise planned while pages were free): all four blocks
+  // have a raise pending. 5-bit blocks take 5 plane pages and 2 LUT pages each.
+  const uint32_t weights = 4 * 7;
+  auto setup = [&](PlanBook* book) {
+    ASSERT_TRUE(book->Mirror("d0", All(5)).ok());
+    ASSERT_EQ(book->PendingFor("d0").size(), 4u);
+  };
+  {
+    // The raise has pages to go on with (available 400 above the low watermark 53): wait for
+    // its ack, as for any plan.
+    PlanBook book(kLayers, kExperts, 8, 3, 8);
+    setup(&book);
+    book.Telemetry("d0", WorkerPool{kPage, 100, weights, 400, 0, 4});
+    auto driver = PlannerDriver::Create(*store_, Params()).value();
+    auto r = driver->Tick(1000, &book, {"d0"});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(r->has_value());
+    EXPECT_EQ(book.epoch(), 0u);
+  }
+  {
+    // KV has taken the pages since: 2 free, 10 more demanded (total 530: low 53). The raise
+    // cannot finish; a lowering goes out now and every raise it leaves is taken back.
+    PlanBook book(kLayers, kExperts, 8, 3, 8);
+    setup(&book);
+    WorkerPool pool{kPage, 500, weights, 2, 0, 4};
+    pool.kv_demand = 10;
+    book.Telemetry("d0", pool);
+    auto driver = PlannerDriver::Create(*store_, Params()).value();
+    auto r = driver->Tick(1000, &book, {"d0"});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->has_value());
+    const auto& o = **r;
+    EXPECT_EQ(o.decision.action, planner::PlanAction::kLower);
+    EXPECT_EQ(o.decision.target_pages, 53 - (2 - 10));
+    EXPECT_EQ(o.epoch, 1u);
+    EXPECT_FALSE(o.decision.changes.empty());
+    EXPECT_EQ(o.raises_taken_back + static_cast<int>(o.decision.changes.size()), 4);
+    for (const auto& c : o.decision.changes) EXPECT_LT(c.to, c.from);
+    // Nothing the worker has to make is a raise now: each block at 5 or below.
+    for (int e = 0; e < kExperts; ++e) {
+      for (auto p : {ExpertProj::kGateUp, ExpertProj::kDown}) EXPECT_LE(book.desired(ExpertBlockIndex(0, e, p, kExperts)), 5);
+    }
+    for (const BlockWidth& b : book.PendingFor("d0")) EXPECT_LT(b.bits, 5);
+    // Pending lowerings are waited for as before.
+    book.Telemetry("d0", pool);
+    auto again = driver->Tick(2000, &book, {"d0"});
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE(again->has_value());
+    EXPECT_EQ(book.epoch(), 1u);
+  }
+}
+
 TEST_F(PlannerDriverTest, KvDemandAndRoutingMassFromTelemetryReachThePlanner) {
   // Free pages above the high watermark, but the worker reports KV demand that leaves too few:
   // the planner lowers before the free pages are gone.
