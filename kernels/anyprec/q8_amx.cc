@@ -42,8 +42,9 @@ namespace {
 // tokens), from 12 at 5-8 bits (1.04-1.41x at 12; 0.78-0.98x at 8, where the codes cost more
 // and the AVX-512 loop's per-token work is still small). Rows longer than 4096 columns, walked
 // row block by row block across all columns (TileRows): from 8 tokens at 3 bits, from 12 at
-// 4-8 bits (4096x14336 at 8 tokens: 3 bits 0.98-1.09x, 4 bits 0.93-0.98x, 8 bits 0.81-0.83x;
-// at 12 tokens 1.0-1.4x, at 16 1.3-1.9x, at 32 (token passes of 16) 1.12-1.84x).
+// 4-8 bits (4096x14336 at 8 tokens: 3 bits 1.02-1.09x, 4 bits 0.94-0.98x, 8 bits 0.80-0.83x;
+// at 12 tokens 0.98-1.47x, at 16 1.27-1.87x, at 32 (token passes of 16) 1.12-1.84x; rows of
+// 4096 columns at 32 tokens, 14336x4096: 2.17-2.80x).
 constexpr int MinTokens(int bits, int cols) {
   return cols > 4096 ? (bits <= 3 ? 8 : 12) : (bits <= 4 ? 8 : 12);
 }
