@@ -12,8 +12,8 @@
 // Backends: scalar (the reference: int64 group sums, fp64 accumulation); AVX2 (byte shuffles
 // into the int8 LUT, vpmaddubsw with the sign trick); AVX-512 with VNNI and VBMI (vpermb /
 // vpermi2b lookups, vpdpbusd on the LUT offset to unsigned); AMX (the AVX-512 backend, with
-// rows of up to 2048 columns (4096 up to 16 tokens) at 8 tokens and more (3-4 bits) or 12
-// and more (5-8 bits) on AMX-INT8 tiles: the same codes and lookups in the signed LUT stored
+// rows of up to 16384 columns at 8 tokens and more (3-4 bits; 3 bits past 4096 columns) or 12
+// and more (the other widths) on AMX-INT8 tiles: the same codes and lookups in the signed LUT stored
 // as A tiles, TDPBSSD per 256-column group, q8_amx.cc). The planes and the exact fp16 LUT
 // stay as they are; the int8 LUT is a few KB per block and width (QuantizeLut), made when a
 // store is opened or a width committed. Activations are quantized once per layer input

@@ -22,8 +22,7 @@ void Q8RowsAvx2(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts&
                 size_t ldy, int row_begin, int row_end);
 void Q8RowsAvx512(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
                   size_t ldy, int row_begin, int row_end);
-// AMX-INT8 tiles from 8 or 12 tokens (rows of up to 2048 columns, 4096 up to 16 tokens), else
-// Q8RowsAvx512
+// AMX-INT8 tiles from 8 or 12 tokens (rows of up to 16384 columns), else Q8RowsAvx512
 // (q8_amx.cc).
 void Q8RowsAmx(const BlockView& view, int bits, const Q8Lut& lut, const Q8Acts& acts, float* y,
                size_t ldy, int row_begin, int row_end);

@@ -190,6 +190,52 @@ struct Shape {
   int rows, cols;
 };
 
+// Every backend of `backends` against the scalar reference on block `rb` at every width, for
+// `tokens` random tokens, with the planes given as pages of each of `tiles` rows; outputs
+// poisoned with NaN first.
+void ExpectBackendsMatchReference(const std::vector<Backend>& backends, const RandomBlock& rb,
+                                  const Q8Luts& luts, const Shape& s, int tokens,
+                                  const std::vector<int>& tiles, std::mt19937& rng, unsigned seed) {
+  auto x = RandomX(tokens, s.cols, rng);
+  Acts a(x, tokens, s.cols);
+  for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+    // Tolerance scale: sum_c (|w8| + 128) * s_r * |x8 * s_g| per output.
+    std::vector<double> mag(static_cast<size_t>(tokens) * s.rows, 0.0);
+    for (int t = 0; t < tokens; ++t) {
+      for (int r = 0; r < s.rows; ++r) {
+        for (int c = 0; c < s.cols; ++c) {
+          mag[t * s.rows + r] += (std::fabs(luts.values[bits][(r << bits) + Code(rb, r, c, bits)]) + 128) *
+                                 luts.scales[bits][r] *
+                                 std::fabs(a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
+                                           a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
+        }
+      }
+    }
+    PageLists ref_pages = rb.block.Pages(s.rows);
+    std::vector<float> want(static_cast<size_t>(tokens) * s.rows, kNaN);
+    ASSERT_TRUE(ApGemmQ8Rows(Backend::kScalar, ref_pages.view(), bits, luts.At(bits), a.acts,
+                             want.data(), s.rows, 0, s.rows).ok());
+    for (int tile : tiles) {
+      PageLists pages = rb.block.Pages(tile);
+      for (Backend be : backends) {
+        std::vector<float> y(want.size(), kNaN);
+        Status st = ApGemmQ8Rows(be, pages.view(), bits, luts.At(bits), a.acts, y.data(), s.rows, 0, s.rows);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        int bad = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          const double tol = 1e-5 * mag[i] + 1e-30;
+          if (!(std::fabs(static_cast<double>(y[i]) - want[i]) <= tol) && ++bad <= 3) {
+            ADD_FAILURE() << BackendName(be) << " " << s.rows << "x" << s.cols << " t" << tokens
+                          << " b" << bits << " tile" << tile << " seed " << seed << " index " << i
+                          << ": got " << y[i] << " want " << want[i] << " tol " << tol;
+          }
+        }
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
 TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
   const auto backends = Q8SimdBackends();
   if (backends.empty()) GTEST_SKIP() << "no SIMD fast path on this CPU";
@@ -198,55 +244,38 @@ TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
   std::mt19937 rng(seed);
   // Rows past the last block of 16, odd group counts (a half last pair); on the AMX backend
   // several column chunks at 37 and 64 tokens (two group pairs per chunk), rows of up to 2048
-  // columns on tiles, of 3600 (8 pairs, one chunk) on tiles up to 16 tokens, longer ones
-  // ({2, 4100}) on its AVX-512 loops.
+  // columns on tiles, of 3600 (8 pairs, one chunk) on tiles up to 16 tokens and walked row
+  // block by row block across all columns above, longer ones ({2, 4100}) as the AMX backend's
+  // thresholds say (AmxMatchesReferenceOnLongRows).
   const Shape shapes[] = {{1, 1}, {37, 50}, {129, 65}, {64, 256}, {33, 513}, {9, 768}, {3, 1000}, {6, 1024}, {40, 2000}, {20, 3600}, {2, 4100}};
   // 8 (3-4 bits), 12, 16, 37, 64: the AMX tiles (one partial, one full, three and four token
   // groups of 16).
   const int token_counts[] = {1, 3, 8, 12, 16, 37, 64};
-  const int tiles[] = {1, 7, 64};
   for (const Shape& s : shapes) {
     RandomBlock rb = MakeRandomBlock(s.rows, s.cols, rng);
     const Q8Luts luts = MakeQ8Luts(rb.block);
     for (int tokens : token_counts) {
-      auto x = RandomX(tokens, s.cols, rng);
-      Acts a(x, tokens, s.cols);
-      for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
-        // Tolerance scale: sum_c (|w8| + 128) * s_r * |x8 * s_g| per output.
-        std::vector<double> mag(static_cast<size_t>(tokens) * s.rows, 0.0);
-        for (int t = 0; t < tokens; ++t) {
-          for (int r = 0; r < s.rows; ++r) {
-            for (int c = 0; c < s.cols; ++c) {
-              mag[t * s.rows + r] += (std::fabs(luts.values[bits][(r << bits) + Code(rb, r, c, bits)]) + 128) *
-                                     luts.scales[bits][r] *
-                                     std::fabs(a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
-                                               a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
-            }
-          }
-        }
-        PageLists ref_pages = rb.block.Pages(s.rows);
-        std::vector<float> want(static_cast<size_t>(tokens) * s.rows, kNaN);
-        ASSERT_TRUE(ApGemmQ8Rows(Backend::kScalar, ref_pages.view(), bits, luts.At(bits), a.acts,
-                                 want.data(), s.rows, 0, s.rows).ok());
-        for (int tile : tiles) {
-          PageLists pages = rb.block.Pages(tile);
-          for (Backend be : backends) {
-            std::vector<float> y(want.size(), kNaN);
-            Status st = ApGemmQ8Rows(be, pages.view(), bits, luts.At(bits), a.acts, y.data(), s.rows, 0, s.rows);
-            ASSERT_TRUE(st.ok()) << st.ToString();
-            int bad = 0;
-            for (size_t i = 0; i < y.size(); ++i) {
-              const double tol = 1e-5 * mag[i] + 1e-30;
-              if (!(std::fabs(static_cast<double>(y[i]) - want[i]) <= tol) && ++bad <= 3) {
-                ADD_FAILURE() << BackendName(be) << " " << s.rows << "x" << s.cols << " t" << tokens
-                              << " b" << bits << " tile" << tile << " seed " << seed << " index " << i
-                              << ": got " << y[i] << " want " << want[i] << " tol " << tol;
-              }
-            }
-            EXPECT_EQ(bad, 0);
-          }
-        }
-      }
+      ExpectBackendsMatchReference(backends, rb, luts, s, tokens, {1, 7, 64}, rng, seed);
+    }
+  }
+}
+
+// The AMX backend on long rows, where its tiles walk each block of 16 rows across all its
+// columns with the B tiles of every column laid out once: {20, 14400} (29 group pairs, a half
+// last one: 4 column chunks per row block at 12 and 16 tokens; at 37 tokens the B tiles of all
+// columns exceed the layout, so the tokens run in passes of 16, 16 and 5) and {17, 8000} (16
+// pairs: at 37 tokens one pass of 32 tokens in two token groups, then one of 5). Page tiles
+// of 7 rows put page boundaries inside every row block.
+TEST(Q8Backends, AmxMatchesReferenceOnLongRows) {
+  if (!Q8BackendAvailable(Backend::kAmx)) GTEST_SKIP() << "no AMX fast path on this CPU";
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (const Shape& s : {Shape{20, 14400}, Shape{17, 8000}}) {
+    RandomBlock rb = MakeRandomBlock(s.rows, s.cols, rng);
+    const Q8Luts luts = MakeQ8Luts(rb.block);
+    for (int tokens : {12, 16, 37}) {
+      ExpectBackendsMatchReference({Backend::kAmx}, rb, luts, s, tokens, {7, 32}, rng, seed);
     }
   }
 }
