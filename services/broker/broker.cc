@@ -19,7 +19,11 @@ Broker::Broker(BrokerOptions options, const transport::Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
 
 Broker::~Broker() {
+  // Every registration goes before the worker and the context it was made on (UCX asserts on
+  // a region still registered at cleanup); the planner reads the served store.
+  planner_.reset();
   region_.reset();
+  served_.reset();
   ucx_worker_.reset();
   ucx_ctx_.reset();
 }

@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <csignal>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <thread>
@@ -931,6 +933,35 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
   EXPECT_EQ(decode.Wait(30000), 0) << logs();
   EXPECT_EQ(prefill.Wait(30000), 0) << logs();
   EXPECT_NE(decode.Log().find("heartbeats sent during engine steps"), std::string::npos) << logs();
+}
+
+// A broker serving an .apw store registers the store's memory with UCX; on SIGTERM it must
+// give the registration back before the UCX context goes (UCX aborts on a region still
+// registered at cleanup), so the process exits 0 after logging that it stopped.
+TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
+  const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";
+  if (!std::filesystem::exists(model + "/model.safetensors")) GTEST_SKIP() << "no weights in " << model;
+  if (!std::filesystem::exists(store)) GTEST_SKIP() << "no store " << store << " (built by the Release build)";
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string log = log_dir + "/BrokerServingAStoreStopsCleanly.broker.log";
+  unlink(log.c_str());
+  testing::ChildProcess broker;
+  ASSERT_TRUE(broker.Start({Bin("pw-broker"), "--insecure", "--model", model, "--store", store, "--bind",
+                            "tcp://127.0.0.1:" + std::to_string(FreePort())},
+                           log));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (broker.Log().find("broker: store") == std::string::npos && broker.running() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(broker.Log().find("broker: store"), std::string::npos) << broker.Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into its serving loop
+  broker.Kill(SIGTERM);
+  EXPECT_EQ(broker.Wait(30000), 0) << broker.Log();
+  EXPECT_NE(broker.Log().find("broker: stopped"), std::string::npos) << broker.Log();
+  EXPECT_EQ(broker.Log().find("Assertion"), std::string::npos) << broker.Log();
 }
 
 }  // namespace
