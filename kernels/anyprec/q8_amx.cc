@@ -163,10 +163,10 @@ void TileRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, s
               int r1) {
   const BlockAndLut src{v, lut};
   const int T = a.tokens;
-  const int G = (T + kTileTokens - 1) / kTileTokens;  // token groups
+  const int G = TokenGroups(T);
   const int W = T < kTileTokens ? T : kTileTokens;     // tile width in tokens
   const int groups = (v.cols + kGroupCols - 1) / kGroupCols;
-  const int pairs = (groups + 1) / 2;
+  const int pairs = Pairs(v.cols);
   const bool odd = groups % 2 != 0;
   const int stride = Q8ActStride(v.cols), ngroups = Q8ActGroups(v.cols);
   const int chunk = kChunkPairs / G > 0 ? kChunkPairs / G : 1;
