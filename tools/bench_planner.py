@@ -271,7 +271,6 @@ def run_mode(a, mode, ranked_map=None):
            "output_throughput": s.get("output_throughput"), "request_throughput": s.get("request_throughput"),
            "ttft_p50": s.get("median_ttft_ms"), "ttft_p99": s.get("p99_ttft_ms"),
            "tpot_p50": s.get("median_tpot_ms"), "tpot_p99": s.get("p99_tpot_ms"),
-           "per_token_p50": per_token_ms(s)[0], "per_token_p99": per_token_ms(s)[1],
            "bits_min": min(x["bits"] for x in load), "bits_time_weighted": tw,
            "bits_end": samples[-1]["bits"], "recovered_s": recovered,
            "preemptions": pick(m1, "pagedweight_worker_num_preemptions_total") - pick(m0, "pagedweight_worker_num_preemptions_total"),
@@ -283,18 +282,6 @@ def run_mode(a, mode, ranked_map=None):
     with open(os.path.join(out_dir, "samples.json"), "w") as f:
         json.dump({"samples": samples, "row": row}, f)
     return row
-
-
-def per_token_ms(s):
-    """Per-request decode time per output token, (end-to-end - TTFT) / (output tokens - 1), p50
-    and p99 in ms, from pw-loadgen's result: its TPOT times only the chunks that carry text, and
-    on a model served through another model's tokenizer most ids decode to none."""
-    xs = sorted((e - t) / (n - 1) * 1000 for e, t, n, err in zip(s.get("e2els", []), s.get("ttfts", []),
-                                                                 s.get("output_lens", []), s.get("errors", []))
-                if not err and n > 1)
-    if not xs:
-        return None, None
-    return xs[len(xs) // 2], xs[min(len(xs) - 1, int(0.99 * len(xs)))]
 
 
 def write_maps(out_dir, maps, t_end):
