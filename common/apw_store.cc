@@ -426,4 +426,20 @@ Result<std::unique_ptr<ApwStore>> ApwStore::Open(const std::string& path, const 
   return s;
 }
 
+std::vector<double> CalibrationShares(const ApwStore& store) {
+  const StoreInfo& info = store.info();
+  std::vector<double> layer_tokens(static_cast<size_t>(info.num_layers) * 2, 0.0);
+  auto slot = [](const BlockData& b) { return static_cast<size_t>(b.layer) * 2 + static_cast<uint32_t>(b.kind); };
+  for (int i = 0; i < store.num_blocks(); ++i) {
+    layer_tokens[slot(store.block(i))] += static_cast<double>(store.block(i).calib_tokens);
+  }
+  std::vector<double> share(static_cast<size_t>(store.num_blocks()));
+  for (int i = 0; i < store.num_blocks(); ++i) {
+    const BlockData& b = store.block(i);
+    share[i] = (static_cast<double>(b.calib_tokens) + 1) / (layer_tokens[slot(b)] + info.num_experts) *
+               info.num_experts;
+  }
+  return share;
+}
+
 }  // namespace pw::apw

@@ -142,4 +142,11 @@ class ApwStore {
 // Bytes of one block's data region (planes then LUTs, each part kPartAlign-aligned).
 uint64_t BlockDataBytes(uint32_t rows, uint32_t cols);
 
+// Each block's routing share in the calibration, indexed like ApwStore::block:
+//   share_i = (calib_tokens_i + 1) / (calib tokens of its layer's blocks of its kind + E) * E,
+// 1 = an average expert of the layer (add-one smoothed, so an expert never routed keeps a
+// small share). damage[b] is an error per routed token; share_i * damage[b] is the block's
+// expected damage per token of the calibration's traffic.
+std::vector<double> CalibrationShares(const ApwStore& store);
+
 }  // namespace pw::apw

@@ -207,18 +207,11 @@ engine::ExpertProj ProjOf(apw::BlockKind k) {
 
 Result<WidthMap> PlanDamageRanked(const apw::ApwStore& store, double avg_bits, int min_bits) {
   PW_ASSIGN_OR_RETURN(PlanState st, StartPlan(store, avg_bits, min_bits));
-  const apw::StoreInfo& info = store.info();
-  // Routing frequency of each block within its layer and projection.
-  std::vector<double> layer_tokens(static_cast<size_t>(info.num_layers) * 2, 0.0);
-  for (int i = 0; i < store.num_blocks(); ++i) {
-    const apw::BlockData& b = store.block(i);
-    layer_tokens[b.layer * 2 + static_cast<uint32_t>(b.kind)] += static_cast<double>(b.calib_tokens);
-  }
+  // Routing frequency of each block within its layer and projection (times E: the same order).
+  const std::vector<double> share = apw::CalibrationShares(store);
   auto cost = [&](int i, int bits) {
     const apw::BlockData& b = store.block(i);
-    const double f = (static_cast<double>(b.calib_tokens) + 1) /
-                     (layer_tokens[b.layer * 2 + static_cast<uint32_t>(b.kind)] + info.num_experts);
-    return f * (b.damage[bits - 1] - b.damage[bits]) / (static_cast<double>(b.rows) * b.cols / 8);
+    return share[i] * (b.damage[bits - 1] - b.damage[bits]) / (static_cast<double>(b.rows) * b.cols / 8);
   };
   // (cost, block) min-heap; ties broken by block index for determinism.
   using Item = std::pair<double, int>;

@@ -73,7 +73,8 @@ class WidthMap {
 // starting from every block at 8 bits and lowering one block by one bit at a time:
 //   - PlanDamageRanked: always the step with the least expected damage per byte freed,
 //       cost = f_i * (D_i[b-1] - D_i[b]) / (rows * cols / 8),
-//     f_i = (tokens_i + 1) / (tokens of the layer's experts + E): the routing frequency from
+//     f_i = (tokens_i + 1) / (tokens of the layer's experts + E) (apw::CalibrationShares / E):
+//     the routing frequency from
 //     the calibration counts, since D_i is an error per routed token;
 //   - PlanRandom: a uniformly random block still above min_bits (seeded, for baselines).
 // Stops at the first map whose average is <= avg_bits; errors if avg_bits < min_bits.

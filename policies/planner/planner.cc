@@ -55,6 +55,9 @@ Status CheckInputs(const PlannerInputs& in) {
     const size_t idx = ExpertBlockIndex(b.layer, b.expert, b.proj, in.num_experts);
     if (seen[idx]) return InvalidArgument("planner " + BlockName(b) + " is listed twice");
     seen[idx] = true;
+    if (!std::isfinite(b.calib_share) || b.calib_share <= 0) {
+      return InvalidArgument("planner " + BlockName(b) + ": calib_share must be finite and > 0");
+    }
     if (b.committed < 0 || b.committed > anyprec::kMaxBits || b.floor < 0 || b.floor > anyprec::kMaxBits) {
       return InvalidArgument("planner " + BlockName(b) + ": committed and floor must be 0.." +
                              std::to_string(anyprec::kMaxBits));
@@ -120,19 +123,19 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
     return out;
   }
 
-  const std::vector<double> mass =
-      NormalizedMass(in.routing_mass, in.num_layers, in.num_experts, params.use_routing);
+  const BlockShares shares = RoutingShares(in, params.use_routing);
+  const std::vector<double>& rmass = shares.r;
   const size_t n = in.blocks.size();
   std::vector<int> width(n), floor(n);
-  std::vector<double> hot(n), rmass(n);
+  std::vector<double> hot(n);
   std::vector<bool> movable(n);
   for (size_t i = 0; i < n; ++i) {
     const BlockInput& b = in.blocks[i];
     width[i] = b.committed;
-    rmass[i] = mass[static_cast<size_t>(b.layer) * in.num_experts + b.expert];
     hot[i] = HotWeight(rmass[i], params);
     int f = std::max(params.min_bits, b.floor);
-    if (params.use_routing && rmass[i] >= params.hot_threshold) f = std::max(f, params.hot_floor_bits);
+    // The hot floor follows the live traffic only (the calibration's share weighs, no more).
+    if (shares.live[i] && rmass[i] >= params.hot_threshold) f = std::max(f, params.hot_floor_bits);
     floor[i] = std::min(f, params.max_bits);
     movable[i] = b.committed >= params.min_bits && b.committed <= params.max_bits;
   }

@@ -27,6 +27,11 @@ struct BlockInput {
   // projection (common/residual_heads.h), a log factor on its step damage; 0 = none (no heads,
   // no prompt features, or the "no prompt residuals" ablation). Must be finite.
   double log_residual = 0;
+  // The block's routing share in the store's calibration (apw::CalibrationShares: 1 = an
+  // average expert of its layer). damage[] is per routed token, so a step's damage is weighed
+  // by how often the expert is routed: by the live routing mass when the worker measured one
+  // for the layer (and routing statistics are on), else by this share. Must be finite, > 0.
+  double calib_share = 1;
 };
 
 // Pool pages of the decode worker planned for (Telemetry).

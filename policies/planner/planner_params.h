@@ -21,7 +21,9 @@ namespace pw::planner {
 struct PlannerParams {
   bool enabled = false;          // the broker runs the planner at all
   bool static_mode = false;      // ablation: widths never change (Plan returns no change)
-  bool use_routing = true;       // ablation: false = every expert weighs 1 and no hot floor
+  // ablation: false = no live routing statistics: every block weighs its calibration share
+  // (BlockInput::calib_share) and no expert gets the hot floor
+  bool use_routing = true;
   // ablation: false = no prompt residuals (every block's PromptResidual is 1; the broker's
   // driver leaves BlockInput::log_residual at 0)
   bool use_prompt_residuals = true;

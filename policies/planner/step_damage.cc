@@ -21,9 +21,30 @@ std::vector<double> NormalizedMass(const std::vector<double>& mass, int num_laye
   return r;
 }
 
-double HotWeight(double normalized_mass, const PlannerParams& params) {
-  if (!params.use_routing) return 1.0;
-  return std::clamp(normalized_mass, params.hot_weight_min, params.hot_weight_max);
+BlockShares RoutingShares(const PlannerInputs& in, bool use_routing) {
+  const std::vector<double> mass = NormalizedMass(in.routing_mass, in.num_layers, in.num_experts, use_routing);
+  // A layer with live mass: NormalizedMass is 1 everywhere only where it had none (or was off).
+  std::vector<bool> layer_live(static_cast<size_t>(std::max(in.num_layers, 0)), false);
+  if (use_routing && in.routing_mass.size() == mass.size()) {
+    for (int l = 0; l < in.num_layers; ++l) {
+      for (int e = 0; e < in.num_experts; ++e) {
+        if (in.routing_mass[static_cast<size_t>(l) * in.num_experts + e] > 0) layer_live[l] = true;
+      }
+    }
+  }
+  BlockShares s;
+  s.r.resize(in.blocks.size());
+  s.live.resize(in.blocks.size());
+  for (size_t i = 0; i < in.blocks.size(); ++i) {
+    const BlockInput& b = in.blocks[i];
+    s.live[i] = layer_live[static_cast<size_t>(b.layer)];
+    s.r[i] = s.live[i] ? mass[static_cast<size_t>(b.layer) * in.num_experts + b.expert] : b.calib_share;
+  }
+  return s;
+}
+
+double HotWeight(double share, const PlannerParams& params) {
+  return std::clamp(share, params.hot_weight_min, params.hot_weight_max);
 }
 
 double PromptResidual(const BlockInput& block) {

@@ -1,11 +1,14 @@
 // StepDamage: the expected damage of moving one expert block between two widths.
 //
-//   damage(i: b -> b') = (D_i[b'] - D_i[b]) * hot(r_e) * PromptResidual(i)
+//   damage(i: b -> b') = (D_i[b'] - D_i[b]) * hot(r_i) * PromptResidual(i)
 // with PromptResidual(i) = exp(log_residual_i), the running batch's prompt residual
 // for a lowering b' < b (for a raise b -> b', the damage avoided is the same expression with
-// the widths swapped). hot(r) = clamp(r, hot_weight_min, hot_weight_max) where r is the
-// expert's routing mass over the mean of its layer (planner_params.h); with use_routing off,
-// or without routing statistics, hot = 1.
+// the widths swapped). hot(r) = clamp(r, hot_weight_min, hot_weight_max) where r_i is how
+// often the block's expert is routed against the average expert of its layer: its live
+// routing mass over the layer's mean (planner_params.h) when the worker measured mass for the
+// layer, else (no statistics yet, or use_routing off) the store's calibration share
+// (BlockInput::calib_share). D_i is a damage per routed token, so r_i is what turns it into
+// the damage the traffic sees.
 #pragma once
 
 #include <vector>
@@ -21,7 +24,15 @@ namespace pw::planner {
 std::vector<double> NormalizedMass(const std::vector<double>& mass, int num_layers, int num_experts,
                                    bool use_routing);
 
-double HotWeight(double normalized_mass, const PlannerParams& params);
+// r_i of every block (index as in.blocks) and whether it is the live mass (true) or the
+// calibration share (false), as above.
+struct BlockShares {
+  std::vector<double> r;
+  std::vector<bool> live;
+};
+BlockShares RoutingShares(const PlannerInputs& in, bool use_routing);
+
+double HotWeight(double share, const PlannerParams& params);
 
 // The factor exp(residual_i(prompt features)) of the running batch's prompts:
 // exp(block.log_residual), clamped to [exp(-kMaxLogResidual), exp(kMaxLogResidual)]; 1.0 when

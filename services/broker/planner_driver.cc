@@ -23,7 +23,7 @@ bool RaisePending(const PlanBook& book, const std::string& worker) {
 }  // namespace
 
 PlannerDriver::PlannerDriver(const apw::ApwStore& store, const planner::PlannerParams& params)
-    : store_(store), params_(params) {}
+    : store_(store), calib_share_(apw::CalibrationShares(store)), params_(params) {}
 
 Result<std::unique_ptr<PlannerDriver>> PlannerDriver::Create(const apw::ApwStore& store,
                                                              const planner::PlannerParams& params) {
@@ -110,6 +110,7 @@ Result<std::optional<PlannerDriver::Outcome>> PlannerDriver::Tick(uint64_t now_m
     // Widths 1..2 do not exist; give them the damage of dropping the block so the table is
     // monotone (the planner never moves a block there).
     bi.damage[1] = bi.damage[2] = b.damage[0];
+    bi.calib_share = calib_share_[static_cast<size_t>(i)];
     in.blocks.push_back(bi);
   }
   in.pool.page_bytes = pool->page_bytes;

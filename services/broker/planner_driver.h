@@ -74,6 +74,7 @@ class PlannerDriver {
   Result<const std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>>*> PagesFor(uint64_t page_bytes);
 
   const apw::ApwStore& store_;
+  std::vector<double> calib_share_;  // apw::CalibrationShares(store_), per block
   planner::PlannerParams params_;
   std::shared_ptr<const ResidualHeads> heads_;
   std::map<uint64_t, std::vector<std::array<uint32_t, anyprec::kMaxBits + 1>>> pages_;

@@ -199,6 +199,55 @@ TEST_F(PlannerDriverTest, KvDemandAndRoutingMassFromTelemetryReachThePlanner) {
   EXPECT_EQ(d0, a0);
 }
 
+TEST_F(PlannerDriverTest, TheStoresCalibrationCountsWeighStepsUntilTheWorkerMeasuresMass) {
+  // The same damage tables (expert 1 ten times as sensitive per routed token), but the
+  // calibration routed 99 % of its tokens to expert 0: per token of traffic expert 0 is the
+  // costly one to lower, until live mass says otherwise.
+  const std::string path = TestStorePath("planner_driver_calib_");
+  std::vector<anyprec::RandomBlock> blocks;
+  anyprec::WriteRandomStore(path, {kLayers, kExperts, kHidden, kFfn, 7}, 5, &blocks, [](apw::BlockData& b) {
+    const double s = b.expert == 0 ? 1.0 : 10.0;
+    for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) b.damage[bits] = s * std::pow(2.0, 8 - bits);
+    b.damage[0] = s * 1000;
+    b.calib_tokens = b.expert == 0 ? 9899 : 99;
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  auto store = apw::ApwStore::Open(path).value();
+  const std::vector<double> shares = apw::CalibrationShares(*store);
+  for (int i = 0; i < store->num_blocks(); ++i) {
+    EXPECT_NEAR(shares[i], store->block(i).expert == 0 ? 2 * 9900.0 / 10000 : 2 * 100.0 / 10000, 1e-12);
+  }
+  auto lowered = [&](bool use_routing, std::vector<float> mass, int* by0, int* by1) {
+    PlanBook book(kLayers, kExperts, 8, 3, 8);
+    ASSERT_TRUE(book.Mirror("d0", All(8)).ok());
+    planner::PlannerParams p = Params();
+    p.use_routing = use_routing;
+    p.hot_threshold = 100.0;  // no hot floor: only the weighting
+    auto driver = PlannerDriver::Create(*store, p).value();
+    WorkerPool pool{kPage, 500, 4 * 24, 300, 0, 0};
+    pool.kv_demand = 260;
+    pool.mass = std::move(mass);
+    book.Telemetry("d0", pool);
+    auto r = driver->Tick(1000, &book, {"d0"});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->has_value());
+    *by0 = *by1 = 0;
+    for (const auto& c : (*r)->decision.changes) (c.expert == 0 ? *by0 : *by1) += c.from - c.to;
+  };
+  int a0 = 0, a1 = 0;
+  lowered(true, {}, &a0, &a1);  // no mass measured yet: the calibration's counts
+  EXPECT_GT(a1, a0);
+  int b0 = 0, b1 = 0;
+  lowered(false, {0.5f, 0.5f}, &b0, &b1);  // the routing ablation: the same
+  EXPECT_EQ(b0, a0);
+  EXPECT_EQ(b1, a1);
+  int c0 = 0, c1 = 0;
+  lowered(true, {0.5f, 0.5f}, &c0, &c1);  // live traffic routes both alike: expert 0 is cheap again
+  EXPECT_GT(c0, c1);
+  store.reset();
+  std::filesystem::remove(path);
+}
+
 TEST_F(PlannerDriverTest, StaticModeAndBadParams) {
   PlanBook book(kLayers, kExperts, 8, 3, 8);
   ASSERT_TRUE(book.Mirror("d0", All(8)).ok());

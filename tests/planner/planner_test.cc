@@ -330,6 +330,13 @@ TEST(PlannerTest, BadInputIsRefused) {
   p.high_watermark = 0.2;
   EXPECT_EQ(Plan(in, p).status().code(), StatusCode::kInvalidArgument);
 
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    PlannerInputs share = in;
+    share.blocks[0].calib_share = bad;
+    auto r = Plan(share, Params());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("calib_share"), std::string::npos);
+  }
   PlannerInputs mass = in;
   mass.routing_mass = {1.0, 2.0, 3.0};
   auto r = Plan(mass, Params());
@@ -367,8 +374,63 @@ TEST(PlannerTest, StepDamageWeighsByHotness) {
   PlannerParams p = Params();
   EXPECT_DOUBLE_EQ(HotWeight(0.0, p), p.hot_weight_min);
   EXPECT_DOUBLE_EQ(HotWeight(100.0, p), p.hot_weight_max);
-  p.use_routing = false;
-  EXPECT_DOUBLE_EQ(HotWeight(100.0, p), 1.0);
+  EXPECT_DOUBLE_EQ(HotWeight(1.5, p), 1.5);
+}
+
+TEST(PlannerTest, RoutingSharesAreTheLiveMassWhereMeasuredElseTheCalibrationShare) {
+  PlannerInputs in;
+  in.num_layers = 2;
+  in.num_experts = 2;
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < 2; ++e) {
+      in.blocks.push_back(MakeBlock(l, e, ExpertProj::kDown, 8, 1.0));
+      in.blocks.back().calib_share = l == 0 ? 0.5 + e : 0.25 + 1.5 * e;
+    }
+  }
+  in.routing_mass = {0.0, 0.0, 3.0, 1.0};  // layer 0 measured nothing yet, layer 1 did
+  BlockShares s = RoutingShares(in, true);
+  EXPECT_EQ(s.r, (std::vector<double>{0.5, 1.5, 1.5, 0.5}));
+  EXPECT_EQ(s.live, (std::vector<bool>{false, false, true, true}));
+  // Without routing statistics (or with them off) every block has its calibration share.
+  for (bool on : {true, false}) {
+    PlannerInputs none = in;
+    if (on) none.routing_mass.clear();
+    BlockShares c = RoutingShares(none, on);
+    EXPECT_EQ(c.r, (std::vector<double>{0.5, 1.5, 0.25, 1.75}));
+    EXPECT_EQ(c.live, (std::vector<bool>(4, false)));
+  }
+}
+
+TEST(PlannerTest, WithoutLiveMassTheCalibrationShareWeighsStepsAndGivesNoHotFloor) {
+  // Four equal blocks; the calibration routed expert 0 four times as often as average and the
+  // others a fraction: a lowering takes the rarely routed ones first...
+  PlannerInputs in = MakeInputs(4, 8, 80);  // 20 pages short
+  in.blocks[0].calib_share = 4.0;
+  for (size_t i = 1; i < 4; ++i) in.blocks[i].calib_share = 0.25 + 0.25 * static_cast<double>(i);
+  auto d = Plan(in, Params());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(WidthOf(in, *d, 0), 8);
+  EXPECT_EQ(WidthOf(in, *d, 1), 7) << "the least routed block goes first";
+  // ... the same with the routing ablation on ...
+  PlannerParams off = Params();
+  off.use_routing = false;
+  auto d_off = Plan(in, off);
+  ASSERT_TRUE(d_off.ok());
+  EXPECT_EQ(d_off->changes.size(), d->changes.size());
+  EXPECT_EQ(WidthOf(in, *d_off, 0), 8);
+  // ... and a live mass that says otherwise wins: expert 3 is now the hot one.
+  in.routing_mass = {0.1, 0.1, 0.1, 0.7};
+  auto live = Plan(in, Params());
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(WidthOf(in, *live, 3), 8);
+  EXPECT_LT(WidthOf(in, *live, 0), 8);
+  // A share of 4 (above hot_threshold) from the calibration is a weight, not a floor: a
+  // shortfall larger than the others can give takes expert 0 below hot_floor_bits.
+  in.routing_mass.clear();
+  in.kv_demand_pages = 1000;
+  auto all = Plan(in, Params());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(WidthOf(in, *all, 0), 3);
 }
 
 }  // namespace
