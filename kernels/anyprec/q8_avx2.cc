@@ -2,11 +2,12 @@
 //
 // One 32-byte load of a plane row is one 256-column group. For each slice k the 32 codes are
 // formed with byte-wise shifts, ANDs and ORs (for b <= 4, slices k and k+4 together in the two
-// nibbles), looked up in the row's signed int8 LUT with vpshufb (b <= 4: one 16-entry table;
+// nibbles; for b >= 5 all 8 slices at once by an 8x8 bit transpose across the plane
+// registers), looked up in the row's signed int8 LUT with vpshufb (b <= 4: one 16-entry table;
 // b >= 5: one shuffle per 16-entry part, merged by a tree of byte blends on code bits 4..b-1),
 // and multiplied with the activations by vpmaddubsw on |w| and sign(x, w) (no saturation:
 // |w|, |x| <= 127), then vpmaddwd into int32. One fp32 multiply-add per group and row.
-// One token: one row at a time, its planes prefetched ahead.
+// One token: one row at a time, its planes prefetched 2 KiB ahead.
 #include <immintrin.h>
 
 #include <cmath>
@@ -32,16 +33,45 @@ inline __m256i Shift(__m256i v) {
   }
 }
 
-template <int B, int K, bool Pair, int P = 0>
-inline __m256i Codes(const __m256i* pl) {
+// Codes of slices K (low nibble) and K + 4 (high nibble) from planes pl[0..B-1], B <= 4.
+template <int B, int K, int P = 0>
+inline __m256i PairCodes(const __m256i* pl) {
   constexpr int S = B - 1 - P;
-  constexpr int m = Pair ? (0x11 << S) : (1 << S);
+  constexpr int m = 0x11 << S;
   const __m256i c = _mm256_and_si256(Shift<K, S>(pl[P]), _mm256_set1_epi8(static_cast<char>(m)));
   if constexpr (P + 1 < B) {
-    return _mm256_or_si256(c, Codes<B, K, Pair, P + 1>(pl));
+    return _mm256_or_si256(c, PairCodes<B, K, P + 1>(pl));
   } else {
     return c;
   }
+}
+
+// From this width on the codes of all 8 slices of a group are formed at once by transposing,
+// in every byte position, the 8x8 bit matrix (register q, bit k) across 8 registers: 3 stages
+// of 4 delta swaps, 6 µops each = 72 µops per 256 weights, where forming each slice plane by
+// plane costs 3 per plane and slice (shift, mask, merge: 24·B - 8).
+constexpr int kTransposeFrom = 5;
+
+// Swaps bit j + D of r[i] with bit j of r[i + D] for every j with (j & D) == 0 and every i
+// with (i & D) == 0, in every byte (a delta swap; the 16-bit shifts carry bits across bytes
+// only into positions the mask clears).
+template <int D>
+inline void TransposeStage(__m256i* r) {
+  constexpr int lo_bits = D == 1 ? 0x55 : D == 2 ? 0x33 : 0x0F;
+  const __m256i ml = _mm256_set1_epi8(static_cast<char>(lo_bits));
+  for (int i = 0; i < 8; ++i) {
+    if ((i & D) != 0) continue;
+    const __m256i t = _mm256_and_si256(_mm256_xor_si256(_mm256_srli_epi16(r[i], D), r[i + D]), ml);
+    r[i + D] = _mm256_xor_si256(r[i + D], t);
+    r[i] = _mm256_xor_si256(r[i], _mm256_slli_epi16(t, D));
+  }
+}
+
+// r[k] bit q = r[q] bit k (before), in every byte of the 8 registers.
+inline void Transpose8x8(__m256i* r) {
+  TransposeStage<4>(r);
+  TransposeStage<2>(r);
+  TransposeStage<1>(r);
 }
 
 template <int B>
@@ -93,27 +123,33 @@ struct Row {
     scale = s.lut.scales[r];
   }
 
-  // Calls use(k, w) for the 8 slices of group g, w = 32 signed weights of slice k.
+  // Calls use(k, w) for the 8 slices of group g, w = 32 signed weights of slice k; each plane
+  // stream prefetched `ahead` bytes further down (one prefetch per 64-byte line; 0: none).
   template <class F>
-  inline void DecodeGroup(int g, F&& use) const {
+  inline void DecodeGroup(int g, F&& use, size_t ahead) const {
     __m256i planes[B];
     for (int p = 0; p < B; ++p) {
-      // The stream 2 KiB further down the plane (one prefetch per 64-byte line).
-      if (g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(pl[p] + 32 * g + 2048), _MM_HINT_T0);
+      if (ahead != 0 && g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(pl[p] + 32 * g + ahead), _MM_HINT_T0);
       planes[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pl[p] + 32 * g));
     }
     if constexpr (B <= 4) {
       const __m256i nib = _mm256_set1_epi8(0x0F);
       [&]<int... K>(std::integer_sequence<int, K...>) {
         ((void)[&] {
-          const __m256i c = Codes<B, K, true>(planes);
+          const __m256i c = PairCodes<B, K>(planes);
           use(K, tab.Look(_mm256_and_si256(c, nib)));
           use(K + 4, tab.Look(_mm256_and_si256(_mm256_srli_epi16(c, 4), nib)));
         }(), ...);
       }(std::make_integer_sequence<int, 4>{});
     } else {
+      static_assert(B >= kTransposeFrom);
+      // r[q]: the plane whose bit k becomes code bit q (zero above B - 1). After the
+      // transpose r[k] holds slice k's codes.
+      __m256i r[8];
+      for (int q = 0; q < 8; ++q) r[q] = q < B ? planes[B - 1 - q] : _mm256_setzero_si256();
+      Transpose8x8(r);
       [&]<int... K>(std::integer_sequence<int, K...>) {
-        ((void)use(K, tab.Look(Codes<B, K, false>(planes))), ...);
+        ((void)use(K, tab.Look(r[K])), ...);
       }(std::make_integer_sequence<int, 8>{});
     }
   }
@@ -131,6 +167,9 @@ inline float Sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
+// Software prefetch distance along each stream (as on AVX-512, q8_avx512_decode.inc).
+constexpr size_t kPrefetchBytes = 2048;
+
 // Slice k of group g inside a token's activation row.
 inline const __m256i* XSlice(const int8_t* xq, int g, int k) {
   return reinterpret_cast<const __m256i*>(xq + (g / 2) * 512 + 64 * k + 32 * (g % 2));
@@ -146,19 +185,18 @@ struct DenseRow {
     scale = m.scales[r];
   }
   template <class F>
-  inline void DecodeGroup(int g, F&& use) const {
+  inline void DecodeGroup(int g, F&& use, size_t ahead) const {
     for (int k = 0; k < 8; ++k) {
       const auto* p = reinterpret_cast<const __m256i*>(w + (g / 2) * 512 + 64 * k + 32 * (g % 2));
-      if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + 2048, _MM_HINT_T0);
+      if (ahead != 0 && k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead, _MM_HINT_T0);
       use(k, _mm256_loadu_si256(p));
     }
   }
 };
 
-// NR initialised rows of one token, y[i] for row i (the prefetch distance is fixed in
-// DecodeGroup, so `ahead` is unused).
+// NR initialised rows of one token, y[i] for row i; `ahead`: the prefetch distance.
 template <class RowT, int NR>
-void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t /*ahead*/) {
+void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t ahead) {
   const int groups = (cols + kGroupCols - 1) / kGroupCols;
   __m256 accf[NR];
   for (auto& f : accf) f = _mm256_setzero_ps();
@@ -168,7 +206,7 @@ void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t /*ah
     for (int i = 0; i < NR; ++i) {
       rows[i].DecodeGroup(g, [&](int k, __m256i w) {
         acc[i] = Dot(acc[i], w, _mm256_loadu_si256(XSlice(a.q, g, k)));
-      });
+      }, ahead);
     }
     const __m256 s = _mm256_set1_ps(a.scales[g]);
     for (int i = 0; i < NR; ++i) accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), s, accf[i]);
@@ -186,7 +224,7 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
   for (int t = 0; t < T; ++t) accf[t] = _mm256_setzero_ps();
   __m256i w[8];
   for (int g = 0; g < groups; ++g) {
-    row.DecodeGroup(g, [&](int k, __m256i wk) { w[k] = wk; });
+    row.DecodeGroup(g, [&](int k, __m256i wk) { w[k] = wk; }, kPrefetchBytes);
     for (int t = 0; t < T; ++t) {
       const int8_t* xq = a.q + static_cast<size_t>(t) * stride;
       __m256i c = _mm256_setzero_si256();
@@ -200,11 +238,11 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
 
 // Rows decoded side by side at one token (one: as on AVX-512, one row's b streams read faster
 // than 4 rows' 4b; forced AVX2 on the Xeon, 14336x4096, 4 bits: 12.4 GB/s against 10.3); the
-// prefetch distance is fixed (DecodeGroup).
+// plane streams are prefetched kPrefetchBytes ahead.
 template <int B>
 constexpr int kSideBySide = 1;
-inline size_t BlockAhead(int, size_t) { return 0; }
-constexpr size_t kDenseAhead = 0;
+inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
+constexpr size_t kDenseAhead = kPrefetchBytes;
 constexpr int kDenseSideBySide = 1;
 
 #include "kernels/anyprec/q8_rows.inc"
