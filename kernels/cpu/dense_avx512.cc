@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/prefetch_distance.h"
 #include "kernels/cpu/simd_avx2.h"
 
 namespace pw::cpu {
@@ -28,13 +29,14 @@ inline void Tile512(const float* x, size_t ldx, const W* w, size_t K, float* y, 
   __m512 acc[RR][TT];
   for (int r = 0; r < RR; ++r)
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const size_t ahead = PrefetchBytes();
   size_t k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[RR];
-    // Each row's stream prefetched 2 KiB ahead (one line per 64 bytes).
-    if (k % (64 / sizeof(W)) == 0) {
+    // Each row's stream prefetched `ahead` bytes ahead (one line per 64 bytes).
+    if (ahead != 0 && k % (64 / sizeof(W)) == 0) {
       for (int r = 0; r < RR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k) + 2048, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k) + ahead, _MM_HINT_T0);
       }
     }
     for (int r = 0; r < RR; ++r) wv[r] = Load16(w + r * K + k);
@@ -75,10 +77,9 @@ inline void Tokens512(const float* x, size_t ldx, size_t T, const W* w, size_t K
 // Few-token bf16 GEMV over R rows read side by side, for TT <= kGemvMaxTokens tokens: 64-byte
 // loads (32 weights per row per step), the even and odd weights of each load widened in place
 // (a shift and a mask: no cross-lane shuffle on the weights) against the activations split
-// once per step into their even and odd columns, each row's stream prefetched kGemvPrefetch
-// bytes ahead. The K tail goes through masked loads (never read past a row). One token keeps
+// once per step into their even and odd columns, each row's stream prefetched PrefetchBytes()
+// ahead (prefetch_distance.h). The K tail goes through masked loads (never read past a row). One token keeps
 // separate even/odd accumulators (two independent chains per row); more tokens share one.
-constexpr size_t kGemvPrefetch = 2048;
 constexpr size_t kGemvMaxTokens = 4;
 
 template <int R, int TT>
@@ -92,6 +93,7 @@ inline void GemvBf16(const float* x, size_t ldx, const uint16_t* const* w, size_
   const __m512i idx_e = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i idx_o = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const size_t ahead = PrefetchBytes();
   auto step = [&](size_t k, __mmask32 mw, bool tail) {
     __m512 xe[TT], xo[TT];
     for (int t = 0; t < TT; ++t) {
@@ -107,7 +109,7 @@ inline void GemvBf16(const float* x, size_t ldx, const uint16_t* const* w, size_
       if (tail) {
         v = _mm512_maskz_loadu_epi16(mw, w[r] + k);
       } else {
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kGemvPrefetch, _MM_HINT_T0);
+        if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + ahead, _MM_HINT_T0);
         v = _mm512_loadu_si512(w[r] + k);
       }
       const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
