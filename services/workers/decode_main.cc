@@ -6,6 +6,8 @@
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
 #include "services/workers/decode_worker.h"
+#include "kernels/anyprec/q8.h"
+#include "services/workers/kernel_report.h"
 #include "services/common/stop_signals.h"
 #include "policies/misses/miss_flags.h"
 
@@ -120,6 +122,12 @@ int main(int argc, char** argv) {
     o.trace.max_bytes = static_cast<uint64_t>(trace.max_mb * 1e6);
   }
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);
+  PW_LOG(INFO) << pw::workers::KernelBackendsLine();
+  if (!o.broker_endpoint.empty()) {  // expert blocks from the store, at the widths planned
+    const std::string warn =
+        pw::workers::WideBlockWarning(pw::anyprec::BestQ8Backend(), o.lower_floors.max_bits);
+    if (!warn.empty()) PW_LOG(WARNING) << warn;
+  }
   if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-decode", o.router_endpoint); !s.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", s.message().c_str());
     return 2;

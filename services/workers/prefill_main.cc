@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
+#include "services/workers/kernel_report.h"
 #include "services/workers/prefill_worker.h"
 #include "services/common/stop_signals.h"
 
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   pw::SetLogProcessTag(o.id.empty() ? "prefill" : o.id);
+  PW_LOG(INFO) << pw::workers::KernelBackendsLine();
   if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-prefill", o.router_endpoint); !s.ok()) {
     std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());
     return 2;

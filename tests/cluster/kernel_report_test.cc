@@ -1,0 +1,40 @@
+// What a worker logs about its CPU kernels: the line and the wide-block warning.
+#include "services/workers/kernel_report.h"
+
+#include <gtest/gtest.h>
+
+#include "kernels/anyprec/q8.h"
+#include "kernels/cpu/dense.h"
+
+namespace pw::workers {
+namespace {
+
+TEST(KernelReport, TheLineNamesEveryBackendThisProcessRuns) {
+  const std::string line = KernelBackendsLine();
+  EXPECT_NE(line.find(std::string("dense ") + cpu::IsaName(cpu::BestIsa())), std::string::npos) << line;
+  EXPECT_NE(line.find(std::string("fast path ") + anyprec::BackendName(anyprec::BestQ8Backend())),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("prefetch"), std::string::npos) << line;
+}
+
+TEST(KernelReport, OnlyAByteShuffleFastPathLimitsTheWidth) {
+  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kAvx512), 8);
+  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kAmx), 8);
+  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kAvx2), 5);
+  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kScalar), 5);
+}
+
+TEST(KernelReport, AWarningOnlyWhenThePlannerMayRaiseAboveTheLimit) {
+  EXPECT_EQ(WideBlockWarning(anyprec::Backend::kAvx512, 8), "");
+  EXPECT_EQ(WideBlockWarning(anyprec::Backend::kAvx2, 5), "");
+  EXPECT_EQ(WideBlockWarning(anyprec::Backend::kAvx2, 3), "");
+  const std::string w = WideBlockWarning(anyprec::Backend::kAvx2, 8);
+  EXPECT_NE(w.find("avx2"), std::string::npos) << w;
+  EXPECT_NE(w.find("above 5 bits"), std::string::npos) << w;
+  EXPECT_NE(w.find("max_bits to 5"), std::string::npos) << w;
+  EXPECT_NE(WideBlockWarning(anyprec::Backend::kAvx2, 6), "");
+}
+
+}  // namespace
+}  // namespace pw::workers
