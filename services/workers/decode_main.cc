@@ -133,7 +133,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   pw::service::InstallStopHandlers();
+  o.stop = &pw::service::StopFlag();
   auto w = pw::workers::DecodeWorker::Create(o);
+  if (!w.ok() && w.status().code() == pw::StatusCode::kCancelled) {
+    PW_LOG(INFO) << "stopped before serving: " << w.status().message();
+    return 0;
+  }
   if (!w.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", w.status().ToString().c_str());
     return 1;

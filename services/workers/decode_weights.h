@@ -19,6 +19,8 @@
 // thread only.
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,6 +50,9 @@ struct DecodeWeightsOptions {
   std::string worker_id;             // for logs and metric labels
   std::string model_name;            // what the manifest is asked for
   int timeout_ms = 120000;           // Load's wait for the manifest and the first widths
+  // Load gives up (kCancelled) once *stop is true (the process's SIGTERM flag): a worker
+  // started while its broker is down stops when asked instead of after timeout_ms.
+  const std::atomic<bool>* stop = nullptr;
   PagedWeightsOptions paged;         // rate limit, transfers in flight
   // A residency budget (paged_residency.h) for an any-precision store; none = every expert
   // resident (loaded at the initial width by Load).

@@ -145,6 +145,7 @@ Status DecodeWorker::Setup() {
   wo.worker_id = options_.id;
   wo.model_name = options_.model_name;
   wo.timeout_ms = options_.weights_timeout_ms;
+  wo.stop = options_.stop;
   wo.paged.max_bytes_per_s = options_.weight_bytes_per_s;
   wo.paged.max_in_flight = options_.weight_max_in_flight;
   wo.paged.pacing = options_.weight_pacing;

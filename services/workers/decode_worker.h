@@ -102,6 +102,7 @@ struct DecodeWorkerOptions {
   // a second of noticing (3 heartbeats); this covers that skew with a wide margin.
   uint64_t router_lost_quarantine_ms = 30000;
   int weights_timeout_ms = 120000; // waiting for the broker's expert weights at start
+  const std::atomic<bool>* stop = nullptr;  // set: that wait ends when it turns true
   std::string metrics_bind;        // "127.0.0.1:0"; empty = no /metrics
   // KV elements (prefill workers must use the same: the layout hash says so).
   engine::KvDtype kv_dtype = engine::KvDtype::kBf16;

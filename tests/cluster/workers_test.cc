@@ -647,6 +647,32 @@ TEST(Workers, LateWriterOfAnExpiredLeaseCannotCorruptAnotherRequest) {
   EXPECT_TRUE(all_free) << logs();
 }
 
+// A decode worker whose broker is not there waits for its expert weights; SIGTERM in that wait
+// stops it at once with exit status 0 (it used to wait out the whole weights timeout).
+TEST(Workers, ADecodeWorkerWaitingForItsBrokerStopsOnSigterm) {
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string log_path = log_dir + "/WaitingForBrokerStops.decode.log";
+  unlink(log_path.c_str());
+  testing::ChildProcess decode;
+  const std::string nobody = "tcp://127.0.0.1:" + std::to_string(testing::FreePort());
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router",
+                            "tcp://127.0.0.1:" + std::to_string(testing::FreePort()), "--broker", nobody,
+                            "--id", "decode-0"},
+                           log_path));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (decode.Log().find("waiting for the broker's expert weights") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(decode.Log().find("waiting for the broker's expert weights"), std::string::npos) << decode.Log();
+  const auto t0 = std::chrono::steady_clock::now();
+  decode.Kill(SIGTERM);
+  EXPECT_EQ(decode.Wait(10000), 0) << decode.Log();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_NE(decode.Log().find("stopped before serving"), std::string::npos) << decode.Log();
+}
+
 // The router dies while a lease is held: the decode worker quarantines the lease's blocks (a
 // prefill worker may have been writing them) and, since no router will ever speak for them,
 // frees them after router_lost_quarantine_ms instead of the 600 s fallback.
