@@ -78,8 +78,9 @@ inline void Tokens512(const float* x, size_t ldx, size_t T, const W* w, size_t K
 // loads (32 weights per row per step), the even and odd weights of each load widened in place
 // (a shift and a mask: no cross-lane shuffle on the weights) against the activations split
 // once per step into their even and odd columns, each row's stream prefetched PrefetchBytes()
-// ahead (prefetch_distance.h). The K tail goes through masked loads (never read past a row). One token keeps
-// separate even/odd accumulators (two independent chains per row); more tokens share one.
+// ahead (prefetch_distance.h). The K tail goes through masked loads (never read past a row).
+// One token keeps separate even/odd accumulators (two independent chains per row); more tokens
+// share one.
 constexpr size_t kGemvMaxTokens = 4;
 
 template <int R, int TT>

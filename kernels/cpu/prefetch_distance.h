@@ -26,8 +26,8 @@ namespace pw::cpu {
 
 inline constexpr size_t kMaxPrefetchBytes = 65536;
 
-// The distance for this CPU, or PW_PREFETCH_BYTES's (a bad value is reported on stderr once
-// and ignored).
+// The distance for this CPU, or PW_PREFETCH_BYTES's (a bad value is reported on stderr and
+// ignored). PrefetchBytes() asks once per process.
 inline size_t DefaultPrefetchBytes() {
   bool amd = false;
 #if defined(__x86_64__)
