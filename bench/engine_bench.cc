@@ -279,6 +279,7 @@ struct Options {
   std::vector<std::string> models;
   int threads = 2;
   bool dense_int8 = false;  // --dense int8: attention, lm_head and dense MLPs as int8
+  bool no_mmap = false;     // --no-mmap: the checkpoint copied into the process (EngineOptions)
   int runs = 5;
   int prompt_len = 64;
   int decode_steps = 16;
@@ -428,6 +429,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   engine::EngineOptions eo;
   eo.num_threads = o.threads;
   eo.dense_int8 = o.dense_int8;
+  eo.copy_weights = o.no_mmap;
   eo.block_size = 16;
   // Room for the prompt, the timed steps and any tokens decoded while other prompts prefill.
   const int max_gen = o.decode_steps + 64;
@@ -532,6 +534,8 @@ int Main(int argc, char** argv) {
   std::string dense = "bf16";
   app.add_option("--dense", dense, "dense weights (attention, lm_head, dense MLPs): bf16 or int8")
       ->check(CLI::IsMember({"bf16", "int8"}));
+  app.add_flag("--no-mmap", o.no_mmap,
+               "read the checkpoint into the process's memory instead of mapping it (llama.cpp's --no-mmap)");
   app.add_flag("--same-prompts", o.same_prompts,
                "every sequence of a batch gets the same prompt (identical routing, as "
                "llama-batched-bench decodes)");

@@ -242,8 +242,8 @@ SafetensorsFile::SafetensorsFile(std::unique_ptr<MmapFile> file, SafetensorsHead
   for (size_t i = 0; i < header_.tensors.size(); ++i) index_[header_.tensors[i].name] = i;
 }
 
-Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  PW_ASSIGN_OR_RETURN(auto file, MmapFile::Open(path));
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path, FileLoad load) {
+  PW_ASSIGN_OR_RETURN(auto file, MmapFile::Open(path, load));
   PW_ASSIGN_OR_RETURN(auto header, ParseSafetensorsHeader(file->data(), file->size(), path));
   return std::unique_ptr<SafetensorsFile>(new SafetensorsFile(std::move(file), std::move(header)));
 }
@@ -302,13 +302,13 @@ bool IsPlainFileName(const std::string& s) {
 
 }  // namespace
 
-Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir, FileLoad load) {
   std::unique_ptr<Checkpoint> ck(new Checkpoint());
   ck->dir_ = dir;
   const std::string single = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
   if (FileExists(single)) {
-    PW_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single));
+    PW_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(single, load));
     for (const auto& name : f->TensorNames()) ck->where_[name] = 0;
     ck->files_.push_back(std::move(f));
     return ck;
@@ -342,7 +342,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
     auto sid = shard_ids.find(shard);
     if (sid == shard_ids.end()) {
       const std::string shard_path = dir + "/" + shard;
-      auto f = SafetensorsFile::Open(shard_path);
+      auto f = SafetensorsFile::Open(shard_path, load);
       if (!f.ok()) {
         return f.status().WithContext(index_path + ": shard " + Quote(shard) + " of tensor " +
                                       Quote(it.key()));

@@ -71,10 +71,11 @@ struct SafetensorsHeader {
 Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, size_t size,
                                                  std::string_view label);
 
-// One mmapped, validated .safetensors file.
+// One mmapped (or copied: FileLoad), validated .safetensors file.
 class SafetensorsFile {
  public:
-  static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path,
+                                                       FileLoad load = FileLoad::kMap);
 
   const std::string& path() const { return file_->path(); }
   // All tensor names, sorted.
@@ -99,7 +100,8 @@ class SafetensorsFile {
 // hold every tensor the index assigns to it; shard names must be plain file names inside `dir`.
 class Checkpoint {
  public:
-  static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  // `load`: every file mapped, or copied into the process (common/mmap_file.h).
+  static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir, FileLoad load = FileLoad::kMap);
 
   const std::string& dir() const { return dir_; }
   std::vector<std::string> TensorNames() const;  // sorted

@@ -81,6 +81,8 @@ const Schema& ClusterSchema() {
                       {"kv_blocks", Schema::Int().Range(1, 1 << 24).Default(int64_t{1024})},
                       {"threads", Schema::Int().Range(1, 1024).Default(int64_t{1})},
                       {"max_batch_tokens", Schema::Int().Range(1, 1 << 20).Default(int64_t{256})},
+                      // The checkpoint read into the worker's memory instead of mapped (--no-mmap).
+                      {"no_mmap", Schema::Bool().Default(false)},
                       {"metrics_port", OptPort()},
                   })).Size(1, 64).Required()},
       {"decode", Schema::List(Schema::Map({
@@ -88,6 +90,7 @@ const Schema& ClusterSchema() {
                      {"kv_blocks", Schema::Int().Range(1, 1 << 24).Default(int64_t{2048})},
                      {"threads", Schema::Int().Range(1, 1024).Default(int64_t{1})},
                      {"max_batch_tokens", Schema::Int().Range(1, 1 << 20).Default(int64_t{256})},
+                     {"no_mmap", Schema::Bool().Default(false)},
                      {"max_batch", Schema::Int().Range(1, 65536).Default(int64_t{64})},
                      // A reservation that fits only after lowering expert widths waits up to
                      // this long (services/workers/reserve_wait.h); 0 = answered at once. Below
@@ -260,6 +263,7 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                          std::to_string(w["threads"].AsInt()), "--max-batch-tokens",
                          std::to_string(w["max_batch_tokens"].AsInt()), "--heartbeat-ms", hb,
                          "--kv-dtype", cfg["kv_dtype"].AsString()}, 2, 1};
+      if (w["no_mmap"].AsBool()) p.argv.push_back("--no-mmap");
       if (kind[0] == 'd') {
         p.argv.push_back("--max-batch");
         p.argv.push_back(std::to_string(w["max_batch"].AsInt()));

@@ -83,6 +83,10 @@ struct EngineOptions {
   // MLPs) run from int8 copies with one scale per row against int8 activations
   // (Model::QuantizeDenseInt8, as llama.cpp's q8_0); false keeps them bf16 (HF parity).
   bool dense_int8 = false;
+  // When true the checkpoint is read into the process's own memory at start instead of mapped
+  // from the page cache (llama.cpp's --no-mmap): a copy per process, read once; decode read it
+  // faster on an AMD Zen 4 host (docs/benchmarks.md, "Weights copied into the process").
+  bool copy_weights = false;
   // KV elements: fp32 (exact parity with the reference) or bf16 (half the memory; attention
   // still accumulates in fp32).
   KvDtype kv_dtype = KvDtype::kF32;

@@ -8,7 +8,7 @@
 
 namespace pw::engine {
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
     return NotFound("model directory " + dir + " does not exist or is not a directory");
@@ -16,7 +16,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   PW_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
-  PW_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::Open(dir));
+  PW_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::Open(dir, load));
   PW_RETURN_IF_ERROR(m->LoadTensors());
   const int64_t d = m->config_.head_dim;
   if (d % 2 != 0) return InvalidArgument(dir + "/config.json: head_dim must be even for RoPE");

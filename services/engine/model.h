@@ -71,8 +71,9 @@ struct LayerWeights {
 
 class Model {
  public:
-  // Loads `dir`/config.json and the checkpoint. Errors name the file and the field or tensor.
-  static Result<std::unique_ptr<Model>> Load(const std::string& dir);
+  // Loads `dir`/config.json and the checkpoint (mapped, or copied into the process: `load`).
+  // Errors name the file and the field or tensor.
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, FileLoad load = FileLoad::kMap);
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }

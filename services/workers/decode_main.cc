@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv-blocks", o.num_kv_blocks, "KV pool blocks")->check(CLI::Range(1, 1 << 24));
   app.add_option("--block-size", o.block_size, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--threads", o.threads, "compute threads")->check(CLI::Range(1, 1024));
+  app.add_flag("--no-mmap", o.copy_weights,
+               "read the checkpoint into this process's memory instead of mapping it (llama.cpp's --no-mmap)");
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "tokens per step")->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-batch", o.max_batch, "running sequences")->check(CLI::Range(1, 1 << 16));
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "heartbeat interval")->check(CLI::Range(10, 60000));

@@ -92,6 +92,7 @@ Status DecodeWorker::Setup() {
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.kv_dtype = options_.kv_dtype;
   eo.kv_pages = pool_.get();
+  eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,

@@ -90,6 +90,7 @@ struct DecodeWorkerOptions {
   int num_kv_blocks = 1024;
   int block_size = 16;
   int threads = 1;
+  bool copy_weights = false;       // the checkpoint read into the process (EngineOptions)
   int max_batch_tokens = 256;
   int max_batch = 64;              // running sequences the router may place here
   uint64_t heartbeat_ms = 500;

@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--block-size", o.block_size, "tokens per KV block")->check(CLI::Range(1, 4096));
   app.add_option("--threads", o.threads, "compute threads")->check(CLI::Range(1, 1024));
+  app.add_flag("--no-mmap", o.copy_weights,
+               "read the checkpoint into this process's memory instead of mapping it (llama.cpp's --no-mmap)");
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "prompt tokens per forward pass")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-batch-prompts", o.max_batch_prompts,

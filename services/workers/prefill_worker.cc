@@ -59,6 +59,7 @@ Status PrefillWorker::Setup() {
   eo.num_threads = options_.threads;
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.kv_dtype = options_.kv_dtype;
+  eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   const auto& cfg = engine_->model().config();
   prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),

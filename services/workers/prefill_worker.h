@@ -73,6 +73,7 @@ struct PrefillWorkerOptions {
   engine::KvDtype kv_dtype = engine::KvDtype::kBf16;  // must equal the decode workers'
 
   int threads = 1;
+  bool copy_weights = false;    // the checkpoint read into the process (EngineOptions)
   int max_batch_tokens = 256;  // prompt tokens per forward pass
   int max_batch_prompts = 32;  // prompts in flight (sharing passes) at once
   uint64_t heartbeat_ms = 500;

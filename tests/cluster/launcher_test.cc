@@ -131,6 +131,22 @@ TEST(ClusterConfig, DecodeWeightPacingBecomesAFlag) {
   EXPECT_NE(r.status().message().find("weight_pacing"), std::string::npos) << r.status().ToString();
 }
 
+TEST(ClusterConfig, NoMmapBecomesAFlagOfThatWorkerOnly) {
+  auto path = WriteTemp("no_mmap.yaml",
+                        "model_dir: m\nprefill: [{id: p, no_mmap: true}, {id: q}]\n"
+                        "decode: [{id: d, no_mmap: true}, {id: e, no_mmap: false}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_TRUE(HasFlag(ArgvOf(*cfg, "p"), "--no-mmap"));
+  EXPECT_FALSE(HasFlag(ArgvOf(*cfg, "q"), "--no-mmap"));
+  EXPECT_TRUE(HasFlag(ArgvOf(*cfg, "d"), "--no-mmap"));
+  EXPECT_FALSE(HasFlag(ArgvOf(*cfg, "e"), "--no-mmap"));
+  auto bad = WriteTemp("no_mmap_bad.yaml", "model_dir: m\nprefill: [{id: p, no_mmap: sometimes}]\ndecode: [{id: d}]\n");
+  auto r = LoadClusterConfig(bad, "/bin");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no_mmap"), std::string::npos) << r.status().ToString();
+}
+
 TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
   auto path = WriteTemp("misses.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"

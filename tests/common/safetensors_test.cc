@@ -353,5 +353,25 @@ TEST(CheckpointTest, RejectsEmptyDirectory) {
   EXPECT_THAT(ck.status().message(), HasSubstr(tmp.path()));
 }
 
+TEST(CheckpointTest, ACopiedCheckpointReadsAsTheMappedOne) {
+  TempDir tmp;
+  WriteTensors(tmp.File("model.safetensors"), {"x", "y"});
+  auto mapped = Checkpoint::Open(tmp.path());
+  auto copied = Checkpoint::Open(tmp.path(), FileLoad::kCopy);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  ASSERT_TRUE(copied.ok()) << copied.status().ToString();
+  EXPECT_EQ((*copied)->TensorNames(), (*mapped)->TensorNames());
+  for (const char* n : {"x", "y"}) {
+    auto a = (*mapped)->Get(n, DType::kBF16, {2, 3});
+    auto b = (*copied)->Get(n, DType::kBF16, {2, 3});
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->nbytes, b->nbytes);
+    EXPECT_NE(a->data, b->data);
+    EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << n;
+  }
+  auto bad = Checkpoint::Open(tmp.File("nothing-here"), FileLoad::kCopy);
+  EXPECT_FALSE(bad.ok());
+}
+
 }  // namespace
 }  // namespace pw

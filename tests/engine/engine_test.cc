@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -64,6 +65,24 @@ TEST_P(PerType, LogitsMatchReferenceAtEveryPosition) {
     }
   }
   EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+}
+
+// The checkpoint copied into the process (llama.cpp's --no-mmap) gives the mapped one's logits
+// bit for bit: same bytes, same kernels.
+TEST_P(PerType, CopiedWeightsGiveTheMappedLogits) {
+  auto mapped = MakeEngine(GetParam());
+  EngineOptions copy_opt;
+  copy_opt.copy_weights = true;
+  auto copied = MakeEngine(GetParam(), copy_opt);
+  ASSERT_TRUE(mapped && copied);
+  const size_t V = static_cast<size_t>(mapped->vocab_size());
+  auto refs = ReadRefLogits(FixtureModelDir(GetParam()) + "/logits.safetensors", V);
+  ASSERT_FALSE(refs.empty());
+  auto a = mapped->ForwardLogits(refs[0].ids);
+  auto b = copied->ForwardLogits(refs[0].ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
 }
 
 TEST_P(PerType, ChunkedPrefillEqualsUnchunked) {
