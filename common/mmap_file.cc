@@ -19,8 +19,9 @@ Status CopyIn(int fd, const std::string& path, size_t size, void** base, size_t*
   *len = rounded + kHugePage;  // room to align the start
   void* p = ::mmap(nullptr, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
+    const int err = errno;
     return IoError(path + ": cannot allocate " + std::to_string(size) + " bytes to copy it into: " +
-                   std::strerror(errno));
+                   std::strerror(err));
   }
   *base = p;
   auto* a = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + kHugePage - 1) & ~(kHugePage - 1));
@@ -69,25 +70,22 @@ Result<std::unique_ptr<MmapFile>> MmapFile::Open(const std::string& path, FileLo
   const uint8_t* data = nullptr;
   void* base = nullptr;
   size_t len = 0;
+  Status s = Status::Ok();
   if (size > 0 && load == FileLoad::kCopy) {
-    Status s = CopyIn(fd, path, size, &base, &len, &data);
-    ::close(fd);
-    if (!s.ok()) return s;
+    s = CopyIn(fd, path, size, &base, &len, &data);
   } else if (size > 0) {
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      return IoError(path + ": cannot mmap " + std::to_string(size) +
-                     " bytes: " + std::strerror(err));
+      const int err = errno;
+      s = IoError(path + ": cannot mmap " + std::to_string(size) + " bytes: " + std::strerror(err));
+    } else {
+      data = static_cast<const uint8_t*>(p);
+      base = p;
+      len = size;
     }
-    data = static_cast<const uint8_t*>(p);
-    base = p;
-    len = size;
-    ::close(fd);  // the mapping stays valid after close
-  } else {
-    ::close(fd);
   }
+  ::close(fd);  // a mapping stays valid after close
+  if (!s.ok()) return s;
   return std::unique_ptr<MmapFile>(new MmapFile(path, data, size, base, len));
 }
 

@@ -167,9 +167,6 @@ inline float Sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
-// Software prefetch distance along each stream (as on AVX-512, q8_avx512_decode.inc).
-constexpr size_t kPrefetchBytes = 2048;
-
 // Slice k of group g inside a token's activation row.
 inline const __m256i* XSlice(const int8_t* xq, int g, int k) {
   return reinterpret_cast<const __m256i*>(xq + (g / 2) * 512 + 64 * k + 32 * (g % 2));

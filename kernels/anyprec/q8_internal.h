@@ -7,6 +7,13 @@
 
 namespace pw::anyprec::internal {
 
+// Software prefetch distance along each plane stream, for every SIMD backend (planes are
+// contiguous within a page, so this is the stream a later pair or row reads; a prefetch past a
+// page's end is harmless). Measured on the Xeon of docs/benchmarks.md at 1024, 4096 and 14336
+// columns: 2 KiB beat 0.5, 1, 3.5, 4 and 7 KiB; on AMD Zen 4 none was mixed (docs/benchmarks.md,
+// "Software prefetch on AMD Zen 4"), so it stays on every CPU.
+inline constexpr size_t kPrefetchBytes = 2048;
+
 // A block and its int8 LUT at one width: where the SIMD backends' rows come from.
 struct BlockAndLut {
   const BlockView& view;

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <atomic>
-
 #include <cstdint>
 #include <memory>
 #include <string>
