@@ -5,6 +5,7 @@
 //   apgemv/<rows>x<cols>/b<bits>/t<tokens>  ApGemm at width bits (best backend); bytes per call =
 //                                           bits planes + LUT_bits (what the kernel must read)
 //   apq8gemv/<rows>x<cols>/b<bits>/t<tokens> the integer fast path (q8.h, best backend with one),
+//                                           ("/cached": one block read over and over, in cache)
 //                                           activation quantization included; bytes per call =
 //                                           bits planes + the int8 LUT_bits and its row scales
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
@@ -199,7 +200,10 @@ size_t Q8BytesPerCall(int rows, int cols, int bits) {
   return bits * PlaneBytes(rows, cols) + Q8LutValueBytes(rows, bits) + sizeof(float) * rows;
 }
 
-void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads) {
+// `cached`: every call reads the same block (it stays in the caches), so the case measures the
+// kernel's own rate, not memory's.
+void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads,
+                 bool cached) {
   const size_t lut_bytes = Q8LutValueBytes(rows, bits);
   const size_t per_call = Q8BytesPerCall(rows, cols, bits);
   // The exact LUT pointers are not read by this path (ValidateView wants one).
@@ -236,10 +240,10 @@ void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int toke
       break;
     }
     benchmark::DoNotOptimize(y.data());
-    if (++i == n_blocks) i = 0;
+    if (!cached && ++i == n_blocks) i = 0;
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
-  state.counters["blocks"] = n_blocks;
+  state.counters["blocks"] = cached ? 1 : n_blocks;
   state.counters["weights_per_s"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * rows * cols * tokens, benchmark::Counter::kIsRate);
   state.SetLabel(BackendName(backend));
@@ -371,7 +375,8 @@ void RegisterAll() {
         for (int t : q8_token_counts) {
           const std::string q8 = "apq8gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                                  "/b" + std::to_string(bits) + "/t" + std::to_string(t) + suffix(threads);
-          finish(benchmark::RegisterBenchmark(q8.c_str(), BM_ApQ8Gemv, s.rows, s.cols, bits, t, threads),
+          finish(benchmark::RegisterBenchmark(q8.c_str(), BM_ApQ8Gemv, s.rows, s.cols, bits, t, threads,
+                                              /*cached=*/false),
                  threads);
         }
         read_sizes.insert(ApBytesPerCall(s.rows, s.cols, bits));
@@ -393,6 +398,17 @@ void RegisterAll() {
         finish(benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t, threads), threads);
       }
       read_sizes.insert(size_t{2} * s.rows * s.cols);
+    }
+  }
+  // The fast path on one block that stays in the caches (2-3 MB at the OLMoE shapes), one thread,
+  // one token: its instruction rate, beside the DRAM cases above.
+  for (const ShapeSpec& s : {ShapeSpec{1024, 2048}, ShapeSpec{2048, 1024}}) {
+    for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+      const std::string name = "apq8gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                               "/b" + std::to_string(bits) + "/t1/cached";
+      finish(benchmark::RegisterBenchmark(name.c_str(), BM_ApQ8Gemv, s.rows, s.cols, bits, 1, 1,
+                                          /*cached=*/true),
+             1);
     }
   }
   for (int threads : {1, 2}) {
