@@ -27,8 +27,9 @@ function(pw_simd_sources level)
     set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS
       "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c;-mavx2")
   elseif(level STREQUAL "avx512q8")
-    # The integer fast path: AVX-512 F/BW/VL/DQ with VNNI (vpdpbusd) and VBMI (vpermb/vpermi2b).
+    # The integer fast path: AVX-512 F/BW/VL/DQ with VNNI (vpdpbusd), VBMI (vpermb/vpermi2b)
+    # and GFNI (vgf2p8affineqb).
     set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS
-      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512vbmi;-mfma;-mf16c;-mavx2")
+      "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512vbmi;-mgfni;-mfma;-mf16c;-mavx2")
   endif()
 endfunction()

@@ -25,8 +25,8 @@ bool CpuHasAvx2() {
 bool CpuHasAvx512Q8() {
   return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni") &&
-         __builtin_cpu_supports("avx512vbmi");
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+         __builtin_cpu_supports("gfni");
 }
 
 // AMX-TILE + AMX-INT8 (CPUID.7.0:EDX bits 24, 25), the OS saving the tile state (OSXSAVE,

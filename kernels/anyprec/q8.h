@@ -10,8 +10,9 @@
 // llama.cpp's Q8_K: the group's 256 products stay in int32 before one float multiply-add.
 //
 // Backends: scalar (the reference: int64 group sums, fp64 accumulation); AVX2 (byte shuffles
-// into the int8 LUT, vpmaddubsw with the sign trick); AVX-512 with VNNI and VBMI (vpermb /
-// vpermi2b lookups, vpdpbusd on the LUT offset to unsigned); AMX (the AVX-512 backend, with
+// into the int8 LUT, vpmaddubsw with the sign trick); AVX-512 with VNNI, VBMI and GFNI (vpermb
+// / vpermi2b lookups, vpdpbusd on the LUT offset to unsigned, 5-8-bit codes of one token by
+// vgf2p8affineqb bit transposes); AMX (the AVX-512 backend, with
 // rows of up to 16384 columns at 8 tokens and more (3-4 bits; 3 bits past 4096 columns) or 12
 // and more (the other widths) on AMX-INT8 tiles: the same codes and lookups in the signed LUT stored
 // as A tiles, TDPBSSD per 256-column group, q8_amx.cc). The planes and the exact fp16 LUT
@@ -96,7 +97,7 @@ Status QuantizeActs(const float* x, size_t ldx, int tokens, int cols, Workspace 
 Status QuantizeActRows(const float* x, size_t ldx, int tokens, int cols, int8_t* q, float* scales,
                        float* offsets);
 
-// True when `backend` has an integer fast path on this CPU (AVX-512 needs VNNI and VBMI too;
+// True when `backend` has an integer fast path on this CPU (AVX-512 needs VNNI, VBMI and GFNI;
 // AMX needs AVX-512's, AMX-TILE and AMX-INT8, and the OS's leave to use the tile state).
 bool Q8BackendAvailable(Backend backend);
 // The fastest backend with a fast path (AMX > AVX-512 > AVX2 > scalar; PW_ANYPREC_BACKEND=

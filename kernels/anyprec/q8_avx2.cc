@@ -241,6 +241,9 @@ constexpr int kSideBySide = 1;
 inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
 constexpr size_t kDenseAhead = kPrefetchBytes;
 constexpr int kDenseSideBySide = 1;
+// No one-token loop of its own (q8_rows.inc's OneToken for every width).
+template <int B>
+bool OneTokenFast(const BlockAndLut&, int, const Q8Acts&, float*, int, int) { return false; }
 
 #include "kernels/anyprec/q8_rows.inc"
 

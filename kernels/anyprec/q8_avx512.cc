@@ -4,7 +4,8 @@
 // of group 2P+1). For each of the 8 slices k the codes of 64 columns are formed in registers:
 // bit k of plane p moved to bit b-1-p with one shift and one ternary-logic merge per plane; for
 // b <= 4 slices k and k+4 are formed together (low and high nibble) by the same shifts; for
-// b >= 5 all 8 slices at once by an 8x8 bit transpose across the plane registers. Codes
+// b >= 5 all 8 slices at once by an 8x8 bit transpose across the plane registers (at one
+// token by a byte transpose and GFNI affine transforms, the activations permuted to match). Codes
 // are looked up in the row's int8 LUT, offset to unsigned (+128), with vpermb (b <= 6, the
 // table replicated to 64 entries), vpermi2b (b = 7), or two vpermi2b and a blend on bit 7
 // (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per group pair
@@ -53,8 +54,9 @@ struct DenseRow {
 };
 
 // NR rows (RowT: Row<B> or DenseRow, initialised) of one token, y[i] for row i.
-template <class RowT, int NR>
-// `ahead`: the software prefetch distance along each row's stream.
+// `ahead`: the software prefetch distance along each row's stream. kPermuted: the codes by
+// DecodePairPermuted, a.q in PermuteActs's order.
+template <class RowT, int NR, bool kPermuted = false>
 void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t ahead) {
   const int groups = (cols + kGroupCols - 1) / kGroupCols;
   const int pairs = (groups + 1) / 2;
@@ -67,9 +69,14 @@ void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t ahea
     __m512i acc[NR];
     for (auto& c : acc) c = _mm512_setzero_si512();
     for (int i = 0; i < NR; ++i) {
-      rows[i].DecodePair(P, half, [&](int k, __m512i w) {
+      auto use = [&](int k, __m512i w) {
         acc[i] = _mm512_dpbusd_epi32(acc[i], w, _mm512_loadu_si512(xp + 64 * k));
-      }, ahead);
+      };
+      if constexpr (kPermuted) {
+        rows[i].DecodePairPermuted(P, half, use, ahead);
+      } else {
+        rows[i].DecodePair(P, half, use, ahead);
+      }
     }
     const __m512 s = PairScales(a.scales, P);
     for (int i = 0; i < NR; ++i) accf[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), s, accf[i]);
@@ -132,6 +139,32 @@ constexpr int kSideBySide = 1;
 inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
 constexpr int kDenseSideBySide = 1;
 constexpr size_t kDenseAhead = kPrefetchBytes;
+
+// One token from 5 bits on: the codes by the GFNI bit transpose (BitTranspose8x8Gfni, 32 µops
+// per 512 weights against 48) against the token's activations permuted once per call into a
+// buffer on the stack. Rows longer than kPermutedMaxStride columns keep DecodePair. Returns
+// whether it ran.
+constexpr int kPermutedMaxStride = 16384;
+
+template <int B>
+bool OneTokenFast(const BlockAndLut& src, int cols, const Q8Acts& a, float* y, int r0, int r1) {
+  if constexpr (B < kTransposeFrom) {
+    return false;
+  } else {
+    const int stride = Q8ActStride(cols);
+    if (stride > kPermutedMaxStride) return false;
+    alignas(64) int8_t xq[kPermutedMaxStride];
+    PermuteActs(a.q, stride, xq);
+    Q8Acts permuted = a;
+    permuted.q = xq;
+    Row<B> row;
+    for (int r = r0; r < r1; ++r) {
+      row.Init(src, r);
+      GemvRows<Row<B>, 1, true>(&row, cols, permuted, y + r, kPrefetchBytes);
+    }
+    return true;
+  }
+}
 
 #include "kernels/anyprec/q8_rows.inc"
 

@@ -26,7 +26,8 @@ std::string WideBlockWarning(anyprec::Backend backend, int max_bits) {
   const int limit = FastWidthLimit(backend);
   if (max_bits <= limit) return "";
   return std::string("the any-precision fast path here is ") + anyprec::BackendName(backend) +
-         " (no AVX-512 VBMI byte permute): expert blocks above " + std::to_string(limit) +
+         " (no AVX-512 VBMI byte permute, or no VNNI or GFNI beside it): expert blocks above " +
+         std::to_string(limit) +
          " bits decode slower than bf16 on this CPU, and the planner may raise them to " +
          std::to_string(max_bits) + "; set planner max_bits to " + std::to_string(limit) +
          " to keep every width faster than bf16";
