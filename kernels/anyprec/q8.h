@@ -11,7 +11,7 @@
 //
 // Backends: scalar (the reference: int64 group sums, fp64 accumulation); AVX2 (byte shuffles
 // into the int8 LUT, vpmaddubsw with the sign trick); AVX-512 with VNNI, VBMI and GFNI (vpermb
-// / vpermi2b lookups, vpdpbusd on the LUT offset to unsigned, 5-8-bit codes of one token by
+// / vpermi2b lookups, vpdpbusd on the LUT offset to unsigned, 5-6-bit codes of one token by
 // vgf2p8affineqb bit transposes); AMX (the AVX-512 backend, with
 // rows of up to 16384 columns at 8 tokens and more (3-4 bits; 3 bits past 4096 columns) or 12
 // and more (the other widths) on AMX-INT8 tiles: the same codes and lookups in the signed LUT stored

@@ -5,7 +5,8 @@
 // bit k of plane p moved to bit b-1-p with one shift and one ternary-logic merge per plane; for
 // b <= 4 slices k and k+4 are formed together (low and high nibble) by the same shifts; for
 // b >= 5 all 8 slices at once by an 8x8 bit transpose across the plane registers (at one
-// token by a byte transpose and GFNI affine transforms, the activations permuted to match). Codes
+// token and 5-6 bits by a byte transpose and GFNI affine transforms, the activations permuted
+// to match). Codes
 // are looked up in the row's int8 LUT, offset to unsigned (+128), with vpermb (b <= 6, the
 // table replicated to 64 entries), vpermi2b (b = 7), or two vpermi2b and a blend on bit 7
 // (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per group pair
@@ -140,15 +141,18 @@ inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
 constexpr int kDenseSideBySide = 1;
 constexpr size_t kDenseAhead = kPrefetchBytes;
 
-// One token from 5 bits on: the codes by the GFNI bit transpose (BitTranspose8x8Gfni, 32 µops
+// One token at 5 and 6 bits: the codes by the GFNI bit transpose (BitTranspose8x8Gfni, 32 µops
 // per 512 weights against 48) against the token's activations permuted once per call into a
 // buffer on the stack. Rows longer than kPermutedMaxStride columns keep DecodePair. Returns
-// whether it ran.
+// whether it ran. At 7 and 8 bits it was 1.15-1.3x faster from the cache on AMD Zen 4 but
+// not from DRAM, where two threads at 14336x4096 b8 measured 1.00-1.92x slower in 8 of 8
+// paired rounds (docs/benchmarks.md): those widths keep Transpose8x8.
 constexpr int kPermutedMaxStride = 16384;
+constexpr int kPermutedMaxBits = 6;
 
 template <int B>
 bool OneTokenFast(const BlockAndLut& src, int cols, const Q8Acts& a, float* y, int r0, int r1) {
-  if constexpr (B < kTransposeFrom) {
+  if constexpr (B < kTransposeFrom || B > kPermutedMaxBits) {
     return false;
   } else {
     const int stride = Q8ActStride(cols);
