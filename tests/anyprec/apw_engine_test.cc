@@ -293,7 +293,9 @@ TEST_F(ApwEngineTest, PlannedMapsHitTheAverageAndRankedBeatsRandom) {
       EXPECT_LE(random->AverageBits((*store)->info()), avg + 1e-9);
       random_damage += MapDamage(**store, *random) / 5;
     }
-    if (avg > 3.0 && avg < 8.0) EXPECT_LT(MapDamage(**store, *ranked), random_damage) << avg;
+    if (avg > 3.0 && avg < 8.0) {
+      EXPECT_LT(MapDamage(**store, *ranked), random_damage) << avg;
+    }
   }
   EXPECT_FALSE(PlanDamageRanked(**store, 2.5).ok());
   // Deterministic for a seed.
