@@ -1,4 +1,4 @@
-// AVX-512 (F, BW, VL, DQ, VNNI, VBMI) backend of the integer fast path (q8.h).
+// AVX-512 (F, BW, VL, DQ, VNNI, VBMI, GFNI) backend of the integer fast path (q8.h).
 //
 // One 64-byte load of a plane row covers two 256-column groups (bytes 0..31 of group 2P, then
 // of group 2P+1). For each of the 8 slices k the codes of 64 columns are formed in registers:
@@ -6,12 +6,11 @@
 // b <= 4 slices k and k+4 are formed together (low and high nibble) by the same shifts; for
 // b >= 5 all 8 slices at once by an 8x8 bit transpose across the plane registers (at one
 // token and 5-6 bits by a byte transpose and GFNI affine transforms, the activations permuted
-// to match). Codes
-// are looked up in the row's int8 LUT, offset to unsigned (+128), with vpermb (b <= 6, the
-// table replicated to 64 entries), vpermi2b (b = 7), or two vpermi2b and a blend on bit 7
-// (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per group pair
-// one int32 -> fp32 conversion and one multiply-add by the two groups' activation scales; at
-// the end the +128 offset is removed with the per-token Q8Acts::offsets term.
+// to match). Codes are looked up in the row's int8 LUT, offset to unsigned (+128), with vpermb
+// (b <= 6, the table replicated to 64 entries), vpermi2b (b = 7), or two vpermi2b and a blend
+// on bit 7 (b = 8), and multiplied with the quantized activations by vpdpbusd into int32. Per
+// group pair one int32 -> fp32 conversion and one multiply-add by the two groups' activation
+// scales; at the end the +128 offset is removed with the per-token Q8Acts::offsets term.
 // One token: one row at a time, its b plane streams prefetched 2 KiB ahead. Several tokens:
 // each group pair of a row is decoded once into 8 registers and reused for every token.
 #include <immintrin.h>
