@@ -21,7 +21,9 @@ with free ports:
                 min_mean_bits 0 and decode demand_horizon_tokens 0 (every request's whole
                 growth to max_tokens counts);
   floor4        the backlog floor as a per-block floor: min_bits 4, min_mean_bits 0;
-  no-residuals  the planner without prompt residuals (broker.planner.use_residuals false).
+  no-residuals  the planner without prompt residuals (broker.planner.use_residuals false);
+  no-ceiling    the planner without the mean-width ceiling (broker.planner.max_mean_bits 0:
+                between bursts it raises every block to max_bits).
 --residuals HEADS (pw-quantize residuals) sets broker.planner.residuals in every planner mode.
 --set KEY.PATH=VALUE replaces any config value (before the mode's own changes); --model-dir,
 --store, --pool-mb and --page-bytes replace the config's model, store and decode
@@ -172,6 +174,8 @@ def variant(a, mode, ranked_map):
         planner["min_bits"] = 3
         planner["min_mean_bits"] = 0
         cfg["decode"][0]["demand_horizon_tokens"] = 0
+    elif mode == "no-ceiling":
+        planner["max_mean_bits"] = 0
     elif mode == "floor4":
         planner["min_bits"] = 4
         planner["min_mean_bits"] = 0

@@ -11,9 +11,12 @@ namespace pw::planner {
 
 const char* PlanActionName(PlanAction a) {
   switch (a) {
-    case PlanAction::kNone: return "none";
-    case PlanAction::kLower: return "lower";
-    case PlanAction::kRaise: return "raise";
+    case PlanAction::kNone:
+      return "none";
+    case PlanAction::kLower:
+      return "lower";
+    case PlanAction::kRaise:
+      return "raise";
   }
   return "?";
 }
@@ -36,11 +39,13 @@ Status CheckInputs(const PlannerInputs& in) {
   const size_t experts = static_cast<size_t>(in.num_layers) * in.num_experts;
   if (!in.routing_mass.empty() && in.routing_mass.size() != experts) {
     return InvalidArgument("planner routing_mass has " + std::to_string(in.routing_mass.size()) +
-                           " entries; expected " + std::to_string(experts) + " (layers x experts) or none");
+                           " entries; expected " + std::to_string(experts) +
+                           " (layers x experts) or none");
   }
   for (size_t k = 0; k < in.routing_mass.size(); ++k) {
     if (!std::isfinite(in.routing_mass[k]) || in.routing_mass[k] < 0) {
-      return InvalidArgument("planner routing_mass[" + std::to_string(k) + "] must be finite and >= 0");
+      return InvalidArgument("planner routing_mass[" + std::to_string(k) +
+                             "] must be finite and >= 0");
     }
   }
   if (in.pool.free < 0 || in.pool.kv < 0 || in.pool.weights < 0 || in.kv_demand_pages < 0) {
@@ -58,7 +63,8 @@ Status CheckInputs(const PlannerInputs& in) {
     if (!std::isfinite(b.calib_share) || b.calib_share <= 0) {
       return InvalidArgument("planner " + BlockName(b) + ": calib_share must be finite and > 0");
     }
-    if (b.committed < 0 || b.committed > anyprec::kMaxBits || b.floor < 0 || b.floor > anyprec::kMaxBits) {
+    if (b.committed < 0 || b.committed > anyprec::kMaxBits || b.floor < 0 ||
+        b.floor > anyprec::kMaxBits) {
       return InvalidArgument("planner " + BlockName(b) + ": committed and floor must be 0.." +
                              std::to_string(anyprec::kMaxBits));
     }
@@ -98,19 +104,35 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
   out.low_pages = CeilPages(params.low_watermark, total);
   out.high_pages = CeilPages(params.high_watermark, total);
   const int64_t headroom = CeilPages(params.headroom, total);
-  const int64_t max_pages = params.max_bytes_per_decision > 0
-                                ? static_cast<int64_t>(params.max_bytes_per_decision / in.pool.page_bytes)
-                                : std::numeric_limits<int64_t>::max();
+  const int64_t max_pages =
+      params.max_bytes_per_decision > 0
+          ? static_cast<int64_t>(params.max_bytes_per_decision / in.pool.page_bytes)
+          : std::numeric_limits<int64_t>::max();
+
+  // The mean committed width over every block, weighted by its pages at max_bits: its floor
+  // (min_mean_bits) and ceiling (max_mean_bits) are sums of size * width against the mean times
+  // the sum of sizes.
+  double size_sum = 0, size_bits = 0;
+  for (const BlockInput& b : in.blocks) {
+    size_sum += b.pages[params.max_bits];
+    size_bits += static_cast<double>(b.pages[params.max_bits]) * b.committed;
+  }
+  const double mean_floor = params.min_mean_bits * size_sum;
+  const double mean_ceiling = params.max_mean_bits > 0 ? params.max_mean_bits * size_sum
+                                                       : std::numeric_limits<double>::infinity();
+  const bool pressure = out.available_pages < out.low_pages;
+  const bool over_ceiling = size_bits > mean_ceiling;
 
   PlanAction want = PlanAction::kNone;
-  if (out.available_pages < out.low_pages) {
+  if (pressure || over_ceiling) {
     want = PlanAction::kLower;
   } else if (out.available_pages > out.high_pages) {
     want = PlanAction::kRaise;
   }
   if (want == PlanAction::kNone) {
-    out.reason = "available " + std::to_string(out.available_pages) + " pages within the watermarks [" +
-                 std::to_string(out.low_pages) + ", " + std::to_string(out.high_pages) + "]";
+    out.reason = "available " + std::to_string(out.available_pages) +
+                 " pages within the watermarks [" + std::to_string(out.low_pages) + ", " +
+                 std::to_string(out.high_pages) + "]";
     return out;
   }
   if (params.static_mode) {
@@ -123,7 +145,7 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
     return out;
   }
 
-  const BlockShares shares = RoutingShares(in, params.use_routing);
+  const BlockShares shares = RoutingShares(in, params.use_routing, params.live_mass_weight);
   const std::vector<double>& rmass = shares.r;
   const size_t n = in.blocks.size();
   std::vector<int> width(n), floor(n);
@@ -142,7 +164,7 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
 
   if (want == PlanAction::kLower) {
     out.action = PlanAction::kLower;
-    out.target_pages = (out.low_pages - out.available_pages) + headroom;
+    out.target_pages = pressure ? (out.low_pages - out.available_pages) + headroom : 0;
     // The next lowering of block i from its current width: the highest width at or above its
     // floor that frees at least one page.
     auto next = [&](size_t i, Step* s) {
@@ -166,22 +188,16 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
       Step s;
       if (movable[i] && next(i, &s)) heap.push(s);
     }
-    // The mean-width floor: sum of size * width against min_mean_bits * sum of sizes.
-    double size_sum = 0, size_bits = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double size = in.blocks[i].pages[params.max_bits];
-      size_sum += size;
-      size_bits += size * width[i];
-    }
-    const double mean_floor = params.min_mean_bits * size_sum;
-    while (out.pages_moved < out.target_pages && !heap.empty()) {
+    // Until the pages are freed and the mean is at or below its ceiling.
+    while ((out.pages_moved < out.target_pages || size_bits > mean_ceiling) && !heap.empty()) {
       const Step s = heap.top();
       heap.pop();
       const BlockInput& b = in.blocks[s.block];
       const int64_t freed = static_cast<int64_t>(b.pages[width[s.block]]) - b.pages[s.to];
       if (out.pages_moved + freed > max_pages) continue;  // over the rate limit: leave the block
       const double drop = static_cast<double>(b.pages[params.max_bits]) * (width[s.block] - s.to);
-      if (params.min_mean_bits > 0 && size_bits - drop < mean_floor) continue;  // below the mean floor
+      if (params.min_mean_bits > 0 && size_bits - drop < mean_floor)
+        continue;  // below the mean floor
       size_bits -= drop;
       out.damage += s.per_page * static_cast<double>(freed);
       out.pages_moved += freed;
@@ -190,9 +206,16 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
       if (next(s.block, &again)) heap.push(again);
     }
     out.target_met = out.pages_moved >= out.target_pages;
-    out.reason = "available " + std::to_string(out.available_pages) + " pages below the low watermark " +
-                 std::to_string(out.low_pages) + ": freeing " + std::to_string(out.pages_moved) + " of " +
-                 std::to_string(out.target_pages) + " pages";
+    const std::string freed = ": freeing " + std::to_string(out.pages_moved) + " of " +
+                              std::to_string(out.target_pages) + " pages";
+    if (pressure) {
+      out.reason = "available " + std::to_string(out.available_pages) +
+                   " pages below the low watermark " + std::to_string(out.low_pages) + freed;
+    } else {
+      out.reason = "mean width " + std::to_string(size_bits / size_sum) +
+                   " after lowering (above max_mean_bits " + std::to_string(params.max_mean_bits) +
+                   " before)" + freed;
+    }
   } else {
     out.action = PlanAction::kRaise;
     out.target_pages = out.available_pages - out.high_pages;
@@ -203,7 +226,8 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
       const double avoided = StepDamage(b, to, width[i], hot[i]);
       if (avoided <= 0) return false;
       const double added = static_cast<double>(b.pages[to]) - b.pages[width[i]];
-      *s = Step{added > 0 ? avoided / added : std::numeric_limits<double>::infinity(), rmass[i], i, to};
+      *s = Step{added > 0 ? avoided / added : std::numeric_limits<double>::infinity(), rmass[i], i,
+                to};
       return true;
     };
     auto later = [](const Step& a, const Step& b) {  // max-heap on damage avoided per page
@@ -223,14 +247,18 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
       const BlockInput& b = in.blocks[s.block];
       const int64_t added = static_cast<int64_t>(b.pages[s.to]) - b.pages[width[s.block]];
       if (out.pages_moved + added > budget) continue;  // does not fit: leave the block
+      const double rise = static_cast<double>(b.pages[params.max_bits]) * (s.to - width[s.block]);
+      if (size_bits + rise > mean_ceiling) continue;  // above the mean ceiling: leave the block
+      size_bits += rise;
       out.damage += StepDamage(b, s.to, width[s.block], hot[s.block]);
       out.pages_moved += added;
       width[s.block] = s.to;
       Step again;
       if (next(s.block, &again)) heap.push(again);
     }
-    out.reason = "available " + std::to_string(out.available_pages) + " pages above the high watermark " +
-                 std::to_string(out.high_pages) + ": raising with " + std::to_string(out.pages_moved) + " of " +
+    out.reason = "available " + std::to_string(out.available_pages) +
+                 " pages above the high watermark " + std::to_string(out.high_pages) +
+                 ": raising with " + std::to_string(out.pages_moved) + " of " +
                  std::to_string(out.target_pages) + " pages";
   }
 

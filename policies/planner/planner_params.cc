@@ -15,14 +15,23 @@ Status PlannerParams::Validate() const {
     return InvalidArgument("planner high_watermark (" + std::to_string(high_watermark) +
                            ") is below low_watermark (" + std::to_string(low_watermark) + ")");
   }
+  if (!Fraction(live_mass_weight)) return InvalidArgument("planner live_mass_weight must be in [0, 1]");
   if (!Fraction(headroom)) return InvalidArgument("planner headroom must be in [0, 1]");
   if (min_bits < anyprec::kMinBits || max_bits > anyprec::kMaxBits || min_bits > max_bits) {
     return InvalidArgument("planner widths must satisfy " + std::to_string(anyprec::kMinBits) +
                            " <= min_bits <= max_bits <= " + std::to_string(anyprec::kMaxBits) +
-                           " (got " + std::to_string(min_bits) + ".." + std::to_string(max_bits) + ")");
+                           " (got " + std::to_string(min_bits) + ".." + std::to_string(max_bits) +
+                           ")");
   }
   if (!std::isfinite(min_mean_bits) || min_mean_bits < 0 || min_mean_bits > max_bits) {
     return InvalidArgument("planner min_mean_bits must be in [0, max_bits]");
+  }
+  if (!std::isfinite(max_mean_bits) || max_mean_bits < 0 || max_mean_bits > max_bits) {
+    return InvalidArgument("planner max_mean_bits must be in [0, max_bits]");
+  }
+  if (max_mean_bits > 0 && max_mean_bits < min_mean_bits) {
+    return InvalidArgument("planner max_mean_bits (" + std::to_string(max_mean_bits) +
+                           ") is below min_mean_bits (" + std::to_string(min_mean_bits) + ")");
   }
   if (!std::isfinite(hot_weight_min) || !std::isfinite(hot_weight_max) || hot_weight_min <= 0 ||
       hot_weight_max < hot_weight_min) {
@@ -32,7 +41,8 @@ Status PlannerParams::Validate() const {
     return InvalidArgument("planner hot_threshold must be > 0");
   }
   if (hot_floor_bits < 0 || hot_floor_bits > anyprec::kMaxBits) {
-    return InvalidArgument("planner hot_floor_bits must be in [0, " + std::to_string(anyprec::kMaxBits) + "]");
+    return InvalidArgument("planner hot_floor_bits must be in [0, " +
+                           std::to_string(anyprec::kMaxBits) + "]");
   }
   if (min_interval_ms < 0) return InvalidArgument("planner min_interval_ms must be >= 0");
   if (interval_ms <= 0) return InvalidArgument("planner interval_ms must be > 0");

@@ -21,7 +21,7 @@ std::vector<double> NormalizedMass(const std::vector<double>& mass, int num_laye
   return r;
 }
 
-BlockShares RoutingShares(const PlannerInputs& in, bool use_routing) {
+BlockShares RoutingShares(const PlannerInputs& in, bool use_routing, double live_weight) {
   const std::vector<double> mass = NormalizedMass(in.routing_mass, in.num_layers, in.num_experts, use_routing);
   // A layer with live mass: NormalizedMass is 1 everywhere only where it had none (or was off).
   std::vector<bool> layer_live(static_cast<size_t>(std::max(in.num_layers, 0)), false);
@@ -38,7 +38,9 @@ BlockShares RoutingShares(const PlannerInputs& in, bool use_routing) {
   for (size_t i = 0; i < in.blocks.size(); ++i) {
     const BlockInput& b = in.blocks[i];
     s.live[i] = layer_live[static_cast<size_t>(b.layer)];
-    s.r[i] = s.live[i] ? mass[static_cast<size_t>(b.layer) * in.num_experts + b.expert] : b.calib_share;
+    s.r[i] = s.live[i] ? live_weight * mass[static_cast<size_t>(b.layer) * in.num_experts + b.expert] +
+                             (1.0 - live_weight) * b.calib_share
+                       : b.calib_share;
   }
   return s;
 }

@@ -6,9 +6,9 @@
 // the widths swapped). hot(r) = clamp(r, hot_weight_min, hot_weight_max) where r_i is how
 // often the block's expert is routed against the average expert of its layer: its live
 // routing mass over the layer's mean (planner_params.h) when the worker measured mass for the
-// layer, else (no statistics yet, or use_routing off) the store's calibration share
-// (BlockInput::calib_share). D_i is a damage per routed token, so r_i is what turns it into
-// the damage the traffic sees.
+// layer (blended with the calibration share by live_mass_weight), else (no statistics yet, or
+// use_routing off) the store's calibration share (BlockInput::calib_share). D_i is a damage
+// per routed token, so r_i is what turns it into the damage the traffic sees.
 #pragma once
 
 #include <vector>
@@ -25,12 +25,13 @@ std::vector<double> NormalizedMass(const std::vector<double>& mass, int num_laye
                                    bool use_routing);
 
 // r_i of every block (index as in.blocks) and whether it is the live mass (true) or the
-// calibration share (false), as above.
+// calibration share (false), as above. Where live, r_i = live_weight * live r_i +
+// (1 - live_weight) * calibration share (PlannerParams::live_mass_weight).
 struct BlockShares {
   std::vector<double> r;
   std::vector<bool> live;
 };
-BlockShares RoutingShares(const PlannerInputs& in, bool use_routing);
+BlockShares RoutingShares(const PlannerInputs& in, bool use_routing, double live_weight = 1.0);
 
 double HotWeight(double share, const PlannerParams& params);
 

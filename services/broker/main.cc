@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   app.add_option("--planner-min-bits", pl.min_bits, "lowest width the planner lowers a block to");
   app.add_option("--planner-max-bits", pl.max_bits, "highest width the planner raises a block to");
   app.add_option("--planner-min-mean-bits", pl.min_mean_bits, "lowest mean width the planner lowers to (0: none)");
+  app.add_option("--planner-live-mass-weight", pl.live_mass_weight,
+                 "weight of the live routing mass against the calibration share (0..1)");
+  app.add_option("--planner-max-mean-bits", pl.max_mean_bits,
+                 "highest mean width the planner raises to; a higher mean is lowered to it (0: none)");
   app.add_option("--planner-max-bytes", pl.max_bytes_per_decision, "bytes one decision may move (0 = no limit)");
   app.add_option("--planner-min-interval-ms", pl.min_interval_ms, "least time between two changes");
   app.add_option("--planner-interval-ms", pl.interval_ms, "how often the planner runs");

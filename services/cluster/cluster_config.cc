@@ -59,6 +59,10 @@ const Schema& ClusterSchema() {
                                      {"max_bits", Schema::Int().Range(3, 8).Default(int64_t{8})},
                                      // Floor on the mean width (0: none), policies/planner/planner_params.h.
                                      {"min_mean_bits", Schema::Double().Range(0, 8).Default(0.0)},
+                                     // Share of live routing mass against the calibration share.
+                                     {"live_mass_weight", Schema::Double().Range(0, 1).Default(1.0)},
+                                     // Ceiling on the mean width (0: none), the same header.
+                                     {"max_mean_bits", Schema::Double().Range(0, 8).Default(0.0)},
                                      // false: the "no async movement" ablation (pw-decode
                                      // --plans-at-request-boundaries on every decode worker).
                                      {"async_movement", Schema::Bool().Default(true)},
@@ -72,6 +76,11 @@ const Schema& ClusterSchema() {
                                    }
                                    if (v["max_bits"].AsInt() < v["min_bits"].AsInt()) {
                                      return "max_bits is below min_bits";
+                                   }
+                                   const double ceiling = v["max_mean_bits"].AsDouble();
+                                   if (ceiling > 0 && (ceiling < v["min_mean_bits"].AsDouble() ||
+                                                       ceiling > v["max_bits"].AsInt())) {
+                                     return "max_mean_bits is outside [min_mean_bits, max_bits]";
                                    }
                                    return "";
                                  })},
@@ -231,6 +240,8 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                                    "--planner-min-bits", std::to_string(pl["min_bits"].AsInt()),
                                    "--planner-max-bits", std::to_string(pl["max_bits"].AsInt()),
                                    "--planner-min-mean-bits", std::to_string(pl["min_mean_bits"].AsDouble()),
+                                   "--planner-live-mass-weight", std::to_string(pl["live_mass_weight"].AsDouble()),
+                                   "--planner-max-mean-bits", std::to_string(pl["max_mean_bits"].AsDouble()),
                                    "--planner-max-bytes", std::to_string(pl["max_bytes_per_decision"].AsInt()),
                                    "--planner-min-interval-ms", std::to_string(pl["min_interval_ms"].AsInt()),
                                    "--planner-interval-ms", std::to_string(pl["interval_ms"].AsInt())});

@@ -9,7 +9,8 @@
 //   broker:  {enabled: true, control_port: 5556, metrics_port: 9100, store, initial_bits: 8,
 //             planner: {enabled: false, static: false, use_routing: true, low_watermark: 0.05,
 //                       high_watermark: 0.2, headroom: 0.05, hot_floor_bits: 6, min_bits: 3,
-//                       max_bits: 8, min_mean_bits: 0, async_movement: true,
+//                       max_bits: 8, min_mean_bits: 0, max_mean_bits: 0, live_mass_weight: 1,
+//                       async_movement: true,
 //                       max_bytes_per_decision: 0, min_interval_ms: 500, interval_ms: 200,
 //                       residuals: HEADS.pwrh, use_residuals: true}}
 //            (planner: passed as pw-broker --planner ...; enabled needs store)

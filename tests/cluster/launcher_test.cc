@@ -253,7 +253,7 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
       WriteTemp("planner_floor.yaml",
                 "model_dir: m\nprefill: [{id: p}]\n"
                 "broker: {store: s.apw, planner: {enabled: true, min_bits: 4, max_bits: 7, min_mean_bits: 4.5, "
-                "async_movement: false}}\n"
+                "max_mean_bits: 6, async_movement: false}}\n"
                 "decode: [{id: d, demand_horizon_tokens: 64}, {id: e}]\n"),
       "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
@@ -263,6 +263,7 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
       EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "4");
       EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "7");
       EXPECT_EQ(ValueAfter(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5");
+      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-mean-bits").substr(0, 3), "6.0");
     }
     if (p.name == "d") {
       EXPECT_EQ(ValueAfter(p.argv, "--demand-horizon-tokens"), "64");
@@ -298,7 +299,8 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
                                "/bin");
   ASSERT_TRUE(off.ok()) << off.status().ToString();
   for (const auto& p : off->processes) EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "(absent)") << p.name;
-  for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}"}) {
+  for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}",
+                           "{min_mean_bits: 5, max_mean_bits: 4.5}", "{max_bits: 6, max_mean_bits: 7}"}) {
     auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
                                                                                 "decode: [{id: d}]\n"
                                                                                 "broker: {store: s.apw, planner: ") +

@@ -33,7 +33,8 @@ PlannerInputs MakeInputs(int experts, int bits, int64_t free, double scale = 1.0
   PlannerInputs in;
   in.num_layers = 1;
   in.num_experts = experts;
-  for (int e = 0; e < experts; ++e) in.blocks.push_back(MakeBlock(0, e, ExpertProj::kGateUp, bits, scale));
+  for (int e = 0; e < experts; ++e)
+    in.blocks.push_back(MakeBlock(0, e, ExpertProj::kGateUp, bits, scale));
   in.pool.page_bytes = 4096;
   int64_t weights = 0;
   for (const auto& b : in.blocks) weights += b.pages[b.committed];
@@ -96,7 +97,8 @@ TEST(PlannerTest, HotExpertProtected) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->action, PlanAction::kLower);
   EXPECT_GE(d->pages_moved, 20);
-  EXPECT_EQ(WidthOf(in, *d, 0), 8) << "the hot expert was lowered while cold ones were not at their floor";
+  EXPECT_EQ(WidthOf(in, *d, 0), 8)
+      << "the hot expert was lowered while cold ones were not at their floor";
 
   // A shortfall larger than all the cold experts can give: the hot one stops at hot_floor_bits.
   in.kv_demand_pages = 1000;
@@ -171,7 +173,8 @@ TEST(PlannerTest, MeanWidthFloorStopsTheGreedyAtTheMeanNotEveryBlockAtAFloor) {
   // 5.5 the widths may sum to 22 (from 32): the ten cheapest steps (costs 1, 2, 4, 4, 8, 8, 16,
   // 16, 16, 32) take block 0 to 3 bits, block 1 to 4, block 2 to 7 and leave block 3 at 8.
   PlannerInputs in = MakeInputs(4, 8, 0);
-  for (int e = 0; e < 4; ++e) in.blocks[e] = MakeBlock(0, e, ExpertProj::kGateUp, 8, std::pow(4.0, e));
+  for (int e = 0; e < 4; ++e)
+    in.blocks[e] = MakeBlock(0, e, ExpertProj::kGateUp, 8, std::pow(4.0, e));
   in.kv_demand_pages = 5000;
   PlannerParams p = Params();
   p.min_mean_bits = 5.5;
@@ -196,6 +199,68 @@ TEST(PlannerTest, MeanWidthFloorStopsTheGreedyAtTheMeanNotEveryBlockAtAFloor) {
   // Out of range: refused.
   p.min_mean_bits = 9;
   EXPECT_FALSE(Plan(in, p).ok());
+}
+
+TEST(PlannerTest, MeanWidthCeilingTrimsWithoutPressureAndCapsRaises) {
+  // Four equal-size blocks at 8 bits, damage scales 1, 4, 16, 64, and free pages between the
+  // watermarks (no pressure): with max_mean_bits 5.5 the widths must come down to a sum of 22
+  // by the same least-damage steps as the floor above (costs 1, 2, 4, 4, 8, 8, 16, 16, 16, 32):
+  // block 0 at 3 bits, block 1 at 4, block 2 at 7, block 3 at 8.
+  PlannerInputs in = MakeInputs(4, 8, 0);
+  for (int e = 0; e < 4; ++e)
+    in.blocks[e] = MakeBlock(0, e, ExpertProj::kGateUp, 8, std::pow(4.0, e));
+  in.pool.free = 200;
+  in.pool.kv = 1000 - in.pool.weights - 200;
+  PlannerParams p = Params();
+  p.max_mean_bits = 5.5;
+  auto d = Plan(in, p);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->action, PlanAction::kLower);
+  EXPECT_EQ(d->target_pages, 0);
+  EXPECT_EQ(d->pages_moved, 100);
+  EXPECT_EQ(WidthOf(in, *d, 0), 3);
+  EXPECT_EQ(WidthOf(in, *d, 1), 4);
+  EXPECT_EQ(WidthOf(in, *d, 2), 7);
+  EXPECT_EQ(WidthOf(in, *d, 3), 8);
+  EXPECT_NE(d->reason.find("max_mean_bits"), std::string::npos) << d->reason;
+  // Without the ceiling the same pool is within the watermarks: no change.
+  p.max_mean_bits = 0;
+  auto none = Plan(in, p);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->action, PlanAction::kNone);
+
+  // Raising from 3 bits everywhere with the whole pool free: the ceiling stops the greedy at a
+  // mean of 5.5 (sum 22 from 12: ten one-bit steps), most damage avoided per page first, so
+  // the block of scale 64 is raised to 8 first and the one of scale 1 least.
+  PlannerInputs low = MakeInputs(4, 3, 0);
+  for (int e = 0; e < 4; ++e)
+    low.blocks[e] = MakeBlock(0, e, ExpertProj::kGateUp, 3, std::pow(4.0, e));
+  low.pool.free = 800;
+  low.pool.kv = 1000 - low.pool.weights - 800;
+  p.max_mean_bits = 5.5;
+  auto up = Plan(low, p);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  EXPECT_EQ(up->action, PlanAction::kRaise);
+  int sum = 0;
+  for (size_t i = 0; i < 4; ++i) sum += WidthOf(low, *up, i);
+  EXPECT_EQ(sum, 22);
+  EXPECT_EQ(WidthOf(low, *up, 3), 8);
+  EXPECT_LE(WidthOf(low, *up, 0), WidthOf(low, *up, 1));
+  EXPECT_LE(WidthOf(low, *up, 1), WidthOf(low, *up, 2));
+  EXPECT_EQ(up->pages_moved, 100);
+  // Without it every block goes to 8 (200 pages, within the budget of 800 - 300 = 500).
+  p.max_mean_bits = 0;
+  auto all = Plan(low, p);
+  ASSERT_TRUE(all.ok());
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(WidthOf(low, *all, i), 8) << "block " << i;
+
+  // A ceiling below the floor, or above max_bits, is refused.
+  p.min_mean_bits = 5;
+  p.max_mean_bits = 4.5;
+  EXPECT_FALSE(Plan(low, p).ok());
+  p.min_mean_bits = 0;
+  p.max_mean_bits = 9;
+  EXPECT_FALSE(Plan(low, p).ok());
 }
 
 TEST(PlannerTest, TargetMetExactlyWithLeastDamage) {
@@ -231,7 +296,8 @@ TEST(PlannerTest, TargetMetExactlyWithLeastDamage) {
     }
   }
   double chosen = 0;
-  for (const auto& c : d->changes) chosen += in.blocks[c.block].damage[c.to] - in.blocks[c.block].damage[c.from];
+  for (const auto& c : d->changes)
+    chosen += in.blocks[c.block].damage[c.to] - in.blocks[c.block].damage[c.from];
   EXPECT_DOUBLE_EQ(chosen, best);
   EXPECT_DOUBLE_EQ(d->damage, best);  // uniform routing: hot = 1
 }
@@ -391,6 +457,11 @@ TEST(PlannerTest, RoutingSharesAreTheLiveMassWhereMeasuredElseTheCalibrationShar
   BlockShares s = RoutingShares(in, true);
   EXPECT_EQ(s.r, (std::vector<double>{0.5, 1.5, 1.5, 0.5}));
   EXPECT_EQ(s.live, (std::vector<bool>{false, false, true, true}));
+  // Blended with the calibration share where live: a quarter of the live share and three
+  // quarters of the calibration's (layer 0, not live, keeps its calibration share).
+  BlockShares q = RoutingShares(in, true, 0.25);
+  EXPECT_EQ(q.r, (std::vector<double>{0.5, 1.5, 0.25 * 1.5 + 0.75 * 0.25, 0.25 * 0.5 + 0.75 * 1.75}));
+  EXPECT_EQ(q.live, s.live);
   // Without routing statistics (or with them off) every block has its calibration share.
   for (bool on : {true, false}) {
     PlannerInputs none = in;
@@ -424,6 +495,14 @@ TEST(PlannerTest, WithoutLiveMassTheCalibrationShareWeighsStepsAndGivesNoHotFloo
   ASSERT_TRUE(live.ok());
   EXPECT_EQ(WidthOf(in, *live, 3), 8);
   EXPECT_LT(WidthOf(in, *live, 0), 8);
+  // Half live, half calibration: expert 0 (calibration 4, live 0.4: 2.2) is the hot one again.
+  PlannerParams half = Params();
+  half.live_mass_weight = 0.5;
+  auto mixed = Plan(in, half);
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_EQ(WidthOf(in, *mixed, 0), 8);
+  half.live_mass_weight = 1.5;
+  EXPECT_FALSE(Plan(in, half).ok()) << "live_mass_weight outside [0, 1]";
   // A share of 4 (above hot_threshold) from the calibration is a weight, not a floor: a
   // shortfall larger than the others can give takes expert 0 below hot_floor_bits.
   in.routing_mass.clear();
