@@ -46,7 +46,7 @@ struct PlannerParams {
   // above this, and a mean above it (the initial widths, or a ceiling set lower) is lowered to
   // it, least damage per page first, whatever the pool's pressure. Where the damage curve is
   // flat above some width (on the embedded model 6 -> 8 bits doubles an expert's pages for
-  // 0.035 perplexity points), pages spent there between bursts buy little; the ceiling keeps
+  // 0.035 % of perplexity), pages spent there between bursts buy little; the ceiling keeps
   // them for KV and holds a damage-ranked map at the ceiling instead of uniform max_bits.
   double max_mean_bits = 0;
   // Hot experts: normalized routing mass r = m_e / mean_e(m) over the layer's experts (1 = an
