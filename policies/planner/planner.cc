@@ -156,7 +156,8 @@ Result<PlannerDecision> Plan(const PlannerInputs& in, const PlannerParams& param
     width[i] = b.committed;
     hot[i] = HotWeight(rmass[i], params);
     int f = std::max(params.min_bits, b.floor);
-    // The hot floor follows the live traffic only (the calibration's share weighs, no more).
+    // The hot floor applies only where live traffic is measured (the calibration's share alone
+    // weighs, no more); there r_i is the blend of live_mass_weight.
     if (shares.live[i] && rmass[i] >= params.hot_threshold) f = std::max(f, params.hot_floor_bits);
     floor[i] = std::min(f, params.max_bits);
     movable[i] = b.committed >= params.min_bits && b.committed <= params.max_bits;
