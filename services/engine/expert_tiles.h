@@ -3,9 +3,10 @@
 // A tile is one block's output rows [r0, r1) for one run of consecutive rows of the layer's
 // ExpertLayerCall (a group's tokens, or a chunk of them when a kernel takes at most so many
 // tokens at once). An expert layer runner lists the tiles of all experts' gate_up blocks (or
-// all down blocks) and runs them in ONE thread-pool dispatch: the tiles are cut into one
-// contiguous run per thread of about equal cost (rows x tokens), so a layer pays two pool
-// hand-offs instead of two per expert, and a thread's share crosses expert boundaries.
+// all down blocks) and runs them in ONE thread-pool dispatch: the tiles are cut into a few
+// contiguous runs per thread of about equal cost (rows x tokens), which the pool's threads
+// claim in turn, so a layer pays two pool hand-offs instead of two per expert, a run crosses
+// expert boundaries, and a thread that starts late leaves its runs to the others.
 #pragma once
 
 #include <algorithm>
@@ -50,12 +51,18 @@ enum class TileCalls {
               // long weight stream per block and thread instead of one per kExpertTileRows
 };
 
+// Cuts tiles into `pieces` contiguous runs of about equal cost (rows x tokens): run p is
+// tiles [cut[p], cut[p + 1]), the tiles whose cost midpoint lies in [p, p + 1) * total / pieces
+// (runs may be empty when a tile is larger than a share). cut has pieces + 1 entries.
+void CutExpertTiles(const std::vector<ExpertTile>& tiles, int pieces, size_t* cut);
+
 // Runs fn(tile) -> Status for every tile, on the pool in one dispatch when the work is worth
-// one (cols x rows x tokens summed over tiles >= min_macs), else on the calling thread. Each
-// thread runs a contiguous run of tiles of about equal rows x tokens. Returns the first error
-// in tile order (every tile runs even after an error). With TileCalls::kCoalesce, fn receives
-// the union of each stretch of a thread's tiles that continue each other (never across a
-// block's split: AppendExpertTiles marks the two sides as different parts).
+// one (cols x rows x tokens summed over tiles >= min_macs), else on the calling thread. The
+// tiles are cut (CutExpertTiles) into up to cpu::ThreadPool::kChunksPerThread runs per thread,
+// each run handed to one thread. Returns the first error in tile order (every tile runs even
+// after an error). With TileCalls::kCoalesce, fn receives the union of each stretch of a run's
+// tiles that continue each other (never across a block's split: AppendExpertTiles marks the
+// two sides as different parts).
 template <typename F>
 Status RunExpertTiles(cpu::ThreadPool* pool, const std::vector<ExpertTile>& tiles, size_t cols,
                       size_t min_macs, F&& fn, TileCalls calls = TileCalls::kEach) {
@@ -79,19 +86,10 @@ Status RunExpertTiles(cpu::ThreadPool* pool, const std::vector<ExpertTile>& tile
     return first;
   };
   if (threads <= 1 || tiles.size() < 2 || total * cols < min_macs) return run(0, tiles.size());
-  // Piece p runs the tiles whose cost midpoint lies in [p, p + 1) * total / pieces.
-  const int pieces = static_cast<int>(
-      std::min<size_t>({static_cast<size_t>(threads), tiles.size(), kMaxPieces}));
+  const int pieces = static_cast<int>(std::min<size_t>(
+      {cpu::ThreadPool::kChunksPerThread * static_cast<size_t>(threads), tiles.size(), kMaxPieces}));
   size_t cut[kMaxPieces + 1];
-  for (int i = 0; i <= pieces; ++i) cut[i] = tiles.size();
-  cut[0] = 0;
-  uint64_t before = 0;
-  int p = 1;
-  for (size_t i = 0; i < tiles.size() && p < pieces; ++i) {
-    const uint64_t c = static_cast<uint64_t>(tiles[i].r1 - tiles[i].r0) * tiles[i].tokens;
-    while (p < pieces && 2 * before + c >= 2 * total * static_cast<uint64_t>(p) / pieces) cut[p++] = i;
-    before += c;
-  }
+  CutExpertTiles(tiles, pieces, cut);
   Status status[kMaxPieces];
   pool->ParallelFor(static_cast<size_t>(pieces), 1, 1, [&](size_t b, size_t e) {
     for (size_t i = b; i < e; ++i) status[i] = run(cut[i], cut[i + 1]);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace pw::cpu {
@@ -22,19 +24,52 @@ TEST(ThreadPool, CoversRangeExactlyOnceWithAlignedPieces) {
           calls++;
         });
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
-        EXPECT_LE(calls.load(), threads);
+        EXPECT_LE(calls.load(), static_cast<int>(ThreadPool::kChunksPerThread) * threads);
       }
     }
   }
 }
 
+// The first chunk to start holds its thread until every other chunk has run: only a pool whose
+// other threads claim the rest (instead of a fixed share per thread) finishes.
+TEST(ThreadPool, OtherThreadsRunTheChunksOfABusyOne) {
+  ThreadPool pool(2);
+  const size_t chunks = ThreadPool::kChunksPerThread * 2;
+  std::atomic<int> started{0};
+  std::atomic<size_t> others_done{0};
+  std::atomic<bool> timed_out{false};
+  pool.ParallelFor(chunks, 1, 1, [&](size_t b, size_t e) {
+    if (started.fetch_add(1) == 0) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      EXPECT_EQ(e - b, 1u);  // chunks of one item: 2 threads x kChunksPerThread of them
+      while (others_done.load() < chunks - 1) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          timed_out = true;
+          break;
+        }
+        std::this_thread::yield();
+      }
+      return;
+    }
+    others_done += e - b;
+  });
+  EXPECT_FALSE(timed_out.load());
+  EXPECT_EQ(started.load(), static_cast<int>(chunks));
+}
+
 TEST(ThreadPool, NestedCallRunsInline) {
   ThreadPool pool(2);
+  std::atomic<int> outer_calls{0};
   std::atomic<int> total{0};
   pool.ParallelFor(4, 1, 1, [&](size_t b, size_t e) {
-    pool.ParallelFor(10, 1, 1, [&](size_t b2, size_t e2) { total += int(e2 - b2); });
+    outer_calls++;
+    pool.ParallelFor(10, 1, 1, [&](size_t b2, size_t e2) {
+      EXPECT_EQ(b2, 0u);  // inline: one call with the whole range
+      total += int(e2 - b2);
+    });
   });
-  EXPECT_EQ(total.load(), 20);
+  EXPECT_GE(outer_calls.load(), 2);
+  EXPECT_EQ(total.load(), 10 * outer_calls.load());
 }
 
 TEST(ThreadPool, SmallWorkRunsInline) {
