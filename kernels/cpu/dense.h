@@ -80,12 +80,24 @@ struct DenseKernels {
 // then skips its few-token GEMV (whose order differs from its tiles'), and the amx backend
 // runs every token count on tiles with one column chunking. The other backends are invariant
 // already. Costs speed where a backend switches kernels by token count (docs/benchmarks.md).
-const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false);
+//
+// With `bf16_activations`, matmul_bf16 rounds each activation to bf16 (nearest, ties to even)
+// before multiplying: the arithmetic of bf16 inference (llama.cpp's bf16 type, torch in bf16),
+// run on AVX512-BF16's vdpbf16ps where the CPU has it (1.3-1.7x the fp32 kernel at 8-16 tokens
+// on an AMD Zen 4, the same at one token), else as the backend's fp32 kernel on the rounded
+// values. These tables run one kernel at every token count, so they are batch-invariant too.
+// Off by default: it costs about 3 significant bits per activation, and the engine's checks
+// against HF transformers' float32 logits (tests/engine) keep every activation bit.
+const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false, bool bf16_activations = false);
+// True when the CPU has AVX512-BF16 (CPUID.7.1:EAX bit 5) and the AVX-512 backend.
+bool Avx512Bf16Supported();
 // True when the environment asks for batch-invariant kernels: PW_BATCH_INVARIANT=1. Served
 // outputs then do not depend on what a request was batched with (a greedy completion is the
 // same under any load), as tests comparing a cluster with an in-process engine need.
 bool BatchInvariantRequested();
-// The table of BestIsa() (batch-invariant when requested), resolved once.
+// True when the environment asks for bf16 activations: PW_BF16_ACTIVATIONS=1.
+bool Bf16ActivationsRequested();
+// The table of BestIsa() (batch-invariant, bf16 activations when requested), resolved once.
 const DenseKernels& Kernels();
 
 // Per-backend tables, defined in dense_<isa>.cc. Use KernelsFor() instead.
@@ -95,5 +107,8 @@ extern const DenseKernels kAvx512Kernels;
 extern const DenseKernels kAmxKernels;
 extern const DenseKernels kAvx512InvariantKernels;
 extern const DenseKernels kAmxInvariantKernels;
+extern const DenseKernels kScalarBf16ActsKernels;
+extern const DenseKernels kAvx2Bf16ActsKernels;
+extern const DenseKernels kAvx512Bf16ActsKernels;
 
 }  // namespace pw::cpu

@@ -9,9 +9,19 @@
 namespace pw::cpu {
 namespace {
 
+// Each lane of x rounded to bf16 (nearest, ties to even) and widened back: as ToBf16Bits for
+// every finite value.
+inline __m256 RoundToBf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
 // Computes a tile of RR weight rows x TT tokens: y[t*ldy + r] for r < RR, t < TT.
-// w points at the first row of the tile; x at the first token.
-template <int RR, int TT, typename W>
+// w points at the first row of the tile; x at the first token. kRound: each activation
+// rounded to bf16 first (the bf16-activation tables).
+template <int RR, int TT, typename W, bool kRound = false>
 inline void TileAvx2(const float* x, size_t ldx, const W* w, size_t K, float* y, size_t ldy) {
   __m256 acc[RR][TT];
   for (int r = 0; r < RR; ++r)
@@ -21,33 +31,37 @@ inline void TileAvx2(const float* x, size_t ldx, const W* w, size_t K, float* y,
     __m256 wv[RR];
     for (int r = 0; r < RR; ++r) wv[r] = avx2::Load8(w + r * K + k);
     for (int t = 0; t < TT; ++t) {
-      const __m256 xv = _mm256_loadu_ps(x + t * ldx + k);
+      __m256 xv = _mm256_loadu_ps(x + t * ldx + k);
+      if constexpr (kRound) xv = RoundToBf16(xv);
       for (int r = 0; r < RR; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
     }
   }
   for (int r = 0; r < RR; ++r) {
     for (int t = 0; t < TT; ++t) {
       float s = avx2::HSum(acc[r][t]);
-      for (size_t kk = k; kk < K; ++kk) s += x[t * ldx + kk] * avx2::ToF32(w[r * K + kk]);
+      for (size_t kk = k; kk < K; ++kk) {
+        const float xk = kRound ? Bf16Bits(ToBf16Bits(x[t * ldx + kk])) : x[t * ldx + kk];
+        s += xk * avx2::ToF32(w[r * K + kk]);
+      }
       y[t * ldy + r] = s;
     }
   }
 }
 
-template <int RR, typename W>
+template <int RR, typename W, bool kRound = false>
 inline void TileTokens(const float* x, size_t ldx, size_t T, const W* w, size_t K, float* y,
                        size_t ldy) {
   size_t t = 0;
-  for (; t + 4 <= T; t += 4) TileAvx2<RR, 4>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+  for (; t + 4 <= T; t += 4) TileAvx2<RR, 4, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
   switch (T - t) {
     case 3:
-      TileAvx2<RR, 3>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      TileAvx2<RR, 3, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
       break;
     case 2:
-      TileAvx2<RR, 2>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      TileAvx2<RR, 2, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
       break;
     case 1:
-      TileAvx2<RR, 1>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      TileAvx2<RR, 1, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
       break;
     default:
       break;
@@ -55,8 +69,9 @@ inline void TileTokens(const float* x, size_t ldx, size_t T, const W* w, size_t 
 }
 
 // Rows are walked in blocks small enough to stay in L1/L2 while every token group reuses them,
-// so a batch reads each weight byte from memory once.
-template <typename W>
+// so a batch reads each weight byte from memory once. Each (row, token) sums in the same order
+// whatever T is (8 lanes over K, then the tail).
+template <typename W, bool kRound = false>
 void MatmulAvx2(const float* x, size_t ldx, size_t T, const W* w, size_t K, size_t n_begin,
                 size_t n_end, float* y, size_t ldy) {
   constexpr size_t kRowBlock = 16;
@@ -64,18 +79,23 @@ void MatmulAvx2(const float* x, size_t ldx, size_t T, const W* w, size_t K, size
     const size_t n1 = n0 + kRowBlock < n_end ? n0 + kRowBlock : n_end;
     size_t n = n0;
     if (T == 1) {
-      for (; n + 4 <= n1; n += 4) TileAvx2<4, 1>(x, ldx, w + n * K, K, y + n, ldy);
+      for (; n + 4 <= n1; n += 4) TileAvx2<4, 1, W, kRound>(x, ldx, w + n * K, K, y + n, ldy);
     } else {
       // 3 rows x 4 tokens: 12 accumulators + 3 weight vectors + 1 activation = 16 registers.
-      for (; n + 3 <= n1; n += 3) TileTokens<3>(x, ldx, T, w + n * K, K, y + n, ldy);
+      for (; n + 3 <= n1; n += 3) TileTokens<3, W, kRound>(x, ldx, T, w + n * K, K, y + n, ldy);
     }
-    for (; n < n1; ++n) TileTokens<1>(x, ldx, T, w + n * K, K, y + n, ldy);
+    for (; n < n1; ++n) TileTokens<1, W, kRound>(x, ldx, T, w + n * K, K, y + n, ldy);
   }
 }
 
 void MatmulBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                     size_t n_begin, size_t n_end, float* y, size_t ldy) {
   MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
+void MatmulBf16ActsBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                            size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  MatmulAvx2<uint16_t, true>(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
 void MatmulF32Avx2(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
@@ -162,6 +182,10 @@ void SiluMulAvx2(const float* gate, const float* up, size_t n, float* out) {
 
 const DenseKernels kAvx2Kernels = {
     MatmulBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
+};
+
+const DenseKernels kAvx2Bf16ActsKernels = {
+    MatmulBf16ActsBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
 };
 
 }  // namespace pw::cpu

@@ -28,6 +28,19 @@ bool AmxUsable() {
 
 }  // namespace
 
+bool Avx512Bf16Supported() {
+#if defined(__x86_64__)
+  static const bool supported = [] {
+    unsigned a, b, c, d;
+    if (!IsaSupported(Isa::kAvx512)) return false;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1) != 0;
+  }();
+  return supported;
+#else
+  return false;
+#endif
+}
+
 const char* IsaName(Isa isa) {
   switch (isa) {
     case Isa::kScalar:
@@ -91,11 +104,23 @@ Isa BestIsa() {
   return best;
 }
 
-const DenseKernels& KernelsFor(Isa isa, bool batch_invariant) {
+const DenseKernels& KernelsFor(Isa isa, bool batch_invariant, bool bf16_activations) {
   if (!IsaSupported(isa)) {
     std::fprintf(stderr, "%s:%d: CPU kernel backend %s requested but not supported here\n",
                  __FILE__, __LINE__, IsaName(isa));
     std::abort();
+  }
+  if (bf16_activations) {
+    switch (isa) {
+      case Isa::kAmx:
+      case Isa::kAvx512:
+        return Avx512Bf16Supported() ? kAvx512Bf16ActsKernels : kAvx2Bf16ActsKernels;
+      case Isa::kAvx2:
+        return kAvx2Bf16ActsKernels;
+      case Isa::kScalar:
+        break;
+    }
+    return kScalarBf16ActsKernels;
   }
   switch (isa) {
     case Isa::kAmx:
@@ -115,8 +140,14 @@ bool BatchInvariantRequested() {
   return env != nullptr && std::strcmp(env, "1") == 0;
 }
 
+bool Bf16ActivationsRequested() {
+  const char* env = std::getenv("PW_BF16_ACTIVATIONS");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
 const DenseKernels& Kernels() {
-  static const DenseKernels& table = KernelsFor(BestIsa(), BatchInvariantRequested());
+  static const DenseKernels& table =
+      KernelsFor(BestIsa(), BatchInvariantRequested(), Bf16ActivationsRequested());
   return table;
 }
 

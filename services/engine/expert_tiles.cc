@@ -28,7 +28,8 @@ void CutExpertTiles(const std::vector<ExpertTile>& tiles, int pieces, size_t* cu
   int p = 1;
   for (size_t i = 0; i < tiles.size() && p < pieces; ++i) {
     const uint64_t c = static_cast<uint64_t>(tiles[i].r1 - tiles[i].r0) * tiles[i].tokens;
-    while (p < pieces && 2 * before + c >= 2 * total * static_cast<uint64_t>(p) / pieces) cut[p++] = i;
+    while (p < pieces && 2 * before + c >= 2 * total * static_cast<uint64_t>(p) / pieces)
+      cut[p++] = i;
     before += c;
   }
 }

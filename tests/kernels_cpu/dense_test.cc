@@ -1,7 +1,7 @@
 // Every dense CPU backend (scalar, AVX2, AVX-512, AMX: each one the CPU has) against the
 // scalar reference and the exact product, on fresh random inputs and awkward shapes (1..5,
-// 16, 17, 20, 33, 37 tokens; rows and columns not multiples of 8/16/32). Outputs are poisoned with NaN
-// before each run and guard values around them must survive.
+// 16, 17, 20, 33, 37 tokens; rows and columns not multiples of 8/16/32). Outputs are poisoned with
+// NaN before each run and guard values around them must survive.
 //
 // Tolerance: |y - ref| <= 1e-5 * sum_k |x_k * w_k| + 1e-6 for products (fp32 sums in a
 // different order), 2e-6 relative for softmax/RMSNorm, 1e-5 relative for SiLU*mul (the
@@ -93,8 +93,8 @@ TEST_P(DenseTest, MatmulBf16AndF32MatchReference) {
 // Longer rows and the token counts where the backends change strategy (1..4 = the AVX-512
 // few-token GEMV, 5 = the AMX backend's first tile width, 16/17 = one or two tile groups,
 // 33/37 = a second pass over the weights), rows not a multiple of 16 (the AMX tail goes
-// through AVX-512) and columns past one layout chunk with a tail under 32. Checked against the exact (double) product as above and against the scalar
-// backend's output.
+// through AVX-512) and columns past one layout chunk with a tail under 32. Checked against the
+// exact (double) product as above and against the scalar backend's output.
 TEST_P(DenseTest, MatmulBf16LongRowsAndTileTokenCounts) {
   const std::pair<size_t, size_t> shapes[] = {{1057, 100}, {2100, 37}};  // (K, N)
   for (size_t T : {1, 2, 3, 4, 5, 16, 17, 20, 33, 37}) {
@@ -222,6 +222,67 @@ TEST(Bf16, RoundTripAndRounding) {
   // 1 + 2^-8 is halfway between two bf16 values: round to even (1.0).
   EXPECT_EQ(Bf16Bits(ToBf16Bits(1.0f + 1.0f / 256)), 1.0f);
   EXPECT_TRUE(std::isnan(Bf16Bits(ToBf16Bits(NAN))));
+}
+
+// The bf16-activation tables (KernelsFor(isa, false, true): vdpbf16ps where the CPU has
+// AVX512-BF16, else the backend's fp32 kernel on rounded activations) against the exact product
+// of the rounded activations, with the same tolerance as the fp32 tables: a kernel that kept the
+// fp32 activations misses it by orders of magnitude (each rounding moves a term by up to 2^-9).
+// Each token's result is the same bits at every token count (one kernel for every T). Outputs
+// outside the rows stay untouched.
+TEST_P(DenseTest, MatmulWithBf16ActivationsMatchesTheRoundedProduct) {
+  const DenseKernels& kb = KernelsFor(GetParam(), false, /*bf16_activations=*/true);
+  struct Shape {
+    size_t T, K, N;
+  };
+  std::vector<Shape> shapes;
+  for (size_t T : {1, 2, 3, 4, 5, 17, 37})
+    for (size_t K : {1, 7, 31, 32, 33, 100, 257, 1057})
+      for (size_t N : {1, 5, 19, 64}) shapes.push_back({T, K, N});
+  // Rows longer than the AVX512-BF16 kernel's activation buffer (64 Ki values).
+  shapes.push_back({3, 70001, 5});
+  for (const Shape& shape : shapes) {
+    const size_t T = shape.T, K = shape.K, N = shape.N;
+    SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " N=" << N << " seed=1234");
+    const size_t ldx = K + 3, ldy = N + 2;
+    auto x = Random(T * ldx, -4.f, 4.f);
+    auto wf = Random(N * K);
+    std::vector<uint16_t> wb(N * K);
+    for (size_t i = 0; i < wb.size(); ++i) {
+      wb[i] = ToBf16Bits(wf[i]);
+      wf[i] = Bf16Bits(wb[i]);
+    }
+    const size_t n_begin = N > 4 ? 1 : 0, n_end = N > 4 ? N - 1 : N;
+    std::vector<float> y(T * ldy, NAN);
+    for (size_t t = 0; t < T; ++t) {
+      for (size_t n = 0; n < ldy; ++n) {
+        if (n < n_begin || n >= n_end) y[t * ldy + n] = kGuard;
+      }
+    }
+    kb.matmul_bf16(x.data(), ldx, T, wb.data(), K, n_begin, n_end, y.data(), ldy);
+    for (size_t t = 0; t < T; ++t) {
+      // The same token alone.
+      std::vector<float> alone(ldy, NAN);
+      kb.matmul_bf16(x.data() + t * ldx, ldx, 1, wb.data(), K, n_begin, n_end, alone.data(), ldy);
+      for (size_t n = 0; n < ldy; ++n) {
+        const float got = y[t * ldy + n];
+        if (n < n_begin || n >= n_end) {
+          ASSERT_EQ(got, kGuard) << "wrote outside its rows at t=" << t << " n=" << n;
+          continue;
+        }
+        double exact = 0, mag = 0;
+        for (size_t kk = 0; kk < K; ++kk) {
+          const double xr = Bf16Bits(ToBf16Bits(x[t * ldx + kk]));
+          exact += xr * wf[n * K + kk];
+          mag += std::fabs(xr * wf[n * K + kk]);
+        }
+        ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n;
+        ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
+        ASSERT_EQ(got, alone[n]) << "token " << t << " of " << T
+                                 << " differs from itself alone, n=" << n;
+      }
+    }
+  }
 }
 
 std::string IsaParamName(const testing::TestParamInfo<Isa>& info) { return IsaName(info.param); }

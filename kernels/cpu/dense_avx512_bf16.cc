@@ -1,0 +1,178 @@
+// The bf16-activation table on CPUs with AVX512-BF16 (compiled with it; selected at run time
+// only when the CPU reports it): matmul_bf16 rounds each activation to bf16 (vcvtne2ps2bf16,
+// nearest even) and multiplies bf16 pairs with vdpbf16ps, 32 weights per instruction against
+// 16 for an fp32 FMA, with no widening of the weights: the arithmetic of bf16 inference
+// (llama.cpp's bf16 type, torch in bf16), opted into with PW_BF16_ACTIVATIONS=1. Every other
+// kernel is the AVX-512 backend's.
+#include <immintrin.h>
+
+#include "kernels/cpu/dense.h"
+
+namespace pw::cpu {
+
+void MatmulF32Avx512(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
+                     size_t n_end, float* y, size_t ldy);
+void RmsNormAvx512(const float* x, const float* w, size_t dim, float eps, float* y);
+float DotAvx512(const float* a, const float* b, size_t n);
+void AxpyAvx512(float alpha, const float* x, size_t n, float* y);
+void SoftmaxAvx2(float* x, size_t n);
+void SiluMulAvx2(const float* gate, const float* up, size_t n, float* out);
+
+namespace {
+
+// Activations converted per call, not per tile: vcvtne2ps2bf16 inside the tile loop cost most
+// of vdpbf16ps's gain (AMD Zen 4: 1.2x the fp32 FMA tile instead of 1.6-1.9x). They go to a
+// buffer on the stack (kernels never allocate), kStackActs bf16 values: 4 tokens of the
+// longest rows (14336 columns) and more.
+constexpr size_t kStackActs = size_t{64} << 10;
+
+// Tokens [0, n) of x (stride ldx, K columns) as bf16, nearest even, rows of Kp (K rounded up to
+// 32) with the padding 0.
+void ToBf16Rows(const float* x, size_t ldx, size_t n, size_t K, size_t Kp, uint16_t* out) {
+  for (size_t t = 0; t < n; ++t) {
+    const float* xt = x + t * ldx;
+    uint16_t* o = out + t * Kp;
+    for (size_t k = 0; k < Kp; k += 32) {
+      const size_t m = K > k ? (K - k < 32 ? K - k : 32) : 0;
+      __m512bh v;
+      if (m == 32) {
+        v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xt + k + 16), _mm512_loadu_ps(xt + k));
+      } else {
+        const __mmask16 lo = static_cast<__mmask16>(m >= 16 ? 0xFFFFu : (1u << m) - 1);
+        const __mmask16 hi = static_cast<__mmask16>(m > 16 ? (1u << (m - 16)) - 1 : 0);
+        v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, xt + k + 16),
+                                _mm512_maskz_loadu_ps(lo, xt + k));
+      }
+      _mm512_storeu_si512(o + k, (__m512i)v);
+    }
+  }
+}
+
+// RR weight rows w[r] x TT tokens (bf16 activations xb, rows of Kp) into y[r][t * ldy], 32
+// columns per step, the weights' K tail through a mask. Each (row, token) has its own
+// accumulator summed in one order whatever RR, TT, the rows beside it and the token grouping
+// are, so a token's result does not depend on how many tokens share the call.
+template <int RR, int TT>
+inline void TileDp(const uint16_t* xb, size_t Kp, const uint16_t* const* w, size_t K,
+                   float* const* y, size_t ldy) {
+  __m512 acc[RR][TT];
+  for (int r = 0; r < RR; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  size_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512i xv[TT];
+    for (int t = 0; t < TT; ++t) xv[t] = _mm512_loadu_si512(xb + t * Kp + k);
+    for (int r = 0; r < RR; ++r) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[r] + k);
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)xv[t], wv);
+    }
+  }
+  if (k < K) {
+    const __mmask32 m = static_cast<__mmask32>((1u << (K - k)) - 1);
+    for (int r = 0; r < RR; ++r) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w[r] + k);
+      for (int t = 0; t < TT; ++t) {
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)_mm512_loadu_si512(xb + t * Kp + k), wv);
+      }
+    }
+  }
+  for (int r = 0; r < RR; ++r)
+    for (int t = 0; t < TT; ++t) y[r][t * ldy] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int RR>
+inline void TokensDp(const uint16_t* xb, size_t Kp, size_t T, const uint16_t* const* w, size_t K,
+                     float* const* y, size_t ldy) {
+  float* yt[RR];
+  size_t t = 0;
+  auto at = [&](size_t t0) {
+    for (int r = 0; r < RR; ++r) yt[r] = y[r] + t0 * ldy;
+    return yt;
+  };
+  for (; t + 4 <= T; t += 4) TileDp<RR, 4>(xb + t * Kp, Kp, w, K, at(t), ldy);
+  switch (T - t) {
+    case 3:
+      TileDp<RR, 3>(xb + t * Kp, Kp, w, K, at(t), ldy);
+      break;
+    case 2:
+      TileDp<RR, 2>(xb + t * Kp, Kp, w, K, at(t), ldy);
+      break;
+    case 1:
+      TileDp<RR, 1>(xb + t * Kp, Kp, w, K, at(t), ldy);
+      break;
+    default:
+      break;
+  }
+}
+
+// Tokens in groups that fit the stack buffer (converted once per group). Up to 4 tokens (one
+// token tile) the rows go as 4 streams from 4 parts of the range, as the fp32 GEMV reads them
+// (4 adjacent rows read 1.8x slower at one token on an AMD Zen 4); from 5 tokens on, in blocks
+// of 16 rows that every token tile reuses from the cache, 4 rows x 4 tokens per tile (16
+// accumulators + 4 activation vectors + 1 weight vector of 32 registers).
+void MatmulBf16ActsBf16Avx512(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                              size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  alignas(64) uint16_t xb[kStackActs];
+  const size_t Kp = (K + 31) / 32 * 32;
+  if (Kp > kStackActs) {  // rows longer than the buffer: the reference's order, token by token
+    for (size_t t = 0; t < T; ++t) {
+      for (size_t n = n_begin; n < n_end; ++n) {
+        float s = 0.f;
+        for (size_t k = 0; k < K; ++k)
+          s += Bf16Bits(ToBf16Bits(x[t * ldx + k])) * Bf16Bits(w[n * K + k]);
+        y[t * ldy + n] = s;
+      }
+    }
+    return;
+  }
+  const uint16_t* rows[4];
+  float* outs[4];
+  const size_t group = kStackActs / Kp;
+  for (size_t t0 = 0; t0 < T; t0 += group) {
+    const size_t nt = T - t0 < group ? T - t0 : group;
+    ToBf16Rows(x + t0 * ldx, ldx, nt, K, Kp, xb);
+    float* yt = y + t0 * ldy;
+    size_t n = n_begin;
+    if (nt <= 4) {
+      const size_t part = (n_end - n_begin) / 4;
+      for (size_t i = 0; i < part; ++i) {
+        for (int s = 0; s < 4; ++s) {
+          rows[s] = w + (n_begin + s * part + i) * K;
+          outs[s] = yt + n_begin + s * part + i;
+        }
+        TokensDp<4>(xb, Kp, nt, rows, K, outs, ldy);
+      }
+      n = n_begin + 4 * part;
+    } else {
+      constexpr size_t kRowBlock = 16;
+      for (; n + kRowBlock <= n_end; n += kRowBlock) {
+        for (size_t r = n; r < n + kRowBlock; r += 4) {
+          for (int s = 0; s < 4; ++s) {
+            rows[s] = w + (r + s) * K;
+            outs[s] = yt + r + s;
+          }
+          TokensDp<4>(xb, Kp, nt, rows, K, outs, ldy);
+        }
+      }
+    }
+    for (; n < n_end; ++n) {
+      rows[0] = w + n * K;
+      outs[0] = yt + n;
+      TokensDp<1>(xb, Kp, nt, rows, K, outs, ldy);
+    }
+  }
+}
+
+}  // namespace
+
+const DenseKernels kAvx512Bf16ActsKernels = {
+    MatmulBf16ActsBf16Avx512,
+    MatmulF32Avx512,
+    RmsNormAvx512,
+    SoftmaxAvx2,
+    SiluMulAvx2,
+    DotAvx512,
+    AxpyAvx512,
+};
+
+}  // namespace pw::cpu
