@@ -7,9 +7,14 @@
 namespace pw::workers {
 
 std::string KernelBackendsLine() {
-  return std::string("kernels: dense ") + cpu::IsaName(cpu::BestIsa()) + ", any-precision fast path " +
-         anyprec::BackendName(anyprec::BestQ8Backend()) + ", dense prefetch " +
-         std::to_string(cpu::PrefetchBytes()) + " B";
+  std::string line = std::string("kernels: dense ") + cpu::IsaName(cpu::BestIsa()) +
+                     ", any-precision fast path " + anyprec::BackendName(anyprec::BestQ8Backend()) +
+                     ", dense prefetch " + std::to_string(cpu::PrefetchBytes()) + " B";
+  if (cpu::Bf16ActivationsRequested()) {
+    line += cpu::Avx512Bf16Supported() ? ", bf16 activations (avx512-bf16 dot products)"
+                                       : ", bf16 activations (rounded, fp32 products)";
+  }
+  return line;
 }
 
 int FastWidthLimit(anyprec::Backend backend) {

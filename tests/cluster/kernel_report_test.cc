@@ -16,6 +16,7 @@ TEST(KernelReport, TheLineNamesEveryBackendThisProcessRuns) {
             std::string::npos)
       << line;
   EXPECT_NE(line.find("prefetch"), std::string::npos) << line;
+  EXPECT_EQ(line.find("bf16 activations") != std::string::npos, cpu::Bf16ActivationsRequested()) << line;
 }
 
 TEST(KernelReport, OnlyAByteShuffleFastPathLimitsTheWidth) {
