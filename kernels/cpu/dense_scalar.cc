@@ -6,31 +6,30 @@
 namespace pw::cpu {
 namespace {
 
-void MatmulBf16Scalar(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
-                      size_t n_begin, size_t n_end, float* y, size_t ldy) {
+// kRound: each activation rounded to bf16 first (matmul_bf16 of the bf16-activation tables).
+template <bool kRound>
+void MatmulBf16ScalarT(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                       size_t n_begin, size_t n_end, float* y, size_t ldy) {
   for (size_t t = 0; t < T; ++t) {
     const float* xt = x + t * ldx;
     for (size_t n = n_begin; n < n_end; ++n) {
       const uint16_t* wn = w + n * K;
       float s = 0.f;
-      for (size_t k = 0; k < K; ++k) s += xt[k] * Bf16Bits(wn[k]);
+      for (size_t k = 0; k < K; ++k)
+        s += (kRound ? Bf16Bits(ToBf16Bits(xt[k])) : xt[k]) * Bf16Bits(wn[k]);
       y[t * ldy + n] = s;
     }
   }
 }
 
-// matmul_bf16 of the bf16-activation tables: each activation rounded to bf16 first.
+void MatmulBf16Scalar(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                      size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  MatmulBf16ScalarT<false>(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
 void MatmulBf16ActsBf16Scalar(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                               size_t n_begin, size_t n_end, float* y, size_t ldy) {
-  for (size_t t = 0; t < T; ++t) {
-    const float* xt = x + t * ldx;
-    for (size_t n = n_begin; n < n_end; ++n) {
-      const uint16_t* wn = w + n * K;
-      float s = 0.f;
-      for (size_t k = 0; k < K; ++k) s += Bf16Bits(ToBf16Bits(xt[k])) * Bf16Bits(wn[k]);
-      y[t * ldy + n] = s;
-    }
-  }
+  MatmulBf16ScalarT<true>(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
 void MatmulF32Scalar(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
@@ -90,8 +89,13 @@ const DenseKernels kScalarKernels = {
 };
 
 const DenseKernels kScalarBf16ActsKernels = {
-    MatmulBf16ActsBf16Scalar, MatmulF32Scalar, RmsNormScalar, SoftmaxScalar,
-    SiluMulScalar,            DotScalar,       AxpyScalar,
+    MatmulBf16ActsBf16Scalar,
+    MatmulF32Scalar,
+    RmsNormScalar,
+    SoftmaxScalar,
+    SiluMulScalar,
+    DotScalar,
+    AxpyScalar,
 };
 
 }  // namespace pw::cpu

@@ -20,6 +20,18 @@ namespace {
 
 constexpr float kGuard = 12345.f;
 
+// The exact (double) product of x[0..K) and w[0..K), and the sum of its terms' magnitudes (the
+// scale of an fp32 sum's rounding); with round_x, of x rounded to bf16 first.
+std::pair<double, double> ExactDot(const float* x, const float* w, size_t K, bool round_x = false) {
+  double exact = 0, mag = 0;
+  for (size_t k = 0; k < K; ++k) {
+    const double xk = round_x ? Bf16Bits(ToBf16Bits(x[k])) : x[k];
+    exact += xk * w[k];
+    mag += std::fabs(xk * w[k]);
+  }
+  return {exact, mag};
+}
+
 std::vector<Isa> BackendsUnderTest() {
   std::vector<Isa> out;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
@@ -75,11 +87,7 @@ TEST_P(DenseTest, MatmulBf16AndF32MatchReference) {
                 ASSERT_EQ(got, kGuard) << "wrote outside its rows at t=" << t << " n=" << n;
                 continue;
               }
-              double exact = 0, mag = 0;
-              for (size_t kk = 0; kk < K; ++kk) {
-                exact += double(x[t * ldx + kk]) * wf[n * K + kk];
-                mag += std::fabs(double(x[t * ldx + kk]) * wf[n * K + kk]);
-              }
+              const auto [exact, mag] = ExactDot(&x[t * ldx], &wf[n * K], K);
               ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n << " variant=" << variant;
               ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
             }
@@ -270,12 +278,7 @@ TEST_P(DenseTest, MatmulWithBf16ActivationsMatchesTheRoundedProduct) {
           ASSERT_EQ(got, kGuard) << "wrote outside its rows at t=" << t << " n=" << n;
           continue;
         }
-        double exact = 0, mag = 0;
-        for (size_t kk = 0; kk < K; ++kk) {
-          const double xr = Bf16Bits(ToBf16Bits(x[t * ldx + kk]));
-          exact += xr * wf[n * K + kk];
-          mag += std::fabs(xr * wf[n * K + kk]);
-        }
+        const auto [exact, mag] = ExactDot(&x[t * ldx], &wf[n * K], K, /*round_x=*/true);
         ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n;
         ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
         ASSERT_EQ(got, alone[n]) << "token " << t << " of " << T
