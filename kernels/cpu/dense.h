@@ -83,14 +83,17 @@ struct DenseKernels {
 //
 // With `bf16_activations`, matmul_bf16 rounds each activation to bf16 (nearest, ties to even)
 // before multiplying: the arithmetic of bf16 inference (llama.cpp's bf16 type, torch in bf16),
-// run on AVX512-BF16's vdpbf16ps where the CPU has it (1.3-1.7x the fp32 kernel at 8-16 tokens
-// on an AMD Zen 4, the same at one token), else as the backend's fp32 kernel on the rounded
-// values. These tables run one kernel at every token count, so they are batch-invariant too.
+// run on AVX512-BF16's vdpbf16ps where the CPU has it and isa is kAvx512 or kAmx (1.3-1.7x the
+// fp32 kernel at 8-16 tokens on an AMD Zen 4, the same at one token; denormal activations count
+// as 0 there), else the AVX2 table with its fp32 tile on the rounded values (the scalar table
+// for kScalar). These tables run one kernel at every token count, so they are batch-invariant.
 // Off by default: it costs about 3 significant bits per activation, and the engine's checks
 // against HF transformers' float32 logits (tests/engine) keep every activation bit.
 const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false, bool bf16_activations = false);
 // True when the CPU has AVX512-BF16 (CPUID.7.1:EAX bit 5) and the AVX-512 backend.
 bool Avx512Bf16Supported();
+// True when `k` is the table whose matmul_bf16 runs vdpbf16ps (AVX512-BF16).
+bool UsesAvx512Bf16(const DenseKernels& k);
 // True when the environment asks for batch-invariant kernels: PW_BATCH_INVARIANT=1. Served
 // outputs then do not depend on what a request was batched with (a greedy completion is the
 // same under any load), as tests comparing a cluster with an in-process engine need.

@@ -9,13 +9,18 @@
 namespace pw::cpu {
 namespace {
 
-// Each lane of x rounded to bf16 (nearest, ties to even) and widened back: as ToBf16Bits for
-// every finite value.
+// Each lane of x rounded to bf16 (nearest, ties to even) and widened back, as ToBf16Bits: a NaN
+// stays a NaN (its top half with the quiet bit set), where the rounding add could carry it into
+// an infinity or a zero.
 inline __m256 RoundToBf16(__m256 x) {
+  const __m256i top = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   const __m256i u = _mm256_castps_si256(x);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
-  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  const __m256 rounded = _mm256_castsi256_ps(_mm256_and_si256(r, top));
+  const __m256 nan =
+      _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(u, top), _mm256_set1_epi32(0x00400000)));
+  return _mm256_blendv_ps(rounded, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 // Computes a tile of RR weight rows x TT tokens: y[t*ldy + r] for r < RR, t < TT.

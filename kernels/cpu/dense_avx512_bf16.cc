@@ -2,8 +2,10 @@
 // only when the CPU reports it): matmul_bf16 rounds each activation to bf16 (vcvtne2ps2bf16,
 // nearest even) and multiplies bf16 pairs with vdpbf16ps, 32 weights per instruction against
 // 16 for an fp32 FMA, with no widening of the weights: the arithmetic of bf16 inference
-// (llama.cpp's bf16 type, torch in bf16), opted into with PW_BF16_ACTIVATIONS=1. Every other
-// kernel is the AVX-512 backend's.
+// (llama.cpp's bf16 type, torch in bf16), opted into with PW_BF16_ACTIVATIONS=1. Both
+// instructions treat denormal inputs as 0 (whatever MXCSR says): activations under 2^-126 in
+// magnitude count as 0 here, where the scalar reference rounds them. Every other kernel is the
+// AVX-512 backend's.
 #include <immintrin.h>
 
 #include "kernels/cpu/dense.h"
@@ -112,6 +114,11 @@ inline void TokensDp(const uint16_t* xb, size_t Kp, size_t T, const uint16_t* co
 // accumulators + 4 activation vectors + 1 weight vector of 32 registers).
 void MatmulBf16ActsBf16Avx512(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                               size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  if (K == 0) {
+    for (size_t t = 0; t < T; ++t)
+      for (size_t n = n_begin; n < n_end; ++n) y[t * ldy + n] = 0.f;
+    return;
+  }
   alignas(64) uint16_t xb[kStackActs];
   const size_t Kp = (K + 31) / 32 * 32;
   if (Kp > kStackActs) {  // rows longer than the buffer: the reference's order, token by token

@@ -41,6 +41,8 @@ bool Avx512Bf16Supported() {
 #endif
 }
 
+bool UsesAvx512Bf16(const DenseKernels& k) { return &k == &kAvx512Bf16ActsKernels; }
+
 const char* IsaName(Isa isa) {
   switch (isa) {
     case Isa::kScalar:

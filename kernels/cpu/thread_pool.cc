@@ -61,15 +61,15 @@ void ThreadPool::Run(size_t n, size_t align, size_t min_per_thread, Thunk fn, vo
   if (min_per_thread == 0) min_per_thread = 1;
   const size_t most = kChunksPerThread * static_cast<size_t>(num_threads_);
   size_t chunks = n / min_per_thread < most ? n / min_per_thread : most;
-  if (chunks <= 1 || busy_.exchange(true, std::memory_order_acq_rel)) {
-    // Small work, or re-entered from inside a chunk: run inline.
+  // Chunk size rounded up to a multiple of align.
+  size_t chunk = chunks > 1 ? (n + chunks - 1) / chunks : n;
+  chunk = (chunk + align - 1) / align * align;
+  chunks = (n + chunk - 1) / chunk;
+  if (num_threads_ == 1 || chunks <= 1 || busy_.exchange(true, std::memory_order_acq_rel)) {
+    // One thread, small work, or re-entered from inside a chunk: run inline.
     fn(ctx, 0, n);
     return;
   }
-  // Chunk size rounded up to a multiple of align.
-  size_t chunk = (n + chunks - 1) / chunks;
-  chunk = (chunk + align - 1) / align * align;
-  chunks = (n + chunk - 1) / chunk;
   fn_ = fn;
   ctx_ = ctx;
   chunks_ = chunks;

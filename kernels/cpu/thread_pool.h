@@ -3,9 +3,12 @@
 // The engine uses it to split kernels by output rows (matmuls) or by (token, head) pairs
 // (attention). ParallelFor cuts the range into a few chunks per thread and every thread, the
 // calling one included, claims the next unclaimed chunk until none is left: a thread that
-// starts late (woken from sleep) or runs slow (a shared memory bus) leaves its share to the
-// others instead of making them wait. The chunk boundaries depend only on the arguments and
-// the thread count, never on timing, so results do not depend on which thread ran a chunk.
+// runs slow (a shared memory bus) or starts late leaves its remaining chunks to the others.
+// (The caller still returns only after every worker has acknowledged the job, so a worker
+// woken from sleep delays the return by its wake-up even when the others ran its chunks; the
+// spin below keeps that rare within a decode step.) The chunk boundaries depend only on the
+// arguments and the thread count, never on timing, so results do not depend on which thread
+// ran a chunk.
 // Dispatch never allocates. Waiting threads spin for a while (kDefaultSpinMicros, or
 // PW_POOL_SPIN_US) before blocking on a condition variable, so back-to-back kernels do not pay
 // a futex wake each. One thread drives a pool at a time (not reentrant: calling ParallelFor
@@ -45,7 +48,8 @@ class ThreadPool {
   // Calls fn(begin, end) on disjoint ranges covering [0, n), at most kChunksPerThread x
   // num_threads() of them, from any of the pool's threads. Range boundaries are multiples of
   // `align` (except n itself), so a kernel splitting output rows can keep its row blocks whole.
-  // Ranges are not cut below `min_per_thread` items (work under two such ranges runs inline).
+  // Every range but the last holds at least `min_per_thread` items; work under two such ranges,
+  // or a pool of one thread, runs inline in one call.
   // Returns after every call has returned.
   template <typename F>
   void ParallelFor(size_t n, size_t align, size_t min_per_thread, F&& fn) {

@@ -11,8 +11,8 @@ std::string KernelBackendsLine() {
                      ", any-precision fast path " + anyprec::BackendName(anyprec::BestQ8Backend()) +
                      ", dense prefetch " + std::to_string(cpu::PrefetchBytes()) + " B";
   if (cpu::Bf16ActivationsRequested()) {
-    line += cpu::Avx512Bf16Supported() ? ", bf16 activations (avx512-bf16 dot products)"
-                                       : ", bf16 activations (rounded, fp32 products)";
+    line += cpu::UsesAvx512Bf16(cpu::Kernels()) ? ", bf16 activations (avx512-bf16 dot products)"
+                                                : ", bf16 activations (rounded, fp32 products)";
   }
   return line;
 }

@@ -87,7 +87,7 @@ TEST_P(DenseTest, MatmulBf16AndF32MatchReference) {
                 ASSERT_EQ(got, kGuard) << "wrote outside its rows at t=" << t << " n=" << n;
                 continue;
               }
-              const auto [exact, mag] = ExactDot(&x[t * ldx], &wf[n * K], K);
+              const auto [exact, mag] = ExactDot(x.data() + t * ldx, wf.data() + n * K, K);
               ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n << " variant=" << variant;
               ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
             }
@@ -234,8 +234,8 @@ TEST(Bf16, RoundTripAndRounding) {
 
 // The bf16-activation tables (KernelsFor(isa, false, true): vdpbf16ps where the CPU has
 // AVX512-BF16, else the backend's fp32 kernel on rounded activations) against the exact product
-// of the rounded activations, with the same tolerance as the fp32 tables: a kernel that kept the
-// fp32 activations misses it by orders of magnitude (each rounding moves a term by up to 2^-9).
+// of the rounded activations, with the same tolerance as the fp32 tables, which a kernel that
+// kept the fp32 activations misses (each rounding moves a term by up to 2^-9 of itself).
 // Each token's result is the same bits at every token count (one kernel for every T). Outputs
 // outside the rows stay untouched.
 TEST_P(DenseTest, MatmulWithBf16ActivationsMatchesTheRoundedProduct) {
@@ -247,8 +247,11 @@ TEST_P(DenseTest, MatmulWithBf16ActivationsMatchesTheRoundedProduct) {
   for (size_t T : {1, 2, 3, 4, 5, 17, 37})
     for (size_t K : {1, 7, 31, 32, 33, 100, 257, 1057})
       for (size_t N : {1, 5, 19, 64}) shapes.push_back({T, K, N});
-  // Rows longer than the AVX512-BF16 kernel's activation buffer (64 Ki values).
+  // Rows longer than the AVX512-BF16 kernel's activation buffer (64 Ki values); tokens in two
+  // groups of that buffer (16 tokens of 4000 columns fit); no columns at all.
   shapes.push_back({3, 70001, 5});
+  shapes.push_back({17, 4000, 5});
+  shapes.push_back({3, 0, 5});
   for (const Shape& shape : shapes) {
     const size_t T = shape.T, K = shape.K, N = shape.N;
     SCOPED_TRACE(testing::Message() << "T=" << T << " K=" << K << " N=" << N << " seed=1234");
@@ -278,7 +281,8 @@ TEST_P(DenseTest, MatmulWithBf16ActivationsMatchesTheRoundedProduct) {
           ASSERT_EQ(got, kGuard) << "wrote outside its rows at t=" << t << " n=" << n;
           continue;
         }
-        const auto [exact, mag] = ExactDot(&x[t * ldx], &wf[n * K], K, /*round_x=*/true);
+        const auto [exact, mag] =
+            ExactDot(x.data() + t * ldx, wf.data() + n * K, K, /*round_x=*/true);
         ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n;
         ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
         ASSERT_EQ(got, alone[n]) << "token " << t << " of " << T

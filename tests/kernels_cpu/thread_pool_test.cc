@@ -15,16 +15,25 @@ TEST(ThreadPool, CoversRangeExactlyOnceWithAlignedPieces) {
     ThreadPool pool(threads);
     for (size_t n : {0, 1, 7, 16, 100, 1001}) {
       for (size_t align : {1, 4, 16}) {
-        std::vector<std::atomic<int>> hits(n);
-        std::atomic<int> calls{0};
-        pool.ParallelFor(n, align, 1, [&](size_t b, size_t e) {
-          EXPECT_EQ(b % align, 0u);
-          EXPECT_LE(e, n);
-          for (size_t i = b; i < e; ++i) hits[i]++;
-          calls++;
-        });
-        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
-        EXPECT_LE(calls.load(), static_cast<int>(ThreadPool::kChunksPerThread) * threads);
+        for (size_t min_per : {1, 3}) {
+          std::vector<std::atomic<int>> hits(n);
+          std::atomic<int> calls{0};
+          pool.ParallelFor(n, align, min_per, [&](size_t b, size_t e) {
+            EXPECT_EQ(b % align, 0u);
+            EXPECT_TRUE(e % align == 0 || e == n) << b << ".." << e;
+            EXPECT_LE(e, n);
+            if (e != n) {
+              EXPECT_GE(e - b, min_per) << b << ".." << e;
+            }
+            for (size_t i = b; i < e; ++i) hits[i]++;
+            calls++;
+          });
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+          EXPECT_LE(calls.load(), static_cast<int>(ThreadPool::kChunksPerThread) * threads);
+          if (threads == 1 || n < 2 * min_per) {
+            EXPECT_LE(calls.load(), 1) << "not inline";
+          }
+        }
       }
     }
   }
