@@ -89,9 +89,8 @@ struct DenseKernels {
 // for kScalar). These tables run one kernel at every token count, so they are batch-invariant.
 // Off by default: it costs about 3 significant bits per activation, and the engine's checks
 // against HF transformers' float32 logits (tests/engine) keep every activation bit.
-const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false, bool bf16_activations = false);
-// True when the CPU has AVX512-BF16 (CPUID.7.1:EAX bit 5) and the AVX-512 backend.
-bool Avx512Bf16Supported();
+const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false,
+                               bool bf16_activations = false);
 // True when `k` is the table whose matmul_bf16 runs vdpbf16ps (AVX512-BF16).
 bool UsesAvx512Bf16(const DenseKernels& k);
 // True when the environment asks for batch-invariant kernels: PW_BATCH_INVARIANT=1. Served

@@ -114,24 +114,12 @@ inline void TokensDp(const uint16_t* xb, size_t Kp, size_t T, const uint16_t* co
 // accumulators + 4 activation vectors + 1 weight vector of 32 registers).
 void MatmulBf16ActsBf16Avx512(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                               size_t n_begin, size_t n_end, float* y, size_t ldy) {
-  if (K == 0) {
-    for (size_t t = 0; t < T; ++t)
-      for (size_t n = n_begin; n < n_end; ++n) y[t * ldy + n] = 0.f;
+  const size_t Kp = (K + 31) / 32 * 32;
+  if (K == 0 || Kp > kStackActs) {  // no columns, or rows longer than the buffer: the reference
+    kScalarBf16ActsKernels.matmul_bf16(x, ldx, T, w, K, n_begin, n_end, y, ldy);
     return;
   }
   alignas(64) uint16_t xb[kStackActs];
-  const size_t Kp = (K + 31) / 32 * 32;
-  if (Kp > kStackActs) {  // rows longer than the buffer: the reference's order, token by token
-    for (size_t t = 0; t < T; ++t) {
-      for (size_t n = n_begin; n < n_end; ++n) {
-        float s = 0.f;
-        for (size_t k = 0; k < K; ++k)
-          s += Bf16Bits(ToBf16Bits(x[t * ldx + k])) * Bf16Bits(w[n * K + k]);
-        y[t * ldy + n] = s;
-      }
-    }
-    return;
-  }
   const uint16_t* rows[4];
   float* outs[4];
   const size_t group = kStackActs / Kp;

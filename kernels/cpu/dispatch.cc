@@ -14,32 +14,41 @@ namespace pw::cpu {
 namespace {
 
 #if defined(__x86_64__)
-// AMX-TILE + AMX-BF16 (CPUID.7.0:EDX bits 24, 22), AVX512-BF16 (CPUID.7.1:EAX bit 5), the OS
-// saving the tile state (XCR0 bits 17, 18), and the kernel's leave for this process to use it
-// (Linux asks for it once: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+// AVX512-BF16: CPUID.7.1:EAX bit 5.
+bool CpuHasAvx512Bf16() {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1) != 0;
+}
+
+// AMX-TILE + AMX-BF16 (CPUID.7.0:EDX bits 24, 22), AVX512-BF16, the OS saving the tile state
+// (XCR0 bits 17, 18), and the kernel's leave for this process to use it (Linux asks for it
+// once: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
 bool AmxUsable() {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   if (((d >> 24) & 1) == 0 || ((d >> 22) & 1) == 0) return false;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || ((a >> 5) & 1) == 0) return false;
+  if (!CpuHasAvx512Bf16()) return false;
   return AmxTileStatePermitted();
 }
 #endif
 
-}  // namespace
-
-bool Avx512Bf16Supported() {
+// The AVX-512 backend and AVX512-BF16 (the bf16-activation table's vdpbf16ps).
+bool Avx512Bf16Usable() {
 #if defined(__x86_64__)
-  static const bool supported = [] {
-    unsigned a, b, c, d;
-    if (!IsaSupported(Isa::kAvx512)) return false;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1) != 0;
-  }();
-  return supported;
+  static const bool usable = IsaSupported(Isa::kAvx512) && CpuHasAvx512Bf16();
+  return usable;
 #else
   return false;
 #endif
 }
+
+// True when the environment variable `name` is "1".
+bool EnvFlag(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+}  // namespace
 
 bool UsesAvx512Bf16(const DenseKernels& k) { return &k == &kAvx512Bf16ActsKernels; }
 
@@ -116,7 +125,7 @@ const DenseKernels& KernelsFor(Isa isa, bool batch_invariant, bool bf16_activati
     switch (isa) {
       case Isa::kAmx:
       case Isa::kAvx512:
-        return Avx512Bf16Supported() ? kAvx512Bf16ActsKernels : kAvx2Bf16ActsKernels;
+        return Avx512Bf16Usable() ? kAvx512Bf16ActsKernels : kAvx2Bf16ActsKernels;
       case Isa::kAvx2:
         return kAvx2Bf16ActsKernels;
       case Isa::kScalar:
@@ -137,15 +146,9 @@ const DenseKernels& KernelsFor(Isa isa, bool batch_invariant, bool bf16_activati
   return kScalarKernels;
 }
 
-bool BatchInvariantRequested() {
-  const char* env = std::getenv("PW_BATCH_INVARIANT");
-  return env != nullptr && std::strcmp(env, "1") == 0;
-}
+bool BatchInvariantRequested() { return EnvFlag("PW_BATCH_INVARIANT"); }
 
-bool Bf16ActivationsRequested() {
-  const char* env = std::getenv("PW_BF16_ACTIVATIONS");
-  return env != nullptr && std::strcmp(env, "1") == 0;
-}
+bool Bf16ActivationsRequested() { return EnvFlag("PW_BF16_ACTIVATIONS"); }
 
 const DenseKernels& Kernels() {
   static const DenseKernels& table =
