@@ -80,16 +80,19 @@
 #include <vector>
 
 #include "bench/bandwidth_probe.h"
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "common/logging.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "kernels/anyprec/anyprec.h"
-#include "quant/apw_provider.h"
-#include "services/engine/engine.h"
-#include "services/engine/lynx_routing_hook.h"
-#include "services/engine/model.h"
-#include "services/engine/moe_layer.h"
+#include "engine/experts/apw_expert_provider.h"
+#include "engine/engine.h"
+#include "engine/hooks/lynx_routing_hook.h"
+#include "engine/models/model.h"
+#include "engine/layers/moe_layer.h"
 #include "tools/lynx_cli.h"
+#include "engine/experts/kernel_path.h"
+#include "engine/experts/bf16_expert_provider.h"
+#include "common/formats/width_map.h"
 
 namespace pw::bench {
 namespace {

@@ -1,5 +1,5 @@
 // The project's hashes: FNV-1a 64-bit (model hashes, region checksums, name seeds) and
-// CRC-32 (store sections; in apw_store.h). One implementation each.
+// CRC-32 (store sections, trace records). One implementation each.
 #pragma once
 
 #include <cstddef>
@@ -28,5 +28,8 @@ inline uint64_t Fnv1a64Of(const void* data, size_t n) {
   h.Update(data, n);
   return h.digest();
 }
+
+// CRC-32 (IEEE 802.3 polynomial, reflected, as zlib's crc32); `crc` chains calls (start at 0).
+uint32_t Crc32(const void* data, size_t n, uint32_t crc = 0);
 
 }  // namespace pw

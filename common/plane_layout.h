@@ -1,4 +1,4 @@
-// The bit-plane layout of an any-precision block, shared by the .apw store (common/apw_store.h)
+// The bit-plane layout of an any-precision block, shared by the .apw store (common/formats/apw_store.h)
 // and the kernels that read it (kernels/anyprec/anyprec.h, which describes it in full):
 // every weight has an 8-bit parent code whose b-bit code (b in 3..8) is its top b bits; codes
 // are stored as 8 bit-planes, plane 0 = most significant bit, row-major; inside a row, columns

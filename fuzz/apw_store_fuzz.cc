@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "common/logging.h"
 
 namespace {

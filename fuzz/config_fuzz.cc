@@ -3,8 +3,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/model_config.h"
-#include "common/yaml_config.h"
+#include "common/formats/model_config.h"
+#include "common/formats/yaml_config.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto r = pw::ParseSafetensorsHeader(data, size, "fuzz.safetensors");

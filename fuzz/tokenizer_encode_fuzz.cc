@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // never a crash, hang or exception; a tokenizer that loads must encode a fixed probe string.
 #include <string_view>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);

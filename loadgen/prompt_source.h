@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace pw::loadgen {
 

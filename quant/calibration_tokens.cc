@@ -4,7 +4,7 @@
 #include <memory>
 #include <sstream>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace pw::anyprec {
 namespace {

@@ -7,12 +7,15 @@
 #include <sstream>
 #include <vector>
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "common/dtype.h"
-#include "quant/apw_provider.h"
+#include "engine/experts/apw_expert_provider.h"
 #include "quant/calibration_tokens.h"
 #include "kernels/anyprec/quantizer.h"
-#include "services/engine/engine.h"
+#include "engine/engine.h"
+#include "engine/experts/calibration_recorder.h"
+#include "engine/experts/bf16_expert_provider.h"
+#include "common/formats/checkpoint_experts.h"
 
 namespace pw::anyprec {
 namespace {
@@ -94,7 +97,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   report.calib_seconds = Seconds(t_start, t_calib);
 
   // 2 + 3. Sensitivities, quantization, store.
-  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model));
+  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
   apw::StoreInfo info{static_cast<uint32_t>(L), static_cast<uint32_t>(E), static_cast<uint32_t>(H),
                       static_cast<uint32_t>(I), hash};
   PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));

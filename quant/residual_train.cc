@@ -7,12 +7,15 @@
 #include <span>
 #include <sstream>
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "common/dtype.h"
 #include "kernels/anyprec/pack.h"
-#include "quant/apw_provider.h"
+#include "engine/experts/apw_expert_provider.h"
 #include "quant/calibration_tokens.h"
-#include "services/engine/engine.h"
+#include "engine/engine.h"
+#include "engine/experts/calibration_recorder.h"
+#include "engine/experts/bf16_expert_provider.h"
+#include "common/formats/checkpoint_experts.h"
 
 namespace pw::anyprec {
 namespace {
@@ -203,7 +206,7 @@ Result<ResidualTrainReport> TrainResidualHeads(const ResidualTrainOptions& o) {
   for (const auto& layer : model.layers()) {
     if (!layer.is_moe) return Unsupported(o.model_dir + ": dense (non-MoE) layers have no residual heads");
   }
-  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model));
+  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
   apw::ApwStore::Options so;
   so.expected_model_hash = hash;
   PW_ASSIGN_OR_RETURN(auto store, apw::ApwStore::Open(o.store_path, so));

@@ -1,4 +1,4 @@
-// Training the planner's prompt residual heads (common/residual_heads.h) offline, the logic
+// Training the planner's prompt residual heads (common/formats/residual_heads.h) offline, the logic
 // behind `pw-quantize residuals`.
 //
 // For every calibration prompt p (a window of prompt_tokens tokens of the calibration text, or
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "common/residual_heads.h"
+#include "common/formats/residual_heads.h"
 #include "common/status.h"
 
 namespace pw::anyprec {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "services/engine/runner.h"
+#include "engine/runner.h"
 
 namespace pw::eval {
 

@@ -3,7 +3,7 @@
 // runs in serving (pw-eval ppl --batch B).
 //
 // Rule: the ids are cut into windows of `ctx` tokens exactly as Perplexity does
-// (services/engine/perplexity.h: same predictions, same nll_sum definition). Windows are taken
+// (engine/eval/perplexity.h: same predictions, same nll_sum definition). Windows are taken
 // B at a time in text order; the B windows of a group run in lockstep: at step i every window
 // with more than i + 1 tokens feeds its token i (position i) and its logits score token i + 1.
 // Every forward pass is a pure-decode batch (one token per sequence), so the phase gate is
@@ -16,9 +16,9 @@
 #include <span>
 
 #include "common/status.h"
-#include "services/engine/engine.h"
-#include "services/engine/moe.h"
-#include "services/engine/perplexity.h"
+#include "engine/engine.h"
+#include "engine/experts/moe.h"
+#include "engine/eval/perplexity.h"
 
 namespace pw::eval {
 

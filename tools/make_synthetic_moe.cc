@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "common/logging.h"
-#include "common/synthetic_moe.h"
+#include "common/formats/synthetic_moe.h"
 
 int main(int argc, char** argv) {
   pw::SetLogProcessTag("make_synthetic_moe");

@@ -9,10 +9,10 @@
 //                [--miss-threshold X] [--miss-admission-beta B] [--miss-admission-delay D]]
 //               [--record-trace FILE [--trace-max-mb M] [--trace-sample N]]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
-// the checkpoint's bf16) or at each block's width in MAP (quant/apw_provider.h),
+// the checkpoint's bf16) or at each block's width in MAP (engine/experts/apw_expert_provider.h),
 // through the integer fast path (default) or the exact fp16-LUT path.
 // Teacher-forced perplexity over non-overlapping windows of N tokens (rule in
-// services/engine/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
+// engine/eval/perplexity.h). Progress goes to stderr; stdout ends with `ppl <value>`.
 // --nll-out writes one line per prediction, "<window> <nll>", for paired comparisons of two
 // runs over the same text (tools/compare_nll.py).
 //   pw-eval loglik --model DIR --pairs FILE.jsonl [--threads T]
@@ -44,19 +44,20 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "common/apw_store.h"
-#include "common/tokenizer.h"
-#include "quant/apw_provider.h"
-#include "services/engine/engine.h"
-#include "services/engine/lynx_routing_hook.h"
-#include "services/engine/miss_routing_hook.h"
-#include "services/engine/routing_hook_chain.h"
-#include "services/engine/trace_recorder.h"
-#include "services/engine/model.h"
-#include "services/engine/perplexity.h"
+#include "common/formats/apw_store.h"
+#include "common/text/tokenizer.h"
+#include "engine/experts/apw_expert_provider.h"
+#include "engine/engine.h"
+#include "engine/hooks/lynx_routing_hook.h"
+#include "engine/hooks/miss_routing_hook.h"
+#include "engine/hooks/routing_hook_chain.h"
+#include "engine/hooks/trace_recorder.h"
+#include "engine/models/model.h"
+#include "engine/eval/perplexity.h"
 #include "tools/lockstep_perplexity.h"
 #include "tools/lynx_cli.h"
 #include "policies/misses/miss_flags.h"
+#include "common/formats/width_map.h"
 
 namespace {
 

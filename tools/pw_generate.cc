@@ -10,10 +10,10 @@
 #include <chrono>
 #include <cstdio>
 
-#include "common/tokenizer.h"
-#include "services/engine/engine.h"
-#include "services/engine/model.h"
-#include "services/engine/trace_recorder.h"
+#include "common/text/tokenizer.h"
+#include "engine/engine.h"
+#include "engine/models/model.h"
+#include "engine/hooks/trace_recorder.h"
 #include "policies/misses/miss_flags.h"
 
 namespace {

@@ -7,7 +7,7 @@
 //               --out HEADS.pwrh [--prompt-tokens 64] [--max-prompts N] [--ridge R]
 //   pw-quantize residuals ... --evaluate HEADS.pwrh   (score heads on other prompts)
 // The work is QuantizeModel (quant/quantize_model.h) and PlanDamageRanked /
-// PlanRandom (quant/apw_provider.h) and TrainResidualHeads (quant/residual_train.h: the
+// PlanRandom (policies/planner/width_plans.h) and TrainResidualHeads (quant/residual_train.h: the
 // planner's prompt residual heads, a file beside the store); this is their command line.
 // --calib-random-tokens calibrates on N token ids drawn uniformly from the vocabulary instead of
 // text, so a checkpoint without a tokenizer (make_synthetic_moe's) gets a store: its widths and
@@ -17,10 +17,11 @@
 #include <cstdio>
 #include <optional>
 
-#include "common/apw_store.h"
-#include "quant/apw_provider.h"
+#include "common/formats/apw_store.h"
+#include "engine/experts/apw_expert_provider.h"
 #include "quant/quantize_model.h"
 #include "quant/residual_train.h"
+#include "policies/planner/width_plans.h"
 
 namespace {
 

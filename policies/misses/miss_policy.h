@@ -2,7 +2,7 @@
 // resident — fetch it synchronously or substitute a resident one — keeps the residency
 // (ExpertCache) and runs background admission (DESIGN.md 5.2; rules in miss_config.h).
 //
-// Pure: no engine types. The engine's routing hook (services/engine/miss_routing_hook.h),
+// Pure: no engine types. The engine's routing hook (engine/hooks/miss_routing_hook.h),
 // pw-sim replaying a router-logit trace (trace_replay.h) and the unit tests run the same code.
 //
 // How a serving process drives it. The policy is the authority on residency: IsResident is

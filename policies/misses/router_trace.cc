@@ -4,14 +4,13 @@
 #include <fstream>
 #include <iterator>
 
-#include "common/apw_store.h"
+#include "common/hash.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 
 namespace pw::misses {
 namespace {
 
-using apw::Crc32;
 
 constexpr char kMagic[8] = {'P', 'W', 'R', 'T', 'R', 'A', 'C', 'E'};
 constexpr size_t kHeaderBytes = 64;

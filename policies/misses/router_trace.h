@@ -2,12 +2,12 @@
 // and the router's own selection (experts and gate weights, before any routing hook), in one
 // append-only file (docs/formats.md, "Router-logit trace"). pw-sim replays them
 // (trace_replay.h); the engine writes them through its recorder seam
-// (services/engine/trace_recorder.h).
+// (engine/hooks/trace_recorder.h).
 //
 // File: a 64-byte header, then records, each a 16-byte record header and a payload:
 //   layer record: one MoE layer of one forward pass (T tokens);
 //   end record:   the counts; always the last record. A file without one was cut short.
-// Every header and payload carries a CRC-32 (pw::apw::Crc32, common/apw_store.h). The reader refuses a bad
+// Every header and payload carries a CRC-32 (pw::Crc32, common/hash.h). The reader refuses a bad
 // magic or version, a checksum mismatch, a record running past the end of the file
 // ("truncated"), a missing end record, out-of-range layers or experts, and trailing bytes,
 // naming the byte offset and record index.

@@ -24,7 +24,7 @@ struct BlockInput {
   // calibration token or total: one scale for every block); must not increase with b.
   std::array<double, anyprec::kMaxBits + 1> damage{};
   // residual_i(prompt features): the prompt residual head's output for this block's layer and
-  // projection (common/residual_heads.h), a log factor on its step damage; 0 = none (no heads,
+  // projection (common/formats/residual_heads.h), a log factor on its step damage; 0 = none (no heads,
   // no prompt features, or the "no prompt residuals" ablation). Must be finite.
   double log_residual = 0;
   // The block's routing share in the store's calibration (apw::CalibrationShares: 1 = an

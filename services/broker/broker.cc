@@ -7,8 +7,8 @@
 
 #include "common/hash.h"
 #include "common/logging.h"
-#include "quant/apw_provider.h"
-#include "services/engine/model.h"
+#include "common/formats/checkpoint_experts.h"
+#include "common/plane_layout.h"
 #include "services/proto/weight_kind.h"
 #include "services/transport/zmq_transport.h"
 #include "services/common/model_name.h"
@@ -38,29 +38,25 @@ Result<std::unique_ptr<Broker>> Broker::Create(BrokerOptions options,
   return b;
 }
 
-Status Broker::SetupBf16Store(const engine::Model& model) {
+Status Broker::SetupBf16Store(const CheckpointExperts& experts) {
   // The store: every expert block of the checkpoint, copied into one registered buffer.
-  layout_ = service::ExpertStoreLayout::For(model.config());
+  layout_ = service::ExpertStoreLayout::For(experts.config());
   if (layout_.regions.empty()) return Unsupported("broker: the model has no MoE experts");
   store_.reset(new uint8_t[layout_.total_bytes]);
   std::memset(store_.get(), 0, layout_.total_bytes);
   checksums_.resize(layout_.regions.size());
   for (size_t i = 0; i < layout_.regions.size(); ++i) {
     const auto& r = layout_.regions[i];
-    const auto& w = model.layers()[static_cast<size_t>(r.layer)].experts[static_cast<size_t>(r.expert)];
+    PW_ASSIGN_OR_RETURN(ExpertTensors w, experts.Get(r.layer, r.expert));
     uint8_t* dst = store_.get() + r.offset;
+    const size_t matrix = static_cast<size_t>(w.ffn * w.hidden) * 2;
     if (r.proj == ExpertProj::kGateUp) {
-      const size_t half = static_cast<size_t>(w.gate.rows * w.gate.cols) * 2;
-      if (half * 2 != r.bytes || w.up.rows * w.up.cols * 2 != static_cast<int64_t>(half)) {
-        return Corrupt("broker: expert gate/up shapes disagree with config.json");
-      }
-      std::memcpy(dst, w.gate.data, half);
-      std::memcpy(dst + half, w.up.data, half);
+      if (matrix * 2 != r.bytes) return Corrupt("broker: expert gate/up shapes disagree with config.json");
+      std::memcpy(dst, w.gate, matrix);
+      std::memcpy(dst + matrix, w.up, matrix);
     } else {
-      if (static_cast<uint64_t>(w.down.rows * w.down.cols) * 2 != r.bytes) {
-        return Corrupt("broker: expert down shape disagrees with config.json");
-      }
-      std::memcpy(dst, w.down.data, r.bytes);
+      if (matrix != r.bytes) return Corrupt("broker: expert down shape disagrees with config.json");
+      std::memcpy(dst, w.down, r.bytes);
     }
     checksums_[i] = Fnv1a64Of(dst, r.bytes);
   }
@@ -70,8 +66,9 @@ Status Broker::SetupBf16Store(const engine::Model& model) {
 }
 
 Status Broker::Setup() {
-  PW_ASSIGN_OR_RETURN(auto model, engine::Model::Load(options_.model_dir));
-  const ModelConfig& cfg = model->config();
+  // The checkpoint's experts only: the broker runs no model.
+  PW_ASSIGN_OR_RETURN(auto experts, CheckpointExperts::Open(options_.model_dir));
+  const ModelConfig& cfg = experts->config();
   if (cfg.num_experts < 1) return Unsupported("broker: the model has no MoE experts");
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
@@ -81,7 +78,7 @@ Status Broker::Setup() {
       return InvalidArgument("broker: initial_bits " + std::to_string(options_.initial_bits) +
                              " outside 3..8");
     }
-    PW_ASSIGN_OR_RETURN(uint64_t hash, anyprec::ModelHash(*model));
+    PW_ASSIGN_OR_RETURN(uint64_t hash, experts->Hash());
     PW_ASSIGN_OR_RETURN(served_, ServedStore::Open(options_.store_path, hash, *ucx_ctx_));
     if (served_->store().info().num_layers != static_cast<uint32_t>(num_layers)) {
       return Unsupported("broker: store " + options_.store_path + " has " +
@@ -92,10 +89,10 @@ Status Broker::Setup() {
     book_ = std::make_unique<PlanBook>(num_layers, num_experts, options_.initial_bits,
                                        anyprec::kMinBits, anyprec::kMaxBits);
   } else {
-    PW_RETURN_IF_ERROR(SetupBf16Store(*model));
+    PW_RETURN_IF_ERROR(SetupBf16Store(*experts));
     book_ = std::make_unique<PlanBook>(num_layers, num_experts, 16, 16, 16);
   }
-  model.reset();
+  experts.reset();
   ucx_worker_->StartProgressThread();
 
   PW_ASSIGN_OR_RETURN(auto t, transport::ZmqRouterTransport::Bind(options_.bind));

@@ -28,6 +28,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "common/formats/checkpoint_experts.h"
 #include "common/status.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
@@ -51,7 +52,7 @@ struct BrokerOptions {
   uint64_t heartbeat_ms = 500;
   std::string metrics_bind;                 // "127.0.0.1:9102"; empty = none
   std::string store_path;                   // .apw store; empty = the checkpoint's bf16 experts
-  // Prompt residual heads beside the store (common/residual_heads.h, pw-quantize residuals);
+  // Prompt residual heads beside the store (common/formats/residual_heads.h, pw-quantize residuals);
   // empty = none (every prompt residual 1).
   std::string planner_residuals;
   int initial_bits = 4;                     // width of every block until a plan changes it
@@ -90,7 +91,7 @@ class Broker {
   Status Handle(const std::string& peer, const proto::InMessage& m);
   Status OnRegister(const std::string& peer, wire::Register::Reader r);
   void SendManifest(const std::string& peer, const std::string& model_name);
-  Status SetupBf16Store(const engine::Model& model);
+  Status SetupBf16Store(const CheckpointExperts& experts);
   void OnCtl(const std::string& peer, wire::CtlRequest::Reader r);
   Status OnPlanAck(const std::string& peer, wire::PlanAck::Reader r);
   // Sends every decode worker with pending changes its plan (`force`: now, else when due).

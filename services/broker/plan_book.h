@@ -37,7 +37,7 @@ struct WorkerPool {
   uint32_t kv = 0, weights = 0, free = 0;
   uint64_t epoch = 0;  // last epoch the worker fully committed
   uint32_t pending = 0;
-  uint32_t kv_demand = 0;    // KV pages still needed and not held (services/workers/kv_demand.h)
+  uint32_t kv_demand = 0;    // KV pages still needed and not held (services/workers/decode/kv_demand.h)
   uint32_t residency_capacity = 0;  // experts per layer under a residency budget; 0: none
   std::vector<float> mass;   // routing-mass EMA [layers * experts]; empty: none reported
   std::vector<float> prompt_features;  // routing histogram of recent prefills [layers * experts]; empty: none

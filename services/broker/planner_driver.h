@@ -14,12 +14,12 @@
 //   - damage D_i[b]: the .apw store's table;
 //   - pool pages: the worker's last Telemetry;
 //   - KV demand: the worker's kvDemandPages (running growth, leases, held reservations);
-//   - routing mass: the worker's expertMass EMA (services/workers/routing_stats.h), unless
+//   - routing mass: the worker's expertMass EMA (services/workers/decode/routing_stats.h), unless
 //     the routing ablation is on or the worker has not seen a decode step yet (then every
 //     expert is average);
 //   - prompt residuals: with residual heads set (SetResidualHeads) and the prompt-residual
 //     ablation off, each block's log_residual is its (layer, proj) head applied to the
-//     worker's promptFeatures (services/workers/prompt_features.h), when those cover every
+//     worker's promptFeatures (services/workers/common/prompt_features.h), when those cover every
 //     (layer, expert) and are not all zero; otherwise 0 (a factor of 1).
 // Changes go to the book as one Apply (a new epoch); the broker sends them as plans.
 // Loop thread only, like the book.
@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "common/apw_store.h"
-#include "common/residual_heads.h"
+#include "common/formats/apw_store.h"
+#include "common/formats/residual_heads.h"
 #include "common/status.h"
 #include "policies/planner/planner.h"
 #include "services/broker/plan_book.h"

@@ -1,4 +1,4 @@
-// ServedStore: an .apw store (common/apw_store.h) as the broker serves it to decode workers.
+// ServedStore: an .apw store (common/formats/apw_store.h) as the broker serves it to decode workers.
 //
 // The file is memory-mapped once and registered with UCX as it is (no copy): workers get any
 // bit-plane or LUT of any block with one-sided gets. Opening validates the store (header,
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "common/status.h"
 #include "services/proto/codec.h"
 #include "services/transport/ucx.h"
@@ -21,7 +21,7 @@ namespace pw::broker {
 
 class ServedStore {
  public:
-  // `model_hash`: the hash the store must have been made for (quant/apw_provider.h ModelHash).
+  // `model_hash`: the hash the store must have been made for (common/formats/checkpoint_experts.h ModelHash).
   static Result<std::unique_ptr<ServedStore>> Open(const std::string& path, uint64_t model_hash,
                                                    transport::ucx::Context& ucx);
   ~ServedStore();

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <set>
 
-#include "common/yaml_config.h"
+#include "common/formats/yaml_config.h"
 
 namespace pw::cluster {
 
@@ -25,7 +25,7 @@ const Schema& ClusterSchema() {
       {"bin_dir", Schema::String()},
       {"heartbeat_ms", Schema::Int().Range(10, 60000).Default(int64_t{500})},
       {"drain_timeout_ms", Schema::Int().Range(0, 3600000).Default(int64_t{30000})},
-      // KV elements on prefill and decode workers (services/engine/kv_cache.h).
+      // KV elements on prefill and decode workers (engine/kv_cache.h).
       {"kv_dtype", Schema::String().OneOf({"bf16", "fp32"}).Default("bf16")},
       {"router", Schema::Map({
                      {"port", PortSchema(8000)},
@@ -102,10 +102,10 @@ const Schema& ClusterSchema() {
                      {"no_mmap", Schema::Bool().Default(false)},
                      {"max_batch", Schema::Int().Range(1, 65536).Default(int64_t{64})},
                      // A reservation that fits only after lowering expert widths waits up to
-                     // this long (services/workers/reserve_wait.h); 0 = answered at once. Below
+                     // this long (services/workers/decode/reserve_wait.h); 0 = answered at once. Below
                      // the router's 30 s reservation timeout.
                      {"reserve_wait_ms", Schema::Int().Range(0, 20000).Default(int64_t{0})},
-                     // KV demand horizon in tokens (services/workers/kv_demand.h); 0 = to max_tokens.
+                     // KV demand horizon in tokens (services/workers/decode/kv_demand.h); 0 = to max_tokens.
                      {"demand_horizon_tokens", Schema::Int().Range(0, int64_t{1} << 20).Default(int64_t{0})},
                      {"metrics_port", OptPort()},
                      // Page pool shared by KV and expert planes: MiB (0 = kv_blocks of KV plus
@@ -115,7 +115,7 @@ const Schema& ClusterSchema() {
                      {"page_bytes", Schema::Int().Range(0, 1 << 30).Default(int64_t{0})},
                      {"weight_rate_mb_s", Schema::Int().Range(0, 1 << 20).Default(int64_t{0})},
                      // How background width changes give way to the step
-                     // (services/workers/paged_weights.h, MoverPacing).
+                     // (services/workers/weights/paged_weights.h, MoverPacing).
                      {"weight_pacing", Schema::String().OneOf({"free", "fetches", "steps", "auto"}).Default("auto")},
                      // LYNX (DESIGN.md 5.3): alpha 0 / beta -1 = derived from k/N.
                      {"lynx", Schema::Map({
@@ -152,7 +152,7 @@ const Schema& ClusterSchema() {
                                   }
                                   return "";
                                 })},
-                     // Router-logit trace of the served tokens (services/workers/decode_trace.h):
+                     // Router-logit trace of the served tokens (services/workers/decode/decode_trace.h):
                      // every `sample`-th forward pass, the file bounded by max_mb (MB).
                      {"trace", Schema::Map({
                                    {"path", Schema::String().NonEmpty().Required()},

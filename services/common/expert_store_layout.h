@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/expert_block.h"
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "common/status.h"
 
 namespace pw::service {

@@ -1,6 +1,6 @@
 #include "services/ctl/plan_file.h"
 
-#include "common/yaml_config.h"
+#include "common/formats/yaml_config.h"
 
 namespace pw::ctl {
 

@@ -1,5 +1,5 @@
 // Plan files for `pw-ctl apply`: hand-written expert widths, checked against a schema
-// (common/yaml_config.h), every error naming file:line:col.
+// (common/formats/yaml_config.h), every error naming file:line:col.
 //
 //   # every listed block to its width (0 = drop it, 3..8)
 //   blocks:

@@ -43,7 +43,7 @@ struct KvLayout {
   blockTokens @1 :UInt32;   # tokens per block
   blockBytes @2 :UInt64;    # bytes of one block (all layers, K and V)
   layoutHash @3 :UInt64;    # hash of the layout version, model, layer/head/dim/dtype; must match
-  pageBytes @4 :UInt64;     # bytes of one page of the pool (services/engine/kv_cache.h)
+  pageBytes @4 :UInt64;     # bytes of one page of the pool (engine/kv_cache.h)
   layerBytes @5 :UInt64;    # bytes of one layer of one block inside its page
   numLayers @6 :UInt32;     # pages per block
 }
@@ -163,7 +163,7 @@ struct KvReady {
   promptLogprobs @8 :List(TokenLogprob);  # PrefillRequest.promptLogprobs >= 0: entry i is
                                           # tokens[i + 1] given tokens[0..i]
   promptRouting @9 :List(UInt32);  # [layers * experts] the prompt's top-k routing counts
-                                   # (services/workers/prompt_features.h); empty: not recorded
+                                   # (services/workers/common/prompt_features.h); empty: not recorded
 }
 
 # Router -> decode: admit a request whose KV arrived.
@@ -223,16 +223,16 @@ struct Telemetry {
   ucxBytesPut @2 :UInt64;
   ucxBytesGot @3 :UInt64;
   tokensGenerated @4 :UInt64;
-  expertMass @5 :List(Float32);   # [layers * experts] routing-mass EMA (services/workers/routing_stats.h)
+  expertMass @5 :List(Float32);   # [layers * experts] routing-mass EMA (services/workers/decode/routing_stats.h)
   pageBytes @6 :UInt64;           # the worker's page pool (memory/page_pool.h)
   poolPagesKv @7 :UInt32;
   poolPagesWeights @8 :UInt32;
   poolPagesFree @9 :UInt32;
   planEpoch @10 :UInt64;          # last plan epoch fully committed
   changesPending @11 :UInt32;     # blocks whose committed width differs from the desired one
-  kvDemandPages @12 :UInt32;      # KV pages still needed and not held (services/workers/kv_demand.h)
+  kvDemandPages @12 :UInt32;      # KV pages still needed and not held (services/workers/decode/kv_demand.h)
   promptFeatures @13 :List(Float32);  # [layers * experts] routing histogram of recent prefills
-                                      # (services/workers/prompt_features.h); empty: none yet
+                                      # (services/workers/common/prompt_features.h); empty: none yet
   residencyCapacity @14 :UInt32;  # as Register.residencyCapacity (0 = no residency budget)
 }
 

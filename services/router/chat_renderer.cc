@@ -2,7 +2,7 @@
 
 #include <memory>
 
-#include "common/chat_template.h"
+#include "common/text/chat_template.h"
 
 namespace pw::router {
 

@@ -10,8 +10,8 @@
 #include <future>
 
 #include "common/logging.h"
-#include "common/model_config.h"
-#include "common/tokenizer.h"
+#include "common/formats/model_config.h"
+#include "common/text/tokenizer.h"
 #include "services/router/chat_renderer.h"
 #include "services/router/tokenizer_codec.h"
 

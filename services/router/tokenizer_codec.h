@@ -1,11 +1,11 @@
-// TokenizerCodec: TextCodec over the model's byte-level BPE tokenizer (common/tokenizer.h).
+// TokenizerCodec: TextCodec over the model's byte-level BPE tokenizer (common/text/tokenizer.h).
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "services/router/text_codec.h"
 
 namespace pw::router {

@@ -12,10 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "common/apw_store.h"
-#include "quant/apw_provider.h"
+#include "common/formats/apw_store.h"
+#include "engine/experts/apw_expert_provider.h"
 #include "quant/quantize_model.h"
-#include "services/engine/engine.h"
+#include "engine/engine.h"
+#include "policies/planner/width_plans.h"
+#include "engine/experts/kernel_path.h"
+#include "common/formats/width_map.h"
+#include "common/formats/checkpoint_experts.h"
 
 namespace pw::anyprec {
 namespace {
@@ -348,7 +352,7 @@ TEST(ApwRandomCalibration, StoreWithoutTokenizerIsValidAndDeterministic) {
 
   auto eng = engine::Engine::Create(kModel, {});
   ASSERT_TRUE(eng.ok()) << eng.status().ToString();
-  auto hash = ModelHash((*eng)->model());
+  auto hash = ModelHash((*eng)->model().dir());
   ASSERT_TRUE(hash.ok());
   auto opened = apw::ApwStore::Open(path, {.verify_data = true, .expected_model_hash = *hash});
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();

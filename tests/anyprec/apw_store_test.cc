@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "kernels/anyprec/anyprec.h"
 
 namespace pw::apw {

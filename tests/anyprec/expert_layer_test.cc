@@ -22,14 +22,15 @@
 #include "kernels/anyprec/q8.h"
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/thread_pool.h"
-#include "quant/apw_provider.h"
-#include "quant/q8_experts.h"
-#include "services/engine/bf16_experts.h"
-#include "services/engine/expert_tiles.h"
-#include "services/engine/expert_workspace.h"
-#include "services/engine/ops.h"
-#include "services/engine/run_experts_by_block.h"
+#include "engine/experts/apw_expert_provider.h"
+#include "engine/experts/q8_experts.h"
+#include "engine/experts/bf16_experts.h"
+#include "engine/experts/expert_tiles.h"
+#include "engine/experts/expert_workspace.h"
+#include "engine/ops/linear.h"
+#include "engine/experts/run_experts_by_block.h"
 #include "tests/anyprec/random_block.h"
+#include "engine/experts/q8_block.h"
 
 namespace pw::anyprec {
 namespace {

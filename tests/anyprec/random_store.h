@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "tests/anyprec/random_block.h"
 
 namespace pw::anyprec {

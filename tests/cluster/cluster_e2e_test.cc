@@ -23,8 +23,8 @@
 #include <sstream>
 #include <thread>
 
-#include "common/tokenizer.h"
-#include "services/engine/engine.h"
+#include "common/text/tokenizer.h"
+#include "engine/engine.h"
 #include "services/transport/curve_keys.h"
 #include "services/transport/zmq_transport.h"
 #include "tests/cluster/batch_invariance.h"

@@ -1,5 +1,5 @@
 // What a worker logs about its CPU kernels: the line and the wide-block warning.
-#include "services/workers/kernel_report.h"
+#include "services/workers/common/kernel_report.h"
 
 #include <gtest/gtest.h>
 

@@ -21,12 +21,12 @@
 #include <random>
 #include <thread>
 
-#include "common/apw_store.h"
-#include "common/model_config.h"
+#include "common/formats/apw_store.h"
+#include "common/formats/model_config.h"
 #include "memory/page_pool.h"
 #include "services/broker/served_store.h"
-#include "services/workers/paged_residency.h"
-#include "services/workers/paged_weights.h"
+#include "services/workers/weights/paged_residency.h"
+#include "services/workers/weights/paged_weights.h"
 #include "tests/anyprec/random_store.h"
 
 namespace pw::workers {

@@ -22,12 +22,13 @@
 #include <regex>
 #include <thread>
 
-#include "common/tokenizer.h"
-#include "quant/apw_provider.h"
-#include "services/engine/engine.h"
+#include "common/text/tokenizer.h"
+#include "engine/experts/apw_expert_provider.h"
+#include "engine/engine.h"
 #include "tests/cluster/batch_invariance.h"
 #include "tests/cluster/paged_node.h"
 #include "tests/cluster/split_reference.h"
+#include "common/formats/width_map.h"
 
 namespace pw {
 namespace {

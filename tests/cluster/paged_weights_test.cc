@@ -20,15 +20,15 @@
 #include <random>
 #include <thread>
 
-#include "common/apw_store.h"
-#include "common/model_config.h"
+#include "common/formats/apw_store.h"
+#include "common/formats/model_config.h"
 #include "kernels/anyprec/q8.h"
 #include "kernels/cpu/dense.h"
 #include "memory/page_pool.h"
 #include "services/broker/served_store.h"
-#include "services/engine/expert_layer_call.h"
-#include "services/engine/expert_workspace.h"
-#include "services/workers/paged_weights.h"
+#include "engine/experts/expert_layer_call.h"
+#include "engine/experts/expert_workspace.h"
+#include "services/workers/weights/paged_weights.h"
 #include "tests/anyprec/random_store.h"
 
 namespace pw::workers {

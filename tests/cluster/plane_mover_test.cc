@@ -13,7 +13,7 @@
 
 #include "common/hash.h"
 #include "services/transport/ucx.h"
-#include "services/workers/plane_mover.h"
+#include "services/workers/weights/plane_mover.h"
 
 namespace pw::workers {
 namespace {

@@ -17,7 +17,7 @@
 #include <random>
 #include <tuple>
 
-#include "services/engine/engine.h"
+#include "engine/engine.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/transport/pipe_io.h"

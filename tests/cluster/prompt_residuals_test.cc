@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "common/apw_store.h"
-#include "common/residual_heads.h"
+#include "common/formats/apw_store.h"
+#include "common/formats/residual_heads.h"
 #include "tests/cluster/http_util.h"
 #include "tests/cluster/process_util.h"
 

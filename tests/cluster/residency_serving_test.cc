@@ -22,17 +22,18 @@
 #include <future>
 #include <thread>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "policies/misses/miss_policy.h"
 #include "policies/misses/miss_settings.h"
 #include "policies/misses/router_trace.h"
 #include "policies/misses/trace_replay.h"
-#include "quant/apw_provider.h"
-#include "services/engine/engine.h"
-#include "services/engine/miss_routing_hook.h"
+#include "engine/experts/apw_expert_provider.h"
+#include "engine/engine.h"
+#include "engine/hooks/miss_routing_hook.h"
 #include "tests/cluster/batch_invariance.h"
 #include "tests/cluster/paged_node.h"
 #include "tests/cluster/split_reference.h"
+#include "common/formats/width_map.h"
 
 namespace pw {
 namespace {

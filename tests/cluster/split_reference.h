@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "common/tokenizer.h"
-#include "services/engine/engine.h"
+#include "common/text/tokenizer.h"
+#include "engine/engine.h"
 
 namespace pw::testing {
 

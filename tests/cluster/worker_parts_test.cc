@@ -2,10 +2,10 @@
 // and the validation of a broker's weight manifest against the worker's own layout.
 #include <gtest/gtest.h>
 
-#include "common/model_config.h"
+#include "common/formats/model_config.h"
 #include "services/proto/weight_kind.h"
-#include "services/workers/kv_lease.h"
-#include "services/workers/remote_experts.h"
+#include "services/workers/common/kv_lease.h"
+#include "services/workers/weights/remote_experts.h"
 
 namespace pw::workers {
 namespace {

@@ -14,7 +14,7 @@
 #include <random>
 #include <thread>
 
-#include "services/engine/engine.h"
+#include "engine/engine.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/transport/zmq_transport.h"

@@ -1,6 +1,6 @@
 // Tests of the chat template renderer: byte-identical to HF transformers' apply_chat_template on
 // the committed fixtures, plus the subset's semantics and refusal of what it does not support.
-#include "common/chat_template.h"
+#include "common/text/chat_template.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 namespace pw {
 namespace {

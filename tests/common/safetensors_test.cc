@@ -1,4 +1,4 @@
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "common/synthetic_moe.h"
+#include "common/formats/synthetic_moe.h"
 
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "common/dtype.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/formats/model_config.h"
+#include "common/formats/safetensors.h"
 #include "tests/common/test_util.h"
 
 namespace pw {

@@ -1,6 +1,6 @@
 // Tests of the byte-level BPE tokenizer: ids identical to HF `tokenizers` on the committed
 // fixtures, decode round trips, the streaming decoder, and refusal of bad input.
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/unicode_tables.h"
+#include "common/text/unicode_tables.h"
 
 namespace pw {
 namespace {

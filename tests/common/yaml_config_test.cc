@@ -1,4 +1,4 @@
-#include "common/yaml_config.h"
+#include "common/formats/yaml_config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -6,7 +6,7 @@
 //
 // Tolerances: 2e-3 max abs against HF (different summation order and exp implementation);
 // 1e-4 between two runs of this engine that differ only in batching or chunking.
-#include "services/engine/engine.h"
+#include "engine/engine.h"
 
 #include <gtest/gtest.h>
 
@@ -17,11 +17,12 @@
 #include <random>
 #include <tuple>
 
-#include "common/safetensors.h"
-#include "services/engine/model.h"
-#include "services/engine/moe_layer.h"
-#include "services/engine/perplexity.h"
+#include "common/formats/safetensors.h"
+#include "engine/models/model.h"
+#include "engine/layers/moe_layer.h"
+#include "engine/eval/perplexity.h"
 #include "tests/engine/test_util.h"
+#include "engine/experts/bf16_expert_provider.h"
 
 namespace pw::engine {
 namespace {

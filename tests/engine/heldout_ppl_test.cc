@@ -1,5 +1,5 @@
 // Held-out perplexity of the trained tiny model within 0.1% of HF's (tests/fixtures/
-// heldout.json, same window rule: services/engine/perplexity.h). Needs the held-out text that
+// heldout.json, same window rule: engine/eval/perplexity.h). Needs the held-out text that
 // `make eval-data` writes to <build>/eval/heldout.txt. Not labelled `unit`: it runs the whole
 // held-out set. Skipped only while models/tiny-moe/model.safetensors is absent.
 //
@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "common/tokenizer.h"
-#include "services/engine/engine.h"
-#include "services/engine/perplexity.h"
+#include "common/text/tokenizer.h"
+#include "engine/engine.h"
+#include "engine/eval/perplexity.h"
 #include "tests/engine/test_util.h"
 
 namespace pw::engine {

@@ -1,4 +1,4 @@
-#include "services/engine/kv_cache.h"
+#include "engine/kv_cache.h"
 
 #include <gtest/gtest.h>
 

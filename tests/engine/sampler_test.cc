@@ -1,4 +1,4 @@
-#include "services/engine/sampler.h"
+#include "engine/sampler.h"
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 
 namespace pw::engine::testing {
 

@@ -10,10 +10,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "kernels/cpu/dense.h"
-#include "services/engine/engine.h"
-#include "services/engine/model.h"
+#include "engine/engine.h"
+#include "engine/models/model.h"
 #include "tests/engine/test_util.h"
 
 namespace pw::engine {

@@ -13,9 +13,9 @@
 
 #include "policies/lynx/lynx_remap.h"
 #include "policies/lynx/piggyback_remap.h"
-#include "services/engine/engine.h"
-#include "services/engine/lynx_routing_hook.h"
-#include "services/engine/perplexity.h"
+#include "engine/engine.h"
+#include "engine/hooks/lynx_routing_hook.h"
+#include "engine/eval/perplexity.h"
 #include "tools/lockstep_perplexity.h"
 
 namespace pw::engine {

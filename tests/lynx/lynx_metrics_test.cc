@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
-#include "services/workers/lynx_metrics.h"
+#include "services/workers/metrics/lynx_metrics.h"
 
 namespace pw::workers {
 namespace {

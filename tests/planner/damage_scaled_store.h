@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "policies/planner/planner_params.h"
 #include "tests/anyprec/random_store.h"
 

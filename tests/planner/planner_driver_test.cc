@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <random>
 
-#include "common/apw_store.h"
+#include "common/formats/apw_store.h"
 #include "tests/planner/damage_scaled_store.h"
 
 namespace pw::broker {

@@ -5,10 +5,10 @@
 #include <numeric>
 #include <vector>
 
-#include "services/workers/kv_demand.h"
-#include "services/workers/request_boundary.h"
-#include "services/workers/reserve_wait.h"
-#include "services/workers/routing_stats.h"
+#include "services/workers/decode/kv_demand.h"
+#include "services/workers/common/request_boundary.h"
+#include "services/workers/decode/reserve_wait.h"
+#include "services/workers/decode/routing_stats.h"
 
 namespace pw::workers {
 namespace {

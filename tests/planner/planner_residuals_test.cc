@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <random>
 
-#include "common/apw_store.h"
-#include "common/residual_heads.h"
+#include "common/formats/apw_store.h"
+#include "common/formats/residual_heads.h"
 #include "services/broker/planner_driver.h"
 #include "tests/planner/damage_scaled_store.h"
 

@@ -1,6 +1,6 @@
 // Prompt features: the prefill worker's per-sequence routing counts over one pass, and the
 // decode worker's per-layer routing histogram of recent prefills.
-#include "services/workers/prompt_features.h"
+#include "services/workers/common/prompt_features.h"
 
 #include <gtest/gtest.h>
 

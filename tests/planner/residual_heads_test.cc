@@ -1,6 +1,6 @@
 // The planner's prompt residual heads: the ridge fit on hand-made cases it must fit, the
 // heads file's round trip and its refusal of truncated, corrupt and foreign files.
-#include "common/residual_heads.h"
+#include "common/formats/residual_heads.h"
 
 #include <gtest/gtest.h>
 

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/apw_store.h"
-#include "common/residual_heads.h"
+#include "common/formats/apw_store.h"
+#include "common/formats/residual_heads.h"
 #include "quant/quantize_model.h"
 
 namespace pw::anyprec {

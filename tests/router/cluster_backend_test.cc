@@ -70,7 +70,7 @@ struct CancelSeen {
 };
 
 // Test worker over the real control plane. As a decode worker it keeps KV leases the way
-// services/workers/decode_worker.cc does: a lease that ends before StartDecode (Cancel without
+// services/workers/decode/decode_worker.cc does: a lease that ends before StartDecode (Cancel without
 // writerDone) is quarantined, and only Cancel{leaseId, writerDone} (or a StartDecode naming it)
 // returns its blocks; a running sequence's blocks return when it ends or is cancelled.
 class ProtocolTestWorker {

@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "services/router/chat_renderer.h"
 #include "services/router/router.h"
 #include "services/router/tokenizer_codec.h"

@@ -1,0 +1,81 @@
+#include "common/formats/checkpoint_experts.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/hash.h"
+
+namespace pw {
+
+std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer) {
+  return "model.layers." + std::to_string(layer) +
+         (config.type == ModelType::kMixtral ? ".block_sparse_moe." : ".mlp.");
+}
+
+std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
+                             ExpertMatrix matrix) {
+  static constexpr const char* kHf[] = {"gate_proj", "up_proj", "down_proj"};
+  static constexpr const char* kMixtral[] = {"w1", "w3", "w2"};
+  const int m = static_cast<int>(matrix);
+  return MoeBlockPrefix(config, layer) + "experts." + std::to_string(expert) + "." +
+         (config.type == ModelType::kMixtral ? kMixtral[m] : kHf[m]) + ".weight";
+}
+
+Result<std::unique_ptr<CheckpointExperts>> CheckpointExperts::Open(const std::string& dir,
+                                                                   FileLoad load) {
+  std::unique_ptr<CheckpointExperts> c(new CheckpointExperts());
+  c->dir_ = dir;
+  const std::string path = dir + "/config.json";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return IoError(path + ": cannot read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  c->config_bytes_ = ss.str();
+  PW_ASSIGN_OR_RETURN(c->config_, LoadModelConfig(path));
+  PW_ASSIGN_OR_RETURN(c->ckpt_, Checkpoint::Open(dir, load));
+  return c;
+}
+
+Result<ExpertTensors> CheckpointExperts::Get(int64_t layer, int64_t expert) const {
+  const ModelConfig& c = config_;
+  if (layer < 0 || layer >= c.num_layers || !c.IsMoeLayer(layer) || expert < 0 ||
+      expert >= c.num_experts) {
+    return InvalidArgument(dir_ + ": no routed expert " + std::to_string(expert) + " in layer " +
+                           std::to_string(layer));
+  }
+  const int64_t h = c.hidden_size, i = c.moe_intermediate_size;
+  ExpertTensors t;
+  t.ffn = i;
+  t.hidden = h;
+  for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {
+    const std::vector<int64_t> shape =
+        m == ExpertMatrix::kDown ? std::vector<int64_t>{h, i} : std::vector<int64_t>{i, h};
+    PW_ASSIGN_OR_RETURN(TensorView v,
+                        ckpt_->Get(ExpertTensorName(c, layer, expert, m), DType::kBF16, shape));
+    (m == ExpertMatrix::kGate ? t.gate : m == ExpertMatrix::kUp ? t.up : t.down) = v.data;
+  }
+  return t;
+}
+
+Result<uint64_t> CheckpointExperts::Hash() const {
+  Fnv1a64 h;
+  h.Update(config_bytes_.data(), config_bytes_.size());
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!config_.IsMoeLayer(l)) continue;
+    for (int64_t e = 0; e < config_.num_experts; ++e) {
+      PW_ASSIGN_OR_RETURN(ExpertTensors t, Get(l, e));
+      const size_t bytes = static_cast<size_t>(t.ffn * t.hidden) * 2;
+      h.Update(t.gate, bytes);
+      h.Update(t.up, bytes);
+      h.Update(t.down, bytes);
+    }
+  }
+  return h.digest();
+}
+
+Result<uint64_t> ModelHash(const std::string& model_dir) {
+  PW_ASSIGN_OR_RETURN(auto experts, CheckpointExperts::Open(model_dir));
+  return experts->Hash();
+}
+
+}  // namespace pw

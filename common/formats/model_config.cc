@@ -1,0 +1,393 @@
+#include "common/formats/model_config.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "common/mmap_file.h"
+
+namespace pw {
+namespace {
+
+using json = nlohmann::json;
+
+const char* JsonTypeName(const json& v) { return v.type_name(); }
+
+// Reads fields of one config.json object; every error names the file and the field.
+class FieldReader {
+ public:
+  FieldReader(const json& root, const std::string& label) : root_(root), label_(label) {}
+
+  Status Error(StatusCode code, const std::string& field, const std::string& what) const {
+    return Status(code, label_ + ": field '" + field + "' " + what);
+  }
+
+  // Present and not null.
+  const json* Find(const std::string& key) const {
+    auto it = root_.find(key);
+    if (it == root_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  // An integer field. `def` empty means required.
+  Status Int(const std::string& key, int64_t* out, std::optional<int64_t> def = std::nullopt,
+             int64_t min = 0) const {
+    const json* v = Find(key);
+    if (v == nullptr) {
+      if (!def) return Error(StatusCode::kInvalidArgument, key, "is required but missing");
+      *out = *def;
+      return Status::Ok();
+    }
+    if (v->is_number_unsigned()) {
+      uint64_t u = v->get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) {
+        return Error(StatusCode::kInvalidArgument, key, "is too large");
+      }
+      *out = static_cast<int64_t>(u);
+    } else if (v->is_number_integer()) {
+      *out = v->get<int64_t>();
+    } else {
+      return Error(StatusCode::kInvalidArgument, key,
+                   std::string("must be an integer, got ") + JsonTypeName(*v));
+    }
+    if (*out < min) {
+      return Error(StatusCode::kInvalidArgument, key,
+                   "is " + std::to_string(*out) + ", must be >= " + std::to_string(min));
+    }
+    return Status::Ok();
+  }
+
+  Status OptInt(const std::string& key, std::optional<int64_t>* out) const {
+    if (Find(key) == nullptr) {
+      out->reset();
+      return Status::Ok();
+    }
+    int64_t v;
+    PW_RETURN_IF_ERROR(Int(key, &v, std::nullopt, INT64_MIN));
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status Double(const std::string& key, double* out, double def, bool positive) const {
+    const json* v = Find(key);
+    if (v == nullptr) {
+      *out = def;
+      return Status::Ok();
+    }
+    if (!v->is_number()) {
+      return Error(StatusCode::kInvalidArgument, key,
+                   std::string("must be a number, got ") + JsonTypeName(*v));
+    }
+    *out = v->get<double>();
+    if (positive && !(*out > 0)) {
+      return Error(StatusCode::kInvalidArgument, key, "must be > 0");
+    }
+    return Status::Ok();
+  }
+
+  Status Bool(const std::string& key, bool* out, bool def) const {
+    const json* v = Find(key);
+    if (v == nullptr) {
+      *out = def;
+      return Status::Ok();
+    }
+    if (!v->is_boolean()) {
+      return Error(StatusCode::kInvalidArgument, key,
+                   std::string("must be true or false, got ") + JsonTypeName(*v));
+    }
+    *out = v->get<bool>();
+    return Status::Ok();
+  }
+
+  Status IntList(const std::string& key, std::vector<int64_t>* out) const {
+    out->clear();
+    const json* v = Find(key);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is_array()) {
+      return Error(StatusCode::kInvalidArgument, key,
+                   std::string("must be a list of integers, got ") + JsonTypeName(*v));
+    }
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& e = (*v)[i];
+      if (!e.is_number_integer()) {
+        return Error(StatusCode::kInvalidArgument, key + "[" + std::to_string(i) + "]",
+                     "must be an integer");
+      }
+      out->push_back(e.get<int64_t>());
+    }
+    return Status::Ok();
+  }
+
+  // eos_token_id: one integer or a list of integers.
+  Status IntOrList(const std::string& key, std::vector<int64_t>* out) const {
+    const json* v = Find(key);
+    if (v != nullptr && v->is_array()) return IntList(key, out);
+    out->clear();
+    if (v == nullptr) return Status::Ok();
+    int64_t x;
+    PW_RETURN_IF_ERROR(Int(key, &x, std::nullopt, INT64_MIN));
+    out->push_back(x);
+    return Status::Ok();
+  }
+
+ private:
+  const json& root_;
+  const std::string& label_;
+};
+
+}  // namespace
+
+const char* ModelTypeName(ModelType t) {
+  switch (t) {
+    case ModelType::kQwen2Moe:
+      return "qwen2_moe";
+    case ModelType::kQwen3Moe:
+      return "qwen3_moe";
+    case ModelType::kOlmoe:
+      return "olmoe";
+    case ModelType::kMixtral:
+      return "mixtral";
+  }
+  return "?";
+}
+
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {
+    return false;
+  }
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+std::string ModelConfig::Summary() const {
+  std::string s = model_type + ": " + std::to_string(num_layers) + " layers, hidden " +
+                  std::to_string(hidden_size) + ", " + std::to_string(num_heads) + "/" +
+                  std::to_string(num_kv_heads) + " heads x " + std::to_string(head_dim) + ", " +
+                  std::to_string(num_experts) + " experts top-" +
+                  std::to_string(num_experts_per_tok) + " ffn " +
+                  std::to_string(moe_intermediate_size);
+  if (shared_expert_intermediate_size > 0) {
+    s += ", shared expert " + std::to_string(shared_expert_intermediate_size);
+  }
+  s += ", vocab " + std::to_string(vocab_size);
+  return s;
+}
+
+Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& label) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const std::exception& e) {
+    return InvalidArgument(label + ": not valid JSON: " + e.what());
+  }
+  if (!root.is_object()) return InvalidArgument(label + ": top level is not a JSON object");
+  FieldReader r(root, label);
+
+  ModelConfig c;
+  const json* mt = r.Find("model_type");
+  if (mt == nullptr) return r.Error(StatusCode::kInvalidArgument, "model_type", "is missing");
+  if (!mt->is_string()) {
+    return r.Error(StatusCode::kInvalidArgument, "model_type", "must be a string");
+  }
+  c.model_type = mt->get<std::string>();
+  if (c.model_type == "qwen2_moe") {
+    c.type = ModelType::kQwen2Moe;
+  } else if (c.model_type == "qwen3_moe") {
+    c.type = ModelType::kQwen3Moe;
+  } else if (c.model_type == "olmoe") {
+    c.type = ModelType::kOlmoe;
+  } else if (c.model_type == "mixtral") {
+    c.type = ModelType::kMixtral;
+  } else {
+    return r.Error(StatusCode::kUnsupported, "model_type",
+                   "is '" + c.model_type.substr(0, 100) +
+                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral");
+  }
+  const ModelType t = c.type;
+  const bool qwen = t == ModelType::kQwen2Moe || t == ModelType::kQwen3Moe;
+
+  // Body.
+  PW_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_layers, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, std::nullopt, 1));
+  // Absent num_key_value_heads takes the class default (qwen2_moe 16, qwen3_moe 4, mixtral 8);
+  // olmoe's default, and an explicit null for any type, mean num_attention_heads (no GQA).
+  int64_t kv_default = c.num_heads;
+  if (!root.contains("num_key_value_heads")) {
+    if (t == ModelType::kQwen2Moe) kv_default = 16;
+    if (t == ModelType::kQwen3Moe) kv_default = 4;
+    if (t == ModelType::kMixtral) kv_default = 8;
+  }
+  PW_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, kv_default, 1));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return r.Error(StatusCode::kInvalidArgument, "num_key_value_heads",
+                   "is " + std::to_string(c.num_kv_heads) + ", which does not divide " +
+                       "num_attention_heads " + std::to_string(c.num_heads));
+  }
+  if (t == ModelType::kOlmoe) {
+    if (c.hidden_size % c.num_heads != 0) {
+      return r.Error(StatusCode::kInvalidArgument, "num_attention_heads",
+                     "does not divide hidden_size " + std::to_string(c.hidden_size));
+    }
+    c.head_dim = c.hidden_size / c.num_heads;  // olmoe ignores any head_dim field
+  } else {
+    PW_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, c.hidden_size / c.num_heads, 1));
+    if (c.head_dim == 0) {
+      return r.Error(StatusCode::kInvalidArgument, "head_dim", "is 0 (hidden_size < heads?)");
+    }
+    if (t == ModelType::kQwen2Moe && c.head_dim * c.num_heads != c.hidden_size) {
+      return r.Error(StatusCode::kInvalidArgument, "head_dim",
+                     "x num_attention_heads must equal hidden_size for qwen2_moe");
+    }
+  }
+  if (c.head_dim % 2 != 0) {
+    return r.Error(StatusCode::kInvalidArgument, "head_dim", "must be even for RoPE");
+  }
+  const int64_t max_pos_default = t == ModelType::kOlmoe     ? 4096
+                                  : t == ModelType::kMixtral ? 4096 * 32
+                                                             : 32768;
+  PW_RETURN_IF_ERROR(
+      r.Int("max_position_embeddings", &c.max_position_embeddings, max_pos_default, 1));
+  PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, qwen ? 1e-6 : 1e-5, true));
+  PW_RETURN_IF_ERROR(
+      r.Double("rope_theta", &c.rope_theta, t == ModelType::kMixtral ? 1e6 : 10000.0, true));
+  PW_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings, false));
+
+  // Refusals.
+  if (const json* rs = r.Find("rope_scaling")) {
+    bool plain = false;
+    if (rs->is_object()) {
+      auto rt = rs->find("rope_type");
+      if (rt == rs->end()) rt = rs->find("type");
+      plain = rt != rs->end() && rt->is_string() && rt->get<std::string>() == "default" &&
+              rs->size() == 1;
+    }
+    if (!plain) {
+      return r.Error(StatusCode::kUnsupported, "rope_scaling",
+                     "is " +
+                         rs->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 200) +
+                         "; only null is supported");
+    }
+  }
+  if (const json* act = r.Find("hidden_act")) {
+    if (!act->is_string() || act->get<std::string>() != "silu") {
+      return r.Error(StatusCode::kUnsupported, "hidden_act",
+                     "is " +
+                         act->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 100) +
+                         "; only \"silu\" is supported");
+    }
+  }
+  if (qwen) {
+    bool sliding = false;
+    PW_RETURN_IF_ERROR(r.Bool("use_sliding_window", &sliding, false));
+    if (sliding) {
+      return r.Error(StatusCode::kUnsupported, "use_sliding_window",
+                     "is true; sliding-window attention is not supported");
+    }
+  }
+  if (t == ModelType::kMixtral && r.Find("sliding_window") != nullptr) {
+    int64_t window;
+    PW_RETURN_IF_ERROR(r.Int("sliding_window", &window, std::nullopt, 1));
+    if (window < c.max_position_embeddings) {
+      return r.Error(
+          StatusCode::kUnsupported, "sliding_window",
+          "is " + std::to_string(window) + "; sliding-window attention is not supported");
+    }
+  }
+
+  // Attention details.
+  switch (t) {
+    case ModelType::kQwen2Moe:
+      PW_RETURN_IF_ERROR(r.Bool("qkv_bias", &c.qkv_bias, true));
+      c.o_bias = false;
+      c.qk_norm = QkNorm::kNone;
+      break;
+    case ModelType::kQwen3Moe:
+      PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c.qkv_bias, false));
+      c.o_bias = c.qkv_bias;
+      c.qk_norm = QkNorm::kPerHead;
+      break;
+    case ModelType::kOlmoe: {
+      PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c.qkv_bias, false));
+      c.o_bias = c.qkv_bias;
+      c.qk_norm = QkNorm::kFull;
+      if (r.Find("clip_qkv") != nullptr) {
+        double clip;
+        PW_RETURN_IF_ERROR(r.Double("clip_qkv", &clip, 0, true));
+        c.clip_qkv = clip;
+      }
+      break;
+    }
+    case ModelType::kMixtral:
+      c.qkv_bias = false;
+      c.o_bias = false;
+      c.qk_norm = QkNorm::kNone;
+      break;
+  }
+
+  // Experts.
+  PW_RETURN_IF_ERROR(r.Int(t == ModelType::kMixtral ? "num_local_experts" : "num_experts",
+                           &c.num_experts, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.num_experts_per_tok, std::nullopt, 1));
+  if (c.num_experts_per_tok > c.num_experts) {
+    return r.Error(StatusCode::kInvalidArgument, "num_experts_per_tok",
+                   "is " + std::to_string(c.num_experts_per_tok) + ", more than the " +
+                       std::to_string(c.num_experts) + " experts");
+  }
+  if (qwen) {
+    PW_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
+    PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size,
+                             t == ModelType::kQwen2Moe ? 5632 : 6144, 1));
+    PW_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &c.decoder_sparse_step, 1, 1));
+    PW_RETURN_IF_ERROR(r.IntList("mlp_only_layers", &c.mlp_only_layers));
+    for (size_t i = 0; i < c.mlp_only_layers.size(); ++i) {
+      int64_t l = c.mlp_only_layers[i];
+      if (l < 0 || l >= c.num_layers) {
+        return r.Error(StatusCode::kInvalidArgument, "mlp_only_layers[" + std::to_string(i) + "]",
+                       "is " + std::to_string(l) + ", not a layer index below " +
+                           std::to_string(c.num_layers));
+      }
+    }
+    PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
+  } else {
+    PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
+    c.intermediate_size = c.moe_intermediate_size;
+    if (t == ModelType::kOlmoe) {
+      PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
+    } else {
+      c.norm_topk_prob = true;  // mixtral always renormalises the top-k weights
+    }
+  }
+  if (t == ModelType::kQwen2Moe) {
+    PW_RETURN_IF_ERROR(
+        r.Int("shared_expert_intermediate_size", &c.shared_expert_intermediate_size, 5632, 0));
+  }
+
+  // Special tokens (HF defaults: olmoe eos 50279 pad 1; mixtral bos 1 eos 2; qwen: none).
+  PW_RETURN_IF_ERROR(r.OptInt("bos_token_id", &c.bos_token_id));
+  PW_RETURN_IF_ERROR(r.IntOrList("eos_token_id", &c.eos_token_ids));
+  PW_RETURN_IF_ERROR(r.OptInt("pad_token_id", &c.pad_token_id));
+  const bool has_bos = root.contains("bos_token_id");
+  const bool has_eos = root.contains("eos_token_id");
+  const bool has_pad = root.contains("pad_token_id");
+  if (t == ModelType::kOlmoe) {
+    if (!has_eos) c.eos_token_ids = {50279};
+    if (!has_pad) c.pad_token_id = 1;
+  } else if (t == ModelType::kMixtral) {
+    if (!has_bos) c.bos_token_id = 1;
+    if (!has_eos) c.eos_token_ids = {2};
+  }
+  return c;
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& path) {
+  PW_ASSIGN_OR_RETURN(auto file, MmapFile::Open(path));
+  if (file->size() > (16u << 20)) {
+    return InvalidArgument(path + ": " + std::to_string(file->size()) +
+                           " bytes is too large for a config.json");
+  }
+  std::string text(reinterpret_cast<const char*>(file->data()), file->size());
+  return ParseModelConfig(text, path);
+}
+
+}  // namespace pw

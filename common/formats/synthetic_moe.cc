@@ -1,0 +1,245 @@
+#include "common/formats/synthetic_moe.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/hash.h"
+#include "common/formats/safetensors.h"
+
+namespace pw {
+namespace {
+
+enum class Init { kNormal, kOnes, kZeros };
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  Init init;
+};
+
+std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
+  const int64_t hd = s.hidden / s.heads;
+  const int64_t q = s.heads * hd, kv = s.kv_heads * hd;
+  std::vector<TensorSpec> t;
+  t.push_back({"model.embed_tokens.weight", {s.vocab, s.hidden}, Init::kNormal});
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t.push_back({p + "input_layernorm.weight", {s.hidden}, Init::kOnes});
+    t.push_back({p + "post_attention_layernorm.weight", {s.hidden}, Init::kOnes});
+    t.push_back({p + "self_attn.q_proj.weight", {q, s.hidden}, Init::kNormal});
+    t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
+    t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
+    t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
+    if (s.type == ModelType::kQwen2Moe) {  // qkv_bias defaults to true
+      t.push_back({p + "self_attn.q_proj.bias", {q}, Init::kZeros});
+      t.push_back({p + "self_attn.k_proj.bias", {kv}, Init::kZeros});
+      t.push_back({p + "self_attn.v_proj.bias", {kv}, Init::kZeros});
+    }
+    if (s.type == ModelType::kOlmoe) {  // RMSNorm over the whole projection
+      t.push_back({p + "self_attn.q_norm.weight", {q}, Init::kOnes});
+      t.push_back({p + "self_attn.k_norm.weight", {kv}, Init::kOnes});
+    } else if (s.type == ModelType::kQwen3Moe) {  // per head
+      t.push_back({p + "self_attn.q_norm.weight", {hd}, Init::kOnes});
+      t.push_back({p + "self_attn.k_norm.weight", {hd}, Init::kOnes});
+    }
+    const bool mixtral = s.type == ModelType::kMixtral;
+    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    t.push_back({moe + "gate.weight", {s.experts, s.hidden}, Init::kNormal});
+    for (int64_t e = 0; e < s.experts; ++e) {
+      const std::string x = moe + "experts." + std::to_string(e) + ".";
+      t.push_back({x + (mixtral ? "w1" : "gate_proj") + ".weight",
+                   {s.expert_ffn, s.hidden},
+                   Init::kNormal});
+      t.push_back(
+          {x + (mixtral ? "w3" : "up_proj") + ".weight", {s.expert_ffn, s.hidden}, Init::kNormal});
+      t.push_back({x + (mixtral ? "w2" : "down_proj") + ".weight",
+                   {s.hidden, s.expert_ffn},
+                   Init::kNormal});
+    }
+    if (s.type == ModelType::kQwen2Moe) {
+      t.push_back(
+          {moe + "shared_expert.gate_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
+      t.push_back({moe + "shared_expert.up_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
+      t.push_back(
+          {moe + "shared_expert.down_proj.weight", {s.hidden, s.shared_ffn}, Init::kNormal});
+      t.push_back({moe + "shared_expert_gate.weight", {1, s.hidden}, Init::kNormal});
+    }
+  }
+  t.push_back({"model.norm.weight", {s.hidden}, Init::kOnes});
+  t.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kNormal});
+  return t;
+}
+
+uint64_t SplitMix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t HashName(const std::string& s) { return Fnv1a64Of(s.data(), s.size()); }
+
+// Fills n bf16 values: each the sum of four 16-bit uniforms (Irwin-Hall), centred and scaled to
+// standard deviation `std` (support +-2*sqrt(3)*std). Cheap, deterministic, bell-shaped.
+void FillNormalBf16(uint16_t* out, size_t n, uint64_t stream, float std) {
+  uint64_t state = stream;
+  const float scale = std * std::sqrt(3.0f) / 65536.0f;  // var of U(0,65536) sum of 4 = 4*2^32/12
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t r = SplitMix64(state);
+    float sum =
+        static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48)) -
+        2.0f * 65535.0f;
+    out[i] = F32ToBf16(sum * scale);
+  }
+}
+
+Status CheckSpec(const SyntheticMoeSpec& s) {
+  auto bad = [](const std::string& m) { return InvalidArgument("synthetic model: " + m); };
+  if (s.layers < 1 || s.hidden < 1 || s.heads < 1 || s.kv_heads < 1 || s.experts < 1 ||
+      s.top_k < 1 || s.expert_ffn < 1 || s.vocab < 1 || s.max_positions < 1) {
+    return bad("every dimension must be >= 1");
+  }
+  if (s.hidden % s.heads != 0) return bad("heads must divide hidden");
+  if ((s.hidden / s.heads) % 2 != 0) return bad("head dim must be even");
+  if (s.heads % s.kv_heads != 0) return bad("kv_heads must divide heads");
+  if (s.top_k > s.experts) return bad("top_k must be <= experts");
+  if (s.type == ModelType::kQwen2Moe && s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
+  if (!(s.init_std > 0)) return bad("init_std must be > 0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint64_t SyntheticMoeBytes(const SyntheticMoeSpec& spec) {
+  uint64_t n = 0;
+  for (const auto& t : Tensors(spec)) {
+    uint64_t e = 1;
+    for (int64_t d : t.shape) e *= static_cast<uint64_t>(d);
+    n += e * 2;
+  }
+  return n;
+}
+
+std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
+  using json = nlohmann::ordered_json;
+  json j;
+  const char* arch = "OlmoeForCausalLM";
+  switch (s.type) {
+    case ModelType::kQwen2Moe:
+      arch = "Qwen2MoeForCausalLM";
+      break;
+    case ModelType::kQwen3Moe:
+      arch = "Qwen3MoeForCausalLM";
+      break;
+    case ModelType::kOlmoe:
+      arch = "OlmoeForCausalLM";
+      break;
+    case ModelType::kMixtral:
+      arch = "MixtralForCausalLM";
+      break;
+  }
+  j["architectures"] = {arch};
+  j["model_type"] = ModelTypeName(s.type);
+  j["hidden_size"] = s.hidden;
+  j["num_hidden_layers"] = s.layers;
+  j["num_attention_heads"] = s.heads;
+  j["num_key_value_heads"] = s.kv_heads;
+  j["vocab_size"] = s.vocab;
+  j["max_position_embeddings"] = s.max_positions;
+  j["rms_norm_eps"] = 1e-5;
+  j["rope_theta"] = 10000.0;
+  j["rope_scaling"] = nullptr;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = false;
+  j["num_experts_per_tok"] = s.top_k;
+  j["initializer_range"] = s.init_std;
+  switch (s.type) {
+    case ModelType::kOlmoe:
+      j["num_experts"] = s.experts;
+      j["intermediate_size"] = s.expert_ffn;
+      j["norm_topk_prob"] = false;
+      j["attention_bias"] = false;
+      j["clip_qkv"] = nullptr;
+      j["pad_token_id"] = 1;
+      j["eos_token_id"] = s.vocab > 50279 ? 50279 : s.vocab - 1;
+      break;
+    case ModelType::kQwen2Moe:
+    case ModelType::kQwen3Moe:
+      j["num_experts"] = s.experts;
+      j["moe_intermediate_size"] = s.expert_ffn;
+      j["intermediate_size"] = s.expert_ffn * s.top_k;  // dense size; no dense layers here
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = json::array();
+      j["norm_topk_prob"] = s.type == ModelType::kQwen3Moe;
+      j["use_sliding_window"] = false;
+      if (s.type == ModelType::kQwen2Moe) {
+        j["shared_expert_intermediate_size"] = s.shared_ffn;
+        j["qkv_bias"] = true;
+      } else {
+        j["head_dim"] = s.hidden / s.heads;
+        j["attention_bias"] = false;
+      }
+      j["eos_token_id"] = s.vocab - 1;
+      break;
+    case ModelType::kMixtral:
+      j["num_local_experts"] = s.experts;
+      j["intermediate_size"] = s.expert_ffn;
+      j["sliding_window"] = nullptr;
+      j["bos_token_id"] = 1 % s.vocab;
+      j["eos_token_id"] = 2 % s.vocab;
+      break;
+  }
+  j["torch_dtype"] = "bfloat16";
+  return j.dump(2) + "\n";
+}
+
+Status WriteSyntheticMoe(const SyntheticMoeSpec& spec, const std::string& dir) {
+  PW_RETURN_IF_ERROR(CheckSpec(spec));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoError(dir + ": cannot create directory: " + ec.message());
+
+  SafetensorsWriter w;
+  w.SetMetadata("format", "pt");
+  w.SetMetadata("pagedweight", "synthetic random weights, seed " + std::to_string(spec.seed));
+  for (const auto& t : Tensors(spec)) {
+    const uint64_t stream = HashName(t.name) ^ (spec.seed * 0x9e3779b97f4a7c15ull);
+    const Init init = t.init;
+    const float std = spec.init_std;
+    PW_RETURN_IF_ERROR(
+        w.AddLazy(t.name, DType::kBF16, t.shape, [init, stream, std](uint8_t* dst, size_t nbytes) {
+          auto* out = reinterpret_cast<uint16_t*>(dst);
+          size_t n = nbytes / 2;
+          if (init == Init::kNormal) {
+            FillNormalBf16(out, n, stream, std);
+          } else {
+            uint16_t v = init == Init::kOnes ? F32ToBf16(1.0f) : 0;
+            for (size_t i = 0; i < n; ++i) out[i] = v;
+          }
+        }));
+  }
+  PW_RETURN_IF_ERROR(w.Write(dir + "/model.safetensors"));
+
+  const std::string cfg = dir + "/config.json";
+  const std::string tmp = cfg + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << SyntheticMoeConfigJson(spec);
+    f.close();
+    if (!f) return IoError(tmp + ": write failed");
+  }
+  if (std::rename(tmp.c_str(), cfg.c_str()) != 0) {
+    return IoError(cfg + ": rename failed: " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace pw

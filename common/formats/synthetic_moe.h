@@ -1,0 +1,49 @@
+// Random-weight MoE checkpoints at real dimensions, for speed measurements only.
+//
+// WriteSyntheticMoe writes <dir>/config.json and <dir>/model.safetensors in the Hugging Face
+// layout of the chosen model type (tensor names and shapes as transformers saves them), so the
+// engine loads it like any checkpoint. Weights are bf16: linear layers and embeddings drawn
+// from a zero-mean, bell-shaped distribution with standard deviation `init_std` (0.02, the HF
+// initializer_range), norm weights 1, biases 0 — an initialisation, so activations stay in a
+// sane range through the layers. The output depends only on the spec (seed included); each
+// tensor's stream is derived from the seed and the tensor name. No tokenizer is written: the
+// benchmark feeds token ids directly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/formats/model_config.h"
+#include "common/status.h"
+
+namespace pw {
+
+// Defaults: OLMoE-1B-7B's dimensions with 2 layers (about 2.1 GB of bf16).
+struct SyntheticMoeSpec {
+  ModelType type = ModelType::kOlmoe;
+  int64_t layers = 2;
+  int64_t hidden = 2048;
+  int64_t heads = 16;
+  int64_t kv_heads = 16;
+  int64_t experts = 64;
+  int64_t top_k = 8;
+  int64_t expert_ffn = 1024;  // moe_intermediate_size / intermediate_size
+  int64_t shared_ffn = 4096;  // qwen2_moe only: shared_expert_intermediate_size
+  int64_t vocab = 50304;
+  int64_t max_positions = 4096;
+  uint64_t seed = 1;
+  float init_std = 0.02f;
+};
+
+// Total bytes of tensor data the spec produces (bf16).
+uint64_t SyntheticMoeBytes(const SyntheticMoeSpec& spec);
+
+// The config.json text for `spec` (accepted by LoadModelConfig).
+std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& spec);
+
+// Writes config.json and model.safetensors into `dir` (created if missing). kInvalidArgument
+// for an inconsistent spec (heads not dividing hidden, top_k > experts, ...); kIoError naming
+// the path on write failure. Files are replaced atomically.
+Status WriteSyntheticMoe(const SyntheticMoeSpec& spec, const std::string& dir);
+
+}  // namespace pw

@@ -1,0 +1,68 @@
+#include "engine/experts/bf16_experts.h"
+
+#include <cstring>
+#include <vector>
+
+#include "engine/experts/expert_tiles.h"
+#include "engine/experts/expert_workspace.h"
+#include "engine/ops/linear.h"
+
+namespace pw::engine {
+
+Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
+                      const cpu::DenseKernels& k) {
+  const size_t H = call.hidden, I = call.ffn, R = call.rows.size();
+  ExpertWorkspace& ws = *call.workspace;
+  float* xe = ws.Array<float>(0, R * H);
+  float* gate_up = ws.Array<float>(1, R * 2 * I);
+  float* act = ws.Array<float>(2, R * I);
+  float* ye = ws.Array<float>(3, R * H);
+  for (const ExpertGroup& e : call.groups) {
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      std::memcpy(xe + r * H, call.x + static_cast<size_t>(call.rows[r].token) * H, H * sizeof(float));
+    }
+  }
+  std::vector<ExpertTile>& tiles = ws.tiles();
+  tiles.clear();
+  for (size_t g = 0; g < call.groups.size(); ++g) {
+    const ExpertGroup& e = call.groups[g];
+    AppendExpertTiles(static_cast<int32_t>(g), e.begin, e.size(), static_cast<int32_t>(2 * I),
+                      static_cast<int32_t>(I), &tiles);
+  }
+  PW_RETURN_IF_ERROR(RunExpertTiles(call.pool, tiles, H, kMinParallelMacs, [&](const ExpertTile& t) {
+    const Bf16Expert& w = experts[t.group];
+    const float* x = xe + static_cast<size_t>(t.row0) * H;
+    float* y = gate_up + static_cast<size_t>(t.row0) * 2 * I;
+    const auto tokens = static_cast<size_t>(t.tokens);
+    if (static_cast<size_t>(t.r0) < I) {
+      k.matmul_bf16(x, H, tokens, w.gate, H, static_cast<size_t>(t.r0), static_cast<size_t>(t.r1), y, 2 * I);
+    } else {
+      k.matmul_bf16(x, H, tokens, w.up, H, t.r0 - I, t.r1 - I, y + I, 2 * I);
+    }
+    return Status::Ok();
+  }, TileCalls::kCoalesce));
+  for (const ExpertGroup& e : call.groups) {
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      k.silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+    }
+  }
+  tiles.clear();
+  for (size_t g = 0; g < call.groups.size(); ++g) {
+    const ExpertGroup& e = call.groups[g];
+    AppendExpertTiles(static_cast<int32_t>(g), e.begin, e.size(), static_cast<int32_t>(H), 0, &tiles);
+  }
+  PW_RETURN_IF_ERROR(RunExpertTiles(call.pool, tiles, I, kMinParallelMacs, [&](const ExpertTile& t) {
+    k.matmul_bf16(act + static_cast<size_t>(t.row0) * I, I, static_cast<size_t>(t.tokens),
+                  experts[t.group].down, I, static_cast<size_t>(t.r0), static_cast<size_t>(t.r1),
+                  ye + static_cast<size_t>(t.row0) * H, H);
+    return Status::Ok();
+  }, TileCalls::kCoalesce));
+  for (const ExpertGroup& e : call.groups) {
+    for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace pw::engine

@@ -1,0 +1,175 @@
+#include "engine/kv_cache.h"
+
+#include <algorithm>
+#include <string>
+
+namespace pw::engine {
+
+const char* KvDtypeName(KvDtype d) { return d == KvDtype::kF32 ? "fp32" : "bf16"; }
+
+Result<KvDtype> ParseKvDtype(const std::string& name) {
+  if (name == "fp32" || name == "f32") return KvDtype::kF32;
+  if (name == "bf16") return KvDtype::kBf16;
+  return InvalidArgument("KV dtype '" + name + "' is not 'fp32' or 'bf16'");
+}
+
+static Status CheckLayout(const KvLayout& layout, int num_blocks) {
+  if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
+      layout.block_size <= 0 || num_blocks <= 0) {
+    return InvalidArgument(
+        "KV pool: layers, kv heads, head_dim, block_size and num_blocks must be "
+        "positive (got layers=" +
+        std::to_string(layout.num_layers) + " kv_heads=" + std::to_string(layout.num_kv_heads) +
+        " head_dim=" + std::to_string(layout.head_dim) + " block_size=" +
+        std::to_string(layout.block_size) + " num_blocks=" + std::to_string(num_blocks) + ")");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvLayout& layout, int num_blocks) {
+  PW_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
+  const int64_t pages = static_cast<int64_t>(num_blocks) * layout.num_layers;
+  if (pages > (1ll << 31) - 1) return InvalidArgument("KV pool: too many pages");
+  auto own = memory::PagePool::Create(layout.min_page_bytes(), static_cast<int>(pages));
+  if (!own.ok()) {
+    return ResourceExhausted("KV pool: cannot allocate " + std::to_string(num_blocks) + " blocks (" +
+                             own.status().message() + ")");
+  }
+  std::unique_ptr<KvBlockPool> p(new KvBlockPool(layout, own->get(), num_blocks));
+  p->own_pages_ = std::move(own).value();
+  return p;
+}
+
+Result<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateOn(const KvLayout& layout,
+                                                           memory::PagePool* pages, int max_blocks) {
+  PW_RETURN_IF_ERROR(CheckLayout(layout, max_blocks));
+  if (pages == nullptr) return InvalidArgument("KV pool: no page pool");
+  if (pages->page_bytes() < layout.bytes_per_layer()) {
+    return InvalidArgument("KV pool: pages of " + std::to_string(pages->page_bytes()) +
+                           " bytes cannot hold one layer of a KV block (" +
+                           std::to_string(layout.bytes_per_layer()) + " bytes)");
+  }
+  return std::unique_ptr<KvBlockPool>(new KvBlockPool(layout, pages, max_blocks));
+}
+
+KvBlockPool::KvBlockPool(const KvLayout& layout, memory::PagePool* pages, int num_blocks)
+    : layout_(layout),
+      pages_(pages),
+      num_blocks_(num_blocks),
+      allocated_(static_cast<size_t>(num_blocks), 0),
+      page_of_(static_cast<size_t>(num_blocks) * layout.num_layers, -1) {
+  free_.reserve(static_cast<size_t>(num_blocks));
+  for (int i = num_blocks - 1; i >= 0; --i) free_.push_back(i);
+}
+
+KvBlockPool::~KvBlockPool() {
+  // Pages of blocks still allocated go back to a borrowed pool.
+  if (own_pages_ == nullptr) {
+    for (int b = 0; b < num_blocks_; ++b) {
+      if (!allocated_[static_cast<size_t>(b)]) continue;
+      std::span<const memory::PageId> p(&page_of_[static_cast<size_t>(b) * layout_.num_layers],
+                                        static_cast<size_t>(layout_.num_layers));
+      (void)pages_->Free(p, memory::Tenant::kKv);
+    }
+  }
+}
+
+int KvBlockPool::num_free() const {
+  const int by_pages = pages_->num_free() / layout_.num_layers;
+  return std::min(static_cast<int>(free_.size()), by_pages);
+}
+
+memory::PageId KvBlockPool::PageOf(int32_t id, int layer) const {
+  PW_CHECK(id >= 0 && id < num_blocks_ && layer >= 0 && layer < layout_.num_layers);
+  const memory::PageId p = page_of_[static_cast<size_t>(id) * layout_.num_layers + layer];
+  PW_CHECK(p >= 0);
+  return p;
+}
+
+uint8_t* KvBlockPool::LayerPage(int32_t id, int layer) { return pages_->Page(PageOf(id, layer)); }
+const uint8_t* KvBlockPool::LayerPage(int32_t id, int layer) const {
+  return pages_->Page(PageOf(id, layer));
+}
+
+size_t KvBlockPool::SlabOffset(int kv, int kv_head) const {
+  return (static_cast<size_t>(kv) * layout_.num_kv_heads + kv_head) * layout_.block_size *
+         layout_.head_dim;
+}
+
+float* KvBlockPool::Slab(int32_t block, int layer, int kv, int kv_head) {
+  PW_CHECK(layout_.dtype == KvDtype::kF32);
+  return reinterpret_cast<float*>(LayerPage(block, layer)) + SlabOffset(kv, kv_head);
+}
+
+const float* KvBlockPool::Slab(int32_t block, int layer, int kv, int kv_head) const {
+  return const_cast<KvBlockPool*>(this)->Slab(block, layer, kv, kv_head);
+}
+
+uint16_t* KvBlockPool::SlabBf16(int32_t block, int layer, int kv, int kv_head) {
+  PW_CHECK(layout_.dtype == KvDtype::kBf16);
+  return reinterpret_cast<uint16_t*>(LayerPage(block, layer)) + SlabOffset(kv, kv_head);
+}
+
+const uint16_t* KvBlockPool::SlabBf16(int32_t block, int layer, int kv, int kv_head) const {
+  return const_cast<KvBlockPool*>(this)->SlabBf16(block, layer, kv, kv_head);
+}
+
+Result<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
+  if (n < 0) return InvalidArgument("KV pool: cannot allocate " + std::to_string(n) + " blocks");
+  if (n > static_cast<int>(free_.size())) {
+    return ResourceExhausted("KV pool: " + std::to_string(n) + " blocks requested, " +
+                             std::to_string(num_free()) + " of " + std::to_string(num_blocks_) +
+                             " free");
+  }
+  auto pages = pages_->Allocate(n * layout_.num_layers, memory::Tenant::kKv);
+  if (!pages.ok()) {
+    return ResourceExhausted("KV pool: " + std::to_string(n) + " blocks requested, " +
+                             std::to_string(num_free()) + " free (" + pages.status().message() + ")");
+  }
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const int32_t id = free_.back();
+    free_.pop_back();
+    out[static_cast<size_t>(i)] = id;
+    allocated_[static_cast<size_t>(id)] = 1;
+    for (int l = 0; l < layout_.num_layers; ++l) {
+      page_of_[static_cast<size_t>(id) * layout_.num_layers + l] =
+          (*pages)[static_cast<size_t>(i) * layout_.num_layers + l];
+    }
+  }
+  return out;
+}
+
+Status KvBlockPool::Free(std::span<const int32_t> ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (!IsAllocated(id)) {
+      return InvalidArgument("KV pool: block " + std::to_string(id) +
+                             " is out of range or not allocated");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (ids[j] == id)
+        return InvalidArgument("KV pool: block " + std::to_string(id) + " freed twice");
+    }
+  }
+  std::vector<memory::PageId> pages;
+  pages.reserve(ids.size() * static_cast<size_t>(layout_.num_layers));
+  for (int32_t id : ids) {
+    allocated_[static_cast<size_t>(id)] = 0;
+    free_.push_back(id);
+    for (int l = 0; l < layout_.num_layers; ++l) {
+      memory::PageId& p = page_of_[static_cast<size_t>(id) * layout_.num_layers + l];
+      pages.push_back(p);
+      p = -1;
+    }
+  }
+  Status st = pages_->Free(pages, memory::Tenant::kKv);
+  PW_CHECK(st.ok());  // this pool is the only KV tenant of its pages
+  return Status::Ok();
+}
+
+bool KvBlockPool::IsAllocated(int32_t id) const {
+  return id >= 0 && id < num_blocks_ && allocated_[static_cast<size_t>(id)] != 0;
+}
+
+}  // namespace pw::engine

@@ -1,0 +1,136 @@
+#include "engine/layers/moe_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "engine/ops/linear.h"
+
+namespace pw::engine {
+
+void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
+                 std::vector<float>* tmp, cpu::ThreadPool* pool, const cpu::DenseKernels& k) {
+  const size_t f = static_cast<size_t>(w.gate.rows);
+  tmp->resize(T * 2 * f);
+  float* gu = tmp->data();
+  Linear(pool, k, x, hidden, T, w.gate, gu, 2 * f);
+  Linear(pool, k, x, hidden, T, w.up, gu + f, 2 * f);
+  for (size_t t = 0; t < T; ++t) k.silu_mul(gu + t * 2 * f, gu + t * 2 * f + f, f, gu + t * 2 * f);
+  Linear(pool, k, gu, 2 * f, T, w.down, out, hidden);
+}
+
+Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingContext ctx,
+                   const float* x, float* out, const MoeHooks& hooks,
+                   ExpertWeightProvider* provider, MoeScratch* s, cpu::ThreadPool* pool,
+                   const cpu::DenseKernels& k) {
+  const size_t T = static_cast<size_t>(ctx.num_tokens);
+  const size_t H = static_cast<size_t>(config.hidden_size);
+  const size_t E = static_cast<size_t>(config.num_experts);
+  const size_t K = static_cast<size_t>(config.num_experts_per_tok);
+  const size_t I = static_cast<size_t>(config.moe_intermediate_size);
+  ctx.num_experts = static_cast<int>(E);
+  ctx.top_k = static_cast<int>(K);
+  ctx.norm_topk_prob = config.norm_topk_prob;
+
+  // Router: logits, softmax (fp32), top-k in descending probability, optional renormalisation.
+  s->logits.resize(T * E);
+  s->probs.resize(T * E);
+  Linear(pool, k, x, H, T, w.router, s->logits.data(), E);
+  std::memcpy(s->probs.data(), s->logits.data(), T * E * sizeof(float));
+  for (size_t t = 0; t < T; ++t) k.softmax(s->probs.data() + t * E, E);
+  ctx.router_logits = s->logits.data();
+  ctx.router_probs = s->probs.data();
+
+  s->assignments.clear();
+  s->topk_idx.resize(E);
+  for (size_t t = 0; t < T; ++t) {
+    const float* p = s->probs.data() + t * E;
+    for (size_t e = 0; e < E; ++e) s->topk_idx[e] = static_cast<int32_t>(e);
+    std::partial_sort(s->topk_idx.begin(), s->topk_idx.begin() + K, s->topk_idx.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float sum = 0.f;
+    for (size_t j = 0; j < K; ++j) sum += p[s->topk_idx[j]];
+    for (size_t j = 0; j < K; ++j) {
+      const int32_t e = s->topk_idx[j];
+      const float weight = config.norm_topk_prob ? p[e] / sum : p[e];
+      s->assignments.push_back({static_cast<int32_t>(t), e, weight, static_cast<int16_t>(j)});
+    }
+  }
+
+  if (hooks.recorder != nullptr) hooks.recorder->Record(ctx, s->assignments);
+  if (hooks.routing_hook != nullptr) {
+    PW_RETURN_IF_ERROR(hooks.routing_hook->Rewrite(ctx, &s->assignments));
+    // Validate what the hook returned: in range, finite, no duplicate (token, expert).
+    s->seen.assign(T * E, 0);
+    for (const ExpertAssignment& a : s->assignments) {
+      if (a.token < 0 || static_cast<size_t>(a.token) >= T || a.expert < 0 ||
+          static_cast<size_t>(a.expert) >= E || !std::isfinite(a.weight)) {
+        return Internal("routing hook returned an invalid assignment (token " +
+                        std::to_string(a.token) + ", expert " + std::to_string(a.expert) +
+                        ") in layer " + std::to_string(ctx.layer));
+      }
+      uint8_t& m = s->seen[static_cast<size_t>(a.token) * E + static_cast<size_t>(a.expert)];
+      if (m) {
+        return Internal("routing hook returned token " + std::to_string(a.token) +
+                        " twice for expert " + std::to_string(a.expert) + " in layer " +
+                        std::to_string(ctx.layer));
+      }
+      m = 1;
+    }
+  }
+
+  // Group assignments per expert (counting sort, stable: token order inside an expert).
+  s->offsets.assign(E + 1, 0);
+  for (const ExpertAssignment& a : s->assignments) s->offsets[a.expert + 1]++;
+  for (size_t e = 0; e < E; ++e) s->offsets[e + 1] += s->offsets[e];
+  s->order.resize(s->assignments.size());
+  {
+    std::vector<int32_t> fill(s->offsets.begin(), s->offsets.end() - 1);
+    for (size_t i = 0; i < s->assignments.size(); ++i) {
+      s->order[fill[s->assignments[i].expert]++] = static_cast<int32_t>(i);
+    }
+  }
+
+  std::memset(out, 0, T * H * sizeof(float));
+  s->groups.clear();
+  s->rows.resize(s->assignments.size());
+  for (size_t i = 0; i < s->assignments.size(); ++i) {
+    const ExpertAssignment& a = s->assignments[s->order[i]];
+    s->rows[i] = {a.token, a.weight};
+  }
+  for (size_t e = 0; e < E; ++e) {
+    if (s->offsets[e + 1] > s->offsets[e]) {
+      s->groups.push_back({static_cast<int32_t>(e), s->offsets[e], s->offsets[e + 1]});
+    }
+  }
+  if (!s->groups.empty()) {
+    ExpertLayerCall call;
+    call.layer = ctx.layer;
+    call.num_tokens = T;
+    call.hidden = H;
+    call.ffn = I;
+    call.x = x;
+    call.groups = s->groups;
+    call.rows = s->rows;
+    call.out = out;
+    call.workspace = &s->experts;
+    call.pool = pool;
+    PW_RETURN_IF_ERROR(provider->RunExperts(call));
+  }
+
+  if (w.has_shared_expert) {
+    // out += sigmoid(x . w_gate) * MLP_shared(x)
+    s->shared_gate.resize(T);
+    Linear(pool, k, x, H, T, w.shared_expert_gate, s->shared_gate.data(), 1);
+    s->ye.resize(T * H);
+    RunDenseMlp(w.shared_expert, x, T, H, s->ye.data(), &s->gate_up, pool, k);
+    for (size_t t = 0; t < T; ++t) {
+      const float g = 1.f / (1.f + std::exp(-s->shared_gate[t]));
+      k.axpy(g, s->ye.data() + t * H, H, out + t * H);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace pw::engine

@@ -1,0 +1,181 @@
+#include "engine/models/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "common/dtype.h"
+#include "common/formats/checkpoint_experts.h"
+
+namespace pw::engine {
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return NotFound("model directory " + dir + " does not exist or is not a directory");
+  }
+  std::unique_ptr<Model> m(new Model());
+  m->dir_ = dir;
+  PW_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
+  PW_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::Open(dir, load));
+  PW_RETURN_IF_ERROR(m->LoadTensors());
+  const int64_t d = m->config_.head_dim;
+  if (d % 2 != 0) return InvalidArgument(dir + "/config.json: head_dim must be even for RoPE");
+  m->inv_freq_.resize(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(d);
+    const float p = static_cast<float>(std::pow(m->config_.rope_theta, static_cast<double>(e)));
+    m->inv_freq_[static_cast<size_t>(i)] = 1.0f / p;
+  }
+  return m;
+}
+
+Result<Bf16Matrix> Model::Matrix(const std::string& name, int64_t rows, int64_t cols) {
+  PW_ASSIGN_OR_RETURN(TensorView t, ckpt_->Get(name, DType::kBF16, {rows, cols}));
+  Bf16Matrix m{nullptr, rows, cols};
+  if (reinterpret_cast<uintptr_t>(t.data) % alignof(uint16_t) == 0) {
+    m.data = reinterpret_cast<const uint16_t*>(t.data);
+  } else {
+    auto copy = std::make_unique<uint16_t[]>(static_cast<size_t>(rows * cols));
+    std::memcpy(copy.get(), t.data, t.nbytes);
+    m.data = copy.get();
+    owned_.push_back(std::move(copy));
+  }
+  return m;
+}
+
+Result<std::vector<float>> Model::Vector(const std::string& name, int64_t n) {
+  PW_ASSIGN_OR_RETURN(TensorView t, ckpt_->Get(name));
+  if (t.shape != std::vector<int64_t>{n}) {
+    return InvalidArgument("tensor " + name + " in " + dir_ + " has shape " +
+                           ShapeToString(t.shape) + ", expected [" + std::to_string(n) + "]");
+  }
+  std::vector<float> out(static_cast<size_t>(n));
+  if (t.dtype == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      out[static_cast<size_t>(i)] = Bf16ToF32(h);
+    }
+  } else if (t.dtype == DType::kF32) {
+    std::memcpy(out.data(), t.data, static_cast<size_t>(n) * 4);
+  } else if (t.dtype == DType::kF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      out[static_cast<size_t>(i)] = F16ToF32(h);
+    }
+  } else {
+    return InvalidArgument("tensor " + name + " in " + dir_ + " has dtype " +
+                           std::string(DTypeName(t.dtype)) + ", expected BF16, F16 or F32");
+  }
+  return out;
+}
+
+Result<MlpWeights> Model::Mlp(const std::string& prefix, const char* gate, const char* up,
+                              const char* down, int64_t ffn) {
+  const int64_t h = config_.hidden_size;
+  MlpWeights w;
+  PW_ASSIGN_OR_RETURN(w.gate, Matrix(prefix + gate + ".weight", ffn, h));
+  PW_ASSIGN_OR_RETURN(w.up, Matrix(prefix + up + ".weight", ffn, h));
+  PW_ASSIGN_OR_RETURN(w.down, Matrix(prefix + down + ".weight", h, ffn));
+  return w;
+}
+
+Status Model::LoadTensors() {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size, d = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  PW_ASSIGN_OR_RETURN(embed_, Matrix("model.embed_tokens.weight", c.vocab_size, h));
+  PW_ASSIGN_OR_RETURN(final_norm_, Vector("model.norm.weight", h));
+  if (c.tie_word_embeddings && !ckpt_->Has("lm_head.weight")) {
+    lm_head_ = embed_;
+  } else {
+    PW_ASSIGN_OR_RETURN(lm_head_, Matrix("lm_head.weight", c.vocab_size, h));
+  }
+  layers_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerWeights& w = layers_[static_cast<size_t>(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    PW_ASSIGN_OR_RETURN(w.input_norm, Vector(p + "input_layernorm.weight", h));
+    PW_ASSIGN_OR_RETURN(w.post_attn_norm, Vector(p + "post_attention_layernorm.weight", h));
+    const std::string a = p + "self_attn.";
+    PW_ASSIGN_OR_RETURN(w.q, Matrix(a + "q_proj.weight", nh * d, h));
+    PW_ASSIGN_OR_RETURN(w.k, Matrix(a + "k_proj.weight", nkv * d, h));
+    PW_ASSIGN_OR_RETURN(w.v, Matrix(a + "v_proj.weight", nkv * d, h));
+    PW_ASSIGN_OR_RETURN(w.o, Matrix(a + "o_proj.weight", h, nh * d));
+    if (c.qkv_bias) {
+      PW_ASSIGN_OR_RETURN(w.q_bias, Vector(a + "q_proj.bias", nh * d));
+      PW_ASSIGN_OR_RETURN(w.k_bias, Vector(a + "k_proj.bias", nkv * d));
+      PW_ASSIGN_OR_RETURN(w.v_bias, Vector(a + "v_proj.bias", nkv * d));
+    }
+    if (c.o_bias) {
+      PW_ASSIGN_OR_RETURN(w.o_bias, Vector(a + "o_proj.bias", h));
+    }
+    if (c.qk_norm == QkNorm::kPerHead) {
+      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(a + "q_norm.weight", d));
+      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(a + "k_norm.weight", d));
+    } else if (c.qk_norm == QkNorm::kFull) {
+      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(a + "q_norm.weight", nh * d));
+      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(a + "k_norm.weight", nkv * d));
+    }
+    w.is_moe = c.IsMoeLayer(l);
+    if (w.is_moe) {
+      const std::string m = MoeBlockPrefix(c, l);
+      PW_ASSIGN_OR_RETURN(w.router, Matrix(m + "gate.weight", c.num_experts, h));
+      w.experts.resize(static_cast<size_t>(c.num_experts));
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        MlpWeights& x = w.experts[static_cast<size_t>(e)];
+        const int64_t f = c.moe_intermediate_size;
+        PW_ASSIGN_OR_RETURN(x.gate, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kGate), f, h));
+        PW_ASSIGN_OR_RETURN(x.up, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kUp), f, h));
+        PW_ASSIGN_OR_RETURN(x.down, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kDown), h, f));
+      }
+      if (c.shared_expert_intermediate_size > 0) {
+        w.has_shared_expert = true;
+        PW_ASSIGN_OR_RETURN(w.shared_expert, Mlp(m + "shared_expert.", "gate_proj", "up_proj",
+                                                 "down_proj", c.shared_expert_intermediate_size));
+        PW_ASSIGN_OR_RETURN(w.shared_expert_gate, Matrix(m + "shared_expert_gate.weight", 1, h));
+      }
+    } else {
+      PW_ASSIGN_OR_RETURN(
+          w.mlp, Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj", c.intermediate_size));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Model::QuantizeDenseInt8() {
+  if (!q8_.empty()) return Status::Ok();
+  auto convert = [&](Bf16Matrix& w, const std::string& name) -> Status {
+    if (w.data == nullptr || w.rows < 1) return Status::Ok();
+    auto c = std::make_unique<Q8Copy>();
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    c->values.resize(anyprec::Q8MatrixValueBytes(rows, cols));
+    c->scales.resize(rows);
+    Status s = anyprec::QuantizeBf16Rows(w.data, rows, cols, c->values.data(), c->scales.data());
+    if (!s.ok()) return s.WithContext(dir_ + ": " + name);
+    c->m = {rows, cols, c->values.data(), c->scales.data()};
+    w.q8 = &c->m;
+    q8_.push_back(std::move(c));
+    return Status::Ok();
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerWeights& L = layers_[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    PW_RETURN_IF_ERROR(convert(L.q, at + "q_proj"));
+    PW_RETURN_IF_ERROR(convert(L.k, at + "k_proj"));
+    PW_RETURN_IF_ERROR(convert(L.v, at + "v_proj"));
+    PW_RETURN_IF_ERROR(convert(L.o, at + "o_proj"));
+    for (MlpWeights* m : {&L.mlp, &L.shared_expert}) {
+      PW_RETURN_IF_ERROR(convert(m->gate, at + "mlp gate"));
+      PW_RETURN_IF_ERROR(convert(m->up, at + "mlp up"));
+      PW_RETURN_IF_ERROR(convert(m->down, at + "mlp down"));
+    }
+  }
+  const bool tied = lm_head_.data == embed_.data;
+  PW_RETURN_IF_ERROR(convert(lm_head_, "lm_head"));
+  if (tied) embed_.q8 = nullptr;  // embeddings are looked up, never multiplied
+  return Status::Ok();
+}
+
+}  // namespace pw::engine

@@ -1,0 +1,118 @@
+// Model: a loaded checkpoint of a supported MoE type (qwen2_moe, qwen3_moe, olmoe, mixtral).
+//
+// Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
+// hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
+// V = vocab). Prefix P = "model.layers.{l}.":
+//   model.embed_tokens.weight [V, H]; model.norm.weight [H]; lm_head.weight [V, H] (absent
+//     when tie_word_embeddings: the embedding matrix is reused)
+//   P input_layernorm.weight [H]; P post_attention_layernorm.weight [H]
+//   P self_attn.{q,k,v,o}_proj.weight [nh*D, H], [nkv*D, H], [nkv*D, H], [H, nh*D]
+//     + .bias on q/k/v when qkv_bias, on o when o_bias
+//   P self_attn.{q,k}_norm.weight  [D] (per head, qwen3_moe) or [nh*D] / [nkv*D] (olmoe)
+//   MoE layer, qwen types and olmoe: P mlp.gate.weight [E, H];
+//     P mlp.experts.{e}.{gate_proj,up_proj}.weight [I, H], .down_proj.weight [H, I]
+//   MoE layer, mixtral: P block_sparse_moe.gate.weight [E, H];
+//     P block_sparse_moe.experts.{e}.{w1,w3}.weight [I, H] (gate, up), .w2.weight [H, I]
+//   qwen2_moe shared expert: P mlp.shared_expert.{gate,up,down}_proj.weight,
+//     P mlp.shared_expert_gate.weight [1, H]
+//   dense layer (qwen types, per decoder_sparse_step / mlp_only_layers):
+//     P mlp.{gate,up,down}_proj.weight with intermediate_size
+// Matrices must be BF16 (they stay in the mmapped file, read in place); norms and biases may be
+// BF16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
+// the tensor and the directory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/formats/model_config.h"
+#include "common/formats/safetensors.h"
+#include "common/status.h"
+#include "kernels/anyprec/q8.h"
+
+namespace pw::engine {
+
+// A bf16 row-major matrix [rows, cols] (non-owning; data in the mmapped checkpoint or in
+// Model-owned memory when the file's copy was not 2-byte aligned).
+struct Bf16Matrix {
+  const uint16_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // With int8 dense weights (Model::QuantizeDenseInt8): the int8 copy the forward pass reads
+  // instead of `data`.
+  const anyprec::Q8Matrix* q8 = nullptr;
+};
+
+// A SwiGLU MLP: down(silu(gate x) * up x).
+struct MlpWeights {
+  Bf16Matrix gate;  // [F, H]
+  Bf16Matrix up;    // [F, H]
+  Bf16Matrix down;  // [H, F]
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm;      // [H]
+  std::vector<float> post_attn_norm;  // [H]
+  Bf16Matrix q, k, v, o;
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the model has none
+  std::vector<float> q_norm, k_norm;                  // empty when qk_norm == kNone
+  bool is_moe = false;
+  // MoE layer.
+  Bf16Matrix router;                // [E, H]
+  std::vector<MlpWeights> experts;  // [E]
+  bool has_shared_expert = false;
+  MlpWeights shared_expert;
+  Bf16Matrix shared_expert_gate;  // [1, H]
+  // Dense layer.
+  MlpWeights mlp;
+};
+
+class Model {
+ public:
+  // Loads `dir`/config.json and the checkpoint (mapped, or copied into the process: `load`).
+  // Errors name the file and the field or tensor.
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, FileLoad load = FileLoad::kMap);
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  const Bf16Matrix& embed() const { return embed_; }
+  const Bf16Matrix& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  // RoPE inverse frequencies [head_dim / 2], computed in fp32 as HF does.
+  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+
+  // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
+  // lm_head, dense and shared-expert MLPs) an int8 copy with one scale per row
+  // (kernels/anyprec/q8.h), used from then on instead of bf16. The router, the embeddings
+  // and the routed experts (their own providers) stay as they are. Idempotent.
+  Status QuantizeDenseInt8();
+  bool dense_int8() const { return !q8_.empty(); }
+
+ private:
+  Model() = default;
+  Status LoadTensors();
+  Result<Bf16Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols);
+  Result<std::vector<float>> Vector(const std::string& name, int64_t n);
+  Result<MlpWeights> Mlp(const std::string& prefix, const char* gate, const char* up,
+                         const char* down, int64_t ffn);
+
+  std::string dir_;
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::vector<std::unique_ptr<uint16_t[]>> owned_;  // realigned copies
+  Bf16Matrix embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> inv_freq_;
+  struct Q8Copy {
+    std::vector<int8_t> values;
+    std::vector<float> scales;
+    anyprec::Q8Matrix m;
+  };
+  std::vector<std::unique_ptr<Q8Copy>> q8_;
+};
+
+}  // namespace pw::engine

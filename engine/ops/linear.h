@@ -1,0 +1,52 @@
+// Threaded wrappers over the dense CPU kernels, used by the forward pass.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "kernels/cpu/dense.h"
+#include "kernels/cpu/thread_pool.h"
+#include "engine/models/model.h"
+
+namespace pw::engine {
+
+// Least work (multiply-adds) worth handing to another thread.
+inline constexpr size_t kMinParallelMacs = size_t{1} << 19;
+
+// Fewest output rows worth giving one thread for a product of `cols` x `T` per row.
+inline size_t MinRowsPerThread(size_t cols, size_t T) {
+  return std::max<size_t>(16, kMinParallelMacs / std::max<size_t>(1, cols * T));
+}
+
+// y[t * ldy + n] = sum_k x[t * ldx + k] * W[n, k] for t < T and every row n of w, split over
+// the pool by output rows (blocks of 16). Products under kMinParallelMacs multiply-adds per
+// thread run on the calling thread: a pool hand-off costs microseconds (much more on a loaded
+// host), which small matrices do not repay.
+inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
+                   size_t T, const uint16_t* w, size_t rows, size_t cols, float* y, size_t ldy) {
+  const size_t min_rows = MinRowsPerThread(cols, T);
+  auto run = [&](size_t b, size_t e) { k.matmul_bf16(x, ldx, T, w, cols, b, e, y, ldy); };
+  if (pool == nullptr) {
+    run(0, rows);
+  } else {
+    pool->ParallelFor(rows, 16, min_rows, run);
+  }
+}
+
+// The int8 copy of a matrix (Model::QuantizeDenseInt8): x quantized once per call (chunks of
+// anyprec::kMaxTokens tokens), rows split over the pool as above. Aborts on a kernel error,
+// which only a broken invariant can cause (shapes come from the model).
+void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const anyprec::Q8Matrix& w,
+              float* y, size_t ldy);
+
+inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
+                   size_t T, const Bf16Matrix& w, float* y, size_t ldy) {
+  if (w.q8 != nullptr) {
+    LinearQ8(pool, x, ldx, T, *w.q8, y, ldy);
+    return;
+  }
+  Linear(pool, k, x, ldx, T, w.data, static_cast<size_t>(w.rows), static_cast<size_t>(w.cols), y,
+         ldy);
+}
+
+}  // namespace pw::engine

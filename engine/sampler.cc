@@ -1,0 +1,143 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pw::engine {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+int32_t Argmax(const float* logits, int vocab) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < vocab; ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+// Fills `c` with the kept candidates (logit/temperature, id), sorted descending, and their
+// unnormalised probabilities in `probs`. Returns the sum of probs.
+double Candidates(const float* logits, int vocab, const SamplingParams& p,
+                  std::vector<std::pair<float, int32_t>>* c, std::vector<double>* probs) {
+  c->resize(static_cast<size_t>(vocab));
+  const float inv_t = 1.f / p.temperature;
+  for (int32_t i = 0; i < vocab; ++i) (*c)[i] = {logits[i] * inv_t, i};
+  auto desc = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  size_t keep = c->size();
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
+    keep = static_cast<size_t>(p.top_k);
+    std::nth_element(c->begin(), c->begin() + keep - 1, c->end(), desc);
+    c->resize(keep);
+  }
+  std::sort(c->begin(), c->end(), desc);
+  const double mx = (*c)[0].first;
+  probs->resize(keep);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += (*probs)[i] = std::exp(double((*c)[i].first) - mx);
+  if (p.top_p < 1.f) {
+    double cum = 0;
+    size_t n = 0;
+    while (n < keep) {
+      cum += (*probs)[n] / sum;
+      ++n;
+      if (cum >= p.top_p) break;
+    }
+    c->resize(n);
+    probs->resize(n);
+    sum = 0;
+    for (double q : *probs) sum += q;
+  }
+  return sum;
+}
+
+}  // namespace
+
+Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
+  if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) {
+    return InvalidArgument("sampling: temperature must be a finite number >= 0");
+  }
+  if (p.top_k < 0) return InvalidArgument("sampling: top_k must be >= 0");
+  if (!(p.top_p > 0.f && p.top_p <= 1.f))
+    return InvalidArgument("sampling: top_p must be in (0, 1]");
+  if (p.max_tokens < 1) return InvalidArgument("sampling: max_tokens must be >= 1");
+  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
+    return InvalidArgument("sampling: logprobs must be in [-1, " + std::to_string(kMaxLogprobs) +
+                           "]");
+  }
+  for (int32_t t : p.stop_token_ids) {
+    if (t < 0 || t >= vocab_size) {
+      return InvalidArgument("sampling: stop token id " + std::to_string(t) +
+                             " outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+double UniformDraw(uint64_t seed, uint64_t index) {
+  const uint64_t r = SplitMix64(SplitMix64(seed) ^ (index * 0xd1b54a32d192ed03ull));
+  return static_cast<double>(r >> 11) * 0x1.0p-53;
+}
+
+int32_t SampleToken(const float* logits, int vocab_size, const SamplingParams& p,
+                    uint64_t draw_index, std::vector<std::pair<float, int32_t>>* scratch) {
+  if (p.temperature <= 0.f || p.top_k == 1) return Argmax(logits, vocab_size);
+  thread_local std::vector<double> probs;
+  const double sum = Candidates(logits, vocab_size, p, scratch, &probs);
+  const double u = UniformDraw(p.seed, draw_index) * sum;
+  double cum = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    cum += probs[i];
+    if (u < cum) return (*scratch)[i].second;
+  }
+  return scratch->back().second;  // u rounded to the very top
+}
+
+std::vector<std::pair<int32_t, double>> SamplingDistribution(const float* logits, int vocab_size,
+                                                             const SamplingParams& p) {
+  if (p.temperature <= 0.f || p.top_k == 1) return {{Argmax(logits, vocab_size), 1.0}};
+  std::vector<std::pair<float, int32_t>> c;
+  std::vector<double> probs;
+  const double sum = Candidates(logits, vocab_size, p, &c, &probs);
+  std::vector<std::pair<int32_t, double>> out(c.size());
+  for (size_t i = 0; i < c.size(); ++i) out[i] = {c[i].second, probs[i] / sum};
+  return out;
+}
+
+TokenLogprobs ComputeLogprobs(const float* logits, int vocab_size, int32_t token, int top_n) {
+  TokenLogprobs out;
+  out.token = token;
+  if (vocab_size <= 0) return out;
+  double mx = logits[0];
+  for (int i = 1; i < vocab_size; ++i) mx = std::max(mx, double(logits[i]));
+  double sum = 0;
+  for (int i = 0; i < vocab_size; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double log_z = mx + std::log(sum);
+  if (token >= 0 && token < vocab_size) {
+    out.logprob = static_cast<float>(double(logits[token]) - log_z);
+  }
+  top_n = std::clamp(top_n, 0, vocab_size);
+  if (top_n > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(vocab_size));
+    for (int i = 0; i < vocab_size; ++i) ids[static_cast<size_t>(i)] = i;
+    auto desc = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    std::partial_sort(ids.begin(), ids.begin() + top_n, ids.end(), desc);
+    out.top.reserve(static_cast<size_t>(top_n));
+    for (int i = 0; i < top_n; ++i) {
+      const int32_t id = ids[static_cast<size_t>(i)];
+      out.top.emplace_back(id, static_cast<float>(double(logits[id]) - log_z));
+    }
+  }
+  return out;
+}
+
+}  // namespace pw::engine

@@ -1,0 +1,48 @@
+#include "services/workers/common/worker_common.h"
+
+#include <unistd.h>
+
+#include "common/hash.h"
+
+namespace pw::workers {
+
+uint64_t KvLayoutHash(const engine::KvLayout& l, int64_t hidden_size, int64_t vocab_size,
+                      const std::string& model_type) {
+  std::string key = "kv-v" + std::to_string(engine::kKvLayoutVersion) + "|" +
+                    engine::KvDtypeName(l.dtype) + "|" + model_type + "|" + std::to_string(l.num_layers) + "|" +
+                    std::to_string(l.num_kv_heads) + "|" + std::to_string(l.head_dim) + "|" +
+                    std::to_string(l.block_size) + "|" + std::to_string(hidden_size) + "|" +
+                    std::to_string(vocab_size);
+  return Fnv1a64Of(key.data(), key.size());
+}
+
+engine::SamplingParams FromWire(wire::SamplingParams::Reader s) {
+  engine::SamplingParams p;
+  p.temperature = s.getTemperature();
+  p.top_p = s.getTopP();
+  p.top_k = static_cast<int>(std::min<uint32_t>(s.getTopK(), 1u << 30));
+  p.seed = s.getSeed();
+  p.max_tokens = static_cast<int>(std::min<uint32_t>(s.getMaxTokens(), 1u << 30));
+  for (uint32_t t : s.getStopTokenIds()) p.stop_token_ids.push_back(static_cast<int32_t>(t));
+  p.ignore_eos = s.getIgnoreEos();
+  p.logprobs = s.getLogprobs();
+  return p;
+}
+
+void ToWire(const engine::TokenLogprobs& lp, wire::TokenLogprob::Builder b) {
+  b.setToken(static_cast<uint32_t>(lp.token));
+  b.setLogprob(lp.logprob);
+  auto ids = b.initTopTokens(static_cast<unsigned>(lp.top.size()));
+  auto lps = b.initTopLogprobs(static_cast<unsigned>(lp.top.size()));
+  for (size_t i = 0; i < lp.top.size(); ++i) {
+    ids.set(static_cast<unsigned>(i), static_cast<uint32_t>(lp.top[i].first));
+    lps.set(static_cast<unsigned>(i), lp.top[i].second);
+  }
+}
+
+std::string DefaultWorkerId(const std::string& id, const char* role) {
+  if (!id.empty()) return id;
+  return std::string(role) + "-" + std::to_string(getpid());
+}
+
+}  // namespace pw::workers

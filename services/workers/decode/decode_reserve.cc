@@ -1,0 +1,91 @@
+// The decode worker's KV reservations (DecodeWorker members, decode_worker.h): KvReserve
+// answered at once or held for a lowering (reserve_wait.h), and the KV demand the requests
+// here will still need (kv_demand.h), which Telemetry reports and raises leave free.
+#include <algorithm>
+
+#include "common/logging.h"
+#include "services/workers/decode/decode_worker.h"
+
+namespace pw::workers {
+
+KvDemand DecodeWorker::Demand() const {
+  const auto& kv = engine_->kv_pool().layout();
+  KvDemand d(kv.block_size, kv.num_layers, engine_->max_context(), options_.demand_horizon_tokens);
+  for (const auto& [id, l] : leases_.all()) d.AddLease(static_cast<int64_t>(l.blocks.size()), l.max_tokens);
+  for (const auto& [id, run] : running_) {
+    d.AddRunning(static_cast<int64_t>(run.prompt.size() + run.generated.size()),
+                 static_cast<int64_t>(run.prompt.size()) + 1 + run.params.max_tokens, !run.preempted);
+  }
+  for (const auto& h : reserve_wait_.held()) d.AddWaiting(h.num_tokens, h.max_tokens);
+  return d;
+}
+
+void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
+  HeldReserve h{r.getRequestId(), r.getNumTokens(), r.getMaxTokens(), r.getLeaseMs(), clock_->NowMs(), 0};
+  if (draining_) return AnswerReserve(h, "decode worker " + options_.id + " is draining");
+  if (h.num_tokens == 0 || h.num_tokens >= static_cast<uint32_t>(engine_->max_context())) {
+    return AnswerReserve(h, "numTokens " + std::to_string(h.num_tokens) + " outside [1, " +
+                                std::to_string(engine_->max_context()) + ")");
+  }
+  // Pool-aware admission (reserve_wait.h): hold it while a lowering can make room.
+  KvDemand need(engine_->kv_pool().layout().block_size, engine_->kv_pool().layout().num_layers,
+                engine_->max_context(), options_.demand_horizon_tokens);
+  need.AddWaiting(h.num_tokens, h.max_tokens);
+  h.need_pages = need.pages();
+  // Room a wait can make: what a lowering within the planner's floors frees, and the KV pages
+  // held now (running requests, leases), which come back as those requests finish.
+  const int64_t lowerable =
+      weights_->paged() ? ReserveWait::LowerablePages(weights_->paged()->table(), options_.lower_floors) : 0;
+  const auto admit = reserve_wait_.Decide(h.need_pages, pool_->Count(memory::Tenant::kFree), Demand().reserve_pages(),
+                                          lowerable + pool_->Count(memory::Tenant::kKv));
+  if (admit == ReserveWait::Admit::kHold) {
+    metrics_->reserve_held->Increment();
+    return reserve_wait_.Hold(h);
+  }
+  AnswerReserve(h, "");
+}
+
+void DecodeWorker::AnswerHeldReserves() {
+  if (draining_) {
+    for (const auto& h : reserve_wait_.TakeAll()) AnswerReserve(h, "decode worker " + options_.id + " is draining");
+  }
+  if (reserve_wait_.size() == 0) return;
+  // Oldest first; a grant's lease counts in the reserve at once.
+  while (auto due = reserve_wait_.Next(clock_->NowMs(), pool_->Count(memory::Tenant::kFree),
+                                       Demand().reserve_pages())) {
+    (due->fits ? metrics_->reserve_held_fit : metrics_->reserve_held_waited_out)->Increment();
+    AnswerReserve(due->reserve, "");
+  }
+}
+
+void DecodeWorker::AnswerReserve(const HeldReserve& h, const std::string& error) {
+  proto::OutMessage out;
+  auto reply = out.body().initKvReserveReply();
+  reply.setRequestId(h.request_id);
+  auto blocks = error.empty() ? engine_->kv_pool().Allocate(engine::BlocksForTokens(
+                                    static_cast<int>(h.num_tokens), engine_->kv_pool().layout().block_size))
+                              : Result<std::vector<int32_t>>(InvalidArgument(error));
+  if (!blocks.ok()) {
+    reply.setOk(false);
+    reply.setError(error.empty() ? "decode worker " + options_.id + ": " + blocks.status().message() : error);
+  } else {
+    const uint64_t lease_ms = std::min<uint64_t>(h.lease_ms == 0 ? 30000 : h.lease_ms, options_.max_lease_ms);
+    const auto& ids = *blocks;
+    const uint64_t lease = leases_.Add(h.request_id, ids, lease_ms, h.max_tokens);
+    reply.setOk(true);
+    reply.setLeaseId(lease);
+    auto list = reply.initBlockIds(static_cast<unsigned>(ids.size()));
+    for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), static_cast<uint32_t>(ids[i]));
+    const auto& kv = engine_->kv_pool();
+    const size_t L = static_cast<size_t>(kv.layout().num_layers);
+    auto pages = reply.initPageIds(static_cast<unsigned>(ids.size() * L));
+    for (size_t i = 0; i < ids.size() * L; ++i) {
+      pages.set(static_cast<unsigned>(i), static_cast<uint32_t>(kv.PageOf(ids[i / L], static_cast<int>(i % L))));
+    }
+    reply.setLeaseExpiresMs(clock_->NowMs() + lease_ms);
+  }
+  Status st = router_->Send(out);
+  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": KvReserveReply: " << st.ToString();
+}
+
+}  // namespace pw::workers

@@ -1,0 +1,77 @@
+#include "services/workers/metrics/worker_metrics.h"
+
+#include <exception>
+
+namespace pw::workers {
+
+Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& bind,
+                                                             const std::string& worker_id) {
+  auto m = std::make_unique<WorkerMetrics>();
+  m->registry = std::make_shared<prometheus::Registry>();
+  auto& r = *m->registry;
+  const std::map<std::string, std::string> id{{"worker", worker_id}};
+  auto& kv = prometheus::BuildGauge().Name("pagedweight_kv_blocks")
+                 .Help("KV blocks of this worker's pool by state").Register(r);
+  m->kv_blocks_free = &kv.Add({{"worker", worker_id}, {"state", "free"}});
+  m->kv_blocks_used = &kv.Add({{"worker", worker_id}, {"state", "used"}});
+  m->kv_blocks_reserved = &kv.Add({{"worker", worker_id}, {"state", "reserved"}});
+  m->requests_running = &prometheus::BuildGauge().Name("pagedweight_worker_num_requests_running")
+                             .Help("Requests in the running batch").Register(r).Add(id);
+  m->requests_waiting = &prometheus::BuildGauge().Name("pagedweight_worker_num_requests_waiting")
+                             .Help("Requests queued (prefill) or leased (decode)")
+                             .Register(r).Add(id);
+  m->tokens_generated = &prometheus::BuildCounter().Name("pagedweight_worker_generation_tokens_total")
+                             .Help("Output tokens generated").Register(r).Add(id);
+  m->prompt_tokens = &prometheus::BuildCounter().Name("pagedweight_worker_prompt_tokens_total")
+                          .Help("Prompt tokens prefilled").Register(r).Add(id);
+  auto& ucx = prometheus::BuildCounter().Name("pagedweight_ucx_bytes_total")
+                  .Help("Bytes moved over UCX by this process").Register(r);
+  m->ucx_put_bytes = &ucx.Add({{"worker", worker_id}, {"op", "put"}});
+  m->ucx_get_bytes = &ucx.Add({{"worker", worker_id}, {"op", "get"}});
+  m->preemptions = &prometheus::BuildCounter().Name("pagedweight_worker_num_preemptions_total")
+                        .Help("Sequences preempted for lack of KV blocks").Register(r).Add(id);
+  m->leases_expired = &prometheus::BuildCounter().Name("pagedweight_kv_leases_expired_total")
+                           .Help("KV reservations freed by their lease timeout")
+                           .Register(r).Add(id);
+  auto& held = prometheus::BuildCounter().Name("pagedweight_kv_reservations_held_total")
+                   .Help("KV reservations held for a lowering of expert widths: held, then fit or waited_out")
+                   .Register(r);
+  m->reserve_held = &held.Add({{"worker", worker_id}, {"outcome", "held"}});
+  m->reserve_held_fit = &held.Add({{"worker", worker_id}, {"outcome", "fit"}});
+  m->reserve_held_waited_out = &held.Add({{"worker", worker_id}, {"outcome", "waited_out"}});
+  auto& fin = prometheus::BuildCounter().Name("pagedweight_worker_requests_total")
+                  .Help("Requests that ended on this worker, by status").Register(r);
+  m->requests_finished_ok = &fin.Add({{"worker", worker_id}, {"status", "ok"}});
+  m->requests_finished_error = &fin.Add({{"worker", worker_id}, {"status", "error"}});
+  m->requests_cancelled = &fin.Add({{"worker", worker_id}, {"status", "cancelled"}});
+  m->frames_dropped = &prometheus::BuildGauge().Name("pagedweight_control_frames_dropped")
+                           .Help("Control frames refused (malformed, wrong version, unregistered)")
+                           .Register(r).Add(id);
+  const prometheus::Histogram::BucketBoundaries seconds = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24};
+  m->request_queue_time = &prometheus::BuildHistogram()
+                               .Name("pagedweight_worker_request_queue_time_seconds")
+                               .Help("Prefill: request received -> admitted to a forward pass")
+                               .Register(r).Add(id, seconds);
+  m->request_prefill_time = &prometheus::BuildHistogram()
+                                 .Name("pagedweight_worker_request_prefill_time_seconds")
+                                 .Help("Prefill: admitted -> KV written to the decode worker")
+                                 .Register(r).Add(id, seconds);
+  if (!bind.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(bind);
+      m->exposer_->RegisterCollectable(m->registry);
+    } catch (const std::exception& e) {
+      return Unavailable("cannot serve /metrics on '" + bind + "': " + e.what());
+    }
+  }
+  return m;
+}
+
+uint16_t WorkerMetrics::port() const {
+  if (!exposer_) return 0;
+  auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : static_cast<uint16_t>(ports[0]);
+}
+
+}  // namespace pw::workers
