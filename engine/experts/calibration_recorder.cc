@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "engine/experts/run_experts_by_block.h"
+
 namespace pw::anyprec {
 
 CalibrationRecorder::CalibrationRecorder(const engine::Bf16ExpertProvider* inner, int num_layers,
