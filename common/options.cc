@@ -76,6 +76,11 @@ Option& Option::FlagSets(bool value) {
   return *this;
 }
 
+Option& Option::Secret() {
+  secret_ = true;
+  return *this;
+}
+
 Schema Option::KeySchema() const {
   Schema s = kind_ == Schema::Kind::kBool     ? Schema::Bool()
              : kind_ == Schema::Kind::kInt    ? Schema::Int()
@@ -86,7 +91,7 @@ Schema Option::KeySchema() const {
   if (!one_of_.empty()) s = s.OneOf(one_of_);
   if (non_empty_) s = s.NonEmpty();
   if (list_) s = Schema::List(s);
-  if (required_ && shared_) s = s.Required();
+  if (required_) s = s.Required();
   return s.Doc(help_);
 }
 
@@ -103,7 +108,7 @@ CLI::Option* AddCliOption(CLI::App* app, const std::string& names, const std::st
   } else if constexpr (std::is_same_v<V, std::chrono::milliseconds>) {
     return app->add_option_function<int64_t>(
         names, [field](const int64_t& v) { *field = std::chrono::milliseconds(v); }, help);
-  } else if constexpr (std::is_same_v<V, std::vector<int>>) {
+  } else if constexpr (std::is_same_v<V, std::vector<int>> || std::is_same_v<V, std::vector<std::string>>) {
     return app->add_option(names, *field, help)->delimiter(',');
   } else {
     return app->add_option(names, *field, help);
@@ -124,6 +129,7 @@ PW_OPTIONS_CLI(double)
 PW_OPTIONS_CLI(std::string)
 PW_OPTIONS_CLI(std::chrono::milliseconds)
 PW_OPTIONS_CLI(std::vector<int>)
+PW_OPTIONS_CLI(std::vector<std::string>)
 PW_OPTIONS_CLI(std::optional<int>)
 PW_OPTIONS_CLI(std::optional<unsigned long>)
 PW_OPTIONS_CLI(std::optional<unsigned long long>)
@@ -257,9 +263,11 @@ bool GivenAsFlag(const CLI::Option* c) { return c != nullptr && c->count() > 0; 
 
 Schema OptionSet::SectionSchema(std::vector<std::pair<std::string, Schema>> extra) const {
   SchemaNode root;
-  for (auto& [name, s] : extra) {
-    root.leaves.emplace_back(name, std::move(s));
-    root.order.push_back(name);
+  for (auto& [name, s] : extra) {  // dotted names nest too
+    std::string last;
+    SchemaNode* n = root.Walk(name, &last);
+    n->leaves.emplace_back(last, std::move(s));
+    n->order.push_back(last);
   }
   for (const auto& o : options_) {
     if (!o->has_key_ || o->shared_) continue;
@@ -407,8 +415,10 @@ void EmitNode(YAML::Emitter* out, const DumpNode& n) {
 std::string OptionSet::DumpYaml(int indent) const {
   DumpNode root;
   for (const auto& o : options_) {
+    if (o->secret_) continue;
     const ConfigValue v = o->get_();
     if (v.is_null()) continue;  // an unset optional
+    if (o->non_empty_ && v.kind() == ConfigValue::Kind::kString && v.AsString().empty()) continue;  // unset
     DumpNode* n = &root;
     size_t start = 0;
     for (size_t dot = o->key_.find('.'); dot != std::string::npos; dot = o->key_.find('.', start)) {

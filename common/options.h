@@ -27,7 +27,8 @@
 //   PW_RETURN_IF_ERROR(set.ApplyFile(root, section));         // the file fills the others
 //   PW_RETURN_IF_ERROR(set.CheckRequired());
 //
-// Field types: bool, the integer types, float and double, std::string, std::vector<int>,
+// Field types: bool, the integer types, float and double, std::string, std::vector of int or
+// std::string (a YAML list; a comma-separated or repeated flag),
 // std::chrono::milliseconds (an integer of ms), std::optional of a scalar (absent = unset), and
 // enums through AddChoice (a string naming one of a fixed list).
 #pragma once
@@ -78,6 +79,8 @@ class Option {
   Option& Scale(int64_t factor);
   // Bool options: the value the flag sets (false for a "--no-..." flag; default true).
   Option& FlagSets(bool value);
+  // Left out of DumpYaml (API keys).
+  Option& Secret();
 
   const std::string& key() const { return key_; }
   const std::string& flag_names() const { return flags_; }
@@ -99,7 +102,7 @@ class Option {
   config::Schema::Kind kind_ = config::Schema::Kind::kString;
   bool list_ = false;      // std::vector<int>: a list of kind_
   bool shared_ = false, required_ = false, has_key_ = true, has_flag_ = true;
-  bool non_empty_ = false;
+  bool non_empty_ = false, secret_ = false;
   std::optional<double> min_, max_;
   std::vector<std::string> one_of_;
   int64_t scale_ = 1;
@@ -152,8 +155,8 @@ class OptionSet {
   // The option declared with `key`, or nullptr.
   const Option* Find(const std::string& key) const;
   const std::vector<std::unique_ptr<Option>>& options() const { return options_; }
-  // The current values as YAML (every option with a key or flag, nested by '.'; unset
-  // optionals left out), indented by `indent` spaces.
+  // The current values as YAML (every option, nested by '.'; unset optionals, empty values of
+  // NonEmpty strings and Secret options left out), indented by `indent` spaces.
   std::string DumpYaml(int indent = 0) const;
 
  private:
@@ -244,17 +247,19 @@ template <typename V>
 Option& OptionSet::Add(std::string key, V* field, std::string help) {
   Option& o = NewOption(std::move(key), std::move(help));
   Option* op = &o;
-  if constexpr (std::is_same_v<V, std::vector<int>>) {
-    o.kind_ = config::Schema::Kind::kInt;
+  if constexpr (std::is_same_v<V, std::vector<int>> || std::is_same_v<V, std::vector<std::string>>) {
+    using T = typename V::value_type;
+    using S = detail::Scalar<T>;
+    o.kind_ = S::kKind;
     o.list_ = true;
     o.set_ = [field](const config::ConfigValue& v) {
       field->clear();
-      for (const auto& item : v.Items()) field->push_back(static_cast<int>(item.AsInt()));
+      for (const auto& item : v.Items()) field->push_back(S::From(item, 1));
       return Status::Ok();
     };
     o.get_ = [field] {
       config::ConfigValue list = config::ConfigValue::EmptyList();
-      for (int x : *field) list.Push(config::ConfigValue(x));
+      for (const auto& x : *field) list.Push(S::To(x, 1));
       return list;
     };
     o.add_cli_ = [op, field](CLI::App* app) {

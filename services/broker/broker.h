@@ -55,7 +55,7 @@ struct BrokerOptions {
   // Prompt residual heads beside the store (common/formats/residual_heads.h, pw-quantize residuals);
   // empty = none (every prompt residual 1).
   std::string planner_residuals;
-  int initial_bits = 4;                     // width of every block until a plan changes it
+  int initial_bits = 8;                     // width of every block until a plan changes it
   uint64_t plan_resend_ms = 1000;           // a worker with pending changes gets its plan again
   // The quality-aware planner (planner_driver.h); off by default, needs an .apw store.
   planner::PlannerParams planner;

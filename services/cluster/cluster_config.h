@@ -1,28 +1,12 @@
-// The cluster YAML file (deploy/local.yaml) and what pw-cluster derives from it: one node's
-// processes with their command lines.
+// What pw-cluster derives from the node file (node_config.h, deploy/local.yaml): one node's
+// processes with their command lines, and the effective options of each.
 //
-// Schema (every key but model_dir optional; defaults shown in deploy/local.yaml):
-//   model_dir: DIR            model_name: NAME            host: 127.0.0.1
-//   run_dir: DIR              bin_dir: DIR (default: the directory of pw-cluster)
-//   heartbeat_ms: 500         drain_timeout_ms: 30000
-//   router:  {port: 8000, control_port: 5555, lease_ms: 30000, max_waiting: 256}
-//   broker:  {enabled: true, control_port: 5556, metrics_port: 9100, store, initial_bits: 8,
-//             planner: {enabled: false, static: false, use_routing: true, low_watermark: 0.05,
-//                       high_watermark: 0.2, headroom: 0.05, hot_floor_bits: 6, min_bits: 3,
-//                       max_bits: 8, min_mean_bits: 0, max_mean_bits: 0, live_mass_weight: 1,
-//                       async_movement: true,
-//                       max_bytes_per_decision: 0, min_interval_ms: 500, interval_ms: 200,
-//                       residuals: HEADS.pwrh, use_residuals: true}}
-//            (planner: passed as pw-broker --planner ...; enabled needs store)
-//   prefill: [{id, kv_blocks, threads, max_batch_tokens, metrics_port}]   (1..64 entries)
-//   decode:  [{id, kv_blocks, threads, max_batch_tokens, max_batch, metrics_port,
-//              reserve_wait_ms: 0, demand_horizon_tokens: 0,
-//              lynx: {enabled: false, alpha, beta, gate_weights: renorm|mass, exempt_layers: []}}]
-//            (1..64; lynx alpha/beta omitted = derived from k/N; passed as pw-decode --lynx ...)
-//   restart: {initial_backoff_ms: 500, max_backoff_ms: 10000, stable_after_ms: 10000,
-//             fail_fast_ms: 5000, fail_fast_exits: 3}
-// Ports must be distinct; ids must be distinct. Relative paths are relative to the current
-// directory.
+// Every process is started as `<bin_dir>/pw-<kind> --config <the file> --section <name>` (plus
+// the control keys, control_keys.h): it reads the same file as the launcher, so the launcher
+// passes no option of its own. The file is checked whole here first (errors carry
+// file:line:col and the key path), and each process's options are loaded as that process will
+// load them, so a bad value stops `pw-cluster up` before anything starts. Ports and ids must
+// be distinct. Relative paths are relative to the current directory.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "services/cluster/node_config.h"
 
 namespace pw::cluster {
 
@@ -39,17 +24,7 @@ struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0] is the binary path
   int start_order = 0;            // lower starts first
   int stop_order = 0;             // lower gets SIGTERM first (router 0, workers 1, broker 2)
-};
-
-struct RestartPolicy {
-  int64_t initial_backoff_ms = 500;   // first restart delay; doubles per quick death
-  int64_t max_backoff_ms = 10000;
-  int64_t stable_after_ms = 10000;    // a process up this long resets its backoff
-  // Fail fast: a process that exits within fail_fast_ms of its start fail_fast_exits times in
-  // a row (a bad model directory, a port in use) stops the node instead of being restarted
-  // forever; an exit after a longer run resets the count. fail_fast_exits = 0: never.
-  int64_t fail_fast_ms = 5000;
-  int64_t fail_fast_exits = 3;
+  Role role = Role::kRouter;
 };
 
 // A process's Prometheus endpoint (those with one: the router, and the broker and workers given
@@ -61,6 +36,7 @@ struct ScrapeTarget {
 };
 
 struct ClusterConfig {
+  std::string config_path;  // the node file, absolute: every process reads it
   std::string model_dir;
   std::string host = "127.0.0.1";
   std::string run_dir;
@@ -74,5 +50,12 @@ struct ClusterConfig {
 // Loads and validates `path` (errors carry file:line:col and the key path) and builds the
 // process list. `default_bin_dir` is used when the file has no bin_dir.
 Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::string& default_bin_dir);
+
+// The effective options of process `name` of the node file at `path` (defaults filled in),
+// loaded as the process loads them, as YAML indented by `indent`.
+Result<std::string> ProcessConfigYaml(const std::string& path, Role role, const std::string& name, int indent = 0);
+
+// `pw-cluster config --dump`: every process of the file, `<name>:` then its effective options.
+Result<std::string> DumpNodeConfig(const std::string& path);
 
 }  // namespace pw::cluster

@@ -3,10 +3,14 @@
 //   pw-cluster up --config deploy/local.yaml [--run-dir DIR] [--insecure]
 //   pw-cluster keys --out FILE     (fresh control-plane keys, for processes started by hand)
 //   pw-cluster status --config deploy/local.yaml [--prometheus-targets FILE]
+//   pw-cluster config --dump --config deploy/local.yaml
 //
 // status prints one line per process of the file (name, pid, state, metrics URL) and exits 0
 // when every process is up, 1 otherwise; --prometheus-targets also writes the file's scrape
 // targets as Prometheus file_sd JSON.
+//
+// config --dump prints the effective options of every process of the file (defaults filled in),
+// loaded as each process loads them from the same file (services/cluster/node_config.h).
 //
 // `up` writes fresh control-plane keys to <run_dir>/control.keys (0600) and passes them to
 // every child; --insecure (tests only) runs the control plane unauthenticated instead.
@@ -58,6 +62,10 @@ int main(int argc, char** argv) {
   status->add_option("--config", config_path, "cluster YAML file")->required();
   status->add_option("--prometheus-targets", targets_path,
                      "also write the Prometheus file_sd targets of the file here");
+  bool dump = false;
+  auto* config = app.add_subcommand("config", "check the file and print every process's effective options");
+  config->add_option("--config,file", config_path, "cluster YAML file")->required();
+  config->add_flag("--dump", dump, "print the effective options of every process as YAML")->required();
   CLI11_PARSE(app, argc, argv);
   pw::SetLogProcessTag("cluster");
   if (keys->parsed()) {
@@ -67,6 +75,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "pw-cluster: %s\n", st.message().c_str());
       return 1;
     }
+    return 0;
+  }
+  if (config->parsed()) {
+    auto text = pw::cluster::DumpNodeConfig(config_path);
+    if (!text.ok()) {
+      std::fprintf(stderr, "pw-cluster: %s\n", text.status().message().c_str());
+      return 2;
+    }
+    std::printf("%s", text->c_str());
     return 0;
   }
   auto cfg = pw::cluster::LoadClusterConfig(config_path, SelfDir());

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "services/router/cluster_backend.h"
 #include "services/router/http_server.h"
@@ -24,6 +25,10 @@ struct RouterAppOptions {
   RouterOptions router;  // model_name / context_length are filled from the above
   ClusterBackendOptions cluster;
   std::chrono::milliseconds drain_timeout{60000};
+  // API keys as given (--api-key, --api-key-file); main adds PW_API_KEY and loads them into
+  // router.api_keys (api_keys.h).
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
 };
 
 // Returns the process exit code. Startup errors are printed naming the file or flag.

@@ -84,7 +84,12 @@ class ClusterE2E : public ::testing::Test {
 
   // The cluster has serving capacity once a completion succeeds.
   bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s); }
-  void KillStragglers() { testing::KillNodeProcesses({ctl_port_, broker_port_}); }
+  void KillStragglers() {
+    testing::KillNodeProcesses({ctl_port_, broker_port_});
+    testing::KillConfigProcesses(Yaml());
+  }
+  // The node file; pw-cluster starts each process with `--config <it> --section <name>`.
+  std::string Yaml() const { return run_dir_ + "/cluster.yaml"; }
   std::string Logs() { return testing::RunLogs(run_dir_); }
   // Greedy completion of token-id prompt; returns the text (or "HTTP <status>: body").
   std::string Complete(const std::vector<int32_t>& prompt, int max_tokens) {
@@ -159,14 +164,13 @@ TEST_F(ClusterE2E, SixtyFourGreedyPromptsMatchTheEngineThenSigtermDrains) {
   ASSERT_EQ(mismatches, 0) << Logs();
   cluster_.Kill(SIGTERM);
   EXPECT_EQ(cluster_.Wait(60000), 0) << Logs();
-  EXPECT_TRUE(PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl_port_)).empty());
+  EXPECT_TRUE(PidsWithCmdline("--config " + Yaml() + " ").empty());
 }
 
 TEST_F(ClusterE2E, DeadBrokerServingContinuesAndRestartedBrokerRebuilds) {
   auto prompts = Prompts(4, 7);
   auto ref = Reference(prompts, 16);
-  auto brokers = PidsWithCmdline("pw-broker --model " + ModelDir() + " --bind tcp://127.0.0.1:" +
-                                 std::to_string(broker_port_));
+  auto brokers = PidsWithCmdline("pw-broker --config " + Yaml() + " ");
   ASSERT_EQ(brokers.size(), 1u) << Logs();
   kill(brokers[0], SIGKILL);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(Complete(prompts[i], 16), ref[i]) << Logs();
@@ -192,8 +196,7 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   std::vector<std::future<std::string>> got;
   for (auto& p : prompts) got.push_back(std::async(std::launch::async, [&, p] { return Complete(p, kMax); }));
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  auto decodes = PidsWithCmdline("pw-decode --model " + ModelDir() + " --router tcp://127.0.0.1:" +
-                                 std::to_string(ctl_port_));
+  auto decodes = PidsWithCmdline("pw-decode --config " + Yaml() + " ");
   ASSERT_EQ(decodes.size(), 1u);
   kill(decodes[0], SIGKILL);
   int pending = 0;
@@ -238,8 +241,7 @@ void ClusterE2E::KillUnderLoadLosesNoRequest(const std::string& binary, const st
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  auto victims = PidsWithCmdline(binary + " --model " + ModelDir() + " --router tcp://127.0.0.1:" +
-                                 std::to_string(ctl_port_));
+  auto victims = PidsWithCmdline(binary + " --config " + Yaml() + " ");
   ASSERT_EQ(victims.size(), 1u) << Logs();
   const int before_kill = served.load();
   kill(victims[0], SIGKILL);
@@ -256,7 +258,7 @@ void ClusterE2E::KillUnderLoadLosesNoRequest(const std::string& binary, const st
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::string log = ReadFile(run_dir_ + "/pw-cluster.out");
     back = log.find(name + " exited") != std::string::npos &&
-           PidsWithCmdline(binary + " --model " + ModelDir()).size() == 1;
+           PidsWithCmdline(binary + " --config " + Yaml() + " ").size() == 1;
   }
   EXPECT_TRUE(back) << Logs();
   ASSERT_TRUE(WaitServing(60)) << Logs();
@@ -440,8 +442,9 @@ TEST(ClusterBadModel, LauncherExitsNamingTheFileAndTheProblem) {
     EXPECT_NE(out_text.find(c.file, tail), std::string::npos) << out_text;
     EXPECT_NE(out_text.find(c.problem, tail), std::string::npos) << out_text;
     cluster.Kill(SIGKILL);
-    EXPECT_TRUE(PidsWithCmdline("tcp://127.0.0.1:" + std::to_string(ctl)).empty());
+    EXPECT_TRUE(PidsWithCmdline("--config " + dir + "/cluster.yaml ").empty());
     testing::KillNodeProcesses({ctl, broker});
+    testing::KillConfigProcesses(dir + "/cluster.yaml");
   }
 }
 

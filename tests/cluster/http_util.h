@@ -125,4 +125,10 @@ inline void KillNodeProcesses(std::initializer_list<int> control_ports) {
   }
 }
 
+// SIGKILLs every process started from the node file `config` (pw-cluster's children get
+// `--config <its absolute path>`; pw-cluster itself, given the same path, too).
+inline void KillConfigProcesses(const std::string& config) {
+  for (pid_t p : PidsWithCmdline("--config " + config + " ")) kill(p, SIGKILL);
+}
+
 }  // namespace pw::testing

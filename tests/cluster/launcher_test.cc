@@ -1,5 +1,5 @@
-// pw-cluster's pieces: the YAML file's validation and the process list it yields, and the
-// supervisor's restart-with-backoff and drain.
+// pw-cluster's pieces: the node file's validation, the process list it yields and the options
+// each process loads from it, and the supervisor's restart-with-backoff and drain.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,8 +11,11 @@
 #include <fstream>
 #include <thread>
 
+#include "services/broker/broker_options.h"
 #include "services/cluster/cluster_config.h"
 #include "services/cluster/supervisor.h"
+#include "services/workers/decode/decode_options.h"
+#include "services/workers/prefill/prefill_options.h"
 
 namespace pw::cluster {
 namespace {
@@ -33,54 +36,116 @@ std::vector<std::string> ArgvOf(const ClusterConfig& cfg, const std::string& nam
   return {};
 }
 
-// The word after `flag` in `argv`: "(absent)" without the flag, "" when it ends the line.
-std::string ValueAfter(const std::vector<std::string>& argv, const std::string& flag) {
-  auto it = std::find(argv.begin(), argv.end(), flag);
-  if (it == argv.end()) return "(absent)";
-  return it + 1 == argv.end() ? "" : *(it + 1);
+// The options process `name` of the file at `path` runs with, loaded as the process loads them
+// (its own --config FILE --section NAME path: node_config.h), or the error it would stop with.
+Result<workers::DecodeProcessOptions> DecodeOf(const std::string& path, const std::string& name) {
+  workers::DecodeProcessOptions d;
+  options::OptionSet set;
+  workers::DeclareDecodeOptions(&set, &d);
+  PW_RETURN_IF_ERROR(ApplyNodeConfig(ConfigFlags{path, name, false}, Role::kDecode, &set));
+  PW_RETURN_IF_ERROR(workers::ResolveDecodeOptions(&d));
+  return d;
 }
 
-bool HasFlag(const std::vector<std::string>& argv, const std::string& flag) {
-  return std::find(argv.begin(), argv.end(), flag) != argv.end();
+Result<workers::PrefillWorkerOptions> PrefillOf(const std::string& path, const std::string& name) {
+  workers::PrefillWorkerOptions p;
+  options::OptionSet set;
+  workers::DeclarePrefillOptions(&set, &p);
+  PW_RETURN_IF_ERROR(ApplyNodeConfig(ConfigFlags{path, name, false}, Role::kPrefill, &set));
+  return p;
+}
+
+Result<broker::BrokerOptions> BrokerOf(const std::string& path) {
+  broker::BrokerOptions b;
+  options::OptionSet set;
+  broker::DeclareBrokerOptions(&set, &b);
+  PW_RETURN_IF_ERROR(ApplyNodeConfig(ConfigFlags{path, "broker", false}, Role::kBroker, &set));
+  return b;
 }
 
 TEST(ClusterConfig, DeployLocalYamlLoads) {
-  auto cfg = LoadClusterConfig(std::string(PW_SOURCE_DIR) + "/deploy/local.yaml", "/opt/pw/bin");
+  const std::string path = std::string(PW_SOURCE_DIR) + "/deploy/local.yaml";
+  auto cfg = LoadClusterConfig(path, "/opt/pw/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_EQ(cfg->host, "127.0.0.1");
   EXPECT_EQ(cfg->http_port, 8000);
   ASSERT_EQ(cfg->processes.size(), 4u);  // broker, router, prefill-0, decode-0
   EXPECT_EQ(cfg->processes[0].name, "broker");
   EXPECT_EQ(cfg->processes[0].argv[0], "/opt/pw/bin/pw-broker");
-  bool decode_uses_broker = false;
-  for (const auto& p : cfg->processes) {
-    if (p.name != "decode-0") continue;
-    for (size_t i = 0; i + 1 < p.argv.size(); ++i) {
-      if (p.argv[i] == "--broker") decode_uses_broker = p.argv[i + 1] == "tcp://127.0.0.1:5556";
-    }
-  }
-  EXPECT_TRUE(decode_uses_broker);
+  auto decode = DecodeOf(path, "decode-0");
+  ASSERT_TRUE(decode.ok()) << decode.status().ToString();
+  EXPECT_EQ(decode->worker.broker_endpoint, "tcp://127.0.0.1:5556");
+  EXPECT_EQ(decode->worker.router_endpoint, "tcp://127.0.0.1:5555");
+  EXPECT_EQ(decode->worker.num_kv_blocks, 2048);
+  EXPECT_EQ(decode->worker.metrics_bind, "127.0.0.1:9102");
   // Drain order: the router first, the broker last.
   EXPECT_EQ(cfg->processes[0].stop_order, 2);
   EXPECT_EQ(cfg->processes[1].name, "router");
   EXPECT_EQ(cfg->processes[1].stop_order, 0);
 }
 
-TEST(ClusterConfig, DecodeLynxBlockBecomesFlags) {
+TEST(ClusterConfig, EveryProcessStartsFromTheFileItself) {
+  auto path = WriteTemp("argv.yaml", "model_dir: m\nbin_dir: /b\nprefill: [{id: p, kv_blocks: 7}]\n"
+                                     "decode: [{id: d}, {id: e}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const std::string abs = std::filesystem::absolute(path).lexically_normal().string();
+  EXPECT_EQ(cfg->config_path, abs);
+  std::vector<std::vector<std::string>> want = {{"/b/pw-broker", "--config", abs, "--section", "broker"},
+                                                {"/b/pw-router", "--config", abs, "--section", "router"},
+                                                {"/b/pw-prefill", "--config", abs, "--section", "p"},
+                                                {"/b/pw-decode", "--config", abs, "--section", "d"},
+                                                {"/b/pw-decode", "--config", abs, "--section", "e"}};
+  ASSERT_EQ(cfg->processes.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(cfg->processes[i].argv, want[i]) << i;
+  auto p = PrefillOf(path, "p");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->num_kv_blocks, 7);
+  EXPECT_EQ(p->id, "p");
+  auto none = PrefillOf(path, "q");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no prefill worker with id 'q' (ids: p)"), std::string::npos)
+      << none.status().ToString();
+}
+
+TEST(ClusterConfig, DumpPrintsEveryProcessWithDefaultsFilledIn) {
+  auto path = WriteTemp("dump.yaml", "model_dir: m\nhost: 10.0.0.1\nrouter: {port: 8100}\n"
+                                     "prefill: [{id: p}]\ndecode: [{id: d, kv_blocks: 99, metrics_port: 9200}]\n");
+  auto text = DumpNodeConfig(path);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  for (const char* want : {"broker:  # broker\n  model_dir: m\n", "  initial_bits: 8\n", "  bind: tcp://10.0.0.1:5556\n",
+                           "router:  # router\n", "  port: 8100\n", "  max_waiting: 256\n",
+                           "  workers: tcp://10.0.0.1:5555\n", "p:  # prefill\n", "  max_batch_prompts: 32\n",
+                           "d:  # decode\n", "  kv_blocks: 99\n", "  metrics: 10.0.0.1:9200\n",
+                           "  lynx:\n    enabled: false\n", "  weight_pacing: auto\n"}) {
+    EXPECT_NE(text->find(want), std::string::npos) << want << "\n" << *text;
+  }
+  auto bad = DumpNodeConfig(WriteTemp("dump_bad.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode:\n  - id: d\n    threads: many\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("dump_bad.yaml:5:14: decode[0].threads: expected an integer, got 'many'"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
+TEST(ClusterConfig, DecodeLynxBlockReachesTheWorker) {
   auto path = WriteTemp("lynx.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"
                         "decode: [{id: d, lynx: {enabled: true, alpha: 3, beta: 3, "
                         "gate_weights: mass, exempt_layers: [0, 3]}}, {id: e}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  const auto d = ArgvOf(*cfg, "d");
-  EXPECT_TRUE(HasFlag(d, "--lynx"));
-  EXPECT_EQ(std::stod(ValueAfter(d, "--lynx-alpha")), 3.0);
-  EXPECT_EQ(ValueAfter(d, "--lynx-beta"), "3");
-  EXPECT_EQ(ValueAfter(d, "--lynx-gate-weights"), "mass");
-  EXPECT_EQ(ValueAfter(d, "--lynx-exempt"), "0,3");
-  const auto e = ArgvOf(*cfg, "e");  // no lynx block: off
-  EXPECT_FALSE(HasFlag(e, "--lynx"));
+  auto d = DecodeOf(path, "d");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->worker.lynx);
+  ASSERT_TRUE(d->worker.lynx_options.params.has_value());
+  EXPECT_EQ(d->worker.lynx_options.params->alpha, 3.0f);
+  EXPECT_EQ(d->worker.lynx_options.params->beta, 3);
+  EXPECT_EQ(d->worker.lynx_options.gate_weights, lynx::GateWeights::kOriginalMass);
+  EXPECT_EQ(d->worker.lynx_options.exempt_layers, (std::vector<int>{0, 3}));
+  auto e = DecodeOf(path, "e");  // no lynx block: off
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_FALSE(e->worker.lynx);
+  EXPECT_FALSE(e->worker.lynx_options.params.has_value());
 
   auto bad = WriteTemp("lynx_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
                                         "decode: [{id: d, lynx: {enabled: true, alpha: 3}}]\n");
@@ -89,19 +154,21 @@ TEST(ClusterConfig, DecodeLynxBlockBecomesFlags) {
   EXPECT_NE(r.status().message().find("alpha and beta"), std::string::npos) << r.status().ToString();
 }
 
-TEST(ClusterConfig, DecodeTraceBlockBecomesFlags) {
+TEST(ClusterConfig, DecodeTraceBlockReachesTheWorker) {
   auto path = WriteTemp("trace.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"
                         "decode: [{id: d, trace: {path: /tmp/d.trace, max_mb: 2.5, sample: 4}}, "
                         "{id: e, trace: {path: /tmp/e.trace}}, {id: f}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "d"), "--record-trace"), "/tmp/d.trace");
-  EXPECT_EQ(std::stod(ValueAfter(ArgvOf(*cfg, "d"), "--trace-max-mb")), 2.5);
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "d"), "--trace-sample"), "4");
-  EXPECT_EQ(std::stod(ValueAfter(ArgvOf(*cfg, "e"), "--trace-max-mb")), 64.0);  // bounded by default
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "e"), "--trace-sample"), "1");
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "f"), "--record-trace"), "(absent)");
+  auto d = DecodeOf(path, "d"), e = DecodeOf(path, "e"), f = DecodeOf(path, "f");
+  ASSERT_TRUE(d.ok() && e.ok() && f.ok());
+  EXPECT_EQ(d->worker.trace.path, "/tmp/d.trace");
+  EXPECT_EQ(d->worker.trace.max_bytes, 2500000u);
+  EXPECT_EQ(d->worker.trace.sample_every, 4);
+  EXPECT_EQ(e->worker.trace.max_bytes, 64000000u);  // bounded by default
+  EXPECT_EQ(e->worker.trace.sample_every, 1);
+  EXPECT_EQ(f->worker.trace.path, "");
   for (const char* bad : {"decode: [{id: d, trace: {max_mb: 1}}]\n", "decode: [{id: d, trace: {path: x, max_mb: 0}}]\n",
                           "decode: [{id: d, trace: {path: x, sample: 0}}]\n", "decode: [{id: d, trace: {path: x, rate: 2}}]\n"}) {
     auto p = WriteTemp("trace_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n") + bad);
@@ -113,57 +180,64 @@ TEST(ClusterConfig, DecodeTraceBlockBecomesFlags) {
   }
 }
 
-TEST(ClusterConfig, DecodeWeightPacingBecomesAFlag) {
+TEST(ClusterConfig, DecodeWeightPacingReachesTheWorker) {
   auto path = WriteTemp("pacing.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"
                         "decode: [{id: d, weight_pacing: steps}, {id: e, weight_pacing: free}, "
                         "{id: f, weight_pacing: fetches}, {id: g}, {id: h, weight_pacing: auto}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "d"), "--weight-pacing"), "steps");
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "e"), "--weight-pacing"), "free");
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "f"), "--weight-pacing"), "fetches");
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "g"), "--weight-pacing"), "(absent)");  // pw-decode's default, auto
-  EXPECT_EQ(ValueAfter(ArgvOf(*cfg, "h"), "--weight-pacing"), "(absent)");
+  const std::pair<const char*, workers::MoverPacing> want[] = {
+      {"d", workers::MoverPacing::kSteps}, {"e", workers::MoverPacing::kFree}, {"f", workers::MoverPacing::kFetches},
+      {"g", workers::MoverPacing::kAuto},  // pw-decode's default
+      {"h", workers::MoverPacing::kAuto}};
+  for (const auto& [id, pacing] : want) {
+    auto w = DecodeOf(path, id);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(w->worker.weight_pacing, pacing) << id;
+  }
   auto bad = WriteTemp("pacing_bad.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d, weight_pacing: later}]\n");
   auto r = LoadClusterConfig(bad, "/bin");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("weight_pacing"), std::string::npos) << r.status().ToString();
 }
 
-TEST(ClusterConfig, NoMmapBecomesAFlagOfThatWorkerOnly) {
+TEST(ClusterConfig, NoMmapReachesThatWorkerOnly) {
   auto path = WriteTemp("no_mmap.yaml",
                         "model_dir: m\nprefill: [{id: p, no_mmap: true}, {id: q}]\n"
                         "decode: [{id: d, no_mmap: true}, {id: e, no_mmap: false}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  EXPECT_TRUE(HasFlag(ArgvOf(*cfg, "p"), "--no-mmap"));
-  EXPECT_FALSE(HasFlag(ArgvOf(*cfg, "q"), "--no-mmap"));
-  EXPECT_TRUE(HasFlag(ArgvOf(*cfg, "d"), "--no-mmap"));
-  EXPECT_FALSE(HasFlag(ArgvOf(*cfg, "e"), "--no-mmap"));
+  EXPECT_TRUE(PrefillOf(path, "p")->copy_weights);
+  EXPECT_FALSE(PrefillOf(path, "q")->copy_weights);
+  EXPECT_TRUE(DecodeOf(path, "d")->worker.copy_weights);
+  EXPECT_FALSE(DecodeOf(path, "e")->worker.copy_weights);
   auto bad = WriteTemp("no_mmap_bad.yaml", "model_dir: m\nprefill: [{id: p, no_mmap: sometimes}]\ndecode: [{id: d}]\n");
   auto r = LoadClusterConfig(bad, "/bin");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no_mmap"), std::string::npos) << r.status().ToString();
 }
 
-TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
+TEST(ClusterConfig, DecodeMissesBlockReachesTheWorker) {
   auto path = WriteTemp("misses.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"
                         "decode: [{id: d, misses: {policy: quality-first, eviction: lru, residency: 0.25, "
                         "admission_beta: 1, admission_delay: 2}}, {id: e}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  const auto d = ArgvOf(*cfg, "d");
-  EXPECT_EQ(ValueAfter(d, "--miss-policy"), "quality-first");
-  EXPECT_EQ(ValueAfter(d, "--miss-eviction"), "lru");
-  EXPECT_EQ(std::stod(ValueAfter(d, "--residency")), 0.25);
-  EXPECT_EQ(std::stod(ValueAfter(d, "--miss-admission-beta")), 1.0);
-  EXPECT_EQ(ValueAfter(d, "--miss-admission-delay"), "2");
-  EXPECT_EQ(ValueAfter(d, "--miss-threshold"), "(absent)");
-  const auto e = ArgvOf(*cfg, "e");  // no misses block: every expert resident
-  EXPECT_EQ(ValueAfter(e, "--residency"), "(absent)");
-  EXPECT_EQ(ValueAfter(e, "--miss-policy"), "(absent)");
+  auto d = DecodeOf(path, "d");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const misses::MissSettings& m = d->worker.misses;
+  EXPECT_EQ(m.policy, "quality-first");
+  EXPECT_EQ(m.eviction, std::optional<std::string>("lru"));
+  EXPECT_EQ(m.residency, std::optional<double>(0.25));
+  EXPECT_EQ(m.admission_beta, std::optional<float>(1.0f));
+  EXPECT_EQ(m.admission_delay, std::optional<int>(2));
+  EXPECT_FALSE(m.threshold.has_value());
+  auto e = DecodeOf(path, "e");  // no misses block: every expert resident
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_FALSE(e->worker.misses.residency.has_value());
+  EXPECT_EQ(e->worker.misses.policy, "");
   for (const char* bad : {"decode: [{id: d, misses: {policy: rule-0.15}}]\n",
                           "decode: [{id: d, misses: {residency: 0.5, residency_bytes: 100}}]\n",
                           "decode: [{id: d, misses: {residency: 1.5}}]\n",
@@ -178,28 +252,29 @@ TEST(ClusterConfig, DecodeMissesBlockBecomesFlags) {
   }
 }
 
-TEST(ClusterConfig, BrokerPlannerBlockBecomesFlags) {
+TEST(ClusterConfig, BrokerPlannerBlockReachesTheBroker) {
   auto path = WriteTemp("planner.yaml",
                         "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
                         "broker: {store: s.apw, planner: {enabled: true, low_watermark: 0.1, "
                         "high_watermark: 0.3, use_routing: false, max_bytes_per_decision: 4096}}\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  const auto& b = cfg->processes[0].argv;
   ASSERT_EQ(cfg->processes[0].name, "broker");
-  EXPECT_TRUE(HasFlag(b, "--planner"));
-  EXPECT_EQ(std::stod(ValueAfter(b, "--planner-low")), 0.1);
-  EXPECT_EQ(std::stod(ValueAfter(b, "--planner-high")), 0.3);
-  EXPECT_EQ(ValueAfter(b, "--planner-max-bytes"), "4096");
-  EXPECT_TRUE(HasFlag(b, "--planner-no-routing"));
-  EXPECT_FALSE(HasFlag(b, "--planner-static"));
+  auto b = BrokerOf(path);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_TRUE(b->planner.enabled);
+  EXPECT_EQ(b->planner.low_watermark, 0.1);
+  EXPECT_EQ(b->planner.high_watermark, 0.3);
+  EXPECT_EQ(b->planner.max_bytes_per_decision, 4096u);
+  EXPECT_FALSE(b->planner.use_routing);
+  EXPECT_FALSE(b->planner.static_mode);
+  EXPECT_EQ(b->store_path, "s.apw");
 
-  // Off by default: no planner flag at all.
-  auto off = LoadClusterConfig(WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
-                                                              "decode: [{id: d}]\nbroker: {store: s.apw}\n"),
-                               "/bin");
-  ASSERT_TRUE(off.ok()) << off.status().ToString();
-  for (const auto& a : off->processes[0].argv) EXPECT_EQ(a.rfind("--planner", 0), std::string::npos) << a;
+  // Off by default.
+  auto off_path = WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                "decode: [{id: d}]\nbroker: {store: s.apw}\n");
+  ASSERT_TRUE(LoadClusterConfig(off_path, "/bin").ok());
+  EXPECT_FALSE(BrokerOf(off_path)->planner.enabled);
 
   for (const char* text : {"broker: {planner: {enabled: true}}\n",
                            "broker: {store: s.apw, planner: {low_watermark: 0.5, high_watermark: 0.1}}\n"}) {
@@ -212,34 +287,20 @@ TEST(ClusterConfig, BrokerPlannerBlockBecomesFlags) {
 }
 
 TEST(ClusterConfig, DeployTightPlannerYamlLoadsWithThePlannerOn) {
-  auto cfg = LoadClusterConfig(std::string(PW_SOURCE_DIR) + "/deploy/tight-planner.yaml", "/opt/pw/bin");
+  const std::string path = std::string(PW_SOURCE_DIR) + "/deploy/tight-planner.yaml";
+  auto cfg = LoadClusterConfig(path, "/opt/pw/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  bool planner = false, reserve_wait = false;
-  for (const auto& p : cfg->processes) {
-    for (const auto& a : p.argv) {
-      planner |= p.name == "broker" && a == "--planner";
-      reserve_wait |= p.name == "decode-0" && a == "--reserve-wait-ms";
-    }
-  }
-  EXPECT_TRUE(planner);
-  EXPECT_TRUE(reserve_wait);
+  EXPECT_TRUE(BrokerOf(path)->planner.enabled);
+  EXPECT_EQ(DecodeOf(path, "decode-0")->worker.reserve_wait_ms, 5000u);
 }
 
-TEST(ClusterConfig, DecodeReserveWaitBecomesAFlag) {
-  auto cfg = LoadClusterConfig(WriteTemp("reserve_wait.yaml", "model_dir: m\nprefill: [{id: p}]\n"
-                                                               "decode: [{id: d, reserve_wait_ms: 3000}, {id: e}]\n"),
-                               "/bin");
+TEST(ClusterConfig, DecodeReserveWaitReachesThatWorker) {
+  auto path = WriteTemp("reserve_wait.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                             "decode: [{id: d, reserve_wait_ms: 3000}, {id: e}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  int with = 0;
-  for (const auto& p : cfg->processes) {
-    auto it = std::find(p.argv.begin(), p.argv.end(), "--reserve-wait-ms");
-    if (it == p.argv.end()) continue;
-    ++with;
-    EXPECT_EQ(p.name, "d");
-    ASSERT_NE(it + 1, p.argv.end());
-    EXPECT_EQ(*(it + 1), "3000");
-  }
-  EXPECT_EQ(with, 1) << "only the worker that set it (0, the default, is no flag)";
+  EXPECT_EQ(DecodeOf(path, "d")->worker.reserve_wait_ms, 3000u);
+  EXPECT_EQ(DecodeOf(path, "e")->worker.reserve_wait_ms, 0u);
   // Past the router's 30 s reservation timeout: refused, naming the key.
   auto bad = LoadClusterConfig(WriteTemp("reserve_wait_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
                                                                    "decode: [{id: d, reserve_wait_ms: 60000}]\n"),
@@ -248,57 +309,45 @@ TEST(ClusterConfig, DecodeReserveWaitBecomesAFlag) {
   EXPECT_NE(bad.status().message().find("reserve_wait_ms"), std::string::npos) << bad.status().ToString();
 }
 
-TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationBecomeFlags) {
-  auto cfg = LoadClusterConfig(
-      WriteTemp("planner_floor.yaml",
-                "model_dir: m\nprefill: [{id: p}]\n"
-                "broker: {store: s.apw, planner: {enabled: true, min_bits: 4, max_bits: 7, min_mean_bits: 4.5, "
-                "max_mean_bits: 6, async_movement: false}}\n"
-                "decode: [{id: d, demand_horizon_tokens: 64}, {id: e}]\n"),
-      "/bin");
+TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationReachTheWorkers) {
+  auto path = WriteTemp("planner_floor.yaml",
+                        "model_dir: m\nprefill: [{id: p}]\n"
+                        "broker: {store: s.apw, planner: {enabled: true, min_bits: 4, max_bits: 7, min_mean_bits: 4.5, "
+                        "max_mean_bits: 6, async_movement: false}}\n"
+                        "decode: [{id: d, demand_horizon_tokens: 64}, {id: e}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  int boundary = 0;
-  for (const auto& p : cfg->processes) {
-    if (p.name == "broker") {
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "4");
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "7");
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5");
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-mean-bits").substr(0, 3), "6.0");
-    }
-    if (p.name == "d") {
-      EXPECT_EQ(ValueAfter(p.argv, "--demand-horizon-tokens"), "64");
-    }
-    if (p.name == "d" || p.name == "e") {  // held reservations count what the floors let a lowering free
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "4") << p.name;
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "7") << p.name;
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-mean-bits").substr(0, 3), "4.5") << p.name;
-    }
-    if (p.name == "e") {
-      EXPECT_EQ(ValueAfter(p.argv, "--demand-horizon-tokens"), "(absent)") << "0, the default, is no flag";
-    }
-    boundary += std::count(p.argv.begin(), p.argv.end(), "--plans-at-request-boundaries");
+  auto b = BrokerOf(path);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->planner.min_bits, 4);
+  EXPECT_EQ(b->planner.max_bits, 7);
+  EXPECT_EQ(b->planner.min_mean_bits, 4.5);
+  EXPECT_EQ(b->planner.max_mean_bits, 6.0);
+  for (const char* id : {"d", "e"}) {  // held reservations count what the floors let a lowering free
+    auto w = DecodeOf(path, id);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(w->worker.lower_floors.min_bits, 4) << id;
+    EXPECT_EQ(w->worker.lower_floors.max_bits, 7) << id;
+    EXPECT_EQ(w->worker.lower_floors.min_mean_bits, 4.5) << id;
+    EXPECT_TRUE(w->worker.plans_at_request_boundaries) << id << ": every decode worker";
   }
-  EXPECT_EQ(boundary, 2) << "every decode worker";
-  // The defaults: widths 3..8 and no ablation flag.
-  auto def = LoadClusterConfig(WriteTemp("planner_default.yaml", "model_dir: m\nprefill: [{id: p}]\n"
-                                                                  "broker: {store: s.apw, planner: {enabled: true}}\n"
-                                                                  "decode: [{id: d}]\n"),
-                               "/bin");
-  ASSERT_TRUE(def.ok()) << def.status().ToString();
-  for (const auto& p : def->processes) {
-    if (p.name == "broker") {
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "3");
-      EXPECT_EQ(ValueAfter(p.argv, "--planner-max-bits"), "8");
-    }
-    EXPECT_EQ(ValueAfter(p.argv, "--plans-at-request-boundaries"), "(absent)");
-    if (p.name == "d") EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "3");
-  }
-  // No planner: the decode workers get no floors (the defaults, 3..8 and no mean floor).
-  auto off = LoadClusterConfig(WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
-                                                              "broker: {store: s.apw}\ndecode: [{id: d}]\n"),
-                               "/bin");
-  ASSERT_TRUE(off.ok()) << off.status().ToString();
-  for (const auto& p : off->processes) EXPECT_EQ(ValueAfter(p.argv, "--planner-min-bits"), "(absent)") << p.name;
+  EXPECT_EQ(DecodeOf(path, "d")->worker.demand_horizon_tokens, 64);
+  EXPECT_EQ(DecodeOf(path, "e")->worker.demand_horizon_tokens, 0);
+  // The defaults: widths 3..8 and no ablation.
+  auto def = WriteTemp("planner_default.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                               "broker: {store: s.apw, planner: {enabled: true}}\n"
+                                               "decode: [{id: d}]\n");
+  ASSERT_TRUE(LoadClusterConfig(def, "/bin").ok());
+  EXPECT_EQ(BrokerOf(def)->planner.min_bits, 3);
+  EXPECT_EQ(BrokerOf(def)->planner.max_bits, 8);
+  EXPECT_EQ(DecodeOf(def, "d")->worker.lower_floors.min_bits, 3);
+  EXPECT_FALSE(DecodeOf(def, "d")->worker.plans_at_request_boundaries);
+  // No planner: the decode workers keep their own floors (the defaults, 3..8, no mean floor),
+  // whatever the broker's planner map says.
+  auto off = WriteTemp("planner_off.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                           "broker: {store: s.apw, planner: {min_bits: 5}}\ndecode: [{id: d}]\n");
+  ASSERT_TRUE(LoadClusterConfig(off, "/bin").ok());
+  EXPECT_EQ(DecodeOf(off, "d")->worker.lower_floors.min_bits, 3);
   for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}",
                            "{min_mean_bits: 5, max_mean_bits: 4.5}", "{max_bits: 6, max_mean_bits: 7}"}) {
     auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
@@ -322,6 +371,7 @@ TEST(ClusterConfig, BadFilesNameTheProblem) {
       {"model_dir: m\nprefill: [{id: p, metrics_port: 8000}]\ndecode: [{id: d}]\n", "used twice"},
       {"model_dir: m\nprefill: []\ndecode: [{id: d}]\n", "prefill"},
       {"model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nroutr: {}\n", "routr"},
+      {"model_dir: m\nprefill: [{kv_blocks: 2}]\ndecode: [{id: d}]\n", "prefill[0]: id: required key is missing"},
       {"model_dir: [unclosed\n", "local"},
   };
   int i = 0;
@@ -442,30 +492,17 @@ TEST(Supervisor, MissingBinaryIsAClearError) {
   EXPECT_NE(st.message().find("/nonexistent/pw-ghost"), std::string::npos);
 }
 
-TEST(ClusterConfig, PlannerResidualsBecomeBrokerFlags) {
-  auto cfg = LoadClusterConfig(
-      WriteTemp("residuals.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
-                                  "broker: {store: s.apw, planner: {enabled: true, residuals: h.pwrh}}\n"),
-      "/bin");
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  auto off = LoadClusterConfig(
-      WriteTemp("residuals_off.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
-                                      "broker: {store: s.apw, planner: {enabled: true, residuals: h.pwrh, "
-                                      "use_residuals: false}}\n"),
-      "/bin");
-  ASSERT_TRUE(off.ok()) << off.status().ToString();
-  auto broker_argv = [](const ClusterConfig& c) {
-    for (const auto& p : c.processes)
-      if (p.name == "broker") return p.argv;
-    return std::vector<std::string>{};
-  };
-  const auto on_argv = broker_argv(*cfg), off_argv = broker_argv(*off);
-  auto it = std::find(on_argv.begin(), on_argv.end(), "--planner-residuals");
-  ASSERT_NE(it, on_argv.end());
-  ASSERT_NE(it + 1, on_argv.end());
-  EXPECT_EQ(*(it + 1), "h.pwrh");
-  EXPECT_EQ(std::count(on_argv.begin(), on_argv.end(), "--planner-no-residuals"), 0);
-  EXPECT_EQ(std::count(off_argv.begin(), off_argv.end(), "--planner-no-residuals"), 1);
+TEST(ClusterConfig, PlannerResidualsReachTheBroker) {
+  auto on = WriteTemp("residuals.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
+                                        "broker: {store: s.apw, planner: {enabled: true, residuals: h.pwrh}}\n");
+  auto off = WriteTemp("residuals_off.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n"
+                                             "broker: {store: s.apw, planner: {enabled: true, residuals: h.pwrh, "
+                                             "use_residuals: false}}\n");
+  ASSERT_TRUE(LoadClusterConfig(on, "/bin").ok());
+  ASSERT_TRUE(LoadClusterConfig(off, "/bin").ok());
+  EXPECT_EQ(BrokerOf(on)->planner_residuals, "h.pwrh");
+  EXPECT_TRUE(BrokerOf(on)->planner.use_prompt_residuals);
+  EXPECT_FALSE(BrokerOf(off)->planner.use_prompt_residuals);
 }
 
 }  // namespace

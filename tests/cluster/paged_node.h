@@ -101,10 +101,13 @@ class PagedNode {
     if (ctl_port_ == 0) return;
     cluster_.Kill(SIGKILL);
     KillNodeProcesses({ctl_port_, broker_port_});
+    KillConfigProcesses(config_path());
     ctl_port_ = 0;
   }
 
   std::string Logs() const { return RunLogs(run_dir_); }
+  // The node file; pw-cluster starts each process with `--config <it> --section <name>`.
+  std::string config_path() const { return run_dir_ + "/cluster.yaml"; }
   // pw-ctl against this node's broker with its control keys.
   std::pair<int, std::string> Ctl(const std::string& args) const {
     return Shell(BinPath("pw-ctl") + " --broker tcp://127.0.0.1:" + std::to_string(broker_port_) +

@@ -189,7 +189,7 @@ TEST_F(PagedServing, RandomPlansUnderLoadWithABrokerKillLoseNothingAndLeakNoPage
     }
     (void)node_.Ctl("--timeout-ms 1000 " + args);  // refused while the broker is down
     if (!killed && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(10)) {
-      broker_pids = PidsWithCmdline("--bind tcp://127.0.0.1:" + std::to_string(node_.broker_port()));
+      broker_pids = PidsWithCmdline("pw-broker --config " + node_.config_path() + " ");
       for (pid_t p : broker_pids) kill(p, SIGKILL);
       killed = !broker_pids.empty();
     }
@@ -198,7 +198,7 @@ TEST_F(PagedServing, RandomPlansUnderLoadWithABrokerKillLoseNothingAndLeakNoPage
   stop = true;
   for (auto& t : clients) t.join();
   ASSERT_TRUE(killed);
-  const auto now_pids = PidsWithCmdline("--bind tcp://127.0.0.1:" + std::to_string(node_.broker_port()));
+  const auto now_pids = PidsWithCmdline("pw-broker --config " + node_.config_path() + " ");
   ASSERT_EQ(now_pids.size(), 1u);
   EXPECT_NE(now_pids[0], broker_pids[0]);  // the launcher started a new broker
   EXPECT_EQ(failed.load(), 0) << first_failure << "\n" << node_.Logs();

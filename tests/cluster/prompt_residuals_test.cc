@@ -63,6 +63,7 @@ class PromptResiduals : public ::testing::Test {
   void TearDown() override {
     cluster_.Kill(SIGKILL);
     testing::KillNodeProcesses({ctl_port_, broker_port_});
+    testing::KillConfigProcesses(run_dir_ + "/cluster.yaml");
   }
   std::string Logs() { return testing::RunLogs(run_dir_); }
   // pw-ctl show's lines about the planner.

@@ -1,0 +1,34 @@
+// The pw-decode process's options, declared once (common/options.h): its flags and its entry in
+// the `decode:` list of the node file (deploy/local.yaml), LYNX, the miss policy and the
+// router-logit trace included, come from DeclareDecodeOptions.
+#pragma once
+
+#include <cstdint>
+
+#include "common/options.h"
+#include "services/workers/decode/decode_worker.h"
+
+namespace pw::workers {
+
+// The worker's options plus the few values flags and files give in another form, turned into
+// `worker` by ResolveDecodeOptions.
+struct DecodeProcessOptions {
+  DecodeWorkerOptions worker;
+  uint64_t weight_rate_mb_s = 0;  // MiB/s -> worker.weight_bytes_per_s; 0 = no limit
+  // LYNX (alpha, beta) -> worker.lynx_options.params; 0 / -1 = derived from k/N.
+  float lynx_alpha = 0.f;
+  int lynx_beta = -1;
+  double trace_max_mb = 64;  // MB (1e6 bytes) -> worker.trace.max_bytes, with a trace path
+};
+
+// Binds every option of `o` (its current values are the defaults). `router`, `broker` and
+// `metrics` are endpoints, and planner_min_bits / planner_max_bits / planner_min_mean_bits /
+// plans_at_request_boundaries follow the broker's planner; a node file derives them.
+void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* o);
+
+// Fills `worker` from the other forms and checks the rules between options (LYNX alpha with
+// beta, a miss policy with a budget and a broker, the planner's widths). kInvalidArgument
+// naming the flags.
+Status ResolveDecodeOptions(DecodeProcessOptions* o);
+
+}  // namespace pw::workers
