@@ -119,6 +119,8 @@ Schema Schema::MapOf(Schema value) {
   return s;
 }
 
+Schema Schema::Any() { return Schema(Kind::kAny); }
+
 Schema Schema::List(Schema element) {
   Schema s(Kind::kList);
   s.element_ = std::make_shared<const Schema>(std::move(element));
@@ -180,6 +182,13 @@ Schema Schema::Size(size_t min, size_t max) const {
   Schema s = *this;
   s.min_size_ = min;
   s.max_size_ = max;
+  return s;
+}
+
+Schema Schema::AllowOtherKeys() const {
+  PW_CHECK_MSG(kind_ == Kind::kMap, "Schema::AllowOtherKeys on a non-map");
+  Schema s = *this;
+  s.other_keys_ = true;
   return s;
 }
 
@@ -263,6 +272,9 @@ class Validator {
         break;
       case Schema::Kind::kList:
         PW_RETURN_IF_ERROR(List(node, schema, path, out));
+        break;
+      case Schema::Kind::kAny:
+        *out = ConfigValue();
         break;
     }
     out->SetOrigin(file_, path, m.line + 1, m.column + 1);
@@ -377,6 +389,7 @@ class Validator {
     std::vector<Entry> keys;
     PW_RETURN_IF_ERROR(Keys(node, path, &keys));
     for (const auto& [name, key_node, unused] : keys) {
+      if (schema.other_keys_) break;
       bool known = false;
       for (const auto& f : schema.fields_) known = known || f.first == name;
       if (!known) {
@@ -393,6 +406,7 @@ class Validator {
       for (const auto& f : schema.fields_) {
         if (f.first == name) fs = f.second.get();
       }
+      if (fs == nullptr || fs->kind_ == Schema::Kind::kAny) continue;  // unchecked, left out
       if (v.IsNull()) continue;  // `key:` with no value counts as absent
       ConfigValue child;
       PW_RETURN_IF_ERROR(Check(v, *fs, KeyPath(path, name), &child));

@@ -35,7 +35,7 @@
 // Schema rules:
 //   - Scalars: Int (64-bit; a quoted "8000" is a string, not an int), Double (an int is accepted;
 //     NaN is refused), Bool (true/false, also yes/no/on/off as YAML allows), String (any scalar).
-//   - Map: a fixed set of keys; any other key is an error. MapOf(value): any string keys, each
+//   - Map: a fixed set of keys; any other key is an error (AllowOtherKeys(): skipped unchecked). MapOf(value): any string keys, each
 //     value checked against one schema (e.g. per-layer overrides).
 //   - List(element): a sequence; Size(min, max) bounds its length.
 //   - A key is optional unless Required(). An absent optional key takes its Default() if it has
@@ -138,7 +138,7 @@ class ConfigValue {
 // returns a modified copy, so declarations read as one expression (see the top of this file).
 class Schema {
  public:
-  enum class Kind { kBool, kInt, kDouble, kString, kMap, kMapOf, kList };
+  enum class Kind { kBool, kInt, kDouble, kString, kMap, kMapOf, kList, kAny };
   // A custom rule: returns "" if `value` is acceptable, else the error message.
   using CheckFn = std::function<std::string(const ConfigValue& value)>;
 
@@ -149,6 +149,8 @@ class Schema {
   static Schema Map(std::vector<std::pair<std::string, Schema>> fields);
   static Schema MapOf(Schema value);
   static Schema List(Schema element);
+  // Any value, unchecked and left out of the result (a key another program reads).
+  static Schema Any();
 
   Schema Required() const;
   Schema Default(ConfigValue value) const;     // the value's kind must fit (an int for Double too)
@@ -158,6 +160,9 @@ class Schema {
   Schema OneOf(std::vector<std::string> allowed) const;  // String
   Schema NonEmpty() const;                               // String
   Schema Size(size_t min, size_t max) const;             // List, MapOf: entry count bounds
+  // Map: keys it does not declare are skipped unchecked (and left out of the result) instead of
+  // refused: a process reading only its own part of a file shared with others.
+  Schema AllowOtherKeys() const;
   Schema Check(CheckFn fn) const;
   Schema Doc(std::string text) const;  // a one-line description, kept for help output
 
@@ -175,6 +180,7 @@ class Schema {
   std::optional<double> min_, max_;
   std::vector<std::string> one_of_;
   bool non_empty_ = false;
+  bool other_keys_ = false;  // kMap: AllowOtherKeys
   size_t min_size_ = 0, max_size_ = SIZE_MAX;
   std::vector<CheckFn> checks_;
   std::string doc_;

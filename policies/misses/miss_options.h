@@ -1,11 +1,11 @@
-// The miss-policy settings (miss_settings.h) as declared options (common/options.h): the
+// The miss-policy settings (miss_settings.h) as declared options (common/formats/options.h): the
 // serving decode worker's `misses:` map and its --miss-* / --residency flags come from
 // DeclareMissOptions.
 #pragma once
 
 #include <string>
 
-#include "common/options.h"
+#include "common/formats/options.h"
 #include "policies/misses/miss_settings.h"
 
 namespace pw::misses {

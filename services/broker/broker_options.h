@@ -1,9 +1,9 @@
-// The pw-broker process's options, declared once (common/options.h): its flags and its
+// The pw-broker process's options, declared once (common/formats/options.h): its flags and its
 // `broker:` section of the node file (deploy/local.yaml), planner included, come from
 // DeclareBrokerOptions.
 #pragma once
 
-#include "common/options.h"
+#include "common/formats/options.h"
 #include "services/broker/broker.h"
 
 namespace pw::broker {

@@ -7,7 +7,7 @@
 #include "common/logging.h"
 #include "services/broker/broker.h"
 #include "services/broker/broker_options.h"
-#include "services/cluster/node_config.h"
+#include "services/common/node_config.h"
 #include "services/common/stop_signals.h"
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
@@ -18,13 +18,13 @@ int main(int argc, char** argv) {
   pw::options::OptionSet options;
   pw::broker::DeclareBrokerOptions(&options, &o);
   options.AddToCli(&app);
-  pw::cluster::ConfigFlags config;
-  pw::cluster::AddConfigFlags(&app, &config);
+  pw::service::ConfigFlags config;
+  pw::service::AddConfigFlags(&app, &config);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
-  pw::Status st = pw::cluster::ApplyNodeConfig(config, pw::cluster::Role::kBroker, &options);
+  pw::Status st = pw::service::ApplyNodeConfig(config, pw::service::Role::kBroker, &options);
   if (st.ok()) st = o.planner.Validate();
   if (!st.ok()) {
     std::fprintf(stderr, "pw-broker: %s\n", st.message().c_str());

@@ -1,11 +1,11 @@
-// What pw-cluster derives from the node file (node_config.h, deploy/local.yaml): one node's
-// processes with their command lines, and the effective options of each.
+// What pw-cluster derives from the node file (services/common/node_config.h,
+// deploy/local.yaml): one node's processes with their command lines.
 //
 // Every process is started as `<bin_dir>/pw-<kind> --config <the file> --section <name>` (plus
 // the control keys, control_keys.h): it reads the same file as the launcher, so the launcher
-// passes no option of its own. The file is checked whole here first (errors carry
-// file:line:col and the key path), and each process's options are loaded as that process will
-// load them, so a bad value stops `pw-cluster up` before anything starts. Ports and ids must
+// passes none of its options. LoadClusterConfig checks the file's wiring (ports, ids, the
+// launcher's keys; errors carry file:line:col and the key path); CheckProcesses then has every
+// process check its own section (`--print-config`) before anything starts. Ports and ids must
 // be distinct. Relative paths are relative to the current directory.
 #pragma once
 
@@ -14,9 +14,12 @@
 #include <vector>
 
 #include "common/status.h"
-#include "services/cluster/node_config.h"
+#include "services/common/node_config.h"
 
 namespace pw::cluster {
+
+using service::RestartPolicy;
+using service::Role;
 
 // One process pw-cluster starts.
 struct ProcessSpec {
@@ -40,7 +43,7 @@ struct ClusterConfig {
   std::string model_dir;
   std::string host = "127.0.0.1";
   std::string run_dir;
-  int64_t http_port = 8000;
+  int64_t http_port = 0;  // the router's (router_options.h: port)
   int64_t drain_timeout_ms = 30000;
   RestartPolicy restart;
   std::vector<ProcessSpec> processes;
@@ -51,11 +54,10 @@ struct ClusterConfig {
 // process list. `default_bin_dir` is used when the file has no bin_dir.
 Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::string& default_bin_dir);
 
-// The effective options of process `name` of the node file at `path` (defaults filled in),
-// loaded as the process loads them, as YAML indented by `indent`.
-Result<std::string> ProcessConfigYaml(const std::string& path, Role role, const std::string& name, int indent = 0);
-
-// `pw-cluster config --dump`: every process of the file, `<name>:` then its effective options.
-Result<std::string> DumpNodeConfig(const std::string& path);
+// Runs every process's command line with --print-config: each loads the file as it will when
+// started and prints its effective options. Returns them all (`<name>:  # <role>` then its
+// options indented), or the first process's error (kInvalidArgument naming it, with what it
+// printed). `pw-cluster config --dump` prints this; `pw-cluster up` runs it before starting.
+Result<std::string> CheckProcesses(const ClusterConfig& cfg);
 
 }  // namespace pw::cluster

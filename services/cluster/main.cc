@@ -10,7 +10,8 @@
 // targets as Prometheus file_sd JSON.
 //
 // config --dump prints the effective options of every process of the file (defaults filled in),
-// loaded as each process loads them from the same file (services/cluster/node_config.h).
+// as each process prints them (--print-config) from the same file (services/common/node_config.h);
+// `up` runs the same check first and starts nothing when a process refuses its options.
 //
 // `up` writes fresh control-plane keys to <run_dir>/control.keys (0600) and passes them to
 // every child; --insecure (tests only) runs the control plane unauthenticated instead.
@@ -77,19 +78,21 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (config->parsed()) {
-    auto text = pw::cluster::DumpNodeConfig(config_path);
-    if (!text.ok()) {
-      std::fprintf(stderr, "pw-cluster: %s\n", text.status().message().c_str());
-      return 2;
-    }
-    std::printf("%s", text->c_str());
-    return 0;
-  }
   auto cfg = pw::cluster::LoadClusterConfig(config_path, SelfDir());
   if (!cfg.ok()) {
     std::fprintf(stderr, "pw-cluster: %s\n", cfg.status().message().c_str());
     return 2;
+  }
+  if (config->parsed() || up->parsed()) {  // every process checks its own options first
+    auto text = pw::cluster::CheckProcesses(*cfg);
+    if (!text.ok()) {
+      std::fprintf(stderr, "pw-cluster: %s\n", text.status().message().c_str());
+      return 2;
+    }
+    if (config->parsed()) {
+      std::printf("%s", text->c_str());
+      return 0;
+    }
   }
   if (status->parsed()) {
     if (!targets_path.empty()) {

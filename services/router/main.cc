@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "services/cluster/node_config.h"
+#include "services/common/node_config.h"
 #include "services/router/api_keys.h"
 #include "services/router/router_app.h"
 #include "services/router/router_options.h"
@@ -17,13 +17,13 @@ int main(int argc, char** argv) {
   pw::options::OptionSet options;
   pw::router::DeclareRouterOptions(&options, &o);
   options.AddToCli(&app);
-  pw::cluster::ConfigFlags config;
-  pw::cluster::AddConfigFlags(&app, &config);
+  pw::service::ConfigFlags config;
+  pw::service::AddConfigFlags(&app, &config);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
-  if (pw::Status s = pw::cluster::ApplyNodeConfig(config, pw::cluster::Role::kRouter, &options); !s.ok()) {
+  if (pw::Status s = pw::service::ApplyNodeConfig(config, pw::service::Role::kRouter, &options); !s.ok()) {
     std::fprintf(stderr, "pw-router: %s\n", s.message().c_str());
     return 2;
   }

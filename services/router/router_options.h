@@ -1,8 +1,8 @@
-// The pw-router process's options, declared once (common/options.h): its flags and its
+// The pw-router process's options, declared once (common/formats/options.h): its flags and its
 // `router:` section of the node file (deploy/local.yaml) come from DeclareRouterOptions.
 #pragma once
 
-#include "common/options.h"
+#include "common/formats/options.h"
 #include "services/router/router_app.h"
 
 namespace pw::router {

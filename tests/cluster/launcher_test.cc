@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "services/broker/broker_options.h"
+#include "services/common/node_config.h"
 #include "services/cluster/cluster_config.h"
 #include "services/cluster/supervisor.h"
 #include "services/workers/decode/decode_options.h"
@@ -42,8 +43,7 @@ Result<workers::DecodeProcessOptions> DecodeOf(const std::string& path, const st
   workers::DecodeProcessOptions d;
   options::OptionSet set;
   workers::DeclareDecodeOptions(&set, &d);
-  PW_RETURN_IF_ERROR(ApplyNodeConfig(ConfigFlags{path, name, false}, Role::kDecode, &set));
-  PW_RETURN_IF_ERROR(workers::ResolveDecodeOptions(&d));
+  PW_RETURN_IF_ERROR(workers::LoadDecodeOptions(service::ConfigFlags{path, name, false}, &set, &d));
   return d;
 }
 
@@ -51,7 +51,7 @@ Result<workers::PrefillWorkerOptions> PrefillOf(const std::string& path, const s
   workers::PrefillWorkerOptions p;
   options::OptionSet set;
   workers::DeclarePrefillOptions(&set, &p);
-  PW_RETURN_IF_ERROR(ApplyNodeConfig(ConfigFlags{path, name, false}, Role::kPrefill, &set));
+  PW_RETURN_IF_ERROR(service::ApplyNodeConfig(service::ConfigFlags{path, name, false}, Role::kPrefill, &set));
   return p;
 }
 
@@ -59,7 +59,8 @@ Result<broker::BrokerOptions> BrokerOf(const std::string& path) {
   broker::BrokerOptions b;
   options::OptionSet set;
   broker::DeclareBrokerOptions(&set, &b);
-  PW_RETURN_IF_ERROR(ApplyNodeConfig(ConfigFlags{path, "broker", false}, Role::kBroker, &set));
+  PW_RETURN_IF_ERROR(service::ApplyNodeConfig(service::ConfigFlags{path, "broker", false}, Role::kBroker, &set));
+  PW_RETURN_IF_ERROR(b.planner.Validate());
   return b;
 }
 
@@ -108,22 +109,23 @@ TEST(ClusterConfig, EveryProcessStartsFromTheFileItself) {
       << none.status().ToString();
 }
 
-TEST(ClusterConfig, DumpPrintsEveryProcessWithDefaultsFilledIn) {
-  auto path = WriteTemp("dump.yaml", "model_dir: m\nhost: 10.0.0.1\nrouter: {port: 8100}\n"
-                                     "prefill: [{id: p}]\ndecode: [{id: d, kv_blocks: 99, metrics_port: 9200}]\n");
-  auto text = DumpNodeConfig(path);
-  ASSERT_TRUE(text.ok()) << text.status().ToString();
-  for (const char* want : {"broker:  # broker\n  model_dir: m\n", "  initial_bits: 8\n", "  bind: tcp://10.0.0.1:5556\n",
-                           "router:  # router\n", "  port: 8100\n", "  max_waiting: 256\n",
-                           "  workers: tcp://10.0.0.1:5555\n", "p:  # prefill\n", "  max_batch_prompts: 32\n",
-                           "d:  # decode\n", "  kv_blocks: 99\n", "  metrics: 10.0.0.1:9200\n",
-                           "  lynx:\n    enabled: false\n", "  weight_pacing: auto\n"}) {
-    EXPECT_NE(text->find(want), std::string::npos) << want << "\n" << *text;
-  }
-  auto bad = DumpNodeConfig(WriteTemp("dump_bad.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode:\n  - id: d\n    threads: many\n"));
+TEST(ClusterConfig, TheLauncherChecksTheWiringAndEachProcessItsSection) {
+  // A typo in a worker's section: the launcher, reading the wiring, lets it through; the worker
+  // refuses it with the file's position (pw-cluster up and config --dump run that check first:
+  // node_config_test).
+  auto path = WriteTemp("wiring.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode:\n  - id: d\n    threds: 2\n");
+  ASSERT_TRUE(LoadClusterConfig(path, "/bin").ok());
+  auto d = DecodeOf(path, "d");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find(path + ":5:5: decode[0].threds: unknown key"), std::string::npos)
+      << d.status().ToString();
+  EXPECT_TRUE(PrefillOf(path, "p").ok()) << "the decode section is not the prefill worker's to check";
+  // The wiring itself: refused by the launcher.
+  auto bad = LoadClusterConfig(WriteTemp("wiring_bad.yaml", "model_dir: m\nprefill: [{id: p, metrics_port: x}]\n"
+                                                           "decode: [{id: d}]\n"),
+                               "/bin");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("dump_bad.yaml:5:14: decode[0].threads: expected an integer, got 'many'"),
-            std::string::npos)
+  EXPECT_NE(bad.status().message().find(":2:33: prefill[0].metrics_port: expected an integer"), std::string::npos)
       << bad.status().ToString();
 }
 
@@ -149,7 +151,8 @@ TEST(ClusterConfig, DecodeLynxBlockReachesTheWorker) {
 
   auto bad = WriteTemp("lynx_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
                                         "decode: [{id: d, lynx: {enabled: true, alpha: 3}}]\n");
-  auto r = LoadClusterConfig(bad, "/bin");
+  ASSERT_TRUE(LoadClusterConfig(bad, "/bin").ok()) << "the launcher checks the wiring; the worker its section";
+  auto r = DecodeOf(bad, "d");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("alpha and beta"), std::string::npos) << r.status().ToString();
 }
@@ -172,7 +175,7 @@ TEST(ClusterConfig, DecodeTraceBlockReachesTheWorker) {
   for (const char* bad : {"decode: [{id: d, trace: {max_mb: 1}}]\n", "decode: [{id: d, trace: {path: x, max_mb: 0}}]\n",
                           "decode: [{id: d, trace: {path: x, sample: 0}}]\n", "decode: [{id: d, trace: {path: x, rate: 2}}]\n"}) {
     auto p = WriteTemp("trace_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n") + bad);
-    auto r = LoadClusterConfig(p, "/bin");
+    auto r = DecodeOf(p, "d");
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {
       EXPECT_NE(r.status().message().find("trace"), std::string::npos) << r.status().ToString();
@@ -197,7 +200,7 @@ TEST(ClusterConfig, DecodeWeightPacingReachesTheWorker) {
     EXPECT_EQ(w->worker.weight_pacing, pacing) << id;
   }
   auto bad = WriteTemp("pacing_bad.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d, weight_pacing: later}]\n");
-  auto r = LoadClusterConfig(bad, "/bin");
+  auto r = DecodeOf(bad, "d");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("weight_pacing"), std::string::npos) << r.status().ToString();
 }
@@ -213,7 +216,7 @@ TEST(ClusterConfig, NoMmapReachesThatWorkerOnly) {
   EXPECT_TRUE(DecodeOf(path, "d")->worker.copy_weights);
   EXPECT_FALSE(DecodeOf(path, "e")->worker.copy_weights);
   auto bad = WriteTemp("no_mmap_bad.yaml", "model_dir: m\nprefill: [{id: p, no_mmap: sometimes}]\ndecode: [{id: d}]\n");
-  auto r = LoadClusterConfig(bad, "/bin");
+  auto r = PrefillOf(bad, "p");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no_mmap"), std::string::npos) << r.status().ToString();
 }
@@ -244,7 +247,7 @@ TEST(ClusterConfig, DecodeMissesBlockReachesTheWorker) {
                           "decode: [{id: d, misses: {eviction: fifo, residency: 0.5}}]\n",
                           "decode: [{id: d, misses: {budget: 0.5}}]\n"}) {
     auto p = WriteTemp("misses_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n") + bad);
-    auto r = LoadClusterConfig(p, "/bin");
+    auto r = DecodeOf(p, "d");
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {
       EXPECT_NE(r.status().message().find("misses"), std::string::npos) << r.status().ToString();
@@ -278,9 +281,8 @@ TEST(ClusterConfig, BrokerPlannerBlockReachesTheBroker) {
 
   for (const char* text : {"broker: {planner: {enabled: true}}\n",
                            "broker: {store: s.apw, planner: {low_watermark: 0.5, high_watermark: 0.1}}\n"}) {
-    auto r = LoadClusterConfig(WriteTemp("planner_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
-                                                                         "decode: [{id: d}]\n") + text),
-                               "/bin");
+    auto r = BrokerOf(WriteTemp("planner_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
+                                                                "decode: [{id: d}]\n") + text));
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_NE(r.status().message().find("planner"), std::string::npos) << r.status().ToString();
   }
@@ -302,9 +304,9 @@ TEST(ClusterConfig, DecodeReserveWaitReachesThatWorker) {
   EXPECT_EQ(DecodeOf(path, "d")->worker.reserve_wait_ms, 3000u);
   EXPECT_EQ(DecodeOf(path, "e")->worker.reserve_wait_ms, 0u);
   // Past the router's 30 s reservation timeout: refused, naming the key.
-  auto bad = LoadClusterConfig(WriteTemp("reserve_wait_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
-                                                                   "decode: [{id: d, reserve_wait_ms: 60000}]\n"),
-                               "/bin");
+  auto bad = DecodeOf(WriteTemp("reserve_wait_bad.yaml", "model_dir: m\nprefill: [{id: p}]\n"
+                                                          "decode: [{id: d, reserve_wait_ms: 60000}]\n"),
+                      "d");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("reserve_wait_ms"), std::string::npos) << bad.status().ToString();
 }
@@ -350,11 +352,10 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationReachTheWorkers) {
   EXPECT_EQ(DecodeOf(off, "d")->worker.lower_floors.min_bits, 3);
   for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}",
                            "{min_mean_bits: 5, max_mean_bits: 4.5}", "{max_bits: 6, max_mean_bits: 7}"}) {
-    auto bad = LoadClusterConfig(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
-                                                                                "decode: [{id: d}]\n"
-                                                                                "broker: {store: s.apw, planner: ") +
-                                                                        text + "}\n"),
-                                 "/bin");
+    auto bad = BrokerOf(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
+                                                                       "decode: [{id: d}]\n"
+                                                                       "broker: {store: s.apw, planner: ") +
+                                                               text + "}\n"));
     ASSERT_FALSE(bad.ok()) << text;
     EXPECT_NE(bad.status().message().find("bits"), std::string::npos) << bad.status().ToString();
   }

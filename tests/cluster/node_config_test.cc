@@ -1,5 +1,5 @@
 // Every process of a node runs from the node file alone (`--config FILE [--section NAME]`,
-// services/cluster/node_config.h): the real pw-router, pw-broker, pw-prefill and pw-decode on
+// services/common/node_config.h): the real pw-router, pw-broker, pw-prefill and pw-decode on
 // loopback, the file deploy/local.yaml that pw-cluster uses, its errors, and
 // `pw-cluster config --dump`.
 #include <gtest/gtest.h>
@@ -127,34 +127,49 @@ TEST(NodeConfig, EveryProcessReadsTheLauncherFileAndFlagsWin) {
   EXPECT_NE(r.output.find("no decode worker with id 'decode-9' (ids: decode-0)"), std::string::npos) << r.output;
 }
 
-TEST(NodeConfig, ABadKeyOrTypeNamesFileLineColumnInEveryProcess) {
+// A process checks the shared root keys, its own section and those it reads (pw-decode: the
+// broker's); pw-cluster has every process check its own before it starts any.
+TEST(NodeConfig, ABadKeyOrTypeNamesFileLineColumn) {
   const std::string dir = TempDir();
-  const std::string base = "model_dir: m\nprefill: [{id: p}]\n";
-  const std::string bad_key = Write(dir + "/bad_key.yaml", base + "decode: [{id: d}]\nrouter:\n  port: 8000\n  prot: 1\n");
-  const std::string bad_type = Write(dir + "/bad_type.yaml", base + "decode:\n  - id: d\n    threads: many\n");
-  const std::string bad_nested = Write(dir + "/bad_nested.yaml", base + "decode: [{id: d}]\nbroker:\n  planner: {low_watermark: high}\n");
-  for (const char* binary : {"pw-router", "pw-broker", "pw-prefill", "pw-decode", "pw-cluster"}) {
-    const std::string pre = std::string(binary) == "pw-cluster" ? " config --dump --config " : " --config ";
-    auto k = RunCommand(Bin(binary) + pre + bad_key);
-    EXPECT_EQ(k.status, 2) << binary << ": " << k.output;
-    EXPECT_NE(k.output.find(bad_key + ":6:3: router.prot: unknown key (known keys: control_port, context_length, port,"),
-              std::string::npos)
-        << binary << ": " << k.output;
-    auto t = RunCommand(Bin(binary) + pre + bad_type);
-    EXPECT_EQ(t.status, 2) << binary << ": " << t.output;
-    EXPECT_NE(t.output.find(bad_type + ":5:14: decode[0].threads: expected an integer, got 'many'"), std::string::npos)
-        << binary << ": " << t.output;
-    auto n = RunCommand(Bin(binary) + pre + bad_nested);
-    EXPECT_EQ(n.status, 2) << binary << ": " << n.output;
-    EXPECT_NE(n.output.find(bad_nested + ":5:28: broker.planner.low_watermark: expected a number, got 'high'"),
-              std::string::npos)
-        << binary << ": " << n.output;
+  struct Case {
+    const char* file;
+    const char* yaml;
+    const char* error;
+    std::set<std::string> refuse;  // the binaries that refuse the file (pw-cluster always)
+  } cases[] = {
+      {"bad_router.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nrouter:\n  port: 8000\n  prot: 1\n",
+       ":6:3: router.prot: unknown key (known keys: control_port, context_length, port,", {"pw-router"}},
+      {"bad_broker.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nbroker:\n  planner: {low_watermark: high}\n",
+       ":5:28: broker.planner.low_watermark: expected a number, got 'high'", {"pw-broker", "pw-decode"}},
+      {"bad_prefill.yaml", "model_dir: m\nprefill:\n  - id: p\n    kv_block: 3\ndecode: [{id: d}]\n",
+       ":4:5: prefill[0].kv_block: unknown key", {"pw-prefill"}},
+      {"bad_decode.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode:\n  - id: d\n    threads: many\n",
+       ":5:14: decode[0].threads: expected an integer, got 'many'", {"pw-decode"}},
+      {"bad_root.yaml", "model_dir: m\nheartbeat_ms: soon\nprefill: [{id: p}]\ndecode: [{id: d}]\n",
+       ":2:15: heartbeat_ms: expected an integer, got 'soon'", {"pw-router", "pw-broker", "pw-prefill", "pw-decode"}},
+  };
+  for (const auto& c : cases) {
+    const std::string path = Write(dir + "/" + c.file, c.yaml);
+    for (const char* binary : {"pw-router", "pw-broker", "pw-prefill", "pw-decode"}) {
+      auto r = RunCommand(Bin(binary) + " --config " + path + " --print-config");
+      if (c.refuse.count(binary)) {
+        EXPECT_EQ(r.status, 2) << binary << " " << c.file << ": " << r.output;
+        EXPECT_NE(r.output.find(path + c.error), std::string::npos) << binary << " " << c.file << ": " << r.output;
+      } else {
+        EXPECT_EQ(r.status, 0) << binary << " " << c.file << " (not its section): " << r.output;
+      }
+    }
+    auto r = RunCommand(Bin("pw-cluster") + " config --dump --config " + path);
+    EXPECT_EQ(r.status, 2) << c.file << ": " << r.output;
+    EXPECT_NE(r.output.find(path + c.error), std::string::npos) << c.file << ": " << r.output;
+    EXPECT_NE(r.output.find("refuses its options"), std::string::npos) << c.file << ": " << r.output;
   }
 }
 
 TEST(NodeConfig, PwClusterConfigDumpIsWhatEachProcessLoads) {
   auto r = RunCommand(Bin("pw-cluster") + " config --dump --config " + LocalYaml());
   ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("# The effective options of every process of ", 0), 0u) << r.output;
   for (const char* line : {"broker:  # broker\n", "router:  # router\n", "prefill-0:  # prefill\n",
                            "decode-0:  # decode\n", "  kv_blocks: 2048\n", "  store: build/tiny-moe.apw\n",
                            "  max_batch_prompts: 32\n", "    gate_weights: renorm\n"}) {

@@ -1,6 +1,6 @@
 // OptionSet: one declaration gives a flag and a YAML key with the same bounds; a flag overrides
 // the file, the file overrides the default; bad keys and types name file:line:col.
-#include "common/options.h"
+#include "common/formats/options.h"
 
 #include <gtest/gtest.h>
 

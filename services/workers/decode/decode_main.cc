@@ -6,7 +6,7 @@
 
 #include "common/logging.h"
 #include "kernels/anyprec/q8.h"
-#include "services/cluster/node_config.h"
+#include "services/common/node_config.h"
 #include "services/common/stop_signals.h"
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
@@ -21,14 +21,13 @@ int main(int argc, char** argv) {
   pw::options::OptionSet options;
   pw::workers::DeclareDecodeOptions(&options, &p);
   options.AddToCli(&app);
-  pw::cluster::ConfigFlags config;
-  pw::cluster::AddConfigFlags(&app, &config);
+  pw::service::ConfigFlags config;
+  pw::service::AddConfigFlags(&app, &config);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
-  pw::Status st = pw::cluster::ApplyNodeConfig(config, pw::cluster::Role::kDecode, &options);
-  if (st.ok()) st = pw::workers::ResolveDecodeOptions(&p);
+  pw::Status st = pw::workers::LoadDecodeOptions(config, &options, &p);
   if (!st.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", st.message().c_str());
     return 2;

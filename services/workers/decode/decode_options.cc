@@ -1,6 +1,7 @@
 #include "services/workers/decode/decode_options.h"
 
 #include "kernels/anyprec/q8.h"
+#include "services/broker/broker_options.h"
 #include "policies/misses/miss_options.h"
 #include "services/workers/weights/paged_residency.h"
 
@@ -93,6 +94,29 @@ void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
   s->AddCheck("trace", [](const config::ConfigValue& v) -> std::string {
     return v.size() > 0 && !v.Has("path") ? "a trace needs its path" : "";
   });
+}
+
+Status LoadDecodeOptions(const service::ConfigFlags& f, options::OptionSet* set, DecodeProcessOptions* o) {
+  broker::BrokerOptions b;
+  options::OptionSet bs;
+  broker::DeclareBrokerOptions(&bs, &b);
+  service::NodeTables others;
+  others.broker = &bs;
+  auto derive = [&](const config::ConfigValue& root, const config::ConfigValue&) -> Status {
+    const config::ConfigValue& section = root["broker"];
+    if (!section["enabled"].AsBool()) return Status::Ok();
+    PW_RETURN_IF_ERROR(bs.ApplyFile(root, section));
+    if (!b.planner.enabled) return Status::Ok();
+    PW_RETURN_IF_ERROR(set->Derive("planner_min_bits", config::ConfigValue(b.planner.min_bits)));
+    PW_RETURN_IF_ERROR(set->Derive("planner_max_bits", config::ConfigValue(b.planner.max_bits)));
+    PW_RETURN_IF_ERROR(set->Derive("planner_min_mean_bits", config::ConfigValue(b.planner.min_mean_bits)));
+    if (!section["planner"]["async_movement"].AsBool()) {
+      PW_RETURN_IF_ERROR(set->Derive("plans_at_request_boundaries", config::ConfigValue(true)));
+    }
+    return Status::Ok();
+  };
+  PW_RETURN_IF_ERROR(service::ApplyNodeConfig(f, service::Role::kDecode, set, others, derive));
+  return ResolveDecodeOptions(o);
 }
 
 Status ResolveDecodeOptions(DecodeProcessOptions* p) {

@@ -1,11 +1,12 @@
-// The pw-decode process's options, declared once (common/options.h): its flags and its entry in
+// The pw-decode process's options, declared once (common/formats/options.h): its flags and its entry in
 // the `decode:` list of the node file (deploy/local.yaml), LYNX, the miss policy and the
 // router-logit trace included, come from DeclareDecodeOptions.
 #pragma once
 
 #include <cstdint>
 
-#include "common/options.h"
+#include "common/formats/options.h"
+#include "services/common/node_config.h"
 #include "services/workers/decode/decode_worker.h"
 
 namespace pw::workers {
@@ -25,6 +26,13 @@ struct DecodeProcessOptions {
 // `metrics` are endpoints, and planner_min_bits / planner_max_bits / planner_min_mean_bits /
 // plans_at_request_boundaries follow the broker's planner; a node file derives them.
 void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* o);
+
+// pw-decode's loading, after its flags were parsed into `set` (declared over `o`): the node file
+// of `f` (service::ApplyNodeConfig, checking the broker's section with its table too), and
+// with the broker's planner enabled its widths (planner_min_bits, planner_max_bits,
+// planner_min_mean_bits: held reservations count what lowering to them frees) and
+// async_movement: false as plans_at_request_boundaries; then ResolveDecodeOptions.
+Status LoadDecodeOptions(const service::ConfigFlags& f, options::OptionSet* set, DecodeProcessOptions* o);
 
 // Fills `worker` from the other forms and checks the rules between options (LYNX alpha with
 // beta, a miss policy with a budget and a broker, the planner's widths). kInvalidArgument

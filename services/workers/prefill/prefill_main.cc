@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "common/logging.h"
-#include "services/cluster/node_config.h"
+#include "services/common/node_config.h"
 #include "services/common/stop_signals.h"
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
@@ -19,13 +19,13 @@ int main(int argc, char** argv) {
   pw::options::OptionSet options;
   pw::workers::DeclarePrefillOptions(&options, &o);
   options.AddToCli(&app);
-  pw::cluster::ConfigFlags config;
-  pw::cluster::AddConfigFlags(&app, &config);
+  pw::service::ConfigFlags config;
+  pw::service::AddConfigFlags(&app, &config);
   pw::transport::ServiceSecurityFlags security;
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
-  if (pw::Status s = pw::cluster::ApplyNodeConfig(config, pw::cluster::Role::kPrefill, &options); !s.ok()) {
+  if (pw::Status s = pw::service::ApplyNodeConfig(config, pw::service::Role::kPrefill, &options); !s.ok()) {
     std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());
     return 2;
   }

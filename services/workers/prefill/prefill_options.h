@@ -1,8 +1,8 @@
-// The pw-prefill process's options, declared once (common/options.h): its flags and its entry
+// The pw-prefill process's options, declared once (common/formats/options.h): its flags and its entry
 // in the `prefill:` list of the node file (deploy/local.yaml) come from DeclarePrefillOptions.
 #pragma once
 
-#include "common/options.h"
+#include "common/formats/options.h"
 #include "services/workers/prefill/prefill_worker.h"
 
 namespace pw::workers {

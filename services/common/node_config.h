@@ -1,11 +1,10 @@
 // The node file (deploy/local.yaml): one YAML for every process of a node. pw-cluster reads it
-// whole; each process given `--config FILE [--section NAME]` reads the same file, checks all of
-// it and takes its own section, so a Kubernetes ConfigMap holding the file configures a single
+// to start the node; each process given `--config FILE [--section NAME]` reads the same file
+// and takes its own section, so a Kubernetes ConfigMap holding the file configures a single
 // process as well as a launcher.
 //
-// Layout. The root holds the keys the processes share (model_dir, model_name, host,
-// heartbeat_ms, kv_dtype, drain_timeout_ms: each process's options marked Shared) and the
-// launcher's (run_dir, bin_dir, restart); then one section per process:
+// Layout. The root holds the keys the processes share (kSharedKeys: each process's options
+// marked Shared) and the launcher's (run_dir, bin_dir, restart); then one section per process:
 //   router:   the options of router_options.h            + control_port (5555)
 //   broker:   the options of broker_options.h            + enabled (true), control_port (5556),
 //                                                          metrics_port (0), planner.async_movement
@@ -16,28 +15,35 @@
 //   router --workers, prefill/decode --router   tcp://<host>:<router.control_port>
 //   broker --bind, prefill/decode --broker      tcp://<host>:<broker.control_port> (broker.enabled)
 //   --metrics                                   <host>:<metrics_port> (0 = none)
-//   decode --planner-{min,max}-bits, --planner-min-mean-bits   the broker's planner widths (when
-//                                               the broker's planner is enabled)
-//   decode --plans-at-request-boundaries        broker.planner.async_movement: false
+//   decode: the broker planner's widths and async_movement (decode_options.h)
+// A process checks the root, its own section and the sections whose tables it is given
+// (NodeTables) fully, and the other sections' wiring keys only; pw-cluster checks the wiring,
+// then has every process check its own section before it starts any (`--print-config`).
 // Precedence in a process: its flags, then its section (and the shared root keys), then the
 // derived values, then the defaults of its options struct.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
+#include "common/formats/options.h"
 #include "common/formats/yaml_config.h"
-#include "common/options.h"
 #include "common/status.h"
 
 namespace CLI {
 class App;
 }
 
-namespace pw::cluster {
+namespace pw::service {
 
 enum class Role { kRouter, kBroker, kPrefill, kDecode };
 const char* RoleName(Role r);  // "router", "broker", "prefill", "decode"
+
+// The root keys processes share. A process option declared Shared must be one of these (so
+// that every process accepts the key even when it does not read it).
+inline constexpr const char* kSharedKeys[] = {"model_dir", "model_name",   "host",
+                                              "heartbeat_ms", "kv_dtype", "drain_timeout_ms"};
 
 // --config FILE, --section NAME, --print-config: the flags every process adds.
 struct ConfigFlags {
@@ -67,22 +73,37 @@ struct LauncherOptions {
   int64_t drain_timeout_ms = 30000;
   RestartPolicy restart;
 };
+// The launcher's section is the root itself.
 void DeclareLauncherOptions(options::OptionSet* s, LauncherOptions* o);
 
-// The schema of the whole node file (every section's, from the declarations above).
-const config::Schema& NodeSchema();
+// The option tables a reader of the file knows; the sections of the others are checked for
+// their wiring keys only.
+struct NodeTables {
+  const options::OptionSet* router = nullptr;
+  const options::OptionSet* broker = nullptr;
+  const options::OptionSet* prefill = nullptr;
+  const options::OptionSet* decode = nullptr;
+};
 
-// Loads `path` and checks it against NodeSchema (errors: file:line:col: key path: problem).
-Result<config::ConfigValue> LoadNodeFile(const std::string& path);
+// The schema of the node file for a reader that knows `tables`.
+config::Schema NodeSchema(const NodeTables& tables);
+
+// Loads `path` and checks it against NodeSchema(tables) (errors: file:line:col: key path: ...).
+Result<config::ConfigValue> LoadNodeFile(const std::string& path, const NodeTables& tables);
 
 // The section of process `name` in `root`: "router", "broker", or a worker's id (the entry of
-// prefill: or decode: with that id, as `role` says). kInvalidArgument naming the file and the
-// ids there are when there is none.
+// prefill: or decode: with that id, as `role` says; "" = the first). kInvalidArgument naming
+// the file and the ids there are when there is none.
 Result<config::ConfigValue> SectionOf(const config::ConfigValue& root, Role role, const std::string& name);
 
-// For a process with options `set` (declared, its flags parsed): when f.path is set, loads the
-// node file, applies the process's section and the values the file derives for it (see the
-// top of this file); then checks every required option was given.
-Status ApplyNodeConfig(const ConfigFlags& f, Role role, options::OptionSet* set);
+// Values a process derives from other parts of the file than its section (decode_options.h).
+using DeriveFn = std::function<Status(const config::ConfigValue& root, const config::ConfigValue& section)>;
 
-}  // namespace pw::cluster
+// For a process of `role` with options `set` (declared, its flags parsed): when f.path is set,
+// loads the node file (checked with `set` as the role's table, plus `others`), applies the
+// process's section, the wiring the file derives for it (see the top of this file) and
+// `derive`; then checks every required option was given.
+Status ApplyNodeConfig(const ConfigFlags& f, Role role, options::OptionSet* set, NodeTables others = {},
+                       const DeriveFn& derive = nullptr);
+
+}  // namespace pw::service

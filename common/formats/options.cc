@@ -1,4 +1,4 @@
-#include "common/options.h"
+#include "common/formats/options.h"
 
 #include <yaml-cpp/yaml.h>
 

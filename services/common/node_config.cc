@@ -1,13 +1,8 @@
-#include "services/cluster/node_config.h"
+#include "services/common/node_config.h"
 
 #include <CLI/CLI.hpp>
 
-#include "services/broker/broker_options.h"
-#include "services/router/router_options.h"
-#include "services/workers/decode/decode_options.h"
-#include "services/workers/prefill/prefill_options.h"
-
-namespace pw::cluster {
+namespace pw::service {
 
 using config::ConfigValue;
 using config::Schema;
@@ -35,7 +30,6 @@ void AddConfigFlags(CLI::App* app, ConfigFlags* f) {
   app->add_flag("--print-config", f->print, "print the effective options (defaults filled in) as YAML and exit");
 }
 
-// The launcher's section is the root itself.
 void DeclareLauncherOptions(options::OptionSet* s, LauncherOptions* o) {
   s->Add("model_dir", &o->model_dir, "model directory").Required().NonEmpty();
   s->Add("host", &o->host, "the host of every endpoint of the node").NonEmpty();
@@ -57,48 +51,15 @@ namespace {
 Schema Port(int64_t def) { return Schema::Int().Range(1, 65535).Default(def); }
 Schema OptPort() { return Schema::Int().Range(0, 65535).Default(int64_t{0}); }
 
-// A worker entry names itself: the id is required in the file (a flag-only worker may omit it).
+// A worker entry names itself: the id is required in the file (a worker given flags only may
+// go without).
 std::string NeedsId(const ConfigValue& v) { return v.Has("id") ? "" : "id: required key is missing"; }
 
-Schema BuildNodeSchema() {
-  // The declarations fill these structs' fields only while loading; the schema keeps none.
-  LauncherOptions launcher;
-  router::RouterAppOptions router;
-  broker::BrokerOptions broker;
-  workers::PrefillWorkerOptions prefill;
-  workers::DecodeProcessOptions decode;
-  options::OptionSet ls, rs, bs, ps, ds;
-  DeclareLauncherOptions(&ls, &launcher);
-  router::DeclareRouterOptions(&rs, &router);
-  broker::DeclareBrokerOptions(&bs, &broker);
-  workers::DeclarePrefillOptions(&ps, &prefill);
-  workers::DeclareDecodeOptions(&ds, &decode);
-  ps.AddCheck("", NeedsId);
-  ds.AddCheck("", NeedsId);
-
-  // The root: the launcher's keys, the processes' shared keys (the first declaration of a
-  // key gives its schema), then the sections.
-  std::vector<std::pair<std::string, Schema>> root;
-  auto declared = [&](const std::string& key) {
-    if (ls.Find(key) != nullptr) return true;
-    for (const auto& [k, unused] : root) {
-      if (k == key) return true;
-    }
-    return false;
-  };
-  for (const options::OptionSet* set : {&rs, &bs, &ps, &ds}) {
-    for (auto& [key, schema] : set->SharedFields()) {
-      if (!declared(key)) root.emplace_back(key, schema);
-    }
-  }
-  root.emplace_back("router", rs.SectionSchema({{"control_port", Port(5555)}}));
-  root.emplace_back("broker", bs.SectionSchema({{"enabled", Schema::Bool().Default(true)},
-                                                {"control_port", Port(5556)},
-                                                {"metrics_port", OptPort()},
-                                                {"planner.async_movement", Schema::Bool().Default(true)}}));
-  root.emplace_back("prefill", Schema::List(ps.SectionSchema({{"metrics_port", OptPort()}})).Size(1, 64).Required());
-  root.emplace_back("decode", Schema::List(ds.SectionSchema({{"metrics_port", OptPort()}})).Size(1, 64).Required());
-  return ls.SectionSchema(std::move(root));
+// A section: its table's keys with the wiring keys, or (no table) the wiring keys alone.
+Schema Section(const options::OptionSet* table, std::vector<std::pair<std::string, Schema>> wiring) {
+  if (table != nullptr) return table->SectionSchema(std::move(wiring));
+  Schema s = Schema::Map(std::move(wiring)).AllowOtherKeys();
+  return s;
 }
 
 std::string Host(const ConfigValue& root) {
@@ -115,38 +76,64 @@ std::string MetricsBind(const ConfigValue& root, const ConfigValue& section) {
   return port == 0 ? "" : Host(root) + ":" + std::to_string(port);
 }
 
-Status DeriveWorker(const ConfigValue& root, const ConfigValue& section, Role role, options::OptionSet* set) {
-  PW_RETURN_IF_ERROR(set->Derive("router", ConfigValue(Endpoint(root, root["router"]))));
-  const ConfigValue& b = root["broker"];
-  if (b["enabled"].AsBool()) PW_RETURN_IF_ERROR(set->Derive("broker", ConfigValue(Endpoint(root, b))));
-  if (const std::string m = MetricsBind(root, section); !m.empty()) {
-    PW_RETURN_IF_ERROR(set->Derive("metrics", ConfigValue(m)));
-  }
-  if (role != Role::kDecode || !b["enabled"].AsBool()) return Status::Ok();
-  // The broker's effective planner, through its own declarations.
-  broker::BrokerOptions bo;
-  options::OptionSet bs;
-  broker::DeclareBrokerOptions(&bs, &bo);
-  PW_RETURN_IF_ERROR(bs.ApplyFile(root, b));
-  if (!bo.planner.enabled) return Status::Ok();
-  // Held reservations count what a lowering to the planner's floors would free.
-  PW_RETURN_IF_ERROR(set->Derive("planner_min_bits", ConfigValue(bo.planner.min_bits)));
-  PW_RETURN_IF_ERROR(set->Derive("planner_max_bits", ConfigValue(bo.planner.max_bits)));
-  PW_RETURN_IF_ERROR(set->Derive("planner_min_mean_bits", ConfigValue(bo.planner.min_mean_bits)));
-  if (!b["planner"]["async_movement"].AsBool()) {
-    PW_RETURN_IF_ERROR(set->Derive("plans_at_request_boundaries", ConfigValue(true)));
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
-const Schema& NodeSchema() {
-  static const Schema schema = BuildNodeSchema();
-  return schema;
+Schema NodeSchema(const NodeTables& t) {
+  LauncherOptions launcher;
+  options::OptionSet ls;
+  DeclareLauncherOptions(&ls, &launcher);
+  std::vector<std::pair<std::string, Schema>> root;
+  // The shared keys: typed by the first table that declares them, else unchecked.
+  for (const char* key : kSharedKeys) {
+    if (ls.Find(key) != nullptr) continue;
+    Schema s = Schema::Any();
+    for (const options::OptionSet* table : {t.router, t.broker, t.prefill, t.decode}) {
+      if (table == nullptr) continue;
+      for (auto& [k, schema] : table->SharedFields()) {
+        if (k == key) {
+          s = schema;
+          break;
+        }
+      }
+      if (s.kind() != Schema::Kind::kAny) break;
+    }
+    root.emplace_back(key, s);
+  }
+  for (const options::OptionSet* table : {t.router, t.broker, t.prefill, t.decode}) {
+    if (table == nullptr) continue;
+    for (const auto& [k, unused] : table->SharedFields()) {
+      bool listed = false;
+      for (const char* key : kSharedKeys) listed = listed || k == key;
+      PW_CHECK_MSG(listed, ("a Shared option not in kSharedKeys: " + k).c_str());
+    }
+  }
+  // Without the router's table its HTTP port is read as wiring too (the launcher's scrape target).
+  root.emplace_back("router", t.router != nullptr
+                                  ? Section(t.router, {{"control_port", Port(5555)}})
+                                  : Section(nullptr, {{"control_port", Port(5555)}, {"port", Schema::Int().Range(0, 65535)}}));
+  root.emplace_back("broker", Section(t.broker, {{"enabled", Schema::Bool().Default(true)},
+                                                 {"control_port", Port(5556)},
+                                                 {"metrics_port", OptPort()},
+                                                 {"planner.async_movement", Schema::Bool().Default(true)}}));
+  if (t.broker == nullptr) {  // the planner map of an unchecked broker section: its wiring key only
+    root.back().second = Schema::Map({{"enabled", Schema::Bool().Default(true)},
+                                      {"control_port", Port(5556)},
+                                      {"metrics_port", OptPort()},
+                                      {"planner", Schema::Map({{"async_movement", Schema::Bool().Default(true)}})
+                                                      .AllowOtherKeys()}})
+                             .AllowOtherKeys();
+  }
+  for (auto [name, table] : {std::pair{"prefill", t.prefill}, std::pair{"decode", t.decode}}) {
+    std::vector<std::pair<std::string, Schema>> wiring = {{"metrics_port", OptPort()}};
+    if (table == nullptr) wiring.emplace_back("id", Schema::String().NonEmpty());
+    root.emplace_back(name, Schema::List(Section(table, std::move(wiring)).Check(NeedsId)).Size(1, 64).Required());
+  }
+  return ls.SectionSchema(std::move(root));
 }
 
-Result<ConfigValue> LoadNodeFile(const std::string& path) { return config::LoadYamlConfig(path, NodeSchema()); }
+Result<ConfigValue> LoadNodeFile(const std::string& path, const NodeTables& tables) {
+  return config::LoadYamlConfig(path, NodeSchema(tables));
+}
 
 Result<ConfigValue> SectionOf(const ConfigValue& root, Role role, const std::string& name) {
   if (role == Role::kRouter || role == Role::kBroker) {
@@ -165,9 +152,15 @@ Result<ConfigValue> SectionOf(const ConfigValue& root, Role role, const std::str
   return list.Error("no " + std::string(RoleName(role)) + " worker with id '" + name + "' (ids: " + ids + ")");
 }
 
-Status ApplyNodeConfig(const ConfigFlags& f, Role role, options::OptionSet* set) {
+Status ApplyNodeConfig(const ConfigFlags& f, Role role, options::OptionSet* set, NodeTables others,
+                       const DeriveFn& derive) {
   if (!f.path.empty()) {
-    PW_ASSIGN_OR_RETURN(ConfigValue root, LoadNodeFile(f.path));
+    NodeTables tables = others;
+    (role == Role::kRouter    ? tables.router
+     : role == Role::kBroker  ? tables.broker
+     : role == Role::kPrefill ? tables.prefill
+                              : tables.decode) = set;
+    PW_ASSIGN_OR_RETURN(ConfigValue root, LoadNodeFile(f.path, tables));
     std::string name = f.section;
     if (name.empty() && (role == Role::kPrefill || role == Role::kDecode)) {
       const options::Option* id = set->Find("id");
@@ -175,6 +168,7 @@ Status ApplyNodeConfig(const ConfigFlags& f, Role role, options::OptionSet* set)
     }
     PW_ASSIGN_OR_RETURN(ConfigValue section, SectionOf(root, role, name));
     PW_RETURN_IF_ERROR(set->ApplyFile(root, section));
+    const ConfigValue& broker = root["broker"];
     switch (role) {
       case Role::kRouter:
         PW_RETURN_IF_ERROR(set->Derive("workers", ConfigValue(Endpoint(root, section))));
@@ -187,11 +181,16 @@ Status ApplyNodeConfig(const ConfigFlags& f, Role role, options::OptionSet* set)
         break;
       case Role::kPrefill:
       case Role::kDecode:
-        PW_RETURN_IF_ERROR(DeriveWorker(root, section, role, set));
+        PW_RETURN_IF_ERROR(set->Derive("router", ConfigValue(Endpoint(root, root["router"]))));
+        if (broker["enabled"].AsBool()) PW_RETURN_IF_ERROR(set->Derive("broker", ConfigValue(Endpoint(root, broker))));
+        if (const std::string m = MetricsBind(root, section); !m.empty()) {
+          PW_RETURN_IF_ERROR(set->Derive("metrics", ConfigValue(m)));
+        }
         break;
     }
+    if (derive) PW_RETURN_IF_ERROR(derive(root, section));
   }
   return set->CheckRequired();
 }
 
-}  // namespace pw::cluster
+}  // namespace pw::service
