@@ -124,6 +124,8 @@ class Node:
             exe = os.path.basename(argv[0].decode())
             if exe in ("pw-router", "pw-broker"):
                 out[exe[3:]] = pid
+            elif b"--section" in argv:  # pw-cluster starts workers as --config FILE --section ID
+                out[argv[argv.index(b"--section") + 1].decode()] = pid
             elif b"--id" in argv:
                 out[argv[argv.index(b"--id") + 1].decode()] = pid
         return out
