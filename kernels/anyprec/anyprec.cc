@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/anyprec/internal.h"
+#include "kernels/cpu/kernel_settings.h"
 
 namespace pw::anyprec {
 namespace internal {
@@ -140,7 +141,7 @@ bool BackendAvailable(Backend backend) {
 
 Backend BestBackend() {
   static const Backend best = [] {
-    if (const char* env = std::getenv("PW_ANYPREC_BACKEND")) {
+    if (const char* env = cpu::KernelKnob("PW_ANYPREC_BACKEND")) {
       for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512}) {
         if (std::string(env) == BackendName(b) && BackendAvailable(b)) return b;
       }

@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 #include "kernels/anyprec/q8_internal.h"
 #include "kernels/cpu/amx_permission.h"
+#include "kernels/cpu/kernel_settings.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -251,7 +252,7 @@ bool Q8BackendAvailable(Backend backend) {
 
 Backend BestQ8Backend() {
   static const Backend best = [] {
-    if (const char* env = std::getenv("PW_ANYPREC_BACKEND")) {
+    if (const char* env = cpu::KernelKnob("PW_ANYPREC_BACKEND")) {
       for (Backend b : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
         if (std::string(env) == BackendName(b) && Q8BackendAvailable(b)) return b;
       }

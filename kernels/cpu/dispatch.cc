@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/amx_permission.h"
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/kernel_settings.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -42,9 +43,9 @@ bool Avx512Bf16Usable() {
 #endif
 }
 
-// True when the environment variable `name` is "1".
+// True when the knob `name` (kernel_settings.h: the environment variable, else the setting) is "1".
 bool EnvFlag(const char* name) {
-  const char* env = std::getenv(name);
+  const char* env = KernelKnob(name);
   return env != nullptr && std::strcmp(env, "1") == 0;
 }
 
@@ -104,7 +105,7 @@ Isa BestIsa() {
   } else if (IsaSupported(Isa::kAvx2)) {
     best = Isa::kAvx2;
   }
-  if (const char* env = std::getenv("PW_CPU_ISA")) {
+  if (const char* env = KernelKnob("PW_CPU_ISA")) {
     Isa want = best;
     if (std::strcmp(env, "scalar") == 0) want = Isa::kScalar;
     if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;

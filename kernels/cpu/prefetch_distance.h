@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/kernel_settings.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -42,7 +44,7 @@ inline size_t DefaultPrefetchBytes() {
   }
 #endif
   const size_t chosen = amd ? 0 : 2048;
-  const char* env = std::getenv("PW_PREFETCH_BYTES");
+  const char* env = KernelKnob("PW_PREFETCH_BYTES");
   if (env == nullptr || *env == '\0') return chosen;
   char* end = nullptr;
   const unsigned long long v = std::strtoull(env, &end, 10);

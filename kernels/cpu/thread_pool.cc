@@ -1,5 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include "kernels/cpu/kernel_settings.h"
+
 #include <chrono>
 #include <cstdlib>
 
@@ -19,7 +21,7 @@ inline void CpuRelax() {
 std::chrono::nanoseconds SpinTime() {
   static const std::chrono::nanoseconds spin = [] {
     long us = ThreadPool::kDefaultSpinMicros;
-    if (const char* v = std::getenv("PW_POOL_SPIN_US"); v != nullptr && *v != '\0') {
+    if (const char* v = KernelKnob("PW_POOL_SPIN_US"); v != nullptr && *v != '\0') {
       char* end = nullptr;
       const long parsed = std::strtol(v, &end, 10);
       if (*end == '\0' && parsed >= 0 && parsed <= 1000000) us = parsed;

@@ -83,27 +83,27 @@ Schema NodeSchema(const NodeTables& t) {
   options::OptionSet ls;
   DeclareLauncherOptions(&ls, &launcher);
   std::vector<std::pair<std::string, Schema>> root;
-  // The shared keys: typed by the first table that declares them, else unchecked.
+  // The shared keys: typed by the first table that declares them (a dotted key nests), else
+  // unchecked.
+  auto first_part = [](const std::string& k) { return k.substr(0, k.find('.')); };
   for (const char* key : kSharedKeys) {
     if (ls.Find(key) != nullptr) continue;
-    Schema s = Schema::Any();
+    bool typed = false;
     for (const options::OptionSet* table : {t.router, t.broker, t.prefill, t.decode}) {
-      if (table == nullptr) continue;
+      if (table == nullptr || typed) continue;
       for (auto& [k, schema] : table->SharedFields()) {
-        if (k == key) {
-          s = schema;
-          break;
-        }
+        if (first_part(k) != key) continue;
+        root.emplace_back(k, schema);
+        typed = true;
       }
-      if (s.kind() != Schema::Kind::kAny) break;
     }
-    root.emplace_back(key, s);
+    if (!typed) root.emplace_back(key, Schema::Any());
   }
   for (const options::OptionSet* table : {t.router, t.broker, t.prefill, t.decode}) {
     if (table == nullptr) continue;
     for (const auto& [k, unused] : table->SharedFields()) {
       bool listed = false;
-      for (const char* key : kSharedKeys) listed = listed || k == key;
+      for (const char* key : kSharedKeys) listed = listed || first_part(k) == key;
       PW_CHECK_MSG(listed, ("a Shared option not in kSharedKeys: " + k).c_str());
     }
   }

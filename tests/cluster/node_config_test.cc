@@ -4,11 +4,14 @@
 // `pw-cluster config --dump`.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "tests/cluster/http_util.h"
 #include "tests/cluster/process_util.h"
@@ -89,6 +92,59 @@ TEST(NodeConfig, EveryProcessComesUpFromTheFileAlone) {
   EXPECT_NE(testing::ReadFile(dir + "/broker.log").find("worker 'dc-a' registered"), std::string::npos) << logs();
   for (auto* c : {&decode, &prefill, &router, &brk}) c->Kill(SIGKILL);
   testing::KillConfigProcesses(yaml);
+}
+
+// The root's `kernels:` map reaches the kernels of every worker; a knob's environment variable,
+// when set, wins over it.
+TEST(NodeConfig, TheKernelsSectionReachesTheKernelsAndTheEnvironmentWins) {
+  const std::string dir = TempDir();
+  const std::string yaml =
+      Write(dir + "/node.yaml", "model_dir: " + ModelDir() + "\nkernels: {cpu_isa: scalar, anyprec_backend: scalar}\n"
+                                "router: {control_port: " + std::to_string(testing::FreePort()) + "}\n"
+                                "prefill: [{id: p}]\ndecode: [{id: d}]\n");
+  // The line every worker logs at its start, before it reaches the router.
+  auto kernels_line = [&](const char* binary, const char* env_isa) {
+    const std::string log = dir + "/" + binary + (env_isa ? "-env" : "") + ".log";
+    std::filesystem::remove(log);
+    if (env_isa) setenv("PW_CPU_ISA", env_isa, 1);
+    testing::ChildProcess p;
+    const bool started = p.Start({Bin(binary), "--config", yaml, "--insecure"}, log);
+    if (env_isa) unsetenv("PW_CPU_ISA");
+    EXPECT_TRUE(started);
+    std::string line;
+    for (int i = 0; i < 600 && line.empty(); ++i) {
+      const std::string text = testing::ReadFile(log);
+      const size_t at = text.find("kernels: dense ");
+      if (at != std::string::npos && text.find('\n', at) != std::string::npos) {
+        line = text.substr(at, text.find('\n', at) - at);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    p.Kill(SIGKILL);
+    return line;
+  };
+  for (const char* binary : {"pw-prefill", "pw-decode"}) {
+    const std::string line = kernels_line(binary, nullptr);
+    EXPECT_EQ(line.rfind("kernels: dense scalar, any-precision fast path scalar", 0), 0u) << binary << ": " << line;
+  }
+  if (!std::string(RunCommand("grep -qw avx2 /proc/cpuinfo && echo yes").output).empty()) {
+    const std::string line = kernels_line("pw-decode", "avx2");
+    EXPECT_EQ(line.rfind("kernels: dense avx2, any-precision fast path scalar", 0), 0u) << line;
+  }
+  // --print-config shows the knobs in effect.
+  setenv("PW_POOL_SPIN_US", "7", 1);
+  auto r = RunCommand(Bin("pw-decode") + " --config " + yaml + " --print-config");
+  unsetenv("PW_POOL_SPIN_US");
+  EXPECT_NE(r.output.find("kernels:\n  cpu_isa: scalar\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  pool_spin_us: 7\n"), std::string::npos) << r.output;
+  // A bad knob in the file, with its position.
+  const std::string bad = Write(dir + "/bad.yaml", "model_dir: m\nkernels: {cpu_isa: sse}\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
+  auto b = RunCommand(Bin("pw-prefill") + " --config " + bad + " --print-config");
+  EXPECT_EQ(b.status, 2) << b.output;
+  EXPECT_NE(b.output.find(bad + ":2:20: kernels.cpu_isa: 'sse' is not one of: scalar, avx2, avx512, amx"),
+            std::string::npos)
+      << b.output;
 }
 
 // Runs `binary --config deploy/local.yaml <extra> --print-config`; its output.

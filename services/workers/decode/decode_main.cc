@@ -10,6 +10,7 @@
 #include "services/common/stop_signals.h"
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
+#include "services/workers/common/kernel_options.h"
 #include "services/workers/common/kernel_report.h"
 #include "services/workers/decode/decode_options.h"
 #include "services/workers/decode/decode_worker.h"
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-decode: %s\n", st.message().c_str());
     return 2;
   }
+  p.kernels = pw::workers::ApplyKernelOptions(p.kernels);  // before any kernel runs
   if (config.print) {
     std::printf("%s", options.DumpYaml().c_str());
     return 0;

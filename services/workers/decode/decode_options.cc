@@ -2,6 +2,7 @@
 
 #include "kernels/anyprec/q8.h"
 #include "services/broker/broker_options.h"
+#include "services/workers/common/kernel_options.h"
 #include "policies/misses/miss_options.h"
 #include "services/workers/weights/paged_residency.h"
 
@@ -85,6 +86,7 @@ void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
   // Expert residency budget and miss policy (policies/misses/miss_settings.h); absent or
   // without a budget = every expert resident.
   misses::DeclareMissOptions(s, &o->misses, "misses.");
+  DeclareKernelOptions(s, &p->kernels);
   // Router-logit trace of the served tokens (decode_trace.h): every `sample`-th forward pass,
   // the file bounded by max_mb.
   s->Add("trace.path", &o->trace.path, "write a router-logit trace to FILE (docs/formats.md)")

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/formats/options.h"
+#include "kernels/cpu/kernel_settings.h"
 #include "services/common/node_config.h"
 #include "services/workers/decode/decode_worker.h"
 
@@ -20,6 +21,7 @@ struct DecodeProcessOptions {
   float lynx_alpha = 0.f;
   int lynx_beta = -1;
   double trace_max_mb = 64;  // MB (1e6 bytes) -> worker.trace.max_bytes, with a trace path
+  cpu::KernelSettings kernels;  // the root's kernels: map (kernel_options.h)
 };
 
 // Binds every option of `o` (its current values are the defaults). `router`, `broker` and

@@ -9,6 +9,7 @@
 #include "services/common/stop_signals.h"
 #include "services/transport/control_auth.h"
 #include "services/transport/service_setup.h"
+#include "services/workers/common/kernel_options.h"
 #include "services/workers/common/kernel_report.h"
 #include "services/workers/prefill/prefill_options.h"
 #include "services/workers/prefill/prefill_worker.h"
@@ -18,6 +19,8 @@ int main(int argc, char** argv) {
   CLI::App app{"PagedWeight prefill worker"};
   pw::options::OptionSet options;
   pw::workers::DeclarePrefillOptions(&options, &o);
+  pw::cpu::KernelSettings kernels;
+  pw::workers::DeclareKernelOptions(&options, &kernels);
   options.AddToCli(&app);
   pw::service::ConfigFlags config;
   pw::service::AddConfigFlags(&app, &config);
@@ -29,6 +32,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());
     return 2;
   }
+  kernels = pw::workers::ApplyKernelOptions(kernels);  // before any kernel runs
   if (config.print) {
     std::printf("%s", options.DumpYaml().c_str());
     return 0;

@@ -1,0 +1,34 @@
+// KernelSettings: the process-wide kernel knobs. A process sets them once at its start, before
+// any kernel runs (the serving workers apply their node file's `kernels:` section,
+// services/workers/common/kernel_options.h); each environment variable, when set, overrides its
+// setting (tools, benchmarks and tests set the knobs that way). The kernels read a knob once,
+// at its first use, through KernelKnob.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pw::cpu {
+
+struct KernelSettings {
+  std::string cpu_isa;            // PW_CPU_ISA: scalar | avx2 | avx512 | amx, lowers the best
+                                  // dense backend (dense.h); "" = the best
+  bool batch_invariant = false;   // PW_BATCH_INVARIANT=1 (dense.h)
+  bool bf16_activations = false;  // PW_BF16_ACTIVATIONS=1 (dense.h)
+  std::string anyprec_backend;    // PW_ANYPREC_BACKEND: scalar | avx2 | avx512 | amx
+                                  // (kernels/anyprec); "" = the best
+  int64_t prefetch_bytes = -1;    // PW_PREFETCH_BYTES (prefetch_distance.h); -1 = by the CPU
+  int64_t pool_spin_us = -1;      // PW_POOL_SPIN_US (thread_pool.h); -1 = kDefaultSpinMicros
+};
+
+// Sets the knobs (before the first kernel call; later calls do not change knobs already read).
+void SetKernelSettings(const KernelSettings& s);
+
+// Knob `env_name` ("PW_CPU_ISA", ... as above) as the kernels read it: the environment variable
+// when set, else the setting in the variable's form ("1" for a true flag), else nullptr.
+const char* KernelKnob(const char* env_name);
+
+// The settings in effect: the environment variables over SetKernelSettings's.
+KernelSettings EffectiveKernelSettings();
+
+}  // namespace pw::cpu

@@ -1,0 +1,32 @@
+#include "services/workers/common/kernel_options.h"
+
+#include "kernels/cpu/prefetch_distance.h"
+
+namespace pw::workers {
+
+void DeclareKernelOptions(options::OptionSet* s, cpu::KernelSettings* k) {
+  s->Add("kernels.cpu_isa", &k->cpu_isa, "dense kernels' ISA at most (PW_CPU_ISA overrides)")
+      .Shared().NonEmpty().OneOf({"scalar", "avx2", "avx512", "amx"});
+  s->Add("kernels.batch_invariant", &k->batch_invariant,
+         "batch-invariant dense kernels (PW_BATCH_INVARIANT=1 overrides)")
+      .Shared();
+  s->Add("kernels.bf16_activations", &k->bf16_activations,
+         "bf16 activations in the dense kernels (PW_BF16_ACTIVATIONS=1 overrides)")
+      .Shared();
+  s->Add("kernels.anyprec_backend", &k->anyprec_backend,
+         "any-precision kernels' backend (PW_ANYPREC_BACKEND overrides)")
+      .Shared().NonEmpty().OneOf({"scalar", "avx2", "avx512", "amx"});
+  s->Add("kernels.prefetch_bytes", &k->prefetch_bytes,
+         "dense kernels' software prefetch distance, -1: by the CPU (PW_PREFETCH_BYTES overrides)")
+      .Shared().Range(-1, static_cast<double>(cpu::kMaxPrefetchBytes));
+  s->Add("kernels.pool_spin_us", &k->pool_spin_us,
+         "thread pool's polling window in us, -1: its default (PW_POOL_SPIN_US overrides)")
+      .Shared().Range(-1, 1000000);
+}
+
+cpu::KernelSettings ApplyKernelOptions(const cpu::KernelSettings& k) {
+  cpu::SetKernelSettings(k);
+  return cpu::EffectiveKernelSettings();
+}
+
+}  // namespace pw::workers
