@@ -3,6 +3,7 @@
 #include <string>
 
 #include "engine/experts/bf16_experts.h"
+#include "engine/experts/expert_workspace.h"
 #include "engine/ops/linear.h"
 
 namespace pw::engine {

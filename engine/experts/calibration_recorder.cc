@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/dense.h"
+#include "engine/experts/run_experts_by_block.h"
+
 namespace pw::anyprec {
 
 CalibrationRecorder::CalibrationRecorder(const engine::Bf16ExpertProvider* inner, int num_layers,
