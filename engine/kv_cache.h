@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/cpu/paged_attention.h"
 #include "memory/page_pool.h"
 
 namespace pw::engine {
@@ -101,6 +102,10 @@ class KvBlockPool {
   uint16_t* SlabBf16(int32_t block, int layer, int kv, int kv_head);
   const uint16_t* SlabBf16(int32_t block, int layer, int kv, int kv_head) const;
 
+  // Layer `layer` of every block as the paged-attention kernel reads it (kernels/cpu/
+  // paged_attention.h); valid until the next Allocate or Free.
+  cpu::PagedKvView LayerView(int layer) const;
+
   // Takes n free blocks (and their pages), all or nothing; kResourceExhausted (nothing taken)
   // when fewer than n are free. Block contents are unspecified.
   Result<std::vector<int32_t>> Allocate(int n);
@@ -120,6 +125,7 @@ class KvBlockPool {
   std::vector<int32_t> free_;           // stack of free ids (lowest id handed out first)
   std::vector<uint8_t> allocated_;      // per block: 1 if allocated
   std::vector<memory::PageId> page_of_; // [block][layer]
+  std::vector<const uint8_t*> page_ptr_; // [block][layer]: the page's address (null when free)
 };
 
 // Blocks needed to hold n tokens.
