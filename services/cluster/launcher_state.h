@@ -37,7 +37,7 @@ struct RecordedProcess {
 
 struct LauncherState {
   static constexpr int kVersion = 1;
-  pid_t launcher_pid = -1;            // the `pw-cluster up` process
+  pid_t launcher_pid = -1;  // the `pw-cluster up` process
   uint64_t launcher_start_ticks = 0;
   std::vector<RecordedProcess> processes;  // in start order
 };

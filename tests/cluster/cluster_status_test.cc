@@ -81,7 +81,8 @@ class OkServer {
 // linked to the stand-in.
 std::filesystem::path StandInDir(const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(PW_BINARY_DIR) / "test-tmp" / (name + "-" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::path(PW_BINARY_DIR) / "test-tmp" / (name + "-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir / "bin");
   for (const char* b : {"pw-router", "pw-prefill", "pw-decode"}) {
@@ -92,14 +93,16 @@ std::filesystem::path StandInDir(const std::string& name) {
 
 // A node of router, prefill-0 and decode-0 (no broker) with its binaries in dir/bin and its run
 // directory dir/run. prefill_metrics 0: no metrics endpoint.
-std::string WriteClusterYaml(const std::filesystem::path& dir, int router_port, int prefill_metrics) {
+std::string WriteClusterYaml(const std::filesystem::path& dir, int router_port,
+                             int prefill_metrics) {
   const std::string yaml = dir / "cluster.yaml";
   std::ofstream(yaml) << "model_dir: models/tiny-moe\nbin_dir: " << (dir / "bin").string()
-                      << "\nrun_dir: " << (dir / "run").string() << "\nrouter: {port: "
-                      << router_port << ", control_port: " << FreePort()
+                      << "\nrun_dir: " << (dir / "run").string()
+                      << "\nrouter: {port: " << router_port << ", control_port: " << FreePort()
                       << "}\nbroker: {enabled: false}\n"
                       << "prefill: [{id: prefill-0"
-                      << (prefill_metrics ? ", metrics_port: " + std::to_string(prefill_metrics) : "")
+                      << (prefill_metrics ? ", metrics_port: " + std::to_string(prefill_metrics)
+                                          : "")
                       << "}]\ndecode: [{id: decode-0}]\n"
                       << "restart: {initial_backoff_ms: 50, max_backoff_ms: 200}\n";
   return yaml;
@@ -178,8 +181,9 @@ TEST(ClusterStatus, NodeStartedByUpReportsEveryProcessWithItsPid) {
   OkServer router_http, prefill_metrics;
   const std::string yaml = WriteClusterYaml(dir, router_http.port(), prefill_metrics.port());
   ChildProcess cluster;
-  ASSERT_TRUE(cluster.Start({std::string(PW_BINARY_DIR) + "/bin/pw-cluster", "up", "--config", yaml},
-                            (dir / "pw-cluster.out").string()));
+  ASSERT_TRUE(
+      cluster.Start({std::string(PW_BINARY_DIR) + "/bin/pw-cluster", "up", "--config", yaml},
+                    (dir / "pw-cluster.out").string()));
   // Whatever happens below, no stand-in outlives the test: they are the only processes whose
   // argv[0] lies in dir/bin.
   struct Reap {
@@ -343,11 +347,14 @@ TEST(ClusterStatus, MissingCorruptOrForeignStateFileIsAClearError) {
       {R"({"version": 1, )" + launcher + "}", "processes"},
       {R"({"version": 1, )" + launcher + R"(, "processes": [{"pid": 3, "start_ticks": 1}]})",
        "without a name"},
-      {R"({"version": 1, )" + launcher + R"(, "processes": [{"name": "router", "pid": "3", "start_ticks": 1}]})",
+      {R"({"version": 1, )" + launcher +
+           R"(, "processes": [{"name": "router", "pid": "3", "start_ticks": 1}]})",
        "router"},
-      {R"({"version": 1, )" + launcher + R"(, "processes": [{"name": "router", "pid": 0, "start_ticks": 1}]})",
+      {R"({"version": 1, )" + launcher +
+           R"(, "processes": [{"name": "router", "pid": 0, "start_ticks": 1}]})",
        "router"},
-      {R"({"version": 1, )" + launcher + R"(, "processes": [{"name": "router", "pid": 3, "start_ticks": -1}]})",
+      {R"({"version": 1, )" + launcher +
+           R"(, "processes": [{"name": "router", "pid": 3, "start_ticks": -1}]})",
        "router"},
       {R"({"version": 1, )" + launcher + R"(, "processes": [)" + ok_proc + ", " + ok_proc + "]}",
        "listed twice"},
