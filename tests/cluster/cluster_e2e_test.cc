@@ -2,8 +2,9 @@
 // processes on loopback, the OpenAI API over HTTP. Checks that greedy completions of 64
 // prompts equal the in-process engine's tokens, that serving survives a SIGKILLed broker (and
 // the restarted broker rebuilds its registry from the workers), that a decode worker killed
-// mid-request is replaced without changing the output, that SIGTERM drains and exits, and that
-// a bad model directory stops pw-cluster within seconds naming the file and the problem.
+// mid-request is replaced without changing the output, that SIGTERM drains and exits, that
+// `pw-cluster status` finds every process, and that a bad model directory stops pw-cluster
+// within seconds naming the file and the problem.
 // Skips when the embedded model's weights are absent.
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -376,6 +377,63 @@ TEST_F(ClusterE2E, EveryListenerBindsTheConfiguredHostOnly) {
   int total = 0;
   for (auto& [p, n] : listeners) total += n;
   EXPECT_GE(total, 8) << ss;
+}
+
+// `pw-cluster status` on the node `pw-cluster up` runs: exit 0, every process up with the pid
+// of the very child pw-cluster started (its parent is pw-cluster, its binary the expected one),
+// and --prometheus-targets lists the four endpoints, each answering /metrics.
+TEST_F(ClusterE2E, StatusReportsEveryProcessUpWithItsPid) {
+  const std::string targets = run_dir_ + "/targets.json";
+  const std::string cmd = std::string(PW_BINARY_DIR) + "/bin/pw-cluster status --config " +
+                          run_dir_ + "/cluster.yaml --prometheus-targets " + targets + " 2>&1";
+  std::string out;
+  int code = -1;
+  for (int i = 0; i < 300 && code != 0; ++i) {  // /metrics of every process: 30 s at most
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    out.clear();
+    char buf[512];
+    while (fgets(buf, sizeof(buf), f)) out += buf;
+    const int rc = pclose(f);
+    code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  }
+  ASSERT_EQ(code, 0) << out << Logs();
+  const std::map<std::string, std::string> binaries = {
+      {"broker", "pw-broker"}, {"router", "pw-router"}, {"prefill-0", "pw-prefill"},
+      {"decode-0", "pw-decode"}};
+  std::istringstream table(out);
+  std::string line;
+  std::getline(table, line);  // the header
+  std::set<std::string> seen;
+  while (std::getline(table, line)) {
+    std::istringstream f(line);
+    std::string name, pid, state, metrics;
+    ASSERT_TRUE(static_cast<bool>(f >> name >> pid >> state >> metrics)) << out;
+    SCOPED_TRACE(line);
+    ASSERT_TRUE(binaries.count(name)) << out;
+    seen.insert(name);
+    EXPECT_EQ(state, "up");
+    const std::string stat = ReadFile("/proc/" + pid + "/stat");
+    std::istringstream fields(stat.substr(stat.rfind(')') + 1));
+    std::string proc_state, ppid;
+    fields >> proc_state >> ppid;
+    EXPECT_EQ(ppid, std::to_string(cluster_.pid())) << stat;
+    const std::string argv = ReadFile("/proc/" + pid + "/cmdline");
+    const std::string argv0 = argv.substr(0, argv.find('\0'));
+    EXPECT_EQ(argv0, std::string(PW_BINARY_DIR) + "/bin/" + binaries.at(name));
+  }
+  EXPECT_EQ(seen.size(), 4u) << out;
+  const auto j = json::parse(ReadFile(targets), nullptr, false);
+  ASSERT_TRUE(j.is_array()) << ReadFile(targets);
+  std::set<std::string> processes;
+  for (const auto& t : j) {
+    processes.insert(t["labels"]["pw_process"].get<std::string>());
+    const std::string host_port = t["targets"][0].get<std::string>();
+    ASSERT_EQ(host_port.rfind("127.0.0.1:", 0), 0u) << host_port;
+    EXPECT_EQ(Http(std::stoi(host_port.substr(10)), "GET", "/metrics").first, 200) << host_port;
+  }
+  EXPECT_EQ(processes, (std::set<std::string>{"broker", "router", "prefill-0", "decode-0"}));
 }
 
 // A broken model directory: every process that reads it exits at start, so pw-cluster stops
