@@ -29,12 +29,15 @@
 namespace pw::service {
 
 // What a registration is checked against. The bounds default to the largest values pw-decode
-// and pw-prefill accept for the options behind them (services/workers/*_main.cc).
+// and pw-prefill can register (the ranges of the options behind them, services/workers/*_main.cc,
+// and a page pool's most pages).
 struct RegistrationLimits {
   // The served model. Unset (in-process tests of the protocol with stand-in workers): the KV
   // layout is checked for consistency and bounds only. pw-router and pw-broker always set it.
   std::optional<ModelConfig> model;
-  uint32_t max_kv_blocks = 1u << 24;  // --kv-blocks
+  // --kv-blocks goes to 2^24; a decode worker sized by --pool-bytes has up to a page pool's
+  // pages (2^31 - 1, decode_worker.cc) as blocks.
+  uint32_t max_kv_blocks = (1u << 31) - 1;
   uint32_t max_block_tokens = 4096;   // --block-size
   uint32_t max_batch = 1u << 16;      // --max-batch (decode), --max-batch-prompts (prefill)
   // Bound of a worker's KV pages and of a decode worker's registered pool, in bytes; 0 = this

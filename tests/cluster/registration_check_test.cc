@@ -136,6 +136,12 @@ TEST_F(RegistrationCheckTest, BoundsAreInclusive) {
     r.getKvMemory().setBytes(limits_.max_kv_bytes);
   });
   EXPECT_TRUE(st.ok()) << st.ToString();
+  st = Decode([&](auto r) {  // a pool of the most pages a page pool has, in bytes as it says
+    limits_.max_kv_bytes = ~uint64_t{0};
+    r.getKvLayout().setNumBlocks((1u << 31) - 1);
+    r.getKvMemory().setBytes(uint64_t{1} << 50);
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
 TEST_F(RegistrationCheckTest, EachForgedFieldIsRefusedByName) {
@@ -156,7 +162,7 @@ TEST_F(RegistrationCheckTest, EachForgedFieldIsRefusedByName) {
   ExpectRefused("blockTokens 0", "blockTokens", [](auto r) { r.getKvLayout().setBlockTokens(0); });
   ExpectRefused("blockTokens 4097", "blockTokens", [](auto r) { r.getKvLayout().setBlockTokens(4097); });
   ExpectRefused("numBlocks 0", "numBlocks", [](auto r) { r.getKvLayout().setNumBlocks(0); });
-  ExpectRefused("numBlocks 2^24+1", "numBlocks", [](auto r) { r.getKvLayout().setNumBlocks((1u << 24) + 1); });
+  ExpectRefused("numBlocks 2^31", "numBlocks", [](auto r) { r.getKvLayout().setNumBlocks(1u << 31); });
   ExpectRefused("blockBytes", "blockBytes", [](auto r) {
     r.getKvLayout().setBlockBytes(r.getKvLayout().getBlockBytes() + 1);
   });
@@ -202,8 +208,8 @@ TEST_F(RegistrationCheckTest, ProductsDoNotWrapAround) {
   limits_.max_kv_bytes = ~uint64_t{0};
   ExpectRefused("blocks x layers x page bytes", "pageBytes", [](auto r) {
     auto kl = r.getKvLayout();
-    kl.setNumBlocks(1u << 24);
-    kl.setPageBytes(uint64_t{1} << 40);  // 2^24 * 4 * 2^40 = 2^66
+    kl.setNumBlocks(1u << 30);
+    kl.setPageBytes(uint64_t{1} << 40);  // 2^30 * 4 * 2^40 = 2^72
     r.getKvMemory().setBytes(~uint64_t{0});
   });
   ExpectRefused("layerBytes x numLayers", "blockBytes", [](auto r) {
