@@ -99,6 +99,8 @@ Result<std::unique_ptr<ClusterBackend>> ClusterBackend::Create(ClusterBackendOpt
     if (role != wire::Role::PREFILL && role != wire::Role::DECODE && role != wire::Role::CLIENT) {
       return InvalidArgument("the router takes prefill and decode workers only");
     }
+    // Before anything acts on it: a refused Register leaves the router as it was.
+    PW_RETURN_IF_ERROR(service::CheckRegistration(reg, self->options_.registration));
     if (const transport::PeerInfo* known = self->server_->FindPeer(peer);
         known != nullptr && known->pid == reg.getPid()) {
       // The same process registering again lost this router for a while and dropped its

@@ -56,6 +56,7 @@
 #include <thread>
 #include <vector>
 
+#include "services/common/registration_check.h"
 #include "services/router/backend.h"
 #include "services/transport/control.h"
 
@@ -64,6 +65,10 @@ namespace pw::router {
 struct ClusterBackendOptions {
   std::string bind = "tcp://127.0.0.1:5555";  // ROUTER endpoint workers connect to
   std::string model_name;     // workers registering another non-empty model are refused
+  // A worker's Register is refused (with the reason, logged) unless its KV layout is the served
+  // model's and its numbers within bounds (services/common/registration_check.h); pw-router
+  // sets the model from config.json.
+  service::RegistrationLimits registration;
   std::string id = "router";  // senderId on the control plane
   uint64_t heartbeat_ms = 500;
   uint32_t dead_after_beats = 3;
