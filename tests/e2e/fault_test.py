@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """e2e fault tests (router side): with greedy decoding,
   1. SIGKILL of a decode worker mid-stream: every stream finishes with exactly the reference text
-     (the router re-places the requests with the tokens already sent: no gap, no repeat);
+     (the router re-places the requests with the tokens already sent: no gap, no repeat), also
+     two with seeded sampling (the random draws continue where they stopped);
   2. SIGKILL of a prefill worker while requests arrive: they are re-dispatched and finish with
      the reference text;
   3. the cluster serves again afterwards;
@@ -32,6 +33,8 @@ PROMPTS = ["In the beginning", "The Lord said unto Moses", "int main(int argc, c
            "def parse(self, text):", "Q: Why is the sky blue?\nA:", "Once upon a time",
            "#include <stdio.h>\n", "And it came to pass"]
 MAX_TOKENS = 400  # streams must outlast failure detection (3 heartbeats)
+# Seeded sampling: a stream taken over continues the request's random draws where they stopped.
+SAMPLED = {"temperature": 0.8, "seed": 11, "ignore_eos": True}
 
 
 class Stream(threading.Thread):
@@ -87,8 +90,8 @@ class Stream(threading.Thread):
             self.error = f"{type(e).__name__}: {e}"
 
 
-def complete(url, prompt):
-    s = Stream(url, prompt)
+def complete(url, prompt, sampling=None):
+    s = Stream(url, prompt, sampling=sampling)
     s.run()
     return s
 
@@ -138,9 +141,8 @@ def store_case(build_dir, model_dir, check, failures):
         print(f"SKIPPED: no {store} (the build's tiny_store target makes it)")
         return SKIP
     max_tokens = 1024
-    sampled = {"temperature": 0.8, "seed": 11, "ignore_eos": True}
     requests = [(p, max_tokens, None) for p in PROMPTS] + \
-               [(p, max_tokens, sampled) for p in PROMPTS[:2]]
+               [(p, max_tokens, SAMPLED) for p in PROMPTS[:2]]
     log_dir = os.path.join(build_dir, "e2e-logs", "fault-store")
     # KV for every stream on one decode worker (deploy/local.yaml's 2048 blocks): a preempted
     # request's recompute is another matter than the failover's.
@@ -192,6 +194,11 @@ def main():
             s = complete(c.url, p)
             check(s.error is None and s.done_marker, f"reference run of {p!r}: {s.error}")
             reference[p] = s.text
+        sampled_reference = {}
+        for p in PROMPTS[:2]:
+            s = complete(c.url, p, SAMPLED)
+            check(s.error is None and s.done_marker, f"reference run of {p!r} {SAMPLED}: {s.error}")
+            sampled_reference[p] = s.text
 
         # 0. A client that disconnects mid-stream: the request is cancelled on the workers and
         #    its KV blocks are freed.
@@ -218,8 +225,10 @@ def main():
         check(freed, f"client disconnect cancels and frees KV (used blocks {kv_used()})")
 
         # 1. SIGKILL a decode worker mid-stream.
-        requests = [(p, MAX_TOKENS, None) for p in PROMPTS]
-        kill_decode_mid_stream(c, requests, [reference[p] for p in PROMPTS], 3, check,
+        requests = [(p, MAX_TOKENS, None) for p in PROMPTS] + \
+                   [(p, MAX_TOKENS, SAMPLED) for p in PROMPTS[:2]]
+        kill_decode_mid_stream(c, requests, [reference[p] for p in PROMPTS] +
+                               [sampled_reference[p] for p in PROMPTS[:2]], 3, check,
                                "decode SIGKILL")
 
         # 2. SIGKILL a prefill worker while requests are being placed.
