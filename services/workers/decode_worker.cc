@@ -399,7 +399,8 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
   if (g == 0 || static_cast<int64_t>(g) > run.params.max_tokens) {
     bad = "generatedSoFar " + std::to_string(g) + " outside [1, maxTokens]";
   } else if (g - 1 >= tokens.size()) {
-    bad = "generatedSoFar " + std::to_string(g) + " for " + std::to_string(tokens.size()) + " tokens";
+    bad = "generatedSoFar " + std::to_string(g) + " for " + std::to_string(tokens.size()) +
+          " tokens";
   } else if (uncached > g - 1) {
     bad = "uncachedTokens " + std::to_string(uncached) + " > generatedSoFar - 1 (" +
           std::to_string(g - 1) + ")";

@@ -54,8 +54,8 @@ class FailoverReplay : public ::testing::Test {
     o.progress = false;
     auto q = QuantizeModel(o);
     ASSERT_TRUE(q.ok()) << q.status().ToString();
-    auto pre = engine::Engine::Create(
-        kModel, {.block_size = kBlock, .kv_dtype = engine::KvDtype::kBf16});
+    auto pre =
+        engine::Engine::Create(kModel, {.block_size = kBlock, .kv_dtype = engine::KvDtype::kBf16});
     // Chunks of at most 7 tokens: the streamed tokens take two steps.
     auto dec = engine::Engine::Create(kModel, {.block_size = kBlock,
                                                .max_batch_tokens = 7,
@@ -104,8 +104,8 @@ class FailoverReplay : public ::testing::Test {
     const engine::KvLayout& kl = dec_->kv_pool().layout();
     for (int b = 0; b < nb; ++b) {
       for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(dec_->kv_pool().LayerPage((*dst)[b], l), pre_->kv_pool().LayerPage((*src)[b], l),
-                    kl.bytes_per_layer());
+        std::memcpy(dec_->kv_pool().LayerPage((*dst)[b], l),
+                    pre_->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
       }
     }
     EXPECT_TRUE(pre_->kv_pool().Free(*src).ok());
