@@ -175,6 +175,10 @@ struct StartDecode {
   sampling @4 :SamplingParams;
   generatedSoFar @5 :UInt32;      # output tokens already streamed, including firstToken
   promptRouting @6 :List(UInt32); # KvReady.promptRouting of the prefill, as it came
+  uncachedTokens @7 :UInt32;      # trailing tokens of `tokens` whose KV is not in the leased
+                                  # blocks (a failover: the tokens streamed before firstToken,
+                                  # <= generatedSoFar - 1; the lease covers them): this worker
+                                  # computes it with its own experts before decoding firstToken
 }
 
 # Decode -> router: tokens generated, in order. startIndex is the output index of tokens[0]

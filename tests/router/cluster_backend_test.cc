@@ -80,6 +80,11 @@ class ProtocolTestWorker {
     int refused_starts = 0;      // StartDecode for a lease that is not live
     size_t max_running = 0;      // largest running batch (decode worker)
     int stray_writer_done = 0;   // writerDone naming no lease this process holds
+    size_t longest_prefill = 0;  // most tokens one PrefillRequest carried
+    // StartDecode after tokens were streamed (generatedSoFar > 1); and those whose
+    // uncachedTokens is not generatedSoFar - 1 (the prefill wrote the prompt's KV only).
+    int starts_after_streaming = 0;
+    int uncached_mismatch = 0;
   };
   ProtocolTestWorker(const std::string& endpoint, const std::string& id, wire::Role role,
                      uint32_t blocks = 64, uint32_t step_ms = 3)
@@ -367,6 +372,7 @@ class ProtocolTestWorker {
         k.lease_id = p.getLeaseId();
         k.decode_worker = proto::ToString(p.getDecodeWorkerId());
         k.tokens = proto::ToVector<uint32_t>(p.getTokens());
+        stats_.longest_prefill = std::max(stats_.longest_prefill, k.tokens.size());
         k.logprobs = p.getSampling().getLogprobs();
         k.prompt_logprobs = p.getPromptLogprobs();
         if (stall_) {
@@ -380,7 +386,7 @@ class ProtocolTestWorker {
             p.getDecodeMemory().getBaseAddr() == 0x10000 &&
             p.getDecodeLayout().getLayoutHash() == 42 &&
             p.getDecodeLayout().getBlockTokens() == 16 &&
-            p.getBlockIds().size() == BlocksFor(static_cast<uint32_t>(k.tokens.size()));
+            p.getBlockIds().size() >= BlocksFor(static_cast<uint32_t>(k.tokens.size()));
         if (fail_prefill_) return SendKvReady(k, false, "prefill failed on purpose");
         return SendKvReady(k, target_ok,
                            target_ok ? "" : "PrefillRequest without the decode worker's KV target");
@@ -405,6 +411,8 @@ class ProtocolTestWorker {
         r.seq = proto::ToVector<uint32_t>(s.getTokens());
         r.seq.push_back(s.getFirstToken());
         r.generated = s.getGeneratedSoFar();
+        stats_.starts_after_streaming += r.generated > 1;
+        stats_.uncached_mismatch += s.getUncachedTokens() + 1 != r.generated;
         r.max_tokens = s.getSampling().getMaxTokens();
         r.logprobs = s.getSampling().getLogprobs();
         for (uint32_t t : s.getSampling().getStopTokenIds()) r.stops.insert(t);
@@ -978,7 +986,7 @@ TEST_F(ClusterBackendTest, CancelFreesTheWorkersBlocks) {
 }
 
 TEST_F(ClusterBackendTest, DeadDecodeWorkerRequestsContinueWithoutGapOrRepeat) {
-  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
   auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
   ASSERT_TRUE(WaitCapacity(1, 1));
   for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 150)).ok());
@@ -994,6 +1002,12 @@ TEST_F(ClusterBackendTest, DeadDecodeWorkerRequestsContinueWithoutGapOrRepeat) {
   }
   EXPECT_TRUE(events_.violations().empty());
   EXPECT_EQ(d1->stats().starts, 4);
+  // The prefill worker computed the prompt only; the new decode worker was told to compute
+  // the KV of what had streamed before its first input token.
+  EXPECT_EQ(p->stats().longest_prefill, 3u);
+  EXPECT_EQ(d1->stats().starts_after_streaming, 4);
+  EXPECT_EQ(d1->stats().uncached_mismatch, 0);
+  EXPECT_EQ(d0->stats().uncached_mismatch, 0);
   EXPECT_EQ(backend_->Load().decode_workers, 1);
 }
 

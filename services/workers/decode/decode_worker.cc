@@ -386,28 +386,46 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
   // The prefill worker's puts into these blocks are done (its KvReady preceded this message);
   // order this thread after the progress thread that wrote them.
   ucx_worker_->SyncWithProgress();
+  std::vector<int32_t> tokens;
+  for (uint32_t t : r.getTokens()) tokens.push_back(static_cast<int32_t>(t));
   Running run;
-  for (uint32_t t : r.getTokens()) run.prompt.push_back(static_cast<int32_t>(t));
   run.params = FromWire(r.getSampling());
   const uint32_t g = r.getGeneratedSoFar();
-  // firstToken is output index g-1 and counts toward max_tokens here, as in the engine.
+  const uint32_t uncached = r.getUncachedTokens();
+  // firstToken is output index g-1 and counts toward max_tokens, as in the engine; the g-1
+  // tokens streamed before it end `tokens`, and the KV of the last `uncached` of them is ours
+  // to compute.
+  std::string bad;
   if (g == 0 || static_cast<int64_t>(g) > run.params.max_tokens) {
+    bad = "generatedSoFar " + std::to_string(g) + " outside [1, maxTokens]";
+  } else if (g - 1 >= tokens.size()) {
+    bad = "generatedSoFar " + std::to_string(g) + " for " + std::to_string(tokens.size()) +
+          " tokens";
+  } else if (uncached > g - 1) {
+    bad = "uncachedTokens " + std::to_string(uncached) + " > generatedSoFar - 1 (" +
+          std::to_string(g - 1) + ")";
+  }
+  if (!bad.empty()) {
     FreeBlocks(lease->blocks, "bad StartDecode");
-    SendFinish(id, wire::FinishReason::ERROR,
-               "generatedSoFar " + std::to_string(g) + " outside [1, maxTokens]", g);
+    SendFinish(id, wire::FinishReason::ERROR, bad, g);
     return;
   }
-  run.params.max_tokens -= static_cast<int>(g - 1);
   const int32_t first = static_cast<int32_t>(r.getFirstToken());
+  const auto prompt_end = tokens.end() - static_cast<std::ptrdiff_t>(g - 1);
+  run.prompt.assign(tokens.begin(), prompt_end);
+  run.generated.assign(prompt_end, tokens.end());
   run.generated.push_back(first);
   run.next_index = g;
-  if (run.params.max_tokens <= 1) {
+  if (static_cast<int64_t>(g) >= run.params.max_tokens) {
     // The first token already used the whole budget.
     FreeBlocks(lease->blocks, "finished at the first token");
     SendFinish(id, wire::FinishReason::LENGTH, "", g);
     return;
   }
-  Status st = engine_->AddPrefilledSequence(id, run.prompt, lease->blocks, first, run.params);
+  // The seeded random stream continues at draw g (engine.h).
+  Status st = engine_->AddPrefilledSequence(id, std::move(tokens), lease->blocks, first,
+                                            run.params, static_cast<int>(g - 1),
+                                            static_cast<int>(uncached));
   if (!st.ok()) {
     FreeBlocks(lease->blocks, "StartDecode refused");
     SendFinish(id, wire::FinishReason::ERROR, "decode worker " + options_.id + ": " + st.message(), g);

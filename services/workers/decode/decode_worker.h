@@ -155,9 +155,9 @@ class DecodeWorker {
 
  private:
   struct Running {
-    std::vector<int32_t> prompt;     // tokens whose KV the prefill wrote (or recomputed)
-    std::vector<int32_t> generated;  // tokens generated here and before, first token included
-    engine::SamplingParams params;   // max_tokens already reduced by earlier output
+    std::vector<int32_t> prompt;     // the request's prompt
+    std::vector<int32_t> generated;  // every output token streamed (here and before)
+    engine::SamplingParams params;   // as the request asked (max_tokens counts all output)
     uint32_t next_index = 0;         // output index of the next token streamed
     uint64_t lease_id = 0;           // the lease StartDecode took
     bool preempted = false;
