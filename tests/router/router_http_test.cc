@@ -438,6 +438,14 @@ TEST_F(RouterHttpTest, OutOfRangeValues) {
               "temperature");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","top_p":0})"), 400,
               "top_p");
+  // Above 0 as a double, 0 as the float the workers compute with.
+  json denormal = ExpectError(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","top_p":1e-320})"), 400, "top_p");
+  EXPECT_EQ(denormal["error"]["type"], "invalid_request_error");
+  ExpectError(Post("/v1/chat/completions",
+                   R"({"model":"tiny-moe","messages":[{"role":"user","content":"x"}],)"
+                   R"("temperature":1e-320})"),
+              400, "temperature");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","n":17})"), 400, "n");
   ExpectError(
       Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stop":["a","b","c","d","e"]})"),
