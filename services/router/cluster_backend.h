@@ -21,7 +21,9 @@
 // process, every request it held is placed again from step 1 with tokens = prompt + the tokens
 // already delivered, and generatedSoFar = their count, so the stream continues at the next
 // output index with no gap and no repeat. A lease refused for lack of KV is retried after a
-// short backoff; other failures are retried up to `max_attempts` times, then reported. A worker
+// short backoff; other failures are retried up to `max_attempts` times, then reported; a
+// worker's refusal of the request's own values (errorKind invalidRequest) ends it at once with
+// kInvalidArgument, neither placed again nor counted against the worker. A worker
 // that registers again with the same process (it lost the router for 3 heartbeats and dropped
 // its requests) is treated like a dead one for the requests it held, and a reservation or
 // prefill that gets no answer within phase_timeout_ms is cancelled and placed again.
@@ -207,7 +209,8 @@ class ClusterBackend final : public GenerationBackend {
   void WriterDone(const std::string& decode_peer, uint64_t id, uint64_t lease_id);
   void ReleaseFence(const Fence& f);
   void CheckFences();
-  void Finish(uint64_t id, FinishReason reason, Status error);
+  // `param`: see GenerationEvents::OnFinished.
+  void Finish(uint64_t id, FinishReason reason, Status error, std::string param = "");
   const WorkerStatic* StaticOf(const transport::PeerInfo& info);
   void PublishLoad();
   uint64_t NowMs() const;
