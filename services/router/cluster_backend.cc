@@ -472,6 +472,12 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   Req& r = it->second;
   if (!m.getOk()) {
     SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
+    if (m.getErrorKind() == wire::ErrorKind::INVALID_REQUEST) {
+      // The request's own values: not the worker's failure, and no other worker would differ.
+      Finish(id, FinishReason::kError, InvalidArgument(proto::ToString(m.getError())),
+             proto::ToString(m.getErrorParam()));
+      return;
+    }
     Retry(id, r, "prefill on '" + peer + "' failed: " + proto::ToString(m.getError()));
     return;
   }
@@ -644,6 +650,13 @@ void ClusterBackend::OnFinish(const std::string& peer, wire::Finish::Reader m) {
     case wire::FinishReason::ERROR:
     default:
       if (r.phase == Phase::kPrefilling) ReleasePlacement(id, r);
+      if (m.getReason() == wire::FinishReason::ERROR &&
+          m.getErrorKind() == wire::ErrorKind::INVALID_REQUEST) {
+        // The request's own values: not the worker's failure, and no other worker would differ.
+        Finish(id, FinishReason::kError, InvalidArgument(proto::ToString(m.getError())),
+               proto::ToString(m.getErrorParam()));
+        break;
+      }
       Retry(id, r, "error on '" + peer + "': " + proto::ToString(m.getError()));
       break;
   }
@@ -821,9 +834,9 @@ void ClusterBackend::SendCancel(const std::string& peer, uint64_t id, uint64_t l
   if (!st.ok()) PW_LOG(DEBUG) << "router: Cancel to '" << peer << "': " << st.ToString();
 }
 
-void ClusterBackend::Finish(uint64_t id, FinishReason reason, Status error) {
+void ClusterBackend::Finish(uint64_t id, FinishReason reason, Status error, std::string param) {
   reqs_.erase(id);
-  events_->OnFinished(id, reason, std::move(error));
+  events_->OnFinished(id, reason, std::move(error), std::move(param));
 }
 
 void ClusterBackend::PublishLoad() {

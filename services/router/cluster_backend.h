@@ -28,7 +28,9 @@
 // `max_attempts` times, then reported. A worker that registers again with the same process (it
 // lost the router for 3 heartbeats and dropped its requests) is treated like a dead one for the
 // requests it held, and a reservation or prefill that gets no answer within phase_timeout_ms
-// is cancelled and placed again.
+// is cancelled and placed again. A worker's refusal of the request's own values (errorKind
+// invalidRequest) ends it at once with kInvalidArgument, neither placed again nor counted
+// against the worker.
 // A worker this router could not send to (its connection is gone: SIGKILL, a crash) is
 // unreachable until it is heard from again (a heartbeat, a new registration) or declared dead:
 // placement skips it and Load() does not count it. A request whose message never reached its
@@ -219,7 +221,8 @@ class ClusterBackend final : public GenerationBackend {
   void WriterDone(const std::string& decode_peer, uint64_t id, uint64_t lease_id);
   void ReleaseFence(const Fence& f);
   void CheckFences();
-  void Finish(uint64_t id, FinishReason reason, Status error);
+  // `param`: see GenerationEvents::OnFinished.
+  void Finish(uint64_t id, FinishReason reason, Status error, std::string param = "");
   const WorkerStatic* StaticOf(const transport::PeerInfo& info);
   void PublishLoad();
   uint64_t NowMs() const;

@@ -415,6 +415,8 @@ class StepRouter {
     std::vector<float> logprobs;  // of the TokenChunk tokens, when asked for
     wire::FinishReason reason = wire::FinishReason::STOP;
     std::string error;
+    wire::ErrorKind error_kind = wire::ErrorKind::WORKER;
+    std::string error_param;
   };
   explicit StepRouter(const std::string& bind = "tcp://127.0.0.1:0") {
     auto t = transport::ZmqRouterTransport::Bind(bind);
@@ -461,6 +463,8 @@ class StepRouter {
           s.finished = true;
           s.reason = b.getFinish().getReason();
           s.error = proto::ToString(b.getFinish().getError());
+          s.error_kind = b.getFinish().getErrorKind();
+          s.error_param = proto::ToString(b.getFinish().getErrorParam());
           break;
         }
         default:
@@ -503,14 +507,15 @@ class StepRouter {
     pr.setLeaseId(s.lease);
     ASSERT_TRUE(server->Send(prefill, out).ok());
   }
-  void StartDecode(uint64_t id, const std::vector<int32_t>& prompt, int max_tokens) {
-    StartDecode(id, prompt, seen[id].out.at(0), 1, 0, max_tokens);
+  void StartDecode(uint64_t id, const std::vector<int32_t>& prompt, int max_tokens,
+                   float top_p = 1.f) {
+    StartDecode(id, prompt, seen[id].out.at(0), 1, 0, max_tokens, -1, top_p);
   }
   // `tokens`: what precedes `first` (output index generated_so_far - 1); the KV of the last
   // `uncached` of them is not in the lease. `logprobs`: SamplingParams.logprobs.
   void StartDecode(uint64_t id, const std::vector<int32_t>& tokens, int32_t first,
                    uint32_t generated_so_far, uint32_t uncached, int max_tokens,
-                   int32_t logprobs = -1) {
+                   int32_t logprobs = -1, float top_p = 1.f) {
     const Seen& s = seen[id];
     proto::OutMessage out;
     auto sd = out.body().initStartDecode();
@@ -522,6 +527,7 @@ class StepRouter {
     sd.initSampling().setMaxTokens(static_cast<uint32_t>(max_tokens));
     sd.getSampling().setIgnoreEos(true);
     sd.getSampling().setLogprobs(logprobs);
+    sd.getSampling().setTopP(top_p);
     sd.setGeneratedSoFar(generated_so_far);
     sd.setUncachedTokens(uncached);
     ASSERT_TRUE(server->Send("decode-0", out).ok());
@@ -737,6 +743,48 @@ TEST(Workers, ATakenOverStreamContinuesFromTheStreamedTokensKvItComputes) {
     return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
   }, 30000);
   EXPECT_TRUE(all_free) << logs();
+}
+
+// A StartDecode whose own sampling values the decode worker cannot compute with (top_p 0: what
+// 1e-320 is as a float; the prefill worker was given valid ones) is refused as an invalid
+// request naming the field, and the lease's blocks go back to the pool.
+TEST(Workers, DecodeWorkerRefusesTheRequestsOwnSamplingValuesAsAnInvalidRequest) {
+  StepRouter r;
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = "DecodeRefusesSampling";
+  const std::string beat = std::to_string(StepRouter::kBeatMs);
+  constexpr int kBlocks = 8;
+  testing::ChildProcess decode, prefill;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                            "--id", "decode-0", "--kv-blocks", std::to_string(kBlocks),
+                            "--heartbeat-ms", beat},
+                           log_dir + "/" + tag + ".decode.log"));
+  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                             "--id", "prefill-0", "--heartbeat-ms", beat},
+                            log_dir + "/" + tag + ".prefill.log"));
+  auto logs = [&] { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log(); };
+  ASSERT_TRUE(r.Until([&] {
+    return r.server->FindPeer("decode-0") && r.server->FindPeer("prefill-0");
+  }, 120000)) << logs();
+  auto prompts = RandomPrompts(1, 7, 20, 20);
+  const uint64_t kId = 1;
+  r.Reserve(kId, prompts[0].size(), 30000);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kId].reserved; }, 30000)) << logs();
+  r.Prefill("prefill-0", kId, prompts[0], 8);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kId].kv_ready; }, 60000)) << logs();
+  ASSERT_TRUE(r.seen[kId].kv_ready_ok) << logs();
+  r.StartDecode(kId, prompts[0], 8, static_cast<float>(1e-320));
+  ASSERT_TRUE(r.Until([&] { return r.seen[kId].finished; }, 30000)) << logs();
+  EXPECT_EQ(r.seen[kId].reason, wire::FinishReason::ERROR);
+  EXPECT_EQ(r.seen[kId].error_kind, wire::ErrorKind::INVALID_REQUEST) << r.seen[kId].error;
+  EXPECT_EQ(r.seen[kId].error_param, "top_p") << r.seen[kId].error;
+  bool all_free = r.Until([&] {
+    const auto* d = r.server->FindPeer("decode-0");
+    return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
+  }, 30000);
+  EXPECT_TRUE(all_free) << logs();
+  EXPECT_TRUE(decode.running() && prefill.running()) << logs();
 }
 
 // A decode worker whose broker is not there waits for its expert weights; SIGTERM in that wait

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/logging.h"
+#include "common/sampling_check.h"
 #include "engine/models/model.h"
 #include "services/transport/control_connect.h"
 #include "services/common/model_name.h"
@@ -329,13 +330,18 @@ size_t DecodeWorker::quarantined_blocks() const {
 }
 
 void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
-                              const std::string& error, uint32_t num_generated) {
+                              const std::string& error, uint32_t num_generated,
+                              const std::string& refused_param) {
   proto::OutMessage m;
   auto f = m.body().initFinish();
   f.setRequestId(request_id);
   f.setReason(reason);
   f.setError(error);
   f.setNumGenerated(num_generated);
+  if (!refused_param.empty()) {
+    f.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
+    f.setErrorParam(refused_param);
+  }
   Status st = router_->Send(m);
   if (!st.ok()) PW_LOG(WARNING) << options_.id << ": Finish " << request_id << ": " << st.ToString();
   if (reason == wire::FinishReason::ERROR) metrics_->requests_finished_error->Increment();
@@ -391,6 +397,14 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
   Running run;
   run.params = FromWire(r.getSampling());
   const uint32_t g = r.getGeneratedSoFar();
+  // The request's own sampling values (the router's check, common/sampling_check.h): a refusal
+  // is the request's fault, not this worker's (Finish.errorKind invalidRequest).
+  if (auto e = CheckSampling(engine::ValuesOf(run.params))) {
+    FreeBlocks(lease->blocks, "sampling values refused");
+    SendFinish(id, wire::FinishReason::ERROR,
+               "decode worker " + options_.id + ": sampling: " + e->message, g, e->param);
+    return;
+  }
   const uint32_t uncached = r.getUncachedTokens();
   // firstToken is output index g-1 and counts toward max_tokens, as in the engine; the g-1
   // tokens streamed before it end `tokens`, and the KV of the last `uncached` of them is ours

@@ -190,8 +190,10 @@ class DecodeWorker {
   void StepOnce(std::unique_lock<std::mutex>& control);
   void KeepaliveLoop();
   bool Preempt();
+  // `refused_param` non-empty: `error` refuses the request's own value of that field
+  // (Finish.errorKind invalidRequest), not a failure of this worker.
   void SendFinish(uint64_t request_id, wire::FinishReason reason, const std::string& error,
-                  uint32_t num_generated);
+                  uint32_t num_generated, const std::string& refused_param = "");
   void FreeBlocks(const std::vector<int32_t>& blocks, const char* why);
   // Puts the blocks of an ended lease into quarantine (see the file comment).
   void Quarantine(KvLease lease, const char* why);
