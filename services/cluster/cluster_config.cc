@@ -1,10 +1,12 @@
 #include "services/cluster/cluster_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "common/yaml_config.h"
+#include "policies/misses/router_trace.h"
 
 namespace pw::cluster {
 
@@ -153,10 +155,23 @@ const Schema& ClusterSchema() {
                                   return "";
                                 })},
                      // Router-logit trace of the served tokens (services/workers/decode_trace.h):
-                     // every `sample`-th forward pass, the file bounded by max_mb (MB).
+                     // every `sample`-th forward pass, the file bounded by max_mb (MB). A bound
+                     // that holds no record of any model is refused here; the worker refuses one
+                     // below its model's floor at start (misses::MinTraceBytes).
                      {"trace", Schema::Map({
                                    {"path", Schema::String().NonEmpty().Required()},
-                                   {"max_mb", Schema::Double().Range(0.001, 1e6).Default(64.0)},
+                                   {"max_mb", Schema::Double().Max(1e6).Default(64.0).Check(
+                                                  [](const ConfigValue& v) -> std::string {
+                                                    const double mb = v.AsDouble();
+                                                    const auto bytes = mb > 0 ? std::llround(mb * 1e6) : 0;
+                                                    if (bytes >= static_cast<long long>(misses::kMinTraceBytesAnyModel)) return "";
+                                                    char m[64];
+                                                    std::snprintf(m, sizeof m, "%g MB (%lld bytes)", mb, bytes);
+                                                    return std::string(m) + " holds no record: a router trace with one record "
+                                                           "takes at least " + std::to_string(misses::kMinTraceBytesAnyModel) +
+                                                           " bytes (0.000164 MB: its 64-byte header, a record, the end "
+                                                           "record; more for a real model)";
+                                                  })},
                                    {"sample", Schema::Int().Range(1, 1 << 30).Default(int64_t{1})},
                                })},
                  })).Size(1, 64).Required()},
