@@ -214,20 +214,14 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
       run.interrupted = true;
       break;
     }
-    if (bounded && plan[i].at_s >= o.duration_s) {
-      run.duration_reached = true;
-      break;
-    }
+    if (bounded && plan[i].at_s >= o.duration_s) break;
     auto body = BuildRequestBody(o, prompts, plan[i], i);
     if (!body.ok()) {
       failure = body.status().WithContext("request " + std::to_string(i));
       break;
     }
     std::this_thread::sleep_until(after(plan[i].at_s));
-    if (!acquire_by_end()) {
-      run.duration_reached = true;
-      break;
-    }
+    if (!acquire_by_end()) break;  // the duration ended while it waited for a slot
     {
       std::lock_guard<std::mutex> lock(sh.mu);
       ++sh.sent;

@@ -55,9 +55,8 @@ struct BenchmarkRun {
   SteadyClock::time_point t0;  // the benchmark's start (records' times are relative to it)
   double duration_s = 0;       // first planned start -> last request finished
   int64_t max_in_flight = 0;
-  bool interrupted = false;       // `stop` became true before the plan was sent
-  bool duration_reached = false;  // the duration ended sending before the plan was sent
-  int64_t cancelled = 0;          // requests in flight when the drain ended, cancelled
+  bool interrupted = false;  // `stop` became true before the plan was sent
+  int64_t cancelled = 0;     // requests in flight when the drain ended, cancelled
 };
 
 // The JSON body of one request (stream with usage, max_tokens = output_len).
