@@ -190,10 +190,12 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
   });
 
   auto after = [&](double s) {
-    return sh.t0 + std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(s));
+    return sh.t0 +
+           std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(s));
   };
   const bool bounded = o.duration_s > 0;
-  const SteadyClock::time_point send_end = bounded ? after(o.duration_s) : SteadyClock::time_point::max();
+  const SteadyClock::time_point send_end =
+      bounded ? after(o.duration_s) : SteadyClock::time_point::max();
   // A slot before the duration's end (false: none came free in time, nothing taken).
   auto acquire_by_end = [&]() {
     std::unique_lock<std::mutex> lock(sh.mu);
@@ -231,10 +233,13 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
   }
   {
     std::unique_lock<std::mutex> lock(sh.mu);
-    auto all_back = [&] { return sh.completed + sh.failed + sh.cancelled == static_cast<int64_t>(sent); };
+    auto all_back = [&] {
+      return sh.completed + sh.failed + sh.cancelled == static_cast<int64_t>(sent);
+    };
     if (bounded && std::isfinite(o.drain_s) &&
-        !sh.cv.wait_until(lock, send_end + std::chrono::duration_cast<SteadyClock::duration>(
-                                                  std::chrono::duration<double>(o.drain_s)),
+        !sh.cv.wait_until(lock,
+                          send_end + std::chrono::duration_cast<SteadyClock::duration>(
+                                         std::chrono::duration<double>(o.drain_s)),
                           all_back)) {
       // The drain is over: what is still in flight is cancelled (the client calls back for each,
       // error_kind "cancelled", before Stop returns).

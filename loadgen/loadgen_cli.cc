@@ -301,7 +301,8 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
     s["not_sent"] = static_cast<int64_t>(plan.size() - run->records.size());
     if (o.duration > 0) {
       s["duration_limit"] = o.duration;
-      s["drain_timeout"] = std::isfinite(o.drain_timeout) ? nlohmann::json(o.drain_timeout) : nlohmann::json("inf");
+      s["drain_timeout"] =
+          std::isfinite(o.drain_timeout) ? nlohmann::json(o.drain_timeout) : nlohmann::json("inf");
     }
     if (!o.trace.empty()) {
       s["trace"] = {{"path", o.trace},

@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
                trace_path.c_str(), in.records.size(), static_cast<unsigned long long>(in.tokens()),
                in.num_moe_layers, h.num_experts, h.top_k, load_s);
   if (!trace->tail.complete) {
-    std::fprintf(stderr, "pw-sim: warning: %s; replaying the whole records\n", trace->tail.message.c_str());
+    std::fprintf(stderr, "pw-sim: warning: %s; replaying the whole records\n",
+                 trace->tail.message.c_str());
   }
   const double bytes = cost.expert_bytes > 0 ? cost.expert_bytes : in.expert_bytes;
 
@@ -135,8 +136,9 @@ int main(int argc, char** argv) {
     while (std::getline(ss, item, ',')) vals.push_back(item);
     for (size_t i = 0; i < keys.size() && i < vals.size(); ++i) std::printf("%s %s\n", keys[i].c_str(), vals[i].c_str());
     std::printf("replay_tokens_per_second %.0f\n", r->replay_seconds > 0 ? r->tokens / r->replay_seconds : 0.0);
-    std::printf("trace_complete %d\ntrace_layer_records %zu\ntrace_torn_bytes %llu\n", trace->tail.complete ? 1 : 0,
-                trace->layers.size(), static_cast<unsigned long long>(trace->tail.torn_bytes));
+    std::printf("trace_complete %d\ntrace_layer_records %zu\ntrace_torn_bytes %llu\n",
+                trace->tail.complete ? 1 : 0, trace->layers.size(),
+                static_cast<unsigned long long>(trace->tail.torn_bytes));
     return 0;
   }
 

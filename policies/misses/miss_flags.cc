@@ -40,8 +40,10 @@ void AddTraceFlags(CLI::App* app, TraceFlags* f) {
             TraceFlags t;
             t.max_mb = std::atof(v.c_str());
             if (t.max_mb == 0 || t.max_bytes() >= kMinTraceBytesAnyModel) return "";
-            return "a bound of " + std::to_string(t.max_bytes()) + " bytes holds no record: a router trace with one record takes at least " +
-                   std::to_string(kMinTraceBytesAnyModel) + " bytes (0.000164 MB; more for a real model)";
+            return "a bound of " + std::to_string(t.max_bytes()) +
+                   " bytes holds no record: a router trace with one record takes at least " +
+                   std::to_string(kMinTraceBytesAnyModel) +
+                   " bytes (0.000164 MB; more for a real model)";
           },
           "0 or >= 0.000164"));
   app->add_option("--trace-sample", f->sample, "record every N-th forward pass")->check(CLI::Range(1, 1 << 30));

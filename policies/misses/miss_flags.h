@@ -15,7 +15,8 @@
 //                              flags given on the command line win
 //   --record-trace FILE        write a router-logit trace (docs/formats.md)
 //   --trace-max-mb M           bound the trace (0 = none; else at least 0.000164, the smallest
-//                              trace with a record: router_trace.h); --trace-sample N: every N-th pass
+//                              trace with a record: router_trace.h); --trace-sample N: every N-th
+//                              pass
 #pragma once
 
 #include <cstdint>

@@ -38,11 +38,12 @@ size_t LayerPayloadBytes(size_t T, size_t E, size_t k) {
 }  // namespace
 
 uint64_t MinTraceBytes(uint32_t num_experts, uint32_t top_k) {
-  return kHeaderBytes + kRecordHeaderBytes + LayerPayloadBytes(1, num_experts, top_k) + kRecordHeaderBytes +
-         kEndPayload;
+  return kHeaderBytes + kRecordHeaderBytes + LayerPayloadBytes(1, num_experts, top_k) +
+         kRecordHeaderBytes + kEndPayload;
 }
 
-static_assert(kMinTraceBytesAnyModel == kHeaderBytes + kRecordHeaderBytes + 16 + 20 + kRecordHeaderBytes + kEndPayload);
+static_assert(kMinTraceBytesAnyModel ==
+              kHeaderBytes + kRecordHeaderBytes + 16 + 20 + kRecordHeaderBytes + kEndPayload);
 
 Result<std::unique_ptr<RouterTraceWriter>> RouterTraceWriter::Create(const std::string& path,
                                                                      const TraceHeader& h,
@@ -55,8 +56,9 @@ Result<std::unique_ptr<RouterTraceWriter>> RouterTraceWriter::Create(const std::
   }
   if (max_bytes != 0 && max_bytes < MinTraceBytes(h.num_experts, h.top_k)) {
     return InvalidArgument("router trace: a bound of " + std::to_string(max_bytes) +
-                           " bytes holds no record: a trace of this model (" + std::to_string(h.num_experts) +
-                           " experts, top-" + std::to_string(h.top_k) + ") with one record of one token takes " +
+                           " bytes holds no record: a trace of this model (" +
+                           std::to_string(h.num_experts) + " experts, top-" +
+                           std::to_string(h.top_k) + ") with one record of one token takes " +
                            std::to_string(MinTraceBytes(h.num_experts, h.top_k)) + " bytes");
   }
   std::FILE* f = std::fopen(path.c_str(), "wb");
@@ -290,12 +292,13 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
     tr.counts.layer_records = tr.layers.size();
     tr.counts.token_layers = token_layers;
     std::string m = name + ": cut short (no end record; the writer did not finish): " +
-                    std::to_string(tr.layers.size()) + " whole layer records read (" + std::to_string(off) +
-                    " bytes)";
+                    std::to_string(tr.layers.size()) + " whole layer records read (" +
+                    std::to_string(off) + " bytes)";
     if (torn) {
-      m += "; record " + std::to_string(torn_index) + " at byte " + std::to_string(off) + " is torn (" +
-           std::to_string(size - off) + " of " +
-           (torn_size != 0 ? std::to_string(torn_size) + " bytes" : "its 16-byte header") + "), ignored";
+      m += "; record " + std::to_string(torn_index) + " at byte " + std::to_string(off) +
+           " is torn (" + std::to_string(size - off) + " of " +
+           (torn_size != 0 ? std::to_string(torn_size) + " bytes" : "its 16-byte header") +
+           "), ignored";
     }
     tr.tail.message = std::move(m);
     return tr;

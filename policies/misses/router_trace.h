@@ -7,13 +7,13 @@
 // File: a 64-byte header, then records, each a 16-byte record header and a payload:
 //   layer record: one MoE layer of one forward pass (T tokens);
 //   end record:   the counts; always the last record. A file without one was cut short.
-// Every header and payload carries a CRC-32 (pw::apw::Crc32, common/apw_store.h). The reader refuses a bad
-// magic or version, a checksum mismatch, out-of-range layers or experts, and trailing bytes,
-// naming the byte offset and record index. A file cut short (its writer killed, or stopped by
-// a failed write such as a full disk) is read up to its last whole record: the records read
-// are kept and RouterTrace::tail says where the cut is and how many bytes of an incomplete
-// last record follow it. Only the end of the file can be cut: a record that fails its
-// checksum is corruption wherever it is, and so is a whole last record.
+// Every header and payload carries a CRC-32 (pw::apw::Crc32, common/apw_store.h). The reader
+// refuses a bad magic or version, a checksum mismatch, out-of-range layers or experts, and trailing
+// bytes, naming the byte offset and record index. A file cut short (its writer killed, or stopped
+// by a failed write such as a full disk) is read up to its last whole record: the records read are
+// kept and RouterTrace::tail says where the cut is and how many bytes of an incomplete last record
+// follow it. Only the end of the file can be cut: a record that fails its checksum is corruption
+// wherever it is, and so is a whole last record.
 #pragma once
 
 #include <cstdint>

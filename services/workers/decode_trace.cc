@@ -15,7 +15,8 @@ Result<std::unique_ptr<DecodeTrace>> DecodeTrace::Create(const DecodeTraceOption
     return InvalidArgument("router trace: a serving process's trace needs a size bound (max_bytes > 0)");
   }
   // The writer first: a DecodeTrace always has one (its destructor closes it).
-  auto writer = misses::RouterTraceWriter::Create(options.path, engine::TraceHeaderFor(config), options.max_bytes);
+  auto writer = misses::RouterTraceWriter::Create(options.path, engine::TraceHeaderFor(config),
+                                                  options.max_bytes);
   if (!writer.ok()) {
     // The model's own floor (the configuration checked only the one of any model).
     if (writer.status().code() == StatusCode::kInvalidArgument) {

@@ -119,9 +119,10 @@ TEST(ClusterConfig, DecodeTraceBlockBecomesFlags) {
 // model but not the one served is refused by the decode worker at start.)
 TEST(ClusterConfig, TraceBoundBelowOneRecordIsRefused) {
   for (const char* mb : {"0.0001", "0.000163", "0", "-1"}) {
-    auto p = WriteTemp("trace_small.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"
-                                                       "decode: [{id: d}, {id: e, trace: {path: x, max_mb: ") +
-                                               mb + "}}]\n");
+    auto p = WriteTemp("trace_small.yaml",
+                       std::string("model_dir: m\nprefill: [{id: p}]\n"
+                                   "decode: [{id: d}, {id: e, trace: {path: x, max_mb: ") +
+                           mb + "}}]\n");
     auto r = LoadClusterConfig(p, "/bin");
     ASSERT_FALSE(r.ok()) << mb;
     const std::string m = r.status().message();
@@ -129,8 +130,9 @@ TEST(ClusterConfig, TraceBoundBelowOneRecordIsRefused) {
     EXPECT_NE(m.find("holds no record"), std::string::npos) << m;
     EXPECT_NE(m.find("164 bytes"), std::string::npos) << m;
   }
-  auto p = WriteTemp("trace_min.yaml", "model_dir: m\nprefill: [{id: p}]\n"
-                                       "decode: [{id: d, trace: {path: x, max_mb: 0.000164}}]\n");
+  auto p = WriteTemp("trace_min.yaml",
+                     "model_dir: m\nprefill: [{id: p}]\n"
+                     "decode: [{id: d, trace: {path: x, max_mb: 0.000164}}]\n");
   auto cfg = LoadClusterConfig(p, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_EQ(std::stod(ValueAfter(ArgvOf(*cfg, "d"), "--trace-max-mb")), 0.000164);

@@ -273,17 +273,20 @@ TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
   std::filesystem::copy_file(trace, cut, std::filesystem::copy_options::overwrite_existing);
   const uint64_t whole = std::filesystem::file_size(trace) - 48 - 132;
   std::filesystem::resize_file(cut, whole + 40);
-  ASSERT_EQ(std::system((testing::BinPath("pw-sim") + " --trace " + cut + " --residency 0.25 --miss-policy speed-first > " +
-                         dir + "/sim-cut.out 2>&1").c_str()),
-            0)
+  ASSERT_EQ(
+      std::system((testing::BinPath("pw-sim") + " --trace " + cut +
+                   " --residency 0.25 --miss-policy speed-first > " + dir + "/sim-cut.out 2>&1")
+                      .c_str()),
+      0)
       << ReadFile(dir + "/sim-cut.out");
   const std::string sim_cut = ReadFile(dir + "/sim-cut.out");
   EXPECT_NE(sim_cut.find("\ntrace_complete 0\n"), std::string::npos) << sim_cut;
-  EXPECT_NE(sim_cut.find("\ntrace_layer_records " + std::to_string(t->layers.size() - 1) + "\n"), std::string::npos)
+  EXPECT_NE(sim_cut.find("\ntrace_layer_records " + std::to_string(t->layers.size() - 1) + "\n"),
+            std::string::npos)
       << sim_cut;
   EXPECT_NE(sim_cut.find("\ntrace_torn_bytes 40\n"), std::string::npos) << sim_cut;
-  EXPECT_NE(sim_cut.find("record " + std::to_string(t->layers.size() - 1) + " at byte " + std::to_string(whole) +
-                         " is torn (40 of 132 bytes), ignored"),
+  EXPECT_NE(sim_cut.find("record " + std::to_string(t->layers.size() - 1) + " at byte " +
+                         std::to_string(whole) + " is torn (40 of 132 bytes), ignored"),
             std::string::npos)
       << sim_cut;
 }

@@ -425,7 +425,9 @@ TEST(LoadgenCli, DurationBoundsAnInfRateRunHeldBackByConcurrency) {
   EXPECT_GT(completed, 0);
   EXPECT_LT(completed, 400);
   EXPECT_EQ(r.result.value("failed", int64_t{-1}), 0);
-  EXPECT_EQ(completed + r.result.value("cancelled", int64_t{0}) + r.result.value("not_sent", int64_t{0}), 400);
+  EXPECT_EQ(
+      completed + r.result.value("cancelled", int64_t{0}) + r.result.value("not_sent", int64_t{0}),
+      400);
   EXPECT_GT(r.result.value("not_sent", int64_t{0}), 0);
   EXPECT_EQ(static_cast<int64_t>(server.served().size()), completed);
 }
@@ -440,7 +442,8 @@ TEST(LoadgenCli, DurationCancelsWhatIsInFlightAfterTheDrain) {
   o.drain_timeout_given = true;
   const BoundedRun r = RunFor(o, "cancelled");
   EXPECT_EQ(r.rc, 0);
-  EXPECT_LT(r.seconds, 10.0) << "an inf-rate run with --duration 1 --drain-timeout 0.5 ran " << r.seconds << " s";
+  EXPECT_LT(r.seconds, 10.0) << "an inf-rate run with --duration 1 --drain-timeout 0.5 ran "
+                             << r.seconds << " s";
   ASSERT_TRUE(r.result.is_object());
   EXPECT_EQ(r.result["completed"], 0);
   EXPECT_EQ(r.result["failed"], 0);
@@ -455,14 +458,15 @@ TEST(LoadgenCli, DurationCancelsWhatIsInFlightAfterTheDrain) {
 TEST(LoadgenCli, RequestsFinishingWithinTheDrainComplete) {
   FakeSseServer server(microseconds(5000), microseconds(100000));
   CliOptions o = InfRate(server.port(), 5, 30, 1.0);  // ~3 s each, sent at t = 0
-  const BoundedRun r = RunFor(o, "drained");           // the default drain, 30 s
+  const BoundedRun r = RunFor(o, "drained");          // the default drain, 30 s
   EXPECT_EQ(r.rc, 0);
   ASSERT_TRUE(r.result.is_object());
   EXPECT_EQ(r.result["cancelled"], 0);
   EXPECT_EQ(r.result["failed"], 0);
   EXPECT_EQ(r.result["completed"].get<int64_t>() + r.result["not_sent"].get<int64_t>(), 5);
   EXPECT_GT(r.result["completed"].get<int64_t>(), 0);
-  EXPECT_EQ(r.result["total_output_tokens"].get<int64_t>(), 30 * r.result["completed"].get<int64_t>());
+  EXPECT_EQ(r.result["total_output_tokens"].get<int64_t>(),
+            30 * r.result["completed"].get<int64_t>());
 }
 
 TEST(LoadgenCli, DrainTimeoutNeedsADuration) {

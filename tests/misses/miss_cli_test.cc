@@ -117,10 +117,12 @@ TEST(MissCli, RecordReplayAndEmulate) {
 TEST(MissCli, TornTraceReplaysItsWholeRecords) {
   if (!std::filesystem::exists(Tiny() + "/model.safetensors")) GTEST_SKIP() << "no tiny model";
   const std::string trace = ::testing::TempDir() + "/pw_miss_cli_torn.trace";
-  CommandResult g = RunCommand(Bin("pw-generate") + " --model " + Tiny() +
-                               " --prompt 'In the beginning' --max-tokens 12 --record-trace " + trace);
+  CommandResult g =
+      RunCommand(Bin("pw-generate") + " --model " + Tiny() +
+                 " --prompt 'In the beginning' --max-tokens 12 --record-trace " + trace);
   ASSERT_EQ(g.status, 0) << g.output;
-  const std::string sim = Bin("pw-sim") + " --trace " + trace + " --residency 0.25 --miss-policy speed-first";
+  const std::string sim =
+      Bin("pw-sim") + " --trace " + trace + " --residency 0.25 --miss-policy speed-first";
   CommandResult whole = RunCommand(sim);
   ASSERT_EQ(whole.status, 0) << whole.output;
   auto wv = Values(whole.output);
@@ -139,19 +141,23 @@ TEST(MissCli, TornTraceReplaysItsWholeRecords) {
   EXPECT_EQ(tv["trace_torn_bytes"], std::to_string(132 - 7));
   EXPECT_GT(std::stoll(tv["slots"]), 0);
   EXPECT_LT(std::stoll(tv["slots"]), std::stoll(wv["slots"]));
-  const std::string warn = "pw-sim: warning: " + trace + ": cut short (no end record; the writer did not finish): " +
-                           std::to_string(records - 1) + " whole layer records read (" +
-                           std::to_string(size - 48 - 132) + " bytes); record " + std::to_string(records - 1) +
-                           " at byte " + std::to_string(size - 48 - 132) + " is torn (125 of 132 bytes), ignored";
+  const std::string warn =
+      "pw-sim: warning: " + trace +
+      ": cut short (no end record; the writer did not finish): " + std::to_string(records - 1) +
+      " whole layer records read (" + std::to_string(size - 48 - 132) + " bytes); record " +
+      std::to_string(records - 1) + " at byte " + std::to_string(size - 48 - 132) +
+      " is torn (125 of 132 bytes), ignored";
   EXPECT_NE(torn.output.find(warn), std::string::npos) << torn.output;
-  CommandResult sweep = RunCommand(Bin("pw-sim") + " --trace " + trace + " --sweep --residencies 0.5");
+  CommandResult sweep =
+      RunCommand(Bin("pw-sim") + " --trace " + trace + " --sweep --residencies 0.5");
   EXPECT_EQ(sweep.status, 0) << sweep.output;
   EXPECT_NE(sweep.output.find(warn), std::string::npos) << sweep.output;
   // Cut inside the header: nothing to replay.
   std::filesystem::resize_file(trace, 40);
   CommandResult none = RunCommand(sim);
   EXPECT_EQ(none.status, 1) << none.output;
-  EXPECT_NE(none.output.find("smaller than the 64-byte router trace header"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("smaller than the 64-byte router trace header"), std::string::npos)
+      << none.output;
   std::filesystem::remove(trace);
 }
 
@@ -183,13 +189,13 @@ TEST(MissCli, RejectsBadFlags) {
   EXPECT_NE(r.output.find("/nonexistent/x.trace"), std::string::npos) << r.output;
   // A bound below any trace with a record is refused as the flags are parsed; one that fits
   // another model's record but not the tiny model's (244 bytes) when the writer starts.
-  r = RunCommand(Bin("pw-generate") + " --model " + Tiny() + " --prompt hi --record-trace " + ::testing::TempDir() +
-                 "/pw_miss_cli_small.trace --trace-max-mb 0.0001");
+  r = RunCommand(Bin("pw-generate") + " --model " + Tiny() + " --prompt hi --record-trace " +
+                 ::testing::TempDir() + "/pw_miss_cli_small.trace --trace-max-mb 0.0001");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("--trace-max-mb"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("holds no record"), std::string::npos) << r.output;
-  r = RunCommand(Bin("pw-generate") + " --model " + Tiny() + " --prompt hi --record-trace " + ::testing::TempDir() +
-                 "/pw_miss_cli_small.trace --trace-max-mb 0.0002");
+  r = RunCommand(Bin("pw-generate") + " --model " + Tiny() + " --prompt hi --record-trace " +
+                 ::testing::TempDir() + "/pw_miss_cli_small.trace --trace-max-mb 0.0002");
   EXPECT_GT(r.status, 0);
   EXPECT_NE(r.output.find("a bound of 200 bytes holds no record"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("takes 244 bytes"), std::string::npos) << r.output;

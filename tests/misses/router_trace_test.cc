@@ -145,7 +145,8 @@ TEST(RouterTrace, SizeBoundDropsRecordsAndStaysValid) {
 // Where each record of a trace of `batches` starts, and where the end record ends.
 std::vector<size_t> RecordStarts(const std::vector<Batch>& batches) {
   std::vector<size_t> at{64};
-  for (const Batch& b : batches) at.push_back(at.back() + 16 + 16 + b.seq.size() * (12 + 2 * kE + 6 * kK));
+  for (const Batch& b : batches)
+    at.push_back(at.back() + 16 + 16 + b.seq.size() * (12 + 2 * kE + 6 * kK));
   at.push_back(at.back() + 16 + 32);
   return at;
 }
@@ -156,7 +157,8 @@ void ExpectLayer(const TraceLayer& L, const Batch& b, const std::string& what) {
   EXPECT_EQ(L.seq_ids, b.seq) << what;
   EXPECT_EQ(L.positions, b.pos) << what;
   ASSERT_EQ(L.logits.size(), b.logits.size()) << what;
-  for (size_t j = 0; j < b.logits.size(); ++j) ASSERT_EQ(L.logits[j], F32ToF16(b.logits[j])) << what;
+  for (size_t j = 0; j < b.logits.size(); ++j)
+    ASSERT_EQ(L.logits[j], F32ToF16(b.logits[j])) << what;
   EXPECT_EQ(L.weights, b.weights) << what;
 }
 
@@ -179,10 +181,12 @@ TEST(RouterTrace, CutAtEveryLengthKeepsEveryWholeRecord) {
     if (n < 64) {  // not even the header: nothing to read
       ASSERT_FALSE(tr.ok()) << n;
       EXPECT_EQ(tr.status().code(), StatusCode::kCorrupt);
-      EXPECT_NE(tr.status().message().find("truncated"), std::string::npos) << tr.status().ToString();
+      EXPECT_NE(tr.status().message().find("truncated"), std::string::npos)
+          << tr.status().ToString();
       continue;
     }
-    ASSERT_TRUE(tr.ok()) << "cut to " << n << " of " << full.size() << ": " << tr.status().ToString();
+    ASSERT_TRUE(tr.ok()) << "cut to " << n << " of " << full.size() << ": "
+                         << tr.status().ToString();
     size_t records = 0;  // layer records wholly inside the first n bytes
     while (records < batches.size() && starts[records + 1] <= n) ++records;
     const size_t boundary = starts[records];
@@ -194,7 +198,8 @@ TEST(RouterTrace, CutAtEveryLengthKeepsEveryWholeRecord) {
     EXPECT_EQ(tr->counts.dropped_records, 0u) << n;
     uint64_t tokens = 0;
     for (size_t i = 0; i < records; ++i) {
-      ExpectLayer(tr->layers[i], batches[i], "cut " + std::to_string(n) + " record " + std::to_string(i));
+      ExpectLayer(tr->layers[i], batches[i],
+                  "cut " + std::to_string(n) + " record " + std::to_string(i));
       tokens += batches[i].seq.size();
     }
     EXPECT_EQ(tr->counts.token_layers, tokens) << n;
@@ -202,9 +207,10 @@ TEST(RouterTrace, CutAtEveryLengthKeepsEveryWholeRecord) {
     EXPECT_NE(m.find("t: cut short (no end record"), std::string::npos) << m;
     EXPECT_NE(m.find(std::to_string(records) + " whole layer records"), std::string::npos) << m;
     if (n > boundary) {
-      EXPECT_NE(m.find("record " + std::to_string(records) + " at byte " + std::to_string(boundary) + " is torn (" +
-                       std::to_string(n - boundary) + " of "),
-                std::string::npos)
+      EXPECT_NE(
+          m.find("record " + std::to_string(records) + " at byte " + std::to_string(boundary) +
+                 " is torn (" + std::to_string(n - boundary) + " of "),
+          std::string::npos)
           << m;
     } else {
       EXPECT_EQ(m.find("torn"), std::string::npos) << m;
@@ -226,11 +232,12 @@ TEST(RouterTrace, TornLastRecordAtEveryOffset) {
     auto tr = RouterTrace::Parse(full.data(), last + cut, "decode.trace");
     ASSERT_TRUE(tr.ok()) << cut << ": " << tr.status().ToString();
     ASSERT_EQ(tr->layers.size(), 5u) << cut;
-    for (size_t i = 0; i < 5; ++i) ExpectLayer(tr->layers[i], batches[i], "record " + std::to_string(i));
+    for (size_t i = 0; i < 5; ++i)
+      ExpectLayer(tr->layers[i], batches[i], "record " + std::to_string(i));
     EXPECT_EQ(tr->tail.torn_bytes, cut);
     const std::string size = cut < 16 ? "its 16-byte header" : std::to_string(last_size) + " bytes";
-    EXPECT_NE(tr->tail.message.find("record 5 at byte " + std::to_string(last) + " is torn (" + std::to_string(cut) +
-                                    " of " + size + "), ignored"),
+    EXPECT_NE(tr->tail.message.find("record 5 at byte " + std::to_string(last) + " is torn (" +
+                                    std::to_string(cut) + " of " + size + "), ignored"),
               std::string::npos)
         << tr->tail.message;
   }
@@ -254,15 +261,19 @@ TEST(RouterTrace, CorruptionBeforeTheCutIsStillRefused) {
   };
   std::vector<uint8_t> bad = full;
   bad[starts[2] + 16 + 20] ^= 0x01;  // a payload byte in the middle of the file
-  refused(bad, torn_end, "record 2 at byte " + std::to_string(starts[2]) + ": payload checksum mismatch");
+  refused(bad, torn_end,
+          "record 2 at byte " + std::to_string(starts[2]) + ": payload checksum mismatch");
   refused(bad, starts[5], "payload checksum mismatch");  // cut at a record boundary
   bad = full;
   bad[starts[4] + 16 + 3] ^= 0x01;  // the last whole record before the cut
-  refused(bad, torn_end, "record 4 at byte " + std::to_string(starts[4]) + ": payload checksum mismatch");
-  refused(bad, starts[5], "record 4 at byte " + std::to_string(starts[4]) + ": payload checksum mismatch");
+  refused(bad, torn_end,
+          "record 4 at byte " + std::to_string(starts[4]) + ": payload checksum mismatch");
+  refused(bad, starts[5],
+          "record 4 at byte " + std::to_string(starts[4]) + ": payload checksum mismatch");
   bad = full;
   bad[starts[5] + 5] ^= 0x01;  // the torn record's header (its size)
-  refused(bad, torn_end, "record 5 at byte " + std::to_string(starts[5]) + ": record header checksum mismatch");
+  refused(bad, torn_end,
+          "record 5 at byte " + std::to_string(starts[5]) + ": record header checksum mismatch");
   std::filesystem::remove(path);
 }
 
@@ -325,7 +336,8 @@ TEST(RouterTrace, UnfinishedWriterKeepsItsRecords) {
   EXPECT_FALSE(tr->tail.complete);
   EXPECT_NE(tr->tail.message.find("cut short"), std::string::npos) << tr->tail.message;
   ASSERT_LE(tr->layers.size(), batches.size());
-  for (size_t i = 0; i < tr->layers.size(); ++i) ExpectLayer(tr->layers[i], batches[i], std::to_string(i));
+  for (size_t i = 0; i < tr->layers.size(); ++i)
+    ExpectLayer(tr->layers[i], batches[i], std::to_string(i));
   EXPECT_EQ(tr->tail.whole_bytes + tr->tail.torn_bytes, cut.size());
   std::filesystem::remove(path);
   std::filesystem::remove(path + ".cut");
@@ -342,9 +354,11 @@ TEST(RouterTrace, BoundedWriterRecordsReachTheFileBeforeClose) {
   uint64_t written_at_last_drop = 0;
   for (const Batch& b : batches) {
     const uint64_t dropped = (*w)->counts().dropped_records;
-    ASSERT_TRUE((*w)->Append(b.layer, b.step, b.seq.size(), b.seq.data(), b.pos.data(), b.logits.data(),
-                             b.experts.data(), b.weights.data()).ok());
-    if ((*w)->counts().dropped_records > dropped) written_at_last_drop = (*w)->counts().layer_records;
+    ASSERT_TRUE((*w)->Append(b.layer, b.step, b.seq.size(), b.seq.data(), b.pos.data(),
+                             b.logits.data(), b.experts.data(), b.weights.data())
+                    .ok());
+    if ((*w)->counts().dropped_records > dropped)
+      written_at_last_drop = (*w)->counts().layer_records;
   }
   ASSERT_GT((*w)->counts().dropped_records, 0u);
   ASSERT_GT(written_at_last_drop, 0u);
@@ -372,7 +386,8 @@ TEST(RouterTrace, BoundBelowOneRecordIsRefused) {
   auto refused = RouterTraceWriter::Create(path, Header(), min - 1);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("holds no record"), std::string::npos) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("holds no record"), std::string::npos)
+      << refused.status().ToString();
   EXPECT_NE(refused.status().message().find(std::to_string(min) + " bytes"), std::string::npos)
       << refused.status().ToString();
   auto w = RouterTraceWriter::Create(path, Header(), min);
@@ -381,8 +396,9 @@ TEST(RouterTrace, BoundBelowOneRecordIsRefused) {
   const Batch& b = batches[0];
   // One token of the batch fits exactly; the next record does not.
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE((*w)->Append(b.layer, b.step, 1, b.seq.data(), b.pos.data(), b.logits.data(), b.experts.data(),
-                             b.weights.data()).ok());
+    ASSERT_TRUE((*w)->Append(b.layer, b.step, 1, b.seq.data(), b.pos.data(), b.logits.data(),
+                             b.experts.data(), b.weights.data())
+                    .ok());
   }
   EXPECT_EQ((*w)->counts().layer_records, 1u);
   EXPECT_EQ((*w)->counts().dropped_records, 1u);
