@@ -5,14 +5,6 @@
 
 namespace pw::engine {
 
-const char* KvDtypeName(KvDtype d) { return d == KvDtype::kF32 ? "fp32" : "bf16"; }
-
-Result<KvDtype> ParseKvDtype(const std::string& name) {
-  if (name == "fp32" || name == "f32") return KvDtype::kF32;
-  if (name == "bf16") return KvDtype::kBf16;
-  return InvalidArgument("KV dtype '" + name + "' is not 'fp32' or 'bf16'");
-}
-
 static Status CheckLayout(const KvLayout& layout, int num_blocks) {
   if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
       layout.block_size <= 0 || num_blocks <= 0) {
@@ -57,7 +49,8 @@ KvBlockPool::KvBlockPool(const KvLayout& layout, memory::PagePool* pages, int nu
       pages_(pages),
       num_blocks_(num_blocks),
       allocated_(static_cast<size_t>(num_blocks), 0),
-      page_of_(static_cast<size_t>(num_blocks) * layout.num_layers, -1) {
+      page_of_(static_cast<size_t>(num_blocks) * layout.num_layers, -1),
+      page_ptr_(page_of_.size(), nullptr) {
   free_.reserve(static_cast<size_t>(num_blocks));
   for (int i = num_blocks - 1; i >= 0; --i) free_.push_back(i);
 }
@@ -133,8 +126,9 @@ Result<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
     out[static_cast<size_t>(i)] = id;
     allocated_[static_cast<size_t>(id)] = 1;
     for (int l = 0; l < layout_.num_layers; ++l) {
-      page_of_[static_cast<size_t>(id) * layout_.num_layers + l] =
-          (*pages)[static_cast<size_t>(i) * layout_.num_layers + l];
+      const size_t at = static_cast<size_t>(id) * layout_.num_layers + l;
+      page_of_[at] = (*pages)[static_cast<size_t>(i) * layout_.num_layers + l];
+      page_ptr_[at] = pages_->Page(page_of_[at]);
     }
   }
   return out;
@@ -158,14 +152,27 @@ Status KvBlockPool::Free(std::span<const int32_t> ids) {
     allocated_[static_cast<size_t>(id)] = 0;
     free_.push_back(id);
     for (int l = 0; l < layout_.num_layers; ++l) {
-      memory::PageId& p = page_of_[static_cast<size_t>(id) * layout_.num_layers + l];
-      pages.push_back(p);
-      p = -1;
+      const size_t at = static_cast<size_t>(id) * layout_.num_layers + l;
+      pages.push_back(page_of_[at]);
+      page_of_[at] = -1;
+      page_ptr_[at] = nullptr;
     }
   }
   Status st = pages_->Free(pages, memory::Tenant::kKv);
   PW_CHECK(st.ok());  // this pool is the only KV tenant of its pages
   return Status::Ok();
+}
+
+cpu::PagedKvView KvBlockPool::LayerView(int layer) const {
+  PW_CHECK(layer >= 0 && layer < layout_.num_layers);
+  cpu::PagedKvView v;
+  v.pages = page_ptr_.data() + layer;
+  v.page_stride = static_cast<size_t>(layout_.num_layers);
+  v.element = layout_.dtype == KvDtype::kF32 ? cpu::KvElement::kF32 : cpu::KvElement::kBf16;
+  v.num_kv_heads = layout_.num_kv_heads;
+  v.block_size = layout_.block_size;
+  v.head_dim = layout_.head_dim;
+  return v;
 }
 
 bool KvBlockPool::IsAllocated(int32_t id) const {

@@ -190,47 +190,23 @@ Status Runner::Forward(std::span<const ForwardItem> items, bool pure_decode,
 void Runner::Attention(int layer, size_t T) {
   const size_t D = static_cast<size_t>(cfg_.head_dim);
   const size_t nh = static_cast<size_t>(cfg_.num_heads);
-  const size_t group = nh / static_cast<size_t>(cfg_.num_kv_heads);
-  const size_t qd = nh * D;
-  const int bs = pool_->layout().block_size;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   int32_t max_pos = 0;
   for (size_t i = 0; i < T; ++i) max_pos = std::max(max_pos, tok_pos_[i]);
   const size_t work = static_cast<size_t>(max_pos + 1) * D * T * nh;
   const size_t min_per =
       std::max<size_t>(1, kMinParallelMacs / std::max<size_t>(1, work / (T * nh)));
-  const bool kv_bf16 = pool_->layout().dtype == KvDtype::kBf16;
-  // One layer and head of a block as fp32: the slab itself, or bf16 widened into `buf`.
-  auto slab = [&](int32_t block, int kv, int kvh, int32_t n, std::vector<float>& buf) -> const float* {
-    if (!kv_bf16) return pool_->Slab(block, layer, kv, kvh);
-    const uint16_t* src = pool_->SlabBf16(block, layer, kv, kvh);
-    const size_t count = static_cast<size_t>(n) * D;
-    for (size_t i = 0; i < count; ++i) buf[i] = Bf16ToF32(src[i]);
-    return buf.data();
-  };
+  const cpu::PagedKvView kv = pool_->LayerView(layer);
+  cpu::AttentionQueries qs;
+  qs.q = q_.data();
+  qs.T = T;
+  qs.num_heads = static_cast<int>(nh);
+  qs.positions = tok_pos_.data();
+  qs.block_tables = tok_blocks_.data();
+  qs.scale = 1.0f / std::sqrt(static_cast<float>(D));
   threads_.ParallelFor(T * nh, 1, min_per, [&](size_t begin, size_t end) {
-    std::vector<float> scores(static_cast<size_t>(max_pos) + 1);
-    std::vector<float> kvbuf(kv_bf16 ? static_cast<size_t>(bs) * D : 0);
-    for (size_t job = begin; job < end; ++job) {
-      const size_t i = job / nh, hd = job % nh;
-      const int kvh = static_cast<int>(hd / group);
-      const float* q = &q_[i * qd + hd * D];
-      float* out = &attn_[i * qd + hd * D];
-      const int32_t n = tok_pos_[i] + 1;
-      const int32_t* blocks = tok_blocks_[i];
-      for (int32_t j0 = 0; j0 < n; j0 += bs) {
-        const int32_t jn = std::min(n - j0, bs);
-        const float* kb = slab(blocks[j0 / bs], 0, kvh, jn, kvbuf);
-        for (int32_t s = 0; s < jn; ++s) scores[j0 + s] = k_.dot(q, kb + s * D, D) * scale;
-      }
-      k_.softmax(scores.data(), static_cast<size_t>(n));
-      std::memset(out, 0, D * sizeof(float));
-      for (int32_t j0 = 0; j0 < n; j0 += bs) {
-        const int32_t jn = std::min(n - j0, bs);
-        const float* vb = slab(blocks[j0 / bs], 1, kvh, jn, kvbuf);
-        for (int32_t s = 0; s < jn; ++s) k_.axpy(scores[j0 + s], vb + s * D, D, out);
-      }
-    }
+    std::vector<float> scores(cpu::PagedAttentionScoreFloats(max_pos));
+    std::vector<float> widen(cpu::PagedAttentionWidenFloats(kv));
+    cpu::PagedAttention(k_, kv, qs, begin, end, scores.data(), widen.data(), attn_.data());
   });
 }
 

@@ -50,6 +50,18 @@ Option& Option::Range(double min, double max) {
   return *this;
 }
 
+Option& Option::Max(double max) {
+  PW_CHECK_MSG(kind_ == Schema::Kind::kInt || kind_ == Schema::Kind::kDouble,
+               ("Max on a non-number: " + key_).c_str());
+  max_ = max;
+  return *this;
+}
+
+Option& Option::Check(Schema::CheckFn fn) {
+  checks_.push_back(std::move(fn));
+  return *this;
+}
+
 Option& Option::OneOf(std::vector<std::string> allowed) {
   PW_CHECK_MSG(kind_ == Schema::Kind::kString, ("OneOf on a non-string: " + key_).c_str());
   one_of_ = std::move(allowed);
@@ -90,6 +102,7 @@ Schema Option::KeySchema() const {
   if (max_) s = s.Max(*max_);
   if (!one_of_.empty()) s = s.OneOf(one_of_);
   if (non_empty_) s = s.NonEmpty();
+  for (const auto& fn : checks_) s = s.Check(fn);
   if (list_) s = Schema::List(s);
   if (required_) s = s.Required();
   return s.Doc(help_);

@@ -72,6 +72,9 @@ class Option {
   // file may give it).
   Option& Required();
   Option& Range(double min, double max);  // numbers (and list elements): min <= v <= max
+  Option& Max(double max);                // numbers: v <= max
+  // A rule on the key's value in files (Schema::Check: "" = fine, else the message).
+  Option& Check(config::Schema::CheckFn fn);
   Option& OneOf(std::vector<std::string> allowed);  // strings
   Option& NonEmpty();                                // strings
   // The file's value times `factor` is the field's (pool_mb -> bytes); the flag takes the
@@ -105,6 +108,7 @@ class Option {
   bool non_empty_ = false, secret_ = false;
   std::optional<double> min_, max_;
   std::vector<std::string> one_of_;
+  std::vector<config::Schema::CheckFn> checks_;
   int64_t scale_ = 1;
   bool flag_sets_ = true;
   Source source_ = Source::kDefault;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/dense.h"
 #include "engine/experts/run_experts_by_block.h"
 
 namespace pw::anyprec {
