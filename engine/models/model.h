@@ -30,6 +30,7 @@
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
+#include "engine/models/moe_kinds.h"
 #include "kernels/anyprec/q8.h"
 
 namespace pw::engine {
@@ -60,8 +61,10 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;                  // empty when qk_norm == kNone
   bool is_moe = false;
   // MoE layer.
-  Bf16Matrix router;                // [E, H]
-  std::vector<MlpWeights> experts;  // [E]
+  GateKind gate = GateKind::kSoftmaxTopK;                   // moe_kinds.h
+  ExpertActivation activation = ExpertActivation::kSwiGlu;  // moe_kinds.h
+  Bf16Matrix router;                                        // [E, H]
+  std::vector<MlpWeights> experts;                          // [E]
   bool has_shared_expert = false;
   MlpWeights shared_expert;
   Bf16Matrix shared_expert_gate;  // [1, H]
