@@ -5,14 +5,6 @@
 
 namespace pw::engine {
 
-const char* KvDtypeName(KvDtype d) { return d == KvDtype::kF32 ? "fp32" : "bf16"; }
-
-Result<KvDtype> ParseKvDtype(const std::string& name) {
-  if (name == "fp32" || name == "f32") return KvDtype::kF32;
-  if (name == "bf16") return KvDtype::kBf16;
-  return InvalidArgument("KV dtype '" + name + "' is not 'fp32' or 'bf16'");
-}
-
 static Status CheckLayout(const KvLayout& layout, int num_blocks) {
   if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
       layout.block_size <= 0 || num_blocks <= 0) {

@@ -33,38 +33,17 @@
 
 #include "common/status.h"
 #include "kernels/cpu/paged_attention.h"
+#include "memory/kv_layout.h"
 #include "memory/page_pool.h"
 
 namespace pw::engine {
 
-inline constexpr uint32_t kKvLayoutVersion = 2;  // 2: one page per (block, layer), fp32|bf16
-
-enum class KvDtype : uint8_t { kF32 = 0, kBf16 = 1 };
-const char* KvDtypeName(KvDtype d);
-// "fp32" | "f32" or "bf16".
-Result<KvDtype> ParseKvDtype(const std::string& name);
-
-// Shape of the KV data of one block.
-struct KvLayout {
-  int num_layers = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int block_size = 16;  // tokens per block
-  KvDtype dtype = KvDtype::kF32;
-
-  size_t element_bytes() const { return dtype == KvDtype::kF32 ? 4 : 2; }
-  // Elements of K (or of V) for one layer in one block: num_kv_heads * block_size * head_dim.
-  size_t elements_per_layer_kv() const {
-    return static_cast<size_t>(num_kv_heads) * block_size * head_dim;
-  }
-  // Bytes one layer of one block uses in its page (K then V).
-  size_t bytes_per_layer() const { return 2 * elements_per_layer_kv() * element_bytes(); }
-  // Bytes of KV data in one block (all layers), excluding page rounding.
-  size_t bytes_per_block() const { return static_cast<size_t>(num_layers) * bytes_per_layer(); }
-  // The smallest page that holds one layer of one block.
-  size_t min_page_bytes() const { return (bytes_per_layer() + 63) / 64 * 64; }
-  bool operator==(const KvLayout&) const = default;
-};
+// The layout of a KV block (memory/kv_layout.h): what peers compare before exchanging blocks.
+using memory::KvDtype;
+using memory::KvDtypeName;
+using memory::KvLayout;
+using memory::kKvLayoutVersion;
+using memory::ParseKvDtype;
 
 class KvBlockPool {
  public:

@@ -92,6 +92,7 @@ Status Broker::Setup() {
     PW_RETURN_IF_ERROR(SetupBf16Store(*experts));
     book_ = std::make_unique<PlanBook>(num_layers, num_experts, 16, 16, 16);
   }
+  registration_.model = cfg;
   experts.reset();
   ucx_worker_->StartProgressThread();
 
@@ -179,6 +180,8 @@ Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r) {
     return InvalidArgument("worker serves model '" + model + "', this broker holds '" +
                            options_.model_name + "'");
   }
+  // Before anything acts on it: a refused Register leaves the registry and the plans as they were.
+  PW_RETURN_IF_ERROR(service::CheckRegistration(r, registration_));
   WorkerRecord rec;
   rec.id = peer;
   rec.role = static_cast<int>(r.getRole());

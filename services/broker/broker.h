@@ -37,6 +37,7 @@
 #include "services/broker/planner_driver.h"
 #include "services/broker/served_store.h"
 #include "services/common/expert_store_layout.h"
+#include "services/common/registration_check.h"
 
 namespace pw::engine {
 class Model;
@@ -89,6 +90,7 @@ class Broker {
   explicit Broker(BrokerOptions options, const transport::Clock* clock);
   Status Setup();
   Status Handle(const std::string& peer, const proto::InMessage& m);
+  // Refuses a Register of another model, or one CheckRegistration refuses (registration_).
   Status OnRegister(const std::string& peer, wire::Register::Reader r);
   void SendManifest(const std::string& peer, const std::string& model_name);
   Status SetupBf16Store(const CheckpointExperts& experts);
@@ -103,6 +105,7 @@ class Broker {
   BrokerOptions options_;
   const transport::Clock* clock_;
   service::ExpertStoreLayout layout_;
+  service::RegistrationLimits registration_;  // the served model; default bounds
   std::unique_ptr<uint8_t[]> store_;
   std::vector<uint64_t> checksums_;
   std::unique_ptr<ServedStore> served_;

@@ -1,63 +1,21 @@
 #include "services/cluster/cluster_status.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "services/cluster/launcher_state.h"
 
 namespace pw::cluster {
 
 namespace {
-
-std::string BaseName(const std::string& p) {
-  const size_t s = p.rfind('/');
-  return s == std::string::npos ? p : p.substr(s + 1);
-}
-
-// pid -> argv of every process we can read.
-std::vector<std::pair<pid_t, std::vector<std::string>>> ProcessTable() {
-  std::vector<std::pair<pid_t, std::vector<std::string>>> out;
-  DIR* d = opendir("/proc");
-  if (!d) return out;
-  while (dirent* e = readdir(d)) {
-    char* end = nullptr;
-    const long pid = std::strtol(e->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline", std::ios::binary);
-    std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (raw.empty()) continue;
-    std::vector<std::string> argv;
-    size_t start = 0;
-    for (size_t i = 0; i < raw.size(); ++i) {
-      if (raw[i] == '\0') {
-        argv.push_back(raw.substr(start, i - start));
-        start = i + 1;
-      }
-    }
-    if (start < raw.size()) argv.push_back(raw.substr(start));
-    out.emplace_back(static_cast<pid_t>(pid), std::move(argv));
-  }
-  closedir(d);
-  return out;
-}
-
-bool SameCommand(const std::vector<std::string>& spec, const std::vector<std::string>& running) {
-  if (spec.size() != running.size() || spec.empty()) return false;
-  if (BaseName(spec[0]) != BaseName(running[0])) return false;
-  for (size_t i = 1; i < spec.size(); ++i) {
-    if (spec[i] != running[i]) return false;
-  }
-  return true;
-}
 
 // GET http://host:port/metrics answers 200 within `timeout_ms`.
 bool MetricsAnswer(const std::string& host_port, int timeout_ms) {
@@ -107,8 +65,36 @@ bool MetricsAnswer(const std::string& host_port, int timeout_ms) {
 
 }  // namespace
 
-std::vector<ProcessStatus> QueryStatus(const ClusterConfig& cfg) {
-  const auto table = ProcessTable();
+Result<std::vector<ProcessStatus>> QueryStatus(const ClusterConfig& cfg) {
+  const std::string path = LauncherStatePath(cfg.run_dir);
+  auto recorded = ReadLauncherState(path);
+  if (!recorded.ok()) {
+    if (recorded.status().code() == StatusCode::kNotFound) {
+      return NotFound(recorded.status().message() +
+                      " (no `pw-cluster up` has run with this run directory; `up --run-dir` "
+                      "needs the same --run-dir here)");
+    }
+    return recorded.status();
+  }
+  // The same processes, by name, as the file: otherwise the node runs another cluster file.
+  std::string missing, extra;
+  for (const auto& spec : cfg.processes) {
+    bool found = false;
+    for (const auto& r : recorded->processes) found |= r.name == spec.name;
+    if (!found) missing += (missing.empty() ? "" : ", ") + spec.name;
+  }
+  for (const auto& r : recorded->processes) {
+    bool found = false;
+    for (const auto& spec : cfg.processes) found |= r.name == spec.name;
+    if (!found) extra += (extra.empty() ? "" : ", ") + r.name;
+  }
+  if (!missing.empty() || !extra.empty()) {
+    return InvalidArgument(
+        "the launcher recorded in " + path + " runs other processes than the cluster file" +
+        (missing.empty() ? "" : "; not started by it: " + missing) +
+        (extra.empty() ? "" : "; started by it but not in the file: " + extra) +
+        " (was the node started from another file?)");
+  }
   std::vector<ProcessStatus> out;
   for (const auto& spec : cfg.processes) {
     ProcessStatus s;
@@ -118,11 +104,8 @@ std::vector<ProcessStatus> QueryStatus(const ClusterConfig& cfg) {
       if (t.process == spec.name) host_port = t.host_port;
     }
     if (!host_port.empty()) s.metrics_url = "http://" + host_port + "/metrics";
-    for (const auto& [pid, argv] : table) {
-      if (SameCommand(spec.argv, argv)) {
-        s.pid = pid;
-        break;
-      }
+    for (const auto& r : recorded->processes) {
+      if (r.name == spec.name && IsRecordedProcessRunning(r.pid, r.start_ticks)) s.pid = r.pid;
     }
     if (s.pid < 0) {
       s.state = "stopped";

@@ -2,11 +2,12 @@
 //
 //   pw-cluster up --config deploy/local.yaml [--run-dir DIR] [--insecure]
 //   pw-cluster keys --out FILE     (fresh control-plane keys, for processes started by hand)
-//   pw-cluster status --config deploy/local.yaml [--prometheus-targets FILE]
+//   pw-cluster status --config deploy/local.yaml [--run-dir DIR] [--prometheus-targets FILE]
 //
-// status prints one line per process of the file (name, pid, state, metrics URL) and exits 0
-// when every process is up, 1 otherwise; --prometheus-targets also writes the file's scrape
-// targets as Prometheus file_sd JSON.
+// status prints one line per process of the file (name, pid, state, metrics URL), found from the
+// state file `up` keeps in the run directory, and exits 0 when every process is up, 1
+// otherwise, 2 when the file or the run directory's state file cannot be read; --prometheus-targets
+// also writes the file's scrape targets as Prometheus file_sd JSON.
 //
 // `up` writes fresh control-plane keys to <run_dir>/control.keys (0600) and passes them to
 // every child; --insecure (tests only) runs the control plane unauthenticated instead.
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
   auto* status =
       app.add_subcommand("status", "one line per process: name, pid, state, metrics URL");
   status->add_option("--config", config_path, "cluster YAML file")->required();
+  status->add_option("--run-dir", run_dir, "the run directory given to `up` (overrides run_dir)");
   status->add_option("--prometheus-targets", targets_path,
                      "also write the Prometheus file_sd targets of the file here");
   CLI11_PARSE(app, argc, argv);
@@ -74,6 +76,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pw-cluster: %s\n", cfg.status().message().c_str());
     return 2;
   }
+  if (!run_dir.empty()) cfg->run_dir = run_dir;
   if (status->parsed()) {
     if (!targets_path.empty()) {
       std::ofstream f(targets_path);
@@ -84,13 +87,16 @@ int main(int argc, char** argv) {
       }
     }
     const auto st = pw::cluster::QueryStatus(*cfg);
-    std::printf("%s", pw::cluster::FormatStatus(st).c_str());
-    for (const auto& s : st) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "pw-cluster: %s\n", st.status().message().c_str());
+      return 2;
+    }
+    std::printf("%s", pw::cluster::FormatStatus(*st).c_str());
+    for (const auto& s : *st) {
       if (s.state != "up" && s.state != "running") return 1;
     }
     return 0;
   }
-  if (!run_dir.empty()) cfg->run_dir = run_dir;
   if (pw::Status st = pw::cluster::PrepareControlKeys(&*cfg, insecure); !st.ok()) {
     std::fprintf(stderr, "pw-cluster: %s\n", st.message().c_str());
     return 1;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "services/cluster/launcher_state.h"
 
 extern char** environ;
 
@@ -31,7 +32,10 @@ int64_t NowMs() {
 
 Supervisor::Supervisor(std::vector<ProcessSpec> specs, RestartPolicy policy, std::string run_dir,
                        int64_t drain_timeout_ms)
-    : policy_(policy), run_dir_(std::move(run_dir)), drain_timeout_ms_(drain_timeout_ms) {
+    : policy_(policy),
+      run_dir_(std::move(run_dir)),
+      state_path_(LauncherStatePath(run_dir_)),
+      drain_timeout_ms_(drain_timeout_ms) {
   std::stable_sort(specs.begin(), specs.end(), [](const ProcessSpec& a, const ProcessSpec& b) {
     return a.start_order < b.start_order;
   });
@@ -72,6 +76,13 @@ bool Supervisor::Spawn(State& s) {
   }
   s.pid = pid;
   s.started_ms = NowMs();
+  // The child is not reaped yet, so its /proc entry exists even if it already exited.
+  auto ticks = ProcessStartTicks(pid);
+  s.start_ticks = ticks.ok() ? *ticks : 0;
+  if (!ticks.ok()) {
+    PW_LOG(ERROR) << "cannot read the start time of " << s.spec.name << " (pid " << pid
+                  << "): " << ticks.status().message() << "; status will not find it";
+  }
   PW_LOG(INFO) << "started " << s.spec.name << " (pid " << pid << "), log " << s.log_path;
   return true;
 }
@@ -85,10 +96,31 @@ Status Supervisor::Start() {
       return NotFound("binary '" + s.spec.argv[0] + "' for " + s.spec.name + " is missing");
     }
   }
+  PW_ASSIGN_OR_RETURN(self_start_ticks_, ProcessStartTicks(getpid()));
+  PW_RETURN_IF_ERROR(WriteState());
+  recording_ = true;
   for (auto& s : states_) {
-    if (!Spawn(s)) return Unavailable("cannot start " + s.spec.name);
+    const bool started = Spawn(s);
+    RecordState();
+    if (!started) return Unavailable("cannot start " + s.spec.name);
   }
   return Status::Ok();
+}
+
+Status Supervisor::WriteState() {
+  LauncherState st;
+  st.launcher_pid = getpid();
+  st.launcher_start_ticks = self_start_ticks_;
+  for (const auto& s : states_) {
+    st.processes.push_back({s.spec.name, s.pid, s.pid > 0 ? s.start_ticks : 0, s.restarts});
+  }
+  return WriteLauncherState(state_path_, st);
+}
+
+void Supervisor::RecordState() {
+  if (!recording_) return;
+  Status st = WriteState();
+  if (!st.ok()) PW_LOG(ERROR) << st.message() << "; pw-cluster status will be out of date";
 }
 
 std::string LogTail(const std::string& path, int max_lines) {
@@ -113,6 +145,7 @@ std::string LogTail(const std::string& path, int max_lines) {
 void Supervisor::Tick() {
   if (!failure_.ok()) return;
   const int64_t now = NowMs();
+  bool changed = false;  // a child exited or started: the state file is rewritten
   for (auto& s : states_) {
     if (s.pid > 0) {
       int status = 0;
@@ -120,6 +153,7 @@ void Supervisor::Tick() {
       if (r != s.pid) continue;
       const int64_t up = now - s.started_ms;
       s.pid = -1;
+      changed = true;
       if (stopping_) continue;
       const std::string how = WIFEXITED(status) ? "code " + std::to_string(WEXITSTATUS(status))
                                                 : "signal " + std::to_string(WTERMSIG(status));
@@ -136,6 +170,7 @@ void Supervisor::Tick() {
             std::to_string(up) + " ms); not restarting it\ncommand: " + cmd + "\nlast lines of " +
             s.log_path + ":\n" + (indented.empty() ? "  (empty)\n" : indented));
         PW_LOG(ERROR) << s.spec.name << " keeps exiting at start; stopping the node";
+        RecordState();
         return;
       }
       if (up >= policy_.stable_after_ms) s.backoff_ms = policy_.initial_backoff_ms;
@@ -146,11 +181,13 @@ void Supervisor::Tick() {
     } else if (!stopping_ && now >= s.restart_at_ms) {
       if (Spawn(s)) {
         ++s.restarts;
+        changed = true;
       } else {
         s.restart_at_ms = now + s.backoff_ms;
       }
     }
   }
+  if (changed) RecordState();
 }
 
 Status Supervisor::Run(const std::atomic<bool>& stop) {
@@ -203,6 +240,8 @@ void Supervisor::Stop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
+  // Every pid is -1 now: status reports the node stopped, not the pids of the last run.
+  RecordState();
 }
 
 }  // namespace pw::cluster

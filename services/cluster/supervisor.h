@@ -4,7 +4,8 @@
 // (workers, then router, then broker), waiting up to the drain timeout for each group before
 // SIGKILL. A process that keeps exiting right after its start (RestartPolicy::fail_fast_*)
 // is not restarted: the supervisor fails (failure() names it, its command line and the last
-// lines of its log) and Run() stops the node.
+// lines of its log) and Run() stops the node. Every start, exit and restart is recorded in the
+// run directory's launcher state file (launcher_state.h), which `pw-cluster status` reads.
 #pragma once
 
 #include <sys/types.h>
@@ -25,7 +26,8 @@ class Supervisor {
              int64_t drain_timeout_ms);
   ~Supervisor();
 
-  // Creates the run directory and starts every process in start order.
+  // Creates the run directory, writes the state file (an error if it cannot: status would be
+  // blind) and starts every process in start order.
   Status Start();
   // Reaps and restarts until `stop` becomes true or a process fails fast, then drains and
   // returns failure() (Ok after a stop).
@@ -43,6 +45,7 @@ class Supervisor {
   struct State {
     ProcessSpec spec;
     pid_t pid = -1;
+    uint64_t start_ticks = 0;    // /proc/<pid>/stat starttime of pid
     int restarts = 0;
     int64_t started_ms = 0;
     int64_t restart_at_ms = 0;   // when down: the time of the next start attempt
@@ -51,12 +54,22 @@ class Supervisor {
     std::string log_path;
   };
   const std::vector<State>& states() const { return states_; }
+  // <run_dir>/pw-cluster.state
+  const std::string& state_path() const { return state_path_; }
 
  private:
   bool Spawn(State& s);
+  // Rewrites the state file from states_.
+  Status WriteState();
+  // After Start() wrote the file: WriteState(), logging (not failing) when it cannot, since the
+  // children are still supervised.
+  void RecordState();
   std::vector<State> states_;
   RestartPolicy policy_;
   std::string run_dir_;
+  std::string state_path_;
+  uint64_t self_start_ticks_ = 0;
+  bool recording_ = false;  // Start() wrote the state file
   int64_t drain_timeout_ms_;
   bool stopping_ = false;
   Status failure_ = Status::Ok();

@@ -40,16 +40,15 @@ int RunRouterApp(RouterAppOptions o) {
                  tok.status().ToString().c_str());
     return 1;
   }
-  int64_t context = o.context_length;
+  // config.json: the context length, and the model workers' registrations are checked against.
   const std::string config_path = (fs::path(o.model_dir) / "config.json").string();
-  if (context == 0 && fs::exists(config_path)) {
-    auto cfg = LoadModelConfig(config_path);
-    if (!cfg.ok()) {
-      std::fprintf(stderr, "pw-router: %s\n", cfg.status().ToString().c_str());
-      return 1;
-    }
-    context = cfg->max_position_embeddings;
+  auto cfg = LoadModelConfig(config_path);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "pw-router: %s\n", cfg.status().ToString().c_str());
+    return 1;
   }
+  int64_t context = o.context_length;
+  if (context == 0) context = cfg->max_position_embeddings;
   if (context <= 1) context = 2048;
   std::string model_name = o.model_name;
   if (model_name.empty()) {
@@ -67,6 +66,7 @@ int RunRouterApp(RouterAppOptions o) {
   TokenizerCodec codec(std::move(*tok), std::move(renderer));
 
   o.cluster.model_name = model_name;
+  o.cluster.registration.model = std::move(*cfg);
   auto backend = ClusterBackend::Create(o.cluster);
   if (!backend.ok()) {
     std::fprintf(stderr, "pw-router: %s\n", backend.status().ToString().c_str());

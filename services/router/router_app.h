@@ -1,7 +1,8 @@
 // RunRouterApp: the pw-router process (its main() only parses flags and calls this).
 //
-// Loads the tokenizer (and config.json for the context length) from the model directory,
-// binds the workers' ROUTER socket and the HTTP port, serves until SIGTERM/SIGINT, then drains:
+// Loads the tokenizer and config.json (the context length, and the model workers' registrations
+// are checked against: cluster_backend.h) from the model directory, binds the workers' ROUTER
+// socket and the HTTP port, serves until SIGTERM/SIGINT, then drains:
 // new generation requests get 503, requests in flight finish (up to drain_timeout), and the
 // process exits 0. A second signal exits at once.
 #pragma once

@@ -2,18 +2,21 @@
 // processes on loopback, the OpenAI API over HTTP. Checks that greedy completions of 64
 // prompts equal the in-process engine's tokens, that serving survives a SIGKILLed broker (and
 // the restarted broker rebuilds its registry from the workers), that a decode worker killed
-// mid-request is replaced without changing the output, that SIGTERM drains and exits, and that
-// a bad model directory stops pw-cluster within seconds naming the file and the problem.
+// mid-request is replaced without changing the output, that SIGTERM drains and exits, that
+// `pw-cluster status` finds every process, that a forged registration is refused, and that a
+// bad model directory stops pw-cluster within seconds naming the file and the problem.
 // Skips when the embedded model's weights are absent.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <mutex>
@@ -23,8 +26,12 @@
 #include <sstream>
 #include <thread>
 
+#include "common/formats/model_config.h"
 #include "common/text/tokenizer.h"
 #include "engine/engine.h"
+#include "services/common/kv_layout_hash.h"
+#include "services/proto/codec.h"
+#include "services/transport/control_auth.h"
 #include "services/transport/curve_keys.h"
 #include "services/transport/zmq_transport.h"
 #include "tests/cluster/batch_invariance.h"
@@ -199,7 +206,8 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   int pending = 0;
   for (auto& f : got) pending += f.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
   EXPECT_GT(pending, 0) << "every request finished before the kill; the test proves nothing";
-  // pw-cluster restarts decode-0; the router re-prefills prompt + streamed tokens on it.
+  // pw-cluster restarts decode-0; the router places the requests on it again (the prompt's KV
+  // from the prefill worker, the streamed tokens' KV computed by decode-0 itself).
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].get(), ref[i]) << "prompt " << i << "\n" << Logs();
   bool restarted = false;
   for (int i = 0; i < 50 && !restarted; ++i) {
@@ -344,6 +352,146 @@ TEST_F(ClusterE2E, SpoofedRoutingIdWithCredentialsDoesNotTakeTheDecodeWorkerOutF
   EXPECT_EQ(Complete(prompts[0], 8), ref[0]);
 }
 
+// A member of the node (a process that can read the run directory) registers a decode worker
+// of its own at `port` with the fields `forge` sets, over a DEALER with the node's client keys,
+// as pw-decode would. The DEALER stays open, to see what the server sends it afterwards.
+struct ForgedPeer {
+  std::unique_ptr<transport::ZmqDealerTransport> dealer;
+  bool acked = false;     // a RegisterAck came
+  bool accepted = false;  // its accepted
+  std::string reason;     // its reason
+};
+ForgedPeer RegisterForged(int port, const std::string& id, const transport::CurveKeys& keys,
+                          const std::function<void(wire::Register::Builder)>& forge) {
+  ForgedPeer p;
+  transport::ControlAuth auth;
+  auth.curve = keys;
+  auto d = transport::ZmqDealerTransport::Connect("tcp://127.0.0.1:" + std::to_string(port), id, auth);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  if (!d.ok()) return p;
+  p.dealer = std::move(*d);
+  proto::OutMessage m;
+  auto r = m.body().initRegister();
+  r.setRole(wire::Role::DECODE);
+  r.setWorkerId(id);
+  r.setPid(static_cast<uint32_t>(getpid()));
+  r.setModelName("tiny-moe");
+  r.setHeartbeatIntervalMs(300);
+  auto km = r.initKvMemory();
+  km.setWorkerAddress(proto::AsData("not-a-ucx-address"));
+  km.setRkey(proto::AsData("not-an-rkey"));
+  km.setBaseAddr(0x7f0000000000);
+  forge(r);
+  EXPECT_TRUE(p.dealer->Send("", proto::Encode(m, 1, id, 0)).ok());
+  for (int i = 0; i < 300 && !p.acked; ++i) {  // up to 30 s
+    auto f = p.dealer->Recv(100);
+    if (!f.ok() || !f->has_value()) continue;
+    auto in = proto::InMessage::Parse((*f)->bytes);
+    if (!in.ok() || (*in)->which() != proto::Body::REGISTER_ACK) continue;
+    auto ack = (*in)->body().getRegisterAck();
+    p.acked = true;
+    p.accepted = ack.getAccepted();
+    p.reason = proto::ToString(ack.getReason());
+  }
+  return p;
+}
+
+// A Register with the node's keys but forged fields is refused by the router and by the broker,
+// with the reason in the RegisterAck and in their logs; the refused peer is sent nothing else
+// (no work, no plan, not even a heartbeat), the real workers are not disturbed and serve
+// throughout. Two forgeries: the decode worker of the field report (layout hash 0, 2^32-1 KV
+// blocks of 2^60 bytes, maxBatch 2^32-1), and pw-decode's own layout with maxBatch 2^32-1.
+TEST_F(ClusterE2E, ForgedRegisterIsRefusedByTheRouterAndTheBroker) {
+  auto prompts = Prompts(3, 11);
+  auto ref = Reference(prompts, 8);
+  ASSERT_EQ(Complete(prompts[0], 8), ref[0]) << Logs();
+  auto keys = transport::ReadCurveKeys(run_dir_ + "/control.keys");
+  ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+  auto cfg = LoadModelConfig(ModelDir() + "/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  engine::KvLayout honest;  // pw-decode's: --block-size 16, --kv-dtype bf16 (the defaults)
+  honest.num_layers = static_cast<int>(cfg->num_layers);
+  honest.num_kv_heads = static_cast<int>(cfg->num_kv_heads);
+  honest.head_dim = static_cast<int>(cfg->head_dim);
+  honest.block_size = 16;
+  honest.dtype = engine::KvDtype::kBf16;
+  struct Forgery {
+    const char* id;
+    std::vector<std::string> named;  // fields the refusal must name
+    std::function<void(wire::Register::Builder)> forge;
+  };
+  const Forgery forgeries[] = {
+      {"decode-forged", {"layoutHash", "numBlocks", "blockBytes", "maxBatch"},
+       [](wire::Register::Builder r) {
+         auto kl = r.initKvLayout();
+         kl.setLayoutHash(0);
+         kl.setNumBlocks(0xffffffffu);
+         kl.setBlockTokens(16);
+         kl.setBlockBytes(uint64_t{1} << 60);
+         r.getKvMemory().setBytes(uint64_t{1} << 62);
+         r.setMaxBatch(0xffffffffu);
+       }},
+      {"decode-batch", {"maxBatch"},
+       [&](wire::Register::Builder r) {
+         auto kl = r.initKvLayout();
+         kl.setLayoutHash(service::KvLayoutHash(honest, cfg->hidden_size, cfg->vocab_size, cfg->model_type));
+         kl.setNumBlocks(1024);
+         kl.setBlockTokens(16);
+         kl.setBlockBytes(honest.bytes_per_block());
+         kl.setLayerBytes(honest.bytes_per_layer());
+         kl.setPageBytes(honest.min_page_bytes());
+         kl.setNumLayers(static_cast<uint32_t>(honest.num_layers));
+         r.getKvMemory().setBytes(uint64_t{1024} * honest.num_layers * honest.min_page_bytes());
+         r.setMaxBatch(0xffffffffu);
+       }},
+  };
+  std::vector<ForgedPeer> peers;
+  for (const Forgery& f : forgeries) {
+    for (auto [port, server] : {std::pair{ctl_port_, "router"}, std::pair{broker_port_, "broker"}}) {
+      SCOPED_TRACE(std::string(f.id) + " at the " + server);
+      ForgedPeer p = RegisterForged(port, f.id, *keys, f.forge);
+      ASSERT_TRUE(p.acked) << "no RegisterAck\n" << Logs();
+      EXPECT_FALSE(p.accepted) << "a forged registration was accepted";
+      for (const std::string& field : f.named) {
+        EXPECT_NE(p.reason.find(field), std::string::npos) << field << " not named: " << p.reason;
+      }
+      // The server says why in its log.
+      const std::string log = run_dir_ + "/" + server + ".log";
+      const std::string line = std::string("refused registration of '") + f.id + "': ";
+      bool logged = false;
+      for (int i = 0; i < 200 && !logged; ++i) {  // up to 20 s
+        const std::string text = ReadFile(log);
+        const size_t at = text.find(line);
+        logged = at != std::string::npos && text.find(f.named[0], at) != std::string::npos;
+        if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      EXPECT_TRUE(logged) << line << "... not in " << log << "\n" << ReadFile(log);
+      peers.push_back(std::move(p));
+    }
+  }
+  // The real workers serve on, undisturbed; the router counts them only.
+  EXPECT_EQ(Complete(prompts[1], 8), ref[1]) << Logs();
+  EXPECT_EQ(Complete(prompts[2], 8), ref[2]) << Logs();
+  auto [status, body] = Http(http_port_, "GET", "/health");
+  EXPECT_EQ(status, 200) << body;
+  auto health = json::parse(body, nullptr, false);
+  ASSERT_FALSE(health.is_discarded()) << body;
+  EXPECT_EQ(health["decode_workers"], 1) << body;
+  EXPECT_EQ(ReadFile(run_dir_ + "/decode-0.log").find("registering again"), std::string::npos);
+  // Nothing came to the refused peers after their RegisterAck: no KvReserve, no Plan, no
+  // Heartbeat (a server beats to registered peers only).
+  for (ForgedPeer& p : peers) {
+    for (;;) {
+      auto f = p.dealer->Recv(200);
+      ASSERT_TRUE(f.ok()) << f.status().ToString();
+      if (!f->has_value()) break;
+      auto in = proto::InMessage::Parse((*f)->bytes);
+      ASSERT_TRUE(in.ok()) << in.status().ToString();
+      ADD_FAILURE() << "a refused peer got " << proto::BodyName((*in)->which());
+    }
+  }
+}
+
 // Every TCP listener of every process of the node (router HTTP and control, broker control and
 // metrics, workers' metrics, UCX listeners) is on the configured host, 127.0.0.1, and nothing
 // else: `ss -ltnp` over the node's processes.
@@ -376,6 +524,63 @@ TEST_F(ClusterE2E, EveryListenerBindsTheConfiguredHostOnly) {
   int total = 0;
   for (auto& [p, n] : listeners) total += n;
   EXPECT_GE(total, 8) << ss;
+}
+
+// `pw-cluster status` on the node `pw-cluster up` runs: exit 0, every process up with the pid
+// of the very child pw-cluster started (its parent is pw-cluster, its binary the expected one),
+// and --prometheus-targets lists the four endpoints, each answering /metrics.
+TEST_F(ClusterE2E, StatusReportsEveryProcessUpWithItsPid) {
+  const std::string targets = run_dir_ + "/targets.json";
+  const std::string cmd = std::string(PW_BINARY_DIR) + "/bin/pw-cluster status --config " +
+                          run_dir_ + "/cluster.yaml --prometheus-targets " + targets + " 2>&1";
+  std::string out;
+  int code = -1;
+  for (int i = 0; i < 300 && code != 0; ++i) {  // /metrics of every process: 30 s at most
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    out.clear();
+    char buf[512];
+    while (fgets(buf, sizeof(buf), f)) out += buf;
+    const int rc = pclose(f);
+    code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  }
+  ASSERT_EQ(code, 0) << out << Logs();
+  const std::map<std::string, std::string> binaries = {
+      {"broker", "pw-broker"}, {"router", "pw-router"}, {"prefill-0", "pw-prefill"},
+      {"decode-0", "pw-decode"}};
+  std::istringstream table(out);
+  std::string line;
+  std::getline(table, line);  // the header
+  std::set<std::string> seen;
+  while (std::getline(table, line)) {
+    std::istringstream f(line);
+    std::string name, pid, state, metrics;
+    ASSERT_TRUE(static_cast<bool>(f >> name >> pid >> state >> metrics)) << out;
+    SCOPED_TRACE(line);
+    ASSERT_TRUE(binaries.count(name)) << out;
+    seen.insert(name);
+    EXPECT_EQ(state, "up");
+    const std::string stat = ReadFile("/proc/" + pid + "/stat");
+    std::istringstream fields(stat.substr(stat.rfind(')') + 1));
+    std::string proc_state, ppid;
+    fields >> proc_state >> ppid;
+    EXPECT_EQ(ppid, std::to_string(cluster_.pid())) << stat;
+    const std::string argv = ReadFile("/proc/" + pid + "/cmdline");
+    const std::string argv0 = argv.substr(0, argv.find('\0'));
+    EXPECT_EQ(argv0, std::string(PW_BINARY_DIR) + "/bin/" + binaries.at(name));
+  }
+  EXPECT_EQ(seen.size(), 4u) << out;
+  const auto j = json::parse(ReadFile(targets), nullptr, false);
+  ASSERT_TRUE(j.is_array()) << ReadFile(targets);
+  std::set<std::string> processes;
+  for (const auto& t : j) {
+    processes.insert(t["labels"]["pw_process"].get<std::string>());
+    const std::string host_port = t["targets"][0].get<std::string>();
+    ASSERT_EQ(host_port.rfind("127.0.0.1:", 0), 0u) << host_port;
+    EXPECT_EQ(Http(std::stoi(host_port.substr(10)), "GET", "/metrics").first, 200) << host_port;
+  }
+  EXPECT_EQ(processes, (std::set<std::string>{"broker", "router", "prefill-0", "decode-0"}));
 }
 
 // A broken model directory: every process that reads it exits at start, so pw-cluster stops

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "services/cluster/cluster_config.h"
+#include "services/cluster/launcher_state.h"
 #include "services/cluster/supervisor.h"
 
 namespace pw::cluster {
@@ -368,6 +369,76 @@ TEST(Supervisor, RestartsWithBackoffAndDrainsOnStop) {
   std::ifstream log(run_dir + "/steady.log");
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("drained"), std::string::npos);  // it got SIGTERM, not SIGKILL
+}
+
+// The state file records every child with its pid and start time from Start() on, follows a
+// restart to the new pid, and records the node stopped after Stop().
+TEST(Supervisor, RecordsItsChildrenInTheStateFile) {
+  const std::string run_dir = std::string(PW_BINARY_DIR) + "/test-tmp/state-run";
+  std::filesystem::remove_all(run_dir);
+  RestartPolicy policy;
+  policy.initial_backoff_ms = 10;
+  std::vector<ProcessSpec> specs = {
+      {"second", {"/bin/sh", "-c", "while true; do sleep 0.05; done"}, 1},
+      {"first", {"/bin/sh", "-c", "while true; do sleep 0.05; done"}, 0},
+  };
+  Supervisor sup(specs, policy, run_dir, 5000);
+  ASSERT_TRUE(sup.Start().ok());
+  EXPECT_EQ(sup.state_path(), run_dir + "/pw-cluster.state");
+  auto check = [&](const char* when) {
+    SCOPED_TRACE(when);
+    auto st = ReadLauncherState(sup.state_path());
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_EQ(st->launcher_pid, getpid());
+    ASSERT_EQ(st->processes.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      const auto& rec = st->processes[i];
+      const auto& s = sup.states()[i];
+      EXPECT_EQ(rec.name, s.spec.name);
+      EXPECT_EQ(rec.pid, s.pid);
+      EXPECT_EQ(rec.restarts, s.restarts);
+      if (s.pid > 0) {
+        auto ticks = ProcessStartTicks(s.pid);
+        ASSERT_TRUE(ticks.ok()) << ticks.status().ToString();
+        EXPECT_EQ(rec.start_ticks, *ticks);
+        EXPECT_TRUE(IsRecordedProcessRunning(rec.pid, rec.start_ticks));
+      }
+    }
+  };
+  check("started");
+  EXPECT_EQ(sup.states()[0].spec.name, "first");
+  const pid_t old_pid = sup.states()[1].pid;
+  ASSERT_GT(old_pid, 0);
+  kill(old_pid, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((sup.states()[1].restarts < 1 || sup.states()[1].pid <= 0) &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    sup.Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(sup.states()[1].restarts, 1);
+  EXPECT_NE(sup.states()[1].pid, old_pid);
+  check("restarted");
+  sup.Stop();
+  auto st = ReadLauncherState(sup.state_path());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  for (const auto& p : st->processes) {
+    EXPECT_EQ(p.pid, -1) << p.name;
+    EXPECT_EQ(p.start_ticks, 0u) << p.name;
+  }
+  EXPECT_EQ(st->processes[1].restarts, 1);
+}
+
+// An unwritable run directory stops Start() before any process runs: status could not see it.
+TEST(Supervisor, UnwritableStateFileIsAStartError) {
+  const std::string run_dir = std::string(PW_BINARY_DIR) + "/test-tmp/state-unwritable";
+  std::filesystem::remove_all(run_dir);
+  std::filesystem::create_directories(run_dir + "/pw-cluster.state");  // a directory: no rename
+  Supervisor sup({{"p", {"/bin/sh", "-c", "exit 0"}, 0}}, RestartPolicy{}, run_dir, 100);
+  Status st = sup.Start();
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_NE(st.message().find(run_dir + "/pw-cluster.state"), std::string::npos) << st.message();
+  EXPECT_EQ(sup.states()[0].pid, -1);
 }
 
 // A process that exits right after its start 3 times in a row stops the node: Run() returns

@@ -1,5 +1,6 @@
-// A stand-in process for cluster_status_test: sleeps until killed, whatever its arguments, so
-// /proc/<pid>/cmdline carries the command line pw-cluster would use.
+// A stand-in process for cluster_status_test: linked as pw-router, pw-prefill and pw-decode, it
+// sleeps until a signal ends it, whatever its arguments, so `pw-cluster up` can start a node
+// without a model.
 #include <unistd.h>
 
 int main() {

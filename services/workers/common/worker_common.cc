@@ -2,19 +2,7 @@
 
 #include <unistd.h>
 
-#include "common/hash.h"
-
 namespace pw::workers {
-
-uint64_t KvLayoutHash(const engine::KvLayout& l, int64_t hidden_size, int64_t vocab_size,
-                      const std::string& model_type) {
-  std::string key = "kv-v" + std::to_string(engine::kKvLayoutVersion) + "|" +
-                    engine::KvDtypeName(l.dtype) + "|" + model_type + "|" + std::to_string(l.num_layers) + "|" +
-                    std::to_string(l.num_kv_heads) + "|" + std::to_string(l.head_dim) + "|" +
-                    std::to_string(l.block_size) + "|" + std::to_string(hidden_size) + "|" +
-                    std::to_string(vocab_size);
-  return Fnv1a64Of(key.data(), key.size());
-}
 
 engine::SamplingParams FromWire(wire::SamplingParams::Reader s) {
   engine::SamplingParams p;

@@ -5,16 +5,16 @@
 #include <string>
 #include <vector>
 
+#include "services/common/kv_layout_hash.h"
 #include "engine/kv_cache.h"
 #include "engine/sampler.h"
 #include "services/proto/codec.h"
 
 namespace pw::workers {
 
-// Hash that two workers' KV pools must share to exchange blocks: the engine's KvLayout plus
-// the model dimensions that change what a block means.
-uint64_t KvLayoutHash(const engine::KvLayout& layout, int64_t hidden_size, int64_t vocab_size,
-                      const std::string& model_type);
+// Hash that two workers' KV pools must share to exchange blocks (the router and the broker
+// check a worker's against their model's).
+using service::KvLayoutHash;
 
 // Wire sampling parameters -> engine's. Does not validate (the engine does).
 engine::SamplingParams FromWire(wire::SamplingParams::Reader s);

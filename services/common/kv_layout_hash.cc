@@ -1,0 +1,17 @@
+#include "services/common/kv_layout_hash.h"
+
+#include "common/hash.h"
+
+namespace pw::service {
+
+uint64_t KvLayoutHash(const memory::KvLayout& l, int64_t hidden_size, int64_t vocab_size,
+                      const std::string& model_type) {
+  std::string key = "kv-v" + std::to_string(memory::kKvLayoutVersion) + "|" +
+                    memory::KvDtypeName(l.dtype) + "|" + model_type + "|" + std::to_string(l.num_layers) + "|" +
+                    std::to_string(l.num_kv_heads) + "|" + std::to_string(l.head_dim) + "|" +
+                    std::to_string(l.block_size) + "|" + std::to_string(hidden_size) + "|" +
+                    std::to_string(vocab_size);
+  return Fnv1a64Of(key.data(), key.size());
+}
+
+}  // namespace pw::service

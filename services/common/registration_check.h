@@ -1,0 +1,56 @@
+// The check the router and the broker make of a worker's Register (services/proto/cluster.capnp)
+// before accepting it. Any process with the node's control keys can send one (docs/architecture.md,
+// Threat model), and the servers act on its numbers: the router places up to maxBatch requests
+// on a decode worker, sizes leases by its KV blocks and hands its KV pool's coordinates to
+// prefill workers, which write pages of pageBytes into it; the broker sizes plans by the
+// residency budget. So every such field must be what the served model implies or within what
+// an honest worker can register.
+//
+// Checked for prefill and decode workers (other roles carry no KV; tools register as client):
+//   kvLayout   1 <= blockTokens <= max_block_tokens, 1 <= numBlocks <= max_kv_blocks,
+//              blockBytes = layerBytes * numLayers, pageBytes >= layerBytes,
+//              numBlocks * numLayers * pageBytes <= max_kv_bytes (no wrap-around);
+//              with the model: layoutHash = KvLayoutHash of the model's layout for blockTokens
+//              and the dtype (fp32 or bf16) it names, numLayers, layerBytes and blockBytes as
+//              that layout has them;
+//   maxBatch   <= max_batch (a decode worker's 0 means the router's default);
+//   decode only: kvMemory present, numBlocks * numLayers * pageBytes <= kvMemory.bytes <=
+//              max_kv_bytes, baseAddr + bytes without wrap-around; with the model,
+//              residencyCapacity <= its experts per layer.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "common/formats/model_config.h"
+#include "common/status.h"
+#include "services/proto/codec.h"
+
+namespace pw::service {
+
+// What a registration is checked against. The bounds default to the largest values pw-decode
+// and pw-prefill can register (the ranges of the options behind them, services/workers/*_main.cc,
+// and a page pool's most pages).
+struct RegistrationLimits {
+  // The served model. Unset (in-process tests of the protocol with stand-in workers): the KV
+  // layout is checked for consistency and bounds only. pw-router and pw-broker always set it.
+  std::optional<ModelConfig> model;
+  // --kv-blocks goes to 2^24; a decode worker sized by --pool-bytes has up to a page pool's
+  // pages (2^31 - 1, decode_worker.cc) as blocks.
+  uint32_t max_kv_blocks = (1u << 31) - 1;
+  uint32_t max_block_tokens = 4096;   // --block-size
+  uint32_t max_batch = 1u << 16;      // --max-batch (decode), --max-batch-prompts (prefill)
+  // Bound of a worker's KV pages and of a decode worker's registered pool, in bytes; 0 = this
+  // host's physical memory (a node's workers run on its host, in host memory).
+  uint64_t max_kv_bytes = 0;
+};
+
+// Ok, or kInvalidArgument whose message names every field out of line, e.g.
+// "maxBatch 4294967295 above 65536; kvLayout.layoutHash 0000000000000000 is not ...". Reads
+// fields of `reg`: call it inside proto::GuardWire (ControlServer::on_register is).
+Status CheckRegistration(wire::Register::Reader reg, const RegistrationLimits& limits);
+
+// This host's physical memory in bytes (sysconf; 0 when unknown).
+uint64_t PhysicalMemoryBytes();
+
+}  // namespace pw::service

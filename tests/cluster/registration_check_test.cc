@@ -1,0 +1,272 @@
+// CheckRegistration (services/common/registration_check.h): a worker's Register filled as
+// pw-decode and pw-prefill fill theirs, from a real KV pool of the embedded model, is accepted;
+// each field changed on its own is refused with a reason naming it; the forged decode worker of
+// the field report (layout hash 0, 2^32-1 blocks of 2^60 bytes, maxBatch 2^32-1) is refused.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "common/formats/model_config.h"
+#include "services/common/kv_layout_hash.h"
+#include "services/common/registration_check.h"
+#include "engine/kv_cache.h"
+#include "services/proto/codec.h"
+
+namespace pw::service {
+namespace {
+
+constexpr uint32_t kU32Max = 0xffffffffu;
+
+ModelConfig TinyMoe() {
+  auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/models/tiny-moe/config.json");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return *c;
+}
+
+// What a worker of `role` registers, as DecodeWorker::FillRegister / PrefillWorker::FillRegister
+// fill it from their engine's pool (a decode worker's pool is also its registered memory).
+void FillHonest(wire::Register::Builder r, wire::Role role, const ModelConfig& m,
+                engine::KvDtype dtype = engine::KvDtype::kBf16, int block_size = 16, int blocks = 8) {
+  engine::KvLayout l;
+  l.num_layers = static_cast<int>(m.num_layers);
+  l.num_kv_heads = static_cast<int>(m.num_kv_heads);
+  l.head_dim = static_cast<int>(m.head_dim);
+  l.block_size = block_size;
+  l.dtype = dtype;
+  auto pool = engine::KvBlockPool::Create(l, blocks);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const engine::KvBlockPool& p = **pool;
+  r.setRole(role);
+  r.setWorkerId(role == wire::Role::DECODE ? "decode-0" : "prefill-0");
+  r.setPid(4242);
+  r.setModelName("tiny-moe");
+  r.setHeartbeatIntervalMs(500);
+  auto kl = r.initKvLayout();
+  kl.setNumBlocks(static_cast<uint32_t>(p.num_blocks()));
+  kl.setBlockTokens(static_cast<uint32_t>(p.layout().block_size));
+  kl.setBlockBytes(p.bytes_per_block());
+  kl.setLayoutHash(KvLayoutHash(p.layout(), m.hidden_size, m.vocab_size, m.model_type));
+  kl.setPageBytes(p.pages().page_bytes());
+  kl.setLayerBytes(p.layout().bytes_per_layer());
+  kl.setNumLayers(static_cast<uint32_t>(p.layout().num_layers));
+  if (role == wire::Role::DECODE) {
+    auto km = r.initKvMemory();
+    km.setWorkerAddress(proto::AsData("ucx-worker-address"));
+    km.setRkey(proto::AsData("rkey"));
+    km.setBaseAddr(0x7f0000000000);
+    km.setBytes(static_cast<uint64_t>(p.pages().num_pages()) * p.pages().page_bytes());
+    r.setMaxBatch(64);
+  } else {
+    r.setMaxBatch(32);
+  }
+  r.setMaxContext(2048);
+}
+
+class RegistrationCheckTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = TinyMoe();
+    limits_.model = model_;
+    limits_.max_kv_bytes = uint64_t{1} << 32;
+  }
+  // The honest decode Register with `change` applied, checked.
+  Status Decode(const std::function<void(wire::Register::Builder)>& change) {
+    proto::OutMessage m;
+    auto r = m.body().initRegister();
+    FillHonest(r, wire::Role::DECODE, model_);
+    change(r);
+    return CheckRegistration(r.asReader(), limits_);
+  }
+  // Expects `change` (which may also change limits_, for this check only) to be refused with a
+  // reason containing `field`.
+  void ExpectRefused(const char* what, const std::string& field,
+                     const std::function<void(wire::Register::Builder)>& change) {
+    SCOPED_TRACE(what);
+    const RegistrationLimits saved = limits_;
+    Status st = Decode(change);
+    limits_ = saved;
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(field), std::string::npos) << st.message();
+  }
+  uint64_t HashFor(int block_size, engine::KvDtype dtype, int64_t hidden) const {
+    engine::KvLayout l;
+    l.num_layers = static_cast<int>(model_.num_layers);
+    l.num_kv_heads = static_cast<int>(model_.num_kv_heads);
+    l.head_dim = static_cast<int>(model_.head_dim);
+    l.block_size = block_size;
+    l.dtype = dtype;
+    return KvLayoutHash(l, hidden, model_.vocab_size, model_.model_type);
+  }
+
+  ModelConfig model_;
+  RegistrationLimits limits_;
+};
+
+TEST_F(RegistrationCheckTest, HonestWorkersAreAccepted) {
+  for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
+    for (engine::KvDtype dtype : {engine::KvDtype::kF32, engine::KvDtype::kBf16}) {
+      for (int block_size : {1, 16, 4096}) {
+        SCOPED_TRACE(std::to_string(static_cast<int>(role)) + " " + engine::KvDtypeName(dtype) + " " +
+                     std::to_string(block_size));
+        proto::OutMessage m;
+        auto r = m.body().initRegister();
+        FillHonest(r, role, model_, dtype, block_size, block_size == 4096 ? 2 : 8);
+        Status st = CheckRegistration(r.asReader(), limits_);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        // The default bound (this host's memory) holds these small pools too.
+        RegistrationLimits host = limits_;
+        host.max_kv_bytes = 0;
+        st = CheckRegistration(r.asReader(), host);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+      }
+    }
+  }
+}
+
+TEST_F(RegistrationCheckTest, BoundsAreInclusive) {
+  EXPECT_TRUE(Decode([](auto r) { r.setMaxBatch(1u << 16); }).ok());
+  EXPECT_TRUE(Decode([](auto r) { r.setMaxBatch(0); }).ok());  // the router's default batch
+  EXPECT_TRUE(Decode([&](auto r) { r.setResidencyCapacity(static_cast<uint32_t>(model_.num_experts)); }).ok());
+  Status st = Decode([&](auto r) {
+    auto kl = r.getKvLayout();
+    limits_.max_kv_bytes = uint64_t{kl.getNumBlocks()} * kl.getNumLayers() * kl.getPageBytes();
+    r.getKvMemory().setBytes(limits_.max_kv_bytes);
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  st = Decode([&](auto r) {  // a pool of the most pages a page pool has, in bytes as it says
+    limits_.max_kv_bytes = ~uint64_t{0};
+    r.getKvLayout().setNumBlocks((1u << 31) - 1);
+    r.getKvMemory().setBytes(uint64_t{1} << 50);
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+TEST_F(RegistrationCheckTest, EachForgedFieldIsRefusedByName) {
+  ExpectRefused("maxBatch", "maxBatch", [](auto r) { r.setMaxBatch((1u << 16) + 1); });
+  ExpectRefused("layoutHash", "layoutHash", [](auto r) {
+    r.getKvLayout().setLayoutHash(r.getKvLayout().getLayoutHash() + 1);
+  });
+  ExpectRefused("another model's hash", "layoutHash", [&](auto r) {
+    r.getKvLayout().setLayoutHash(HashFor(16, engine::KvDtype::kBf16, model_.hidden_size * 2));
+  });
+  ExpectRefused("the hash of other block tokens", "layoutHash", [&](auto r) {
+    r.getKvLayout().setLayoutHash(HashFor(32, engine::KvDtype::kBf16, model_.hidden_size));
+  });
+  // The fp32 hash with bf16 bytes: the layout the hash names has twice the bytes.
+  ExpectRefused("fp32 hash, bf16 bytes", "layerBytes", [&](auto r) {
+    r.getKvLayout().setLayoutHash(HashFor(16, engine::KvDtype::kF32, model_.hidden_size));
+  });
+  ExpectRefused("blockTokens 0", "blockTokens", [](auto r) { r.getKvLayout().setBlockTokens(0); });
+  ExpectRefused("blockTokens 4097", "blockTokens", [](auto r) { r.getKvLayout().setBlockTokens(4097); });
+  ExpectRefused("numBlocks 0", "numBlocks", [](auto r) { r.getKvLayout().setNumBlocks(0); });
+  ExpectRefused("numBlocks 2^31", "numBlocks", [](auto r) { r.getKvLayout().setNumBlocks(1u << 31); });
+  ExpectRefused("blockBytes", "blockBytes", [](auto r) {
+    r.getKvLayout().setBlockBytes(r.getKvLayout().getBlockBytes() + 1);
+  });
+  // Consistent with each other, not with the model's layout.
+  ExpectRefused("layerBytes", "layerBytes", [](auto r) {
+    auto kl = r.getKvLayout();
+    kl.setLayerBytes(kl.getLayerBytes() * 2);
+    kl.setBlockBytes(kl.getBlockBytes() * 2);
+    kl.setPageBytes(kl.getPageBytes() * 2);
+  });
+  ExpectRefused("numLayers", "numLayers", [](auto r) {
+    auto kl = r.getKvLayout();
+    kl.setNumLayers(kl.getNumLayers() + 1);
+    kl.setBlockBytes(kl.getLayerBytes() * kl.getNumLayers());
+  });
+  ExpectRefused("pageBytes", "pageBytes", [](auto r) {
+    r.getKvLayout().setPageBytes(r.getKvLayout().getLayerBytes() - 1);
+  });
+  ExpectRefused("KV pages above the bound", "above", [&](auto r) {
+    auto kl = r.getKvLayout();
+    limits_.max_kv_bytes = uint64_t{kl.getNumBlocks()} * kl.getNumLayers() * kl.getPageBytes() - 1;
+    r.getKvMemory().setBytes(limits_.max_kv_bytes);
+  });
+  ExpectRefused("kvMemory smaller than its KV pages", "kvMemory.bytes", [](auto r) {
+    auto kl = r.getKvLayout();
+    r.getKvMemory().setBytes(uint64_t{kl.getNumBlocks()} * kl.getNumLayers() * kl.getPageBytes() - 1);
+  });
+  ExpectRefused("kvMemory above the bound", "kvMemory.bytes", [&](auto r) {
+    r.getKvMemory().setBytes(limits_.max_kv_bytes + 1);
+  });
+  ExpectRefused("kvMemory wraps around", "baseAddr", [](auto r) {
+    r.getKvMemory().setBaseAddr(~uint64_t{0} - 100);
+  });
+  ExpectRefused("residencyCapacity", "residencyCapacity", [&](auto r) {
+    r.setResidencyCapacity(static_cast<uint32_t>(model_.num_experts) + 1);
+  });
+  ExpectRefused("no kvMemory", "no kvMemory", [](auto r) { r.disownKvMemory(); });
+  ExpectRefused("no kvLayout", "no kvLayout", [](auto r) { r.disownKvLayout(); });
+}
+
+// Products that wrap around 2^64 are refused, not compared after wrapping.
+TEST_F(RegistrationCheckTest, ProductsDoNotWrapAround) {
+  limits_.max_kv_bytes = ~uint64_t{0};
+  ExpectRefused("blocks x layers x page bytes", "pageBytes", [](auto r) {
+    auto kl = r.getKvLayout();
+    kl.setNumBlocks(1u << 30);
+    kl.setPageBytes(uint64_t{1} << 40);  // 2^30 * 4 * 2^40 = 2^72
+    r.getKvMemory().setBytes(~uint64_t{0});
+  });
+  ExpectRefused("layerBytes x numLayers", "blockBytes", [](auto r) {
+    auto kl = r.getKvLayout();
+    kl.setLayerBytes(uint64_t{1} << 62);
+    kl.setBlockBytes(0);  // 2^62 * 4 wraps to 0
+    kl.setPageBytes(uint64_t{1} << 62);
+  });
+}
+
+// The decode worker of the field report: every field it forged is named, with or without the
+// model (a stand-in ClusterBackend in tests has no model: the bounds still hold).
+TEST_F(RegistrationCheckTest, TheReportedForgedDecodeWorkerIsRefused) {
+  auto forge = [](wire::Register::Builder r) {
+    auto kl = r.getKvLayout();
+    kl.setLayoutHash(0);
+    kl.setNumBlocks(kU32Max);
+    kl.setBlockBytes(uint64_t{1} << 60);
+    r.setMaxBatch(kU32Max);
+  };
+  Status st = Decode(forge);
+  ASSERT_FALSE(st.ok());
+  for (const char* field : {"maxBatch", "numBlocks", "blockBytes", "layoutHash"}) {
+    EXPECT_NE(st.message().find(field), std::string::npos) << field << ": " << st.message();
+  }
+  limits_.model.reset();
+  st = Decode(forge);
+  ASSERT_FALSE(st.ok());
+  for (const char* field : {"maxBatch", "numBlocks", "blockBytes"}) {
+    EXPECT_NE(st.message().find(field), std::string::npos) << field << ": " << st.message();
+  }
+}
+
+// Without the model, a stand-in worker's layout (tests of the protocol) passes the bounds.
+TEST_F(RegistrationCheckTest, WithoutTheModelOnlyBoundsAndConsistency) {
+  limits_.model.reset();
+  proto::OutMessage m;
+  auto r = m.body().initRegister();
+  r.setRole(wire::Role::DECODE);
+  r.setMaxBatch(16);
+  auto kl = r.initKvLayout();
+  kl.setNumBlocks(64);
+  kl.setBlockTokens(16);
+  kl.setLayoutHash(42);
+  r.initKvMemory().setBytes(64 * 4096);
+  Status st = CheckRegistration(r.asReader(), limits_);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// Tools (pw-ctl registers as client) carry no KV: nothing here applies to them.
+TEST_F(RegistrationCheckTest, ClientsAreNotWorkers) {
+  proto::OutMessage m;
+  auto r = m.body().initRegister();
+  r.setRole(wire::Role::CLIENT);
+  r.setMaxBatch(kU32Max);
+  EXPECT_TRUE(CheckRegistration(r.asReader(), limits_).ok());
+}
+
+}  // namespace
+}  // namespace pw::service
