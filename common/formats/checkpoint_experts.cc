@@ -12,10 +12,10 @@ namespace {
 
 // Indexed by ModelType (its order in model_config.h).
 constexpr ExpertNaming kExpertNaming[] = {
-    {"mlp", {"gate_proj", "up_proj", "down_proj"}},       // qwen2_moe
-    {"mlp", {"gate_proj", "up_proj", "down_proj"}},       // qwen3_moe
-    {"mlp", {"gate_proj", "up_proj", "down_proj"}},       // olmoe
-    {"block_sparse_moe", {"w1", "w3", "w2"}},             // mixtral
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen2_moe
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_moe
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // olmoe
+    {"block_sparse_moe", {"w1", "w3", "w2"}},        // mixtral
 };
 static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kMixtral) + 1,
               "one ExpertNaming row per ModelType");

@@ -56,7 +56,8 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
                     const Q8ExpertBlock* down, const cpu::DenseKernels& k) {
   const size_t T = call.num_tokens, H = call.hidden, I = call.ffn, R = call.rows.size();
   const int h = static_cast<int>(H), f = static_cast<int>(I);
-  PW_ASSIGN_OR_RETURN(const engine::ExpertActivationFn act_fn, engine::ExpertActivationOp(call.activation, k));
+  PW_ASSIGN_OR_RETURN(const engine::ExpertActivationFn act_fn,
+                      engine::ExpertActivationOp(call.activation, k));
   engine::ExpertWorkspace& ws = *call.workspace;
   // 1. The layer input, quantized once; each row's values gathered per group.
   const ActRows xq = TakeActRows(ws, 0, T, h);

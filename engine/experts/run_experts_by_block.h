@@ -39,7 +39,9 @@ Status RunExpertsByBlock(const ExpertLayerCall& call, const cpu::DenseKernels& k
                   H * sizeof(float));
     }
     PW_RETURN_IF_ERROR(block(g.expert, ExpertProj::kGateUp, xe, H, n, gate_up, 2 * I));
-    for (size_t r = 0; r < n; ++r) act_fn(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+    for (size_t r = 0; r < n; ++r) {
+      act_fn(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+    }
     PW_RETURN_IF_ERROR(block(g.expert, ExpertProj::kDown, act, I, n, ye, H));
     for (size_t r = 0; r < n; ++r) {
       const ExpertRow& row = call.rows[g.begin + r];

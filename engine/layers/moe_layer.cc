@@ -40,8 +40,8 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   Linear(pool, k, x, H, T, w.router, s->logits.data(), E);
   s->assignments.clear();
   const MoeGate gate{w.gate, static_cast<int>(K), config.norm_topk_prob};
-  Status routed = RunMoeGate(gate, s->logits.data(), T, E, k, s->probs.data(), &s->topk_idx,
-                             &s->assignments);
+  Status routed =
+      RunMoeGate(gate, s->logits.data(), T, E, k, s->probs.data(), &s->topk_idx, &s->assignments);
   if (!routed.ok()) return routed.WithContext("layer " + std::to_string(ctx.layer));
   ctx.router_logits = s->logits.data();
   ctx.router_probs = s->probs.data();

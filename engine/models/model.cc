@@ -125,7 +125,8 @@ Status Model::LoadTensors() {
     if (c.o_bias) {
       PW_ASSIGN_OR_RETURN(w.o_bias, Vector(o + ".bias", h));
     }
-    const std::string qn = a + f.attention.q_norm + ".weight", kn = a + f.attention.k_norm + ".weight";
+    const std::string qn = a + f.attention.q_norm + ".weight",
+                      kn = a + f.attention.k_norm + ".weight";
     if (c.qk_norm == QkNorm::kPerHead) {
       PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, d));
       PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, d));
@@ -149,8 +150,8 @@ Status Model::LoadTensors() {
       }
       if (f.shared_expert != nullptr && c.shared_expert_intermediate_size > 0) {
         w.has_shared_expert = true;
-        PW_ASSIGN_OR_RETURN(w.shared_expert, Mlp(m + f.shared_expert, f.mlp,
-                                                 c.shared_expert_intermediate_size));
+        PW_ASSIGN_OR_RETURN(w.shared_expert,
+                            Mlp(m + f.shared_expert, f.mlp, c.shared_expert_intermediate_size));
         PW_ASSIGN_OR_RETURN(w.shared_expert_gate,
                             Matrix(m + f.shared_expert_gate + ".weight", 1, h));
       }

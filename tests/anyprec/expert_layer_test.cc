@@ -265,15 +265,17 @@ TEST(ExpertLayer, AnActivationWithoutACpuOpIsRefusedByEveryRunner) {
   std::vector<float> out(3 * kHidden, 0.5f);
   ExpertLayerCall call = MakeCall(r, x, 3, &out, &ws, nullptr);
   call.activation = unknown;
-  expect_refused(RunQ8Experts(BestQ8Backend(), call, gu.data(), dn.data(), cpu::Kernels()), out, "q8");
+  expect_refused(RunQ8Experts(BestQ8Backend(), call, gu.data(), dn.data(), cpu::Kernels()), out,
+                 "q8");
   expect_refused(engine::RunBf16Experts(call, bf16.data(), cpu::Kernels()), out, "bf16");
   int blocks = 0;
-  expect_refused(engine::RunExpertsByBlock(call, cpu::Kernels(),
-                                           [&](int, ExpertProj, const float*, size_t, size_t, float*, size_t) {
-                                             ++blocks;
-                                             return Status::Ok();
-                                           }),
-                 out, "by block");
+  expect_refused(
+      engine::RunExpertsByBlock(call, cpu::Kernels(),
+                                [&](int, ExpertProj, const float*, size_t, size_t, float*, size_t) {
+                                  ++blocks;
+                                  return Status::Ok();
+                                }),
+      out, "by block");
   EXPECT_EQ(blocks, 0);
 }
 
