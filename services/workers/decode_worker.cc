@@ -254,6 +254,7 @@ DecodeWorker::LoadSnapshot DecodeWorker::TakeLoad() const {
   l.reserved_kv_blocks = static_cast<uint32_t>(leases_.reserved_blocks() + quarantined_blocks());
   l.running = static_cast<uint32_t>(running_.size());
   l.waiting = static_cast<uint32_t>(leases_.size());
+  l.kv_capacity_blocks = KvCapacityBlocks();
   l.draining = draining_;
   return l;
 }
@@ -264,6 +265,7 @@ void DecodeWorker::FillHeartbeat(const LoadSnapshot& load, wire::Heartbeat::Buil
   h.setReservedKvBlocks(load.reserved_kv_blocks);
   h.setRunningRequests(load.running);
   h.setWaitingRequests(load.waiting);
+  h.setKvCapacityBlocks(load.kv_capacity_blocks);
   h.setDraining(load.draining);
 }
 
@@ -359,6 +361,7 @@ Status DecodeWorker::HandleRouter(const proto::InMessage& m) {
   switch (m.which()) {
     case proto::Body::KV_RESERVE: OnReserve(m.body().getKvReserve()); break;
     case proto::Body::START_DECODE: OnStartDecode(m.body().getStartDecode()); break;
+    case proto::Body::KV_RENEW: OnRenew(m.body().getKvRenew()); break;
     case proto::Body::CANCEL: OnCancel(m.body().getCancel()); break;
     case proto::Body::DRAIN:
       PW_LOG(INFO) << options_.id << ": drain requested by the router";

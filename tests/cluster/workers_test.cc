@@ -480,6 +480,16 @@ class StepRouter {
     k.setLeaseMs(lease_ms);
     ASSERT_TRUE(server->Send("decode-0", m).ok());
   }
+  // Renews request `id`'s lease for `lease_ms` more (KvRenew), as the router does while the
+  // request waits for its prefill.
+  void Renew(uint64_t id, uint32_t lease_ms) {
+    proto::OutMessage m;
+    auto k = m.body().initKvRenew();
+    k.setLeaseMs(lease_ms);
+    k.initRequestIds(1).set(0, id);
+    k.initLeaseIds(1).set(0, seen[id].lease);
+    ASSERT_TRUE(server->Send("decode-0", m).ok());
+  }
   void Prefill(const std::string& prefill, uint64_t id, const std::vector<int32_t>& prompt,
                int max_tokens) {
     const Seen& s = seen[id];
@@ -645,6 +655,61 @@ TEST(Workers, LateWriterOfAnExpiredLeaseCannotCorruptAnotherRequest) {
     return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
   }, 30000);
   EXPECT_TRUE(all_free) << logs();
+}
+
+// A request queued behind a prefill worker longer than its lease (here: the worker is stopped)
+// keeps its blocks while the router renews the lease (KvRenew): once prefilled it decodes the
+// engine's tokens. A lease reserved later and not renewed expires meanwhile, so the renewed one
+// outlived its own lease time.
+TEST(Workers, RenewedLeaseOutlivesItsTimeWhileItsPrefillWaits) {
+  StepRouter r;
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = "RenewedLease";
+  for (const char* who : {".decode.log", ".prefill.log"}) unlink((log_dir + "/" + tag + who).c_str());
+  const std::string beat = std::to_string(StepRouter::kBeatMs);
+  testing::ChildProcess decode, prefill;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                            "--id", "decode-0", "--kv-blocks", "32", "--heartbeat-ms", beat},
+                           log_dir + "/" + tag + ".decode.log"));
+  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                             "--id", "prefill-0", "--heartbeat-ms", beat},
+                            log_dir + "/" + tag + ".prefill.log"));
+  auto logs = [&] { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log(); };
+  ASSERT_TRUE(r.Until([&] { return r.server->FindPeer("decode-0") && r.server->FindPeer("prefill-0"); },
+                      120000))
+      << logs();
+  auto prompts = RandomPrompts(1, 4242, 40, 40);
+  const int kMax = 12;
+  auto ref = Reference({prompts[0]}, kMax);
+  const uint64_t kA = 1, kB = 2;
+  constexpr uint32_t kLeaseMs = 300;
+  prefill.Kill(SIGSTOP);  // A waits behind it
+  r.Reserve(kA, prompts[0].size(), kLeaseMs);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kA].reserved; }, 30000)) << logs();
+  r.Prefill("prefill-0", kA, prompts[0], kMax);
+  r.Reserve(kB, 16, kLeaseMs);  // never renewed
+  ASSERT_TRUE(r.Until([&] { return r.seen[kB].reserved; }, 30000)) << logs();
+  // Renew A every third of its lease until B, reserved after it, has expired.
+  const auto b_expired = [&] { return decode.Log().find("of request 2 expired") != std::string::npos; };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!b_expired() && std::chrono::steady_clock::now() < deadline) {
+    r.Renew(kA, kLeaseMs);
+    r.Poll(kLeaseMs / 3);
+  }
+  ASSERT_TRUE(b_expired()) << logs();
+  EXPECT_EQ(decode.Log().find("of request 1 expired"), std::string::npos) << logs();
+  // The prefill worker resumes: A's KV arrives in its still-leased blocks and decodes.
+  prefill.Kill(SIGCONT);
+  ASSERT_TRUE(r.Until([&] {
+    if (!r.seen[kA].kv_ready) r.Renew(kA, kLeaseMs);
+    return r.seen[kA].kv_ready;
+  }, 60000)) << logs();
+  ASSERT_TRUE(r.seen[kA].kv_ready_ok) << logs();
+  r.StartDecode(kA, prompts[0], kMax);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kA].finished; }, 60000)) << logs();
+  EXPECT_EQ(r.seen[kA].reason, wire::FinishReason::LENGTH) << r.seen[kA].error;
+  EXPECT_EQ(r.seen[kA].out, ref[0]);
 }
 
 // A decode worker whose broker is not there waits for its expert weights; SIGTERM in that wait
