@@ -1029,6 +1029,40 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
 // A broker serving an .apw store registers the store's memory with UCX; on SIGTERM it must
 // give the registration back before the UCX context goes (UCX aborts on a region still
 // registered at cleanup), so the process exits 0 after logging that it stopped.
+// Loading every expert block from the broker's store at 8 bits takes many heartbeat
+// intervals before the decode worker's loop runs: it beats to the broker meanwhile, so the
+// broker never declares it dead and it never has to register again.
+TEST(Workers, ADecodeWorkerLoadingItsExpertsKeepsBeatingToTheBroker) {
+  const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";
+  if (!std::filesystem::exists(model + "/model.safetensors")) GTEST_SKIP() << "no weights in " << model;
+  if (!std::filesystem::exists(store)) GTEST_SKIP() << "no store " << store << " (built by the Release build)";
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = log_dir + "/LoadingKeepsBeating";
+  for (const char* who : {".broker.log", ".decode.log"}) unlink((tag + who).c_str());
+  StepRouter r;
+  const std::string beat = "100";  // dead after 300 ms of silence
+  const std::string broker_ep = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  testing::ChildProcess broker, decode;
+  ASSERT_TRUE(broker.Start({Bin("pw-broker"), "--insecure", "--model", model, "--store", store, "--bind",
+                            broker_ep, "--heartbeat-ms", beat, "--initial-bits", "8"},
+                           tag + ".broker.log"));
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", model, "--router", r.endpoint, "--broker",
+                            broker_ep, "--id", "decode-0", "--kv-blocks", "64", "--heartbeat-ms", beat},
+                           tag + ".decode.log"));
+  auto logs = [&] { return "broker:\n" + broker.Log() + "\ndecode:\n" + decode.Log(); };
+  // The decode worker registers with the router once its experts are loaded.
+  ASSERT_TRUE(r.Until([&] { return r.server->FindPeer("decode-0") != nullptr; }, 120000)) << logs();
+  ASSERT_NE(decode.Log().find("expert blocks at 8 bits"), std::string::npos) << logs();
+  EXPECT_EQ(broker.Log().find("declared dead"), std::string::npos) << logs();
+  EXPECT_EQ(decode.Log().find("registering again"), std::string::npos) << logs();
+  decode.Kill(SIGTERM);
+  EXPECT_EQ(decode.Wait(30000), 0) << logs();
+  broker.Kill(SIGTERM);
+  EXPECT_EQ(broker.Wait(30000), 0) << logs();
+}
+
 TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
   const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
   const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";
