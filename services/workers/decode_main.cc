@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
                  "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")
       ->check(CLI::Range(0, 20000));
   app.add_option("--planner-min-bits", o.lower_floors.min_bits,
-                 "the broker planner's lowest width: a reservation is held only if lowering to it makes room")
+                 "the broker planner's lowest width: a reservation is held only if lowering to it makes room; "
+                 "given (with the other --planner-* floors), the KV capacity the router admits against counts "
+                 "what lowering to them frees")
       ->check(CLI::Range(pw::anyprec::kMinBits, pw::anyprec::kMaxBits));
   app.add_option("--planner-max-bits", o.lower_floors.max_bits, "the broker planner's highest width")
       ->check(CLI::Range(pw::anyprec::kMinBits, pw::anyprec::kMaxBits));
