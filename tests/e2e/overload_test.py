@@ -22,7 +22,9 @@ Passes when
   - no process declared a peer dead (router, broker, workers' logs);
   - at rest every KV block is free again and no reservation is left.
 
-Usage: overload_test.py BUILD_DIR MODEL_DIR [--long N] [--fanout N] [--echo N] [--log-dir D]
+Usage: overload_test.py BUILD_DIR MODEL_DIR [--long N] [--fanout N] [--echo N] [--lease-ms MS]
+                        [--log-dir D]
+(--long 200 --fanout 22 --echo 22 --lease-ms 30000 is the full-size scenario.)
 Exit: 0 pass, 1 fail, 77 skipped (no weights or no store).
 """
 import argparse
@@ -46,15 +48,15 @@ ECHO_PROMPT = 2040               # of the 2048-token context
 CLIENT_TIMEOUT_S = 1200          # a hang guard only; the router's own timeout is the deploy's
 
 
-def deploy_yaml(src, build_dir, model_dir, run_dir, ports):
-    """deploy/tight-planner.yaml with this build's paths, free ports and LEASE_MS."""
+def deploy_yaml(src, build_dir, model_dir, run_dir, ports, lease_ms):
+    """deploy/tight-planner.yaml with this build's paths, free ports and `lease_ms`."""
     with open(src) as f:
         text = f.read()
     subs = [
         (r"(?m)^model_dir: .*$", f"model_dir: {model_dir}\nbin_dir: {build_dir}/bin"),
         (r"(?m)^run_dir: .*$", f"run_dir: {run_dir}"),
         (r"(?m)^(  )port: \d+", rf"\g<1>port: {ports['http']}"),
-        (r"(?m)^(  lease_ms: )\d+", rf"\g<1>{LEASE_MS}"),
+        (r"(?m)^(  lease_ms: )\d+", rf"\g<1>{lease_ms}"),
         (r"(?m)^(  store: ).*$", rf"\g<1>{build_dir}/tiny-moe.apw"),
     ]
     for pattern, repl in subs:
@@ -158,6 +160,8 @@ def main():
     ap.add_argument("--long", type=int, default=20)
     ap.add_argument("--fanout", type=int, default=2)
     ap.add_argument("--echo", type=int, default=2)
+    ap.add_argument("--lease-ms", type=int, default=LEASE_MS,
+                    help=f"the router's KV lease (default {LEASE_MS}; the deploy file's is 30000)")
     ap.add_argument("--log-dir", help="default: BUILD_DIR/e2e-logs/overload")
     args = ap.parse_args()
     build_dir = os.path.abspath(args.build_dir)
@@ -177,7 +181,7 @@ def main():
                                        "prefill-0", "decode-0")}
     yaml = os.path.join(log_dir, "cluster.yaml")
     with open(yaml, "w") as f:
-        f.write(deploy_yaml(src, build_dir, model_dir, run_dir, ports))
+        f.write(deploy_yaml(src, build_dir, model_dir, run_dir, ports, args.lease_ms))
     out = open(os.path.join(log_dir, "pw-cluster.out"), "w")
     proc = subprocess.Popen([os.path.join(build_dir, "bin", "pw-cluster"), "up", "--config", yaml],
                             stdout=out, stderr=subprocess.STDOUT)
