@@ -488,6 +488,11 @@ void Router::Pump() {
       continue;
     }
     InFlight& r = *it->second;
+    if (r.kv_blocks == 0 && load.kv_block_tokens > 0) {  // came while no decode worker was known
+      r.kv_blocks = KvAdmission::BlocksFor(static_cast<int64_t>(r.request.prompt.size()),
+                                           r.request.sampling.max_tokens, load.kv_block_tokens);
+      kv_.Queue(r.kv_blocks);
+    }
     // In order: the oldest waits until its KV fits beside what runs, and so do the others.
     if (!kv_.CanStart(r.kv_blocks)) break;
     waiting_.pop_front();

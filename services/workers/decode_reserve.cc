@@ -20,12 +20,15 @@ KvDemand DecodeWorker::Demand() const {
   return d;
 }
 
+void DecodeWorker::UpdateLowerablePages() {
+  lowerable_pages_ = options_.planner_lowers && weights_->paged()
+                         ? ReserveWait::LowerablePages(weights_->paged()->table(), options_.lower_floors)
+                         : 0;
+}
+
 uint32_t DecodeWorker::KvCapacityBlocks() const {
   const auto& kv = engine_->kv_pool();
-  int64_t pages = pool_->Count(memory::Tenant::kKv) + pool_->Count(memory::Tenant::kFree);
-  if (options_.planner_lowers && weights_->paged()) {
-    pages += ReserveWait::LowerablePages(weights_->paged()->table(), options_.lower_floors);
-  }
+  const int64_t pages = pool_->Count(memory::Tenant::kKv) + pool_->Count(memory::Tenant::kFree) + lowerable_pages_;
   return static_cast<uint32_t>(std::min<int64_t>(kv.num_blocks(), pages / std::max(1, kv.layout().num_layers)));
 }
 

@@ -162,6 +162,7 @@ Status DecodeWorker::Setup() {
     weights_->AddHooks(&hooks);  // the provider; with a residency budget its policy after LYNX
     engine_->SetMoeHooks(hooks);
   }
+  UpdateLowerablePages();
 
   PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
   router_->on_server_lost = [this] {
@@ -218,6 +219,7 @@ void DecodeWorker::WeightsBoundary() {
   const uint64_t now = clock_->NowMs();
   if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
     last_telemetry_ms_ = now;
+    UpdateLowerablePages();
     weights_->ExportMetrics();
     if (trace_metrics_) trace_metrics_->Export(*trace_);
     SendTelemetry();

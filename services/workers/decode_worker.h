@@ -190,6 +190,9 @@ class DecodeWorker {
   // planner on, the pages lowering expert widths to its floors frees (Heartbeat.kvCapacityBlocks,
   // which the router's admission counts against).
   uint32_t KvCapacityBlocks() const;
+  // Recomputes lowerable_pages_ (after the weights load, then with every Telemetry): widths
+  // change only at iteration boundaries, and heartbeats and steps read it often.
+  void UpdateLowerablePages();
   // Renews the named leases whose requests the router still has on their way (KvRenew).
   void OnRenew(wire::KvRenew::Reader r);
   void OnStartDecode(wire::StartDecode::Reader r);
@@ -244,6 +247,7 @@ class DecodeWorker {
   std::unique_ptr<RoutingStats> routing_;  // the engine's recorder: routing mass for Telemetry
   std::unique_ptr<PromptFeatures> prompt_features_;  // admitted prompts' routing, for Telemetry
   ReserveWait reserve_wait_;
+  int64_t lowerable_pages_ = 0;  // ReserveWait::LowerablePages with the planner on, else 0
   RequestBoundary request_boundary_;
   KvLeaseTable leases_;
   std::map<uint64_t, Quarantined> quarantine_;  // by lease id
