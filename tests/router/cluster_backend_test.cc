@@ -211,6 +211,14 @@ class ProtocolTestWorker {
     if (it == kv_ready_sent_at_.end()) return std::nullopt;
     return it->second;
   }
+  // The live lease of request `id` (0: none).
+  uint64_t lease_of(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [lease, l] : leases_) {
+      if (l.request_id == id) return lease;
+    }
+    return 0;
+  }
   // KvRenews that named live lease `lease` of its request.
   int renewals(uint64_t lease) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -914,6 +922,27 @@ TEST_F(ClusterBackendTest, CancelOfAPrefilledRequestWaitingForASlotFreesItsBlock
   for (uint64_t id = 1; id <= 16; ++id) backend_->Cancel(id);
   EXPECT_LE(d->stats().starts, 16);  // 17 never started
   EXPECT_TRUE(WaitAllFree(d, 1024));  // its lease came back (writer done), none quarantined
+}
+
+// A prefilled request waiting for a decode slot (prefill ahead) keeps its lease renewed until
+// its StartDecode.
+TEST_F(ClusterBackendTest, LeaseOfAPrefilledRequestWaitingForASlotIsRenewed) {
+  ClusterBackendOptions o = BaseOptions();
+  o.lease_ms = 300;
+  Restart(o);
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE, 1024);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  for (uint64_t id = 1; id <= 17; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 600)).ok());
+  // Request 17 has its first token and waits: the batch is full with 1..16 (1.8 s of decode).
+  ASSERT_TRUE(WaitFor([&] { return !events_.tokens(17).empty() && d->running() == 16; }));
+  const uint64_t lease = d->lease_of(17);
+  ASSERT_NE(lease, 0u);
+  ASSERT_TRUE(WaitFor([&] { return d->renewals(lease) >= 2 || events_.tokens(17).size() > 1; }));
+  EXPECT_EQ(events_.tokens(17).size(), 1u) << "started before the test saw its lease renewed";
+  EXPECT_GE(d->renewals(lease), 2);
+  for (uint64_t id = 1; id <= 17; ++id) backend_->Cancel(id);
+  EXPECT_TRUE(WaitAllFree(d, 1024));
 }
 
 TEST_F(ClusterBackendTest, NoPrefillAheadMeansCapacityIsMaxBatch) {
