@@ -1063,6 +1063,48 @@ TEST(Workers, ADecodeWorkerLoadingItsExpertsKeepsBeatingToTheBroker) {
   EXPECT_EQ(broker.Wait(30000), 0) << logs();
 }
 
+// A decode worker's heartbeat says how many KV blocks its pool could hold (the router admits
+// against it): with a 26 MiB pool of 4 KiB pages and every expert at 8 bits, 512 pages (128
+// blocks of 4 layers) are free; told the planner's floors, it counts what lowering to them
+// would free too, up to the engine's 1664 blocks.
+TEST(Workers, ADecodeWorkerReportsTheKvItsPoolCouldHoldAfterALowering) {
+  const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";
+  if (!std::filesystem::exists(model + "/model.safetensors")) GTEST_SKIP() << "no weights in " << model;
+  if (!std::filesystem::exists(store)) GTEST_SKIP() << "no store " << store << " (built by the Release build)";
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = log_dir + "/KvCapacity";
+  for (const char* who : {".broker.log", ".fixed.log", ".lowering.log"}) unlink((tag + who).c_str());
+  StepRouter r;
+  const std::string broker_ep = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  testing::ChildProcess broker, fixed, lowering;
+  ASSERT_TRUE(broker.Start({Bin("pw-broker"), "--insecure", "--model", model, "--store", store, "--bind",
+                            broker_ep, "--initial-bits", "8"},
+                           tag + ".broker.log"));
+  const std::vector<std::string> decode = {Bin("pw-decode"), "--insecure", "--model", model, "--router",
+                                           r.endpoint, "--broker", broker_ep, "--pool-bytes",
+                                           std::to_string(26 << 20), "--page-bytes", "4096"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = decode;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  ASSERT_TRUE(fixed.Start(with({"--id", "decode-fixed"}), tag + ".fixed.log"));
+  ASSERT_TRUE(lowering.Start(with({"--id", "decode-lowering", "--planner-min-bits", "3"}), tag + ".lowering.log"));
+  auto logs = [&] { return "fixed:\n" + fixed.Log() + "\nlowering:\n" + lowering.Log(); };
+  auto capacity = [&](const char* id) -> int64_t {
+    const auto* p = r.server->FindPeer(id);
+    return p != nullptr && p->heartbeats > 0 ? static_cast<int64_t>(p->load.kv_capacity_blocks) : int64_t{-1};
+  };
+  ASSERT_TRUE(r.Until([&] { return capacity("decode-fixed") >= 0 && capacity("decode-lowering") >= 0; }, 120000))
+      << logs();
+  EXPECT_EQ(capacity("decode-fixed"), 128) << logs();
+  EXPECT_GT(capacity("decode-lowering"), 128) << logs();
+  EXPECT_LE(capacity("decode-lowering"), 1664) << logs();
+  for (auto* p : {&fixed, &lowering, &broker}) p->Kill(SIGTERM);
+}
+
 TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
   const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
   const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";
