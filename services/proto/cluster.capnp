@@ -85,7 +85,8 @@ struct Heartbeat {
   queuedPromptTokens @6 :UInt64;
   draining @7 :Bool;           # refuses new work, finishing what it has
   kvCapacityBlocks @8 :UInt32; # decode: the most KV blocks the pool can hold at once, expert
-                               # widths lowered to the planner's floors (0: not said)
+                               # widths lowered to the planner's floors when it was told them
+                               # (0: not said)
 }
 
 # A server that gets a message from an unregistered peer answers this; the peer re-registers.
