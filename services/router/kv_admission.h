@@ -15,7 +15,8 @@
 //   kBusy (429, Retry-After) when candidates already wait and queued + k * b would exceed
 //     queue_factor * capacity: it would wait behind more than that much work;
 //   kQueue otherwise (an empty queue takes any call that can run at all, so a large call is
-//     never refused forever).
+//     not refused for good; under load that never lets the queue empty, a call larger than
+//     the bound keeps being refused until queue_factor is raised).
 // A queued candidate may start (FIFO) when committed + b <= capacity, or when nothing is
 // committed (capacity shrank below it: it runs alone rather than block the queue for good).
 // capacity 0 (no decode worker reports one): admission by count only, every call is queued and
