@@ -22,6 +22,8 @@ Passes when
   - no request was placed again (pagedweight_router_backend_requests_replaced_total): none had
     its prefill thrown away;
   - no process declared a peer dead (router, broker, workers' logs);
+    (the last two except at moments the machine stalled: the test's own 50 ms timer woke a
+    second late or more, see StallWatch; such stalls are printed)
   - at rest every KV block is free again and no reservation is left.
 
 Usage: overload_test.py BUILD_DIR MODEL_DIR [--long N] [--fanout N] [--echo N] [--lease-ms MS]
@@ -30,6 +32,7 @@ Usage: overload_test.py BUILD_DIR MODEL_DIR [--long N] [--fanout N] [--echo N] [
 Exit: 0 pass, 1 fail, 77 skipped (no weights or no store).
 """
 import argparse
+import datetime
 import http.client
 import json
 import os
@@ -48,6 +51,7 @@ LEASE_MS = 3000
 PROMPT, MAX_TOKENS = 400, 1500   # the scenario's long requests
 ECHO_PROMPT = 2040               # of the 2048-token context
 CLIENT_TIMEOUT_S = 1200          # a hang guard only; the router's own timeout is the deploy's
+STALL_S = 1.0                    # the test's own 50 ms timer woke this late: nothing of ours ran
 
 
 def deploy_yaml(src, build_dir, model_dir, run_dir, ports, lease_ms):
@@ -142,16 +146,51 @@ def check_reply(kind, body, status, headers, reply):
     return ""
 
 
-def peers_declared_dead(run_dir):
-    """Log lines of every process where it declared a peer dead or lost its server."""
+class StallWatch(threading.Thread):
+    """Sleeps 50 ms over and over and keeps the wall-clock windows in which a wake-up came
+    STALL_S late or more: the machine ran nothing of ours then (a paused VM, a host out of
+    memory), and every process finds all its peers silent at once when it resumes. A peer
+    declared dead, or a request placed again, at such a moment is the machine's doing, not the
+    node's: the test reports those apart and does not count them."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.windows = []
+        self.done = threading.Event()
+
+    def run(self):
+        last = time.monotonic()
+        while not self.done.wait(0.05):
+            now = time.monotonic()
+            if now - last >= STALL_S:
+                end = time.time()
+                self.windows.append((end - (now - last), end))
+            last = now
+
+    def covers(self, wall, after_s=1.0):
+        """True when `wall` falls in a stall or within `after_s` after its end."""
+        return wall is not None and any(a <= wall <= b + after_s for a, b in self.windows)
+
+
+def log_time(line):
+    """Wall-clock seconds of a log line's leading UTC timestamp; None when it has none."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
+    if not m:
+        return None
+    t = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f")
+    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def log_lines(run_dir, *needles):
+    """(process log, line) of every line of the node's logs holding one of `needles`."""
     out = []
     for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
         if not name.endswith(".log"):
             continue
         with open(os.path.join(run_dir, name), errors="replace") as f:
             for line in f:
-                if "declared dead" in line or "silent for 3 heartbeats" in line:
-                    out.append(f"{name}: {line.strip()}")
+                if any(n in line for n in needles):
+                    out.append((name, line.strip()))
     return out
 
 
@@ -188,6 +227,8 @@ def main():
     proc = subprocess.Popen([os.path.join(build_dir, "bin", "pw-cluster"), "up", "--config", yaml],
                             stdout=out, stderr=subprocess.STDOUT)
     failures = []
+    stalls = StallWatch()
+    stalls.start()
     try:
         deadline = time.time() + 180
         while time.time() < deadline and proc.poll() is None:
@@ -255,7 +296,12 @@ def main():
         if expired:
             failures.append(f"{expired:.0f} KV leases expired")
         if replaced:
-            failures.append(f"{replaced:.0f} requests were placed again")
+            again = log_lines(run_dir, "placed again (")
+            if not again or not all(stalls.covers(log_time(line)) for _, line in again):
+                failures.append(f"{replaced:.0f} requests were placed again")
+            else:
+                print(f"NOTE: {replaced:.0f} requests were placed again, each while the machine "
+                      "stalled (below): not counted")
 
         # At rest: every KV block free, nothing reserved (the next heartbeats show it).
         rest = {}
@@ -271,11 +317,17 @@ def main():
             failures.append(f"KV not free at rest: {rest}")
         # Before the node stops (its processes leave one by one then, and the last ones see the
         # first ones fall silent).
-        dead = peers_declared_dead(run_dir)
-        for d in dead:
-            print(d)
-        if dead:
-            failures.append(f"{len(dead)} peer(s) declared dead")
+        stalls.done.set()
+        for a, b in stalls.windows:
+            print(f"NOTE: the machine stalled for {b - a:.1f} s from "
+                  f"{datetime.datetime.fromtimestamp(a, datetime.timezone.utc):%H:%M:%S.%f} UTC "
+                  "(the test's own timer woke that late)")
+        dead = log_lines(run_dir, "declared dead", "silent for 3 heartbeats")
+        counted = [(n, line) for n, line in dead if not stalls.covers(log_time(line))]
+        for name, line in dead:
+            print(f"{name}: {line}" + ("" if (name, line) in counted else "  [machine stall]"))
+        if counted:
+            failures.append(f"{len(counted)} peer(s) declared dead")
     except RuntimeError as e:
         failures.append(str(e))
     finally:
