@@ -339,6 +339,12 @@ Status OptionSet::Derive(const std::string& key, const ConfigValue& value) {
   return Status::Ok();
 }
 
+bool OptionSet::Given(const std::string& key) const {
+  const Option* o = Find(key);
+  PW_CHECK_MSG(o != nullptr, ("Given: no option " + key).c_str());
+  return GivenAsFlag(o->cli_) || o->source_ != Option::Source::kDefault;
+}
+
 Status OptionSet::CheckRequired() const {
   for (const auto& o : options_) {
     if (!o->required_ || GivenAsFlag(o->cli_) || o->source_ != Option::Source::kDefault) continue;

@@ -156,6 +156,8 @@ class OptionSet {
   // kInvalidArgument naming the key and flag of the first Required option nothing gave.
   Status CheckRequired() const;
 
+  // True when option `key` was given: as a flag, in the file or derived (not its default).
+  bool Given(const std::string& key) const;
   // The option declared with `key`, or nullptr.
   const Option* Find(const std::string& key) const;
   const std::vector<std::unique_ptr<Option>>& options() const { return options_; }

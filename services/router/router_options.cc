@@ -19,6 +19,10 @@ void DeclareRouterOptions(options::OptionSet* s, RouterAppOptions* o) {
          "requests per decode worker prefilled beyond its full batch (-1: maxBatch/4)")
       .Range(-1, 1 << 20);
   s->Add("max_waiting", &o->router.max_waiting, "admission queue bound (then 429)").Range(1, 1000000);
+  // Admission by decode KV (kv_admission.h).
+  s->Add("max_queued_kv", &o->router.max_queued_kv,
+         "waiting requests may need at most this many times the KV the decode workers can hold (then 429)")
+      .Range(0.01, 1000);
   s->Add("max_tokens_default", &o->router.default_max_tokens, "max_tokens when a request gives none")
       .Range(1, 1 << 24);
   s->Add("request_timeout_ms", &o->router.request_timeout, "per-request timeout").Range(1, 86400000);

@@ -358,6 +358,7 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationReachTheWorkers) {
     EXPECT_EQ(w->worker.lower_floors.max_bits, 7) << id;
     EXPECT_EQ(w->worker.lower_floors.min_mean_bits, 4.5) << id;
     EXPECT_TRUE(w->worker.plans_at_request_boundaries) << id << ": every decode worker";
+    EXPECT_TRUE(w->worker.planner_lowers) << id << ": told the floors";
   }
   EXPECT_EQ(DecodeOf(path, "d")->worker.demand_horizon_tokens, 64);
   EXPECT_EQ(DecodeOf(path, "e")->worker.demand_horizon_tokens, 0);
@@ -376,6 +377,7 @@ TEST(ClusterConfig, PlannerWidthsHorizonAndBoundaryAblationReachTheWorkers) {
                                            "broker: {store: s.apw, planner: {min_bits: 5}}\ndecode: [{id: d}]\n");
   ASSERT_TRUE(LoadClusterConfig(off, "/bin").ok());
   EXPECT_EQ(DecodeOf(off, "d")->worker.lower_floors.min_bits, 3);
+  EXPECT_FALSE(DecodeOf(off, "d")->worker.planner_lowers) << "no planner: no floors told";
   for (const char* text : {"{min_bits: 6, max_bits: 5}", "{min_bits: 2}", "{max_bits: 9}", "{min_mean_bits: 8.5}",
                            "{min_mean_bits: 5, max_mean_bits: 4.5}", "{max_bits: 6, max_mean_bits: 7}"}) {
     auto bad = BrokerOf(WriteTemp("planner_bits_bad.yaml", std::string("model_dir: m\nprefill: [{id: p}]\n"

@@ -161,7 +161,7 @@ TEST(NodeConfig, EveryProcessReadsTheLauncherFileAndFlagsWin) {
     std::vector<const char*> lines;
   } cases[] = {
       {"pw-router", "", {"model_dir: models/tiny-moe\n", "port: 8000\n", "workers: tcp://127.0.0.1:5555\n",
-                         "lease_ms: 30000\n", "max_waiting: 256\n", "drain_timeout_ms: 30000\n"}},
+                         "lease_ms: 30000\n", "max_waiting: 256\n", "max_queued_kv: 1.0\n", "drain_timeout_ms: 30000\n"}},
       {"pw-broker", "", {"bind: tcp://127.0.0.1:5556\n", "metrics: 127.0.0.1:9100\n", "store: build/tiny-moe.apw\n",
                          "initial_bits: 8\n", "planner:\n  enabled: false\n"}},
       {"pw-prefill", "", {"router: tcp://127.0.0.1:5555\n", "broker: tcp://127.0.0.1:5556\n", "id: prefill-0\n",

@@ -77,7 +77,9 @@ void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
          "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")
       .Range(0, 20000);
   s->Add("planner_min_bits", &o->lower_floors.min_bits,
-         "the broker planner's lowest width: a reservation is held only if lowering to it makes room")
+         "the broker planner's lowest width: a reservation is held only if lowering to it makes room; "
+         "given (with the other --planner-* floors), the KV capacity the router admits against counts "
+         "what lowering to them frees")
       .NoKey().Range(anyprec::kMinBits, anyprec::kMaxBits);
   s->Add("planner_max_bits", &o->lower_floors.max_bits, "the broker planner's highest width")
       .NoKey().Range(anyprec::kMinBits, anyprec::kMaxBits);
@@ -142,6 +144,10 @@ Status LoadDecodeOptions(const service::ConfigFlags& f, options::OptionSet* set,
     return Status::Ok();
   };
   PW_RETURN_IF_ERROR(service::ApplyNodeConfig(f, service::Role::kDecode, set, others, derive));
+  // Told the planner's floors (flags, or derived from the broker's planner): the KV capacity the
+  // router admits against counts what lowering to them frees.
+  o->worker.planner_lowers = set->Given("planner_min_bits") || set->Given("planner_max_bits") ||
+                             set->Given("planner_min_mean_bits");
   return ResolveDecodeOptions(o);
 }
 
