@@ -25,7 +25,7 @@ const Schema& ClusterSchema() {
       {"bin_dir", Schema::String()},
       {"heartbeat_ms", Schema::Int().Range(10, 60000).Default(int64_t{500})},
       {"drain_timeout_ms", Schema::Int().Range(0, 3600000).Default(int64_t{30000})},
-      // KV elements on prefill and decode workers (engine/kv_cache.h).
+      // KV elements on prefill and decode workers (memory/kv_blocks.h).
       {"kv_dtype", Schema::String().OneOf({"bf16", "fp32"}).Default("bf16")},
       {"router", Schema::Map({
                      {"port", PortSchema(8000)},

@@ -280,7 +280,7 @@ void DecodeWorker::UpdateMetrics() {
 }
 
 void DecodeWorker::FreeBlocks(const std::vector<int32_t>& blocks, const char* why) {
-  Status st = engine_->kv_pool().Free(blocks);
+  Status st = engine_->ReturnKvBlocks(blocks);
   if (!st.ok()) PW_LOG(ERROR) << options_.id << ": freeing blocks (" << why << "): " << st.ToString();
 }
 
