@@ -261,8 +261,8 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
     }
     if (draining_.load()) {
       if (drain_deadline == 0)
-        drain_deadline = transport::SteadyClock::Get()->NowMs() + drain_timeout_ms;
-      if (idle || transport::SteadyClock::Get()->NowMs() > drain_deadline) break;
+        drain_deadline = clock_->NowMs() + drain_timeout_ms;
+      if (idle || clock_->NowMs() > drain_deadline) break;
     }
     // While prompts are in flight, wake every millisecond to pass on their KvReady promptly.
     router_->Poll(idle ? 10 : 1, handler);
@@ -395,7 +395,7 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
       if (leader) {
         leader->followers.push_back(std::move(job));
       } else {
-        recent_->at_ms = transport::SteadyClock::Get()->NowMs();
+        recent_->at_ms = clock_->NowMs();
         ServeShared(job.get(), recent_->own, recent_->result);
       }
       continue;
@@ -600,7 +600,7 @@ void PrefillWorker::FinishJob(const std::shared_ptr<Job>& j) {
   rec.own = std::move(j->own);
   j->own.clear();
   rec.result = j->work.result;
-  rec.at_ms = transport::SteadyClock::Get()->NowMs();
+  rec.at_ms = clock_->NowMs();
   recent_ = std::move(rec);
   Retire(j.get(), j->cancelled.load() ? Cancelled("cancelled") : st);
 }
@@ -622,7 +622,7 @@ void PrefillWorker::ComputeLoop() {
                         [&] { return stop_compute_.load() || !queue_.empty(); });
     }
     if (stop_compute_.load()) break;
-    if (recent_ && transport::SteadyClock::Get()->NowMs() - recent_->at_ms > kRecentMs) {
+    if (recent_ && clock_->NowMs() - recent_->at_ms > kRecentMs) {
       DropRecent();
     }
     Admit(&active);
