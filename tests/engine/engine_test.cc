@@ -840,6 +840,45 @@ TEST(EngineBadInput, ErrorsNameTheProblem) {
   EXPECT_EQ(engine->RemoveSequence(77).code(), StatusCode::kNotFound);
 }
 
+// A KV block has one owner at a time: the engine's scheduler for a sequence's blocks, the
+// caller for a lease. A caller cannot return (free) a sequence's block nor a lease it handed to
+// a sequence, nor return a block twice; a refused return frees nothing; every block comes back
+// when the sequences end and the leases are returned.
+TEST(EngineKvLease, ABlockHasOneOwnerAtATime) {
+  auto engine = MakeEngine("qwen3_moe", {.num_kv_blocks = 8, .block_size = 4});
+  ASSERT_TRUE(engine);
+  SamplingParams sp;
+  sp.max_tokens = 4;
+  sp.ignore_eos = true;
+  ASSERT_TRUE(engine->AddSequence(1, {1, 2, 3, 4, 5}, sp).ok());
+  ASSERT_TRUE(engine->Step().ok());
+  ASSERT_EQ(engine->Sequences()[0].num_blocks, 2);  // blocks 0 and 1: lowest ids first
+  const int free_before = engine->kv_pool().num_free();
+  EXPECT_EQ(engine->ReturnKvBlocks(std::vector<int32_t>{0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->ReturnKvBlocks(std::vector<int32_t>{1, 5}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine->kv_pool().IsAllocated(0));
+  EXPECT_EQ(engine->kv_pool().num_free(), free_before);
+  EXPECT_EQ(engine->AddPrefilledSequence(2, {1, 2, 3}, {0}, 1, sp).code(),
+            StatusCode::kInvalidArgument);
+
+  auto lease = engine->LeaseKvBlocks(1);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(engine->ReturnKvBlocks(std::vector<int32_t>{(*lease)[0], (*lease)[0]}).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine->AddPrefilledSequence(2, {1, 2, 3}, *lease, 1, sp).ok());
+  EXPECT_EQ(engine->ReturnKvBlocks(*lease).code(), StatusCode::kInvalidArgument);
+  auto other = engine->LeaseKvBlocks(2);
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(engine->ReturnKvBlocks(*other).ok());
+  EXPECT_EQ(engine->ReturnKvBlocks(*other).code(), StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(engine->Step().ok());  // both sequences run from their own blocks
+  ASSERT_TRUE(engine->RemoveSequence(1).ok());
+  ASSERT_TRUE(engine->RemoveSequence(2).ok());
+  EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
+}
+
 // A checkpoint with a missing tensor and one with a mis-shaped tensor are refused with the
 // tensor's name and the directory.
 TEST(EngineBadInput, MissingOrMisShapedTensorIsNamed) {
