@@ -25,8 +25,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
         "and max_context >= 0");
   }
   std::unique_ptr<Engine> e(new Engine(options));
-  PW_ASSIGN_OR_RETURN(e->model_,
-                      Model::Load(model_dir, options.copy_weights ? FileLoad::kCopy : FileLoad::kMap));
+  PW_ASSIGN_OR_RETURN(
+      e->model_, Model::Load(model_dir, options.copy_weights ? FileLoad::kCopy : FileLoad::kMap));
   if (options.dense_int8) PW_RETURN_IF_ERROR(e->model_->QuantizeDenseInt8());
   const ModelConfig& c = e->model_->config();
   if (e->options_.max_context == 0) {
@@ -41,12 +41,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   layout.dtype = options.kv_dtype;
   std::unique_ptr<KvBlockPool> blocks;
   if (options.kv_pages != nullptr) {
-    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::CreateOn(layout, options.kv_pages, options.num_kv_blocks));
+    PW_ASSIGN_OR_RETURN(blocks,
+                        KvBlockPool::CreateOn(layout, options.kv_pages, options.num_kv_blocks));
   } else {
     PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::Create(layout, options.num_kv_blocks));
   }
-  e->scheduler_ = std::make_unique<Scheduler>(SchedulerOptions{options.max_batch_tokens},
-                                              std::move(blocks));
+  e->scheduler_ =
+      std::make_unique<Scheduler>(SchedulerOptions{options.max_batch_tokens}, std::move(blocks));
   for (int64_t id : c.eos_token_ids) e->eos_ids_.push_back(static_cast<int32_t>(id));
   e->runner_ = e->NewRunner(options.num_threads);
   return e;
@@ -250,8 +251,8 @@ Result<StepResult> Engine::Step() {
 
 void Engine::SampleNext(Sequence* s, const float* row, SequenceUpdate* u) {
   const int V = vocab_size();
-  const int32_t tok = SampleToken(row, V, s->params, static_cast<uint64_t>(s->num_generated),
-                                  &sample_scratch_);
+  const int32_t tok =
+      SampleToken(row, V, s->params, static_cast<uint64_t>(s->num_generated), &sample_scratch_);
   if (options_.return_logits) u->logits.assign(row, row + V);
   if (s->params.logprobs >= 0) {
     u->logprobs.push_back(ComputeLogprobs(row, V, tok, s->params.logprobs));

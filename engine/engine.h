@@ -70,11 +70,11 @@ class Scheduler;
 
 // The KV block vocabulary of the engine's callers (memory/kv_layout.h, memory/kv_blocks.h).
 using memory::BlocksForTokens;
+using memory::kKvLayoutVersion;
 using memory::KvBlockPool;
 using memory::KvDtype;
 using memory::KvDtypeName;
 using memory::KvLayout;
-using memory::kKvLayoutVersion;
 using memory::ParseKvDtype;
 
 struct EngineOptions {

@@ -52,8 +52,8 @@ Result<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvLayout& layout,
   if (pages > (1ll << 31) - 1) return InvalidArgument("KV pool: too many pages");
   auto own = PagePool::Create(layout.min_page_bytes(), static_cast<int>(pages));
   if (!own.ok()) {
-    return ResourceExhausted("KV pool: cannot allocate " + std::to_string(num_blocks) + " blocks (" +
-                             own.status().message() + ")");
+    return ResourceExhausted("KV pool: cannot allocate " + std::to_string(num_blocks) +
+                             " blocks (" + own.status().message() + ")");
   }
   std::unique_ptr<KvBlockPool> p(new KvBlockPool(layout, std::move(specs), std::move(first_page),
                                                  per_block, own->get(), num_blocks));
@@ -151,7 +151,8 @@ Result<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
   auto pages = pages_->Allocate(n * pages_per_block_, Tenant::kKv);
   if (!pages.ok()) {
     return ResourceExhausted("KV pool: " + std::to_string(n) + " blocks requested, " +
-                             std::to_string(num_free()) + " free (" + pages.status().message() + ")");
+                             std::to_string(num_free()) + " free (" + pages.status().message() +
+                             ")");
   }
   std::vector<int32_t> out(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {

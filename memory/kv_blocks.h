@@ -99,8 +99,8 @@ class KvBlockPool {
   bool IsAllocated(int32_t id) const;
 
  private:
-  KvBlockPool(const KvLayout& layout, std::vector<KvLayerSpec> specs,
-              std::vector<int> first_page, int pages_per_block, PagePool* pages, int num_blocks);
+  KvBlockPool(const KvLayout& layout, std::vector<KvLayerSpec> specs, std::vector<int> first_page,
+              int pages_per_block, PagePool* pages, int num_blocks);
   // Index of layer `layer`'s first page of block `id` in page_of_ / page_ptr_.
   size_t At(int32_t id, int layer) const {
     return static_cast<size_t>(id) * static_cast<size_t>(pages_per_block_) +
@@ -108,8 +108,8 @@ class KvBlockPool {
   }
   size_t SlabOffset(int kv, int kv_head) const;
   KvLayout layout_;
-  std::vector<KvLayerSpec> specs_;       // [layer]
-  std::vector<int> first_page_;          // [layer]: its first page among a block's pages
+  std::vector<KvLayerSpec> specs_;  // [layer]
+  std::vector<int> first_page_;     // [layer]: its first page among a block's pages
   int pages_per_block_;
   std::unique_ptr<PagePool> own_pages_;  // null when borrowed
   PagePool* pages_;

@@ -30,7 +30,8 @@ class Router {
     o.id = "router";
     // The worker's heartbeats follow its manual clock; the router must not time it out.
     o.heartbeat_ms = 60000;
-    server_ = std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+    server_ =
+        std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
   }
   const std::string& endpoint() const { return endpoint_; }
 
