@@ -147,22 +147,34 @@ Status Engine::AddSequence(SeqId id, std::vector<int32_t> prompt, const Sampling
 
 Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
                                     std::vector<int32_t> block_ids, int32_t first_token,
-                                    const SamplingParams& params, int num_generated_before) {
+                                    const SamplingParams& params, int num_generated_before,
+                                    int num_uncached) {
   if (num_generated_before < 0 || static_cast<size_t>(num_generated_before) >= prompt.size()) {
     return InvalidArgument("sequence " + std::to_string(id) + ": num_generated_before " +
                            std::to_string(num_generated_before) + " must be in [0, prompt size)");
   }
-  PW_RETURN_IF_ERROR(
-      CheckNewSequence(id, prompt, params, static_cast<size_t>(num_generated_before)));
+  if (num_uncached < 0 || static_cast<size_t>(num_uncached) > prompt.size()) {
+    return InvalidArgument("sequence " + std::to_string(id) + ": num_uncached " +
+                           std::to_string(num_uncached) + " must be in [0, prompt size]");
+  }
+  // `prompt` already holds the tokens generated before: they count once toward the context.
+  PW_RETURN_IF_ERROR(CheckNewSequence(id, prompt, params, 0));
+  if (num_generated_before >= params.max_tokens) {
+    return InvalidArgument("sequence " + std::to_string(id) + ": " +
+                           std::to_string(num_generated_before) +
+                           " tokens already generated, max_tokens is " +
+                           std::to_string(params.max_tokens));
+  }
   if (first_token < 0 || first_token >= vocab_size()) {
     return InvalidArgument("sequence " + std::to_string(id) + ": first token " +
                            std::to_string(first_token) + " outside the vocabulary");
   }
-  const int need = BlocksForTokens(static_cast<int>(prompt.size()), options_.block_size);
+  const int cached = static_cast<int>(prompt.size()) - num_uncached;
+  const int need = BlocksForTokens(cached, options_.block_size);
   if (static_cast<int>(block_ids.size()) < need) {
     return InvalidArgument("sequence " + std::to_string(id) + ": " +
                            std::to_string(block_ids.size()) + " KV blocks for " +
-                           std::to_string(prompt.size()) + " prompt tokens, need " +
+                           std::to_string(cached) + " prompt tokens, need " +
                            std::to_string(need));
   }
   for (size_t i = 0; i < block_ids.size(); ++i) {
@@ -182,7 +194,7 @@ Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
   auto s = std::make_unique<Sequence>();
   s->id = id;
   s->num_prompt = static_cast<int>(prompt.size()) - num_generated_before;
-  s->num_cached = static_cast<int>(prompt.size());
+  s->num_cached = cached;  // the rest is computed as a prompt chunk (decoding() is false)
   s->tokens = std::move(prompt);
   s->tokens.push_back(first_token);
   s->num_generated = num_generated_before + 1;

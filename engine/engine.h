@@ -36,6 +36,10 @@
 //     generated) with the tokens already sent: the engine re-prefills prompt + generated and
 //     continues, counting `generated` toward max_tokens and continuing the seeded random
 //     stream where it stopped, so the output is identical to an uninterrupted run.
+//   - failover (a decode worker lost): the prompt's KV from a prefill worker as usual, then
+//     AddPrefilledSequence(..., num_generated_before, num_uncached) with the tokens already
+//     sent: this engine computes their KV itself, with its own experts, as it would have had
+//     it decoded them.
 //
 // Evaluation: ForwardLogits(ids) returns every position's logits of one sequence (teacher
 // forcing), using temporary leased blocks.
@@ -193,9 +197,16 @@ class Engine {
   // request re-prefilled after a failover or preemption with the tokens already sent); they
   // count toward max_tokens and the seeded random stream continues after them. Must be <
   // params.max_tokens.
+  // `num_uncached`: how many trailing tokens of `prompt` have no KV in `block_ids` (a request
+  // placed again after a failover: the tokens it had streamed). The next steps compute their
+  // KV and first_token's with this engine's experts as one prompt chunk (or several, within
+  // max_batch_tokens), then sample; `block_ids` need hold only the positions before them
+  // (further blocks are allocated as the chunks run). With batch-invariant kernels a token's
+  // KV and logits are the same in a chunk as in a decode step, so the sequence continues
+  // exactly as if it had decoded those tokens here. In [0, prompt.size()].
   Status AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt, std::vector<int32_t> block_ids,
                               int32_t first_token, const SamplingParams& params,
-                              int num_generated_before = 0);
+                              int num_generated_before = 0, int num_uncached = 0);
 
   // Drops a sequence and frees its blocks. kNotFound for an unknown (or finished) id.
   Status RemoveSequence(SeqId id);

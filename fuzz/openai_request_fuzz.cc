@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/sampling_check.h"
 #include "common/status.h"
 #include "services/router/openai_api.h"
 
@@ -33,6 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   PW_CHECK(!req.max_tokens || (*req.max_tokens >= 0 && *req.max_tokens <= limits.max_tokens_cap));
   PW_CHECK(req.temperature >= 0 && req.temperature <= 2);
   PW_CHECK(req.top_p > 0 && req.top_p <= 1);
+  // What the router admits, the workers accept (their check, on the floats they will get).
+  PW_CHECK(!pw::CheckSampling({req.temperature, req.top_p, req.top_k, req.logprobs}));
   PW_CHECK(req.stop.size() <= limits.max_stop);
   for (const auto& s : req.stop) PW_CHECK(!s.empty() && s.size() <= limits.max_stop_bytes);
   if (ep == Endpoint::kChatCompletions) {
@@ -57,5 +60,9 @@ std::vector<std::string> PwFuzzSeeds() {
       // Found by libFuzzer: a number too large for a double made the error path throw.
       std::string("\x0a") + "8e4444\x03meg",
       std::string("\x00") + R"({"model":"tiny-moe","prompt":"x","max_tokens":1e400})",
+      // Above 0 as a double, 0 (or subnormal) as the float the workers compute with.
+      std::string("\x00") + R"({"model":"tiny-moe","prompt":"x","top_p":1e-320})",
+      std::string("\x01") +
+          R"({"model":"tiny-moe","messages":[{"role":"user","content":"x"}],"temperature":1e-39})",
   };
 }

@@ -109,7 +109,7 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
                          int64_t max_in_flight, const SummaryOptions& opts) {
   using nlohmann::json;
   std::map<std::string, std::vector<double>> ms;  // metric -> values in ms
-  int64_t completed = 0, failed = 0, in_tokens = 0, out_tokens = 0, good = 0;
+  int64_t completed = 0, failed = 0, cancelled = 0, in_tokens = 0, out_tokens = 0, good = 0;
   json input_lens = json::array(), output_lens = json::array(), ttfts = json::array(),
        itls = json::array(), e2els = json::array(), errors = json::array(), texts = json::array(),
        sent = json::array(), scheduled = json::array();
@@ -124,6 +124,10 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
     texts.push_back(r.text);
     sent.push_back(r.sent_s);
     scheduled.push_back(r.scheduled_s);
+    if (!r.success && r.error_kind == "cancelled") {  // in flight when the duration's drain ended
+      ++cancelled;
+      continue;
+    }
     if (!r.success) {
       ++failed;
       ++by_kind[r.error_kind];
@@ -152,6 +156,7 @@ nlohmann::json Summarize(const std::vector<RequestRecord>& records, double durat
   out["duration"] = duration_s;
   out["completed"] = completed;
   out["failed"] = failed;
+  out["cancelled"] = cancelled;
   out["total_input_tokens"] = in_tokens;
   out["total_output_tokens"] = out_tokens;
   out["request_throughput"] = static_cast<double>(completed) / d;
@@ -216,6 +221,12 @@ std::string FormatTable(const nlohmann::json& s, const SummaryOptions& opts) {
   title("Serving Benchmark Result", '=');
   row("Successful requests:", std::to_string(s["completed"].get<int64_t>()));
   row("Failed requests:", std::to_string(s["failed"].get<int64_t>()));
+  if (s.value("cancelled", int64_t{0}) > 0) {
+    row("Cancelled at the drain's end:", std::to_string(s["cancelled"].get<int64_t>()));
+  }
+  if (s.value("not_sent", int64_t{0}) > 0) {
+    row("Not sent (past --duration):", std::to_string(s["not_sent"].get<int64_t>()));
+  }
   if (s.contains("max_concurrency") && !s["max_concurrency"].is_null()) {
     row("Maximum request concurrency:", std::to_string(s["max_concurrency"].get<int64_t>()));
   }

@@ -12,6 +12,8 @@
 // keys mean_<m>_ms, median_<m>_ms, std_<m>_ms, p<P>_<m>_ms (P printed like vLLM: 99, 99.9).
 // Throughputs divide by the benchmark duration (first request sent -> last one finished).
 // Goodput (request_goodput) counts successful requests meeting every given SLO (ms).
+// `failed` counts unsuccessful requests but those cancelled at the end of a duration's drain
+// (error_kind "cancelled", benchmark.h), which are `cancelled`; neither enters the statistics.
 #pragma once
 
 #include <cstdint>

@@ -159,6 +159,7 @@ def main():
                 path = os.path.join(out, f"rate{rate:g}-b{burst:g}.json")
                 r = run_cpp(build, c.url, ["--request-rate", str(rate), "--burstiness", str(burst),
                                            "--duration", str(args.duration), "--num-prompts", "0",
+                                           "--drain-timeout", "inf",  # every request sent completes, as measured before
                                            "--random-input-len", "256", "--random-output-len", "128",
                                            "--random-range-ratio", "0.5", "--seed", "1"], path)
                 r.update(rate=rate, burst=burst, load=f"{la0}->{load_avg()}")

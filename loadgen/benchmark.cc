@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -22,7 +23,7 @@ struct Shared {
   std::condition_variable cv;
   int64_t in_flight = 0;
   int64_t max_in_flight = 0;
-  int64_t sent = 0, completed = 0, failed = 0;
+  int64_t sent = 0, completed = 0, failed = 0, cancelled = 0;
   int64_t warmups_left = 0;
   std::vector<RequestRecord>* records = nullptr;
   std::vector<PlannedRequest> const* plan = nullptr;
@@ -95,6 +96,8 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
       (*sh.records)[out.index] = ToRecord(out, (*sh.plan)[out.index], sh.t0);
       if (out.success)
         ++sh.completed;
+      else if (out.error_kind == "cancelled")  // only the client's Stop: the drain's end
+        ++sh.cancelled;
       else
         ++sh.failed;
       if (out.done > sh.last_done) sh.last_done = out.done;
@@ -186,6 +189,26 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
     if (!o.quiet && tty) std::fprintf(stderr, "\n");
   });
 
+  auto after = [&](double s) {
+    return sh.t0 +
+           std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(s));
+  };
+  const bool bounded = o.duration_s > 0;
+  const SteadyClock::time_point send_end =
+      bounded ? after(o.duration_s) : SteadyClock::time_point::max();
+  // A slot before the duration's end (false: none came free in time, nothing taken).
+  auto acquire_by_end = [&]() {
+    std::unique_lock<std::mutex> lock(sh.mu);
+    auto free = [&] { return o.max_concurrency <= 0 || sh.in_flight < o.max_concurrency; };
+    if (!bounded) {
+      sh.cv.wait(lock, free);
+    } else if (!sh.cv.wait_until(lock, send_end, free) || SteadyClock::now() >= send_end) {
+      return false;
+    }
+    ++sh.in_flight;
+    sh.max_in_flight = std::max(sh.max_in_flight, sh.in_flight);
+    return true;
+  };
   size_t sent = 0;
   Status failure = Status::Ok();
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -193,14 +216,14 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
       run.interrupted = true;
       break;
     }
+    if (bounded && plan[i].at_s >= o.duration_s) break;
     auto body = BuildRequestBody(o, prompts, plan[i], i);
     if (!body.ok()) {
       failure = body.status().WithContext("request " + std::to_string(i));
       break;
     }
-    std::this_thread::sleep_until(sh.t0 + std::chrono::duration_cast<SteadyClock::duration>(
-                                              std::chrono::duration<double>(plan[i].at_s)));
-    acquire();
+    std::this_thread::sleep_until(after(plan[i].at_s));
+    if (!acquire_by_end()) break;  // the duration ended while it waited for a slot
     {
       std::lock_guard<std::mutex> lock(sh.mu);
       ++sh.sent;
@@ -210,10 +233,25 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
   }
   {
     std::unique_lock<std::mutex> lock(sh.mu);
-    sh.cv.wait(lock, [&] { return sh.completed + sh.failed == static_cast<int64_t>(sent); });
+    auto all_back = [&] {
+      return sh.completed + sh.failed + sh.cancelled == static_cast<int64_t>(sent);
+    };
+    if (bounded && std::isfinite(o.drain_s) &&
+        !sh.cv.wait_until(lock,
+                          send_end + std::chrono::duration_cast<SteadyClock::duration>(
+                                         std::chrono::duration<double>(o.drain_s)),
+                          all_back)) {
+      // The drain is over: what is still in flight is cancelled (the client calls back for each,
+      // error_kind "cancelled", before Stop returns).
+      lock.unlock();
+      client.Stop();
+      lock.lock();
+    }
+    sh.cv.wait(lock, all_back);
     run.t0 = sh.t0;
     run.duration_s = Seconds(sh.last_done - sh.t0);
     run.max_in_flight = sh.max_in_flight;
+    run.cancelled = sh.cancelled;
   }
   {
     std::lock_guard<std::mutex> lock(progress_mu);

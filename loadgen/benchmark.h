@@ -3,7 +3,16 @@
 // The dispatcher (the calling thread) builds each request's body ahead of time, sleeps until its
 // planned start (steady clock), waits for a free slot when --max-concurrency is reached, and
 // hands it to the StreamClient. Warm-up requests (the first lengths of the plan, sent at once)
-// run and finish before the timed part and are not recorded. A progress thread prints a status
+// run and finish before the timed part and are not recorded.
+//
+// A duration (`duration_s` > 0, --duration) bounds the timed part whatever the rate, inf
+// included: no request is sent at or after duration_s (one the plan puts later, or one still
+// waiting for a slot then, is not sent and not recorded); the requests in flight at duration_s
+// may finish within `drain_s` more seconds, and those still in flight then are cancelled
+// (their connections closed; recorded with error_kind "cancelled", counted apart from the
+// failures). So the part lasts at most duration_s + drain_s (and a slot wait's wake-up). vLLM's
+// `bench serve` has no duration and waits for every request it sent; with drain_s = inf this
+// does the same. A progress thread prints a status
 // line (sent, completed, failed, in flight, request and token rates over the last interval) to
 // stderr each second on a terminal (every 10 s otherwise) unless quiet, and samples the same
 // counters into the timeline every second.
@@ -35,6 +44,8 @@ struct BenchmarkOptions {
   std::chrono::milliseconds request_timeout{600000};
   bool keep_text = false;
   bool quiet = false;
+  double duration_s = 0;  // > 0: the timed part's sending window, seconds (above)
+  double drain_s = 30;    // with duration_s: how long requests in flight at its end may run on
   std::string label;  // printed at the start of the progress line (e.g. the sweep's rate)
 };
 
@@ -45,6 +56,7 @@ struct BenchmarkRun {
   double duration_s = 0;       // first planned start -> last request finished
   int64_t max_in_flight = 0;
   bool interrupted = false;  // `stop` became true before the plan was sent
+  int64_t cancelled = 0;     // requests in flight when the drain ended, cancelled
 };
 
 // The JSON body of one request (stream with usage, max_tokens = output_len).

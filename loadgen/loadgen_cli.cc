@@ -57,7 +57,11 @@ void AddFlags(CLI::App& app, CliOptions* o) {
   app.add_option("--clip-context", o->clip_context,
                  "trace prompts cut to this many tokens (0: no)");
   app.add_option("--clip-output", o->clip_output, "trace outputs cut to this many tokens (0: no)");
-  app.add_option("--duration", o->duration, "seconds: no request starts after this");
+  app.add_option("--duration", o->duration,
+                 "seconds: no request is sent at or after this, whatever the rate (inf too)");
+  app.add_option("--drain-timeout", o->drain_timeout,
+                 "with --duration: seconds requests in flight at its end may still run; then "
+                 "they are cancelled (default 30; inf: wait for all)");
   app.add_option("--sweep", o->sweep, "comma-separated request rates: one run and one row each");
   app.add_option("--goodput", o->goodput, "SLOs KEY:MS (ttft, tpot, e2el), e.g. ttft:500 tpot:50");
   app.add_option("--percentile-metrics", o->percentile_metrics, "of ttft,tpot,itl,e2el");
@@ -138,6 +142,15 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
   bo.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
   bo.keep_text = o.save_detailed;
   bo.quiet = o.quiet;
+  if (!(o.duration >= 0) || !std::isfinite(o.duration)) {
+    return Fail("--duration must be a finite number of seconds >= 0");
+  }
+  if (!(o.drain_timeout >= 0)) return Fail("--drain-timeout must be >= 0 seconds (or inf)");
+  if (o.drain_timeout_given && o.duration <= 0) {
+    return Fail("--drain-timeout bounds the end of a --duration: give --duration");
+  }
+  bo.duration_s = o.duration;
+  bo.drain_s = o.drain_timeout;
   if (o.max_concurrency < 0 || o.num_warmups < 0) {
     return Fail("--max-concurrency and --num-warmups must be >= 0");
   }
@@ -284,6 +297,13 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
         o.max_concurrency > 0 ? nlohmann::json(o.max_concurrency) : nlohmann::json(nullptr);
     s["num_warmups"] = o.num_warmups;
     s["interrupted"] = run->interrupted;
+    // Planned but not sent: past --duration (or interrupted).
+    s["not_sent"] = static_cast<int64_t>(plan.size() - run->records.size());
+    if (o.duration > 0) {
+      s["duration_limit"] = o.duration;
+      s["drain_timeout"] =
+          std::isfinite(o.drain_timeout) ? nlohmann::json(o.drain_timeout) : nlohmann::json("inf");
+    }
     if (!o.trace.empty()) {
       s["trace"] = {{"path", o.trace},
                     {"speedup", o.trace_speedup},

@@ -48,7 +48,9 @@ struct CliOptions {
   std::string trace_window;  // START:END seconds of the trace
   int clip_context = 0;
   int clip_output = 0;
-  double duration = 0;
+  double duration = 0;        // > 0: seconds in which requests are sent (benchmark.h)
+  double drain_timeout = 30;  // then, seconds in-flight requests may run before they are cancelled
+  bool drain_timeout_given = false;  // set by the caller: --drain-timeout was on the command line
   std::string sweep;  // comma-separated request rates
   // Results (vLLM).
   std::vector<std::string> goodput;
@@ -65,8 +67,8 @@ struct CliOptions {
 };
 
 void AddFlags(CLI::App& app, CliOptions* o);
-// Runs what the options say; returns the process exit code (0: every request succeeded,
-// 1: some failed, 2: bad options or input).
+// Runs what the options say; returns the process exit code (0: every request sent succeeded or
+// was cancelled at the end of --duration's drain, 1: some failed, 2: bad options or input).
 int RunCli(const CliOptions& o, const std::atomic<bool>* stop);
 
 }  // namespace pw::loadgen

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   pw::loadgen::AddFlags(app, &opts);
   CLI11_PARSE(app, argc, argv);
   opts.num_prompts_given = app.count("--num-prompts") > 0;
+  opts.drain_timeout_given = app.count("--drain-timeout") > 0;
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);

@@ -176,7 +176,7 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   std::unique_ptr<pw::engine::TraceRecorder> recorder;
   if (!trace.path.empty()) {
     auto w = pw::misses::RouterTraceWriter::Create(trace.path, pw::engine::TraceHeaderFor(cfg),
-                                                   static_cast<uint64_t>(trace.max_mb * 1e6));
+                                                   trace.max_bytes());
     if (!w.ok()) return Fail(w.status());
     trace_writer = std::move(w).value();
     recorder = std::make_unique<pw::engine::TraceRecorder>(trace_writer.get(), trace.sample);

@@ -74,8 +74,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<pw::engine::TraceRecorder> recorder;
   if (!trace.path.empty()) {
     auto w = pw::misses::RouterTraceWriter::Create(
-        trace.path, pw::engine::TraceHeaderFor(eng.model().config()),
-        static_cast<uint64_t>(trace.max_mb * 1e6));
+        trace.path, pw::engine::TraceHeaderFor(eng.model().config()), trace.max_bytes());
     if (!w.ok()) return Fail(w.status());
     trace_writer = std::move(w).value();
     recorder = std::make_unique<pw::engine::TraceRecorder>(trace_writer.get(), trace.sample);

@@ -8,6 +8,13 @@
 //   pw-sim --synthesize FILE [--layers 16 --experts 64 --top-k 8 --hidden 2048 --ffn 1024
 //          --steps N --tokens-per-step T --seed S]   writes a synthetic trace (synthetic_trace.h)
 // One run prints "key value" lines; a sweep prints its CSV (and writes the files asked for).
+// A trace cut short (its writer killed, or stopped by a full disk: no end record, perhaps a torn
+// last record) is replayed over its whole records: stderr says so ("warning: ... cut short"),
+// and a single run's lines end with trace_complete 0, trace_layer_records N and
+// trace_torn_bytes B (1, N, 0 for a whole trace).
+// Exit status: 0 after a replay, whole trace or cut short; 1 on an error (a trace that cannot
+// be read or is corrupt anywhere but its cut end, a bad policy or budget, a file not written);
+// CLI11's own codes for a malformed command line.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -102,6 +109,10 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "pw-sim: %s: %zu layer records, %llu tokens x %d MoE layers, %u experts top-%u (%.2f s to load)\n",
                trace_path.c_str(), in.records.size(), static_cast<unsigned long long>(in.tokens()),
                in.num_moe_layers, h.num_experts, h.top_k, load_s);
+  if (!trace->tail.complete) {
+    std::fprintf(stderr, "pw-sim: warning: %s; replaying the whole records\n",
+                 trace->tail.message.c_str());
+  }
   const double bytes = cost.expert_bytes > 0 ? cost.expert_bytes : in.expert_bytes;
 
   if (!sweep) {
@@ -125,6 +136,9 @@ int main(int argc, char** argv) {
     while (std::getline(ss, item, ',')) vals.push_back(item);
     for (size_t i = 0; i < keys.size() && i < vals.size(); ++i) std::printf("%s %s\n", keys[i].c_str(), vals[i].c_str());
     std::printf("replay_tokens_per_second %.0f\n", r->replay_seconds > 0 ? r->tokens / r->replay_seconds : 0.0);
+    std::printf("trace_complete %d\ntrace_layer_records %zu\ntrace_torn_bytes %llu\n",
+                trace->tail.complete ? 1 : 0, trace->layers.size(),
+                static_cast<unsigned long long>(trace->tail.torn_bytes));
     return 0;
   }
 

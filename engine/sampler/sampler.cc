@@ -27,7 +27,11 @@ double Candidates(const float* logits, int vocab, const SamplingParams& p,
                   std::vector<std::pair<float, int32_t>>* c, std::vector<double>* probs) {
   c->resize(static_cast<size_t>(vocab));
   const float inv_t = 1.f / p.temperature;
-  for (int32_t i = 0; i < vocab; ++i) (*c)[i] = {logits[i] * inv_t, i};
+  // Scaled relative to the largest logit: it becomes exactly 0 and the others <= 0 (or -inf),
+  // so no temperature CheckSampling accepts (down to FLT_MIN, 1 / FLT_MIN is finite) overflows
+  // a logit to +inf, which would make the probabilities inf - inf = NaN.
+  const float top = logits[Argmax(logits, vocab)];
+  for (int32_t i = 0; i < vocab; ++i) (*c)[i] = {(logits[i] - top) * inv_t, i};
   auto desc = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
@@ -60,18 +64,13 @@ double Candidates(const float* logits, int vocab, const SamplingParams& p,
 
 }  // namespace
 
+SamplingValues ValuesOf(const SamplingParams& p) {
+  return {p.temperature, p.top_p, p.top_k, p.logprobs};
+}
+
 Status ValidateSamplingParams(const SamplingParams& p, int vocab_size) {
-  if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) {
-    return InvalidArgument("sampling: temperature must be a finite number >= 0");
-  }
-  if (p.top_k < 0) return InvalidArgument("sampling: top_k must be >= 0");
-  if (!(p.top_p > 0.f && p.top_p <= 1.f))
-    return InvalidArgument("sampling: top_p must be in (0, 1]");
+  if (auto e = CheckSampling(ValuesOf(p))) return InvalidArgument("sampling: " + e->message);
   if (p.max_tokens < 1) return InvalidArgument("sampling: max_tokens must be >= 1");
-  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
-    return InvalidArgument("sampling: logprobs must be in [-1, " + std::to_string(kMaxLogprobs) +
-                           "]");
-  }
   for (int32_t t : p.stop_token_ids) {
     if (t < 0 || t >= vocab_size) {
       return InvalidArgument("sampling: stop token id " + std::to_string(t) +

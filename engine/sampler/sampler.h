@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/sampling_check.h"
 #include "common/status.h"
 
 namespace pw::engine {
@@ -36,7 +37,7 @@ struct SamplingParams {
 };
 
 // Largest number of alternatives a request may ask for per token (ValidateSamplingParams).
-inline constexpr int kMaxLogprobs = 20;
+inline constexpr int kMaxLogprobs = kMaxSamplingLogprobs;
 
 // The log-probability of one token and the most likely alternatives at its position, from
 // the log-softmax of the raw logits row the sampler reads (before temperature, top-k and
@@ -52,7 +53,12 @@ struct TokenLogprobs {
 // logits[0..vocab_size). Log-softmax in double precision.
 TokenLogprobs ComputeLogprobs(const float* logits, int vocab_size, int32_t token, int top_n);
 
-// kInvalidArgument naming the field when a parameter is out of range.
+// The request's own values of `p`, for CheckSampling (common/sampling_check.h).
+SamplingValues ValuesOf(const SamplingParams& p);
+
+// kInvalidArgument naming the field when a parameter is out of range: CheckSampling on the
+// request's values (the check the router makes before admitting a request), then max_tokens
+// and the stop ids, which the router derives (the context, the tokenizer).
 Status ValidateSamplingParams(const SamplingParams& p, int vocab_size);
 
 // Uniform double in [0, 1) for draw `index` of generator `seed` (splitmix64 of both).

@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -32,9 +34,22 @@ void AddMissFlags(CLI::App* app, MissFlags* f, bool with_residency) {
 void AddTraceFlags(CLI::App* app, TraceFlags* f) {
   app->add_option("--record-trace", f->path, "write a router-logit trace to FILE (docs/formats.md)");
   app->add_option("--trace-max-mb", f->max_mb, "bound the trace file (MB, 0 = unbounded)")
-      ->check(CLI::Range(0.0, 1e9));
+      ->check(CLI::Range(0.0, 1e9))
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            TraceFlags t;
+            t.max_mb = std::atof(v.c_str());
+            if (t.max_mb == 0 || t.max_bytes() >= kMinTraceBytesAnyModel) return "";
+            return "a bound of " + std::to_string(t.max_bytes()) +
+                   " bytes holds no record: a router trace with one record takes at least " +
+                   std::to_string(kMinTraceBytesAnyModel) +
+                   " bytes (0.000164 MB; more for a real model)";
+          },
+          "0 or >= 0.000164"));
   app->add_option("--trace-sample", f->sample, "record every N-th forward pass")->check(CLI::Range(1, 1 << 30));
 }
+
+uint64_t TraceFlags::max_bytes() const { return static_cast<uint64_t>(std::llround(max_mb * 1e6)); }
 
 Result<MissSettings> MissSettingsFrom(const MissFlags& f) {
   MissSettings s;

@@ -14,9 +14,12 @@
 //   --miss-config FILE         YAML with any of the above (policies/misses/miss_settings.h);
 //                              flags given on the command line win
 //   --record-trace FILE        write a router-logit trace (docs/formats.md)
-//   --trace-max-mb M           bound the trace (0 = none); --trace-sample N: every N-th pass
+//   --trace-max-mb M           bound the trace (0 = none; else at least 0.000164, the smallest
+//                              trace with a record: router_trace.h); --trace-sample N: every N-th
+//                              pass
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -45,8 +48,10 @@ struct MissFlags {
 
 struct TraceFlags {
   std::string path;
-  double max_mb = 0;
+  double max_mb = 0;  // 0, or at least kMinTraceBytesAnyModel bytes (checked when parsed)
   int sample = 1;
+  // max_mb in bytes (1 MB = 1e6 bytes), rounded to the nearest byte.
+  uint64_t max_bytes() const;
 };
 
 // `with_policy`: the --miss-* flags (pw-eval, pw-sim); `with_residency`: --residency(-bytes).

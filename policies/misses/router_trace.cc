@@ -36,6 +36,14 @@ size_t LayerPayloadBytes(size_t T, size_t E, size_t k) {
 
 }  // namespace
 
+uint64_t MinTraceBytes(uint32_t num_experts, uint32_t top_k) {
+  return kHeaderBytes + kRecordHeaderBytes + LayerPayloadBytes(1, num_experts, top_k) +
+         kRecordHeaderBytes + kEndPayload;
+}
+
+static_assert(kMinTraceBytesAnyModel ==
+              kHeaderBytes + kRecordHeaderBytes + 16 + 20 + kRecordHeaderBytes + kEndPayload);
+
 Result<std::unique_ptr<RouterTraceWriter>> RouterTraceWriter::Create(const std::string& path,
                                                                      const TraceHeader& h,
                                                                      uint64_t max_bytes) {
@@ -44,6 +52,13 @@ Result<std::unique_ptr<RouterTraceWriter>> RouterTraceWriter::Create(const std::
     return InvalidArgument("router trace: bad shape (" + std::to_string(h.num_layers) +
                            " layers, " + std::to_string(h.num_experts) + " experts, top-" +
                            std::to_string(h.top_k) + ")");
+  }
+  if (max_bytes != 0 && max_bytes < MinTraceBytes(h.num_experts, h.top_k)) {
+    return InvalidArgument("router trace: a bound of " + std::to_string(max_bytes) +
+                           " bytes holds no record: a trace of this model (" +
+                           std::to_string(h.num_experts) + " experts, top-" +
+                           std::to_string(h.top_k) + ") with one record of one token takes " +
+                           std::to_string(MinTraceBytes(h.num_experts, h.top_k)) + " bytes");
   }
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return NotFound("cannot create router trace " + path);
@@ -60,7 +75,9 @@ Result<std::unique_ptr<RouterTraceWriter>> RouterTraceWriter::Create(const std::
   Put<uint32_t>(hdr, 36, h.moe_intermediate_size);
   Put<uint64_t>(hdr, 40, h.model_hash);
   Put<uint32_t>(hdr, 60, Crc32(hdr, 60));
-  if (std::fwrite(hdr, 1, kHeaderBytes, f) != kHeaderBytes) {
+  // Flushed at once: a file that exists is a readable (empty, cut short) trace, and a full
+  // disk shows here rather than at the first record.
+  if (std::fwrite(hdr, 1, kHeaderBytes, f) != kHeaderBytes || std::fflush(f) != 0) {
     return Internal("cannot write router trace " + path);
   }
   w->bytes_ = kHeaderBytes;
@@ -90,6 +107,7 @@ Status RouterTraceWriter::WriteRecord(uint32_t kind, const std::vector<uint8_t>&
     return Internal("cannot write router trace " + path_);
   }
   bytes_ += kRecordHeaderBytes + payload.size();
+  unflushed_ = true;
   return Status::Ok();
 }
 
@@ -109,6 +127,15 @@ Status RouterTraceWriter::Append(uint32_t layer, uint64_t step, size_t num_token
   if (max_bytes_ != 0 &&
       bytes_ + kRecordHeaderBytes + bytes + kRecordHeaderBytes + kEndPayload > max_bytes_) {
     CountDropped(T);
+    // At the bound the file grows by a small record now and then at most: put what it holds on
+    // disk (a small bound otherwise sits in the stdio buffer, the file empty, until Close).
+    if (unflushed_) {
+      unflushed_ = false;
+      if (std::fflush(f_) != 0) {
+        failed_ = true;
+        return Internal("cannot write router trace " + path_);
+      }
+    }
     return Status::Ok();
   }
   buf_.resize(bytes);
@@ -186,23 +213,40 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
   const size_t E = h.num_experts, k = h.top_k;
   size_t off = kHeaderBytes;
   bool ended = false;
+  // A record the file ends inside of: its index, and its size when its header is whole (else 0).
+  uint64_t torn_index = 0;
+  size_t torn_size = 0;
+  bool torn = false;
   for (uint64_t index = 0; off < size; ++index) {
     const std::string where = name + ": record " + std::to_string(index) + " at byte " + std::to_string(off);
     if (ended) return Corrupt(where + ": trailing bytes after the end record");
-    if (size - off < kRecordHeaderBytes) return Corrupt(where + ": truncated record header");
+    if (size - off < kRecordHeaderBytes) {  // the file ends inside a record header
+      torn = true;
+      torn_index = index;
+      break;
+    }
     const uint8_t* rh = data + off;
     if (Get<uint32_t>(rh, 12) != Crc32(rh, 12)) return Corrupt(where + ": record header checksum mismatch");
     const uint32_t kind = Get<uint32_t>(rh, 0);
     const size_t len = Get<uint32_t>(rh, 4);
-    if (size - off - kRecordHeaderBytes < len) {
-      return Corrupt(where + ": truncated: payload of " + std::to_string(len) + " bytes, " +
-                     std::to_string(size - off - kRecordHeaderBytes) + " left");
+    if (kind != kEndRecord && kind != kLayerRecord) {
+      return Corrupt(where + ": unknown record kind " + std::to_string(kind));
+    }
+    if (kind == kEndRecord && len != kEndPayload) return Corrupt(where + ": bad end record size");
+    if (kind == kLayerRecord && (len < 16 || (len - 16) % (LayerPayloadBytes(1, E, k) - 16) != 0)) {
+      return Corrupt(where + ": layer record of " + std::to_string(len) + " bytes, not 16 + T * " +
+                     std::to_string(LayerPayloadBytes(1, E, k) - 16));
+    }
+    if (size - off - kRecordHeaderBytes < len) {  // the file ends inside its payload
+      torn = true;
+      torn_index = index;
+      torn_size = kRecordHeaderBytes + len;
+      break;
     }
     const uint8_t* p = rh + kRecordHeaderBytes;
     if (Get<uint32_t>(rh, 8) != Crc32(p, len)) return Corrupt(where + ": payload checksum mismatch");
     off += kRecordHeaderBytes + len;
     if (kind == kEndRecord) {
-      if (len != kEndPayload) return Corrupt(where + ": bad end record size");
       tr.counts.layer_records = Get<uint64_t>(p, 0);
       tr.counts.token_layers = Get<uint64_t>(p, 8);
       tr.counts.dropped_records = Get<uint64_t>(p, 16);
@@ -210,8 +254,6 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
       ended = true;
       continue;
     }
-    if (kind != kLayerRecord) return Corrupt(where + ": unknown record kind " + std::to_string(kind));
-    if (len < 16) return Corrupt(where + ": layer record too short");
     TraceLayer L;
     L.layer = Get<uint32_t>(p, 0);
     const size_t T = Get<uint32_t>(p, 4);
@@ -240,12 +282,26 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
     }
     tr.layers.push_back(std::move(L));
   }
-  if (!ended) {
-    return Corrupt(name + ": truncated: no end record after " + std::to_string(tr.layers.size()) +
-                   " layer records (the writer did not finish)");
-  }
   uint64_t token_layers = 0;
   for (const TraceLayer& L : tr.layers) token_layers += L.num_tokens();
+  tr.tail.whole_bytes = off;
+  tr.tail.torn_bytes = size - off;
+  if (!ended) {
+    tr.tail.complete = false;
+    tr.counts.layer_records = tr.layers.size();
+    tr.counts.token_layers = token_layers;
+    std::string m = name + ": cut short (no end record; the writer did not finish): " +
+                    std::to_string(tr.layers.size()) + " whole layer records read (" +
+                    std::to_string(off) + " bytes)";
+    if (torn) {
+      m += "; record " + std::to_string(torn_index) + " at byte " + std::to_string(off) +
+           " is torn (" + std::to_string(size - off) + " of " +
+           (torn_size != 0 ? std::to_string(torn_size) + " bytes" : "its 16-byte header") +
+           "), ignored";
+    }
+    tr.tail.message = std::move(m);
+    return tr;
+  }
   if (tr.counts.layer_records != tr.layers.size() || tr.counts.token_layers != token_layers) {
     return Corrupt(name + ": end record counts " + std::to_string(tr.counts.layer_records) +
                    " records, the file holds " + std::to_string(tr.layers.size()));

@@ -7,10 +7,13 @@
 // File: a 64-byte header, then records, each a 16-byte record header and a payload:
 //   layer record: one MoE layer of one forward pass (T tokens);
 //   end record:   the counts; always the last record. A file without one was cut short.
-// Every header and payload carries a CRC-32 (pw::Crc32, common/hash.h). The reader refuses a bad
-// magic or version, a checksum mismatch, a record running past the end of the file
-// ("truncated"), a missing end record, out-of-range layers or experts, and trailing bytes,
-// naming the byte offset and record index.
+// Every header and payload carries a CRC-32 (pw::Crc32, common/hash.h). The reader
+// refuses a bad magic or version, a checksum mismatch, out-of-range layers or experts, and trailing
+// bytes, naming the byte offset and record index. A file cut short (its writer killed, or stopped
+// by a failed write such as a full disk) is read up to its last whole record: the records read are
+// kept and RouterTrace::tail says where the cut is and how many bytes of an incomplete last record
+// follow it. Only the end of the file can be cut: a record that fails its checksum is corruption
+// wherever it is, and so is a whole last record.
 #pragma once
 
 #include <cstdint>
@@ -54,10 +57,20 @@ struct TraceCounts {
   uint64_t dropped_token_layers = 0;
 };
 
+// The smallest bounded trace that can hold a record: the 64-byte header, one layer record of one
+// token and the 48-byte end record, for E experts and top-k.
+uint64_t MinTraceBytes(uint32_t num_experts, uint32_t top_k);
+// The same for any model (E = k = 1): 164 bytes. A bound below it holds no record of any
+// model, so configuration refuses it before the model is known.
+inline constexpr uint64_t kMinTraceBytesAnyModel = 64 + (16 + 16 + 20) + (16 + 32);
+
 // Writes a trace. Append is bounded by max_bytes (0: unbounded): a record that would cross it
-// is dropped and counted, so the file stays valid. Not thread-safe.
+// is dropped and counted, so the file stays valid. The header reaches the file at Create, and
+// each drop flushes what was buffered before it, so at the bound every record written is on
+// disk, not only after Close. Not thread-safe.
 class RouterTraceWriter {
  public:
+  // kInvalidArgument on a bad shape or a max_bytes (not 0) below MinTraceBytes(E, k).
   static Result<std::unique_ptr<RouterTraceWriter>> Create(const std::string& path,
                                                            const TraceHeader& header,
                                                            uint64_t max_bytes = 0);
@@ -95,15 +108,31 @@ class RouterTraceWriter {
   TraceCounts counts_;
   std::vector<uint8_t> buf_;
   bool failed_ = false;
+  bool unflushed_ = false;  // records written since the last fflush
 };
 
-// A whole trace, read and validated.
+// How a trace file ends.
+struct TraceTail {
+  bool complete = true;      // the end record was read
+  uint64_t whole_bytes = 0;  // the header and every whole record: where a cut file's data ends
+  uint64_t torn_bytes = 0;   // bytes after them: the start of a record the writer did not finish
+  // Not complete: what was read and where it was cut, naming the file, e.g. "t.trace: cut
+  // short (no end record): 11 whole layer records read; record 11 at byte 1484 is torn (40 of
+  // 532 bytes), ignored".
+  std::string message;
+};
+
+// A trace, read and validated.
 struct RouterTrace {
   TraceHeader header;
   std::vector<TraceLayer> layers;  // file order
+  // The end record's; for a file cut short, those of the records read (dropped ones unknown: 0).
   TraceCounts counts;
+  TraceTail tail;
 
   // Reads and validates `path` (rules above); kCorrupt / kNotFound with the path and offset.
+  // A file cut short after its header is read (tail.complete false); one shorter than the
+  // header is refused ("truncated").
   static Result<RouterTrace> Read(const std::string& path);
   // Parses an in-memory image (what Read does after loading the file); `name` for messages.
   static Result<RouterTrace> Parse(const uint8_t* data, size_t size, const std::string& name);

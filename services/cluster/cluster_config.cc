@@ -1,10 +1,12 @@
 #include "services/cluster/cluster_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "common/formats/yaml_config.h"
+#include "policies/misses/router_trace.h"
 
 namespace pw::cluster {
 
@@ -15,6 +17,20 @@ namespace {
 
 Schema PortSchema(int64_t def) { return Schema::Int().Range(1, 65535).Default(def); }
 Schema OptPort() { return Schema::Int().Range(0, 65535).Default(int64_t{0}); }
+
+// A decode trace's max_mb: one that holds no record of any model is refused (the worker refuses
+// one below its own model's floor at start, misses::MinTraceBytes).
+std::string TraceBound(const ConfigValue& v) {
+  const double mb = v.AsDouble();
+  const long long bytes = mb > 0 ? std::llround(mb * 1e6) : 0;  // as pw-decode converts it
+  if (bytes >= static_cast<long long>(misses::kMinTraceBytesAnyModel)) return "";
+  char m[64];
+  std::snprintf(m, sizeof m, "%g MB (%lld bytes)", mb, bytes);
+  return std::string(m) + " holds no record: a router trace with one record takes at least " +
+         std::to_string(misses::kMinTraceBytesAnyModel) +
+         " bytes (0.000164 MB: its 64-byte header, a record, the end record; more for a real "
+         "model)";
+}
 
 const Schema& ClusterSchema() {
   static const Schema schema = Schema::Map({
@@ -153,10 +169,10 @@ const Schema& ClusterSchema() {
                                   return "";
                                 })},
                      // Router-logit trace of the served tokens (services/workers/decode/decode_trace.h):
-                     // every `sample`-th forward pass, the file bounded by max_mb (MB).
+                     // every `sample`-th forward pass, the file bounded by max_mb (MB, TraceBound).
                      {"trace", Schema::Map({
                                    {"path", Schema::String().NonEmpty().Required()},
-                                   {"max_mb", Schema::Double().Range(0.001, 1e6).Default(64.0)},
+                                   {"max_mb", Schema::Double().Max(1e6).Default(64.0).Check(TraceBound)},
                                    {"sample", Schema::Int().Range(1, 1 << 30).Default(int64_t{1})},
                                })},
                  })).Size(1, 64).Required()},

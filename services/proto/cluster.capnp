@@ -150,6 +150,15 @@ struct PrefillRequest {
   promptLogprobs @10 :Int32 = -1; # -1: none; N >= 0: KvReady.promptLogprobs with N alternatives
 }
 
+# Why a worker failed a request (KvReady.ok = false, Finish.reason = error).
+enum ErrorKind {
+  worker @0;           # the worker could not serve it (or a worker that predates errorKind said
+                       # nothing): the router places the request again, counting the attempt
+  invalidRequest @1;   # the request's own values are refused (errorParam names the field):
+                       # placing it again cannot help; the router answers the client 400 and does
+                       # not count it against the worker (common/sampling_check.h)
+}
+
 # Prefill -> router: KV is in the decode worker's blocks (puts flushed), first token sampled.
 struct KvReady {
   requestId @0 :UInt64;
@@ -164,6 +173,8 @@ struct KvReady {
                                           # tokens[i + 1] given tokens[0..i]
   promptRouting @9 :List(UInt32);  # [layers * experts] the prompt's top-k routing counts
                                    # (services/workers/common/prompt_features.h); empty: not recorded
+  errorKind @10 :ErrorKind;        # ok = false: whose fault (default worker)
+  errorParam @11 :Text;            # errorKind invalidRequest: the request field refused
 }
 
 # Router -> decode: admit a request whose KV arrived.
@@ -175,6 +186,10 @@ struct StartDecode {
   sampling @4 :SamplingParams;
   generatedSoFar @5 :UInt32;      # output tokens already streamed, including firstToken
   promptRouting @6 :List(UInt32); # KvReady.promptRouting of the prefill, as it came
+  uncachedTokens @7 :UInt32;      # trailing tokens of `tokens` whose KV is not in the leased
+                                  # blocks (a failover: the tokens streamed before firstToken,
+                                  # <= generatedSoFar - 1; the lease covers them): this worker
+                                  # computes it with its own experts before decoding firstToken
 }
 
 # Decode -> router: tokens generated, in order. startIndex is the output index of tokens[0]
@@ -199,6 +214,8 @@ struct Finish {
   reason @1 :FinishReason;
   error @2 :Text;
   numGenerated @3 :UInt32;
+  errorKind @4 :ErrorKind;    # reason error: whose fault (default worker)
+  errorParam @5 :Text;        # errorKind invalidRequest: the request field refused
 }
 
 # Router -> prefill/decode: forget the request and free its blocks (lease or running).

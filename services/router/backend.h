@@ -73,7 +73,10 @@ class GenerationEvents {
   // i + 1 given the tokens before it (the first prompt token has none).
   virtual void OnPromptLogprobs(uint64_t id, std::vector<TokenLogprob> logprobs) = 0;
   // The request ended; no more events for `id` follow. `error` is OK unless reason is kError.
-  virtual void OnFinished(uint64_t id, FinishReason reason, Status error) = 0;
+  // kError with code kInvalidArgument: a worker refused the request's own values (placing it
+  // again cannot help; the router answers 400); `param` names the request field ("" when not
+  // known, and for every other ending).
+  virtual void OnFinished(uint64_t id, FinishReason reason, Status error, std::string param) = 0;
 };
 
 // Load as the router's admission sees it.

@@ -422,7 +422,10 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   proto::OutMessage out;
   auto pr = out.body().initPrefillRequest();
   pr.setRequestId(id);
-  auto tokens = AllTokens(r.request, r.generated);
+  // The prompt only, also when the request is placed again with tokens already streamed: the
+  // decode worker computes their KV itself (StartDecode.uncachedTokens), with its own experts,
+  // as the worker that generated them had.
+  auto tokens = AllTokens(r.request, {});
   proto::FillU32([&](unsigned n) { return pr.initTokens(n); }, tokens);
   FillSampling(pr.initSampling(), r.request.sampling);
   pr.setDecodeWorkerId(peer);
@@ -442,7 +445,6 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, r.block_ids);
   proto::FillU32([&](unsigned n) { return pr.initPageIds(n); }, r.page_ids);
   pr.setLeaseId(r.lease_id);
-  pr.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
   // Prompt log-probabilities are asked for until they were delivered (with the first token).
   if (r.generated.empty()) pr.setPromptLogprobs(r.request.sampling.prompt_logprobs);
   r.prefill_epoch = p->epoch;
@@ -470,12 +472,33 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
   Req& r = it->second;
   if (!m.getOk()) {
     SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
+    if (m.getErrorKind() == wire::ErrorKind::INVALID_REQUEST) {
+      // The request's own values: not the worker's failure, and no other worker would differ.
+      Finish(id, FinishReason::kError, InvalidArgument(proto::ToString(m.getError())),
+             proto::ToString(m.getErrorParam()));
+      return;
+    }
     Retry(id, r, "prefill on '" + peer + "' failed: " + proto::ToString(m.getError()));
     return;
   }
+  r.prompt_routing.clear();
+  for (uint32_t c : m.getPromptRouting()) r.prompt_routing.push_back(c);
+  // Placed again with tokens already streamed: the first token sampled now was streamed at
+  // the first placement; StartDecode hands the decode worker what was streamed.
+  if (r.generated.empty() && !DeliverFirstToken(id, r, peer, m)) return;
+  // The decode batch is full: the first token has streamed; StartDecode once a slot frees.
+  auto ws = statics_.find(r.decode_peer);
+  if (ws != statics_.end() && DecodingOn(r.decode_peer) >= ws->second.max_batch) {
+    r.phase = Phase::kReady;
+    return;
+  }
+  StartDecode(id, r);
+}
+
+bool ClusterBackend::DeliverFirstToken(uint64_t id, Req& r, const std::string& peer,
+                                       wire::KvReady::Reader m) {
   const int32_t first = static_cast<int32_t>(m.getFirstToken());
-  const uint32_t index = static_cast<uint32_t>(r.generated.size());
-  if (index == 0 && r.request.sampling.prompt_logprobs >= 0) {
+  if (r.request.sampling.prompt_logprobs >= 0) {
     std::vector<TokenLogprob> prompt_lps;
     for (auto lp : m.getPromptLogprobs()) prompt_lps.push_back(FromWire(lp));
     if (prompt_lps.size() + 1 != r.request.prompt.size()) {
@@ -484,19 +507,17 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
             "prefill on '" + peer + "' sent " + std::to_string(prompt_lps.size()) +
                 " prompt log-probabilities for " + std::to_string(r.request.prompt.size()) +
                 " prompt tokens");
-      return;
+      return false;
     }
     events_->OnPromptLogprobs(id, std::move(prompt_lps));
   }
   r.generated.push_back(first);
-  r.prompt_routing.clear();
-  for (uint32_t c : m.getPromptRouting()) r.prompt_routing.push_back(c);
   std::vector<TokenLogprob> first_lp;
   if (r.request.sampling.logprobs >= 0) {
     first_lp.push_back(FromWire(m.getFirstLogprob()));
     first_lp.back().token = first;
   }
-  events_->OnTokens(id, index, {first}, std::move(first_lp));
+  events_->OnTokens(id, 0, {first}, std::move(first_lp));
   const auto& stops = r.request.sampling.stop_token_ids;
   const bool is_stop = std::find(stops.begin(), stops.end(), first) != stops.end();
   const bool at_length = static_cast<int32_t>(r.generated.size()) >= r.request.sampling.max_tokens;
@@ -504,15 +525,9 @@ void ClusterBackend::OnKvReady(const std::string& peer, wire::KvReady::Reader m)
     // The reserved blocks are not needed, and their writer is done.
     SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
     Finish(id, is_stop ? FinishReason::kStop : FinishReason::kLength, Status::Ok());
-    return;
+    return false;
   }
-  // The decode batch is full: the first token has streamed; StartDecode once a slot frees.
-  auto ws = statics_.find(r.decode_peer);
-  if (ws != statics_.end() && DecodingOn(r.decode_peer) >= ws->second.max_batch) {
-    r.phase = Phase::kReady;
-    return;
-  }
-  StartDecode(id, r);
+  return true;
 }
 
 int64_t ClusterBackend::AheadOf(const WorkerStatic& ws) const {
@@ -555,6 +570,8 @@ void ClusterBackend::StartDecode(uint64_t id, Req& r) {
   sd.setFirstToken(static_cast<uint32_t>(r.generated.back()));
   FillSampling(sd.initSampling(), r.request.sampling);
   sd.setGeneratedSoFar(static_cast<uint32_t>(r.generated.size()));
+  // The prefill worker wrote the prompt's KV only (OnReserveReply).
+  sd.setUncachedTokens(static_cast<uint32_t>(r.generated.size() - 1));
   if (!r.prompt_routing.empty()) {
     proto::FillU32([&](unsigned n) { return sd.initPromptRouting(n); }, r.prompt_routing);
   }
@@ -633,6 +650,13 @@ void ClusterBackend::OnFinish(const std::string& peer, wire::Finish::Reader m) {
     case wire::FinishReason::ERROR:
     default:
       if (r.phase == Phase::kPrefilling) ReleasePlacement(id, r);
+      if (m.getReason() == wire::FinishReason::ERROR &&
+          m.getErrorKind() == wire::ErrorKind::INVALID_REQUEST) {
+        // The request's own values: not the worker's failure, and no other worker would differ.
+        Finish(id, FinishReason::kError, InvalidArgument(proto::ToString(m.getError())),
+               proto::ToString(m.getErrorParam()));
+        break;
+      }
       Retry(id, r, "error on '" + peer + "': " + proto::ToString(m.getError()));
       break;
   }
@@ -810,9 +834,9 @@ void ClusterBackend::SendCancel(const std::string& peer, uint64_t id, uint64_t l
   if (!st.ok()) PW_LOG(DEBUG) << "router: Cancel to '" << peer << "': " << st.ToString();
 }
 
-void ClusterBackend::Finish(uint64_t id, FinishReason reason, Status error) {
+void ClusterBackend::Finish(uint64_t id, FinishReason reason, Status error, std::string param) {
   reqs_.erase(id);
-  events_->OnFinished(id, reason, std::move(error));
+  events_->OnFinished(id, reason, std::move(error), std::move(param));
 }
 
 void ClusterBackend::PublishLoad() {

@@ -18,13 +18,19 @@
 //   Cancel (client gone, stop sequence matched, timeout): router -> D (and P while it
 //   prefills) Cancel(requestId, leaseId); both free what the request holds.
 // Failures: when a worker is declared dead (silent for 3 heartbeats) or re-registers from a new
-// process, every request it held is placed again from step 1 with tokens = prompt + the tokens
-// already delivered, and generatedSoFar = their count, so the stream continues at the next
-// output index with no gap and no repeat. A lease refused for lack of KV is retried after a
-// short backoff; other failures are retried up to `max_attempts` times, then reported. A worker
-// that registers again with the same process (it lost the router for 3 heartbeats and dropped
-// its requests) is treated like a dead one for the requests it held, and a reservation or
-// prefill that gets no answer within phase_timeout_ms is cancelled and placed again.
+// process, every request it held is placed again from step 1: KvReserve for the prompt + the
+// tokens already delivered, the prefill worker writes the prompt's KV as the first time (its
+// first token, already delivered, is dropped), and StartDecode carries prompt + delivered
+// tokens with generatedSoFar = their count and uncachedTokens = those before the last: the
+// decode worker computes their KV itself, with its own experts, as the lost one had decoded
+// them. The stream continues at the next output index with no gap and no repeat. A lease
+// refused for lack of KV is retried after a short backoff; other failures are retried up to
+// `max_attempts` times, then reported. A worker that registers again with the same process (it
+// lost the router for 3 heartbeats and dropped its requests) is treated like a dead one for the
+// requests it held, and a reservation or prefill that gets no answer within phase_timeout_ms
+// is cancelled and placed again. A worker's refusal of the request's own values (errorKind
+// invalidRequest) ends it at once with kInvalidArgument, neither placed again nor counted
+// against the worker.
 // A worker this router could not send to (its connection is gone: SIGKILL, a crash) is
 // unreachable until it is heard from again (a heartbeat, a new registration) or declared dead:
 // placement skips it and Load() does not count it. A request whose message never reached its
@@ -189,6 +195,9 @@ class ClusterBackend final : public GenerationBackend {
   // `ack_seq`: the reply frame's ackSeq (the last frame of ours its sender had handled).
   void OnReserveReply(const std::string& peer, wire::KvReserveReply::Reader m, uint64_t ack_seq);
   void OnKvReady(const std::string& peer, wire::KvReady::Reader m);
+  // A first placement's KvReady: streams its first token (and the prompt log-probabilities);
+  // false when the request ended there (finished, or placed again).
+  bool DeliverFirstToken(uint64_t id, Req& r, const std::string& peer, wire::KvReady::Reader m);
   void OnTokenChunk(const std::string& peer, wire::TokenChunk::Reader m);
   void OnFinish(const std::string& peer, wire::Finish::Reader m);
   // Re-places every request `peer` held (it died, or re-registered and so dropped them).
@@ -212,7 +221,8 @@ class ClusterBackend final : public GenerationBackend {
   void WriterDone(const std::string& decode_peer, uint64_t id, uint64_t lease_id);
   void ReleaseFence(const Fence& f);
   void CheckFences();
-  void Finish(uint64_t id, FinishReason reason, Status error);
+  // `param`: see GenerationEvents::OnFinished.
+  void Finish(uint64_t id, FinishReason reason, Status error, std::string param = "");
   const WorkerStatic* StaticOf(const transport::PeerInfo& info);
   void PublishLoad();
   uint64_t NowMs() const;

@@ -12,6 +12,8 @@
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
@@ -33,6 +35,44 @@ bool IEquals(std::string_view a, std::string_view b) {
     if (x != y) return false;
   }
   return true;
+}
+
+// Fields whose value is one item, not a comma-separated list: RFC 9110 section 5.3 allows
+// several field lines of one name only for list-valued fields, so a second line of these is an
+// error, refused (400) rather than letting one of them silently win (a proxy in front may have
+// honoured the other). Those this server acts on, or that frame the body:
+//   Host            RFC 9112 section 3.2 ("a server MUST respond with 400 ... more than one")
+//   Content-Length  RFC 9110 section 8.6, RFC 9112 section 6.3: the body's length; several values,
+//                   in lines or in one list, are refused even when equal (RFC 9110 lets a
+//                   recipient either refuse or collapse them)
+//   Content-Type    RFC 9110 section 8.3: one media type
+//   Authorization   RFC 9110 section 11.6.2: one set of credentials (the API key)
+// List-valued fields may repeat (their lines are one list): Connection (RFC 9110 section 7.6.1),
+// Transfer-Encoding (RFC 9112 section 6.1), Expect (RFC 9110 section 10.1.1), Accept and the like.
+// Fields this server ignores are not looked at.
+constexpr std::pair<http::field, const char*> kSingleValued[] = {
+    {http::field::host, "Host"},
+    {http::field::content_length, "Content-Length"},
+    {http::field::content_type, "Content-Type"},
+    {http::field::authorization, "Authorization"},
+};
+
+// Why the head of `req` cannot be served (400 and close), or nullopt. `chunked`: the parser
+// found chunked as the final transfer coding.
+std::optional<std::string> BadFraming(const http::request<http::string_body>& req, bool chunked) {
+  for (const auto& [field, name] : kSingleValued) {
+    if (req.count(field) > 1) return "request with more than one " + std::string(name) + " header";
+  }
+  if (req[http::field::content_length].find(',') != beast::string_view::npos) {
+    return std::string("request with more than one Content-Length value");
+  }
+  // RFC 9112 section 6.3: with Transfer-Encoding and chunked not the final coding (or applied
+  // twice, which section 7 forbids), a request's body length cannot be known: 400 and close.
+  if (req.count(http::field::transfer_encoding) > 0 && !chunked) {
+    return std::string(
+        "Transfer-Encoding without chunked as its final coding: the body's length is unknown");
+  }
+  return std::nullopt;
 }
 
 const char* ReasonPhrase(int status) {
@@ -400,13 +440,13 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
     }
     auto& req = parser_->get();
     http10_ = req.version() < 11;
-    // RFC 9112 section 3.2: 400 for an HTTP/1.1 request without Host, and for any request
-    // with more than one Host field line.
-    const auto hosts = req.count(http::field::host);
-    if ((!http10_ && hosts == 0) || hosts > 1) {
-      FailRequest(400, hosts == 0 ? "HTTP/1.1 request without a Host header"
-                                  : "request with more than one Host header",
-                  "bad_http");
+    // RFC 9112 section 3.2: 400 for an HTTP/1.1 request without Host.
+    if (!http10_ && req.count(http::field::host) == 0) {
+      FailRequest(400, "HTTP/1.1 request without a Host header", "bad_http");
+      return;
+    }
+    if (auto bad = BadFraming(req, parser_->chunked())) {
+      FailRequest(400, *bad, "bad_http");
       return;
     }
     if (IEquals(std::string(req[http::field::expect]), "100-continue")) {

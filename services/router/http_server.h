@@ -11,7 +11,10 @@
 //   without a response; a body that stops short (of its Content-Length or last chunk) for
 //   body_timeout after the headers -> 408 and close; an idle keep-alive connection is closed
 //   after idle_timeout. Malformed HTTP -> 400 and close; so is an HTTP/1.1 request without a
-//   Host header, and any request with more than one (RFC 9112 section 3.2).
+//   Host header (RFC 9112 section 3.2), any request with a second line of a single-valued
+//   field it acts on (Host, Content-Length, Content-Type, Authorization; RFC 9110 section 5.3)
+//   or more than one Content-Length value, and a Transfer-Encoding whose final coding is not
+//   chunked (RFC 9112 section 6.3). List-valued fields (Connection, Accept, ...) may repeat.
 // - Keep-alive: HTTP/1.1 connections stay open unless the client says `Connection: close`;
 //   HTTP/1.0 ones only with `Connection: keep-alive`. Requests on one connection are served
 //   one at a time, in order.

@@ -4,6 +4,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/sampling_check.h"
+
 namespace pw::router {
 
 using nlohmann::json;
@@ -78,9 +80,11 @@ ApiError WrongType(const std::string& field, const char* expected, const json& g
   return Bad("'" + field + "' must be " + expected + ", got " + TypeName(got), field);
 }
 
-// Reads an optional number field in [lo, hi] into *out. Returns an error or nullopt.
-std::optional<ApiError> GetNumber(const json& body, const char* field, double lo, double hi,
-                                  bool lo_open, double* out) {
+// Reads an optional sampling number in the API's range [lo, hi] into *out as the float32 the
+// workers compute with (ToSamplingFloat: a value that float cannot carry is refused here, not
+// on a worker). Returns an error or nullopt.
+std::optional<ApiError> GetSamplingFloat(const json& body, const char* field, double lo, double hi,
+                                         bool lo_open, float* out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_number()) return WrongType(field, "a number", *it);
@@ -91,7 +95,7 @@ std::optional<ApiError> GetNumber(const json& body, const char* field, double lo
                    "], got " + it->dump(),
                field);
   }
-  *out = v;
+  if (auto e = ToSamplingFloat(field, v, out)) return Bad(e->message, e->param);
   return std::nullopt;
 }
 
@@ -421,13 +425,18 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
     r.max_tokens = v;
   }
 
-  if (auto e = GetNumber(body, "temperature", 0.0, 2.0, false, &r.temperature)) return *e;
-  if (auto e = GetNumber(body, "top_p", 0.0, 1.0, true, &r.top_p)) return *e;
+  if (auto e = GetSamplingFloat(body, "temperature", 0.0, 2.0, false, &r.temperature)) return *e;
+  if (auto e = GetSamplingFloat(body, "top_p", 0.0, 1.0, true, &r.top_p)) return *e;
   if (auto it = body.find("top_k"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return WrongType("top_k", "an integer", *it);
     int64_t v = it->get<int64_t>();
     if (v < -1 || v > limits.vocab_size) return Bad("'top_k' out of range: " + it->dump(), "top_k");
     r.top_k = v <= 0 ? 0 : static_cast<int32_t>(v);
+  }
+  // The workers' own check, on the values as they will arrive (common/sampling_check.h): what
+  // passes here, a worker accepts.
+  if (auto e = CheckSampling({r.temperature, r.top_p, r.top_k, r.logprobs})) {
+    return Bad(e->message, e->param);
   }
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return WrongType("seed", "an integer", *it);

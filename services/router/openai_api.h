@@ -16,6 +16,8 @@
 #include <variant>
 #include <vector>
 
+#include "common/sampling_check.h"
+
 namespace pw::router {
 
 enum class Endpoint { kCompletions, kChatCompletions };
@@ -37,8 +39,9 @@ struct ApiRequest {
   std::vector<ChatMessage> messages;  // chat only, non-empty
   std::optional<int64_t> max_tokens;  // absent: until end of sequence or end of context; 0 only
                                       // with echo (the prompt's log-likelihood, no generation)
-  double temperature = 1.0;           // [0, 2]; 0 = greedy
-  double top_p = 1.0;                 // (0, 1]
+  // temperature and top_p as the float32 the workers compute with (common/sampling_check.h).
+  float temperature = 1.f;  // [0, 2]; 0 = greedy
+  float top_p = 1.f;        // (0, 1]
   int32_t top_k = 0;                  // 0 = off (extension, as vLLM accepts it)
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;  // up to ApiLimits::max_stop strings, each non-empty
@@ -73,7 +76,7 @@ struct ApiLimits {
   size_t max_stop_bytes = 256;
   size_t max_messages = 1024;
   int max_json_depth = 32;    // nesting deeper than this is refused before parsing
-  int32_t max_logprobs = 20;  // logprobs / top_logprobs above this -> 400
+  int32_t max_logprobs = kMaxSamplingLogprobs;  // logprobs / top_logprobs above this -> 400
   int32_t max_n = 16;         // n and best_of above this -> 400
 };
 

@@ -485,9 +485,9 @@ void Router::OnPromptLogprobs(uint64_t id, std::vector<TokenLogprob> logprobs) {
   });
 }
 
-void Router::OnFinished(uint64_t id, FinishReason reason, Status error) {
-  server_->Post([this, id, reason, error = std::move(error)]() mutable {
-    DeliverFinished(id, reason, std::move(error));
+void Router::OnFinished(uint64_t id, FinishReason reason, Status error, std::string param) {
+  server_->Post([this, id, reason, error = std::move(error), param = std::move(param)]() mutable {
+    DeliverFinished(id, reason, std::move(error), std::move(param));
     AfterEvent();
   });
 }
@@ -619,7 +619,7 @@ void Router::DeliverTokens(uint64_t id, uint32_t start_index, std::vector<int32_
   }
 }
 
-void Router::DeliverFinished(uint64_t id, FinishReason reason, Status error) {
+void Router::DeliverFinished(uint64_t id, FinishReason reason, Status error, std::string param) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   switch (reason) {
@@ -634,6 +634,15 @@ void Router::DeliverFinished(uint64_t id, FinishReason reason, Status error) {
                            "cancelled"));
       break;
     case FinishReason::kError:
+      if (error.code() == StatusCode::kInvalidArgument) {
+        // A worker refused the request's own values: the client's error, as if this router had
+        // refused them (docs/router.md, Failures).
+        ApiError e;
+        e.message = error.message();
+        e.param = std::move(param);
+        Fail(id, e);
+        break;
+      }
       Fail(id,
            ServerError(error.code() == StatusCode::kUnavailable ? 503 : 500,
                        "generation failed: " + error.message(),

@@ -75,7 +75,7 @@ class Router final : public GenerationEvents {
   void OnTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens,
                 std::vector<TokenLogprob> logprobs) override;
   void OnPromptLogprobs(uint64_t id, std::vector<TokenLogprob> logprobs) override;
-  void OnFinished(uint64_t id, FinishReason reason, Status error) override;
+  void OnFinished(uint64_t id, FinishReason reason, Status error, std::string param) override;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -136,7 +136,7 @@ class Router final : public GenerationEvents {
   LogprobEntry Entry(const TokenLogprob& lp, std::string_view text_bytes, TextOffsetCounter* offs);
   // Echo: puts the prompt (text and, when asked, `prompt_lps`) first in the choice.
   void EmitPrompt(InFlight& r, const std::vector<TokenLogprob>* prompt_lps);
-  void DeliverFinished(uint64_t id, FinishReason reason, Status error);
+  void DeliverFinished(uint64_t id, FinishReason reason, Status error, std::string param);
   // Sends text (stream: a chunk; otherwise appends).
   void Emit(InFlight& r, std::string_view text);
   // Ends a candidate: its final chunk, or its result; the response when it was the last.

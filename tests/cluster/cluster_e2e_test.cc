@@ -206,7 +206,8 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   int pending = 0;
   for (auto& f : got) pending += f.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
   EXPECT_GT(pending, 0) << "every request finished before the kill; the test proves nothing";
-  // pw-cluster restarts decode-0; the router re-prefills prompt + streamed tokens on it.
+  // pw-cluster restarts decode-0; the router places the requests on it again (the prompt's KV
+  // from the prefill worker, the streamed tokens' KV computed by decode-0 itself).
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].get(), ref[i]) << "prompt " << i << "\n" << Logs();
   bool restarted = false;
   for (int i = 0; i < 50 && !restarted; ++i) {

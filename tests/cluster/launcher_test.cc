@@ -114,6 +114,31 @@ TEST(ClusterConfig, DecodeTraceBlockBecomesFlags) {
   }
 }
 
+// A bound that holds no record of any model (a trace takes its 64-byte header, a record of at
+// least 52 bytes and the 48-byte end record: 164 bytes) is refused when the file is loaded,
+// naming the key; the smallest one that holds a record is taken. (A bound big enough for some
+// model but not the one served is refused by the decode worker at start.)
+TEST(ClusterConfig, TraceBoundBelowOneRecordIsRefused) {
+  for (const char* mb : {"0.0001", "0.000163", "0", "-1"}) {
+    auto p = WriteTemp("trace_small.yaml",
+                       std::string("model_dir: m\nprefill: [{id: p}]\n"
+                                   "decode: [{id: d}, {id: e, trace: {path: x, max_mb: ") +
+                           mb + "}}]\n");
+    auto r = LoadClusterConfig(p, "/bin");
+    ASSERT_FALSE(r.ok()) << mb;
+    const std::string m = r.status().message();
+    EXPECT_NE(m.find("decode[1].trace.max_mb"), std::string::npos) << m;
+    EXPECT_NE(m.find("holds no record"), std::string::npos) << m;
+    EXPECT_NE(m.find("164 bytes"), std::string::npos) << m;
+  }
+  auto p = WriteTemp("trace_min.yaml",
+                     "model_dir: m\nprefill: [{id: p}]\n"
+                     "decode: [{id: d, trace: {path: x, max_mb: 0.000164}}]\n");
+  auto cfg = LoadClusterConfig(p, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(std::stod(ValueAfter(ArgvOf(*cfg, "d"), "--trace-max-mb")), 0.000164);
+}
+
 TEST(ClusterConfig, DecodeWeightPacingBecomesAFlag) {
   auto path = WriteTemp("pacing.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"

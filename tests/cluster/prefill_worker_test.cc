@@ -45,6 +45,8 @@ struct Result1 {
   bool done = false;
   bool ok = false;
   std::string error;
+  wire::ErrorKind error_kind = wire::ErrorKind::WORKER;
+  std::string error_param;
   int32_t first_token = -1;
   uint32_t num_tokens = 0;
   // KvReady's log-probabilities: (token, logprob, number of alternatives).
@@ -194,6 +196,8 @@ class Harness {
           r.done = true;
           r.ok = kr.getOk();
           r.error = proto::ToString(kr.getError());
+          r.error_kind = kr.getErrorKind();
+          r.error_param = proto::ToString(kr.getErrorParam());
           r.first_token = static_cast<int32_t>(kr.getFirstToken());
           r.num_tokens = kr.getNumTokens();
           auto fl = kr.getFirstLogprob();
@@ -629,6 +633,41 @@ TEST(PrefillWorker, DecodeKilledMidTransferIsCancelledAndServingGoesOn) {
   EXPECT_FALSE(h.results[1].done) << "a cancelled request got a KvReady";
   EXPECT_TRUE(h.prefill.running()) << h.prefill.Log();
   EXPECT_TRUE(h.dead_peers.empty());
+  h.prefill.Kill(SIGTERM);
+  EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
+}
+
+// A request's own sampling values the worker cannot compute with (top_p 0: what 1e-320 is as a
+// float) are refused as an invalid request naming the field; a bad reservation is the
+// worker's kind of failure; either way the worker goes on serving.
+TEST(PrefillWorker, RequestsOwnSamplingValuesAreRefusedAsAnInvalidRequest) {
+  Harness h(FixtureModel(), 64);
+  ASSERT_TRUE(h.Start({})) << h.prefill.Log();
+  const std::vector<int32_t> prompt = {3, 5, 7, 11};
+  engine::SamplingParams bad;
+  bad.temperature = 1.f;
+  bad.top_p = static_cast<float>(1e-320);
+  bad.max_tokens = 4;
+  h.Submit(1, prompt, {0}, bad);
+  engine::SamplingParams cold;
+  cold.temperature = 1e-40f;  // subnormal: 1 / temperature overflows
+  cold.max_tokens = 4;
+  h.Submit(2, prompt, {1}, cold);
+  engine::SamplingParams ok;
+  ok.max_tokens = 4;
+  h.Submit(3, prompt, {1000}, ok);  // a block outside the decode pool
+  h.Submit(4, prompt, {2}, ok);
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+  EXPECT_FALSE(h.results[1].ok);
+  EXPECT_EQ(h.results[1].error_kind, wire::ErrorKind::INVALID_REQUEST) << h.results[1].error;
+  EXPECT_EQ(h.results[1].error_param, "top_p");
+  EXPECT_FALSE(h.results[2].ok);
+  EXPECT_EQ(h.results[2].error_kind, wire::ErrorKind::INVALID_REQUEST) << h.results[2].error;
+  EXPECT_EQ(h.results[2].error_param, "temperature");
+  EXPECT_FALSE(h.results[3].ok);
+  EXPECT_EQ(h.results[3].error_kind, wire::ErrorKind::WORKER) << h.results[3].error;
+  EXPECT_EQ(h.results[3].error_param, "");
+  EXPECT_TRUE(h.results[4].ok) << h.results[4].error;
   h.prefill.Kill(SIGTERM);
   EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
 }

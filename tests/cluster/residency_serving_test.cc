@@ -14,7 +14,9 @@
 //     (counted over a window of several resend periods), and a pw-ctl change still reaches the
 //     worker once and its resident experts take the new width;
 //   - the worker records the router logits of what it serves (the decode entry's `trace:`),
-//     sampled and within its byte bound, into a trace that reads back and that pw-sim replays.
+//     sampled and within its byte bound, into a trace that reads back (while the worker runs
+//     too: every record it wrote, cut short before the end record) and that pw-sim replays,
+//     also when cut inside its last record.
 // Skips when the embedded model or its store (built with the Release build) is absent.
 #include <gtest/gtest.h>
 
@@ -220,6 +222,16 @@ TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
   const double dropped = node_.Metric("pagedweight_decode_trace_records_total{result=\"dropped\"");
   const double bytes = node_.Metric("pagedweight_decode_trace_bytes{");
   ExpectPromtoolClean();
+  // While the worker runs, the file holds every record it wrote: at the bound the writer
+  // flushes (every record is one token, so none is written after the first drop). No end
+  // record yet: a reader sees a trace cut short at a record boundary.
+  {
+    auto live = misses::RouterTrace::Read(trace);
+    ASSERT_TRUE(live.ok()) << live.status().ToString();
+    EXPECT_FALSE(live->tail.complete);
+    EXPECT_EQ(live->tail.torn_bytes, 0u) << live->tail.message;
+    EXPECT_EQ(static_cast<double>(live->layers.size()), written) << live->tail.message;
+  }
   // The end record is written when the worker stops.
   ASSERT_EQ(node_.Terminate(60000), 0) << node_.Logs();
   ASSERT_TRUE(std::filesystem::exists(trace)) << node_.Logs();
@@ -254,6 +266,30 @@ TEST_F(ResidencyServing, TheWorkerRecordsASampledBoundedTraceThatPwSimReplays) {
   // speed-first = first-choice + LFU + admission; its replay of what the worker served.
   EXPECT_NE(sim.find("\npolicy first-choice lfu"), std::string::npos) << sim;
   EXPECT_NE(sim.find("\ntokens " + std::to_string(t->layers.size() / 4) + "\n"), std::string::npos) << sim;
+  EXPECT_NE(sim.find("\ntrace_complete 1\n"), std::string::npos) << sim;
+  // The same trace as a full disk would have left it: cut 40 bytes into its last layer record
+  // (one token: 16 + 16 + 12 + 2 * 32 + 6 * 4 = 132 bytes), no end record (48 bytes). pw-sim
+  // replays the other records, says what was torn, and exits 0.
+  const std::string cut = dir + "/decode-cut.trace";
+  std::filesystem::copy_file(trace, cut, std::filesystem::copy_options::overwrite_existing);
+  const uint64_t whole = std::filesystem::file_size(trace) - 48 - 132;
+  std::filesystem::resize_file(cut, whole + 40);
+  ASSERT_EQ(
+      std::system((testing::BinPath("pw-sim") + " --trace " + cut +
+                   " --residency 0.25 --miss-policy speed-first > " + dir + "/sim-cut.out 2>&1")
+                      .c_str()),
+      0)
+      << ReadFile(dir + "/sim-cut.out");
+  const std::string sim_cut = ReadFile(dir + "/sim-cut.out");
+  EXPECT_NE(sim_cut.find("\ntrace_complete 0\n"), std::string::npos) << sim_cut;
+  EXPECT_NE(sim_cut.find("\ntrace_layer_records " + std::to_string(t->layers.size() - 1) + "\n"),
+            std::string::npos)
+      << sim_cut;
+  EXPECT_NE(sim_cut.find("\ntrace_torn_bytes 40\n"), std::string::npos) << sim_cut;
+  EXPECT_NE(sim_cut.find("record " + std::to_string(t->layers.size() - 1) + " at byte " +
+                         std::to_string(whole) + " is torn (40 of 132 bytes), ignored"),
+            std::string::npos)
+      << sim_cut;
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
-// Worker pieces without processes: KV leases (expiry on an injected clock, cancel, ownership)
-// and the validation of a broker's weight manifest against the worker's own layout.
+// Worker pieces without processes: KV leases (expiry on an injected clock, cancel, ownership),
+// the validation of a broker's weight manifest against the worker's own layout, and the decode
+// trace's bound against the model's smallest trace.
 #include <gtest/gtest.h>
+
+#include <filesystem>
 
 #include "common/formats/model_config.h"
 #include "services/proto/weight_kind.h"
 #include "services/workers/common/kv_lease.h"
+#include "services/workers/decode/decode_trace.h"
 #include "services/workers/weights/remote_experts.h"
 
 namespace pw::workers {
@@ -98,6 +102,35 @@ TEST_F(ManifestTest, BadManifestsAreRefusedBeforeAnyTransfer) {
             StatusCode::kUnavailable);
   // A well-formed manifest gets as far as connecting: with no worker address, that fails.
   EXPECT_EQ(Load([](auto) {}).code(), StatusCode::kInvalidArgument);
+}
+
+// A bound that passed the configuration's check (any model's smallest trace, 164 bytes) but
+// cannot hold one record of the served model is refused at start, naming the key, and so is a
+// file that cannot be created; the model's smallest trace with one record is accepted.
+TEST(DecodeTraceBound, BelowTheModelsSmallestTraceIsRefused) {
+  auto cfg = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/models/tiny-moe/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const uint64_t min = misses::MinTraceBytes(static_cast<uint32_t>(cfg->num_experts),
+                                             static_cast<uint32_t>(cfg->num_experts_per_tok));
+  EXPECT_EQ(min, 64u + 16 + 16 + (12 + 2 * 32 + 6 * 4) + 16 + 32);  // 32 experts, top-4
+  DecodeTraceOptions o;
+  o.path = ::testing::TempDir() + "/pw_decode_trace_bound.trace";
+  o.max_bytes = min - 1;
+  auto refused = DecodeTrace::Create(o, *cfg, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  const std::string m = refused.status().ToString();
+  EXPECT_NE(m.find("trace max_mb (--trace-max-mb)"), std::string::npos) << m;
+  EXPECT_NE(m.find("holds no record"), std::string::npos) << m;
+  EXPECT_NE(m.find(std::to_string(min) + " bytes"), std::string::npos) << m;
+  o.max_bytes = min;
+  DecodeTraceOptions nowhere = o;  // a file that cannot be created: an error, not a crash
+  nowhere.path = "/nonexistent-dir/d.trace";
+  EXPECT_EQ(DecodeTrace::Create(nowhere, *cfg, nullptr).status().code(), StatusCode::kNotFound);
+  auto t = DecodeTrace::Create(o, *cfg, nullptr);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_TRUE((*t)->Close().ok());
+  std::filesystem::remove(o.path);
 }
 
 }  // namespace

@@ -412,8 +412,11 @@ class StepRouter {
     std::vector<uint32_t> blocks;
     std::vector<uint32_t> pages;
     std::vector<int32_t> out;
+    std::vector<float> logprobs;  // of the TokenChunk tokens, when asked for
     wire::FinishReason reason = wire::FinishReason::STOP;
     std::string error;
+    wire::ErrorKind error_kind = wire::ErrorKind::WORKER;
+    std::string error_param;
   };
   explicit StepRouter(const std::string& bind = "tcp://127.0.0.1:0") {
     auto t = transport::ZmqRouterTransport::Bind(bind);
@@ -451,12 +454,17 @@ class StepRouter {
           for (uint32_t t : b.getTokenChunk().getTokens()) {
             seen[b.getTokenChunk().getRequestId()].out.push_back(static_cast<int32_t>(t));
           }
+          for (auto lp : b.getTokenChunk().getLogprobs()) {
+            seen[b.getTokenChunk().getRequestId()].logprobs.push_back(lp.getLogprob());
+          }
           break;
         case proto::Body::FINISH: {
           Seen& s = seen[b.getFinish().getRequestId()];
           s.finished = true;
           s.reason = b.getFinish().getReason();
           s.error = proto::ToString(b.getFinish().getError());
+          s.error_kind = b.getFinish().getErrorKind();
+          s.error_param = proto::ToString(b.getFinish().getErrorParam());
           break;
         }
         default:
@@ -499,18 +507,29 @@ class StepRouter {
     pr.setLeaseId(s.lease);
     ASSERT_TRUE(server->Send(prefill, out).ok());
   }
-  void StartDecode(uint64_t id, const std::vector<int32_t>& prompt, int max_tokens) {
+  void StartDecode(uint64_t id, const std::vector<int32_t>& prompt, int max_tokens,
+                   float top_p = 1.f) {
+    StartDecode(id, prompt, seen[id].out.at(0), 1, 0, max_tokens, -1, top_p);
+  }
+  // `tokens`: what precedes `first` (output index generated_so_far - 1); the KV of the last
+  // `uncached` of them is not in the lease. `logprobs`: SamplingParams.logprobs.
+  void StartDecode(uint64_t id, const std::vector<int32_t>& tokens, int32_t first,
+                   uint32_t generated_so_far, uint32_t uncached, int max_tokens,
+                   int32_t logprobs = -1, float top_p = 1.f) {
     const Seen& s = seen[id];
     proto::OutMessage out;
     auto sd = out.body().initStartDecode();
     sd.setRequestId(id);
     sd.setLeaseId(s.lease);
-    auto toks = sd.initTokens(static_cast<unsigned>(prompt.size()));
-    for (size_t i = 0; i < prompt.size(); ++i) toks.set(i, static_cast<uint32_t>(prompt[i]));
-    sd.setFirstToken(static_cast<uint32_t>(s.out.at(0)));
+    auto toks = sd.initTokens(static_cast<unsigned>(tokens.size()));
+    for (size_t i = 0; i < tokens.size(); ++i) toks.set(i, static_cast<uint32_t>(tokens[i]));
+    sd.setFirstToken(static_cast<uint32_t>(first));
     sd.initSampling().setMaxTokens(static_cast<uint32_t>(max_tokens));
     sd.getSampling().setIgnoreEos(true);
-    sd.setGeneratedSoFar(1);
+    sd.getSampling().setLogprobs(logprobs);
+    sd.getSampling().setTopP(top_p);
+    sd.setGeneratedSoFar(generated_so_far);
+    sd.setUncachedTokens(uncached);
     ASSERT_TRUE(server->Send("decode-0", out).ok());
   }
 
@@ -645,6 +664,127 @@ TEST(Workers, LateWriterOfAnExpiredLeaseCannotCorruptAnotherRequest) {
     return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
   }, 30000);
   EXPECT_TRUE(all_free) << logs();
+}
+
+// A stream taken over after its decode worker was lost, as the router places it again: a lease
+// for the prompt and the tokens streamed, the prompt's KV from a prefill worker, and
+// StartDecode with the streamed tokens, the KV of all but the last of them (uncachedTokens)
+// for the decode worker to compute. The stream continues with the in-process engine's tokens
+// and log-probabilities (which, unlike this random model's greedy tokens, show the KV of the
+// whole context). An uncachedTokens beyond the tokens streamed before firstToken is refused,
+// and no block leaks.
+TEST(Workers, ATakenOverStreamContinuesFromTheStreamedTokensKvItComputes) {
+  testing::UseBatchInvariantKernels();
+  StepRouter r;
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string beat = std::to_string(StepRouter::kBeatMs);
+  constexpr int kBlocks = 32;
+  testing::ChildProcess decode, prefill;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router",
+                            r.endpoint, "--id", "decode-0", "--kv-blocks", std::to_string(kBlocks),
+                            "--heartbeat-ms", beat},
+                           log_dir + "/TakenOver.decode.log"));
+  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router",
+                             r.endpoint, "--id", "prefill-0", "--heartbeat-ms", beat},
+                            log_dir + "/TakenOver.prefill.log"));
+  auto logs = [&] { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log(); };
+  ASSERT_TRUE(r.Until([&] {
+    return r.server->FindPeer("decode-0") && r.server->FindPeer("prefill-0");
+  }, 120000)) << logs();
+
+  const auto prompt = RandomPrompts(1, 2718, 20, 20)[0];
+  constexpr int kMax = 40, kStreamed = 13;
+  std::vector<int32_t> ref;
+  std::vector<float> ref_logprobs;
+  {
+    auto e = engine::Engine::Create(ModelDir(), {.kv_dtype = engine::KvDtype::kBf16});
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine::SamplingParams p;
+    p.max_tokens = kMax;
+    p.ignore_eos = true;
+    p.logprobs = 0;
+    ASSERT_TRUE((*e)->AddSequence(1, prompt, p).ok());
+    while ((*e)->HasWork()) {
+      auto step = (*e)->Step();
+      ASSERT_TRUE(step.ok()) << step.status().ToString();
+      for (auto& u : step->updates) {
+        ref.insert(ref.end(), u.new_tokens.begin(), u.new_tokens.end());
+        for (const auto& lp : u.logprobs) ref_logprobs.push_back(lp.logprob);
+      }
+    }
+  }
+  ASSERT_EQ(ref_logprobs.size(), static_cast<size_t>(kMax));
+  std::vector<int32_t> tokens = prompt;
+  tokens.insert(tokens.end(), ref.begin(), ref.begin() + kStreamed - 1);
+  for (uint64_t id : {1, 2}) {
+    r.Reserve(id, prompt.size() + kStreamed, 30000);
+    ASSERT_TRUE(r.Until([&] { return r.seen[id].reserved; }, 30000)) << logs();
+    r.Prefill("prefill-0", id, prompt, kMax);
+    ASSERT_TRUE(r.Until([&] { return r.seen[id].kv_ready; }, 60000)) << logs();
+    ASSERT_TRUE(r.seen[id].kv_ready_ok) << logs();
+    ASSERT_EQ(r.seen[id].out, std::vector<int32_t>{ref[0]});  // streamed before; dropped
+    r.seen[id].out.clear();
+  }
+  r.StartDecode(1, tokens, ref[kStreamed - 1], kStreamed, kStreamed - 1, kMax, /*logprobs=*/0);
+  r.StartDecode(2, tokens, ref[kStreamed - 1], kStreamed, kStreamed, kMax);
+  ASSERT_TRUE(r.Until([&] { return r.seen[1].finished && r.seen[2].finished; }, 60000)) << logs();
+  EXPECT_EQ(r.seen[1].reason, wire::FinishReason::LENGTH) << r.seen[1].error;
+  EXPECT_EQ(r.seen[1].out, std::vector<int32_t>(ref.begin() + kStreamed, ref.end()));
+  ASSERT_EQ(r.seen[1].logprobs.size(), static_cast<size_t>(kMax - kStreamed));
+  for (int i = kStreamed; i < kMax; ++i) {
+    EXPECT_NEAR(r.seen[1].logprobs[i - kStreamed], ref_logprobs[i], 1e-4) << "output token " << i;
+  }
+  EXPECT_EQ(r.seen[2].reason, wire::FinishReason::ERROR);
+  EXPECT_NE(r.seen[2].error.find("uncachedTokens"), std::string::npos) << r.seen[2].error;
+  EXPECT_TRUE(r.seen[2].out.empty());
+  bool all_free = r.Until([&] {
+    const auto* d = r.server->FindPeer("decode-0");
+    return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
+  }, 30000);
+  EXPECT_TRUE(all_free) << logs();
+}
+
+// A StartDecode whose own sampling values the decode worker cannot compute with (top_p 0: what
+// 1e-320 is as a float; the prefill worker was given valid ones) is refused as an invalid
+// request naming the field, and the lease's blocks go back to the pool.
+TEST(Workers, DecodeWorkerRefusesTheRequestsOwnSamplingValuesAsAnInvalidRequest) {
+  StepRouter r;
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = "DecodeRefusesSampling";
+  const std::string beat = std::to_string(StepRouter::kBeatMs);
+  constexpr int kBlocks = 8;
+  testing::ChildProcess decode, prefill;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                            "--id", "decode-0", "--kv-blocks", std::to_string(kBlocks),
+                            "--heartbeat-ms", beat},
+                           log_dir + "/" + tag + ".decode.log"));
+  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                             "--id", "prefill-0", "--heartbeat-ms", beat},
+                            log_dir + "/" + tag + ".prefill.log"));
+  auto logs = [&] { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log(); };
+  ASSERT_TRUE(r.Until([&] {
+    return r.server->FindPeer("decode-0") && r.server->FindPeer("prefill-0");
+  }, 120000)) << logs();
+  auto prompts = RandomPrompts(1, 7, 20, 20);
+  const uint64_t kId = 1;
+  r.Reserve(kId, prompts[0].size(), 30000);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kId].reserved; }, 30000)) << logs();
+  r.Prefill("prefill-0", kId, prompts[0], 8);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kId].kv_ready; }, 60000)) << logs();
+  ASSERT_TRUE(r.seen[kId].kv_ready_ok) << logs();
+  r.StartDecode(kId, prompts[0], 8, static_cast<float>(1e-320));
+  ASSERT_TRUE(r.Until([&] { return r.seen[kId].finished; }, 30000)) << logs();
+  EXPECT_EQ(r.seen[kId].reason, wire::FinishReason::ERROR);
+  EXPECT_EQ(r.seen[kId].error_kind, wire::ErrorKind::INVALID_REQUEST) << r.seen[kId].error;
+  EXPECT_EQ(r.seen[kId].error_param, "top_p") << r.seen[kId].error;
+  bool all_free = r.Until([&] {
+    const auto* d = r.server->FindPeer("decode-0");
+    return d && d->load.free_kv_blocks == kBlocks && d->load.reserved_kv_blocks == 0;
+  }, 30000);
+  EXPECT_TRUE(all_free) << logs();
+  EXPECT_TRUE(decode.running() && prefill.running()) << logs();
 }
 
 // A decode worker whose broker is not there waits for its expert weights; SIGTERM in that wait

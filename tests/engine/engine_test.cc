@@ -358,6 +358,72 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
         << i;
   }
   EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
+
+  // Failover as served: the prompt's KV from the prefill engine, the 3 tokens already sent
+  // computed by the decode engine itself (num_uncached) before it decodes the 4th.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
+    auto src = prefill->kv_pool().Allocate(nb);
+    auto dst = decode->kv_pool().Allocate(nb);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    ASSERT_TRUE(prefill->Prefill(prompts[i], *src, sp).ok());
+    const KvLayout& kl = decode->kv_pool().layout();
+    for (int b = 0; b < nb; ++b) {
+      for (int l = 0; l < kl.num_layers; ++l) {
+        std::memcpy(decode->kv_pool().LayerPage((*dst)[b], l),
+                    prefill->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
+      }
+    }
+    ASSERT_TRUE(prefill->kv_pool().Free(*src).ok());
+    std::vector<int32_t> streamed = prompts[i];
+    streamed.insert(streamed.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
+    ASSERT_TRUE(
+        decode->AddPrefilledSequence(i, streamed, *dst, alone[i].tokens[3], sp, 3, 3).ok());
+  }
+  got.clear();
+  int computed = 0;
+  while (decode->HasWork()) {
+    auto r = decode->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    computed += r->num_prefill_tokens;
+    for (auto& u : r->updates)
+      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  }
+  EXPECT_EQ(computed, 4 * static_cast<int>(prompts.size()));  // 3 streamed + the 4th each
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end()))
+        << i;
+  }
+  EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
+}
+
+// Tokens generated before, at the end of AddPrefilledSequence's prompt, count once toward the
+// context and the blocks; num_uncached is checked.
+TEST(EngineDisaggregated, GeneratedTokensInThePromptCountOnce) {
+  auto engine = MakeEngine("qwen3_moe", {.num_kv_blocks = 16, .block_size = 4, .max_context = 48});
+  ASSERT_TRUE(engine);
+  SamplingParams sp;
+  sp.max_tokens = 40;
+  const std::vector<int32_t> streamed(40, 1);  // 10 prompt tokens + 30 generated
+  auto blocks = engine->kv_pool().Allocate(3);  // the prompt's
+  ASSERT_TRUE(blocks.ok());
+  EXPECT_EQ(engine->AddPrefilledSequence(1, streamed, *blocks, 1, sp, 30, 41).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->AddPrefilledSequence(1, streamed, *blocks, 1, sp, 30, 27).code(),
+            StatusCode::kInvalidArgument);  // 13 cached tokens need 4 blocks
+  sp.max_tokens = 30;
+  EXPECT_EQ(engine->AddPrefilledSequence(1, streamed, *blocks, 1, sp, 30, 30).code(),
+            StatusCode::kInvalidArgument);  // nothing left to generate
+  sp.max_tokens = 40;
+  ASSERT_TRUE(engine->AddPrefilledSequence(1, streamed, *blocks, 1, sp, 30, 30).ok());
+  int steps = 0;
+  while (engine->HasWork()) {
+    auto r = engine->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ++steps;
+  }
+  EXPECT_GT(steps, 1);
+  EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
 }
 
 // Several prompts prefilled together (PrefillBatch: ragged chunks of several prompts in one

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cfloat>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -115,6 +116,42 @@ TEST(Sampler, ValidateNamesTheField) {
   p = {};
   p.max_tokens = 0;
   EXPECT_NE(ValidateSamplingParams(p, 10).message().find("max_tokens"), std::string::npos);
+}
+
+TEST(Sampler, ValidateRefusesWhatFloatCannotComputeWith) {
+  // The worker's check is CheckSampling (common/sampling_check.h), the router's too.
+  SamplingParams p;
+  p.temperature = 1e-40f;  // subnormal: 1 / temperature overflows float
+  ASSERT_EQ(std::fpclassify(p.temperature), FP_SUBNORMAL);
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("temperature"), std::string::npos);
+  p = {};
+  p.top_p = 1e-40f;
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("top_p"), std::string::npos);
+  p = {};
+  p.top_p = 0.f;
+  EXPECT_NE(ValidateSamplingParams(p, 10).message().find("top_p"), std::string::npos);
+  p = {};
+  p.temperature = FLT_MIN;
+  p.top_p = FLT_MIN;
+  EXPECT_TRUE(ValidateSamplingParams(p, 10).ok());
+}
+
+TEST(Sampler, TheSmallestTemperatureAcceptedSamplesTheArgmax) {
+  // logits / FLT_MIN overflow float; scaled relative to the largest logit they do not.
+  const std::vector<float> l = {1.f, 5.f, 3.f, 4.5f};
+  SamplingParams p;
+  p.temperature = FLT_MIN;
+  ASSERT_TRUE(ValidateSamplingParams(p, 4).ok());
+  auto dist = SamplingDistribution(l.data(), 4, p);
+  ASSERT_FALSE(dist.empty());
+  EXPECT_EQ(dist[0].first, 1);
+  EXPECT_EQ(dist[0].second, 1.0);
+  for (size_t i = 1; i < dist.size(); ++i) EXPECT_EQ(dist[i].second, 0.0) << dist[i].first;
+  std::vector<std::pair<float, int32_t>> scratch;
+  for (uint64_t i = 0; i < 64; ++i) {
+    p.seed = i;
+    EXPECT_EQ(SampleToken(l.data(), 4, p, i, &scratch), 1) << "draw " << i;
+  }
 }
 
 TEST(Sampler, LogprobsAreTheRawLogSoftmaxWithTheTopAlternatives) {

@@ -1,6 +1,7 @@
 // pw-loadgen checked against itself: a fake server with fixed delays yields the TTFT, ITL and
-// TPOT it was told to, the client's event times match the server's send times, and a trace
-// replay issues requests at the trace's scaled times.
+// TPOT it was told to, the client's event times match the server's send times, a trace
+// replay issues requests at the trace's scaled times, and --duration bounds an inf-rate run
+// (sending stops, what is in flight after the drain is cancelled; loose bounds, see there).
 //
 // Tolerances (stated once): the server sleeps to absolute deadlines, so its own delays are exact
 // up to scheduler wake-up latency; under a loaded 2-core machine that is up to a few ms. So:
@@ -368,6 +369,117 @@ TEST(LoadgenCli, WritesVllmResultKeysAndRefusesBadOptions) {
   bad = o;
   bad.base_url = "https://127.0.0.1:1";
   EXPECT_EQ(RunCli(bad, nullptr), 2);
+}
+
+// --duration bounds a run whatever its rate. The bounds below are loose on purpose (ten times
+// the duration, against runs that would take at least twice that unbounded): they tell a
+// bounded run from an unbounded one, not how fast the machine is.
+struct BoundedRun {
+  int rc = -1;
+  double seconds = 0;
+  nlohmann::json result;
+};
+
+BoundedRun RunFor(const CliOptions& o, const std::string& name) {
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/loadgen-duration";
+  std::filesystem::create_directories(dir);
+  CliOptions c = o;
+  c.result_dir = dir;
+  c.result_filename = name + ".json";
+  BoundedRun r;
+  const auto t0 = std::chrono::steady_clock::now();
+  r.rc = RunCli(c, nullptr);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ifstream f(dir + "/" + c.result_filename);
+  if (f) r.result = nlohmann::json::parse(f, nullptr, false);
+  return r;
+}
+
+CliOptions InfRate(uint16_t port, int prompts, int output_len, double duration) {
+  CliOptions o;
+  o.base_url = "http://127.0.0.1:" + std::to_string(port);
+  o.request_rate = "inf";
+  o.num_prompts = prompts;
+  o.num_prompts_given = true;
+  o.random_input_len = 8;
+  o.random_output_len = output_len;
+  o.ignore_eos = true;
+  o.quiet = true;
+  o.duration = duration;
+  o.save_result = true;
+  return o;
+}
+
+// All requests are due at once and --max-concurrency holds them back: sending stops at the
+// duration. 400 requests of ~0.2 s, 4 at a time, would take 20 s; the run ends after ~1 s and
+// what the limit held back then is not sent.
+TEST(LoadgenCli, DurationBoundsAnInfRateRunHeldBackByConcurrency) {
+  FakeSseServer server(microseconds(5000), microseconds(20000));
+  CliOptions o = InfRate(server.port(), 400, 10, 1.0);
+  o.max_concurrency = 4;
+  const BoundedRun r = RunFor(o, "held_back");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_LT(r.seconds, 10.0) << "an inf-rate run with --duration 1 ran " << r.seconds << " s";
+  ASSERT_TRUE(r.result.is_object());
+  const int64_t completed = r.result["completed"].get<int64_t>();
+  EXPECT_GT(completed, 0);
+  EXPECT_LT(completed, 400);
+  EXPECT_EQ(r.result.value("failed", int64_t{-1}), 0);
+  EXPECT_EQ(
+      completed + r.result.value("cancelled", int64_t{0}) + r.result.value("not_sent", int64_t{0}),
+      400);
+  EXPECT_GT(r.result.value("not_sent", int64_t{0}), 0);
+  EXPECT_EQ(static_cast<int64_t>(server.served().size()), completed);
+}
+
+// No concurrency limit: every request is sent at t = 0, and each would stream for 20 s. The
+// requests still in flight when the drain after the duration ends are cancelled: counted as
+// cancelled, not failed (exit 0), and the run ends near duration + drain.
+TEST(LoadgenCli, DurationCancelsWhatIsInFlightAfterTheDrain) {
+  FakeSseServer server(microseconds(5000), microseconds(50000));
+  CliOptions o = InfRate(server.port(), 50, 400, 1.0);
+  o.drain_timeout = 0.5;
+  o.drain_timeout_given = true;
+  const BoundedRun r = RunFor(o, "cancelled");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_LT(r.seconds, 10.0) << "an inf-rate run with --duration 1 --drain-timeout 0.5 ran "
+                             << r.seconds << " s";
+  ASSERT_TRUE(r.result.is_object());
+  EXPECT_EQ(r.result["completed"], 0);
+  EXPECT_EQ(r.result["failed"], 0);
+  EXPECT_EQ(r.result["cancelled"].get<int64_t>() + r.result["not_sent"].get<int64_t>(), 50);
+  EXPECT_GT(r.result["cancelled"].get<int64_t>(), 0);
+  EXPECT_TRUE(r.result["errors_by_kind"].empty()) << r.result["errors_by_kind"].dump();
+  EXPECT_GE(r.result["duration"].get<double>(), 1.0);  // the phase lasted until the cancellation
+  EXPECT_EQ(r.result["drain_timeout"], 0.5);
+}
+
+// Requests in flight at the duration's end that finish within the drain complete as usual.
+TEST(LoadgenCli, RequestsFinishingWithinTheDrainComplete) {
+  FakeSseServer server(microseconds(5000), microseconds(100000));
+  CliOptions o = InfRate(server.port(), 5, 30, 1.0);  // ~3 s each, sent at t = 0
+  const BoundedRun r = RunFor(o, "drained");          // the default drain, 30 s
+  EXPECT_EQ(r.rc, 0);
+  ASSERT_TRUE(r.result.is_object());
+  EXPECT_EQ(r.result["cancelled"], 0);
+  EXPECT_EQ(r.result["failed"], 0);
+  EXPECT_EQ(r.result["completed"].get<int64_t>() + r.result["not_sent"].get<int64_t>(), 5);
+  EXPECT_GT(r.result["completed"].get<int64_t>(), 0);
+  EXPECT_EQ(r.result["total_output_tokens"].get<int64_t>(),
+            30 * r.result["completed"].get<int64_t>());
+}
+
+TEST(LoadgenCli, DrainTimeoutNeedsADuration) {
+  CliOptions o = InfRate(1, 5, 3, 0);
+  o.drain_timeout = 5;
+  o.drain_timeout_given = true;
+  EXPECT_EQ(RunCli(o, nullptr), 2);
+  o.duration = 1;
+  o.drain_timeout = -1;
+  EXPECT_EQ(RunCli(o, nullptr), 2);
+  o.drain_timeout = 5;
+  o.duration = -2;
+  EXPECT_EQ(RunCli(o, nullptr), 2);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Router-logit traces (policies/misses/router_trace.h): a written trace reads back exactly
-// (logits to fp16), the size bound drops records and keeps the file valid, and a truncated,
-// corrupted, wrong-version or unfinished file is refused with a message saying so.
+// (logits to fp16), the size bound drops records and keeps the file valid, a file cut short at
+// any byte after its header reads as its whole records with the torn tail reported, and a
+// corrupted or wrong-version file, or one shorter than its header, is refused with a message
+// saying so.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -140,18 +142,138 @@ TEST(RouterTrace, SizeBoundDropsRecordsAndStaysValid) {
   std::filesystem::remove(path);
 }
 
-TEST(RouterTrace, TruncationIsRefusedAtEveryLength) {
+// Where each record of a trace of `batches` starts, and where the end record ends.
+std::vector<size_t> RecordStarts(const std::vector<Batch>& batches) {
+  std::vector<size_t> at{64};
+  for (const Batch& b : batches)
+    at.push_back(at.back() + 16 + 16 + b.seq.size() * (12 + 2 * kE + 6 * kK));
+  at.push_back(at.back() + 16 + 32);
+  return at;
+}
+
+void ExpectLayer(const TraceLayer& L, const Batch& b, const std::string& what) {
+  EXPECT_EQ(L.layer, b.layer) << what;
+  EXPECT_EQ(L.step, b.step) << what;
+  EXPECT_EQ(L.seq_ids, b.seq) << what;
+  EXPECT_EQ(L.positions, b.pos) << what;
+  ASSERT_EQ(L.logits.size(), b.logits.size()) << what;
+  for (size_t j = 0; j < b.logits.size(); ++j)
+    ASSERT_EQ(L.logits[j], F32ToF16(b.logits[j])) << what;
+  EXPECT_EQ(L.weights, b.weights) << what;
+}
+
+// A file cut anywhere after its header (a writer killed or stopped by a full disk) reads as its
+// whole records; the torn bytes after them are counted and named, never parsed.
+TEST(RouterTrace, CutAtEveryLengthKeepsEveryWholeRecord) {
   const std::string path = TempPath("trunc");
-  ASSERT_TRUE(Write(path, RandomBatches(9, 6)).ok());
+  const auto batches = RandomBatches(9, 6);
+  ASSERT_TRUE(Write(path, batches).ok());
   const std::vector<uint8_t> full = Slurp(path);
-  ASSERT_TRUE(RouterTrace::Parse(full.data(), full.size(), "t").ok());
+  const std::vector<size_t> starts = RecordStarts(batches);
+  ASSERT_EQ(starts.back(), full.size());
+  auto whole = RouterTrace::Parse(full.data(), full.size(), "t");
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_TRUE(whole->tail.complete);
+  EXPECT_EQ(whole->tail.torn_bytes, 0u);
+  EXPECT_TRUE(whole->tail.message.empty());
   for (size_t n = 0; n < full.size(); ++n) {
     auto tr = RouterTrace::Parse(full.data(), n, "t");
-    ASSERT_FALSE(tr.ok()) << "accepted a trace cut to " << n << " of " << full.size() << " bytes";
-    EXPECT_EQ(tr.status().code(), StatusCode::kCorrupt);
-    EXPECT_NE(tr.status().message().find("truncated"), std::string::npos)
-        << n << ": " << tr.status().ToString();
+    if (n < 64) {  // not even the header: nothing to read
+      ASSERT_FALSE(tr.ok()) << n;
+      EXPECT_EQ(tr.status().code(), StatusCode::kCorrupt);
+      EXPECT_NE(tr.status().message().find("truncated"), std::string::npos)
+          << tr.status().ToString();
+      continue;
+    }
+    ASSERT_TRUE(tr.ok()) << "cut to " << n << " of " << full.size() << ": "
+                         << tr.status().ToString();
+    size_t records = 0;  // layer records wholly inside the first n bytes
+    while (records < batches.size() && starts[records + 1] <= n) ++records;
+    const size_t boundary = starts[records];
+    ASSERT_EQ(tr->layers.size(), records) << n;
+    EXPECT_FALSE(tr->tail.complete) << n;
+    EXPECT_EQ(tr->tail.whole_bytes, boundary) << n;
+    EXPECT_EQ(tr->tail.torn_bytes, n - boundary) << n;
+    EXPECT_EQ(tr->counts.layer_records, records) << n;
+    EXPECT_EQ(tr->counts.dropped_records, 0u) << n;
+    uint64_t tokens = 0;
+    for (size_t i = 0; i < records; ++i) {
+      ExpectLayer(tr->layers[i], batches[i],
+                  "cut " + std::to_string(n) + " record " + std::to_string(i));
+      tokens += batches[i].seq.size();
+    }
+    EXPECT_EQ(tr->counts.token_layers, tokens) << n;
+    const std::string& m = tr->tail.message;
+    EXPECT_NE(m.find("t: cut short (no end record"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::to_string(records) + " whole layer records"), std::string::npos) << m;
+    if (n > boundary) {
+      EXPECT_NE(
+          m.find("record " + std::to_string(records) + " at byte " + std::to_string(boundary) +
+                 " is torn (" + std::to_string(n - boundary) + " of "),
+          std::string::npos)
+          << m;
+    } else {
+      EXPECT_EQ(m.find("torn"), std::string::npos) << m;
+    }
   }
+  std::filesystem::remove(path);
+}
+
+// The case of a full disk: the last layer record cut at each of its bytes. The first five
+// records replay; the sixth is reported torn with its size.
+TEST(RouterTrace, TornLastRecordAtEveryOffset) {
+  const std::string path = TempPath("torn");
+  const auto batches = RandomBatches(13, 6);
+  ASSERT_TRUE(Write(path, batches).ok());
+  const std::vector<uint8_t> full = Slurp(path);
+  const std::vector<size_t> starts = RecordStarts(batches);
+  const size_t last = starts[5], last_size = starts[6] - starts[5];
+  for (size_t cut = 1; cut < last_size; ++cut) {
+    auto tr = RouterTrace::Parse(full.data(), last + cut, "decode.trace");
+    ASSERT_TRUE(tr.ok()) << cut << ": " << tr.status().ToString();
+    ASSERT_EQ(tr->layers.size(), 5u) << cut;
+    for (size_t i = 0; i < 5; ++i)
+      ExpectLayer(tr->layers[i], batches[i], "record " + std::to_string(i));
+    EXPECT_EQ(tr->tail.torn_bytes, cut);
+    const std::string size = cut < 16 ? "its 16-byte header" : std::to_string(last_size) + " bytes";
+    EXPECT_NE(tr->tail.message.find("record 5 at byte " + std::to_string(last) + " is torn (" +
+                                    std::to_string(cut) + " of " + size + "), ignored"),
+              std::string::npos)
+        << tr->tail.message;
+  }
+  std::filesystem::remove(path);
+}
+
+// Only the end may be cut: a checksum failure before the cut, in the last whole record, or in the
+// torn record's own (whole) header is corruption, as in a whole file.
+TEST(RouterTrace, CorruptionBeforeTheCutIsStillRefused) {
+  const std::string path = TempPath("cutcorrupt");
+  const auto batches = RandomBatches(14, 6);
+  ASSERT_TRUE(Write(path, batches).ok());
+  const std::vector<uint8_t> full = Slurp(path);
+  const std::vector<size_t> starts = RecordStarts(batches);
+  const size_t torn_end = starts[5] + 40;  // inside the last layer record's payload
+  auto refused = [&](std::vector<uint8_t> bytes, size_t n, const std::string& want) {
+    auto tr = RouterTrace::Parse(bytes.data(), n, "t");
+    ASSERT_FALSE(tr.ok()) << want;
+    EXPECT_EQ(tr.status().code(), StatusCode::kCorrupt);
+    EXPECT_NE(tr.status().message().find(want), std::string::npos) << tr.status().ToString();
+  };
+  std::vector<uint8_t> bad = full;
+  bad[starts[2] + 16 + 20] ^= 0x01;  // a payload byte in the middle of the file
+  refused(bad, torn_end,
+          "record 2 at byte " + std::to_string(starts[2]) + ": payload checksum mismatch");
+  refused(bad, starts[5], "payload checksum mismatch");  // cut at a record boundary
+  bad = full;
+  bad[starts[4] + 16 + 3] ^= 0x01;  // the last whole record before the cut
+  refused(bad, torn_end,
+          "record 4 at byte " + std::to_string(starts[4]) + ": payload checksum mismatch");
+  refused(bad, starts[5],
+          "record 4 at byte " + std::to_string(starts[4]) + ": payload checksum mismatch");
+  bad = full;
+  bad[starts[5] + 5] ^= 0x01;  // the torn record's header (its size)
+  refused(bad, torn_end,
+          "record 5 at byte " + std::to_string(starts[5]) + ": record header checksum mismatch");
   std::filesystem::remove(path);
 }
 
@@ -164,7 +286,9 @@ TEST(RouterTrace, EveryFlippedByteIsRefused) {
     bad[i] ^= 0x20;
     auto tr = RouterTrace::Parse(bad.data(), bad.size(), "t");
     EXPECT_FALSE(tr.ok()) << "accepted a flipped byte at " << i;
-    if (!tr.ok()) EXPECT_EQ(tr.status().code(), StatusCode::kCorrupt);
+    if (!tr.ok()) {
+      EXPECT_EQ(tr.status().code(), StatusCode::kCorrupt);
+    }
   }
 }
 
@@ -190,7 +314,7 @@ TEST(RouterTrace, VersionTrailingBytesAndMissingFile) {
   std::filesystem::remove(path);
 }
 
-TEST(RouterTrace, UnfinishedWriterIsRefused) {
+TEST(RouterTrace, UnfinishedWriterKeepsItsRecords) {
   const std::string path = TempPath("unfinished");
   const auto batches = RandomBatches(12, 5);
   {
@@ -206,11 +330,84 @@ TEST(RouterTrace, UnfinishedWriterIsRefused) {
   }
   const std::vector<uint8_t> cut = Slurp(path + ".cut");
   auto tr = RouterTrace::Parse(cut.data(), cut.size(), "t");
-  // The writer buffers: the copy may end mid-record or after whole records; either is refused.
-  ASSERT_FALSE(tr.ok());
-  EXPECT_NE(tr.status().message().find("truncated"), std::string::npos) << tr.status().ToString();
+  // The writer buffers: the copy may end mid-record or after whole records; either way the whole
+  // ones read back.
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  EXPECT_FALSE(tr->tail.complete);
+  EXPECT_NE(tr->tail.message.find("cut short"), std::string::npos) << tr->tail.message;
+  ASSERT_LE(tr->layers.size(), batches.size());
+  for (size_t i = 0; i < tr->layers.size(); ++i)
+    ExpectLayer(tr->layers[i], batches[i], std::to_string(i));
+  EXPECT_EQ(tr->tail.whole_bytes + tr->tail.torn_bytes, cut.size());
   std::filesystem::remove(path);
   std::filesystem::remove(path + ".cut");
+}
+
+// A bounded writer puts its header on disk at once and its records when the bound is reached,
+// not at Close: a reader of the live file (or of one whose writer was killed) finds them.
+TEST(RouterTrace, BoundedWriterRecordsReachTheFileBeforeClose) {
+  const std::string path = TempPath("live");
+  const auto batches = RandomBatches(15, 40);
+  auto w = RouterTraceWriter::Create(path, Header(), 1000);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(std::filesystem::file_size(path), 64u);
+  uint64_t written_at_last_drop = 0;
+  for (const Batch& b : batches) {
+    const uint64_t dropped = (*w)->counts().dropped_records;
+    ASSERT_TRUE((*w)->Append(b.layer, b.step, b.seq.size(), b.seq.data(), b.pos.data(),
+                             b.logits.data(), b.experts.data(), b.weights.data())
+                    .ok());
+    if ((*w)->counts().dropped_records > dropped)
+      written_at_last_drop = (*w)->counts().layer_records;
+  }
+  ASSERT_GT((*w)->counts().dropped_records, 0u);
+  ASSERT_GT(written_at_last_drop, 0u);
+  const std::vector<uint8_t> live = Slurp(path);
+  auto tr = RouterTrace::Parse(live.data(), live.size(), "live");
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  EXPECT_FALSE(tr->tail.complete);
+  EXPECT_EQ(tr->tail.torn_bytes, 0u);
+  EXPECT_EQ(tr->layers.size(), written_at_last_drop);
+  ASSERT_TRUE((*w)->Close().ok());
+  auto closed = RouterTrace::Read(path);
+  ASSERT_TRUE(closed.ok()) << closed.status().ToString();
+  EXPECT_TRUE(closed->tail.complete);
+  EXPECT_LE(std::filesystem::file_size(path), 1000u);
+  std::filesystem::remove(path);
+}
+
+// A bound is at least the smallest trace of the model with one record (header, a one-token
+// layer record, the end record); below it the writer refuses to start.
+TEST(RouterTrace, BoundBelowOneRecordIsRefused) {
+  const uint64_t min = MinTraceBytes(kE, kK);
+  EXPECT_EQ(min, 64u + 16 + 16 + (12 + 2 * kE + 6 * kK) + 16 + 32);
+  EXPECT_EQ(MinTraceBytes(1, 1), kMinTraceBytesAnyModel);
+  const std::string path = TempPath("minbound");
+  auto refused = RouterTraceWriter::Create(path, Header(), min - 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("holds no record"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find(std::to_string(min) + " bytes"), std::string::npos)
+      << refused.status().ToString();
+  auto w = RouterTraceWriter::Create(path, Header(), min);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const auto batches = RandomBatches(16, 1);
+  const Batch& b = batches[0];
+  // One token of the batch fits exactly; the next record does not.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE((*w)->Append(b.layer, b.step, 1, b.seq.data(), b.pos.data(), b.logits.data(),
+                             b.experts.data(), b.weights.data())
+                    .ok());
+  }
+  EXPECT_EQ((*w)->counts().layer_records, 1u);
+  EXPECT_EQ((*w)->counts().dropped_records, 1u);
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_EQ(std::filesystem::file_size(path), min);
+  auto tr = RouterTrace::Read(path);
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  EXPECT_EQ(tr->layers.size(), 1u);
+  std::filesystem::remove(path);
 }
 
 TEST(RouterTrace, WriterRefusesBadInput) {

@@ -15,11 +15,18 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <thread>
 
+#include "common/sampling_check.h"
+#include "common/text/tokenizer.h"
+#include "services/router/chat_renderer.h"
+#include "services/router/router.h"
+#include "services/router/tokenizer_codec.h"
 #include "services/transport/zmq_transport.h"
+#include "tests/router/http_test_client.h"
 
 namespace pw::router {
 namespace {
@@ -80,6 +87,11 @@ class ProtocolTestWorker {
     int refused_starts = 0;      // StartDecode for a lease that is not live
     size_t max_running = 0;      // largest running batch (decode worker)
     int stray_writer_done = 0;   // writerDone naming no lease this process holds
+    size_t longest_prefill = 0;  // most tokens one PrefillRequest carried
+    // StartDecode after tokens were streamed (generatedSoFar > 1); and those whose
+    // uncachedTokens is not generatedSoFar - 1 (the prefill wrote the prompt's KV only).
+    int starts_after_streaming = 0;
+    int uncached_mismatch = 0;
   };
   ProtocolTestWorker(const std::string& endpoint, const std::string& id, wire::Role role,
                      uint32_t blocks = 64, uint32_t step_ms = 3)
@@ -137,6 +149,14 @@ class ProtocolTestWorker {
   void SetLateWriter(bool l) { late_writer_ = l; }
   // While set, a prefill worker answers PrefillRequests with KvReady{ok = false}.
   void SetFailPrefill(bool f) { fail_prefill_ = f; }
+  // While non-empty, the worker refuses the request's value of field `param` as an invalid
+  // request (prefill: KvReady; decode: Finish at StartDecode), as a worker whose check is
+  // stricter than the router's (another version) would. Without it the worker refuses only
+  // what CheckSampling refuses, as the real workers do.
+  void SetRefuseParam(const std::string& param) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_param_ = param;
+  }
   // Time a Cancel's handling takes (the worker is busy: nothing is sent meanwhile).
   void SetCancelDelayMs(int ms) { cancel_delay_ms_ = ms; }
   // Time the handling of the next KvReserve takes (its reply is sent at the end).
@@ -275,12 +295,18 @@ class ProtocolTestWorker {
     return n;
   }
 
-  Status SendKvReady(const Kept& k, bool ok, const std::string& error) {
+  // `refused`: the request's own value refused (errorKind invalidRequest).
+  Status SendKvReady(const Kept& k, bool ok, const std::string& error,
+                     const SamplingError* refused = nullptr) {
     proto::OutMessage out;
     auto kr = out.body().initKvReady();
     kr.setRequestId(k.request_id);
     kr.setOk(ok);
     if (!ok) kr.setError(error);
+    if (refused != nullptr) {
+      kr.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
+      kr.setErrorParam(refused->param);
+    }
     kr.setFirstToken(NextToken(k.tokens));
     if (k.logprobs >= 0) FillToyLogprob(kr.initFirstLogprob(), NextToken(k.tokens), k.logprobs);
     if (k.prompt_logprobs >= 0) {
@@ -319,14 +345,27 @@ class ProtocolTestWorker {
     held_replies_.clear();
   }
 
-  void SendFinish(uint64_t id, wire::FinishReason reason, uint32_t n, const std::string& error) {
+  void SendFinish(uint64_t id, wire::FinishReason reason, uint32_t n, const std::string& error,
+                  const SamplingError* refused = nullptr) {
     proto::OutMessage f;
     auto fin = f.body().initFinish();
     fin.setRequestId(id);
     fin.setReason(reason);
     fin.setNumGenerated(n);
     if (!error.empty()) fin.setError(error);
+    if (refused != nullptr) {
+      fin.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
+      fin.setErrorParam(refused->param);
+    }
     (void)client_->Send(f);
+  }
+
+  // The sampling values of `s` refused, as the workers refuse them (or by SetRefuseParam).
+  std::optional<SamplingError> Refused(wire::SamplingParams::Reader s) {
+    if (!refuse_param_.empty()) {
+      return SamplingError{refuse_param_, "'" + refuse_param_ + "' refused by this worker"};
+    }
+    return CheckSampling({s.getTemperature(), s.getTopP(), s.getTopK(), s.getLogprobs()});
   }
 
   Status Handle(const proto::InMessage& m) {
@@ -367,8 +406,12 @@ class ProtocolTestWorker {
         k.lease_id = p.getLeaseId();
         k.decode_worker = proto::ToString(p.getDecodeWorkerId());
         k.tokens = proto::ToVector<uint32_t>(p.getTokens());
+        stats_.longest_prefill = std::max(stats_.longest_prefill, k.tokens.size());
         k.logprobs = p.getSampling().getLogprobs();
         k.prompt_logprobs = p.getPromptLogprobs();
+        if (auto refused = Refused(p.getSampling())) {
+          return SendKvReady(k, false, refused->message, &*refused);
+        }
         if (stall_) {
           stash_.push_back(std::move(k));
           return Status::Ok();
@@ -380,7 +423,7 @@ class ProtocolTestWorker {
             p.getDecodeMemory().getBaseAddr() == 0x10000 &&
             p.getDecodeLayout().getLayoutHash() == 42 &&
             p.getDecodeLayout().getBlockTokens() == 16 &&
-            p.getBlockIds().size() == BlocksFor(static_cast<uint32_t>(k.tokens.size()));
+            p.getBlockIds().size() >= BlocksFor(static_cast<uint32_t>(k.tokens.size()));
         if (fail_prefill_) return SendKvReady(k, false, "prefill failed on purpose");
         return SendKvReady(k, target_ok,
                            target_ok ? "" : "PrefillRequest without the decode worker's KV target");
@@ -401,10 +444,19 @@ class ProtocolTestWorker {
           SendFinish(id, wire::FinishReason::ERROR, s.getGeneratedSoFar(), "lease not live");
           return Status::Ok();
         }
+        if (auto refused = Refused(s.getSampling())) {
+          free_blocks_ += lit->second.blocks;  // as DecodeWorker::OnStartDecode
+          leases_.erase(lit);
+          SendFinish(id, wire::FinishReason::ERROR, s.getGeneratedSoFar(), refused->message,
+                     &*refused);
+          return Status::Ok();
+        }
         Running r;
         r.seq = proto::ToVector<uint32_t>(s.getTokens());
         r.seq.push_back(s.getFirstToken());
         r.generated = s.getGeneratedSoFar();
+        stats_.starts_after_streaming += r.generated > 1;
+        stats_.uncached_mismatch += s.getUncachedTokens() + 1 != r.generated;
         r.max_tokens = s.getSampling().getMaxTokens();
         r.logprobs = s.getSampling().getLogprobs();
         for (uint32_t t : s.getSampling().getStopTokenIds()) r.stops.insert(t);
@@ -524,6 +576,7 @@ class ProtocolTestWorker {
   std::vector<uint64_t> granted_;
   std::vector<std::pair<uint64_t, std::pair<uint64_t, uint32_t>>> held_replies_;
   std::vector<Kept> stash_;
+  std::string refuse_param_;  // SetRefuseParam
   std::vector<CancelSeen> cancels_;
   std::map<uint64_t, SteadyTime> cancel_handled_at_;
   std::map<uint64_t, SteadyTime> kv_ready_sent_at_;
@@ -683,9 +736,10 @@ class Collector final : public GenerationEvents {
     v.insert(v.end(), tokens.begin(), tokens.end());
     cv_.notify_all();
   }
-  void OnFinished(uint64_t id, FinishReason reason, Status error) override {
+  void OnFinished(uint64_t id, FinishReason reason, Status error, std::string param) override {
     std::lock_guard<std::mutex> lock(mu_);
     finished_[id] = {reason, error};
+    params_[id] = std::move(param);
     cv_.notify_all();
   }
   bool WaitFinished(uint64_t id, int timeout_ms = 10000) {
@@ -710,6 +764,11 @@ class Collector final : public GenerationEvents {
     std::lock_guard<std::mutex> lock(mu_);
     return finished_.count(id) != 0;
   }
+  // OnFinished's `param`.
+  std::string param(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return params_[id];
+  }
   std::vector<uint64_t> violations() {
     std::lock_guard<std::mutex> lock(mu_);
     return violations_;
@@ -730,6 +789,7 @@ class Collector final : public GenerationEvents {
   std::map<uint64_t, std::vector<std::vector<TokenLogprob>>> prompt_logprobs_;
   std::map<uint64_t, std::vector<int32_t>> tokens_;
   std::map<uint64_t, std::pair<FinishReason, Status>> finished_;
+  std::map<uint64_t, std::string> params_;
   std::vector<uint64_t> violations_;
 };
 
@@ -978,7 +1038,7 @@ TEST_F(ClusterBackendTest, CancelFreesTheWorkersBlocks) {
 }
 
 TEST_F(ClusterBackendTest, DeadDecodeWorkerRequestsContinueWithoutGapOrRepeat) {
-  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
   auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
   ASSERT_TRUE(WaitCapacity(1, 1));
   for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 150)).ok());
@@ -994,6 +1054,12 @@ TEST_F(ClusterBackendTest, DeadDecodeWorkerRequestsContinueWithoutGapOrRepeat) {
   }
   EXPECT_TRUE(events_.violations().empty());
   EXPECT_EQ(d1->stats().starts, 4);
+  // The prefill worker computed the prompt only; the new decode worker was told to compute
+  // the KV of what had streamed before its first input token.
+  EXPECT_EQ(p->stats().longest_prefill, 3u);
+  EXPECT_EQ(d1->stats().starts_after_streaming, 4);
+  EXPECT_EQ(d1->stats().uncached_mismatch, 0);
+  EXPECT_EQ(d0->stats().uncached_mismatch, 0);
   EXPECT_EQ(backend_->Load().decode_workers, 1);
 }
 
@@ -1129,6 +1195,115 @@ TEST_F(ClusterBackendTest, RefusedReservationIsRetried) {
   d->SetRefuseKv(false);
   ASSERT_TRUE(events_.WaitFinished(1));
   EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 5));
+}
+
+TEST_F(ClusterBackendTest, RequestRefusedByThePrefillWorkerIsNotAWorkerFailure) {
+  // top_p 0 (what 1e-320 is as a float): the prefill worker refuses the request's own value
+  // (CheckSampling). That ends the request as invalid at once: no second placement, nothing
+  // counted against the worker, the lease given back.
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  AddWorker("prefill-1", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 2));
+  GenerationRequest r = Request(1, 5);
+  r.sampling.temperature = 1.f;
+  r.sampling.top_p = static_cast<float>(1e-320);
+  ASSERT_EQ(r.sampling.top_p, 0.f);
+  ASSERT_TRUE(backend_->Submit(std::move(r)).ok());
+  ASSERT_TRUE(events_.WaitFinished(1));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kError);
+  EXPECT_EQ(events_.finish(1).second.code(), StatusCode::kInvalidArgument)
+      << events_.finish(1).second.ToString();
+  EXPECT_NE(events_.finish(1).second.message().find("top_p"), std::string::npos);
+  EXPECT_EQ(events_.param(1), "top_p");
+  EXPECT_EQ(backend_->Load().requests_replaced, 0u);
+  EXPECT_EQ(workers_[0]->stats().prefills + workers_[1]->stats().prefills, 1);
+  EXPECT_EQ(d->stats().reserves, 1);
+  EXPECT_EQ(d->stats().starts, 0);
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));  // the lease's writer is done: released at once
+  ExpectNoStrayReleaseAndNoFence(d);
+}
+
+TEST_F(ClusterBackendTest, RequestRefusedByTheDecodeWorkerIsNotAWorkerFailure) {
+  // The decode worker refuses at StartDecode what the prefill worker accepted (a decode worker
+  // of another version): the request ends as invalid, not placed again, not counted.
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d0 = AddWorker("decode-0", wire::Role::DECODE);
+  auto* d1 = AddWorker("decode-1", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(2, 1));
+  d0->SetRefuseParam("temperature");
+  d1->SetRefuseParam("temperature");
+  ASSERT_TRUE(backend_->Submit(Request(1, 5)).ok());
+  ASSERT_TRUE(events_.WaitFinished(1));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kError);
+  EXPECT_EQ(events_.finish(1).second.code(), StatusCode::kInvalidArgument)
+      << events_.finish(1).second.ToString();
+  EXPECT_EQ(events_.param(1), "temperature");
+  EXPECT_EQ(events_.tokens(1).size(), 1u);  // the first token, from the prefill
+  EXPECT_EQ(backend_->Load().requests_replaced, 0u);
+  EXPECT_EQ(workers_[0]->stats().prefills, 1);
+  EXPECT_EQ(d0->stats().reserves + d1->stats().reserves, 1);
+  EXPECT_EQ(d0->stats().starts + d1->stats().starts, 1);
+  EXPECT_TRUE(WaitAllFree(d0, 64, kSlackMs));
+  EXPECT_TRUE(WaitAllFree(d1, 64, kSlackMs));
+}
+
+TEST_F(ClusterBackendTest, AWorkersRefusalReachesTheClientAs400) {
+  // The router in front of this backend. The prefill worker refuses top_p, which the router
+  // accepted (a worker whose check is stricter: another version): the client gets 400 naming
+  // the field, as if the router had refused it, and nothing is placed again.
+  backend_->Stop();
+  auto b = ClusterBackend::Create(BaseOptions());
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  backend_ = std::move(*b);
+  auto tok = Tokenizer::FromModelDir(PW_SOURCE_DIR "/models/tiny-moe");
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  TokenizerCodec codec(std::move(*tok), ChatRenderer());
+  RouterOptions ro;
+  ro.model_name = "tiny-moe";
+  ro.context_length = 64;
+  Router front(ro, &codec, backend_.get(),
+                std::make_shared<RouterMetrics>(std::make_shared<prometheus::Registry>()));
+  backend_->Start();  // its events go to the router
+  HttpServerOptions ho;
+  ho.port = 0;
+  auto server = HttpServer::Create(ho, [&](HttpRequest r, std::shared_ptr<HttpExchange> e) {
+    front.Handle(std::move(r), std::move(e));
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  front.SetServer(server->get());
+  (*server)->Start();
+  // However the test ends, no event reaches the router once it is gone.
+  struct StopFirst {
+    std::function<void()> f;
+    ~StopFirst() { f(); }
+  } stop_first{[&] {
+    (*server)->Stop();
+    backend_->Stop();
+  }};
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  p->SetRefuseParam("top_p");
+
+  router::testing::TestConnection c((*server)->port());
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.Send(router::testing::PostRequest(
+      "/v1/completions",
+      R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2,"top_p":0.5,"temperature":1})")));
+  auto resp = c.Read();
+  ASSERT_TRUE(resp.has_value());
+  EXPECT_EQ(resp->status, 400) << resp->body;
+  auto j = nlohmann::json::parse(resp->body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << resp->body;
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error") << resp->body;
+  EXPECT_EQ(j["error"]["param"], "top_p") << resp->body;
+  EXPECT_TRUE(j["error"].contains("code")) << resp->body;
+  EXPECT_TRUE(j["error"]["message"].is_string()) << resp->body;
+  EXPECT_EQ(backend_->Load().requests_replaced, 0u);
+  EXPECT_EQ(p->stats().prefills, 1);
+  EXPECT_EQ(d->stats().reserves, 1);
+  EXPECT_TRUE(WaitAllFree(d, 64, kSlackMs));
 }
 
 TEST_F(ClusterBackendTest, NoWorkersMeansNoCapacityAndRequestsWait) {

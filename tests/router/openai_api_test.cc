@@ -43,8 +43,8 @@ TEST(OpenAiApi, ParsesEveryCompletionParameter) {
   EXPECT_EQ(r.prompt_text, "hi");
   EXPECT_FALSE(r.prompt_is_tokens);
   EXPECT_EQ(r.max_tokens, 12);
-  EXPECT_DOUBLE_EQ(r.temperature, 0.5);
-  EXPECT_DOUBLE_EQ(r.top_p, 0.9);
+  EXPECT_EQ(r.temperature, 0.5f);
+  EXPECT_EQ(r.top_p, 0.9f);  // the float32 the workers compute with
   ASSERT_TRUE(r.seed.has_value());
   EXPECT_EQ(*r.seed, static_cast<uint64_t>(int64_t{-3}));
   EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
@@ -115,6 +115,42 @@ TEST(OpenAiApi, Rejections) {
       "stream_options.include_usage");
   // Defaults are accepted.
   Ok(R"({"model":"m","prompt":"x","logprobs":null,"echo":false,"best_of":1,"n":null})");
+}
+
+TEST(OpenAiApi, SamplingValuesAreCheckedAsTheWorkersFloat) {
+  // 1e-320 is above 0 as a double and 0 as the float the workers compute with: refused here,
+  // naming the field, not on a worker.
+  ApiError e = Err(R"({"model":"m","prompt":"x","top_p":1e-320})");
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.type, "invalid_request_error");
+  EXPECT_EQ(e.param, "top_p");
+  EXPECT_NE(e.message.find("1e-320"), std::string::npos) << e.message;
+  json j = json::parse(ErrorJson(e));
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(j["error"].contains("code"));
+  EXPECT_TRUE(j["error"].contains("message"));
+  // Subnormal as a float: too few bits, and 1 / temperature overflows.
+  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","top_p":1e-40})").param, "top_p");
+  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","temperature":1e-320})").param, "temperature");
+  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","temperature":1e-39})").param, "temperature");
+  // Chat goes through the same check.
+  EXPECT_EQ(Err(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_p":5e-324})",
+                Endpoint::kChatCompletions)
+                .param,
+            "top_p");
+  // The smallest normal float and above are taken, as that float; and whatever is taken the
+  // workers' own check accepts.
+  for (const char* body : {R"({"model":"m","prompt":"x","temperature":1.2e-38,"top_p":1.2e-38})",
+                           R"({"model":"m","prompt":"x","temperature":2,"top_p":1})",
+                           R"({"model":"m","prompt":"x","temperature":0,"top_p":1e-30})",
+                           R"({"model":"m","prompt":"x","temperature":-0.0,"top_k":-1})",
+                           R"({"model":"m","prompt":"x","logprobs":20,"top_k":1000})"}) {
+    ApiRequest r = Ok(body);
+    EXPECT_FALSE(CheckSampling({r.temperature, r.top_p, r.top_k, r.logprobs}).has_value())
+        << body;
+  }
+  EXPECT_EQ(Ok(R"({"model":"m","prompt":"x","top_p":1e-30})").top_p, 1e-30f);
 }
 
 TEST(OpenAiApi, LogprobsEchoNBestOf) {

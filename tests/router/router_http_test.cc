@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -438,6 +439,14 @@ TEST_F(RouterHttpTest, OutOfRangeValues) {
               "temperature");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","top_p":0})"), 400,
               "top_p");
+  // Above 0 as a double, 0 as the float the workers compute with.
+  json denormal = ExpectError(
+      Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","top_p":1e-320})"), 400, "top_p");
+  EXPECT_EQ(denormal["error"]["type"], "invalid_request_error");
+  ExpectError(Post("/v1/chat/completions",
+                   R"({"model":"tiny-moe","messages":[{"role":"user","content":"x"}],)"
+                   R"("temperature":1e-320})"),
+              400, "temperature");
   ExpectError(Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","n":17})"), 400, "n");
   ExpectError(
       Post("/v1/completions", R"({"model":"tiny-moe","prompt":"x","stop":["a","b","c","d","e"]})"),
@@ -617,6 +626,58 @@ TEST_F(RouterHttpTest, Http11WithoutHostOrWithTwoHostsGets400) {
     EXPECT_EQ(j["error"]["code"], "bad_http");
     EXPECT_EQ(r->headers["connection"], "close");
     EXPECT_TRUE(c.WaitClosed(3000));
+  }
+  ExpectHealthy();
+}
+
+TEST_F(RouterHttpTest, SecondLineOfASingleValuedHeaderGets400) {
+  // RFC 9110 section 5.3: only list-valued fields may repeat. A second Authorization (or
+  // Content-Type, Content-Length, Host) is refused, not resolved by taking the first.
+  const std::string body = R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2})";
+  const std::string n = std::to_string(body.size());
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  const std::string ct = "Content-Type: application/json\r\n";
+  const std::string cl = "Content-Length: " + n + "\r\n";
+  char size_hex[16];
+  std::snprintf(size_hex, sizeof(size_hex), "%zx", body.size());
+  const std::string chunked_body = std::string(size_hex) + "\r\n" + body + "\r\n0\r\n\r\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"Authorization",
+       head + ct + cl + "Authorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n" + body},
+      {"Authorization",
+       head + ct + cl + "Authorization: Bearer a\r\nauthorization: Bearer a\r\n\r\n" + body},
+      {"Content-Type", head + ct + ct + cl + "\r\n" + body},
+      {"Content-Length", head + ct + cl + cl + "\r\n" + body},  // equal values: still two
+      {"Content-Length", head + ct + "Content-Length: " + n + ", " + n + "\r\n\r\n" + body},
+      {"Host", "GET /health HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n"},
+      // RFC 9112 section 6.3: chunked not final (or twice): the body's length is unknown.
+      {"Transfer-Encoding",
+       head + ct + "Transfer-Encoding: chunked, chunked\r\n\r\n" + chunked_body},
+      {"Transfer-Encoding", head + ct + "Transfer-Encoding: gzip\r\n\r\n" + body},
+  };
+  for (const auto& [field, req] : cases) {
+    SCOPED_TRACE(req);
+    TestConnection c(server_->port());
+    ASSERT_TRUE(c.Send(req));
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value());
+    json j = ExpectError(*r, 400);
+    EXPECT_EQ(j["error"]["code"], "bad_http");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(field), std::string::npos) << r->body;
+    EXPECT_EQ(r->headers["connection"], "close");
+    EXPECT_TRUE(c.WaitClosed(3000));
+  }
+  // List-valued fields may repeat; one Content-Length, one chunked coding are served.
+  for (const std::string& req :
+       {head + ct + cl + "Connection: keep-alive\r\nConnection: keep-alive\r\n" +
+            "Accept: application/json\r\nAccept: */*\r\n\r\n" + body,
+        head + ct + "Transfer-Encoding: chunked\r\n\r\n" + chunked_body}) {
+    SCOPED_TRACE(req);
+    TestConnection c(server_->port());
+    ASSERT_TRUE(c.Send(req));
+    auto r = c.Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status, 200) << r->body;
   }
   ExpectHealthy();
 }

@@ -125,10 +125,10 @@ class ScriptedTestBackend final : public GenerationBackend {
         events_->OnTokens(id, index, {tok}, std::move(lps));
         const auto& stops = st.request.sampling.stop_token_ids;
         if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-          events_->OnFinished(id, FinishReason::kStop, Status::Ok());
+          events_->OnFinished(id, FinishReason::kStop, Status::Ok(), "");
           done.push_back(id);
         } else if (static_cast<int32_t>(st.next) >= st.request.sampling.max_tokens) {
-          events_->OnFinished(id, FinishReason::kLength, Status::Ok());
+          events_->OnFinished(id, FinishReason::kLength, Status::Ok(), "");
           done.push_back(id);
         }
       }

@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
     }
     o.trace.path = trace.path;
     o.trace.sample_every = trace.sample;
-    o.trace.max_bytes = static_cast<uint64_t>(trace.max_mb * 1e6);
+    o.trace.max_bytes = trace.max_bytes();
   }
   pw::SetLogProcessTag(o.id.empty() ? "decode" : o.id);
   PW_LOG(INFO) << pw::workers::KernelBackendsLine();

@@ -14,11 +14,20 @@ Result<std::unique_ptr<DecodeTrace>> DecodeTrace::Create(const DecodeTraceOption
   if (options.max_bytes == 0) {
     return InvalidArgument("router trace: a serving process's trace needs a size bound (max_bytes > 0)");
   }
+  // The writer first: a DecodeTrace always has one (its destructor closes it).
+  auto writer = misses::RouterTraceWriter::Create(options.path, engine::TraceHeaderFor(config),
+                                                  options.max_bytes);
+  if (!writer.ok()) {
+    // The model's own floor (the configuration checked only the one of any model).
+    if (writer.status().code() == StatusCode::kInvalidArgument) {
+      return writer.status().WithContext("trace max_mb (--trace-max-mb)");
+    }
+    return writer.status();
+  }
   std::unique_ptr<DecodeTrace> t(new DecodeTrace());
   t->options_ = options;
   t->next_ = next;
-  PW_ASSIGN_OR_RETURN(t->writer_, misses::RouterTraceWriter::Create(options.path, engine::TraceHeaderFor(config),
-                                                                    options.max_bytes));
+  t->writer_ = std::move(writer).value();
   t->recorder_ = std::make_unique<engine::TraceRecorder>(t->writer_.get(), options.sample_every);
   return t;
 }

@@ -6,7 +6,8 @@
 // `sample_every`-th forward pass, whole, into the trace through the engine's TraceRecorder.
 // The file is bounded: a record that would take it past `max_bytes` is dropped and counted,
 // so it stays a valid trace of what it holds. Close (or the destructor) writes the end record;
-// a worker killed before that leaves a trace the reader refuses as truncated. The first write
+// a worker killed before that (or stopped by a full disk) leaves a trace cut short, which the
+// reader reads up to its last whole record. The first write
 // error stops recording (logged once; serving goes on). Driving thread only.
 #pragma once
 
@@ -30,8 +31,9 @@ struct DecodeTraceOptions {
 
 class DecodeTrace final : public engine::RouterLogitsRecorder {
  public:
-  // Creates (truncates) the file. kInvalidArgument on a bad option; the writer's error when
-  // the file cannot be created. `next` (may be null) is borrowed.
+  // Creates (truncates) the file. kInvalidArgument on a bad option, max_bytes below the
+  // smallest trace of this model with one record among them (misses::MinTraceBytes); the
+  // writer's error when the file cannot be created. `next` (may be null) is borrowed.
   static Result<std::unique_ptr<DecodeTrace>> Create(const DecodeTraceOptions& options, const ModelConfig& config,
                                                      engine::RouterLogitsRecorder* next);
   ~DecodeTrace() override;

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/logging.h"
+#include "common/sampling_check.h"
 #include "engine/models/model.h"
 #include "services/transport/control_connect.h"
 #include "services/common/model_name.h"
@@ -329,13 +330,18 @@ size_t DecodeWorker::quarantined_blocks() const {
 }
 
 void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
-                              const std::string& error, uint32_t num_generated) {
+                              const std::string& error, uint32_t num_generated,
+                              const std::string& refused_param) {
   proto::OutMessage m;
   auto f = m.body().initFinish();
   f.setRequestId(request_id);
   f.setReason(reason);
   f.setError(error);
   f.setNumGenerated(num_generated);
+  if (!refused_param.empty()) {
+    f.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
+    f.setErrorParam(refused_param);
+  }
   Status st = router_->Send(m);
   if (!st.ok()) PW_LOG(WARNING) << options_.id << ": Finish " << request_id << ": " << st.ToString();
   if (reason == wire::FinishReason::ERROR) metrics_->requests_finished_error->Increment();
@@ -386,28 +392,54 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
   // The prefill worker's puts into these blocks are done (its KvReady preceded this message);
   // order this thread after the progress thread that wrote them.
   ucx_worker_->SyncWithProgress();
+  std::vector<int32_t> tokens;
+  for (uint32_t t : r.getTokens()) tokens.push_back(static_cast<int32_t>(t));
   Running run;
-  for (uint32_t t : r.getTokens()) run.prompt.push_back(static_cast<int32_t>(t));
   run.params = FromWire(r.getSampling());
   const uint32_t g = r.getGeneratedSoFar();
-  // firstToken is output index g-1 and counts toward max_tokens here, as in the engine.
-  if (g == 0 || static_cast<int64_t>(g) > run.params.max_tokens) {
-    FreeBlocks(lease->blocks, "bad StartDecode");
+  // The request's own sampling values (the router's check, common/sampling_check.h): a refusal
+  // is the request's fault, not this worker's (Finish.errorKind invalidRequest).
+  if (auto e = CheckSampling(engine::ValuesOf(run.params))) {
+    FreeBlocks(lease->blocks, "sampling values refused");
     SendFinish(id, wire::FinishReason::ERROR,
-               "generatedSoFar " + std::to_string(g) + " outside [1, maxTokens]", g);
+               "decode worker " + options_.id + ": sampling: " + e->message, g, e->param);
     return;
   }
-  run.params.max_tokens -= static_cast<int>(g - 1);
+  const uint32_t uncached = r.getUncachedTokens();
+  // firstToken is output index g-1 and counts toward max_tokens, as in the engine; the g-1
+  // tokens streamed before it end `tokens`, and the KV of the last `uncached` of them is ours
+  // to compute.
+  std::string bad;
+  if (g == 0 || static_cast<int64_t>(g) > run.params.max_tokens) {
+    bad = "generatedSoFar " + std::to_string(g) + " outside [1, maxTokens]";
+  } else if (g - 1 >= tokens.size()) {
+    bad = "generatedSoFar " + std::to_string(g) + " for " + std::to_string(tokens.size()) +
+          " tokens";
+  } else if (uncached > g - 1) {
+    bad = "uncachedTokens " + std::to_string(uncached) + " > generatedSoFar - 1 (" +
+          std::to_string(g - 1) + ")";
+  }
+  if (!bad.empty()) {
+    FreeBlocks(lease->blocks, "bad StartDecode");
+    SendFinish(id, wire::FinishReason::ERROR, bad, g);
+    return;
+  }
   const int32_t first = static_cast<int32_t>(r.getFirstToken());
+  const auto prompt_end = tokens.end() - static_cast<std::ptrdiff_t>(g - 1);
+  run.prompt.assign(tokens.begin(), prompt_end);
+  run.generated.assign(prompt_end, tokens.end());
   run.generated.push_back(first);
   run.next_index = g;
-  if (run.params.max_tokens <= 1) {
+  if (static_cast<int64_t>(g) >= run.params.max_tokens) {
     // The first token already used the whole budget.
     FreeBlocks(lease->blocks, "finished at the first token");
     SendFinish(id, wire::FinishReason::LENGTH, "", g);
     return;
   }
-  Status st = engine_->AddPrefilledSequence(id, run.prompt, lease->blocks, first, run.params);
+  // The seeded random stream continues at draw g (engine.h).
+  Status st = engine_->AddPrefilledSequence(id, std::move(tokens), lease->blocks, first,
+                                            run.params, static_cast<int>(g - 1),
+                                            static_cast<int>(uncached));
   if (!st.ok()) {
     FreeBlocks(lease->blocks, "StartDecode refused");
     SendFinish(id, wire::FinishReason::ERROR, "decode worker " + options_.id + ": " + st.message(), g);

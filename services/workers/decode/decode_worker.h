@@ -155,9 +155,9 @@ class DecodeWorker {
 
  private:
   struct Running {
-    std::vector<int32_t> prompt;     // tokens whose KV the prefill wrote (or recomputed)
-    std::vector<int32_t> generated;  // tokens generated here and before, first token included
-    engine::SamplingParams params;   // max_tokens already reduced by earlier output
+    std::vector<int32_t> prompt;     // the request's prompt
+    std::vector<int32_t> generated;  // every output token streamed (here and before)
+    engine::SamplingParams params;   // as the request asked (max_tokens counts all output)
     uint32_t next_index = 0;         // output index of the next token streamed
     uint64_t lease_id = 0;           // the lease StartDecode took
     bool preempted = false;
@@ -190,8 +190,10 @@ class DecodeWorker {
   void StepOnce(std::unique_lock<std::mutex>& control);
   void KeepaliveLoop();
   bool Preempt();
+  // `refused_param` non-empty: `error` refuses the request's own value of that field
+  // (Finish.errorKind invalidRequest), not a failure of this worker.
   void SendFinish(uint64_t request_id, wire::FinishReason reason, const std::string& error,
-                  uint32_t num_generated);
+                  uint32_t num_generated, const std::string& refused_param = "");
   void FreeBlocks(const std::vector<int32_t>& blocks, const char* why);
   // Puts the blocks of an ended lease into quarantine (see the file comment).
   void Quarantine(KvLease lease, const char* why);

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/logging.h"
+#include "common/sampling_check.h"
 #include "engine/models/model.h"
 #include "services/transport/control_connect.h"
 #include "services/common/model_name.h"
@@ -202,6 +203,10 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
   kr.setOk(o.status.ok());
   if (!o.status.ok()) {
     kr.setError("prefill worker " + options_.id + ": " + o.status.message());
+    if (!o.refused_param.empty()) {
+      kr.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
+      kr.setErrorParam(o.refused_param);
+    }
     PW_LOG(WARNING) << options_.id << ": request " << o.request_id << ": " << o.status.ToString();
     metrics_->requests_finished_error->Increment();
   } else {
@@ -370,7 +375,17 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
     // An equal prompt being prefilled, or just prefilled: share its forward passes.
     std::shared_ptr<Job> leader;
     bool from_recent = false;
-    if (st.ok()) st = engine::ValidateSamplingParams(job->work.params, engine_->vocab_size());
+    // The request's own sampling values first (the router's check, common/sampling_check.h): a
+    // refusal is the request's fault, not this worker's (KvReady.errorKind invalidRequest).
+    std::string refused_param;
+    if (st.ok()) {
+      if (auto e = CheckSampling(engine::ValuesOf(job->work.params))) {
+        st = InvalidArgument("sampling: " + e->message);
+        refused_param = e->param;
+      } else {
+        st = engine::ValidateSamplingParams(job->work.params, engine_->vocab_size());
+      }
+    }
     if (st.ok()) {
       for (const auto& a : *active) {
         if (!a->work.done() &&
@@ -444,6 +459,7 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
       o.decode_id = job->decode_id;
       o.num_tokens = job->num_tokens;
       o.status = st;
+      o.refused_param = std::move(refused_param);
       std::lock_guard<std::mutex> lk(mu_);
       outbox_.push_back(std::move(o));
       continue;

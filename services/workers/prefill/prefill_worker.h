@@ -134,6 +134,9 @@ class PrefillWorker {
     std::optional<engine::TokenLogprobs> first_logprobs;  // sampling.logprobs >= 0
     std::vector<engine::TokenLogprobs> prompt_logprobs;   // promptLogprobs >= 0
     std::vector<uint32_t> prompt_routing;                 // KvReady.promptRouting
+    // Non-empty: `status` refuses the request's own value of this field (an invalid request,
+    // KvReady.errorKind invalidRequest), not a failure of this worker.
+    std::string refused_param;
   };
 
   explicit PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock);
