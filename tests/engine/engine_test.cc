@@ -363,18 +363,18 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
   // computed by the decode engine itself (num_uncached) before it decodes the 4th.
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
-    auto src = prefill->kv_pool().Allocate(nb);
-    auto dst = decode->kv_pool().Allocate(nb);
+    auto src = prefill->LeaseKvBlocks(nb);
+    auto dst = decode->LeaseKvBlocks(nb);
     ASSERT_TRUE(src.ok() && dst.ok());
     ASSERT_TRUE(prefill->Prefill(prompts[i], *src, sp).ok());
     const KvLayout& kl = decode->kv_pool().layout();
     for (int b = 0; b < nb; ++b) {
       for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(decode->kv_pool().LayerPage((*dst)[b], l),
+        std::memcpy(decode->LeasedKvPage((*dst)[b], l),
                     prefill->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
       }
     }
-    ASSERT_TRUE(prefill->kv_pool().Free(*src).ok());
+    ASSERT_TRUE(prefill->ReturnKvBlocks(*src).ok());
     std::vector<int32_t> streamed = prompts[i];
     streamed.insert(streamed.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
     ASSERT_TRUE(
@@ -405,7 +405,7 @@ TEST(EngineDisaggregated, GeneratedTokensInThePromptCountOnce) {
   SamplingParams sp;
   sp.max_tokens = 40;
   const std::vector<int32_t> streamed(40, 1);  // 10 prompt tokens + 30 generated
-  auto blocks = engine->kv_pool().Allocate(3);  // the prompt's
+  auto blocks = engine->LeaseKvBlocks(3);  // the prompt's
   ASSERT_TRUE(blocks.ok());
   EXPECT_EQ(engine->AddPrefilledSequence(1, streamed, *blocks, 1, sp, 30, 41).code(),
             StatusCode::kInvalidArgument);
