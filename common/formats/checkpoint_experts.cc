@@ -1,24 +1,42 @@
 #include "common/formats/checkpoint_experts.h"
 
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "common/hash.h"
 
 namespace pw {
 
+namespace {
+
+// Indexed by ModelType (its order in model_config.h).
+constexpr ExpertNaming kExpertNaming[] = {
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen2_moe
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_moe
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // olmoe
+    {"block_sparse_moe", {"w1", "w3", "w2"}},        // mixtral
+};
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kMixtral) + 1,
+              "one ExpertNaming row per ModelType");
+
+}  // namespace
+
+const ExpertNaming& ExpertNamingOf(ModelType type) {
+  const size_t i = static_cast<size_t>(type);
+  PW_CHECK(i < std::size(kExpertNaming));
+  return kExpertNaming[i];
+}
+
 std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer) {
-  return "model.layers." + std::to_string(layer) +
-         (config.type == ModelType::kMixtral ? ".block_sparse_moe." : ".mlp.");
+  return "model.layers." + std::to_string(layer) + "." + ExpertNamingOf(config.type).moe_block +
+         ".";
 }
 
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
                              ExpertMatrix matrix) {
-  static constexpr const char* kHf[] = {"gate_proj", "up_proj", "down_proj"};
-  static constexpr const char* kMixtral[] = {"w1", "w3", "w2"};
-  const int m = static_cast<int>(matrix);
   return MoeBlockPrefix(config, layer) + "experts." + std::to_string(expert) + "." +
-         (config.type == ModelType::kMixtral ? kMixtral[m] : kHf[m]) + ".weight";
+         ExpertNamingOf(config.type).matrix[static_cast<int>(matrix)] + ".weight";
 }
 
 Result<std::unique_ptr<CheckpointExperts>> CheckpointExperts::Open(const std::string& dir,

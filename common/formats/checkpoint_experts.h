@@ -18,6 +18,17 @@ namespace pw {
 // The three matrices of one routed expert: gate [I, H], up [I, H], down [H, I].
 enum class ExpertMatrix : uint8_t { kGate = 0, kUp = 1, kDown = 2 };
 
+// How a family's checkpoint names its MoE block and its routed experts: layer l's block is
+// "model.layers.{l}.{moe_block}." and expert e's matrices "{block}experts.{e}.{matrix}.weight".
+// One row per ModelType in a table (checkpoint_experts.cc), read by the engine's model loader
+// (engine/models/) and by the broker alike; a new family adds its row there.
+struct ExpertNaming {
+  const char* moe_block;  // "mlp" (qwen types, olmoe) or "block_sparse_moe" (mixtral)
+  const char* matrix[3];  // indexed by ExpertMatrix: {"gate_proj", "up_proj", "down_proj"} or
+                          // mixtral's {"w1", "w3", "w2"}
+};
+const ExpertNaming& ExpertNamingOf(ModelType type);
+
 // Prefix of layer `layer`'s MoE block ("model.layers.3.mlp." or, for mixtral,
 // "model.layers.3.block_sparse_moe.").
 std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer);

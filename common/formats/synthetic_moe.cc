@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "common/hash.h"
+#include "common/formats/checkpoint_experts.h"
 #include "common/formats/safetensors.h"
 
 namespace pw {
@@ -50,19 +51,15 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
       t.push_back({p + "self_attn.q_norm.weight", {hd}, Init::kOnes});
       t.push_back({p + "self_attn.k_norm.weight", {hd}, Init::kOnes});
     }
-    const bool mixtral = s.type == ModelType::kMixtral;
-    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const ExpertNaming& naming = ExpertNamingOf(s.type);
+    const std::string moe = p + naming.moe_block + ".";
     t.push_back({moe + "gate.weight", {s.experts, s.hidden}, Init::kNormal});
     for (int64_t e = 0; e < s.experts; ++e) {
       const std::string x = moe + "experts." + std::to_string(e) + ".";
-      t.push_back({x + (mixtral ? "w1" : "gate_proj") + ".weight",
-                   {s.expert_ffn, s.hidden},
-                   Init::kNormal});
-      t.push_back(
-          {x + (mixtral ? "w3" : "up_proj") + ".weight", {s.expert_ffn, s.hidden}, Init::kNormal});
-      t.push_back({x + (mixtral ? "w2" : "down_proj") + ".weight",
-                   {s.hidden, s.expert_ffn},
-                   Init::kNormal});
+      const char* const* m = naming.matrix;  // gate, up, down (ExpertMatrix order)
+      t.push_back({x + m[0] + ".weight", {s.expert_ffn, s.hidden}, Init::kNormal});
+      t.push_back({x + m[1] + ".weight", {s.expert_ffn, s.hidden}, Init::kNormal});
+      t.push_back({x + m[2] + ".weight", {s.hidden, s.expert_ffn}, Init::kNormal});
     }
     if (s.type == ModelType::kQwen2Moe) {
       t.push_back(

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/experts/expert_activation.h"
 #include "engine/experts/expert_tiles.h"
 #include "engine/experts/expert_workspace.h"
 #include "engine/ops/linear.h"
@@ -12,6 +13,7 @@ namespace pw::engine {
 Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
                       const cpu::DenseKernels& k) {
   const size_t H = call.hidden, I = call.ffn, R = call.rows.size();
+  PW_ASSIGN_OR_RETURN(const ExpertActivationFn act_fn, ExpertActivationOp(call.activation, k));
   ExpertWorkspace& ws = *call.workspace;
   float* xe = ws.Array<float>(0, R * H);
   float* gate_up = ws.Array<float>(1, R * 2 * I);
@@ -43,7 +45,7 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
   }, TileCalls::kCoalesce));
   for (const ExpertGroup& e : call.groups) {
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
-      k.silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+      act_fn(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
     }
   }
   tiles.clear();

@@ -2,12 +2,13 @@
 // fetched from the broker), the whole layer at once:
 //   1. the rows of x each group reads are gathered into [rows, H];
 //   2. ONE pool dispatch computes every group's gate and up rows (tiles of ExpertTiles);
-//   3. h = silu(gate) * up for every row;
+//   3. h = act(gate, up) for every row (the call's activation, expert_activation.h);
 //   4. ONE pool dispatch computes every group's down rows;
 //   5. out[token] += weight * y, in group order.
 // Each output element is the same matmul_bf16 dot product a per-block Linear computes, so
 // results are bit-identical to computing the experts one block at a time. Staging buffers
-// come from the call's workspace (slots 0..3).
+// come from the call's workspace (slots 0..3). An activation kind without a CPU op is
+// kUnsupported before anything is computed.
 #pragma once
 
 #include <cstdint>

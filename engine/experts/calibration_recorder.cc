@@ -24,7 +24,7 @@ Status CalibrationRecorder::RunExperts(const engine::ExpertLayerCall& call) {
                              std::to_string(layer));
     }
   }
-  // Block by block: the down block's input (silu(gate) * up) is recorded too.
+  // Block by block: the down block's input (act(gate, up)) is recorded too.
   return engine::RunExpertsByBlock(
       call, cpu::Kernels(),
       [&](int expert, engine::ExpertProj proj, const float* x, size_t ldx, size_t num_tokens, float* y,

@@ -13,7 +13,7 @@
 namespace pw::anyprec {
 
 // Accumulates per block input statistics while computing the experts from the checkpoint's
-// bf16 blocks (`inner`), block by block (the down block's input is silu(gate) * up).
+// bf16 blocks (`inner`), block by block (the down block's input is act(gate, up)).
 class CalibrationRecorder final : public engine::ExpertWeightProvider {
  public:
   CalibrationRecorder(const engine::Bf16ExpertProvider* inner, int num_layers, int num_experts,

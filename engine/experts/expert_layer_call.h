@@ -3,9 +3,12 @@
 //
 // For every expert the batch uses, its token rows and gate weights; the provider computes
 //   for each group g (ascending expert id), for each row r of g:
-//     h       = silu(gate_e x[token]) * (up_e x[token])        gate_up block: [2I, H]
+//     h       = act(gate_e x[token], up_e x[token])            gate_up block: [2I, H]
 //     out[token] += weight * (down_e h)                        down block:    [H, I]
 // at each block's width, from wherever its weights live (a mapped store, pool pages, a GPU).
+// act is the call's ExpertActivation (the family's; SwiGLU: silu(gate) * up), mapped to its
+// elementwise op in one place (expert_activation.h); a provider that meets a kind it does not
+// implement fails the call with kUnsupported rather than computing another.
 // Additions into `out` happen in group order (ascending expert), then row order, so results do
 // not depend on how a provider schedules the work. A provider sees the whole layer at once:
 // it may quantize x once for every expert, and split all experts' rows over its threads in
@@ -22,6 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+
+#include "engine/models/moe_kinds.h"
 
 namespace pw::cpu {
 class ThreadPool;
@@ -50,6 +55,7 @@ struct ExpertLayerCall {
   size_t num_tokens = 0;  // T
   size_t hidden = 0;      // H: columns of x and out
   size_t ffn = 0;         // I: the experts' intermediate width
+  ExpertActivation activation = ExpertActivation::kSwiGlu;  // between gate_up and down
   const float* x = nullptr;              // [T, H] the layer's post-attention-normed input
   std::span<const ExpertGroup> groups;   // the experts used, ascending id
   std::span<const ExpertRow> rows;       // indexed by the groups' ranges

@@ -4,13 +4,16 @@
 //
 //   router logits L = x . W_router^T                 [T, E]
 //   (d) recorder->Record(ctx, router's selection)   optional trace of logits + choices
-//   probs = softmax(L); top-k per token (descending probability, lower expert id on ties);
-//   weights renormalised to sum 1 when the model says so (norm_topk_prob; mixtral always)
+//   the family's gate (RunMoeGate, engine/layers/moe_gate.h): per-expert scores and each
+//   token's top-k with weights; today every family's is softmax -> top-k (descending
+//   probability, lower expert id on ties) -> renormalised to sum 1 when the model says so
+//   (norm_topk_prob; mixtral always)
 //   (c) hook->Rewrite(ctx, &assignments)             LYNX remap, miss policy substitution...
 //       (e) ctx.fetcher->Fetch / Admit / Evict           a miss policy's explicit weight moves
 //   assignments grouped per expert (ExpertLayerCall, expert_layer_call.h), then ONE call:
 //     (a) provider->RunExperts(call)                  for every used expert e:
-//         h = silu(gate_e x_e) * (up_e x_e);  out[token] += weight * down_e h
+//         h = act(gate_e x_e, up_e x_e);  out[token] += weight * down_e h
+//         (act: the family's ExpertActivation, SwiGLU today)
 //   shared expert (qwen2_moe): out += sigmoid(x . w_gate) * MLP_shared(x)
 //
 // (b) residency is a query the hook (and the provider) may consult; the MoE step itself never
@@ -85,7 +88,8 @@ struct RoutingContext {
   // True when every token of the batch is a decode token (no prompt work): LYNX's phase gate.
   bool pure_decode = false;
   const float* router_logits = nullptr;        // [T, E] pre-softmax logits
-  const float* router_probs = nullptr;         // [T, E] softmax of router_logits
+  const float* router_probs = nullptr;         // [T, E] the gate's scores (softmax of
+                                               // router_logits for GateKind::kSoftmaxTopK)
   const uint64_t* seq_ids = nullptr;           // [T] sequence of each token
   const int32_t* positions = nullptr;          // [T] absolute position of each token
   const ExpertResidency* residency = nullptr;  // never null inside the engine

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/experts/expert_activation.h"
 #include "engine/experts/expert_tiles.h"
 #include "engine/experts/expert_workspace.h"
 #include "engine/ops/linear.h"
@@ -55,6 +56,8 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
                     const Q8ExpertBlock* down, const cpu::DenseKernels& k) {
   const size_t T = call.num_tokens, H = call.hidden, I = call.ffn, R = call.rows.size();
   const int h = static_cast<int>(H), f = static_cast<int>(I);
+  PW_ASSIGN_OR_RETURN(const engine::ExpertActivationFn act_fn,
+                      engine::ExpertActivationOp(call.activation, k));
   engine::ExpertWorkspace& ws = *call.workspace;
   // 1. The layer input, quantized once; each row's values gathered per group.
   const ActRows xq = TakeActRows(ws, 0, T, h);
@@ -82,13 +85,13 @@ Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const 
                             gu + static_cast<size_t>(t.row0) * 2 * I, 2 * I, t.r0, t.r1);
     return s.ok() ? s : s.WithContext(Where(call, t.group, "gate_up"));
   }, engine::TileCalls::kCoalesce));
-  // 3. h = silu(gate) * up for every row, quantized at once.
+  // 3. h = act(gate, up) for every row, quantized at once.
   float* act = ws.Array<float>(3, R * I);
   const ActRows aq = TakeActRows(ws, 4, R, f);
   for (size_t g = 0; g < call.groups.size(); ++g) {
     const engine::ExpertGroup& e = call.groups[g];
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
-      k.silu_mul(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);
+      act_fn(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);
     }
     PW_RETURN_IF_ERROR(QuantizeActRows(act + static_cast<size_t>(e.begin) * I, I, e.size(), f, aq.Q(e.begin),
                                        aq.Scales(e.begin), aq.offsets + e.begin)

@@ -4,13 +4,14 @@
 //      group's rows are gathered from it;
 //   2. ONE pool dispatch computes every group's gate_up rows at their blocks' widths (tiles of
 //      expert_tiles.h; tokens in chunks of kMaxTokens per kernel call);
-//   3. h = silu(gate) * up, quantized for every row of the layer at once;
+//   3. h = act(gate, up) (the call's activation), quantized for every row of the layer at once;
 //   4. ONE pool dispatch computes every group's down rows;
 //   5. out[token] += weight * y, in group order.
 // Activation quantization is per token row, so a row's int8 values are the same whichever
 // rows it is quantized with: results are bit-identical to ApplyQ8Block per block. Staging
 // buffers come from the call's workspace (slots 0..5). Used by every provider that reads
 // planes (a mapped store, pool pages), so a block gives the same bits wherever it lives.
+// An activation kind without a CPU op is kUnsupported before anything is computed.
 #pragma once
 
 #include "common/status.h"

@@ -1,9 +1,10 @@
 // RunExpertsByBlock: an ExpertLayerCall computed one expert block at a time, from a per-block
 // product. For providers whose natural unit is one block (a reference path, a calibration
 // recorder that looks at each block's input, a test double): for each group in order, its
-// tokens' rows of x are gathered, block(gate_up) gives [n, 2I], h = silu(gate) * up,
-// block(down) gives [n, H], and out[token] += weight * y. The block function may use the
-// call's pool; the staging buffers come from the call's workspace (slots 0..3).
+// tokens' rows of x are gathered, block(gate_up) gives [n, 2I], h = act(gate, up) (the call's
+// activation; an unknown kind is kUnsupported before any block runs), block(down) gives
+// [n, H], and out[token] += weight * y. The block function may use the call's pool; the
+// staging buffers come from the call's workspace (slots 0..3).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "common/status.h"
 #include "kernels/cpu/dense.h"
+#include "engine/experts/expert_activation.h"
 #include "engine/experts/expert_layer_call.h"
 #include "engine/experts/expert_workspace.h"
 #include "engine/experts/moe.h"
@@ -22,6 +24,7 @@ namespace pw::engine {
 template <typename BlockFn>
 Status RunExpertsByBlock(const ExpertLayerCall& call, const cpu::DenseKernels& k, BlockFn&& block) {
   const size_t H = call.hidden, I = call.ffn;
+  PW_ASSIGN_OR_RETURN(const ExpertActivationFn act_fn, ExpertActivationOp(call.activation, k));
   size_t most = 0;
   for (const ExpertGroup& g : call.groups) most = std::max(most, static_cast<size_t>(g.size()));
   ExpertWorkspace& ws = *call.workspace;
@@ -36,7 +39,9 @@ Status RunExpertsByBlock(const ExpertLayerCall& call, const cpu::DenseKernels& k
                   H * sizeof(float));
     }
     PW_RETURN_IF_ERROR(block(g.expert, ExpertProj::kGateUp, xe, H, n, gate_up, 2 * I));
-    for (size_t r = 0; r < n; ++r) k.silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+    for (size_t r = 0; r < n; ++r) {
+      act_fn(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
+    }
     PW_RETURN_IF_ERROR(block(g.expert, ExpertProj::kDown, act, I, n, ye, H));
     for (size_t r = 0; r < n; ++r) {
       const ExpertRow& row = call.rows[g.begin + r];

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "engine/layers/moe_gate.h"
 #include "engine/ops/linear.h"
 
 namespace pw::engine {
@@ -33,30 +34,17 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   ctx.top_k = static_cast<int>(K);
   ctx.norm_topk_prob = config.norm_topk_prob;
 
-  // Router: logits, softmax (fp32), top-k in descending probability, optional renormalisation.
+  // Router: logits, then the family's gate (moe_gate.h): scores and each token's top-k.
   s->logits.resize(T * E);
   s->probs.resize(T * E);
   Linear(pool, k, x, H, T, w.router, s->logits.data(), E);
-  std::memcpy(s->probs.data(), s->logits.data(), T * E * sizeof(float));
-  for (size_t t = 0; t < T; ++t) k.softmax(s->probs.data() + t * E, E);
+  s->assignments.clear();
+  const MoeGate gate{w.gate, static_cast<int>(K), config.norm_topk_prob};
+  Status routed =
+      RunMoeGate(gate, s->logits.data(), T, E, k, s->probs.data(), &s->topk_idx, &s->assignments);
+  if (!routed.ok()) return routed.WithContext("layer " + std::to_string(ctx.layer));
   ctx.router_logits = s->logits.data();
   ctx.router_probs = s->probs.data();
-
-  s->assignments.clear();
-  s->topk_idx.resize(E);
-  for (size_t t = 0; t < T; ++t) {
-    const float* p = s->probs.data() + t * E;
-    for (size_t e = 0; e < E; ++e) s->topk_idx[e] = static_cast<int32_t>(e);
-    std::partial_sort(s->topk_idx.begin(), s->topk_idx.begin() + K, s->topk_idx.end(),
-                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    float sum = 0.f;
-    for (size_t j = 0; j < K; ++j) sum += p[s->topk_idx[j]];
-    for (size_t j = 0; j < K; ++j) {
-      const int32_t e = s->topk_idx[j];
-      const float weight = config.norm_topk_prob ? p[e] / sum : p[e];
-      s->assignments.push_back({static_cast<int32_t>(t), e, weight, static_cast<int16_t>(j)});
-    }
-  }
 
   if (hooks.recorder != nullptr) hooks.recorder->Record(ctx, s->assignments);
   if (hooks.routing_hook != nullptr) {
@@ -110,6 +98,7 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
     call.num_tokens = T;
     call.hidden = H;
     call.ffn = I;
+    call.activation = w.activation;
     call.x = x;
     call.groups = s->groups;
     call.rows = s->rows;

@@ -15,7 +15,7 @@ namespace pw::engine {
 
 // Reusable buffers of RunMoeLayer (grown on demand, never shrunk).
 struct MoeScratch {
-  std::vector<float> logits, probs;           // [T, E]
+  std::vector<float> logits, probs;           // [T, E]: router logits, the gate's scores
   std::vector<ExpertAssignment> assignments;  // router's top-k, then the hook's rewrite
   std::vector<ExpertAssignment> selected;     // router's top-k kept for the recorder
   std::vector<int32_t> order, offsets;        // assignments grouped per expert
@@ -24,7 +24,7 @@ struct MoeScratch {
   ExpertWorkspace experts;                    // lent to the provider
   std::vector<float> gate_up, ye;             // shared expert
   std::vector<float> shared_gate;             // [T]
-  std::vector<int32_t> topk_idx;
+  std::vector<int32_t> topk_idx;              // the gate's scratch
   std::vector<uint8_t> seen;                  // [T, E]: the hook's (token, expert) pairs
 };
 

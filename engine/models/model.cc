@@ -17,6 +17,11 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   PW_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
+  m->family_ = FindFamily(m->config_.type);
+  if (m->family_ == nullptr) {
+    return Unsupported(dir + "/config.json: model_type '" + m->config_.model_type +
+                       "' has no registered model family (engine/models/family.cc)");
+  }
   PW_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::Open(dir, load));
   PW_RETURN_IF_ERROR(m->LoadTensors());
   const int64_t d = m->config_.head_dim;
@@ -72,73 +77,86 @@ Result<std::vector<float>> Model::Vector(const std::string& name, int64_t n) {
   return out;
 }
 
-Result<MlpWeights> Model::Mlp(const std::string& prefix, const char* gate, const char* up,
-                              const char* down, int64_t ffn) {
+Result<MlpWeights> Model::Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn) {
   const int64_t h = config_.hidden_size;
   MlpWeights w;
-  PW_ASSIGN_OR_RETURN(w.gate, Matrix(prefix + gate + ".weight", ffn, h));
-  PW_ASSIGN_OR_RETURN(w.up, Matrix(prefix + up + ".weight", ffn, h));
-  PW_ASSIGN_OR_RETURN(w.down, Matrix(prefix + down + ".weight", h, ffn));
+  PW_ASSIGN_OR_RETURN(w.gate, Matrix(prefix + names.gate + ".weight", ffn, h));
+  PW_ASSIGN_OR_RETURN(w.up, Matrix(prefix + names.up + ".weight", ffn, h));
+  PW_ASSIGN_OR_RETURN(w.down, Matrix(prefix + names.down + ".weight", h, ffn));
   return w;
 }
 
+// Every name comes from the family (family.h) or, for the routed experts, from the naming
+// table the broker shares (checkpoint_experts.h); what is present follows the config.
 Status Model::LoadTensors() {
   const ModelConfig& c = config_;
+  const ModelFamily& f = *family_;
   const int64_t h = c.hidden_size, d = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
-  PW_ASSIGN_OR_RETURN(embed_, Matrix("model.embed_tokens.weight", c.vocab_size, h));
-  PW_ASSIGN_OR_RETURN(final_norm_, Vector("model.norm.weight", h));
-  if (c.tie_word_embeddings && !ckpt_->Has("lm_head.weight")) {
+  PW_ASSIGN_OR_RETURN(embed_, Matrix(f.embed, c.vocab_size, h));
+  PW_ASSIGN_OR_RETURN(final_norm_, Vector(f.final_norm, h));
+  if (c.tie_word_embeddings && !ckpt_->Has(f.lm_head)) {
     lm_head_ = embed_;
   } else {
-    PW_ASSIGN_OR_RETURN(lm_head_, Matrix("lm_head.weight", c.vocab_size, h));
+    PW_ASSIGN_OR_RETURN(lm_head_, Matrix(f.lm_head, c.vocab_size, h));
+  }
+  if (c.shared_expert_intermediate_size > 0 && f.shared_expert == nullptr) {
+    return Internal(dir_ + "/config.json: a shared expert of size " +
+                    std::to_string(c.shared_expert_intermediate_size) + ", but family " +
+                    f.model_type + " has none");
   }
   layers_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = layers_[static_cast<size_t>(l)];
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    PW_ASSIGN_OR_RETURN(w.input_norm, Vector(p + "input_layernorm.weight", h));
-    PW_ASSIGN_OR_RETURN(w.post_attn_norm, Vector(p + "post_attention_layernorm.weight", h));
-    const std::string a = p + "self_attn.";
-    PW_ASSIGN_OR_RETURN(w.q, Matrix(a + "q_proj.weight", nh * d, h));
-    PW_ASSIGN_OR_RETURN(w.k, Matrix(a + "k_proj.weight", nkv * d, h));
-    PW_ASSIGN_OR_RETURN(w.v, Matrix(a + "v_proj.weight", nkv * d, h));
-    PW_ASSIGN_OR_RETURN(w.o, Matrix(a + "o_proj.weight", h, nh * d));
+    PW_ASSIGN_OR_RETURN(w.input_norm, Vector(p + f.input_norm + ".weight", h));
+    PW_ASSIGN_OR_RETURN(w.post_attn_norm, Vector(p + f.post_attn_norm + ".weight", h));
+    const std::string a = p + f.attention.prefix;
+    const std::string q = a + f.attention.q, k = a + f.attention.k, v = a + f.attention.v,
+                      o = a + f.attention.o;
+    PW_ASSIGN_OR_RETURN(w.q, Matrix(q + ".weight", nh * d, h));
+    PW_ASSIGN_OR_RETURN(w.k, Matrix(k + ".weight", nkv * d, h));
+    PW_ASSIGN_OR_RETURN(w.v, Matrix(v + ".weight", nkv * d, h));
+    PW_ASSIGN_OR_RETURN(w.o, Matrix(o + ".weight", h, nh * d));
     if (c.qkv_bias) {
-      PW_ASSIGN_OR_RETURN(w.q_bias, Vector(a + "q_proj.bias", nh * d));
-      PW_ASSIGN_OR_RETURN(w.k_bias, Vector(a + "k_proj.bias", nkv * d));
-      PW_ASSIGN_OR_RETURN(w.v_bias, Vector(a + "v_proj.bias", nkv * d));
+      PW_ASSIGN_OR_RETURN(w.q_bias, Vector(q + ".bias", nh * d));
+      PW_ASSIGN_OR_RETURN(w.k_bias, Vector(k + ".bias", nkv * d));
+      PW_ASSIGN_OR_RETURN(w.v_bias, Vector(v + ".bias", nkv * d));
     }
     if (c.o_bias) {
-      PW_ASSIGN_OR_RETURN(w.o_bias, Vector(a + "o_proj.bias", h));
+      PW_ASSIGN_OR_RETURN(w.o_bias, Vector(o + ".bias", h));
     }
+    const std::string qn = a + f.attention.q_norm + ".weight",
+                      kn = a + f.attention.k_norm + ".weight";
     if (c.qk_norm == QkNorm::kPerHead) {
-      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(a + "q_norm.weight", d));
-      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(a + "k_norm.weight", d));
+      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, d));
+      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, d));
     } else if (c.qk_norm == QkNorm::kFull) {
-      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(a + "q_norm.weight", nh * d));
-      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(a + "k_norm.weight", nkv * d));
+      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, nh * d));
+      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, nkv * d));
     }
     w.is_moe = c.IsMoeLayer(l);
     if (w.is_moe) {
       const std::string m = MoeBlockPrefix(c, l);
-      PW_ASSIGN_OR_RETURN(w.router, Matrix(m + "gate.weight", c.num_experts, h));
+      w.gate = f.gate;
+      w.activation = f.activation;
+      PW_ASSIGN_OR_RETURN(w.router, Matrix(m + f.router + ".weight", c.num_experts, h));
       w.experts.resize(static_cast<size_t>(c.num_experts));
       for (int64_t e = 0; e < c.num_experts; ++e) {
         MlpWeights& x = w.experts[static_cast<size_t>(e)];
-        const int64_t f = c.moe_intermediate_size;
-        PW_ASSIGN_OR_RETURN(x.gate, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kGate), f, h));
-        PW_ASSIGN_OR_RETURN(x.up, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kUp), f, h));
-        PW_ASSIGN_OR_RETURN(x.down, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kDown), h, f));
+        const int64_t i = c.moe_intermediate_size;
+        PW_ASSIGN_OR_RETURN(x.gate, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kGate), i, h));
+        PW_ASSIGN_OR_RETURN(x.up, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kUp), i, h));
+        PW_ASSIGN_OR_RETURN(x.down, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kDown), h, i));
       }
-      if (c.shared_expert_intermediate_size > 0) {
+      if (f.shared_expert != nullptr && c.shared_expert_intermediate_size > 0) {
         w.has_shared_expert = true;
-        PW_ASSIGN_OR_RETURN(w.shared_expert, Mlp(m + "shared_expert.", "gate_proj", "up_proj",
-                                                 "down_proj", c.shared_expert_intermediate_size));
-        PW_ASSIGN_OR_RETURN(w.shared_expert_gate, Matrix(m + "shared_expert_gate.weight", 1, h));
+        PW_ASSIGN_OR_RETURN(w.shared_expert,
+                            Mlp(m + f.shared_expert, f.mlp, c.shared_expert_intermediate_size));
+        PW_ASSIGN_OR_RETURN(w.shared_expert_gate,
+                            Matrix(m + f.shared_expert_gate + ".weight", 1, h));
       }
     } else {
-      PW_ASSIGN_OR_RETURN(
-          w.mlp, Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj", c.intermediate_size));
+      PW_ASSIGN_OR_RETURN(w.mlp, Mlp(p + f.dense_mlp, f.mlp, c.intermediate_size));
     }
   }
   return Status::Ok();

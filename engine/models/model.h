@@ -1,8 +1,9 @@
-// Model: a loaded checkpoint of a supported MoE type (qwen2_moe, qwen3_moe, olmoe, mixtral).
+// Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
-// V = vocab). Prefix P = "model.layers.{l}.":
+// V = vocab). The loader reads them from the family's description (engine/models/family.h,
+// one file per family); for the four families today, with prefix P = "model.layers.{l}.":
 //   model.embed_tokens.weight [V, H]; model.norm.weight [H]; lm_head.weight [V, H] (absent
 //     when tie_word_embeddings: the embedding matrix is reused)
 //   P input_layernorm.weight [H]; P post_attention_layernorm.weight [H]
@@ -30,6 +31,8 @@
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
+#include "engine/models/family.h"
+#include "engine/models/moe_kinds.h"
 #include "kernels/anyprec/q8.h"
 
 namespace pw::engine {
@@ -60,9 +63,11 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;                  // empty when qk_norm == kNone
   bool is_moe = false;
   // MoE layer.
-  Bf16Matrix router;                // [E, H]
-  std::vector<MlpWeights> experts;  // [E]
-  bool has_shared_expert = false;
+  GateKind gate = GateKind::kSoftmaxTopK;                   // the family's (moe_kinds.h)
+  ExpertActivation activation = ExpertActivation::kSwiGlu;  // the family's
+  Bf16Matrix router;                                        // [E, H]
+  std::vector<MlpWeights> experts;                          // [E]
+  bool has_shared_expert = false;  // the family has one and the config gives it a size
   MlpWeights shared_expert;
   Bf16Matrix shared_expert_gate;  // [1, H]
   // Dense layer.
@@ -71,11 +76,13 @@ struct LayerWeights {
 
 class Model {
  public:
-  // Loads `dir`/config.json and the checkpoint (mapped, or copied into the process: `load`).
-  // Errors name the file and the field or tensor.
+  // Loads `dir`/config.json and the checkpoint (mapped, or copied into the process: `load`),
+  // by the names of the config's registered family (kUnsupported when it has none). Errors
+  // name the file and the field or tensor.
   static Result<std::unique_ptr<Model>> Load(const std::string& dir, FileLoad load = FileLoad::kMap);
 
   const ModelConfig& config() const { return config_; }
+  const ModelFamily& family() const { return *family_; }
   const std::string& dir() const { return dir_; }
   const Bf16Matrix& embed() const { return embed_; }
   const Bf16Matrix& lm_head() const { return lm_head_; }
@@ -96,11 +103,11 @@ class Model {
   Status LoadTensors();
   Result<Bf16Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols);
   Result<std::vector<float>> Vector(const std::string& name, int64_t n);
-  Result<MlpWeights> Mlp(const std::string& prefix, const char* gate, const char* up,
-                         const char* down, int64_t ffn);
+  Result<MlpWeights> Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn);
 
   std::string dir_;
   ModelConfig config_;
+  const ModelFamily* family_ = nullptr;  // registered, never null after Load
   std::unique_ptr<Checkpoint> ckpt_;
   std::vector<std::unique_ptr<uint16_t[]>> owned_;  // realigned copies
   Bf16Matrix embed_, lm_head_;

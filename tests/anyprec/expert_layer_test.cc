@@ -7,7 +7,8 @@
 //   - both add into `out` (never overwrite it);
 //   - CutExpertTiles cuts the tiles into contiguous runs of about equal cost, and RunExpertTiles
 //     runs every tile once;
-//   - non-finite activations are a clear error naming the layer.
+//   - non-finite activations are a clear error naming the layer;
+//   - an activation kind without a CPU op is refused by every runner, nothing computed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/thread_pool.h"
 #include "engine/experts/apw_expert_provider.h"
+#include "engine/experts/expert_activation.h"
 #include "engine/experts/q8_experts.h"
 #include "engine/experts/bf16_experts.h"
 #include "engine/experts/expert_tiles.h"
@@ -231,6 +233,50 @@ TEST(ExpertLayer, NonFiniteActivationsAreAnErrorNamingTheLayer) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("layer 3"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.ToString();
+}
+
+TEST(ExpertLayer, SwiGluIsTheKernelTablesSiluMul) {
+  const cpu::DenseKernels& k = cpu::Kernels();
+  auto op = engine::ExpertActivationOp(engine::ExpertActivation::kSwiGlu, k);
+  ASSERT_TRUE(op.ok()) << op.status().ToString();
+  EXPECT_EQ(*op, k.silu_mul);
+}
+
+TEST(ExpertLayer, AnActivationWithoutACpuOpIsRefusedByEveryRunner) {
+  std::mt19937 rng(24);
+  const Q8Layer layer(rng);
+  const Routing r = Route(3, rng);
+  const auto x = RandomX(3, kHidden, rng);
+  std::vector<Q8ExpertBlock> gu, dn;
+  std::vector<uint16_t> zeros(static_cast<size_t>(2 * kFfn) * kHidden, 0);
+  std::vector<engine::Bf16Expert> bf16;
+  for (const ExpertGroup& g : r.groups) {
+    gu.push_back(layer.Block(g.expert, 0));
+    dn.push_back(layer.Block(g.expert, 1));
+    bf16.push_back({zeros.data(), zeros.data(), zeros.data()});
+  }
+  const auto unknown = static_cast<engine::ExpertActivation>(9);
+  auto expect_refused = [&](const Status& s, const std::vector<float>& out, const char* runner) {
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << runner << ": " << s.ToString();
+    EXPECT_NE(s.message().find("kind 9"), std::string::npos) << runner << ": " << s.ToString();
+    for (float v : out) ASSERT_EQ(v, 0.5f) << runner << " wrote into out";
+  };
+  engine::ExpertWorkspace ws;
+  std::vector<float> out(3 * kHidden, 0.5f);
+  ExpertLayerCall call = MakeCall(r, x, 3, &out, &ws, nullptr);
+  call.activation = unknown;
+  expect_refused(RunQ8Experts(BestQ8Backend(), call, gu.data(), dn.data(), cpu::Kernels()), out,
+                 "q8");
+  expect_refused(engine::RunBf16Experts(call, bf16.data(), cpu::Kernels()), out, "bf16");
+  int blocks = 0;
+  expect_refused(
+      engine::RunExpertsByBlock(call, cpu::Kernels(),
+                                [&](int, ExpertProj, const float*, size_t, size_t, float*, size_t) {
+                                  ++blocks;
+                                  return Status::Ok();
+                                }),
+      out, "by block");
+  EXPECT_EQ(blocks, 0);
 }
 
 TEST(ExpertTiles, EveryTileOnceInContiguousRunsOfAboutEqualCost) {

@@ -1,0 +1,79 @@
+// ModelFamily: how one model family's checkpoint maps onto the shared layers.
+//
+// Each family is a file, engine/models/<model_type>.cc, defining one ModelFamily: the names of
+// its tensors, the gate its MoE layers route with and the activation its experts apply. The
+// table in family.cc registers them; Model::Load looks the config's type up (FindFamily) and
+// loads every tensor by the names found here, so the loader and the layers name no family.
+// What a family decides elsewhere:
+//   - config.json's fields and defaults, the attention biases, the qk-norm kind and
+//     norm_topk_prob: ModelConfig, parsed per model_type (common/formats/model_config.cc);
+//   - the names of the MoE block and of the routed experts: the ExpertNaming table of
+//     common/formats/checkpoint_experts.cc, which the broker reads too.
+// docs/architecture.md ("Model families") has the recipe for adding one.
+//
+// Tensor names: whole-model tensors are full names; a layer's are relative to
+// "model.layers.{l}.", a MoE block's to MoeBlockPrefix (checkpoint_experts.h); a matrix `m`
+// is read as "{m}.weight" and its bias, when the config says there is one, as "{m}.bias".
+#pragma once
+
+#include <string_view>
+
+#include "common/formats/model_config.h"
+#include "engine/models/moe_kinds.h"
+
+namespace pw::engine {
+
+// The three matrices of a SwiGLU MLP: gate and up [F, H], down [H, F].
+struct MlpNames {
+  const char* gate;
+  const char* up;
+  const char* down;
+};
+
+struct AttentionNames {
+  const char* prefix;  // of every name below, e.g. "self_attn."
+  const char* q;       // [nh*D, H] (+ bias when config.qkv_bias)
+  const char* k;       // [nkv*D, H] (+ bias when config.qkv_bias)
+  const char* v;       // [nkv*D, H] (+ bias when config.qkv_bias)
+  const char* o;       // [H, nh*D] (+ bias when config.o_bias)
+  const char* q_norm;  // read when config.qk_norm != kNone: [D] per head, [nh*D] full
+  const char* k_norm;  // likewise [D] or [nkv*D]
+};
+
+struct ModelFamily {
+  ModelType type;
+  const char* model_type;  // config.json's model_type
+
+  // Whole-model tensors.
+  const char* embed;       // [V, H]
+  const char* final_norm;  // [H]
+  const char* lm_head;     // [V, H]; absent with tie_word_embeddings: embed is reused
+
+  // Per layer.
+  const char* input_norm;      // [H], before attention
+  const char* post_attn_norm;  // [H], before the MLP or MoE block
+  AttentionNames attention;
+  const char* dense_mlp;  // prefix of a dense (non-MoE) layer's MLP, e.g. "mlp."
+  MlpNames mlp;           // the matrices of a dense MLP and of the shared expert
+
+  // MoE block.
+  const char* router;              // [E, H]
+  const char* shared_expert;       // prefix of the shared expert's MLP; nullptr: none
+  const char* shared_expert_gate;  // [1, H], its sigmoid gate (with shared_expert)
+  GateKind gate;
+  ExpertActivation activation;
+};
+
+// The names most Hugging Face MoE families share (Llama's layout).
+inline constexpr const char* kHfEmbed = "model.embed_tokens.weight";
+inline constexpr const char* kHfFinalNorm = "model.norm.weight";
+inline constexpr const char* kHfLmHead = "lm_head.weight";
+inline constexpr AttentionNames kHfAttention = {"self_attn.", "q_proj", "k_proj", "v_proj",
+                                                "o_proj",     "q_norm", "k_norm"};
+inline constexpr MlpNames kHfMlp = {"gate_proj", "up_proj", "down_proj"};
+
+// The registered family of `type` / of config.json's `model_type` string; nullptr when none is.
+const ModelFamily* FindFamily(ModelType type);
+const ModelFamily* FindFamily(std::string_view model_type);
+
+}  // namespace pw::engine

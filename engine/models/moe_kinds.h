@@ -1,0 +1,37 @@
+// The kinds a model family picks for its MoE layers (engine/models/family.h): which gate turns
+// the router's logits into each token's experts, and which gated activation sits between an
+// expert's gate_up and down blocks. The shared code computes each kind in one place:
+//   GateKind          engine/layers/moe_gate.h (RunMoeGate)
+//   ExpertActivation  engine/experts/expert_activation.h (ExpertActivationOp), carried to the
+//                     providers in every ExpertLayerCall
+// A family that needs another (sigmoid + bias + grouped top-k, clamped SwiGLU, ...) adds a value
+// here and its case there; code that meets a kind it does not implement returns kUnsupported,
+// never a silent fallback. (The kinds live in models/, the bottom of the engine's folders, so
+// the family files, the layers and the expert call can all name them.)
+#pragma once
+
+#include <cstdint>
+
+namespace pw::engine {
+
+enum class GateKind : uint8_t {
+  // p = softmax(logits) over all experts (fp32); the k experts of highest p (lower expert id on
+  // ties), in descending p; weight p_e, or p_e / sum of the k when the model renormalises
+  // (norm_topk_prob). qwen2_moe, qwen3_moe, olmoe, mixtral.
+  kSoftmaxTopK = 0,
+};
+
+enum class ExpertActivation : uint8_t {
+  // h = silu(gate) * up, silu(g) = g / (1 + exp(-g)). Every supported family.
+  kSwiGlu = 0,
+};
+
+constexpr const char* GateKindName(GateKind kind) {
+  return kind == GateKind::kSoftmaxTopK ? "softmax-top-k" : "unknown";
+}
+
+constexpr const char* ExpertActivationName(ExpertActivation kind) {
+  return kind == ExpertActivation::kSwiGlu ? "swiglu" : "unknown";
+}
+
+}  // namespace pw::engine
