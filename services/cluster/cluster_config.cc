@@ -48,6 +48,9 @@ const Schema& ClusterSchema() {
                      {"control_port", PortSchema(5555)},
                      {"lease_ms", Schema::Int().Range(100, 3600000).Default(int64_t{30000})},
                      {"max_waiting", Schema::Int().Range(1, 1000000).Default(int64_t{256})},
+                     // Waiting requests may need this many times the KV the decode workers can
+                     // hold (services/router/kv_admission.h); then 429.
+                     {"max_queued_kv", Schema::Double().Range(0.01, 1000).Default(1.0)},
                  })},
       {"broker", Schema::Map({
                      {"enabled", Schema::Bool().Default(true)},
@@ -273,7 +276,8 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
                            "--port", std::to_string(router["port"].AsInt()), "--workers", router_ep,
                            "--heartbeat-ms", hb, "--lease-ms",
                            std::to_string(router["lease_ms"].AsInt()), "--max-waiting",
-                           std::to_string(router["max_waiting"].AsInt()), "--drain-timeout-ms",
+                           std::to_string(router["max_waiting"].AsInt()), "--max-queued-kv",
+                           std::to_string(router["max_queued_kv"].AsDouble()), "--drain-timeout-ms",
                            std::to_string(out.drain_timeout_ms)}, 1, 0};
   name_args(&r.argv);
   out.scrape_targets.push_back(

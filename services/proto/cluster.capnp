@@ -84,6 +84,9 @@ struct Heartbeat {
   waitingRequests @5 :UInt32;
   queuedPromptTokens @6 :UInt64;
   draining @7 :Bool;           # refuses new work, finishing what it has
+  kvCapacityBlocks @8 :UInt32; # decode: the most KV blocks the pool can hold at once, expert
+                               # widths lowered to the planner's floors when it was told them
+                               # (0: not said)
 }
 
 # A server that gets a message from an unregistered peer answers this; the peer re-registers.
@@ -132,6 +135,15 @@ struct KvReserveReply {
   leaseExpiresMs @5 :UInt64;      # decode worker's steady-clock ms (informational)
   pageIds @6 :List(UInt32);       # the blocks' pages: numLayers per block, block i's layer l
                                   # at i * numLayers + l (byte offset pageId * pageBytes)
+}
+
+# Router -> decode, about every third of a lease: the named leases' requests are still on their
+# way (queued behind prefill, or prefilled and waiting for a decode slot); each live lease whose
+# request id matches now expires leaseMs from its arrival. Leases it does not name are untouched.
+struct KvRenew {
+  leaseMs @0 :UInt32;
+  requestIds @1 :List(UInt64);
+  leaseIds @2 :List(UInt64);      # parallel to requestIds
 }
 
 # Router -> prefill: run a prompt and write its KV into a decode worker's reserved blocks.
@@ -383,6 +395,7 @@ struct Envelope {
     planAck @23 :PlanAck;
     ctlRequest @25 :CtlRequest;
     ctlReply @26 :CtlReply;
+    kvRenew @27 :KvRenew;
   }
   ackSeq @24 :UInt64;       # clients: seq of the last server frame handled in the current
                             # registration (0 while unregistered); see services/transport/control.h

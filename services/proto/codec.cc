@@ -30,12 +30,13 @@ std::string BodyName(Body::Which which) {
     case Body::PLAN_ACK: return "planAck";
     case Body::CTL_REQUEST: return "ctlRequest";
     case Body::CTL_REPLY: return "ctlReply";
+    case Body::KV_RENEW: return "kvRenew";
   }
   return "unknown(" + std::to_string(static_cast<unsigned>(which)) + ")";
 }
 
 static bool KnownBody(Body::Which which) {
-  return static_cast<unsigned>(which) <= static_cast<unsigned>(Body::CTL_REPLY);
+  return static_cast<unsigned>(which) <= static_cast<unsigned>(Body::KV_RENEW);
 }
 
 OutMessage::OutMessage()

@@ -86,6 +86,15 @@ struct BackendLoad {
   int32_t prefill_workers = 0;  // live prefill workers
   int64_t free_kv_blocks = 0;   // sum over live decode workers (last heartbeat)
   int64_t used_kv_blocks = 0;
+  // KV admission (kv_admission.h): the most KV blocks the live decode workers can hold at once
+  // (each with expert widths lowered as far as its planner may), summed and the largest one's
+  // (a sequence lives on one worker), and tokens per block. 0: the backend does not say.
+  int64_t kv_capacity_blocks = 0;
+  int64_t kv_capacity_max_blocks = 0;
+  int32_t kv_block_tokens = 0;
+  // A live decode worker has registered and not yet said its capacity (its first heartbeat is
+  // on its way): admission waits for it rather than count without it.
+  bool kv_capacity_pending = false;
   uint64_t requests_replaced = 0;  // cumulative: placements made again after a worker failure
 };
 

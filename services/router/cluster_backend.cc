@@ -183,6 +183,7 @@ void ClusterBackend::Run() {
     DrainCommands();
     CheckPhaseTimeouts();
     CheckFences();
+    RenewLeases();
     DispatchPending();
     StartReady();
     PublishLoad();
@@ -682,6 +683,35 @@ void ClusterBackend::CheckPhaseTimeouts() {
   }
 }
 
+void ClusterBackend::RenewLeases() {
+  const uint64_t now = NowMs();
+  const uint64_t every = std::max<uint64_t>(options_.lease_ms / 3, 1);
+  if (now < last_renew_ms_ + every) return;
+  last_renew_ms_ = now;
+  // Leases whose requests are on their way: queued behind other prompts at the prefill worker,
+  // or prefilled and waiting for a decode slot. Their time is the queue's, not a lost message's.
+  std::map<std::string, std::pair<std::vector<uint64_t>, std::vector<uint64_t>>> by_peer;
+  for (const auto& [id, r] : reqs_) {
+    if (r.lease_id == 0 || (r.phase != Phase::kPrefilling && r.phase != Phase::kReady)) continue;
+    auto& [requests, leases] = by_peer[r.decode_peer];
+    requests.push_back(id);
+    leases.push_back(r.lease_id);
+  }
+  for (const auto& [peer, ids] : by_peer) {
+    proto::OutMessage m;
+    auto kr = m.body().initKvRenew();
+    kr.setLeaseMs(options_.lease_ms);
+    auto req = kr.initRequestIds(static_cast<unsigned>(ids.first.size()));
+    auto lease = kr.initLeaseIds(static_cast<unsigned>(ids.second.size()));
+    for (size_t i = 0; i < ids.first.size(); ++i) {
+      req.set(static_cast<unsigned>(i), ids.first[i]);
+      lease.set(static_cast<unsigned>(i), ids.second[i]);
+    }
+    Status st = server_->Send(peer, m);
+    if (!st.ok()) PW_LOG(DEBUG) << "router: KvRenew to '" << peer << "': " << st.ToString();
+  }
+}
+
 void ClusterBackend::OnPeerLost(const std::string& peer, const std::string& why) {
   statics_.erase(peer);
   unreachable_.erase(peer);
@@ -850,6 +880,13 @@ void ClusterBackend::PublishLoad() {
       l.capacity += ws ? static_cast<int32_t>(ws->max_batch + AheadOf(*ws)) : 0;
       l.free_kv_blocks += info.load.free_kv_blocks;
       l.used_kv_blocks += info.load.used_kv_blocks;
+      if (ws != nullptr && ws->block_tokens != 0) {
+        l.kv_block_tokens = l.kv_block_tokens == 0 ? static_cast<int32_t>(ws->block_tokens)
+                                                   : std::min<int32_t>(l.kv_block_tokens, ws->block_tokens);
+        l.kv_capacity_pending |= info.heartbeats == 0;
+        l.kv_capacity_blocks += info.load.kv_capacity_blocks;
+        l.kv_capacity_max_blocks = std::max<int64_t>(l.kv_capacity_max_blocks, info.load.kv_capacity_blocks);
+      }
     } else if (info.role == wire::Role::PREFILL) {
       ++l.prefill_workers;
       have_prefill = true;

@@ -12,6 +12,8 @@
 //   2. router -> D  KvReserve(numTokens, leaseMs)         D -> router KvReserveReply(lease, blocks)
 //   3. router -> P  PrefillRequest(tokens, D's KV memory, blocks, lease)
 //                                                          P -> router KvReady(firstToken)
+//      (until StartDecode the router renews the lease on D, KvRenew, every third of lease_ms:
+//      a request queued behind other prompts keeps its blocks)
 //   4. router -> D  StartDecode(lease, tokens, firstToken) D -> router TokenChunk*, Finish
 //      (the first token streams at KvReady; when D already decodes maxBatch of our requests,
 //      StartDecode waits until one of them ends: at most maxBatch decode at once on D)
@@ -78,7 +80,9 @@ struct ClusterBackendOptions {
   std::string id = "router";  // senderId on the control plane
   uint64_t heartbeat_ms = 500;
   uint32_t dead_after_beats = 3;
-  uint32_t lease_ms = 30000;  // KV reservation lease sent with KvReserve
+  // KV reservation lease sent with KvReserve; renewed every third of it while the request is
+  // queued behind prefill or waits for a decode slot.
+  uint32_t lease_ms = 30000;
   // A reservation or prefill with no answer for this long is cancelled and placed again (a
   // lost message must not strand a request).
   uint64_t phase_timeout_ms = 30000;
@@ -204,6 +208,9 @@ class ClusterBackend final : public GenerationBackend {
   void OnPeerLost(const std::string& peer, const std::string& why);
   // Re-places requests whose reservation or prefill got no answer in time.
   void CheckPhaseTimeouts();
+  // Every third of lease_ms: renews (KvRenew) the leases of requests queued behind prefill or
+  // waiting for a decode slot, so a lease runs out only for a request this router forgot.
+  void RenewLeases();
   // Puts `r` back to pending after a failure (or fails it after max_attempts). `counted` =
   // false: the placement never reached its worker (a failed send), so it does not count.
   void Retry(uint64_t id, Req& r, const std::string& why, bool counted = true);
@@ -244,6 +251,7 @@ class ClusterBackend final : public GenerationBackend {
   std::map<uint64_t, Req> reqs_;
   std::map<std::string, WorkerStatic> statics_;
   uint64_t replaced_ = 0;  // Retry() calls that placed a request again
+  uint64_t last_renew_ms_ = 0;
   std::vector<Fence> fences_;
   // Workers a send failed to, with their registration epoch and heartbeat count then: they
   // are reachable again once either moves.

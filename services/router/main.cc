@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
                  "requests per decode worker prefilled beyond its full batch (-1: maxBatch/4)")
       ->check(CLI::Range(-1, 1 << 20));
   app.add_option("--max-waiting", o.router.max_waiting, "admission queue bound (then 429)");
+  app.add_option("--max-queued-kv", o.router.max_queued_kv,
+                 "waiting requests may need at most this many times the KV the decode workers can hold "
+                 "(then 429)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-tokens-default", o.router.default_max_tokens,
                  "max_tokens when a request gives none");
   app.add_option("--request-timeout-ms", request_timeout_ms, "per-request timeout");

@@ -66,6 +66,10 @@ RouterMetrics::RouterMetrics(std::shared_ptr<prometheus::Registry> registry)
           Make(prometheus::BuildCounter(), "pagedweight_router_backend_requests_replaced_total",
                "Requests placed again on other workers after a worker failure", *registry)
               .Add({})),
+      kv_admission(Make(prometheus::BuildGauge(), "pagedweight_router_kv_admission_blocks",
+                        "KV admission: blocks the decode workers can hold (capacity), of "
+                        "candidates at the workers (committed) and waiting (queued)",
+                        *registry)),
       registry_(std::move(registry)),
       requests_(&Make(prometheus::BuildCounter(), "pagedweight_router_requests_total",
                       "Finished HTTP requests by endpoint and status code", *registry_)),

@@ -15,9 +15,13 @@
 //   kv_cache_usage_perc             gauge: used / (used + free) KV blocks of the live decode
 //                                   workers, 0..1 (computed when /metrics is read)
 //   prompt_tokens_total, generation_tokens_total  counters
-//   rejected_requests_total{reason} counter: 429 (queue_full), 503 (draining, no_workers)
+//   rejected_requests_total{reason} counter: 429 (queue_full, kv_queue_full), 400
+//                                   (kv_capacity_exceeded), 503 (draining, no_workers)
 //   backend_free_kv_blocks / backend_used_kv_blocks / backend_decode_workers gauges
 //   backend_requests_replaced_total counter: requests placed again after a worker failure
+//   kv_admission_blocks{state}      gauges: KV admission (kv_admission.h): capacity (what the
+//                                   decode workers can hold), committed (candidates at the
+//                                   backend), queued (candidates waiting), in KV blocks
 #pragma once
 
 #include <prometheus/counter.h>
@@ -56,6 +60,7 @@ class RouterMetrics {
   prometheus::Gauge& used_kv_blocks;
   prometheus::Gauge& decode_workers;
   prometheus::Counter& requests_replaced;
+  prometheus::Family<prometheus::Gauge>& kv_admission;  // by state
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -54,7 +54,11 @@ const char* FinishReasonName(FinishReason r) {
 
 Router::Router(RouterOptions options, const TextCodec* codec, GenerationBackend* backend,
                std::shared_ptr<RouterMetrics> metrics)
-    : options_(std::move(options)), codec_(codec), backend_(backend), metrics_(std::move(metrics)) {
+    : options_(std::move(options)),
+      codec_(codec),
+      backend_(backend),
+      metrics_(std::move(metrics)),
+      kv_(options_.max_queued_kv) {
   limits_.model_name = options_.model_name;
   limits_.max_tokens_cap = options_.context_length;
   limits_.vocab_size = codec_->vocab_size();
@@ -295,6 +299,40 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
                {{"Retry-After", std::to_string(options_.retry_after_seconds)}});
     return;
   }
+  // Admission by the decode KV every candidate will need by its end (kv_admission.h).
+  const BackendLoad load = backend_->Load();
+  kv_.SetPool(load.kv_capacity_blocks, load.kv_capacity_max_blocks);
+  const int64_t kv_blocks = KvAdmission::BlocksFor(n_prompt, max_tokens, load.kv_block_tokens);
+  switch (kv_.Arrive(api.best_of, kv_blocks)) {
+    case KvAdmission::Verdict::kTooLarge: {
+      metrics_->rejected.Add({{"reason", "kv_capacity_exceeded"}}).Increment();
+      ApiError e;
+      e.message = "this request needs " + std::to_string(kv_blocks) + " KV blocks per sequence (" +
+                  std::to_string(n_prompt) + " prompt tokens + " + std::to_string(max_tokens) +
+                  " max_tokens, " + std::to_string(load.kv_block_tokens) +
+                  " tokens a block); a decode worker holds at most " +
+                  std::to_string(kv_.largest()) + ": lower max_tokens or shorten the prompt";
+      e.param = "max_tokens";
+      e.code = "kv_capacity_exceeded";
+      ReplyError(*exchange, label, e);
+      return;
+    }
+    case KvAdmission::Verdict::kBusy: {
+      metrics_->rejected.Add({{"reason", "kv_queue_full"}}).Increment();
+      ApiError e = ServerError(
+          429,
+          "the server's KV memory is committed: " + std::to_string(kv_.queued()) +
+              " KV blocks of requests already wait (at most " + std::to_string(kv_.queue_bound()) +
+              ") and this one needs " + std::to_string(api.best_of * kv_blocks) + "; retry later",
+          "kv_queue_full");
+      e.type = "rate_limit_error";
+      ReplyError(*exchange, label, e,
+                 {{"Retry-After", std::to_string(options_.retry_after_seconds)}});
+      return;
+    }
+    case KvAdmission::Verdict::kQueue:
+      break;
+  }
 
   auto call = std::make_shared<Call>();
   call->endpoint_label = label;
@@ -371,6 +409,8 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
     r->request.sampling.seed = api.seed.value_or(0) + static_cast<uint64_t>(i);
     r->decoder = codec_->NewDecoder();
     r->stop = StopMatcher(api.stop);
+    r->kv_blocks = kv_blocks;
+    kv_.Queue(kv_blocks);
     call->ids.push_back(r->id);
     if (api.stream) exchange->StreamWrite(StreamRoleChunk(call->ctx, i));
     // Echo without log-probabilities: the prompt text is known now.
@@ -438,13 +478,27 @@ void Router::HandleTokenizer(const HttpRequest& request, HttpExchange& exchange,
 
 void Router::Pump() {
   BackendLoad load = backend_->Load();
-  while (waiting_count_ > 0 && running_ < load.capacity) {
+  kv_.SetPool(load.kv_capacity_blocks, load.kv_capacity_max_blocks);
+  // A decode worker's first heartbeat (its KV capacity) is due within an interval: wait for it.
+  while (waiting_count_ > 0 && running_ < load.capacity && !load.kv_capacity_pending) {
     uint64_t id = waiting_.front();
-    waiting_.pop_front();
     auto it = requests_.find(id);
-    if (it == requests_.end() || it->second->submitted) continue;  // removed while waiting
+    if (it == requests_.end() || it->second->submitted) {  // removed while waiting
+      waiting_.pop_front();
+      continue;
+    }
     InFlight& r = *it->second;
+    if (r.kv_blocks == 0 && load.kv_block_tokens > 0) {  // came while no decode worker was known
+      r.kv_blocks = KvAdmission::BlocksFor(static_cast<int64_t>(r.request.prompt.size()),
+                                           r.request.sampling.max_tokens, load.kv_block_tokens);
+      kv_.Queue(r.kv_blocks);
+    }
+    // In order: the oldest waits until its KV fits beside what runs, and so do the others.
+    if (!kv_.CanStart(r.kv_blocks)) break;
+    waiting_.pop_front();
     --waiting_count_;
+    kv_.Unqueue(r.kv_blocks);
+    kv_.Start(r.kv_blocks);
     metrics_->queue_time.Observe(Seconds(Clock::now() - r.call->admitted));
     r.submitted = true;
     ++running_;
@@ -767,9 +821,11 @@ std::unique_ptr<Router::InFlight> Router::Remove(uint64_t id, bool cancel) {
   requests_.erase(it);
   if (r->submitted) {
     --running_;
+    kv_.End(r->kv_blocks);
     if (cancel) backend_->Cancel(id);
   } else {
     --waiting_count_;
+    kv_.Unqueue(r->kv_blocks);
   }
   UpdateGauges();
   return r;
@@ -797,6 +853,9 @@ void Router::UpdateGauges() {
   metrics_->free_kv_blocks.Set(static_cast<double>(load.free_kv_blocks));
   metrics_->used_kv_blocks.Set(static_cast<double>(load.used_kv_blocks));
   metrics_->decode_workers.Set(load.decode_workers);
+  metrics_->kv_admission.Add({{"state", "capacity"}}).Set(static_cast<double>(load.kv_capacity_blocks));
+  metrics_->kv_admission.Add({{"state", "committed"}}).Set(static_cast<double>(kv_.committed()));
+  metrics_->kv_admission.Add({{"state", "queued"}}).Set(static_cast<double>(kv_.queued()));
   if (load.requests_replaced > replaced_seen_) {
     metrics_->requests_replaced.Increment(
         static_cast<double>(load.requests_replaced - replaced_seen_));

@@ -1,5 +1,6 @@
 // Router: the OpenAI-compatible front end. Parses and validates requests, tokenizes, admits
-// (bounded queue, 429 with Retry-After when full), hands requests to a GenerationBackend,
+// (bounded queue, and by the decode KV a request will need, kv_admission.h; 429 with
+// Retry-After beyond the bounds), hands requests to a GenerationBackend,
 // detokenizes and streams results, applies stop sequences, timeouts, client-disconnect
 // cancellation and drain on shutdown, and keeps the metrics.
 //
@@ -35,6 +36,7 @@
 
 #include "services/router/backend.h"
 #include "services/router/http_server.h"
+#include "services/router/kv_admission.h"
 #include "services/router/metrics.h"
 #include "services/router/openai_api.h"
 #include "services/router/stop_matcher.h"
@@ -47,6 +49,9 @@ struct RouterOptions {
   int64_t context_length = 2048;        // prompt + generated tokens must fit
   int64_t default_max_tokens = 256;     // when the request gives none (capped by context)
   size_t max_waiting = 256;             // admission queue bound; full -> 429
+  // Admission by decode KV (kv_admission.h): waiting candidates may need at most this many
+  // times the KV the decode workers can hold (then 429).
+  double max_queued_kv = 1.0;
   int retry_after_seconds = 1;          // Retry-After of a 429
   std::chrono::milliseconds request_timeout{300000};  // admission -> end; then cancelled
   std::vector<std::string> api_keys;                  // empty: no authentication
@@ -111,6 +116,7 @@ class Router final : public GenerationEvents {
     std::string text;              // non-stream: the choice's text so far
     uint32_t tokens_received = 0;  // output tokens received (index of the next one)
     bool submitted = false;        // at the backend (running) vs waiting
+    int64_t kv_blocks = 0;         // KV blocks it needs by its end (kv_admission.h)
     Clock::time_point last_token;
     // Log-probabilities (when the client asked for them or best_of needs them).
     std::vector<LogprobEntry> logprobs;  // non-stream: all; stream: not yet sent
@@ -161,6 +167,7 @@ class Router final : public GenerationEvents {
   std::shared_ptr<RouterMetrics> metrics_;
   HttpServer* server_ = nullptr;
   ApiLimits limits_;
+  KvAdmission kv_;  // committed and queued KV of the candidates (io thread)
   std::unordered_map<uint64_t, std::unique_ptr<InFlight>> requests_;  // candidates
   std::deque<uint64_t> waiting_;  // ids in admission order (may hold ids already removed)
   size_t waiting_count_ = 0;

@@ -63,6 +63,7 @@ PeerLoad LoadFrom(wire::Heartbeat::Reader hb) {
   l.waiting_requests = hb.getWaitingRequests();
   l.queued_prompt_tokens = hb.getQueuedPromptTokens();
   l.draining = hb.getDraining();
+  l.kv_capacity_blocks = hb.getKvCapacityBlocks();
   return l;
 }
 

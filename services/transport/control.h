@@ -54,6 +54,7 @@ struct PeerLoad {
   uint32_t waiting_requests = 0;
   uint64_t queued_prompt_tokens = 0;
   bool draining = false;
+  uint32_t kv_capacity_blocks = 0;  // decode: KV blocks the pool can hold at most (0: not said)
 };
 
 // Counters of frames refused or lost (exported as metrics by the owner).

@@ -41,6 +41,28 @@ TEST(KvLeaseTable, ExpiresTakesAndCancels) {
   EXPECT_EQ(t.reserved_blocks(), 0u);
 }
 
+TEST(KvLeaseTable, RenewMovesTheExpiryOfItsRequestsLiveLeaseOnly) {
+  transport::ManualClock clock(1000);
+  KvLeaseTable t(&clock);
+  uint64_t a = t.Add(/*request=*/7, {1, 2}, /*lease_ms=*/300);
+  uint64_t b = t.Add(8, {3}, 300);
+  clock.Advance(200);
+  EXPECT_TRUE(t.Renew(a, 7, 300));      // now expires at 1500
+  EXPECT_FALSE(t.Renew(b, 7, 300));     // another request's lease
+  EXPECT_FALSE(t.Renew(12345, 8, 300)); // no such lease
+  EXPECT_TRUE(t.Renew(b, 8, 50));       // never earlier than it was
+  clock.Advance(100);                   // 1300: b's own time is up, a's renewed one is not
+  auto expired = t.TakeExpired();
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0].lease_id, b);
+  EXPECT_FALSE(t.Renew(b, 8, 300));     // ended: nothing to renew
+  clock.Advance(199);
+  EXPECT_TRUE(t.TakeExpired().empty());
+  clock.Advance(1);
+  ASSERT_EQ(t.TakeExpired().size(), 1u);
+  EXPECT_EQ(t.size(), 0u);
+}
+
 class ManifestTest : public ::testing::Test {
  protected:
   void SetUp() override {

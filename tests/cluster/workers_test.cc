@@ -488,6 +488,16 @@ class StepRouter {
     k.setLeaseMs(lease_ms);
     ASSERT_TRUE(server->Send("decode-0", m).ok());
   }
+  // Renews request `id`'s lease for `lease_ms` more (KvRenew), as the router does while the
+  // request waits for its prefill.
+  void Renew(uint64_t id, uint32_t lease_ms) {
+    proto::OutMessage m;
+    auto k = m.body().initKvRenew();
+    k.setLeaseMs(lease_ms);
+    k.initRequestIds(1).set(0, id);
+    k.initLeaseIds(1).set(0, seen[id].lease);
+    ASSERT_TRUE(server->Send("decode-0", m).ok());
+  }
   void Prefill(const std::string& prefill, uint64_t id, const std::vector<int32_t>& prompt,
                int max_tokens) {
     const Seen& s = seen[id];
@@ -785,6 +795,61 @@ TEST(Workers, DecodeWorkerRefusesTheRequestsOwnSamplingValuesAsAnInvalidRequest)
   }, 30000);
   EXPECT_TRUE(all_free) << logs();
   EXPECT_TRUE(decode.running() && prefill.running()) << logs();
+}
+
+// A request queued behind a prefill worker longer than its lease (here: the worker is stopped)
+// keeps its blocks while the router renews the lease (KvRenew): once prefilled it decodes the
+// engine's tokens. A lease reserved later and not renewed expires meanwhile, so the renewed one
+// outlived its own lease time.
+TEST(Workers, RenewedLeaseOutlivesItsTimeWhileItsPrefillWaits) {
+  StepRouter r;
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = "RenewedLease";
+  for (const char* who : {".decode.log", ".prefill.log"}) unlink((log_dir + "/" + tag + who).c_str());
+  const std::string beat = std::to_string(StepRouter::kBeatMs);
+  testing::ChildProcess decode, prefill;
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                            "--id", "decode-0", "--kv-blocks", "32", "--heartbeat-ms", beat},
+                           log_dir + "/" + tag + ".decode.log"));
+  ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", r.endpoint,
+                             "--id", "prefill-0", "--heartbeat-ms", beat},
+                            log_dir + "/" + tag + ".prefill.log"));
+  auto logs = [&] { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log(); };
+  ASSERT_TRUE(r.Until([&] { return r.server->FindPeer("decode-0") && r.server->FindPeer("prefill-0"); },
+                      120000))
+      << logs();
+  auto prompts = RandomPrompts(1, 4242, 40, 40);
+  const int kMax = 12;
+  auto ref = Reference({prompts[0]}, kMax);
+  const uint64_t kA = 1, kB = 2;
+  constexpr uint32_t kLeaseMs = 300;
+  prefill.Kill(SIGSTOP);  // A waits behind it
+  r.Reserve(kA, prompts[0].size(), kLeaseMs);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kA].reserved; }, 30000)) << logs();
+  r.Prefill("prefill-0", kA, prompts[0], kMax);
+  r.Reserve(kB, 16, kLeaseMs);  // never renewed
+  ASSERT_TRUE(r.Until([&] { return r.seen[kB].reserved; }, 30000)) << logs();
+  // Renew A every third of its lease until B, reserved after it, has expired.
+  const auto b_expired = [&] { return decode.Log().find("of request 2 expired") != std::string::npos; };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!b_expired() && std::chrono::steady_clock::now() < deadline) {
+    r.Renew(kA, kLeaseMs);
+    r.Poll(kLeaseMs / 3);
+  }
+  ASSERT_TRUE(b_expired()) << logs();
+  EXPECT_EQ(decode.Log().find("of request 1 expired"), std::string::npos) << logs();
+  // The prefill worker resumes: A's KV arrives in its still-leased blocks and decodes.
+  prefill.Kill(SIGCONT);
+  ASSERT_TRUE(r.Until([&] {
+    if (!r.seen[kA].kv_ready) r.Renew(kA, kLeaseMs);
+    return r.seen[kA].kv_ready;
+  }, 60000)) << logs();
+  ASSERT_TRUE(r.seen[kA].kv_ready_ok) << logs();
+  r.StartDecode(kA, prompts[0], kMax);
+  ASSERT_TRUE(r.Until([&] { return r.seen[kA].finished; }, 60000)) << logs();
+  EXPECT_EQ(r.seen[kA].reason, wire::FinishReason::LENGTH) << r.seen[kA].error;
+  EXPECT_EQ(r.seen[kA].out, ref[0]);
 }
 
 // A decode worker whose broker is not there waits for its expert weights; SIGTERM in that wait
@@ -1104,6 +1169,82 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
 // A broker serving an .apw store registers the store's memory with UCX; on SIGTERM it must
 // give the registration back before the UCX context goes (UCX aborts on a region still
 // registered at cleanup), so the process exits 0 after logging that it stopped.
+// Loading every expert block from the broker's store at 8 bits takes many heartbeat
+// intervals before the decode worker's loop runs: it beats to the broker meanwhile, so the
+// broker never declares it dead and it never has to register again.
+TEST(Workers, ADecodeWorkerLoadingItsExpertsKeepsBeatingToTheBroker) {
+  const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";
+  if (!std::filesystem::exists(model + "/model.safetensors")) GTEST_SKIP() << "no weights in " << model;
+  if (!std::filesystem::exists(store)) GTEST_SKIP() << "no store " << store << " (built by the Release build)";
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = log_dir + "/LoadingKeepsBeating";
+  for (const char* who : {".broker.log", ".decode.log"}) unlink((tag + who).c_str());
+  StepRouter r;
+  const std::string beat = "100";  // dead after 300 ms of silence
+  const std::string broker_ep = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  testing::ChildProcess broker, decode;
+  ASSERT_TRUE(broker.Start({Bin("pw-broker"), "--insecure", "--model", model, "--store", store, "--bind",
+                            broker_ep, "--heartbeat-ms", beat, "--initial-bits", "8"},
+                           tag + ".broker.log"));
+  ASSERT_TRUE(decode.Start({Bin("pw-decode"), "--insecure", "--model", model, "--router", r.endpoint, "--broker",
+                            broker_ep, "--id", "decode-0", "--kv-blocks", "64", "--heartbeat-ms", beat},
+                           tag + ".decode.log"));
+  auto logs = [&] { return "broker:\n" + broker.Log() + "\ndecode:\n" + decode.Log(); };
+  // The decode worker registers with the router once its experts are loaded.
+  ASSERT_TRUE(r.Until([&] { return r.server->FindPeer("decode-0") != nullptr; }, 120000)) << logs();
+  ASSERT_NE(decode.Log().find("expert blocks at 8 bits"), std::string::npos) << logs();
+  EXPECT_EQ(broker.Log().find("declared dead"), std::string::npos) << logs();
+  EXPECT_EQ(decode.Log().find("registering again"), std::string::npos) << logs();
+  decode.Kill(SIGTERM);
+  EXPECT_EQ(decode.Wait(30000), 0) << logs();
+  broker.Kill(SIGTERM);
+  EXPECT_EQ(broker.Wait(30000), 0) << logs();
+}
+
+// A decode worker's heartbeat says how many KV blocks its pool could hold (the router admits
+// against it): with a 26 MiB pool of 4 KiB pages and every expert at 8 bits, 512 pages (128
+// blocks of 4 layers) are free; told the planner's floors, it counts what lowering to them
+// would free too, up to the engine's 1664 blocks.
+TEST(Workers, ADecodeWorkerReportsTheKvItsPoolCouldHoldAfterALowering) {
+  const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";
+  if (!std::filesystem::exists(model + "/model.safetensors")) GTEST_SKIP() << "no weights in " << model;
+  if (!std::filesystem::exists(store)) GTEST_SKIP() << "no store " << store << " (built by the Release build)";
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  const std::string tag = log_dir + "/KvCapacity";
+  for (const char* who : {".broker.log", ".fixed.log", ".lowering.log"}) unlink((tag + who).c_str());
+  StepRouter r;
+  const std::string broker_ep = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  testing::ChildProcess broker, fixed, lowering;
+  ASSERT_TRUE(broker.Start({Bin("pw-broker"), "--insecure", "--model", model, "--store", store, "--bind",
+                            broker_ep, "--initial-bits", "8"},
+                           tag + ".broker.log"));
+  const std::vector<std::string> decode = {Bin("pw-decode"), "--insecure", "--model", model, "--router",
+                                           r.endpoint, "--broker", broker_ep, "--pool-bytes",
+                                           std::to_string(26 << 20), "--page-bytes", "4096"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = decode;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  ASSERT_TRUE(fixed.Start(with({"--id", "decode-fixed"}), tag + ".fixed.log"));
+  ASSERT_TRUE(lowering.Start(with({"--id", "decode-lowering", "--planner-min-bits", "3"}), tag + ".lowering.log"));
+  auto logs = [&] { return "fixed:\n" + fixed.Log() + "\nlowering:\n" + lowering.Log(); };
+  auto capacity = [&](const char* id) -> int64_t {
+    const auto* p = r.server->FindPeer(id);
+    return p != nullptr && p->heartbeats > 0 ? static_cast<int64_t>(p->load.kv_capacity_blocks) : int64_t{-1};
+  };
+  ASSERT_TRUE(r.Until([&] { return capacity("decode-fixed") >= 0 && capacity("decode-lowering") >= 0; }, 120000))
+      << logs();
+  EXPECT_EQ(capacity("decode-fixed"), 128) << logs();
+  EXPECT_GT(capacity("decode-lowering"), 128) << logs();
+  EXPECT_LE(capacity("decode-lowering"), 1664) << logs();
+  for (auto* p : {&fixed, &lowering, &broker}) p->Kill(SIGTERM);
+}
+
 TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
   const std::string model = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
   const std::string store = std::string(PW_BINARY_DIR) + "/tiny-moe.apw";

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <ostream>
 #include <limits>
 #include <random>
 #include <string>
@@ -406,6 +407,9 @@ std::vector<OpCase> AllCases() {
   }
   return out;
 }
+
+// gtest prints a parameter in the test's listing: the case's name, not its bytes.
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
 class OpBackend : public ::testing::TestWithParam<OpCase> {};
 

@@ -124,6 +124,7 @@ class ProtocolTestWorker {
       h.setUsedKvBlocks(total_blocks_ - free_blocks_);
       h.setReservedKvBlocks(QuarantinedBlocksLocked());
       h.setRunningRequests(static_cast<uint32_t>(running_.size()));
+      h.setKvCapacityBlocks(total_blocks_);
     };
     // A prefill worker that loses the router drops all its work (it registers again).
     client_->on_server_lost = [this] {
@@ -229,6 +230,20 @@ class ProtocolTestWorker {
     auto it = kv_ready_sent_at_.find(id);
     if (it == kv_ready_sent_at_.end()) return std::nullopt;
     return it->second;
+  }
+  // The live lease of request `id` (0: none).
+  uint64_t lease_of(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [lease, l] : leases_) {
+      if (l.request_id == id) return lease;
+    }
+    return 0;
+  }
+  // KvRenews that named live lease `lease` of its request.
+  int renewals(uint64_t lease) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = renewals_.find(lease);
+    return it == renewals_.end() ? 0 : it->second;
   }
   // Leases granted, in order.
   std::vector<uint64_t> granted() {
@@ -397,6 +412,14 @@ class ProtocolTestWorker {
           for (uint32_t i = 0; i < need; ++i) ids.set(i, i);
         }
         return client_->Send(out);
+      }
+      case proto::Body::KV_RENEW: {
+        auto r = body.getKvRenew();
+        for (unsigned i = 0; i < std::min(r.getRequestIds().size(), r.getLeaseIds().size()); ++i) {
+          auto it = leases_.find(r.getLeaseIds()[i]);
+          if (it != leases_.end() && it->second.request_id == r.getRequestIds()[i]) ++renewals_[it->first];
+        }
+        return Status::Ok();
       }
       case proto::Body::PREFILL_REQUEST: {
         ++stats_.prefills;
@@ -573,6 +596,7 @@ class ProtocolTestWorker {
   std::map<uint64_t, Lease> leases_;      // live leases (not started)
   std::map<uint64_t, Lease> quarantine_;  // ended before StartDecode; freed by writerDone
   std::map<uint64_t, Running> running_;   // by request
+  std::map<uint64_t, int> renewals_;  // lease -> KvRenews naming it
   std::vector<uint64_t> granted_;
   std::vector<std::pair<uint64_t, std::pair<uint64_t, uint32_t>>> held_replies_;
   std::vector<Kept> stash_;
@@ -960,6 +984,27 @@ TEST_F(ClusterBackendTest, CancelOfAPrefilledRequestWaitingForASlotFreesItsBlock
   EXPECT_TRUE(WaitAllFree(d, 1024));  // its lease came back (writer done), none quarantined
 }
 
+// A prefilled request waiting for a decode slot (prefill ahead) keeps its lease renewed until
+// its StartDecode.
+TEST_F(ClusterBackendTest, LeaseOfAPrefilledRequestWaitingForASlotIsRenewed) {
+  ClusterBackendOptions o = BaseOptions();
+  o.lease_ms = 300;
+  Restart(o);
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE, 1024);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  for (uint64_t id = 1; id <= 17; ++id) ASSERT_TRUE(backend_->Submit(Request(id, 600)).ok());
+  // Request 17 has its first token and waits: the batch is full with 1..16 (1.8 s of decode).
+  ASSERT_TRUE(WaitFor([&] { return !events_.tokens(17).empty() && d->running() == 16; }));
+  const uint64_t lease = d->lease_of(17);
+  ASSERT_NE(lease, 0u);
+  ASSERT_TRUE(WaitFor([&] { return d->renewals(lease) >= 2 || events_.tokens(17).size() > 1; }));
+  EXPECT_EQ(events_.tokens(17).size(), 1u) << "started before the test saw its lease renewed";
+  EXPECT_GE(d->renewals(lease), 2);
+  for (uint64_t id = 1; id <= 17; ++id) backend_->Cancel(id);
+  EXPECT_TRUE(WaitAllFree(d, 1024));
+}
+
 TEST_F(ClusterBackendTest, NoPrefillAheadMeansCapacityIsMaxBatch) {
   ClusterBackendOptions o = BaseOptions();
   o.prefill_ahead = 0;
@@ -1180,6 +1225,40 @@ TEST_F(ClusterBackendTest, UnansweredPrefillIsPlacedAgainElsewhere) {
   // The stalled worker handled the Cancel: its lease comes back cancel_grace_ms later.
   EXPECT_TRUE(WaitAllFree(d));
   EXPECT_EQ(d->free_blocks(), 64u);
+}
+
+// A request queued behind a long prefill keeps its lease: the router renews it (KvRenew) every
+// third of lease_ms until StartDecode, then the request completes. The decode worker's KV
+// capacity (heartbeat) reaches the router's load for admission.
+TEST_F(ClusterBackendTest, LeaseOfARequestQueuedBehindPrefillIsRenewed) {
+  ClusterBackendOptions o = BaseOptions();
+  o.lease_ms = 300;
+  Restart(o);
+  auto* p = AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  for (int i = 0; i < 400 && backend_->Load().kv_capacity_blocks == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(backend_->Load().kv_capacity_blocks, 64);
+  EXPECT_EQ(backend_->Load().kv_capacity_max_blocks, 64);
+  EXPECT_EQ(backend_->Load().kv_block_tokens, 16);
+  p->SetStall(true);  // the prefill is queued: no KvReady until flushed
+  ASSERT_TRUE(backend_->Submit(Request(1, 6)).ok());
+  for (int i = 0; i < 400 && p->stalled() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(p->stalled(), 1u);
+  ASSERT_EQ(d->granted().size(), 1u);
+  const uint64_t lease = d->granted()[0];
+  // Renewed again and again, past several lease times.
+  for (int i = 0; i < 1000 && d->renewals(lease) < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(d->renewals(lease), 4);
+  p->FlushStalled();
+  ASSERT_NO_FATAL_FAILURE(ExpectCompleted(1, 6, 10000));
+  EXPECT_EQ(d->granted().size(), 1u);  // never placed again
 }
 
 TEST_F(ClusterBackendTest, RefusedReservationIsRetried) {

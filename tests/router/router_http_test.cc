@@ -728,6 +728,53 @@ TEST_F(RouterHttpTest, FullQueueGets429WithRetryAfter) {
   EXPECT_EQ(rb->status, 200);
 }
 
+// Admission by decode KV (kv_admission.h): 6 blocks of 4 tokens; a 4-token prompt with
+// max_tokens 12 needs 4 of them by its end.
+TEST_F(RouterHttpTest, KvAdmissionWaitsForTheKvAnd429sBeyondTheQueueBound) {
+  Teardown();
+  RouterOptions ro;
+  ro.max_queued_kv = 1.0;  // at most 6 blocks may wait
+  Build(ro, HttpServerOptions{});
+  backend_->SetKv(6, 4);
+  backend_->SetPaused(true);
+  const std::string req = PostRequest(
+      "/v1/completions", R"({"model":"tiny-moe","prompt":[1,2,3,4],"max_tokens":12})");
+  TestConnection a(server_->port()), b(server_->port());
+  ASSERT_TRUE(a.Send(req));
+  ASSERT_TRUE(WaitFor([&] { return backend_->submitted().size() == 1; }));
+  // 4 committed + 4 > 6: the second waits at the router, not at the backend.
+  ASSERT_TRUE(b.Send(req));
+  ASSERT_TRUE(WaitFor([&] { return router_in_flight() == 2; }));
+  EXPECT_EQ(backend_->submitted().size(), 1u);
+  // 4 waiting + 4 > 6: the third is turned away, with when to come back.
+  auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":[1,2,3,4],"max_tokens":12})");
+  json j = ExpectError(r, 429);
+  EXPECT_EQ(j["error"]["code"], "kv_queue_full");
+  EXPECT_EQ(j["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(r.headers["retry-after"], "1");
+  // n = 2 counts both candidates: 4 waiting + 2 * 3 > 6.
+  r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":[1,2,3,4],"max_tokens":8,"n":2})");
+  EXPECT_EQ(ExpectError(r, 429)["error"]["code"], "kv_queue_full");
+  // One sequence needing more than a worker holds can never run: a clear 400, not a 429.
+  r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":[1,2,3,4],"max_tokens":21})");
+  j = ExpectError(r, 400);
+  EXPECT_EQ(j["error"]["code"], "kv_capacity_exceeded");
+  EXPECT_EQ(j["error"]["param"], "max_tokens");
+  EXPECT_EQ(backend_->submitted().size(), 1u);
+  // The first ends, its KV comes back: the second runs; both complete.
+  backend_->SetPaused(false);
+  auto ra = a.Read(), rb = b.Read();
+  ASSERT_TRUE(ra && rb);
+  EXPECT_EQ(ra->status, 200);
+  EXPECT_EQ(rb->status, 200);
+  EXPECT_EQ(backend_->submitted().size(), 2u);
+  // Nothing waits now: a call bigger than the queue bound (2 * 4 > 6), each of its candidates
+  // fitting a worker, is queued and runs its candidates as KV frees, never refused forever.
+  r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":[1,2,3,4],"max_tokens":12,"n":2})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  ExpectHealthy();
+}
+
 TEST_F(RouterHttpTest, ClientDisconnectCancelsTheRequest) {
   backend_->SetPaused(true);
   {

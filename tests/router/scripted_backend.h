@@ -65,6 +65,8 @@ class ScriptedTestBackend final : public GenerationBackend {
     l.capacity = capacity_;
     l.decode_workers = capacity_ > 0 ? 1 : 0;
     l.prefill_workers = capacity_ > 0 ? 1 : 0;
+    l.kv_capacity_blocks = l.kv_capacity_max_blocks = kv_capacity_;
+    l.kv_block_tokens = kv_block_tokens_;
     return l;
   }
 
@@ -72,6 +74,12 @@ class ScriptedTestBackend final : public GenerationBackend {
   void SetCapacity(int32_t c) {
     std::lock_guard<std::mutex> lock(mu_);
     capacity_ = c;
+  }
+  // The decode KV the backend reports (kv_admission.h); 0: none, admission by count only.
+  void SetKv(int64_t capacity_blocks, int32_t block_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_capacity_ = capacity_blocks;
+    kv_block_tokens_ = block_tokens;
   }
   // While paused no tokens are produced.
   void SetPaused(bool p) {
@@ -145,6 +153,8 @@ class ScriptedTestBackend final : public GenerationBackend {
   std::vector<GenerationRequest> submitted_;
   std::set<uint64_t> cancelled_;
   int32_t capacity_ = 64;
+  int64_t kv_capacity_ = 0;
+  int32_t kv_block_tokens_ = 0;
   bool paused_ = false;
   bool fail_submits_ = false;
   bool stop_ = false;

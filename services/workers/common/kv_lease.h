@@ -3,9 +3,13 @@
 // A lease holds block ids from the decode worker's pool between KvReserve and StartDecode. It
 // ends in exactly one of three ways: taken by StartDecode (blocks go to the engine), cancelled
 // (blocks freed), or expired at `expires_ms` (blocks freed), so an abandoned request never
-// strands blocks (DESIGN.md section 2, lessons). The table only tracks ids; the owner frees.
+// strands blocks (DESIGN.md section 2, lessons). While its request is on its way (queued behind
+// other prompts at the prefill worker, or prefilled and waiting for a decode slot) the router
+// renews it (KvRenew), so only a lease the router forgot runs out. The table only tracks ids;
+// the owner frees.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -46,6 +50,14 @@ class KvLeaseTable {
     auto it = leases_.find(lease_id);
     if (it == leases_.end() || it->second.request_id != request_id) return std::nullopt;
     return Erase(it);
+  }
+  // Lease `lease_id` of `request_id` now expires no sooner than `lease_ms` from now; false when
+  // there is no such lease (taken, ended, or another request's).
+  bool Renew(uint64_t lease_id, uint64_t request_id, uint64_t lease_ms) {
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end() || it->second.request_id != request_id) return false;
+    it->second.expires_ms = std::max(it->second.expires_ms, clock_->NowMs() + lease_ms);
+    return true;
   }
   // Removes and returns every lease of `request_id`.
   std::vector<KvLease> TakeByRequest(uint64_t request_id) {

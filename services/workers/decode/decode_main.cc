@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
                  "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")
       ->check(CLI::Range(0, 20000));
   app.add_option("--planner-min-bits", o.lower_floors.min_bits,
-                 "the broker planner's lowest width: a reservation is held only if lowering to it makes room")
+                 "the broker planner's lowest width: a reservation is held only if lowering to it makes room; "
+                 "given (with the other --planner-* floors), the KV capacity the router admits against counts "
+                 "what lowering to them frees")
       ->check(CLI::Range(pw::anyprec::kMinBits, pw::anyprec::kMaxBits));
   app.add_option("--planner-max-bits", o.lower_floors.max_bits, "the broker planner's highest width")
       ->check(CLI::Range(pw::anyprec::kMinBits, pw::anyprec::kMaxBits));
@@ -81,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--control-keys", security.control_keys, pw::transport::kControlKeysHelp);
   app.add_flag("--insecure", security.insecure, pw::transport::kInsecureHelp);
   CLI11_PARSE(app, argc, argv);
+  // Told the planner's floors (pw-cluster passes them when the broker runs the planner): the KV
+  // capacity the router admits against counts what lowering to them frees.
+  o.planner_lowers = app.count("--planner-min-bits") + app.count("--planner-max-bits") +
+                         app.count("--planner-min-mean-bits") > 0;
   o.kv_dtype = kv_dtype == "fp32" ? pw::engine::KvDtype::kF32 : pw::engine::KvDtype::kBf16;
   o.weight_bytes_per_s = rate_mb_s << 20;
   o.weight_pacing = *pw::workers::ParseMoverPacing(pacing);  // checked by CLI11

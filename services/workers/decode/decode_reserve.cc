@@ -20,6 +20,27 @@ KvDemand DecodeWorker::Demand() const {
   return d;
 }
 
+void DecodeWorker::UpdateLowerablePages() {
+  lowerable_pages_ = options_.planner_lowers && weights_->paged()
+                         ? ReserveWait::LowerablePages(weights_->paged()->table(), options_.lower_floors)
+                         : 0;
+}
+
+uint32_t DecodeWorker::KvCapacityBlocks() const {
+  const auto& kv = engine_->kv_pool();
+  const int64_t pages = pool_->Count(memory::Tenant::kKv) + pool_->Count(memory::Tenant::kFree) + lowerable_pages_;
+  return static_cast<uint32_t>(std::min<int64_t>(kv.num_blocks(), pages / std::max(1, kv.layout().num_layers)));
+}
+
+void DecodeWorker::OnRenew(wire::KvRenew::Reader r) {
+  const auto requests = r.getRequestIds();
+  const auto leases = r.getLeaseIds();
+  const uint64_t lease_ms = std::min<uint64_t>(r.getLeaseMs() == 0 ? 30000 : r.getLeaseMs(), options_.max_lease_ms);
+  for (unsigned i = 0; i < std::min(requests.size(), leases.size()); ++i) {
+    (void)leases_.Renew(leases[i], requests[i], lease_ms);  // one ended meanwhile: nothing to renew
+  }
+}
+
 void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
   HeldReserve h{r.getRequestId(), r.getNumTokens(), r.getMaxTokens(), r.getLeaseMs(), clock_->NowMs(), 0};
   if (draining_) return AnswerReserve(h, "decode worker " + options_.id + " is draining");

@@ -134,7 +134,10 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
       PW_LOG(INFO) << options_.worker_id << ": residency budget of " << residency_->capacity()
                    << " experts per layer, " << misses::DescribeMissConfig(residency_->policy().config());
     } else {
-      PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.timeout_ms)
+      // Seconds of transfers: keep beating to the broker meanwhile (its 3 silent heartbeats
+      // would declare this worker dead while it loads).
+      auto beat = [this] { (void)broker_->HeartbeatIfDue(broker_->fill_heartbeat); };
+      PW_RETURN_IF_ERROR(paged_->LoadAll(bits, options_.timeout_ms, beat)
                              .WithContext("loading experts at " + std::to_string(bits) + " bits"));
     }
     bytes_loaded_ = paged_->stats().bytes_raised;

@@ -163,6 +163,7 @@ Status DecodeWorker::Setup() {
     weights_->AddHooks(&hooks);  // the provider; with a residency budget its policy after LYNX
     engine_->SetMoeHooks(hooks);
   }
+  UpdateLowerablePages();
 
   PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
   router_->on_server_lost = [this] {
@@ -219,6 +220,7 @@ void DecodeWorker::WeightsBoundary() {
   const uint64_t now = clock_->NowMs();
   if (now - last_telemetry_ms_ >= std::min<uint64_t>(options_.heartbeat_ms, 200)) {
     last_telemetry_ms_ = now;
+    UpdateLowerablePages();
     weights_->ExportMetrics();
     if (trace_metrics_) trace_metrics_->Export(*trace_);
     SendTelemetry();
@@ -255,6 +257,7 @@ DecodeWorker::LoadSnapshot DecodeWorker::TakeLoad() const {
   l.reserved_kv_blocks = static_cast<uint32_t>(leases_.reserved_blocks() + quarantined_blocks());
   l.running = static_cast<uint32_t>(running_.size());
   l.waiting = static_cast<uint32_t>(leases_.size());
+  l.kv_capacity_blocks = KvCapacityBlocks();
   l.draining = draining_;
   return l;
 }
@@ -265,6 +268,7 @@ void DecodeWorker::FillHeartbeat(const LoadSnapshot& load, wire::Heartbeat::Buil
   h.setReservedKvBlocks(load.reserved_kv_blocks);
   h.setRunningRequests(load.running);
   h.setWaitingRequests(load.waiting);
+  h.setKvCapacityBlocks(load.kv_capacity_blocks);
   h.setDraining(load.draining);
 }
 
@@ -365,6 +369,7 @@ Status DecodeWorker::HandleRouter(const proto::InMessage& m) {
   switch (m.which()) {
     case proto::Body::KV_RESERVE: OnReserve(m.body().getKvReserve()); break;
     case proto::Body::START_DECODE: OnStartDecode(m.body().getStartDecode()); break;
+    case proto::Body::KV_RENEW: OnRenew(m.body().getKvRenew()); break;
     case proto::Body::CANCEL: OnCancel(m.body().getCancel()); break;
     case proto::Body::DRAIN:
       PW_LOG(INFO) << options_.id << ": drain requested by the router";

@@ -125,6 +125,9 @@ struct DecodeWorkerOptions {
   // The broker planner's floors: a reservation is held only when the pages lowering to them
   // frees would make it fit (ReserveWait::LowerablePages).
   LowerFloors lower_floors;
+  // The broker runs the planner (pw-decode was told its floors): the KV capacity reported in
+  // heartbeats counts the pages lowering to lower_floors would free.
+  bool planner_lowers = false;
   // KV demand horizon (kv_demand.h): requests count the growth of their next this many tokens
   // only, in kvDemandPages, the pages raises leave free and the reservations' fit; 0 = their
   // whole growth to max_tokens.
@@ -183,6 +186,15 @@ class DecodeWorker {
   void AnswerHeldReserves();
   // The KV the requests here will still need (kv_demand.h).
   KvDemand Demand() const;
+  // The most KV blocks the pool can hold at once: those held now, the free pages and, with the
+  // planner on, the pages lowering expert widths to its floors frees (Heartbeat.kvCapacityBlocks,
+  // which the router's admission counts against).
+  uint32_t KvCapacityBlocks() const;
+  // Recomputes lowerable_pages_ (after the weights load, then with every Telemetry): widths
+  // change only at iteration boundaries, and heartbeats and steps read it often.
+  void UpdateLowerablePages();
+  // Renews the named leases whose requests the router still has on their way (KvRenew).
+  void OnRenew(wire::KvRenew::Reader r);
   void OnStartDecode(wire::StartDecode::Reader r);
   void OnCancel(wire::Cancel::Reader r);
   // Runs one engine step with `control` (a lock on control_mu_) released, so the keepalive
@@ -206,6 +218,7 @@ class DecodeWorker {
   struct LoadSnapshot {
     uint32_t free_kv_blocks = 0, used_kv_blocks = 0, reserved_kv_blocks = 0;
     uint32_t running = 0, waiting = 0;
+    uint32_t kv_capacity_blocks = 0;
     bool draining = false;
   };
   void FillRegister(wire::Register::Builder r);
@@ -236,6 +249,7 @@ class DecodeWorker {
   std::unique_ptr<RoutingStats> routing_;  // the engine's recorder: routing mass for Telemetry
   std::unique_ptr<PromptFeatures> prompt_features_;  // admitted prompts' routing, for Telemetry
   ReserveWait reserve_wait_;
+  int64_t lowerable_pages_ = 0;  // ReserveWait::LowerablePages with the planner on, else 0
   RequestBoundary request_boundary_;
   KvLeaseTable leases_;
   std::map<uint64_t, Quarantined> quarantine_;  // by lease id

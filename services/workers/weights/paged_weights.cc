@@ -387,7 +387,7 @@ int PagedWeights::pending() const {
 
 void PagedWeights::CancelTransfers(const std::string& why) { mover_->Cancel(why); }
 
-Status PagedWeights::LoadAll(int bits, int timeout_ms) {
+Status PagedWeights::LoadAll(int bits, int timeout_ms, const std::function<void()>& while_waiting) {
   std::vector<std::pair<size_t, int>> all;
   for (int i = 0; i < table_->num_blocks(); ++i) all.emplace_back(static_cast<size_t>(i), bits);
   PW_RETURN_IF_ERROR(SetDesired(all));
@@ -404,6 +404,7 @@ Status PagedWeights::LoadAll(int bits, int timeout_ms) {
     if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(timeout_ms)) {
       return DeadlineExceeded("loading experts: not done after " + std::to_string(timeout_ms) + " ms");
     }
+    if (while_waiting) while_waiting();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return Status::Ok();

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -104,8 +105,10 @@ class PagedWeights {
   // changes nothing.
   Status SetDesired(const std::vector<std::pair<size_t, int>>& changes);
   // Every block to `bits`, synchronously (start-up): returns when all are committed, or the
-  // first error (a block that does not fit the pool is an error here).
-  Status LoadAll(int bits, int timeout_ms);
+  // first error (a block that does not fit the pool is an error here). `while_waiting` runs
+  // between polls (the caller's heartbeats: loading takes seconds, its peers must not think
+  // it dead meanwhile).
+  Status LoadAll(int bits, int timeout_ms, const std::function<void()>& while_waiting = {});
   // The iteration boundary: commits finished transitions, starts new ones, leaving at least
   // `reserve_pages` pages free for KV (raises never take what running requests will need;
   // a lowering's new LUT may, since its commit frees more than it took).
