@@ -1,5 +1,5 @@
 // The one check of a request's sampling values, made in the arithmetic of the sampler that
-// uses them (engine/sampler.h).
+// uses them (engine/sampler/sampler.h).
 //
 // The router reads a request's numbers as doubles; the control plane carries them as float32
 // (services/proto/cluster.capnp, SamplingParams) and the sampler computes in float32. A range

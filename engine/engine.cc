@@ -4,36 +4,10 @@
 #include <string>
 
 #include "engine/models/model.h"
-#include "engine/runner.h"
+#include "engine/runner/cpu_runner.h"
+#include "engine/scheduler/scheduler.h"
 
 namespace pw::engine {
-
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-  }
-  return "unknown";
-}
-
-struct Engine::Sequence {
-  SeqId id = 0;
-  std::vector<int32_t> tokens;  // prompt + generated
-  int num_prompt = 0;
-  int num_generated = 0;
-  int num_cached = 0;           // tokens whose KV is in `blocks`
-  std::vector<int32_t> blocks;  // block table
-  SamplingParams params;
-  FinishReason pending_finish = FinishReason::kNone;  // finished on arrival (prefilled add)
-
-  bool decoding() const {
-    return num_generated > 0 && static_cast<size_t>(num_cached) + 1 == tokens.size();
-  }
-};
 
 namespace {
 constexpr SeqId kEvalSeqId = ~SeqId{0};
@@ -51,8 +25,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
         "and max_context >= 0");
   }
   std::unique_ptr<Engine> e(new Engine(options));
-  PW_ASSIGN_OR_RETURN(e->model_,
-                      Model::Load(model_dir, options.copy_weights ? FileLoad::kCopy : FileLoad::kMap));
+  PW_ASSIGN_OR_RETURN(
+      e->model_, Model::Load(model_dir, options.copy_weights ? FileLoad::kCopy : FileLoad::kMap));
   if (options.dense_int8) PW_RETURN_IF_ERROR(e->model_->QuantizeDenseInt8());
   const ModelConfig& c = e->model_->config();
   if (e->options_.max_context == 0) {
@@ -65,18 +39,36 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   layout.head_dim = static_cast<int>(c.head_dim);
   layout.block_size = options.block_size;
   layout.dtype = options.kv_dtype;
+  std::unique_ptr<KvBlockPool> blocks;
   if (options.kv_pages != nullptr) {
-    PW_ASSIGN_OR_RETURN(e->pool_, KvBlockPool::CreateOn(layout, options.kv_pages, options.num_kv_blocks));
+    PW_ASSIGN_OR_RETURN(blocks,
+                        KvBlockPool::CreateOn(layout, options.kv_pages, options.num_kv_blocks));
   } else {
-    PW_ASSIGN_OR_RETURN(e->pool_, KvBlockPool::Create(layout, options.num_kv_blocks));
+    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::Create(layout, options.num_kv_blocks));
   }
+  e->scheduler_ =
+      std::make_unique<Scheduler>(SchedulerOptions{options.max_batch_tokens}, std::move(blocks));
   for (int64_t id : c.eos_token_ids) e->eos_ids_.push_back(static_cast<int32_t>(id));
-  e->runner_ = std::make_unique<Runner>(*e->model_, e->pool_.get(), options.num_threads);
+  e->runner_ = e->NewRunner(options.num_threads);
   return e;
 }
 
-KvBlockPool& Engine::kv_pool() { return *pool_; }
-const KvBlockPool& Engine::kv_pool() const { return *pool_; }
+std::unique_ptr<Runner> Engine::NewRunner(int num_threads) {
+  return std::make_unique<CpuRunner>(*model_, scheduler_->runner_blocks(), num_threads);
+}
+
+const KvBlockPool& Engine::kv_pool() const { return scheduler_->blocks(); }
+
+Result<std::vector<int32_t>> Engine::LeaseKvBlocks(int n) { return scheduler_->Lease(n); }
+
+Status Engine::ReturnKvBlocks(std::span<const int32_t> block_ids) {
+  return scheduler_->Return(block_ids);
+}
+
+uint8_t* Engine::LeasedKvPage(int32_t block, int layer) {
+  PW_CHECK(scheduler_->IsLeased(block));
+  return scheduler_->runner_blocks()->LayerPage(block, layer);
+}
 int Engine::vocab_size() const { return static_cast<int>(model_->config().vocab_size); }
 int Engine::max_context() const { return options_.max_context; }
 const Model& Engine::model() const { return *model_; }
@@ -84,12 +76,12 @@ void Engine::SetMoeHooks(const MoeHooks& hooks) { runner_->SetHooks(hooks); }
 
 const std::vector<int32_t>& Engine::eos_token_ids() const { return eos_ids_; }
 
-bool Engine::HasWork() const { return !seqs_.empty(); }
-int Engine::num_sequences() const { return static_cast<int>(seqs_.size()); }
+bool Engine::HasWork() const { return !scheduler_->sequences().empty(); }
+int Engine::num_sequences() const { return static_cast<int>(scheduler_->sequences().size()); }
 
 std::vector<SequenceInfo> Engine::Sequences() const {
   std::vector<SequenceInfo> out;
-  for (const auto& s : seqs_) {
+  for (const auto& s : scheduler_->sequences()) {
     out.push_back({s->id, s->num_prompt, s->num_generated, s->num_cached,
                    static_cast<int>(s->blocks.size()), !s->decoding()});
   }
@@ -99,8 +91,8 @@ std::vector<SequenceInfo> Engine::Sequences() const {
 Status Engine::CheckNewSequence(SeqId id, const std::vector<int32_t>& prompt,
                                 const SamplingParams& params, size_t num_generated,
                                 bool eval) const {
-  for (const auto& s : seqs_) {
-    if (s->id == id) return InvalidArgument("sequence " + std::to_string(id) + " already exists");
+  if (scheduler_->Find(id) != nullptr) {
+    return InvalidArgument("sequence " + std::to_string(id) + " already exists");
   }
   if (prompt.empty()) return InvalidArgument("sequence " + std::to_string(id) + ": empty prompt");
   const int vocab = vocab_size();
@@ -126,9 +118,9 @@ Status Engine::CheckNewSequence(SeqId id, const std::vector<int32_t>& prompt,
   }
   const int need = BlocksForTokens(static_cast<int>(prompt.size() + num_generated) + (eval ? 0 : 1),
                                    options_.block_size);
-  if (need > pool_->num_blocks()) {
+  if (need > kv_pool().num_blocks()) {
     return OutOfRange("sequence " + std::to_string(id) + ": needs " + std::to_string(need) +
-                      " KV blocks, the pool has " + std::to_string(pool_->num_blocks()));
+                      " KV blocks, the pool has " + std::to_string(kv_pool().num_blocks()));
   }
   return Status::Ok();
 }
@@ -149,7 +141,7 @@ Status Engine::AddSequence(SeqId id, std::vector<int32_t> prompt, const Sampling
   s->tokens = std::move(prompt);
   s->tokens.insert(s->tokens.end(), generated.begin(), generated.end());
   s->params = params;
-  seqs_.push_back(std::move(s));
+  scheduler_->Add(std::move(s));
   return Status::Ok();
 }
 
@@ -186,9 +178,10 @@ Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
                            std::to_string(need));
   }
   for (size_t i = 0; i < block_ids.size(); ++i) {
-    if (!pool_->IsAllocated(block_ids[i])) {
+    // A sequence's block, a free block or an unknown id is not leased.
+    if (!scheduler_->IsLeased(block_ids[i])) {
       return InvalidArgument("sequence " + std::to_string(id) + ": KV block " +
-                             std::to_string(block_ids[i]) + " is not an allocated block");
+                             std::to_string(block_ids[i]) + " is not a leased block");
     }
     for (size_t j = 0; j < i; ++j) {
       if (block_ids[j] == block_ids[i]) {
@@ -196,14 +189,8 @@ Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
                                std::to_string(block_ids[i]) + " listed twice");
       }
     }
-    for (const auto& s : seqs_) {
-      if (std::find(s->blocks.begin(), s->blocks.end(), block_ids[i]) != s->blocks.end()) {
-        return InvalidArgument("sequence " + std::to_string(id) + ": KV block " +
-                               std::to_string(block_ids[i]) + " belongs to sequence " +
-                               std::to_string(s->id));
-      }
-    }
   }
+  scheduler_->Adopt(block_ids);
   auto s = std::make_unique<Sequence>();
   s->id = id;
   s->num_prompt = static_cast<int>(prompt.size()) - num_generated_before;
@@ -219,20 +206,11 @@ Status Engine::AddPrefilledSequence(SeqId id, std::vector<int32_t> prompt,
              s->tokens.size() >= static_cast<size_t>(options_.max_context)) {
     s->pending_finish = FinishReason::kLength;
   }
-  seqs_.push_back(std::move(s));
+  scheduler_->Add(std::move(s));
   return Status::Ok();
 }
 
-Status Engine::RemoveSequence(SeqId id) {
-  for (size_t i = 0; i < seqs_.size(); ++i) {
-    if (seqs_[i]->id == id) {
-      PW_RETURN_IF_ERROR(pool_->Free(seqs_[i]->blocks));
-      seqs_.erase(seqs_.begin() + static_cast<std::ptrdiff_t>(i));
-      return Status::Ok();
-    }
-  }
-  return NotFound("sequence " + std::to_string(id) + " is not in the engine");
-}
+Status Engine::RemoveSequence(SeqId id) { return scheduler_->Remove(id); }
 
 bool Engine::IsStop(const Sequence& s, int32_t token) const {
   const auto& stops = s.params.stop_token_ids;
@@ -246,93 +224,13 @@ bool Engine::IsStop(const Sequence& s, int32_t token) const {
 }
 
 Result<StepResult> Engine::Step() {
-  StepResult result;
-  const int bs = options_.block_size;
-  struct Planned {
-    Sequence* seq;
-    int n;
-    int new_blocks;
-  };
-  std::vector<Planned> plan;
-  int budget = options_.max_batch_tokens;
-  int decode_blocks = 0;
-  std::vector<SeqId> starved;
-  // Sequences finished on arrival are reported without running.
-  std::vector<Sequence*> finished_now;
-  for (auto& sp : seqs_) {
-    Sequence* s = sp.get();
-    if (s->pending_finish != FinishReason::kNone) {
-      finished_now.push_back(s);
-      continue;
-    }
-    if (!s->decoding()) continue;
-    const int nb = BlocksForTokens(s->num_cached + 1, bs) - static_cast<int>(s->blocks.size());
-    plan.push_back({s, 1, std::max(0, nb)});
-    decode_blocks += std::max(0, nb);
-    if (nb > 0) starved.push_back(s->id);
-    --budget;
-  }
-  if (decode_blocks > pool_->num_free()) {
-    std::string ids;
-    for (SeqId id : starved) {
-      if (!ids.empty()) ids += ',';
-      ids += std::to_string(id);
-    }
-    return ResourceExhausted("KV pool: decode needs " + std::to_string(decode_blocks) +
-                             " new blocks (sequences " + ids + "), " +
-                             std::to_string(pool_->num_free()) + " free");
-  }
-  int free_after = pool_->num_free() - decode_blocks;
-  bool prefill_waiting = false;
-  for (auto& sp : seqs_) {
-    Sequence* s = sp.get();
-    if (s->pending_finish != FinishReason::kNone || s->decoding()) continue;
-    prefill_waiting = true;
-    if (budget <= 0) break;
-    const int remaining = static_cast<int>(s->tokens.size()) - s->num_cached;
-    int n = std::min(remaining, budget);
-    // Shrink the chunk to what the free blocks can hold.
-    const int capacity = (static_cast<int>(s->blocks.size()) + free_after) * bs - s->num_cached;
-    n = std::min(n, capacity);
-    if (n <= 0) break;
-    const int nb =
-        std::max(0, BlocksForTokens(s->num_cached + n, bs) - static_cast<int>(s->blocks.size()));
-    plan.push_back({s, n, nb});
-    free_after -= nb;
-    budget -= n;
-  }
-  if (plan.empty() && finished_now.empty() && prefill_waiting) {
-    return ResourceExhausted("KV pool: no free block for the next prompt chunk (" +
-                             std::to_string(pool_->num_free()) + " free)");
-  }
-
-  // Allocate (cannot fail: counted above) and build the batch.
-  std::vector<ForwardItem> items;
-  bool pure_decode = true;
-  for (Planned& p : plan) {
-    if (p.new_blocks > 0) {
-      auto got = pool_->Allocate(p.new_blocks);
-      PW_CHECK(got.ok());
-      p.seq->blocks.insert(p.seq->blocks.end(), got->begin(), got->end());
-    }
-    ForwardItem it;
-    it.seq_id = p.seq->id;
-    it.tokens = p.seq->tokens.data() + p.seq->num_cached;
-    it.n = p.n;
-    it.start_pos = p.seq->num_cached;
-    it.blocks = p.seq->blocks.data();
-    const bool samples = static_cast<size_t>(p.seq->num_cached + p.n) == p.seq->tokens.size();
-    it.logits = samples ? LogitsWanted::kLast : LogitsWanted::kNone;
-    if (!p.seq->decoding()) pure_decode = false;
-    items.push_back(it);
-  }
+  PW_ASSIGN_OR_RETURN(ScheduledBatch sb, scheduler_->Schedule());
   std::vector<float> logits;
-  if (!items.empty()) PW_RETURN_IF_ERROR(runner_->Forward(items, pure_decode, &logits));
+  if (!sb.items.empty()) PW_RETURN_IF_ERROR(runner_->Forward(sb.batch(), &logits));
 
-  const size_t V = static_cast<size_t>(vocab_size());
-  size_t row = 0;
+  StepResult result;
   std::vector<SeqId> done;
-  for (Sequence* s : finished_now) {
+  for (Sequence* s : sb.finished_on_arrival) {
     SequenceUpdate u;
     u.id = s->id;
     u.finished = true;
@@ -340,47 +238,47 @@ Result<StepResult> Engine::Step() {
     result.updates.push_back(std::move(u));
     done.push_back(s->id);
   }
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Sequence* s = plan[i].seq;
-    const bool was_decode = s->decoding();
-    s->num_cached += plan[i].n;
-    if (was_decode) {
+  const size_t V = static_cast<size_t>(vocab_size());
+  size_t row = 0;
+  for (const ScheduledItem& item : sb.scheduled) {
+    Sequence* s = item.seq;
+    s->num_cached += item.n;
+    if (item.decode) {
       result.num_decode_tokens++;
     } else {
-      result.num_prefill_tokens += plan[i].n;
+      result.num_prefill_tokens += item.n;
     }
     SequenceUpdate u;
     u.id = s->id;
-    if (items[i].logits == LogitsWanted::kLast) {
-      const int32_t tok = SampleToken(logits.data() + row * V, static_cast<int>(V), s->params,
-                                      static_cast<uint64_t>(s->num_generated), &sample_scratch_);
-      if (options_.return_logits) {
-        u.logits.assign(logits.begin() + static_cast<std::ptrdiff_t>(row * V),
-                        logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * V));
-      }
-      if (s->params.logprobs >= 0) {
-        u.logprobs.push_back(
-            ComputeLogprobs(logits.data() + row * V, static_cast<int>(V), tok, s->params.logprobs));
-      }
+    if (item.samples) {
+      SampleNext(s, logits.data() + row * V, &u);
       ++row;
-      s->tokens.push_back(tok);
-      s->num_generated++;
-      u.new_tokens.push_back(tok);
-      if (IsStop(*s, tok)) {
-        u.reason = FinishReason::kStop;
-      } else if (s->num_generated >= s->params.max_tokens ||
-                 s->tokens.size() >= static_cast<size_t>(options_.max_context)) {
-        u.reason = FinishReason::kLength;
-      }
-      if (u.reason != FinishReason::kNone) {
-        u.finished = true;
-        done.push_back(s->id);
-      }
+      if (u.finished) done.push_back(s->id);
     }
     result.updates.push_back(std::move(u));
   }
-  for (SeqId id : done) PW_CHECK(RemoveSequence(id).ok());
+  for (SeqId id : done) PW_CHECK(scheduler_->Remove(id).ok());
   return result;
+}
+
+void Engine::SampleNext(Sequence* s, const float* row, SequenceUpdate* u) {
+  const int V = vocab_size();
+  const int32_t tok =
+      SampleToken(row, V, s->params, static_cast<uint64_t>(s->num_generated), &sample_scratch_);
+  if (options_.return_logits) u->logits.assign(row, row + V);
+  if (s->params.logprobs >= 0) {
+    u->logprobs.push_back(ComputeLogprobs(row, V, tok, s->params.logprobs));
+  }
+  s->tokens.push_back(tok);
+  s->num_generated++;
+  u->new_tokens.push_back(tok);
+  if (IsStop(*s, tok)) {
+    u->reason = FinishReason::kStop;
+  } else if (s->num_generated >= s->params.max_tokens ||
+             s->tokens.size() >= static_cast<size_t>(options_.max_context)) {
+    u->reason = FinishReason::kLength;
+  }
+  u->finished = u->reason != FinishReason::kNone;
 }
 
 Status Engine::CheckPrefill(const PrefillJob& job) const {
@@ -403,8 +301,8 @@ Status Engine::CheckPrefill(const PrefillJob& job) const {
                            std::to_string(n) + " tokens, need " + std::to_string(need));
   }
   for (int32_t b : job.block_ids) {
-    if (!pool_->IsAllocated(b)) {
-      return InvalidArgument("prefill: KV block " + std::to_string(b) + " is not allocated");
+    if (!scheduler_->IsLeased(b)) {
+      return InvalidArgument("prefill: KV block " + std::to_string(b) + " is not leased");
     }
   }
   return Status::Ok();
@@ -434,7 +332,7 @@ Result<int> Engine::PrefillPass(std::span<PrefillJob> jobs) {
   }
   if (items.empty()) return 0;
   std::vector<float> logits;
-  PW_RETURN_IF_ERROR(runner_->Forward(items, false, &logits));
+  PW_RETURN_IF_ERROR(runner_->Forward({items, /*pure_decode=*/false}, &logits));
   const size_t V = static_cast<size_t>(vocab_size());
   int ran = 0;
   size_t k = 0;
@@ -506,7 +404,7 @@ Result<std::vector<float>> Engine::ForwardLogits(std::span<const int32_t> ids) {
   PW_RETURN_IF_ERROR(CheckNewSequence(kEvalSeqId, v, greedy, 0, /*eval=*/true));
   PW_ASSIGN_OR_RETURN(
       std::vector<int32_t> blocks,
-      pool_->Allocate(BlocksForTokens(static_cast<int>(ids.size()), options_.block_size)));
+      scheduler_->Lease(BlocksForTokens(static_cast<int>(ids.size()), options_.block_size)));
   std::vector<float> logits;
   logits.reserve(ids.size() * static_cast<size_t>(vocab_size()));
   Status st;
@@ -519,9 +417,9 @@ Result<std::vector<float>> Engine::ForwardLogits(std::span<const int32_t> ids) {
     it.start_pos = start;
     it.blocks = blocks.data();
     it.logits = LogitsWanted::kAll;
-    st = runner_->Forward({&it, 1}, false, &logits);
+    st = runner_->Forward({{&it, 1}, /*pure_decode=*/false}, &logits);
   }
-  PW_CHECK(pool_->Free(blocks).ok());
+  PW_CHECK(scheduler_->Return(blocks).ok());
   if (!st.ok()) return st;
   return logits;
 }

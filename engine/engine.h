@@ -1,8 +1,9 @@
 // Engine: the in-process CPU inference engine the workers, CLIs and tests drive.
 //
-// One Engine owns a loaded model (bf16 weights, mmapped), a paged KV pool (kv_cache.h), a
-// thread pool and the sequences it is serving. It runs a continuous-batching loop one
-// iteration at a time:
+// One Engine owns a loaded model (bf16 weights, mmapped), a scheduler (engine/scheduler/: the
+// sequences it is serving and the paged KV blocks, memory/kv_blocks.h) and a runner
+// (engine/runner/: the device that executes a batch; the CPU runner today). It runs a
+// continuous-batching loop one iteration at a time; each Step() is schedule, run, sample:
 //
 //   auto engine = Engine::Create("models/tiny-moe", {.num_kv_blocks = 1024});
 //   engine->AddSequence(7, prompt_ids, params);
@@ -21,14 +22,16 @@
 // Sequences may be added and removed between any two steps.
 //
 // Disaggregated serving uses the lower-level calls:
-//   - prefill worker: Prefill(prompt, block_ids, params) computes a prompt's KV into blocks of
-//     this engine's pool (allocated by the caller with kv_pool().Allocate) and returns the last
-//     position's logits and the first sampled token. The caller then copies the blocks to the
-//     decode worker (whole blocks, layout in kv_cache.h) and frees them here.
-//   - decode worker: reserves blocks with kv_pool().Allocate, lets the prefill worker write
-//     them, then AddPrefilledSequence(id, prompt, block_ids, first_token, params) hands them
-//     to the engine, which decodes from that KV. If the request is cancelled before that, the
-//     caller frees the reserved blocks with kv_pool().Free.
+//   - prefill worker: Prefill(prompt, block_ids, params) computes a prompt's KV into blocks
+//     the caller leased (LeaseKvBlocks) and returns the last position's logits and the first
+//     sampled token. The caller then copies the blocks to the decode worker (whole blocks,
+//     layout in memory/kv_blocks.h) and returns them (ReturnKvBlocks).
+//   - decode worker: leases blocks (LeaseKvBlocks), lets the prefill worker write them, then
+//     AddPrefilledSequence(id, prompt, block_ids, first_token, params) hands them to the
+//     engine, which decodes from that KV. If the request is cancelled before that, the caller
+//     returns the leased blocks (ReturnKvBlocks).
+//   The engine's scheduler is the one object that allocates and frees KV blocks; callers read
+//   the pool through kv_pool() (const) and write leased pages only.
 //   - preemption/recompute: RemoveSequence(id), later AddSequence(id, prompt, params,
 //     generated) with the tokens already sent: the engine re-prefills prompt + generated and
 //     continues, counting `generated` toward max_tokens and continuing the seeded random
@@ -39,7 +42,7 @@
 //     it decoded them.
 //
 // Evaluation: ForwardLogits(ids) returns every position's logits of one sequence (teacher
-// forcing), using temporary blocks of the pool.
+// forcing), using temporary leased blocks.
 //
 // Threading: an Engine is driven by one thread at a time (not thread-safe). Internally it
 // splits kernels over `num_threads` threads.
@@ -58,16 +61,25 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/kv_cache.h"
 #include "engine/experts/moe.h"
-#include "engine/sampler.h"
+#include "engine/sampler/sampler.h"
+#include "engine/scheduler/sequence.h"
+#include "memory/kv_blocks.h"
 
 namespace pw::engine {
 
 class Model;
 class Runner;
+class Scheduler;
 
-using SeqId = uint64_t;
+// The KV block vocabulary of the engine's callers (memory/kv_layout.h, memory/kv_blocks.h).
+using memory::BlocksForTokens;
+using memory::kKvLayoutVersion;
+using memory::KvBlockPool;
+using memory::KvDtype;
+using memory::KvDtypeName;
+using memory::KvLayout;
+using memory::ParseKvDtype;
 
 struct EngineOptions {
   // KV pool size in blocks, and tokens per block.
@@ -100,13 +112,6 @@ struct EngineOptions {
   memory::PagePool* kv_pages = nullptr;
 };
 
-enum class FinishReason : uint8_t {
-  kNone = 0,    // still running
-  kStop = 1,    // generated a stop token (stop_token_ids or, unless ignore_eos, an eos id)
-  kLength = 2,  // reached max_tokens or the context limit
-};
-const char* FinishReasonName(FinishReason r);
-
 // What one sequence did in one Step().
 struct SequenceUpdate {
   SeqId id = 0;
@@ -117,7 +122,7 @@ struct SequenceUpdate {
   FinishReason reason = FinishReason::kNone;
   // [vocab] logits the new token was sampled from; only with EngineOptions::return_logits.
   std::vector<float> logits;
-  // One entry per new token when the sequence's params.logprobs >= 0 (sampler.h).
+  // One entry per new token when the sequence's params.logprobs >= 0 (engine/sampler/sampler.h).
   std::vector<TokenLogprobs> logprobs;
 };
 
@@ -182,12 +187,12 @@ class Engine {
   Status AddSequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& params,
                      std::vector<int32_t> generated = {});
 
-  // Adds a sequence whose prompt KV is already in `block_ids` (blocks of kv_pool(), allocated,
-  // holding positions [0, prompt.size()) in table order) and whose first generated token is
-  // `first_token` (its KV is computed by the next Step()). The engine takes ownership of the
-  // blocks (freed when the sequence finishes or is removed) on success only. Errors as
-  // AddSequence, plus kInvalidArgument when a block is not allocated or there are fewer
-  // blocks than the prompt needs.
+  // Adds a sequence whose prompt KV is already in `block_ids` (blocks leased with
+  // LeaseKvBlocks, holding positions [0, prompt.size()) in table order) and whose first
+  // generated token is `first_token` (its KV is computed by the next Step()). The lease ends
+  // and the sequence holds the blocks (freed when it finishes or is removed) on success only.
+  // Errors as AddSequence, plus kInvalidArgument when a block is not leased, is listed twice,
+  // or there are fewer blocks than the prompt needs.
   // `num_generated_before`: how many trailing tokens of `prompt` were generated earlier (a
   // request re-prefilled after a failover or preemption with the tokens already sent); they
   // count toward max_tokens and the seeded random stream continues after them. Must be <
@@ -219,16 +224,16 @@ class Engine {
   int num_sequences() const;
   std::vector<SequenceInfo> Sequences() const;
 
-  // Computes the KV of `prompt` into `block_ids` (allocated blocks of kv_pool(), at least
+  // Computes the KV of `prompt` into `block_ids` (leased blocks, at least
   // BlocksForTokens(prompt.size(), block_size) of them; their previous content is
   // overwritten) in chunks of max_batch_tokens, and samples the first token with `params`.
-  // The blocks stay owned by the caller. `num_generated_before` as in AddPrefilledSequence:
+  // The blocks stay leased to the caller. `num_generated_before` as in AddPrefilledSequence:
   // the first token is sampled as the request's draw number num_generated_before.
   Result<PrefillResult> Prefill(std::span<const int32_t> prompt, std::span<const int32_t> block_ids,
                                 const SamplingParams& params, int num_generated_before = 0);
 
   // Batched prefill of several prompts (the prefill worker's path). CheckPrefill validates a
-  // job as Prefill does (ids, params, context, blocks allocated and enough of them).
+  // job as Prefill does (ids, params, context, blocks leased and enough of them).
   // PrefillPass runs ONE forward pass: it spends up to max_batch_tokens on the next chunks of
   // the unfinished jobs, in order (each continues at its num_computed; a job whose remaining
   // tokens exceed what is left of the budget gets a partial chunk), and samples the first
@@ -249,8 +254,19 @@ class Engine {
   // (bf16 experts from the checkpoint, everything resident, router's choice, no recording).
   void SetMoeHooks(const MoeHooks& hooks);
 
-  KvBlockPool& kv_pool();
+  // KV blocks outside sequences (header comment): n free blocks leased to the caller, all or
+  // nothing (kResourceExhausted when fewer are free; contents unspecified), and given back
+  // (kInvalidArgument, nothing returned, when a block is not leased or is repeated).
+  Result<std::vector<int32_t>> LeaseKvBlocks(int n);
+  Status ReturnKvBlocks(std::span<const int32_t> block_ids);
+  // The page of layer `layer` of a leased block, for a caller that fills it (a KV copy from a
+  // peer); a block that is not leased is a broken invariant (aborts).
+  uint8_t* LeasedKvPage(int32_t block, int layer);
+  // The KV blocks, read-only: layout, counts, page ids and contents.
   const KvBlockPool& kv_pool() const;
+  // Another runner over this engine's model and KV blocks with its own threads (tools running
+  // their own batches over leased blocks, tools/lockstep_perplexity.h).
+  std::unique_ptr<Runner> NewRunner(int num_threads);
   int vocab_size() const;
   int max_context() const;
   const std::vector<int32_t>& eos_token_ids() const;
@@ -258,18 +274,19 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
-  struct Sequence;
   Engine(EngineOptions options);
   Status CheckNewSequence(SeqId id, const std::vector<int32_t>& prompt,
                           const SamplingParams& params, size_t num_generated,
                           bool eval = false) const;
   bool IsStop(const Sequence& s, int32_t token) const;
+  // Samples a sequence's next token from its logits row into *u and appends it; sets u's
+  // finish reason when it stops or reaches a limit.
+  void SampleNext(Sequence* s, const float* row, SequenceUpdate* u);
 
   EngineOptions options_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Runner> runner_;
-  std::vector<std::unique_ptr<Sequence>> seqs_;  // arrival order
   std::vector<int32_t> eos_ids_;
   std::vector<std::pair<float, int32_t>> sample_scratch_;
 };

@@ -1,5 +1,5 @@
 // The shape and element type of one KV block, and the version of that layout (carried in the
-// registration, so peers refuse a mismatch). The engine's KV block pool (engine/kv_cache.h)
+// registration, so peers refuse a mismatch). The engine's KV block pool (memory/kv_blocks.h)
 // lays its pages out from it; the router and the broker check a worker's registration against
 // it without linking the engine.
 #pragma once

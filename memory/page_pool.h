@@ -3,7 +3,7 @@
 // One contiguous, page-aligned buffer of `num_pages` pages of `page_bytes` each, registered
 // once with the transport, shared by two tenants:
 //   - kKv: one page per (KV block, layer): the K and V of one layer for block_size tokens
-//     (memory/paged_kv.h lays them out);
+//     (memory/kv_blocks.h lays them out);
 //   - kWeights: one page per row tile of one bit-plane of an expert block, and row tiles of the
 //     block's int8 LUT (memory/weight_page_table.h).
 // Every page is the same size and either tenant may take any free page, so the bytes a dropped

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runner.h"
+#include "engine/runner/runner.h"
 
 namespace pw::eval {
 
@@ -43,8 +43,8 @@ Result<engine::PerplexityResult> LockstepPerplexity(engine::Engine& eng,
   std::vector<double> nll(preds, 0.0);
   r.token_window.assign(preds, 0);
 
-  engine::Runner runner(eng.model(), &eng.kv_pool(), o.threads);
-  runner.SetHooks(o.hooks);
+  std::unique_ptr<engine::Runner> runner = eng.NewRunner(o.threads);
+  runner->SetHooks(o.hooks);
   const size_t B = static_cast<size_t>(o.batch);
   std::vector<std::vector<int32_t>> blocks(B);
   std::vector<engine::ForwardItem> items;
@@ -59,7 +59,7 @@ Result<engine::PerplexityResult> LockstepPerplexity(engine::Engine& eng,
     Status st;
     size_t got = 0;
     for (; got < m; ++got) {
-      auto b = eng.kv_pool().Allocate(engine::BlocksForTokens(static_cast<int>(windows[g + got].len), bs));
+      auto b = eng.LeaseKvBlocks(engine::BlocksForTokens(static_cast<int>(windows[g + got].len), bs));
       if (!b.ok()) {
         st = b.status();
         break;
@@ -85,7 +85,7 @@ Result<engine::PerplexityResult> LockstepPerplexity(engine::Engine& eng,
         item_window.push_back(g + s);
       }
       logits.clear();
-      st = runner.Forward(items, /*pure_decode=*/true, &logits);
+      st = runner->Forward({items, /*pure_decode=*/true}, &logits);
       if (!st.ok()) break;
       for (size_t j = 0; j < items.size(); ++j) {
         const Window& w = windows[item_window[j]];
@@ -100,7 +100,7 @@ Result<engine::PerplexityResult> LockstepPerplexity(engine::Engine& eng,
         r.token_window[w.out + i] = w.index;
       }
     }
-    for (size_t s = 0; s < got; ++s) PW_CHECK(eng.kv_pool().Free(blocks[s]).ok());
+    for (size_t s = 0; s < got; ++s) PW_CHECK(eng.ReturnKvBlocks(blocks[s]).ok());
     if (!st.ok()) return st;
     done += static_cast<int64_t>(m);
     if (progress) progress(done, static_cast<int64_t>(windows.size()));

@@ -29,7 +29,7 @@ struct LockstepOptions {
   engine::MoeHooks hooks;  // seams of the passes (provider, routing hook, ...); borrowed
 };
 
-// Uses blocks of engine.kv_pool(): batch * BlocksForTokens(ctx) must be free
+// Leases KV blocks from the engine (LeaseKvBlocks): batch * BlocksForTokens(ctx) must be free
 // (kResourceExhausted otherwise). kInvalidArgument for ctx < 2, batch < 1 or < 2 ids.
 Result<engine::PerplexityResult> LockstepPerplexity(engine::Engine& engine,
                                                     std::span<const int32_t> ids,

@@ -43,7 +43,7 @@ struct KvLayout {
   blockTokens @1 :UInt32;   # tokens per block
   blockBytes @2 :UInt64;    # bytes of one block (all layers, K and V)
   layoutHash @3 :UInt64;    # hash of the layout version, model, layer/head/dim/dtype; must match
-  pageBytes @4 :UInt64;     # bytes of one page of the pool (engine/kv_cache.h)
+  pageBytes @4 :UInt64;     # bytes of one page of the pool (memory/kv_blocks.h)
   layerBytes @5 :UInt64;    # bytes of one layer of one block inside its page
   numLayers @6 :UInt32;     # pages per block
 }

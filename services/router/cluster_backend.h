@@ -155,7 +155,7 @@ class ClusterBackend final : public GenerationBackend {
     // (reading a kept Cap'n Proto message again and again exhausts its traversal budget).
     uint32_t num_blocks = 0;
     uint64_t block_bytes = 0;
-    uint64_t page_bytes = 0;   // KV pages (engine/kv_cache.h)
+    uint64_t page_bytes = 0;   // KV pages (memory/kv_blocks.h)
     uint64_t layer_bytes = 0;
     uint32_t num_layers = 0;
     std::string worker_address;  // UcxMemory.workerAddress bytes

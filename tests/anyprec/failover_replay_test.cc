@@ -94,8 +94,8 @@ class FailoverReplay : public ::testing::Test {
                                    const engine::SamplingParams& sp, int num_generated_before,
                                    int extra_blocks, int32_t* first) {
     const int nb = engine::BlocksForTokens(static_cast<int>(tokens.size()), kBlock);
-    auto src = pre_->kv_pool().Allocate(nb);
-    auto dst = dec_->kv_pool().Allocate(nb + extra_blocks);
+    auto src = pre_->LeaseKvBlocks(nb);
+    auto dst = dec_->LeaseKvBlocks(nb + extra_blocks);
     EXPECT_TRUE(src.ok() && dst.ok());
     if (!src.ok() || !dst.ok()) return {};
     auto pr = pre_->Prefill(tokens, *src, sp, num_generated_before);
@@ -104,11 +104,11 @@ class FailoverReplay : public ::testing::Test {
     const engine::KvLayout& kl = dec_->kv_pool().layout();
     for (int b = 0; b < nb; ++b) {
       for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(dec_->kv_pool().LayerPage((*dst)[b], l),
+        std::memcpy(dec_->LeasedKvPage((*dst)[b], l),
                     pre_->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
       }
     }
-    EXPECT_TRUE(pre_->kv_pool().Free(*src).ok());
+    EXPECT_TRUE(pre_->ReturnKvBlocks(*src).ok());
     return *dst;
   }
 

@@ -378,7 +378,7 @@ TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
     const Result1& r = h.results[i + 1];
     ASSERT_TRUE(r.ok) << r.error;
     EXPECT_EQ(r.num_tokens, prompts[i].size());
-    auto own = ref->kv_pool().Allocate(static_cast<int>(dst[i].size()));
+    auto own = ref->LeaseKvBlocks(static_cast<int>(dst[i].size()));
     ASSERT_TRUE(own.ok());
     auto alone = ref->Prefill(prompts[i], *own, params[i]);
     ASSERT_TRUE(alone.ok()) << alone.status().ToString();
@@ -386,7 +386,7 @@ TEST(PrefillWorker, PromptsSubmittedTogetherEqualEachAlone) {
     // KV of every prompt position, block by block, within 1e-5 of the engine alone.
     const double worst = WorstKvDiff(h, dst[i], *ref, *own, prompts[i].size());
     EXPECT_LE(worst, 1e-5);
-    ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
+    ASSERT_TRUE(ref->ReturnKvBlocks(*own).ok());
   }
   h.prefill.Kill(SIGTERM);
   EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
@@ -461,7 +461,7 @@ TEST(PrefillWorker, EqualPromptsShareOnePrefill) {
   // One more, right after: served from the prompt just prefilled.
   h.Submit(4, prompt, dst[3], params[3]);
   ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
-  auto own = ref->kv_pool().Allocate(nb);
+  auto own = ref->LeaseKvBlocks(nb);
   ASSERT_TRUE(own.ok());
   for (size_t i = 0; i < 4; ++i) {
     SCOPED_TRACE("request " + std::to_string(i + 1));
@@ -473,7 +473,7 @@ TEST(PrefillWorker, EqualPromptsShareOnePrefill) {
     const double worst = WorstKvDiff(h, dst[i], *ref, *own, prompt.size());
     EXPECT_LE(worst, 1e-5);
   }
-  ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
+  ASSERT_TRUE(ref->ReturnKvBlocks(*own).ok());
   h.prefill.Kill(SIGTERM);
   EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
   EXPECT_NE(h.prefill.Log().find(": stopped; 3 prompts served from another's prefill"),
@@ -533,12 +533,12 @@ TEST(PrefillWorker, SeededFirstTokenAfterFailoverIsDrawNumberGeneratedSoFar) {
     // What the token would be if drawn as index 0 from the same logits.
     std::vector<int32_t> tokens = prompts[i];
     tokens.insert(tokens.end(), gen[i].begin(), gen[i].begin() + k);
-    auto own = ref->kv_pool().Allocate(engine::BlocksForTokens(static_cast<int>(tokens.size()),
+    auto own = ref->LeaseKvBlocks(engine::BlocksForTokens(static_cast<int>(tokens.size()),
                                                                static_cast<int>(h.block_tokens())));
     ASSERT_TRUE(own.ok());
     auto as0 = ref->Prefill(tokens, *own, params[i], 0);
     ASSERT_TRUE(as0.ok());
-    ASSERT_TRUE(ref->kv_pool().Free(*own).ok());
+    ASSERT_TRUE(ref->ReturnKvBlocks(*own).ok());
     if (as0->first_token != r.first_token) ++differs_from_draw0;
   }
   // The draw index matters for these requests (so the check above can tell the two apart).

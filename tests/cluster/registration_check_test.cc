@@ -11,7 +11,7 @@
 #include "common/formats/model_config.h"
 #include "services/common/kv_layout_hash.h"
 #include "services/common/registration_check.h"
-#include "engine/kv_cache.h"
+#include "memory/kv_blocks.h"
 #include "services/proto/codec.h"
 
 namespace pw::service {
@@ -28,16 +28,16 @@ ModelConfig TinyMoe() {
 // What a worker of `role` registers, as DecodeWorker::FillRegister / PrefillWorker::FillRegister
 // fill it from their engine's pool (a decode worker's pool is also its registered memory).
 void FillHonest(wire::Register::Builder r, wire::Role role, const ModelConfig& m,
-                engine::KvDtype dtype = engine::KvDtype::kBf16, int block_size = 16, int blocks = 8) {
-  engine::KvLayout l;
+                memory::KvDtype dtype = memory::KvDtype::kBf16, int block_size = 16, int blocks = 8) {
+  memory::KvLayout l;
   l.num_layers = static_cast<int>(m.num_layers);
   l.num_kv_heads = static_cast<int>(m.num_kv_heads);
   l.head_dim = static_cast<int>(m.head_dim);
   l.block_size = block_size;
   l.dtype = dtype;
-  auto pool = engine::KvBlockPool::Create(l, blocks);
+  auto pool = memory::KvBlockPool::Create(l, blocks);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  const engine::KvBlockPool& p = **pool;
+  const memory::KvBlockPool& p = **pool;
   r.setRole(role);
   r.setWorkerId(role == wire::Role::DECODE ? "decode-0" : "prefill-0");
   r.setPid(4242);
@@ -91,8 +91,8 @@ class RegistrationCheckTest : public ::testing::Test {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find(field), std::string::npos) << st.message();
   }
-  uint64_t HashFor(int block_size, engine::KvDtype dtype, int64_t hidden) const {
-    engine::KvLayout l;
+  uint64_t HashFor(int block_size, memory::KvDtype dtype, int64_t hidden) const {
+    memory::KvLayout l;
     l.num_layers = static_cast<int>(model_.num_layers);
     l.num_kv_heads = static_cast<int>(model_.num_kv_heads);
     l.head_dim = static_cast<int>(model_.head_dim);
@@ -107,9 +107,9 @@ class RegistrationCheckTest : public ::testing::Test {
 
 TEST_F(RegistrationCheckTest, HonestWorkersAreAccepted) {
   for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
-    for (engine::KvDtype dtype : {engine::KvDtype::kF32, engine::KvDtype::kBf16}) {
+    for (memory::KvDtype dtype : {memory::KvDtype::kF32, memory::KvDtype::kBf16}) {
       for (int block_size : {1, 16, 4096}) {
-        SCOPED_TRACE(std::to_string(static_cast<int>(role)) + " " + engine::KvDtypeName(dtype) + " " +
+        SCOPED_TRACE(std::to_string(static_cast<int>(role)) + " " + memory::KvDtypeName(dtype) + " " +
                      std::to_string(block_size));
         proto::OutMessage m;
         auto r = m.body().initRegister();
@@ -150,14 +150,14 @@ TEST_F(RegistrationCheckTest, EachForgedFieldIsRefusedByName) {
     r.getKvLayout().setLayoutHash(r.getKvLayout().getLayoutHash() + 1);
   });
   ExpectRefused("another model's hash", "layoutHash", [&](auto r) {
-    r.getKvLayout().setLayoutHash(HashFor(16, engine::KvDtype::kBf16, model_.hidden_size * 2));
+    r.getKvLayout().setLayoutHash(HashFor(16, memory::KvDtype::kBf16, model_.hidden_size * 2));
   });
   ExpectRefused("the hash of other block tokens", "layoutHash", [&](auto r) {
-    r.getKvLayout().setLayoutHash(HashFor(32, engine::KvDtype::kBf16, model_.hidden_size));
+    r.getKvLayout().setLayoutHash(HashFor(32, memory::KvDtype::kBf16, model_.hidden_size));
   });
   // The fp32 hash with bf16 bytes: the layout the hash names has twice the bytes.
   ExpectRefused("fp32 hash, bf16 bytes", "layerBytes", [&](auto r) {
-    r.getKvLayout().setLayoutHash(HashFor(16, engine::KvDtype::kF32, model_.hidden_size));
+    r.getKvLayout().setLayoutHash(HashFor(16, memory::KvDtype::kF32, model_.hidden_size));
   });
   ExpectRefused("blockTokens 0", "blockTokens", [](auto r) { r.getKvLayout().setBlockTokens(0); });
   ExpectRefused("blockTokens 4097", "blockTokens", [](auto r) { r.getKvLayout().setBlockTokens(4097); });

@@ -40,18 +40,18 @@ inline std::vector<std::string> SplitGreedy(engine::Engine& pre, engine::Engine&
   const engine::KvLayout& kl = dec.kv_pool().layout();
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int nb = engine::BlocksForTokens(static_cast<int>(prompts[i].size()), kl.block_size);
-    auto src = pre.kv_pool().Allocate(nb).value();
-    auto dst = dec.kv_pool().Allocate(nb).value();
+    auto src = pre.LeaseKvBlocks(nb).value();
+    auto dst = dec.LeaseKvBlocks(nb).value();
     auto first = pre.Prefill(prompts[i], src, p);
     EXPECT_TRUE(first.ok()) << first.status().ToString();
     if (!first.ok()) return {};
     for (int b = 0; b < nb; ++b) {
       for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(dec.kv_pool().LayerPage(dst[b], l), pre.kv_pool().LayerPage(src[b], l),
+        std::memcpy(dec.LeasedKvPage(dst[b], l), pre.kv_pool().LayerPage(src[b], l),
                     kl.bytes_per_layer());
       }
     }
-    EXPECT_TRUE(pre.kv_pool().Free(src).ok());
+    EXPECT_TRUE(pre.ReturnKvBlocks(src).ok());
     toks[i].push_back(first->first_token);
     EXPECT_TRUE(dec.AddPrefilledSequence(i, prompts[i], dst, first->first_token, p).ok());
     if (one_at_a_time) run();

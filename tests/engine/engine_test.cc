@@ -302,8 +302,8 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
   ASSERT_EQ(prefill->kv_pool().layout(), decode->kv_pool().layout());
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
-    auto src = prefill->kv_pool().Allocate(nb);
-    auto dst = decode->kv_pool().Allocate(nb);
+    auto src = prefill->LeaseKvBlocks(nb);
+    auto dst = decode->LeaseKvBlocks(nb);
     ASSERT_TRUE(src.ok() && dst.ok());
     auto pr = prefill->Prefill(prompts[i], *src, sp);
     ASSERT_TRUE(pr.ok()) << pr.status().ToString();
@@ -312,11 +312,11 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
     const KvLayout& kl = decode->kv_pool().layout();
     for (int b = 0; b < nb; ++b) {
       for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(decode->kv_pool().LayerPage((*dst)[b], l),
+        std::memcpy(decode->LeasedKvPage((*dst)[b], l),
                     prefill->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
       }
     }
-    ASSERT_TRUE(prefill->kv_pool().Free(*src).ok());
+    ASSERT_TRUE(prefill->ReturnKvBlocks(*src).ok());
     ASSERT_TRUE(decode->AddPrefilledSequence(i, prompts[i], *dst, pr->first_token, sp).ok());
   }
   std::map<SeqId, std::vector<int32_t>> got;
@@ -339,7 +339,7 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
     std::vector<int32_t> replay = prompts[i];
     replay.insert(replay.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
     const int nb = BlocksForTokens(static_cast<int>(replay.size()), 4);
-    auto blocks = decode->kv_pool().Allocate(nb);
+    auto blocks = decode->LeaseKvBlocks(nb);
     ASSERT_TRUE(blocks.ok());
     auto pr = decode->Prefill(replay, *blocks, sp, 3);
     ASSERT_TRUE(pr.ok()) << pr.status().ToString();
@@ -363,18 +363,18 @@ TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
   // computed by the decode engine itself (num_uncached) before it decodes the 4th.
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
-    auto src = prefill->kv_pool().Allocate(nb);
-    auto dst = decode->kv_pool().Allocate(nb);
+    auto src = prefill->LeaseKvBlocks(nb);
+    auto dst = decode->LeaseKvBlocks(nb);
     ASSERT_TRUE(src.ok() && dst.ok());
     ASSERT_TRUE(prefill->Prefill(prompts[i], *src, sp).ok());
     const KvLayout& kl = decode->kv_pool().layout();
     for (int b = 0; b < nb; ++b) {
       for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(decode->kv_pool().LayerPage((*dst)[b], l),
+        std::memcpy(decode->LeasedKvPage((*dst)[b], l),
                     prefill->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
       }
     }
-    ASSERT_TRUE(prefill->kv_pool().Free(*src).ok());
+    ASSERT_TRUE(prefill->ReturnKvBlocks(*src).ok());
     std::vector<int32_t> streamed = prompts[i];
     streamed.insert(streamed.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
     ASSERT_TRUE(
@@ -405,7 +405,7 @@ TEST(EngineDisaggregated, GeneratedTokensInThePromptCountOnce) {
   SamplingParams sp;
   sp.max_tokens = 40;
   const std::vector<int32_t> streamed(40, 1);  // 10 prompt tokens + 30 generated
-  auto blocks = engine->kv_pool().Allocate(3);  // the prompt's
+  auto blocks = engine->LeaseKvBlocks(3);  // the prompt's
   ASSERT_TRUE(blocks.ok());
   EXPECT_EQ(engine->AddPrefilledSequence(1, streamed, *blocks, 1, sp, 30, 41).code(),
             StatusCode::kInvalidArgument);
@@ -439,13 +439,13 @@ TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
     sp.seed = 11;
     auto engine = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 37});
     ASSERT_TRUE(engine);
-    KvBlockPool& pool = engine->kv_pool();
+    const KvBlockPool& pool = engine->kv_pool();
     const size_t block_floats = pool.bytes_per_block() / sizeof(float);
     // One by one.
     std::vector<PrefillResult> alone;
     std::vector<std::vector<float>> alone_kv;
     for (const auto& p : prompts) {
-      auto blocks = pool.Allocate(BlocksForTokens(static_cast<int>(p.size()), 4));
+      auto blocks = engine->LeaseKvBlocks(BlocksForTokens(static_cast<int>(p.size()), 4));
       ASSERT_TRUE(blocks.ok());
       auto r = engine->Prefill(p, *blocks, sp, /*num_generated_before=*/0);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -458,14 +458,14 @@ TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
         }
       }
       alone_kv.push_back(std::move(kv));
-      ASSERT_TRUE(pool.Free(*blocks).ok());
+      ASSERT_TRUE(engine->ReturnKvBlocks(*blocks).ok());
     }
     // Together, one pass at a time: with a 37-token budget, passes mix the end of one prompt
     // with the start of the next.
     std::vector<std::vector<int32_t>> blocks(prompts.size());
     std::vector<PrefillJob> jobs(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
-      auto got = pool.Allocate(BlocksForTokens(static_cast<int>(prompts[i].size()), 4));
+      auto got = engine->LeaseKvBlocks(BlocksForTokens(static_cast<int>(prompts[i].size()), 4));
       ASSERT_TRUE(got.ok());
       blocks[i] = *got;
       jobs[i].prompt = prompts[i];
@@ -520,7 +520,7 @@ TEST(EngineDisaggregated, BatchedPrefillEqualsOneByOne) {
           }
         }
       }
-      ASSERT_TRUE(pool.Free(blocks[i]).ok());
+      ASSERT_TRUE(engine->ReturnKvBlocks(blocks[i]).ok());
     }
     EXPECT_EQ(pool.num_free(), pool.num_blocks());
     // A bad job fails the pass before anything runs.
@@ -557,7 +557,7 @@ TEST(EngineLogprobs, PromptAndGeneratedLogprobsMatchTheTeacherForcedLogits) {
   std::vector<std::vector<int32_t>> blocks(prompts.size());
   std::vector<PrefillJob> jobs(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    auto got = engine->kv_pool().Allocate(BlocksForTokens(static_cast<int>(prompts[i].size()), 4));
+    auto got = engine->LeaseKvBlocks(BlocksForTokens(static_cast<int>(prompts[i].size()), 4));
     ASSERT_TRUE(got.ok());
     blocks[i] = *got;
     jobs[i].prompt = prompts[i];
@@ -587,7 +587,7 @@ TEST(EngineLogprobs, PromptAndGeneratedLogprobsMatchTheTeacherForcedLogits) {
     EXPECT_EQ(r.first_logprobs.token, r.first_token);
     EXPECT_NEAR(r.first_logprobs.logprob, log_softmax(last, r.first_token), 1e-4);
     EXPECT_EQ(r.first_logprobs.top.size(), 2u);
-    ASSERT_TRUE(engine->kv_pool().Free(blocks[i]).ok());
+    ASSERT_TRUE(engine->ReturnKvBlocks(blocks[i]).ok());
   }
   // Generated tokens: Step() reports the log-softmax of the logits each token was drawn from.
   auto gen = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 29, .return_logits = true});
@@ -904,6 +904,45 @@ TEST(EngineBadInput, ErrorsNameTheProblem) {
   EXPECT_EQ(engine->Prefill(std::vector<int32_t>{1, 2}, none, sp).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->RemoveSequence(77).code(), StatusCode::kNotFound);
+}
+
+// A KV block has one owner at a time: the engine's scheduler for a sequence's blocks, the
+// caller for a lease. A caller cannot return (free) a sequence's block nor a lease it handed to
+// a sequence, nor return a block twice; a refused return frees nothing; every block comes back
+// when the sequences end and the leases are returned.
+TEST(EngineKvLease, ABlockHasOneOwnerAtATime) {
+  auto engine = MakeEngine("qwen3_moe", {.num_kv_blocks = 8, .block_size = 4});
+  ASSERT_TRUE(engine);
+  SamplingParams sp;
+  sp.max_tokens = 4;
+  sp.ignore_eos = true;
+  ASSERT_TRUE(engine->AddSequence(1, {1, 2, 3, 4, 5}, sp).ok());
+  ASSERT_TRUE(engine->Step().ok());
+  ASSERT_EQ(engine->Sequences()[0].num_blocks, 2);  // blocks 0 and 1: lowest ids first
+  const int free_before = engine->kv_pool().num_free();
+  EXPECT_EQ(engine->ReturnKvBlocks(std::vector<int32_t>{0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->ReturnKvBlocks(std::vector<int32_t>{1, 5}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine->kv_pool().IsAllocated(0));
+  EXPECT_EQ(engine->kv_pool().num_free(), free_before);
+  EXPECT_EQ(engine->AddPrefilledSequence(2, {1, 2, 3}, {0}, 1, sp).code(),
+            StatusCode::kInvalidArgument);
+
+  auto lease = engine->LeaseKvBlocks(1);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(engine->ReturnKvBlocks(std::vector<int32_t>{(*lease)[0], (*lease)[0]}).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine->AddPrefilledSequence(2, {1, 2, 3}, *lease, 1, sp).ok());
+  EXPECT_EQ(engine->ReturnKvBlocks(*lease).code(), StatusCode::kInvalidArgument);
+  auto other = engine->LeaseKvBlocks(2);
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(engine->ReturnKvBlocks(*other).ok());
+  EXPECT_EQ(engine->ReturnKvBlocks(*other).code(), StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(engine->Step().ok());  // both sequences run from their own blocks
+  ASSERT_TRUE(engine->RemoveSequence(1).ok());
+  ASSERT_TRUE(engine->RemoveSequence(2).ok());
+  EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
 }
 
 // A checkpoint with a missing tensor and one with a mis-shaped tensor are refused with the

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "services/common/kv_layout_hash.h"
-#include "engine/kv_cache.h"
-#include "engine/sampler.h"
+#include "memory/kv_blocks.h"
+#include "engine/sampler/sampler.h"
 #include "services/proto/codec.h"
 
 namespace pw::workers {

@@ -83,7 +83,7 @@ void DecodeWorker::AnswerReserve(const HeldReserve& h, const std::string& error)
   proto::OutMessage out;
   auto reply = out.body().initKvReserveReply();
   reply.setRequestId(h.request_id);
-  auto blocks = error.empty() ? engine_->kv_pool().Allocate(engine::BlocksForTokens(
+  auto blocks = error.empty() ? engine_->LeaseKvBlocks(engine::BlocksForTokens(
                                     static_cast<int>(h.num_tokens), engine_->kv_pool().layout().block_size))
                               : Result<std::vector<int32_t>>(InvalidArgument(error));
   if (!blocks.ok()) {

@@ -285,7 +285,7 @@ void DecodeWorker::UpdateMetrics() {
 }
 
 void DecodeWorker::FreeBlocks(const std::vector<int32_t>& blocks, const char* why) {
-  Status st = engine_->kv_pool().Free(blocks);
+  Status st = engine_->ReturnKvBlocks(blocks);
   if (!st.ok()) PW_LOG(ERROR) << options_.id << ": freeing blocks (" << why << "): " << st.ToString();
 }
 
@@ -625,10 +625,10 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
                    << leases_.size() << " leased)";
     }
     if (draining_ && drain_deadline == 0) {
-      drain_deadline = transport::SteadyClock::Get()->NowMs() + static_cast<uint64_t>(drain_timeout_ms);
+      drain_deadline = clock_->NowMs() + static_cast<uint64_t>(drain_timeout_ms);
     }
     if (draining_ && running_.empty() && leases_.size() == 0) break;
-    if (draining_ && transport::SteadyClock::Get()->NowMs() > drain_deadline) {
+    if (draining_ && clock_->NowMs() > drain_deadline) {
       PW_LOG(WARNING) << options_.id << ": drain timed out";
       for (auto& [id, run] : running_) {
         (void)engine_->RemoveSequence(id);

@@ -266,8 +266,8 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
     }
     if (draining_.load()) {
       if (drain_deadline == 0)
-        drain_deadline = transport::SteadyClock::Get()->NowMs() + drain_timeout_ms;
-      if (idle || transport::SteadyClock::Get()->NowMs() > drain_deadline) break;
+        drain_deadline = clock_->NowMs() + drain_timeout_ms;
+      if (idle || clock_->NowMs() > drain_deadline) break;
     }
     // While prompts are in flight, wake every millisecond to pass on their KvReady promptly.
     router_->Poll(idle ? 10 : 1, handler);
@@ -357,7 +357,7 @@ Status PrefillWorker::Prepare(Job* job) {
 }
 
 void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
-  auto& pool = engine_->kv_pool();
+  const auto& pool = engine_->kv_pool();
   while (true) {
     uint64_t remaining = 0;
     for (const auto& j : *active) remaining += j->tokens.size() - j->work.num_computed;
@@ -410,7 +410,7 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
       if (leader) {
         leader->followers.push_back(std::move(job));
       } else {
-        recent_->at_ms = transport::SteadyClock::Get()->NowMs();
+        recent_->at_ms = clock_->NowMs();
         ServeShared(job.get(), recent_->own, recent_->result);
       }
       continue;
@@ -423,7 +423,7 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
         if (!active->empty()) return;  // waits for blocks of the running prompts
         st = ResourceExhausted("no room in the prefill KV pool");  // cannot happen: pool is free
       } else {
-        auto got = pool.Allocate(need);
+        auto got = engine_->LeaseKvBlocks(need);
         st = got.status();
         if (st.ok()) job->own = std::move(*got);
       }
@@ -437,7 +437,7 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
       // A cancel may have removed it from the queue meanwhile.
       auto it = std::find(queue_.begin(), queue_.end(), job);
       if (it == queue_.end()) {
-        if (!job->own.empty()) (void)pool.Free(job->own);
+        if (!job->own.empty()) (void)engine_->ReturnKvBlocks(job->own);
         job->own.clear();
         continue;
       }
@@ -451,7 +451,7 @@ void PrefillWorker::Admit(std::vector<std::shared_ptr<Job>>* active) {
       }
     }
     if (!st.ok()) {
-      if (!job->own.empty()) (void)pool.Free(job->own);
+      if (!job->own.empty()) (void)engine_->ReturnKvBlocks(job->own);
       job->own.clear();
       Outcome o;
       o.request_id = job->request_id;
@@ -499,7 +499,7 @@ Result<PrefillWorker::Peer*> PrefillWorker::PeerFor(const std::string& decode_id
 
 Status PrefillWorker::Transfer(Job* job) {
   auto req = job->msg->body().getPrefillRequest();
-  auto& pool = engine_->kv_pool();
+  const auto& pool = engine_->kv_pool();
   const int L = pool.layout().num_layers;
   const uint64_t layer_bytes = pool.layout().bytes_per_layer();
   const uint64_t page_bytes = req.getDecodeLayout().getPageBytes();
@@ -531,7 +531,7 @@ Status PrefillWorker::Transfer(Job* job) {
 
 void PrefillWorker::Retire(Job* job, Status st) {
   if (!job->own.empty()) {
-    Status fst = engine_->kv_pool().Free(job->own);
+    Status fst = engine_->ReturnKvBlocks(job->own);
     if (!fst.ok()) PW_LOG(ERROR) << options_.id << ": freeing own blocks: " << fst.ToString();
     job->own.clear();
   }
@@ -592,7 +592,7 @@ void PrefillWorker::ServeShared(Job* f, const std::vector<int32_t>& blocks,
 
 void PrefillWorker::DropRecent() {
   if (!recent_) return;
-  Status st = engine_->kv_pool().Free(recent_->own);
+  Status st = engine_->ReturnKvBlocks(recent_->own);
   if (!st.ok()) PW_LOG(ERROR) << options_.id << ": freeing kept blocks: " << st.ToString();
   recent_.reset();
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
@@ -616,7 +616,7 @@ void PrefillWorker::FinishJob(const std::shared_ptr<Job>& j) {
   rec.own = std::move(j->own);
   j->own.clear();
   rec.result = j->work.result;
-  rec.at_ms = transport::SteadyClock::Get()->NowMs();
+  rec.at_ms = clock_->NowMs();
   recent_ = std::move(rec);
   Retire(j.get(), j->cancelled.load() ? Cancelled("cancelled") : st);
 }
@@ -638,7 +638,7 @@ void PrefillWorker::ComputeLoop() {
                         [&] { return stop_compute_.load() || !queue_.empty(); });
     }
     if (stop_compute_.load()) break;
-    if (recent_ && transport::SteadyClock::Get()->NowMs() - recent_->at_ms > kRecentMs) {
+    if (recent_ && clock_->NowMs() - recent_->at_ms > kRecentMs) {
       DropRecent();
     }
     Admit(&active);

@@ -1,9 +1,9 @@
-#include "engine/kv_cache.h"
+#include "memory/kv_blocks.h"
 
 #include <algorithm>
 #include <string>
 
-namespace pw::engine {
+namespace pw::memory {
 
 static Status CheckLayout(const KvLayout& layout, int num_blocks) {
   if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
@@ -18,38 +18,72 @@ static Status CheckLayout(const KvLayout& layout, int num_blocks) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvLayout& layout, int num_blocks) {
-  PW_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
-  const int64_t pages = static_cast<int64_t>(num_blocks) * layout.num_layers;
-  if (pages > (1ll << 31) - 1) return InvalidArgument("KV pool: too many pages");
-  auto own = memory::PagePool::Create(layout.min_page_bytes(), static_cast<int>(pages));
-  if (!own.ok()) {
-    return ResourceExhausted("KV pool: cannot allocate " + std::to_string(num_blocks) + " blocks (" +
-                             own.status().message() + ")");
+namespace {
+
+// The layer specs (every layer full attention when none are given) and each layer's first page
+// within a block; fills *pages_per_block. kUnsupported for a kind not served.
+Status LayOutLayers(const KvLayout& layout, size_t page_bytes, std::vector<KvLayerSpec>* specs,
+                    std::vector<int>* first_page, int* pages_per_block) {
+  if (specs->empty()) *specs = FullAttentionSpecs(layout);
+  if (specs->size() != static_cast<size_t>(layout.num_layers)) {
+    return InvalidArgument("KV pool: " + std::to_string(specs->size()) + " layer specs for " +
+                           std::to_string(layout.num_layers) + " layers");
   }
-  std::unique_ptr<KvBlockPool> p(new KvBlockPool(layout, own->get(), num_blocks));
+  *pages_per_block = 0;
+  first_page->clear();
+  for (size_t l = 0; l < specs->size(); ++l) {
+    PW_ASSIGN_OR_RETURN(int n, PagesPerBlock((*specs)[l], layout, page_bytes, static_cast<int>(l)));
+    first_page->push_back(*pages_per_block);
+    *pages_per_block += n;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvLayout& layout, int num_blocks,
+                                                         std::vector<KvLayerSpec> specs) {
+  PW_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
+  std::vector<int> first_page;
+  int per_block = 0;
+  PW_RETURN_IF_ERROR(
+      LayOutLayers(layout, layout.min_page_bytes(), &specs, &first_page, &per_block));
+  const int64_t pages = static_cast<int64_t>(num_blocks) * per_block;
+  if (pages > (1ll << 31) - 1) return InvalidArgument("KV pool: too many pages");
+  auto own = PagePool::Create(layout.min_page_bytes(), static_cast<int>(pages));
+  if (!own.ok()) {
+    return ResourceExhausted("KV pool: cannot allocate " + std::to_string(num_blocks) +
+                             " blocks (" + own.status().message() + ")");
+  }
+  std::unique_ptr<KvBlockPool> p(new KvBlockPool(layout, std::move(specs), std::move(first_page),
+                                                 per_block, own->get(), num_blocks));
   p->own_pages_ = std::move(own).value();
   return p;
 }
 
-Result<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateOn(const KvLayout& layout,
-                                                           memory::PagePool* pages, int max_blocks) {
+Result<std::unique_ptr<KvBlockPool>> KvBlockPool::CreateOn(const KvLayout& layout, PagePool* pages,
+                                                           int max_blocks,
+                                                           std::vector<KvLayerSpec> specs) {
   PW_RETURN_IF_ERROR(CheckLayout(layout, max_blocks));
   if (pages == nullptr) return InvalidArgument("KV pool: no page pool");
-  if (pages->page_bytes() < layout.bytes_per_layer()) {
-    return InvalidArgument("KV pool: pages of " + std::to_string(pages->page_bytes()) +
-                           " bytes cannot hold one layer of a KV block (" +
-                           std::to_string(layout.bytes_per_layer()) + " bytes)");
-  }
-  return std::unique_ptr<KvBlockPool>(new KvBlockPool(layout, pages, max_blocks));
+  std::vector<int> first_page;
+  int per_block = 0;
+  PW_RETURN_IF_ERROR(LayOutLayers(layout, pages->page_bytes(), &specs, &first_page, &per_block));
+  return std::unique_ptr<KvBlockPool>(new KvBlockPool(
+      layout, std::move(specs), std::move(first_page), per_block, pages, max_blocks));
 }
 
-KvBlockPool::KvBlockPool(const KvLayout& layout, memory::PagePool* pages, int num_blocks)
+KvBlockPool::KvBlockPool(const KvLayout& layout, std::vector<KvLayerSpec> specs,
+                         std::vector<int> first_page, int pages_per_block, PagePool* pages,
+                         int num_blocks)
     : layout_(layout),
+      specs_(std::move(specs)),
+      first_page_(std::move(first_page)),
+      pages_per_block_(pages_per_block),
       pages_(pages),
       num_blocks_(num_blocks),
       allocated_(static_cast<size_t>(num_blocks), 0),
-      page_of_(static_cast<size_t>(num_blocks) * layout.num_layers, -1),
+      page_of_(static_cast<size_t>(num_blocks) * static_cast<size_t>(pages_per_block), -1),
       page_ptr_(page_of_.size(), nullptr) {
   free_.reserve(static_cast<size_t>(num_blocks));
   for (int i = num_blocks - 1; i >= 0; --i) free_.push_back(i);
@@ -60,21 +94,21 @@ KvBlockPool::~KvBlockPool() {
   if (own_pages_ == nullptr) {
     for (int b = 0; b < num_blocks_; ++b) {
       if (!allocated_[static_cast<size_t>(b)]) continue;
-      std::span<const memory::PageId> p(&page_of_[static_cast<size_t>(b) * layout_.num_layers],
-                                        static_cast<size_t>(layout_.num_layers));
-      (void)pages_->Free(p, memory::Tenant::kKv);
+      std::span<const PageId> p(&page_of_[static_cast<size_t>(b) * pages_per_block_],
+                                static_cast<size_t>(pages_per_block_));
+      (void)pages_->Free(p, Tenant::kKv);
     }
   }
 }
 
 int KvBlockPool::num_free() const {
-  const int by_pages = pages_->num_free() / layout_.num_layers;
+  const int by_pages = pages_->num_free() / pages_per_block_;
   return std::min(static_cast<int>(free_.size()), by_pages);
 }
 
-memory::PageId KvBlockPool::PageOf(int32_t id, int layer) const {
+PageId KvBlockPool::PageOf(int32_t id, int layer) const {
   PW_CHECK(id >= 0 && id < num_blocks_ && layer >= 0 && layer < layout_.num_layers);
-  const memory::PageId p = page_of_[static_cast<size_t>(id) * layout_.num_layers + layer];
+  const PageId p = page_of_[At(id, layer)];
   PW_CHECK(p >= 0);
   return p;
 }
@@ -114,10 +148,11 @@ Result<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
                              std::to_string(num_free()) + " of " + std::to_string(num_blocks_) +
                              " free");
   }
-  auto pages = pages_->Allocate(n * layout_.num_layers, memory::Tenant::kKv);
+  auto pages = pages_->Allocate(n * pages_per_block_, Tenant::kKv);
   if (!pages.ok()) {
     return ResourceExhausted("KV pool: " + std::to_string(n) + " blocks requested, " +
-                             std::to_string(num_free()) + " free (" + pages.status().message() + ")");
+                             std::to_string(num_free()) + " free (" + pages.status().message() +
+                             ")");
   }
   std::vector<int32_t> out(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
@@ -125,9 +160,9 @@ Result<std::vector<int32_t>> KvBlockPool::Allocate(int n) {
     free_.pop_back();
     out[static_cast<size_t>(i)] = id;
     allocated_[static_cast<size_t>(id)] = 1;
-    for (int l = 0; l < layout_.num_layers; ++l) {
-      const size_t at = static_cast<size_t>(id) * layout_.num_layers + l;
-      page_of_[at] = (*pages)[static_cast<size_t>(i) * layout_.num_layers + l];
+    for (int k = 0; k < pages_per_block_; ++k) {
+      const size_t at = static_cast<size_t>(id) * pages_per_block_ + k;
+      page_of_[at] = (*pages)[static_cast<size_t>(i) * pages_per_block_ + k];
       page_ptr_[at] = pages_->Page(page_of_[at]);
     }
   }
@@ -146,19 +181,19 @@ Status KvBlockPool::Free(std::span<const int32_t> ids) {
         return InvalidArgument("KV pool: block " + std::to_string(id) + " freed twice");
     }
   }
-  std::vector<memory::PageId> pages;
-  pages.reserve(ids.size() * static_cast<size_t>(layout_.num_layers));
+  std::vector<PageId> pages;
+  pages.reserve(ids.size() * static_cast<size_t>(pages_per_block_));
   for (int32_t id : ids) {
     allocated_[static_cast<size_t>(id)] = 0;
     free_.push_back(id);
-    for (int l = 0; l < layout_.num_layers; ++l) {
-      const size_t at = static_cast<size_t>(id) * layout_.num_layers + l;
+    for (int k = 0; k < pages_per_block_; ++k) {
+      const size_t at = static_cast<size_t>(id) * pages_per_block_ + k;
       pages.push_back(page_of_[at]);
       page_of_[at] = -1;
       page_ptr_[at] = nullptr;
     }
   }
-  Status st = pages_->Free(pages, memory::Tenant::kKv);
+  Status st = pages_->Free(pages, Tenant::kKv);
   PW_CHECK(st.ok());  // this pool is the only KV tenant of its pages
   return Status::Ok();
 }
@@ -166,8 +201,9 @@ Status KvBlockPool::Free(std::span<const int32_t> ids) {
 cpu::PagedKvView KvBlockPool::LayerView(int layer) const {
   PW_CHECK(layer >= 0 && layer < layout_.num_layers);
   cpu::PagedKvView v;
-  v.pages = page_ptr_.data() + layer;
-  v.page_stride = static_cast<size_t>(layout_.num_layers);
+  PW_CHECK(specs_[static_cast<size_t>(layer)].kind == KvKind::kFullAttention);
+  v.pages = page_ptr_.data() + first_page_[static_cast<size_t>(layer)];
+  v.page_stride = static_cast<size_t>(pages_per_block_);
   v.element = layout_.dtype == KvDtype::kF32 ? cpu::KvElement::kF32 : cpu::KvElement::kBf16;
   v.num_kv_heads = layout_.num_kv_heads;
   v.block_size = layout_.block_size;
@@ -179,4 +215,4 @@ bool KvBlockPool::IsAllocated(int32_t id) const {
   return id >= 0 && id < num_blocks_ && allocated_[static_cast<size_t>(id)] != 0;
 }
 
-}  // namespace pw::engine
+}  // namespace pw::memory

@@ -1,11 +1,11 @@
-// Paged KV cache: KV blocks over the pages of a memory::PagePool, and per-sequence block
-// tables.
+// KvBlockPool: KV blocks over the pages of a memory::PagePool (block ids and their pages).
 //
 // Memory layout (the cluster copies pages between processes, so it is part of the contract;
 // version kKvLayoutVersion, carried in the registration so peers refuse a mismatch):
 //
-//   a KV block holds block_size tokens of every layer, as one page per layer: page (b, l)
-//   holds, with no padding,
+//   a KV block holds block_size tokens of every layer, as the pages its layer's spec asks for
+//   (memory/kv_spec.h; one page per layer for full attention, the only kind served): page
+//   (b, l) holds, with no padding,
 //     [kv c (0 = K, 1 = V)][kv head h][slot s][head_dim d]        of layer l
 //   element offset in the page = ((c * num_kv_heads + h) * block_size + s) * head_dim + d
 //   elements are fp32 or bf16 (KvLayout::dtype); bytes_per_layer() = 2 * num_kv_heads *
@@ -16,12 +16,16 @@
 // of one KV block with no copy; a standalone pool (Create) makes its own PagePool. A block's
 // pages need not be adjacent: Slab() and LayerPage() find them through the block's page list.
 //
+// Owner: one object allocates and frees, the engine's scheduler (engine/scheduler/); a worker
+// that needs blocks for a transfer leases them through the engine (Engine::LeaseKvBlocks) and
+// reads this pool only through a const reference (docs/architecture.md, "KV blocks").
+//
 // A sequence's token at position p lives in block table[p / block_size], slot p % block_size.
 // K is stored after RoPE (and after q/k-norm where the model has one), exactly what attention
 // reads, so a page copied to another pool with the same layout is usable as is.
 //
-// Two pools are compatible (pages can be copied between them) iff their KvLayout is equal.
-// The pool is not thread-safe: one thread (the engine's) allocates and frees.
+// Two pools are compatible (pages can be copied between them) iff their KvLayout and layer
+// specs are equal. The pool is not thread-safe: one thread (the engine's) allocates and frees.
 #pragma once
 
 #include <cstddef>
@@ -34,32 +38,32 @@
 #include "common/status.h"
 #include "kernels/cpu/paged_attention.h"
 #include "memory/kv_layout.h"
+#include "memory/kv_spec.h"
 #include "memory/page_pool.h"
 
-namespace pw::engine {
-
-// The layout of a KV block (memory/kv_layout.h): what peers compare before exchanging blocks.
-using memory::KvDtype;
-using memory::KvDtypeName;
-using memory::KvLayout;
-using memory::kKvLayoutVersion;
-using memory::ParseKvDtype;
+namespace pw::memory {
 
 class KvBlockPool {
  public:
-  // A pool with its own pages: num_blocks * num_layers pages of min_page_bytes().
-  // kInvalidArgument for non-positive sizes; kResourceExhausted when the buffer cannot be
-  // allocated (message gives the bytes asked for).
-  static Result<std::unique_ptr<KvBlockPool>> Create(const KvLayout& layout, int num_blocks);
+  // A pool with its own pages: num_blocks * pages_per_block() pages of min_page_bytes().
+  // `specs`: one per layer (empty = every layer full attention); a kind not served is
+  // kUnsupported. kInvalidArgument for non-positive sizes; kResourceExhausted when the buffer
+  // cannot be allocated (message gives the bytes asked for).
+  static Result<std::unique_ptr<KvBlockPool>> Create(const KvLayout& layout, int num_blocks,
+                                                     std::vector<KvLayerSpec> specs = {});
   // A pool over borrowed pages (which must outlive it); up to `max_blocks` blocks, each taking
-  // num_layers pages of `pages` as tenant kKv when allocated.
-  static Result<std::unique_ptr<KvBlockPool>> CreateOn(const KvLayout& layout,
-                                                       memory::PagePool* pages, int max_blocks);
+  // pages_per_block() pages of `pages` as tenant kKv when allocated. `specs` as in Create.
+  static Result<std::unique_ptr<KvBlockPool>> CreateOn(const KvLayout& layout, PagePool* pages,
+                                                       int max_blocks,
+                                                       std::vector<KvLayerSpec> specs = {});
   ~KvBlockPool();
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
   const KvLayout& layout() const { return layout_; }
+  const std::vector<KvLayerSpec>& specs() const { return specs_; }
+  // Pages one block takes: the sum over layers of PagesPerBlock(spec) (num_layers today).
+  int pages_per_block() const { return pages_per_block_; }
   // Block ids are in [0, num_blocks()).
   int num_blocks() const { return num_blocks_; }
   // Blocks that can be allocated now: free ids, limited by the free pages of the page pool
@@ -68,10 +72,10 @@ class KvBlockPool {
   // Blocks allocated now.
   int num_used() const { return num_blocks_ - static_cast<int>(free_.size()); }
   size_t bytes_per_block() const { return layout_.bytes_per_block(); }
-  memory::PagePool& pages() { return *pages_; }
-  const memory::PagePool& pages() const { return *pages_; }
+  PagePool& pages() { return *pages_; }
+  const PagePool& pages() const { return *pages_; }
   // The page of layer `layer` of block `id` (allocated; checked: a broken invariant aborts).
-  memory::PageId PageOf(int32_t id, int layer) const;
+  PageId PageOf(int32_t id, int layer) const;
   uint8_t* LayerPage(int32_t id, int layer);
   const uint8_t* LayerPage(int32_t id, int layer) const;
   // [block_size][head_dim] K (kv = 0) or V (kv = 1) of one layer and kv head of a block, as
@@ -95,16 +99,25 @@ class KvBlockPool {
   bool IsAllocated(int32_t id) const;
 
  private:
-  KvBlockPool(const KvLayout& layout, memory::PagePool* pages, int num_blocks);
+  KvBlockPool(const KvLayout& layout, std::vector<KvLayerSpec> specs, std::vector<int> first_page,
+              int pages_per_block, PagePool* pages, int num_blocks);
+  // Index of layer `layer`'s first page of block `id` in page_of_ / page_ptr_.
+  size_t At(int32_t id, int layer) const {
+    return static_cast<size_t>(id) * static_cast<size_t>(pages_per_block_) +
+           static_cast<size_t>(first_page_[static_cast<size_t>(layer)]);
+  }
   size_t SlabOffset(int kv, int kv_head) const;
   KvLayout layout_;
-  std::unique_ptr<memory::PagePool> own_pages_;  // null when borrowed
-  memory::PagePool* pages_;
+  std::vector<KvLayerSpec> specs_;  // [layer]
+  std::vector<int> first_page_;     // [layer]: its first page among a block's pages
+  int pages_per_block_;
+  std::unique_ptr<PagePool> own_pages_;  // null when borrowed
+  PagePool* pages_;
   int num_blocks_;
-  std::vector<int32_t> free_;           // stack of free ids (lowest id handed out first)
-  std::vector<uint8_t> allocated_;      // per block: 1 if allocated
-  std::vector<memory::PageId> page_of_; // [block][layer]
-  std::vector<const uint8_t*> page_ptr_; // [block][layer]: the page's address (null when free)
+  std::vector<int32_t> free_;             // stack of free ids (lowest id handed out first)
+  std::vector<uint8_t> allocated_;        // per block: 1 if allocated
+  std::vector<PageId> page_of_;           // [block][page of the block]
+  std::vector<const uint8_t*> page_ptr_;  // [block][page of the block]: address (null when free)
 };
 
 // Blocks needed to hold n tokens.
@@ -112,4 +125,4 @@ inline int BlocksForTokens(int n_tokens, int block_size) {
   return (n_tokens + block_size - 1) / block_size;
 }
 
-}  // namespace pw::engine
+}  // namespace pw::memory

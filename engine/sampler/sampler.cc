@@ -1,4 +1,4 @@
-#include "engine/sampler.h"
+#include "engine/sampler/sampler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,10 +1,10 @@
-#include "engine/kv_cache.h"
+#include "memory/kv_blocks.h"
 
 #include <gtest/gtest.h>
 
 #include <set>
 
-namespace pw::engine {
+namespace pw::memory {
 namespace {
 
 KvLayout Layout() { return {.num_layers = 3, .num_kv_heads = 2, .head_dim = 8, .block_size = 4}; }
@@ -28,7 +28,7 @@ TEST(KvBlockPool, LayoutIsTheDocumentedOne) {
     EXPECT_EQ(p.Slab(blk, l, 1, 1), page + (1 * 2 + 1) * 4 * 8);
   }
   // Distinct pages for distinct (block, layer).
-  std::set<memory::PageId> pages;
+  std::set<PageId> pages;
   for (int32_t id : *b) {
     for (int l = 0; l < 3; ++l) pages.insert(p.PageOf(id, l));
   }
@@ -52,23 +52,23 @@ TEST(KvBlockPool, Bf16HalvesThePage) {
 // On a shared page pool KV takes pages as tenant kKv; what another tenant holds is not free
 // for KV, and what it gives back is usable by KV at once.
 TEST(KvBlockPool, SharesAPagePoolWithAnotherTenant) {
-  auto pages = memory::PagePool::Create(512, 30).value();
+  auto pages = PagePool::Create(512, 30).value();
   auto pool = KvBlockPool::CreateOn(Layout(), pages.get(), 100);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   auto& p = **pool;
   EXPECT_EQ(p.num_free(), 10);  // 30 pages / 3 layers
-  auto weights = pages->Allocate(12, memory::Tenant::kWeights).value();
+  auto weights = pages->Allocate(12, Tenant::kWeights).value();
   EXPECT_EQ(p.num_free(), 6);
   auto kv = p.Allocate(6);
   ASSERT_TRUE(kv.ok());
-  EXPECT_EQ(pages->Count(memory::Tenant::kKv), 18);
+  EXPECT_EQ(pages->Count(Tenant::kKv), 18);
   EXPECT_EQ(p.Allocate(1).status().code(), StatusCode::kResourceExhausted);
-  ASSERT_TRUE(pages->Free(std::span<const memory::PageId>(weights).first(3), memory::Tenant::kWeights).ok());
+  ASSERT_TRUE(pages->Free(std::span<const PageId>(weights).first(3), Tenant::kWeights).ok());
   EXPECT_TRUE(p.Allocate(1).ok());
   ASSERT_TRUE(p.Free(*kv).ok());
   EXPECT_TRUE(pages->Balanced());
   // Pages too small for one layer of a block.
-  auto tiny = memory::PagePool::Create(64, 4).value();
+  auto tiny = PagePool::Create(64, 4).value();
   EXPECT_FALSE(KvBlockPool::CreateOn(Layout(), tiny.get(), 4).ok());
 }
 
@@ -109,5 +109,43 @@ TEST(KvBlockPool, BadSizesAreInvalidArgument) {
   EXPECT_EQ(BlocksForTokens(9, 4), 3);
 }
 
+// The page layout follows the per-layer specs: a block takes the sum of its layers' pages and
+// each layer's view strides over a block's pages. Only full attention is served; every other
+// kind is refused with kUnsupported naming the layer and the kind, for an own pool and a
+// borrowed one alike, and a spec list that does not match the layers is refused too.
+TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyFullAttentionIsServed) {
+  const KvLayout l = Layout();
+  auto pool = KvBlockPool::Create(l, 4, std::vector<KvLayerSpec>(3));
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->pages_per_block(), 3);
+  EXPECT_EQ((*pool)->specs(), FullAttentionSpecs(l));
+  auto b = (*pool)->Allocate(2);
+  ASSERT_TRUE(b.ok());
+  for (int layer = 0; layer < 3; ++layer) {
+    const cpu::PagedKvView v = (*pool)->LayerView(layer);
+    EXPECT_EQ(v.page_stride, 3u);
+    for (int32_t id : *b) EXPECT_EQ(v.pages[id * 3], (*pool)->LayerPage(id, layer));
+  }
+  EXPECT_EQ(PagesPerBlock(KvLayerSpec{}, l, l.min_page_bytes(), 0).value(), 1);
+  EXPECT_EQ(PagesPerBlock(KvLayerSpec{}, l, l.bytes_per_layer() - 1, 0).status().code(),
+            StatusCode::kInvalidArgument);
+
+  auto pages = PagePool::Create(l.min_page_bytes(), 30).value();
+  for (KvKind kind : {KvKind::kSlidingWindow, KvKind::kLatent, KvKind::kRecurrentState}) {
+    std::vector<KvLayerSpec> specs(3);
+    specs[1] = {.kind = kind, .window = 64, .latent_dim = 512, .state_bytes = 4096};
+    auto own = KvBlockPool::Create(l, 4, specs);
+    ASSERT_EQ(own.status().code(), StatusCode::kUnsupported) << KvKindName(kind);
+    EXPECT_NE(own.status().message().find(std::string("layer 1: kind ") + KvKindName(kind)),
+              std::string::npos)
+        << own.status().message();
+    EXPECT_EQ(KvBlockPool::CreateOn(l, pages.get(), 4, specs).status().code(),
+              StatusCode::kUnsupported);
+  }
+  EXPECT_EQ(KvBlockPool::Create(l, 4, std::vector<KvLayerSpec>(2)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(pages->Balanced());
+}
+
 }  // namespace
-}  // namespace pw::engine
+}  // namespace pw::memory

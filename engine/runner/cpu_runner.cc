@@ -1,0 +1,240 @@
+#include "engine/runner/cpu_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "engine/ops/linear.h"
+
+namespace pw::engine {
+
+CpuRunner::CpuRunner(const Model& model, memory::KvBlockPool* kv, int num_threads)
+    : model_(model),
+      cfg_(model.config()),
+      kv_(kv),
+      threads_(num_threads),
+      k_(cpu::Kernels()),
+      bf16_provider_(model) {}
+
+void CpuRunner::SetHooks(const MoeHooks& hooks) { hooks_ = hooks; }
+
+Status CpuRunner::Forward(const Batch& batch, std::vector<float>* logits) {
+  const size_t T = Prepare(batch.items);
+  if (T == 0) return Status::Ok();
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const LayerWeights& w = model_.layers()[static_cast<size_t>(l)];
+    AttentionBlock(static_cast<int>(l), w, T);
+    PW_RETURN_IF_ERROR(MlpBlock(static_cast<int>(l), w, T, batch.pure_decode));
+  }
+  Logits(batch.items, logits);
+  return Status::Ok();
+}
+
+size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  const size_t D = static_cast<size_t>(cfg_.head_dim);
+  const size_t qd = static_cast<size_t>(cfg_.num_heads) * D;
+  const size_t kvd = static_cast<size_t>(cfg_.num_kv_heads) * D;
+  size_t T = 0;
+  for (const ForwardItem& it : items) T += static_cast<size_t>(it.n);
+  if (T == 0) return 0;
+  tok_seq_.resize(T);
+  tok_pos_.resize(T);
+  tok_blocks_.resize(T);
+  x_.resize(T * H);
+  h_.resize(T * H);
+  q_.resize(T * qd);
+  k_buf_.resize(T * kvd);
+  v_buf_.resize(T * kvd);
+  attn_.resize(T * qd);
+  tmp_.resize(T * H);
+  cos_.resize(T * D / 2);
+  sin_.resize(T * D / 2);
+  const std::vector<float>& inv_freq = model_.rope_inv_freq();
+  size_t t = 0;
+  for (const ForwardItem& it : items) {
+    for (int i = 0; i < it.n; ++i, ++t) {
+      const int32_t id = it.tokens[i];
+      PW_CHECK(id >= 0 && static_cast<int64_t>(id) < cfg_.vocab_size);
+      tok_seq_[t] = it.seq_id;
+      tok_pos_[t] = it.start_pos + i;
+      tok_blocks_[t] = it.blocks;
+      const uint16_t* row = model_.embed().data + static_cast<size_t>(id) * H;
+      for (size_t j = 0; j < H; ++j) x_[t * H + j] = cpu::Bf16Bits(row[j]);
+      const float pos = static_cast<float>(tok_pos_[t]);
+      for (size_t j = 0; j < D / 2; ++j) {
+        const float angle = pos * inv_freq[j];
+        cos_[t * D / 2 + j] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        sin_[t * D / 2 + j] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+    }
+  }
+  return T;
+}
+
+void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  const size_t qd = static_cast<size_t>(cfg_.num_heads) * static_cast<size_t>(cfg_.head_dim);
+  const size_t kvd = static_cast<size_t>(cfg_.num_kv_heads) * static_cast<size_t>(cfg_.head_dim);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  for (size_t i = 0; i < T; ++i) k_.rms_norm(&x_[i * H], w.input_norm.data(), H, eps, &h_[i * H]);
+  Linear(&threads_, k_, h_.data(), H, T, w.q, q_.data(), qd);
+  Linear(&threads_, k_, h_.data(), H, T, w.k, k_buf_.data(), kvd);
+  Linear(&threads_, k_, h_.data(), H, T, w.v, v_buf_.data(), kvd);
+  for (size_t i = 0; i < T; ++i) {
+    ShapeQkv(w, i);
+    WriteKv(layer, i);
+  }
+  Attention(layer, T);
+  Linear(&threads_, k_, attn_.data(), qd, T, w.o, tmp_.data(), H);
+  for (size_t i = 0; i < T; ++i) {
+    if (!w.o_bias.empty()) k_.axpy(1.f, w.o_bias.data(), H, &tmp_[i * H]);
+    k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
+  }
+}
+
+void CpuRunner::ShapeQkv(const LayerWeights& w, size_t i) {
+  const size_t D = static_cast<size_t>(cfg_.head_dim);
+  const size_t nh = static_cast<size_t>(cfg_.num_heads);
+  const size_t nkv = static_cast<size_t>(cfg_.num_kv_heads);
+  const size_t qd = nh * D, kvd = nkv * D;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  float* q = &q_[i * qd];
+  float* kk = &k_buf_[i * kvd];
+  float* vv = &v_buf_[i * kvd];
+  if (!w.q_bias.empty()) {
+    k_.axpy(1.f, w.q_bias.data(), qd, q);
+    k_.axpy(1.f, w.k_bias.data(), kvd, kk);
+    k_.axpy(1.f, w.v_bias.data(), kvd, vv);
+  }
+  if (cfg_.qk_norm == QkNorm::kFull) {
+    k_.rms_norm(q, w.q_norm.data(), qd, eps, q);
+    k_.rms_norm(kk, w.k_norm.data(), kvd, eps, kk);
+  }
+  if (cfg_.clip_qkv) {
+    const float c = static_cast<float>(*cfg_.clip_qkv);
+    for (size_t j = 0; j < qd; ++j) q[j] = std::clamp(q[j], -c, c);
+    for (size_t j = 0; j < kvd; ++j) {
+      kk[j] = std::clamp(kk[j], -c, c);
+      vv[j] = std::clamp(vv[j], -c, c);
+    }
+  }
+  if (cfg_.qk_norm == QkNorm::kPerHead) {
+    for (size_t hd = 0; hd < nh; ++hd) k_.rms_norm(q + hd * D, w.q_norm.data(), D, eps, q + hd * D);
+    for (size_t hd = 0; hd < nkv; ++hd) {
+      k_.rms_norm(kk + hd * D, w.k_norm.data(), D, eps, kk + hd * D);
+    }
+  }
+  // RoPE, rotate-half convention: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
+  const float* c = &cos_[i * D / 2];
+  const float* s = &sin_[i * D / 2];
+  auto rope = [&](float* v) {
+    for (size_t j = 0; j < D / 2; ++j) {
+      const float x1 = v[j], x2 = v[j + D / 2];
+      v[j] = x1 * c[j] - x2 * s[j];
+      v[j + D / 2] = x2 * c[j] + x1 * s[j];
+    }
+  };
+  for (size_t hd = 0; hd < nh; ++hd) rope(q + hd * D);
+  for (size_t hd = 0; hd < nkv; ++hd) rope(kk + hd * D);
+}
+
+void CpuRunner::WriteKv(int layer, size_t i) {
+  const size_t D = static_cast<size_t>(cfg_.head_dim);
+  const size_t nkv = static_cast<size_t>(cfg_.num_kv_heads);
+  const float* kk = &k_buf_[i * nkv * D];
+  const float* vv = &v_buf_[i * nkv * D];
+  const int bs = kv_->layout().block_size;
+  const int32_t pos = tok_pos_[i];
+  const int32_t block = tok_blocks_[i][pos / bs];
+  const size_t slot = static_cast<size_t>(pos % bs);
+  const bool bf16 = kv_->layout().dtype == memory::KvDtype::kBf16;
+  for (size_t hd = 0; hd < nkv; ++hd) {
+    const int h = static_cast<int>(hd);
+    if (bf16) {
+      uint16_t* kd = kv_->SlabBf16(block, layer, 0, h) + slot * D;
+      uint16_t* vd = kv_->SlabBf16(block, layer, 1, h) + slot * D;
+      for (size_t d = 0; d < D; ++d) {
+        kd[d] = F32ToBf16(kk[hd * D + d]);
+        vd[d] = F32ToBf16(vv[hd * D + d]);
+      }
+    } else {
+      std::memcpy(kv_->Slab(block, layer, 0, h) + slot * D, kk + hd * D, D * sizeof(float));
+      std::memcpy(kv_->Slab(block, layer, 1, h) + slot * D, vv + hd * D, D * sizeof(float));
+    }
+  }
+}
+
+void CpuRunner::Attention(int layer, size_t T) {
+  const size_t D = static_cast<size_t>(cfg_.head_dim);
+  const size_t nh = static_cast<size_t>(cfg_.num_heads);
+  int32_t max_pos = 0;
+  for (size_t i = 0; i < T; ++i) max_pos = std::max(max_pos, tok_pos_[i]);
+  const size_t work = static_cast<size_t>(max_pos + 1) * D * T * nh;
+  const size_t min_per =
+      std::max<size_t>(1, kMinParallelMacs / std::max<size_t>(1, work / (T * nh)));
+  const cpu::PagedKvView kv = kv_->LayerView(layer);
+  cpu::AttentionQueries qs;
+  qs.q = q_.data();
+  qs.T = T;
+  qs.num_heads = static_cast<int>(nh);
+  qs.positions = tok_pos_.data();
+  qs.block_tables = tok_blocks_.data();
+  qs.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  threads_.ParallelFor(T * nh, 1, min_per, [&](size_t begin, size_t end) {
+    std::vector<float> scores(cpu::PagedAttentionScoreFloats(max_pos));
+    std::vector<float> widen(cpu::PagedAttentionWidenFloats(kv));
+    cpu::PagedAttention(k_, kv, qs, begin, end, scores.data(), widen.data(), attn_.data());
+  });
+}
+
+Status CpuRunner::MlpBlock(int layer, const LayerWeights& w, size_t T, bool pure_decode) {
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  for (size_t i = 0; i < T; ++i) {
+    k_.rms_norm(&x_[i * H], w.post_attn_norm.data(), H, eps, &h_[i * H]);
+  }
+  if (w.is_moe) {
+    RoutingContext ctx;
+    ctx.layer = layer;
+    ctx.num_tokens = static_cast<int>(T);
+    ctx.pure_decode = pure_decode;
+    ctx.seq_ids = tok_seq_.data();
+    ctx.positions = tok_pos_.data();
+    ctx.residency = hooks_.residency ? hooks_.residency : &all_resident_;
+    ctx.fetcher = hooks_.fetcher;
+    ExpertWeightProvider* provider = hooks_.provider ? hooks_.provider : &bf16_provider_;
+    PW_RETURN_IF_ERROR(
+        RunMoeLayer(cfg_, w, ctx, h_.data(), tmp_.data(), hooks_, provider, &moe_, &threads_, k_));
+  } else {
+    RunDenseMlp(w.mlp, h_.data(), T, H, tmp_.data(), &mlp_tmp_, &threads_, k_);
+  }
+  for (size_t i = 0; i < T; ++i) k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
+  return Status::Ok();
+}
+
+void CpuRunner::Logits(std::span<const ForwardItem> items, std::vector<float>* logits) {
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  const size_t V = static_cast<size_t>(cfg_.vocab_size);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  size_t rows = 0;
+  size_t t = 0;
+  for (const ForwardItem& it : items) {
+    const size_t n = static_cast<size_t>(it.n);
+    size_t first = n;
+    if (it.logits == LogitsWanted::kAll) first = 0;
+    if (it.logits == LogitsWanted::kLast) first = n - 1;
+    for (size_t i = first; i < n; ++i, ++rows) {
+      k_.rms_norm(&x_[(t + i) * H], model_.final_norm().data(), H, eps, &h_[rows * H]);
+    }
+    t += n;
+  }
+  if (rows > 0) {
+    const size_t old = logits->size();
+    logits->resize(old + rows * V);
+    Linear(&threads_, k_, h_.data(), H, rows, model_.lm_head(), logits->data() + old, V);
+  }
+}
+
+}  // namespace pw::engine

@@ -1,0 +1,64 @@
+// CpuRunner: the batched forward pass on the CPU (runner.h), over the paged KV cache of a
+// memory::KvBlockPool (K/V written through the pool's pages, attention read through its
+// paged-KV view, kernels/cpu/paged_attention.h). Dense products split over its own thread
+// pool with the CPU's best DenseKernels table.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/experts/bf16_expert_provider.h"
+#include "engine/layers/moe_layer.h"
+#include "engine/models/model.h"
+#include "engine/runner/runner.h"
+#include "kernels/cpu/dense.h"
+#include "kernels/cpu/thread_pool.h"
+#include "memory/kv_blocks.h"
+
+namespace pw::engine {
+
+class CpuRunner final : public Runner {
+ public:
+  // `model` and `kv` are borrowed and must outlive the runner. `num_threads` includes the
+  // calling thread.
+  CpuRunner(const Model& model, memory::KvBlockPool* kv, int num_threads);
+
+  Status Forward(const Batch& batch, std::vector<float>* logits) override;
+  void SetHooks(const MoeHooks& hooks) override;
+
+ private:
+  // Sizes the buffers for T tokens, fills the embeddings, per-token metadata and RoPE tables.
+  // Returns T.
+  size_t Prepare(std::span<const ForwardItem> items);
+  // x += o(attention(norm(x))) for layer l; writes the batch's K/V into the blocks first.
+  void AttentionBlock(int layer, const LayerWeights& w, size_t T);
+  // q/k/v of token i after bias, q/k-norm, clipping and RoPE.
+  void ShapeQkv(const LayerWeights& w, size_t i);
+  void WriteKv(int layer, size_t i);
+  void Attention(int layer, size_t T);
+  // x += mlp(norm(x)) for layer l (routed experts through the hooks, or the dense MLP).
+  Status MlpBlock(int layer, const LayerWeights& w, size_t T, bool pure_decode);
+  // Final norm and lm_head on the rows the items want; appended to *logits.
+  void Logits(std::span<const ForwardItem> items, std::vector<float>* logits);
+
+  const Model& model_;
+  const ModelConfig& cfg_;
+  memory::KvBlockPool* kv_;
+  cpu::ThreadPool threads_;
+  const cpu::DenseKernels& k_;
+  Bf16ExpertProvider bf16_provider_;
+  AllResident all_resident_;
+  MoeHooks hooks_;
+
+  // Per-token metadata of the current batch.
+  std::vector<uint64_t> tok_seq_;
+  std::vector<int32_t> tok_pos_;
+  std::vector<const int32_t*> tok_blocks_;
+  // Activations.
+  std::vector<float> x_, h_, q_, k_buf_, v_buf_, attn_, tmp_, cos_, sin_;
+  std::vector<float> mlp_tmp_;
+  MoeScratch moe_;
+};
+
+}  // namespace pw::engine

@@ -1,0 +1,40 @@
+#include "memory/kv_spec.h"
+
+#include <algorithm>
+#include <string>
+
+namespace pw::memory {
+
+const char* KvKindName(KvKind k) {
+  switch (k) {
+    case KvKind::kFullAttention:
+      return "full_attention";
+    case KvKind::kSlidingWindow:
+      return "sliding_window";
+    case KvKind::kLatent:
+      return "latent";
+    case KvKind::kRecurrentState:
+      return "recurrent_state";
+  }
+  return "unknown";
+}
+
+std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout) {
+  return std::vector<KvLayerSpec>(static_cast<size_t>(std::max(0, layout.num_layers)));
+}
+
+Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
+                          int layer) {
+  if (spec.kind != KvKind::kFullAttention) {
+    return Unsupported("KV layer " + std::to_string(layer) + ": kind " + KvKindName(spec.kind) +
+                       " is not served yet (only full_attention is)");
+  }
+  if (page_bytes < layout.bytes_per_layer()) {
+    return InvalidArgument("KV pool: pages of " + std::to_string(page_bytes) +
+                           " bytes cannot hold one layer of a KV block (" +
+                           std::to_string(layout.bytes_per_layer()) + " bytes)");
+  }
+  return 1;
+}
+
+}  // namespace pw::memory

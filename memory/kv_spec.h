@@ -1,0 +1,55 @@
+// What one layer keeps per token (or per sequence) in the KV pages: the per-layer KV spec.
+//
+// Every layer of a block takes its own pages of the same memory::PagePool, so layers of
+// different kinds can share one pool (vLLM's KVCacheSpec, one manager per kind over the same
+// pages). A block's pages are laid out layer after layer; how many pages a layer takes in a
+// block follows from its spec alone (PagesPerBlock), never from a model family.
+//
+// Kinds:
+//   kFullAttention   K and V of every position, [2][num_kv_heads][block_size][head_dim] in one
+//                    page per block (layout in memory/kv_blocks.h). Served.
+//   kSlidingWindow   K and V of the last `window` positions only; blocks behind the window can
+//                    be returned. Not served yet.
+//   kLatent          one compressed latent of `latent_dim` per position (MLA). Not served yet.
+//   kRecurrentState  a fixed `state_bytes` per sequence (Mamba, linear attention), not per
+//                    token. Not served yet.
+// A kind that is not served is refused with kUnsupported when a pool is made, naming the layer
+// and the kind, until a model family needs it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "memory/kv_layout.h"
+
+namespace pw::memory {
+
+enum class KvKind : uint8_t {
+  kFullAttention = 0,
+  kSlidingWindow = 1,
+  kLatent = 2,
+  kRecurrentState = 3,
+};
+const char* KvKindName(KvKind k);
+
+struct KvLayerSpec {
+  KvKind kind = KvKind::kFullAttention;
+  int window = 0;          // kSlidingWindow: positions kept
+  int latent_dim = 0;      // kLatent: elements per position
+  size_t state_bytes = 0;  // kRecurrentState: bytes per sequence
+  bool operator==(const KvLayerSpec&) const = default;
+};
+
+// Every layer full attention: the spec of each model served today.
+std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout);
+
+// Pages one block takes for `spec` in pages of `page_bytes`, with `layout`'s heads, head_dim,
+// block_size and dtype: 1 for full attention (its bytes_per_layer() must fit one page, else
+// kInvalidArgument). kUnsupported for a kind not served yet. `layer` only names the layer in
+// the message.
+Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
+                          int layer);
+
+}  // namespace pw::memory
