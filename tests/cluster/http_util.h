@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <initializer_list>
 #include <thread>
@@ -79,8 +80,15 @@ inline std::vector<pid_t> PidsWithCmdline(const std::string& needle) {
   while (dirent* e = readdir(d)) {
     pid_t pid = std::atoi(e->d_name);
     if (pid <= 0) continue;
-    std::ifstream f("/proc/" + std::string(e->d_name) + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // A process may exit while its cmdline is read (the read then fails with ESRCH, which
+    // libstdc++'s filebuf throws): it is not one of the processes looked for.
+    std::string cmd;
+    try {
+      std::ifstream f("/proc/" + std::string(e->d_name) + "/cmdline");
+      cmd.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    } catch (const std::exception&) {
+      continue;
+    }
     for (auto& c : cmd) if (c == '\0') c = ' ';
     if (cmd.find(needle) != std::string::npos) out.push_back(pid);
   }
