@@ -14,7 +14,8 @@ SECS=${1:-60}
 shift || true
 BUILD=${FUZZ_BUILD:-build-fuzz}
 ALL=(safetensors_header_fuzz config_fuzz tokenizer_encode_fuzz tokenizer_json_fuzz
-     apw_store_fuzz control_frame_fuzz openai_request_fuzz http_request_fuzz)
+     apw_store_fuzz control_frame_fuzz openai_request_fuzz http_request_fuzz
+     router_cluster_backend_fuzz decode_worker_handlers_fuzz prefill_worker_handlers_fuzz)
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then TARGETS=("${ALL[@]}"); fi
 
@@ -25,8 +26,8 @@ if [ -z "$CXX_BIN" ] || [ -z "$C_BIN" ]; then
   exit 2
 fi
 if [ ! -f models/tiny-moe/tokenizer.json ]; then
-  echo "fuzz.sh: models/tiny-moe/tokenizer.json missing; skipping tokenizer targets" >&2
-  TARGETS=($(printf '%s\n' "${TARGETS[@]}" | grep -v '^tokenizer' || true))
+  echo "fuzz.sh: models/tiny-moe missing; skipping the tokenizer and worker targets" >&2
+  TARGETS=($(printf '%s\n' "${TARGETS[@]}" | grep -v -e '^tokenizer' -e '_worker_handlers_fuzz$' || true))
 fi
 
 SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
