@@ -112,8 +112,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (m.ok() && (*m)->which() != proto::Body::KV_RESERVE) {
       uint64_t k = 0;
       (void)proto::GuardWire("lease", [&]() -> pw::Status {
-        if ((*m)->which() == proto::Body::START_DECODE) k = (*m)->body().getStartDecode().getLeaseId();
-        if ((*m)->which() == proto::Body::CANCEL) k = (*m)->body().getCancel().getLeaseId();
+        auto body = (*m)->body();
+        if ((*m)->which() == proto::Body::START_DECODE) k = body.getStartDecode().getLeaseId();
+        if ((*m)->which() == proto::Body::CANCEL) k = body.getCancel().getLeaseId();
         return pw::Status::Ok();
       });
       if (k >= 1 && k <= granted.size()) bytes = pw::fuzz::WithLease(bytes, granted[k - 1]);

@@ -84,8 +84,8 @@ class CheckedEvents final : public pw::router::GenerationEvents {
 
 // One worker's side of its link: numbers its frames, acknowledges the router's.
 struct Link {
-  uint64_t seq = 0;      // last seq sent
-  uint64_t acked = 0;    // last router seq seen
+  uint64_t seq = 0;    // last seq sent
+  uint64_t acked = 0;  // last router seq seen
   uint32_t pid = 0;
 };
 
@@ -193,9 +193,8 @@ struct Fixture {
     o.phase_timeout_ms = 1000;
     o.writer_grace_ms = 3000;
     o.cancel_grace_ms = 500;
-    backend = pw::router::ClusterBackend::Create(
-        o, std::make_unique<QueueTransport>(&in, &out), std::make_unique<NullTransport>(),
-        &clock, "fuzz");
+    backend = pw::router::ClusterBackend::Create(o, std::make_unique<QueueTransport>(&in, &out),
+                                                 std::make_unique<NullTransport>(), &clock, "fuzz");
     backend->SetEvents(&events);
     Register("decode-0", wire::Role::DECODE, 11);
     Register("decode-1", wire::Role::DECODE, 12);

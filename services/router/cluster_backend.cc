@@ -203,10 +203,9 @@ void ClusterBackend::RunOnce(int max_poll_ms) {
   // Pending requests waiting for a backoff or capacity: look again soon.
   bool pending = false;
   for (const auto& [id, r] : reqs_) pending |= r.phase == Phase::kPending;
-  server_->Poll(pending ? std::min(max_poll_ms, 10) : max_poll_ms,
-                [this](const std::string& peer, const proto::InMessage& msg) {
-                  return Handle(peer, msg);
-                });
+  server_->Poll(
+      pending ? std::min(max_poll_ms, 10) : max_poll_ms,
+      [this](const std::string& peer, const proto::InMessage& msg) { return Handle(peer, msg); });
 }
 
 void ClusterBackend::DrainCommands() {
