@@ -11,7 +11,9 @@
 // Nothing a worker sends may crash the router, and the events keep GenerationEvents' promises:
 // no index skipped, nothing after a request's end, at most one end per request.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <deque>
 #include <map>
 #include <set>
@@ -21,6 +23,23 @@
 #include "common/logging.h"
 #include "services/proto/codec.h"
 #include "services/router/cluster_backend.h"
+
+// No input (at most 64 frames of 64 KiB) may make the router allocate this much at once. A
+// KvReady whose promptLogprobs was a long list of empty structs (no bytes per entry on the
+// wire, 40 in the router) once did, before its count was checked
+// (fuzz/corpus/router_cluster_backend_fuzz/kvready-empty-prompt-logprobs).
+constexpr size_t kMaxAllocation = size_t{256} << 20;
+
+void* operator new(size_t n) {
+  PW_CHECK_MSG(n <= kMaxAllocation, "an allocation of 256 MiB or more");
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t) noexcept { std::free(p); }
 
 namespace {
 

@@ -47,6 +47,8 @@ mkdir -p "$SEEDS"/{safetensors_header_fuzz,config_fuzz,tokenizer_encode_fuzz,tok
 # The seeds a target builds itself (a valid .apw store, well-formed frames and requests).
 for t in "${TARGETS[@]}"; do
   "$BUILD/bin/${t}_smoke" --write-seeds "$SEEDS/$t" > /dev/null
+  # Inputs that once failed (fuzz/corpus/<target>/, also replayed by the smoke tests).
+  if [ -d "fuzz/corpus/$t" ]; then cp fuzz/corpus/"$t"/* "$SEEDS/$t/"; fi
 done
 /usr/bin/python3 - "$SEEDS" <<'PY'
 import json, os, struct, sys, glob

@@ -508,16 +508,20 @@ bool ClusterBackend::DeliverFirstToken(uint64_t id, Req& r, const std::string& p
                                        wire::KvReady::Reader m) {
   const int32_t first = static_cast<int32_t>(m.getFirstToken());
   if (r.request.sampling.prompt_logprobs >= 0) {
-    std::vector<TokenLogprob> prompt_lps;
-    for (auto lp : m.getPromptLogprobs()) prompt_lps.push_back(FromWire(lp));
-    if (prompt_lps.size() + 1 != r.request.prompt.size()) {
+    // Counted before anything is built: a list of empty structs costs its sender no bytes per
+    // entry, and this side 40.
+    auto wire_lps = m.getPromptLogprobs();
+    if (wire_lps.size() + size_t{1} != r.request.prompt.size()) {
       SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
       Retry(id, r,
-            "prefill on '" + peer + "' sent " + std::to_string(prompt_lps.size()) +
+            "prefill on '" + peer + "' sent " + std::to_string(wire_lps.size()) +
                 " prompt log-probabilities for " + std::to_string(r.request.prompt.size()) +
                 " prompt tokens");
       return false;
     }
+    std::vector<TokenLogprob> prompt_lps;
+    prompt_lps.reserve(wire_lps.size());
+    for (auto lp : wire_lps) prompt_lps.push_back(FromWire(lp));
     events_->OnPromptLogprobs(id, std::move(prompt_lps));
   }
   r.generated.push_back(first);
