@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <deque>
 #include <map>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,7 +27,11 @@
 // No input (at most 64 frames of 64 KiB) may make the router allocate this much at once. A
 // KvReady whose promptLogprobs was a long list of empty structs (no bytes per entry on the
 // wire, 40 in the router) once did, before its count was checked
-// (fuzz/corpus/router_cluster_backend_fuzz/kvready-empty-prompt-logprobs).
+// (fuzz/corpus/router_cluster_backend_fuzz/kvready-empty-prompt-logprobs). The smoke binary
+// checks it here; libFuzzer has its own bound (-malloc_limit_mb, by default -rss_limit_mb, 2048 in
+// tools/fuzz.sh) and allocates
+// with the sanitizer's operator new itself, so its binary keeps that one.
+#ifndef PW_LIBFUZZER
 constexpr size_t kMaxAllocation = size_t{256} << 20;
 
 void* operator new(size_t n) {
@@ -36,10 +40,18 @@ void* operator new(size_t n) {
   throw std::bad_alloc();
 }
 void* operator new[](size_t n) { return operator new(n); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  PW_CHECK_MSG(n <= kMaxAllocation, "an allocation of 256 MiB or more");
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#endif
 
 namespace {
 
