@@ -7,6 +7,7 @@
 #
 # Seeds come from small generated files and the repository's fixtures; the growing corpus is
 # kept in build-fuzz/corpus/<target>/ between runs, crash reproducers in build-fuzz/artifacts/.
+# fuzz/lsan.supp: blocks allocated inside UCX (the worker targets) are not reported as leaks.
 # Exit status: non-zero if any target found a crash, leak or timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,8 @@ SECS=${1:-60}
 shift || true
 BUILD=${FUZZ_BUILD:-build-fuzz}
 ALL=(safetensors_header_fuzz config_fuzz tokenizer_encode_fuzz tokenizer_json_fuzz
-     apw_store_fuzz control_frame_fuzz openai_request_fuzz http_request_fuzz)
+     apw_store_fuzz control_frame_fuzz openai_request_fuzz http_request_fuzz
+     router_cluster_backend_fuzz decode_worker_handlers_fuzz prefill_worker_handlers_fuzz)
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then TARGETS=("${ALL[@]}"); fi
 
@@ -25,8 +27,8 @@ if [ -z "$CXX_BIN" ] || [ -z "$C_BIN" ]; then
   exit 2
 fi
 if [ ! -f models/tiny-moe/tokenizer.json ]; then
-  echo "fuzz.sh: models/tiny-moe/tokenizer.json missing; skipping tokenizer targets" >&2
-  TARGETS=($(printf '%s\n' "${TARGETS[@]}" | grep -v '^tokenizer' || true))
+  echo "fuzz.sh: models/tiny-moe missing; skipping the tokenizer and worker targets" >&2
+  TARGETS=($(printf '%s\n' "${TARGETS[@]}" | grep -v -e '^tokenizer' -e '_worker_handlers_fuzz$' || true))
 fi
 
 SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
@@ -45,6 +47,8 @@ mkdir -p "$SEEDS"/{safetensors_header_fuzz,config_fuzz,tokenizer_encode_fuzz,tok
 # The seeds a target builds itself (a valid .apw store, well-formed frames and requests).
 for t in "${TARGETS[@]}"; do
   "$BUILD/bin/${t}_smoke" --write-seeds "$SEEDS/$t" > /dev/null
+  # Inputs that once failed (fuzz/corpus/<target>/, also replayed by the smoke tests).
+  if [ -d "fuzz/corpus/$t" ]; then cp fuzz/corpus/"$t"/* "$SEEDS/$t/"; fi
 done
 /usr/bin/python3 - "$SEEDS" <<'PY'
 import json, os, struct, sys, glob
@@ -88,6 +92,7 @@ for t in "${TARGETS[@]}"; do
   if [ "$t" = tokenizer_json_fuzz ]; then extra+=(-max_len=65536); fi
   echo "== $t for ${SECS}s"
   if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+      LSAN_OPTIONS=suppressions=fuzz/lsan.supp \
       "$BUILD/bin/$t" "$corpus" "$SEEDS/$t" -max_total_time="$SECS" -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t-" \
       "${extra[@]}" 2>"$BUILD/$t.log"; then

@@ -1,6 +1,8 @@
 // Dispatch, validation and the fused MoE of the any-precision kernels.
 #include "kernels/anyprec/anyprec.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -53,9 +55,15 @@ size_t SimdWorkspaceBytes(int cols, int tokens) {
 
 namespace {
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 knows no "f16c" for
+// __builtin_cpu_supports, and `make fuzz` builds with clang.
+bool CpuHasF16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1) != 0;
+}
+
 bool CpuHasAvx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
 }
 bool CpuHasAvx512() {
   return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -19,9 +19,15 @@
 namespace pw::anyprec {
 namespace {
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 knows no "f16c" for
+// __builtin_cpu_supports, and `make fuzz` builds with clang.
+bool CpuHasF16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1) != 0;
+}
+
 bool CpuHasAvx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
 }
 bool CpuHasAvx512Q8() {
   return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

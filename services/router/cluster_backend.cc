@@ -79,14 +79,23 @@ Result<std::unique_ptr<ClusterBackend>> ClusterBackend::Create(ClusterBackendOpt
   auto router = transport::ZmqRouterTransport::Bind(options.bind);
   if (!router.ok()) return router.status();
   std::string endpoint = (*router)->endpoint();
-  std::unique_ptr<ClusterBackend> b(new ClusterBackend(std::move(options), endpoint));
+  auto waker = transport::ZmqDealerTransport::Connect(endpoint, kWakePeer);
+  if (!waker.ok()) return waker.status();
+  return Create(std::move(options), std::make_unique<WakeFilterTransport>(std::move(*router)),
+                std::move(*waker), transport::SteadyClock::Get(), std::move(endpoint));
+}
+
+std::unique_ptr<ClusterBackend> ClusterBackend::Create(
+    ClusterBackendOptions options, std::unique_ptr<transport::Transport> control,
+    std::unique_ptr<transport::Transport> waker, const transport::Clock* clock,
+    std::string endpoint) {
+  std::unique_ptr<ClusterBackend> b(
+      new ClusterBackend(std::move(options), std::move(endpoint), clock));
   transport::ControlServer::Options copts;
   copts.id = b->options_.id;
   copts.heartbeat_ms = b->options_.heartbeat_ms;
   copts.dead_after_beats = b->options_.dead_after_beats;
-  b->server_ = std::make_unique<transport::ControlServer>(
-      std::make_unique<WakeFilterTransport>(std::move(*router)), transport::SteadyClock::Get(),
-      copts);
+  b->server_ = std::make_unique<transport::ControlServer>(std::move(control), clock, copts);
   ClusterBackend* self = b.get();
   b->server_->on_register = [self](const std::string& peer, wire::Register::Reader reg) {
     std::string model = proto::ToString(reg.getModelName());
@@ -116,14 +125,13 @@ Result<std::unique_ptr<ClusterBackend>> ClusterBackend::Create(ClusterBackendOpt
   b->server_->on_peer_dead = [self](const std::string& peer, const transport::PeerInfo&) {
     self->OnPeerLost(peer, "worker '" + peer + "' died");
   };
-  auto waker = transport::ZmqDealerTransport::Connect(endpoint, kWakePeer);
-  if (!waker.ok()) return waker.status();
-  b->waker_ = std::move(*waker);
+  b->waker_ = std::move(waker);
   return b;
 }
 
-ClusterBackend::ClusterBackend(ClusterBackendOptions options, std::string endpoint)
-    : options_(std::move(options)), endpoint_(std::move(endpoint)) {}
+ClusterBackend::ClusterBackend(ClusterBackendOptions options, std::string endpoint,
+                               const transport::Clock* clock)
+    : options_(std::move(options)), endpoint_(std::move(endpoint)), clock_(clock) {}
 
 ClusterBackend::~ClusterBackend() { Stop(); }
 
@@ -142,7 +150,7 @@ void ClusterBackend::Stop() {
   thread_.join();
 }
 
-uint64_t ClusterBackend::NowMs() const { return transport::SteadyClock::Get()->NowMs(); }
+uint64_t ClusterBackend::NowMs() const { return clock_->NowMs(); }
 
 Status ClusterBackend::Submit(GenerationRequest request) {
   if (request.prompt.empty()) return InvalidArgument("empty prompt");
@@ -176,28 +184,29 @@ BackendLoad ClusterBackend::Load() const {
 }
 
 void ClusterBackend::Run() {
-  auto handler = [this](const std::string& peer, const proto::InMessage& msg) {
-    return Handle(peer, msg);
-  };
-  while (!stop_.load()) {
-    DrainCommands();
-    CheckPhaseTimeouts();
-    CheckFences();
-    RenewLeases();
-    DispatchPending();
-    StartReady();
-    PublishLoad();
-    // Pending requests waiting for a backoff or capacity: look again soon.
-    bool pending = false;
-    for (const auto& [id, r] : reqs_) pending |= r.phase == Phase::kPending;
-    server_->Poll(pending ? 10 : 100, handler);
-  }
+  while (!stop_.load()) RunOnce(100);
   // Free what the workers hold for requests still in flight.
   for (auto& [id, r] : reqs_) {
     if (!r.decode_peer.empty()) SendCancel(r.decode_peer, id, r.lease_id);
     if (r.phase == Phase::kPrefilling) SendCancel(r.prefill_peer, id, r.lease_id);
   }
   reqs_.clear();
+}
+
+void ClusterBackend::RunOnce(int max_poll_ms) {
+  DrainCommands();
+  CheckPhaseTimeouts();
+  CheckFences();
+  RenewLeases();
+  DispatchPending();
+  StartReady();
+  PublishLoad();
+  // Pending requests waiting for a backoff or capacity: look again soon.
+  bool pending = false;
+  for (const auto& [id, r] : reqs_) pending |= r.phase == Phase::kPending;
+  server_->Poll(
+      pending ? std::min(max_poll_ms, 10) : max_poll_ms,
+      [this](const std::string& peer, const proto::InMessage& msg) { return Handle(peer, msg); });
 }
 
 void ClusterBackend::DrainCommands() {
@@ -500,16 +509,20 @@ bool ClusterBackend::DeliverFirstToken(uint64_t id, Req& r, const std::string& p
                                        wire::KvReady::Reader m) {
   const int32_t first = static_cast<int32_t>(m.getFirstToken());
   if (r.request.sampling.prompt_logprobs >= 0) {
-    std::vector<TokenLogprob> prompt_lps;
-    for (auto lp : m.getPromptLogprobs()) prompt_lps.push_back(FromWire(lp));
-    if (prompt_lps.size() + 1 != r.request.prompt.size()) {
+    // Counted before anything is built: a list of empty structs costs its sender no bytes per
+    // entry, and this side 40.
+    auto wire_lps = m.getPromptLogprobs();
+    if (wire_lps.size() + size_t{1} != r.request.prompt.size()) {
       SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
       Retry(id, r,
-            "prefill on '" + peer + "' sent " + std::to_string(prompt_lps.size()) +
+            "prefill on '" + peer + "' sent " + std::to_string(wire_lps.size()) +
                 " prompt log-probabilities for " + std::to_string(r.request.prompt.size()) +
                 " prompt tokens");
       return false;
     }
+    std::vector<TokenLogprob> prompt_lps;
+    prompt_lps.reserve(wire_lps.size());
+    for (auto lp : wire_lps) prompt_lps.push_back(FromWire(lp));
     events_->OnPromptLogprobs(id, std::move(prompt_lps));
   }
   r.generated.push_back(first);

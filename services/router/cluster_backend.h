@@ -106,6 +106,16 @@ class ClusterBackend final : public GenerationBackend {
  public:
   // Binds the ROUTER socket. Start() launches the backend thread.
   static Result<std::unique_ptr<ClusterBackend>> Create(ClusterBackendOptions options);
+  // Over `control` (the workers' frames: the ROUTER socket in Create above), `waker` (Submit
+  // and Cancel send on it so a poll in progress ends) and `clock`, which outlives the backend;
+  // `endpoint` is what endpoint() reports. Create above is this over ZeroMQ and the steady
+  // clock; the control-frame fuzz target (fuzz/router_cluster_backend_fuzz.cc) uses it
+  // in memory with a manual clock.
+  static std::unique_ptr<ClusterBackend> Create(ClusterBackendOptions options,
+                                                std::unique_ptr<transport::Transport> control,
+                                                std::unique_ptr<transport::Transport> waker,
+                                                const transport::Clock* clock,
+                                                std::string endpoint);
   ~ClusterBackend() override;
 
   void Start();
@@ -121,6 +131,11 @@ class ClusterBackend final : public GenerationBackend {
   Status Submit(GenerationRequest request) override;
   void Cancel(uint64_t id) override;
   BackendLoad Load() const override;
+
+  // One turn of the backend thread's loop: queued commands, phase timeouts, fences, placement,
+  // then the frames that arrive within `max_poll_ms` (10 ms at most while requests wait).
+  // Start()'s thread calls it until stopped; without Start(), its caller is the backend thread.
+  void RunOnce(int max_poll_ms);
 
  private:
   // kReady: prefilled (first token delivered), waiting for a decode slot (prefill_ahead).
@@ -181,7 +196,8 @@ class ClusterBackend final : public GenerationBackend {
     uint64_t id = 0;            // kCancel
   };
 
-  ClusterBackend(ClusterBackendOptions options, std::string endpoint);
+  ClusterBackend(ClusterBackendOptions options, std::string endpoint,
+                 const transport::Clock* clock);
   void Run();
   void DrainCommands();
   void DispatchPending();
@@ -236,6 +252,7 @@ class ClusterBackend final : public GenerationBackend {
 
   ClusterBackendOptions options_;
   std::string endpoint_;
+  const transport::Clock* clock_;
   GenerationEvents* events_ = nullptr;
   std::unique_ptr<transport::ControlServer> server_;  // backend thread only
   std::thread thread_;

@@ -156,6 +156,11 @@ class DecodeWorker {
   const std::string& id() const { return options_.id; }
   uint16_t metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
+  // A frame from the router (KvReserve, StartDecode, Cancel, Drain), as Run's poll of the
+  // router link hands it over: the loop thread, between engine steps. Public so the fuzz target
+  // (fuzz/decode_worker_handlers_fuzz.cc) drives the same handler with a worker it does not Run.
+  Status HandleRouter(const proto::InMessage& m);
+
  private:
   struct Running {
     std::vector<int32_t> prompt;     // the request's prompt
@@ -178,7 +183,6 @@ class DecodeWorker {
   // The iteration boundary for expert widths: commit, start, acknowledge (see the file comment).
   void WeightsBoundary();
   void SendTelemetry();
-  Status HandleRouter(const proto::InMessage& m);
   void OnReserve(wire::KvReserve::Reader r);
   // Grants `h` (a lease over its prompt's blocks) or, with `error` or no blocks, refuses it.
   void AnswerReserve(const HeldReserve& h, const std::string& error);

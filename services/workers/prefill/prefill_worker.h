@@ -89,6 +89,10 @@ class PrefillWorker {
   // Serves until `stop`, then finishes its queue (drain) and returns.
   Status Run(const std::atomic<bool>& stop, int drain_timeout_ms = 60000);
   const std::string& id() const { return options_.id; }
+  // A frame from the router (PrefillRequest, Cancel, Drain), as Run's poll of the router link
+  // hands it over (the control thread). Public so the fuzz target
+  // (fuzz/prefill_worker_handlers_fuzz.cc) drives the same handler with a worker it does not Run.
+  Status HandleRouter(const proto::InMessage& m);
 
  private:
   struct Peer {
@@ -142,7 +146,6 @@ class PrefillWorker {
   explicit PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock);
   Status Setup();
   // Control thread.
-  Status HandleRouter(const proto::InMessage& m);
   void SendOutcomes();
   void SendKvReady(const Outcome& o);
   void FillRegister(wire::Register::Builder r);
