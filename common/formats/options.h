@@ -139,6 +139,8 @@ class OptionSet {
   void AddCheck(std::string path, config::Schema::CheckFn fn);
 
   // Generator 1: registers every option with a flag.
+  // `app` must outlive the set: ApplyFile, Derive and CheckRequired ask its options whether
+  // they were given on the command line.
   void AddToCli(CLI::App* app);
   // Generator 2: the schema of the process's section (keys nested by '.'), with `extra` node
   // keys (ports, ids the launcher reads) merged in at the top; and the Shared keys, for the

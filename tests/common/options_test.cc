@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include <CLI/CLI.hpp>
 #include <optional>
 
@@ -50,7 +52,10 @@ config::Schema FileSchema(const OptionSet& s) {
 // Parses `args` as flags, then applies `yaml` (its `demo` section); returns the status.
 Status Load(DemoOptions* o, OptionSet* s, std::vector<std::string> args, const std::string& yaml) {
   DeclareDemo(s, o);
-  CLI::App app;
+  // The set asks the app's options later (Derive, CheckRequired): the app lives as long as the
+  // test binary, as a process's app lives as long as main().
+  static std::vector<std::unique_ptr<CLI::App>> apps;
+  CLI::App& app = *apps.emplace_back(std::make_unique<CLI::App>());
   s->AddToCli(&app);
   std::vector<std::string> rev(args.rbegin(), args.rend());
   try {
