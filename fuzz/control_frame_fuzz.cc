@@ -97,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     PW_CHECK(f.bytes.size() % 8 == 0);
     (void)ReadAll("", **m);
   }
-  pw::transport::ManualClock clock;
+  pw::ManualClock clock;
   // Server side, with decode-0 registered.
   {
     std::deque<Frame> q;

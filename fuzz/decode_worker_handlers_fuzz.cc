@@ -31,7 +31,7 @@ constexpr const char* kWorkerId = "decode-fuzz";
 
 struct Worker {
   pw::fuzz::RouterEnd router;
-  pw::transport::ManualClock clock{1000};
+  pw::ManualClock clock{1000};
   std::unique_ptr<pw::workers::DecodeWorker> worker;
   bool drained = false;
 

@@ -32,7 +32,7 @@ constexpr const char* kWorkerId = "prefill-fuzz";
 
 struct Worker {
   pw::fuzz::RouterEnd router;
-  pw::transport::ManualClock clock{1000};
+  pw::ManualClock clock{1000};
   std::unique_ptr<pw::workers::PrefillWorker> worker;
   bool drained = false;
 

@@ -122,7 +122,7 @@ struct Link {
 
 // The backend with its workers registered and its requests placed, as every input starts.
 struct Fixture {
-  pw::transport::ManualClock clock{1000};
+  pw::ManualClock clock{1000};
   std::deque<Frame> in;
   std::vector<Frame> out;
   size_t out_seen = 0;

@@ -118,7 +118,7 @@ class RouterLink {
   }
 
  private:
-  transport::ManualClock clock_;
+  pw::ManualClock clock_;
   std::deque<transport::Frame> q_;
   std::unique_ptr<transport::ControlClient> client_;
 };

@@ -15,7 +15,7 @@
 
 namespace pw::broker {
 
-Broker::Broker(BrokerOptions options, const transport::Clock* clock)
+Broker::Broker(BrokerOptions options, const Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
 
 Broker::~Broker() {
@@ -29,11 +29,11 @@ Broker::~Broker() {
 }
 
 Result<std::unique_ptr<Broker>> Broker::Create(BrokerOptions options,
-                                               const transport::Clock* clock) {
+                                               const Clock* clock) {
   if (options.model_dir.empty()) return InvalidArgument("broker: model dir is required");
   if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<Broker> b(
-      new Broker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
+      new Broker(std::move(options), clock ? clock : SteadyClock::Get()));
   PW_RETURN_IF_ERROR(b->Setup());
   return b;
 }

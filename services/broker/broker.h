@@ -73,7 +73,7 @@ struct WorkerRecord {
 class Broker {
  public:
   static Result<std::unique_ptr<Broker>> Create(BrokerOptions options,
-                                                const transport::Clock* clock = nullptr);
+                                                const Clock* clock = nullptr);
   ~Broker();
   // Serves until `stop` becomes true.
   Status Run(const std::atomic<bool>& stop);
@@ -87,7 +87,7 @@ class Broker {
   const PlanBook& plans() const { return *book_; }
 
  private:
-  explicit Broker(BrokerOptions options, const transport::Clock* clock);
+  explicit Broker(BrokerOptions options, const Clock* clock);
   Status Setup();
   Status Handle(const std::string& peer, const proto::InMessage& m);
   // Refuses a Register of another model, or one CheckRegistration refuses (registration_).
@@ -103,7 +103,7 @@ class Broker {
   void RunPlanner();
 
   BrokerOptions options_;
-  const transport::Clock* clock_;
+  const Clock* clock_;
   service::ExpertStoreLayout layout_;
   service::RegistrationLimits registration_;  // the served model; default bounds
   std::unique_ptr<uint8_t[]> store_;

@@ -48,7 +48,7 @@ Result<std::unique_ptr<CtlClient>> CtlClient::Connect(const std::string& broker,
   o.id = id;
   o.role = wire::Role::CLIENT;
   o.heartbeat_ms = 500;
-  PW_ASSIGN_OR_RETURN(impl->client, transport::ConnectControlClient(broker, transport::SteadyClock::Get(), o));
+  PW_ASSIGN_OR_RETURN(impl->client, transport::ConnectControlClient(broker, SteadyClock::Get(), o));
   PW_RETURN_IF_ERROR(impl->client->Start());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!impl->client->registered() && std::chrono::steady_clock::now() < deadline) {

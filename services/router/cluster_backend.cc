@@ -82,12 +82,12 @@ Result<std::unique_ptr<ClusterBackend>> ClusterBackend::Create(ClusterBackendOpt
   auto waker = transport::ZmqDealerTransport::Connect(endpoint, kWakePeer);
   if (!waker.ok()) return waker.status();
   return Create(std::move(options), std::make_unique<WakeFilterTransport>(std::move(*router)),
-                std::move(*waker), transport::SteadyClock::Get(), std::move(endpoint));
+                std::move(*waker), SteadyClock::Get(), std::move(endpoint));
 }
 
 std::unique_ptr<ClusterBackend> ClusterBackend::Create(
     ClusterBackendOptions options, std::unique_ptr<transport::Transport> control,
-    std::unique_ptr<transport::Transport> waker, const transport::Clock* clock,
+    std::unique_ptr<transport::Transport> waker, const Clock* clock,
     std::string endpoint) {
   std::unique_ptr<ClusterBackend> b(
       new ClusterBackend(std::move(options), std::move(endpoint), clock));
@@ -130,7 +130,7 @@ std::unique_ptr<ClusterBackend> ClusterBackend::Create(
 }
 
 ClusterBackend::ClusterBackend(ClusterBackendOptions options, std::string endpoint,
-                               const transport::Clock* clock)
+                               const Clock* clock)
     : options_(std::move(options)), endpoint_(std::move(endpoint)), clock_(clock) {}
 
 ClusterBackend::~ClusterBackend() { Stop(); }

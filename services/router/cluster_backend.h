@@ -114,7 +114,7 @@ class ClusterBackend final : public GenerationBackend {
   static std::unique_ptr<ClusterBackend> Create(ClusterBackendOptions options,
                                                 std::unique_ptr<transport::Transport> control,
                                                 std::unique_ptr<transport::Transport> waker,
-                                                const transport::Clock* clock,
+                                                const Clock* clock,
                                                 std::string endpoint);
   ~ClusterBackend() override;
 
@@ -197,7 +197,7 @@ class ClusterBackend final : public GenerationBackend {
   };
 
   ClusterBackend(ClusterBackendOptions options, std::string endpoint,
-                 const transport::Clock* clock);
+                 const Clock* clock);
   void Run();
   void DrainCommands();
   void DispatchPending();
@@ -252,7 +252,7 @@ class ClusterBackend final : public GenerationBackend {
 
   ClusterBackendOptions options_;
   std::string endpoint_;
-  const transport::Clock* clock_;
+  const Clock* clock_;
   GenerationEvents* events_ = nullptr;
   std::unique_ptr<transport::ControlServer> server_;  // backend thread only
   std::thread thread_;

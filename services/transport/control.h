@@ -39,7 +39,7 @@
 
 #include "common/status.h"
 #include "services/proto/codec.h"
-#include "services/transport/clock.h"
+#include "common/clock.h"
 #include "services/transport/liveness.h"
 #include "services/transport/transport.h"
 

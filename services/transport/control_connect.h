@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "services/transport/clock.h"
+#include "common/clock.h"
 #include "services/transport/control.h"
 
 namespace pw::transport {

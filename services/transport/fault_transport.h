@@ -14,7 +14,7 @@
 #include <memory>
 #include <random>
 
-#include "services/transport/clock.h"
+#include "common/clock.h"
 #include "services/transport/transport.h"
 
 namespace pw::transport {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "services/transport/clock.h"
+#include "common/clock.h"
 
 namespace pw::transport {
 

@@ -68,7 +68,7 @@ class Harness {
     o.heartbeat_ms = server_heartbeat_ms;
     o.dead_after_beats = dead_after_beats;
     server_ =
-        std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+        std::make_unique<ControlServer>(std::move(t).value(), pw::SteadyClock::Get(), o);
     server_->on_peer_dead = [this](const std::string& peer, const transport::PeerInfo&) {
       dead_peers.push_back(peer);
     };

@@ -1,4 +1,4 @@
-// Worker deadlines read the injected clock (transport::Clock), not the wall clock: a decode
+// Worker deadlines read the injected clock (pw::Clock), not the wall clock: a decode
 // worker run in this process with a ManualClock, the test acting as its router.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "services/transport/clock.h"
+#include "common/clock.h"
 #include "services/transport/control.h"
 #include "services/transport/zmq_transport.h"
 #include "services/workers/decode/decode_worker.h"
@@ -31,7 +31,7 @@ class Router {
     // The worker's heartbeats follow its manual clock; the router must not time it out.
     o.heartbeat_ms = 60000;
     server_ =
-        std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+        std::make_unique<ControlServer>(std::move(t).value(), pw::SteadyClock::Get(), o);
   }
   const std::string& endpoint() const { return endpoint_; }
 
@@ -82,7 +82,7 @@ class Router {
 // from the worker's clock, so moving that clock past the deadline (and not past the lease)
 // ends the drain at once, although the wall clock is far from it.
 TEST(WorkerClock, DecodeDrainDeadlineFollowsTheInjectedClock) {
-  transport::ManualClock clock(1000);
+  pw::ManualClock clock(1000);
   Router router;
   workers::DecodeWorkerOptions o;
   o.id = "decode-0";

@@ -15,7 +15,7 @@ namespace pw::workers {
 namespace {
 
 TEST(KvLeaseTable, ExpiresTakesAndCancels) {
-  transport::ManualClock clock(1000);
+  pw::ManualClock clock(1000);
   KvLeaseTable t(&clock);
   uint64_t a = t.Add(/*request=*/7, {1, 2, 3}, /*lease_ms=*/500);
   uint64_t b = t.Add(8, {4}, 2000);
@@ -42,7 +42,7 @@ TEST(KvLeaseTable, ExpiresTakesAndCancels) {
 }
 
 TEST(KvLeaseTable, RenewMovesTheExpiryOfItsRequestsLiveLeaseOnly) {
-  transport::ManualClock clock(1000);
+  pw::ManualClock clock(1000);
   KvLeaseTable t(&clock);
   uint64_t a = t.Add(/*request=*/7, {1, 2}, /*lease_ms=*/300);
   uint64_t b = t.Add(8, {3}, 300);

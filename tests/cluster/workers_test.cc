@@ -56,7 +56,7 @@ class MiniRouter {
     ControlServer::Options o;
     o.id = "router";
     o.heartbeat_ms = 200;
-    server_ = std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+    server_ = std::make_unique<ControlServer>(std::move(t).value(), pw::SteadyClock::Get(), o);
   }
   const std::string& endpoint() const { return endpoint_; }
   ControlServer& server() { return *server_; }
@@ -425,7 +425,7 @@ class StepRouter {
     ControlServer::Options o;
     o.id = "router";
     o.heartbeat_ms = kBeatMs;
-    server = std::make_unique<ControlServer>(std::move(t).value(), transport::SteadyClock::Get(), o);
+    server = std::make_unique<ControlServer>(std::move(t).value(), pw::SteadyClock::Get(), o);
   }
   void Poll(int ms) {
     server->Poll(ms, [this](const std::string&, const proto::InMessage& m) -> Status {
@@ -953,7 +953,7 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
   so.id = "router";
   so.heartbeat_ms = kBeatMs;
   so.dead_after_beats = kDeadAfterBeats;
-  ControlServer server(std::move(bound).value(), transport::SteadyClock::Get(), so);
+  ControlServer server(std::move(bound).value(), pw::SteadyClock::Get(), so);
   std::vector<std::string> dead;
   server.on_peer_dead = [&](const std::string& peer, const transport::PeerInfo&) {
     dead.push_back(peer);

@@ -103,7 +103,7 @@ class ProtocolTestWorker {
     o.role = role;
     o.heartbeat_ms = 100;
     client_ =
-        std::make_unique<transport::ControlClient>(std::move(*t), transport::SteadyClock::Get(), o);
+        std::make_unique<transport::ControlClient>(std::move(*t), pw::SteadyClock::Get(), o);
     client_->fill_register = [this](wire::Register::Builder r) {
       r.setModelName("tiny-moe");
       r.setMaxBatch(16);
@@ -642,7 +642,7 @@ class RawDecodePeer {
   void Send(proto::OutMessage& m) {
     m.envelope().setAckSeq(registered_ ? last_in_ : 0);
     std::string bytes =
-        proto::Encode(m, next_seq_++, id_, transport::SteadyClock::Get()->NowMs());
+        proto::Encode(m, next_seq_++, id_, pw::SteadyClock::Get()->NowMs());
     (void)transport_->Send("", bytes);
   }
   void Run() {
@@ -1402,7 +1402,7 @@ TEST_F(ClusterBackendTest, WorkerOfAnotherModelIsRefused) {
   o.id = "odd";
   o.role = wire::Role::DECODE;
   o.heartbeat_ms = 100;
-  transport::ControlClient c(std::move(*t), transport::SteadyClock::Get(), o);
+  transport::ControlClient c(std::move(*t), pw::SteadyClock::Get(), o);
   c.fill_register = [](wire::Register::Builder r) { r.setModelName("another-model"); };
   ASSERT_TRUE(c.Start().ok());
   for (int i = 0; i < 40; ++i) c.Poll(5, nullptr);

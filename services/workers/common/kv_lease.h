@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "services/transport/clock.h"
+#include "common/clock.h"
 
 namespace pw::workers {
 
@@ -30,7 +30,7 @@ struct KvLease {
 
 class KvLeaseTable {
  public:
-  explicit KvLeaseTable(const transport::Clock* clock) : clock_(clock) {}
+  explicit KvLeaseTable(const Clock* clock) : clock_(clock) {}
 
   // Records a lease of `blocks` for `request_id` lasting `lease_ms`; returns its id (never 0).
   uint64_t Add(uint64_t request_id, std::vector<int32_t> blocks, uint64_t lease_ms, uint32_t max_tokens = 0) {
@@ -108,7 +108,7 @@ class KvLeaseTable {
     const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     return (r & ((uint64_t{1} << 62) - 1)) | 1;
   }
-  const transport::Clock* clock_;
+  const Clock* clock_;
   uint64_t next_id_ = FirstId();
   size_t reserved_blocks_ = 0;
   std::map<uint64_t, KvLease> leases_;

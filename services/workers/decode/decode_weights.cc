@@ -3,7 +3,7 @@
 #include "common/expert_block.h"
 #include "common/logging.h"
 #include "services/proto/weight_kind.h"
-#include "services/transport/clock.h"
+#include "common/clock.h"
 
 namespace pw::workers {
 namespace {
@@ -56,13 +56,13 @@ Status DecodeWeights::Load() {
   if (broker_ == nullptr) return Status::Ok();
   PW_RETURN_IF_ERROR(broker_->Start());
   PW_LOG(INFO) << "waiting for the broker's expert weights (up to " << options_.timeout_ms << " ms)";
-  const uint64_t t0 = transport::SteadyClock::Get()->NowMs();
+  const uint64_t t0 = SteadyClock::Get()->NowMs();
   uint64_t last_ask = t0;
   while (!experts_ && !paged_) {
     if (options_.stop != nullptr && options_.stop->load()) {
       return Cancelled("stopped while waiting for the broker's expert weights");
     }
-    const uint64_t now = transport::SteadyClock::Get()->NowMs();
+    const uint64_t now = SteadyClock::Get()->NowMs();
     if (now - t0 > static_cast<uint64_t>(options_.timeout_ms)) {
       return Unavailable("no expert weights from the broker after " +
                          std::to_string(options_.timeout_ms) + " ms");

@@ -13,7 +13,7 @@
 #include "services/workers/common/worker_common.h"
 
 namespace pw::workers {
-DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock)
+DecodeWorker::DecodeWorker(DecodeWorkerOptions options, const Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
       reserve_wait_(options_.reserve_wait_ms, static_cast<size_t>(options_.max_batch)),
@@ -41,13 +41,13 @@ DecodeWorker::~DecodeWorker() {
 }
 
 Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions options,
-                                                           const transport::Clock* clock) {
+                                                           const Clock* clock) {
   if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "decode");
   if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<DecodeWorker> w(
-      new DecodeWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
+      new DecodeWorker(std::move(options), clock ? clock : SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());
   return w;
 }

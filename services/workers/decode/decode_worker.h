@@ -62,7 +62,7 @@
 #include "common/status.h"
 #include "policies/lynx/lynx_remap.h"
 #include "engine/engine.h"
-#include "services/transport/clock.h"
+#include "common/clock.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "engine/hooks/lynx_routing_hook.h"
@@ -146,7 +146,7 @@ struct DecodeWorkerOptions {
 class DecodeWorker {
  public:
   static Result<std::unique_ptr<DecodeWorker>> Create(DecodeWorkerOptions options,
-                                                      const transport::Clock* clock = nullptr);
+                                                      const Clock* clock = nullptr);
   ~DecodeWorker();
 
   // Serves until `stop` becomes true, then drains: refuses new work, finishes what it has
@@ -178,7 +178,7 @@ class DecodeWorker {
     uint64_t max_ms = 0;  // freed after this long without the router's word
   };
 
-  explicit DecodeWorker(DecodeWorkerOptions options, const transport::Clock* clock);
+  explicit DecodeWorker(DecodeWorkerOptions options, const Clock* clock);
   Status Setup();
   // The iteration boundary for expert widths: commit, start, acknowledge (see the file comment).
   void WeightsBoundary();
@@ -231,7 +231,7 @@ class DecodeWorker {
   void UpdateMetrics();
 
   DecodeWorkerOptions options_;
-  const transport::Clock* clock_;
+  const Clock* clock_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
   std::unique_ptr<transport::ucx::Worker> ucx_worker_;

@@ -26,7 +26,7 @@ Result<std::shared_ptr<proto::InMessage>> Keep(const proto::InMessage& m) {
 }
 }  // namespace
 
-PrefillWorker::PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock)
+PrefillWorker::PrefillWorker(PrefillWorkerOptions options, const Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
 
 PrefillWorker::~PrefillWorker() {
@@ -38,7 +38,7 @@ PrefillWorker::~PrefillWorker() {
 }
 
 Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOptions options,
-                                                             const transport::Clock* clock) {
+                                                             const Clock* clock) {
   if (options.router_endpoint.empty())
     return InvalidArgument("prefill worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("prefill worker: model dir is required");
@@ -48,7 +48,7 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOption
   options.id = DefaultWorkerId(options.id, "prefill");
   if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<PrefillWorker> w(
-      new PrefillWorker(std::move(options), clock ? clock : transport::SteadyClock::Get()));
+      new PrefillWorker(std::move(options), clock ? clock : SteadyClock::Get()));
   PW_RETURN_IF_ERROR(w->Setup());
   return w;
 }

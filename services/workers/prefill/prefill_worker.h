@@ -54,7 +54,7 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
-#include "services/transport/clock.h"
+#include "common/clock.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/workers/common/prompt_features.h"
@@ -84,7 +84,7 @@ struct PrefillWorkerOptions {
 class PrefillWorker {
  public:
   static Result<std::unique_ptr<PrefillWorker>> Create(PrefillWorkerOptions options,
-                                                       const transport::Clock* clock = nullptr);
+                                                       const Clock* clock = nullptr);
   ~PrefillWorker();
   // Serves until `stop`, then finishes its queue (drain) and returns.
   Status Run(const std::atomic<bool>& stop, int drain_timeout_ms = 60000);
@@ -143,7 +143,7 @@ class PrefillWorker {
     std::string refused_param;
   };
 
-  explicit PrefillWorker(PrefillWorkerOptions options, const transport::Clock* clock);
+  explicit PrefillWorker(PrefillWorkerOptions options, const Clock* clock);
   Status Setup();
   // Control thread.
   void SendOutcomes();
@@ -174,7 +174,7 @@ class PrefillWorker {
   void DropRecent();
 
   PrefillWorkerOptions options_;
-  const transport::Clock* clock_;
+  const Clock* clock_;
   // The engine's recorder (compute thread); outlives the engine, which points at it.
   std::unique_ptr<PromptRoutingRecorder> prompt_routing_;
   std::unique_ptr<engine::Engine> engine_;

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace pw::transport {
+namespace pw {
 
 class Clock {
  public:
@@ -41,4 +41,4 @@ class ManualClock final : public Clock {
   std::atomic<uint64_t> now_;
 };
 
-}  // namespace pw::transport
+}  // namespace pw
