@@ -309,38 +309,21 @@ Status Engine::CheckPrefill(const PrefillJob& job) const {
 }
 
 Result<int> Engine::PrefillPass(std::span<PrefillJob> jobs) {
-  std::vector<ForwardItem> items;
-  int budget = options_.max_batch_tokens;
-  for (PrefillJob& job : jobs) {
-    if (budget <= 0) break;
-    if (job.done()) continue;
-    PW_RETURN_IF_ERROR(CheckPrefill(job));
-    const int n = static_cast<int>(job.prompt.size());
-    ForwardItem it;
-    it.seq_id = kEvalSeqId - 1 - items.size();
-    it.tokens = job.prompt.data() + job.num_computed;
-    it.n = std::min(budget, n - job.num_computed);
-    it.start_pos = job.num_computed;
-    it.blocks = job.block_ids.data();
-    const bool last = job.num_computed + it.n == n;
-    // Prompt log-probabilities need every position's logits.
-    it.logits = job.prompt_logprobs >= 0 ? LogitsWanted::kAll
-                : last                   ? LogitsWanted::kLast
-                                         : LogitsWanted::kNone;
-    budget -= it.n;
-    items.push_back(it);
-  }
-  if (items.empty()) return 0;
+  const PrefillPassPlan plan = scheduler_->ComposePrefillPass(jobs, kEvalSeqId - 1);
+  // Every job the pass schedules is checked before anything runs.
+  for (size_t j : plan.job_index) PW_RETURN_IF_ERROR(CheckPrefill(jobs[j]));
+  if (plan.items.empty()) return 0;
   std::vector<float> logits;
-  PW_RETURN_IF_ERROR(runner_->Forward({items, /*pure_decode=*/false}, &logits));
+  PW_RETURN_IF_ERROR(runner_->Forward({plan.items, /*pure_decode=*/false}, &logits));
   const size_t V = static_cast<size_t>(vocab_size());
   int ran = 0;
-  size_t k = 0;
-  size_t row = 0;  // first logits row of items[k]
-  for (PrefillJob& job : jobs) {
-    if (k == items.size()) break;
-    if (job.done()) continue;
-    const ForwardItem& it = items[k];
+  size_t row = 0;  // first logits row of the current item
+  for (size_t k = 0; k < plan.items.size(); ++k) {
+    const ForwardItem& it = plan.items[k];
+    PrefillJob& job = jobs[plan.job_index[k]];
+    const size_t rows = it.logits == LogitsWanted::kAll    ? static_cast<size_t>(it.n)
+                        : it.logits == LogitsWanted::kLast ? 1
+                                                           : 0;
     if (it.logits == LogitsWanted::kAll) {
       // Row r predicts prompt position start_pos + r + 1 (the last row of the prompt predicts
       // the first generated token and is sampled below).
@@ -352,26 +335,24 @@ Result<int> Engine::PrefillPass(std::span<PrefillJob> jobs) {
                                                              job.prompt_logprobs));
       }
     }
-    const size_t rows = it.logits == LogitsWanted::kAll    ? static_cast<size_t>(it.n)
-                        : it.logits == LogitsWanted::kLast ? 1
-                                                           : 0;
     job.num_computed += it.n;
     ran += it.n;
-    if (job.done()) {
-      const float* last_row = logits.data() + (row + rows - 1) * V;
-      job.result.last_logits.assign(last_row, last_row + V);
-      job.result.first_token =
-          SampleToken(last_row, static_cast<int>(V), job.params,
-                      static_cast<uint64_t>(job.num_generated_before), &sample_scratch_);
-      if (job.params.logprobs >= 0) {
-        job.result.first_logprobs = ComputeLogprobs(last_row, static_cast<int>(V),
-                                                    job.result.first_token, job.params.logprobs);
-      }
-    }
+    if (job.done()) FinishPrefill(logits.data() + (row + rows - 1) * V, &job);
     row += rows;
-    ++k;
   }
   return ran;
+}
+
+void Engine::FinishPrefill(const float* last_row, PrefillJob* job) {
+  const int V = vocab_size();
+  job->result.last_logits.assign(last_row, last_row + V);
+  job->result.first_token = SampleToken(last_row, V, job->params,
+                                        static_cast<uint64_t>(job->num_generated_before),
+                                        &sample_scratch_);
+  if (job->params.logprobs >= 0) {
+    job->result.first_logprobs =
+        ComputeLogprobs(last_row, V, job->result.first_token, job->params.logprobs);
+  }
 }
 
 Status Engine::PrefillBatch(std::span<PrefillJob> jobs) {

@@ -63,6 +63,7 @@
 #include "common/status.h"
 #include "engine/experts/moe.h"
 #include "engine/sampler/sampler.h"
+#include "engine/scheduler/prefill_job.h"
 #include "engine/scheduler/sequence.h"
 #include "memory/kv_blocks.h"
 
@@ -131,33 +132,6 @@ struct StepResult {
   std::vector<SequenceUpdate> updates;
   int num_decode_tokens = 0;   // sequences that decoded one token
   int num_prefill_tokens = 0;  // prompt tokens processed (all chunks)
-};
-
-struct PrefillResult {
-  std::vector<float> last_logits;  // [vocab] logits of the last prompt position
-  int32_t first_token = -1;        // sampled from last_logits with the request's params
-  // params.logprobs >= 0: first_token's log-probability and alternatives.
-  TokenLogprobs first_logprobs;
-  // PrefillJob::prompt_logprobs >= 0: entry i is prompt token i + 1 given tokens [0, i] (the
-  // first prompt token has none), with that many alternatives.
-  std::vector<TokenLogprobs> prompt_logprobs;
-};
-
-// One prompt of a batched prefill (Engine::PrefillPass / PrefillBatch). The spans are borrowed
-// and must stay valid until the job is done; different jobs must use different blocks.
-struct PrefillJob {
-  std::span<const int32_t> prompt;
-  std::span<const int32_t> block_ids;  // >= BlocksForTokens(prompt.size(), block_size) blocks
-  SamplingParams params;
-  int num_generated_before = 0;  // as in Engine::Prefill
-  // -1: no prompt log-probabilities; N in [0, kMaxLogprobs]: PrefillResult::prompt_logprobs
-  // with N alternatives each (every position's logits are then computed).
-  int prompt_logprobs = -1;
-  // Progress: prompt positions whose KV is in block_ids. PrefillPass advances it.
-  int num_computed = 0;
-  // Set by the pass that computes the last position.
-  PrefillResult result;
-  bool done() const { return num_computed == static_cast<int>(prompt.size()); }
 };
 
 // Per-sequence view for schedulers and metrics.
@@ -234,9 +208,8 @@ class Engine {
 
   // Batched prefill of several prompts (the prefill worker's path). CheckPrefill validates a
   // job as Prefill does (ids, params, context, blocks leased and enough of them).
-  // PrefillPass runs ONE forward pass: it spends up to max_batch_tokens on the next chunks of
-  // the unfinished jobs, in order (each continues at its num_computed; a job whose remaining
-  // tokens exceed what is left of the budget gets a partial chunk), and samples the first
+  // PrefillPass runs ONE forward pass over the chunks the scheduler composes
+  // (Scheduler::ComposePrefillPass: up to max_batch_tokens, jobs in order), and samples the first
   // token of each job whose last position ran. It returns the prompt tokens it ran (0 when
   // every job is done). Every job it schedules is checked first; an invalid one fails the
   // pass before anything runs. A job's KV and logits equal those of Prefill on it alone up to
@@ -282,6 +255,8 @@ class Engine {
   // Samples a sequence's next token from its logits row into *u and appends it; sets u's
   // finish reason when it stops or reaches a limit.
   void SampleNext(Sequence* s, const float* row, SequenceUpdate* u);
+  // A job's last prompt row ran: keeps its logits and samples its first token.
+  void FinishPrefill(const float* last_row, PrefillJob* job);
 
   EngineOptions options_;
   std::unique_ptr<Model> model_;

@@ -114,6 +114,32 @@ Result<ScheduledBatch> Scheduler::Schedule() {
   return b;
 }
 
+PrefillPassPlan Scheduler::ComposePrefillPass(std::span<PrefillJob> jobs,
+                                              SeqId first_seq_id) const {
+  PrefillPassPlan plan;
+  int budget = options_.max_batch_tokens;
+  for (size_t j = 0; j < jobs.size() && budget > 0; ++j) {
+    const PrefillJob& job = jobs[j];
+    if (job.done()) continue;
+    const int n = static_cast<int>(job.prompt.size());
+    ForwardItem it;
+    it.seq_id = first_seq_id - plan.items.size();
+    it.tokens = job.prompt.data() + job.num_computed;
+    it.n = std::min(budget, n - job.num_computed);
+    it.start_pos = job.num_computed;
+    it.blocks = job.block_ids.data();
+    const bool last = job.num_computed + it.n == n;
+    // Prompt log-probabilities need every position's logits.
+    it.logits = job.prompt_logprobs >= 0 ? LogitsWanted::kAll
+                : last                   ? LogitsWanted::kLast
+                                         : LogitsWanted::kNone;
+    budget -= it.n;
+    plan.items.push_back(it);
+    plan.job_index.push_back(j);
+  }
+  return plan;
+}
+
 Result<std::vector<int32_t>> Scheduler::Lease(int n) {
   PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, blocks_->Allocate(n));
   for (int32_t id : ids) leased_[static_cast<size_t>(id)] = 1;

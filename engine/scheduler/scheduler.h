@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "engine/runner/batch.h"
+#include "engine/scheduler/prefill_job.h"
 #include "engine/scheduler/sequence.h"
 #include "memory/kv_blocks.h"
 
@@ -50,6 +51,13 @@ struct ScheduledBatch {
   Batch batch() const { return {items, pure_decode}; }
 };
 
+// One forward pass over leased prompts (ComposePrefillPass): items[i] runs the next chunk of
+// jobs[job_index[i]].
+struct PrefillPassPlan {
+  std::vector<ForwardItem> items;
+  std::vector<size_t> job_index;
+};
+
 class Scheduler {
  public:
   Scheduler(SchedulerOptions options, std::unique_ptr<memory::KvBlockPool> blocks);
@@ -69,6 +77,14 @@ class Scheduler {
   // (nothing allocated, nothing changed) when the decode sequences need more new blocks than
   // are free, or when prompt chunks wait and none can get a block while nothing else runs.
   Result<ScheduledBatch> Schedule();
+
+  // The next pass over jobs whose blocks the caller leased (prefill workers): it spends up to
+  // max_batch_tokens on the next chunks of the unfinished jobs, in order (each continues at its
+  // num_computed; a job whose remaining tokens exceed what is left of the budget gets a partial
+  // chunk). A chunk wants every logits row when its job wants prompt log-probabilities, else the
+  // last row when it ends the prompt. Items get sequence ids below `first_seq_id`, one each.
+  // Allocates nothing and changes no job; empty when every job is done.
+  PrefillPassPlan ComposePrefillPass(std::span<PrefillJob> jobs, SeqId first_seq_id) const;
 
   // Leases n free blocks to the caller, all or nothing (kResourceExhausted otherwise).
   Result<std::vector<int32_t>> Lease(int n);
