@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <random>
-#include <tuple>
 
 #include "common/logging.h"
+#include "policies/placement/placement.h"
 #include "services/transport/zmq_transport.h"
 
 namespace pw::router {
@@ -306,40 +305,43 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
   auto failed_before = [&](const std::string& peer) {
     return std::find(r.failed_on.begin(), r.failed_on.end(), peer) != r.failed_on.end();
   };
-  const transport::PeerInfo* best_d = nullptr;
-  const WorkerStatic* best_ds = nullptr;
-  std::tuple<bool, int64_t, int64_t> best_d_key{false, 0, 0};
+  std::vector<placement::DecodeCandidate> decode;
+  std::vector<placement::PrefillCandidate> prefill;
+  std::vector<const transport::PeerInfo*> decode_info, prefill_info;
   for (const auto& [peer, info] : server_->peers()) {
-    if (info.role != wire::Role::DECODE || info.load.draining || !Reachable(info)) continue;
+    if (info.role != wire::Role::DECODE && info.role != wire::Role::PREFILL) continue;
     const WorkerStatic* ws = StaticOf(info);
-    if (ws == nullptr || assigned[peer] >= ws->max_batch + AheadOf(*ws)) continue;
-    std::tuple<bool, int64_t, int64_t> key{!failed_before(peer),
-                                           int64_t(info.load.free_kv_blocks) - recent_blocks[peer],
-                                           -assigned[peer]};
-    if (best_d == nullptr || key > best_d_key) {
-      best_d_key = key;
-      best_d = &info;
-      best_ds = ws;
+    if (ws == nullptr) continue;
+    if (info.role == wire::Role::DECODE) {
+      placement::DecodeCandidate c;
+      c.id = peer;
+      c.draining = info.load.draining;
+      c.reachable = Reachable(info);
+      c.failed_before = failed_before(peer);
+      c.assigned = assigned[peer];
+      c.max_assigned = static_cast<int64_t>(ws->max_batch) + AheadOf(*ws);
+      c.free_kv_blocks = static_cast<int64_t>(info.load.free_kv_blocks);
+      c.recent_blocks = recent_blocks[peer];
+      c.layout_hash = ws->layout_hash;
+      decode.push_back(std::move(c));
+      decode_info.push_back(&info);
+    } else {
+      placement::PrefillCandidate c;
+      c.id = peer;
+      c.draining = info.load.draining;
+      c.reachable = Reachable(info);
+      c.failed_before = failed_before(peer);
+      c.group_peer = !group_peer.empty() && peer == group_peer;
+      c.queued_tokens = static_cast<int64_t>(info.load.queued_prompt_tokens) + prefilling_tokens[peer];
+      c.layout_hash = ws->layout_hash;
+      prefill.push_back(std::move(c));
+      prefill_info.push_back(&info);
     }
   }
-  if (best_d == nullptr) return false;
-  const transport::PeerInfo* best_p = nullptr;
-  std::tuple<bool, bool, int64_t> best_p_key{false, false, std::numeric_limits<int64_t>::max()};
-  for (const auto& [peer, info] : server_->peers()) {
-    if (info.role != wire::Role::PREFILL || info.load.draining || !Reachable(info)) continue;
-    const WorkerStatic* ws = StaticOf(info);
-    if (ws == nullptr || ws->layout_hash != best_ds->layout_hash) continue;
-    // Prefer workers not failed on, then the one the request's group went to, then the
-    // shortest queue.
-    std::tuple<bool, bool, int64_t> key{
-        failed_before(peer), !group_peer.empty() && peer != group_peer,
-        int64_t(info.load.queued_prompt_tokens) + prefilling_tokens[peer]};
-    if (best_p == nullptr || key < best_p_key) {
-      best_p_key = key;
-      best_p = &info;
-    }
-  }
-  if (best_p == nullptr) return false;
+  const std::optional<placement::Choice> choice = placement::Place(decode, prefill);
+  if (!choice) return false;
+  const transport::PeerInfo* best_d = decode_info[choice->decode];
+  const transport::PeerInfo* best_p = prefill_info[choice->prefill];
 
   proto::OutMessage m;
   auto kr = m.body().initKvReserve();
