@@ -90,7 +90,13 @@ class NullTransport final : public pw::transport::Transport {
   std::string Describe() const override { return "fuzz waker"; }
 };
 
-// Checks the promises of GenerationEvents (services/router/backend.h).
+// Every request's max_tokens; request 4's log-probability alternatives (tokens, prompt).
+constexpr int kMaxTokens = 8;
+constexpr int kAlternatives = 2;
+constexpr int kPromptAlternatives = 1;
+
+// Checks the promises of GenerationEvents (services/router/backend.h), and that nothing a worker
+// sends makes the router deliver more than a request asked for.
 class CheckedEvents final : public pw::router::GenerationEvents {
  public:
   void OnTokens(uint64_t id, uint32_t start_index, std::vector<int32_t> tokens,
@@ -99,10 +105,17 @@ class CheckedEvents final : public pw::router::GenerationEvents {
     PW_CHECK_MSG(start_index <= delivered_[id], "a token index skipped");
     PW_CHECK(logprobs.empty() || logprobs.size() == tokens.size());
     delivered_[id] = std::max<uint64_t>(delivered_[id], start_index + tokens.size());
+    PW_CHECK_MSG(delivered_[id] <= uint64_t{kMaxTokens}, "tokens past max_tokens");
+    for (const auto& lp : logprobs) {
+      PW_CHECK_MSG(lp.top.size() <= size_t{kAlternatives}, "more alternatives than asked for");
+    }
   }
-  void OnPromptLogprobs(uint64_t id, std::vector<pw::router::TokenLogprob>) override {
+  void OnPromptLogprobs(uint64_t id, std::vector<pw::router::TokenLogprob> lps) override {
     PW_CHECK_MSG(!finished_.count(id), "prompt log-probabilities after the request's end");
     PW_CHECK_MSG(delivered_[id] == 0, "prompt log-probabilities after tokens");
+    for (const auto& lp : lps) {
+      PW_CHECK_MSG(lp.top.size() <= size_t{kPromptAlternatives}, "more prompt alternatives than asked for");
+    }
   }
   void OnFinished(uint64_t id, pw::router::FinishReason, pw::Status, std::string) override {
     PW_CHECK_MSG(finished_.insert(id).second, "a request ended twice");
@@ -236,11 +249,11 @@ struct Fixture {
       pw::router::GenerationRequest r;
       r.id = id;
       r.prompt = {5, 6, 7};
-      r.sampling.max_tokens = 8;
+      r.sampling.max_tokens = kMaxTokens;
       r.sampling.has_seed = true;
       if (id == 4) {
-        r.sampling.logprobs = 2;
-        r.sampling.prompt_logprobs = 1;
+        r.sampling.logprobs = kAlternatives;
+        r.sampling.prompt_logprobs = kPromptAlternatives;
       }
       PW_CHECK(backend->Submit(std::move(r)).ok());
     }

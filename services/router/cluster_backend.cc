@@ -522,6 +522,15 @@ bool ClusterBackend::DeliverFirstToken(uint64_t id, Req& r, const std::string& p
                 " prompt tokens");
       return false;
     }
+    for (auto lp : wire_lps) {
+      if (lp.getTopTokens().size() > unsigned(r.request.sampling.prompt_logprobs)) {
+        SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
+        Retry(id, r, "prefill on '" + peer + "' sent more prompt log-probability alternatives " +
+                         "than the " + std::to_string(r.request.sampling.prompt_logprobs) +
+                         " asked for");
+        return false;
+      }
+    }
     std::vector<TokenLogprob> prompt_lps;
     prompt_lps.reserve(wire_lps.size());
     for (auto lp : wire_lps) prompt_lps.push_back(FromWire(lp));
@@ -530,6 +539,13 @@ bool ClusterBackend::DeliverFirstToken(uint64_t id, Req& r, const std::string& p
   r.generated.push_back(first);
   std::vector<TokenLogprob> first_lp;
   if (r.request.sampling.logprobs >= 0) {
+    if (m.getFirstLogprob().getTopTokens().size() > unsigned(r.request.sampling.logprobs)) {
+      r.generated.pop_back();
+      SendCancel(r.decode_peer, id, r.lease_id, /*writer_done=*/true);
+      Retry(id, r, "prefill on '" + peer + "' sent more log-probability alternatives than the " +
+                       std::to_string(r.request.sampling.logprobs) + " asked for");
+      return false;
+    }
     first_lp.push_back(FromWire(m.getFirstLogprob()));
     first_lp.back().token = first;
   }
@@ -624,9 +640,22 @@ void ClusterBackend::OnTokenChunk(const std::string& peer, wire::TokenChunk::Rea
           "TokenChunk from '" + peer + "' without the log-probabilities the request asked for");
     return;
   }
+  if (want_lps) {
+    for (auto lp : lps) {
+      if (lp.getTopTokens().size() > unsigned(r.request.sampling.logprobs)) {
+        SendCancel(peer, id, r.lease_id, /*writer_done=*/false);
+        Retry(id, r, "TokenChunk from '" + peer + "' with more log-probability alternatives " +
+                         "than the " + std::to_string(r.request.sampling.logprobs) + " asked for");
+        return;
+      }
+    }
+  }
+  // A worker never sends past max_tokens (it ends the request there); tokens beyond it are
+  // not the client's: the request ends at max_tokens and the worker is told to stop.
+  const size_t max_tokens = static_cast<size_t>(std::max(r.request.sampling.max_tokens, 0));
   std::vector<int32_t> fresh;
   std::vector<TokenLogprob> fresh_lps;
-  for (unsigned i = 0; i < tokens.size(); ++i) {
+  for (unsigned i = 0; i < tokens.size() && r.generated.size() < max_tokens; ++i) {
     if (start + i < r.generated.size()) continue;  // already delivered
     fresh.push_back(static_cast<int32_t>(tokens[i]));
     r.generated.push_back(static_cast<int32_t>(tokens[i]));
@@ -638,6 +667,12 @@ void ClusterBackend::OnTokenChunk(const std::string& peer, wire::TokenChunk::Rea
   if (!fresh.empty()) {
     const auto first_index = static_cast<uint32_t>(r.generated.size() - fresh.size());
     events_->OnTokens(id, first_index, std::move(fresh), std::move(fresh_lps));
+  }
+  if (r.generated.size() >= max_tokens && start + tokens.size() > max_tokens) {
+    PW_LOG(WARNING) << "router: '" << peer << "' sent request " << id << " tokens past its "
+                    << max_tokens << " max_tokens; ended there";
+    SendCancel(peer, id, r.lease_id, /*writer_done=*/false);
+    Finish(id, FinishReason::kLength, Status::Ok());
   }
 }
 

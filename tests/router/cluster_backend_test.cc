@@ -170,6 +170,10 @@ class ProtocolTestWorker {
   void FlushReserveReplies() { flush_replies_ = true; }
   // While set, a decode worker refuses reservations (no free KV).
   void SetRefuseKv(bool r) { refuse_kv_ = r; }
+  // A broken or forged decode worker: its last TokenChunk carries `n` tokens past max_tokens.
+  void SetOverrunTokens(int n) { overrun_tokens_ = n; }
+  // A broken or forged decode worker: `n` more log-probability alternatives than asked for.
+  void SetExtraAlternatives(int n) { extra_alternatives_ = n; }
   bool registered() const { return registered_; }
   Stats stats() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -564,8 +568,22 @@ class ProtocolTestWorker {
       auto c = out.body().initTokenChunk();
       c.setRequestId(id);
       c.setStartIndex(r.generated);
-      c.initTokens(1).set(0, t);
-      if (r.logprobs >= 0) FillToyLogprob(c.initLogprobs(1)[0], t, r.logprobs);
+      // The last token, and with SetOverrunTokens more after it.
+      const unsigned extra = r.generated + 1 >= r.max_tokens ? unsigned(overrun_tokens_.load()) : 0;
+      std::vector<uint32_t> chunk = {t};
+      for (unsigned i = 0; i < extra; ++i) {
+        std::vector<uint32_t> seq = r.seq;
+        seq.insert(seq.end(), chunk.begin() + 1, chunk.end());
+        chunk.push_back(NextToken(seq));
+      }
+      auto toks = c.initTokens(static_cast<unsigned>(chunk.size()));
+      for (unsigned i = 0; i < chunk.size(); ++i) toks.set(i, chunk[i]);
+      if (r.logprobs >= 0) {
+        auto lps = c.initLogprobs(static_cast<unsigned>(chunk.size()));
+        for (unsigned i = 0; i < chunk.size(); ++i) {
+          FillToyLogprob(lps[i], chunk[i], r.logprobs + extra_alternatives_.load());
+        }
+      }
       (void)client_->Send(out);
       ++r.generated;
       bool stop = r.stops.count(t) != 0;
@@ -591,6 +609,7 @@ class ProtocolTestWorker {
   std::atomic<bool> late_writer_{false}, fail_prefill_{false}, paused_{false};
   std::atomic<bool> hold_replies_{false}, flush_replies_{false}, flush_stash_{false};
   std::atomic<int> cancel_delay_ms_{0}, reserve_delay_ms_{0};
+  std::atomic<int> overrun_tokens_{0}, extra_alternatives_{0};
   std::mutex mu_;
   Stats stats_;
   std::map<uint64_t, Lease> leases_;      // live leases (not started)
@@ -1145,6 +1164,42 @@ TEST_F(ClusterBackendTest, LogprobsFollowTheirTokensAcrossAFailover) {
   }
   EXPECT_TRUE(events_.logprobs(2).empty());
   EXPECT_TRUE(events_.prompt_logprobs(2).empty());
+  EXPECT_TRUE(events_.violations().empty());
+}
+
+// A decode worker that sends tokens past max_tokens (broken, or an insider): the client gets
+// max_tokens tokens, the request ends with length there, and the worker is told to stop.
+TEST_F(ClusterBackendTest, TokensPastMaxTokensAreNotDelivered) {
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  auto* d = AddWorker("decode-0", wire::Role::DECODE);
+  d->SetOverrunTokens(5);
+  ASSERT_TRUE(WaitCapacity(1, 1));
+  ASSERT_TRUE(backend_->Submit(Request(1, 6)).ok());
+  ASSERT_TRUE(events_.WaitFinished(1, 20000));
+  EXPECT_EQ(events_.tokens(1), Reference({5, 6, 7}, 6));
+  EXPECT_EQ(events_.finish(1).first, FinishReason::kLength);
+  EXPECT_TRUE(events_.violations().empty());
+}
+
+// A worker that sends more log-probability alternatives than the request asked for is not
+// believed: the request is placed again, on a worker that keeps to the count.
+TEST_F(ClusterBackendTest, MoreAlternativesThanAskedForArePlacedAgain) {
+  AddWorker("prefill-0", wire::Role::PREFILL);
+  // The most free blocks: placed there first.
+  auto* bad = AddWorker("decode-0", wire::Role::DECODE, /*blocks=*/128);
+  bad->SetExtraAlternatives(1000);
+  AddWorker("decode-1", wire::Role::DECODE);
+  ASSERT_TRUE(WaitCapacity(2, 1));
+  GenerationRequest with = Request(1, 8, {5, 6, 7, 8});
+  with.sampling.logprobs = 2;
+  ASSERT_TRUE(backend_->Submit(with).ok());
+  ASSERT_TRUE(events_.WaitFinished(1, 20000));
+  EXPECT_TRUE(events_.finish(1).second.ok()) << events_.finish(1).second.ToString();
+  const auto lps = events_.logprobs(1);
+  ASSERT_EQ(events_.tokens(1), Reference({5, 6, 7, 8}, 8));
+  ASSERT_EQ(lps.size(), 8u);
+  for (const auto& lp : lps) EXPECT_EQ(lp.top.size(), 2u);
+  EXPECT_GE(backend_->Load().requests_replaced, 1u);
   EXPECT_TRUE(events_.violations().empty());
 }
 
