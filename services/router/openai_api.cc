@@ -241,6 +241,22 @@ std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
   if (it != body.end() && !it->is_null() && !(it->is_array() && it->empty())) {
     return not_supported("tools");
   }
+  // Sampling options the workers' sampler does not implement: accepted only at the value that
+  // changes nothing, so that a request is never served as if it had not asked.
+  for (const auto& [field, neutral] : {std::pair<const char*, double>{"presence_penalty", 0.0},
+                                       {"frequency_penalty", 0.0},
+                                       {"repetition_penalty", 1.0},
+                                       {"min_p", 0.0}}) {
+    it = body.find(field);
+    if (it != body.end() && !it->is_null() &&
+        !(it->is_number() && it->get<double>() == neutral)) {
+      return not_supported(field);
+    }
+  }
+  it = body.find("logit_bias");
+  if (it != body.end() && !it->is_null() && !(it->is_object() && it->empty())) {
+    return not_supported("logit_bias");
+  }
   it = body.find("response_format");
   if (it != body.end() && !it->is_null()) {
     auto type = it->is_object() ? it->find("type") : it->end();

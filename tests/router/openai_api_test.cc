@@ -117,6 +117,29 @@ TEST(OpenAiApi, Rejections) {
   Ok(R"({"model":"m","prompt":"x","logprobs":null,"echo":false,"best_of":1,"n":null})");
 }
 
+// Sampling options the server does not implement are refused unless they ask for nothing, so a
+// request is never served as if it had not asked.
+TEST(OpenAiApi, UnimplementedSamplingOptionsAreRefusedUnlessNeutral) {
+  for (const char* body : {R"({"model":"m","prompt":"x","presence_penalty":0.5})",
+                           R"({"model":"m","prompt":"x","frequency_penalty":-1})",
+                           R"({"model":"m","prompt":"x","repetition_penalty":1.1})",
+                           R"({"model":"m","prompt":"x","min_p":0.05})",
+                           R"({"model":"m","prompt":"x","min_p":"0"})",
+                           R"({"model":"m","prompt":"x","logit_bias":{"50256":-100}})"}) {
+    const ApiError e = Err(body);
+    EXPECT_EQ(e.http_status, 400) << body;
+    EXPECT_EQ(e.code, "unsupported_parameter") << body;
+    EXPECT_FALSE(e.param.empty()) << body;
+  }
+  EXPECT_EQ(Err(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"1":5}})",
+                Endpoint::kChatCompletions)
+                .param,
+            "logit_bias");
+  Ok(R"({"model":"m","prompt":"x","presence_penalty":0,"frequency_penalty":0.0,)"
+     R"("repetition_penalty":1,"min_p":0,"logit_bias":{}})");
+  Ok(R"({"model":"m","prompt":"x","presence_penalty":null,"logit_bias":null})");
+}
+
 TEST(OpenAiApi, SamplingValuesAreCheckedAsTheWorkersFloat) {
   // 1e-320 is above 0 as a double and 0 as the float the workers compute with: refused here,
   // naming the field, not on a worker.
