@@ -48,32 +48,18 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from paged_node import pick, scrape  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_ok(port, body, timeout=10):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        return urllib.request.urlopen(req, timeout=timeout).status == 200
-    except Exception:  # noqa: BLE001 - not serving yet
-        return False
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pylib"))
+from completions import post_completion  # noqa: E402
+from localhost import free_port  # noqa: E402
+from prom_samples import pick, scrape  # noqa: E402
+from pw_ctl import PwCtl  # noqa: E402
 
 
 class Node:
@@ -94,6 +80,8 @@ class Node:
             w["metrics_port"] = free_port()
         self.decode_metrics = cfg["decode"][0]["metrics_port"] = free_port()
         self.keys = os.path.join(cfg["run_dir"], "control.keys")
+        self.ctl = PwCtl(os.path.join(a.build, "bin", "pw-ctl"), f"tcp://127.0.0.1:{self.broker}", self.keys,
+                         label=mode)
         self.yaml = os.path.join(out_dir, "cluster.yaml")
         with open(self.yaml, "w") as f:
             yaml.safe_dump(cfg, f)
@@ -105,7 +93,8 @@ class Node:
         self.proc = subprocess.Popen([os.path.join(self.a.build, "bin", "pw-cluster"), "up", "--config", self.yaml],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.time()
-        while not http_ok(self.http, {"model": self.model_name, "prompt": [1, 2, 3], "max_tokens": 1}):
+        while post_completion(self.http, {"model": self.model_name, "prompt": [1, 2, 3], "max_tokens": 1},
+                              timeout=10)[0] != 200:
             if time.time() - t0 > self.a.start_timeout or self.proc.poll() is not None:
                 raise SystemExit(f"{self.mode}: the node did not start serving; see {self.out_dir}")
             time.sleep(0.3)
@@ -118,23 +107,6 @@ class Node:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-    def ctl(self, *args):
-        r = subprocess.run([os.path.join(self.a.build, "bin", "pw-ctl"), "--broker", f"tcp://127.0.0.1:{self.broker}",
-                            "--control-keys", self.keys] + list(args), capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"pw-ctl {' '.join(args)}: {r.stderr.strip()}")
-        return r.stdout
-
-    def wait_committed(self, out):
-        epoch = int(re.search(r"plan epoch (\d+)", out).group(1))
-        t0 = time.time()
-        while time.time() - t0 < 120:
-            m = re.search(r"committed epoch (\d+), 0 change", self.ctl("show"))
-            if m and int(m.group(1)) >= epoch:
-                return time.time() - t0
-            time.sleep(0.1)
-        raise SystemExit(f"{self.mode}: epoch {epoch} not committed")
 
     def block_widths(self):
         rows = re.findall(r"^(\d+)\s+(\d+)\s+(gate_up|down)\s+(\d+)\s+(\d+)\s*$", self.ctl("show", "--block"), re.M)
@@ -214,7 +186,7 @@ def run_mode(a, mode, ranked_map=None):
         if setup:
             if setup[0] == "apply":
                 setup = ["apply", plan_file(setup[1], os.path.join(out_dir, "plan.json"))]
-            print(f"{mode}: {' '.join(setup)} committed in {node.wait_committed(node.ctl(*setup)):.2f} s", flush=True)
+            print(f"{mode}: {' '.join(setup)} committed in {node.ctl.wait_committed(node.ctl.change(*setup), timeout=120):.2f} s", flush=True)
         samples, maps = [], []
         stop = threading.Event()
 

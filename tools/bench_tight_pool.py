@@ -15,8 +15,10 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from paged_node import add_node_args, change, complete, metrics, pick, wait_committed  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "pylib")]
+from paged_node import add_node_args, change, complete, metrics, wait_committed  # noqa: E402
+from prom_samples import pick  # noqa: E402
 
 
 def set_bits(a, bits):

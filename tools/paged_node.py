@@ -1,14 +1,17 @@
-"""What the paged-serving benchmarks share: talking to a running node (pw-cluster up).
+"""What the paged-serving benchmarks share: talking to a running node (pw-cluster up) that the
+command line describes (add_node_args).
 
 pw-ctl against the broker (its key file from the run_dir), waiting until a plan epoch is
-committed, the decode worker's /metrics as a dict, one greedy completion. Standard library only.
+committed, the decode worker's /metrics as a dict, one greedy completion. Standard library only
+(tools/pylib).
 """
-import json
-import re
-import subprocess
+import os
 import sys
-import time
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pylib"))
+from completions import post_completion  # noqa: E402
+from prom_samples import scrape  # noqa: E402
+from pw_ctl import PwCtl  # noqa: E402
 
 
 def add_node_args(p):
@@ -21,28 +24,19 @@ def add_node_args(p):
     p.add_argument("--model", default="tiny-moe")
 
 
-def ctl(a, *args):
-    out = subprocess.run([a.pw_ctl, "--broker", a.broker, "--control-keys", a.control_keys] + list(args),
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"pw-ctl {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout
+def ctl(a):
+    """pw-ctl against the node's broker."""
+    return PwCtl(a.pw_ctl, a.broker, a.control_keys)
 
 
 def change(a, *args):
     """A pw-ctl command that changes widths (set-bits, apply); returns its plan epoch."""
-    return int(re.search(r"plan epoch (\d+)", ctl(a, *args)).group(1))
+    return ctl(a).change(*args)
 
 
 def wait_committed(a, epoch, timeout=600):
     """Seconds until every decode worker committed `epoch`; exits on timeout."""
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        m = re.search(r"committed epoch (\d+), 0 change", ctl(a, "show"))
-        if m and int(m.group(1)) >= epoch:
-            return time.time() - t0
-        time.sleep(0.05)
-    sys.exit(f"epoch {epoch} not committed in {timeout} s")
+    return ctl(a).wait_committed(epoch, timeout)
 
 
 def metrics(a):
@@ -50,27 +44,11 @@ def metrics(a):
     return scrape(a.decode_metrics)
 
 
-def scrape(port):
-    """The samples of the /metrics on 127.0.0.1:`port`: {'name{labels}': value}."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in body.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        k, v = line.rsplit(" ", 1)
-        out[k] = float(v)
-    return out
-
-
-def pick(m, prefix, label=""):
-    """Sum of the samples whose name (with labels) starts with `prefix` and contains `label`."""
-    return sum(v for k, v in m.items() if k.startswith(prefix) and label in k)
-
-
 def complete(a, prompt, max_tokens, timeout=600):
     """One greedy completion (ignore_eos) of token ids; returns its completion token count."""
-    body = json.dumps({"model": a.model, "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{a.http_port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=timeout).read())["usage"]["completion_tokens"]
+    status, _, reply = post_completion(a.http_port, {
+        "model": a.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True}, timeout)
+    if status != 200:
+        raise RuntimeError(f"completion: HTTP {status}: {reply}")
+    return reply["usage"]["completion_tokens"]

@@ -10,11 +10,16 @@ Each process logs to <log_dir>/<name>.log; on failure the tails are printed.
 import json
 import os
 import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "pylib"))
+from localhost import free_port, rss_kib  # noqa: E402
+from prom_samples import parse_metrics, scrape_if_up  # noqa: E402
 
 
 SKIP = 77  # CTest SKIP_RETURN_CODE of the e2e tests
@@ -28,12 +33,6 @@ def model_present(model_dir):
     return False
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_get(url, timeout=5):
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -42,19 +41,6 @@ def http_get(url, timeout=5):
         return e.code, e.read().decode()
     except OSError:
         return 0, ""
-
-
-def parse_metrics(text):
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            pass
-    return out
 
 
 class LocalCluster:
@@ -165,20 +151,12 @@ class LocalCluster:
 
     def worker_metrics(self, name):
         """A worker's own /metrics, parsed ({} when it does not answer)."""
-        status, body = http_get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics")
-        return parse_metrics(body) if status == 200 else {}
+        return scrape_if_up(self.metrics_ports[name])
 
     def rss_kib(self):
-        out = {}
-        for name, p in self.procs.items():
-            try:
-                with open(f"/proc/{p.pid}/status") as f:
-                    for line in f:
-                        if line.startswith("VmRSS:"):
-                            out[name] = int(line.split()[1])
-            except OSError:
-                pass
-        return out
+        """{name: resident KiB} of the processes that are still there."""
+        rss = {name: rss_kib(p.pid) for name, p in self.procs.items()}
+        return {name: kib for name, kib in rss.items() if kib is not None}
 
     def signal(self, name, sig):
         self.procs[name].send_signal(sig)

@@ -25,28 +25,14 @@ import subprocess
 import sys
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "tools", "pylib")]
 from cluster import SKIP, LocalCluster, model_present  # noqa: E402
+from pypi_venv import ensure_venv  # noqa: E402
 
 LM_EVAL = "lm_eval[api]==0.4.13"
 TOLERANCE = 2e-3  # nats per continuation (batched vs. whole-sequence kernels, float32 on the wire)
 API_KEY = "pw-test-key-lm-eval"
-
-
-def ensure_venv(build_dir):
-    venv = os.path.join(build_dir, "lmeval-venv")
-    py = os.path.join(venv, "bin", "python")
-    if os.path.exists(py) and subprocess.run([py, "-c", "import lm_eval"]).returncode == 0:
-        return py
-    print("creating", venv, "with", LM_EVAL, "from PyPI")
-    if subprocess.run(["/usr/bin/python3", "-m", "venv", venv]).returncode != 0:
-        return None
-    try:
-        r = subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                            LM_EVAL], timeout=1200)
-    except subprocess.TimeoutExpired:
-        return None
-    return py if r.returncode == 0 else None
 
 
 def make_pairs(text, n):
@@ -105,7 +91,7 @@ def main():
     if not os.path.exists(heldout):
         print(f"SKIPPED: {heldout} is absent (make eval-data)")
         return SKIP
-    py = ensure_venv(build_dir)
+    py = ensure_venv(os.path.join(build_dir, "lmeval-venv"), LM_EVAL, "lm_eval", timeout=1200)
     if py is None:
         print(f"SKIPPED: cannot install {LM_EVAL} (PyPI unreachable?)")
         return SKIP

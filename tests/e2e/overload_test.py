@@ -33,8 +33,6 @@ Exit: 0 pass, 1 fail, 77 skipped (no weights or no store).
 """
 import argparse
 import datetime
-import http.client
-import json
 import os
 import re
 import shutil
@@ -44,8 +42,12 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import SKIP, free_port, http_get, model_present, parse_metrics  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "tools", "pylib")]
+from cluster import SKIP, http_get, model_present  # noqa: E402
+from completions import post_completion  # noqa: E402
+from localhost import free_port  # noqa: E402
+from prom_samples import scrape_if_up  # noqa: E402
 
 LEASE_MS = 3000
 PROMPT, MAX_TOKENS = 400, 1500   # the scenario's long requests
@@ -76,24 +78,6 @@ def deploy_yaml(src, build_dir, model_dir, run_dir, ports, lease_ms):
         return f"{m.group(1)}{ports[next(names)]}"
     text = re.sub(r"(?m)^(\s+(?:- )?(?:control_port|metrics_port): )\d+", port, text)
     return text
-
-
-def post(port, body, timeout=CLIENT_TIMEOUT_S):
-    """(status, headers, parsed body or text) of one POST /v1/completions."""
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        conn.request("POST", "/v1/completions", json.dumps(body),
-                     {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        raw = resp.read().decode(errors="replace")
-        headers = {k.lower(): v for k, v in resp.getheaders()}
-        conn.close()
-        try:
-            return resp.status, headers, json.loads(raw)
-        except ValueError:
-            return resp.status, headers, raw
-    except (OSError, http.client.HTTPException) as e:
-        return 0, {}, repr(e)
 
 
 def requests_of(args):
@@ -239,8 +223,7 @@ def main():
             raise RuntimeError("the node did not become healthy")
         # The decode worker's heartbeats have reached the router (its free KV shows).
         while time.time() < deadline:
-            status, text = http_get(f"http://127.0.0.1:{ports['http']}/metrics")
-            m = parse_metrics(text) if status == 200 else {}
+            m = scrape_if_up(ports["http"])
             if m.get("pagedweight_router_backend_free_kv_blocks", 0) > 0:
                 break
             time.sleep(0.2)
@@ -250,20 +233,18 @@ def main():
 
         def run(i):
             kind, body = burst[i]
-            results[i] = post(ports["http"], body)
+            results[i] = post_completion(ports["http"], body, CLIENT_TIMEOUT_S)
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(burst))]
         t0 = time.time()
         for t in threads:
             t.start()
         # What admission and the decode worker show, every few seconds while the burst runs.
         while any(t.is_alive() for t in threads):
-            status, text = http_get(f"http://127.0.0.1:{ports['http']}/metrics")
-            m = parse_metrics(text) if status == 200 else {}
+            m = scrape_if_up(ports["http"])
             kv = {s: m.get(f'pagedweight_router_kv_admission_blocks{{state="{s}"}}')
                   for s in ("capacity", "committed", "queued")}
             d = {}
-            status, text = http_get(f"http://127.0.0.1:{ports['decode-0']}/metrics")
-            for k, v in (parse_metrics(text) if status == 200 else {}).items():
+            for k, v in scrape_if_up(ports["decode-0"]).items():
                 if k.startswith(("pagedweight_worker_num_preemptions_total",
                                  "pagedweight_kv_leases_expired_total")):
                     d[k.split("{")[0].replace("pagedweight_", "")] = v
@@ -287,8 +268,7 @@ def main():
             print(f"  {kind:6s} HTTP {status}: {c}")
 
         def metric(port, name):
-            status, text = http_get(f"http://127.0.0.1:{port}/metrics")
-            m = parse_metrics(text) if status == 200 else {}
+            m = scrape_if_up(port)
             return sum(v for k, v in m.items() if k.split("{")[0] == name)
         expired = metric(ports["decode-0"], "pagedweight_kv_leases_expired_total")
         replaced = metric(ports["http"], "pagedweight_router_backend_requests_replaced_total")
@@ -306,8 +286,7 @@ def main():
         # At rest: every KV block free, nothing reserved (the next heartbeats show it).
         rest = {}
         for _ in range(100):
-            status, text = http_get(f"http://127.0.0.1:{ports['decode-0']}/metrics")
-            m = parse_metrics(text) if status == 200 else {}
+            m = scrape_if_up(ports["decode-0"])
             rest = {s: sum(v for k, v in m.items() if k.split("{")[0] == "pagedweight_kv_blocks"
                            and f'state="{s}"' in k) for s in ("used", "reserved")}
             if rest == {"used": 0, "reserved": 0}:

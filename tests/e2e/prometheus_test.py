@@ -24,8 +24,10 @@ import tempfile
 import time
 import urllib.parse
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import SKIP, LocalCluster, free_port, http_get, model_present  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "tools", "pylib")]
+from cluster import SKIP, LocalCluster, http_get, model_present  # noqa: E402
+from localhost import free_port  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 # Grafana's variables as a short scrape would need them.

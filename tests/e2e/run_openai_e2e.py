@@ -13,24 +13,10 @@ import subprocess
 import sys
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "tools", "pylib")]
 from cluster import SKIP, LocalCluster, model_present  # noqa: E402
-
-
-
-def ensure_venv(build_dir):
-    venv = os.path.join(build_dir, "e2e-venv")
-    py = os.path.join(venv, "bin", "python")
-    if os.path.exists(py) and subprocess.run([py, "-c", "import openai"]).returncode == 0:
-        return py
-    print("creating", venv, "with the openai client from PyPI")
-    if subprocess.run(["/usr/bin/python3", "-m", "venv", venv]).returncode != 0:
-        return None
-    r = subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "openai"], timeout=600)
-    if r.returncode != 0:
-        return None
-    return py
+from pypi_venv import ensure_venv  # noqa: E402
 
 
 def shared_prefill(c, key):
@@ -58,7 +44,7 @@ def main():
     build_dir, model_dir = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     if not model_present(model_dir):
         return SKIP
-    py = ensure_venv(build_dir)
+    py = ensure_venv(os.path.join(build_dir, "e2e-venv"), "openai", "openai", timeout=600)
     if py is None:
         print("SKIPPED: cannot install the openai client (PyPI unreachable?)")
         return SKIP

@@ -17,7 +17,6 @@ Usage: soak_test.py BUILD_DIR MODEL_DIR [--seconds S (240)] [--fault-every S (20
 Exit: 0 pass, 1 fail, 77 skipped (no weights).
 """
 import argparse
-import http.client
 import json
 import os
 import random
@@ -27,8 +26,12 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import SKIP, free_port, http_get, model_present, parse_metrics  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "tools", "pylib")]
+from cluster import SKIP, model_present  # noqa: E402
+from completions import post_completion  # noqa: E402
+from localhost import free_port, rss_kib  # noqa: E402
+from prom_samples import scrape_if_up  # noqa: E402
 
 PROMPTS = ["In the beginning", "The Lord said unto Moses", "int main(int argc, char** argv) {",
            "def parse(self, text):", "Q: Why is the sky blue?\nA:", "Once upon a time",
@@ -41,31 +44,15 @@ RSS_MARGIN = (1.10, 16 * 1024)  # factor, KiB
 
 def complete(port, prompt, max_tokens, timeout=180):
     """(status, text or error) of one greedy completion."""
+    status, _, reply = post_completion(port, {"model": "tiny-moe", "prompt": prompt,
+                                              "max_tokens": max_tokens, "temperature": 0}, timeout)
+    text = reply if isinstance(reply, str) else json.dumps(reply)
+    if status != 200:
+        return status, text[:200]
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        conn.request("POST", "/v1/completions",
-                     json.dumps({"model": "tiny-moe", "prompt": prompt, "max_tokens": max_tokens,
-                                 "temperature": 0}),
-                     {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        body = resp.read().decode()
-        conn.close()
-        if resp.status != 200:
-            return resp.status, body[:200]
-        return 200, json.loads(body)["choices"][0]["text"]
-    except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
-        return 0, repr(e)
-
-
-def rss_kib(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return 200, reply["choices"][0]["text"]
+    except (TypeError, KeyError, IndexError) as e:
+        return 0, f"{e!r} in {text[:200]}"
 
 
 class Node:
@@ -141,12 +128,10 @@ class Node:
         return False
 
     def worker_metrics(self, name):
-        status, body = http_get(f"http://127.0.0.1:{self.metrics[name]}/metrics")
-        return parse_metrics(body) if status == 200 else {}
+        return scrape_if_up(self.metrics[name])
 
     def router_metrics(self):
-        status, body = http_get(f"http://127.0.0.1:{self.http}/metrics")
-        return parse_metrics(body) if status == 200 else {}
+        return scrape_if_up(self.http)
 
     def stop(self):
         if self.proc.poll() is None:
