@@ -323,7 +323,10 @@ def main():
     if len(failures) > 40:
         print(f"FAIL: ... and {len(failures) - 40} more")
     if failures:
+        # The processes' logs only: the run directory also holds the node's control keys.
         for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+            if not name.endswith(".log"):
+                continue
             with open(os.path.join(run_dir, name), errors="replace") as f:
                 print(f"---- {name}\n{f.read()[-2500:]}")
     print("PASS" if not failures else "FAILED")
