@@ -7,6 +7,7 @@
 //                           [--lynx-keep K'] [--lynx-config FILE]]]
 //               [--residency F | --residency-bytes N] [--miss-policy P [--miss-eviction E]
 //                [--miss-threshold X] [--miss-admission-beta B] [--miss-admission-delay D]]
+//               [--miss-config FILE]   the same settings as YAML (policies/misses/miss_options.h)
 //               [--record-trace FILE [--trace-max-mb M] [--trace-sample N]]
 // With --store, routed experts run from the any-precision store at width B (3..8, or 16 for
 // the checkpoint's bf16) or at each block's width in MAP (engine/experts/apw_expert_provider.h),
@@ -56,7 +57,10 @@
 #include "engine/eval/perplexity.h"
 #include "tools/lockstep_perplexity.h"
 #include "tools/lynx_cli.h"
-#include "policies/misses/miss_flags.h"
+#include "policies/misses/miss_options.h"
+#include "policies/misses/router_trace.h"
+#include "policies/misses/trace_options.h"
+#include "policies/misses/trace_replay.h"
 #include "common/formats/width_map.h"
 
 namespace {
@@ -77,8 +81,8 @@ struct ApwFlags {
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
            const ApwFlags& apw, const std::string& nll_out, int batch,
-           const pw::tools::LynxFlags& lynx, const pw::misses::MissFlags& miss,
-           const pw::misses::TraceFlags& trace) {
+           const pw::tools::LynxFlags& lynx, const pw::misses::MissSettings& miss,
+           const pw::misses::TraceOptions& trace) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Fail(pw::NotFound("cannot open --text file " + text_path));
   std::stringstream ss;
@@ -143,15 +147,12 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   for (const auto& layer : (*engine)->model().layers()) moe_layers += layer.is_moe ? 1 : 0;
   std::unique_ptr<pw::misses::MissPolicy> policy;
   std::unique_ptr<pw::engine::MissRoutingHook> miss_hook;
-  auto budget = pw::misses::BudgetFrom(miss);
-  if (!budget.ok()) return Fail(budget.status());
-  auto settings = pw::misses::MissSettingsFrom(miss);
-  if (!settings.ok()) return Fail(settings.status());
-  if (budget->fraction > 0 || budget->bytes > 0) {
-    auto mc = pw::misses::ToMissConfig(*settings);
+  const pw::misses::Budget budget = pw::misses::ToBudget(miss);
+  if (budget.fraction > 0 || budget.bytes > 0) {
+    auto mc = pw::misses::ToMissConfig(miss);
     if (!mc.ok()) return Fail(mc.status());
     const double expert_bytes = 3.0 * cfg.hidden_size * cfg.moe_intermediate_size * 2.0;
-    auto cap = pw::misses::CapacityFor(*budget, moe_layers,
+    auto cap = pw::misses::CapacityFor(budget, moe_layers,
                                        static_cast<int>(cfg.num_experts),
                                        static_cast<int>(cfg.num_experts_per_tok), expert_bytes);
     if (!cap.ok()) return Fail(cap.status());
@@ -167,7 +168,7 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
     std::fprintf(stderr, "pw-eval: miss policy %s, %d of %lld experts resident per layer\n",
                  desc.c_str(), *cap, static_cast<long long>(cfg.num_experts));
     std::printf("miss_policy %s\nresident_per_layer %d\n", desc.c_str(), *cap);
-  } else if (!settings->policy.empty()) {
+  } else if (!miss.policy.empty()) {
     return Fail(pw::InvalidArgument("--miss-policy needs --residency F or --residency-bytes N"));
   }
   std::unique_ptr<pw::engine::RoutingHookChain> chain;
@@ -363,10 +364,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 4096));
   pw::tools::LynxFlags lynx;
   pw::tools::AddLynxFlags(ppl, &lynx);
-  pw::misses::MissFlags miss;
-  pw::misses::AddMissFlags(ppl, &miss, /*with_residency=*/true);
-  pw::misses::TraceFlags trace;
-  pw::misses::AddTraceFlags(ppl, &trace);
+  pw::misses::MissToolOptions miss;
+  pw::options::OptionSet miss_options;
+  pw::misses::DeclareMissToolOptions(&miss_options, &miss);
+  miss_options.AddToCli(ppl);
+  pw::misses::TraceOptions trace;  // unbounded unless --trace-max-mb
+  pw::options::OptionSet trace_options;
+  pw::misses::DeclareTraceOptions(&trace_options, &trace);
+  trace_options.AddToCli(ppl);
   auto* loglik = app.add_subcommand("loglik", "log-likelihood of continuations (JSON lines)");
   std::string pairs;
   loglik->add_option("--model", model, "model directory")->required();
@@ -382,6 +387,8 @@ int main(int argc, char** argv) {
     return Fail(pw::InvalidArgument("--bits and --bits-map need --store"));
   }
   apw.dense_int8 = dense == "int8";
-  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out, batch, lynx, miss, trace);
+  if (auto s = pw::misses::LoadMissToolOptions(&miss_options, &miss); !s.ok()) return Fail(s);
+  if (auto s = pw::misses::CheckTraceOptions(trace); !s.ok()) return Fail(s);
+  if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out, batch, lynx, miss.settings, trace);
   return 2;
 }

@@ -14,7 +14,8 @@
 #include "engine/engine.h"
 #include "engine/models/model.h"
 #include "engine/hooks/trace_recorder.h"
-#include "policies/misses/miss_flags.h"
+#include "policies/misses/router_trace.h"
+#include "policies/misses/trace_options.h"
 
 namespace {
 
@@ -41,9 +42,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--seed", sp.seed, "random seed");
   app.add_option("--threads", threads, "compute threads")->check(CLI::Range(1, 256));
-  pw::misses::TraceFlags trace;
-  pw::misses::AddTraceFlags(&app, &trace);
+  pw::misses::TraceOptions trace;  // unbounded unless --trace-max-mb
+  pw::options::OptionSet trace_options;
+  pw::misses::DeclareTraceOptions(&trace_options, &trace);
+  trace_options.AddToCli(&app);
   CLI11_PARSE(app, argc, argv);
+  if (auto s = pw::misses::CheckTraceOptions(trace); !s.ok()) return Fail(s);
 
   auto tok = pw::Tokenizer::FromModelDir(model);
   if (!tok.ok()) return Fail(tok.status());

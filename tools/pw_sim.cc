@@ -2,6 +2,7 @@
 // residency budgets (policies/misses/trace_replay.h) and reports hits, misses, fetches,
 // fetched bytes, substitutions, substituted mass and modelled time per token.
 //   pw-sim --trace FILE [--miss-policy P (--miss-* overrides)] (--residency F | --residency-bytes N)
+//          [--miss-config FILE]   the same settings as YAML (policies/misses/miss_options.h)
 //          [--base-us U --expert-us U --fetch-latency-us U --fetch-gbps G --expert-bytes B]
 //   pw-sim --trace FILE --sweep [--policies P1,P2..] [--evictions E1,E2..] [--residencies F1,F2..]
 //          [--csv FILE] [--json FILE] [--svg FILE]
@@ -22,9 +23,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/formats/options.h"
+#include "policies/misses/miss_options.h"
 #include "policies/misses/synthetic_trace.h"
 #include "policies/misses/trace_replay.h"
-#include "policies/misses/miss_flags.h"
 
 namespace {
 
@@ -75,8 +77,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "synthetic: forward passes")->check(CLI::Range(0, 1 << 24));
   app.add_option("--tokens-per-step", tokens_per_step, "synthetic: tokens per pass")->check(CLI::Range(1, 1 << 16));
   app.add_option("--seed", seed, "synthetic: seed");
-  pw::misses::MissFlags miss;
-  pw::misses::AddMissFlags(&app, &miss, /*with_residency=*/true);
+  pw::misses::MissToolOptions miss;
+  pw::options::OptionSet miss_options;
+  pw::misses::DeclareMissToolOptions(&miss_options, &miss);
+  miss_options.AddToCli(&app);
   pw::misses::CostModel cost;
   app.add_option("--base-us", cost.base_us, "modelled us per token outside routed experts");
   app.add_option("--expert-us", cost.expert_us, "modelled us per computed expert per token");
@@ -94,6 +98,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json, "sweep: write JSON here");
   app.add_option("--svg", svg, "sweep: write an SVG plot (time per token vs substituted mass) here");
   CLI11_PARSE(app, argc, argv);
+  if (auto s = pw::misses::LoadMissToolOptions(&miss_options, &miss); !s.ok()) return Fail(s);
   if (!synth.empty()) {
     if (auto s = pw::misses::WriteSyntheticTrace(synth, sh, steps, tokens_per_step, seed); !s.ok()) return Fail(s);
     return 0;
@@ -116,11 +121,9 @@ int main(int argc, char** argv) {
   const double bytes = cost.expert_bytes > 0 ? cost.expert_bytes : in.expert_bytes;
 
   if (!sweep) {
-    auto cfg = pw::misses::MissConfigFrom(miss);
+    auto cfg = pw::misses::ToMissConfig(miss.settings);
     if (!cfg.ok()) return Fail(cfg.status());
-    auto budget = pw::misses::BudgetFrom(miss);
-    if (!budget.ok()) return Fail(budget.status());
-    auto cap = pw::misses::CapacityFor(*budget, in.num_moe_layers,
+    auto cap = pw::misses::CapacityFor(pw::misses::ToBudget(miss.settings), in.num_moe_layers,
                                        static_cast<int>(h.num_experts), static_cast<int>(h.top_k), bytes);
     if (!cap.ok()) return Fail(cap.status());
     auto r = pw::misses::Replay(in, *cfg, *cap, cost);
@@ -145,16 +148,16 @@ int main(int argc, char** argv) {
   std::vector<pw::misses::MissConfig> configs;
   const std::vector<std::string> evs = Split(evictions);
   for (const std::string& p : Split(policies)) {
-    pw::misses::MissFlags f = miss;
+    pw::misses::MissSettings f = miss.settings;
     f.policy = p;
     if (evs.empty()) {
-      auto c = pw::misses::MissConfigFrom(f);
+      auto c = pw::misses::ToMissConfig(f);
       if (!c.ok()) return Fail(c.status());
       configs.push_back(*c);
     }
     for (const std::string& e : evs) {
       f.eviction = e;
-      auto c = pw::misses::MissConfigFrom(f);
+      auto c = pw::misses::ToMissConfig(f);
       if (!c.ok()) return Fail(c.status());
       configs.push_back(*c);
     }

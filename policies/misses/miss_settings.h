@@ -1,6 +1,6 @@
 // MissSettings: a miss policy and its residency budget as configuration names them — a preset
-// plus optional overrides — and their YAML form, so a serving process's config block and the
-// tools' --miss-config file read the same way:
+// plus optional overrides. Their keys, flags and YAML form are declared once in miss_options.h,
+// so a serving process's `misses:` map and the tools' --miss-config file read the same way:
 //
 //   policy: quality-first        # a preset (miss_config.h); default fetch-every-miss
 //   eviction: lru                # lfu | lru | score-ema
@@ -11,9 +11,6 @@
 //   decay: 0.98                  # LFU / score-EMA per-token decay
 //   residency: 0.25              # fraction of each MoE layer's experts resident
 //   residency_bytes: 1000000     # or bytes of experts over all MoE layers
-//
-// Every key is optional; an unknown key, a value of the wrong type or out of range is refused
-// with the file name and the key.
 #pragma once
 
 #include <cstdint>
@@ -33,13 +30,7 @@ struct MissSettings {
   std::optional<double> decay;
   std::optional<double> residency;
   std::optional<uint64_t> residency_bytes;
-
-  // Fills the fields this leaves unset from `fallback` (command-line flags over a file).
-  void FillFrom(const MissSettings& fallback);
 };
-
-// Parses the YAML mapping in `text`; `where` names it in messages (a file path).
-Result<MissSettings> ParseMissSettingsYaml(const std::string& text, const std::string& where);
 
 // The preset, then the overrides; validated (ValidateMissConfig).
 Result<MissConfig> ToMissConfig(const MissSettings& s);

@@ -9,6 +9,13 @@
 
 namespace pw::misses {
 
+Budget ToBudget(const MissSettings& s) {
+  Budget b;
+  b.fraction = s.residency.value_or(0.0);
+  b.bytes = s.residency_bytes.value_or(0);
+  return b;
+}
+
 Result<int> CapacityFor(const Budget& budget, int num_moe_layers, int num_experts, int top_k,
                         double expert_bytes) {
   int cap = 0;

@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "policies/misses/miss_config.h"
 #include "policies/misses/miss_policy.h"
+#include "policies/misses/miss_settings.h"
 #include "policies/misses/router_trace.h"
 
 namespace pw::misses {
@@ -46,6 +47,9 @@ struct Budget {
   double fraction = 0;  // in (0, 1]; used when bytes == 0
   uint64_t bytes = 0;
 };
+
+// The budget `s` names (fraction and bytes 0 when it names none).
+Budget ToBudget(const MissSettings& s);
 
 // Resident experts per layer for `budget`: round(fraction * E), or bytes / (layers * expert
 // bytes) rounded down; kInvalidArgument when that is outside [k, E].

@@ -24,6 +24,7 @@
 #include "common/formats/apw_store.h"
 #include "common/formats/model_config.h"
 #include "memory/page_pool.h"
+#include "policies/misses/miss_options.h"
 #include "services/broker/served_store.h"
 #include "services/workers/weights/paged_residency.h"
 #include "services/workers/weights/paged_weights.h"

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "policies/misses/miss_policy.h"
-#include "policies/misses/miss_settings.h"
 
 namespace pw::misses {
 namespace {
@@ -293,46 +292,6 @@ TEST(MissPolicy, PresetsAndRefusals) {
   EXPECT_FALSE(MissPolicy::Create({}, 1, kE, kK, kE + 1).ok());
   EXPECT_TRUE(MissPolicy::Create({}, 1, kE, kK, kK).ok());
   EXPECT_EQ(DescribeMissConfig(*q), "rule-0.15 lfu(0.98) admit(0.5 delay 1)");
-}
-
-}  // namespace
-}  // namespace pw::misses
-
-namespace pw::misses {
-namespace {
-
-TEST(MissSettings, YamlPresetOverridesAndRefusals) {
-  auto s = ParseMissSettingsYaml(
-      "policy: quality-first\neviction: lru\nadmission_beta: 0.7\nresidency: 0.25\n", "m.yaml");
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
-  auto c = ToMissConfig(*s);
-  ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->rule, MissRule::kThreshold);
-  EXPECT_EQ(c->eviction, Eviction::kLru);
-  EXPECT_FLOAT_EQ(c->admission_beta, 0.7f);
-  EXPECT_DOUBLE_EQ(*s->residency, 0.25);
-  // Flags over the file: what the flags set wins, the rest comes from the file.
-  MissSettings flags;
-  flags.eviction = "score-ema";
-  flags.FillFrom(*s);
-  EXPECT_EQ(flags.policy, "quality-first");
-  EXPECT_EQ(*flags.eviction, "score-ema");
-  EXPECT_DOUBLE_EQ(*flags.residency, 0.25);
-  EXPECT_TRUE(ParseMissSettingsYaml("", "e.yaml").ok());  // empty: all defaults
-  auto unknown = ParseMissSettingsYaml("policy: speed-first\nevict: lru\n", "m.yaml");
-  ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("unknown key 'evict'"), std::string::npos);
-  EXPECT_NE(unknown.status().message().find("m.yaml"), std::string::npos);
-  auto bad = ParseMissSettingsYaml("threshold: high\n", "m.yaml");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("threshold"), std::string::npos);
-  EXPECT_FALSE(ParseMissSettingsYaml("residency: 1.5\n", "m.yaml").ok());
-  EXPECT_FALSE(ParseMissSettingsYaml("residency: 0.5\nresidency_bytes: 100\n", "m.yaml").ok());
-  EXPECT_FALSE(ParseMissSettingsYaml("[1, 2]\n", "m.yaml").ok());
-  EXPECT_FALSE(ParseMissSettingsYaml("policy: [\n", "m.yaml").ok());
-  auto badcfg = ParseMissSettingsYaml("policy: first-choice\ndecay: 1.5\n", "m.yaml");
-  ASSERT_TRUE(badcfg.ok());
-  EXPECT_FALSE(ToMissConfig(*badcfg).ok());
 }
 
 }  // namespace

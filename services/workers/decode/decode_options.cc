@@ -1,34 +1,12 @@
 #include "services/workers/decode/decode_options.h"
 
-#include <cmath>
-#include <cstdio>
-
 #include "kernels/anyprec/q8.h"
-#include "policies/misses/router_trace.h"
 #include "services/broker/broker_options.h"
 #include "services/workers/common/kernel_options.h"
 #include "policies/misses/miss_options.h"
 #include "services/workers/weights/paged_residency.h"
 
 namespace pw::workers {
-namespace {
-
-// The bytes a trace bound of `mb` MB allows (as the file and the flag give it).
-uint64_t TraceBytes(double mb) { return mb > 0 ? static_cast<uint64_t>(std::llround(mb * 1e6)) : 0; }
-
-// "" when a trace bound of `mb` MB holds a record of some model, else why not (the worker
-// refuses one below its own model's floor at start, misses::MinTraceBytes).
-std::string TraceBound(double mb) {
-  const uint64_t bytes = TraceBytes(mb);
-  if (bytes >= misses::kMinTraceBytesAnyModel) return "";
-  char m[64];
-  std::snprintf(m, sizeof m, "%g MB (%llu bytes)", mb, static_cast<unsigned long long>(bytes));
-  return std::string(m) + " holds no record: a router trace with one record takes at least " +
-         std::to_string(misses::kMinTraceBytesAnyModel) +
-         " bytes (0.000164 MB: its 64-byte header, a record, the end record; more for a real model)";
-}
-
-}  // namespace
 
 void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
   DecodeWorkerOptions* o = &p->worker;
@@ -113,15 +91,7 @@ void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
   DeclareKernelOptions(s, &p->kernels);
   // Router-logit trace of the served tokens (decode_trace.h): every `sample`-th forward pass,
   // the file bounded by max_mb.
-  s->Add("trace.path", &o->trace.path, "write a router-logit trace to FILE (docs/formats.md)")
-      .Flag("--record-trace").NonEmpty();
-  s->Add("trace.max_mb", &p->trace_max_mb, "bound the trace file (MB; at least 0.000164, one record)")
-      .Max(1e6)
-      .Check([](const config::ConfigValue& v) { return TraceBound(v.AsDouble()); });
-  s->Add("trace.sample", &o->trace.sample_every, "record every N-th forward pass").Range(1, 1 << 30);
-  s->AddCheck("trace", [](const config::ConfigValue& v) -> std::string {
-    return v.size() > 0 && !v.Has("path") ? "a trace needs its path" : "";
-  });
+  misses::DeclareTraceOptions(s, &p->trace);
 }
 
 Status LoadDecodeOptions(const service::ConfigFlags& f, options::OptionSet* set, DecodeProcessOptions* o) {
@@ -172,12 +142,10 @@ Status ResolveDecodeOptions(DecodeProcessOptions* p) {
     PW_RETURN_IF_ERROR(misses::ToMissConfig(o.misses).status());
     if (o.broker_endpoint.empty()) return InvalidArgument("--residency needs --broker (an .apw store)");
   }
-  if (!o.trace.path.empty()) {
-    if (const std::string why = TraceBound(p->trace_max_mb); !why.empty()) {
-      return InvalidArgument("--trace-max-mb " + why);
-    }
-    o.trace.max_bytes = TraceBytes(p->trace_max_mb);
-  }
+  PW_RETURN_IF_ERROR(misses::CheckTraceOptions(p->trace));
+  o.trace.path = p->trace.path;
+  o.trace.sample_every = p->trace.sample;
+  o.trace.max_bytes = p->trace.max_bytes();
   return Status::Ok();
 }
 

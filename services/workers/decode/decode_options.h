@@ -7,6 +7,7 @@
 
 #include "common/formats/options.h"
 #include "kernels/cpu/kernel_settings.h"
+#include "policies/misses/trace_options.h"
 #include "services/common/node_config.h"
 #include "services/workers/decode/decode_worker.h"
 
@@ -20,7 +21,9 @@ struct DecodeProcessOptions {
   // LYNX (alpha, beta) -> worker.lynx_options.params; 0 / -1 = derived from k/N.
   float lynx_alpha = 0.f;
   int lynx_beta = -1;
-  double trace_max_mb = 64;  // MB (1e6 bytes) -> worker.trace.max_bytes, with a trace path
+  // The router-logit trace (policies/misses/trace_options.h) -> worker.trace; bounded (64 MB)
+  // unless the file or a flag says otherwise.
+  misses::TraceOptions trace{.max_mb = 64.0};
   cpu::KernelSettings kernels;  // the root's kernels: map (kernel_options.h)
 };
 
