@@ -19,20 +19,18 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/backend.h"
+
 namespace pw::cpu {
 
-// Instruction-set levels a backend is compiled for. kAmx is the AVX-512 backend with the bf16
-// matmul of five tokens and more on AMX-BF16 tiles (each fp32 activation split exactly into
-// three bf16 parts, so the products are fp32's: dense_amx.cc).
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
-
-const char* IsaName(Isa isa);
-// True when this binary has the backend and the running CPU can execute it.
-bool IsaSupported(Isa isa);
-// Fastest supported level; the environment variable PW_CPU_ISA=scalar|avx2|avx512|amx lowers it
-// (never raises it past what the CPU supports). kAmx needs AMX-TILE, AMX-BF16 and AVX512-BF16
+// The backend enum is the kernels layer's (kernels/backend.h): the CPU tables here exist for
+// kScalar, kAvx2, kAvx512 and kAmx (the AVX-512 backend with the bf16 matmul of five tokens and
+// more on AMX-BF16 tiles, each fp32 activation split exactly into three bf16 parts, so the
+// products are fp32's: dense_amx.cc); kernels::BackendSupported() says which this CPU runs.
+// Fastest supported CPU level; the environment variable PW_CPU_ISA=scalar|avx2|avx512|amx lowers
+// it (never raises it past what the CPU supports). kAmx needs AMX-TILE, AMX-BF16 and AVX512-BF16
 // and the kernel's leave to use the tile state (asked once, arch_prctl ARCH_REQ_XCOMP_PERM).
-Isa BestIsa();
+kernels::Backend BestIsa();
 
 // bf16 <-> fp32 by bits: bf16 is the top 16 bits of an fp32. Rounding to bf16 is
 // round-to-nearest-even; NaN stays NaN.
@@ -74,7 +72,8 @@ struct DenseKernels {
   void (*axpy)(float alpha, const float* x, size_t n, float* y);
 };
 
-// The table of one backend. Requires IsaSupported(isa) (aborts otherwise: a broken invariant).
+// The table of one CPU backend. Requires kernels::BackendSupported(isa) and isa not kCuda (aborts
+// otherwise: a broken invariant; CUDA's table is cuda::Kernels(), kernels/cuda/dense.cuh).
 // With `batch_invariant`, every kernel computes each token (row of x) in one summation order
 // whatever T is, so a token's result is the same bits however it is batched: the avx512 backend
 // then skips its few-token GEMV (whose order differs from its tiles'), and the amx backend
@@ -89,7 +88,7 @@ struct DenseKernels {
 // for kScalar). These tables run one kernel at every token count, so they are batch-invariant.
 // Off by default: it costs about 3 significant bits per activation, and the engine's checks
 // against HF transformers' float32 logits (tests/engine) keep every activation bit.
-const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false,
+const DenseKernels& KernelsFor(kernels::Backend isa, bool batch_invariant = false,
                                bool bf16_activations = false);
 // True when `k` is the table whose matmul_bf16 runs vdpbf16ps (AVX512-BF16).
 bool UsesAvx512Bf16(const DenseKernels& k);

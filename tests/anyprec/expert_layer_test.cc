@@ -37,6 +37,8 @@
 namespace pw::anyprec {
 namespace {
 
+using kernels::Backend;
+
 using engine::ExpertGroup;
 using engine::ExpertLayerCall;
 using engine::ExpertProj;

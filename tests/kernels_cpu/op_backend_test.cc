@@ -287,7 +287,7 @@ std::vector<double> Magnitudes(const RandomBlock& rb, int bits, const std::vecto
   return mag;
 }
 
-void ApGemmExact(anyprec::Backend b, std::mt19937& rng) {
+void ApGemmExact(kernels::Backend b, std::mt19937& rng) {
   const int rows = 21, cols = 300, tokens = 3;
   const RandomBlock rb = MakeRandomBlock(rows, cols, rng);
   const auto x = RandomX(tokens, cols, rng);
@@ -296,7 +296,7 @@ void ApGemmExact(anyprec::Backend b, std::mt19937& rng) {
   for (int bits = anyprec::kMinBits; bits <= anyprec::kMaxBits; ++bits) {
     std::vector<float> y(tokens * rows, kNaN), want(tokens * rows, kNaN);
     ASSERT_TRUE(anyprec::ApGemm(b, pages.view(), bits, x.data(), tokens, y.data(), ws.ws()).ok());
-    ASSERT_TRUE(anyprec::ApGemm(anyprec::Backend::kScalar, pages.view(), bits, x.data(), tokens,
+    ASSERT_TRUE(anyprec::ApGemm(kernels::Backend::kScalar, pages.view(), bits, x.data(), tokens,
                                 want.data(), ws.ws()).ok());
     auto tol = Magnitudes(rb, bits, x, tokens);
     for (double& t : tol) t = 1e-5 * t + 1e-6;
@@ -304,7 +304,7 @@ void ApGemmExact(anyprec::Backend b, std::mt19937& rng) {
   }
 }
 
-void ApGemmFast(anyprec::Backend b, std::mt19937& rng) {
+void ApGemmFast(kernels::Backend b, std::mt19937& rng) {
   for (int tokens : {1, 12}) {
     const int rows = 19, cols = 520;
     const RandomBlock rb = MakeRandomBlock(rows, cols, rng);
@@ -321,7 +321,7 @@ void ApGemmFast(anyprec::Backend b, std::mt19937& rng) {
       const anyprec::Q8Lut lut{values.data(), scales.data()};
       std::vector<float> y(tokens * rows, kNaN), want(tokens * rows, kNaN);
       ASSERT_TRUE(anyprec::ApGemmQ8Rows(b, pages.view(), bits, lut, acts, y.data(), rows, 0, rows).ok());
-      ASSERT_TRUE(anyprec::ApGemmQ8Rows(anyprec::Backend::kScalar, pages.view(), bits, lut, acts,
+      ASSERT_TRUE(anyprec::ApGemmQ8Rows(kernels::Backend::kScalar, pages.view(), bits, lut, acts,
                                         want.data(), rows, 0, rows).ok());
       auto tol = Magnitudes(rb, bits, x, tokens);
       for (double& t : tol) t = 1e-4 * t + 1e-5;
@@ -331,7 +331,7 @@ void ApGemmFast(anyprec::Backend b, std::mt19937& rng) {
   }
 }
 
-void DenseQ8(anyprec::Backend b, std::mt19937& rng) {
+void DenseQ8(kernels::Backend b, std::mt19937& rng) {
   const int rows = 23, cols = 300, tokens = 4;
   const auto w = RandomBf16(rng, static_cast<size_t>(rows) * cols);
   std::vector<int8_t> values(anyprec::Q8MatrixValueBytes(rows, cols));
@@ -344,7 +344,8 @@ void DenseQ8(anyprec::Backend b, std::mt19937& rng) {
   ASSERT_TRUE(anyprec::QuantizeActs(x.data(), cols, tokens, cols, abuf.ws(), &acts).ok());
   std::vector<float> y(tokens * rows, kNaN), want(tokens * rows, kNaN);
   ASSERT_TRUE(anyprec::DenseQ8Rows(b, m, acts, y.data(), rows, 0, rows).ok());
-  ASSERT_TRUE(anyprec::DenseQ8Rows(anyprec::Backend::kScalar, m, acts, want.data(), rows, 0, rows).ok());
+  ASSERT_TRUE(
+      anyprec::DenseQ8Rows(kernels::Backend::kScalar, m, acts, want.data(), rows, 0, rows).ok());
   std::vector<double> tol(want.size());
   for (int t = 0; t < tokens; ++t)
     for (int r = 0; r < rows; ++r) {
@@ -371,9 +372,9 @@ std::vector<OpCase> AllCases() {
       {"paged_attention_f32", PagedAttentionCheck(cpu::KvElement::kF32)},
       {"paged_attention_bf16", PagedAttentionCheck(cpu::KvElement::kBf16)},
   };
-  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
-    if (!cpu::IsaSupported(isa)) {
-      std::printf("[ SKIPPED  ] dense backend %s: this CPU does not support it\n", cpu::IsaName(isa));
+  for (kernels::Backend isa : {kernels::Backend::kScalar, kernels::Backend::kAvx2, kernels::Backend::kAvx512, kernels::Backend::kAmx}) {
+    if (!kernels::BackendSupported(isa)) {
+      std::printf("[ SKIPPED  ] dense backend %s: this CPU does not support it\n", kernels::BackendName(isa));
       continue;
     }
     // Each backend's default, batch-invariant and bf16-activation tables are distinct code.
@@ -384,24 +385,24 @@ std::vector<OpCase> AllCases() {
     for (const Variant v : {Variant{"", false, false}, Variant{"_invariant", true, false},
                             Variant{"_bf16acts", false, true}}) {
       const cpu::DenseKernels* k = &cpu::KernelsFor(isa, v.invariant, v.bf16_acts);
-      const cpu::DenseKernels* ref = &cpu::KernelsFor(cpu::Isa::kScalar, false, v.bf16_acts);
+      const cpu::DenseKernels* ref = &cpu::KernelsFor(kernels::Backend::kScalar, false, v.bf16_acts);
       if (v.suffix[0] != '\0' && k == &cpu::KernelsFor(isa)) continue;  // same table
       for (const auto& [op, check] : dense) {
-        out.push_back({std::string(op) + "_" + cpu::IsaName(isa) + v.suffix,
+        out.push_back({std::string(op) + "_" + kernels::BackendName(isa) + v.suffix,
                        [k, ref, check](std::mt19937& rng) { check(*k, *ref, rng); }});
       }
     }
   }
-  for (anyprec::Backend b : {anyprec::Backend::kScalar, anyprec::Backend::kAvx2,
-                             anyprec::Backend::kAvx512, anyprec::Backend::kAmx}) {
+  for (kernels::Backend b : {kernels::Backend::kScalar, kernels::Backend::kAvx2,
+                             kernels::Backend::kAvx512, kernels::Backend::kAmx}) {
     if (anyprec::BackendAvailable(b)) {
-      out.push_back({std::string("ap_gemm_") + anyprec::BackendName(b),
+      out.push_back({std::string("ap_gemm_") + kernels::BackendName(b),
                      [b](std::mt19937& rng) { ApGemmExact(b, rng); }});
     }
     if (anyprec::Q8BackendAvailable(b)) {
-      out.push_back({std::string("ap_gemm_q8_") + anyprec::BackendName(b),
+      out.push_back({std::string("ap_gemm_q8_") + kernels::BackendName(b),
                      [b](std::mt19937& rng) { ApGemmFast(b, rng); }});
-      out.push_back({std::string("dense_q8_") + anyprec::BackendName(b),
+      out.push_back({std::string("dense_q8_") + kernels::BackendName(b),
                      [b](std::mt19937& rng) { DenseQ8(b, rng); }});
     }
   }
