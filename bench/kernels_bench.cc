@@ -255,7 +255,7 @@ void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int th
   const auto* pool = reinterpret_cast<const uint16_t*>(WeightPool());
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 43);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
-  const cpu::DenseKernels& k = cpu::Kernels();
+  const kernels::DenseKernels& k = cpu::Kernels();
   cpu::ThreadPool* threads_pool = Pool(threads);
   int i = 0;
   for (auto _ : state) {

@@ -33,6 +33,6 @@ struct Q8ExpertBlock {
 // error (a bad view, non-finite activations) names the layer and expert.
 Status RunQ8Experts(kernels::Backend backend, const engine::ExpertLayerCall& call,
                     const Q8ExpertBlock* gate_up, const Q8ExpertBlock* down,
-                    const cpu::DenseKernels& k);
+                    const kernels::DenseKernels& k);
 
 }  // namespace pw::anyprec

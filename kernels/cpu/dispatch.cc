@@ -53,7 +53,7 @@ bool EnvFlag(const char* name) {
 
 }  // namespace
 
-bool UsesAvx512Bf16(const DenseKernels& k) { return &k == &kAvx512Bf16ActsKernels; }
+bool UsesAvx512Bf16(const kernels::DenseKernels& k) { return &k == &kAvx512Bf16ActsKernels; }
 
 }  // namespace pw::cpu
 
@@ -124,7 +124,7 @@ Backend BestIsa() {
   return best;
 }
 
-const DenseKernels& KernelsFor(Backend isa, bool batch_invariant, bool bf16_activations) {
+const kernels::DenseKernels& KernelsFor(Backend isa, bool batch_invariant, bool bf16_activations) {
   if (!kernels::IsCpuBackend(isa) || !kernels::BackendSupported(isa)) {
     std::fprintf(stderr, "%s:%d: CPU kernel backend %s requested but not supported here\n",
                  __FILE__, __LINE__, kernels::BackendName(isa));
@@ -161,8 +161,8 @@ bool BatchInvariantRequested() { return EnvFlag("PW_BATCH_INVARIANT"); }
 
 bool Bf16ActivationsRequested() { return EnvFlag("PW_BF16_ACTIVATIONS"); }
 
-const DenseKernels& Kernels() {
-  static const DenseKernels& table =
+const kernels::DenseKernels& Kernels() {
+  static const kernels::DenseKernels& table =
       KernelsFor(BestIsa(), BatchInvariantRequested(), Bf16ActivationsRequested());
   return table;
 }

@@ -19,6 +19,7 @@ namespace {
 using kernels::Backend;
 using kernels::BackendName;
 using kernels::BackendSupported;
+using kernels::DenseKernels;
 
 struct Case {
   std::vector<float> x;

@@ -21,6 +21,7 @@ namespace {
 using kernels::Backend;
 using kernels::BackendName;
 using kernels::BackendSupported;
+using kernels::DenseKernels;
 
 constexpr float kGuard = 12345.f;
 

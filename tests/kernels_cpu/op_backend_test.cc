@@ -61,10 +61,10 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
 
 // ---- dense ops over a DenseKernels table --------------------------------------------------
 
-using DenseCheck = std::function<void(const cpu::DenseKernels& k, const cpu::DenseKernels& ref,
+using DenseCheck = std::function<void(const kernels::DenseKernels& k, const kernels::DenseKernels& ref,
                                       std::mt19937& rng)>;
 
-void MatmulBf16(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+void MatmulBf16(const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
   for (size_t T : {1, 3, 5, 17}) {
     for (size_t K : {1, 33, 257}) {
       const size_t N = 19;
@@ -86,7 +86,7 @@ void MatmulBf16(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::m
   }
 }
 
-void MatmulF32(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+void MatmulF32(const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
   const size_t T = 5, K = 70, N = 21;
   const auto x = Random(rng, T * K), w = Random(rng, N * K);
   std::vector<float> y(T * N, kNaN), want(T * N, kNaN);
@@ -108,7 +108,7 @@ void RelativeTol(const std::vector<float>& want, double rel, std::vector<double>
   for (size_t i = 0; i < want.size(); ++i) (*tol)[i] = rel * (std::fabs(want[i]) + 1e-3);
 }
 
-void RmsNorm(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+void RmsNorm(const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
   for (size_t dim : {1, 7, 64, 1000}) {
     const auto x = Random(rng, dim), w = Random(rng, dim);
     std::vector<float> y(dim, kNaN), want(dim, kNaN);
@@ -120,7 +120,7 @@ void RmsNorm(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19
   }
 }
 
-void Softmax(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+void Softmax(const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
   for (size_t n : {1, 9, 100, 1025}) {
     auto y = Random(rng, n, -8.f, 8.f);
     auto want = y;
@@ -132,7 +132,7 @@ void Softmax(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19
   }
 }
 
-void SiluMul(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+void SiluMul(const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
   const size_t n = 333;
   const auto g = Random(rng, n, -6.f, 6.f), u = Random(rng, n);
   std::vector<float> y(n, kNaN), want(n, kNaN);
@@ -143,7 +143,7 @@ void SiluMul(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19
   ExpectClose(y, want, tol, "silu_mul");
 }
 
-void DotAxpy(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+void DotAxpy(const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
   for (size_t n : {1, 15, 16, 129}) {
     const auto a = Random(rng, n), b = Random(rng, n);
     double mag = 0;
@@ -214,7 +214,7 @@ struct PagedCase {
     return {q.data(), positions.size(), heads, positions.data(), token_tables.data(),
             1.f / std::sqrt(static_cast<float>(D))};
   }
-  std::vector<float> Run(const cpu::DenseKernels& k) const {
+  std::vector<float> Run(const kernels::DenseKernels& k) const {
     const auto qs = Queries();
     const auto kv = View();
     std::vector<float> out(qs.T * heads * D, kNaN);
@@ -257,7 +257,7 @@ struct PagedCase {
 };
 
 DenseCheck PagedAttentionCheck(cpu::KvElement e) {
-  return [e](const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+  return [e](const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
     const PagedCase c(e, rng);
     const auto want = c.Run(ref);
     std::vector<double> tol(want.size(), 2e-5);
@@ -384,8 +384,8 @@ std::vector<OpCase> AllCases() {
     };
     for (const Variant v : {Variant{"", false, false}, Variant{"_invariant", true, false},
                             Variant{"_bf16acts", false, true}}) {
-      const cpu::DenseKernels* k = &cpu::KernelsFor(isa, v.invariant, v.bf16_acts);
-      const cpu::DenseKernels* ref = &cpu::KernelsFor(kernels::Backend::kScalar, false, v.bf16_acts);
+      const kernels::DenseKernels* k = &cpu::KernelsFor(isa, v.invariant, v.bf16_acts);
+      const kernels::DenseKernels* ref = &cpu::KernelsFor(kernels::Backend::kScalar, false, v.bf16_acts);
       if (v.suffix[0] != '\0' && k == &cpu::KernelsFor(isa)) continue;  // same table
       for (const auto& [op, check] : dense) {
         out.push_back({std::string(op) + "_" + kernels::BackendName(isa) + v.suffix,
