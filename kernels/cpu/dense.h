@@ -2,10 +2,10 @@
 //
 // One interface, several backends (docs/STYLE): the op table kernels::DenseKernels
 // (kernels/dense_ops.h), whose scalar CPU backend here is the reference that defines "correct";
-// the AVX2/FMA, AVX-512 and AMX backends (and CUDA's, kernels/cuda) are checked against it by
-// tests/kernels_cpu/op_backend_test.cc on random inputs and awkward shapes. The backend is
-// chosen at run time (BestIsa() asks the CPU through __builtin_cpu_supports), so one binary runs
-// everywhere.
+// the AVX2/FMA, AVX-512 and AMX backends are checked against it by
+// tests/kernels_cpu/op_backend_test.cc on random inputs and awkward shapes (CUDA's table,
+// kernels/cuda, by its twin tests/gpu/op_backend_cuda_test.cc). The backend is chosen at run time
+// (BestIsa() asks the CPU through __builtin_cpu_supports), so one binary runs everywhere.
 //
 // The contracts every kernel keeps (views, layouts, fp32 accumulation) are the table's:
 // kernels/dense_ops.h.
