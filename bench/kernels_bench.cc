@@ -174,7 +174,7 @@ void BM_ApGemv(benchmark::State& state, int rows, int cols, int bits, int tokens
   for (int t = 0; t < threads; ++t) ws.push_back(std::make_unique<Aligned>(ws_bytes));
   std::vector<Status> status(static_cast<size_t>(threads));
   cpu::ThreadPool* threads_pool = Pool(threads);
-  const Backend backend = BestBackend();
+  const kernels::Backend backend = BestBackend();
   int i = 0;
   for (auto _ : state) {
     SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
@@ -221,7 +221,7 @@ void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int toke
   Aligned acts_buf(Q8ActsBytes(tokens, cols));
   std::vector<Status> status(static_cast<size_t>(threads));
   cpu::ThreadPool* threads_pool = Pool(threads);
-  const Backend backend = BestQ8Backend();
+  const kernels::Backend backend = BestQ8Backend();
   int i = 0;
   for (auto _ : state) {
     Q8Acts acts;
@@ -255,7 +255,7 @@ void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int th
   const auto* pool = reinterpret_cast<const uint16_t*>(WeightPool());
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 43);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
-  const cpu::DenseKernels& k = cpu::Kernels();
+  const kernels::DenseKernels& k = cpu::Kernels();
   cpu::ThreadPool* threads_pool = Pool(threads);
   int i = 0;
   for (auto _ : state) {
@@ -268,7 +268,7 @@ void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int th
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
   state.counters["blocks"] = n_blocks;
-  state.SetLabel(cpu::IsaName(cpu::BestIsa()));
+  state.SetLabel(kernels::BackendName(cpu::BestIsa()));
 }
 
 // The stream count the shared bandwidth probe (bench/bandwidth_probe.h) reads fastest with on

@@ -68,8 +68,8 @@ class ApwExpertProvider final : public engine::ExpertWeightProvider {
   engine::Bf16ExpertProvider bf16_;
   WidthMap widths_;
   std::vector<std::unique_ptr<PageLists>> pages_;  // [layer][expert][proj]
-  Backend backend_;
-  Backend q8_backend_;
+  kernels::Backend backend_;
+  kernels::Backend q8_backend_;
   KernelPath path_ = KernelPath::kFast;
   std::vector<std::unique_ptr<Q8LutCache>> q8_luts_;  // [block * (kMaxBits + 1) + bits]
   Q8ActsScratch acts_;

@@ -23,7 +23,7 @@ Status Bf16ExpertProvider::ApplyBlock(int layer, int expert, ExpertProj proj, co
                                       cpu::ThreadPool* pool) const {
   PW_RETURN_IF_ERROR(CheckExpert(layer, expert));
   const MlpWeights& w = model_.layers()[layer].experts[expert];
-  const cpu::DenseKernels& k = cpu::Kernels();
+  const kernels::DenseKernels& k = cpu::Kernels();
   if (proj == ExpertProj::kGateUp) {
     Linear(pool, k, x, ldx, num_tokens, w.gate, y, ldy);
     Linear(pool, k, x, ldx, num_tokens, w.up, y + w.gate.rows, ldy);

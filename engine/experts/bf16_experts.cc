@@ -11,7 +11,7 @@
 namespace pw::engine {
 
 Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
-                      const cpu::DenseKernels& k) {
+                      const kernels::DenseKernels& k) {
   const size_t H = call.hidden, I = call.ffn, R = call.rows.size();
   PW_ASSIGN_OR_RETURN(const ExpertActivationFn act_fn, ExpertActivationOp(call.activation, k));
   ExpertWorkspace& ws = *call.workspace;

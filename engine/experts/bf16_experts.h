@@ -28,6 +28,6 @@ struct Bf16Expert {
 
 // experts[g] holds the matrices of call.groups[g].expert.
 Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
-                      const cpu::DenseKernels& k);
+                      const kernels::DenseKernels& k);
 
 }  // namespace pw::engine

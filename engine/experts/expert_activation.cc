@@ -4,7 +4,8 @@
 
 namespace pw::engine {
 
-Result<ExpertActivationFn> ExpertActivationOp(ExpertActivation kind, const cpu::DenseKernels& k) {
+Result<ExpertActivationFn> ExpertActivationOp(ExpertActivation kind,
+                                              const kernels::DenseKernels& k) {
   switch (kind) {
     case ExpertActivation::kSwiGlu:
       return k.silu_mul;

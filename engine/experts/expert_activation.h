@@ -17,6 +17,7 @@ using ExpertActivationFn = void (*)(const float* gate, const float* up, size_t n
 
 // The op of `kind` from the kernel table `k` (kSwiGlu: k.silu_mul). kUnsupported, naming the
 // kind, for one the CPU runners do not implement.
-Result<ExpertActivationFn> ExpertActivationOp(ExpertActivation kind, const cpu::DenseKernels& k);
+Result<ExpertActivationFn> ExpertActivationOp(ExpertActivation kind,
+                                              const kernels::DenseKernels& k);
 
 }  // namespace pw::engine

@@ -17,7 +17,7 @@ uint8_t* Q8ActsScratch::Get(size_t bytes) {
   return buf_.get();
 }
 
-Status ApplyQ8Block(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
+Status ApplyQ8Block(kernels::Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const float* x, size_t ldx, size_t num_tokens, float* y, size_t ldy,
                     cpu::ThreadPool* pool, Q8ActsScratch* acts) {
   const int threads = pool != nullptr ? std::max(1, pool->num_threads()) : 1;

@@ -30,7 +30,7 @@ class Q8ActsScratch {
 // quantized once for all the threads that share its rows) and every row r, split across
 // `pool` when the block is large enough. The per-block form of RunQ8Experts (q8_experts.h),
 // which gives the same bits for a whole layer.
-Status ApplyQ8Block(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
+Status ApplyQ8Block(kernels::Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const float* x, size_t ldx, size_t num_tokens, float* y, size_t ldy,
                     cpu::ThreadPool* pool, Q8ActsScratch* acts);
 

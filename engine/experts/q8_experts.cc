@@ -52,8 +52,9 @@ std::string Where(const engine::ExpertLayerCall& call, int32_t group, const char
 
 }  // namespace
 
-Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call, const Q8ExpertBlock* gate_up,
-                    const Q8ExpertBlock* down, const cpu::DenseKernels& k) {
+Status RunQ8Experts(kernels::Backend backend, const engine::ExpertLayerCall& call,
+                    const Q8ExpertBlock* gate_up, const Q8ExpertBlock* down,
+                    const kernels::DenseKernels& k) {
   const size_t T = call.num_tokens, H = call.hidden, I = call.ffn, R = call.rows.size();
   const int h = static_cast<int>(H), f = static_cast<int>(I);
   PW_ASSIGN_OR_RETURN(const engine::ExpertActivationFn act_fn,

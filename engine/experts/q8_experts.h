@@ -31,8 +31,8 @@ struct Q8ExpertBlock {
 
 // gate_up[g] and down[g]: the blocks of call.groups[g].expert ([2I, H] and [H, I]). A kernel
 // error (a bad view, non-finite activations) names the layer and expert.
-Status RunQ8Experts(Backend backend, const engine::ExpertLayerCall& call,
+Status RunQ8Experts(kernels::Backend backend, const engine::ExpertLayerCall& call,
                     const Q8ExpertBlock* gate_up, const Q8ExpertBlock* down,
-                    const cpu::DenseKernels& k);
+                    const kernels::DenseKernels& k);
 
 }  // namespace pw::anyprec

@@ -22,7 +22,8 @@ namespace pw::engine {
 // block(expert, proj, x, ldx, n, y, ldy) -> Status computes y[t * ldy + r] = sum_k W[r, k] *
 // x[t * ldx + k] for t < n and every row r of block (expert, proj) of call.layer.
 template <typename BlockFn>
-Status RunExpertsByBlock(const ExpertLayerCall& call, const cpu::DenseKernels& k, BlockFn&& block) {
+Status RunExpertsByBlock(const ExpertLayerCall& call, const kernels::DenseKernels& k,
+                         BlockFn&& block) {
   const size_t H = call.hidden, I = call.ffn;
   PW_ASSIGN_OR_RETURN(const ExpertActivationFn act_fn, ExpertActivationOp(call.activation, k));
   size_t most = 0;

@@ -9,7 +9,7 @@ namespace {
 
 // softmax over every expert, then the top-k of the probabilities, optionally renormalised.
 void SoftmaxTopK(const MoeGate& gate, const float* logits, size_t T, size_t E,
-                 const cpu::DenseKernels& k, float* probs, std::vector<int32_t>* order,
+                 const kernels::DenseKernels& k, float* probs, std::vector<int32_t>* order,
                  std::vector<ExpertAssignment>* out) {
   const size_t K = static_cast<size_t>(gate.top_k);
   std::memcpy(probs, logits, T * E * sizeof(float));
@@ -34,7 +34,7 @@ void SoftmaxTopK(const MoeGate& gate, const float* logits, size_t T, size_t E,
 }  // namespace
 
 Status RunMoeGate(const MoeGate& gate, const float* logits, size_t T, size_t E,
-                  const cpu::DenseKernels& k, float* scores, std::vector<int32_t>* order,
+                  const kernels::DenseKernels& k, float* scores, std::vector<int32_t>* order,
                   std::vector<ExpertAssignment>* out) {
   if (gate.top_k < 1 || static_cast<size_t>(gate.top_k) > E) {
     return InvalidArgument("MoE gate: top-k " + std::to_string(gate.top_k) + " is outside [1, " +

@@ -28,7 +28,7 @@ struct MoeGate {
 // are [T, E] (scores may not alias logits); `order` is scratch. kInvalidArgument when top_k is
 // outside [1, E]; kUnsupported for a kind this function does not implement (out unchanged).
 Status RunMoeGate(const MoeGate& gate, const float* logits, size_t T, size_t E,
-                  const cpu::DenseKernels& k, float* scores, std::vector<int32_t>* order,
+                  const kernels::DenseKernels& k, float* scores, std::vector<int32_t>* order,
                   std::vector<ExpertAssignment>* out);
 
 }  // namespace pw::engine

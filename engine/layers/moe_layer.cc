@@ -11,7 +11,7 @@
 namespace pw::engine {
 
 void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
-                 std::vector<float>* tmp, cpu::ThreadPool* pool, const cpu::DenseKernels& k) {
+                 std::vector<float>* tmp, cpu::ThreadPool* pool, const kernels::DenseKernels& k) {
   const size_t f = static_cast<size_t>(w.gate.rows);
   tmp->resize(T * 2 * f);
   float* gu = tmp->data();
@@ -24,7 +24,7 @@ void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, f
 Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingContext ctx,
                    const float* x, float* out, const MoeHooks& hooks,
                    ExpertWeightProvider* provider, MoeScratch* s, cpu::ThreadPool* pool,
-                   const cpu::DenseKernels& k) {
+                   const kernels::DenseKernels& k) {
   const size_t T = static_cast<size_t>(ctx.num_tokens);
   const size_t H = static_cast<size_t>(config.hidden_size);
   const size_t E = static_cast<size_t>(config.num_experts);

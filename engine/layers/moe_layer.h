@@ -35,11 +35,11 @@ struct MoeScratch {
 Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingContext ctx,
                    const float* x, float* out, const MoeHooks& hooks,
                    ExpertWeightProvider* provider, MoeScratch* s, cpu::ThreadPool* pool,
-                   const cpu::DenseKernels& k);
+                   const kernels::DenseKernels& k);
 
 // out[t, :] = down(silu(gate x) * up x) for a dense SwiGLU MLP (overwrites out). `tmp` is
 // scratch.
 void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
-                 std::vector<float>* tmp, cpu::ThreadPool* pool, const cpu::DenseKernels& k);
+                 std::vector<float>* tmp, cpu::ThreadPool* pool, const kernels::DenseKernels& k);
 
 }  // namespace pw::engine

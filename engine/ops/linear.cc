@@ -33,7 +33,7 @@ void Check(const Status& s) {
 
 void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const anyprec::Q8Matrix& w,
               float* y, size_t ldy) {
-  static const anyprec::Backend backend = anyprec::BestQ8Backend();
+  static const kernels::Backend backend = anyprec::BestQ8Backend();
   const size_t rows = static_cast<size_t>(w.rows);
   for (size_t t0 = 0; t0 < T; t0 += anyprec::kMaxTokens) {
     const int n = static_cast<int>(std::min<size_t>(anyprec::kMaxTokens, T - t0));

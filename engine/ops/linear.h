@@ -22,8 +22,9 @@ inline size_t MinRowsPerThread(size_t cols, size_t T) {
 // the pool by output rows (blocks of 16). Products under kMinParallelMacs multiply-adds per
 // thread run on the calling thread: a pool hand-off costs microseconds (much more on a loaded
 // host), which small matrices do not repay.
-inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
-                   size_t T, const uint16_t* w, size_t rows, size_t cols, float* y, size_t ldy) {
+inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x,
+                   size_t ldx, size_t T, const uint16_t* w, size_t rows, size_t cols, float* y,
+                   size_t ldy) {
   const size_t min_rows = MinRowsPerThread(cols, T);
   auto run = [&](size_t b, size_t e) { k.matmul_bf16(x, ldx, T, w, cols, b, e, y, ldy); };
   if (pool == nullptr) {
@@ -39,8 +40,8 @@ inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const floa
 void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const anyprec::Q8Matrix& w,
               float* y, size_t ldy);
 
-inline void Linear(cpu::ThreadPool* pool, const cpu::DenseKernels& k, const float* x, size_t ldx,
-                   size_t T, const Bf16Matrix& w, float* y, size_t ldy) {
+inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x,
+                   size_t ldx, size_t T, const Bf16Matrix& w, float* y, size_t ldy) {
   if (w.q8 != nullptr) {
     LinearQ8(pool, x, ldx, T, *w.q8, y, ldy);
     return;

@@ -46,7 +46,7 @@ class CpuRunner final : public Runner {
   const ModelConfig& cfg_;
   memory::KvBlockPool* kv_;
   cpu::ThreadPool threads_;
-  const cpu::DenseKernels& k_;
+  const kernels::DenseKernels& k_;
   Bf16ExpertProvider bf16_provider_;
   AllResident all_resident_;
   MoeHooks hooks_;

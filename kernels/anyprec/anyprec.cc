@@ -13,6 +13,9 @@
 #include "kernels/cpu/kernel_settings.h"
 
 namespace pw::anyprec {
+
+using kernels::Backend;
+
 namespace internal {
 
 void PermuteX(const float* x, int tokens, int cols, bool strided, float* xp) {
@@ -76,6 +79,7 @@ internal::GemmRowsFn BackendFn(Backend backend) {
     case Backend::kAvx2: return internal::GemmRowsAvx2;
     case Backend::kAvx512: return internal::GemmRowsAvx512;
     case Backend::kAmx: return nullptr;  // never available (BackendAvailable)
+    case Backend::kCuda: return nullptr;  // never available (BackendAvailable)
   }
   return nullptr;
 }
@@ -127,22 +131,13 @@ Status ValidateView(const BlockView& view, int bits) {
   return Status::Ok();
 }
 
-const char* BackendName(Backend backend) {
-  switch (backend) {
-    case Backend::kScalar: return "scalar";
-    case Backend::kAvx2: return "avx2";
-    case Backend::kAvx512: return "avx512";
-    case Backend::kAmx: return "amx";
-  }
-  return "unknown";
-}
-
 bool BackendAvailable(Backend backend) {
   switch (backend) {
     case Backend::kScalar: return true;
     case Backend::kAvx2: return CpuHasAvx2();
     case Backend::kAvx512: return CpuHasAvx512();
     case Backend::kAmx: return false;  // a fast-path backend only (q8.h)
+    case Backend::kCuda: return false;  // CPU kernels only
   }
   return false;
 }

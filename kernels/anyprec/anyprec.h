@@ -24,6 +24,7 @@
 
 #include "common/plane_layout.h"
 #include "common/status.h"
+#include "kernels/backend.h"
 
 namespace pw::anyprec {
 
@@ -55,15 +56,15 @@ Status ValidateView(const BlockView& view, int bits);
 // The same checks without the fp16 LUT (the fast path reads an int8 LUT instead, q8.h).
 Status ValidatePlanes(const BlockView& view, int bits);
 
-// kAmx: the integer fast path's AVX-512 backend with AMX-INT8 tiles for 8-12 tokens and more
-// (q8.h); the exact path has no AMX backend (BackendAvailable(kAmx) is false).
-enum class Backend { kScalar, kAvx2, kAvx512, kAmx };
-const char* BackendName(Backend backend);
-// True when this binary has the backend and the CPU running it supports it.
-bool BackendAvailable(Backend backend);
+// Backends are the kernels layer's (kernels/backend.h; kernels::BackendName spells them). The
+// any-precision kernels run on the CPU ones only (kCuda is never available here). kAmx: the
+// integer fast path's AVX-512 backend with AMX-INT8 tiles for 8-12 tokens and more (q8.h); the
+// exact path has no AMX backend (BackendAvailable(kAmx) is false).
+// True when this binary has the exact path's backend and the CPU running it supports it.
+bool BackendAvailable(kernels::Backend backend);
 // The fastest available backend (AVX-512 > AVX2 > scalar); PW_ANYPREC_BACKEND=scalar|avx2|avx512
 // in the environment overrides it (when available).
-Backend BestBackend();
+kernels::Backend BestBackend();
 
 // Caller-provided scratch memory: `data` aligned to kWorkspaceAlign, `bytes` long.
 struct Workspace {
@@ -78,12 +79,12 @@ size_t ApGemmWorkspaceBytes(int cols, int tokens);
 // y[t, r] = sum_c LUT_b[r][code_b(r, c)] * x[t, c] for t < tokens, r < rows.
 // x: [tokens, cols] fp32 row-major; y: [tokens, rows] fp32 row-major (overwritten);
 // tokens in [1, kMaxTokens]; bits in [3, 8]. Reads planes 0..bits-1 and LUT_bits only.
-Status ApGemm(Backend backend, const BlockView& view, int bits, const float* x, int tokens,
+Status ApGemm(kernels::Backend backend, const BlockView& view, int bits, const float* x, int tokens,
               float* y, Workspace ws);
 // As ApGemm, but writes only rows [row_begin, row_end) of y (other entries untouched), so
 // callers can split a block's rows across threads (each with its own workspace).
-Status ApGemmRows(Backend backend, const BlockView& view, int bits, const float* x, int tokens,
-                  float* y, int row_begin, int row_end, Workspace ws);
+Status ApGemmRows(kernels::Backend backend, const BlockView& view, int bits, const float* x,
+                  int tokens, float* y, int row_begin, int row_end, Workspace ws);
 
 // ---- Fused mixed-precision MoE ------------------------------------------------------------
 
@@ -113,8 +114,8 @@ size_t MoeWorkspaceBytes(int tokens, int num_assignments, int num_experts, int h
 // experts[e] is read only if some assignment names e; every expert used must have
 // gate_up {2*ffn x hidden} and down {hidden x ffn}. Bad indices or shapes return an error
 // before anything is written.
-Status MoeForward(Backend backend, const MoeExpert* experts, int num_experts,
-                  const MoeAssignment* assignments, int num_assignments, const float* x,
-                  int tokens, int hidden, int ffn, float* out, Workspace ws);
+Status MoeForward(kernels::Backend backend, const MoeExpert* experts, int num_experts,
+                  const MoeAssignment* assignments, int num_assignments, const float* x, int tokens,
+                  int hidden, int ffn, float* out, Workspace ws);
 
 }  // namespace pw::anyprec

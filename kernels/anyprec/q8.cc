@@ -17,6 +17,9 @@
 #endif
 
 namespace pw::anyprec {
+
+using kernels::Backend;
+
 namespace {
 
 // F16C from CPUID leaf 1 (ECX bit 29): clang before 16 knows no "f16c" for
@@ -59,6 +62,7 @@ internal::Q8RowsFn RowsFn(Backend backend) {
     case Backend::kAvx2: return internal::Q8RowsAvx2;
     case Backend::kAvx512: return internal::Q8RowsAvx512;
     case Backend::kAmx: return internal::Q8RowsAmx;
+    case Backend::kCuda: return nullptr;  // never available (Q8BackendAvailable)
   }
   return nullptr;
 }
@@ -176,6 +180,8 @@ Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float
     case Backend::kAmx:  // dense int8 matrices stay on the AVX-512 loops
       internal::DenseQ8RowsAvx512(w, acts, y, ldy, row_begin, row_end);
       break;
+    case Backend::kCuda:  // refused above (Q8BackendAvailable)
+      break;
   }
   return Status::Ok();
 }
@@ -252,6 +258,7 @@ bool Q8BackendAvailable(Backend backend) {
     case Backend::kAvx2: return CpuHasAvx2();
     case Backend::kAvx512: return CpuHasAvx512Q8();
     case Backend::kAmx: return CpuHasAvx512Q8() && AmxInt8Usable();
+    case Backend::kCuda: return false;  // CPU kernels only
   }
   return false;
 }

@@ -99,16 +99,16 @@ Status QuantizeActRows(const float* x, size_t ldx, int tokens, int cols, int8_t*
 
 // True when `backend` has an integer fast path on this CPU (AVX-512 needs VNNI, VBMI and GFNI;
 // AMX needs AVX-512's, AMX-TILE and AMX-INT8, and the OS's leave to use the tile state).
-bool Q8BackendAvailable(Backend backend);
+bool Q8BackendAvailable(kernels::Backend backend);
 // The fastest backend with a fast path (AMX > AVX-512 > AVX2 > scalar; PW_ANYPREC_BACKEND=
 // scalar|avx2|avx512|amx overrides as for BestBackend()).
-Backend BestQ8Backend();
+kernels::Backend BestQ8Backend();
 
 // Rows [row_begin, row_end) of y [acts.tokens][ldy] (other entries untouched):
 //   y[t][r] = the fast-path product above for block `view` at width `bits`.
 // Reads planes 0..bits-1 of the view and `lut` (the view's fp16 LUTs may be null); acts.cols
 // must equal view.cols.
-Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
+Status ApGemmQ8Rows(kernels::Backend backend, const BlockView& view, int bits, const Q8Lut& lut,
                     const Q8Acts& acts, float* y, size_t ldy, int row_begin, int row_end);
 
 // ---- Dense int8 matrices ------------------------------------------------------------------
@@ -131,7 +131,7 @@ constexpr size_t Q8MatrixValueBytes(int rows, int cols) {
 Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, float* scales);
 // Rows [row_begin, row_end) of y [acts.tokens][ldy]:
 //   y[t][r] = scales[r] * sum_g act_scale[t][g] * sum_{c in g} values[r][c] * xq[t][c].
-Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float* y, size_t ldy,
-                   int row_begin, int row_end);
+Status DenseQ8Rows(kernels::Backend backend, const Q8Matrix& w, const Q8Acts& acts, float* y,
+                   size_t ldy, int row_begin, int row_end);
 
 }  // namespace pw::anyprec

@@ -1,38 +1,33 @@
 // Dense CPU kernels: bf16-weight x fp32-activation matmul, RMSNorm, softmax, SiLU*mul, dot, axpy.
 //
-// One interface, several backends (docs/STYLE): the scalar backend is the reference that
-// defines "correct"; AVX2/FMA and AVX-512 backends are checked against it by
-// tests/kernels_cpu on random inputs and awkward shapes. The backend is chosen at run time
+// One interface, several backends (docs/STYLE): the op table kernels::DenseKernels
+// (kernels/dense_ops.h), whose scalar CPU backend here is the reference that defines "correct";
+// the AVX2/FMA, AVX-512 and AMX backends are checked against it by
+// tests/kernels_cpu/op_backend_test.cc on random inputs and awkward shapes (CUDA's table,
+// kernels/cuda, by its twin tests/gpu/op_backend_cuda_test.cc). The backend is chosen at run time
 // (BestIsa() asks the CPU through __builtin_cpu_supports), so one binary runs everywhere.
 //
-// Contracts shared by every kernel here:
-// - Arguments are non-owning views (pointers, sizes, strides in elements). Kernels never
-//   allocate, never keep a pointer after returning, and never read outside the stated ranges.
-// - Weights are row-major [N, K] (one output row per weight row, K contiguous), as a torch
-//   nn.Linear stores them. bf16 is the upper half of an IEEE fp32 (raw uint16_t bits).
-// - All accumulation is fp32. Backends may sum in a different order than the reference, so
-//   results agree to rounding, not bit for bit (tolerances are in the tests).
-// - Output ranges may not overlap input ranges unless a kernel says so.
+// The contracts every kernel keeps (views, layouts, fp32 accumulation) are the table's:
+// kernels/dense_ops.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/backend.h"
+#include "kernels/dense_ops.h"
+
 namespace pw::cpu {
 
-// Instruction-set levels a backend is compiled for. kAmx is the AVX-512 backend with the bf16
-// matmul of five tokens and more on AMX-BF16 tiles (each fp32 activation split exactly into
-// three bf16 parts, so the products are fp32's: dense_amx.cc).
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
-
-const char* IsaName(Isa isa);
-// True when this binary has the backend and the running CPU can execute it.
-bool IsaSupported(Isa isa);
-// Fastest supported level; the environment variable PW_CPU_ISA=scalar|avx2|avx512|amx lowers it
-// (never raises it past what the CPU supports). kAmx needs AMX-TILE, AMX-BF16 and AVX512-BF16
+// The backend enum is the kernels layer's (kernels/backend.h): the CPU tables here exist for
+// kScalar, kAvx2, kAvx512 and kAmx (the AVX-512 backend with the bf16 matmul of five tokens and
+// more on AMX-BF16 tiles, each fp32 activation split exactly into three bf16 parts, so the
+// products are fp32's: dense_amx.cc); kernels::BackendSupported() says which this CPU runs.
+// Fastest supported CPU level; the environment variable PW_CPU_ISA=scalar|avx2|avx512|amx lowers
+// it (never raises it past what the CPU supports). kAmx needs AMX-TILE, AMX-BF16 and AVX512-BF16
 // and the kernel's leave to use the tile state (asked once, arch_prctl ARCH_REQ_XCOMP_PERM).
-Isa BestIsa();
+kernels::Backend BestIsa();
 
 // bf16 <-> fp32 by bits: bf16 is the top 16 bits of an fp32. Rounding to bf16 is
 // round-to-nearest-even; NaN stays NaN.
@@ -50,31 +45,11 @@ inline uint16_t ToBf16Bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// Function table of one backend. Every entry is a pure function of its arguments.
-struct DenseKernels {
-  // y[t*ldy + n] = sum_{k<K} x[t*ldx + k] * W[n*K + k]   for t < T, n_begin <= n < n_end.
-  // x: fp32 [T, ldx] (ldx >= K); w: bf16 [N, K] with N >= n_end; y: fp32 [T, ldy] (ldy >= n_end).
-  // Only y[t*ldy + n] for n in [n_begin, n_end) is written, so threads may split rows.
-  void (*matmul_bf16)(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
-                      size_t n_begin, size_t n_end, float* y, size_t ldy);
-  // Same as matmul_bf16 with fp32 weights w: [N, K].
-  void (*matmul_f32)(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,
-                     size_t n_end, float* y, size_t ldy);
-  // One row: y[i] = w[i] * (x[i] / sqrt(mean_j x[j]^2 + eps)), i < dim (HF RMSNorm order:
-  // normalise in fp32, then scale by the weight). y may equal x (in place).
-  void (*rms_norm)(const float* x, const float* w, size_t dim, float eps, float* y);
-  // In place over x[0..n): x[i] = exp(x[i] - max) / sum_j exp(x[j] - max). n >= 1.
-  // -inf entries become 0; at least one entry must be finite.
-  void (*softmax)(float* x, size_t n);
-  // out[i] = silu(gate[i]) * up[i] with silu(g) = g / (1 + exp(-g)). out may equal gate or up.
-  void (*silu_mul)(const float* gate, const float* up, size_t n, float* out);
-  // Returns sum_i a[i] * b[i].
-  float (*dot)(const float* a, const float* b, size_t n);
-  // y[i] += alpha * x[i].
-  void (*axpy)(float alpha, const float* x, size_t n, float* y);
-};
+// The table type is the kernels layer's (kernels/dense_ops.h): one signature per op, shared
+// with the CUDA backend. The CPU tables below take host pointers and have finished on return.
 
-// The table of one backend. Requires IsaSupported(isa) (aborts otherwise: a broken invariant).
+// The table of one CPU backend. Requires kernels::BackendSupported(isa) and isa not kCuda (aborts
+// otherwise: a broken invariant; CUDA's table is cuda::Kernels(), kernels/cuda/dense.cuh).
 // With `batch_invariant`, every kernel computes each token (row of x) in one summation order
 // whatever T is, so a token's result is the same bits however it is batched: the avx512 backend
 // then skips its few-token GEMV (whose order differs from its tiles'), and the amx backend
@@ -89,10 +64,10 @@ struct DenseKernels {
 // for kScalar). These tables run one kernel at every token count, so they are batch-invariant.
 // Off by default: it costs about 3 significant bits per activation, and the engine's checks
 // against HF transformers' float32 logits (tests/engine) keep every activation bit.
-const DenseKernels& KernelsFor(Isa isa, bool batch_invariant = false,
-                               bool bf16_activations = false);
+const kernels::DenseKernels& KernelsFor(kernels::Backend isa, bool batch_invariant = false,
+                                        bool bf16_activations = false);
 // True when `k` is the table whose matmul_bf16 runs vdpbf16ps (AVX512-BF16).
-bool UsesAvx512Bf16(const DenseKernels& k);
+bool UsesAvx512Bf16(const kernels::DenseKernels& k);
 // True when the environment asks for batch-invariant kernels: PW_BATCH_INVARIANT=1. Served
 // outputs then do not depend on what a request was batched with (a greedy completion is the
 // same under any load), as tests comparing a cluster with an in-process engine need.
@@ -100,17 +75,17 @@ bool BatchInvariantRequested();
 // True when the environment asks for bf16 activations: PW_BF16_ACTIVATIONS=1.
 bool Bf16ActivationsRequested();
 // The table of BestIsa() (batch-invariant, bf16 activations when requested), resolved once.
-const DenseKernels& Kernels();
+const kernels::DenseKernels& Kernels();
 
 // Per-backend tables, defined in dense_<isa>.cc. Use KernelsFor() instead.
-extern const DenseKernels kScalarKernels;
-extern const DenseKernels kAvx2Kernels;
-extern const DenseKernels kAvx512Kernels;
-extern const DenseKernels kAmxKernels;
-extern const DenseKernels kAvx512InvariantKernels;
-extern const DenseKernels kAmxInvariantKernels;
-extern const DenseKernels kScalarBf16ActsKernels;
-extern const DenseKernels kAvx2Bf16ActsKernels;
-extern const DenseKernels kAvx512Bf16ActsKernels;
+extern const kernels::DenseKernels kScalarKernels;
+extern const kernels::DenseKernels kAvx2Kernels;
+extern const kernels::DenseKernels kAvx512Kernels;
+extern const kernels::DenseKernels kAmxKernels;
+extern const kernels::DenseKernels kAvx512InvariantKernels;
+extern const kernels::DenseKernels kAmxInvariantKernels;
+extern const kernels::DenseKernels kScalarBf16ActsKernels;
+extern const kernels::DenseKernels kAvx2Bf16ActsKernels;
+extern const kernels::DenseKernels kAvx512Bf16ActsKernels;
 
 }  // namespace pw::cpu

@@ -247,12 +247,12 @@ void MatmulBf16AmxInvariant(const float* x, size_t ldx, size_t T, const uint16_t
 
 }  // namespace
 
-const DenseKernels kAmxKernels = {
+const kernels::DenseKernels kAmxKernels = {
     MatmulBf16Amx, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
     SiluMulAvx2,   DotAvx512,       AxpyAvx512,
 };
 
-const DenseKernels kAmxInvariantKernels = {
+const kernels::DenseKernels kAmxInvariantKernels = {
     MatmulBf16AmxInvariant, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
     SiluMulAvx2,            DotAvx512,       AxpyAvx512,
 };

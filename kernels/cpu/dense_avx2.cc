@@ -185,11 +185,11 @@ void SiluMulAvx2(const float* gate, const float* up, size_t n, float* out) {
   }
 }
 
-const DenseKernels kAvx2Kernels = {
+const kernels::DenseKernels kAvx2Kernels = {
     MatmulBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
 };
 
-const DenseKernels kAvx2Bf16ActsKernels = {
+const kernels::DenseKernels kAvx2Bf16ActsKernels = {
     MatmulBf16ActsBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
 };
 

@@ -238,12 +238,12 @@ void RmsNormAvx512(const float* x, const float* w, size_t dim, float eps, float*
   for (; i < dim; ++i) y[i] = w[i] * (x[i] * r);
 }
 
-const DenseKernels kAvx512Kernels = {
+const kernels::DenseKernels kAvx512Kernels = {
     MatmulBf16Avx512, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
     SiluMulAvx2,      DotAvx512,       AxpyAvx512,
 };
 
-const DenseKernels kAvx512InvariantKernels = {
+const kernels::DenseKernels kAvx512InvariantKernels = {
     MatmulBf16TilesAvx512, MatmulF32Avx512, RmsNormAvx512, SoftmaxAvx2,
     SiluMulAvx2,      DotAvx512,       AxpyAvx512,
 };

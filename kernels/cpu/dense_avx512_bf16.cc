@@ -160,7 +160,7 @@ void MatmulBf16ActsBf16Avx512(const float* x, size_t ldx, size_t T, const uint16
 
 }  // namespace
 
-const DenseKernels kAvx512Bf16ActsKernels = {
+const kernels::DenseKernels kAvx512Bf16ActsKernels = {
     MatmulBf16ActsBf16Avx512,
     MatmulF32Avx512,
     RmsNormAvx512,

@@ -83,12 +83,12 @@ void AxpyScalar(float alpha, const float* x, size_t n, float* y) {
 
 }  // namespace
 
-const DenseKernels kScalarKernels = {
+const kernels::DenseKernels kScalarKernels = {
     MatmulBf16Scalar, MatmulF32Scalar, RmsNormScalar, SoftmaxScalar,
     SiluMulScalar,    DotScalar,       AxpyScalar,
 };
 
-const DenseKernels kScalarBf16ActsKernels = {
+const kernels::DenseKernels kScalarBf16ActsKernels = {
     MatmulBf16ActsBf16Scalar,
     MatmulF32Scalar,
     RmsNormScalar,

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/amx_permission.h"
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/kernel_settings.h"
@@ -36,7 +37,8 @@ bool AmxUsable() {
 // The AVX-512 backend and AVX512-BF16 (the bf16-activation table's vdpbf16ps).
 bool Avx512Bf16Usable() {
 #if defined(__x86_64__)
-  static const bool usable = IsaSupported(Isa::kAvx512) && CpuHasAvx512Bf16();
+  static const bool usable =
+      kernels::BackendSupported(kernels::Backend::kAvx512) && CpuHasAvx512Bf16();
   return usable;
 #else
   return false;
@@ -51,97 +53,105 @@ bool EnvFlag(const char* name) {
 
 }  // namespace
 
-bool UsesAvx512Bf16(const DenseKernels& k) { return &k == &kAvx512Bf16ActsKernels; }
+bool UsesAvx512Bf16(const kernels::DenseKernels& k) { return &k == &kAvx512Bf16ActsKernels; }
 
-const char* IsaName(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAmx:
-      return "amx";
-  }
-  return "unknown";
-}
+}  // namespace pw::cpu
 
-bool IsaSupported(Isa isa) {
-  switch (isa) {
-    case Isa::kScalar:
+// The CUDA library's answer (kernels/cuda/dense.cuh), weak so that this CPU library links alone:
+// without the CUDA kernels in the binary the symbol stays null and kCuda is unsupported.
+namespace pw::cuda {
+[[gnu::weak]] bool DevicePresent();
+}  // namespace pw::cuda
+
+namespace pw::kernels {
+
+bool BackendSupported(Backend backend) {
+  switch (backend) {
+    case Backend::kScalar:
       return true;
-    case Isa::kAvx2:
+    case Backend::kAvx2:
 #if defined(__x86_64__)
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
       return false;
 #endif
-    case Isa::kAvx512:
+    case Backend::kAvx512:
 #if defined(__x86_64__)
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
       return false;
 #endif
-    case Isa::kAmx: {
+    case Backend::kAmx: {
 #if defined(__x86_64__)
-      static const bool usable = IsaSupported(Isa::kAvx512) && AmxUsable();
+      static const bool usable = BackendSupported(Backend::kAvx512) && cpu::AmxUsable();
       return usable;
 #else
       return false;
 #endif
     }
+    case Backend::kCuda:
+      return &cuda::DevicePresent != nullptr && cuda::DevicePresent();
   }
   return false;
 }
 
-Isa BestIsa() {
-  Isa best = Isa::kScalar;
-  if (IsaSupported(Isa::kAmx)) {
-    best = Isa::kAmx;
-  } else if (IsaSupported(Isa::kAvx512)) {
-    best = Isa::kAvx512;
-  } else if (IsaSupported(Isa::kAvx2)) {
-    best = Isa::kAvx2;
+}  // namespace pw::kernels
+
+namespace pw::cpu {
+
+using kernels::Backend;
+
+Backend BestIsa() {
+  Backend best = Backend::kScalar;
+  if (kernels::BackendSupported(Backend::kAmx)) {
+    best = Backend::kAmx;
+  } else if (kernels::BackendSupported(Backend::kAvx512)) {
+    best = Backend::kAvx512;
+  } else if (kernels::BackendSupported(Backend::kAvx2)) {
+    best = Backend::kAvx2;
   }
   if (const char* env = KernelKnob("PW_CPU_ISA")) {
-    Isa want = best;
-    if (std::strcmp(env, "scalar") == 0) want = Isa::kScalar;
-    if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
-    if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
-    if (std::strcmp(env, "amx") == 0) want = Isa::kAmx;
-    if (static_cast<int>(want) < static_cast<int>(best) && IsaSupported(want)) best = want;
+    Backend want = best;
+    if (std::strcmp(env, "scalar") == 0) want = Backend::kScalar;
+    if (std::strcmp(env, "avx2") == 0) want = Backend::kAvx2;
+    if (std::strcmp(env, "avx512") == 0) want = Backend::kAvx512;
+    if (std::strcmp(env, "amx") == 0) want = Backend::kAmx;
+    if (static_cast<int>(want) < static_cast<int>(best) && kernels::BackendSupported(want)) {
+      best = want;
+    }
   }
   return best;
 }
 
-const DenseKernels& KernelsFor(Isa isa, bool batch_invariant, bool bf16_activations) {
-  if (!IsaSupported(isa)) {
+const kernels::DenseKernels& KernelsFor(Backend isa, bool batch_invariant, bool bf16_activations) {
+  if (!kernels::IsCpuBackend(isa) || !kernels::BackendSupported(isa)) {
     std::fprintf(stderr, "%s:%d: CPU kernel backend %s requested but not supported here\n",
-                 __FILE__, __LINE__, IsaName(isa));
+                 __FILE__, __LINE__, kernels::BackendName(isa));
     std::abort();
   }
   if (bf16_activations) {
     switch (isa) {
-      case Isa::kAmx:
-      case Isa::kAvx512:
+      case Backend::kAmx:
+      case Backend::kAvx512:
         return Avx512Bf16Usable() ? kAvx512Bf16ActsKernels : kAvx2Bf16ActsKernels;
-      case Isa::kAvx2:
+      case Backend::kAvx2:
         return kAvx2Bf16ActsKernels;
-      case Isa::kScalar:
+      case Backend::kScalar:
+      case Backend::kCuda:  // refused above
         break;
     }
     return kScalarBf16ActsKernels;
   }
   switch (isa) {
-    case Isa::kAmx:
+    case Backend::kAmx:
       return batch_invariant ? kAmxInvariantKernels : kAmxKernels;
-    case Isa::kAvx512:
+    case Backend::kAvx512:
       return batch_invariant ? kAvx512InvariantKernels : kAvx512Kernels;
-    case Isa::kAvx2:
+    case Backend::kAvx2:
       return kAvx2Kernels;
-    case Isa::kScalar:
+    case Backend::kScalar:
+    case Backend::kCuda:  // refused above
       break;
   }
   return kScalarKernels;
@@ -151,8 +161,8 @@ bool BatchInvariantRequested() { return EnvFlag("PW_BATCH_INVARIANT"); }
 
 bool Bf16ActivationsRequested() { return EnvFlag("PW_BF16_ACTIVATIONS"); }
 
-const DenseKernels& Kernels() {
-  static const DenseKernels& table =
+const kernels::DenseKernels& Kernels() {
+  static const kernels::DenseKernels& table =
       KernelsFor(BestIsa(), BatchInvariantRequested(), Bf16ActivationsRequested());
   return table;
 }

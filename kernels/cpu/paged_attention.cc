@@ -21,8 +21,9 @@ const float* Slab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n,
 
 }  // namespace
 
-void PagedAttention(const DenseKernels& k, const PagedKvView& kv, const AttentionQueries& qs,
-                    size_t job_begin, size_t job_end, float* scores, float* widen, float* out) {
+void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
+                    const AttentionQueries& qs, size_t job_begin, size_t job_end, float* scores,
+                    float* widen, float* out) {
   const size_t D = static_cast<size_t>(kv.head_dim);
   const size_t nh = static_cast<size_t>(qs.num_heads);
   const size_t group = nh / static_cast<size_t>(kv.num_kv_heads);

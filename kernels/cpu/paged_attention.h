@@ -54,7 +54,8 @@ inline size_t PagedAttentionWidenFloats(const PagedKvView& kv) {
 // j = (token j / num_heads, head j % num_heads): softmax over positions of (q . k) * scale,
 // then the weighted sum of V. Threads may split jobs. `scores`: PagedAttentionScoreFloats(the
 // largest position of the batch) floats; `widen`: PagedAttentionWidenFloats(kv) floats.
-void PagedAttention(const DenseKernels& k, const PagedKvView& kv, const AttentionQueries& qs,
-                    size_t job_begin, size_t job_end, float* scores, float* widen, float* out);
+void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
+                    const AttentionQueries& qs, size_t job_begin, size_t job_end, float* scores,
+                    float* widen, float* out);
 
 }  // namespace pw::cpu

@@ -23,6 +23,8 @@
 namespace pw::anyprec {
 namespace {
 
+using kernels::Backend;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr double kRelTol = 1e-5;
 

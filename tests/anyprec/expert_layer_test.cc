@@ -37,6 +37,8 @@
 namespace pw::anyprec {
 namespace {
 
+using kernels::Backend;
+
 using engine::ExpertGroup;
 using engine::ExpertLayerCall;
 using engine::ExpertProj;
@@ -136,7 +138,7 @@ std::vector<Backend> FastBackends() {
 TEST(ExpertLayer, Q8LayerMatchesPerBlockQuantization) {
   std::mt19937 rng(21);
   const Q8Layer layer(rng);
-  const cpu::DenseKernels& k = cpu::Kernels();
+  const kernels::DenseKernels& k = cpu::Kernels();
   for (Backend backend : FastBackends()) {
     for (int tokens : {1, 3, 37, 70}) {
       const Routing r = Route(tokens, rng);
@@ -184,7 +186,7 @@ TEST(ExpertLayer, Bf16LayerMatchesPerBlockLinear) {
     down[e].resize(static_cast<size_t>(kHidden) * kFfn);
     for (auto& v : down[e]) v = cpu::ToBf16Bits(d(rng));
   }
-  const cpu::DenseKernels& k = cpu::Kernels();
+  const kernels::DenseKernels& k = cpu::Kernels();
   for (int tokens : {1, 3, 37, 70}) {
     const Routing r = Route(tokens, rng);
     const auto x = RandomX(tokens, kHidden, rng);
@@ -236,7 +238,7 @@ TEST(ExpertLayer, NonFiniteActivationsAreAnErrorNamingTheLayer) {
 }
 
 TEST(ExpertLayer, SwiGluIsTheKernelTablesSiluMul) {
-  const cpu::DenseKernels& k = cpu::Kernels();
+  const kernels::DenseKernels& k = cpu::Kernels();
   auto op = engine::ExpertActivationOp(engine::ExpertActivation::kSwiGlu, k);
   ASSERT_TRUE(op.ok()) << op.status().ToString();
   EXPECT_EQ(*op, k.silu_mul);

@@ -30,6 +30,8 @@
 namespace pw::anyprec {
 namespace {
 
+using kernels::Backend;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // The int8 LUTs of one block at every width.

@@ -11,8 +11,10 @@ namespace {
 
 TEST(KernelReport, TheLineNamesEveryBackendThisProcessRuns) {
   const std::string line = KernelBackendsLine();
-  EXPECT_NE(line.find(std::string("dense ") + cpu::IsaName(cpu::BestIsa())), std::string::npos) << line;
-  EXPECT_NE(line.find(std::string("fast path ") + anyprec::BackendName(anyprec::BestQ8Backend())),
+  EXPECT_NE(line.find(std::string("dense ") + kernels::BackendName(cpu::BestIsa())),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find(std::string("fast path ") + kernels::BackendName(anyprec::BestQ8Backend())),
             std::string::npos)
       << line;
   EXPECT_NE(line.find("prefetch"), std::string::npos) << line;
@@ -20,21 +22,21 @@ TEST(KernelReport, TheLineNamesEveryBackendThisProcessRuns) {
 }
 
 TEST(KernelReport, OnlyAByteShuffleFastPathLimitsTheWidth) {
-  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kAvx512), 8);
-  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kAmx), 8);
-  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kAvx2), 5);
-  EXPECT_EQ(FastWidthLimit(anyprec::Backend::kScalar), 5);
+  EXPECT_EQ(FastWidthLimit(kernels::Backend::kAvx512), 8);
+  EXPECT_EQ(FastWidthLimit(kernels::Backend::kAmx), 8);
+  EXPECT_EQ(FastWidthLimit(kernels::Backend::kAvx2), 5);
+  EXPECT_EQ(FastWidthLimit(kernels::Backend::kScalar), 5);
 }
 
 TEST(KernelReport, AWarningOnlyWhenThePlannerMayRaiseAboveTheLimit) {
-  EXPECT_EQ(WideBlockWarning(anyprec::Backend::kAvx512, 8), "");
-  EXPECT_EQ(WideBlockWarning(anyprec::Backend::kAvx2, 5), "");
-  EXPECT_EQ(WideBlockWarning(anyprec::Backend::kAvx2, 3), "");
-  const std::string w = WideBlockWarning(anyprec::Backend::kAvx2, 8);
+  EXPECT_EQ(WideBlockWarning(kernels::Backend::kAvx512, 8), "");
+  EXPECT_EQ(WideBlockWarning(kernels::Backend::kAvx2, 5), "");
+  EXPECT_EQ(WideBlockWarning(kernels::Backend::kAvx2, 3), "");
+  const std::string w = WideBlockWarning(kernels::Backend::kAvx2, 8);
   EXPECT_NE(w.find("avx2"), std::string::npos) << w;
   EXPECT_NE(w.find("above 5 bits"), std::string::npos) << w;
   EXPECT_NE(w.find("max_bits to 5"), std::string::npos) << w;
-  EXPECT_NE(WideBlockWarning(anyprec::Backend::kAvx2, 6), "");
+  EXPECT_NE(WideBlockWarning(kernels::Backend::kAvx2, 6), "");
 }
 
 }  // namespace

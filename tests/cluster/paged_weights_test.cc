@@ -133,7 +133,7 @@ class PagedWeightsTest : public ::testing::Test {
                                     const std::function<int(size_t)>& bits_of, const std::vector<float>& x,
                                     int tokens) {
     const size_t H = static_cast<size_t>(config_.hidden_size), I = static_cast<size_t>(config_.moe_intermediate_size);
-    const cpu::DenseKernels& k = cpu::Kernels();
+    const kernels::DenseKernels& k = cpu::Kernels();
     std::vector<float> out(static_cast<size_t>(tokens) * H, 0.f);
     for (size_t g = 0; g < experts.size(); ++g) {
       const size_t gu = t.Index(layer, experts[g], ExpertProj::kGateUp), dn = t.Index(layer, experts[g], ExpertProj::kDown);

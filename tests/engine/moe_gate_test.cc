@@ -27,7 +27,7 @@ struct Routed {
 };
 
 Routed Route(const MoeGate& gate, const std::vector<float>& logits, size_t T,
-             const cpu::DenseKernels& k = cpu::kScalarKernels) {
+             const kernels::DenseKernels& k = cpu::kScalarKernels) {
   const size_t E = logits.size() / T;
   Routed r;
   r.scores.assign(T * E, -1.f);
@@ -71,7 +71,7 @@ TEST(MoeGate, TiesGoToTheLowerExpertAndTokensStayInOrder) {
   // Token 1: logits {0, 0, 0, ln 2} -> p = {.2, .2, .2, .4}: expert 3, then the tie 0.
   const float l3 = std::log(3.f), l2 = std::log(2.f);
   const std::vector<float> logits = {0.f, l3, l3, 0.f, 0.f, 0.f, 0.f, l2};
-  for (const cpu::DenseKernels* k : {&cpu::kScalarKernels, &cpu::Kernels()}) {
+  for (const kernels::DenseKernels* k : {&cpu::kScalarKernels, &cpu::Kernels()}) {
     const Routed r = Route({GateKind::kSoftmaxTopK, 2, false}, logits, 2, *k);
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
     EXPECT_NEAR(r.scores[0], 0.125f, 1e-6f);

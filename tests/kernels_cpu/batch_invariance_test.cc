@@ -16,6 +16,11 @@
 namespace pw::cpu {
 namespace {
 
+using kernels::Backend;
+using kernels::BackendName;
+using kernels::BackendSupported;
+using kernels::DenseKernels;
+
 struct Case {
   std::vector<float> x;
   std::vector<uint16_t> w;
@@ -54,12 +59,12 @@ bool SameBits(const float* a, const float* b, size_t n) {
 
 TEST(BatchInvariance, EveryTokenGetsTheSameBitsAtEveryBatchSize) {
   constexpr size_t kTokens = 37;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
-    if (!IsaSupported(isa)) continue;
+  for (Backend isa : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
+    if (!BackendSupported(isa)) continue;
     const DenseKernels& k = KernelsFor(isa, /*batch_invariant=*/true);
     for (size_t K : {31, 64, 1057, 2100}) {
       for (size_t N : {15, 33, 100}) {
-        SCOPED_TRACE(testing::Message() << IsaName(isa) << " K=" << K << " N=" << N);
+        SCOPED_TRACE(testing::Message() << BackendName(isa) << " K=" << K << " N=" << N);
         const Case c = MakeCase(kTokens, K, N, static_cast<uint32_t>(K * 131 + N));
         const size_t ldy = N + 3;
         const std::vector<float> all = Matmul(k, c, 0, kTokens);
@@ -90,8 +95,8 @@ TEST(BatchInvariance, EveryTokenGetsTheSameBitsAtEveryBatchSize) {
 }
 
 TEST(BatchInvariance, TheDefaultAmxTableDependsOnTheBatch) {
-  if (!IsaSupported(Isa::kAmx)) GTEST_SKIP() << "no AMX here";
-  const DenseKernels& k = KernelsFor(Isa::kAmx);
+  if (!BackendSupported(Backend::kAmx)) GTEST_SKIP() << "no AMX here";
+  const DenseKernels& k = KernelsFor(Backend::kAmx);
   const Case c = MakeCase(8, 2048, 64, 7);
   const std::vector<float> all = Matmul(k, c, 0, 8);
   int differ = 0;

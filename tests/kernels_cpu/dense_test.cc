@@ -18,6 +18,11 @@
 namespace pw::cpu {
 namespace {
 
+using kernels::Backend;
+using kernels::BackendName;
+using kernels::BackendSupported;
+using kernels::DenseKernels;
+
 constexpr float kGuard = 12345.f;
 
 // The exact (double) product of x[0..K) and w[0..K), and the sum of its terms' magnitudes (the
@@ -32,18 +37,18 @@ std::pair<double, double> ExactDot(const float* x, const float* w, size_t K, boo
   return {exact, mag};
 }
 
-std::vector<Isa> BackendsUnderTest() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
-    if (IsaSupported(isa)) out.push_back(isa);
+std::vector<Backend> BackendsUnderTest() {
+  std::vector<Backend> out;
+  for (Backend isa : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
+    if (BackendSupported(isa)) out.push_back(isa);
   }
   return out;
 }
 
-class DenseTest : public ::testing::TestWithParam<Isa> {
+class DenseTest : public ::testing::TestWithParam<Backend> {
  protected:
   const DenseKernels& k() { return KernelsFor(GetParam()); }
-  const DenseKernels& ref() { return KernelsFor(Isa::kScalar); }
+  const DenseKernels& ref() { return KernelsFor(Backend::kScalar); }
   std::mt19937 rng_{1234};
   std::vector<float> Random(size_t n, float lo = -1.f, float hi = 1.f) {
     std::uniform_real_distribution<float> d(lo, hi);
@@ -292,7 +297,9 @@ TEST_P(DenseTest, MatmulWithBf16ActivationsMatchesTheRoundedProduct) {
   }
 }
 
-std::string IsaParamName(const testing::TestParamInfo<Isa>& info) { return IsaName(info.param); }
+std::string IsaParamName(const testing::TestParamInfo<Backend>& info) {
+  return BackendName(info.param);
+}
 
 INSTANTIATE_TEST_SUITE_P(Backends, DenseTest, ::testing::ValuesIn(BackendsUnderTest()),
                          IsaParamName);

@@ -1,22 +1,30 @@
 // Every kernel op on every backend this machine has, against the scalar reference: one table of
-// ops, one test per (op, backend) pair (OpBackend/<op>_<backend>). A backend the CPU lacks is
-// listed as skipped. The per-family tests (dense_test, anyprec_kernels_test, q8_kernels_test)
-// go deeper on each family's edge cases; this table is where a new op or a new backend is
-// added so that nothing runs unchecked.
+// ops, one test per (op, backend) pair (OpBackend/<op>_<backend>), over every backend of
+// kernels::Backend (kernels/backend.h). A backend the machine lacks is listed as skipped, with
+// the reason. The per-family tests (dense_test, anyprec_kernels_test, q8_kernels_test) go deeper
+// on each family's edge cases; this table is where a new op or a new backend is added so that
+// nothing runs unchecked.
+//
+// - The dense op table (kernels/dense_ops.h): its cases are tests/kernels_cpu/dense_op_cases.h,
+//   shared with tests/gpu/op_backend_cuda_test.cc, which runs them on kCuda (device memory) in a
+//   CUDA build on a machine with a GPU. This binary links no CUDA, so it runs them on the CPU
+//   backends (each backend's default, batch-invariant and bf16-activation tables) and lists the
+//   cuda cases as skipped.
+// - CPU only: paged attention (it runs a host table's ops over host pages), the any-precision
+//   kernels (ap_gemm) and the int8 fast path (ap_gemm_q8, dense_q8).
 //
 // Inputs are random (fixed seed) with awkward sizes; outputs are poisoned with NaN first.
-// Tolerances: products |y - ref| <= 1e-5 * sum |x w| + 1e-6 (fp32 sums in another order);
-// the int8 fast path 1e-4 * sum |x w| + 1e-5 (the integer sums are exact, the group sums fp32);
-// norms, softmax, SiLU*mul, paged attention 2e-5 relative to the magnitude of the result.
-// The scalar paged attention is itself checked against attention computed in double over the
-// same K and V laid out contiguously.
+// Tolerances: the dense ops' are in dense_op_cases.h; the int8 fast path 1e-4 * sum |x w| + 1e-5
+// (the integer sums are exact, the group sums fp32); the exact any-precision path
+// 1e-5 * sum |x w| + 1e-6; paged attention 2e-5. The scalar paged attention is itself checked
+// against attention computed in double over the same K and V laid out contiguously.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <ostream>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,139 +33,26 @@
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/pack.h"
 #include "kernels/anyprec/q8.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/dense_ops.h"
 #include "tests/anyprec/random_block.h"
+#include "tests/kernels_cpu/dense_op_cases.h"
 
 namespace pw {
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+using op_cases::ExpectClose;
+using op_cases::kNaN;
+using op_cases::Random;
+using op_cases::RandomBf16;
 
-std::vector<float> Random(std::mt19937& rng, size_t n, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+// ---- paged attention (CPU tables only) ----------------------------------------------------
 
-std::vector<uint16_t> RandomBf16(std::mt19937& rng, size_t n) {
-  std::vector<uint16_t> v(n);
-  const auto f = Random(rng, n);
-  for (size_t i = 0; i < n; ++i) v[i] = cpu::ToBf16Bits(f[i]);
-  return v;
-}
-
-// |got - want| <= tol for every entry, naming the first that is not.
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
-                 const std::vector<double>& tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_FALSE(std::isnan(got[i])) << what << ": entry " << i << " not written";
-    ASSERT_LE(std::fabs(static_cast<double>(got[i]) - want[i]), tol[i])
-        << what << ": entry " << i << " is " << got[i] << ", reference " << want[i];
-  }
-}
-
-// ---- dense ops over a DenseKernels table --------------------------------------------------
-
-using DenseCheck = std::function<void(const cpu::DenseKernels& k, const cpu::DenseKernels& ref,
-                                      std::mt19937& rng)>;
-
-void MatmulBf16(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
-  for (size_t T : {1, 3, 5, 17}) {
-    for (size_t K : {1, 33, 257}) {
-      const size_t N = 19;
-      const auto x = Random(rng, T * K);
-      const auto w = RandomBf16(rng, N * K);
-      std::vector<float> y(T * N, kNaN), want(T * N, kNaN);
-      std::vector<double> tol(T * N);
-      k.matmul_bf16(x.data(), K, T, w.data(), K, 0, N, y.data(), N);
-      ref.matmul_bf16(x.data(), K, T, w.data(), K, 0, N, want.data(), N);
-      for (size_t t = 0; t < T; ++t) {
-        for (size_t n = 0; n < N; ++n) {
-          double mag = 0;
-          for (size_t c = 0; c < K; ++c) mag += std::fabs(x[t * K + c] * cpu::Bf16Bits(w[n * K + c]));
-          tol[t * N + n] = 1e-5 * mag + 1e-6;
-        }
-      }
-      ExpectClose(y, want, tol, "matmul_bf16 T=" + std::to_string(T) + " K=" + std::to_string(K));
-    }
-  }
-}
-
-void MatmulF32(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
-  const size_t T = 5, K = 70, N = 21;
-  const auto x = Random(rng, T * K), w = Random(rng, N * K);
-  std::vector<float> y(T * N, kNaN), want(T * N, kNaN);
-  std::vector<double> tol(T * N);
-  k.matmul_f32(x.data(), K, T, w.data(), K, 0, N, y.data(), N);
-  ref.matmul_f32(x.data(), K, T, w.data(), K, 0, N, want.data(), N);
-  for (size_t t = 0; t < T; ++t) {
-    for (size_t n = 0; n < N; ++n) {
-      double mag = 0;
-      for (size_t c = 0; c < K; ++c) mag += std::fabs(x[t * K + c] * w[n * K + c]);
-      tol[t * N + n] = 1e-5 * mag + 1e-6;
-    }
-  }
-  ExpectClose(y, want, tol, "matmul_f32");
-}
-
-void RelativeTol(const std::vector<float>& want, double rel, std::vector<double>* tol) {
-  tol->resize(want.size());
-  for (size_t i = 0; i < want.size(); ++i) (*tol)[i] = rel * (std::fabs(want[i]) + 1e-3);
-}
-
-void RmsNorm(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
-  for (size_t dim : {1, 7, 64, 1000}) {
-    const auto x = Random(rng, dim), w = Random(rng, dim);
-    std::vector<float> y(dim, kNaN), want(dim, kNaN);
-    std::vector<double> tol;
-    k.rms_norm(x.data(), w.data(), dim, 1e-6f, y.data());
-    ref.rms_norm(x.data(), w.data(), dim, 1e-6f, want.data());
-    RelativeTol(want, 2e-5, &tol);
-    ExpectClose(y, want, tol, "rms_norm dim=" + std::to_string(dim));
-  }
-}
-
-void Softmax(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
-  for (size_t n : {1, 9, 100, 1025}) {
-    auto y = Random(rng, n, -8.f, 8.f);
-    auto want = y;
-    std::vector<double> tol;
-    k.softmax(y.data(), n);
-    ref.softmax(want.data(), n);
-    RelativeTol(want, 2e-5, &tol);
-    ExpectClose(y, want, tol, "softmax n=" + std::to_string(n));
-  }
-}
-
-void SiluMul(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
-  const size_t n = 333;
-  const auto g = Random(rng, n, -6.f, 6.f), u = Random(rng, n);
-  std::vector<float> y(n, kNaN), want(n, kNaN);
-  std::vector<double> tol;
-  k.silu_mul(g.data(), u.data(), n, y.data());
-  ref.silu_mul(g.data(), u.data(), n, want.data());
-  RelativeTol(want, 2e-5, &tol);
-  ExpectClose(y, want, tol, "silu_mul");
-}
-
-void DotAxpy(const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
-  for (size_t n : {1, 15, 16, 129}) {
-    const auto a = Random(rng, n), b = Random(rng, n);
-    double mag = 0;
-    for (size_t i = 0; i < n; ++i) mag += std::fabs(a[i] * b[i]);
-    ExpectClose({k.dot(a.data(), b.data(), n)}, {ref.dot(a.data(), b.data(), n)},
-                {1e-5 * mag + 1e-6}, "dot n=" + std::to_string(n));
-    auto y = b, want = b;
-    k.axpy(0.37f, a.data(), n, y.data());
-    ref.axpy(0.37f, a.data(), n, want.data());
-    std::vector<double> tol;
-    RelativeTol(want, 1e-6, &tol);
-    ExpectClose(y, want, tol, "axpy n=" + std::to_string(n));
-  }
-}
+// A check of one CPU table against the scalar one, both on host memory.
+using TableCheck = std::function<void(const kernels::DenseKernels& k,
+                                      const kernels::DenseKernels& ref, std::mt19937& rng)>;
 
 // A small paged KV cache: `blocks` pages of one layer in shuffled order, two sequences.
 struct PagedCase {
@@ -214,7 +109,7 @@ struct PagedCase {
     return {q.data(), positions.size(), heads, positions.data(), token_tables.data(),
             1.f / std::sqrt(static_cast<float>(D))};
   }
-  std::vector<float> Run(const cpu::DenseKernels& k) const {
+  std::vector<float> Run(const kernels::DenseKernels& k) const {
     const auto qs = Queries();
     const auto kv = View();
     std::vector<float> out(qs.T * heads * D, kNaN);
@@ -256,8 +151,8 @@ struct PagedCase {
   }
 };
 
-DenseCheck PagedAttentionCheck(cpu::KvElement e) {
-  return [e](const cpu::DenseKernels& k, const cpu::DenseKernels& ref, std::mt19937& rng) {
+TableCheck PagedAttentionCheck(cpu::KvElement e) {
+  return [e](const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
     const PagedCase c(e, rng);
     const auto want = c.Run(ref);
     std::vector<double> tol(want.size(), 2e-5);
@@ -287,7 +182,7 @@ std::vector<double> Magnitudes(const RandomBlock& rb, int bits, const std::vecto
   return mag;
 }
 
-void ApGemmExact(anyprec::Backend b, std::mt19937& rng) {
+void ApGemmExact(kernels::Backend b, std::mt19937& rng) {
   const int rows = 21, cols = 300, tokens = 3;
   const RandomBlock rb = MakeRandomBlock(rows, cols, rng);
   const auto x = RandomX(tokens, cols, rng);
@@ -296,7 +191,7 @@ void ApGemmExact(anyprec::Backend b, std::mt19937& rng) {
   for (int bits = anyprec::kMinBits; bits <= anyprec::kMaxBits; ++bits) {
     std::vector<float> y(tokens * rows, kNaN), want(tokens * rows, kNaN);
     ASSERT_TRUE(anyprec::ApGemm(b, pages.view(), bits, x.data(), tokens, y.data(), ws.ws()).ok());
-    ASSERT_TRUE(anyprec::ApGemm(anyprec::Backend::kScalar, pages.view(), bits, x.data(), tokens,
+    ASSERT_TRUE(anyprec::ApGemm(kernels::Backend::kScalar, pages.view(), bits, x.data(), tokens,
                                 want.data(), ws.ws()).ok());
     auto tol = Magnitudes(rb, bits, x, tokens);
     for (double& t : tol) t = 1e-5 * t + 1e-6;
@@ -304,7 +199,7 @@ void ApGemmExact(anyprec::Backend b, std::mt19937& rng) {
   }
 }
 
-void ApGemmFast(anyprec::Backend b, std::mt19937& rng) {
+void ApGemmFast(kernels::Backend b, std::mt19937& rng) {
   for (int tokens : {1, 12}) {
     const int rows = 19, cols = 520;
     const RandomBlock rb = MakeRandomBlock(rows, cols, rng);
@@ -321,7 +216,7 @@ void ApGemmFast(anyprec::Backend b, std::mt19937& rng) {
       const anyprec::Q8Lut lut{values.data(), scales.data()};
       std::vector<float> y(tokens * rows, kNaN), want(tokens * rows, kNaN);
       ASSERT_TRUE(anyprec::ApGemmQ8Rows(b, pages.view(), bits, lut, acts, y.data(), rows, 0, rows).ok());
-      ASSERT_TRUE(anyprec::ApGemmQ8Rows(anyprec::Backend::kScalar, pages.view(), bits, lut, acts,
+      ASSERT_TRUE(anyprec::ApGemmQ8Rows(kernels::Backend::kScalar, pages.view(), bits, lut, acts,
                                         want.data(), rows, 0, rows).ok());
       auto tol = Magnitudes(rb, bits, x, tokens);
       for (double& t : tol) t = 1e-4 * t + 1e-5;
@@ -331,7 +226,7 @@ void ApGemmFast(anyprec::Backend b, std::mt19937& rng) {
   }
 }
 
-void DenseQ8(anyprec::Backend b, std::mt19937& rng) {
+void DenseQ8(kernels::Backend b, std::mt19937& rng) {
   const int rows = 23, cols = 300, tokens = 4;
   const auto w = RandomBf16(rng, static_cast<size_t>(rows) * cols);
   std::vector<int8_t> values(anyprec::Q8MatrixValueBytes(rows, cols));
@@ -344,7 +239,8 @@ void DenseQ8(anyprec::Backend b, std::mt19937& rng) {
   ASSERT_TRUE(anyprec::QuantizeActs(x.data(), cols, tokens, cols, abuf.ws(), &acts).ok());
   std::vector<float> y(tokens * rows, kNaN), want(tokens * rows, kNaN);
   ASSERT_TRUE(anyprec::DenseQ8Rows(b, m, acts, y.data(), rows, 0, rows).ok());
-  ASSERT_TRUE(anyprec::DenseQ8Rows(anyprec::Backend::kScalar, m, acts, want.data(), rows, 0, rows).ok());
+  ASSERT_TRUE(
+      anyprec::DenseQ8Rows(kernels::Backend::kScalar, m, acts, want.data(), rows, 0, rows).ok());
   std::vector<double> tol(want.size());
   for (int t = 0; t < tokens; ++t)
     for (int r = 0; r < rows; ++r) {
@@ -362,18 +258,39 @@ struct OpCase {
   std::function<void(std::mt19937&)> run;
 };
 
+// The cases of a backend the machine lacks: listed, each skipped with `reason`.
+void AddSkipped(kernels::Backend b, const std::vector<std::string>& ops, const std::string& reason,
+                std::vector<OpCase>* out) {
+  const std::string why = std::string("backend ") + kernels::BackendName(b) + ": " + reason;
+  for (const auto& op : ops) {
+    out->push_back(
+        {op + "_" + kernels::BackendName(b), [why](std::mt19937&) { GTEST_SKIP() << why; }});
+  }
+}
+
 std::vector<OpCase> AllCases() {
   std::vector<OpCase> out;
-  const std::vector<std::pair<const char*, DenseCheck>> dense = {
-      {"matmul_bf16", MatmulBf16},   {"matmul_f32", MatmulF32},
-      {"rms_norm", RmsNorm},         {"softmax", Softmax},
-      {"silu_mul", SiluMul},         {"dot_axpy", DotAxpy},
+  static op_cases::HostMemory host;  // the CPU backends' memory
+  const std::vector<op_cases::DenseOp> dense = op_cases::DenseOps();
+  const std::vector<std::pair<const char*, TableCheck>> cpu_only = {
       {"paged_attention_f32", PagedAttentionCheck(cpu::KvElement::kF32)},
       {"paged_attention_bf16", PagedAttentionCheck(cpu::KvElement::kBf16)},
   };
-  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512, cpu::Isa::kAmx}) {
-    if (!cpu::IsaSupported(isa)) {
-      std::printf("[ SKIPPED  ] dense backend %s: this CPU does not support it\n", cpu::IsaName(isa));
+  std::vector<std::string> dense_names, cpu_names;
+  for (const auto& op : dense) dense_names.push_back(op.name);
+  cpu_names = dense_names;
+  for (const auto& [op, check] : cpu_only) cpu_names.push_back(op);
+
+  for (kernels::Backend b : kernels::kAllBackends) {
+    if (!kernels::IsCpuBackend(b)) {
+      AddSkipped(b, dense_names,
+                 "this binary links no CUDA kernels; tests/gpu/op_backend_cuda_test runs these "
+                 "cases (a PW_CUDA=ON build, on a machine with a GPU)",
+                 &out);
+      continue;
+    }
+    if (!kernels::BackendSupported(b)) {
+      AddSkipped(b, cpu_names, "this CPU does not support it", &out);
       continue;
     }
     // Each backend's default, batch-invariant and bf16-activation tables are distinct code.
@@ -383,25 +300,34 @@ std::vector<OpCase> AllCases() {
     };
     for (const Variant v : {Variant{"", false, false}, Variant{"_invariant", true, false},
                             Variant{"_bf16acts", false, true}}) {
-      const cpu::DenseKernels* k = &cpu::KernelsFor(isa, v.invariant, v.bf16_acts);
-      const cpu::DenseKernels* ref = &cpu::KernelsFor(cpu::Isa::kScalar, false, v.bf16_acts);
-      if (v.suffix[0] != '\0' && k == &cpu::KernelsFor(isa)) continue;  // same table
-      for (const auto& [op, check] : dense) {
-        out.push_back({std::string(op) + "_" + cpu::IsaName(isa) + v.suffix,
-                       [k, ref, check](std::mt19937& rng) { check(*k, *ref, rng); }});
+      const kernels::DenseKernels* k = &cpu::KernelsFor(b, v.invariant, v.bf16_acts);
+      const kernels::DenseKernels* ref =
+          &cpu::KernelsFor(kernels::Backend::kScalar, false, v.bf16_acts);
+      if (v.suffix[0] != '\0' && k == &cpu::KernelsFor(b)) continue;  // same table
+      const std::string name = std::string("_") + kernels::BackendName(b) + v.suffix;
+      for (const auto& op : dense) {
+        const op_cases::DenseCheck check = op.check;
+        out.push_back({op.name + name, [k, ref, check](std::mt19937& rng) {
+                         check(op_cases::DenseTarget{k, &host}, *ref, rng);
+                       }});
+      }
+      for (const auto& [op, check] : cpu_only) {
+        out.push_back(
+            {op + name, [k, ref, check = check](std::mt19937& rng) { check(*k, *ref, rng); }});
       }
     }
   }
-  for (anyprec::Backend b : {anyprec::Backend::kScalar, anyprec::Backend::kAvx2,
-                             anyprec::Backend::kAvx512, anyprec::Backend::kAmx}) {
+  // The any-precision and int8 kernels have CPU backends only; each family says which it has.
+  for (kernels::Backend b : kernels::kAllBackends) {
+    if (!kernels::IsCpuBackend(b)) continue;
     if (anyprec::BackendAvailable(b)) {
-      out.push_back({std::string("ap_gemm_") + anyprec::BackendName(b),
+      out.push_back({std::string("ap_gemm_") + kernels::BackendName(b),
                      [b](std::mt19937& rng) { ApGemmExact(b, rng); }});
     }
     if (anyprec::Q8BackendAvailable(b)) {
-      out.push_back({std::string("ap_gemm_q8_") + anyprec::BackendName(b),
+      out.push_back({std::string("ap_gemm_q8_") + kernels::BackendName(b),
                      [b](std::mt19937& rng) { ApGemmFast(b, rng); }});
-      out.push_back({std::string("dense_q8_") + anyprec::BackendName(b),
+      out.push_back({std::string("dense_q8_") + kernels::BackendName(b),
                      [b](std::mt19937& rng) { DenseQ8(b, rng); }});
     }
   }

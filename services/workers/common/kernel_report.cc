@@ -7,8 +7,8 @@
 namespace pw::workers {
 
 std::string KernelBackendsLine() {
-  std::string line = std::string("kernels: dense ") + cpu::IsaName(cpu::BestIsa()) +
-                     ", any-precision fast path " + anyprec::BackendName(anyprec::BestQ8Backend()) +
+  std::string line = std::string("kernels: dense ") + kernels::BackendName(cpu::BestIsa()) +
+                     ", any-precision fast path " + kernels::BackendName(anyprec::BestQ8Backend()) +
                      ", dense prefetch " + std::to_string(cpu::PrefetchBytes()) + " B";
   if (cpu::Bf16ActivationsRequested()) {
     line += cpu::UsesAvx512Bf16(cpu::Kernels()) ? ", bf16 activations (avx512-bf16 dot products)"
@@ -17,20 +17,20 @@ std::string KernelBackendsLine() {
   return line;
 }
 
-int FastWidthLimit(anyprec::Backend backend) {
+int FastWidthLimit(kernels::Backend backend) {
   switch (backend) {
-    case anyprec::Backend::kAvx512:
-    case anyprec::Backend::kAmx:
+    case kernels::Backend::kAvx512:
+    case kernels::Backend::kAmx:
       return anyprec::kMaxBits;
     default:
       return 5;
   }
 }
 
-std::string WideBlockWarning(anyprec::Backend backend, int max_bits) {
+std::string WideBlockWarning(kernels::Backend backend, int max_bits) {
   const int limit = FastWidthLimit(backend);
   if (max_bits <= limit) return "";
-  return std::string("the any-precision fast path here is ") + anyprec::BackendName(backend) +
+  return std::string("the any-precision fast path here is ") + kernels::BackendName(backend) +
          " (no AVX-512 VBMI byte permute, or no VNNI or GFNI beside it): expert blocks above " +
          std::to_string(limit) +
          " bits decode slower than bf16 on this CPU, and the planner may raise them to " +

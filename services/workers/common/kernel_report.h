@@ -18,10 +18,10 @@ std::string KernelBackendsLine();
 // lookup costs 2^(b-4) shuffles and as many blends (docs/benchmarks.md, "The AVX2 fast path at
 // 5-8 bits": 8 bits measured 0.41-0.49x bf16, 6 bits 0.9-1.2x). The scalar backend gets the
 // same 5 (not measured against bf16: no CPU of this project lacks AVX2).
-int FastWidthLimit(anyprec::Backend backend);
+int FastWidthLimit(kernels::Backend backend);
 
 // A warning for the log when blocks may be raised above FastWidthLimit(backend) (max_bits is
 // the planner's ceiling); empty when they may not.
-std::string WideBlockWarning(anyprec::Backend backend, int max_bits);
+std::string WideBlockWarning(kernels::Backend backend, int max_bits);
 
 }  // namespace pw::workers

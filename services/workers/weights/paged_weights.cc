@@ -136,7 +136,7 @@ class PagedWeights::Provider final : public engine::ExpertWeightProvider {
   }
 
   PagedWeights* w_;
-  anyprec::Backend backend_;
+  kernels::Backend backend_;
   std::vector<std::unique_ptr<Miss>> misses_;  // fetched blocks of the current call
   size_t misses_used_ = 0;
 };
