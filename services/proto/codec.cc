@@ -1,11 +1,50 @@
 #include "services/proto/codec.h"
 
+#include <capnp/dynamic.h>
 #include <kj/exception.h>
 
 #include <cstring>
 #include <exception>
 
 namespace pw::proto {
+
+namespace {
+
+void WalkStruct(::capnp::DynamicStruct::Reader s);
+
+// Reads every pointer a value holds, as the schema types it. Cap'n Proto charges each list it
+// reads to the reader's traversal budget, lists of void or of zero-sized structs (which claim
+// any length without a byte of data) one word per element: a walk under a budget bounded by the
+// frame's size refuses them.
+void WalkValue(const ::capnp::DynamicValue::Reader& v) {
+  switch (v.getType()) {
+    case ::capnp::DynamicValue::STRUCT:
+      WalkStruct(v.as<::capnp::DynamicStruct>());
+      break;
+    case ::capnp::DynamicValue::LIST: {
+      auto list = v.as<::capnp::DynamicList>();
+      const auto which = list.getSchema().whichElementType();
+      if (which == ::capnp::schema::Type::STRUCT || which == ::capnp::schema::Type::LIST ||
+          which == ::capnp::schema::Type::TEXT || which == ::capnp::schema::Type::DATA) {
+        for (auto e : list) WalkValue(e);
+      }
+      break;
+    }
+    default:
+      break;  // scalars, enums, text and data are checked when their pointer is read
+  }
+}
+
+void WalkStruct(::capnp::DynamicStruct::Reader s) {
+  // A group is read in place (its fields are the struct's); a pointer field only when set.
+  auto walk = [&](::capnp::StructSchema::Field field) {
+    if (field.getProto().isGroup() || s.has(field)) WalkValue(s.get(field));
+  };
+  for (auto field : s.getSchema().getNonUnionFields()) walk(field);
+  KJ_IF_MAYBE(field, s.which()) { walk(*field); }
+}
+
+}  // namespace
 
 std::string BodyName(Body::Which which) {
   switch (which) {
@@ -83,14 +122,15 @@ Result<std::unique_ptr<InMessage>> InMessage::Parse(std::span<const uint8_t> byt
   Status st = GuardWire("malformed control frame", [&]() -> Status {
     const kj::ArrayPtr<const ::capnp::word> words(msg->words_.begin(), num_words);
     {
-      // The validation walk: follows and bounds-checks every pointer once, with a budget that
-      // refuses amplification (pointers that share their target, so that the message reads as
-      // far more words than it holds).
+      // The validation walk: follows and bounds-checks every pointer once, as the schema types
+      // it, with a budget that refuses amplification (pointers that share their target, and
+      // lists of void or zero-sized structs that claim millions of elements from a few bytes,
+      // so that the message reads as far more words than it holds).
       ::capnp::ReaderOptions check;
       check.traversalLimitInWords = num_words * 8 + 1024;
       check.nestingLimit = limits.max_nesting;
       ::capnp::FlatArrayMessageReader validator(words, check);
-      validator.getRoot<Envelope>().totalSize();
+      WalkStruct(validator.getRoot<::capnp::DynamicStruct>(::capnp::Schema::from<Envelope>()));
     }
     // The reader kept for the handlers. A walk of the whole message is known to cost at most
     // the budget above, so the traversal budget, which Cap'n Proto charges per reader for its

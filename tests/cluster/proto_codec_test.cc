@@ -197,6 +197,28 @@ TEST(ProtoCodec, AmplifyingPointersAreRefused) {
   EXPECT_EQ(parsed.status().code(), StatusCode::kCorrupt) << parsed.status().ToString();
 }
 
+// A Register whose weightTable is a list of 8,388,608 voids (no data at all), in a frame of 176
+// bytes: read as a list of structs it has that many (empty) entries, and any walk over it (a
+// handler's loop, the fuzz target's text conversion) costs as much. Found by control_frame_fuzz
+// (fuzz/corpus/control_frame_fuzz/void-list-weight-table).
+TEST(ProtoCodec, VoidListClaimingMillionsOfEntriesIsRefused) {
+  const std::string hex =
+      "0000000015000000000000000400020001000000010000000100000000000000"
+      "0100000000000000000000000000000035000000520000000000000003000500"
+      "02000000d2040000640000000000000000000000000000001100000052000000"
+      "150000004a00000000000000000000000000000000000000fd00000000000004"
+      "707265ffffff022d300000000000000074696e792d6d6f650000000000000000"
+      "70726566696c6c2d3000000000000000";
+  std::string bytes;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  ASSERT_EQ(bytes.size(), 176u);
+  auto parsed = InMessage::Parse(bytes);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), StatusCode::kCorrupt) << parsed.status().ToString();
+}
+
 TEST(ProtoCodec, GuardWireConvertsExceptions) {
   Status st = GuardWire("handler", []() -> Status { KJ_FAIL_REQUIRE("bad pointer"); });
   EXPECT_EQ(st.code(), StatusCode::kCorrupt);
