@@ -9,10 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/logging.h"
@@ -68,16 +71,28 @@ HttpServer* Server() {
 // Writes `bytes` on a fresh connection, closes the write side, returns all that came back
 // (what arrived within `timeout_s` of silence).
 std::string Exchange(const std::string& bytes, int timeout_s = 2) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  PW_CHECK(s >= 0);
-  timeval tv{timeout_s, 0};
-  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(Server()->port());
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  PW_CHECK(connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  // Two loopback connections per input, thousands per second: the local ports can run out
+  // for a moment (EADDRNOTAVAIL while earlier connections sit in TIME_WAIT), which is this
+  // harness's limit, not the server's; try again for a while before calling it a failure.
+  int s = -1, err = 0;
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    s = socket(AF_INET, SOCK_STREAM, 0);
+    PW_CHECK(s >= 0);
+    timeval tv{timeout_s, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) break;
+    err = errno;
+    close(s);
+    s = -1;
+    if (err != EADDRNOTAVAIL && err != EAGAIN) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  PW_CHECK_MSG(s >= 0, std::strerror(err));
   size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = send(s, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
