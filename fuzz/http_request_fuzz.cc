@@ -77,7 +77,8 @@ std::string Exchange(const std::string& bytes, int timeout_s = 2) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   // Two loopback connections per input, thousands per second: the local ports can run out
   // for a moment (EADDRNOTAVAIL while earlier connections sit in TIME_WAIT), which is this
-  // harness's limit, not the server's; try again for a while before calling it a failure.
+  // harness's limit, not the server's; try again for a while before calling it a failure (also
+  // after EINTR: libFuzzer's timeout alarm interrupts a connect that waits).
   int s = -1, err = 0;
   for (int attempt = 0; attempt < 500; ++attempt) {
     s = socket(AF_INET, SOCK_STREAM, 0);
@@ -89,7 +90,7 @@ std::string Exchange(const std::string& bytes, int timeout_s = 2) {
     err = errno;
     close(s);
     s = -1;
-    if (err != EADDRNOTAVAIL && err != EAGAIN) break;
+    if (err != EADDRNOTAVAIL && err != EAGAIN && err != EINTR) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   PW_CHECK_MSG(s >= 0, std::strerror(err));
