@@ -11,7 +11,7 @@
 // the piecewise-linear interpolation of those points in x = log2(N / k):
 //   x <= 2: (0.7, 1)        x = 3: (3, 4)        x >= 4: (3, 2)
 //   alpha = linear between neighbouring points; beta = round-half-up(linear), at least 1.
-// It reproduces the three published pairs (tests/lynx checks it) and is a function of k/N only;
+// It reproduces the three published pairs (tests/policies/lynx checks it) and is a function of k/N only;
 // it is clamped, not extrapolated, outside [1/16, 1/4]. The embedded model (N=32, k=4) has the
 // same k/N as N=64,k=8 and gets (3, 4). A per-model override replaces it (LynxOptions).
 #pragma once

@@ -28,11 +28,11 @@
 //
 // Workers per peer: with kNone, a peer killed while puts to it are queued can leave the worker
 // those puts were posted on unable to complete any later operation, to any peer (UCX 1.13:
-// tests/cluster/ucx_test.cc reproduced it in about a third of runs of a kill mid-transfer; a
-// new endpoint on the same worker timed out too, a new worker on the same context did not). So
-// an initiator that must outlive its peers connects with Endpoint::ConnectOnOwnWorker: each
-// endpoint then progresses a worker of its own, destroyed with it, and a dead peer takes only
-// that worker down.
+// tests/services/transport/ucx_test.cc reproduced it in about a third of runs of a kill
+// mid-transfer; a new endpoint on the same worker timed out too, a new worker on the same
+// context did not). So an initiator that must outlive its peers connects with
+// Endpoint::ConnectOnOwnWorker: each endpoint then progresses a worker of its own, destroyed
+// with it, and a dead peer takes only that worker down.
 // PW_UCX_ERR_MODE=peer|none in the environment overrides the mode every caller asks for.
 //
 // Threading: the context and workers are created in UCS_THREAD_MODE_MULTI; any thread may

@@ -19,7 +19,7 @@
 #include "engine/experts/apw_expert_provider.h"
 #include "quant/quantize_model.h"
 #include "engine/engine.h"
-#include "tests/cluster/batch_invariance.h"
+#include "tests/support/batch_invariance.h"
 
 namespace pw::anyprec {
 namespace {
