@@ -4,28 +4,16 @@
 #include "services/broker/broker_options.h"
 #include "services/workers/common/kernel_options.h"
 #include "policies/misses/miss_options.h"
+#include "services/workers/common/worker_model_options.h"
 #include "services/workers/weights/paged_residency.h"
 
 namespace pw::workers {
 
 void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
   DecodeWorkerOptions* o = &p->worker;
-  s->Add("model_dir", &o->model_dir, "model directory (config.json, *.safetensors)")
-      .Flag("--model").Shared().Required().NonEmpty();
-  s->Add("router", &o->router_endpoint, "router control endpoint, e.g. tcp://127.0.0.1:5555")
-      .NoKey().Required();
-  s->Add("broker", &o->broker_endpoint, "broker control endpoint (experts come from it); empty = checkpoint")
-      .NoKey();
-  s->Add("id", &o->id, "worker id (default decode-<pid>)").NonEmpty();
-  s->Add("model_name", &o->model_name, "model name reported to the router").Shared();
-  s->Add("kv_blocks", &o->num_kv_blocks, "KV pool blocks").Range(1, 1 << 24);
-  s->AddChoice("kv_dtype", &o->kv_dtype, {{"bf16", engine::KvDtype::kBf16}, {"fp32", engine::KvDtype::kF32}},
-               "KV elements (must equal the prefill workers')")
-      .Shared();
-  s->Add("block_size", &o->block_size, "tokens per KV block").Range(1, 4096);
-  s->Add("threads", &o->threads, "compute threads").Range(1, 1024);
-  s->Add("no_mmap", &o->copy_weights,
-         "read the checkpoint into this process's memory instead of mapping it (llama.cpp's --no-mmap)");
+  DeclareWorkerModelOptions(
+      s, o, "decode", "prefill",
+      "broker control endpoint (experts come from it); empty = checkpoint");
   s->Add("max_batch_tokens", &o->max_batch_tokens, "tokens per step").Range(1, 1 << 20);
   s->Add("max_batch", &o->max_batch, "running sequences").Range(1, 1 << 16);
   s->Add("heartbeat_ms", &o->heartbeat_ms, "heartbeat interval").Shared().Range(10, 60000);

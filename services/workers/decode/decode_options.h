@@ -23,7 +23,7 @@ struct DecodeProcessOptions {
   int lynx_beta = -1;
   // The router-logit trace (policies/misses/trace_options.h) -> worker.trace; bounded (64 MB)
   // unless the file or a flag says otherwise.
-  misses::TraceOptions trace{.max_mb = 64.0};
+  misses::TraceOptions trace{.path = {}, .max_mb = 64.0};
   cpu::KernelSettings kernels;  // the root's kernels: map (kernel_options.h)
 };
 

@@ -1,0 +1,38 @@
+// The options every worker process (prefill, decode) has with the same key, flag and bounds: the
+// model, its control endpoints, its id and name, its KV pool and its threads. Declared once here
+// for both options tables (prefill/prefill_options.cc, decode/decode_options.cc), in this order.
+#pragma once
+
+#include <string>
+
+#include "common/formats/options.h"
+#include "memory/kv_layout.h"
+
+namespace pw::workers {
+
+// `O` is PrefillWorkerOptions or DecodeWorkerOptions. `role`: "prefill" or "decode" (the id's
+// default); `peer_role`: the workers whose KV elements must match; `broker_help`: what this
+// worker's help for its broker endpoint (what it takes from the broker).
+template <typename O>
+void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& role,
+                               const std::string& peer_role, const std::string& broker_help) {
+  s->Add("model_dir", &o->model_dir, "model directory (config.json, *.safetensors)")
+      .Flag("--model").Shared().Required().NonEmpty();
+  s->Add("router", &o->router_endpoint, "router control endpoint, e.g. tcp://127.0.0.1:5555")
+      .NoKey().Required();
+  s->Add("broker", &o->broker_endpoint, std::string(broker_help)).NoKey();
+  s->Add("id", &o->id, "worker id (default " + role + "-<pid>)").NonEmpty();
+  s->Add("model_name", &o->model_name, "model name reported to the router").Shared();
+  s->Add("kv_blocks", &o->num_kv_blocks, "KV pool blocks").Range(1, 1 << 24);
+  s->AddChoice("kv_dtype", &o->kv_dtype,
+               {{"bf16", memory::KvDtype::kBf16}, {"fp32", memory::KvDtype::kF32}},
+               "KV elements (must equal the " + peer_role + " workers')")
+      .Shared();
+  s->Add("block_size", &o->block_size, "tokens per KV block").Range(1, 4096);
+  s->Add("threads", &o->threads, "compute threads").Range(1, 1024);
+  s->Add("no_mmap", &o->copy_weights,
+         "read the checkpoint into this process's memory instead of mapping it (llama.cpp's "
+         "--no-mmap)");
+}
+
+}  // namespace pw::workers
