@@ -30,14 +30,6 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
   return path;
 }
 
-// The command line of process `name` (empty when there is none).
-std::vector<std::string> ArgvOf(const ClusterConfig& cfg, const std::string& name) {
-  for (const auto& p : cfg.processes) {
-    if (p.name == name) return p.argv;
-  }
-  return {};
-}
-
 // The options process `name` of the file at `path` runs with, loaded as the process loads them
 // (its own --config FILE --section NAME path: node_config.h), or the error it would stop with.
 Result<workers::DecodeProcessOptions> DecodeOf(const std::string& path, const std::string& name) {
