@@ -81,8 +81,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (pw::Status st = set.CheckRequired(); !st.ok()) {
-    std::fprintf(stderr, "pw serve: %s\n", st.message().c_str());
+  if (o.model_dir.empty()) {
+    std::fprintf(stderr, "pw serve: MODEL_DIR is required (a checkpoint directory, or model_dir in --config)\n%s",
+                 serve->help().c_str());
     return 2;
   }
   pw::Status st = pw::serve::RunServe(o, SelfDir());

@@ -6,7 +6,7 @@ void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
   s->Add("model_dir", &o->model_dir,
          "checkpoint directory (config.json, model.safetensors or model.safetensors.index.json, "
          "tokenizer.json), or a Hugging Face cache snapshot .../models--ORG--NAME/snapshots/REV")
-      .Flag("model_dir").Required().NonEmpty();
+      .Flag("model_dir").NonEmpty();  // required, but as the argument or in the file: main checks it
   s->Add("memory", &o->memory,
          "memory for the node: bytes (e.g. 8G; K, M, G, T are powers of 1024) or auto (half the "
          "memory available now)")

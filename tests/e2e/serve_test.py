@@ -12,7 +12,9 @@ directory and port of the test's own:
      store byte-identical to an uninterrupted `pw-quantize` build, and serves: /v1/models
      lists the default name pwtest/tiny-sharded, a completion and a chat completion answer;
   3. the third start finds the store in the cache (not rebuilt: same inode and mtime) and
-     serves again; its time from start to a served completion is printed;
+     serves again; its time from start to a served completion is printed; a fourth, its options
+     from a --config file, serves the bf16 experts (--bits 16: no store, no broker) under
+     another name;
   4. bad directories and budgets exit non-zero with a message naming the file and the fix:
      no config.json, an unknown model_type, a missing shard, a tokenizer with more ids than
      config.json's vocab_size, a memory budget below the smallest plan.
@@ -313,6 +315,22 @@ def main():
         if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns):
             fail("the cached store was rewritten")
         print(f"start with the store cached: {second_start:.1f}s to the first served completion")
+
+        # bf16 experts (no store, no broker), the options from a --config file, another name.
+        conf = os.path.join(tmp, "serve.yaml")
+        with open(conf, "w") as f:
+            f.write(f"model_dir: {snap}\nbits: 16\nmemory: 1G\nport: {port}\nserved_model_name: tiny-bf16\n"
+                    f"run_dir: {tmp}/run-bf16\n")
+        s = Serve(pw, ["--config", conf, "--store-dir", cache], os.path.join(tmp, "serve4.log"))
+        wait_served(url, "tiny-bf16")
+        s.stop()
+        with open(os.path.join(tmp, "run-bf16", "node.yaml")) as f:
+            node = f.read()
+        if "enabled: false" not in node or "store:" in node or "pw-quantize" in s.text():
+            fail("--bits 16 still used a store:\n" + node + s.text())
+        if os.path.exists(os.path.join(tmp, "run-bf16", "broker.log")):
+            fail("--bits 16 started a broker")
+        print("served with --bits 16 and --config: no store, no broker")
 
         # 4. Refusals.
         def refused(name, target, pattern, extra=()):
