@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -16,6 +19,8 @@
 #include "engine/experts/calibration_recorder.h"
 #include "engine/experts/bf16_expert_provider.h"
 #include "common/formats/checkpoint_experts.h"
+#include "common/expert_block.h"
+#include "quant/store_build_dir.h"
 
 namespace pw::anyprec {
 namespace {
@@ -53,6 +58,27 @@ class Progress {
   Clock::time_point start_, last_{};
 };
 
+// What the bytes of a store depend on besides the checkpoint: a resume directory holding parts
+// of another build is emptied (store_build_dir.h).
+std::string BuildDescription(const QuantizeModelOptions& o, uint64_t model_hash) {
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "pagedweight store build 1\nmodel_hash %016llx\nseed_bits %d\nmax_bits %d\nthreads %d\nctx %d\n"
+                "max_calib_tokens %lld\nprior_tokens %d\nfloor_rel %.17g\n",
+                static_cast<unsigned long long>(model_hash), o.seed_bits, o.max_bits, o.threads, o.ctx,
+                static_cast<long long>(o.max_calib_tokens), o.prior_tokens, o.floor_rel);
+  std::string s = line;
+  if (o.calib_random_tokens > 0) {
+    s += "calib random " + std::to_string(o.calib_random_tokens) + " seed " + std::to_string(o.calib_seed) + "\n";
+  } else {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(o.calib_path, ec);
+    s += "calib text " + o.calib_path + " bytes " + std::to_string(ec ? 0 : size) + " tokenizer " +
+         o.tokenizer_path + "\n";
+  }
+  return s;
+}
+
 }  // namespace
 
 Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
@@ -71,53 +97,79 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   }
   const int L = static_cast<int>(cfg.num_layers), E = static_cast<int>(cfg.num_experts);
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
-
-  // 1. Calibration.
-  CalibrationSource calib = CalibrationSourceOf(o);
-  calib.max_tokens = o.max_calib_tokens;
-  PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
-  engine::Bf16ExpertProvider bf16(model);
-  CalibrationRecorder recorder(&bf16, L, E, H, I);
-  engine::MoeHooks hooks;
-  hooks.provider = &recorder;
-  eng->SetMoeHooks(hooks);
+  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
+  std::optional<StoreBuildDir> parts;
+  if (!o.resume_dir.empty()) {
+    PW_ASSIGN_OR_RETURN(StoreBuildDir d, StoreBuildDir::Open(o.resume_dir, BuildDescription(o, hash)));
+    parts = std::move(d);
+  }
   QuantizeModelReport report;
-  {
-    Progress bar("calibrate", static_cast<double>(ids.size()), o.progress);
-    for (size_t at = 0; at < ids.size(); at += o.ctx) {
-      const size_t n = std::min<size_t>(o.ctx, ids.size() - at);
-      auto logits = eng->ForwardLogits(std::span<const int32_t>(ids.data() + at, n));
-      if (!logits.ok()) return logits.status().WithContext("calibration window at token " + std::to_string(at));
-      bar.Update(static_cast<double>(at + n));
+
+  // 1. Calibration (or its statistics from an earlier, interrupted build).
+  CalibrationStats stats;
+  if (parts) {
+    PW_ASSIGN_OR_RETURN(auto saved, parts->LoadCalibration(L, E, H, I));
+    if (saved) {
+      stats = std::move(*saved);
+      report.calibration_reused = true;
+      if (o.progress) std::fprintf(stderr, "calibrate: reused the statistics in %s\n", parts->dir().c_str());
     }
   }
-  eng->SetMoeHooks({});
-  report.calib_tokens = static_cast<int64_t>(ids.size());
+  if (!report.calibration_reused) {
+    CalibrationSource calib = CalibrationSourceOf(o);
+    calib.max_tokens = o.max_calib_tokens;
+    PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
+    engine::Bf16ExpertProvider bf16(model);
+    CalibrationRecorder recorder(&bf16, L, E, H, I);
+    engine::MoeHooks hooks;
+    hooks.provider = &recorder;
+    eng->SetMoeHooks(hooks);
+    {
+      Progress bar("calibrate", static_cast<double>(ids.size()), o.progress);
+      for (size_t at = 0; at < ids.size(); at += o.ctx) {
+        const size_t n = std::min<size_t>(o.ctx, ids.size() - at);
+        auto logits = eng->ForwardLogits(std::span<const int32_t>(ids.data() + at, n));
+        if (!logits.ok()) return logits.status().WithContext("calibration window at token " + std::to_string(at));
+        bar.Update(static_cast<double>(at + n));
+      }
+    }
+    eng->SetMoeHooks({});
+    report.calib_tokens = static_cast<int64_t>(ids.size());
+    stats.num_layers = L;
+    stats.num_experts = E;
+    stats.hidden = H;
+    stats.ffn = I;
+    const size_t blocks = static_cast<size_t>(L) * E * kProjsPerExpert;
+    stats.tokens.resize(blocks);
+    stats.sums.resize(blocks);
+    for (size_t i = 0; i < blocks; ++i) {
+      const ExpertBlock b = ExpertBlockAt(i, E);
+      stats.tokens[i] = recorder.Tokens(static_cast<int>(b.layer), static_cast<int>(b.expert), b.proj);
+      stats.sums[i] = recorder.SumSquares(static_cast<int>(b.layer), static_cast<int>(b.expert), b.proj);
+    }
+    if (parts) PW_RETURN_IF_ERROR(parts->SaveCalibration(stats));
+  }
   const auto t_calib = Clock::now();
   report.calib_seconds = Seconds(t_start, t_calib);
 
-  // 2 + 3. Sensitivities, quantization, store.
-  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
-  apw::StoreInfo info{static_cast<uint32_t>(L), static_cast<uint32_t>(E), static_cast<uint32_t>(H),
-                      static_cast<uint32_t>(I), hash};
-  PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
+  // 2 + 3. Sensitivities, quantization, store: layer l's blocks, gate_up of every expert then
+  // down of every expert, handed to `emit`.
   QuantizeOptions qo;
   qo.seed_bits = o.seed_bits;
   qo.max_bits = o.max_bits;
   qo.threads = o.threads;
-  Progress bar("quantize", 3.0 * L * E, o.progress);
-  double done = 0;
   std::vector<float> w, h;
-  for (int l = 0; l < L; ++l) {
+  auto quantize_layer = [&](int l, const std::function<Status(const apw::BlockData&)>& emit,
+                            const std::function<void(double)>& on_block) -> Status {
     for (auto proj : {engine::ExpertProj::kGateUp, engine::ExpertProj::kDown}) {
       const int cols = proj == engine::ExpertProj::kGateUp ? H : I;
       // The layer's mean input statistics over every routed token of this projection.
       std::vector<double> layer_sum(cols, 0.0);
       uint64_t layer_tokens = 0;
       for (int e = 0; e < E; ++e) {
-        const auto& s = recorder.SumSquares(l, e, proj);
+        const auto& s = stats.sums[ExpertBlockIndex(l, e, proj, E)];
         for (int j = 0; j < cols; ++j) layer_sum[j] += s[j];
-        layer_tokens += recorder.Tokens(l, e, proj);
+        layer_tokens += stats.tokens[ExpertBlockIndex(l, e, proj, E)];
       }
       std::vector<double> hbar(cols, 1.0);
       double hbar_mean = 1.0;
@@ -128,8 +180,9 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       }
       const double floor = o.floor_rel * hbar_mean;
       for (int e = 0; e < E; ++e) {
-        const auto& s = recorder.SumSquares(l, e, proj);
-        const double n = static_cast<double>(recorder.Tokens(l, e, proj));
+        const auto& s = stats.sums[ExpertBlockIndex(l, e, proj, E)];
+        const uint64_t tokens = stats.tokens[ExpertBlockIndex(l, e, proj, E)];
+        const double n = static_cast<double>(tokens);
         h.resize(cols);
         for (int j = 0; j < cols; ++j) {
           const double v = (s[j] + o.prior_tokens * hbar[j]) / (n + o.prior_tokens);
@@ -161,15 +214,82 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
           b.damage[bits] = q->damage[bits];
         }
         b.damage[0] = q->damage[0];
-        b.calib_tokens = recorder.Tokens(l, e, proj);
-        PW_RETURN_IF_ERROR(writer->Add(b));
+        b.calib_tokens = tokens;
+        PW_RETURN_IF_ERROR(emit(b));
         ++report.num_blocks;
-        done += proj == engine::ExpertProj::kGateUp ? 2 : 1;
-        bar.Update(done);
+        on_block(proj == engine::ExpertProj::kGateUp ? 2 : 1);
       }
     }
+    return Status::Ok();
+  };
+
+  const apw::StoreInfo info{static_cast<uint32_t>(L), static_cast<uint32_t>(E), static_cast<uint32_t>(H),
+                            static_cast<uint32_t>(I), hash};
+  if (!parts) {
+    PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
+    Progress bar("quantize", 3.0 * L * E, o.progress);
+    double done = 0;
+    for (int l = 0; l < L; ++l) {
+      PW_RETURN_IF_ERROR(quantize_layer(
+          l, [&](const apw::BlockData& b) { return writer->Add(b); },
+          [&](double units) { bar.Update(done += units); }));
+    }
+    PW_RETURN_IF_ERROR(writer->Finish());
+  } else {
+    // Each layer as a one-layer store in the resume directory (skipped when a valid one is
+    // there), then all of them copied, in order, into the store.
+    apw::StoreInfo one = info;
+    one.num_layers = 1;
+    apw::ApwStore::Options check;
+    check.expected_model_hash = hash;
+    for (int l = 0; l < L; ++l) {
+      const std::string path = parts->LayerPath(l);
+      if (std::filesystem::exists(path)) {
+        auto have = apw::ApwStore::Open(path, check);
+        if (have.ok() && (*have)->info().num_layers == 1 && (*have)->info().num_experts == one.num_experts &&
+            (*have)->info().hidden == one.hidden && (*have)->info().ffn == one.ffn) {
+          ++report.layers_reused;
+          continue;
+        }
+        std::fprintf(stderr, "quantize: layer %d/%d: redoing %s (%s)\n", l + 1, L, path.c_str(),
+                     have.ok() ? "another shape" : have.status().message().c_str());
+      }
+      const auto t_layer = Clock::now();
+      PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(path, one));
+      PW_RETURN_IF_ERROR(quantize_layer(
+          l,
+          [&](const apw::BlockData& b) {
+            apw::BlockData in_layer = b;
+            in_layer.layer = 0;
+            return writer->Add(in_layer);
+          },
+          [](double) {}));
+      PW_RETURN_IF_ERROR(writer->Finish());
+      if (o.progress) {
+        const double elapsed = Seconds(t_calib, Clock::now());
+        const int done_now = l + 1 - report.layers_reused;
+        const double eta = done_now > 0 ? elapsed / done_now * (L - l - 1) : 0;
+        std::fprintf(stderr, "quantize: layer %d/%d done (%.1fs; %.1fs elapsed, ETA %.1fs; %d reused)\n", l + 1, L,
+                     Seconds(t_layer, Clock::now()), elapsed, eta, report.layers_reused);
+      }
+    }
+    PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
+    for (int l = 0; l < L; ++l) {
+      PW_ASSIGN_OR_RETURN(auto layer, apw::ApwStore::Open(parts->LayerPath(l), check));
+      for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
+        for (int e = 0; e < E; ++e) {
+          const apw::BlockData* b = layer->Find(0, static_cast<uint32_t>(e), kind);
+          if (b == nullptr) return Corrupt(layer->path() + ": lacks expert " + std::to_string(e));
+          apw::BlockData in_model = *b;
+          in_model.layer = static_cast<uint32_t>(l);
+          PW_RETURN_IF_ERROR(writer->Add(in_model));
+        }
+      }
+    }
+    PW_RETURN_IF_ERROR(writer->Finish());
+    PW_RETURN_IF_ERROR(parts->Remove());
   }
-  PW_RETURN_IF_ERROR(writer->Finish());
+  report.num_blocks = L * E * kProjsPerExpert;  // reused layers' blocks included
   const auto t_end = Clock::now();
   report.quantize_seconds = Seconds(t_calib, t_end);
   report.total_seconds = Seconds(t_start, t_end);

@@ -10,7 +10,10 @@
 //      leans on its layer's statistics instead of getting zero; then h_j >= floor_rel * mean(hbar);
 //   3. every block quantized (quantizer.h) and written with its damage table and token count.
 // Deterministic: same model, text (or random-token count and seed) and options give the same
-// bytes.
+// bytes, with or without resume_dir, and whether or not the build was interrupted.
+// With resume_dir the finished parts are kept there (quant/store_build_dir.h): a build killed
+// part-way and started again reuses the calibration statistics and every layer already
+// quantized, then publishes the store and removes the directory.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +37,9 @@ struct QuantizeModelOptions {
   int64_t max_calib_tokens = 0;   // 0 = the whole file
   int prior_tokens = 16;          // n0 above
   double floor_rel = 1e-3;
-  bool progress = true;           // progress bar with ETA on stderr
+  bool progress = true;           // progress bar with ETA on stderr (with resume_dir: one
+                                  // line per quantized layer)
+  std::string resume_dir;         // "" = keep nothing; see the top of this file
 };
 
 struct QuantizeModelReport {
@@ -43,6 +48,8 @@ struct QuantizeModelReport {
   double calib_seconds = 0;
   double quantize_seconds = 0;
   double total_seconds = 0;
+  bool calibration_reused = false;  // resume_dir held the calibration statistics
+  int layers_reused = 0;            // layers resume_dir already held
 };
 
 Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& options);

@@ -2,6 +2,7 @@
 // text, and plans per-block width maps from a store.
 //   pw-quantize --model DIR --calib FILE --out STORE [--seed-bits 3] [--max-bits 8] [--threads N]
 //   pw-quantize --model DIR --calib-random-tokens N [--calib-seed S] --out STORE [...]
+//   pw-quantize ... --resume-dir DIR   (keep finished parts there: a killed build resumes)
 //   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
 //   pw-quantize residuals --model DIR --store STORE (--calib FILE | --calib-random-tokens N)
 //               --out HEADS.pwrh [--prompt-tokens 64] [--max-prompts N] [--ridge R]
@@ -73,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-calib-tokens", o.max_calib_tokens, "use at most this many calibration tokens (0 = all)");
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress bar");
+  app.add_option("--resume-dir", o.resume_dir,
+                 "keep the calibration statistics and each quantized layer here, so that a killed build "
+                 "started again with the same options resumes; removed once the store is written");
 
   auto* plan = app.add_subcommand("plan", "write a per-block width map at a target average width");
   std::string plan_store, plan_out;
@@ -138,9 +142,10 @@ int main(int argc, char** argv) {
   auto r = pw::anyprec::QuantizeModel(o);
   if (!r.ok()) return Fail(r.status());
   std::fprintf(stderr,
-               "pw-quantize: %d blocks, %lld calibration tokens; calibration %.1fs, quantization "
-               "%.1fs, total %.1fs -> %s\n",
-               r->num_blocks, static_cast<long long>(r->calib_tokens), r->calib_seconds,
-               r->quantize_seconds, r->total_seconds, o.out_path.c_str());
+               "pw-quantize: %d blocks, %lld calibration tokens%s; calibration %.1fs, quantization "
+               "%.1fs (%d layers reused), total %.1fs -> %s\n",
+               r->num_blocks, static_cast<long long>(r->calib_tokens),
+               r->calibration_reused ? " (statistics reused)" : "", r->calib_seconds, r->quantize_seconds,
+               r->layers_reused, r->total_seconds, o.out_path.c_str());
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "services/common/model_name.h"
 #include "services/router/http_server.h"
 
 namespace pw::cluster {
@@ -24,6 +25,8 @@ Result<ClusterConfig> LoadClusterConfig(const std::string& path, const std::stri
   out.config_path = std::filesystem::absolute(path, ec).lexically_normal().string();
   if (ec) out.config_path = path;
   out.model_dir = lo.model_dir;
+  // The name every process serves (router_options.h: model_name, default the directory's).
+  out.model_name = lo.model_name.empty() ? service::ModelNameFromDir(lo.model_dir) : lo.model_name;
   out.host = lo.host;
   out.run_dir = lo.run_dir;
   out.drain_timeout_ms = lo.drain_timeout_ms;

@@ -41,6 +41,7 @@ struct ScrapeTarget {
 struct ClusterConfig {
   std::string config_path;  // the node file, absolute: every process reads it
   std::string model_dir;
+  std::string model_name;  // what clients send as "model": the file's, else the directory's name
   std::string host = "127.0.0.1";
   std::string run_dir;
   int64_t http_port = 0;  // the router's (router_options.h: port)

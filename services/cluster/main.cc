@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
   std::printf("PagedWeight is starting at %s (logs in %s)\n", url.c_str(), cfg->run_dir.c_str());
   std::printf(
       "Try:\n  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
-      "    -d '{\"model\": \"tiny-moe\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
-      url.c_str());
+      "    -d '{\"model\": \"%s\", \"prompt\": \"The sea\", \"max_tokens\": 32}'\n",
+      url.c_str(), cfg->model_name.c_str());
   std::fflush(stdout);
   pw::Status run = sup.Run(pw::service::StopFlag());
   if (!run.ok()) {

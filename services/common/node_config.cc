@@ -32,6 +32,7 @@ void AddConfigFlags(CLI::App* app, ConfigFlags* f) {
 
 void DeclareLauncherOptions(options::OptionSet* s, LauncherOptions* o) {
   s->Add("model_dir", &o->model_dir, "model directory").Required().NonEmpty();
+  s->Add("model_name", &o->model_name, "model id clients send (default: directory name)");
   s->Add("host", &o->host, "the host of every endpoint of the node").NonEmpty();
   s->Add("run_dir", &o->run_dir, "directory for per-process logs and the control keys").NonEmpty();
   s->Add("bin_dir", &o->bin_dir, "directory of the binaries (default: pw-cluster's)").NonEmpty();

@@ -68,6 +68,7 @@ struct RestartPolicy {
 };
 struct LauncherOptions {
   std::string model_dir;
+  std::string model_name;          // for the curl line it prints; "" = the directory's name
   std::string host = "127.0.0.1";  // every endpoint's host
   std::string run_dir = "build/run";
   std::string bin_dir;             // empty: the directory of pw-cluster

@@ -1,0 +1,61 @@
+// The parts of an .apw store build kept on disk so that a build killed part-way (SIGKILL, power
+// loss) resumes where it stopped instead of starting over (pw-quantize --resume-dir, pw serve):
+//
+//   <dir>/build.txt        what the parts are of: the model hash and every option that changes
+//                          the bytes (a directory holding another build's parts is emptied)
+//   <dir>/calibration.bin  the calibration statistics (per expert block: routed tokens, then
+//                          sum_t x_tj^2 over its input columns), with a CRC-32
+//   <dir>/layer-00003.apw  MoE layer 3 quantized: a one-layer .apw store (its blocks numbered
+//                          layer 0), checked like any store when reused
+// Every file appears whole or not at all (written to a temporary name, flushed, renamed), so a
+// part present is a part done. QuantizeModel assembles the layers into the final store (itself
+// written atomically) and then removes the directory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pw::anyprec {
+
+// Per expert block, indexed by ExpertBlockIndex (common/expert_block.h): what calibration
+// recorded for it.
+struct CalibrationStats {
+  int num_layers = 0, num_experts = 0, hidden = 0, ffn = 0;
+  std::vector<uint64_t> tokens;             // tokens routed to the block
+  std::vector<std::vector<double>> sums;    // [cols] sum of x_j^2 (gate_up: hidden, down: ffn)
+};
+
+class StoreBuildDir {
+ public:
+  // Creates `dir` (and its parents) or reuses it when its build.txt equals `build`; a directory
+  // made for another build (or with no build.txt) has its parts removed first.
+  static Result<StoreBuildDir> Open(const std::string& dir, const std::string& build);
+
+  const std::string& dir() const { return dir_; }
+  bool reused() const { return reused_; }
+
+  // The saved statistics when present and of this shape; nullopt when absent. A file that is
+  // present but damaged is kCorrupt naming it.
+  Result<std::optional<CalibrationStats>> LoadCalibration(int num_layers, int num_experts, int hidden,
+                                                          int ffn) const;
+  Status SaveCalibration(const CalibrationStats& stats) const;
+
+  // Where MoE layer `layer`'s one-layer store goes.
+  std::string LayerPath(int layer) const;
+
+  // Removes the parts and the directory.
+  Status Remove() const;
+
+ private:
+  std::string dir_;
+  bool reused_ = false;
+};
+
+// Writes `bytes` to `path` atomically: a temporary file beside it, fsync, rename.
+Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+}  // namespace pw::anyprec

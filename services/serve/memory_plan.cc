@@ -1,0 +1,187 @@
+#include "services/serve/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/formats/apw_store.h"
+#include "memory/kv_layout.h"
+#include "memory/weight_page_table.h"
+
+namespace pw::serve {
+
+std::string FormatBytes(int64_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / (1024.0 * 1024));
+  }
+  return buf;
+}
+
+Result<int64_t> MemAvailableBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kib) == 1) return static_cast<int64_t>(kib) * 1024;
+  }
+  return NotFound("/proc/meminfo: no MemAvailable line (give --memory BYTES)");
+}
+
+Result<int64_t> ParseMemory(const std::string& text) {
+  if (text == "auto") {
+    PW_ASSIGN_OR_RETURN(int64_t avail, MemAvailableBytes());
+    return static_cast<int64_t>(static_cast<double>(avail) * kAutoShare);
+  }
+  const auto bad = [&] {
+    return InvalidArgument("--memory '" + text + "': give bytes (e.g. 8G, 512M, 1073741824) or auto");
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return bad();
+  double value = 0;
+  try {
+    value = std::stod(text.substr(0, i));
+  } catch (...) {
+    return bad();
+  }
+  std::string unit = text.substr(i);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (!unit.empty() && unit.back() == 'i') unit.pop_back();
+  double scale = 1;
+  if (unit.empty()) {
+    scale = 1;
+  } else if (unit == "K" || unit == "k") {
+    scale = 1024.0;
+  } else if (unit == "M" || unit == "m") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "G" || unit == "g") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "T" || unit == "t") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return bad();
+  }
+  const double bytes = value * scale;
+  if (!(bytes >= 1) || bytes > 9e18) return bad();
+  return static_cast<int64_t>(bytes);
+}
+
+int64_t StoreBytes(const ModelConfig& c) {
+  const auto h = static_cast<uint32_t>(c.hidden_size), f = static_cast<uint32_t>(c.moe_intermediate_size);
+  const uint64_t per_expert = (apw::BlockDataBytes(2 * f, h) + apw::kDataAlign - 1) / apw::kDataAlign * apw::kDataAlign +
+                              (apw::BlockDataBytes(h, f) + apw::kDataAlign - 1) / apw::kDataAlign * apw::kDataAlign;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  const uint64_t blocks = static_cast<uint64_t>(moe_layers * c.num_experts * 2);
+  return static_cast<int64_t>(apw::kDataAlign + per_expert * moe_layers * c.num_experts + blocks * 128);
+}
+
+std::string MemoryPlan::Summary() const {
+  std::ostringstream s;
+  s << "memory " << FormatBytes(budget) << ": checkpoint " << FormatBytes(checkpoint) << ", store "
+    << FormatBytes(store) << ", prefill KV " << FormatBytes(prefill_kv) << ", processes " << FormatBytes(processes)
+    << ", decode pool " << FormatBytes(pool) << " (experts at " << bits << " bits "
+    << (bits == 16 ? std::string("from the checkpoint") : FormatBytes(experts)) << ", KV for " << kv_tokens
+    << " tokens)";
+  return s.str();
+}
+
+Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, int64_t budget,
+                              const std::string& bits_text, const std::string& budget_text) {
+  MemoryPlan p;
+  p.budget = budget;
+  p.checkpoint = checkpoint_bytes;
+  memory::KvLayout kl;
+  kl.num_layers = static_cast<int>(c.num_layers);
+  kl.num_kv_heads = static_cast<int>(c.num_kv_heads);
+  kl.head_dim = static_cast<int>(c.head_dim);
+  kl.block_size = kKvBlockSize;
+  kl.dtype = kKvBytesPerElement == 2 ? memory::KvDtype::kBf16 : memory::KvDtype::kF32;
+  p.page_bytes = static_cast<int64_t>(kl.min_page_bytes());
+  const int64_t block_bytes = p.page_bytes * c.num_layers;  // one KV block, every layer
+  p.prefill_kv = kPrefillKvBlocks * block_bytes;
+  p.processes = 4 * kProcessBytes;
+  const bool bf16 = bits_text == "16";
+  p.store = bf16 ? 0 : StoreBytes(c);
+  // Whole MiB: the node file gives the pool in MiB.
+  p.pool = budget - p.checkpoint - p.store - p.prefill_kv - p.processes;
+  if (p.pool > 0) p.pool = p.pool >> 20 << 20;
+
+  const int64_t context = c.max_position_embeddings > 1 ? c.max_position_embeddings : 2048;
+  const int64_t min_tokens = std::min(context, kMinKvTokens);
+  const int64_t min_kv = (min_tokens + kKvBlockSize - 1) / kKvBlockSize * block_bytes;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  auto experts_at = [&](int bits) -> Result<int64_t> {
+    const auto pb = static_cast<size_t>(p.page_bytes);
+    const int g = memory::WeightPageTable::PagesFor(static_cast<int>(2 * c.moe_intermediate_size),
+                                                    static_cast<int>(c.hidden_size), bits, pb);
+    const int d = memory::WeightPageTable::PagesFor(static_cast<int>(c.hidden_size),
+                                                    static_cast<int>(c.moe_intermediate_size), bits, pb);
+    if (g < 0 || d < 0) {
+      return Unsupported("the KV page (" + std::to_string(p.page_bytes) + " bytes) is smaller than one row of an "
+                         "expert's bit-plane: serve this model with --bits 16");
+    }
+    return static_cast<int64_t>(g + d) * moe_layers * c.num_experts * p.page_bytes;
+  };
+  int64_t experts_min = 0;
+  if (!bf16) {
+    PW_ASSIGN_OR_RETURN(experts_min, experts_at(3));
+  }
+  p.smallest = experts_min + min_kv;
+  const int64_t fixed = budget - p.pool;
+  auto refuse = [&](const std::string& what, int64_t need_pool) {
+    return ResourceExhausted(
+        "--memory " + budget_text + " (" + FormatBytes(budget) + ") is too small: " + what + " needs a decode pool of " +
+        FormatBytes(need_pool) + ", and " + FormatBytes(std::max<int64_t>(p.pool, 0)) + " is left after the checkpoint (" +
+        FormatBytes(p.checkpoint) + "), the store (" + FormatBytes(p.store) + "), the prefill KV (" +
+        FormatBytes(p.prefill_kv) + ") and the processes (" + FormatBytes(p.processes) + "); give --memory " +
+        std::to_string(((fixed + need_pool) >> 20) + 2) + "M or more");
+  };
+  if (p.pool < p.smallest) {
+    return refuse(bf16 ? "the KV of one " + std::to_string(min_tokens) + "-token request"
+                       : "the smallest plan (every expert at 3 bits, " + FormatBytes(experts_min) + ", plus the KV of one " +
+                             std::to_string(min_tokens) + "-token request)",
+                  p.smallest);
+  }
+  if (bf16) {
+    p.bits = 16;
+  } else if (bits_text == "auto") {
+    p.bits = 3;
+    for (int b = 8; b > 3; --b) {
+      PW_ASSIGN_OR_RETURN(int64_t e, experts_at(b));
+      if (e + min_kv <= p.pool) {
+        p.bits = b;
+        break;
+      }
+    }
+  } else {
+    p.bits = std::stoi(bits_text);
+    PW_ASSIGN_OR_RETURN(int64_t e, experts_at(p.bits));
+    if (e + min_kv > p.pool) {
+      return refuse("every expert at " + bits_text + " bits (" + FormatBytes(e) + ") plus the KV of one " +
+                        std::to_string(min_tokens) + "-token request",
+                    e + min_kv);
+    }
+  }
+  if (!bf16) {
+    PW_ASSIGN_OR_RETURN(p.experts, experts_at(p.bits));
+  }
+  int64_t experts_max = 0;
+  if (!bf16) {
+    PW_ASSIGN_OR_RETURN(experts_max, experts_at(8));
+  }
+  const int64_t kv_max = kMaxSequences * ((context + kKvBlockSize - 1) / kKvBlockSize) * block_bytes;
+  const int64_t cap = (experts_max + kv_max + (1 << 20) - 1) >> 20 << 20;
+  if (p.pool > cap) p.pool = cap;
+  p.kv_tokens = (p.pool - p.experts) / block_bytes * kKvBlockSize;
+  return p;
+}
+
+}  // namespace pw::serve

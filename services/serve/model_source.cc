@@ -1,0 +1,79 @@
+#include "services/serve/model_source.h"
+
+#include <filesystem>
+
+#include "common/formats/safetensors.h"
+#include "common/text/tokenizer.h"
+#include "services/common/model_name.h"
+
+namespace pw::serve {
+
+namespace fs = std::filesystem;
+
+std::string CacheSnapshotName(const std::string& dir) {
+  const fs::path p = fs::path(dir).lexically_normal();
+  fs::path rev = p;
+  if (!rev.has_filename()) rev = rev.parent_path();  // a trailing '/'
+  const fs::path snapshots = rev.parent_path();
+  const std::string repo = snapshots.parent_path().filename().string();
+  if (snapshots.filename() != "snapshots" || repo.rfind("models--", 0) != 0) return "";
+  // models--ORG--NAME (NAME may itself hold "--"; ORG may not).
+  const std::string rest = repo.substr(8);
+  const size_t sep = rest.find("--");
+  if (sep == std::string::npos || sep == 0 || sep + 2 >= rest.size()) return rest;
+  return rest.substr(0, sep) + "/" + rest.substr(sep + 2);
+}
+
+Result<ModelSource> OpenModelSource(const std::string& model_dir) {
+  ModelSource m;
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec)) {
+    return NotFound(model_dir + ": not a directory (give a checkpoint directory: config.json, "
+                    "*.safetensors, tokenizer.json)");
+  }
+  m.dir = fs::absolute(model_dir, ec).lexically_normal().string();
+  while (m.dir.size() > 1 && m.dir.back() == '/') m.dir.pop_back();
+  m.default_name = CacheSnapshotName(m.dir);
+  if (m.default_name.empty()) m.default_name = service::ModelNameFromDir(m.dir);
+
+  const std::string config_path = m.dir + "/config.json";
+  if (!fs::exists(config_path, ec)) {
+    return NotFound(config_path + ": missing; a checkpoint directory holds the model's config.json "
+                    "(download it with the weights, e.g. `huggingface-cli download ORG/NAME`)");
+  }
+  auto cfg = LoadModelConfig(config_path);
+  if (!cfg.ok()) {
+    if (cfg.status().code() == StatusCode::kUnsupported) {
+      return Status(StatusCode::kUnsupported,
+                    cfg.status().message() + " (pw serve runs checkpoints of the model types named there)");
+    }
+    return cfg.status();
+  }
+  m.config = std::move(*cfg);
+
+  auto ckpt = Checkpoint::Open(m.dir);
+  if (!ckpt.ok()) {
+    return Status(ckpt.status().code(),
+                  ckpt.status().message() + " (the checkpoint's weights are incomplete: download every "
+                                            "file of model.safetensors.index.json again)");
+  }
+  m.checkpoint_bytes = (*ckpt)->total_bytes();
+
+  const std::string tok_path = m.dir + "/tokenizer.json";
+  if (!fs::exists(tok_path, ec)) {
+    return NotFound(tok_path + ": missing; the router tokenizes every request with the model's own "
+                    "tokenizer (copy tokenizer.json from the model's repository into " + m.dir + ")");
+  }
+  auto tok = Tokenizer::FromModelDir(m.dir);
+  if (!tok.ok()) return Status(tok.status().code(), tok.status().message() + " (" + tok_path + ")");
+  m.tokenizer_vocab = (*tok)->VocabSize();
+  if (m.tokenizer_vocab > m.config.vocab_size) {
+    return InvalidArgument(tok_path + ": the tokenizer has ids up to " + std::to_string(m.tokenizer_vocab - 1) +
+                           " but " + config_path + " says vocab_size " + std::to_string(m.config.vocab_size) +
+                           ": it is another model's tokenizer (copy this model's tokenizer.json and "
+                           "tokenizer_config.json)");
+  }
+  return m;
+}
+
+}  // namespace pw::serve

@@ -1,0 +1,35 @@
+// What `pw serve` is given as MODEL_DIR, checked before anything is built or started: a
+// Hugging Face checkpoint directory (model.safetensors, or the shards of
+// model.safetensors.index.json), possibly a snapshot of the Hugging Face cache
+// (.../models--ORG--NAME/snapshots/REV, whose files link into ../../blobs).
+//
+// Every refusal names the file and what to do: no config.json, a model_type no family serves
+// (the supported ones listed), weights that do not open (a missing shard), no tokenizer.json
+// (the router tokenizes every request), a tokenizer with ids beyond config.json's vocab_size
+// (the tokenizer of another model).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/formats/model_config.h"
+#include "common/status.h"
+
+namespace pw::serve {
+
+struct ModelSource {
+  std::string dir;           // absolute
+  std::string default_name;  // "ORG/NAME" for a cache snapshot, else the directory's name
+  ModelConfig config;
+  uint64_t checkpoint_bytes = 0;  // every safetensors file (the workers map them)
+  int32_t tokenizer_vocab = 0;    // one past the tokenizer's largest id
+};
+
+// Checks `model_dir` as above; errors are kInvalidArgument / kNotFound / kUnsupported with the
+// message a user acts on.
+Result<ModelSource> OpenModelSource(const std::string& model_dir);
+
+// "ORG/NAME" when `dir` is .../models--ORG--NAME/snapshots/REV, "" otherwise.
+std::string CacheSnapshotName(const std::string& dir);
+
+}  // namespace pw::serve

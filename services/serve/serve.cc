@@ -1,0 +1,170 @@
+#include "services/serve/serve.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "common/formats/checkpoint_experts.h"
+#include "services/serve/model_source.h"
+#include "services/serve/store_cache.h"
+
+namespace pw::serve {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A YAML double-quoted scalar.
+std::string Quoted(const std::string& s) {
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
+// Binds host:port (0: any free port) and returns the port bound, released again: a port for a
+// listener started right after, or the proof that `port` is free now.
+Result<int> ProbePort(const std::string& host, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return IoError(std::string("socket: ") + std::strerror(errno));
+  // As the router's listener: a port whose old connections linger in TIME_WAIT is free.
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    ::close(fd);
+    return InvalidArgument("--host '" + host + "': not an IPv4 address");
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Unavailable(host + ":" + std::to_string(port) + " cannot be bound (" + why + "): give another --port");
+  }
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return static_cast<int>(ntohs(a.sin_port));
+}
+
+}  // namespace
+
+std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
+  const bool store = !p.store.empty();
+  std::string y;
+  y += "# The node `pw serve` runs (the schema of deploy/local.yaml: services/common/node_config.h).\n";
+  y += "# " + p.memory.Summary() + "\n";
+  y += "model_dir: " + Quoted(p.model_dir) + "\n";
+  y += "model_name: " + Quoted(p.model_name) + "\n";
+  y += "host: " + Quoted(o.host) + "\n";
+  y += "run_dir: " + Quoted(p.run_dir) + "\n";
+  y += "bin_dir: " + Quoted(p.bin_dir) + "\n";
+  y += "kv_dtype: bf16\n";
+  y += "\nrouter:\n";
+  y += "  port: " + std::to_string(o.port) + "\n";
+  y += "  control_port: " + std::to_string(p.router_control_port) + "\n";
+  y += "\nbroker:\n";
+  y += std::string("  enabled: ") + (store ? "true" : "false") + "\n";
+  if (store) {
+    y += "  control_port: " + std::to_string(p.broker_control_port) + "\n";
+    y += "  store: " + Quoted(p.store) + "\n";
+    y += "  initial_bits: " + std::to_string(p.memory.bits) + "\n";
+    y += "  planner: {enabled: true}\n";
+  }
+  y += "\nprefill:\n";
+  y += "  - id: prefill-0\n";
+  y += "    kv_blocks: " + std::to_string(kPrefillKvBlocks) + "\n";
+  y += "    block_size: " + std::to_string(kKvBlockSize) + "\n";
+  y += "\ndecode:\n";
+  y += "  - id: decode-0\n";
+  y += "    pool_mb: " + std::to_string(p.memory.pool >> 20) + "\n";
+  y += "    max_batch: " + std::to_string(kMaxSequences) + "\n";
+  y += "    block_size: " + std::to_string(kKvBlockSize) + "\n";
+  return y;
+}
+
+Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
+  // 1. The directory and the memory, before anything is built.
+  PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir));
+  PW_ASSIGN_OR_RETURN(int64_t budget, ParseMemory(o.memory));
+  PW_ASSIGN_OR_RETURN(MemoryPlan mem,
+                      PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory));
+  PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
+  std::string store_dir = o.store_dir;
+  if (store_dir.empty()) {
+    PW_ASSIGN_OR_RETURN(store_dir, DefaultStoreDir());
+  }
+  const std::string name = o.served_model_name.empty() ? src.default_name : o.served_model_name;
+  std::fprintf(stderr, "pw serve: %s (%s)\n", src.dir.c_str(), src.config.Summary().c_str());
+  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(src.dir));
+  const StorePaths paths = StorePathsFor(store_dir, hash);
+  std::fprintf(stderr, "pw serve: %s\n", mem.Summary().c_str());
+
+  // 2. The store.
+  NodePlan plan;
+  if (mem.bits != 16) {
+    StoreBuild build;
+    build.quantize_bin = bin_dir + "/pw-quantize";
+    build.model_dir = src.dir;
+    build.threads = o.quantize_threads > 0 ? static_cast<int>(o.quantize_threads)
+                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto t0 = std::chrono::steady_clock::now();
+    PW_ASSIGN_OR_RETURN(bool built, EnsureStore(paths, build));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (built) {
+      std::fprintf(stderr, "pw serve: store built in %.1fs: %s\n", s, paths.store.c_str());
+    } else {
+      std::fprintf(stderr, "pw serve: store found in the cache: %s\n", paths.store.c_str());
+    }
+    plan.store = paths.store;
+  }
+
+  // 3. The node file, then pw-cluster in this process's place.
+  plan.model_dir = src.dir;
+  plan.model_name = name;
+  plan.memory = mem;
+  plan.bin_dir = bin_dir;
+  plan.run_dir = o.run_dir.empty() ? store_dir + "/run/" + paths.key + "-" + std::to_string(o.port) : o.run_dir;
+  plan.run_dir = fs::absolute(plan.run_dir).lexically_normal().string();
+  PW_ASSIGN_OR_RETURN(plan.router_control_port, ProbePort(o.host, 0));
+  PW_ASSIGN_OR_RETURN(plan.broker_control_port, ProbePort(o.host, 0));
+  std::error_code ec;
+  fs::create_directories(plan.run_dir, ec);
+  if (ec) return IoError(plan.run_dir + ": cannot create: " + ec.message());
+  const std::string node_file = plan.run_dir + "/node.yaml";
+  {
+    std::ofstream f(node_file);
+    f << NodeFileText(o, plan);
+    if (!f) return IoError(node_file + ": cannot write");
+  }
+  const std::string url = "http://" + o.host + ":" + std::to_string(o.port);
+  std::printf("pw serve: model '%s' at %s (node file %s)\n", name.c_str(), url.c_str(), node_file.c_str());
+  std::printf("Chat:\n  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+              "    -d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], "
+              "\"max_tokens\": 32}'\n",
+              url.c_str(), name.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const std::string cluster = bin_dir + "/pw-cluster";
+  std::vector<std::string> argv = {cluster, "up", "--config", node_file};
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  execv(cluster.c_str(), args.data());
+  return IoError("cannot run " + cluster + ": " + std::strerror(errno));
+}
+
+}  // namespace pw::serve

@@ -1,0 +1,34 @@
+// `pw serve MODEL_DIR`: from a checkpoint directory to a running node in one command.
+//   1. the directory is checked (model_source.h), the memory planned (memory_plan.h): a bad
+//      directory or too little memory is refused here, before anything is built;
+//   2. the any-precision store is found in the cache or built there (store_cache.h; skipped
+//      with --bits 16);
+//   3. the node file is written to the run directory (the schema of deploy/local.yaml:
+//      services/common/node_config.h) and pw-cluster (beside `pw`) replaces this process to run
+//      it: it prints the endpoint and a curl line with the served name, and drains on SIGTERM.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "services/serve/memory_plan.h"
+#include "services/serve/serve_options.h"
+
+namespace pw::serve {
+
+// What the node file needs besides the options.
+struct NodePlan {
+  std::string model_dir, model_name, run_dir, bin_dir, store;  // store "" = bf16 experts
+  MemoryPlan memory;
+  int router_control_port = 0, broker_control_port = 0;
+};
+
+// The node file (YAML) of `plan`.
+std::string NodeFileText(const ServeOptions& o, const NodePlan& plan);
+
+// Runs steps 1-3. Returns only on an error (exec replaces the process otherwise); the status
+// is printed by the caller. `bin_dir`: the directory of `pw` (pw-quantize and pw-cluster are
+// found there).
+Status RunServe(const ServeOptions& o, const std::string& bin_dir);
+
+}  // namespace pw::serve

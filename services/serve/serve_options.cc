@@ -1,0 +1,28 @@
+#include "services/serve/serve_options.h"
+
+namespace pw::serve {
+
+void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
+  s->Add("model_dir", &o->model_dir,
+         "checkpoint directory (config.json, model.safetensors or model.safetensors.index.json, "
+         "tokenizer.json), or a Hugging Face cache snapshot .../models--ORG--NAME/snapshots/REV")
+      .Flag("model_dir").NonEmpty();  // required, but as the argument or in the file: main checks it
+  s->Add("memory", &o->memory,
+         "memory for the node: bytes (e.g. 8G; K, M, G, T are powers of 1024) or auto (half the "
+         "memory available now)")
+      .NonEmpty();
+  s->Add("host", &o->host, "address every listener binds").NonEmpty();
+  s->Add("port", &o->port, "HTTP port of the OpenAI API").Range(1, 65535);
+  s->Add("served_model_name", &o->served_model_name,
+         "the model id clients send (default: ORG/NAME of a cache snapshot, else the directory name)");
+  s->Add("bits", &o->bits,
+         "experts' width: auto (the widest the memory allows), 3..8, or 16 (bf16, no store)")
+      .OneOf({"auto", "3", "4", "5", "6", "7", "8", "16"});
+  s->Add("store_dir", &o->store_dir,
+         "cache of any-precision stores (default: $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight)");
+  s->Add("run_dir", &o->run_dir, "the node file and per-process logs (default: <store-dir>/run/<model hash>-<port>)");
+  s->Add("quantize_threads", &o->quantize_threads, "threads of a store build (0: every core)")
+      .Range(0, 1024);
+}
+
+}  // namespace pw::serve

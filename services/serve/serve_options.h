@@ -1,0 +1,29 @@
+// The options of `pw serve MODEL_DIR`, declared once (common/formats/options.h): its flags and
+// the keys of its --config file come from DeclareServeOptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/formats/options.h"
+
+namespace pw::serve {
+
+struct ServeOptions {
+  std::string model_dir;          // a checkpoint directory, sharded or not, or a Hugging Face
+                                  // cache snapshot (.../models--ORG--NAME/snapshots/REV)
+  std::string memory = "auto";    // the node's memory budget: bytes (suffixes K, M, G, T are
+                                  // powers of 1024) or "auto" (memory_plan.h)
+  std::string host = "127.0.0.1";  // every listener binds it
+  int64_t port = 8000;            // the OpenAI API (the control ports are picked free)
+  std::string served_model_name;  // "" = ORG/NAME of a cache snapshot, else the directory's name
+  std::string bits = "auto";      // experts' width: auto (the widest that fits), 3..8, or 16
+                                  // (the checkpoint's bf16 experts, no store)
+  std::string store_dir;          // "" = $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight
+  std::string run_dir;            // "" = <store_dir>/run/<model hash>-<port>
+  int64_t quantize_threads = 0;   // threads of a store build (0 = every core)
+};
+
+void DeclareServeOptions(options::OptionSet* s, ServeOptions* o);
+
+}  // namespace pw::serve

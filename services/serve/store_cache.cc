@@ -1,0 +1,105 @@
+#include "services/serve/store_cache.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace pw::serve {
+
+namespace fs = std::filesystem;
+
+Result<std::string> DefaultStoreDir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && x[0] == '/') {
+    return std::string(x) + "/pagedweight";
+  }
+  if (const char* h = std::getenv("HOME"); h != nullptr && h[0] != '\0') {
+    return std::string(h) + "/.cache/pagedweight";
+  }
+  return InvalidArgument("neither XDG_CACHE_HOME nor HOME is set: give --store-dir DIR for the store cache");
+}
+
+StorePaths StorePathsFor(const std::string& store_dir, uint64_t model_hash) {
+  char key[17];
+  std::snprintf(key, sizeof(key), "%016llx", static_cast<unsigned long long>(model_hash));
+  StorePaths p;
+  p.key = key;
+  const std::string base = store_dir + "/stores/" + p.key;
+  p.store = base + ".apw";
+  p.partial = base + ".partial";
+  p.lock = base + ".lock";
+  return p;
+}
+
+namespace {
+
+// Runs argv as a child that is killed when this process dies; its exit status.
+Result<int> RunChild(const std::vector<std::string>& argv) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return IoError(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the parent died before prctl
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "pw serve: cannot run %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0) {
+    if (errno != EINTR) return IoError(std::string("waitpid: ") + std::strerror(errno));
+  }
+  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+  return WEXITSTATUS(st);
+}
+
+}  // namespace
+
+Result<bool> EnsureStore(const StorePaths& paths, const StoreBuild& build) {
+  std::error_code ec;
+  if (fs::exists(paths.store, ec)) return false;
+  fs::create_directories(fs::path(paths.store).parent_path(), ec);
+  if (ec) return IoError(fs::path(paths.store).parent_path().string() + ": cannot create: " + ec.message());
+  const int fd = ::open(paths.lock.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) return IoError(paths.lock + ": cannot open: " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::fprintf(stderr, "pw serve: another process is building %s; waiting for it\n", paths.store.c_str());
+    while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  // Under the lock: the other process may have published it meanwhile.
+  if (fs::exists(paths.store, ec)) {
+    ::close(fd);
+    return false;
+  }
+  const bool resuming = fs::exists(paths.partial, ec);
+  std::fprintf(stderr, "pw serve: %s the any-precision store %s (%d threads; parts kept in %s)\n",
+               resuming ? "resuming the build of" : "building", paths.store.c_str(), build.threads,
+               paths.partial.c_str());
+  std::fflush(stderr);
+  auto rc = RunChild({build.quantize_bin, "--model", build.model_dir, "--calib-random-tokens",
+                      std::to_string(build.calib_random_tokens), "--calib-seed", std::to_string(build.calib_seed),
+                      "--threads", std::to_string(build.threads), "--resume-dir", paths.partial, "--out",
+                      paths.store});
+  ::close(fd);
+  if (!rc.ok()) return rc.status();
+  if (*rc != 0 || !fs::exists(paths.store, ec)) {
+    return Internal("building the store failed (" + build.quantize_bin + " exited with " + std::to_string(*rc) +
+                    "); the parts done are kept in " + paths.partial + " and reused by the next start");
+  }
+  return true;
+}
+
+}  // namespace pw::serve

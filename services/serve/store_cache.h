@@ -1,0 +1,49 @@
+// The cache of any-precision stores `pw serve` builds, one per checkpoint, keyed by the model
+// hash (common/formats/checkpoint_experts.h: config.json and every routed expert's bytes), so
+// a checkpoint moved or copied elsewhere finds its store, and a changed one gets a new store:
+//
+//   <store_dir>/stores/<hash>.apw       the store, published by an atomic rename
+//   <store_dir>/stores/<hash>.partial/  a build in progress, or killed: the next start resumes
+//                                       it (quant/store_build_dir.h) and removes it when done
+//   <store_dir>/stores/<hash>.lock      held (flock) by the process building it
+// <hash> is the 64-bit hash in 16 hex digits. store_dir defaults to $XDG_CACHE_HOME/pagedweight,
+// else ~/.cache/pagedweight. Nothing is evicted automatically (docs/architecture.md, "pw serve").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace pw::serve {
+
+// $XDG_CACHE_HOME/pagedweight, else $HOME/.cache/pagedweight; kInvalidArgument when neither
+// variable is set (then --store-dir is needed).
+Result<std::string> DefaultStoreDir();
+
+struct StorePaths {
+  std::string key;      // 16 hex digits of the model hash
+  std::string store;    // .apw
+  std::string partial;  // resume directory of a build
+  std::string lock;
+};
+StorePaths StorePathsFor(const std::string& store_dir, uint64_t model_hash);
+
+// How a missing store is built: pw-quantize (found beside `pw`) on the checkpoint.
+struct StoreBuild {
+  std::string quantize_bin;     // path of pw-quantize
+  std::string model_dir;
+  int threads = 1;
+  // Calibration: random token ids (no calibration text ships with the project); fixed seed, so
+  // the same checkpoint gives the same store on every machine with the same thread count.
+  int64_t calib_random_tokens = 32768;
+  uint64_t calib_seed = 1;
+};
+
+// Makes sure paths.store exists: returns false when it was already there, true when it was
+// built now (with pw-quantize --resume-dir paths.partial, its progress lines on stderr; a
+// second process wanting the same store waits for the first). The build runs as a child that
+// dies with this process, so killing `pw serve` leaves a partial directory the next start resumes.
+Result<bool> EnsureStore(const StorePaths& paths, const StoreBuild& build);
+
+}  // namespace pw::serve

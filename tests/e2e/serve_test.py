@@ -1,0 +1,386 @@
+"""`pw serve MODEL_DIR` end to end, with real processes on loopback.
+
+The checkpoint is the embedded model rewritten as a sharded Hugging Face cache snapshot
+(<tmp>/hub/models--pwtest--tiny-sharded/snapshots/rev0: model.safetensors split in two shards
+with model.safetensors.index.json, files linked from ../../blobs like the hub's cache, the
+tokenizer and its ChatML template copied), served with nothing but `pw serve DIR` and a cache
+directory and port of the test's own:
+
+  1. the first start is SIGKILLed as soon as its progress shows a layer of the store built;
+     the parts are kept, no store is published;
+  2. the second start resumes (the calibration and the layers done are reused), publishes a
+     store byte-identical to an uninterrupted `pw-quantize` build, and serves: /v1/models
+     lists the default name pwtest/tiny-sharded, a completion and a chat completion answer;
+  3. the third start finds the store in the cache (not rebuilt: same inode and mtime) and
+     serves again; its time from start to a served completion is printed; a fourth, its options
+     from a --config file, serves the bf16 experts (--bits 16: no store, no broker) under
+     another name;
+  4. bad directories and budgets exit non-zero with a message naming the file and the fix:
+     no config.json, an unknown model_type, a missing shard, a tokenizer with more ids than
+     config.json's vocab_size, a memory budget below the smallest plan.
+
+    serve_test.py BUILD_DIR MODEL_DIR
+Exit 0 on success, 1 on failure, 77 (skipped) without the model's weights.
+"""
+import filecmp
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "pylib"))
+from localhost import free_port  # noqa: E402
+
+SKIP = 77
+DEADLINE_S = 300  # generous bound on any one wait; never a performance figure
+THREADS = "2"     # the store build's threads, the same for the reference build
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def split_safetensors(src, out_dir, names):
+    """Splits one safetensors file into len(names) shards (tensors dealt round-robin in name
+    order) and writes model.safetensors.index.json beside them."""
+    with open(src, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", None)
+    tensors = sorted(header)
+    weight_map = {}
+    for i, shard in enumerate(names):
+        mine = tensors[i::len(names)]
+        h, blobs, at = {}, [], 0
+        for t in mine:
+            b, e = header[t]["data_offsets"]
+            blob = data[b:e]
+            h[t] = {"dtype": header[t]["dtype"], "shape": header[t]["shape"], "data_offsets": [at, at + len(blob)]}
+            blobs.append(blob)
+            at += len(blob)
+            weight_map[t] = shard
+        if meta is not None:
+            h["__metadata__"] = meta
+        hb = json.dumps(h).encode()
+        hb += b" " * (-len(hb) % 8)
+        with open(os.path.join(out_dir, shard), "wb") as f:
+            f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(len(x) for x in [data])}, "weight_map": weight_map}, f)
+
+
+def make_snapshot(model_dir, hub):
+    """The embedded model as a sharded hub cache snapshot; returns the snapshot directory."""
+    repo = os.path.join(hub, "models--pwtest--tiny-sharded")
+    blobs, snap = os.path.join(repo, "blobs"), os.path.join(repo, "snapshots", "rev0")
+    os.makedirs(blobs)
+    os.makedirs(snap)
+    staging = tempfile.mkdtemp(dir=hub)
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    split_safetensors(os.path.join(model_dir, "model.safetensors"), staging, shards)
+    for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+        if os.path.exists(os.path.join(model_dir, name)):
+            shutil.copy(os.path.join(model_dir, name), staging)
+    for name in sorted(os.listdir(staging)):
+        with open(os.path.join(staging, name), "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        os.replace(os.path.join(staging, name), os.path.join(blobs, digest))
+        os.symlink(os.path.join("..", "..", "blobs", digest), os.path.join(snap, name))
+    os.rmdir(staging)
+    return snap
+
+
+class Serve:
+    """One `pw serve` process; its stdout and stderr collected line by line ('\\r' ends a
+    progress bar's line too)."""
+
+    def __init__(self, pw, args, log):
+        self.log = open(log, "w")
+        self.lines = []
+        self.cond = threading.Condition()
+        self.proc = subprocess.Popen([pw, "serve"] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        buf = b""
+        while True:
+            chunk = self.proc.stdout.read1(4096) if hasattr(self.proc.stdout, "read1") else self.proc.stdout.read(1)
+            if not chunk:
+                break
+            self.log.write(chunk.decode(errors="replace"))
+            self.log.flush()
+            buf += chunk
+            parts = re.split(rb"[\r\n]", buf)
+            buf = parts.pop()
+            with self.cond:
+                self.lines.extend(p.decode(errors="replace") for p in parts if p)
+                self.cond.notify_all()
+        with self.cond:
+            if buf:
+                self.lines.append(buf.decode(errors="replace"))
+            self.lines.append(None)  # end of output
+            self.cond.notify_all()
+
+    def wait_line(self, pattern):
+        """The first line matching `pattern`, or None once the output ends."""
+        rx = re.compile(pattern)
+        seen = 0
+        deadline = time.time() + DEADLINE_S
+        with self.cond:
+            while time.time() < deadline:
+                while seen < len(self.lines):
+                    line = self.lines[seen]
+                    seen += 1
+                    if line is None:
+                        return None
+                    if rx.search(line):
+                        return line
+                self.cond.wait(1)
+        return None
+
+    def text(self):
+        with self.cond:
+            return "\n".join(x for x in self.lines if x is not None)
+
+    def children(self):
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                return [int(x) for x in f.read().split()]
+        except OSError:
+            return []
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.reader.join(timeout=10)
+        self.log.close()
+        return self.proc.returncode
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_served(url, name):
+    """Polls until a completion for `name` answers 200 (the node registered its workers)."""
+    deadline = time.time() + DEADLINE_S
+    last = None
+    while time.time() < deadline:
+        try:
+            last = post(url + "/v1/completions", {"model": name, "prompt": "The sea", "max_tokens": 4})
+            if last[0] == 200:
+                return last[1]
+        except OSError as e:
+            last = e
+        time.sleep(0.2)
+    fail(f"{url} never served a completion for '{name}': {last}")
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def main():
+    build, model = sys.argv[1], sys.argv[2]
+    if not os.path.exists(os.path.join(model, "model.safetensors")):
+        print(f"SKIPPED: no model.safetensors in {model}")
+        return SKIP
+    bindir = os.path.join(build, "bin")
+    pw = os.path.join(bindir, "pw")
+    tmp = tempfile.mkdtemp(prefix="pw-serve-test-")
+    try:
+        snap = make_snapshot(model, os.path.join(tmp, "hub"))
+        cache = os.path.join(tmp, "cache")
+        port = free_port()
+        common = ["--store-dir", cache, "--port", str(port), "--memory", "2G", "--quantize-threads", THREADS]
+        url = f"http://127.0.0.1:{port}"
+        stores = os.path.join(cache, "stores")
+
+        # 1. Killed while building the store, once a layer is done.
+        s = Serve(pw, [snap] + common, os.path.join(tmp, "serve1.log"))
+        line = s.wait_line(r"quantize: layer \d+/\d+ done")
+        if line is None:
+            s.stop()
+            fail("no layer progress line from the first start:\n" + s.text())
+        kids = s.children()
+        os.kill(s.proc.pid, signal.SIGKILL)
+        s.proc.wait()
+        s.stop()
+        for k in kids:  # the build dies with pw serve
+            deadline = time.time() + DEADLINE_S
+            while pid_alive(k) and time.time() < deadline:
+                time.sleep(0.05)
+            if pid_alive(k):
+                fail(f"the store build (pid {k}) outlived its pw serve")
+        partial = [d for d in os.listdir(stores) if d.endswith(".partial")]
+        published = [d for d in os.listdir(stores) if d.endswith(".apw")]
+        if len(partial) != 1 or published:
+            fail(f"after the kill: partial dirs {partial}, stores {published}")
+        # Finished layers only (a layer being written when the kill came is a .tmp file).
+        layers_done = sorted(f for f in os.listdir(os.path.join(stores, partial[0]))
+                             if f.startswith("layer-") and f.endswith(".apw"))
+        total = int(re.search(r"layer \d+/(\d+)", line).group(1))
+        print(f"killed after '{line.strip()}': {len(layers_done)} of {total} layers kept in {partial[0]}")
+        if not layers_done or len(layers_done) >= total:
+            fail(f"expected some but not all layers kept, got {layers_done}")
+
+        # 2. Resumed, published, served.
+        s = Serve(pw, [snap] + common, os.path.join(tmp, "serve2.log"))
+        if s.wait_line(r"resuming the build") is None:
+            s.stop()
+            fail("the second start did not resume:\n" + s.text())
+        done = s.wait_line(r"pw-quantize: .*layers reused")
+        if done is None or not re.search(rf"\({len(layers_done)} layers reused\)", done) or "statistics reused" not in done:
+            s.stop()
+            fail(f"expected the calibration and {len(layers_done)} layers reused, got: {done}\n" + s.text())
+        if s.wait_line(r"model 'pwtest/tiny-sharded' at " + re.escape(url)) is None:
+            s.stop()
+            fail("no endpoint line with the default name:\n" + s.text())
+        # pw-cluster's own curl line (it used to say "tiny-moe" whatever the model).
+        if s.wait_line(r'"model": "pwtest/tiny-sharded", "prompt"') is None:
+            s.stop()
+            fail("no completions curl line with the served name:\n" + s.text())
+        wait_served(url, "pwtest/tiny-sharded")
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
+            ids = [m["id"] for m in json.loads(r.read())["data"]]
+        if ids != ["pwtest/tiny-sharded"]:
+            fail(f"/v1/models lists {ids}")
+        code, body = post(url + "/v1/completions", {"model": "pwtest/tiny-sharded", "prompt": "The Lord said",
+                                                    "max_tokens": 8, "temperature": 0})
+        if code != 200 or body["usage"]["completion_tokens"] < 1:
+            fail(f"completion: {code} {body}")
+        code, chat = post(url + "/v1/chat/completions", {"model": "pwtest/tiny-sharded", "max_tokens": 8,
+                                                         "messages": [{"role": "user", "content": "Hello"}]})
+        if code != 200 or chat["choices"][0]["message"]["role"] != "assistant" or chat["usage"]["completion_tokens"] < 1:
+            fail(f"chat completion: {code} {chat}")
+        print(f"served: completion {body['choices'][0]['text']!r}, chat {chat['choices'][0]['message']['content']!r}")
+        rc = s.stop()
+        if rc != 0:
+            fail(f"pw serve (pw-cluster) exited {rc} on SIGTERM")
+        published = [d for d in os.listdir(stores) if d.endswith(".apw")]
+        if len(published) != 1 or any(d.endswith(".partial") for d in os.listdir(stores)):
+            fail(f"after the resumed build: {os.listdir(stores)}")
+        store = os.path.join(stores, published[0])
+
+        # The resumed store is the uninterrupted build's, byte for byte.
+        ref = os.path.join(tmp, "reference.apw")
+        subprocess.run([os.path.join(bindir, "pw-quantize"), "--model", snap, "--calib-random-tokens", "32768",
+                        "--calib-seed", "1", "--threads", THREADS, "--quiet", "--out", ref], check=True)
+        if not filecmp.cmp(store, ref, shallow=False):
+            fail(f"the resumed store {store} differs from an uninterrupted build {ref}")
+        print(f"resumed store identical to an uninterrupted build ({os.path.getsize(store)} bytes)")
+
+        # 3. Found in the cache: not rebuilt.
+        before = os.stat(store)
+        t0 = time.time()
+        s = Serve(pw, [snap] + common, os.path.join(tmp, "serve3.log"))
+        if s.wait_line(r"store found in the cache") is None:
+            s.stop()
+            fail("the third start did not find the store in the cache:\n" + s.text())
+        wait_served(url, "pwtest/tiny-sharded")
+        second_start = time.time() - t0
+        if "building" in s.text() or "pw-quantize" in s.text():
+            s.stop()
+            fail("the third start built the store again:\n" + s.text())
+        s.stop()
+        after = os.stat(store)
+        if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns):
+            fail("the cached store was rewritten")
+        print(f"start with the store cached: {second_start:.1f}s to the first served completion")
+
+        # bf16 experts (no store, no broker), the options from a --config file, another name.
+        conf = os.path.join(tmp, "serve.yaml")
+        with open(conf, "w") as f:
+            f.write(f"model_dir: {snap}\nbits: 16\nmemory: 1G\nport: {port}\nserved_model_name: tiny-bf16\n"
+                    f"run_dir: {tmp}/run-bf16\n")
+        s = Serve(pw, ["--config", conf, "--store-dir", cache], os.path.join(tmp, "serve4.log"))
+        wait_served(url, "tiny-bf16")
+        s.stop()
+        with open(os.path.join(tmp, "run-bf16", "node.yaml")) as f:
+            node = f.read()
+        if "enabled: false" not in node or "store:" in node or "pw-quantize" in s.text():
+            fail("--bits 16 still used a store:\n" + node + s.text())
+        if os.path.exists(os.path.join(tmp, "run-bf16", "broker.log")):
+            fail("--bits 16 started a broker")
+        print("served with --bits 16 and --config: no store, no broker")
+
+        # 4. Refusals.
+        def refused(name, target, pattern, extra=()):
+            t = time.time()
+            r = subprocess.run([pw, "serve", target, "--store-dir", cache, "--port", str(free_port())] + list(extra),
+                               capture_output=True, text=True, timeout=DEADLINE_S)
+            out = r.stdout + r.stderr
+            if r.returncode == 0 or not re.search(pattern, out):
+                fail(f"{name}: exit {r.returncode}, expected a message matching {pattern!r}:\n{out}")
+            print(f"{name}: exit {r.returncode} after {time.time() - t:.2f}s: {out.strip().splitlines()[-1]}")
+
+        def variant(name):
+            d = os.path.join(tmp, "bad", name)
+            shutil.copytree(snap, d)  # the links' targets, copied
+            return d
+
+        d = variant("no-config")
+        os.remove(os.path.join(d, "config.json"))
+        refused("no config.json", d, re.escape(d) + r"/config\.json: missing.*download")
+        d = variant("unknown-family")
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        cfg["model_type"] = "llama"
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        refused("unknown family", d, r"config\.json.*model_type.*'llama'.*qwen2_moe, qwen3_moe, olmoe.*mixtral")
+        d = variant("missing-shard")
+        os.remove(os.path.join(d, "model-00002-of-00002.safetensors"))
+        refused("missing shard", d, r"model\.safetensors\.index\.json.*model-00002-of-00002\.safetensors.*download")
+        d = variant("foreign-tokenizer")
+        with open(os.path.join(d, "tokenizer.json")) as f:
+            tok = json.load(f)
+        tok["added_tokens"].append({"id": 5000, "content": "<|foreign|>", "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True})
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump(tok, f)
+        # (the added token's id is derived, as HF does: the next one after the vocabulary, 4096)
+        refused("tokenizer of another model", d,
+                re.escape(d) + r"/tokenizer\.json: the tokenizer has ids up to 4096 but .*config\.json says "
+                r"vocab_size 4096.*copy")
+        refused("memory below the smallest plan", snap, r"--memory 20M .*too small.*smallest plan.*give --memory",
+                ["--memory", "20M"])
+        d = variant("no-tokenizer")
+        os.remove(os.path.join(d, "tokenizer.json"))
+        refused("no tokenizer", d, re.escape(d) + r"/tokenizer\.json: missing")
+        print("PASS")
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

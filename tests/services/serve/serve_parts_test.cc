@@ -1,0 +1,154 @@
+// pw serve's parts without processes: --memory parsing, the memory plan's refusals and width
+// choice, the served name of a Hugging Face cache snapshot, and the node file it writes loaded
+// by the launcher as `pw-cluster up` loads it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/formats/model_config.h"
+#include "services/cluster/cluster_config.h"
+#include "services/serve/memory_plan.h"
+#include "services/serve/model_source.h"
+#include "services/serve/serve.h"
+
+namespace pw::serve {
+namespace {
+
+ModelConfig TinyMoe() {
+  auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/models/tiny-moe/config.json");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return *c;
+}
+
+TEST(ServeMemory, ParsesBytesAndSuffixes) {
+  EXPECT_EQ(*ParseMemory("1073741824"), int64_t{1} << 30);
+  EXPECT_EQ(*ParseMemory("8G"), int64_t{8} << 30);
+  EXPECT_EQ(*ParseMemory("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseMemory("1.5G"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseMemory("64k"), int64_t{64} << 10);
+  for (const char* bad : {"", "G", "8X", "-1", "eight", "8GG"}) {
+    auto r = ParseMemory(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--memory"), std::string::npos) << r.status().message();
+  }
+  auto avail = MemAvailableBytes();
+  ASSERT_TRUE(avail.ok()) << avail.status().ToString();
+  auto automatic = ParseMemory("auto");
+  ASSERT_TRUE(automatic.ok()) << automatic.status().ToString();
+  EXPECT_GT(*automatic, 0);
+}
+
+TEST(ServeMemory, BelowTheSmallestPlanIsRefusedWithTheFigureNeeded) {
+  const ModelConfig c = TinyMoe();
+  const int64_t ckpt = 15 << 20;
+  auto plan = PlanMemory(c, ckpt, int64_t{4} << 30, "auto", "4G");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->bits, 8);  // the tiny model's experts fit at 8 bits in 4 GiB
+  EXPECT_GE(plan->pool, plan->experts + 2048 / kKvBlockSize * plan->page_bytes * c.num_layers);
+  EXPECT_EQ(plan->pool % (1 << 20), 0);
+  // The smallest budget that plans is the one the refusal names.
+  auto refused = PlanMemory(c, ckpt, int64_t{20} << 20, "auto", "20M");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  const std::string& m = refused.status().message();
+  EXPECT_NE(m.find("--memory 20M (20.0 MiB) is too small"), std::string::npos) << m;
+  EXPECT_NE(m.find("smallest plan (every expert at 3 bits"), std::string::npos) << m;
+  // The figure named is enough, and a MiB less than the smallest plan's is not.
+  const size_t at = m.find("give --memory ");
+  ASSERT_NE(at, std::string::npos) << m;
+  const std::string figure = m.substr(at + 14, m.find(' ', at + 14) - at - 14);
+  auto needed = ParseMemory(figure);
+  ASSERT_TRUE(needed.ok()) << figure;
+  auto enough = PlanMemory(c, ckpt, *needed, "auto", figure);
+  ASSERT_TRUE(enough.ok()) << enough.status().ToString();
+  EXPECT_LE(enough->bits, 4);  // barely above the smallest plan
+  EXPECT_FALSE(PlanMemory(c, ckpt, *needed - (int64_t{3} << 20), "auto", "less").ok());
+}
+
+TEST(ServeMemory, ThePoolIsNoLargerThanTheModelCanUse) {
+  const ModelConfig c = TinyMoe();
+  auto huge = PlanMemory(c, 15 << 20, int64_t{64} << 30, "auto", "64G");
+  ASSERT_TRUE(huge.ok());
+  EXPECT_EQ(huge->bits, 8);
+  // Every expert at 8 bits plus 64 requests of the full context, in whole MiB.
+  EXPECT_EQ(huge->kv_tokens / kKvBlockSize * kKvBlockSize, huge->kv_tokens);
+  EXPECT_GE(huge->kv_tokens, kMaxSequences * c.max_position_embeddings);
+  EXPECT_LT(huge->kv_tokens, kMaxSequences * c.max_position_embeddings + (1 << 20) / (huge->page_bytes * c.num_layers) * kKvBlockSize + kKvBlockSize);
+  EXPECT_LT(huge->pool, int64_t{1} << 30);
+}
+
+TEST(ServeMemory, AutoPicksTheWidestWidthThatFits) {
+  const ModelConfig c = TinyMoe();
+  const int64_t ckpt = 15 << 20;
+  auto wide = PlanMemory(c, ckpt, int64_t{4} << 30, "auto", "4G");
+  ASSERT_TRUE(wide.ok());
+  // Shrink the budget until the width drops below 8: each narrower plan still holds the
+  // smallest plan's KV, and a width given explicitly beyond what fits is refused.
+  int last_bits = wide->bits;
+  bool narrowed = false;
+  for (int64_t mb = 1024; mb >= 16; mb -= 1) {
+    auto p = PlanMemory(c, ckpt, mb << 20, "auto", std::to_string(mb) + "M");
+    if (!p.ok()) {
+      EXPECT_EQ(p.status().code(), StatusCode::kResourceExhausted);
+      break;
+    }
+    EXPECT_LE(p->bits, last_bits);
+    EXPECT_GE(p->kv_tokens, 2048);  // the KV of one request of the context (2048) beside the experts
+    if (p->bits < 8) {
+      narrowed = true;
+      auto eight = PlanMemory(c, ckpt, mb << 20, "8", std::to_string(mb) + "M");
+      EXPECT_FALSE(eight.ok()) << mb;
+    }
+    last_bits = p->bits;
+  }
+  EXPECT_TRUE(narrowed);
+  auto bf16 = PlanMemory(c, ckpt, int64_t{1} << 30, "16", "1G");
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->bits, 16);
+  EXPECT_EQ(bf16->store, 0);
+  EXPECT_EQ(bf16->experts, 0);
+}
+
+TEST(ServeModel, CacheSnapshotsAreServedAsOrgName) {
+  EXPECT_EQ(CacheSnapshotName("/h/hub/models--Qwen--Qwen3-30B-A3B/snapshots/abc123"), "Qwen/Qwen3-30B-A3B");
+  EXPECT_EQ(CacheSnapshotName("/h/hub/models--Qwen--Qwen3-30B-A3B/snapshots/abc123/"), "Qwen/Qwen3-30B-A3B");
+  EXPECT_EQ(CacheSnapshotName("/h/hub/models--org--name--with--dashes/snapshots/r"), "org/name--with--dashes");
+  EXPECT_EQ(CacheSnapshotName("/h/models/tiny-moe"), "");
+  EXPECT_EQ(CacheSnapshotName("/h/hub/models--Qwen--X/refs/main"), "");
+}
+
+TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
+  ServeOptions o;
+  o.port = 18080;
+  NodePlan p;
+  p.model_dir = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  p.model_name = "Org/Tiny \"quoted\"";
+  p.run_dir = std::string(PW_BINARY_DIR) + "/test-tmp/serve-run";
+  p.bin_dir = "/opt/pw/bin";
+  p.store = "/cache/stores/0123456789abcdef.apw";
+  auto plan = PlanMemory(TinyMoe(), 15 << 20, int64_t{1} << 30, "auto", "1G");
+  ASSERT_TRUE(plan.ok());
+  p.memory = *plan;
+  p.router_control_port = 18081;
+  p.broker_control_port = 18082;
+  const std::string path = std::string(PW_BINARY_DIR) + "/test-tmp/serve-node.yaml";
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path) << NodeFileText(o, p);
+  auto cfg = cluster::LoadClusterConfig(path, "/unused");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->model_name, "Org/Tiny \"quoted\"");
+  EXPECT_EQ(cfg->http_port, 18080);
+  EXPECT_EQ(cfg->run_dir, p.run_dir);
+  ASSERT_EQ(cfg->processes.size(), 4u);  // broker, router, prefill-0, decode-0
+  EXPECT_EQ(cfg->processes[0].argv[0], "/opt/pw/bin/pw-broker");
+  // bf16 experts: no broker.
+  p.store.clear();
+  std::ofstream(path) << NodeFileText(o, p);
+  cfg = cluster::LoadClusterConfig(path, "/unused");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->processes.size(), 3u);
+}
+
+}  // namespace
+}  // namespace pw::serve
