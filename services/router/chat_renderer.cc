@@ -18,8 +18,7 @@ Result<ChatRenderer> MakeChatRenderer(const Tokenizer& tokenizer) {
   if (!tokenizer.eos_token().empty()) eos = tokenizer.eos_token();
   return ChatRenderer([tmpl, bos, eos](const std::vector<router::ChatMessage>& messages) {
     ChatTemplateInputs in;
-    in.messages.reserve(messages.size());
-    for (const auto& m : messages) in.messages.push_back({m.role, m.content});
+    for (const auto& m : messages) in.messages.push_back({{"role", m.role}, {"content", m.content}});
     in.add_generation_prompt = true;
     in.bos_token = bos;
     in.eos_token = eos;

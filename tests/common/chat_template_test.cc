@@ -27,7 +27,7 @@ std::string ReadFile(const std::string& path) {
 
 ChatTemplateInputs Inputs(std::vector<ChatMessage> messages, bool gen = false) {
   ChatTemplateInputs in;
-  in.messages = std::move(messages);
+  in.messages = ChatTemplateInputs::TextMessages(messages);
   in.add_generation_prompt = gen;
   in.bos_token = "<s>";
   in.eos_token = "</s>";
@@ -59,7 +59,8 @@ TEST(ChatTemplateFixtures, MatchesHfApplyChatTemplate) {
   for (const json& c : fixture["cases"]) {
     ChatTemplateInputs in;
     for (const json& m : c["messages"]) {
-      in.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      in.messages.push_back(
+          {{"role", m["role"].get<std::string>()}, {"content", m["content"].get<std::string>()}});
     }
     in.add_generation_prompt = c["add_generation_prompt"].get<bool>();
     if (!c["bos_token"].is_null()) in.bos_token = c["bos_token"].get<std::string>();
@@ -197,16 +198,25 @@ TEST(ChatTemplate, UnsupportedAndMalformedSyntaxNamePosition) {
     const char* in_message;
   };
   const std::vector<Case> cases = {
-      {"{% macro m() %}{% endmacro %}", StatusCode::kUnsupported, "line 1, column 4"},
+      {"{% call m() %}{% endcall %}", StatusCode::kUnsupported, "line 1, column 4"},
       {"ok\n{% include 'x' %}", StatusCode::kUnsupported, "line 2, column 4"},
-      {"{{ x | wordcount }}", StatusCode::kUnsupported, "unsupported filter 'wordcount'"},
-      {"{{ x is divisibleby(3) }}", StatusCode::kUnsupported, "unsupported test"},
+      {"{{ x | batch(2) }}", StatusCode::kUnsupported, "unsupported filter 'batch'"},
+      {"{{ x is sameas none }}", StatusCode::kUnsupported, "unsupported test"},
       {"{{ x.format(1) }}", StatusCode::kUnsupported, "unsupported method 'format'"},
-      {"{{ namespace(a=1) }}", StatusCode::kUnsupported, "unsupported function 'namespace'"},
-      {"{% set ns.x = 1 %}", StatusCode::kUnsupported, "namespace"},
-      {"{% for m in messages %}{% else %}{% endfor %}", StatusCode::kUnsupported, "for ... else"},
-      {"{% for m in messages if m %}{% endfor %}", StatusCode::kUnsupported, "loop filters"},
-      {"{{ x | tojson(indent=2) }}", StatusCode::kUnsupported, "keyword arguments"},
+      {"{% macro m() %}{% endmacro %}{{ m() }}{{ n(1) }}", StatusCode::kUnsupported,
+       "column 42: unsupported function 'n'"},
+      {"{% set a, b = 1, 2 %}", StatusCode::kUnsupported, "several names"},
+      {"{% for m in messages recursive %}{% endfor %}", StatusCode::kUnsupported, "recursive"},
+      {"a\n  {% raw %}{{ x }}{% endraw %}", StatusCode::kUnsupported,
+       "line 2, column 6: unsupported statement 'raw'"},
+      {"{% break %}", StatusCode::kInvalidArgument, "'break' outside a loop"},
+      {"{% for m in messages %}{% macro k() %}{% continue %}{% endmacro %}{% endfor %}",
+       StatusCode::kInvalidArgument, "'continue' outside a loop"},
+      {"{% macro m(a=1, b) %}{% endmacro %}", StatusCode::kInvalidArgument, "without a default"},
+      {"{% macro m() %}", StatusCode::kInvalidArgument, "without 'endmacro'"},
+      {"{% set x %}abc", StatusCode::kInvalidArgument, "without 'endset'"},
+      {"{% for m in messages %}{% else %}{% else %}{% endfor %}", StatusCode::kInvalidArgument,
+       "'else' after 'else'"},
       {"{% for m in messages %}", StatusCode::kInvalidArgument, "without 'endfor'"},
       {"{% if x %}a{% else %}b", StatusCode::kInvalidArgument, "without 'endif'"},
       {"{% endif %}", StatusCode::kInvalidArgument, "unexpected 'endif'"},
