@@ -5,7 +5,9 @@ transformers' `apply_chat_template(..., tokenize=False)` over a set of conversat
 user and assistant turns, tools and tool calls, multi-part content, reasoning_content,
 add_generation_prompt on and off, continue_final_message, chat_template_kwargs).
 tests/common/chat_template_real_test.cc renders the same inputs with common/text/chat_template
-and compares byte for byte.
+and compares byte for byte. Also writes tests/fixtures/chat_tokenize_cases.json: requests for
+the router's /tokenize with `messages` and the ids HF's apply_chat_template(..., tokenize=True)
+gives with the embedded model's tokenizer and template.
 
 transformers renders with jinja2's ImmutableSandboxedEnvironment (trim_blocks, lstrip_blocks,
 loopcontrols), tojson = json.dumps(ensure_ascii=False), raise_exception and strftime_now; the
@@ -179,10 +181,38 @@ def render(tok, tpl, conv, tools, gen, cont, kwargs):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def tokenize_cases(model_dir):
+    """HF's apply_chat_template(..., tokenize=True) ids with the model's own tokenizer and
+    template, for the router's /tokenize with messages (tests/services/router)."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cases = []
+    for ci in (0, 2, 3, 5, 7, 8):
+        for gen, cont in ((True, False), (False, False), (False, True)):
+            if cont and ci != 8:
+                continue
+            tools = TOOLS[0] if ci == 5 else None
+            request = {"messages": CONVERSATIONS[ci], "add_generation_prompt": gen}
+            if cont:
+                request["continue_final_message"] = True
+            if tools is not None:
+                request["tools"] = tools
+            try:
+                out = tok.apply_chat_template(CONVERSATIONS[ci], tools=tools, tokenize=True,
+                                              add_generation_prompt=gen,
+                                              continue_final_message=cont)
+                ids = out["input_ids"] if hasattr(out, "keys") else out
+                cases.append({"request": request, "tokens": list(ids)})
+            except Exception as e:  # e.g. content parts the template concatenates as text
+                cases.append({"request": request, "error": f"{type(e).__name__}: {e}"})
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", default="models/tiny-moe")
     ap.add_argument("--out", default="tests/fixtures/chat_template_real_cases.json")
+    ap.add_argument("--tokenize-out", default="tests/fixtures/chat_tokenize_cases.json")
     args = ap.parse_args()
     bos, eos = "<s>", "</s>"
     tok = PreTrainedTokenizerFast(
@@ -222,6 +252,11 @@ def main():
         f.write("\n")
     print(f"wrote {args.out}: {len(templates)} templates, {len(cases)} cases, "
           f"{sum('error' in c for c in cases)} errors")
+    tcases = tokenize_cases(os.path.join(ROOT, args.model_dir))
+    with open(os.path.join(ROOT, args.tokenize_out), "w", encoding="utf-8") as f:
+        json.dump({"model_dir": args.model_dir, "cases": tcases}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print(f"wrote {args.tokenize_out}: {len(tcases)} cases")
 
 
 if __name__ == "__main__":
