@@ -1,7 +1,8 @@
 // pw-cluster serving a model whose chat template uses Jinja the engine does not run (in
-// chat_template.jinja beside the model, which wins over tokenizer_config.json): the node starts,
-// completions are served, and chat requests (and /tokenize with messages) get a 400 that names
-// the file, the line and column, and the construct. Real processes on loopback.
+// chat_template.jinja beside the model, which wins over tokenizer_config.json, or in
+// tokenizer_config.json): the node starts, completions are served, and chat requests (and
+// /tokenize with messages) get a 400 that names the file, the line and column, and the
+// construct. Real processes on loopback.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -21,23 +22,30 @@ using testing::Http;
 
 std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
 
-TEST(ChatTemplateServing, UnsupportedTemplateServesCompletionsAndRefusesChatWithItsPosition) {
-  if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) {
-    GTEST_SKIP() << "no weights in " << ModelDir();
-  }
-  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/chat-template-unsupported";
+// The template with an import (not supported) on line 2, as `file` in a copy of the embedded
+// model: chat_template.jinja (beside the model, where transformers 5 saves it) or
+// tokenizer_config.json's chat_template.
+void ServeWithUnsupportedTemplate(const std::string& file) {
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/chat-template-unsupported-" + file;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/model");
   for (const auto& e : std::filesystem::directory_iterator(ModelDir())) {
+    if (e.path().filename() == file) continue;
     std::filesystem::create_symlink(e.path(), dir + "/model/" + e.path().filename().string());
   }
-  // The embedded model's ChatML template with an import (not supported) on line 2.
-  std::ofstream(dir + "/model/chat_template.jinja")
-      << "{%- for message in messages %}\n"
-      << "   {%- import 'helpers.jinja' as helpers %}\n"
-      << "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n"
-      << "{%- endfor %}\n"
-      << "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}\n";
+  const std::string tpl =
+      "{%- for message in messages %}\n"
+      "   {%- import 'helpers.jinja' as helpers %}\n"
+      "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n"
+      "{%- endfor %}\n"
+      "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}\n";
+  if (file == "chat_template.jinja") {
+    std::ofstream(dir + "/model/" + file) << tpl;
+  } else {
+    json cfg = json::parse(testing::ReadFile(ModelDir() + "/" + file));
+    cfg["chat_template"] = tpl;
+    std::ofstream(dir + "/model/" + file) << cfg.dump();
+  }
   std::set<int> used;
   auto port = [&used] {
     int p;
@@ -72,8 +80,9 @@ TEST(ChatTemplateServing, UnsupportedTemplateServesCompletionsAndRefusesChatWith
     const json err = json::parse(chat_body, nullptr, false);
     ASSERT_TRUE(err.is_object() && err.contains("error")) << chat_body;
     const std::string message = err["error"]["message"].get<std::string>();
-    for (const char* part : {"chat completions are unavailable", "chat_template.jinja",
-                             "line 2, column 8", "unsupported statement 'import'"}) {
+    for (const std::string& part : {std::string("chat completions are unavailable"), file,
+                                    std::string("line 2, column 8"),
+                                    std::string("unsupported statement 'import'")}) {
       EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
     }
     auto [tok_status, tok_body] =
@@ -88,6 +97,16 @@ TEST(ChatTemplateServing, UnsupportedTemplateServesCompletionsAndRefusesChatWith
   if (cluster.Wait(20000) < 0) cluster.Kill(SIGKILL);
   testing::KillNodeProcesses({ctl, broker});
   testing::KillConfigProcesses(yaml);
+}
+
+TEST(ChatTemplateServing, UnsupportedTemplateServesCompletionsAndRefusesChatWithItsPosition) {
+  if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) {
+    GTEST_SKIP() << "no weights in " << ModelDir();
+  }
+  for (const char* file : {"chat_template.jinja", "tokenizer_config.json"}) {
+    SCOPED_TRACE(file);
+    ServeWithUnsupportedTemplate(file);
+  }
 }
 
 }  // namespace
