@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <ctime>
 #include <map>
 #include <set>
+
+#include "common/text/unicode_tables.h"
 
 namespace pw {
 namespace jinja {
@@ -17,7 +20,21 @@ using List = std::vector<Value>;
 using Dict = std::vector<std::pair<std::string, Value>>;  // insertion-ordered, as Python dicts
 
 struct Value {
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict };
+  // kNamespace: namespace(), the one mutable object (`set ns.attr = ...` writes through every
+  // copy). kCallable: a macro (macro != nullptr), a builtin function (s names it) or
+  // loop.cycle (s == "cycle", i = the loop's index0).
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kNamespace,
+    kCallable
+  };
   Kind kind = Kind::kUndefined;
   bool b = false;
   int64_t i = 0;
@@ -25,6 +42,14 @@ struct Value {
   std::string s;
   std::shared_ptr<const List> list;
   std::shared_ptr<const Dict> dict;
+  std::shared_ptr<Dict> ns;
+  const Node* macro = nullptr;
+  // kList made by map, select, reject, selectattr, rejectattr or items: a generator in Jinja,
+  // which is always true, has no length or index and is not JSON; `| list` makes it a list.
+  bool lazy = false;
+  // kString marked safe (`| safe`, Markup in Jinja): adding a plain string to it escapes that
+  // string's HTML characters.
+  bool markup = false;
 
   static Value None() { return Make(Kind::kNone); }
   static Value Bool(bool v) {
@@ -62,13 +87,19 @@ struct Value {
     x.kind = k;
     return x;
   }
+  static Value Builtin(std::string name) {
+    Value x = Make(Kind::kCallable);
+    x.s = std::move(name);
+    return x;
+  }
   bool IsNumber() const {
     return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
   }
   double AsDouble() const { return kind == Kind::kFloat ? f : kind == Kind::kBool ? b : double(i); }
   const Value* Find(std::string_view key) const {
-    if (kind != Kind::kDict) return nullptr;
-    for (const auto& [k, v] : *dict) {
+    const Dict* d = kind == Kind::kDict ? dict.get() : kind == Kind::kNamespace ? ns.get() : nullptr;
+    if (!d) return nullptr;
+    for (const auto& [k, v] : *d) {
       if (k == key) return &v;
     }
     return nullptr;
@@ -93,6 +124,10 @@ const char* KindName(Value::Kind k) {
       return "list";
     case Value::Kind::kDict:
       return "dict";
+    case Value::Kind::kNamespace:
+      return "Namespace";
+    case Value::Kind::kCallable:
+      return "function";
   }
   return "?";
 }
@@ -111,11 +146,54 @@ bool Truthy(const Value& v) {
     case Value::Kind::kString:
       return !v.s.empty();
     case Value::Kind::kList:
-      return !v.list->empty();
+      return v.lazy || !v.list->empty();
     case Value::Kind::kDict:
       return !v.dict->empty();
+    case Value::Kind::kNamespace:
+    case Value::Kind::kCallable:
+      return true;
   }
   return false;
+}
+
+// Python strings index by code point; these templates' strings are UTF-8. Offsets of each code
+// point's first byte, plus the end.
+std::vector<size_t> CodePointOffsets(const std::string& s) {
+  std::vector<size_t> off;
+  off.reserve(s.size() + 1);
+  for (size_t k = 0; k < s.size(); ++k) {
+    if ((static_cast<unsigned char>(s[k]) & 0xC0) != 0x80) off.push_back(k);
+  }
+  off.push_back(s.size());
+  return off;
+}
+size_t CodePointCount(const std::string& s) { return CodePointOffsets(s).size() - 1; }
+
+// Dict keys are strings; other keys Python allows ({0: 0}, {none: 1}) are kept in a form no
+// string can take (0xFF never occurs in UTF-8): the byte, the kind, the value.
+constexpr char kKeyMark = '\xff';
+bool KeyOf(const Value& v, std::string* key) {
+  switch (v.kind) {
+    case Value::Kind::kString:
+      *key = v.s;
+      return true;
+    case Value::Kind::kInt:
+      *key = std::string(1, kKeyMark) + "i" + std::to_string(v.i);
+      return true;
+    case Value::Kind::kBool:
+      *key = std::string(1, kKeyMark) + "i" + (v.b ? "1" : "0");  // True == 1 in Python
+      return true;
+    case Value::Kind::kNone:
+      *key = std::string(1, kKeyMark) + "n";
+      return true;
+    default:
+      return false;
+  }
+}
+Value KeyValue(const std::string& key) {
+  if (key.empty() || key[0] != kKeyMark) return Value::Str(key);
+  if (key.size() >= 2 && key[1] == 'i') return Value::Int(std::stoll(key.substr(2)));
+  return Value::None();
 }
 
 std::string FloatRepr(double d) {
@@ -145,6 +223,13 @@ std::string ToString(const Value& v) {
       return FloatRepr(v.f);
     case Value::Kind::kString:
       return v.s;
+    case Value::Kind::kNamespace:
+      return "<Namespace>";
+    case Value::Kind::kCallable:
+      return "<function " + v.s + ">";
+    case Value::Kind::kList:
+      if (v.lazy) return "<generator object>";
+      return Repr(v);
     default:
       return Repr(v);
   }
@@ -182,7 +267,7 @@ std::string Repr(const Value& v) {
       std::string out = "{";
       bool first = true;
       for (const auto& [key, val] : *v.dict) {
-        out += (first ? "" : ", ") + Repr(Value::Str(key)) + ": " + Repr(val);
+        out += (first ? "" : ", ") + Repr(KeyValue(key)) + ": " + Repr(val);
         first = false;
       }
       return out + "}";
@@ -192,9 +277,18 @@ std::string Repr(const Value& v) {
   }
 }
 
-void JsonString(const std::string& s, std::string* out) {
+// How json.dumps writes: HF's tojson filter is json.dumps(x, ensure_ascii=False, indent=None,
+// sort_keys=False) with keyword arguments the template may override.
+struct JsonStyle {
+  int indent = -1;  // -1: None (one line, ", " and ": ")
+  bool ensure_ascii = false;
+  bool sort_keys = false;
+};
+
+void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
   *out += '"';
-  for (unsigned char c : s) {
+  for (size_t k = 0; k < s.size(); ++k) {
+    const unsigned char c = static_cast<unsigned char>(s[k]);
     switch (c) {
       case '"':
         *out += "\\\"";
@@ -222,6 +316,22 @@ void JsonString(const std::string& s, std::string* out) {
           char buf[8];
           std::snprintf(buf, sizeof(buf), "\\u%04x", c);
           *out += buf;
+        } else if (c >= 0x80 && ensure_ascii) {
+          // Decode one UTF-8 sequence; code points above U+FFFF become a surrogate pair.
+          const int n = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+          uint32_t cp = n == 3 ? c & 0x07 : n == 2 ? c & 0x0F : c & 0x1F;
+          for (int j = 0; j < n && k + 1 < s.size(); ++j) {
+            cp = (cp << 6) | (static_cast<unsigned char>(s[++k]) & 0x3F);
+          }
+          char buf[16];
+          if (cp >= 0x10000) {
+            cp -= 0x10000;
+            std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x", 0xD800 + (cp >> 10),
+                          0xDC00 + (cp & 0x3FF));
+          } else {
+            std::snprintf(buf, sizeof(buf), "\\u%04x", cp);
+          }
+          *out += buf;
         } else {
           *out += static_cast<char>(c);
         }
@@ -230,47 +340,79 @@ void JsonString(const std::string& s, std::string* out) {
   *out += '"';
 }
 
-// json.dumps(x, ensure_ascii=False) with default separators, as HF's tojson filter.
-void ToJson(const Value& v, std::string* out) {
+// json.dumps(x, ...) as HF's tojson filter; false for what JSON cannot hold (an undefined value,
+// a namespace, a macro), where Python raises.
+bool ToJson(const Value& v, const JsonStyle& style, int depth, std::string* out) {
+  auto newline = [&](int d) {
+    if (style.indent < 0) return;
+    *out += '\n';
+    out->append(static_cast<size_t>(style.indent) * d, ' ');
+  };
+  const char* item_sep = style.indent < 0 ? ", " : ",";
   switch (v.kind) {
     case Value::Kind::kUndefined:
+    case Value::Kind::kNamespace:
+    case Value::Kind::kCallable:
+      return false;
     case Value::Kind::kNone:
       *out += "null";
-      break;
+      return true;
     case Value::Kind::kBool:
       *out += v.b ? "true" : "false";
-      break;
+      return true;
     case Value::Kind::kInt:
       *out += std::to_string(v.i);
-      break;
+      return true;
     case Value::Kind::kFloat:
-      *out += FloatRepr(v.f);
-      break;
+      *out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity")
+                                                         : FloatRepr(v.f);
+      return true;
     case Value::Kind::kString:
-      JsonString(v.s, out);
-      break;
+      JsonString(v.s, style.ensure_ascii, out);
+      return true;
     case Value::Kind::kList:
+      if (v.lazy) return false;
+      if (v.list->empty()) {
+        *out += "[]";
+        return true;
+      }
       *out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) *out += ", ";
-        ToJson((*v.list)[k], out);
+        if (k) *out += item_sep;
+        newline(depth + 1);
+        if (!ToJson((*v.list)[k], style, depth + 1, out)) return false;
       }
+      newline(depth);
       *out += ']';
-      break;
+      return true;
     case Value::Kind::kDict: {
-      *out += '{';
-      bool first = true;
-      for (const auto& [key, val] : *v.dict) {
-        if (!first) *out += ", ";
-        first = false;
-        JsonString(key, out);
-        *out += ": ";
-        ToJson(val, out);
+      if (v.dict->empty()) {
+        *out += "{}";
+        return true;
       }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : *v.dict) items.push_back(&kv);
+      if (style.sort_keys) {
+        std::stable_sort(items.begin(), items.end(),
+                         [](const auto* a, const auto* b) { return a->first < b->first; });
+      }
+      *out += '{';
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) *out += item_sep;
+        newline(depth + 1);
+        // json.dumps writes keys as strings (None as "null").
+        const Value key = KeyValue(items[k]->first);
+        JsonString(key.kind == Value::Kind::kNone ? "null" : ToString(key), style.ensure_ascii,
+                   out);
+        *out += ": ";
+        if (!ToJson(items[k]->second, style, depth + 1, out)) return false;
+      }
+      newline(depth);
       *out += '}';
-      break;
+      return true;
     }
   }
+  return false;
 }
 
 bool Equal(const Value& a, const Value& b) {
@@ -282,7 +424,12 @@ bool Equal(const Value& a, const Value& b) {
       return true;
     case Value::Kind::kString:
       return a.s == b.s;
+    case Value::Kind::kNamespace:
+      return a.ns == b.ns;
+    case Value::Kind::kCallable:
+      return a.macro == b.macro && a.s == b.s;
     case Value::Kind::kList:
+      if (a.lazy || b.lazy) return false;  // a generator equals nothing but itself
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
         if (!Equal((*a.list)[k], (*b.list)[k])) return false;
@@ -332,18 +479,36 @@ struct Expr {
   // kBinary/kAnd/kOr: left, right; kIfElse: value, condition, else value (may be null);
   // kList: items; kDict: key, value, key, value, ...
   std::vector<std::unique_ptr<Expr>> args;
+  // kCall/kFilter/kTest: the keyword of each argument in args ("" for positional ones; empty
+  // when there are none).
+  std::vector<std::string> kw;
 };
 
 struct Node {
-  enum class Kind { kBlock, kText, kOutput, kFor, kIf, kSet };
+  enum class Kind {
+    kBlock,
+    kText,
+    kOutput,
+    kFor,
+    kIf,
+    kSet,
+    kSetAttr,      // set ns.attr = expr: vars = {ns, attr}
+    kSetBlock,     // set name %}...{% endset: vars = {name}, children = {body}
+    kMacro,        // vars = {name, params...}, conds = default per param (null: none)
+    kFilterBlock,  // expr: the filter chain applied to a kLiteral placeholder; children = {body}
+    kBreak,
+    kContinue
+  };
   Kind kind = Kind::kBlock;
   size_t pos = 0;
   std::string text;                             // kText
   std::unique_ptr<Expr> expr;                   // kOutput, kFor iterable, kSet value
   std::vector<std::string> vars;                // kFor loop targets, kSet target
-  std::vector<std::unique_ptr<Node>> children;  // kBlock statements, kFor body (one block)
+  std::vector<std::unique_ptr<Node>> children;  // kBlock statements; kFor body then the else
+                                                // block when there is one
   std::vector<std::unique_ptr<Expr>> conds;     // kIf conditions; children holds one block per
-                                                // condition plus one more for else
+                                                // condition plus one more for else; kFor: the
+                                                // loop filter (`for x in y if c`) or none
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -427,12 +592,24 @@ class Lexer {
         }
       }
       if (!text.empty()) out->push_back({Piece::Kind::kText, text, p});
-      // Find the closing delimiter (string literals inside tags may contain it).
+      // Find the closing delimiter (string literals inside tags may contain it, and so may
+      // brackets: Jinja ends a tag only outside them, as in {{ {'a': {'b': 1}} }}).
       const char close = kind == '{' ? '}' : kind == '%' ? '%' : '#';
       size_t q = body;
       size_t end = std::string_view::npos;
+      int brackets = 0;
       while (q < src_.size()) {
         const char c = src_[q];
+        if (kind != '#' && (c == '{' || c == '[' || c == '(')) {
+          ++brackets;
+          ++q;
+          continue;
+        }
+        if (kind != '#' && brackets > 0 && (c == '}' || c == ']' || c == ')')) {
+          --brackets;
+          ++q;
+          continue;
+        }
         if (kind != '#' && (c == '\'' || c == '"')) {
           const size_t s = q++;
           while (q < src_.size() && src_[q] != c) q += src_[q] == '\\' ? 2 : 1;
@@ -491,31 +668,42 @@ struct Tok {
 };
 
 const std::set<std::string>& Filters() {
-  static const std::set<std::string> k = {"trim",       "length",  "count",  "upper",  "lower",
-                                          "capitalize", "title",   "string", "first",  "last",
-                                          "join",       "default", "d",      "tojson", "list"};
+  static const std::set<std::string> k = {
+      "trim",  "length",     "count",      "upper",    "lower",     "capitalize", "title",
+      "string", "first",     "last",       "join",     "default",   "d",          "tojson",
+      "list",  "items",      "dictsort",   "unique",   "replace",   "indent",     "wordcount",
+      "int",   "float",      "abs",        "round",    "safe",      "select",     "reject",
+      "selectattr", "rejectattr", "map"};
   return k;
 }
 const std::set<std::string>& Tests() {
-  static const std::set<std::string> k = {"defined", "undefined", "none",     "string",
-                                          "number",  "boolean",   "sequence", "mapping",
-                                          "true",    "false",     "iterable"};
+  static const std::set<std::string> k = {
+      "defined", "undefined", "none",  "string",  "number", "integer",     "float", "boolean",
+      "sequence", "mapping",  "true",  "false",   "iterable", "callable",  "odd",   "even",
+      "divisibleby", "lower", "upper", "equalto", "eq",     "==",          "ne",    "!=",
+      "lt",      "<",         "le",    "<=",      "gt",     ">",           "ge",    ">=",
+      "in"};
   return k;
 }
 const std::set<std::string>& Methods() {
-  static const std::set<std::string> k = {"strip",      "lstrip",   "rstrip",  "upper",  "lower",
-                                          "startswith", "endswith", "replace", "split",  "title",
-                                          "capitalize", "get",      "keys",    "values", "items"};
+  static const std::set<std::string> k = {
+      "strip", "lstrip", "rstrip", "upper",  "lower", "startswith", "endswith", "replace",
+      "split", "title",  "capitalize", "get", "keys", "values",     "items",    "cycle"};
   return k;
 }
 const std::set<std::string>& Functions() {
-  static const std::set<std::string> k = {"raise_exception", "range"};
+  static const std::set<std::string> k = {"raise_exception", "range", "namespace", "strftime_now",
+                                          "dict"};
   return k;
 }
 
 class ExprParser {
  public:
-  ExprParser(std::string_view src, const Piece& piece) : src_(src), piece_(piece) {}
+  // Calls of names that are not builtins go to *called (name, offset): they must be macros,
+  // which the statement parser checks once it has seen them all.
+  ExprParser(std::string_view src, const Piece& piece,
+             std::vector<std::pair<std::string, size_t>>* called)
+      : src_(src), piece_(piece), called_(called) {}
 
   Status Tokenize() {
     const std::string& b = piece_.body;
@@ -735,6 +923,18 @@ class ExprParser {
         PW_ASSIGN_OR_RETURN(e->name, ExpectName());
         if (!Tests().count(e->name)) return Err(pos, "unsupported test '" + e->name + "'", true);
         e->args.push_back(std::move(left));
+        if (IsOp("(")) {
+          PW_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+        } else if (Peek().kind == Tok::Kind::kString || Peek().kind == Tok::Kind::kInt ||
+                   Peek().kind == Tok::Kind::kFloat || IsOp("[") || IsOp("{") ||
+                   (Peek().kind == Tok::Kind::kName && !IsName("and") && !IsName("or") &&
+                    !IsName("else") && !IsName("if") && !IsName("is") && !IsName("in") &&
+                    !IsName("not"))) {
+          // `x is divisibleby 3`, `x is sameas none`: one argument without parentheses.
+          PW_ASSIGN_OR_RETURN(ExprP arg, ParsePrimary());
+          PW_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg), false));
+          e->args.push_back(std::move(arg));
+        }
         left = std::move(e);
         continue;
       } else {
@@ -778,8 +978,22 @@ class ExprParser {
   }
 
   Result<ExprP> ParseMath2() {
-    PW_ASSIGN_OR_RETURN(ExprP left, ParseUnary());
+    PW_ASSIGN_OR_RETURN(ExprP left, ParsePow());
     while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
+      auto e = Make(Expr::Op::kBinary, Peek().pos);
+      e->name = Next().text;
+      PW_ASSIGN_OR_RETURN(ExprP right, ParsePow());
+      e->args.push_back(std::move(left));
+      e->args.push_back(std::move(right));
+      left = std::move(e);
+    }
+    return left;
+  }
+
+  // Jinja's `**` takes unary operands on both sides: -2 ** 2 is 4.
+  Result<ExprP> ParsePow() {
+    PW_ASSIGN_OR_RETURN(ExprP left, ParseUnary());
+    while (IsOp("**")) {
       auto e = Make(Expr::Op::kBinary, Peek().pos);
       e->name = Next().text;
       PW_ASSIGN_OR_RETURN(ExprP right, ParseUnary());
@@ -790,39 +1004,46 @@ class ExprParser {
     return left;
   }
 
-  Result<ExprP> ParseUnary() {
+  // As Jinja: filters apply to the negated value (-3 | abs is 3); the operand of - takes
+  // attributes, subscripts and calls but not filters.
+  Result<ExprP> ParseUnary(bool filters = true) {
     DepthGuard guard(&depth_);
     PW_RETURN_IF_ERROR(CheckDepth());
+    ExprP e;
     if (IsOp("-")) {
-      auto e = Make(Expr::Op::kNeg, Next().pos);
-      PW_ASSIGN_OR_RETURN(ExprP operand, ParseUnary());
+      e = Make(Expr::Op::kNeg, Next().pos);
+      PW_ASSIGN_OR_RETURN(ExprP operand, ParseUnary(false));
       e->args.push_back(std::move(operand));
-      return e;
-    }
-    if (IsOp("+")) {
+    } else if (IsOp("+")) {
       Next();
-      return ParseUnary();
+      PW_ASSIGN_OR_RETURN(e, ParseUnary(false));
+    } else {
+      PW_ASSIGN_OR_RETURN(e, ParsePrimary());
     }
-    if (IsOp("**")) return Err(Peek().pos, "'**' is not supported", true);
-    return ParsePostfix();
+    return ParsePostfix(std::move(e), filters);
   }
 
   Status ParseCallArgs(Expr* e) {
     PW_RETURN_IF_ERROR(Expect("("));
     while (!IsOp(")")) {
+      std::string key;
       if (Peek().kind == Tok::Kind::kName && IsOp("=", 1)) {
-        return Err(Peek().pos, "keyword arguments are not supported", true);
+        key = Next().text;
+        Next();
+      } else if (!e->kw.empty() && !e->kw.back().empty()) {
+        return Err(Peek().pos, "positional argument after keyword argument", false);
       }
       PW_ASSIGN_OR_RETURN(ExprP arg, ParseExpr());
+      if (!key.empty() && e->kw.empty()) e->kw.resize(e->args.size());
       e->args.push_back(std::move(arg));
+      if (!e->kw.empty()) e->kw.push_back(key);
       if (!IsOp(",")) break;
       Next();
     }
     return Expect(")");
   }
 
-  Result<ExprP> ParsePostfix() {
-    PW_ASSIGN_OR_RETURN(ExprP e, ParsePrimary());
+  Result<ExprP> ParsePostfix(ExprP e, bool filters) {
     while (true) {
       if (IsOp(".")) {
         const size_t pos = Next().pos;
@@ -860,9 +1081,7 @@ class ExprParser {
       } else if (IsOp("(")) {
         const size_t pos = Peek().pos;
         if (e->op == Expr::Op::kName) {
-          if (!Functions().count(e->name)) {
-            return Err(e->pos, "unsupported function '" + e->name + "'", true);
-          }
+          if (!Functions().count(e->name)) called_->emplace_back(e->name, e->pos);
         } else if (e->op == Expr::Op::kAttr) {
           if (!Methods().count(e->name)) {
             return Err(e->pos, "unsupported method '" + e->name + "'", true);
@@ -874,7 +1093,7 @@ class ExprParser {
         c->args.push_back(std::move(e));
         PW_RETURN_IF_ERROR(ParseCallArgs(c.get()));
         e = std::move(c);
-      } else if (IsOp("|")) {
+      } else if (filters && IsOp("|")) {
         const size_t pos = Next().pos;
         auto f = Make(Expr::Op::kFilter, pos);
         PW_ASSIGN_OR_RETURN(f->name, ExpectName());
@@ -930,9 +1149,23 @@ class ExprParser {
       return e;
     }
     if (IsOp("(")) {
-      Next();
+      const size_t pos = Next().pos;
+      if (IsOp(")")) {  // () is an empty tuple
+        Next();
+        return Make(Expr::Op::kList, pos);
+      }
       PW_ASSIGN_OR_RETURN(ExprP e, ParseExpr());
-      if (IsOp(",")) return Err(Peek().pos, "tuples are not supported", true);
+      if (IsOp(",")) {  // a tuple, which behaves as a list here
+        auto t = Make(Expr::Op::kList, pos);
+        t->args.push_back(std::move(e));
+        while (IsOp(",")) {
+          Next();
+          if (IsOp(")")) break;
+          PW_ASSIGN_OR_RETURN(ExprP item, ParseExpr());
+          t->args.push_back(std::move(item));
+        }
+        e = std::move(t);
+      }
       PW_RETURN_IF_ERROR(Expect(")"));
       return e;
     }
@@ -968,6 +1201,7 @@ class ExprParser {
  private:
   std::string_view src_;
   const Piece& piece_;
+  std::vector<std::pair<std::string, size_t>>* called_;
   std::vector<Tok> toks_;
   size_t k_ = 0;
   int depth_ = 0;
@@ -983,6 +1217,10 @@ class Parser {
   Result<std::unique_ptr<Node>> ParseAll() {
     std::string end_tag;
     PW_ASSIGN_OR_RETURN(auto block, ParseBlock({}, &end_tag));
+    // A call of a name that is neither a builtin nor a macro of this template.
+    for (const auto& [name, pos] : called_) {
+      if (!macros_.count(name)) return Err(pos, "unsupported function '" + name + "'", true);
+    }
     return block;
   }
 
@@ -990,6 +1228,24 @@ class Parser {
   Status Err(size_t pos, const std::string& what, bool unsupported) const {
     const std::string msg = Where(src_, pos) + what;
     return unsupported ? Unsupported(msg) : InvalidArgument(msg);
+  }
+
+  // Parses a filter chain `name(args) | name2 ...` (a {% filter %} tag's) onto a placeholder.
+  Result<std::unique_ptr<Expr>> ParseFilterChain(ExprParser* ep) {
+    auto e = ExprParser::Make(Expr::Op::kLiteral, ep->Peek().pos);
+    while (true) {
+      const size_t pos = ep->Peek().pos;
+      auto f = ExprParser::Make(Expr::Op::kFilter, pos);
+      PW_ASSIGN_OR_RETURN(f->name, ep->ExpectName());
+      if (!Filters().count(f->name)) return Err(pos, "unsupported filter '" + f->name + "'", true);
+      f->args.push_back(std::move(e));
+      if (ep->IsOp("(")) PW_RETURN_IF_ERROR(ep->ParseCallArgs(f.get()));
+      e = std::move(f);
+      if (!ep->IsOp("|")) break;
+      ep->Next();
+    }
+    PW_RETURN_IF_ERROR(ep->ExpectEnd());
+    return e;
   }
 
   // Parses statements until one of `ends` (a block tag keyword); the keyword found is stored in
@@ -1015,7 +1271,7 @@ class Parser {
         ++i_;
         continue;
       }
-      auto ep = std::make_unique<ExprParser>(src_, p);
+      auto ep = std::make_unique<ExprParser>(src_, p, &called_);
       PW_RETURN_IF_ERROR(ep->Tokenize());
       if (p.kind == Piece::Kind::kVar) {
         auto n = std::make_unique<Node>();
@@ -1051,16 +1307,30 @@ class Parser {
         if (!ep->IsName("in")) return Err(ep->Peek().pos, "expected 'in'", false);
         ep->Next();
         PW_ASSIGN_OR_RETURN(n->expr, ep->ParseOr());
-        if (ep->IsName("if")) return Err(ep->Peek().pos, "loop filters are not supported", true);
+        if (ep->IsName("if")) {
+          ep->Next();
+          PW_ASSIGN_OR_RETURN(auto filter, ep->ParseOr());
+          n->conds.push_back(std::move(filter));
+        }
         if (ep->IsName("recursive")) return Err(ep->Peek().pos, "recursive loops", true);
         PW_RETURN_IF_ERROR(ep->ExpectEnd());
         std::string got;
-        PW_ASSIGN_OR_RETURN(auto body, ParseBlock({"endfor", "else"}, &got));
+        ++loops_;
+        auto body = ParseBlock({"endfor", "else"}, &got);
+        --loops_;
+        if (!body.ok()) return body.status();
         if (got.empty()) return Err(kw_pos, "'for' without 'endfor'", false);
-        if (got == "else")
-          return Err(current_->Peek().pos, "'for ... else' is not supported", true);
+        n->children.push_back(std::move(*body));
+        if (got == "else") {  // runs when the loop ran no iteration; break/continue are outside
+          PW_RETURN_IF_ERROR(FinishEndTag());
+          PW_ASSIGN_OR_RETURN(auto else_body, ParseBlock({"endfor", "else"}, &got));
+          if (got != "endfor") {
+            return Err(got.empty() ? kw_pos : current_->Peek().pos,
+                       got.empty() ? "'for' without 'endfor'" : "'else' after 'else'", false);
+          }
+          n->children.push_back(std::move(else_body));
+        }
         PW_RETURN_IF_ERROR(FinishEndTag());
-        n->children.push_back(std::move(body));
         block->children.push_back(std::move(n));
       } else if (kw == "if") {
         auto n = std::make_unique<Node>();
@@ -1101,17 +1371,97 @@ class Parser {
         block->children.push_back(std::move(n));
       } else if (kw == "set") {
         auto n = std::make_unique<Node>();
-        n->kind = Node::Kind::kSet;
         n->pos = kw_pos;
         PW_ASSIGN_OR_RETURN(std::string var, ep->ExpectName());
-        if (ep->IsOp(".")) return Err(ep->Peek().pos, "attribute assignment (namespace)", true);
-        if (!ep->IsOp("=")) return Err(ep->Peek().pos, "block 'set' is not supported", true);
-        ep->Next();
         n->vars.push_back(var);
-        PW_ASSIGN_OR_RETURN(n->expr, ep->ParseExpr());
-        PW_RETURN_IF_ERROR(ep->ExpectEnd());
+        if (ep->IsOp(".")) {  // namespace attribute
+          ep->Next();
+          PW_ASSIGN_OR_RETURN(std::string attr, ep->ExpectName());
+          n->vars.push_back(attr);
+          n->kind = Node::Kind::kSetAttr;
+          PW_RETURN_IF_ERROR(ep->Expect("="));
+          PW_ASSIGN_OR_RETURN(n->expr, ep->ParseExpr());
+          PW_RETURN_IF_ERROR(ep->ExpectEnd());
+        } else if (ep->AtEnd()) {  // {% set name %}...{% endset %}
+          n->kind = Node::Kind::kSetBlock;
+          std::string got;
+          PW_ASSIGN_OR_RETURN(auto body, ParseBlock({"endset"}, &got));
+          if (got.empty()) return Err(kw_pos, "'set' without 'endset'", false);
+          PW_RETURN_IF_ERROR(FinishEndTag());
+          n->children.push_back(std::move(body));
+        } else {
+          if (ep->IsOp(",")) return Err(ep->Peek().pos, "assignment to several names", true);
+          if (!ep->IsOp("=")) return Err(ep->Peek().pos, "filtered block 'set'", true);
+          ep->Next();
+          n->kind = Node::Kind::kSet;
+          PW_ASSIGN_OR_RETURN(n->expr, ep->ParseExpr());
+          PW_RETURN_IF_ERROR(ep->ExpectEnd());
+        }
         block->children.push_back(std::move(n));
-      } else if (kw == "endfor" || kw == "endif" || kw == "elif" || kw == "else") {
+      } else if (kw == "macro") {
+        auto n = std::make_unique<Node>();
+        n->kind = Node::Kind::kMacro;
+        n->pos = kw_pos;
+        PW_ASSIGN_OR_RETURN(std::string name, ep->ExpectName());
+        n->vars.push_back(name);
+        PW_RETURN_IF_ERROR(ep->Expect("("));
+        while (!ep->IsOp(")")) {
+          PW_ASSIGN_OR_RETURN(std::string param, ep->ExpectName());
+          std::unique_ptr<Expr> dflt;
+          if (ep->IsOp("=")) {
+            ep->Next();
+            PW_ASSIGN_OR_RETURN(dflt, ep->ParseExpr());
+          } else if (!n->conds.empty() && n->conds.back()) {
+            return Err(ep->Peek().pos, "parameter without a default after one with a default",
+                       false);
+          }
+          n->vars.push_back(param);
+          n->conds.push_back(std::move(dflt));
+          if (!ep->IsOp(",")) break;
+          ep->Next();
+        }
+        PW_RETURN_IF_ERROR(ep->Expect(")"));
+        PW_RETURN_IF_ERROR(ep->ExpectEnd());
+        std::string got;
+        const int loops = loops_;
+        loops_ = 0;  // break/continue do not cross a macro
+        auto body = ParseBlock({"endmacro"}, &got);
+        loops_ = loops;
+        if (!body.ok()) return body.status();
+        if (got.empty()) return Err(kw_pos, "'macro' without 'endmacro'", false);
+        PW_RETURN_IF_ERROR(FinishEndTag());
+        n->children.push_back(std::move(*body));
+        macros_.insert(name);
+        block->children.push_back(std::move(n));
+      } else if (kw == "filter") {
+        auto n = std::make_unique<Node>();
+        n->kind = Node::Kind::kFilterBlock;
+        n->pos = kw_pos;
+        PW_ASSIGN_OR_RETURN(n->expr, ParseFilterChain(ep.get()));
+        std::string got;
+        PW_ASSIGN_OR_RETURN(auto body, ParseBlock({"endfilter"}, &got));
+        if (got.empty()) return Err(kw_pos, "'filter' without 'endfilter'", false);
+        PW_RETURN_IF_ERROR(FinishEndTag());
+        n->children.push_back(std::move(body));
+        block->children.push_back(std::move(n));
+      } else if (kw == "generation") {
+        // HF's marker of the assistant's tokens (return_assistant_tokens_mask); renders its body.
+        PW_RETURN_IF_ERROR(ep->ExpectEnd());
+        std::string got;
+        PW_ASSIGN_OR_RETURN(auto body, ParseBlock({"endgeneration"}, &got));
+        if (got.empty()) return Err(kw_pos, "'generation' without 'endgeneration'", false);
+        PW_RETURN_IF_ERROR(FinishEndTag());
+        block->children.push_back(std::move(body));
+      } else if (kw == "break" || kw == "continue") {
+        PW_RETURN_IF_ERROR(ep->ExpectEnd());
+        if (loops_ == 0) return Err(kw_pos, "'" + kw + "' outside a loop", false);
+        auto n = std::make_unique<Node>();
+        n->kind = kw == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
+        n->pos = kw_pos;
+        block->children.push_back(std::move(n));
+      } else if (kw == "endfor" || kw == "endif" || kw == "elif" || kw == "else" ||
+                 kw == "endset" || kw == "endmacro" || kw == "endfilter" ||
+                 kw == "endgeneration") {
         return Err(kw_pos, "unexpected '" + kw + "'", false);
       } else {
         return Err(kw_pos, "unsupported statement '" + kw + "'", true);
@@ -1134,7 +1484,10 @@ class Parser {
   size_t i_ = 0;
   static constexpr int kMaxBlockDepth = 100;
   int depth_ = 0;
+  int loops_ = 0;  // enclosing for loops (in the current macro)
   std::unique_ptr<ExprParser> current_;
+  std::vector<std::pair<std::string, size_t>> called_;
+  std::set<std::string> macros_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1142,16 +1495,32 @@ class Parser {
 // ---------------------------------------------------------------------------------------------
 constexpr size_t kMaxOutput = size_t{64} << 20;
 
+// Positional and keyword arguments of a call, evaluated.
+struct Args {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  const Value* Kw(std::string_view name) const {
+    for (const auto& [k, v] : kw) {
+      if (k == name) return &v;
+    }
+    return nullptr;
+  }
+};
+
 class Renderer {
  public:
-  Renderer(std::string_view src, std::map<std::string, Value> globals) : src_(src) {
+  Renderer(std::string_view src, std::map<std::string, Value> globals, int64_t now_unix)
+      : src_(src), now_unix_(now_unix) {
     scopes_.push_back(std::move(globals));
   }
 
   Status Render(const Node& n, std::string* out) {
     switch (n.kind) {
       case Node::Kind::kBlock:
-        for (const auto& c : n.children) PW_RETURN_IF_ERROR(Render(*c, out));
+        for (const auto& c : n.children) {
+          PW_RETURN_IF_ERROR(Render(*c, out));
+          if (loop_ctl_ != LoopCtl::kNone) break;  // break/continue: skip the rest of the body
+        }
         return Status::Ok();
       case Node::Kind::kText:
         return Append(n.text, n.pos, out);
@@ -1164,6 +1533,47 @@ class Renderer {
         scopes_.back()[n.vars[0]] = std::move(v);
         return Status::Ok();
       }
+      case Node::Kind::kSetAttr: {
+        const Value target = Lookup(n.vars[0]);
+        if (target.kind != Value::Kind::kNamespace) {
+          return Err(n.pos, "cannot assign attribute '" + n.vars[1] + "' on '" + n.vars[0] +
+                                "', which is not a namespace");
+        }
+        PW_ASSIGN_OR_RETURN(Value v, Eval(*n.expr));
+        for (auto& [k, val] : *target.ns) {
+          if (k == n.vars[1]) {
+            val = std::move(v);
+            return Status::Ok();
+          }
+        }
+        target.ns->emplace_back(n.vars[1], std::move(v));
+        return Status::Ok();
+      }
+      case Node::Kind::kSetBlock: {
+        std::string body;
+        PW_RETURN_IF_ERROR(Render(*n.children[0], &body));
+        scopes_.back()[n.vars[0]] = Value::Str(std::move(body));
+        return Status::Ok();
+      }
+      case Node::Kind::kMacro: {
+        Value m = Value::Make(Value::Kind::kCallable);
+        m.s = n.vars[0];
+        m.macro = &n;
+        scopes_.back()[n.vars[0]] = std::move(m);
+        return Status::Ok();
+      }
+      case Node::Kind::kFilterBlock: {
+        std::string body;
+        PW_RETURN_IF_ERROR(Render(*n.children[0], &body));
+        PW_ASSIGN_OR_RETURN(Value v, ApplyFilterChain(*n.expr, Value::Str(std::move(body))));
+        return Append(ToString(v), n.pos, out);
+      }
+      case Node::Kind::kBreak:
+        loop_ctl_ = LoopCtl::kBreak;
+        return Status::Ok();
+      case Node::Kind::kContinue:
+        loop_ctl_ = LoopCtl::kContinue;
+        return Status::Ok();
       case Node::Kind::kIf:
         for (size_t k = 0; k < n.conds.size(); ++k) {
           PW_ASSIGN_OR_RETURN(Value c, Eval(*n.conds[k]));
@@ -1178,6 +1588,8 @@ class Renderer {
   }
 
  private:
+  enum class LoopCtl { kNone, kBreak, kContinue };
+
   Status Err(size_t pos, const std::string& what) const {
     return InvalidArgument(Where(src_, pos) + what);
   }
@@ -1191,52 +1603,101 @@ class Renderer {
     return Status::Ok();
   }
 
+  // The items a for loop (or a filter) iterates over: a list's items, a dict's keys, a string's
+  // characters (code points).
+  Result<List> Iterate(const Value& seq, size_t pos) const {
+    List items;
+    switch (seq.kind) {
+      case Value::Kind::kList:
+        return *seq.list;
+      case Value::Kind::kDict:
+        for (const auto& kv : *seq.dict) items.push_back(KeyValue(kv.first));
+        return items;
+      case Value::Kind::kString: {
+        const auto off = CodePointOffsets(seq.s);
+        for (size_t k = 0; k + 1 < off.size(); ++k) {
+          items.push_back(Value::Str(seq.s.substr(off[k], off[k + 1] - off[k])));
+        }
+        return items;
+      }
+      case Value::Kind::kUndefined:
+        return items;  // Jinja iterates an undefined value as empty
+      default:
+        return Err(pos, std::string("'") + (seq.kind == Value::Kind::kNone ? "NoneType" : KindName(seq.kind)) +
+                            "' object is not iterable");
+    }
+  }
+
+  Status BindLoopVars(const Node& n, const Value& item, std::map<std::string, Value>* scope) {
+    if (n.vars.size() == 1) {
+      (*scope)[n.vars[0]] = item;
+      return Status::Ok();
+    }
+    if (item.kind != Value::Kind::kList || item.list->size() != n.vars.size()) {
+      return Err(n.pos, "cannot unpack loop item into " + std::to_string(n.vars.size()) + " names");
+    }
+    for (size_t v = 0; v < n.vars.size(); ++v) (*scope)[n.vars[v]] = (*item.list)[v];
+    return Status::Ok();
+  }
+
   Status RenderFor(const Node& n, std::string* out) {
     PW_ASSIGN_OR_RETURN(Value seq, Eval(*n.expr));
+    PW_ASSIGN_OR_RETURN(List all, Iterate(seq, n.pos));
     List items;
-    if (seq.kind == Value::Kind::kList) {
-      items = *seq.list;
-    } else if (seq.kind == Value::Kind::kDict) {
-      for (const auto& kv : *seq.dict) items.push_back(Value::Str(kv.first));
-    } else if (seq.kind == Value::Kind::kString) {
-      for (char c : seq.s) items.push_back(Value::Str(std::string(1, c)));
-    } else if (seq.kind == Value::Kind::kUndefined || seq.kind == Value::Kind::kNone) {
-      if (seq.kind == Value::Kind::kNone) return Err(n.pos, "'None' is not iterable");
+    if (!n.conds.empty()) {  // `for x in y if cond`: the loop sees only the items that pass
+      for (const Value& item : all) {
+        std::map<std::string, Value> scope;
+        PW_RETURN_IF_ERROR(BindLoopVars(n, item, &scope));
+        scopes_.push_back(std::move(scope));
+        auto keep = Eval(*n.conds[0]);
+        scopes_.pop_back();
+        if (!keep.ok()) return keep.status();
+        if (Truthy(*keep)) items.push_back(item);
+      }
     } else {
-      return Err(n.pos, std::string("'") + KindName(seq.kind) + "' is not iterable");
+      items = std::move(all);
     }
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
       std::map<std::string, Value> scope;
-      if (n.vars.size() == 1) {
-        scope[n.vars[0]] = items[k];
-      } else {
-        const Value& item = items[k];
-        if (item.kind != Value::Kind::kList || item.list->size() != n.vars.size()) {
-          return Err(n.pos,
-                     "cannot unpack loop item into " + std::to_string(n.vars.size()) + " names");
-        }
-        for (size_t v = 0; v < n.vars.size(); ++v) scope[n.vars[v]] = (*item.list)[v];
-      }
-      scope["loop"] = Value::MakeDict({{"index", Value::Int(k + 1)},
-                                       {"index0", Value::Int(k)},
-                                       {"revindex", Value::Int(len - k)},
-                                       {"revindex0", Value::Int(len - k - 1)},
-                                       {"first", Value::Bool(k == 0)},
-                                       {"last", Value::Bool(k == len - 1)},
-                                       {"length", Value::Int(len)}});
+      PW_RETURN_IF_ERROR(BindLoopVars(n, items[k], &scope));
+      Dict loop = {{"index", Value::Int(k + 1)},
+                   {"index0", Value::Int(k)},
+                   {"revindex", Value::Int(len - k)},
+                   {"revindex0", Value::Int(len - k - 1)},
+                   {"first", Value::Bool(k == 0)},
+                   {"last", Value::Bool(k == len - 1)},
+                   {"length", Value::Int(len)},
+                   {"depth", Value::Int(1)},
+                   {"depth0", Value::Int(0)}};
+      if (k > 0) loop.emplace_back("previtem", items[k - 1]);
+      if (k + 1 < len) loop.emplace_back("nextitem", items[k + 1]);
+      Value cycle = Value::Builtin("cycle");
+      cycle.i = k;
+      loop.emplace_back("cycle", std::move(cycle));
+      scope["loop"] = Value::MakeDict(std::move(loop));
       scopes_.push_back(std::move(scope));
       Status st = Render(*n.children[0], out);
       scopes_.pop_back();
       PW_RETURN_IF_ERROR(st);
+      const LoopCtl ctl = loop_ctl_;
+      loop_ctl_ = LoopCtl::kNone;
+      if (ctl == LoopCtl::kBreak) break;
     }
+    if (len == 0 && n.children.size() > 1) return Render(*n.children[1], out);
     return Status::Ok();
   }
 
+  // Names resolve in the innermost scopes of the current frame (a macro call starts a frame),
+  // then in the template's top level.
   Value Lookup(const std::string& name) const {
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      auto f = it->find(name);
-      if (f != it->end()) return f->second;
+    for (size_t k = scopes_.size(); k-- > frame_base_;) {
+      auto f = scopes_[k].find(name);
+      if (f != scopes_[k].end()) return f->second;
+    }
+    if (frame_base_ > 0) {
+      auto f = scopes_[0].find(name);
+      if (f != scopes_[0].end()) return f->second;
     }
     return Value();
   }
@@ -1260,11 +1721,16 @@ class Renderer {
         return EvalSlice(e);
       case Expr::Op::kCall:
         return EvalCall(e);
-      case Expr::Op::kFilter:
-        return EvalFilter(e);
+      case Expr::Op::kFilter: {
+        PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        PW_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
+        return ApplyFilter(e.name, v, args, e.pos);
+      }
       case Expr::Op::kTest: {
         PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
-        return Value::Bool(RunTest(e.name, v) != e.negate);
+        PW_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
+        PW_ASSIGN_OR_RETURN(bool r, RunTest(e.name, v, args.pos, e.pos));
+        return Value::Bool(r != e.negate);
       }
       case Expr::Op::kNot: {
         PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
@@ -1305,8 +1771,11 @@ class Renderer {
         for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
           PW_ASSIGN_OR_RETURN(Value key, Eval(*e.args[k]));
           PW_ASSIGN_OR_RETURN(Value val, Eval(*e.args[k + 1]));
-          if (key.kind != Value::Kind::kString) return Err(e.pos, "dict keys must be strings");
-          d.emplace_back(key.s, std::move(val));
+          std::string hashed;
+          if (!KeyOf(key, &hashed)) {
+            return Err(e.pos, std::string("unhashable type: '") + KindName(key.kind) + "'");
+          }
+          SetKey(&d, hashed, std::move(val));
         }
         return Value::MakeDict(std::move(d));
       }
@@ -1316,18 +1785,71 @@ class Renderer {
     return Err(e.pos, "internal: unknown expression");
   }
 
+  // markupsafe.escape().
+  static std::string EscapeHtml(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+      switch (c) {
+        case '&':
+          out += "&amp;";
+          break;
+        case '<':
+          out += "&lt;";
+          break;
+        case '>':
+          out += "&gt;";
+          break;
+        case '"':
+          out += "&#34;";
+          break;
+        case '\'':
+          out += "&#39;";
+          break;
+        default:
+          out += c;
+      }
+    }
+    return out;
+  }
+
+  static Value Lazy(List items) {
+    Value v = Value::MakeList(std::move(items));
+    v.lazy = true;
+    return v;
+  }
+
+  static void SetKey(Dict* d, const std::string& key, Value v) {
+    for (auto& [k, val] : *d) {
+      if (k == key) {
+        val = std::move(v);
+        return;
+      }
+    }
+    d->emplace_back(key, std::move(v));
+  }
+
   Result<Value> GetItem(const Value& obj, const Value& key, size_t pos) {
-    if (obj.kind == Value::Kind::kDict && key.kind == Value::Kind::kString) {
-      const Value* v = obj.Find(key.s);
+    std::string k;
+    if ((obj.kind == Value::Kind::kDict || obj.kind == Value::Kind::kNamespace) &&
+        KeyOf(key, &k)) {
+      const Value* v = obj.Find(k);
       return v ? *v : Value();
     }
-    if ((obj.kind == Value::Kind::kList || obj.kind == Value::Kind::kString) &&
-        key.kind == Value::Kind::kInt) {
-      const int64_t n = obj.kind == Value::Kind::kList ? obj.list->size() : obj.s.size();
-      int64_t k = key.i < 0 ? key.i + n : key.i;
+    if (obj.kind == Value::Kind::kList && obj.lazy) {
+      return Err(pos, "'generator' object is not subscriptable");
+    }
+    if (obj.kind == Value::Kind::kList && key.kind == Value::Kind::kInt) {
+      const int64_t n = obj.list->size();
+      const int64_t k = key.i < 0 ? key.i + n : key.i;
       if (k < 0 || k >= n) return Value();
-      if (obj.kind == Value::Kind::kList) return (*obj.list)[k];
-      return Value::Str(std::string(1, obj.s[k]));
+      return (*obj.list)[k];
+    }
+    if (obj.kind == Value::Kind::kString && key.kind == Value::Kind::kInt) {
+      const auto off = CodePointOffsets(obj.s);
+      const int64_t n = off.size() - 1;
+      const int64_t k = key.i < 0 ? key.i + n : key.i;
+      if (k < 0 || k >= n) return Value();
+      return Value::Str(obj.s.substr(off[k], off[k + 1] - off[k]));
     }
     if (obj.kind == Value::Kind::kUndefined) {
       return Err(pos, "'" + ToString(key) + "' of an undefined value");
@@ -1356,7 +1878,9 @@ class Renderer {
     if (obj.kind != Value::Kind::kList && obj.kind != Value::Kind::kString) {
       return Err(e.pos, std::string("cannot slice '") + KindName(obj.kind) + "'");
     }
-    const int64_t n = obj.kind == Value::Kind::kList ? obj.list->size() : obj.s.size();
+    std::vector<size_t> off;
+    if (obj.kind == Value::Kind::kString) off = CodePointOffsets(obj.s);
+    const int64_t n = obj.kind == Value::Kind::kList ? obj.list->size() : off.size() - 1;
     const int64_t step = given[2] ? bounds[2] : 1;
     if (step == 0) return Err(e.pos, "slice step cannot be zero");
     // Python's slice.indices().
@@ -1374,7 +1898,7 @@ class Renderer {
       if (obj.kind == Value::Kind::kList) {
         items.push_back((*obj.list)[k]);
       } else {
-        s += obj.s[k];
+        s.append(obj.s, off[k], off[k + 1] - off[k]);
       }
     }
     if (obj.kind == Value::Kind::kList) return Value::MakeList(std::move(items));
@@ -1420,109 +1944,253 @@ class Renderer {
     }
     return s;
   }
+  static std::string Replace(const std::string& s, const std::string& from, const std::string& to,
+                             int64_t count) {
+    std::string out;
+    if (from.empty()) {  // Python inserts `to` around every code point
+      const auto off = CodePointOffsets(s);
+      int64_t done = 0;
+      for (size_t k = 0; k + 1 < off.size(); ++k) {
+        if (count < 0 || done < count) {
+          out += to;
+          ++done;
+        }
+        out.append(s, off[k], off[k + 1] - off[k]);
+      }
+      if (count < 0 || done < count) out += to;
+      return out;
+    }
+    size_t p = 0, f;
+    int64_t done = 0;
+    while ((count < 0 || done < count) && (f = s.find(from, p)) != std::string::npos) {
+      out.append(s, p, f - p);
+      out += to;
+      p = f + from.size();
+      ++done;
+    }
+    out.append(s, p);
+    return out;
+  }
 
-  Result<std::vector<Value>> EvalArgs(const Expr& e, size_t first) {
-    std::vector<Value> out;
+  Result<Args> EvalArgs(const Expr& e, size_t first) {
+    Args out;
     for (size_t k = first; k < e.args.size(); ++k) {
       PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[k]));
-      out.push_back(std::move(v));
+      if (k < e.kw.size() && !e.kw[k].empty()) {
+        out.kw.emplace_back(e.kw[k], std::move(v));
+      } else {
+        out.pos.push_back(std::move(v));
+      }
     }
     return out;
   }
 
   Result<Value> EvalCall(const Expr& e) {
     const Expr& callee = *e.args[0];
-    PW_ASSIGN_OR_RETURN(std::vector<Value> args, EvalArgs(e, 1));
-    auto need = [&](size_t lo, size_t hi) -> Status {
-      if (args.size() < lo || args.size() > hi) {
-        return Err(e.pos, "'" + callee.name + "' takes " + std::to_string(lo) +
-                              (hi != lo ? ".." + std::to_string(hi) : "") + " arguments, got " +
-                              std::to_string(args.size()));
-      }
-      return Status::Ok();
-    };
-    auto str_arg = [&](size_t k) -> Result<std::string> {
-      if (args[k].kind != Value::Kind::kString) {
-        return Err(e.pos, "argument " + std::to_string(k + 1) + " of '" + callee.name +
-                              "' must be a string");
-      }
-      return args[k].s;
-    };
+    PW_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
     if (callee.op == Expr::Op::kName) {
-      if (callee.name == "raise_exception") {
-        PW_RETURN_IF_ERROR(need(1, 1));
-        return InvalidArgument("chat template raised: " + ToString(args[0]));
+      const Value f = Lookup(callee.name);
+      if (f.kind != Value::Kind::kCallable) {
+        return Err(callee.pos, "'" + callee.name + "' is " +
+                                   (f.kind == Value::Kind::kUndefined ? "undefined"
+                                                                      : "not callable"));
       }
-      // range(stop) / range(start, stop[, step]) over integers.
-      PW_RETURN_IF_ERROR(need(1, 3));
-      for (const Value& a : args) {
-        if (a.kind != Value::Kind::kInt) return Err(e.pos, "range() takes integers");
+      return CallValue(f, args, e.pos);
+    }
+    // callee is x.name: a callable stored there (loop.cycle), else a method of x.
+    PW_ASSIGN_OR_RETURN(Value self, Eval(*callee.args[0]));
+    if (const Value* f = self.Find(callee.name); f && f->kind == Value::Kind::kCallable) {
+      return CallValue(*f, args, e.pos);
+    }
+    return CallMethod(self, callee.name, args, e.pos);
+  }
+
+  Status NeedArgs(const Args& a, size_t lo, size_t hi, const std::string& what, size_t pos) const {
+    if (a.pos.size() < lo || a.pos.size() > hi) {
+      return Err(pos, "'" + what + "' takes " + std::to_string(lo) +
+                          (hi != lo ? ".." + std::to_string(hi) : "") + " arguments, got " +
+                          std::to_string(a.pos.size()));
+    }
+    return Status::Ok();
+  }
+
+  Result<Value> CallValue(const Value& f, const Args& args, size_t pos) {
+    if (f.macro) return CallMacro(*f.macro, args, pos);
+    const std::string& name = f.s;
+    if (name != "namespace" && name != "dict" && !args.kw.empty()) {
+      return Err(pos, "'" + name + "' takes no keyword argument '" + args.kw[0].first + "'");
+    }
+    if (name == "raise_exception") {
+      PW_RETURN_IF_ERROR(NeedArgs(args, 1, 1, name, pos));
+      return InvalidArgument("chat template raised: " + ToString(args.pos[0]));
+    }
+    if (name == "cycle") {
+      if (args.pos.empty()) return Err(pos, "no items for cycling given");
+      return args.pos[static_cast<size_t>(f.i) % args.pos.size()];
+    }
+    if (name == "namespace" || name == "dict") {
+      // namespace({...}) / namespace(key=value, ...), as Jinja's Namespace(*args, **kwargs).
+      PW_RETURN_IF_ERROR(NeedArgs(args, 0, 1, name, pos));
+      Dict d;
+      if (!args.pos.empty()) {
+        if (args.pos[0].kind != Value::Kind::kDict) {
+          return Err(pos, "'" + name + "' takes a dict as its positional argument");
+        }
+        d = *args.pos[0].dict;
+      }
+      for (const auto& [k, v] : args.kw) SetKey(&d, k, v);
+      if (name == "dict") return Value::MakeDict(std::move(d));
+      Value ns = Value::Make(Value::Kind::kNamespace);
+      ns.ns = std::make_shared<Dict>(std::move(d));
+      return ns;
+    }
+    if (name == "strftime_now") {
+      PW_RETURN_IF_ERROR(NeedArgs(args, 1, 1, name, pos));
+      if (args.pos[0].kind != Value::Kind::kString) {
+        return Err(pos, "strftime_now() takes a format string");
+      }
+      const std::time_t t = static_cast<std::time_t>(now_unix_);
+      std::tm tm{};
+      gmtime_r(&t, &tm);
+      char buf[512];
+      const std::string& fmt = args.pos[0].s;
+      const size_t n = fmt.empty() ? 0 : std::strftime(buf, sizeof(buf), fmt.c_str(), &tm);
+      if (n == 0 && !fmt.empty()) return Err(pos, "strftime_now() format gives nothing or too much");
+      return Value::Str(std::string(buf, n));
+    }
+    if (name == "range") {
+      PW_RETURN_IF_ERROR(NeedArgs(args, 1, 3, name, pos));
+      for (const Value& a : args.pos) {
+        if (a.kind != Value::Kind::kInt) return Err(pos, "range() takes integers");
       }
       int64_t start = 0, stop, step = 1;
-      if (args.size() == 1) {
-        stop = args[0].i;
+      if (args.pos.size() == 1) {
+        stop = args.pos[0].i;
       } else {
-        start = args[0].i;
-        stop = args[1].i;
-        if (args.size() == 3) step = args[2].i;
+        start = args.pos[0].i;
+        stop = args.pos[1].i;
+        if (args.pos.size() == 3) step = args.pos[2].i;
       }
-      if (step == 0) return Err(e.pos, "range() step must not be zero");
+      if (step == 0) return Err(pos, "range() step must not be zero");
       List items;
       for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
-        if (items.size() >= 1000000) return Err(e.pos, "range() longer than 10^6");
+        if (items.size() >= 1000000) return Err(pos, "range() longer than 10^6");
         items.push_back(Value::Int(k));
       }
       return Value::MakeList(std::move(items));
     }
-    // A method on the value of callee.args[0].
-    PW_ASSIGN_OR_RETURN(Value self, Eval(*callee.args[0]));
-    const std::string& m = callee.name;
+    return Err(pos, "internal: function '" + name + "'");
+  }
+
+  // A macro call renders the body in a new frame that sees the template's top level and the
+  // arguments; what it sets stays inside (a namespace it changes is shared, as in Jinja).
+  Result<Value> CallMacro(const Node& m, const Args& args, size_t pos) {
+    const std::string& name = m.vars[0];
+    const size_t nparams = m.vars.size() - 1;
+    if (args.pos.size() > nparams) {
+      return Err(pos, "macro '" + name + "' takes not more than " + std::to_string(nparams) +
+                          " argument(s)");
+    }
+    std::map<std::string, Value> frame;
+    for (size_t k = 0; k < args.pos.size(); ++k) frame[m.vars[k + 1]] = args.pos[k];
+    for (const auto& [k, v] : args.kw) {
+      bool known = false;
+      for (size_t p = 1; p < m.vars.size(); ++p) known = known || m.vars[p] == k;
+      if (!known) return Err(pos, "macro '" + name + "' takes no keyword argument '" + k + "'");
+      if (frame.count(k)) return Err(pos, "macro '" + name + "' got multiple values for '" + k + "'");
+      frame[k] = v;
+    }
+    if (macro_depth_ >= kMaxMacroDepth) {
+      return Err(pos, "macro calls nested deeper than " + std::to_string(kMaxMacroDepth));
+    }
+    const size_t saved_base = frame_base_;
+    ++macro_depth_;
+    scopes_.push_back(std::move(frame));
+    frame_base_ = scopes_.size() - 1;
+    Status st;
+    for (size_t p = 0; p < nparams && st.ok(); ++p) {  // defaults, evaluated at call time
+      if (scopes_.back().count(m.vars[p + 1]) || !m.conds[p]) continue;
+      auto v = Eval(*m.conds[p]);
+      if (v.ok()) {
+        scopes_.back()[m.vars[p + 1]] = std::move(*v);
+      } else {
+        st = v.status();
+      }
+    }
+    std::string out;
+    if (st.ok()) st = Render(*m.children[0], &out);
+    scopes_.pop_back();
+    frame_base_ = saved_base;
+    --macro_depth_;
+    PW_RETURN_IF_ERROR(st);
+    return Value::Str(std::move(out));
+  }
+
+  Result<Value> CallMethod(const Value& self, const std::string& m, const Args& args, size_t pos) {
+    if (!args.kw.empty()) {
+      return Err(pos, "method '" + m + "' takes no keyword argument '" + args.kw[0].first + "'");
+    }
+    auto str_arg = [&](size_t k) -> Result<std::string> {
+      if (args.pos[k].kind != Value::Kind::kString) {
+        return Err(pos, "argument " + std::to_string(k + 1) + " of '" + m + "' must be a string");
+      }
+      return args.pos[k].s;
+    };
     if (self.kind == Value::Kind::kString) {
       if (m == "strip" || m == "lstrip" || m == "rstrip") {
-        PW_RETURN_IF_ERROR(need(0, 1));
+        PW_RETURN_IF_ERROR(NeedArgs(args, 0, 1, m, pos));
         std::string chars;
-        if (args.size() == 1) {
+        const bool given = !args.pos.empty() && args.pos[0].kind != Value::Kind::kNone;
+        if (given) {
           PW_ASSIGN_OR_RETURN(chars, str_arg(0));
         }
-        return Value::Str(
-            Strip(self.s, args.empty() ? nullptr : &chars, m != "rstrip", m != "lstrip"));
+        return Value::Str(Strip(self.s, given ? &chars : nullptr, m != "rstrip", m != "lstrip"));
       }
       if (m == "upper" || m == "lower" || m == "title" || m == "capitalize") {
-        PW_RETURN_IF_ERROR(need(0, 0));
+        PW_RETURN_IF_ERROR(NeedArgs(args, 0, 0, m, pos));
         return Value::Str(m == "upper"   ? Upper(self.s)
                           : m == "lower" ? Lower(self.s)
                           : m == "title" ? Title(self.s)
                                          : Capitalize(self.s));
       }
       if (m == "startswith" || m == "endswith") {
-        PW_RETURN_IF_ERROR(need(1, 1));
-        PW_ASSIGN_OR_RETURN(std::string a, str_arg(0));
-        const bool r =
-            a.size() <= self.s.size() &&
-            (m == "startswith" ? self.s.compare(0, a.size(), a) == 0
-                               : self.s.compare(self.s.size() - a.size(), a.size(), a) == 0);
+        PW_RETURN_IF_ERROR(NeedArgs(args, 1, 1, m, pos));
+        std::vector<std::string> options;
+        if (args.pos[0].kind == Value::Kind::kList) {  // a tuple of prefixes
+          for (const Value& v : *args.pos[0].list) {
+            if (v.kind != Value::Kind::kString) return Err(pos, m + "() takes strings");
+            options.push_back(v.s);
+          }
+        } else {
+          PW_ASSIGN_OR_RETURN(std::string a, str_arg(0));
+          options.push_back(std::move(a));
+        }
+        bool r = false;
+        for (const std::string& a : options) {
+          r = r || (a.size() <= self.s.size() &&
+                    (m == "startswith" ? self.s.compare(0, a.size(), a) == 0
+                                       : self.s.compare(self.s.size() - a.size(), a.size(), a) == 0));
+        }
         return Value::Bool(r);
       }
       if (m == "replace") {
-        PW_RETURN_IF_ERROR(need(2, 2));
+        PW_RETURN_IF_ERROR(NeedArgs(args, 2, 3, m, pos));
         PW_ASSIGN_OR_RETURN(std::string from, str_arg(0));
         PW_ASSIGN_OR_RETURN(std::string to, str_arg(1));
-        if (from.empty()) return Err(e.pos, "replace() of an empty string is not supported");
-        std::string out;
-        size_t p = 0, f;
-        while ((f = self.s.find(from, p)) != std::string::npos) {
-          out.append(self.s, p, f - p);
-          out += to;
-          p = f + from.size();
-          if (out.size() > kMaxOutput) return Err(e.pos, "replace() result too large");
+        int64_t count = -1;
+        if (args.pos.size() == 3) {
+          if (args.pos[2].kind != Value::Kind::kInt) return Err(pos, "replace() count must be an int");
+          count = args.pos[2].i;
         }
-        out.append(self.s, p);
+        std::string out = Replace(self.s, from, to, count);
+        if (out.size() > kMaxOutput) return Err(pos, "replace() result too large");
         return Value::Str(std::move(out));
       }
       if (m == "split") {
-        PW_RETURN_IF_ERROR(need(0, 1));
+        PW_RETURN_IF_ERROR(NeedArgs(args, 0, 1, m, pos));
         List parts;
-        if (args.empty()) {  // runs of whitespace, no empty parts
+        if (args.pos.empty() || args.pos[0].kind == Value::Kind::kNone) {
+          // Runs of whitespace, no empty parts.
           size_t p = 0;
           while (p < self.s.size()) {
             while (p < self.s.size() && IsSpace(self.s[p])) ++p;
@@ -1533,7 +2201,7 @@ class Renderer {
           }
         } else {
           PW_ASSIGN_OR_RETURN(std::string sep, str_arg(0));
-          if (sep.empty()) return Err(e.pos, "split() with an empty separator");
+          if (sep.empty()) return Err(pos, "split() with an empty separator");
           size_t p = 0, f;
           while ((f = self.s.find(sep, p)) != std::string::npos) {
             parts.push_back(Value::Str(self.s.substr(p, f - p)));
@@ -1545,52 +2213,124 @@ class Renderer {
       }
     } else if (self.kind == Value::Kind::kDict) {
       if (m == "get") {
-        PW_RETURN_IF_ERROR(need(1, 2));
-        PW_ASSIGN_OR_RETURN(std::string key, str_arg(0));
-        const Value* v = self.Find(key);
+        PW_RETURN_IF_ERROR(NeedArgs(args, 1, 2, m, pos));
+        std::string k;
+        const Value* v = KeyOf(args.pos[0], &k) ? self.Find(k) : nullptr;
         if (v) return *v;
-        return args.size() == 2 ? args[1] : Value::None();
+        return args.pos.size() == 2 ? args.pos[1] : Value::None();
       }
       if (m == "keys" || m == "values" || m == "items") {
-        PW_RETURN_IF_ERROR(need(0, 0));
+        PW_RETURN_IF_ERROR(NeedArgs(args, 0, 0, m, pos));
         List items;
         for (const auto& [k, v] : *self.dict) {
           if (m == "keys") {
-            items.push_back(Value::Str(k));
+            items.push_back(KeyValue(k));
           } else if (m == "values") {
             items.push_back(v);
           } else {
-            items.push_back(Value::MakeList({Value::Str(k), v}));
+            items.push_back(Value::MakeList({KeyValue(k), v}));
           }
         }
         return Value::MakeList(std::move(items));
       }
     }
-    return Err(e.pos, std::string("'") + KindName(self.kind) + "' has no method '" + m + "'");
+    if (self.kind == Value::Kind::kUndefined) return Err(pos, "'" + m + "' of an undefined value");
+    return Err(pos, std::string("'") + KindName(self.kind) + "' object has no method '" + m + "'");
   }
 
-  Result<Value> EvalFilter(const Expr& e) {
-    PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
-    PW_ASSIGN_OR_RETURN(std::vector<Value> args, EvalArgs(e, 1));
-    const std::string& f = e.name;
-    auto need = [&](size_t lo, size_t hi) -> Status {
-      if (args.size() < lo || args.size() > hi) {
-        return Err(e.pos, "filter '" + f + "' got " + std::to_string(args.size()) + " arguments");
+  // Applies the filter chain `e` (a {% filter %} tag's) to `v` in place of its placeholder.
+  Result<Value> ApplyFilterChain(const Expr& e, Value v) {
+    if (e.op != Expr::Op::kFilter) return v;
+    PW_ASSIGN_OR_RETURN(Value inner, ApplyFilterChain(*e.args[0], std::move(v)));
+    PW_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
+    return ApplyFilter(e.name, inner, args, e.pos);
+  }
+
+  // x.a.b for selectattr / map(attribute=) / unique(attribute=) / join(attribute=).
+  Result<Value> Attribute(const Value& item, const std::string& path, size_t pos) {
+    Value v = item;
+    size_t p = 0;
+    while (true) {
+      const size_t dot = path.find('.', p);
+      const std::string part = path.substr(p, dot == std::string::npos ? std::string::npos : dot - p);
+      Value key = Value::Str(part);
+      if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+        key = Value::Int(std::stoll(part));
       }
-      return Status::Ok();
+      if (v.kind == Value::Kind::kUndefined) return Value();
+      PW_ASSIGN_OR_RETURN(v, GetItem(v, key, pos));
+      if (dot == std::string::npos) return v;
+      p = dot + 1;
+    }
+  }
+
+  Result<Value> ToInt(const Value& v, const Value& dflt) {
+    switch (v.kind) {
+      case Value::Kind::kInt:
+        return v;
+      case Value::Kind::kBool:
+        return Value::Int(v.b);
+      case Value::Kind::kFloat:
+        return std::isfinite(v.f) ? Value::Int(static_cast<int64_t>(v.f)) : dflt;
+      case Value::Kind::kString: {
+        const std::string t = Strip(v.s, nullptr, true, true);
+        int64_t x = 0;
+        auto r = std::from_chars(t.data(), t.data() + t.size(), x);
+        if (r.ec == std::errc() && r.ptr == t.data() + t.size() && !t.empty()) return Value::Int(x);
+        char* end = nullptr;
+        const double d = std::strtod(t.c_str(), &end);
+        if (!t.empty() && end == t.c_str() + t.size() && std::isfinite(d)) {
+          return Value::Int(static_cast<int64_t>(d));
+        }
+        return dflt;
+      }
+      default:
+        return dflt;
+    }
+  }
+
+  Result<Value> ApplyFilter(const std::string& f, const Value& v, const Args& args, size_t pos) {
+    auto need = [&](size_t lo, size_t hi) { return NeedArgs(args, lo, hi, f, pos); };
+    auto kw_or = [&](std::string_view name, size_t index, const Value& dflt) -> Value {
+      if (const Value* k = args.Kw(name)) return *k;
+      return index < args.pos.size() ? args.pos[index] : dflt;
     };
     if (f == "default" || f == "d") {
       PW_RETURN_IF_ERROR(need(0, 2));
-      const bool use_default =
-          args.size() == 2 && Truthy(args[1]) ? !Truthy(v) : v.kind == Value::Kind::kUndefined;
-      if (use_default) return args.empty() ? Value::Str("") : args[0];
+      const bool use_default = args.pos.size() == 2 && Truthy(args.pos[1])
+                                   ? !Truthy(v)
+                                   : v.kind == Value::Kind::kUndefined;
+      if (use_default) return args.pos.empty() ? Value::Str("") : args.pos[0];
       return v;
     }
     if (f == "tojson") {
-      PW_RETURN_IF_ERROR(need(0, 0));
+      // HF's tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
+      PW_RETURN_IF_ERROR(need(0, 4));
+      JsonStyle style;
+      const Value ea = kw_or("ensure_ascii", 0, Value::Bool(false));
+      const Value indent = kw_or("indent", 1, Value::None());
+      const Value seps = kw_or("separators", 2, Value::None());
+      const Value sort = kw_or("sort_keys", 3, Value::Bool(false));
+      style.ensure_ascii = Truthy(ea);
+      style.sort_keys = Truthy(sort);
+      if (indent.kind == Value::Kind::kInt) {
+        style.indent = static_cast<int>(std::clamp<int64_t>(indent.i, 0, 64));
+      } else if (indent.kind != Value::Kind::kNone) {
+        return Err(pos, "tojson indent must be an integer");
+      }
+      if (seps.kind != Value::Kind::kNone) return Err(pos, "tojson separators are not supported");
       std::string out;
-      ToJson(v, &out);
+      if (!ToJson(v, style, 0, &out)) {
+        return Err(pos, std::string("Object of type ") + KindName(v.kind) +
+                            " is not JSON serializable");
+      }
       return Value::Str(std::move(out));
+    }
+    if (f == "safe") {
+      PW_RETURN_IF_ERROR(need(0, 0));
+      Value m = Value::Str(ToString(v));
+      m.markup = true;
+      return m;
     }
     if (f == "string") {
       PW_RETURN_IF_ERROR(need(0, 0));
@@ -1598,75 +2338,401 @@ class Renderer {
     }
     if (f == "length" || f == "count") {
       PW_RETURN_IF_ERROR(need(0, 0));
-      if (v.kind == Value::Kind::kString) return Value::Int(v.s.size());
+      if (v.kind == Value::Kind::kString) return Value::Int(CodePointCount(v.s));
+      if (v.kind == Value::Kind::kList && v.lazy) {
+        return Err(pos, "object of type 'generator' has no len()");
+      }
       if (v.kind == Value::Kind::kList) return Value::Int(v.list->size());
       if (v.kind == Value::Kind::kDict) return Value::Int(v.dict->size());
-      return Err(e.pos, std::string("object of type '") + KindName(v.kind) + "' has no length");
+      if (v.kind == Value::Kind::kUndefined) return Value::Int(0);
+      return Err(pos, std::string("object of type '") + KindName(v.kind) + "' has no len()");
     }
     if (f == "first" || f == "last") {
       PW_RETURN_IF_ERROR(need(0, 0));
-      if (v.kind == Value::Kind::kList) {
-        if (v.list->empty()) return Value();
-        return f == "first" ? v.list->front() : v.list->back();
+      if (f == "last" && v.kind == Value::Kind::kList && v.lazy) {
+        return Err(pos, "'generator' object is not reversible");
       }
-      if (v.kind == Value::Kind::kString) {
-        if (v.s.empty()) return Value();
-        return Value::Str(std::string(1, f == "first" ? v.s.front() : v.s.back()));
-      }
-      return Err(e.pos, std::string("'") + KindName(v.kind) + "' has no " + f);
+      PW_ASSIGN_OR_RETURN(List items, Iterate(v, pos));
+      if (items.empty()) return Value();
+      return f == "first" ? items.front() : items.back();
     }
     if (f == "list") {
       PW_RETURN_IF_ERROR(need(0, 0));
-      if (v.kind == Value::Kind::kList) return v;
-      List items;
-      if (v.kind == Value::Kind::kString) {
-        for (char c : v.s) items.push_back(Value::Str(std::string(1, c)));
-      } else if (v.kind == Value::Kind::kDict) {
-        for (const auto& kv : *v.dict) items.push_back(Value::Str(kv.first));
-      } else {
-        return Err(e.pos, std::string("'") + KindName(v.kind) + "' is not iterable");
-      }
+      if (v.kind == Value::Kind::kList) return Value::MakeList(*v.list);
+      PW_ASSIGN_OR_RETURN(List items, Iterate(v, pos));
       return Value::MakeList(std::move(items));
     }
+    if (f == "items") {
+      PW_RETURN_IF_ERROR(need(0, 0));
+      if (v.kind == Value::Kind::kUndefined) return Lazy({});
+      if (v.kind != Value::Kind::kDict) return Err(pos, "can only get item pairs from a mapping");
+      List items;
+      for (const auto& [k, x] : *v.dict) items.push_back(Value::MakeList({KeyValue(k), x}));
+      return Lazy(std::move(items));
+    }
+    if (f == "dictsort") {
+      // dictsort(case_sensitive=False, by='key', reverse=False)
+      PW_RETURN_IF_ERROR(need(0, 3));
+      if (v.kind != Value::Kind::kDict) return Err(pos, "dictsort expects a mapping");
+      const bool cs = Truthy(kw_or("case_sensitive", 0, Value::Bool(false)));
+      const Value by = kw_or("by", 1, Value::Str("key"));
+      const bool rev = Truthy(kw_or("reverse", 2, Value::Bool(false)));
+      if (by.kind != Value::Kind::kString || (by.s != "key" && by.s != "value")) {
+        return Err(pos, "dictsort: 'by' must be 'key' or 'value'");
+      }
+      List items;
+      for (const auto& [k, x] : *v.dict) items.push_back(Value::MakeList({KeyValue(k), x}));
+      Status st;
+      auto sort_key = [&](const Value& pair) {
+        Value x = (*pair.list)[by.s == "key" ? 0 : 1];
+        if (!cs && x.kind == Value::Kind::kString) x.s = Lower(x.s);
+        return x;
+      };
+      std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
+        auto c = Compare(sort_key(a), sort_key(b), pos);
+        if (!c.ok()) {
+          st = c.status();
+          return false;
+        }
+        return rev ? *c > 0 : *c < 0;
+      });
+      PW_RETURN_IF_ERROR(st);
+      return Value::MakeList(std::move(items));
+    }
+    if (f == "unique") {
+      // unique(case_sensitive=False, attribute=None): first occurrences, in order.
+      PW_RETURN_IF_ERROR(need(0, 2));
+      const bool cs = Truthy(kw_or("case_sensitive", 0, Value::Bool(false)));
+      const Value attr = kw_or("attribute", 1, Value::None());
+      PW_ASSIGN_OR_RETURN(List items, Iterate(v, pos));
+      List out, seen;
+      for (const Value& item : items) {
+        Value key = item;
+        if (attr.kind == Value::Kind::kString) {
+          PW_ASSIGN_OR_RETURN(key, Attribute(item, attr.s, pos));
+        }
+        if (!cs && key.kind == Value::Kind::kString) key.s = Lower(key.s);
+        bool dup = false;
+        for (const Value& s : seen) dup = dup || Equal(s, key);
+        if (dup) continue;
+        seen.push_back(key);
+        out.push_back(item);
+      }
+      return Value::MakeList(std::move(out));
+    }
     if (f == "join") {
-      PW_RETURN_IF_ERROR(need(0, 1));
-      if (v.kind != Value::Kind::kList) return Err(e.pos, "join expects a list");
-      const std::string sep = args.empty() ? "" : ToString(args[0]);
+      // join(d='', attribute=None)
+      PW_RETURN_IF_ERROR(need(0, 2));
+      const Value sep = kw_or("d", 0, Value::Str(""));
+      const Value attr = kw_or("attribute", 1, Value::None());
+      PW_ASSIGN_OR_RETURN(List items, Iterate(v, pos));
       std::string out;
-      for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) out += sep;
-        out += ToString((*v.list)[k]);
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) out += ToString(sep);
+        Value item = items[k];
+        if (attr.kind == Value::Kind::kString) {
+          PW_ASSIGN_OR_RETURN(item, Attribute(item, attr.s, pos));
+        }
+        out += ToString(item);
+        if (out.size() > kMaxOutput) return Err(pos, "join() result too large");
       }
       return Value::Str(std::move(out));
     }
-    // String filters.
-    PW_RETURN_IF_ERROR(need(0, 0));
-    if (v.kind != Value::Kind::kString) {
-      return Err(e.pos, "filter '" + f + "' expects a string, got '" + KindName(v.kind) + "'");
+    if (f == "map") {
+      // map(attribute='x', default=None) or map('filter', args...)
+      // Jinja maps a false value (None, an undefined one) to nothing.
+      PW_ASSIGN_OR_RETURN(List items, Truthy(v) ? Iterate(v, pos) : Result<List>(List{}));
+      List out;
+      if (const Value* attr = args.Kw("attribute")) {
+        if (attr->kind != Value::Kind::kString) return Err(pos, "map: attribute must be a string");
+        const Value* dflt = args.Kw("default");
+        for (const Value& item : items) {
+          PW_ASSIGN_OR_RETURN(Value x, Attribute(item, attr->s, pos));
+          if (x.kind == Value::Kind::kUndefined && dflt) x = *dflt;
+          out.push_back(std::move(x));
+        }
+        return Lazy(std::move(out));
+      }
+      if (args.pos.empty() || args.pos[0].kind != Value::Kind::kString) {
+        return Err(pos, "map expects a filter name or attribute=");
+      }
+      const std::string name = args.pos[0].s;
+      if (!Filters().count(name)) return Err(pos, "map: unsupported filter '" + name + "'");
+      Args rest;
+      rest.pos.assign(args.pos.begin() + 1, args.pos.end());
+      rest.kw = args.kw;
+      for (const Value& item : items) {
+        PW_ASSIGN_OR_RETURN(Value x, ApplyFilter(name, item, rest, pos));
+        out.push_back(std::move(x));
+      }
+      return Lazy(std::move(out));
     }
-    if (f == "trim") return Value::Str(Strip(v.s, nullptr, true, true));
-    if (f == "upper") return Value::Str(Upper(v.s));
-    if (f == "lower") return Value::Str(Lower(v.s));
-    if (f == "capitalize") return Value::Str(Capitalize(v.s));
-    if (f == "title") return Value::Str(Title(v.s));
-    return Err(e.pos, "internal: filter '" + f + "'");
+    if (f == "select" || f == "reject" || f == "selectattr" || f == "rejectattr") {
+      const bool attr = f == "selectattr" || f == "rejectattr";
+      const bool keep_if = f == "select" || f == "selectattr";
+      if (!args.kw.empty()) return Err(pos, f + " takes no keyword arguments");
+      size_t k = 0;
+      std::string path;
+      if (attr) {
+        if (args.pos.empty() || args.pos[0].kind != Value::Kind::kString) {
+          return Err(pos, f + " expects an attribute name");
+        }
+        path = args.pos[k++].s;
+      }
+      std::string test;
+      if (k < args.pos.size()) {
+        if (args.pos[k].kind != Value::Kind::kString) return Err(pos, f + " expects a test name");
+        test = args.pos[k++].s;
+        if (!Tests().count(test)) return Err(pos, f + ": unsupported test '" + test + "'");
+      }
+      const std::vector<Value> targs(args.pos.begin() + k, args.pos.end());
+      // Jinja selects nothing from a false value (None, an undefined one).
+      PW_ASSIGN_OR_RETURN(List items, Truthy(v) ? Iterate(v, pos) : Result<List>(List{}));
+      List out;
+      for (const Value& item : items) {
+        Value x = item;
+        if (attr) {
+          PW_ASSIGN_OR_RETURN(x, Attribute(item, path, pos));
+        }
+        bool r;
+        if (test.empty()) {
+          r = Truthy(x);
+        } else {
+          PW_ASSIGN_OR_RETURN(r, RunTest(test, x, targs, pos));
+        }
+        if (r == keep_if) out.push_back(item);
+      }
+      return Lazy(std::move(out));
+    }
+    if (f == "replace") {
+      PW_RETURN_IF_ERROR(need(2, 3));
+      const Value count = kw_or("count", 2, Value::None());
+      if (count.kind != Value::Kind::kNone && count.kind != Value::Kind::kInt) {
+        return Err(pos, "replace: count must be an integer");
+      }
+      std::string out = Replace(ToString(v), ToString(args.pos[0]), ToString(args.pos[1]),
+                                count.kind == Value::Kind::kInt ? count.i : -1);
+      if (out.size() > kMaxOutput) return Err(pos, "replace() result too large");
+      return Value::Str(std::move(out));
+    }
+    if (f == "indent") {
+      // indent(width=4, first=False, blank=False), as Jinja 3.1.
+      PW_RETURN_IF_ERROR(need(0, 3));
+      const Value width = kw_or("width", 0, Value::Int(4));
+      const bool first = Truthy(kw_or("first", 1, Value::Bool(false)));
+      const bool blank = Truthy(kw_or("blank", 2, Value::Bool(false)));
+      std::string ind;
+      if (width.kind == Value::Kind::kString) {
+        ind = width.s;
+      } else if (width.kind == Value::Kind::kInt) {
+        ind.assign(static_cast<size_t>(std::clamp<int64_t>(width.i, 0, 1024)), ' ');
+      } else {
+        return Err(pos, "indent: width must be an integer or a string");
+      }
+      // str.splitlines() of the text plus "\n" (\n, \r\n and \r end lines).
+      const std::string text = ToString(v) + "\n";
+      std::vector<std::string> lines;
+      size_t p = 0;
+      while (p < text.size()) {
+        size_t q = p;
+        while (q < text.size() && text[q] != '\n' && text[q] != '\r') ++q;
+        lines.push_back(text.substr(p, q - p));
+        if (q < text.size() && text[q] == '\r' && q + 1 < text.size() && text[q + 1] == '\n') ++q;
+        p = q + 1;
+      }
+      std::string out;
+      for (size_t k = 0; k < lines.size(); ++k) {
+        if (k) {
+          out += '\n';
+          if (blank || !lines[k].empty()) out += ind;
+        }
+        out += lines[k];
+        if (out.size() > kMaxOutput) return Err(pos, "indent() result too large");
+      }
+      if (first) out = ind + out;
+      return Value::Str(std::move(out));
+    }
+    if (f == "wordcount") {
+      PW_RETURN_IF_ERROR(need(0, 0));
+      // Runs of Python's \w: letters, numbers and '_'.
+      const std::string s = ToString(v);
+      const auto off = CodePointOffsets(s);
+      int64_t n = 0;
+      bool in_word = false;
+      for (size_t k = 0; k + 1 < off.size(); ++k) {
+        const unsigned char c0 = static_cast<unsigned char>(s[off[k]]);
+        const size_t len = off[k + 1] - off[k];
+        char32_t cp = len == 1 ? c0 : len == 2 ? c0 & 0x1F : len == 3 ? c0 & 0x0F : c0 & 0x07;
+        for (size_t j = 1; j < len; ++j) cp = (cp << 6) | (static_cast<unsigned char>(s[off[k] + j]) & 0x3F);
+        const auto cls = unicode::Classify(cp);
+        const bool w = cp == '_' || cls == unicode::CharClass::kLetter ||
+                       cls == unicode::CharClass::kNumber;
+        if (w && !in_word) ++n;
+        in_word = w;
+      }
+      return Value::Int(n);
+    }
+    if (f == "int") {
+      PW_RETURN_IF_ERROR(need(0, 2));
+      return ToInt(v, kw_or("default", 0, Value::Int(0)));
+    }
+    if (f == "float") {
+      PW_RETURN_IF_ERROR(need(0, 1));
+      const Value dflt = kw_or("default", 0, Value::Float(0));
+      if (v.kind == Value::Kind::kFloat) return v;
+      if (v.kind == Value::Kind::kInt || v.kind == Value::Kind::kBool) {
+        return Value::Float(v.AsDouble());
+      }
+      if (v.kind == Value::Kind::kString) {
+        const std::string t = Strip(v.s, nullptr, true, true);
+        char* end = nullptr;
+        const double d = std::strtod(t.c_str(), &end);
+        if (!t.empty() && end == t.c_str() + t.size()) return Value::Float(d);
+      }
+      return dflt;
+    }
+    if (f == "abs") {
+      PW_RETURN_IF_ERROR(need(0, 0));
+      if (v.kind == Value::Kind::kInt) return Value::Int(v.i < 0 ? -v.i : v.i);
+      if (v.kind == Value::Kind::kBool) return Value::Int(v.b);
+      if (v.kind == Value::Kind::kFloat) return Value::Float(std::fabs(v.f));
+      return Err(pos, std::string("bad operand type for abs(): '") + KindName(v.kind) + "'");
+    }
+    if (f == "round") {
+      // round(precision=0, method='common'|'ceil'|'floor'); always a float, as Jinja.
+      PW_RETURN_IF_ERROR(need(0, 2));
+      const Value prec = kw_or("precision", 0, Value::Int(0));
+      const Value method = kw_or("method", 1, Value::Str("common"));
+      if (!v.IsNumber()) return Err(pos, "round expects a number");
+      if (prec.kind != Value::Kind::kInt) return Err(pos, "round: precision must be an integer");
+      const double scale = std::pow(10.0, static_cast<double>(prec.i));
+      const double x = v.AsDouble() * scale;
+      double r;
+      if (method.kind == Value::Kind::kString && method.s == "common") {
+        if (prec.i >= 0 && prec.i <= 30) {
+          // Python's round(x, n): the exact binary value rounded half to even, as printf does.
+          char buf[512];
+          std::snprintf(buf, sizeof(buf), "%.*f", static_cast<int>(prec.i), v.AsDouble());
+          return Value::Float(std::strtod(buf, nullptr));
+        }
+        r = std::nearbyint(x);
+      } else if (method.kind == Value::Kind::kString && method.s == "ceil") {
+        r = std::ceil(x);
+      } else if (method.kind == Value::Kind::kString && method.s == "floor") {
+        r = std::floor(x);
+      } else {
+        return Err(pos, "round: method must be common, ceil or floor");
+      }
+      return Value::Float(r / scale);
+    }
+    // String filters (Jinja converts the value to a string first).
+    if (f == "trim") {
+      PW_RETURN_IF_ERROR(need(0, 1));
+      const bool given = !args.pos.empty() && args.pos[0].kind != Value::Kind::kNone;
+      const std::string chars = given ? ToString(args.pos[0]) : "";
+      return Value::Str(Strip(ToString(v), given ? &chars : nullptr, true, true));
+    }
+    PW_RETURN_IF_ERROR(need(0, 0));
+    const std::string s = ToString(v);
+    if (f == "upper") return Value::Str(Upper(s));
+    if (f == "lower") return Value::Str(Lower(s));
+    if (f == "capitalize") return Value::Str(Capitalize(s));
+    if (f == "title") return Value::Str(Title(s));
+    return Err(pos, "internal: filter '" + f + "'");
   }
 
-  static bool RunTest(const std::string& t, const Value& v) {
+  Result<bool> RunTest(const std::string& t, const Value& v, const std::vector<Value>& args,
+                       size_t pos) {
     using K = Value::Kind;
+    auto need = [&](size_t n) -> Status {
+      if (args.size() != n) {
+        return Err(pos, "test '" + t + "' takes " + std::to_string(n) + " argument(s), got " +
+                            std::to_string(args.size()));
+      }
+      return Status::Ok();
+    };
+    if (t == "equalto" || t == "eq" || t == "==" || t == "ne" || t == "!=") {
+      PW_RETURN_IF_ERROR(need(1));
+      return Equal(v, args[0]) == (t != "ne" && t != "!=");
+    }
+    if (t == "lt" || t == "<" || t == "le" || t == "<=" || t == "gt" || t == ">" || t == "ge" ||
+        t == ">=") {
+      PW_RETURN_IF_ERROR(need(1));
+      PW_ASSIGN_OR_RETURN(int c, Compare(v, args[0], pos));
+      if (t == "lt" || t == "<") return c < 0;
+      if (t == "le" || t == "<=") return c <= 0;
+      if (t == "gt" || t == ">") return c > 0;
+      return c >= 0;
+    }
+    if (t == "in") {
+      PW_RETURN_IF_ERROR(need(1));
+      return Contains(args[0], v, pos);
+    }
+    if (t == "divisibleby") {
+      PW_RETURN_IF_ERROR(need(1));
+      if (v.kind != K::kInt || args[0].kind != K::kInt) return Err(pos, "divisibleby takes integers");
+      if (args[0].i == 0) return Err(pos, "integer division or modulo by zero");
+      return v.i % args[0].i == 0;
+    }
+    PW_RETURN_IF_ERROR(need(0));
     if (t == "defined") return v.kind != K::kUndefined;
     if (t == "undefined") return v.kind == K::kUndefined;
     if (t == "none") return v.kind == K::kNone;
     if (t == "string") return v.kind == K::kString;
-    if (t == "number") return v.kind == K::kInt || v.kind == K::kFloat;
+    if (t == "number") return v.kind == K::kInt || v.kind == K::kFloat || v.kind == K::kBool;
+    if (t == "integer") return v.kind == K::kInt;
+    if (t == "float") return v.kind == K::kFloat;
     if (t == "boolean") return v.kind == K::kBool;
     if (t == "sequence" || t == "iterable") {
       return v.kind == K::kList || v.kind == K::kString || v.kind == K::kDict;
     }
     if (t == "mapping") return v.kind == K::kDict;
+    if (t == "callable") return v.kind == K::kCallable;
     if (t == "true") return v.kind == K::kBool && v.b;
     if (t == "false") return v.kind == K::kBool && !v.b;
-    return false;
+    if (t == "odd" || t == "even") {
+      if (v.kind != K::kInt) return Err(pos, "test '" + t + "' takes an integer");
+      return (v.i % 2 != 0) == (t == "odd");
+    }
+    if (t == "lower" || t == "upper") {
+      const std::string s = ToString(v);
+      return s == (t == "lower" ? Lower(s) : Upper(s));
+    }
+    return Err(pos, "internal: test '" + t + "'");
+  }
+
+  Result<int> Compare(const Value& l, const Value& r, size_t pos) const {
+    if (l.IsNumber() && r.IsNumber()) {
+      return l.AsDouble() < r.AsDouble() ? -1 : l.AsDouble() > r.AsDouble() ? 1 : 0;
+    }
+    if (l.kind == Value::Kind::kString && r.kind == Value::Kind::kString) {
+      const int c = l.s.compare(r.s);
+      return c < 0 ? -1 : c > 0 ? 1 : 0;
+    }
+    return Err(pos, std::string("'<' not supported between instances of '") + KindName(l.kind) +
+                        "' and '" + KindName(r.kind) + "'");
+  }
+
+  Result<bool> Contains(const Value& container, const Value& x, size_t pos) const {
+    if (container.kind == Value::Kind::kString && x.kind == Value::Kind::kString) {
+      return container.s.find(x.s) != std::string::npos;
+    }
+    if (container.kind == Value::Kind::kList) {
+      for (const Value& y : *container.list) {
+        if (Equal(y, x)) return true;
+      }
+      return false;
+    }
+    std::string key;
+    if ((container.kind == Value::Kind::kDict || container.kind == Value::Kind::kNamespace) &&
+        KeyOf(x, &key)) {
+      return container.Find(key) != nullptr;
+    }
+    if (container.kind == Value::Kind::kDict) return false;
+    if (container.kind == Value::Kind::kUndefined) return false;  // iterates as empty in Jinja
+    return Err(pos, std::string("argument of type '") +
+                        (container.kind == Value::Kind::kNone ? "NoneType" : KindName(container.kind)) +
+                        "' is not iterable");
   }
 
   Result<Value> EvalBinary(const Expr& e) {
@@ -1686,35 +2752,27 @@ class Renderer {
       return Value::Str(std::move(s));
     }
     if (op == "in" || op == "not in") {
-      bool found = false;
-      if (r.kind == K::kString && l.kind == K::kString) {
-        found = r.s.find(l.s) != std::string::npos;
-      } else if (r.kind == K::kList) {
-        for (const Value& x : *r.list) found = found || Equal(x, l);
-      } else if (r.kind == K::kDict && l.kind == K::kString) {
-        found = r.Find(l.s) != nullptr;
-      } else {
-        return type_error();
-      }
+      PW_ASSIGN_OR_RETURN(bool found, Contains(r, l, e.pos));
       return Value::Bool(found != (op == "not in"));
     }
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-      int c;
-      if (l.IsNumber() && r.IsNumber()) {
-        c = l.AsDouble() < r.AsDouble() ? -1 : l.AsDouble() > r.AsDouble() ? 1 : 0;
-      } else if (l.kind == K::kString && r.kind == K::kString) {
-        c = l.s.compare(r.s);
-      } else {
+      if (!(l.IsNumber() && r.IsNumber()) && !(l.kind == K::kString && r.kind == K::kString)) {
         return type_error();
       }
+      PW_ASSIGN_OR_RETURN(int c, Compare(l, r, e.pos));
       return Value::Bool(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
     }
     if (op == "+") {
       if (l.kind == K::kString && r.kind == K::kString) {
         if (l.s.size() + r.s.size() > kMaxOutput) return Err(e.pos, "string too large");
+        if (l.markup || r.markup) {  // Markup + str escapes the str, as markupsafe does
+          Value m = Value::Str((l.markup ? l.s : EscapeHtml(l.s)) + (r.markup ? r.s : EscapeHtml(r.s)));
+          m.markup = true;
+          return m;
+        }
         return Value::Str(l.s + r.s);
       }
-      if (l.kind == K::kList && r.kind == K::kList) {
+      if (l.kind == K::kList && r.kind == K::kList && !l.lazy && !r.lazy) {
         List items = *l.list;
         items.insert(items.end(), r.list->begin(), r.list->end());
         return Value::MakeList(std::move(items));
@@ -1735,6 +2793,16 @@ class Renderer {
     if (op == "+") return ints ? Value::Int(li + ri) : Value::Float(l.AsDouble() + r.AsDouble());
     if (op == "-") return ints ? Value::Int(li - ri) : Value::Float(l.AsDouble() - r.AsDouble());
     if (op == "*") return ints ? Value::Int(li * ri) : Value::Float(l.AsDouble() * r.AsDouble());
+    if (op == "**") {
+      if (ints && ri >= 0) {
+        int64_t p = 1;
+        for (int64_t k = 0; k < ri; ++k) {
+          if (__builtin_mul_overflow(p, li, &p)) return Err(e.pos, "integer power too large");
+        }
+        return Value::Int(p);
+      }
+      return Value::Float(std::pow(l.AsDouble(), r.AsDouble()));
+    }
     if (op == "/") {
       if (r.AsDouble() == 0) return Err(e.pos, "division by zero");
       return Value::Float(l.AsDouble() / r.AsDouble());
@@ -1753,8 +2821,13 @@ class Renderer {
     return type_error();
   }
 
+  static constexpr int kMaxMacroDepth = 64;  // bounds macro recursion (and so the stack)
   std::string_view src_;
+  int64_t now_unix_;
   std::vector<std::map<std::string, Value>> scopes_;
+  size_t frame_base_ = 0;  // first scope of the current macro frame (0: the top level)
+  LoopCtl loop_ctl_ = LoopCtl::kNone;
+  int macro_depth_ = 0;
 };
 
 }  // namespace jinja
@@ -1784,24 +2857,160 @@ Result<ChatTemplate> ChatTemplate::Parse(std::string_view raw_source) {
   return t;
 }
 
+namespace {
+
+jinja::Value FromJson(const nlohmann::ordered_json& j) {
+  using jinja::Value;
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value::Int(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                 ? Value::Float(static_cast<double>(j.get<uint64_t>()))
+                 : Value::Int(static_cast<int64_t>(j.get<uint64_t>()));
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::Float(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value::Str(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      jinja::List items;
+      for (const auto& x : j) items.push_back(FromJson(x));
+      return Value::MakeList(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      jinja::Dict d;
+      for (const auto& [k, x] : j.items()) d.emplace_back(k, FromJson(x));
+      return Value::MakeDict(std::move(d));
+    }
+    default:
+      return Value::Str("<binary>");
+  }
+}
+
+// HF's message normalisation (apply_chat_template): keys whose value is null are dropped, and the
+// reasoning given under reasoning_content, thinking or reasoning is passed under both
+// `thinking` (first) and `reasoning_content` (gpt-oss templates read the one, others the other).
+nlohmann::ordered_json NormalizeMessage(const nlohmann::ordered_json& m) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  const nlohmann::ordered_json* reasoning = nullptr;
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+    auto it = m.find(key);
+    if (!reasoning && it != m.end() && !it->is_null()) reasoning = &*it;
+  }
+  if (reasoning) out["thinking"] = *reasoning;
+  for (const auto& [k, v] : m.items()) {
+    if (!v.is_null()) out[k] = v;
+  }
+  if (reasoning) out["reasoning_content"] = *reasoning;
+  return out;
+}
+
+constexpr char kContinueTag[] = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+}  // namespace
+
+nlohmann::ordered_json ChatTemplateInputs::TextMessages(const std::vector<ChatMessage>& messages) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
+  return out;
+}
+
 Result<std::string> ChatTemplate::Render(const ChatTemplateInputs& in) const {
   using jinja::Value;
-  jinja::List messages;
-  for (const ChatMessage& m : in.messages) {
-    messages.push_back(
-        Value::MakeDict({{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}}));
+  if (!in.messages.is_array()) return InvalidArgument("chat template: messages must be a list");
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (const auto& m : in.messages) {
+    if (!m.is_object()) return InvalidArgument("chat template: each message must be an object");
+    messages.push_back(NormalizeMessage(m));
+  }
+  // continue_final_message, as HF: the last message's content gets a tag, the prompt is cut
+  // where the tag is rendered.
+  std::string final_text;
+  if (in.continue_final_message) {
+    if (in.add_generation_prompt) {
+      return InvalidArgument(
+          "continue_final_message and add_generation_prompt are not compatible: the first "
+          "continues the last message, the second starts a new assistant message");
+    }
+    if (messages.empty()) {
+      return InvalidArgument("continue_final_message is set but the conversation is empty");
+    }
+    auto& last = messages.back();
+    if (!last.contains("content")) {
+      return InvalidArgument(
+          "continue_final_message is set but the final message has no \"content\" to continue");
+    }
+    if (source_.find("content") == std::string::npos) {
+      return InvalidArgument(
+          "continue_final_message is set but the chat template does not read \"content\"");
+    }
+    auto& content = last["content"];
+    if (content.is_string()) {
+      final_text = content.get<std::string>();
+      content = final_text + kContinueTag;
+    } else if (content.is_array()) {
+      bool found = false;
+      for (auto it = content.rbegin(); it != content.rend() && !found; ++it) {
+        if (it->is_object() && it->contains("text") && (*it)["text"].is_string()) {
+          final_text = (*it)["text"].get<std::string>();
+          (*it)["text"] = final_text + kContinueTag;
+          found = true;
+        }
+      }
+      if (!found) {
+        return InvalidArgument(
+            "continue_final_message is set but the final message has no text to continue");
+      }
+    } else {
+      return InvalidArgument("continue_final_message: the final message's content is not text");
+    }
   }
   std::map<std::string, Value> globals;
-  globals["messages"] = Value::MakeList(std::move(messages));
+  globals["messages"] = FromJson(messages);
   globals["add_generation_prompt"] = Value::Bool(in.add_generation_prompt);
   // HF passes these as None when the request has no tools or documents.
-  globals["tools"] = Value::None();
+  globals["tools"] = FromJson(in.tools);
   globals["documents"] = Value::None();
   if (in.bos_token) globals["bos_token"] = Value::Str(*in.bos_token);
   if (in.eos_token) globals["eos_token"] = Value::Str(*in.eos_token);
-  jinja::Renderer renderer(source_, std::move(globals));
+  for (const char* f : {"raise_exception", "strftime_now", "namespace", "range", "dict"}) {
+    globals[f] = Value::Builtin(f);
+  }
+  if (in.kwargs.is_object()) {
+    for (const auto& [k, v] : in.kwargs.items()) globals[k] = FromJson(v);
+  } else if (!in.kwargs.is_null()) {
+    return InvalidArgument("chat template: kwargs must be an object");
+  }
+  const int64_t now = in.now_unix ? *in.now_unix
+                                  : static_cast<int64_t>(std::time(nullptr));
+  jinja::Renderer renderer(source_, std::move(globals), now);
   std::string out;
   PW_RETURN_IF_ERROR(renderer.Render(*root_, &out));
+  if (in.continue_final_message) {
+    const std::string tag = kContinueTag;
+    const std::string tag_core = tag.substr(0, tag.size() - 1);
+    // Python's str.strip(): the final text without surrounding whitespace must be rendered.
+    size_t b = 0, e = final_text.size();
+    while (b < e && jinja::IsSpace(final_text[b])) ++b;
+    while (e > b && jinja::IsSpace(final_text[e - 1])) --e;
+    const std::string stripped = final_text.substr(b, e - b);
+    const size_t at = out.rfind(tag_core);
+    if (out.find(stripped) == std::string::npos || at == std::string::npos) {
+      return InvalidArgument(
+          "continue_final_message is set but the chat template does not render the final "
+          "message's content as given");
+    }
+    if (out.compare(at, tag.size(), tag) == 0) {
+      out.resize(at);
+    } else {  // the template trimmed the space after the tag: trim the end as HF does
+      out.resize(at);
+      while (!out.empty() && jinja::IsSpace(out.back())) out.pop_back();
+    }
+  }
   return out;
 }
 

@@ -1,23 +1,40 @@
 // Chat templates: renders a conversation into a prompt string the way HF transformers'
-// `apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` does, for templates
-// written in the subset of Jinja that chat templates use.
+// `apply_chat_template(messages, tools=..., tokenize=False, add_generation_prompt=...,
+// continue_final_message=..., **kwargs)` does, for templates written in the Jinja that chat
+// templates use. Checked byte for byte against jinja2 on the templates real checkpoints ship
+// (tests/fixtures/chat_templates/, tests/common/chat_template_real_test.cc).
 //
-// Environment as HF sets it up: trim_blocks and lstrip_blocks on; variables `messages` (a list
-// of {role, content} dicts), `add_generation_prompt`, `bos_token`, `eos_token`, `tools` and
-// `documents` (None), and the functions `raise_exception(msg)` and `range(...)`.
+// Environment as HF sets it up: trim_blocks and lstrip_blocks on, loop controls on; variables
+// `messages` (each message as given: role, content as a string or a list of parts, tool_calls,
+// tool_call_id, name, reasoning_content, ...; keys whose value is null are dropped, and the
+// reasoning under `reasoning_content`, `thinking` or `reasoning` is given under both
+// `reasoning_content` and `thinking`, as HF does), `tools` and `documents` (None when absent),
+// `add_generation_prompt`, `bos_token`, `eos_token`, the extra variables a request passes
+// (chat_template_kwargs), and the functions `raise_exception(msg)`, `strftime_now(format)`,
+// `namespace(...)`, `range(...)` and `dict(...)`.
 //
 // Supported syntax:
 //   text, {{ expr }}, {# comment #}, whitespace control {%- -%} {{- -}} {#- -#}, {%+ (no lstrip);
-//   {% for x in expr %} ... {% endfor %} (with loop.index, index0, revindex, revindex0, first,
-//   last, length); {% if %} / {% elif %} / {% else %} / {% endif %}; {% set name = expr %};
-//   expressions: string/integer/true/false/none literals, list literals, names, x.attr, x['key'],
-//   x[i], x[a:b:c], + - * / // % ~, == != < <= > >=, in / not in, and / or / not,
-//   `a if cond else b`, tests `is [not] defined|undefined|none|string|number|boolean|sequence|
-//   mapping|true|false`, filters trim, length, count, upper, lower, capitalize, title, string,
-//   first, last, join, default, tojson, and string methods strip, lstrip, rstrip, upper, lower,
-//   startswith, endswith, replace, split, title, capitalize; dict methods get, keys, values, items.
-// Anything else (macros, includes, filters or tests not listed, for-else, break) is refused at
-// parse time with kUnsupported naming the line and column; malformed templates with
+//   {% for x[, y] in expr [if cond] %} ... [{% else %}] {% endfor %} with loop.index, index0,
+//   revindex, revindex0, first, last, length, previtem, nextitem, cycle(...), and
+//   {% break %} / {% continue %}; {% if %} / {% elif %} / {% else %} / {% endif %};
+//   {% set name = expr %}, {% set ns.attr = expr %} on a namespace(), {% set name %}...{% endset %};
+//   {% macro name(arg, arg=default) %}...{% endmacro %} and calls with positional and keyword
+//   arguments; {% filter name(args) %}...{% endfilter %}; {% generation %}...{% endgeneration %};
+//   expressions: string/integer/float/true/false/none literals, list, tuple and dict literals,
+//   names, x.attr, x['key'], x[i], x[a:b:c] (strings by code point, as Python), + - * / // % ~,
+//   == != < <= > >=, in / not in, and / or / not, `a if cond else b`;
+//   tests `is [not]` defined, undefined, none, string, number, integer, float, boolean, sequence,
+//   iterable, mapping, callable, true, false, odd, even, divisibleby, lower, upper, equalto/eq/==,
+//   ne/!=, lt/<, le/<=, gt/>, ge/>=, in;
+//   filters trim, length, count, upper, lower, capitalize, title, string, first, last, join,
+//   default/d, tojson(indent=, ensure_ascii=, sort_keys=), list, items, dictsort, unique,
+//   replace, indent(width, first=, blank=), wordcount, int, float, abs, round, safe, select,
+//   reject, selectattr, rejectattr, map(filter or attribute=);
+//   string methods strip, lstrip, rstrip, upper, lower, startswith, endswith, replace, split,
+//   title, capitalize; dict methods get, keys, values, items.
+// Anything else (include, import, extends, call blocks, other filters, tests or functions) is
+// refused at parse time with kUnsupported naming the line and column; malformed templates with
 // kInvalidArgument and the position. Rendering errors (raise_exception, type errors) are
 // kInvalidArgument.
 #pragma once
@@ -28,23 +45,40 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 
 namespace pw {
 
-// One chat message. `content` is plain text (callers flatten multi-part content first).
+// A plain-text chat message, for callers that have nothing but role and text.
 struct ChatMessage {
   std::string role;
   std::string content;
 };
 
 struct ChatTemplateInputs {
-  std::vector<ChatMessage> messages;
+  // The conversation as OpenAI / HF messages: an array of objects, key order kept (templates
+  // iterate over dicts in insertion order, as Python does).
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  // Tool schemas ({"type": "function", "function": {...}}); null: `tools` is None.
+  nlohmann::ordered_json tools;
+  // Extra template variables (chat_template_kwargs, e.g. enable_thinking); they override the
+  // ones above of the same name, as HF's **kwargs do.
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = false;
+  // Render the last message open, for the model to continue it (HF's continue_final_message):
+  // the prompt ends right after its content. Incompatible with add_generation_prompt.
+  bool continue_final_message = false;
+  // The instant strftime_now() formats (Unix seconds, shown in UTC); nullopt: now.
+  std::optional<int64_t> now_unix;
   // The model's special tokens; nullopt leaves the variable undefined, as HF does when the
   // tokenizer has none (printing it gives "", concatenating it is an error).
   std::optional<std::string> bos_token;
   std::optional<std::string> eos_token;
+
+  // Messages from plain role/text pairs.
+  static nlohmann::ordered_json TextMessages(const std::vector<ChatMessage>& messages);
 };
 
 namespace jinja {

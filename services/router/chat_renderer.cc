@@ -1,29 +1,55 @@
 #include "services/router/chat_renderer.h"
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "common/text/chat_template.h"
 
 namespace pw::router {
 
-Result<ChatRenderer> MakeChatRenderer(const Tokenizer& tokenizer) {
-  if (tokenizer.chat_template().empty()) {
-    return Unsupported("tokenizer_config.json has no chat_template");
+Result<ChatRenderer> MakeChatRenderer(const Tokenizer& tokenizer, const std::string& model_dir) {
+  std::string source = tokenizer.chat_template();
+  std::string origin = "tokenizer_config.json chat_template";
+  const std::string jinja =
+      model_dir.empty() ? "" : (std::filesystem::path(model_dir) / "chat_template.jinja").string();
+  std::error_code ec;
+  if (!jinja.empty() && std::filesystem::is_regular_file(jinja, ec)) {
+    std::ifstream in(jinja, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in.good() && !in.eof()) return IoError(jinja + ": cannot read");
+    source = text.str();
+    origin = jinja;
   }
-  auto parsed = ChatTemplate::Parse(tokenizer.chat_template());
-  if (!parsed.ok()) return parsed.status().WithContext("tokenizer_config.json chat_template");
+  if (source.empty()) {
+    return Unsupported("the model has no chat template (no chat_template.jinja, and "
+                       "tokenizer_config.json has no chat_template)");
+  }
+  auto parsed = ChatTemplate::Parse(source);
+  if (!parsed.ok()) return parsed.status().WithContext(origin);
   auto tmpl = std::make_shared<ChatTemplate>(std::move(*parsed));
   std::optional<std::string> bos, eos;
   if (!tokenizer.bos_token().empty()) bos = tokenizer.bos_token();
   if (!tokenizer.eos_token().empty()) eos = tokenizer.eos_token();
-  return ChatRenderer([tmpl, bos, eos](const std::vector<router::ChatMessage>& messages) {
+  return ChatRenderer([tmpl, bos, eos](const ChatPrompt& prompt) {
     ChatTemplateInputs in;
-    in.messages.reserve(messages.size());
-    for (const auto& m : messages) in.messages.push_back({m.role, m.content});
-    in.add_generation_prompt = true;
+    in.messages = prompt.messages;
+    in.tools = prompt.tools;
+    in.kwargs = prompt.kwargs;
+    in.add_generation_prompt = prompt.add_generation_prompt;
+    in.continue_final_message = prompt.continue_final_message;
     in.bos_token = bos;
     in.eos_token = eos;
     return tmpl->Render(in);
+  });
+}
+
+ChatRenderer ChatUnavailable(const Status& why) {
+  const std::string message = "chat completions are unavailable: " + why.ToString();
+  return ChatRenderer([message](const ChatPrompt&) -> Result<std::string> {
+    return Unsupported(message);
   });
 }
 

@@ -1,16 +1,25 @@
-// MakeChatRenderer: the model's chat template (tokenizer_config.json "chat_template") as a
-// ChatRenderer for the router.
+// MakeChatRenderer: the model's chat template (chat_template.jinja beside the tokenizer, else
+// tokenizer_config.json "chat_template") as a ChatRenderer for the router.
 #pragma once
+
+#include <string>
 
 #include "common/text/tokenizer.h"
 #include "services/router/tokenizer_codec.h"
 
 namespace pw::router {
 
-// Renders with add_generation_prompt and the tokenizer's bos/eos tokens, as HF's
-// apply_chat_template does. Errors: kUnsupported when the model has no chat template or one the
-// template engine (common/text/chat_template.h) cannot run; kInvalidArgument when it is malformed.
-// The router then refuses chat completions with that message; completions still work.
-Result<ChatRenderer> MakeChatRenderer(const Tokenizer& tokenizer);
+// Renders with the tokenizer's bos/eos tokens, as HF's apply_chat_template does. The template is
+// `model_dir`/chat_template.jinja when that file exists (where transformers 5 saves it; it wins
+// over tokenizer_config.json, as in transformers), else the tokenizer's chat_template. Errors:
+// kUnsupported when the model has no chat template or one the template engine
+// (common/text/chat_template.h) cannot run, naming the file, line and column; kInvalidArgument
+// when it is malformed. The router then answers chat requests with ChatUnavailable's error;
+// completions still work.
+Result<ChatRenderer> MakeChatRenderer(const Tokenizer& tokenizer, const std::string& model_dir = "");
+
+// A renderer that refuses every conversation with `why` (kUnsupported, "chat completions are
+// unavailable: ..."), for a model whose template cannot be used.
+ChatRenderer ChatUnavailable(const Status& why);
 
 }  // namespace pw::router

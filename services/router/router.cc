@@ -423,6 +423,68 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
   AfterEvent();
 }
 
+// /tokenize with `messages`, as vLLM's: the chat template renders the conversation
+// (add_generation_prompt defaults to true, continue_final_message to false; tools and
+// chat_template_kwargs are passed on), then the prompt is tokenized without adding special
+// tokens, which is HF's apply_chat_template(..., tokenize=True).
+void Router::TokenizeMessages(const std::string& raw_body, HttpExchange& exchange) {
+  using ojson = nlohmann::ordered_json;
+  auto bad = [&](std::string message, std::string param) {
+    ApiError e;
+    e.message = std::move(message);
+    e.param = std::move(param);
+    ReplyError(exchange, "tokenizer", e);
+  };
+  // Parsed again keeping key order: templates iterate over objects in the order sent.
+  const ojson body = ojson::parse(raw_body, nullptr, /*allow_exceptions=*/false);
+  const ojson& messages = body["messages"];
+  if (!messages.is_array() || messages.empty()) {
+    return bad("'messages' must be a non-empty array of messages", "messages");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!messages[i].is_object()) return bad("'" + where + "' must be an object", where);
+    auto role = messages[i].find("role");
+    if (role == messages[i].end() || !role->is_string()) {
+      return bad("'" + where + ".role' must be a string", where + ".role");
+    }
+  }
+  if (body.contains("prompt")) return bad("give either 'prompt' or 'messages', not both", "prompt");
+  ChatPrompt prompt;
+  prompt.messages = messages;
+  for (const char* flag : {"add_generation_prompt", "continue_final_message", "add_special_tokens"}) {
+    auto it = body.find(flag);
+    if (it != body.end() && !it->is_null() && !it->is_boolean()) {
+      return bad(std::string("'") + flag + "' must be a boolean", flag);
+    }
+  }
+  prompt.add_generation_prompt = body.value("add_generation_prompt", true);
+  prompt.continue_final_message = body.value("continue_final_message", false);
+  if (body.value("add_special_tokens", false)) {
+    return bad("'add_special_tokens' with 'messages' is not supported: the chat template writes "
+               "the special tokens itself",
+               "add_special_tokens");
+  }
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return bad("'tools' must be an array", "tools");
+    prompt.tools = *it;
+  }
+  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    prompt.kwargs = *it;
+  }
+  if (auto it = body.find("chat_template"); it != body.end() && !it->is_null()) {
+    return bad("'chat_template' is not accepted: the model's own template is used", "chat_template");
+  }
+  auto text = codec_->RenderChatPrompt(prompt);
+  if (!text.ok()) return bad("cannot apply the chat template: " + text.status().message(), "messages");
+  auto ids = codec_->Encode(*text);
+  if (!ids.ok()) return bad("cannot tokenize messages: " + ids.status().message(), "messages");
+  nlohmann::json j = {
+      {"count", ids->size()}, {"max_model_len", options_.context_length}, {"tokens", *ids}};
+  Reply(exchange, "tokenizer", 200, j.dump());
+}
+
 void Router::HandleTokenizer(const HttpRequest& request, HttpExchange& exchange,
                              std::string_view path) {
   using nlohmann::json;
@@ -448,8 +510,14 @@ void Router::HandleTokenizer(const HttpRequest& request, HttpExchange& exchange,
     return bad("request body must be a JSON object", "", "invalid_json");
   }
   if (path == "/tokenize") {
+    auto messages = body.find("messages");
+    if (messages != body.end()) {  // as vLLM: the chat template's prompt, then its ids
+      return TokenizeMessages(request.body, exchange);
+    }
     auto it = body.find("prompt");
-    if (it == body.end() || !it->is_string()) return bad("'prompt' must be a string", "prompt");
+    if (it == body.end() || !it->is_string()) {
+      return bad("'prompt' must be a string (or give 'messages')", "prompt");
+    }
     auto ids = codec_->Encode(it->get<std::string>());
     if (!ids.ok()) return bad("cannot tokenize prompt: " + ids.status().message(), "prompt");
     json j = {{"count", ids->size()}, {"max_model_len", options_.context_length}, {"tokens", *ids}};

@@ -128,6 +128,7 @@ class Router final : public GenerationEvents {
 
   void HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> exchange, Endpoint ep);
   void HandleTokenizer(const HttpRequest& request, HttpExchange& exchange, std::string_view path);
+  void TokenizeMessages(const std::string& raw_body, HttpExchange& exchange);
   // True when the request may pass; otherwise the 401 was sent.
   bool Authorized(const HttpRequest& request, HttpExchange& exchange, const std::string& label);
   void Reply(HttpExchange& ex, const std::string& endpoint, int status, std::string body,

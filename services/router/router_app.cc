@@ -57,11 +57,12 @@ int RunRouterApp(RouterAppOptions o) {
   }
 
   ChatRenderer renderer;
-  auto chat = MakeChatRenderer(**tok);
+  auto chat = MakeChatRenderer(**tok, o.model_dir);
   if (chat.ok()) {
     renderer = std::move(*chat);
-  } else {
+  } else {  // completions are served; chat requests get this reason in a 400
     PW_LOG(WARNING) << "chat completions disabled: " << chat.status().ToString();
+    renderer = ChatUnavailable(chat.status());
   }
   TokenizerCodec codec(std::move(*tok), std::move(renderer));
 

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 #include "services/router/openai_api.h"
 
@@ -25,6 +27,15 @@ class TextDecoder {
   virtual std::string Flush() = 0;
 };
 
+// A conversation for the chat template, as a client sends it (vLLM's /tokenize takes these).
+struct ChatPrompt {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // OpenAI / HF messages
+  nlohmann::ordered_json tools;                                        // null: none
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();   // chat_template_kwargs
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+};
+
 class TextCodec {
  public:
   virtual ~TextCodec() = default;
@@ -32,6 +43,9 @@ class TextCodec {
   virtual Result<std::vector<int32_t>> Encode(std::string_view text) const = 0;
   // The model's chat template applied to `messages`, with the generation prompt appended.
   virtual Result<std::string> RenderChat(const std::vector<ChatMessage>& messages) const = 0;
+  // The chat template applied to a conversation given in full (tools, tool calls, content
+  // parts, template kwargs).
+  virtual Result<std::string> RenderChatPrompt(const ChatPrompt& prompt) const = 0;
   virtual std::unique_ptr<TextDecoder> NewDecoder() const = 0;
   virtual int32_t vocab_size() const = 0;
   // Token ids that end generation (the model's end-of-sequence token; for chat also the

@@ -43,8 +43,16 @@ Result<std::vector<int32_t>> TokenizerCodec::Encode(std::string_view text) const
 }
 
 Result<std::string> TokenizerCodec::RenderChat(const std::vector<ChatMessage>& messages) const {
+  ChatPrompt prompt;
+  for (const auto& m : messages) {
+    prompt.messages.push_back({{"role", m.role}, {"content", m.content}});
+  }
+  return RenderChatPrompt(prompt);
+}
+
+Result<std::string> TokenizerCodec::RenderChatPrompt(const ChatPrompt& prompt) const {
   if (!renderer_) return Unsupported("this model has no chat template");
-  return renderer_(messages);
+  return renderer_(prompt);
 }
 
 std::unique_ptr<TextDecoder> TokenizerCodec::NewDecoder() const {

@@ -10,8 +10,8 @@
 
 namespace pw::router {
 
-// Renders chat messages to the prompt text (the model's chat template, generation prompt added).
-using ChatRenderer = std::function<Result<std::string>(const std::vector<ChatMessage>&)>;
+// Renders a conversation to the prompt text (the model's chat template).
+using ChatRenderer = std::function<Result<std::string>(const ChatPrompt&)>;
 
 class TokenizerCodec final : public TextCodec {
  public:
@@ -20,6 +20,7 @@ class TokenizerCodec final : public TextCodec {
 
   Result<std::vector<int32_t>> Encode(std::string_view text) const override;
   Result<std::string> RenderChat(const std::vector<ChatMessage>& messages) const override;
+  Result<std::string> RenderChatPrompt(const ChatPrompt& prompt) const override;
   std::unique_ptr<TextDecoder> NewDecoder() const override;
   int32_t vocab_size() const override { return tokenizer_->VocabSize(); }
   std::vector<int32_t> stop_token_ids(Endpoint endpoint) const override;

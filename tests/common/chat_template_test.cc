@@ -27,7 +27,7 @@ std::string ReadFile(const std::string& path) {
 
 ChatTemplateInputs Inputs(std::vector<ChatMessage> messages, bool gen = false) {
   ChatTemplateInputs in;
-  in.messages = std::move(messages);
+  in.messages = ChatTemplateInputs::TextMessages(messages);
   in.add_generation_prompt = gen;
   in.bos_token = "<s>";
   in.eos_token = "</s>";
@@ -59,7 +59,8 @@ TEST(ChatTemplateFixtures, MatchesHfApplyChatTemplate) {
   for (const json& c : fixture["cases"]) {
     ChatTemplateInputs in;
     for (const json& m : c["messages"]) {
-      in.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      in.messages.push_back(
+          {{"role", m["role"].get<std::string>()}, {"content", m["content"].get<std::string>()}});
     }
     in.add_generation_prompt = c["add_generation_prompt"].get<bool>();
     if (!c["bos_token"].is_null()) in.bos_token = c["bos_token"].get<std::string>();
@@ -197,16 +198,25 @@ TEST(ChatTemplate, UnsupportedAndMalformedSyntaxNamePosition) {
     const char* in_message;
   };
   const std::vector<Case> cases = {
-      {"{% macro m() %}{% endmacro %}", StatusCode::kUnsupported, "line 1, column 4"},
+      {"{% call m() %}{% endcall %}", StatusCode::kUnsupported, "line 1, column 4"},
       {"ok\n{% include 'x' %}", StatusCode::kUnsupported, "line 2, column 4"},
-      {"{{ x | wordcount }}", StatusCode::kUnsupported, "unsupported filter 'wordcount'"},
-      {"{{ x is divisibleby(3) }}", StatusCode::kUnsupported, "unsupported test"},
+      {"{{ x | batch(2) }}", StatusCode::kUnsupported, "unsupported filter 'batch'"},
+      {"{{ x is sameas none }}", StatusCode::kUnsupported, "unsupported test"},
       {"{{ x.format(1) }}", StatusCode::kUnsupported, "unsupported method 'format'"},
-      {"{{ namespace(a=1) }}", StatusCode::kUnsupported, "unsupported function 'namespace'"},
-      {"{% set ns.x = 1 %}", StatusCode::kUnsupported, "namespace"},
-      {"{% for m in messages %}{% else %}{% endfor %}", StatusCode::kUnsupported, "for ... else"},
-      {"{% for m in messages if m %}{% endfor %}", StatusCode::kUnsupported, "loop filters"},
-      {"{{ x | tojson(indent=2) }}", StatusCode::kUnsupported, "keyword arguments"},
+      {"{% macro m() %}{% endmacro %}{{ m() }}{{ n(1) }}", StatusCode::kUnsupported,
+       "column 42: unsupported function 'n'"},
+      {"{% set a, b = 1, 2 %}", StatusCode::kUnsupported, "several names"},
+      {"{% for m in messages recursive %}{% endfor %}", StatusCode::kUnsupported, "recursive"},
+      {"a\n  {% raw %}{{ x }}{% endraw %}", StatusCode::kUnsupported,
+       "line 2, column 6: unsupported statement 'raw'"},
+      {"{% break %}", StatusCode::kInvalidArgument, "'break' outside a loop"},
+      {"{% for m in messages %}{% macro k() %}{% continue %}{% endmacro %}{% endfor %}",
+       StatusCode::kInvalidArgument, "'continue' outside a loop"},
+      {"{% macro m(a=1, b) %}{% endmacro %}", StatusCode::kInvalidArgument, "without a default"},
+      {"{% macro m() %}", StatusCode::kInvalidArgument, "without 'endmacro'"},
+      {"{% set x %}abc", StatusCode::kInvalidArgument, "without 'endset'"},
+      {"{% for m in messages %}{% else %}{% else %}{% endfor %}", StatusCode::kInvalidArgument,
+       "'else' after 'else'"},
       {"{% for m in messages %}", StatusCode::kInvalidArgument, "without 'endfor'"},
       {"{% if x %}a{% else %}b", StatusCode::kInvalidArgument, "without 'endif'"},
       {"{% endif %}", StatusCode::kInvalidArgument, "unexpected 'endif'"},
@@ -246,6 +256,94 @@ TEST(ChatTemplate, DeepNestingIsRefusedNotOverflowed) {
   EXPECT_EQ(
       Render("{{ ((((1 + 2)))) }}{% if true %}{% if true %}x{% endif %}{% endif %}", Inputs({})),
       "3x");
+}
+
+TEST(ChatTemplate, NamespacesMacrosAndLoopControlsFailCleanly) {
+  const auto in = Inputs({{"user", "x"}});
+  for (const char* bad : {
+           "{% set s = 'str' %}{% set s.a = 1 %}",                     // not a namespace
+           "{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}",             // too many arguments
+           "{% macro m(a) %}{% endmacro %}{{ m(b=1) }}",              // unknown keyword
+           "{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}",           // given twice
+           "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",         // endless recursion
+           "{% for m in messages %}{{ loop.cycle() }}{% endfor %}",   // nothing to cycle
+           "{{ (messages | map(attribute='role'))[0] }}",             // a generator has no index
+           "{{ messages | selectattr('role') | length }}",            // nor a length
+           "{{ messages | map(attribute='role') | tojson }}",         // nor JSON
+           "{{ namespace(a=1) | tojson }}",
+           "{% for x in none %}{% endfor %}",
+       }) {
+    auto p = ChatTemplate::Parse(bad);
+    ASSERT_TRUE(p.ok()) << bad << ": " << p.status().ToString();
+    auto r = p->Render(in);
+    EXPECT_FALSE(r.ok()) << bad << " rendered " << *r;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    }
+  }
+  // Recursion that ends is fine, and a namespace changed inside a macro is shared.
+  EXPECT_EQ(Render("{% set ns = namespace(n=0) %}{% macro down(k) %}{% set ns.n = ns.n + 1 %}"
+                   "{% if k > 0 %}{{ k }}{{ down(k - 1) }}{% endif %}{% endmacro %}"
+                   "{{ down(5) }}|{{ ns.n }}",
+                   in),
+            "54321|6");
+  // continue_final_message needs text to continue and excludes add_generation_prompt.
+  ChatTemplateInputs cont = Inputs({{"user", "a"}, {"assistant", "b"}});
+  cont.continue_final_message = true;
+  EXPECT_EQ(Render("{% for m in messages %}<{{ m.content }}>{% endfor %}", cont), "<a><b");
+  cont.add_generation_prompt = true;
+  auto t = ChatTemplate::Parse("{% for m in messages %}{{ m.content }}{% endfor %}");
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(t->Render(cont).ok());
+  cont.add_generation_prompt = false;
+  auto hides = ChatTemplate::Parse("{% for m in messages %}{{ m.role }}{% endfor %}{# content #}");
+  ASSERT_TRUE(hides.ok());
+  EXPECT_FALSE(hides->Render(cont).ok());  // the template never renders the final content
+}
+
+TEST(ChatTemplate, MutatedRealTemplatesNeverCrash) {
+  // Mutated copies of real templates (macros, namespaces, loop controls): each parses and
+  // renders or fails with a status.
+  const json fixture =
+      json::parse(ReadFile(SourcePath("tests/fixtures/chat_template_real_cases.json")));
+  ChatTemplateInputs in;
+  in.messages = nlohmann::ordered_json::parse(fixture["conversations"][5].dump());
+  in.tools = nlohmann::ordered_json::parse(fixture["tools"][0].dump());
+  in.bos_token = "<s>";
+  in.eos_token = "</s>";
+  in.now_unix = 0;
+  uint32_t state = 88172645u;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    return state;
+  };
+  const std::string alphabet = "{}%#-+'\"[]().|:,=~ \nabcdefor";
+  for (const char* name : {"llama.cpp-openai-gpt-oss-120b", "llama.cpp-glm_4_5",
+                           "llama.cpp-NousResearch-Hermes-3-Llama-3.1-8B-tool_use"}) {
+    const std::string base = ReadFile(SourcePath(fixture["templates"][name].get<std::string>()));
+    ASSERT_FALSE(base.empty()) << name;
+    for (int round = 0; round < 300; ++round) {
+      std::string s = base;
+      for (int k = 1 + next() % 4; k > 0; --k) {
+        const size_t pos = next() % s.size();
+        switch (next() % 3) {
+          case 0:
+            s[pos] = alphabet[next() % alphabet.size()];
+            break;
+          case 1:
+            s.erase(pos, 1 + next() % 3);
+            break;
+          default:
+            s.insert(pos, 1, alphabet[next() % alphabet.size()]);
+            break;
+        }
+      }
+      auto t = ChatTemplate::Parse(s);
+      if (t.ok()) (void)t->Render(in);
+    }
+  }
 }
 
 TEST(ChatTemplate, ArbitraryBytesNeverCrash) {

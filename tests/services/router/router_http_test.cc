@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -1194,6 +1195,59 @@ TEST_F(RouterHttpTest, TokenizerEndpoints) {
   // A batch of one token list, as evaluation harnesses send it.
   json batch = {{"model", "tiny-moe"}, {"prompt", json::array({tj["tokens"]})}, {"max_tokens", 2}};
   EXPECT_EQ(Post("/v1/completions", batch.dump()).status, 200);
+}
+
+// /tokenize with messages gives HF's apply_chat_template(..., tokenize=True) ids
+// (tests/fixtures/chat_tokenize_cases.json, tools/gen_chat_template_real_cases.py), as vLLM's.
+TEST_F(RouterHttpTest, TokenizeMessagesIsHfApplyChatTemplate) {
+  using ojson = nlohmann::ordered_json;
+  std::ifstream in(PW_SOURCE_DIR "/tests/fixtures/chat_tokenize_cases.json");
+  ASSERT_TRUE(in.good());
+  const ojson fixture = ojson::parse(in);
+  ASSERT_EQ(fixture["model_dir"], "models/tiny-moe");
+  size_t ok = 0, refused = 0;
+  for (const ojson& c : fixture["cases"]) {
+    const std::string request = c["request"].dump();
+    auto r = Post("/tokenize", request);
+    if (c.contains("error")) {  // HF raised: a 400 naming the template's complaint
+      ExpectError(r, 400, "messages");
+      EXPECT_NE(r.body.find("cannot apply the chat template"), std::string::npos) << r.body;
+      ++refused;
+      continue;
+    }
+    ASSERT_EQ(r.status, 200) << request << ": " << r.body;
+    json j = json::parse(r.body);
+    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), c["tokens"].get<std::vector<int32_t>>())
+        << request;
+    EXPECT_EQ(j["count"], c["tokens"].size());
+    EXPECT_EQ(j["max_model_len"], 64);
+    ++ok;
+  }
+  EXPECT_GE(ok, 10u);
+  EXPECT_GE(refused, 1u);
+  // add_generation_prompt defaults to true, as in vLLM.
+  auto with = Post("/tokenize", R"({"messages":[{"role":"user","content":"Hi"}]})");
+  auto explicit_gen = Post(
+      "/tokenize", R"({"messages":[{"role":"user","content":"Hi"}],"add_generation_prompt":true})");
+  ASSERT_EQ(with.status, 200);
+  EXPECT_EQ(json::parse(with.body)["tokens"], json::parse(explicit_gen.body)["tokens"]);
+  // Bad requests are refused naming the field.
+  ExpectError(Post("/tokenize", R"({"messages":[]})"), 400, "messages");
+  ExpectError(Post("/tokenize", R"({"messages":"hi"})"), 400, "messages");
+  ExpectError(Post("/tokenize", R"({"messages":[{"content":"x"}]})"), 400, "messages[0].role");
+  ExpectError(Post("/tokenize", R"({"messages":[{"role":"user","content":"x"}],"prompt":"y"})"),
+              400, "prompt");
+  ExpectError(Post("/tokenize",
+                   R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":1})"),
+              400, "add_generation_prompt");
+  ExpectError(Post("/tokenize",
+                   R"({"messages":[{"role":"user","content":"x"}],"add_special_tokens":true})"),
+              400, "add_special_tokens");
+  ExpectError(Post("/tokenize", R"({"messages":[{"role":"user","content":"x"}],)"
+                                R"("add_generation_prompt":true,"continue_final_message":true})"),
+              400, "messages");
+  ExpectError(Post("/tokenize", R"({"messages":[{"role":"user","content":"x"}],"tools":{}})"),
+              400, "tools");
 }
 
 }  // namespace

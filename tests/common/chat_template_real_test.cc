@@ -1,0 +1,106 @@
+// The chat templates real checkpoints ship (tests/fixtures/chat_templates/: llama.cpp's
+// models/templates and vLLM's examples, sources in the README there), rendered byte for byte
+// as HF transformers' apply_chat_template renders them with jinja2
+// (tests/fixtures/chat_template_real_cases.json, tools/gen_chat_template_real_cases.py).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/text/chat_template.h"
+
+namespace pw {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string SourcePath(const std::string& rel) { return std::string(PW_SOURCE_DIR) + "/" + rel; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(ChatTemplateRealTemplates, RenderLikeJinja2) {
+  const std::string path = SourcePath("tests/fixtures/chat_template_real_cases.json");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  const json fixture = json::parse(ReadFile(path));
+  std::map<std::string, std::string> sources;
+  for (const auto& [name, file] : fixture["templates"].items()) {
+    const std::string p = SourcePath(file.get<std::string>());
+    ASSERT_TRUE(std::filesystem::exists(p)) << p;
+    sources[name] = ReadFile(p);
+  }
+  const size_t real = sources.size();
+  ASSERT_GE(real, 30u);
+  for (const auto& [name, src] : fixture["inline_templates"].items()) {
+    sources[name] = src.get<std::string>();
+  }
+  std::map<std::string, ChatTemplate> templates;
+  for (const auto& [name, src] : sources) {
+    auto t = ChatTemplate::Parse(src);
+    EXPECT_TRUE(t.ok()) << name << ": " << t.status().ToString();
+    if (t.ok()) templates.emplace(name, std::move(t).value());
+  }
+  std::map<std::string, std::pair<int, int>> identical;  // template -> (identical, cases)
+  size_t errors = 0;
+  for (const json& c : fixture["cases"]) {
+    const std::string name = c["template"].get<std::string>();
+    auto& [same, total] = identical[name];
+    ++total;
+    auto t = templates.find(name);
+    if (t == templates.end()) continue;
+    ChatTemplateInputs in;
+    in.messages = fixture["conversations"][c["conversation"].get<size_t>()];
+    if (!c["tools"].is_null()) in.tools = fixture["tools"][c["tools"].get<size_t>()];
+    in.kwargs = c["kwargs"];
+    in.add_generation_prompt = c["add_generation_prompt"].get<bool>();
+    in.continue_final_message = c["continue_final_message"].get<bool>();
+    in.bos_token = fixture["bos_token"].get<std::string>();
+    in.eos_token = fixture["eos_token"].get<std::string>();
+    in.now_unix = fixture["now"].get<int64_t>();
+    const std::string label = name + " conversation " + c["conversation"].dump() + " tools " +
+                              c["tools"].dump() + (in.add_generation_prompt ? " +gen" : "") +
+                              (in.continue_final_message ? " +continue" : "") + " " +
+                              c["kwargs"].dump();
+    auto out = t->second.Render(in);
+    if (c.contains("error")) {
+      ++errors;
+      const std::string hf = c["error"].get<std::string>();
+      EXPECT_FALSE(out.ok()) << label << " rendered " << json(*out).dump() << ", HF raised " << hf;
+      if (out.ok()) continue;
+      EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << label;
+      // What the template itself raised is passed on word for word.
+      const std::string raised = "TemplateError: ";
+      if (hf.rfind(raised, 0) == 0) {
+        EXPECT_NE(out.status().message().find(hf.substr(raised.size())), std::string::npos)
+            << label << ": " << out.status().message();
+      }
+      ++same;
+    } else {
+      EXPECT_TRUE(out.ok()) << label << ": " << out.status().ToString();
+      if (!out.ok()) continue;
+      EXPECT_EQ(*out, c["expected"].get<std::string>()) << label;
+      if (*out == c["expected"].get<std::string>()) ++same;
+    }
+  }
+  size_t all_identical = 0, real_identical = 0;
+  for (const auto& [name, counts] : identical) {
+    const bool ok = counts.first == counts.second;
+    all_identical += ok;
+    real_identical += ok && fixture["templates"].contains(name);
+    std::printf("%-60s %3d/%3d\n", name.c_str(), counts.first, counts.second);
+  }
+  std::printf("real templates rendering every case like jinja2: %zu of %zu\n", real_identical,
+              real);
+  EXPECT_EQ(all_identical, sources.size());
+  EXPECT_GT(errors, 0u);
+}
+
+}  // namespace
+}  // namespace pw
