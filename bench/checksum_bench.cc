@@ -2,7 +2,8 @@
 // path's checksum before control protocol 1.1), CRC-32 (the .apw store's sections), CRC-32C
 // scalar and CRC-32C hardware (the fetch path's checksum now; Crc32c picks it at run time) —
 // over a buffer the size of one expert (default 3.1 MiB, the OLMoE-dimension model's expert at
-// 4 bits: in cache after the fetch wrote it) and over one far larger than the last-level cache.
+// 4 bits: in cache after the fetch wrote it) and over one far larger than the last-level cache,
+// next to a plain read of the same buffers (memory speed on this machine, one thread).
 //
 //   pw-bench-checksum [--bytes N] [--big-bytes N] [--reps K]
 // Each figure is the median of K timed passes after one warm-up pass.
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -47,6 +49,21 @@ int main(int argc, char** argv) {
     std::function<uint64_t(const uint8_t*, size_t)> fn;
   };
   std::vector<Fn> fns = {
+      // The reference: a plain read of every 8-byte word (four sums), what memory speed is here.
+      {"read (64-bit sum)",
+       [](const uint8_t* p, size_t n) {
+         uint64_t s[4] = {0, 0, 0, 0};
+         size_t i = 0;
+         for (; i + 32 <= n; i += 32) {
+           for (int k = 0; k < 4; ++k) {
+             uint64_t v;
+             std::memcpy(&v, p + i + 8 * k, 8);
+             s[k] += v;
+           }
+         }
+         for (; i < n; ++i) s[0] += p[i];
+         return s[0] + s[1] + s[2] + s[3];
+       }},
       {"fnv1a64", [](const uint8_t* p, size_t n) { return pw::Fnv1a64Of(p, n); }},
       {"crc32 (slicing-by-8)", [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32(p, n)}; }},
       {"crc32c scalar (slicing-by-8)",
