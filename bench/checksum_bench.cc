@@ -8,7 +8,6 @@
 //   pw-bench-checksum [--bytes N] [--big-bytes N] [--reps K]
 // Each figure is the median of K timed passes after one warm-up pass.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,7 +39,8 @@ int main(int argc, char** argv) {
   CLI::App app{"checksum throughput"};
   size_t bytes = 3250585, big = size_t{1} << 30;
   int reps = 21;
-  app.add_option("--bytes", bytes, "the expert-sized buffer, bytes")->check(CLI::Range(size_t{1}, size_t{1} << 34));
+  app.add_option("--bytes", bytes, "the expert-sized buffer, bytes")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 34));
   app.add_option("--big-bytes", big, "the buffer larger than the cache, bytes (0: skip)");
   app.add_option("--reps", reps, "timed passes per figure (median)")->check(CLI::Range(1, 100000));
   CLI11_PARSE(app, argc, argv);
@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
          return s[0] + s[1] + s[2] + s[3];
        }},
       {"fnv1a64", [](const uint8_t* p, size_t n) { return pw::Fnv1a64Of(p, n); }},
-      {"crc32 (slicing-by-8)", [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32(p, n)}; }},
+      {"crc32 (slicing-by-8)",
+       [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32(p, n)}; }},
       {"crc32c scalar (slicing-by-8)",
        [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32cScalar(p, n)}; }},
   };
@@ -84,7 +85,8 @@ int main(int argc, char** argv) {
     const double a = MedianGbps(small, reps, f.fn, &sink);
     const double b = big ? MedianGbps(large, std::max(1, reps / 4), f.fn, &sink) : 0;
     std::printf("%-30s %14.2f %14.2f\n", f.name, a, b);
-    std::printf("  one %zu-byte expert: %.3f ms\n", bytes, static_cast<double>(bytes) / (a * 1e9) * 1e3);
+    std::printf("  one %zu-byte expert: %.3f ms\n", bytes,
+                static_cast<double>(bytes) / (a * 1e9) * 1e3);
   }
   std::printf("(sink %llu)\n", static_cast<unsigned long long>(sink & 1));
   return 0;

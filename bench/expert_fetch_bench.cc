@@ -9,7 +9,6 @@
 //   pw-bench-expert-fetch [--hidden H] [--ffn F] [--bits B] [--reps K]
 // Prints the median (and min / max) of K fetches per kind: total, get, check.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -66,7 +65,8 @@ int main(int argc, char** argv) {
     layout[b].plane_bytes = row_bytes * static_cast<size_t>(blocks[b].rows);
     for (int p = 0; p < bits; ++p) {
       layout[b].plane_off[p] = store.size();
-      for (size_t i = 0; i < layout[b].plane_bytes; ++i) store.push_back(static_cast<uint8_t>(rng()));
+      for (size_t i = 0; i < layout[b].plane_bytes; ++i)
+        store.push_back(static_cast<uint8_t>(rng()));
     }
     layout[b].lut_off = store.size();
     layout[b].lut_bytes = (static_cast<size_t>(blocks[b].rows) << bits) * 2;
@@ -110,9 +110,10 @@ int main(int argc, char** argv) {
   };
   pages.reserve(4096);
   scales.reserve(16);
-  std::printf("expert: gate_up %d x %d, down %d x %d, %d bits: %.2f MiB in %d parts; %d fetches per kind\n",
-              blocks[0].rows, blocks[0].cols, blocks[1].rows, blocks[1].cols, bits,
-              static_cast<double>(store.size()) / (1 << 20), 2 * (bits + 1), reps);
+  std::printf(
+      "expert: gate_up %d x %d, down %d x %d, %d bits: %.2f MiB in %d parts; %d fetches per kind\n",
+      blocks[0].rows, blocks[0].cols, blocks[1].rows, blocks[1].cols, bits,
+      static_cast<double>(store.size()) / (1 << 20), 2 * (bits + 1), reps);
   std::printf("%-10s %24s %24s %24s\n", "checksum", "fetch ms med (min-max)", "get ms", "check ms");
   for (wire::ChecksumKind kind : {wire::ChecksumKind::FNV1A64, wire::ChecksumKind::CRC32C}) {
     workers::PlaneMover::Options o;

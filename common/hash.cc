@@ -61,7 +61,7 @@ constexpr uint32_t kCrc32cPoly = 0x82F63B78u;  // Castagnoli, reflected
 uint32_t MulModP(uint32_t a, uint32_t b) {
   uint32_t product = 0;
   for (int i = 0; i < 32; ++i) {
-    if (a & (0x80000000u >> i)) product ^= b;  // a's term x^i times b
+    if (a & (0x80000000u >> i)) product ^= b;       // a's term x^i times b
     b = (b & 1) ? (b >> 1) ^ kCrc32cPoly : b >> 1;  // b *= x
   }
   return product;

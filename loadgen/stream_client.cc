@@ -75,7 +75,9 @@ int64_t LogprobEntries(const nlohmann::json& choice) {
   auto lp = choice.find("logprobs");
   if (lp == choice.end() || !lp->is_object()) return -1;
   for (const char* key : {"tokens", "content"}) {
-    if (auto a = lp->find(key); a != lp->end() && a->is_array()) return static_cast<int64_t>(a->size());
+    if (auto a = lp->find(key); a != lp->end() && a->is_array()) {
+      return static_cast<int64_t>(a->size());
+    }
   }
   return -1;
 }
@@ -291,7 +293,9 @@ class StreamClient::IoThread {
         text = true;
         if (owner_->options_.keep_text) c->outcome.text += piece->get_ref<const std::string&>();
       }
-      if (const int64_t n = LogprobEntries(choice); n >= 0) logprobs = std::max<int64_t>(logprobs, 0) + n;
+      if (const int64_t n = LogprobEntries(choice); n >= 0) {
+        logprobs = std::max<int64_t>(logprobs, 0) + n;
+      }
     }
     StreamOutcome& o = c->outcome;
     ++o.choice_events;

@@ -15,10 +15,12 @@ std::string PartChecksumName(wire::ChecksumKind kind) {
 }
 
 Status CheckPartChecksumKind(wire::ChecksumKind kind) {
-  if (kind == wire::ChecksumKind::CRC32C || kind == wire::ChecksumKind::FNV1A64) return Status::Ok();
-  return Unsupported("weight manifest: " + PartChecksumName(kind) +
-                     " (a newer broker?); this worker verifies CRC-32C and FNV-1a 64 (control protocol " +
-                     std::to_string(kProtocolMajor) + "." + std::to_string(kProtocolMinor) + ")");
+  if (kind == wire::ChecksumKind::CRC32C || kind == wire::ChecksumKind::FNV1A64)
+    return Status::Ok();
+  return Unsupported(
+      "weight manifest: " + PartChecksumName(kind) +
+      " (a newer broker?); this worker verifies CRC-32C and FNV-1a 64 (control protocol " +
+      std::to_string(kProtocolMajor) + "." + std::to_string(kProtocolMinor) + ")");
 }
 
 Status CheckPeerReadsPartChecksums(uint16_t peer_minor) {
@@ -26,8 +28,9 @@ Status CheckPeerReadsPartChecksums(uint16_t peer_minor) {
   return Unsupported(
       "this broker speaks control protocol " + std::to_string(kProtocolMajor) + "." +
       std::to_string(kProtocolMinor) + " and checksums expert parts with " +
-      PartChecksumName(kPartChecksumKind) + "; the worker speaks " + std::to_string(kProtocolMajor) +
-      "." + std::to_string(peer_minor) + ", which verifies FNV-1a 64 only: run the broker and its workers from one build");
+      PartChecksumName(kPartChecksumKind) + "; the worker speaks " +
+      std::to_string(kProtocolMajor) + "." + std::to_string(peer_minor) +
+      ", which verifies FNV-1a 64 only: run the broker and its workers from one build");
 }
 
 }  // namespace pw::proto

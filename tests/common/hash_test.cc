@@ -2,13 +2,13 @@
 // scalar one on awkward lengths and alignments (around the three-lane block of 3 x 16 KiB),
 // chaining, and that a flipped byte anywhere changes the checksum. FNV-1a and CRC-32 check
 // values pin the other two hashes.
+#include "common/hash.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
 #include <vector>
-
-#include "common/hash.h"
 
 namespace pw {
 namespace {
@@ -59,10 +59,21 @@ TEST(Hash, HardwareCrc32cMatchesScalar) {
   if (!Crc32cHardwareAvailable()) GTEST_SKIP() << "this CPU has no SSE4.2";
   constexpr size_t kBlock = 3 * 16384;  // the hardware path's three lanes
   const auto buf = RandomBytes(3 * kBlock + 64, 11);
-  const std::vector<size_t> lengths = {0,          1,          7,          8,
-                                       9,          31,         4095,       16384,
-                                       kBlock - 1, kBlock,     kBlock + 1, kBlock + 7,
-                                       2 * kBlock - 8, 2 * kBlock + 13, 3 * kBlock + 3};
+  const std::vector<size_t> lengths = {0,
+                                       1,
+                                       7,
+                                       8,
+                                       9,
+                                       31,
+                                       4095,
+                                       16384,
+                                       kBlock - 1,
+                                       kBlock,
+                                       kBlock + 1,
+                                       kBlock + 7,
+                                       2 * kBlock - 8,
+                                       2 * kBlock + 13,
+                                       3 * kBlock + 3};
   for (size_t off = 0; off < 8; ++off) {
     for (size_t n : lengths) {
       SCOPED_TRACE("offset " + std::to_string(off) + " length " + std::to_string(n));

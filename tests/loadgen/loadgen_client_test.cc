@@ -354,7 +354,7 @@ TEST(LoadgenCli, WritesVllmResultKeysAndRefusesBadOptions) {
   EXPECT_EQ(j["request_rate"], "inf");
   EXPECT_DOUBLE_EQ(j["request_goodput"].get<double>(), j["request_throughput"].get<double>());
   EXPECT_FALSE(j.contains("generated_texts"));  // only with --save-detailed
-  EXPECT_EQ(j["token_count"], "chunks");  // the fake server sends neither usage nor logprobs per event
+  EXPECT_EQ(j["token_count"], "chunks");  // the fake server sends no usage or logprobs per event
 
   CliOptions bad = o;
   bad.goodput = {"ttft=5"};

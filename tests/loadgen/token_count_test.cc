@@ -159,7 +159,8 @@ class ScriptedServer {
       }
       buf.erase(0, head_end + 4 + cl);
       std::string header =
-          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
+          "chunked\r\n\r\n";
       for (const ScriptEvent& e : script_) {
         if (!Step(c, e.t_ms, header + Chunk("data: " + e.data + "\n\n"))) return;
         header.clear();
@@ -198,7 +199,9 @@ std::vector<ScriptEvent> Script(Carry carry, const std::string& shape = "tokens"
     std::string text;
     const char* finish;
   };
-  const Step steps[] = {{100, 3, "ab", nullptr}, {130, 1, "", nullptr}, {150, 2, "c", nullptr},
+  const Step steps[] = {{100, 3, "ab", nullptr},
+                        {130, 1, "", nullptr},
+                        {150, 2, "c", nullptr},
                         {200, 0, "", "length"}};
   std::vector<ScriptEvent> out;
   int total = 0;
@@ -217,15 +220,17 @@ std::vector<ScriptEvent> Script(Carry carry, const std::string& shape = "tokens"
     }
     nlohmann::json e = {{"choices", nlohmann::json::array({choice})}};
     if (carry == Carry::kUsage) {
-      e["usage"] = {{"prompt_tokens", 8}, {"completion_tokens", total}, {"total_tokens", 8 + total}};
+      e["usage"] = {
+          {"prompt_tokens", 8}, {"completion_tokens", total}, {"total_tokens", 8 + total}};
     } else {
       e["usage"] = nullptr;
     }
     out.push_back({s.t, e.dump()});
   }
-  out.push_back({210, nlohmann::json{{"choices", nlohmann::json::array()},
-                                     {"usage", {{"prompt_tokens", 8}, {"completion_tokens", total}}}}
-                          .dump()});
+  out.push_back(
+      {210, nlohmann::json{{"choices", nlohmann::json::array()},
+                           {"usage", {{"prompt_tokens", 8}, {"completion_tokens", total}}}}
+                .dump()});
   return out;
 }
 

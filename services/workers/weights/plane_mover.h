@@ -4,11 +4,11 @@
 // Owns one thread and one UCX endpoint to the broker's worker (used by that thread only). A
 // job names one block's transition: for each part (plane or LUT) the store range to read and
 // the pages it lands in. The thread gets every range with one-sided UCX gets, checks each
-// part's checksum (Options::checksum_kind, from the manifest) against the manifest, and turns a fetched fp16 LUT into the int8
-// LUT the fast-path kernels read (kernels/anyprec/q8.h), row tile by row tile, straight into
-// its pages. Transfers are rate-limited (bytes per second) so decode keeps its share of the
-// memory bus. Results come back through TakeDone(); the caller commits or aborts the block at
-// its next iteration boundary (memory/weight_page_table.h).
+// part's checksum against the manifest (of the kind the manifest names: Options::checksum_kind),
+// and turns a fetched fp16 LUT into the int8 LUT the fast-path kernels read (kernels/anyprec/q8.h),
+// row tile by row tile, straight into its pages. Transfers are rate-limited (bytes per second)
+// so decode keeps its share of the memory bus. Results come back through TakeDone(); the caller
+// commits or aborts the block at its next iteration boundary (memory/weight_page_table.h).
 //
 // The pages of a submitted job belong to the mover until its result is taken. Cancel() ends
 // the job in flight and fails every queued one (the broker is gone or the worker stops).

@@ -1,6 +1,8 @@
 // The expert-part checksum's versions (services/proto/part_checksum.h): this build writes
 // CRC-32C; it reads FNV-1a 64 (protocol 1.0 brokers) and refuses an unknown kind; a broker
 // refuses its manifest to a protocol 1.0 peer, naming both versions.
+#include "services/proto/part_checksum.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,7 +10,6 @@
 
 #include "common/hash.h"
 #include "services/proto/codec.h"
-#include "services/proto/part_checksum.h"
 
 namespace pw::proto {
 namespace {
@@ -19,8 +20,9 @@ TEST(PartChecksum, EachKindIsItsHashAndChainsOverPieces) {
   EXPECT_EQ(kPartChecksumKind, wire::ChecksumKind::CRC32C);
   for (auto kind : {wire::ChecksumKind::CRC32C, wire::ChecksumKind::FNV1A64}) {
     const uint64_t whole = PartChecksumOf(kind, bytes.data(), bytes.size());
-    EXPECT_EQ(whole, kind == wire::ChecksumKind::CRC32C ? uint64_t{Crc32c(bytes.data(), bytes.size())}
-                                                        : Fnv1a64Of(bytes.data(), bytes.size()));
+    EXPECT_EQ(whole, kind == wire::ChecksumKind::CRC32C
+                         ? uint64_t{Crc32c(bytes.data(), bytes.size())}
+                         : Fnv1a64Of(bytes.data(), bytes.size()));
     PartChecksum c(kind);
     c.Update(bytes.data(), 4097);
     c.Update(bytes.data() + 4097, bytes.size() - 4097);
@@ -36,7 +38,8 @@ TEST(PartChecksum, KindsAndPeerVersions) {
   EXPECT_TRUE(CheckPartChecksumKind(wire::ChecksumKind::FNV1A64).ok());
   const Status unknown = CheckPartChecksumKind(static_cast<wire::ChecksumKind>(2));
   EXPECT_EQ(unknown.code(), StatusCode::kUnsupported);
-  EXPECT_NE(unknown.message().find("unknown checksum kind 2"), std::string::npos) << unknown.ToString();
+  EXPECT_NE(unknown.message().find("unknown checksum kind 2"), std::string::npos)
+      << unknown.ToString();
 
   EXPECT_GE(kProtocolMinor, kPartChecksumSinceMinor);
   EXPECT_TRUE(CheckPeerReadsPartChecksums(kProtocolMinor).ok());

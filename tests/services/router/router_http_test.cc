@@ -267,7 +267,8 @@ TEST_F(RouterHttpTest, ContinuousUsageStatsGiveEveryTokenAChunkWithItsRunningUsa
       const int64_t ct = j["usage"]["completion_tokens"];
       EXPECT_EQ(j["usage"]["total_tokens"], prompt + ct);
       const json& c = j["choices"][0];
-      const std::string piece = chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
+      const std::string piece =
+          chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
       text += piece;
       if (chat && i == 0) {  // the role chunk, before any token
         EXPECT_EQ(ct, 0);

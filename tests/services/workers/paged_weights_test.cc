@@ -312,10 +312,13 @@ TEST_F(PagedWeightsTest, ChecksumsAreCrc32cAndAnOldBrokersFnvManifestStillLoads)
   EXPECT_EQ(weights_->stats().transitions_failed, 0u);
   weights_.reset();
   // A kind this build does not know.
-  auto unknown = Create([](wire::WeightManifest::Builder m) { m.setChecksumKind(static_cast<wire::ChecksumKind>(7)); });
+  auto unknown = Create([](wire::WeightManifest::Builder m) {
+    m.setChecksumKind(static_cast<wire::ChecksumKind>(7));
+  });
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(unknown.status().message().find("unknown checksum kind 7"), std::string::npos) << unknown.status().ToString();
+  EXPECT_NE(unknown.status().message().find("unknown checksum kind 7"), std::string::npos)
+      << unknown.status().ToString();
 }
 
 TEST_F(PagedWeightsTest, ANonResidentBlockIsFetchedSynchronously) {

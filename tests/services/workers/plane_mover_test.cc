@@ -219,7 +219,8 @@ TEST_F(PlaneMoverTest, AByteChangedAtTheBrokerFailsItsPartsChecksum) {
     ASSERT_TRUE(mover_->FetchNow(good).ok());
     ASSERT_TRUE(Holds(pages, 8192));
     // The part's first byte, one inside its fourth page, its last byte.
-    for (size_t at : {size_t{8192}, size_t{8192 + 3 * 1024 + 517}, size_t{8192 + 40 * kRowBytes - 1}}) {
+    const size_t last = 8192 + 40 * kRowBytes - 1;
+    for (size_t at : {size_t{8192}, size_t{8192 + 3 * 1024 + 517}, last}) {
       SCOPED_TRACE("byte " + std::to_string(at));
       pages.clear();
       std::vector<MovePart> parts{Part(8192, 40, &pages, kind)};
