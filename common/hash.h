@@ -1,5 +1,6 @@
-// The project's hashes: FNV-1a 64-bit (model hashes, region checksums, name seeds) and
-// CRC-32 (store sections, trace records). One implementation each.
+// The project's hashes: FNV-1a 64-bit (model hashes, name seeds), CRC-32 (store sections,
+// trace records) and CRC-32C (expert parts fetched from the broker). One implementation each;
+// CRC-32C has a scalar reference and a hardware path (SSE4.2), chosen at run time.
 #pragma once
 
 #include <cstddef>
@@ -31,5 +32,16 @@ inline uint64_t Fnv1a64Of(const void* data, size_t n) {
 
 // CRC-32 (IEEE 802.3 polynomial, reflected, as zlib's crc32); `crc` chains calls (start at 0).
 uint32_t Crc32(const void* data, size_t n, uint32_t crc = 0);
+
+// CRC-32C (Castagnoli polynomial 0x1EDC6F41, reflected; iSCSI, ext4, SSE4.2's crc32), at
+// memory speed where the CPU has SSE4.2: `crc` chains calls (start at 0), so a part hashed page
+// by page equals the part hashed at once. Check value: Crc32c("123456789", 9) == 0xE3069283.
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
+// The two backends behind Crc32c, for tests and benchmarks: the table-driven scalar one (any
+// CPU; defines correct), and the SSE4.2 one (three interleaved instruction streams, combined
+// by polynomial arithmetic) that Crc32c uses when Crc32cHardwareAvailable().
+uint32_t Crc32cScalar(const void* data, size_t n, uint32_t crc = 0);
+uint32_t Crc32cHardware(const void* data, size_t n, uint32_t crc = 0);  // needs SSE4.2
+bool Crc32cHardwareAvailable();
 
 }  // namespace pw

@@ -2,9 +2,10 @@
 // writes out (same keys), plus ours.
 //
 // Per successful request (output_len = completion tokens from the stream's usage, else the
-// number of content events):
-//   TTFT  = first content event - request sent
-//   ITL   = every gap between consecutive content events
+// number of tokens counted; tokens are counted and timed as stream_client.h says: every token
+// of one event at that event's arrival):
+//   TTFT  = first token's arrival - request sent
+//   ITL   = every gap between consecutive tokens (0 between tokens of one event)
 //   TPOT  = (E2EL - TTFT) / (output_len - 1), requests with output_len >= 2
 //   E2EL  = last byte of the response - request sent
 // Statistics per metric: mean, median, std (population), and the requested percentiles with
@@ -44,7 +45,7 @@ struct RequestRecord {
 struct TimelineSample {
   double t_s = 0;
   int64_t sent = 0, completed = 0, failed = 0, in_flight = 0;
-  int64_t chunks = 0;  // content events received so far (~ output tokens)
+  int64_t tokens = 0;  // output tokens counted so far (StreamClient's token count)
 };
 
 struct SloSpec {

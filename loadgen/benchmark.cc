@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 namespace pw::loadgen {
@@ -42,11 +43,12 @@ RequestRecord ToRecord(const StreamOutcome& o, const PlannedRequest& p,
   r.error = o.error;
   r.input_len = o.prompt_tokens >= 0 ? static_cast<int32_t>(o.prompt_tokens) : p.input_len;
   r.output_len = o.completion_tokens >= 0 ? static_cast<int32_t>(o.completion_tokens)
-                                          : static_cast<int32_t>(o.chunk_times.size());
+                                          : static_cast<int32_t>(o.token_times.size());
   r.latency_s = Seconds(o.done - o.sent);
-  r.ttft_s = o.chunk_times.empty() ? r.latency_s : Seconds(o.chunk_times.front() - o.sent);
-  for (size_t i = 1; i < o.chunk_times.size(); ++i) {
-    r.itl_s.push_back(Seconds(o.chunk_times[i] - o.chunk_times[i - 1]));
+  r.ttft_s = o.token_times.empty() ? r.latency_s : Seconds(o.token_times.front() - o.sent);
+  // One gap per token after the first; tokens of one event are 0 apart.
+  for (size_t i = 1; i < o.token_times.size(); ++i) {
+    r.itl_s.push_back(Seconds(o.token_times[i] - o.token_times[i - 1]));
   }
   r.text = o.text;
   return r;
@@ -55,12 +57,23 @@ RequestRecord ToRecord(const StreamOutcome& o, const PlannedRequest& p,
 }  // namespace
 
 Result<std::string> BuildRequestBody(const BenchmarkOptions& o, const PromptSource& prompts,
-                                     const PlannedRequest& p, uint64_t index) {
+                                     const PlannedRequest& p, uint64_t index, bool probe) {
   nlohmann::json b;
   b["model"] = o.model;
   b["max_tokens"] = p.output_len;
   b["stream"] = true;
   b["stream_options"] = {{"include_usage", true}};
+  if (probe || o.token_count == TokenCount::kUsage) {
+    b["stream_options"]["continuous_usage_stats"] = true;
+  }
+  if (probe || o.token_count == TokenCount::kLogprobs) {
+    if (o.chat) {
+      b["logprobs"] = true;
+      b["top_logprobs"] = 1;
+    } else {
+      b["logprobs"] = 1;
+    }
+  }
   b["temperature"] = o.temperature;
   if (o.ignore_eos) b["ignore_eos"] = true;
   if (o.chat) {
@@ -70,6 +83,52 @@ Result<std::string> BuildRequestBody(const BenchmarkOptions& o, const PromptSour
     b["prompt"] = prompts.Tokens(p.input_len, index);
   }
   return b.dump();
+}
+
+Result<TokenCount> DetectTokenCount(const BenchmarkOptions& o, const PromptSource& prompts,
+                                    const PlannedRequest& p, std::string* why) {
+  PlannedRequest probe = p;
+  probe.output_len = std::min<int32_t>(p.output_len, 16);
+  PW_ASSIGN_OR_RETURN(std::string body, BuildRequestBody(o, prompts, probe, 0, /*probe=*/true));
+  StreamClient::Options co;
+  co.io_threads = 1;
+  co.request_timeout = o.request_timeout;
+  co.token_count = TokenCount::kChunks;  // counts nothing it could refuse
+  co.clock = o.clock;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<StreamOutcome> got;
+  StreamClient client(o.target, co, [&](StreamOutcome out) {
+    std::lock_guard<std::mutex> lock(mu);
+    got = std::move(out);
+    cv.notify_all();
+  });
+  PW_RETURN_IF_ERROR(client.Start());
+  client.Submit(0, std::move(body));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return got.has_value(); });
+  }
+  client.Stop();
+  const StreamOutcome& out = *got;
+  if (!out.success) {
+    return Unavailable("the token-count probe request failed (" + out.error_kind + ": " +
+                       out.error + ")");
+  }
+  TokenCount c = TokenCount::kChunks;
+  if (out.choice_events > 0 && out.usage_events == out.choice_events) {
+    c = TokenCount::kUsage;
+  } else if (out.logprob_events > 0 && out.text_events_without_logprobs == 0) {
+    c = TokenCount::kLogprobs;
+  }
+  if (why) {
+    *why = "token count: " + std::string(TokenCountName(c)) + " (probe: " +
+           std::to_string(out.choice_events) + " events with a choice, " +
+           std::to_string(out.usage_events) + " with usage, " +
+           std::to_string(out.logprob_events) + " with log-probabilities, " +
+           std::to_string(out.text_events_without_logprobs) + " with text without)";
+  }
+  return c;
 }
 
 Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
@@ -84,6 +143,8 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
   co.io_threads = o.io_threads;
   co.request_timeout = o.request_timeout;
   co.keep_text = o.keep_text;
+  co.token_count = o.token_count;
+  co.clock = o.clock;
   StreamClient client(o.target, co, [&](StreamOutcome out) {
     std::lock_guard<std::mutex> lock(sh.mu);
     --sh.in_flight;
@@ -146,7 +207,7 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
   }
   std::thread progress([&] {
     const auto t0 = sh.t0;
-    int64_t last_completed = 0, last_chunks = 0;
+    int64_t last_completed = 0, last_tokens = 0;
     auto last_print = t0;
     int64_t tick = 0;
     while (true) {
@@ -167,13 +228,13 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
         s.failed = sh.failed;
         s.in_flight = sh.in_flight;
       }
-      s.chunks = client.chunks_received();
+      s.tokens = client.tokens_received();
       run.timeline.push_back(s);
       const auto now = SteadyClock::now();
       const double since = Seconds(now - last_print);
       if (o.quiet || (!tty && since < 9.99)) continue;
       const double req_rate = (s.completed - last_completed) / since;
-      const double tok_rate = (s.chunks - last_chunks) / since;
+      const double tok_rate = (s.tokens - last_tokens) / since;
       std::fprintf(stderr,
                    "%s%s[%6.1f s] sent %lld/%zu  completed %lld  failed %lld  in flight %lld  "
                    "| %.1f req/s  %.0f tok/s%s",
@@ -184,7 +245,7 @@ Result<BenchmarkRun> RunBenchmark(const std::vector<PlannedRequest>& plan,
       std::fflush(stderr);
       last_print = now;
       last_completed = s.completed;
-      last_chunks = s.chunks;
+      last_tokens = s.tokens;
     }
     if (!o.quiet && tty) std::fprintf(stderr, "\n");
   });

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct BenchmarkOptions {
   double duration_s = 0;  // > 0: the timed part's sending window, seconds (above)
   double drain_s = 30;    // with duration_s: how long requests in flight at its end may run on
   std::string label;  // printed at the start of the progress line (e.g. the sweep's rate)
+  // How generated tokens are counted (stream_client.h); the request body asks the server for
+  // what the counting needs (continuous usage stats, or log-probabilities).
+  TokenCount token_count = TokenCount::kUsage;
+  std::function<SteadyClock::time_point()> clock;  // StreamClient::Options::clock (tests)
 };
 
 struct BenchmarkRun {
@@ -59,9 +64,20 @@ struct BenchmarkRun {
   int64_t cancelled = 0;     // requests in flight when the drain ended, cancelled
 };
 
-// The JSON body of one request (stream with usage, max_tokens = output_len).
+// The JSON body of one request (stream with usage, max_tokens = output_len), asking for what
+// o.token_count needs: kUsage adds stream_options.continuous_usage_stats, kLogprobs
+// log-probabilities of the chosen token ("logprobs": 1, or for chat "logprobs": true with
+// "top_logprobs": 1 — llama-server sends none for 0). `probe` asks for both.
 Result<std::string> BuildRequestBody(const BenchmarkOptions& o, const PromptSource& prompts,
-                                     const PlannedRequest& p, uint64_t index);
+                                     const PlannedRequest& p, uint64_t index, bool probe = false);
+
+// --token-count auto: sends one request (the plan's first prompt, at most 16 output tokens)
+// asking for continuous usage and log-probabilities, and picks kUsage when every event with a
+// choice carried usage.completion_tokens, else kLogprobs when every event with text carried
+// log-probabilities, else kChunks. `why` (may be null) gets a line saying what was seen. A
+// probe that fails is an error (the server is not usable).
+Result<TokenCount> DetectTokenCount(const BenchmarkOptions& o, const PromptSource& prompts,
+                                    const PlannedRequest& p, std::string* why);
 
 // `stop` (may be null): when it becomes true no further request is sent; what is in flight
 // still finishes.

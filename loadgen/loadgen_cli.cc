@@ -72,6 +72,11 @@ void AddFlags(CLI::App& app, CliOptions* o) {
   app.add_option("--result-filename", o->result_filename, "file name of the result JSON");
   app.add_flag("--quiet", o->quiet, "no progress line");
   app.add_option("--io-threads", o->io_threads, "client I/O threads")->check(CLI::Range(1, 64));
+  app.add_option("--token-count", o->token_count,
+                 "how output tokens are counted and timed: usage (continuous usage stats), "
+                 "logprobs (one token per log-probability), chunks (one per event with text), "
+                 "or auto (ask the server with one request first; default)")
+      ->check(CLI::IsMember({"auto", "usage", "logprobs", "chunks"}));
   app.add_option("--request-timeout", o->request_timeout_s, "seconds per request")
       ->check(CLI::PositiveNumber);
 }
@@ -103,17 +108,17 @@ nlohmann::json RateJson(double r) {
 
 void AddTimeline(const BenchmarkRun& run, nlohmann::json* out) {
   nlohmann::json t = nlohmann::json::array(), sent = t, done = t, failed = t, in_flight = t,
-                 chunks = t;
+                 tokens = t;
   for (const auto& s : run.timeline) {
     t.push_back(s.t_s);
     sent.push_back(s.sent);
     done.push_back(s.completed);
     failed.push_back(s.failed);
     in_flight.push_back(s.in_flight);
-    chunks.push_back(s.chunks);
+    tokens.push_back(s.tokens);
   }
   (*out)["timeline"] = {{"t", t},           {"sent", sent},           {"completed", done},
-                        {"failed", failed}, {"in_flight", in_flight}, {"output_chunks", chunks}};
+                        {"failed", failed}, {"in_flight", in_flight}, {"output_tokens", tokens}};
 }
 
 int Fail(const std::string& m) {
@@ -141,6 +146,10 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
   bo.io_threads = o.io_threads;
   bo.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
   bo.keep_text = o.save_detailed;
+  bool token_count_pending = o.token_count == "auto";
+  if (o.token_count == "usage") bo.token_count = TokenCount::kUsage;
+  if (o.token_count == "logprobs") bo.token_count = TokenCount::kLogprobs;
+  if (o.token_count == "chunks") bo.token_count = TokenCount::kChunks;
   bo.quiet = o.quiet;
   if (!(o.duration >= 0) || !std::isfinite(o.duration)) {
     return Fail("--duration must be a finite number of seconds >= 0");
@@ -279,6 +288,17 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
       std::snprintf(label, sizeof(label), "rate %g: ", rate);
       bo.label = label;
     }
+    if (token_count_pending) {
+      token_count_pending = false;
+      std::string why;
+      auto c = DetectTokenCount(bo, *prompts, plan.front(), &why);
+      if (!c.ok()) {
+        std::fprintf(stderr, "pw-loadgen: %s\n", c.status().ToString().c_str());
+        return 1;
+      }
+      bo.token_count = *c;
+      if (!o.quiet) std::fprintf(stderr, "pw-loadgen: %s\n", why.c_str());
+    }
     auto run = RunBenchmark(plan, *prompts, bo, stop);
     if (!run.ok()) {
       std::fprintf(stderr, "pw-loadgen: %s\n", run.status().ToString().c_str());
@@ -288,6 +308,7 @@ int RunCli(const CliOptions& o, const std::atomic<bool>* stop) {
     s["date"] = Now("%Y%m%d-%H%M%S");
     s["backend"] = o.backend;
     s["endpoint_type"] = bo.chat ? "openai-chat" : "openai";
+    s["token_count"] = TokenCountName(bo.token_count);
     s["model_id"] = o.model;
     s["tokenizer_id"] = o.tokenizer.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.tokenizer);
     s["num_prompts"] = static_cast<int64_t>(plan.size());

@@ -63,6 +63,9 @@ struct CliOptions {
   // Ours: client.
   bool quiet = false;
   int io_threads = 2;
+  // How output tokens are counted and timed (stream_client.h): auto (probe the server: usage,
+  // else logprobs, else chunks), usage, logprobs or chunks.
+  std::string token_count = "auto";
   double request_timeout_s = 600;
 };
 

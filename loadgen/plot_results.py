@@ -71,7 +71,9 @@ def plot_run(run, prefix, title):
         ax1.set_xlabel("time since start (s)")
         ax1.set_ylabel("requests/s, requests")
         ax2 = ax1.twinx()
-        ax2.plot(t, rate("output_chunks"), label="output tokens/s", color="tab:green", alpha=0.7)
+        # "output_chunks": result files written before tokens were counted per token
+        key = "output_tokens" if "output_tokens" in tl else "output_chunks"
+        ax2.plot(t, rate(key), label="output tokens/s", color="tab:green", alpha=0.7)
         ax2.set_ylabel("output tokens/s")
         lines = ax1.get_legend_handles_labels()
         lines2 = ax2.get_legend_handles_labels()

@@ -67,7 +67,33 @@ Result<HttpTarget> ParseBaseUrl(const std::string& base_url, const std::string& 
 
 namespace {
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// The number of log-probability entries of a choice (-1: none): OpenAI's completions shape
+// (logprobs.tokens), the chat shape (logprobs.content), which llama-server also sends for
+// completions.
+int64_t LogprobEntries(const nlohmann::json& choice) {
+  auto lp = choice.find("logprobs");
+  if (lp == choice.end() || !lp->is_object()) return -1;
+  for (const char* key : {"tokens", "content"}) {
+    if (auto a = lp->find(key); a != lp->end() && a->is_array()) {
+      return static_cast<int64_t>(a->size());
+    }
+  }
+  return -1;
+}
 }  // namespace
+
+const char* TokenCountName(TokenCount c) {
+  switch (c) {
+    case TokenCount::kUsage:
+      return "usage";
+    case TokenCount::kLogprobs:
+      return "logprobs";
+    case TokenCount::kChunks:
+      return "chunks";
+  }
+  return "?";
+}
 
 class StreamClient::IoThread {
  public:
@@ -124,6 +150,10 @@ class StreamClient::IoThread {
     SteadyClock::time_point now;  // time of the recv() being parsed
     bool stream_error = false;
   };
+
+  SteadyClock::time_point Now() const {
+    return owner_->options_.clock ? owner_->options_.clock() : SteadyClock::now();
+  }
 
   void Wake() {
     const uint64_t one = 1;
@@ -184,7 +214,7 @@ class StreamClient::IoThread {
     if (!c) {
       StreamOutcome o;
       o.index = index;
-      o.sent = o.done = SteadyClock::now();
+      o.sent = o.done = Now();
       o.error_kind = "connect";
       o.error = connect_error_.empty() ? "cannot open a socket" : connect_error_;
       owner_->on_done_(std::move(o));
@@ -204,8 +234,8 @@ class StreamClient::IoThread {
     c->stream_error = false;
     c->outcome = StreamOutcome{};
     c->outcome.index = index;
-    c->outcome.sent = SteadyClock::now();
-    c->deadline = c->outcome.sent + owner_->options_.request_timeout;
+    c->outcome.sent = Now();
+    c->deadline = SteadyClock::now() + owner_->options_.request_timeout;
     c->resp = std::make_unique<SseResponse>([this, c](std::string_view d) { OnEvent(c, d); });
     if (c->state == Conn::State::kIdle) {
       c->state = Conn::State::kActive;
@@ -236,34 +266,80 @@ class StreamClient::IoThread {
                              : e.dump().substr(0, 300);
       return;
     }
+    int64_t usage_tokens = -1;
     if (auto u = j.find("usage"); u != j.end() && u->is_object()) {
       if (u->contains("prompt_tokens") && (*u)["prompt_tokens"].is_number_integer()) {
         c->outcome.prompt_tokens = (*u)["prompt_tokens"].get<int64_t>();
       }
       if (u->contains("completion_tokens") && (*u)["completion_tokens"].is_number_integer()) {
-        c->outcome.completion_tokens = (*u)["completion_tokens"].get<int64_t>();
+        usage_tokens = (*u)["completion_tokens"].get<int64_t>();
+        c->outcome.completion_tokens = usage_tokens;
       }
     }
-    bool content = false;
-    if (auto ch = j.find("choices"); ch != j.end() && ch->is_array()) {
-      for (const auto& choice : *ch) {
-        if (!choice.is_object()) continue;
-        const nlohmann::json* piece = nullptr;
-        if (auto tx = choice.find("text"); tx != choice.end() && tx->is_string()) {
-          piece = &*tx;
-        } else if (auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
-          if (auto ct = d->find("content"); ct != d->end() && ct->is_string()) piece = &*ct;
-        }
-        if (piece && !piece->get_ref<const std::string&>().empty()) {
-          content = true;
-          if (owner_->options_.keep_text) c->outcome.text += piece->get_ref<const std::string&>();
-        }
+    owner_->events_.fetch_add(1, std::memory_order_relaxed);
+    auto ch = j.find("choices");
+    if (ch == j.end() || !ch->is_array() || ch->empty()) return;  // e.g. the final usage event
+    bool text = false;
+    int64_t logprobs = -1;
+    for (const auto& choice : *ch) {
+      if (!choice.is_object()) continue;
+      const nlohmann::json* piece = nullptr;
+      if (auto tx = choice.find("text"); tx != choice.end() && tx->is_string()) {
+        piece = &*tx;
+      } else if (auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
+        if (auto ct = d->find("content"); ct != d->end() && ct->is_string()) piece = &*ct;
+      }
+      if (piece && !piece->get_ref<const std::string&>().empty()) {
+        text = true;
+        if (owner_->options_.keep_text) c->outcome.text += piece->get_ref<const std::string&>();
+      }
+      if (const int64_t n = LogprobEntries(choice); n >= 0) {
+        logprobs = std::max<int64_t>(logprobs, 0) + n;
       }
     }
-    if (content) {
-      c->outcome.chunk_times.push_back(c->now);
-      owner_->chunks_.fetch_add(1, std::memory_order_relaxed);
+    StreamOutcome& o = c->outcome;
+    ++o.choice_events;
+    if (usage_tokens >= 0) ++o.usage_events;
+    if (logprobs >= 0) {
+      ++o.logprob_events;
+    } else if (text) {
+      ++o.text_events_without_logprobs;
     }
+    int64_t tokens = 0;
+    const int64_t counted = static_cast<int64_t>(o.token_times.size());
+    switch (owner_->options_.token_count) {
+      case TokenCount::kUsage:
+        if (usage_tokens < 0) {
+          return ProtocolError(c, "token count 'usage': an event with a choice carries no "
+                                  "usage.completion_tokens (the server does not send continuous "
+                                  "usage stats; use --token-count logprobs or chunks)");
+        }
+        if (usage_tokens < counted) {
+          return ProtocolError(c, "usage.completion_tokens went down from " +
+                                      std::to_string(counted) + " to " +
+                                      std::to_string(usage_tokens));
+        }
+        tokens = usage_tokens - counted;
+        break;
+      case TokenCount::kLogprobs:
+        if (logprobs < 0 && text) {
+          return ProtocolError(c, "token count 'logprobs': an event with text carries no "
+                                  "log-probabilities");
+        }
+        tokens = std::max<int64_t>(logprobs, 0);
+        break;
+      case TokenCount::kChunks:
+        tokens = text ? 1 : 0;
+        break;
+    }
+    o.token_times.insert(o.token_times.end(), static_cast<size_t>(tokens), c->now);
+    owner_->tokens_.fetch_add(tokens, std::memory_order_relaxed);
+  }
+
+  void ProtocolError(Conn* c, std::string why) {
+    c->stream_error = true;
+    c->outcome.error_kind = "protocol";
+    c->outcome.error = std::move(why);
   }
 
   void Write(Conn* c) {
@@ -298,7 +374,7 @@ class StreamClient::IoThread {
       Finish(c, /*reusable=*/false);
       return;
     }
-    c->outcome.done = SteadyClock::now();
+    c->outcome.done = Now();
     if (c->outcome.error_kind.empty()) {
       c->outcome.error_kind = c->got_bytes ? "incomplete" : "connect";
       c->outcome.error = why;
@@ -346,7 +422,7 @@ class StreamClient::IoThread {
     while (true) {
       const ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
       if (n > 0) {
-        c->now = SteadyClock::now();
+        c->now = Now();
         if (!c->has_request) {  // bytes on an idle connection: not ours to take
           CloseConn(c);
           return;
@@ -369,13 +445,13 @@ class StreamClient::IoThread {
         continue;
       }
       if (n == 0) {
-        c->now = SteadyClock::now();
+        c->now = Now();
         Broken(c, "connection closed by the server");
         return;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EINTR) continue;
-      c->now = SteadyClock::now();
+      c->now = Now();
       Broken(c, Errno("recv"));
       return;
     }
@@ -389,7 +465,7 @@ class StreamClient::IoThread {
     }
     for (Conn* c : expired) {
       StreamOutcome o = std::move(c->outcome);
-      o.done = now;
+      o.done = Now();
       o.http_status = c->resp ? c->resp->status() : 0;
       o.error_kind = "timeout";
       o.error = "no complete response within " +
@@ -427,8 +503,8 @@ class StreamClient::IoThread {
           }
           if (!(ev & EPOLLOUT)) continue;
           c->state = Conn::State::kActive;
-          c->outcome.sent = SteadyClock::now();
-          c->deadline = c->outcome.sent + owner_->options_.request_timeout;
+          c->outcome.sent = Now();
+          c->deadline = SteadyClock::now() + owner_->options_.request_timeout;
           Write(c);
           continue;
         }
@@ -459,7 +535,7 @@ class StreamClient::IoThread {
     for (Conn* c : all) {
       if (c->has_request) {
         StreamOutcome o = std::move(c->outcome);
-        o.done = SteadyClock::now();
+        o.done = Now();
         o.error_kind = "cancelled";
         o.error = "the benchmark stopped";
         CloseConn(c);
@@ -472,7 +548,7 @@ class StreamClient::IoThread {
     for (auto& [index, body] : pending_) {
       StreamOutcome o;
       o.index = index;
-      o.sent = o.done = SteadyClock::now();
+      o.sent = o.done = Now();
       o.error_kind = "cancelled";
       o.error = "the benchmark stopped";
       owner_->on_done_(std::move(o));

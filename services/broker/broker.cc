@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <cstring>
 
-#include "common/hash.h"
 #include "common/logging.h"
 #include "common/formats/checkpoint_experts.h"
 #include "common/plane_layout.h"
+#include "services/proto/part_checksum.h"
 #include "services/proto/weight_kind.h"
 #include "services/transport/zmq_transport.h"
 #include "services/common/model_name.h"
@@ -58,7 +58,7 @@ Status Broker::SetupBf16Store(const CheckpointExperts& experts) {
       if (matrix != r.bytes) return Corrupt("broker: expert down shape disagrees with config.json");
       std::memcpy(dst, w.down, r.bytes);
     }
-    checksums_[i] = Fnv1a64Of(dst, r.bytes);
+    checksums_[i] = proto::PartChecksumOf(proto::kPartChecksumKind, dst, r.bytes);
   }
   PW_ASSIGN_OR_RETURN(region_, transport::ucx::MemoryRegion::Register(*ucx_ctx_, store_.get(),
                                                                      layout_.total_bytes));
@@ -212,12 +212,18 @@ Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r) {
   return Status::Ok();
 }
 
-void Broker::SendManifest(const std::string& peer, const std::string& model_name) {
+void Broker::SendManifest(const std::string& peer, const std::string& model_name,
+                          uint16_t peer_minor) {
   proto::OutMessage m;
   auto wm = m.body().initWeightManifest();
+  const Status reads = proto::CheckPeerReadsPartChecksums(peer_minor);
   if (!model_name.empty() && model_name != options_.model_name) {
     wm.setOk(false);
     wm.setError("this broker holds '" + options_.model_name + "', not '" + model_name + "'");
+  } else if (!reads.ok()) {
+    PW_LOG(WARNING) << "broker: manifest refused to '" << peer << "': " << reads.message();
+    wm.setOk(false);
+    wm.setError(reads.message());
   } else if (served_) {
     served_->FillManifest(wm, ucx_worker_->Address(), options_.initial_bits);
   } else {
@@ -227,6 +233,7 @@ void Broker::SendManifest(const std::string& peer, const std::string& model_name
     mem.setRkey(proto::AsData(region_->PackedRkey()));
     mem.setBaseAddr(region_->base());
     mem.setBytes(region_->size());
+    wm.setChecksumKind(proto::kPartChecksumKind);
     auto regions = wm.initRegions(static_cast<unsigned>(layout_.regions.size()));
     for (size_t i = 0; i < layout_.regions.size(); ++i) {
       const auto& r = layout_.regions[i];
@@ -252,7 +259,8 @@ void Broker::SendManifest(const std::string& peer, const std::string& model_name
 Status Broker::Handle(const std::string& peer, const proto::InMessage& m) {
   switch (m.which()) {
     case proto::Body::WEIGHT_MANIFEST_REQUEST:
-      SendManifest(peer, proto::ToString(m.body().getWeightManifestRequest().getModelName()));
+      SendManifest(peer, proto::ToString(m.body().getWeightManifestRequest().getModelName()),
+                   m.version_minor());
       return Status::Ok();
     case proto::Body::PLAN_ACK:
       return OnPlanAck(peer, m.body().getPlanAck());

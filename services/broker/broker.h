@@ -92,7 +92,9 @@ class Broker {
   Status Handle(const std::string& peer, const proto::InMessage& m);
   // Refuses a Register of another model, or one CheckRegistration refuses (registration_).
   Status OnRegister(const std::string& peer, wire::Register::Reader r);
-  void SendManifest(const std::string& peer, const std::string& model_name);
+  // The manifest, or a refusal: another model, or a peer of protocol 1.`peer_minor` that cannot
+  // verify this build's part checksums (services/proto/part_checksum.h).
+  void SendManifest(const std::string& peer, const std::string& model_name, uint16_t peer_minor);
   Status SetupBf16Store(const CheckpointExperts& experts);
   void OnCtl(const std::string& peer, wire::CtlRequest::Reader r);
   Status OnPlanAck(const std::string& peer, wire::PlanAck::Reader r);
@@ -107,7 +109,7 @@ class Broker {
   service::ExpertStoreLayout layout_;
   service::RegistrationLimits registration_;  // the served model; default bounds
   std::unique_ptr<uint8_t[]> store_;
-  std::vector<uint64_t> checksums_;
+  std::vector<uint64_t> checksums_;  // per region, proto::kPartChecksumKind
   std::unique_ptr<ServedStore> served_;
   std::unique_ptr<PlanBook> book_;
   std::map<std::string, uint64_t> plan_sent_ms_;

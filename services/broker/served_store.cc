@@ -1,6 +1,6 @@
 #include "services/broker/served_store.h"
 
-#include "common/hash.h"
+#include "services/proto/part_checksum.h"
 #include "services/proto/weight_kind.h"
 #include "kernels/anyprec/pack.h"
 
@@ -24,13 +24,15 @@ Result<std::unique_ptr<ServedStore>> ServedStore::Open(const std::string& path, 
     for (int p = 0; p < apw::kPlanes; ++p) {
       const uint64_t n = anyprec::PlaneBytes(rows, cols);
       s->parts_.push_back({b.layer, b.expert, b.kind, static_cast<int8_t>(p), 0,
-                           static_cast<uint64_t>(b.planes[p] - base), n, Fnv1a64Of(b.planes[p], n)});
+                           static_cast<uint64_t>(b.planes[p] - base), n,
+                           proto::PartChecksumOf(proto::kPartChecksumKind, b.planes[p], n)});
     }
     for (int bits = apw::kMinBits; bits <= apw::kMaxBits; ++bits) {
       const uint64_t n = (static_cast<uint64_t>(rows) << bits) * sizeof(uint16_t);
       const auto* lut = reinterpret_cast<const uint8_t*>(b.luts[bits]);
       s->parts_.push_back({b.layer, b.expert, b.kind, -1, static_cast<uint8_t>(bits),
-                           static_cast<uint64_t>(lut - base), n, Fnv1a64Of(lut, n)});
+                           static_cast<uint64_t>(lut - base), n,
+                           proto::PartChecksumOf(proto::kPartChecksumKind, lut, n)});
     }
   }
   // UCX registers the read-only mapping for remote reads.
@@ -48,6 +50,7 @@ void ServedStore::FillManifest(wire::WeightManifest::Builder m, const std::strin
   m.setModelHash(store_->info().model_hash);
   m.setStoreHash(store_->info().model_hash);
   m.setInitialBits(static_cast<uint8_t>(initial_bits));
+  m.setChecksumKind(proto::kPartChecksumKind);
   auto mem = m.initMemory();
   mem.setWorkerAddress(proto::AsData(worker_address));
   mem.setRkey(proto::AsData(region_->PackedRkey()));

@@ -3,8 +3,8 @@
 // The file is memory-mapped once and registered with UCX as it is (no copy): workers get any
 // bit-plane or LUT of any block with one-sided gets. Opening validates the store (header,
 // block table, every block's CRC), refuses a store made for another model (model hash), and
-// computes one FNV-1a 64 checksum per part (plane or LUT), which the manifest carries so a
-// worker verifies every part it fetches on arrival.
+// computes one checksum per part (plane or LUT; CRC-32C, services/proto/part_checksum.h), which
+// the manifest carries so a worker verifies every part it fetches on arrival.
 #pragma once
 
 #include <cstdint>

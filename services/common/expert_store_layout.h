@@ -43,6 +43,6 @@ struct ExpertStoreLayout {
   int64_t num_layers_ = 0, num_experts_ = 0;
 };
 
-// Region checksums are FNV-1a 64 (common/hash.h, Fnv1a64Of).
+// Region checksums are as the manifest's checksumKind says (services/proto/part_checksum.h).
 
 }  // namespace pw::service

@@ -18,7 +18,7 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("pw::wire");
 
 const kProtocolMajor :UInt16 = 1;
-const kProtocolMinor :UInt16 = 0;
+const kProtocolMinor :UInt16 = 1;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums)
 
 enum Role {
   unknown @0;
@@ -278,7 +278,7 @@ struct WeightRegion {
   offset @3 :UInt64;        # bytes from UcxMemory.baseAddr
   bytes @4 :UInt64;
   bits @5 :UInt8;           # 16 = bf16 from the checkpoint; 3..8 = any-precision planes
-  checksum @6 :UInt64;      # FNV-1a 64 of the bytes
+  checksum @6 :UInt64;      # of the bytes, as WeightManifest.checksumKind says
 }
 
 # Worker -> broker: describe the store so I can load my experts.
@@ -298,7 +298,13 @@ struct BlockPart {
   reserved @5 :UInt8;       # 0
   offset @6 :UInt64;        # bytes from WeightManifest.memory's baseAddr
   bytes @7 :UInt64;
-  checksum @8 :UInt64;      # FNV-1a 64 of the bytes
+  checksum @8 :UInt64;      # of the bytes, as WeightManifest.checksumKind says
+}
+
+# How the checksums of a manifest's regions and parts are computed (common/hash.h).
+enum ChecksumKind {
+  fnv1a64 @0;               # FNV-1a 64: brokers of protocol 1.0 (the field's default)
+  crc32c @1;                # CRC-32C in the low 32 bits: brokers of protocol 1.1 and later
 }
 
 # Broker -> worker.
@@ -312,6 +318,7 @@ struct WeightManifest {
   storeHash @6 :UInt64;               # the store's model hash (names the store in logs)
   parts @7 :List(BlockPart);          # every plane and every LUT width of every block
   initialBits @8 :UInt8;              # width a worker loads each block at before serving
+  checksumKind @9 :ChecksumKind;      # of every region's and part's checksum
 }
 
 # Committed width of one expert block on a worker (weight page table entry, DESIGN.md 4).

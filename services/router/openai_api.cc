@@ -503,6 +503,12 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
       }
       r.include_usage = iu->get<bool>();
     }
+    if (auto cu = it->find("continuous_usage_stats"); cu != it->end() && !cu->is_null()) {
+      if (!cu->is_boolean()) {
+        return WrongType("stream_options.continuous_usage_stats", "a boolean", *cu);
+      }
+      r.continuous_usage_stats = cu->get<bool>();
+    }
   }
   if (r.stream && r.best_of > r.n) {
     return Bad("'best_of' greater than 'n' cannot be streamed", "best_of");
@@ -660,14 +666,21 @@ std::string FullResponseJson(const ResponseContext& ctx, std::string_view text,
   return FullResponseJson(ctx, std::vector<ChoiceResult>{c}, usage);
 }
 
-std::string StreamRoleChunk(const ResponseContext& ctx, int32_t index) {
+namespace {
+// A chunk's "usage": the running usage, or null (ResponseContext).
+json ChunkUsage(const ResponseContext& ctx, const Usage* running) {
+  return ctx.continuous_usage && running ? UsageJson(*running) : json(nullptr);
+}
+}  // namespace
+
+std::string StreamRoleChunk(const ResponseContext& ctx, int32_t index, const Usage* running) {
   if (ctx.endpoint != Endpoint::kChatCompletions) return "";
   json j = Envelope(ctx, true);
   j["choices"] = json::array({{{"index", index},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
-  if (ctx.include_usage) j["usage"] = nullptr;
+  if (ctx.include_usage) j["usage"] = ChunkUsage(ctx, running);
   return SseData(j);
 }
 
@@ -675,7 +688,8 @@ std::string StreamRoleChunk(const ResponseContext& ctx) { return StreamRoleChunk
 
 std::string StreamChoiceChunk(const ResponseContext& ctx, int32_t index, std::string_view text,
                               std::string_view finish_reason,
-                              const std::vector<LogprobEntry>* logprobs, int32_t top_n) {
+                              const std::vector<LogprobEntry>* logprobs, int32_t top_n,
+                              const Usage* running) {
   json j = Envelope(ctx, true);
   json choice = {{"index", index},
                  {"logprobs", logprobs ? ChoiceLogprobs(ctx, *logprobs, top_n) : json(nullptr)},
@@ -686,7 +700,7 @@ std::string StreamChoiceChunk(const ResponseContext& ctx, int32_t index, std::st
     choice["text"] = text;
   }
   j["choices"] = json::array({choice});
-  if (ctx.include_usage) j["usage"] = nullptr;
+  if (ctx.include_usage) j["usage"] = ChunkUsage(ctx, running);
   return SseData(j);
 }
 

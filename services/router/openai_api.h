@@ -48,6 +48,9 @@ struct ApiRequest {
   bool ignore_eos = false;        // extension (as vLLM): do not stop at end-of-sequence
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage (stream only)
+  // stream_options.continuous_usage_stats (vLLM's extension; stream only): with include_usage,
+  // every chunk of a choice carries that choice's running usage.
+  bool continuous_usage_stats = false;
   // Log-probabilities: -1 = off; N = each token's with N alternatives. Completions: `logprobs`
   // (integer); chat: `logprobs: true` with `top_logprobs` N (default 0).
   int32_t logprobs = -1;
@@ -102,6 +105,10 @@ struct ResponseContext {
   int64_t created = 0;  // unix seconds
   std::string model;
   bool include_usage = false;  // stream: chunks carry "usage": null, then a usage chunk
+  // stream, with include_usage: chunks of a choice carry its running usage instead of null
+  // (completion_tokens = that choice's tokens so far, each chunk of which is sent; vLLM's
+  // continuous_usage_stats).
+  bool continuous_usage = false;
 };
 
 // "data: <json>\n\n".
@@ -172,11 +179,14 @@ struct ChoiceResult {
 std::string FullResponseJson(const ResponseContext& ctx, const std::vector<ChoiceResult>& choices,
                              const Usage& usage);
 // A stream chunk of choice `index` (text may be empty); `logprobs` null -> "logprobs": null.
+// `running`: the choice's usage so far, sent when ctx.continuous_usage (null: "usage": null).
 std::string StreamChoiceChunk(const ResponseContext& ctx, int32_t index, std::string_view text,
                               std::string_view finish_reason,
-                              const std::vector<LogprobEntry>* logprobs, int32_t top_n = 0);
+                              const std::vector<LogprobEntry>* logprobs, int32_t top_n = 0,
+                              const Usage* running = nullptr);
 // First chunk of choice `index` of a chat stream (role assistant). Completions: "".
-std::string StreamRoleChunk(const ResponseContext& ctx, int32_t index);
+std::string StreamRoleChunk(const ResponseContext& ctx, int32_t index,
+                            const Usage* running = nullptr);
 
 // GET /v1/models body.
 std::string ModelsJson(std::string_view model, int64_t created, std::string_view owned_by);

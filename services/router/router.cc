@@ -342,6 +342,7 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
   call->ctx.created = static_cast<int64_t>(std::time(nullptr));
   call->ctx.model = options_.model_name;
   call->ctx.include_usage = api.stream && api.include_usage;
+  call->ctx.continuous_usage = call->ctx.include_usage && api.continuous_usage_stats;
   call->stream = api.stream;
   call->n = api.n;
   call->best_of = api.best_of;
@@ -412,7 +413,10 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
     r->kv_blocks = kv_blocks;
     kv_.Queue(kv_blocks);
     call->ids.push_back(r->id);
-    if (api.stream) exchange->StreamWrite(StreamRoleChunk(call->ctx, i));
+    if (api.stream) {
+      const Usage none{static_cast<int64_t>(n_prompt), 0};
+      exchange->StreamWrite(StreamRoleChunk(call->ctx, i, &none));
+    }
     // Echo without log-probabilities: the prompt text is known now.
     if (api.echo && base.sampling.prompt_logprobs < 0) EmitPrompt(*r, nullptr);
     const uint64_t id = r->id;
@@ -649,8 +653,10 @@ void Router::EmitPrompt(InFlight& r, const std::vector<TokenLogprob>* prompt_lps
     }
   }
   if (c.stream) {
+    const Usage running = RunningUsage(r);
     c.exchange->StreamWrite(StreamChoiceChunk(c.ctx, r.index, c.echo_text, "",
-                                              prompt_lps ? &entries : nullptr, c.logprobs));
+                                              prompt_lps ? &entries : nullptr, c.logprobs,
+                                              &running));
   } else {
     r.text += c.echo_text;
     for (auto& e : entries) r.logprobs.push_back(std::move(e));
@@ -729,7 +735,7 @@ void Router::DeliverTokens(uint64_t id, uint32_t start_index, std::vector<int32_
       const std::string bytes = codec_->IsSpecial(tok) ? std::string() : codec_->TokenBytes(tok);
       r.logprobs.push_back(Entry(lp, bytes, &r.offsets));
     }
-    Emit(r, r.stop.Push(r.decoder->Push(tok)));
+    Emit(r, r.stop.Push(r.decoder->Push(tok)), /*token=*/true);
     if (r.stop.stopped()) {
       Complete(id, "stop");
       return;
@@ -773,13 +779,29 @@ void Router::DeliverFinished(uint64_t id, FinishReason reason, Status error, std
   }
 }
 
-void Router::Emit(InFlight& r, std::string_view text) {
-  if (text.empty()) return;  // log-probabilities of held-back text wait for it
+Usage Router::RunningUsage(const InFlight& r) const {
+  return Usage{static_cast<int64_t>(r.request.prompt.size()),
+               r.call->discard_output ? 0 : static_cast<int64_t>(r.tokens_received)};
+}
+
+void Router::Emit(InFlight& r, std::string_view text, bool token) {
   Call& c = *r.call;
+  if (text.empty()) {
+    // A token without text of its own (held back as part of a character or a possible stop
+    // string, or none at all) still gets its chunk in a stream, as vLLM sends one: the client
+    // sees every token arrive. Its log-probabilities wait for its text.
+    if (token && c.stream) {
+      const Usage running = RunningUsage(r);
+      c.exchange->StreamWrite(
+          StreamChoiceChunk(c.ctx, r.index, "", "", nullptr, c.logprobs, &running));
+    }
+    return;
+  }
   if (c.stream) {  // streams began at admission; others collect the text
     const bool lps = c.logprobs >= 0;
-    c.exchange->StreamWrite(
-        StreamChoiceChunk(c.ctx, r.index, text, "", lps ? &r.logprobs : nullptr, c.logprobs));
+    const Usage running = RunningUsage(r);
+    c.exchange->StreamWrite(StreamChoiceChunk(c.ctx, r.index, text, "",
+                                              lps ? &r.logprobs : nullptr, c.logprobs, &running));
     r.logprobs.clear();
   } else {
     r.text.append(text);
@@ -802,8 +824,10 @@ void Router::Complete(uint64_t id, std::string_view finish_reason) {
   call->ids[static_cast<size_t>(r->index)] = 0;
   if (call->stream) {
     const bool lps = call->logprobs >= 0 && !r->logprobs.empty();
+    const Usage running = RunningUsage(*r);
     call->exchange->StreamWrite(StreamChoiceChunk(call->ctx, r->index, "", finish_reason,
-                                                  lps ? &r->logprobs : nullptr, call->logprobs));
+                                                  lps ? &r->logprobs : nullptr, call->logprobs,
+                                                  &running));
   } else {
     ChoiceResult c;
     c.index = r->index;

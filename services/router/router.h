@@ -145,7 +145,11 @@ class Router final : public GenerationEvents {
   void EmitPrompt(InFlight& r, const std::vector<TokenLogprob>* prompt_lps);
   void DeliverFinished(uint64_t id, FinishReason reason, Status error, std::string param);
   // Sends text (stream: a chunk; otherwise appends).
-  void Emit(InFlight& r, std::string_view text);
+  // Sends (stream) or collects a piece of a choice's text. `token`: the piece is what one
+  // generated token released; a stream then gets a chunk even when it is empty.
+  void Emit(InFlight& r, std::string_view text, bool token = false);
+  // A choice's usage so far (prompt tokens, tokens received), for continuous usage chunks.
+  Usage RunningUsage(const InFlight& r) const;
   // Ends a candidate: its final chunk, or its result; the response when it was the last.
   void Complete(uint64_t id, std::string_view finish_reason);
   // Ends the whole call of candidate `id` with an error (status if the response not started).

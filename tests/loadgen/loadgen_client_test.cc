@@ -60,6 +60,7 @@ BenchmarkOptions Options(uint16_t port) {
   o.ignore_eos = true;
   o.io_threads = 2;
   o.request_timeout = std::chrono::milliseconds(20000);
+  o.token_count = TokenCount::kChunks;  // the fake server sends one token of text per event
   return o;
 }
 
@@ -353,6 +354,7 @@ TEST(LoadgenCli, WritesVllmResultKeysAndRefusesBadOptions) {
   EXPECT_EQ(j["request_rate"], "inf");
   EXPECT_DOUBLE_EQ(j["request_goodput"].get<double>(), j["request_throughput"].get<double>());
   EXPECT_FALSE(j.contains("generated_texts"));  // only with --save-detailed
+  EXPECT_EQ(j["token_count"], "chunks");  // the fake server sends no usage or logprobs per event
 
   CliOptions bad = o;
   bad.goodput = {"ttft=5"};
@@ -407,6 +409,7 @@ CliOptions InfRate(uint16_t port, int prompts, int output_len, double duration) 
   o.quiet = true;
   o.duration = duration;
   o.save_result = true;
+  o.token_count = "chunks";  // no probe request: the server's count is the run's alone
   return o;
 }
 

@@ -179,6 +179,7 @@ Result<std::unique_ptr<PagedWeights>> PagedWeights::Create(memory::PagePool* poo
 Status PagedWeights::ReadManifest(wire::WeightManifest::Reader manifest, std::vector<PartRef>* parts) const {
   if (!manifest.getOk()) return Unavailable("broker: " + proto::ToString(manifest.getError()));
   if (!manifest.getAnyPrecision()) return InvalidArgument("weight manifest is not an any-precision store");
+  PW_RETURN_IF_ERROR(proto::CheckPartChecksumKind(manifest.getChecksumKind()));
   const int moe_layers = table_->num_layers(), E = table_->num_experts();
   const uint64_t region_bytes = manifest.getMemory().getBytes();
   parts->assign(static_cast<size_t>(table_->num_blocks()) * kPartsPerBlock, PartRef{});
@@ -231,6 +232,7 @@ Status PagedWeights::StartMover(transport::ucx::Worker& ucx, wire::WeightManifes
   mo.max_bytes_per_s = options_.max_bytes_per_s;
   mo.timeout_ms = options_.timeout_ms;
   mo.yield_to_fetches = options_.pacing == MoverPacing::kFetches || options_.pacing == MoverPacing::kSteps;
+  mo.checksum_kind = manifest.getChecksumKind();
   PW_ASSIGN_OR_RETURN(mover_, PlaneMover::Start(ucx, proto::ToBytes(mem.getWorkerAddress()),
                                                 proto::ToBytes(mem.getRkey()), mem.getBaseAddr(),
                                                 mem.getBytes(), mo));

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstring>
 
-#include "common/hash.h"
 #include "kernels/anyprec/q8.h"
 
 namespace pw::workers {
@@ -186,7 +185,7 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
       std::this_thread::sleep_for(std::chrono::microseconds(static_cast<uint64_t>(-budget_bytes_ / rate * 1e6)));
     }
   };
-  Fnv1a64 h;
+  proto::PartChecksum h(options_.checksum_kind);
   if (!part.lut) {
     // A plane: row tiles straight into the pages.
     uint64_t off = 0;
@@ -266,7 +265,7 @@ Status PlaneMover::FetchNow(std::span<const MovePart> parts, FetchTimes* times) 
   size_t seg = 0;
   lut = 0;
   for (const MovePart& part : parts) {
-    Fnv1a64 h;
+    proto::PartChecksum h(options_.checksum_kind);
     const uint8_t* staged = nullptr;
     if (part.lut) {
       staged = sync_luts_[lut++].data();

@@ -4,11 +4,11 @@
 // Owns one thread and one UCX endpoint to the broker's worker (used by that thread only). A
 // job names one block's transition: for each part (plane or LUT) the store range to read and
 // the pages it lands in. The thread gets every range with one-sided UCX gets, checks each
-// part's FNV-1a 64 checksum against the manifest, and turns a fetched fp16 LUT into the int8
-// LUT the fast-path kernels read (kernels/anyprec/q8.h), row tile by row tile, straight into
-// its pages. Transfers are rate-limited (bytes per second) so decode keeps its share of the
-// memory bus. Results come back through TakeDone(); the caller commits or aborts the block at
-// its next iteration boundary (memory/weight_page_table.h).
+// part's checksum against the manifest (of the kind the manifest names: Options::checksum_kind),
+// and turns a fetched fp16 LUT into the int8 LUT the fast-path kernels read (kernels/anyprec/q8.h),
+// row tile by row tile, straight into its pages. Transfers are rate-limited (bytes per second)
+// so decode keeps its share of the memory bus. Results come back through TakeDone(); the caller
+// commits or aborts the block at its next iteration boundary (memory/weight_page_table.h).
 //
 // The pages of a submitted job belong to the mover until its result is taken. Cancel() ends
 // the job in flight and fails every queued one (the broker is gone or the worker stops).
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "services/proto/part_checksum.h"
 #include "services/transport/ucx.h"
 
 namespace pw::workers {
@@ -45,7 +46,7 @@ struct MovePart {
   size_t row_bytes = 0;       // bytes of one row in a page (plane row, or 2^b int8 values)
   uint64_t remote_offset = 0; // the part's first byte in the broker's region
   uint64_t bytes = 0;         // the part's bytes in the store
-  uint64_t checksum = 0;      // FNV-1a 64 of those bytes (from the manifest)
+  uint64_t checksum = 0;      // of those bytes, as PlaneMover::Options::checksum_kind (manifest)
   std::vector<uint8_t*> pages;
   float* scales = nullptr;    // LUT: rows fp32 scales written here
 };
@@ -80,6 +81,9 @@ class PlaneMover {
     int timeout_ms = 10000;        // per get
     bool yield_to_fetches = true;  // the background thread waits while a FetchNow runs
     uint32_t max_held_us = 5000;   // a held background thread posts its next get after this
+    // How every part's checksum is computed (the manifest's checksumKind; one the worker
+    // accepts, services/proto/part_checksum.h).
+    wire::ChecksumKind checksum_kind = proto::kPartChecksumKind;
   };
   // The background thread's pacing so far (it may read them while the mover runs).
   struct PacingStats {

@@ -2,9 +2,9 @@
 
 #include <string>
 
-#include "common/hash.h"
 #include "engine/experts/bf16_experts.h"
 #include "engine/experts/expert_workspace.h"
+#include "services/proto/part_checksum.h"
 #include "services/proto/weight_kind.h"
 
 namespace pw::workers {
@@ -26,6 +26,8 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
     return Unavailable("broker refused the weight manifest: " +
                        proto::ToString(manifest.getError()));
   }
+  PW_RETURN_IF_ERROR(proto::CheckPartChecksumKind(manifest.getChecksumKind()));
+  const wire::ChecksumKind checksum_kind = manifest.getChecksumKind();
   auto mem = manifest.getMemory();
   auto regions = manifest.getRegions();
   if (regions.size() != layout.regions.size()) {
@@ -75,7 +77,7 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
     const std::string name = BlockName(local.layer, local.expert, local.proj);
     PW_RETURN_IF_ERROR((*remote)->Get(f.remote_offset, base + local.offset, local.bytes)
                            .WithContext("getting " + name + " from the broker"));
-    if (Fnv1a64Of(base + local.offset, local.bytes) != f.checksum) {
+    if (proto::PartChecksumOf(checksum_kind, base + local.offset, local.bytes) != f.checksum) {
       return Corrupt("expert " + name + " from the broker fails its checksum");
     }
   }

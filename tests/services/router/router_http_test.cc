@@ -234,6 +234,67 @@ TEST_F(RouterHttpTest, CompletionStreamingSseFormat) {
   EXPECT_EQ(text, Decode(n));
 }
 
+// stream_options.continuous_usage_stats (vLLM's): every chunk of the choice carries its running
+// usage, and every token gets a chunk of its own, also one whose text is held back (here by a
+// stop string that matches "fox jumps" and then fails at " over"): completion_tokens rises by
+// exactly one a chunk.
+TEST_F(RouterHttpTest, ContinuousUsageStatsGiveEveryTokenAChunkWithItsRunningUsage) {
+  const int n = 20;
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    auto r = chat ? Post("/v1/chat/completions",
+                         R"({"model":"tiny-moe","messages":[{"role":"user","content":"Hi"}],
+                             "max_tokens":20,"stream":true,"stop":["fox jumps!"],
+                             "stream_options":{"include_usage":true,"continuous_usage_stats":true}})")
+                  : Post("/v1/completions",
+                         R"({"model":"tiny-moe","prompt":"Hello","max_tokens":20,"stream":true,
+                             "stop":["fox jumps!"],
+                             "stream_options":{"include_usage":true,"continuous_usage_stats":true}})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    auto events = SseEvents(r.body);
+    ASSERT_GE(events.size(), 3u);
+    EXPECT_EQ(events.back(), "[DONE]");
+    const json final_usage = json::parse(events[events.size() - 2]);
+    ASSERT_TRUE(final_usage["choices"].empty());
+    EXPECT_EQ(final_usage["usage"]["completion_tokens"], n);
+    const int64_t prompt = final_usage["usage"]["prompt_tokens"];
+    std::string text;
+    int64_t last = 0;
+    int token_chunks = 0, empty_token_chunks = 0;
+    for (size_t i = 0; i + 2 < events.size(); ++i) {
+      json j = json::parse(events[i]);
+      ASSERT_TRUE(j["usage"].is_object()) << events[i];
+      EXPECT_EQ(j["usage"]["prompt_tokens"], prompt);
+      const int64_t ct = j["usage"]["completion_tokens"];
+      EXPECT_EQ(j["usage"]["total_tokens"], prompt + ct);
+      const json& c = j["choices"][0];
+      const std::string piece =
+          chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
+      text += piece;
+      if (chat && i == 0) {  // the role chunk, before any token
+        EXPECT_EQ(ct, 0);
+        continue;
+      }
+      if (!c["finish_reason"].is_null()) {  // the finish chunk: no new token
+        EXPECT_EQ(ct, last);
+        continue;
+      }
+      EXPECT_EQ(ct, last + 1) << "a chunk per token";
+      last = ct;
+      ++token_chunks;
+      if (piece.empty()) ++empty_token_chunks;
+    }
+    EXPECT_EQ(token_chunks, n);
+    EXPECT_GT(empty_token_chunks, 0) << "the stop string holds \" fox jumps\" back";
+    EXPECT_EQ(text, Decode(n));
+  }
+  auto bad = Post("/v1/completions",
+                  R"({"model":"tiny-moe","prompt":"Hi","stream":true,
+                      "stream_options":{"include_usage":true,"continuous_usage_stats":1}})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("stream_options.continuous_usage_stats"), std::string::npos) << bad.body;
+}
+
 TEST_F(RouterHttpTest, StopStringCutsTextAndCancels) {
   // "fox" is in the script: the text ends right before it and the backend is told to stop.
   auto r = Post("/v1/completions",

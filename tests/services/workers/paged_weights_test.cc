@@ -8,7 +8,9 @@
 //   - a part whose checksum fails on arrival leaves its block at its width, pages returned;
 //   - a block that is not resident is fetched synchronously (and counted);
 //   - manifests that do not match the model, and stores that are corrupt or made for another
-//     model, are refused with errors naming the problem.
+//     model, are refused with errors naming the problem;
+//   - the manifest's checksums are CRC-32C of the store's bytes; a protocol 1.0 broker's
+//     manifest (FNV-1a 64, checksumKind unset) still loads, and an unknown kind is refused.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,11 +23,13 @@
 #include <thread>
 
 #include "common/formats/apw_store.h"
+#include "common/hash.h"
 #include "common/formats/model_config.h"
 #include "kernels/anyprec/q8.h"
 #include "kernels/cpu/dense.h"
 #include "memory/page_pool.h"
 #include "services/broker/served_store.h"
+#include "services/proto/part_checksum.h"
 #include "engine/experts/expert_layer_call.h"
 #include "engine/experts/expert_workspace.h"
 #include "services/workers/weights/paged_weights.h"
@@ -283,6 +287,38 @@ TEST_F(PagedWeightsTest, ChecksumFailureOnArrivalLeavesTheBlockAsItWas) {
   EXPECT_EQ(pool_->Count(memory::Tenant::kWeights), held);
   ExpectEveryBlockMatches(*weights_);
   ExpectBalanced(*weights_);
+}
+
+TEST_F(PagedWeightsTest, ChecksumsAreCrc32cAndAnOldBrokersFnvManifestStillLoads) {
+  auto store = apw::ApwStore::Open(path_).value();
+  const uint8_t* base = store->map_data();
+  {
+    auto wm = msg_.body().initWeightManifest();
+    served_->FillManifest(wm, broker_->Address(), 4);
+    EXPECT_EQ(wm.getChecksumKind(), wire::ChecksumKind::CRC32C);
+    for (auto p : wm.getParts()) {
+      ASSERT_EQ(p.getChecksum(), Crc32c(base + p.getOffset(), p.getBytes()));
+    }
+  }
+  // As a protocol 1.0 broker sent it: FNV-1a 64 checksums, checksumKind left at its default.
+  auto old = Create([&](wire::WeightManifest::Builder m) {
+    m.setChecksumKind(wire::ChecksumKind::FNV1A64);
+    for (auto p : m.getParts()) p.setChecksum(Fnv1a64Of(base + p.getOffset(), p.getBytes()));
+  });
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  weights_ = std::move(old).value();
+  ASSERT_TRUE(weights_->LoadAll(5, 30000).ok());
+  ExpectEveryBlockMatches(*weights_);
+  EXPECT_EQ(weights_->stats().transitions_failed, 0u);
+  weights_.reset();
+  // A kind this build does not know.
+  auto unknown = Create([](wire::WeightManifest::Builder m) {
+    m.setChecksumKind(static_cast<wire::ChecksumKind>(7));
+  });
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(unknown.status().message().find("unknown checksum kind 7"), std::string::npos)
+      << unknown.status().ToString();
 }
 
 TEST_F(PagedWeightsTest, ANonResidentBlockIsFetchedSynchronously) {

@@ -1,7 +1,8 @@
 // PlaneMover's pacing over real UCX in one process (a "broker" worker owning a registered
 // region of known bytes, a client worker the mover connects from): a held mover starts no get
 // until the last hold is released; with yield_to_fetches its background thread is held while
-// a synchronous FetchNow runs, and without it never.
+// a synchronous FetchNow runs, and without it never. A byte that changed at the broker after
+// the manifest's checksum was taken fails the fetch, with either checksum kind.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/hash.h"
 #include "services/transport/ucx.h"
 #include "services/workers/weights/plane_mover.h"
 
@@ -54,14 +54,15 @@ class PlaneMoverTest : public ::testing::Test {
   }
 
   // A plane part of `rows` rows from `offset`, landing in fresh zeroed pages kept in `pages`.
-  MovePart Part(uint64_t offset, int rows, std::vector<std::vector<uint8_t>>* pages) {
+  MovePart Part(uint64_t offset, int rows, std::vector<std::vector<uint8_t>>* pages,
+                wire::ChecksumKind kind = proto::kPartChecksumKind) {
     MovePart p;
     p.rows = rows;
     p.tile_rows = kTileRows;
     p.row_bytes = kRowBytes;
     p.remote_offset = offset;
     p.bytes = static_cast<uint64_t>(rows) * kRowBytes;
-    p.checksum = Fnv1a64Of(store_.data() + offset, p.bytes);
+    p.checksum = proto::PartChecksumOf(kind, store_.data() + offset, p.bytes);
     for (int r = 0; r < rows; r += kTileRows) {
       pages->emplace_back(kTileRows * kRowBytes, 0);
       p.pages.push_back(pages->back().data());
@@ -199,6 +200,48 @@ TEST_F(PlaneMoverTest, SynchronousFetchesHoldTheBackgroundThreadOnlyWhenAsked) {
     } else {
       EXPECT_EQ(mover_->pacing().waits, 0u) << "after " << fetches << " fetches";
       EXPECT_GT(fetches, 10);
+    }
+    mover_.reset();
+  }
+}
+
+// The checksum each part carries is checked on arrival: a byte flipped at the broker after the
+// checksum was taken fails the fetch (synchronous and background), with CRC-32C (this build's
+// brokers) and with FNV-1a 64 (a protocol 1.0 broker's manifest, still read).
+TEST_F(PlaneMoverTest, AByteChangedAtTheBrokerFailsItsPartsChecksum) {
+  for (wire::ChecksumKind kind : {wire::ChecksumKind::CRC32C, wire::ChecksumKind::FNV1A64}) {
+    SCOPED_TRACE(proto::PartChecksumName(kind));
+    PlaneMover::Options o;
+    o.checksum_kind = kind;
+    Start(o);
+    std::vector<std::vector<uint8_t>> pages;
+    std::vector<MovePart> good{Part(8192, 40, &pages, kind)};
+    ASSERT_TRUE(mover_->FetchNow(good).ok());
+    ASSERT_TRUE(Holds(pages, 8192));
+    // The part's first byte, one inside its fourth page, its last byte.
+    const size_t last = 8192 + 40 * kRowBytes - 1;
+    for (size_t at : {size_t{8192}, size_t{8192 + 3 * 1024 + 517}, last}) {
+      SCOPED_TRACE("byte " + std::to_string(at));
+      pages.clear();
+      std::vector<MovePart> parts{Part(8192, 40, &pages, kind)};
+      store_[at] ^= 0x10;
+      Status st = mover_->FetchNow(parts);
+      EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+      EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st.ToString();
+      std::vector<std::vector<uint8_t>> bg_pages;
+      MoveJob job;
+      job.id = 2;
+      job.parts.push_back(parts[0]);
+      job.parts[0].pages.clear();
+      for (int r = 0; r < 40; r += kTileRows) {
+        bg_pages.emplace_back(kTileRows * kRowBytes, 0);
+        job.parts[0].pages.push_back(bg_pages.back().data());
+      }
+      mover_->Submit(job);
+      auto done = WaitDone(std::chrono::seconds(20));
+      ASSERT_EQ(done.size(), 1u);
+      EXPECT_EQ(done[0].status.code(), StatusCode::kCorrupt) << done[0].status.ToString();
+      store_[at] ^= 0x10;
     }
     mover_.reset();
   }
