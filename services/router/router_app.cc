@@ -48,7 +48,7 @@ int RunRouterApp(RouterAppOptions o) {
     return 1;
   }
   int64_t context = o.context_length;
-  if (context == 0) context = cfg->max_position_embeddings;
+  if (context == 0) context = cfg->MaxContext();
   if (context <= 1) context = 2048;
   std::string model_name = o.model_name;
   if (model_name.empty()) {
