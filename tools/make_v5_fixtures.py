@@ -84,6 +84,9 @@ def Cases():
     """name -> (config, save dtype, config.json edit or None)."""
     import torch
 
+    def Theta(theta):
+        return {"rope_type": "default", "rope_theta": theta}
+
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
             "original_max_position_embeddings": 16}
 
@@ -99,10 +102,12 @@ def Cases():
         return cfg
 
     return {
-        "qwen2_moe": (Family("qwen2_moe"), torch.bfloat16, None),
-        "qwen3_moe": (Family("qwen3_moe"), torch.bfloat16, None),
-        "olmoe": (Family("olmoe"), torch.bfloat16, None),
-        "mixtral": (Family("mixtral"), torch.bfloat16, None),
+        # rope_theta other than the family's default, so a reader that misses
+        # rope_parameters.rope_theta gives other logits.
+        "qwen2_moe": (Family("qwen2_moe", Theta(1e6)), torch.bfloat16, None),
+        "qwen3_moe": (Family("qwen3_moe", Theta(1e6)), torch.bfloat16, None),
+        "olmoe": (Family("olmoe", Theta(5e5)), torch.bfloat16, None),
+        "mixtral": (Family("mixtral", Theta(1e4)), torch.bfloat16, None),
         "qwen2_moe_fp16": (Family("qwen2_moe"), torch.float16, None),
         "qwen3_moe_fp32": (Family("qwen3_moe"), torch.float32, None),
         "olmoe_theta_1e6": (Family("olmoe", {"rope_type": "default", "rope_theta": 1e6}),
