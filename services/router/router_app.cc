@@ -11,6 +11,7 @@
 
 #include "common/logging.h"
 #include "common/formats/model_config.h"
+#include "services/router/generation_defaults.h"
 #include "common/text/tokenizer.h"
 #include "services/router/chat_renderer.h"
 #include "services/router/tokenizer_codec.h"
@@ -74,6 +75,12 @@ int RunRouterApp(RouterAppOptions o) {
   }
   o.router.model_name = model_name;
   o.router.context_length = context;
+  auto generation = LoadGenerationDefaults(o.model_dir, codec.vocab_size());
+  if (!generation.ok()) {
+    std::fprintf(stderr, "pw-router: %s\n", generation.status().ToString().c_str());
+    return 1;
+  }
+  o.router.generation_defaults = std::move(*generation);
   auto metrics = std::make_shared<RouterMetrics>(std::make_shared<prometheus::Registry>());
   Router router(o.router, &codec, backend->get(), metrics);
   auto server =
