@@ -538,6 +538,19 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
                      "is true; sliding-window attention is not supported");
     }
   }
+  // transformers 5.x: layer_types says which layers attend through a sliding window.
+  if (const json* lt = r.Find("layer_types")) {
+    if (!lt->is_array()) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
+    }
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& e = (*lt)[i];
+      if (!e.is_string() || e.get<std::string>() != "full_attention") {
+        return r.Error(StatusCode::kUnsupported, "layer_types[" + std::to_string(i) + "]",
+                       "is " + FieldReader::Dump(e) + "; only \"full_attention\" is supported");
+      }
+    }
+  }
   if (t == ModelType::kMixtral && r.Find("sliding_window") != nullptr) {
     int64_t window;
     PW_RETURN_IF_ERROR(r.Int("sliding_window", &window, std::nullopt, 1));

@@ -18,7 +18,8 @@
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
 // num_experts_per_tok and the expert FFN size. Everything else takes the type's HF default.
 // Refused with kUnsupported: another model_type, hidden_act other than silu, sliding-window
-// attention, a RoPE type other than default/linear/dynamic/yarn/llama3.
+// attention (use_sliding_window, 5.x layer_types other than "full_attention"), a RoPE type
+// other than default/linear/dynamic/yarn/llama3.
 //
 // Files written by transformers 4.x and 5.x are both read. Where the two versions name a field
 // differently, either name is accepted, and both present with different values is an error
@@ -135,7 +136,8 @@ struct ModelConfig {
 //   kNotFound / kIoError   the file cannot be read
 //   kInvalidArgument       malformed JSON, a required field missing, a field of the wrong JSON
 //                          type, or a value out of range / inconsistent (e.g. heads not divisible)
-//   kUnsupported           unknown model_type, rope_scaling, hidden_act, sliding window
+//   kUnsupported           unknown model_type, RoPE type or key, hidden_act, sliding window,
+//                          dtype
 Result<ModelConfig> LoadModelConfig(const std::string& path);
 // Same, from JSON text; `label` stands for the file name in messages.
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& label);

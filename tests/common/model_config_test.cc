@@ -247,6 +247,11 @@ TEST(ModelConfigTest, RefusesUnsupportedFeatures) {
   EXPECT_TRUE(Parse(j).ok());
   j["rope_scaling"] = nullptr;
   EXPECT_TRUE(Parse(j).ok());
+  j["layer_types"] = {"full_attention", "full_attention"};  // 5.x writes this
+  EXPECT_TRUE(Parse(j).ok());
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  ExpectError(j, StatusCode::kUnsupported, "layer_types[1]");
+  j.erase("layer_types");
   j["hidden_act"] = "gelu";
   ExpectError(j, StatusCode::kUnsupported, "hidden_act");
   j["hidden_act"] = "silu";
