@@ -31,7 +31,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   const ModelConfig& c = e->model_->config();
   if (e->options_.max_context == 0) {
     e->options_.max_context =
-        c.max_position_embeddings > 0 ? static_cast<int>(c.max_position_embeddings) : 4096;
+        c.max_position_embeddings > 0 ? static_cast<int>(c.MaxContext()) : 4096;
   }
   KvLayout layout;
   layout.num_layers = static_cast<int>(c.num_layers);

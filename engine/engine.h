@@ -91,7 +91,8 @@ struct EngineOptions {
   // Most tokens one Step() (or one internal prefill chunk) runs: decode tokens plus prompt
   // chunk tokens. Decode sequences always get their token even beyond this budget.
   int max_batch_tokens = 256;
-  // Longest sequence (prompt + generated) accepted; 0 = the model's max_position_embeddings.
+  // Longest sequence (prompt + generated) accepted; 0 = the model's ModelConfig::MaxContext()
+  // (max_position_embeddings; x factor for dynamic NTK RoPE).
   int max_context = 0;
   // When true, Step() also returns the logits each new token was sampled from (tests,
   // logprobs). Costs a [vocab] copy per token.

@@ -4,6 +4,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "common/formats/bf16_tensor.h"
 #include "common/hash.h"
 
 namespace pw {
@@ -50,6 +51,11 @@ Result<std::unique_ptr<CheckpointExperts>> CheckpointExperts::Open(const std::st
   ss << f.rdbuf();
   c->config_bytes_ = ss.str();
   PW_ASSIGN_OR_RETURN(c->config_, LoadModelConfig(path));
+  if (!c->config_.wrapper_model_type.empty()) {
+    return Unsupported(path + ": model_type '" + c->config_.wrapper_model_type + "' wraps a " +
+                       c->config_.model_type +
+                       " text_config; only text-model checkpoints are served");
+  }
   PW_ASSIGN_OR_RETURN(c->ckpt_, Checkpoint::Open(dir, load));
   return c;
 }
@@ -68,8 +74,10 @@ Result<ExpertTensors> CheckpointExperts::Get(int64_t layer, int64_t expert) cons
   for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {
     const std::vector<int64_t> shape =
         m == ExpertMatrix::kDown ? std::vector<int64_t>{h, i} : std::vector<int64_t>{i, h};
-    PW_ASSIGN_OR_RETURN(TensorView v,
-                        ckpt_->Get(ExpertTensorName(c, layer, expert, m), DType::kBF16, shape));
+    auto converted = std::make_shared<std::vector<uint16_t>>();
+    PW_ASSIGN_OR_RETURN(
+        TensorView v, GetAsBf16(*ckpt_, ExpertTensorName(c, layer, expert, m), shape, converted.get()));
+    if (!converted->empty()) t.converted[static_cast<int>(m)] = std::move(converted);
     (m == ExpertMatrix::kGate ? t.gate : m == ExpertMatrix::kUp ? t.up : t.down) = v.data;
   }
   return t;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
@@ -36,12 +37,15 @@ std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer);
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
                              ExpertMatrix matrix);
 
-// One expert's bf16 bytes, row-major, pointing into the checkpoint (not aligned).
+// One expert's bf16 bytes, row-major, pointing into the checkpoint (not aligned), or, for an
+// fp16 / fp32 checkpoint, into `converted` (the values rounded to bf16; valid while this
+// object or a copy of it lives).
 struct ExpertTensors {
   const uint8_t* gate = nullptr;
   const uint8_t* up = nullptr;
   const uint8_t* down = nullptr;
   int64_t ffn = 0, hidden = 0;  // gate and up are [ffn, hidden], down [hidden, ffn]
+  std::shared_ptr<const std::vector<uint16_t>> converted[3];  // by ExpertMatrix; null for BF16
 };
 
 class CheckpointExperts {
@@ -52,7 +56,8 @@ class CheckpointExperts {
 
   const ModelConfig& config() const { return config_; }
   const std::string& dir() const { return dir_; }
-  // Expert `expert` of MoE layer `layer`; each tensor checked to be BF16 of the config's shape.
+  // Expert `expert` of MoE layer `layer`; each tensor checked to be of the config's shape, as
+  // bf16 (BF16 in place; F16 / F32 rounded to bf16, common/formats/bf16_tensor.h).
   Result<ExpertTensors> Get(int64_t layer, int64_t expert) const;
   // FNV-1a 64 over config.json's bytes, then every routed expert's gate, up and down bytes in
   // (layer, expert) order over the MoE layers.
@@ -66,7 +71,7 @@ class CheckpointExperts {
   std::unique_ptr<Checkpoint> ckpt_;
 };
 
-// CheckpointExperts::Open(dir) then Hash(): the hash an .apw store records for its checkpoint.
+// CheckpointExperts::Open(dir) then Hash() (over the bf16 values, converted or not): the hash an .apw store records for its checkpoint.
 Result<uint64_t> ModelHash(const std::string& model_dir);
 
 }  // namespace pw

@@ -1,7 +1,9 @@
 #include "common/formats/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/mmap_file.h"
 
@@ -15,10 +17,30 @@ const char* JsonTypeName(const json& v) { return v.type_name(); }
 // Reads fields of one config.json object; every error names the file and the field.
 class FieldReader {
  public:
-  FieldReader(const json& root, const std::string& label) : root_(root), label_(label) {}
+  // `prefix` names the object the fields are in ("text_config.") in messages; empty at the top.
+  FieldReader(const json& root, const std::string& label, std::string prefix = "")
+      : root_(root), label_(label), prefix_(std::move(prefix)) {}
 
   Status Error(StatusCode code, const std::string& field, const std::string& what) const {
-    return Status(code, label_ + ": field '" + field + "' " + what);
+    return Status(code, label_ + ": field '" + prefix_ + field + "' " + what);
+  }
+
+  // The name a field has in this file when transformers 4.x and 5.x spell it differently (`a`
+  // or `b`): the one present, `a` when neither is. Both present with different values is an
+  // error naming both, never one of them silently preferred.
+  Result<std::string> Alias(const std::string& a, const std::string& b) const {
+    const json* va = Find(a);
+    const json* vb = Find(b);
+    if (va != nullptr && vb != nullptr && *va != *vb) {
+      return Error(StatusCode::kInvalidArgument, a,
+                   "is " + Dump(*va) + " but '" + prefix_ + b + "' is " + Dump(*vb) +
+                       "; both name the same setting (transformers 4.x / 5.x), so they must agree");
+    }
+    return va == nullptr && vb != nullptr ? b : a;
+  }
+
+  static std::string Dump(const json& v) {
+    return v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 200);
   }
 
   // Present and not null.
@@ -132,9 +154,211 @@ class FieldReader {
  private:
   const json& root_;
   const std::string& label_;
+  std::string prefix_;
 };
 
+// RoPE as transformers 5.x writes it (rope_parameters: {rope_type, rope_theta, factor, ...}) or
+// 4.x (rope_theta at the top, rope_scaling: {type | rope_type, factor, ...} or null), read the
+// way HF's standardize_rope_params and rope init functions (modeling_rope_utils.py) read it.
+Status ReadRope(const FieldReader& r, double theta_default, ModelConfig* c) {
+  PW_ASSIGN_OR_RETURN(const std::string dict_name, r.Alias("rope_parameters", "rope_scaling"));
+  const json* dict = r.Find(dict_name);
+  if (dict != nullptr && !dict->is_object()) {
+    return r.Error(StatusCode::kInvalidArgument, dict_name,
+                   std::string("must be an object or null, got ") + JsonTypeName(*dict));
+  }
+  static const json kEmpty = json::object();
+  static const std::string kNoLabel;  // d's own errors are never used: key_error names the dict
+  const FieldReader d(dict != nullptr ? *dict : kEmpty, kNoLabel);
+  auto key_error = [&](StatusCode code, const std::string& key, const std::string& what) {
+    return r.Error(code, dict_name + "." + key, what);
+  };
+  // A value in the dict read with the top-level reader's checks, its errors naming the dict.
+  auto dict_double = [&](const std::string& key, double* out, std::optional<double> def) -> Status {
+    const json* v = d.Find(key);
+    if (v == nullptr) {
+      if (!def) return key_error(StatusCode::kInvalidArgument, key, "is required for this rope_type");
+      *out = *def;
+      return Status::Ok();
+    }
+    if (!v->is_number()) {
+      return key_error(StatusCode::kInvalidArgument, key,
+                       std::string("must be a number, got ") + JsonTypeName(*v));
+    }
+    *out = v->get<double>();
+    if (!(*out > 0) || !std::isfinite(*out)) {
+      return key_error(StatusCode::kInvalidArgument, key, "must be a finite number > 0");
+    }
+    return Status::Ok();
+  };
+
+  // The type: "rope_type" (or 4.x "type"), "default" when absent.
+  std::string type = "default";
+  {
+    const json* a = d.Find("rope_type");
+    const json* b = d.Find("type");
+    if (a != nullptr && b != nullptr && *a != *b) {
+      return key_error(StatusCode::kInvalidArgument, "rope_type",
+                       "is " + FieldReader::Dump(*a) + " but '" + dict_name + ".type' is " +
+                           FieldReader::Dump(*b) + "; they must agree");
+    }
+    const json* t = a != nullptr ? a : b;
+    if (t != nullptr) {
+      if (!t->is_string()) {
+        return key_error(StatusCode::kInvalidArgument, a != nullptr ? "rope_type" : "type",
+                         "must be a string");
+      }
+      type = t->get<std::string>();
+    }
+  }
+  RopeScaling& s = c->rope_scaling;
+  std::set<std::string> keys = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (type == "default") {
+    s.type = RopeType::kDefault;
+  } else if (type == "linear") {
+    s.type = RopeType::kLinear;
+    keys.insert("factor");
+  } else if (type == "dynamic") {
+    s.type = RopeType::kDynamic;
+    keys.insert("factor");
+  } else if (type == "yarn") {
+    s.type = RopeType::kYarn;
+    keys.insert({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+                 "beta_slow", "mscale", "mscale_all_dim", "truncate"});
+  } else if (type == "llama3") {
+    s.type = RopeType::kLlama3;
+    keys.insert({"factor", "original_max_position_embeddings", "low_freq_factor",
+                 "high_freq_factor"});
+  } else {
+    return key_error(StatusCode::kUnsupported, "rope_type",
+                     "is '" + type.substr(0, 100) +
+                         "'; supported: default, linear, dynamic, yarn, llama3");
+  }
+  if (dict != nullptr) {
+    for (auto it = dict->begin(); it != dict->end(); ++it) {
+      if (keys.count(it.key()) == 0) {
+        return key_error(StatusCode::kUnsupported, it.key(),
+                         "is not used by rope_type '" + type + "'; refused rather than ignored");
+      }
+    }
+  }
+
+  // rope_theta: top level (4.x) or in the dict (5.x).
+  const json* top_theta = r.Find("rope_theta");
+  const json* dict_theta = d.Find("rope_theta");
+  if (top_theta != nullptr && dict_theta != nullptr && *top_theta != *dict_theta) {
+    return r.Error(StatusCode::kInvalidArgument, "rope_theta",
+                   "is " + FieldReader::Dump(*top_theta) + " but '" + dict_name +
+                       ".rope_theta' is " + FieldReader::Dump(*dict_theta) +
+                       "; they must agree");
+  }
+  if (dict_theta != nullptr) {
+    PW_RETURN_IF_ERROR(dict_double("rope_theta", &c->rope_theta, std::nullopt));
+  } else {
+    PW_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta, theta_default, true));
+  }
+  // partial_rotary_factor: the rotary covers all of head_dim here.
+  for (const FieldReader* fr : {&r, &d}) {
+    if (const json* p = fr->Find("partial_rotary_factor")) {
+      if (!p->is_number() || p->get<double>() != 1.0) {
+        const std::string name = fr == &r ? std::string("partial_rotary_factor")
+                                          : dict_name + ".partial_rotary_factor";
+        return r.Error(StatusCode::kUnsupported, name,
+                       "is " + FieldReader::Dump(*p) + "; only 1 (rotary over all of head_dim)");
+      }
+    }
+  }
+  if (s.type == RopeType::kDefault) return Status::Ok();
+
+  // original_max_position_embeddings: in the dict, or at the top level (HF gives the top level
+  // priority; here both must agree); default max_position_embeddings as HF sets it.
+  if (s.type == RopeType::kYarn || s.type == RopeType::kLlama3) {
+    const json* top = r.Find("original_max_position_embeddings");
+    const json* in = d.Find("original_max_position_embeddings");
+    if (top != nullptr && in != nullptr && *top != *in) {
+      return r.Error(StatusCode::kInvalidArgument, "original_max_position_embeddings",
+                     "is " + FieldReader::Dump(*top) + " but '" + dict_name +
+                         ".original_max_position_embeddings' is " + FieldReader::Dump(*in) +
+                         "; they must agree");
+    }
+    if (in != nullptr) {
+      if (!in->is_number_integer() || in->get<int64_t>() < 1) {
+        return key_error(StatusCode::kInvalidArgument, "original_max_position_embeddings",
+                         "must be an integer >= 1");
+      }
+      s.original_max_position_embeddings = in->get<int64_t>();
+    } else {
+      PW_RETURN_IF_ERROR(r.Int("original_max_position_embeddings",
+                               &s.original_max_position_embeddings, c->max_position_embeddings,
+                               1));
+    }
+  }
+  if (s.type == RopeType::kYarn) {
+    // factor may be absent: then max_position_embeddings / original (as HF).
+    const double implicit = static_cast<double>(c->max_position_embeddings) /
+                            static_cast<double>(s.original_max_position_embeddings);
+    PW_RETURN_IF_ERROR(dict_double("factor", &s.factor, implicit));
+    double beta_fast, beta_slow, mscale = 0, mscale_all_dim = 0;
+    PW_RETURN_IF_ERROR(dict_double("beta_fast", &beta_fast, 32.0));
+    PW_RETURN_IF_ERROR(dict_double("beta_slow", &beta_slow, 1.0));
+    s.beta_fast = beta_fast;
+    s.beta_slow = beta_slow;
+    if (const json* t = d.Find("truncate")) {
+      if (!t->is_boolean()) {
+        return key_error(StatusCode::kInvalidArgument, "truncate", "must be true or false");
+      }
+      s.truncate = t->get<bool>();
+    }
+    for (auto [key, out] : {std::pair{"mscale", &mscale}, {"mscale_all_dim", &mscale_all_dim}}) {
+      if (const json* v = d.Find(key)) {
+        if (!v->is_number() || v->get<double>() < 0) {
+          return key_error(StatusCode::kInvalidArgument, key, "must be a number >= 0");
+        }
+        *out = v->get<double>();
+      }
+    }
+    // HF's yarn_get_mscale: 0.1 * m * ln(factor) + 1, or 1 when factor <= 1.
+    auto get_mscale = [](double scale, double m) {
+      return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    if (d.Find("attention_factor") != nullptr) {
+      PW_RETURN_IF_ERROR(dict_double("attention_factor", &s.attention_factor, std::nullopt));
+    } else if (mscale != 0 && mscale_all_dim != 0) {
+      s.attention_factor = get_mscale(s.factor, mscale) / get_mscale(s.factor, mscale_all_dim);
+    } else {
+      s.attention_factor = get_mscale(s.factor, 1.0);
+    }
+  } else {
+    PW_RETURN_IF_ERROR(dict_double("factor", &s.factor, std::nullopt));
+  }
+  if (s.type == RopeType::kLlama3) {
+    PW_RETURN_IF_ERROR(dict_double("low_freq_factor", &s.low_freq_factor, std::nullopt));
+    PW_RETURN_IF_ERROR(dict_double("high_freq_factor", &s.high_freq_factor, std::nullopt));
+    if (!(s.high_freq_factor > s.low_freq_factor)) {
+      return key_error(StatusCode::kInvalidArgument, "high_freq_factor",
+                       "must be greater than low_freq_factor");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+const char* RopeTypeName(RopeType t) {
+  switch (t) {
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kDynamic:
+      return "dynamic";
+    case RopeType::kYarn:
+      return "yarn";
+    case RopeType::kLlama3:
+      return "llama3";
+  }
+  return "?";
+}
 
 const char* ModelTypeName(ModelType t) {
   switch (t) {
@@ -148,6 +372,14 @@ const char* ModelTypeName(ModelType t) {
       return "mixtral";
   }
   return "?";
+}
+
+int64_t ModelConfig::MaxContext() const {
+  if (rope_scaling.type == RopeType::kDynamic && rope_scaling.factor > 1) {
+    return static_cast<int64_t>(static_cast<double>(max_position_embeddings) *
+                                rope_scaling.factor);
+  }
+  return max_position_embeddings;
 }
 
 bool ModelConfig::IsMoeLayer(int64_t layer) const {
@@ -173,16 +405,31 @@ std::string ModelConfig::Summary() const {
 }
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& label) {
-  json root;
+  json file;
   try {
-    root = json::parse(text);
+    file = json::parse(text);
   } catch (const std::exception& e) {
     return InvalidArgument(label + ": not valid JSON: " + e.what());
   }
-  if (!root.is_object()) return InvalidArgument(label + ": top level is not a JSON object");
-  FieldReader r(root, label);
+  if (!file.is_object()) return InvalidArgument(label + ": top level is not a JSON object");
 
+  // A multimodal wrapper keeps the language model's fields in text_config (transformers 5.x
+  // and 4.x alike); everything below reads them from there.
   ModelConfig c;
+  const json* body = &file;
+  if (auto tc = file.find("text_config"); tc != file.end() && !tc->is_null()) {
+    FieldReader top(file, label);
+    if (!tc->is_object()) {
+      return top.Error(StatusCode::kInvalidArgument, "text_config",
+                       std::string("must be an object, got ") + JsonTypeName(*tc));
+    }
+    const json* wmt = top.Find("model_type");
+    c.wrapper_model_type = wmt != nullptr && wmt->is_string() ? wmt->get<std::string>() : "?";
+    body = &*tc;
+  }
+  const json& root = *body;
+  FieldReader r(root, label, c.wrapper_model_type.empty() ? "" : "text_config.");
+
   const json* mt = r.Find("model_type");
   if (mt == nullptr) return r.Error(StatusCode::kInvalidArgument, "model_type", "is missing");
   if (!mt->is_string()) {
@@ -201,6 +448,16 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
                        "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral");
+  }
+  if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
+    for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
+                        ModelType::kMixtral}) {
+      if (c.wrapper_model_type == ModelTypeName(w)) {
+        return Status(StatusCode::kInvalidArgument,
+                      label + ": model_type '" + c.wrapper_model_type +
+                          "' is a text model, but the file also has a text_config");
+      }
+    }
   }
   const ModelType t = c.type;
   const bool qwen = t == ModelType::kQwen2Moe || t == ModelType::kQwen3Moe;
@@ -249,26 +506,22 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   PW_RETURN_IF_ERROR(
       r.Int("max_position_embeddings", &c.max_position_embeddings, max_pos_default, 1));
   PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, qwen ? 1e-6 : 1e-5, true));
-  PW_RETURN_IF_ERROR(
-      r.Double("rope_theta", &c.rope_theta, t == ModelType::kMixtral ? 1e6 : 10000.0, true));
+  PW_RETURN_IF_ERROR(ReadRope(r, t == ModelType::kMixtral ? 1e6 : 10000.0, &c));
   PW_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings, false));
-
-  // Refusals.
-  if (const json* rs = r.Find("rope_scaling")) {
-    bool plain = false;
-    if (rs->is_object()) {
-      auto rt = rs->find("rope_type");
-      if (rt == rs->end()) rt = rs->find("type");
-      plain = rt != rs->end() && rt->is_string() && rt->get<std::string>() == "default" &&
-              rs->size() == 1;
-    }
-    if (!plain) {
-      return r.Error(StatusCode::kUnsupported, "rope_scaling",
-                     "is " +
-                         rs->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 200) +
-                         "; only null is supported");
+  {
+    PW_ASSIGN_OR_RETURN(const std::string name, r.Alias("dtype", "torch_dtype"));
+    if (const json* dt = r.Find(name)) {
+      const std::string v = dt->is_string() ? dt->get<std::string>() : "";
+      if (v != "bfloat16" && v != "float16" && v != "float32") {
+        return r.Error(StatusCode::kUnsupported, name,
+                       "is " + FieldReader::Dump(*dt) +
+                           "; supported: \"bfloat16\", \"float16\", \"float32\"");
+      }
+      c.dtype = v;
     }
   }
+
+  // Refusals.
   if (const json* act = r.Find("hidden_act")) {
     if (!act->is_string() || act->get<std::string>() != "silu") {
       return r.Error(StatusCode::kUnsupported, "hidden_act",
@@ -283,6 +536,19 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (sliding) {
       return r.Error(StatusCode::kUnsupported, "use_sliding_window",
                      "is true; sliding-window attention is not supported");
+    }
+  }
+  // transformers 5.x: layer_types says which layers attend through a sliding window.
+  if (const json* lt = r.Find("layer_types")) {
+    if (!lt->is_array()) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
+    }
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& e = (*lt)[i];
+      if (!e.is_string() || e.get<std::string>() != "full_attention") {
+        return r.Error(StatusCode::kUnsupported, "layer_types[" + std::to_string(i) + "]",
+                       "is " + FieldReader::Dump(e) + "; only \"full_attention\" is supported");
+      }
     }
   }
   if (t == ModelType::kMixtral && r.Find("sliding_window") != nullptr) {
@@ -326,8 +592,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   }
 
   // Experts.
-  PW_RETURN_IF_ERROR(r.Int(t == ModelType::kMixtral ? "num_local_experts" : "num_experts",
-                           &c.num_experts, std::nullopt, 1));
+  {
+    // transformers 5.x writes num_local_experts for qwen3_moe too; either name, for any type.
+    PW_ASSIGN_OR_RETURN(const std::string name,
+                        t == ModelType::kMixtral ? r.Alias("num_local_experts", "num_experts")
+                                                 : r.Alias("num_experts", "num_local_experts"));
+    PW_RETURN_IF_ERROR(r.Int(name, &c.num_experts, std::nullopt, 1));
+  }
   PW_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.num_experts_per_tok, std::nullopt, 1));
   if (c.num_experts_per_tok > c.num_experts) {
     return r.Error(StatusCode::kInvalidArgument, "num_experts_per_tok",

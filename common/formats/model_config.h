@@ -17,8 +17,21 @@
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
 // num_experts_per_tok and the expert FFN size. Everything else takes the type's HF default.
-// Refused with kUnsupported: another model_type, rope_scaling other than null (or an explicit
-// {"rope_type": "default"}), hidden_act other than silu, sliding-window attention.
+// Refused with kUnsupported: another model_type, hidden_act other than silu, sliding-window
+// attention (use_sliding_window, 5.x layer_types other than "full_attention"), a RoPE type
+// other than default/linear/dynamic/yarn/llama3.
+//
+// Files written by transformers 4.x and 5.x are both read. Where the two versions name a field
+// differently, either name is accepted, and both present with different values is an error
+// naming both (never one silently preferred):
+//   expert count      num_experts | num_local_experts (5.x writes the latter for qwen3_moe)
+//   RoPE              rope_parameters (5.x: {rope_type, rope_theta, factor, ...}) |
+//                     rope_theta + rope_scaling (4.x; "type" for "rope_type")
+//   dtype             dtype (5.x) | torch_dtype (4.x): bfloat16, float16 or float32
+//   original context  original_max_position_embeddings top level | in the RoPE dict
+// A multimodal wrapper (a top-level text_config whose model_type is supported) is read from its
+// text_config; `wrapper_model_type` records the wrapper. A key of the RoPE dict that its type
+// does not use is refused, as is partial_rotary_factor other than 1.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +44,29 @@
 namespace pw {
 
 enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral };
+
+// RoPE frequency scaling (HF transformers' rope_type; engine/layers/rope.h computes it).
+enum class RopeType {
+  kDefault,  // inv_freq = theta^(-2i/d)
+  kLinear,   // inv_freq / factor (position interpolation)
+  kDynamic,  // NTK: theta grows with the sequence length once it passes max_position_embeddings
+  kYarn,     // per-dimension blend of interpolation and extrapolation, cos/sin x attention_factor
+  kLlama3,   // low frequencies / factor, high kept, a smooth band between
+};
+
+const char* RopeTypeName(RopeType t);  // "default", "linear", ...
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  double factor = 1.0;                           // linear, dynamic, yarn, llama3
+  int64_t original_max_position_embeddings = 0;  // yarn, llama3 (default: max_position_embeddings)
+  // yarn: the cos/sin multiplier; absent in the file, derived from factor (and mscale,
+  // mscale_all_dim when both are given) as HF does.
+  double attention_factor = 1.0;
+  double beta_fast = 32.0, beta_slow = 1.0;  // yarn
+  bool truncate = true;                      // yarn: floor/ceil the correction range
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+};
 
 // Normalisation applied to queries and keys after their projection, before RoPE.
 enum class QkNorm {
@@ -82,6 +118,14 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;  // config.json may give one id or a list
   std::optional<int64_t> pad_token_id;
 
+  // transformers 4.x / 5.x details (see the top of this file).
+  RopeScaling rope_scaling;         // kDefault unless the file scales RoPE
+  std::string dtype;                // "bfloat16", "float16", "float32"; empty when absent
+  std::string wrapper_model_type;   // a multimodal wrapper's model_type; empty when none
+
+  // The longest sequence the model serves by default: max_position_embeddings, times the
+  // factor for dynamic NTK RoPE (which exists to run past it; vLLM's rule too).
+  int64_t MaxContext() const;
   // True if `layer` (0-based) uses routed experts; false for a dense-MLP layer.
   bool IsMoeLayer(int64_t layer) const;
   // Short human-readable summary ("olmoe: 2 layers, hidden 2048, 16/16 heads x 128, ...").
@@ -92,7 +136,8 @@ struct ModelConfig {
 //   kNotFound / kIoError   the file cannot be read
 //   kInvalidArgument       malformed JSON, a required field missing, a field of the wrong JSON
 //                          type, or a value out of range / inconsistent (e.g. heads not divisible)
-//   kUnsupported           unknown model_type, rope_scaling, hidden_act, sliding window
+//   kUnsupported           unknown model_type, RoPE type or key, hidden_act, sliding window,
+//                          dtype
 Result<ModelConfig> LoadModelConfig(const std::string& path);
 // Same, from JSON text; `label` stands for the file name in messages.
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& label);

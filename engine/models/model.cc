@@ -5,7 +5,9 @@
 #include <filesystem>
 
 #include "common/dtype.h"
+#include "common/formats/bf16_tensor.h"
 #include "common/formats/checkpoint_experts.h"
+#include "engine/layers/rope.h"
 
 namespace pw::engine {
 
@@ -17,6 +19,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   PW_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
+  if (!m->config_.wrapper_model_type.empty()) {
+    return Unsupported(dir + "/config.json: model_type '" + m->config_.wrapper_model_type +
+                       "' wraps a " + m->config_.model_type +
+                       " text_config; only text-model checkpoints are served (load the language "
+                       "model's own checkpoint)");
+  }
   m->family_ = FindFamily(m->config_.type);
   if (m->family_ == nullptr) {
     return Unsupported(dir + "/config.json: model_type '" + m->config_.model_type +
@@ -26,19 +34,16 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
   PW_RETURN_IF_ERROR(m->LoadTensors());
   const int64_t d = m->config_.head_dim;
   if (d % 2 != 0) return InvalidArgument(dir + "/config.json: head_dim must be even for RoPE");
-  m->inv_freq_.resize(static_cast<size_t>(d / 2));
-  for (int64_t i = 0; i < d / 2; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(d);
-    const float p = static_cast<float>(std::pow(m->config_.rope_theta, static_cast<double>(e)));
-    m->inv_freq_[static_cast<size_t>(i)] = 1.0f / p;
-  }
+  m->rope_ = ComputeRope(m->config_, m->config_.max_position_embeddings);
   return m;
 }
 
 Result<Bf16Matrix> Model::Matrix(const std::string& name, int64_t rows, int64_t cols) {
-  PW_ASSIGN_OR_RETURN(TensorView t, ckpt_->Get(name, DType::kBF16, {rows, cols}));
+  // An fp16 or fp32 checkpoint's matrices are rounded to bf16 here (common/formats/bf16_tensor.h).
+  std::vector<uint16_t> converted;
+  PW_ASSIGN_OR_RETURN(TensorView t, GetAsBf16(*ckpt_, name, {rows, cols}, &converted));
   Bf16Matrix m{nullptr, rows, cols};
-  if (reinterpret_cast<uintptr_t>(t.data) % alignof(uint16_t) == 0) {
+  if (converted.empty() && reinterpret_cast<uintptr_t>(t.data) % alignof(uint16_t) == 0) {
     m.data = reinterpret_cast<const uint16_t*>(t.data);
   } else {
     auto copy = std::make_unique<uint16_t[]>(static_cast<size_t>(rows * cols));

@@ -18,8 +18,9 @@
 //     P mlp.shared_expert_gate.weight [1, H]
 //   dense layer (qwen types, per decoder_sparse_step / mlp_only_layers):
 //     P mlp.{gate,up,down}_proj.weight with intermediate_size
-// Matrices must be BF16 (they stay in the mmapped file, read in place); norms and biases may be
-// BF16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
+// BF16 matrices stay in the mmapped file, read in place; F16 and F32 ones (fp16 / fp32
+// checkpoints) are rounded to bf16 at load into Model-owned memory (common/formats/bf16_tensor.h);
+// norms and biases may be BF16, F16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
 // the tensor and the directory.
 #pragma once
 
@@ -31,6 +32,7 @@
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
+#include "engine/layers/rope.h"
 #include "engine/models/family.h"
 #include "engine/models/moe_kinds.h"
 #include "kernels/anyprec/q8.h"
@@ -88,8 +90,11 @@ class Model {
   const Bf16Matrix& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
-  // RoPE inverse frequencies [head_dim / 2], computed in fp32 as HF does.
-  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+  // RoPE inverse frequencies [head_dim / 2], computed in fp32 as HF does, and the cos/sin
+  // multiplier, for passes within max_position_embeddings (engine/layers/rope.h: dynamic NTK
+  // recomputes them for longer ones).
+  const std::vector<float>& rope_inv_freq() const { return rope_.inv_freq; }
+  const RopeTable& rope() const { return rope_; }
 
   // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
   // lm_head, dense and shared-expert MLPs) an int8 copy with one scale per row
@@ -113,7 +118,7 @@ class Model {
   Bf16Matrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
-  std::vector<float> inv_freq_;
+  RopeTable rope_;
   struct Q8Copy {
     std::vector<int8_t> values;
     std::vector<float> scales;

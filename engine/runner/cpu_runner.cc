@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/dtype.h"
+#include "engine/layers/rope.h"
 #include "engine/ops/linear.h"
 
 namespace pw::engine {
@@ -51,9 +52,16 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
   tmp_.resize(T * H);
   cos_.resize(T * D / 2);
   sin_.resize(T * D / 2);
-  const std::vector<float>& inv_freq = model_.rope_inv_freq();
   size_t t = 0;
   for (const ForwardItem& it : items) {
+    // Dynamic NTK RoPE past max_position_embeddings: the frequencies HF computes for a pass
+    // reaching this item's last position.
+    RopeTable grown;
+    const int64_t reach = static_cast<int64_t>(it.start_pos) + it.n;
+    if (RopeDependsOnLength(cfg_, reach)) grown = ComputeRope(cfg_, reach);
+    const RopeTable& rope = grown.inv_freq.empty() ? model_.rope() : grown;
+    const std::vector<float>& inv_freq = rope.inv_freq;
+    const float mscale = rope.attention_factor;
     for (int i = 0; i < it.n; ++i, ++t) {
       const int32_t id = it.tokens[i];
       PW_CHECK(id >= 0 && static_cast<int64_t>(id) < cfg_.vocab_size);
@@ -65,8 +73,8 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
       const float pos = static_cast<float>(tok_pos_[t]);
       for (size_t j = 0; j < D / 2; ++j) {
         const float angle = pos * inv_freq[j];
-        cos_[t * D / 2 + j] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        sin_[t * D / 2 + j] = static_cast<float>(std::sin(static_cast<double>(angle)));
+        cos_[t * D / 2 + j] = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
+        sin_[t * D / 2 + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
       }
     }
   }

@@ -441,6 +441,9 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
     r.max_tokens = v;
   }
 
+  r.temperature = limits.default_temperature;
+  r.top_p = limits.default_top_p;
+  r.top_k = limits.default_top_k;
   if (auto e = GetSamplingFloat(body, "temperature", 0.0, 2.0, false, &r.temperature)) return *e;
   if (auto e = GetSamplingFloat(body, "top_p", 0.0, 1.0, true, &r.top_p)) return *e;
   if (auto it = body.find("top_k"); it != body.end() && !it->is_null()) {

@@ -81,6 +81,11 @@ struct ApiLimits {
   int max_json_depth = 32;    // nesting deeper than this is refused before parsing
   int32_t max_logprobs = kMaxSamplingLogprobs;  // logprobs / top_logprobs above this -> 400
   int32_t max_n = 16;         // n and best_of above this -> 400
+  // What a request that leaves them out gets (the checkpoint's generation_config.json, or the
+  // OpenAI defaults: router/generation_defaults.h).
+  float default_temperature = 1.f;
+  float default_top_p = 1.f;
+  int32_t default_top_k = 0;
 };
 
 // Parses and validates a request body for `endpoint`. Every rejection names the field.

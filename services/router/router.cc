@@ -62,6 +62,9 @@ Router::Router(RouterOptions options, const TextCodec* codec, GenerationBackend*
   limits_.model_name = options_.model_name;
   limits_.max_tokens_cap = options_.context_length;
   limits_.vocab_size = codec_->vocab_size();
+  limits_.default_temperature = options_.generation_defaults.temperature;
+  limits_.default_top_p = options_.generation_defaults.top_p;
+  limits_.default_top_k = options_.generation_defaults.top_k;
   backend_->SetEvents(this);
 }
 
@@ -370,6 +373,10 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
     base.sampling.ignore_eos = true;
   } else {
     base.sampling.stop_token_ids = codec_->stop_token_ids(ep);
+    for (int32_t id : options_.generation_defaults.eos_token_ids) {  // generation_config.json
+      auto& ids = base.sampling.stop_token_ids;
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    }
   }
   metrics_->prompt_tokens.Increment(static_cast<double>(n_prompt));
   call->prompt = base.prompt;

@@ -35,6 +35,7 @@
 #include <unordered_map>
 
 #include "services/router/backend.h"
+#include "services/router/generation_defaults.h"
 #include "services/router/http_server.h"
 #include "services/router/kv_admission.h"
 #include "services/router/metrics.h"
@@ -57,6 +58,9 @@ struct RouterOptions {
   std::vector<std::string> api_keys;                  // empty: no authentication
   bool protect_health = false;   // /health needs a key too (when api_keys is set)
   bool protect_metrics = false;  // /metrics needs a key too (when api_keys is set)
+  // The checkpoint's generation_config.json (filled by the app): sampling defaults a request
+  // overrides, and end-of-sequence ids that stop generation besides the tokenizer's.
+  GenerationDefaults generation_defaults;
 };
 
 class Router final : public GenerationEvents {

@@ -11,6 +11,7 @@
 
 #include "common/logging.h"
 #include "common/formats/model_config.h"
+#include "services/router/generation_defaults.h"
 #include "common/text/tokenizer.h"
 #include "services/router/chat_renderer.h"
 #include "services/router/tokenizer_codec.h"
@@ -48,7 +49,7 @@ int RunRouterApp(RouterAppOptions o) {
     return 1;
   }
   int64_t context = o.context_length;
-  if (context == 0) context = cfg->max_position_embeddings;
+  if (context == 0) context = cfg->MaxContext();
   if (context <= 1) context = 2048;
   std::string model_name = o.model_name;
   if (model_name.empty()) {
@@ -75,6 +76,12 @@ int RunRouterApp(RouterAppOptions o) {
   }
   o.router.model_name = model_name;
   o.router.context_length = context;
+  auto generation = LoadGenerationDefaults(o.model_dir, codec.vocab_size());
+  if (!generation.ok()) {
+    std::fprintf(stderr, "pw-router: %s\n", generation.status().ToString().c_str());
+    return 1;
+  }
+  o.router.generation_defaults = std::move(*generation);
   auto metrics = std::make_shared<RouterMetrics>(std::make_shared<prometheus::Registry>());
   Router router(o.router, &codec, backend->get(), metrics);
   auto server =

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -240,12 +241,17 @@ TEST(ModelConfigTest, RejectsWrongTypesAndRanges) {
 
 TEST(ModelConfigTest, RefusesUnsupportedFeatures) {
   json j = Minimal("qwen3_moe");
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  ExpectError(j, StatusCode::kUnsupported, "rope_scaling");
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  ExpectError(j, StatusCode::kUnsupported, "rope_scaling.rope_type");
   j["rope_scaling"] = {{"rope_type", "default"}};  // the same as null
   EXPECT_TRUE(Parse(j).ok());
   j["rope_scaling"] = nullptr;
   EXPECT_TRUE(Parse(j).ok());
+  j["layer_types"] = {"full_attention", "full_attention"};  // 5.x writes this
+  EXPECT_TRUE(Parse(j).ok());
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  ExpectError(j, StatusCode::kUnsupported, "layer_types[1]");
+  j.erase("layer_types");
   j["hidden_act"] = "gelu";
   ExpectError(j, StatusCode::kUnsupported, "hidden_act");
   j["hidden_act"] = "silu";
@@ -272,6 +278,158 @@ TEST(ModelConfigTest, RejectsMalformedJsonAndFiles) {
   auto ok = LoadModelConfig(tmp.File("config.json"));
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->model_type, "olmoe");
+}
+
+// transformers 5.x names: num_local_experts for any type, rope_parameters (rope_theta inside),
+// dtype; 4.x's num_experts, rope_theta + rope_scaling, torch_dtype read the same.
+TEST(ModelConfigTest, ReadsTransformers5Names) {
+  json j = Minimal("qwen3_moe");
+  j.erase("num_experts");
+  j["num_local_experts"] = 6;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  j["dtype"] = "float32";
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_experts, 6);
+  EXPECT_DOUBLE_EQ(r->rope_theta, 1e6);  // not the family default 10000
+  EXPECT_EQ(r->rope_scaling.type, RopeType::kDefault);
+  EXPECT_EQ(r->dtype, "float32");
+
+  json m = Minimal("mixtral");  // mixtral: num_experts read as well
+  m.erase("num_local_experts");
+  m["num_experts"] = 4;
+  m["torch_dtype"] = "float16";
+  auto rm = Parse(m);
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  EXPECT_EQ(rm->num_experts, 4);
+  EXPECT_EQ(rm->dtype, "float16");
+  EXPECT_DOUBLE_EQ(rm->rope_theta, 1e6);  // mixtral's default, nothing in the file
+}
+
+TEST(ModelConfigTest, OneSettingUnderTwoNamesMustAgree) {
+  json j = Minimal("qwen3_moe");
+  j["num_local_experts"] = 8;  // == num_experts: fine
+  EXPECT_TRUE(Parse(j).ok());
+  j["num_local_experts"] = 16;
+  auto r = Parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'num_experts'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("'num_local_experts'"));
+
+  j = Minimal("olmoe");
+  j["rope_theta"] = 10000.0;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  r = Parse(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'rope_theta'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("'rope_parameters.rope_theta'"));
+  j["rope_theta"] = 500000;  // the same number
+  ASSERT_TRUE(Parse(j).ok());
+  EXPECT_DOUBLE_EQ(Parse(j)->rope_theta, 5e5);
+
+  j = Minimal("olmoe");
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  ExpectError(j, StatusCode::kInvalidArgument, "rope_parameters");
+  j["rope_scaling"] = j["rope_parameters"];
+  EXPECT_TRUE(Parse(j).ok());
+
+  j = Minimal("olmoe");
+  j["dtype"] = "bfloat16";
+  j["torch_dtype"] = "float32";
+  ExpectError(j, StatusCode::kInvalidArgument, "dtype");
+  j["torch_dtype"] = "bfloat16";
+  EXPECT_TRUE(Parse(j).ok());
+  j["dtype"] = j["torch_dtype"] = "float8_e4m3fn";
+  ExpectError(j, StatusCode::kUnsupported, "dtype");
+
+  j = Minimal("olmoe");
+  j["rope_scaling"] = {{"type", "yarn"}, {"rope_type", "linear"}, {"factor", 2.0}};
+  ExpectError(j, StatusCode::kInvalidArgument, "rope_scaling.rope_type");
+}
+
+TEST(ModelConfigTest, RopeScalingTypes) {
+  json j = Minimal("qwen3_moe");
+  j["max_position_embeddings"] = 4096;
+  // 5.x yarn: attention factor derived from factor when not given.
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0},
+                          {"original_max_position_embeddings", 1024}};
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rope_scaling.type, RopeType::kYarn);
+  EXPECT_DOUBLE_EQ(r->rope_scaling.factor, 4.0);
+  EXPECT_EQ(r->rope_scaling.original_max_position_embeddings, 1024);
+  EXPECT_DOUBLE_EQ(r->rope_scaling.attention_factor, 0.1 * std::log(4.0) + 1);
+  EXPECT_DOUBLE_EQ(r->rope_scaling.beta_fast, 32);
+  EXPECT_DOUBLE_EQ(r->rope_scaling.beta_slow, 1);
+  EXPECT_EQ(r->MaxContext(), 4096);
+  // Given attention_factor wins; mscale / mscale_all_dim give the ratio of their mscales.
+  j["rope_parameters"]["attention_factor"] = 0.5;
+  EXPECT_DOUBLE_EQ(Parse(j)->rope_scaling.attention_factor, 0.5);
+  j["rope_parameters"].erase("attention_factor");
+  j["rope_parameters"]["mscale"] = 1.0;
+  j["rope_parameters"]["mscale_all_dim"] = 0.5;
+  EXPECT_DOUBLE_EQ(Parse(j)->rope_scaling.attention_factor,
+                   (0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1));
+  // Without factor: max_position_embeddings / original.
+  j["rope_parameters"].erase("factor");
+  EXPECT_DOUBLE_EQ(Parse(j)->rope_scaling.factor, 4.0);
+  // Without original: max_position_embeddings (HF's setdefault); the top level is read too.
+  j["rope_parameters"]["factor"] = 2.0;
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(Parse(j)->rope_scaling.original_max_position_embeddings, 4096);
+  j["original_max_position_embeddings"] = 2048;
+  EXPECT_EQ(Parse(j)->rope_scaling.original_max_position_embeddings, 2048);
+  j["rope_parameters"]["original_max_position_embeddings"] = 1024;
+  ExpectError(j, StatusCode::kInvalidArgument, "original_max_position_embeddings");
+  j.erase("original_max_position_embeddings");
+
+  // A key its type does not use is refused, not ignored.
+  j["rope_parameters"]["low_freq_factor"] = 1.0;
+  ExpectError(j, StatusCode::kUnsupported, "rope_parameters.low_freq_factor");
+
+  json l = Minimal("olmoe");
+  l["rope_scaling"] = {{"type", "linear"}, {"factor", 8}};  // 4.x spelling
+  EXPECT_EQ(Parse(l)->rope_scaling.type, RopeType::kLinear);
+  EXPECT_DOUBLE_EQ(Parse(l)->rope_scaling.factor, 8.0);
+  l["rope_scaling"] = {{"type", "linear"}};
+  ExpectError(l, StatusCode::kInvalidArgument, "rope_scaling.factor");
+
+  json d = Minimal("olmoe");
+  d["max_position_embeddings"] = 2048;
+  d["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_EQ(Parse(d)->rope_scaling.type, RopeType::kDynamic);
+  EXPECT_EQ(Parse(d)->MaxContext(), 4096);
+
+  json ll = Minimal("mixtral");
+  ll["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  auto r3 = Parse(ll);
+  ASSERT_TRUE(r3.ok()) << r3.status().ToString();
+  EXPECT_EQ(r3->rope_scaling.type, RopeType::kLlama3);
+  EXPECT_DOUBLE_EQ(r3->rope_scaling.high_freq_factor, 4.0);
+  ll["rope_parameters"].erase("high_freq_factor");
+  ExpectError(ll, StatusCode::kInvalidArgument, "rope_parameters.high_freq_factor");
+
+  json p = Minimal("olmoe");
+  p["partial_rotary_factor"] = 0.5;
+  ExpectError(p, StatusCode::kUnsupported, "partial_rotary_factor");
+}
+
+// A multimodal wrapper: the language model's fields come from text_config.
+TEST(ModelConfigTest, ReadsTextConfigOfAWrapper) {
+  json j = {{"model_type", "some_vlm"}, {"text_config", Minimal("qwen3_moe")}};
+  j["text_config"]["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->model_type, "qwen3_moe");
+  EXPECT_EQ(r->wrapper_model_type, "some_vlm");
+  EXPECT_DOUBLE_EQ(r->rope_theta, 1e6);
+  j["text_config"].erase("hidden_size");
+  ExpectError(j, StatusCode::kInvalidArgument, "text_config.hidden_size");
+  json both = Minimal("olmoe");
+  both["text_config"] = Minimal("olmoe");
+  EXPECT_FALSE(Parse(both).ok());
 }
 
 // Configs written by HF transformers (tests/fixtures/models/<type>/config.json), when present.

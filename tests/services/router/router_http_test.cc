@@ -335,6 +335,51 @@ TEST_F(RouterHttpTest, EndOfSequenceTokenStopsWithoutText) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 4);
 }
 
+// generation_config.json's defaults (RouterOptions::generation_defaults): its sampling values
+// for what a request leaves out, its eos ids as stop tokens besides the tokenizer's.
+TEST_F(RouterHttpTest, GenerationConfigDefaultsAndEosIds) {
+  const std::vector<int32_t> script = script_;
+  ASSERT_GE(script.size(), 4u);
+  ASSERT_EQ(std::find(script.begin(), script.begin() + 3, script[3]), script.begin() + 3);
+  Teardown();
+  RouterOptions ro;
+  ro.generation_defaults.temperature = 0.6f;
+  ro.generation_defaults.top_p = 0.95f;
+  ro.generation_defaults.top_k = 20;
+  ro.generation_defaults.eos_token_ids = {script[3], 7};  // the 4th scripted token ends it
+  Build(ro, HttpServerOptions{});
+  auto r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":30})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["text"], Decode(3));
+  auto sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 1u);
+  EXPECT_FLOAT_EQ(sub[0].sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(sub[0].sampling.top_p, 0.95f);
+  EXPECT_EQ(sub[0].sampling.top_k, 20);
+  const auto& stops = sub[0].sampling.stop_token_ids;
+  for (int32_t id : {script[3], 7, static_cast<int32_t>(*tokenizer_->eos_token_id())}) {
+    EXPECT_NE(std::find(stops.begin(), stops.end(), id), stops.end()) << id;
+  }
+  // The request's own values win; ignore_eos drops every stop id.
+  r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":5,
+                                  "temperature":0.2,"top_p":0.5,"top_k":3,"ignore_eos":true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["finish_reason"], "length");
+  sub = backend_->submitted();
+  ASSERT_EQ(sub.size(), 2u);
+  EXPECT_FLOAT_EQ(sub[1].sampling.temperature, 0.2f);
+  EXPECT_FLOAT_EQ(sub[1].sampling.top_p, 0.5f);
+  EXPECT_EQ(sub[1].sampling.top_k, 3);
+  EXPECT_TRUE(sub[1].sampling.stop_token_ids.empty());
+  // temperature 0 in a request is greedy even when the checkpoint's default samples.
+  r = Post("/v1/completions", R"({"model":"tiny-moe","prompt":"Hi","max_tokens":2,
+                                  "temperature":0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FLOAT_EQ(backend_->submitted()[2].sampling.temperature, 0.f);
+}
+
 TEST_F(RouterHttpTest, ModelsHealthMetricsAndRoutes) {
   auto m = Call(GetRequest("/v1/models"));
   ASSERT_EQ(m.status, 200);
