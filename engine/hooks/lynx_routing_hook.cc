@@ -16,8 +16,12 @@ Status LynxRoutingHook::Rewrite(const RoutingContext& ctx,
   in.top_k = ctx.top_k;
   in.norm_topk_prob = ctx.norm_topk_prob;
   in.pure_decode = ctx.pure_decode;
-  in.logits = ctx.router_logits;
+  // LYNX ranks and bins what the gate ranked by: the logits of a softmax gate (the same order
+  // as its probabilities), the biased, group-masked selection scores of a sigmoid gate; the
+  // weights come from the gate's scores (the unbiased sigmoid), times its factor.
+  in.logits = ctx.gate == GateKind::kSoftmaxTopK ? ctx.router_logits : ctx.selection_scores;
   in.probs = ctx.router_probs;
+  in.weight_scale = ctx.weight_scale;
   const lynx::RemapOutput& out = remapper_->Remap(in);
   stats_.calls++;
   if (out.stats.applied) {

@@ -24,8 +24,11 @@ Status MissRoutingHook::Rewrite(const RoutingContext& ctx, std::vector<ExpertAss
     slots_.resize(n);
     actions_.resize(n);
     for (size_t j = 0; j < n; ++j) slots_[j] = {a[begin + j].expert, a[begin + j].weight};
+    // The policy ranks substitutes by what the gate selected by (the biased selection scores
+    // of a sigmoid gate; the probabilities of a softmax gate).
+    const float* ranking = ctx.selection_scores != nullptr ? ctx.selection_scores : ctx.router_probs;
     masses_[static_cast<size_t>(t)] = policy_->DecideToken(
-        ctx.layer, slots_.data(), static_cast<int>(n), ctx.router_probs + static_cast<size_t>(t) * E,
+        ctx.layer, slots_.data(), static_cast<int>(n), ranking + static_cast<size_t>(t) * E,
         actions_.data());
     for (size_t j = 0; j < n; ++j) {
       if (actions_[j] == misses::SlotAction::kSubstituted) {

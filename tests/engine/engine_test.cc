@@ -30,7 +30,10 @@ namespace {
 using testing::FixtureModelDir;
 using testing::ReadRefLogits;
 
-const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral"};
+// glm4_moe_grouped: a second glm4_moe checkpoint (n_group 4, topk_group 2, qk norm, two shared
+// experts, no attention bias); tests/fixtures/README.md.
+const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",       "olmoe",
+                                         "mixtral",   "glm4_moe", "glm4_moe_grouped"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
