@@ -5,9 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "common/formats/safetensors.h"
+#include "engine/engine.h"
 #include "engine/models/model.h"
+#include "tests/common/test_util.h"
 #include "tests/engine/test_util.h"
 
 namespace pw::engine {
@@ -88,6 +95,66 @@ TEST(ModelFamily, Glm4MoeLayersFollowTheConfig) {
       EXPECT_TRUE(nonzero) << "the fixture's bias must move the selection";
     }
   }
+}
+
+// Copies the glm4_moe fixture into `dir` as shards: tensors whose name passes `shard1` go to
+// model-00001-of-00002.safetensors, the rest to -00002-, with model.safetensors.index.json
+// naming them (as the released GLM-4.5 checkpoints ship); tensors `drop` names are left out.
+void WriteShardedGlm4Moe(const std::string& dir, const std::string& drop = "") {
+  const std::string src = testing::FixtureModelDir("glm4_moe");
+  std::filesystem::copy_file(src + "/config.json", dir + "/config.json");
+  auto ck = Checkpoint::Open(src);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  SafetensorsWriter w1, w2;
+  nlohmann::json map = nlohmann::json::object();
+  for (const std::string& name : (*ck)->TensorNames()) {
+    if (name == drop) continue;
+    auto t = (*ck)->Get(name);
+    ASSERT_TRUE(t.ok());
+    const bool first = name.find("layers.2.") == std::string::npos;
+    ASSERT_TRUE((first ? w1 : w2).Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
+    map[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  ASSERT_TRUE(w1.Write(dir + "/model-00001-of-00002.safetensors").ok());
+  ASSERT_TRUE(w2.Write(dir + "/model-00002-of-00002.safetensors").ok());
+  pw::testing::WriteFile(dir + "/model.safetensors.index.json",
+                         nlohmann::json{{"metadata", nlohmann::json::object()}, {"weight_map", map}}
+                             .dump());
+}
+
+// A sharded glm4_moe checkpoint gives the single file's logits bit for bit; a shard the index
+// names but the directory lacks is an error naming that file, at load.
+TEST(ModelFamily, Glm4MoeShardedCheckpointLoadsAndAMissingShardIsNamed) {
+  pw::testing::TempDir tmp;
+  WriteShardedGlm4Moe(tmp.path());
+  auto single = Engine::Create(testing::FixtureModelDir("glm4_moe"), {});
+  auto sharded = Engine::Create(tmp.path(), {});
+  ASSERT_TRUE(single.ok() && sharded.ok()) << sharded.status().ToString();
+  const std::vector<int32_t> ids = {5, 900, 17, 3000, 42, 7};
+  auto a = (*single)->ForwardLogits(ids);
+  auto b = (*sharded)->ForwardLogits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
+
+  std::filesystem::remove(tmp.File("model-00002-of-00002.safetensors"));
+  auto missing = Model::Load(tmp.path());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("model-00002-of-00002.safetensors"), std::string::npos)
+      << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("model.safetensors.index.json"), std::string::npos);
+}
+
+// The selection bias is required: without it the routing would silently differ from the
+// model's, so its absence is an error naming the tensor.
+TEST(ModelFamily, Glm4MoeWithoutTheSelectionBiasIsRefusedNamingIt) {
+  pw::testing::TempDir tmp;
+  const std::string bias = "model.layers.2.mlp.gate.e_score_correction_bias";
+  WriteShardedGlm4Moe(tmp.path(), bias);
+  auto m = Model::Load(tmp.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find(bias), std::string::npos) << m.status().ToString();
 }
 
 }  // namespace
