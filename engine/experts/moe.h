@@ -99,6 +99,9 @@ struct RoutingContext {
   // sigmoid + e_score_correction_bias, -inf outside the token's kept groups, for
   // kSigmoidGroupedTopK. A hook that picks other experts ranks them by these.
   const float* selection_scores = nullptr;
+  // [E] the layer's e_score_correction_bias for kSigmoidGroupedTopK (router_probs + it: the
+  // selection scores before the group mask); null for kSoftmaxTopK.
+  const float* selection_bias = nullptr;
   GateKind gate = GateKind::kSoftmaxTopK;
   float weight_scale = 1.f;  // every routed weight's factor (routed_scaling_factor)
   const uint64_t* seq_ids = nullptr;           // [T] sequence of each token

@@ -53,6 +53,7 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   ctx.router_logits = s->logits.data();
   ctx.router_probs = s->probs.data();
   ctx.selection_scores = ranks_by_probs ? s->probs.data() : s->selection.data();
+  ctx.selection_bias = gate.bias;
   ctx.gate = w.gate;
   ctx.weight_scale = gate.weight_scale;
 
