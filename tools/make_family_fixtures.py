@@ -15,7 +15,9 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level), model.safetensors (bf16, e_score_correction_bias random so that it moves the
 selection) and logits.safetensors (p{i}.ids int32 [T], p{i}.logits float32 [T, V] for prompts
-of 1, 5 and 40 ids), as tests/fixtures/README.md describes. References are HF's, in float32
+of 1, 5 and 40 ids, as tests/fixtures/README.md describes; and g{i}.ids / g{i}.out, int32, the
+greedy continuation of GREEDY_NEW_TOKENS ids after p{i}.ids: argmax of the logits, full
+recompute each step). References are HF's, in float32
 from the bf16 weights, eager attention. Seeds are tried in a fixed order until no decision is
 near a tie: the gap between a token's k-th and (k+1)-th selection score (sigmoid + bias, inside
 its kept groups), between its topk_group-th and next group score, and between the top two
@@ -31,6 +33,7 @@ import make_fixtures as mf  # noqa: E402
 
 SEED = 20261204
 MTP_LAYERS = 1
+GREEDY_NEW_TOKENS = 12
 
 
 def Configs():
@@ -173,6 +176,13 @@ def Write(only):
                 worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
                 tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
                 tensors[f"p{i}.logits"] = logits
+                seq = list(ids)
+                for _ in range(GREEDY_NEW_TOKENS):
+                    step, sel, grp, lm = Forward(ref, seq)
+                    worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
+                    seq.append(int(torch.argmax(step[-1])))
+                tensors[f"g{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+                tensors[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
             if worst[0] > 1e-4 and worst[1] > 1e-4 and worst[2] > 1e-3:
                 break
             print(f"{name}: seed {seed} has a near tie (selection {worst[0]:.2e}, group "
