@@ -1,8 +1,10 @@
 // make_synthetic_moe: writes a random-weight MoE checkpoint at real dimensions (default:
 // OLMoE-1B-7B's, 2 layers, about 2.1 GB of bf16) for speed measurements. Never commit its output.
 //
-//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral] [--layers 2]
-//                      [--seed 1]
+//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe]
+//                      [--layers 2] [--seed 1]
+// glm4_moe takes GLM-4.5-Air's shape at half width (synthetic_moe.h, Glm4MoeAirHalfSpec): the
+// first layer dense, the rest MoE with one shared expert.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -17,12 +19,27 @@ int main(int argc, char** argv) {
   pw::SyntheticMoeSpec spec;
   app.add_option("--out", out, "output directory")->required();
   app.add_option("--type", type, "model type")
-      ->check(CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral"}));
+      ->check(CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe"}));
   app.add_option("--layers", spec.layers, "number of layers")->check(CLI::Range(1, 64));
   app.add_option("--seed", spec.seed, "random seed");
   app.add_option("--experts", spec.experts, "experts per layer")->check(CLI::Range(1, 1024));
   app.add_option("--vocab", spec.vocab, "vocabulary size")->check(CLI::Range(1, 1 << 22));
+  app.add_option("--n-group", spec.n_group, "glm4_moe: expert groups (n_group)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--topk-group", spec.topk_group, "glm4_moe: groups kept per token (topk_group)")
+      ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
+  if (type == "glm4_moe") {
+    // GLM-4.5-Air's shape at half width; what the command line gave stays.
+    pw::SyntheticMoeSpec glm = pw::Glm4MoeAirHalfSpec();
+    glm.seed = spec.seed;
+    glm.n_group = spec.n_group;
+    glm.topk_group = spec.topk_group;
+    if (app.count("--layers") > 0) glm.layers = spec.layers;
+    if (app.count("--experts") > 0) glm.experts = spec.experts;
+    if (app.count("--vocab") > 0) glm.vocab = spec.vocab;
+    spec = glm;
+  }
   if (type == "qwen2_moe") spec.type = pw::ModelType::kQwen2Moe;
   if (type == "qwen3_moe") spec.type = pw::ModelType::kQwen3Moe;
   if (type == "mixtral") spec.type = pw::ModelType::kMixtral;

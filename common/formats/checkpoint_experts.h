@@ -24,7 +24,7 @@ enum class ExpertMatrix : uint8_t { kGate = 0, kUp = 1, kDown = 2 };
 // One row per ModelType in a table (checkpoint_experts.cc), read by the engine's model loader
 // (engine/models/) and by the broker alike; a new family adds its row there.
 struct ExpertNaming {
-  const char* moe_block;  // "mlp" (qwen types, olmoe) or "block_sparse_moe" (mixtral)
+  const char* moe_block;  // "mlp" (qwen types, olmoe, glm4_moe) or "block_sparse_moe" (mixtral)
   const char* matrix[3];  // indexed by ExpertMatrix: {"gate_proj", "up_proj", "down_proj"} or
                           // mixtral's {"w1", "w3", "w2"}
 };

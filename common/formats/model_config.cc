@@ -257,8 +257,10 @@ Status ReadRope(const FieldReader& r, double theta_default, ModelConfig* c) {
   } else {
     PW_RETURN_IF_ERROR(r.Double("rope_theta", &c->rope_theta, theta_default, true));
   }
-  // partial_rotary_factor: the rotary covers all of head_dim here.
+  // partial_rotary_factor: the rotary covers all of head_dim, except for glm4_moe (its family
+  // parse reads the factor).
   for (const FieldReader* fr : {&r, &d}) {
+    if (c->type == ModelType::kGlm4Moe) break;
     if (const json* p = fr->Find("partial_rotary_factor")) {
       if (!p->is_number() || p->get<double>() != 1.0) {
         const std::string name = fr == &r ? std::string("partial_rotary_factor")
@@ -370,6 +372,8 @@ const char* ModelTypeName(ModelType t) {
       return "olmoe";
     case ModelType::kMixtral:
       return "mixtral";
+    case ModelType::kGlm4Moe:
+      return "glm4_moe";
   }
   return "?";
 }
@@ -384,6 +388,7 @@ int64_t ModelConfig::MaxContext() const {
 
 bool ModelConfig::IsMoeLayer(int64_t layer) const {
   if (num_experts <= 0) return false;
+  if (layer < first_k_dense_replace) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {
     return false;
   }
@@ -403,6 +408,55 @@ std::string ModelConfig::Summary() const {
   s += ", vocab " + std::to_string(vocab_size);
   return s;
 }
+
+namespace {
+
+// glm4_moe's MoE fields (HF Glm4MoeConfig's defaults), after num_experts and
+// num_experts_per_tok. The grouping must divide the experts and leave room for top-k.
+Status ParseGlm4MoeExperts(const FieldReader& r, ModelConfig* c) {
+  PW_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c->moe_intermediate_size, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, 10944, 1));
+  PW_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &c->first_k_dense_replace, 1, 0));
+  PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c->norm_topk_prob, true));
+  PW_RETURN_IF_ERROR(r.Double("routed_scaling_factor", &c->routed_scaling_factor, 1.0, true));
+  PW_RETURN_IF_ERROR(r.Int("n_shared_experts", &c->n_shared_experts, 1, 0));
+  c->shared_expert_intermediate_size = c->n_shared_experts * c->moe_intermediate_size;
+  PW_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers, 1, 0));
+  PW_RETURN_IF_ERROR(r.Int("n_group", &c->n_group, 1, 1));
+  PW_RETURN_IF_ERROR(r.Int("topk_group", &c->topk_group, 1, 1));
+  const std::string experts = std::to_string(c->num_experts);
+  if (c->num_experts % c->n_group != 0) {
+    return r.Error(StatusCode::kInvalidArgument, "n_group",
+                   "is " + std::to_string(c->n_group) + ", which does not divide n_routed_experts " +
+                       experts);
+  }
+  const int64_t per_group = c->num_experts / c->n_group;
+  if (c->n_group > 1 && per_group < 2) {
+    return r.Error(StatusCode::kInvalidArgument, "n_group",
+                   "is " + std::to_string(c->n_group) + ": groups of " +
+                       std::to_string(per_group) + " of the " + experts +
+                       " experts; a group is ranked by its two best scores and needs 2");
+  }
+  if (c->topk_group > c->n_group) {
+    return r.Error(StatusCode::kInvalidArgument, "topk_group",
+                   "is " + std::to_string(c->topk_group) + ", more than n_group " +
+                       std::to_string(c->n_group));
+  }
+  if (c->num_experts_per_tok > c->topk_group * per_group) {
+    return r.Error(StatusCode::kInvalidArgument, "num_experts_per_tok",
+                   "is " + std::to_string(c->num_experts_per_tok) + ", more than the " +
+                       std::to_string(c->topk_group * per_group) + " experts of topk_group " +
+                       std::to_string(c->topk_group) + " groups");
+  }
+  if (c->first_k_dense_replace > c->num_layers) {
+    return r.Error(StatusCode::kInvalidArgument, "first_k_dense_replace",
+                   "is " + std::to_string(c->first_k_dense_replace) + ", more than the " +
+                       std::to_string(c->num_layers) + " layers");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& label) {
   json file;
@@ -444,10 +498,12 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     c.type = ModelType::kOlmoe;
   } else if (c.model_type == "mixtral") {
     c.type = ModelType::kMixtral;
+  } else if (c.model_type == "glm4_moe") {
+    c.type = ModelType::kGlm4Moe;
   } else {
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
-                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral");
+                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe");
   }
   if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
     for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
@@ -474,6 +530,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t == ModelType::kQwen2Moe) kv_default = 16;
     if (t == ModelType::kQwen3Moe) kv_default = 4;
     if (t == ModelType::kMixtral) kv_default = 8;
+    if (t == ModelType::kGlm4Moe) kv_default = 8;
   }
   PW_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, kv_default, 1));
   if (c.num_heads % c.num_kv_heads != 0) {
@@ -502,6 +559,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   }
   const int64_t max_pos_default = t == ModelType::kOlmoe     ? 4096
                                   : t == ModelType::kMixtral ? 4096 * 32
+                                  : t == ModelType::kGlm4Moe ? 131072
                                                              : 32768;
   PW_RETURN_IF_ERROR(
       r.Int("max_position_embeddings", &c.max_position_embeddings, max_pos_default, 1));
@@ -589,10 +647,42 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       c.o_bias = false;
       c.qk_norm = QkNorm::kNone;
       break;
+    case ModelType::kGlm4Moe: {
+      PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c.qkv_bias, false));
+      c.o_bias = false;  // o_proj never has a bias
+      bool qk_norm = false;
+      PW_RETURN_IF_ERROR(r.Bool("use_qk_norm", &qk_norm, false));
+      c.qk_norm = qk_norm ? QkNorm::kPerHead : QkNorm::kNone;
+      break;
+    }
+  }
+
+  // Rotary dims: all of head_dim, or (glm4_moe) the first partial_rotary_factor of it.
+  c.rotary_dim = c.head_dim;
+  if (t == ModelType::kGlm4Moe) {
+    // Top level (the released checkpoints), else in transformers 5's rope_parameters.
+    double factor = 0.5;
+    const json* rp = r.Find("rope_parameters");
+    if (r.Find("partial_rotary_factor") == nullptr && rp != nullptr && rp->is_object() &&
+        rp->contains("partial_rotary_factor")) {
+      PW_RETURN_IF_ERROR(FieldReader(*rp, label).Double("partial_rotary_factor", &factor, 0.5, true)
+                             .WithContext("rope_parameters"));
+    } else {
+      PW_RETURN_IF_ERROR(r.Double("partial_rotary_factor", &factor, 0.5, true));
+    }
+    const double dims = static_cast<double>(c.head_dim) * factor;
+    c.rotary_dim = static_cast<int64_t>(dims);  // int(head_dim * factor), as HF
+    if (factor > 1 || c.rotary_dim < 2 || c.rotary_dim % 2 != 0) {
+      return r.Error(StatusCode::kInvalidArgument, "partial_rotary_factor",
+                     "gives " + std::to_string(c.rotary_dim) + " rotary dims of head_dim " +
+                         std::to_string(c.head_dim) + "; they must be even, in [2, head_dim]");
+    }
   }
 
   // Experts.
-  {
+  if (t == ModelType::kGlm4Moe) {
+    PW_RETURN_IF_ERROR(r.Int("n_routed_experts", &c.num_experts, std::nullopt, 1));
+  } else {
     // transformers 5.x writes num_local_experts for qwen3_moe too; either name, for any type.
     PW_ASSIGN_OR_RETURN(const std::string name,
                         t == ModelType::kMixtral ? r.Alias("num_local_experts", "num_experts")
@@ -620,6 +710,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       }
     }
     PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
+  } else if (t == ModelType::kGlm4Moe) {
+    PW_RETURN_IF_ERROR(ParseGlm4MoeExperts(r, &c));
   } else {
     PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
     c.intermediate_size = c.moe_intermediate_size;

@@ -13,6 +13,14 @@
 //              projections; head_dim always hidden/heads; optional clip_qkv; no dense layers.
 //   mixtral    experts: num_local_experts; expert FFN: intermediate_size; top-k weights always
 //              renormalised; no biases; no qk norm; head_dim: file or hidden/heads.
+//   glm4_moe   experts: n_routed_experts; expert FFN: moe_intermediate_size; sigmoid routing with
+//              e_score_correction_bias, grouped top-k (n_group, topk_group, default 1 and 1),
+//              norm_topk_prob (default true), routed_scaling_factor (default 1); n_shared_experts
+//              (default 1) shared experts of moe_intermediate_size each, no gate; dense layers
+//              below first_k_dense_replace (default 1) of intermediate_size; attention_bias
+//              (default false) on q/k/v only; qk norm per head when use_qk_norm; RoPE over the
+//              first partial_rotary_factor (default 0.5) of head_dim; head_dim: file or
+//              hidden/heads; num_nextn_predict_layers MTP layers after the last, not run.
 //
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
@@ -43,7 +51,7 @@
 
 namespace pw {
 
-enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral };
+enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe };
 
 // RoPE frequency scaling (HF transformers' rope_type; engine/layers/rope.h computes it).
 enum class RopeType {
@@ -92,6 +100,9 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;       // RoPE base; rotary over all head_dim dims, NeoX (half) layout
+  // The first rotary_dim dims of each head are rotated (NeoX layout within them), the rest pass
+  // through: head_dim * partial_rotary_factor (glm4_moe); head_dim for the other types.
+  int64_t rotary_dim = 0;
   bool tie_word_embeddings = false;  // lm_head reuses embed_tokens
 
   // Attention details.
@@ -112,6 +123,17 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   int64_t intermediate_size = 0;  // dense MLP size (qwen types); == expert size otherwise
+  // glm4_moe: layers below first_k_dense_replace are dense MLPs of intermediate_size.
+  int64_t first_k_dense_replace = 0;
+  // Sigmoid routing (glm4_moe): experts split into n_group groups of num_experts / n_group; a
+  // token keeps the topk_group groups with the largest sum of their two best selection scores
+  // (sigmoid + e_score_correction_bias) and takes its top-k inside them; the weights are the
+  // unbiased sigmoid scores (renormalised with norm_topk_prob) times routed_scaling_factor.
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  int64_t n_shared_experts = 0;  // glm4_moe: shared experts, one MLP of n * moe_intermediate_size
+  int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the last layer; never run
 
   // Special tokens (absent in the file: nullopt / empty).
   std::optional<int64_t> bos_token_id;

@@ -39,7 +39,7 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
     t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
     t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
     t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
-    if (s.type == ModelType::kQwen2Moe) {  // qkv_bias defaults to true
+    if (s.type == ModelType::kQwen2Moe || s.type == ModelType::kGlm4Moe) {  // q/k/v bias
       t.push_back({p + "self_attn.q_proj.bias", {q}, Init::kZeros});
       t.push_back({p + "self_attn.k_proj.bias", {kv}, Init::kZeros});
       t.push_back({p + "self_attn.v_proj.bias", {kv}, Init::kZeros});
@@ -51,9 +51,23 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
       t.push_back({p + "self_attn.q_norm.weight", {hd}, Init::kOnes});
       t.push_back({p + "self_attn.k_norm.weight", {hd}, Init::kOnes});
     }
+    if (s.type == ModelType::kGlm4Moe && l < s.dense_layers) {  // first_k_dense_replace
+      t.push_back({p + "mlp.gate_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
+      t.push_back({p + "mlp.up_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
+      t.push_back({p + "mlp.down_proj.weight", {s.hidden, s.dense_ffn}, Init::kNormal});
+      continue;
+    }
     const ExpertNaming& naming = ExpertNamingOf(s.type);
     const std::string moe = p + naming.moe_block + ".";
     t.push_back({moe + "gate.weight", {s.experts, s.hidden}, Init::kNormal});
+    if (s.type == ModelType::kGlm4Moe) {
+      t.push_back({moe + "gate.e_score_correction_bias", {s.experts}, Init::kZeros});
+      t.push_back(
+          {moe + "shared_experts.gate_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
+      t.push_back({moe + "shared_experts.up_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
+      t.push_back(
+          {moe + "shared_experts.down_proj.weight", {s.hidden, s.shared_ffn}, Init::kNormal});
+    }
     for (int64_t e = 0; e < s.experts; ++e) {
       const std::string x = moe + "experts." + std::to_string(e) + ".";
       const char* const* m = naming.matrix;  // gate, up, down (ExpertMatrix order)
@@ -109,11 +123,45 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
   if (s.heads % s.kv_heads != 0) return bad("kv_heads must divide heads");
   if (s.top_k > s.experts) return bad("top_k must be <= experts");
   if (s.type == ModelType::kQwen2Moe && s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
+  if (s.type == ModelType::kGlm4Moe) {
+    if (s.shared_ffn < 0 || s.shared_ffn % s.expert_ffn != 0) {
+      return bad("shared_ffn must be a multiple of expert_ffn (n_shared_experts)");
+    }
+    if (s.dense_layers < 0 || s.dense_layers > s.layers) {
+      return bad("dense_layers must be in [0, layers]");
+    }
+    if (s.dense_layers > 0 && s.dense_ffn < 1) return bad("dense_ffn must be >= 1");
+    if (s.n_group < 1 || s.experts % s.n_group != 0 || s.topk_group < 1 ||
+        s.topk_group > s.n_group || (s.n_group > 1 && s.experts / s.n_group < 2) ||
+        s.top_k > s.topk_group * (s.experts / s.n_group)) {
+      return bad("n_group must divide experts in groups of 2 or more, topk_group be in "
+                 "[1, n_group], top_k at most the kept groups' experts");
+    }
+    if ((s.hidden / s.heads) % 4 != 0) return bad("head dim must be a multiple of 4");
+  }
   if (!(s.init_std > 0)) return bad("init_std must be > 0");
   return Status::Ok();
 }
 
 }  // namespace
+
+SyntheticMoeSpec Glm4MoeAirHalfSpec() {
+  SyntheticMoeSpec s;
+  s.type = ModelType::kGlm4Moe;
+  s.layers = 2;
+  s.hidden = 2048;
+  s.heads = 16;
+  s.kv_heads = 2;
+  s.experts = 64;
+  s.top_k = 8;
+  s.expert_ffn = 704;
+  s.shared_ffn = 704;
+  s.dense_layers = 1;
+  s.dense_ffn = 5472;
+  s.vocab = 151552;
+  s.max_positions = 4096;
+  return s;
+}
 
 uint64_t SyntheticMoeBytes(const SyntheticMoeSpec& spec) {
   uint64_t n = 0;
@@ -141,6 +189,9 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       break;
     case ModelType::kMixtral:
       arch = "MixtralForCausalLM";
+      break;
+    case ModelType::kGlm4Moe:
+      arch = "Glm4MoeForCausalLM";
       break;
   }
   j["architectures"] = {arch};
@@ -192,6 +243,23 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["sliding_window"] = nullptr;
       j["bos_token_id"] = 1 % s.vocab;
       j["eos_token_id"] = 2 % s.vocab;
+      break;
+    case ModelType::kGlm4Moe:
+      j["n_routed_experts"] = s.experts;
+      j["moe_intermediate_size"] = s.expert_ffn;
+      j["n_shared_experts"] = s.shared_ffn / s.expert_ffn;
+      j["first_k_dense_replace"] = s.dense_layers;
+      j["intermediate_size"] = s.dense_layers > 0 ? s.dense_ffn : s.expert_ffn * s.top_k;
+      j["n_group"] = s.n_group;
+      j["topk_group"] = s.topk_group;
+      j["norm_topk_prob"] = true;
+      j["routed_scaling_factor"] = 1.0;
+      j["head_dim"] = s.hidden / s.heads;
+      j["partial_rotary_factor"] = 0.5;
+      j["attention_bias"] = true;
+      j["use_qk_norm"] = false;
+      j["num_nextn_predict_layers"] = 0;
+      j["eos_token_id"] = s.vocab - 1;
       break;
   }
   j["torch_dtype"] = "bfloat16";

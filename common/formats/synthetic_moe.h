@@ -28,12 +28,25 @@ struct SyntheticMoeSpec {
   int64_t experts = 64;
   int64_t top_k = 8;
   int64_t expert_ffn = 1024;  // moe_intermediate_size / intermediate_size
-  int64_t shared_ffn = 4096;  // qwen2_moe only: shared_expert_intermediate_size
+  int64_t shared_ffn = 4096;  // qwen2_moe: shared_expert_intermediate_size; glm4_moe: the
+                              // shared experts' width, a multiple of expert_ffn
+                              // (n_shared_experts = shared_ffn / expert_ffn)
+  // glm4_moe only: the first dense_layers layers are dense MLPs of dense_ffn
+  // (first_k_dense_replace, intermediate_size); routing groups (n_group, topk_group).
+  int64_t dense_layers = 0;
+  int64_t dense_ffn = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
   int64_t vocab = 50304;
   int64_t max_positions = 4096;
   uint64_t seed = 1;
   float init_std = 0.02f;
 };
+
+// GLM-4.5-Air (glm4_moe) at half its width and expert count, 2 layers (one dense, one MoE):
+// hidden 2048, 16 heads of 128 (RoPE over 64), 2 kv heads, 64 experts top-8 of 704, one
+// shared expert of 704, dense FFN 5472, vocab 151552; about 1.9 GB of bf16.
+SyntheticMoeSpec Glm4MoeAirHalfSpec();
 
 // Total bytes of tensor data the spec produces (bf16).
 uint64_t SyntheticMoeBytes(const SyntheticMoeSpec& spec);

@@ -5,16 +5,18 @@
 //   router logits L = x . W_router^T                 [T, E]
 //   (d) recorder->Record(ctx, router's selection)   optional trace of logits + choices
 //   the family's gate (RunMoeGate, engine/layers/moe_gate.h): per-expert scores and each
-//   token's top-k with weights; today every family's is softmax -> top-k (descending
-//   probability, lower expert id on ties) -> renormalised to sum 1 when the model says so
-//   (norm_topk_prob; mixtral always)
+//   token's top-k with weights: softmax -> top-k (descending probability, lower expert id on
+//   ties) -> renormalised to sum 1 when the model says so (norm_topk_prob; mixtral always); or
+//   (glm4_moe) sigmoid, selection by sigmoid + bias within the best groups, weights from the
+//   unbiased sigmoid (GateKind in engine/models/moe_kinds.h)
 //   (c) hook->Rewrite(ctx, &assignments)             LYNX remap, miss policy substitution...
 //       (e) ctx.fetcher->Fetch / Admit / Evict           a miss policy's explicit weight moves
 //   assignments grouped per expert (ExpertLayerCall, expert_layer_call.h), then ONE call:
 //     (a) provider->RunExperts(call)                  for every used expert e:
 //         h = act(gate_e x_e, up_e x_e);  out[token] += weight * down_e h
 //         (act: the family's ExpertActivation, SwiGLU today)
-//   shared expert (qwen2_moe): out += sigmoid(x . w_gate) * MLP_shared(x)
+//   shared expert (qwen2_moe): out += sigmoid(x . w_gate) * MLP_shared(x);
+//   shared experts (glm4_moe): out += MLP_shared(x), ungated; dense weights, never paged
 //
 // (b) residency is a query the hook (and the provider) may consult; the MoE step itself never
 // skips an expert: whatever the assignments name after the hook runs is computed, through the
@@ -89,7 +91,19 @@ struct RoutingContext {
   bool pure_decode = false;
   const float* router_logits = nullptr;        // [T, E] pre-softmax logits
   const float* router_probs = nullptr;         // [T, E] the gate's scores (softmax of
-                                               // router_logits for GateKind::kSoftmaxTopK)
+                                               // router_logits for GateKind::kSoftmaxTopK,
+                                               // the unbiased sigmoid for
+                                               // kSigmoidGroupedTopK): the gate weights
+                                               // come from these
+  // What the gate ranked experts by, [T, E], higher first: router_probs for kSoftmaxTopK;
+  // sigmoid + e_score_correction_bias, -inf outside the token's kept groups, for
+  // kSigmoidGroupedTopK. A hook that picks other experts ranks them by these.
+  const float* selection_scores = nullptr;
+  // [E] the layer's e_score_correction_bias for kSigmoidGroupedTopK (router_probs + it: the
+  // selection scores before the group mask); null for kSoftmaxTopK.
+  const float* selection_bias = nullptr;
+  GateKind gate = GateKind::kSoftmaxTopK;
+  float weight_scale = 1.f;  // every routed weight's factor (routed_scaling_factor)
   const uint64_t* seq_ids = nullptr;           // [T] sequence of each token
   const int32_t* positions = nullptr;          // [T] absolute position of each token
   const ExpertResidency* residency = nullptr;  // never null inside the engine

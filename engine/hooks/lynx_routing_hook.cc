@@ -16,8 +16,21 @@ Status LynxRoutingHook::Rewrite(const RoutingContext& ctx,
   in.top_k = ctx.top_k;
   in.norm_topk_prob = ctx.norm_topk_prob;
   in.pure_decode = ctx.pure_decode;
-  in.logits = ctx.router_logits;
+  // LYNX ranks and bins what the gate ranked by: the logits of a softmax gate (the same order
+  // as its probabilities); for a sigmoid gate its biased, group-masked selection scores, in
+  // logit units: times 4, the inverse of the sigmoid's slope at 0 (a power of two, so the order
+  // is exactly the gate's). The weights come from the gate's scores (the unbiased sigmoid),
+  // times its factor.
+  if (ctx.gate == GateKind::kSoftmaxTopK) {
+    in.logits = ctx.router_logits;
+  } else {
+    const size_t n = static_cast<size_t>(ctx.num_tokens) * static_cast<size_t>(ctx.num_experts);
+    selection_logits_.resize(n);
+    for (size_t i = 0; i < n; ++i) selection_logits_[i] = 4.f * ctx.selection_scores[i];
+    in.logits = selection_logits_.data();
+  }
   in.probs = ctx.router_probs;
+  in.weight_scale = ctx.weight_scale;
   const lynx::RemapOutput& out = remapper_->Remap(in);
   stats_.calls++;
   if (out.stats.applied) {

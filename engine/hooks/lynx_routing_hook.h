@@ -1,7 +1,8 @@
 // LynxRoutingHook: runs a batch remap rule (policies/lynx: LYNX or the piggyback baseline) as
 // the engine's routing hook (moe.h, seam (c)), and counts what it did.
 //
-// The rule sees the layer's router logits and probabilities and the phase flag; when it
+// The rule sees the layer's router logits and probabilities and the phase flag (for a sigmoid
+// gate: its selection scores in logit units, and its unbiased scores); when it
 // applies, every token whose set changed gets its k new entries (rank = the expert's rank in
 // the router's top-k, -1 for a replacement; weight per the rule's gate-weight option); other
 // tokens' entries stay exactly as the router wrote them, so a remap that changes nothing (or a
@@ -37,6 +38,7 @@ class LynxRoutingHook final : public RoutingHook {
   // Sizes the rule's buffers (batches up to max_tokens) so Rewrite does not allocate.
   void Reserve(int max_tokens, int num_experts, int top_k) {
     remapper_->Reserve(max_tokens, num_experts, top_k);
+    selection_logits_.reserve(static_cast<size_t>(max_tokens) * static_cast<size_t>(num_experts));
   }
   Status Rewrite(const RoutingContext& ctx, std::vector<ExpertAssignment>* assignments) override;
 
@@ -48,6 +50,7 @@ class LynxRoutingHook final : public RoutingHook {
 
  private:
   lynx::BatchRemapper* remapper_;
+  std::vector<float> selection_logits_;  // [T, E] a sigmoid gate's selection, in logit units
   bool enabled_ = true;
   LynxHookStats stats_;
 };

@@ -24,9 +24,17 @@ Status MissRoutingHook::Rewrite(const RoutingContext& ctx, std::vector<ExpertAss
     slots_.resize(n);
     actions_.resize(n);
     for (size_t j = 0; j < n; ++j) slots_[j] = {a[begin + j].expert, a[begin + j].weight};
+    // The policy ranks substitutes (and scores residency) by what the gate selects by: the
+    // probabilities of a softmax gate; a sigmoid gate's scores plus its selection bias (finite:
+    // a substitute may come from any group, and score-ema averages these values).
+    const float* ranking = ctx.router_probs + static_cast<size_t>(t) * E;
+    if (ctx.selection_bias != nullptr) {
+      biased_.resize(E);
+      for (size_t e = 0; e < E; ++e) biased_[e] = ranking[e] + ctx.selection_bias[e];
+      ranking = biased_.data();
+    }
     masses_[static_cast<size_t>(t)] = policy_->DecideToken(
-        ctx.layer, slots_.data(), static_cast<int>(n), ctx.router_probs + static_cast<size_t>(t) * E,
-        actions_.data());
+        ctx.layer, slots_.data(), static_cast<int>(n), ranking, actions_.data());
     for (size_t j = 0; j < n; ++j) {
       if (actions_[j] == misses::SlotAction::kSubstituted) {
         a[begin + j].expert = slots_[j].expert;

@@ -34,6 +34,7 @@ class MissRoutingHook final : public RoutingHook, public ExpertResidency {
 
  private:
   misses::MissPolicy* policy_;
+  std::vector<float> biased_;  // [E] a sigmoid gate's scores + selection bias, one token
   std::vector<misses::MissSlot> slots_;
   std::vector<misses::SlotAction> actions_;
   std::vector<float> masses_;

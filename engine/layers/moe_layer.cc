@@ -39,12 +39,23 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   s->probs.resize(T * E);
   Linear(pool, k, x, H, T, w.router, s->logits.data(), E);
   s->assignments.clear();
-  const MoeGate gate{w.gate, static_cast<int>(K), config.norm_topk_prob};
-  Status routed =
-      RunMoeGate(gate, s->logits.data(), T, E, k, s->probs.data(), &s->topk_idx, &s->assignments);
+  MoeGate gate{w.gate, static_cast<int>(K), config.norm_topk_prob};
+  gate.n_group = static_cast<int>(config.n_group);
+  gate.topk_group = static_cast<int>(config.topk_group);
+  gate.weight_scale = static_cast<float>(config.routed_scaling_factor);
+  gate.bias = w.router_bias.empty() ? nullptr : w.router_bias.data();
+  const bool ranks_by_probs = w.gate == GateKind::kSoftmaxTopK;
+  if (!ranks_by_probs) s->selection.resize(T * E);
+  Status routed = RunMoeGate(gate, s->logits.data(), T, E, k, s->probs.data(),
+                             ranks_by_probs ? nullptr : s->selection.data(), &s->topk_idx,
+                             &s->assignments);
   if (!routed.ok()) return routed.WithContext("layer " + std::to_string(ctx.layer));
   ctx.router_logits = s->logits.data();
   ctx.router_probs = s->probs.data();
+  ctx.selection_scores = ranks_by_probs ? s->probs.data() : s->selection.data();
+  ctx.selection_bias = gate.bias;
+  ctx.gate = w.gate;
+  ctx.weight_scale = gate.weight_scale;
 
   if (hooks.recorder != nullptr) hooks.recorder->Record(ctx, s->assignments);
   if (hooks.routing_hook != nullptr) {
@@ -109,13 +120,16 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   }
 
   if (w.has_shared_expert) {
-    // out += sigmoid(x . w_gate) * MLP_shared(x)
-    s->shared_gate.resize(T);
-    Linear(pool, k, x, H, T, w.shared_expert_gate, s->shared_gate.data(), 1);
+    // out += sigmoid(x . w_gate) * MLP_shared(x), or MLP_shared(x) when it has no gate.
+    const bool gated = w.shared_expert_gate.data != nullptr;
+    if (gated) {
+      s->shared_gate.resize(T);
+      Linear(pool, k, x, H, T, w.shared_expert_gate, s->shared_gate.data(), 1);
+    }
     s->ye.resize(T * H);
     RunDenseMlp(w.shared_expert, x, T, H, s->ye.data(), &s->gate_up, pool, k);
     for (size_t t = 0; t < T; ++t) {
-      const float g = 1.f / (1.f + std::exp(-s->shared_gate[t]));
+      const float g = gated ? 1.f / (1.f + std::exp(-s->shared_gate[t])) : 1.f;
       k.axpy(g, s->ye.data() + t * H, H, out + t * H);
     }
   }

@@ -16,6 +16,7 @@ namespace pw::engine {
 // Reusable buffers of RunMoeLayer (grown on demand, never shrunk).
 struct MoeScratch {
   std::vector<float> logits, probs;           // [T, E]: router logits, the gate's scores
+  std::vector<float> selection;               // [T, E]: what the gate ranked by (sigmoid gate)
   std::vector<ExpertAssignment> assignments;  // router's top-k, then the hook's rewrite
   std::vector<ExpertAssignment> selected;     // router's top-k kept for the recorder
   std::vector<int32_t> order, offsets;        // assignments grouped per expert

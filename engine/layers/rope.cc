@@ -85,7 +85,7 @@ bool RopeDependsOnLength(const ModelConfig& config, int64_t seq_len) {
 }
 
 RopeTable ComputeRope(const ModelConfig& c, int64_t seq_len) {
-  const int64_t dim = c.head_dim;
+  const int64_t dim = c.rotary_dim;  // head_dim, or its rotated part (partial_rotary_factor)
   const RopeScaling& s = c.rope_scaling;
   RopeTable t;
   switch (s.type) {

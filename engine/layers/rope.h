@@ -11,7 +11,7 @@
 namespace pw::engine {
 
 struct RopeTable {
-  std::vector<float> inv_freq;    // [head_dim / 2]: the angle of dimension pair j is pos * inv_freq[j]
+  std::vector<float> inv_freq;    // [rotary_dim / 2]: the angle of dimension pair j is pos * inv_freq[j]
   float attention_factor = 1.0f;  // cos and sin are multiplied by it (yarn; 1 otherwise)
 };
 

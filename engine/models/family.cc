@@ -7,6 +7,7 @@ extern const ModelFamily kQwen2MoeFamily;
 extern const ModelFamily kQwen3MoeFamily;
 extern const ModelFamily kOlmoeFamily;
 extern const ModelFamily kMixtralFamily;
+extern const ModelFamily kGlm4MoeFamily;
 
 namespace {
 
@@ -16,6 +17,7 @@ const ModelFamily* const kFamilies[] = {
     &kQwen3MoeFamily,
     &kOlmoeFamily,
     &kMixtralFamily,
+    &kGlm4MoeFamily,
 };
 
 }  // namespace

@@ -58,8 +58,9 @@ struct ModelFamily {
 
   // MoE block.
   const char* router;              // [E, H]
+  const char* router_bias;         // [E] selection bias (kSigmoidGroupedTopK); nullptr: none
   const char* shared_expert;       // prefix of the shared expert's MLP; nullptr: none
-  const char* shared_expert_gate;  // [1, H], its sigmoid gate (with shared_expert)
+  const char* shared_expert_gate;  // [1, H], its sigmoid gate; nullptr: added ungated
   GateKind gate;
   ExpertActivation activation;
 };

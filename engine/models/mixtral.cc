@@ -18,6 +18,7 @@ extern constinit const ModelFamily kMixtralFamily = {
     .dense_mlp = "mlp.",
     .mlp = kHfMlp,
     .router = "gate",
+    .router_bias = nullptr,
     .shared_expert = nullptr,
     .shared_expert_gate = nullptr,
     .gate = GateKind::kSoftmaxTopK,

@@ -1,12 +1,14 @@
 #include "engine/models/model.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include "common/dtype.h"
 #include "common/formats/bf16_tensor.h"
 #include "common/formats/checkpoint_experts.h"
+#include "common/logging.h"
 #include "engine/layers/rope.h"
 
 namespace pw::engine {
@@ -32,8 +34,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
   }
   PW_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::Open(dir, load));
   PW_RETURN_IF_ERROR(m->LoadTensors());
-  const int64_t d = m->config_.head_dim;
-  if (d % 2 != 0) return InvalidArgument(dir + "/config.json: head_dim must be even for RoPE");
+  const int64_t d = m->config_.rotary_dim;
+  if (d % 2 != 0 || d < 2 || d > m->config_.head_dim) {
+    return InvalidArgument(dir + "/config.json: RoPE over " + std::to_string(d) +
+                           " dims of head_dim " + std::to_string(m->config_.head_dim) +
+                           "; they must be even, in [2, head_dim]");
+  }
   m->rope_ = ComputeRope(m->config_, m->config_.max_position_embeddings);
   return m;
 }
@@ -145,6 +151,9 @@ Status Model::LoadTensors() {
       w.gate = f.gate;
       w.activation = f.activation;
       PW_ASSIGN_OR_RETURN(w.router, Matrix(m + f.router + ".weight", c.num_experts, h));
+      if (f.router_bias != nullptr) {
+        PW_ASSIGN_OR_RETURN(w.router_bias, Vector(m + f.router_bias, c.num_experts));
+      }
       w.experts.resize(static_cast<size_t>(c.num_experts));
       for (int64_t e = 0; e < c.num_experts; ++e) {
         MlpWeights& x = w.experts[static_cast<size_t>(e)];
@@ -157,12 +166,26 @@ Status Model::LoadTensors() {
         w.has_shared_expert = true;
         PW_ASSIGN_OR_RETURN(w.shared_expert,
                             Mlp(m + f.shared_expert, f.mlp, c.shared_expert_intermediate_size));
-        PW_ASSIGN_OR_RETURN(w.shared_expert_gate,
-                            Matrix(m + f.shared_expert_gate + ".weight", 1, h));
+        if (f.shared_expert_gate != nullptr) {
+          PW_ASSIGN_OR_RETURN(w.shared_expert_gate,
+                              Matrix(m + f.shared_expert_gate + ".weight", 1, h));
+        }
       }
     } else {
       PW_ASSIGN_OR_RETURN(w.mlp, Mlp(p + f.dense_mlp, f.mlp, c.intermediate_size));
     }
+  }
+  // Layers stored after the last (GLM-4.5's MTP modules) are never run: said once, not loaded.
+  int64_t extra = 0;
+  for (const std::string& name : ckpt_->TensorNames()) {
+    if (name.rfind("model.layers.", 0) != 0) continue;
+    const int64_t l = std::atoll(name.c_str() + 13);
+    if (l >= c.num_layers) ++extra;
+  }
+  if (extra > 0) {
+    PW_LOG(INFO) << dir_ << ": " << extra << " tensors of layers after the last ("
+                 << c.num_nextn_predict_layers
+                 << " next-token-prediction layers in config.json) are not loaded";
   }
   return Status::Ok();
 }

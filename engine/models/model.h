@@ -1,4 +1,5 @@
-// Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral).
+// Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral,
+// glm4_moe).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
@@ -18,6 +19,11 @@
 //     P mlp.shared_expert_gate.weight [1, H]
 //   dense layer (qwen types, per decoder_sparse_step / mlp_only_layers):
 //     P mlp.{gate,up,down}_proj.weight with intermediate_size
+//   glm4_moe: P mlp.gate.weight [E, H] and P mlp.gate.e_score_correction_bias [E]; routed
+//     experts as the qwen types; P mlp.shared_experts.{gate,up,down}_proj.weight of
+//     n_shared_experts * moe_intermediate_size (no gate); dense layers (below
+//     first_k_dense_replace) as the qwen types. Tensors of the MTP layers stored after the last
+//     (model.layers.{num_hidden_layers + i}.*) are not read.
 // BF16 matrices stay in the mmapped file, read in place; F16 and F32 ones (fp16 / fp32
 // checkpoints) are rounded to bf16 at load into Model-owned memory (common/formats/bf16_tensor.h);
 // norms and biases may be BF16, F16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
@@ -68,10 +74,11 @@ struct LayerWeights {
   GateKind gate = GateKind::kSoftmaxTopK;                   // the family's (moe_kinds.h)
   ExpertActivation activation = ExpertActivation::kSwiGlu;  // the family's
   Bf16Matrix router;                                        // [E, H]
+  std::vector<float> router_bias;  // [E] selection-only bias (family.router_bias); else empty
   std::vector<MlpWeights> experts;                          // [E]
   bool has_shared_expert = false;  // the family has one and the config gives it a size
   MlpWeights shared_expert;
-  Bf16Matrix shared_expert_gate;  // [1, H]
+  Bf16Matrix shared_expert_gate;  // [1, H]; data null when the family adds it ungated
   // Dense layer.
   MlpWeights mlp;
 };
@@ -90,7 +97,7 @@ class Model {
   const Bf16Matrix& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
-  // RoPE inverse frequencies [head_dim / 2], computed in fp32 as HF does, and the cos/sin
+  // RoPE inverse frequencies [rotary_dim / 2], computed in fp32 as HF does, and the cos/sin
   // multiplier, for passes within max_position_embeddings (engine/layers/rope.h: dynamic NTK
   // recomputes them for longer ones).
   const std::vector<float>& rope_inv_freq() const { return rope_.inv_freq; }

@@ -19,6 +19,13 @@ enum class GateKind : uint8_t {
   // ties), in descending p; weight p_e, or p_e / sum of the k when the model renormalises
   // (norm_topk_prob). qwen2_moe, qwen3_moe, olmoe, mixtral.
   kSoftmaxTopK = 0,
+  // s = sigmoid(logits) (fp32); the selection scores s + b (b: the layer's
+  // e_score_correction_bias) rank, never weigh: experts are split into n_group equal groups, a
+  // group scores the sum of its two best selection scores, the topk_group best groups are kept
+  // (lower group id on ties) and the k experts of highest selection score inside them are taken
+  // (lower expert id on ties), in descending selection score; weight s_e, or s_e / sum of the k
+  // with norm_topk_prob, times routed_scaling_factor. glm4_moe.
+  kSigmoidGroupedTopK = 1,
 };
 
 enum class ExpertActivation : uint8_t {
@@ -27,7 +34,9 @@ enum class ExpertActivation : uint8_t {
 };
 
 constexpr const char* GateKindName(GateKind kind) {
-  return kind == GateKind::kSoftmaxTopK ? "softmax-top-k" : "unknown";
+  return kind == GateKind::kSoftmaxTopK          ? "softmax-top-k"
+         : kind == GateKind::kSigmoidGroupedTopK ? "sigmoid-grouped-top-k"
+                                                 : "unknown";
 }
 
 constexpr const char* ExpertActivationName(ExpertActivation kind) {

@@ -17,6 +17,7 @@ extern constinit const ModelFamily kOlmoeFamily = {
     .dense_mlp = "mlp.",
     .mlp = kHfMlp,
     .router = "gate",
+    .router_bias = nullptr,
     .shared_expert = nullptr,
     .shared_expert_gate = nullptr,
     .gate = GateKind::kSoftmaxTopK,

@@ -17,6 +17,7 @@ extern constinit const ModelFamily kQwen2MoeFamily = {
     .dense_mlp = "mlp.",
     .mlp = kHfMlp,
     .router = "gate",
+    .router_bias = nullptr,
     .shared_expert = "shared_expert.",
     .shared_expert_gate = "shared_expert_gate",
     .gate = GateKind::kSoftmaxTopK,

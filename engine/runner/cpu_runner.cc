@@ -50,8 +50,9 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
   v_buf_.resize(T * kvd);
   attn_.resize(T * qd);
   tmp_.resize(T * H);
-  cos_.resize(T * D / 2);
-  sin_.resize(T * D / 2);
+  const size_t R = static_cast<size_t>(cfg_.rotary_dim);
+  cos_.resize(T * R / 2);
+  sin_.resize(T * R / 2);
   size_t t = 0;
   for (const ForwardItem& it : items) {
     // Dynamic NTK RoPE past max_position_embeddings: the frequencies HF computes for a pass
@@ -71,10 +72,10 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
       const uint16_t* row = model_.embed().data + static_cast<size_t>(id) * H;
       for (size_t j = 0; j < H; ++j) x_[t * H + j] = cpu::Bf16Bits(row[j]);
       const float pos = static_cast<float>(tok_pos_[t]);
-      for (size_t j = 0; j < D / 2; ++j) {
+      for (size_t j = 0; j < R / 2; ++j) {
         const float angle = pos * inv_freq[j];
-        cos_[t * D / 2 + j] = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
-        sin_[t * D / 2 + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
+        cos_[t * R / 2 + j] = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
+        sin_[t * R / 2 + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
       }
     }
   }
@@ -134,14 +135,16 @@ void CpuRunner::ShapeQkv(const LayerWeights& w, size_t i) {
       k_.rms_norm(kk + hd * D, w.k_norm.data(), D, eps, kk + hd * D);
     }
   }
-  // RoPE, rotate-half convention: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
-  const float* c = &cos_[i * D / 2];
-  const float* s = &sin_[i * D / 2];
+  // RoPE, rotate-half convention over the first R = rotary_dim dims of each head (the rest
+  // pass through, as HF's partial rotary): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
+  const size_t half = static_cast<size_t>(cfg_.rotary_dim) / 2;
+  const float* c = &cos_[i * half];
+  const float* s = &sin_[i * half];
   auto rope = [&](float* v) {
-    for (size_t j = 0; j < D / 2; ++j) {
-      const float x1 = v[j], x2 = v[j + D / 2];
+    for (size_t j = 0; j < half; ++j) {
+      const float x1 = v[j], x2 = v[j + half];
       v[j] = x1 * c[j] - x2 * s[j];
-      v[j + D / 2] = x2 * c[j] + x1 * s[j];
+      v[j + half] = x2 * c[j] + x1 * s[j];
     }
   };
   for (size_t hd = 0; hd < nh; ++hd) rope(q + hd * D);

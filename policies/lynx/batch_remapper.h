@@ -25,7 +25,10 @@ struct RemapInput {
   bool norm_topk_prob = false;  // the router renormalises its top-k weights to sum 1
   bool pure_decode = false;     // phase gate: only pure-decode batches are remapped
   const float* logits = nullptr;  // [T, N] router logits (pre-softmax)
-  const float* probs = nullptr;   // [T, N] softmax of logits, or null (computed here)
+  const float* probs = nullptr;   // [T, N] softmax of logits, or null (computed here); for a
+                                  // sigmoid router, its unbiased scores, with `logits` the
+                                  // selection scores it ranked by
+  float weight_scale = 1.f;       // every gate weight's factor (routed_scaling_factor)
 };
 
 // One selected expert of a token.

@@ -8,7 +8,8 @@
 //                   sum as the router produced it (1 with norm_topk_prob, sum_{S0} p without):
 //                   the remapped token keeps the total gate mass it had.
 // With norm_topk_prob both give the same weights (M0 = 1); they differ for routers that do not
-// renormalise (OLMoE, DeepSeek-style raw top-k weights).
+// renormalise (OLMoE, DeepSeek-style raw top-k weights). Every weight is then multiplied by
+// `scale` (the router's routed_scaling_factor; 1 for softmax routers).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,7 @@ Result<GateWeights> ParseGateWeights(std::string_view name);
 // original: its original top-k experts. Sums run in index order (the router's order for the
 // original set, so an unchanged token gets the router's weights bit for bit).
 void SetGateWeights(GateWeights mode, bool norm_topk_prob, const float* probs,
-                    const int32_t* original, const int32_t* experts, int k, float* weights);
+                    const int32_t* original, const int32_t* experts, int k, float* weights,
+                    float scale = 1.f);
 
 }  // namespace pw::lynx

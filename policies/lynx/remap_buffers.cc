@@ -66,7 +66,8 @@ void RemapBuffers::Begin(const RemapInput& in) {
 void RemapBuffers::KeepToken(const RemapInput& in, GateWeights gw, int t) {
   const size_t k = static_cast<size_t>(k_);
   const int32_t* orig = original(t);
-  SetGateWeights(gw, in.norm_topk_prob, probs(t), orig, orig, k_, weights_.data());
+  SetGateWeights(gw, in.norm_topk_prob, probs(t), orig, orig, k_, weights_.data(),
+                 in.weight_scale);
   RemapSlot* slots = slots_.data() + static_cast<size_t>(t) * k;
   for (size_t j = 0; j < k; ++j) slots[j] = {orig[j], weights_[j], static_cast<int16_t>(j)};
   changed_[static_cast<size_t>(t)] = 0;
@@ -80,7 +81,8 @@ void RemapBuffers::SetToken(const RemapInput& in, GateWeights gw, int t, int32_t
     std::sort(chosen, chosen + k, [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); });
   }
   const int32_t* orig = original(t);
-  SetGateWeights(gw, in.norm_topk_prob, probs(t), orig, chosen, k_, weights_.data());
+  SetGateWeights(gw, in.norm_topk_prob, probs(t), orig, chosen, k_, weights_.data(),
+                 in.weight_scale);
   bool changed = false;
   RemapSlot* slots = slots_.data() + static_cast<size_t>(t) * k;
   for (size_t j = 0; j < k; ++j) {

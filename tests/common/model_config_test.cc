@@ -455,5 +455,119 @@ TEST(ModelConfigTest, LoadsHfFixtureConfigs) {
   if (found == 0) GTEST_SKIP() << "no HF fixture configs in tests/fixtures/models yet";
 }
 
+// A GLM-4.5-Air-shaped glm4_moe config, scaled down.
+json Glm4Moe() {
+  return {{"model_type", "glm4_moe"}, {"hidden_size", 128},  {"num_hidden_layers", 4},
+          {"num_attention_heads", 8}, {"vocab_size", 1000},  {"num_experts_per_tok", 4},
+          {"n_routed_experts", 16},   {"moe_intermediate_size", 32}};
+}
+
+TEST(ModelConfigTest, Glm4MoeDefaults) {
+  auto r = Parse(Glm4Moe());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.type, ModelType::kGlm4Moe);
+  EXPECT_STREQ(ModelTypeName(c.type), "glm4_moe");
+  EXPECT_EQ(c.num_experts, 16);
+  EXPECT_EQ(c.num_kv_heads, 8);  // class default
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.rotary_dim, 8);  // partial_rotary_factor 0.5
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.qk_norm, QkNorm::kNone);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.topk_group, 1);
+  EXPECT_EQ(c.routed_scaling_factor, 1.0);
+  EXPECT_EQ(c.n_shared_experts, 1);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 32);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.intermediate_size, 10944);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_FALSE(c.IsMoeLayer(0));
+  EXPECT_TRUE(c.IsMoeLayer(1));
+  EXPECT_TRUE(c.IsMoeLayer(3));
+}
+
+TEST(ModelConfigTest, Glm4MoeFieldsAsGiven) {
+  json j = Glm4Moe();
+  j["num_key_value_heads"] = 2;
+  j["attention_bias"] = true;
+  j["use_qk_norm"] = true;
+  j["head_dim"] = 32;
+  j["partial_rotary_factor"] = 0.25;
+  j["n_group"] = 4;
+  j["topk_group"] = 2;
+  j["norm_topk_prob"] = false;
+  j["routed_scaling_factor"] = 2.5;
+  j["n_shared_experts"] = 2;
+  j["first_k_dense_replace"] = 2;
+  j["intermediate_size"] = 96;
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_kv_heads, 2);
+  EXPECT_TRUE(r->qkv_bias);
+  EXPECT_FALSE(r->o_bias);  // GLM's o_proj never has one
+  EXPECT_EQ(r->qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(r->rotary_dim, 8);
+  EXPECT_EQ(r->n_group, 4);
+  EXPECT_EQ(r->topk_group, 2);
+  EXPECT_FALSE(r->norm_topk_prob);
+  EXPECT_EQ(r->routed_scaling_factor, 2.5);
+  EXPECT_EQ(r->shared_expert_intermediate_size, 64);
+  EXPECT_FALSE(r->IsMoeLayer(1));
+  EXPECT_TRUE(r->IsMoeLayer(2));
+  // transformers 5 writes partial_rotary_factor inside rope_parameters.
+  json v5 = Glm4Moe();
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0},
+                           {"partial_rotary_factor", 1.0}};
+  auto r5 = Parse(v5);
+  ASSERT_TRUE(r5.ok()) << r5.status().ToString();
+  EXPECT_EQ(r5->rotary_dim, 16);
+  // The other types rotate every dim.
+  auto q = Parse(Minimal("qwen3_moe"));
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->rotary_dim, q->head_dim);
+}
+
+TEST(ModelConfigTest, Glm4MoeBadGroupingNamesTheField) {
+  json j = Glm4Moe();
+  j["n_group"] = 3;  // does not divide 16
+  ExpectError(j, StatusCode::kInvalidArgument, "n_group");
+  j["n_group"] = 16;  // groups of one expert: no second best
+  j["topk_group"] = 4;
+  ExpectError(j, StatusCode::kInvalidArgument, "n_group");
+  j["n_group"] = 4;
+  j["topk_group"] = 5;
+  ExpectError(j, StatusCode::kInvalidArgument, "topk_group");
+  j["topk_group"] = 1;  // 4 experts kept, top-k 4 fits
+  EXPECT_TRUE(Parse(j).ok());
+  j["num_experts_per_tok"] = 5;  // more than the 4 experts of one group
+  ExpectError(j, StatusCode::kInvalidArgument, "num_experts_per_tok");
+  json d = Glm4Moe();
+  d["first_k_dense_replace"] = 5;
+  ExpectError(d, StatusCode::kInvalidArgument, "first_k_dense_replace");
+  json p = Glm4Moe();
+  p["partial_rotary_factor"] = 0.1;  // 1.6 dims
+  ExpectError(p, StatusCode::kInvalidArgument, "partial_rotary_factor");
+  json m = Glm4Moe();
+  m.erase("n_routed_experts");
+  ExpectError(m, StatusCode::kInvalidArgument, "n_routed_experts");
+  json s = Glm4Moe();
+  s["routed_scaling_factor"] = 0;
+  ExpectError(s, StatusCode::kInvalidArgument, "routed_scaling_factor");
+}
+
+TEST(ModelConfigTest, LoadsGlm4MoeFixtureConfigs) {
+  for (const std::string dir : {"glm4_moe", "glm4_moe_grouped"}) {
+    auto r = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + dir +
+                             "/config.json");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->type, ModelType::kGlm4Moe);
+    EXPECT_EQ(r->num_nextn_predict_layers, 1);
+    EXPECT_EQ(r->rotary_dim, 8);
+  }
+}
+
 }  // namespace
 }  // namespace pw

@@ -100,6 +100,56 @@ TEST(SyntheticMoeTest, WritesLoadableCheckpointForEveryType) {
   }
 }
 
+// glm4_moe: a dense first layer, then MoE layers with the selection bias, ungated shared
+// experts and q/k/v biases; the config carries the grouping and partial rotary.
+TEST(SyntheticMoeTest, Glm4MoeHasDenseLayersSharedExpertsAndTheSelectionBias) {
+  pw::testing::TempDir tmp;
+  SyntheticMoeSpec spec = Small(ModelType::kGlm4Moe);
+  spec.layers = 3;
+  spec.experts = 8;
+  spec.shared_ffn = 64;  // two shared experts of 32
+  spec.dense_layers = 1;
+  spec.dense_ffn = 96;
+  spec.n_group = 2;
+  spec.topk_group = 1;
+  ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
+  auto cfg = LoadModelConfig(tmp.File("config.json"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->type, ModelType::kGlm4Moe);
+  EXPECT_EQ(cfg->first_k_dense_replace, 1);
+  EXPECT_EQ(cfg->intermediate_size, 96);
+  EXPECT_EQ(cfg->n_shared_experts, 2);
+  EXPECT_EQ(cfg->shared_expert_intermediate_size, 64);
+  EXPECT_EQ(cfg->n_group, 2);
+  EXPECT_EQ(cfg->topk_group, 1);
+  EXPECT_EQ(cfg->rotary_dim, 8);
+  EXPECT_TRUE(cfg->qkv_bias);
+  EXPECT_FALSE(cfg->IsMoeLayer(0));
+  EXPECT_TRUE(cfg->IsMoeLayer(2));
+  auto ck = Checkpoint::Open(tmp.path());
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  EXPECT_TRUE((*ck)->Get("model.layers.0.mlp.gate_proj.weight", DType::kBF16, {96, 64}).ok());
+  EXPECT_FALSE((*ck)->Has("model.layers.0.mlp.gate.weight"));
+  for (const std::string l : {"1", "2"}) {
+    const std::string m = "model.layers." + l + ".mlp.";
+    EXPECT_TRUE((*ck)->Get(m + "gate.e_score_correction_bias", DType::kBF16, {8}).ok());
+    EXPECT_TRUE((*ck)->Get(m + "shared_experts.down_proj.weight", DType::kBF16, {64, 64}).ok());
+    EXPECT_TRUE((*ck)->Get(m + "experts.7.up_proj.weight", DType::kBF16, {32, 64}).ok());
+    EXPECT_TRUE((*ck)->Get("model.layers." + l + ".self_attn.v_proj.bias", DType::kBF16, {32}).ok());
+  }
+  uint64_t data = 0;
+  for (const auto& n : (*ck)->TensorNames()) data += (*ck)->Get(n)->nbytes;
+  EXPECT_EQ(data, SyntheticMoeBytes(spec));
+
+  // GLM-4.5-Air at half width: ~1.9 GB.
+  const double gb = static_cast<double>(SyntheticMoeBytes(Glm4MoeAirHalfSpec())) / 1e9;
+  EXPECT_GT(gb, 1.85);
+  EXPECT_LT(gb, 1.95);
+  // A grouping the gate could not run is refused.
+  spec.n_group = 3;
+  EXPECT_EQ(WriteSyntheticMoe(spec, tmp.path()).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(SyntheticMoeTest, WeightsLookLikeAnInitialisation) {
   pw::testing::TempDir tmp;
   SyntheticMoeSpec spec = Small(ModelType::kOlmoe);

@@ -30,7 +30,10 @@ namespace {
 using testing::FixtureModelDir;
 using testing::ReadRefLogits;
 
-const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral"};
+// glm4_moe_grouped: a second glm4_moe checkpoint (n_group 4, topk_group 2, qk norm, two shared
+// experts, no attention bias); tests/fixtures/README.md.
+const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",       "olmoe",
+                                         "mixtral",   "glm4_moe", "glm4_moe_grouped"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -157,6 +160,39 @@ TEST_P(PerType, DecodeMatchesTeacherForcing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
+
+// The fixtures of tools/make_family_fixtures.py also hold HF's greedy continuation of each
+// prompt (g{i}.ids, g{i}.out): decoding through Step() gives the same ids.
+TEST(FamilyGreedy, ContinuationsEqualTheReference) {
+  for (const std::string type : {"glm4_moe", "glm4_moe_grouped"}) {
+    auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
+    ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
+    int cases = 0;
+    for (int i = 0; (*ref_file)->Has("g" + std::to_string(i) + ".ids"); ++i, ++cases) {
+      auto ids = (*ref_file)->Get("g" + std::to_string(i) + ".ids");
+      auto out = (*ref_file)->Get("g" + std::to_string(i) + ".out");
+      ASSERT_TRUE(ids.ok() && out.ok());
+      std::vector<int32_t> prompt(static_cast<size_t>(ids->shape[0]));
+      std::memcpy(prompt.data(), ids->data, ids->nbytes);
+      std::vector<int32_t> want(static_cast<size_t>(out->shape[0]));
+      std::memcpy(want.data(), out->data, out->nbytes);
+      auto engine = MakeEngine(type, {.block_size = 4});
+      ASSERT_TRUE(engine);
+      SamplingParams sp;
+      sp.max_tokens = static_cast<int>(want.size());
+      sp.ignore_eos = true;
+      ASSERT_TRUE(engine->AddSequence(1, prompt, sp).ok());
+      std::vector<int32_t> got;
+      while (engine->HasWork()) {
+        auto r = engine->Step();
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        for (auto& u : r->updates) got.insert(got.end(), u.new_tokens.begin(), u.new_tokens.end());
+      }
+      EXPECT_EQ(got, want) << type << " prompt " << i;
+    }
+    EXPECT_EQ(cases, 3) << type;
+  }
+}
 
 // Runs every sequence to completion alone and returns per-sequence tokens and step logits.
 struct Trace {

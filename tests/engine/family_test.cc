@@ -5,16 +5,23 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "common/formats/safetensors.h"
+#include "engine/engine.h"
 #include "engine/models/model.h"
+#include "tests/common/test_util.h"
 #include "tests/engine/test_util.h"
 
 namespace pw::engine {
 namespace {
 
 constexpr ModelType kTypes[] = {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
-                                ModelType::kMixtral};
+                                ModelType::kMixtral, ModelType::kGlm4Moe};
 
 TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
   for (ModelType t : kTypes) {
@@ -23,14 +30,18 @@ TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
     EXPECT_EQ(f->type, t);
     EXPECT_STREQ(f->model_type, ModelTypeName(t));
     EXPECT_EQ(FindFamily(std::string(ModelTypeName(t))), f);
-    EXPECT_EQ(f->gate, GateKind::kSoftmaxTopK);
+    EXPECT_EQ(f->gate, t == ModelType::kGlm4Moe ? GateKind::kSigmoidGroupedTopK
+                                                : GateKind::kSoftmaxTopK);
+    EXPECT_EQ(f->router_bias != nullptr, t == ModelType::kGlm4Moe);
     EXPECT_EQ(f->activation, ExpertActivation::kSwiGlu);
   }
   EXPECT_EQ(FindFamily("llama"), nullptr);
   EXPECT_EQ(FindFamily(""), nullptr);
   EXPECT_EQ(FindFamily("mixtral "), nullptr);
-  // Only qwen2_moe has a shared expert.
+  // qwen2_moe has a gated shared expert, glm4_moe ungated shared experts.
   EXPECT_STREQ(FindFamily(ModelType::kQwen2Moe)->shared_expert, "shared_expert.");
+  EXPECT_STREQ(FindFamily(ModelType::kGlm4Moe)->shared_expert, "shared_experts.");
+  EXPECT_EQ(FindFamily(ModelType::kGlm4Moe)->shared_expert_gate, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kQwen3Moe)->shared_expert, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kMixtral)->shared_expert, nullptr);
 }
@@ -48,9 +59,102 @@ TEST(ModelFamily, LoadedModelsCarryTheirFamilyOnEveryMoeLayer) {
       EXPECT_EQ(w.gate, model.family().gate);
       EXPECT_EQ(w.activation, model.family().activation);
       EXPECT_EQ(w.has_shared_expert, model.family().shared_expert != nullptr);
+      EXPECT_EQ(w.router_bias.size(),
+                model.family().router_bias != nullptr ? static_cast<size_t>(w.router.rows) : 0u);
     }
     EXPECT_GT(moe_layers, 0) << ModelTypeName(t);
   }
+}
+
+// glm4_moe: the first first_k_dense_replace layers are dense MLPs of intermediate_size, the
+// shared experts one MLP of n_shared_experts * moe_intermediate_size with no gate, the
+// selection bias read per layer, RoPE over half of each head; the MTP layer stored after the
+// last is not loaded (the checkpoint has model.layers.3.*, the config 3 layers).
+TEST(ModelFamily, Glm4MoeLayersFollowTheConfig) {
+  for (const char* dir : {"glm4_moe", "glm4_moe_grouped"}) {
+    auto m = Model::Load(testing::FixtureModelDir(dir));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const ModelConfig& c = (*m)->config();
+    ASSERT_EQ(c.first_k_dense_replace, 1) << dir;
+    ASSERT_EQ((*m)->layers().size(), 3u) << dir;
+    EXPECT_EQ(c.rotary_dim, c.head_dim / 2) << dir;
+    EXPECT_EQ((*m)->rope_inv_freq().size(), static_cast<size_t>(c.head_dim / 4)) << dir;
+    const LayerWeights& dense = (*m)->layers()[0];
+    EXPECT_FALSE(dense.is_moe);
+    EXPECT_EQ(dense.mlp.gate.rows, c.intermediate_size);
+    for (size_t l = 1; l < 3; ++l) {
+      const LayerWeights& w = (*m)->layers()[l];
+      ASSERT_TRUE(w.is_moe) << dir << " layer " << l;
+      EXPECT_EQ(w.gate, GateKind::kSigmoidGroupedTopK);
+      ASSERT_TRUE(w.has_shared_expert);
+      EXPECT_EQ(w.shared_expert.gate.rows, c.n_shared_experts * c.moe_intermediate_size);
+      EXPECT_EQ(w.shared_expert_gate.data, nullptr);
+      ASSERT_EQ(w.router_bias.size(), static_cast<size_t>(c.num_experts));
+      bool nonzero = false;
+      for (float b : w.router_bias) nonzero = nonzero || b != 0.f;
+      EXPECT_TRUE(nonzero) << "the fixture's bias must move the selection";
+    }
+  }
+}
+
+// Copies the glm4_moe fixture into `dir` as shards: tensors whose name passes `shard1` go to
+// model-00001-of-00002.safetensors, the rest to -00002-, with model.safetensors.index.json
+// naming them (as the released GLM-4.5 checkpoints ship); tensors `drop` names are left out.
+void WriteShardedGlm4Moe(const std::string& dir, const std::string& drop = "") {
+  const std::string src = testing::FixtureModelDir("glm4_moe");
+  std::filesystem::copy_file(src + "/config.json", dir + "/config.json");
+  auto ck = Checkpoint::Open(src);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  SafetensorsWriter w1, w2;
+  nlohmann::json map = nlohmann::json::object();
+  for (const std::string& name : (*ck)->TensorNames()) {
+    if (name == drop) continue;
+    auto t = (*ck)->Get(name);
+    ASSERT_TRUE(t.ok());
+    const bool first = name.find("layers.2.") == std::string::npos;
+    ASSERT_TRUE((first ? w1 : w2).Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
+    map[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  ASSERT_TRUE(w1.Write(dir + "/model-00001-of-00002.safetensors").ok());
+  ASSERT_TRUE(w2.Write(dir + "/model-00002-of-00002.safetensors").ok());
+  pw::testing::WriteFile(dir + "/model.safetensors.index.json",
+                         nlohmann::json{{"metadata", nlohmann::json::object()}, {"weight_map", map}}
+                             .dump());
+}
+
+// A sharded glm4_moe checkpoint gives the single file's logits bit for bit; a shard the index
+// names but the directory lacks is an error naming that file, at load.
+TEST(ModelFamily, Glm4MoeShardedCheckpointLoadsAndAMissingShardIsNamed) {
+  pw::testing::TempDir tmp;
+  WriteShardedGlm4Moe(tmp.path());
+  auto single = Engine::Create(testing::FixtureModelDir("glm4_moe"), {});
+  auto sharded = Engine::Create(tmp.path(), {});
+  ASSERT_TRUE(single.ok() && sharded.ok()) << sharded.status().ToString();
+  const std::vector<int32_t> ids = {5, 900, 17, 3000, 42, 7};
+  auto a = (*single)->ForwardLogits(ids);
+  auto b = (*sharded)->ForwardLogits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
+
+  std::filesystem::remove(tmp.File("model-00002-of-00002.safetensors"));
+  auto missing = Model::Load(tmp.path());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("model-00002-of-00002.safetensors"), std::string::npos)
+      << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("model.safetensors.index.json"), std::string::npos);
+}
+
+// The selection bias is required: without it the routing would silently differ from the
+// model's, so its absence is an error naming the tensor.
+TEST(ModelFamily, Glm4MoeWithoutTheSelectionBiasIsRefusedNamingIt) {
+  pw::testing::TempDir tmp;
+  const std::string bias = "model.layers.2.mlp.gate.e_score_correction_bias";
+  WriteShardedGlm4Moe(tmp.path(), bias);
+  auto m = Model::Load(tmp.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find(bias), std::string::npos) << m.status().ToString();
 }
 
 }  // namespace

@@ -29,7 +29,12 @@ using testing::FreePort;
 using transport::ControlServer;
 
 std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
-std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe"; }
+// The fixture the processes and the reference load (tests/fixtures/models/<name>).
+std::string& ModelName() {
+  static std::string name = "qwen2_moe";
+  return name;
+}
+std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + ModelName(); }
 
 struct Req {
   uint64_t id = 0;
@@ -303,6 +308,41 @@ TEST(Workers, GreedyTokensEqualInProcessEngine) {
   EXPECT_EQ(d->load.used_kv_blocks, 0u);
   EXPECT_EQ(d->load.reserved_kv_blocks, 0u);
   // SIGTERM drains and exits cleanly.
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
+// glm4_moe (sigmoid grouped gate, shared experts, a dense first layer, partial rotary) served by
+// real processes, its routed experts from the broker: the in-process engine's tokens.
+TEST(Workers, Glm4MoeGreedyTokensEqualInProcessEngine) {
+  ModelName() = "glm4_moe";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  const int kMax = 10;
+  auto prompts = RandomPrompts(8, 2929, 1, 50);
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 300 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed 2929)";
+  }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
   c.decode.Kill(SIGTERM);
   c.prefill.Kill(SIGTERM);
   c.broker.Kill(SIGTERM);

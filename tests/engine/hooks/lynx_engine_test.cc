@@ -1,7 +1,8 @@
 // The LYNX routing hook in the engine on the tiny model (models/tiny-moe: N = 32, k = 4):
 // LYNX off — no hook, a disabled hook, or a hook whose gate stays closed (prefill, a batch of
 // one) — is bit-identical to the engine without it; LYNX on at batch 8 remaps decode steps
-// and keeps them valid.
+// and keeps them valid; on glm4_moe (sigmoid gate) it keeps exactly k experts per token with
+// the gate's own weights (unbiased sigmoid, renormalised, times routed_scaling_factor).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -118,6 +119,73 @@ TEST(LynxEngine, OnRemapsDecodeBatchesOnly) {
     for (float v : logits) ASSERT_TRUE(std::isfinite(v));
     e->SetMoeHooks({});
   }
+}
+
+// Runs the LYNX hook, then checks what it returned against the gate's context: exactly k
+// distinct experts per token, token-major, each weight the token's unbiased sigmoid score
+// renormalised over its k and times routed_scaling_factor (the glm4_moe fixture has
+// norm_topk_prob and a factor of 2.5), whether or not the token was remapped.
+class CheckedLynx final : public RoutingHook {
+ public:
+  explicit CheckedLynx(LynxRoutingHook* inner) : inner_(inner) {}
+  Status Rewrite(const RoutingContext& ctx, std::vector<ExpertAssignment>* a) override {
+    const std::vector<ExpertAssignment> before = *a;
+    PW_RETURN_IF_ERROR(inner_->Rewrite(ctx, a));
+    const size_t T = static_cast<size_t>(ctx.num_tokens), k = static_cast<size_t>(ctx.top_k);
+    const size_t E = static_cast<size_t>(ctx.num_experts);
+    EXPECT_EQ(ctx.gate, GateKind::kSigmoidGroupedTopK);
+    EXPECT_EQ(ctx.weight_scale, 2.5f);
+    EXPECT_NE(ctx.selection_scores, ctx.router_probs);
+    if (a->size() != T * k) {
+      ADD_FAILURE() << "layer " << ctx.layer << ": " << a->size() << " assignments for " << T
+                    << " tokens of top-" << k;
+      return Status::Ok();
+    }
+    for (size_t t = 0; t < T; ++t) {
+      const ExpertAssignment* row = a->data() + t * k;
+      const float* s = ctx.router_probs + t * E;
+      float sum = 0.f;
+      bool changed = false;
+      for (size_t j = 0; j < k; ++j) {
+        EXPECT_EQ(row[j].token, static_cast<int32_t>(t));
+        sum += s[row[j].expert];
+        for (size_t i = 0; i < j; ++i) EXPECT_NE(row[i].expert, row[j].expert);
+        bool was = false;
+        for (size_t i = 0; i < k; ++i) was = was || before[t * k + i].expert == row[j].expert;
+        changed = changed || !was;
+      }
+      for (size_t j = 0; j < k; ++j) {
+        EXPECT_NEAR(row[j].weight, s[row[j].expert] / sum * 2.5f, 1e-6f)
+            << "layer " << ctx.layer << " token " << t << " expert " << row[j].expert;
+      }
+      tokens_changed += changed ? 1 : 0;
+    }
+    return Status::Ok();
+  }
+  int64_t tokens_changed = 0;
+
+ private:
+  LynxRoutingHook* inner_;
+};
+
+TEST(LynxEngine, SigmoidGateKeepsExactlyKWithTheGatesWeights) {
+  EngineOptions o;
+  o.return_logits = true;
+  auto e = Engine::Create(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/glm4_moe", o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  lynx::LynxRemapper remapper({});
+  LynxRoutingHook hook(&remapper);
+  CheckedLynx checked(&hook);
+  MoeHooks h;
+  h.routing_hook = &checked;
+  (*e)->SetMoeHooks(h);
+  const std::vector<float> logits = Decode(**e, 8, 6, 21);
+  (*e)->SetMoeHooks({});
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT(hook.stats().applied_calls, 0);
+  EXPECT_GT(hook.stats().tokens_changed, 0);
+  EXPECT_EQ(checked.tokens_changed, hook.stats().tokens_changed);
+  EXPECT_LT(hook.stats().distinct_after, hook.stats().distinct_before);
 }
 
 // Lockstep scoring (pw-eval ppl --batch) scores the same predictions as whole windows, up to

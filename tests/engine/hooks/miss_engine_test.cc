@@ -3,7 +3,8 @@
 // fetches are exact); a substituting policy computes only resident experts and changes the
 // outputs; the fetcher seam sees every fetch, admission and eviction, and a failed fetch fails
 // the step; LYNX then the miss policy run as one chain; the trace recorder writes what the
-// router chose, and a replay of the trace of an emulated run reproduces its counts.
+// router chose, and a replay of the trace of an emulated run reproduces its counts. With a
+// sigmoid gate the policy substitutes by the biased selection scores.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -69,6 +70,41 @@ std::unique_ptr<misses::MissPolicy> Policy(const std::string& preset, int capaci
   auto p = misses::MissPolicy::Create(*c, kLayers, kExperts, kTopK, capacity);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   return std::move(p).value();
+}
+
+// A sigmoid gate (glm4_moe): a substitute is the resident expert of best selection score
+// (score + e_score_correction_bias), not of best unbiased score. Layer 0 of 6 experts, top-2,
+// first-choice rule: token 0 selects {0, 1} (both fetched: nothing to substitute), token 1
+// selects {2, 3}: 2 is fetched, 3 is substituted by 0 or 1; unbiased 0 (.9) beats 1 (.5),
+// biased 1 (.5 + .6) beats 0 (.9 - .3).
+TEST(MissEngine, SigmoidGateSubstitutesByTheBiasedSelection) {
+  auto c = misses::ParseMissPreset("first-choice");
+  ASSERT_TRUE(c.ok());
+  auto policy = misses::MissPolicy::Create(*c, 1, 6, 2, 4);
+  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+  MissRoutingHook hook(policy->get());
+  const std::vector<float> probs = {0.9f, 0.5f, 0.2f, 0.2f, 0.1f, 0.1f,   // token 0
+                                    0.9f, 0.5f, 0.8f, 0.7f, 0.1f, 0.1f};  // token 1
+  const std::vector<float> bias = {-0.3f, 0.6f, 0.f, 0.f, 0.f, 0.f};
+  std::vector<float> selection(probs.size());
+  for (size_t i = 0; i < probs.size(); ++i) selection[i] = probs[i] + bias[i % 6];
+  RoutingContext ctx;
+  ctx.layer = 0;
+  ctx.num_tokens = 2;
+  ctx.num_experts = 6;
+  ctx.top_k = 2;
+  ctx.router_probs = probs.data();
+  ctx.selection_scores = selection.data();
+  ctx.selection_bias = bias.data();
+  ctx.gate = GateKind::kSigmoidGroupedTopK;
+  std::vector<ExpertAssignment> a = {{0, 1, 0.55f, 0}, {0, 0, 0.45f, 1},
+                                     {1, 2, 0.6f, 0},  {1, 3, 0.4f, 1}};
+  ASSERT_TRUE(hook.Rewrite(ctx, &a).ok());
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_EQ(a[2].expert, 2);
+  EXPECT_EQ(a[3].expert, 1) << "the substitute must be ranked by the biased selection";
+  EXPECT_EQ(a[3].weight, 0.4f);  // a substitute keeps the missed expert's weight
+  EXPECT_EQ(hook.stats().substitutions, 1);
 }
 
 TEST(MissEngine, FetchEveryMissIsBitIdenticalToAllResident) {

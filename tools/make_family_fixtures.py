@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Writes the reference fixtures of the families added after tools/make_fixtures.py's four,
+from HF transformers >= 5 (run in a venv with torch and transformers 5):
+
+  tests/fixtures/models/glm4_moe/          GLM-4.5-style: 3 layers, the first dense
+                                           (first_k_dense_replace 1), 16 routed experts top-4 in
+                                           one group, one shared expert, q/k/v bias, partial
+                                           rotary 0.5, norm_topk_prob, routed_scaling_factor 2.5,
+                                           and MTP tensors (model.layers.3.*) the engine ignores.
+  tests/fixtures/models/glm4_moe_grouped/  grouped top-k (n_group 4, topk_group 2), two shared
+                                           experts (width 2 x moe_intermediate_size), qk norm,
+                                           no attention bias, norm_topk_prob false,
+                                           head_dim * heads != hidden.
+
+Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
+the top level), model.safetensors (bf16, e_score_correction_bias random so that it moves the
+selection) and logits.safetensors (p{i}.ids int32 [T], p{i}.logits float32 [T, V] for prompts
+of 1, 5 and 40 ids, as tests/fixtures/README.md describes; and g{i}.ids / g{i}.out, int32, the
+greedy continuation of GREEDY_NEW_TOKENS ids after p{i}.ids: argmax of the logits, full
+recompute each step). References are HF's, in float32
+from the bf16 weights, eager attention. Seeds are tried in a fixed order until no decision is
+near a tie: the gap between a token's k-th and (k+1)-th selection score (sigmoid + bias, inside
+its kept groups), between its topk_group-th and next group score, and between the top two
+logits.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_fixtures as mf  # noqa: E402
+
+SEED = 20261204
+MTP_LAYERS = 1
+GREEDY_NEW_TOKENS = 12
+
+
+def Configs():
+    from transformers import Glm4MoeConfig
+
+    common = dict(vocab_size=4096, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
+                  rope_theta=10000.0, partial_rotary_factor=0.5, intermediate_size=96,
+                  moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+                  first_k_dense_replace=1, num_nextn_predict_layers=MTP_LAYERS,
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=0, pad_token_id=0)
+    return {
+        "glm4_moe": Glm4MoeConfig(
+            hidden_size=64, head_dim=16, n_group=1, topk_group=1, n_shared_experts=1,
+            attention_bias=True, use_qk_norm=False, norm_topk_prob=True,
+            routed_scaling_factor=2.5, **common),
+        "glm4_moe_grouped": Glm4MoeConfig(
+            hidden_size=48, head_dim=16, n_group=4, topk_group=2, n_shared_experts=2,
+            attention_bias=False, use_qk_norm=True, norm_topk_prob=False,
+            routed_scaling_factor=1.0, **common),
+    }
+
+
+def Randomize(model, seed):
+    """make_fixtures.RandomizeWeights, then e_score_correction_bias (a buffer) N(0, 0.2^2): of
+    the order of the sigmoid scores' spread, so the bias changes which experts are selected."""
+    import torch
+
+    mf.RandomizeWeights(model, seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
+
+
+def ReleaseLayout(out_dir):
+    """Rewrites config.json as the released GLM-4.5 checkpoints have it (rope_theta and
+    partial_rotary_factor at the top level, rope_scaling null) and drops generation_config."""
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        c = json.load(f)
+    rp = c.pop("rope_parameters")
+    c["rope_theta"] = rp["rope_theta"]
+    c["partial_rotary_factor"] = rp["partial_rotary_factor"]
+    c["rope_scaling"] = None
+    with open(path, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
+    gen_cfg = os.path.join(out_dir, "generation_config.json")
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)
+
+
+def AddMtpTensors(out_dir, config, seed):
+    """Appends an MTP module's tensors (layer index num_hidden_layers, as GLM-4.5 ships them:
+    eh_proj, enorm, hnorm, shared_head.norm, and a decoder layer's attention) to
+    model.safetensors. transformers ignores them; so must the engine."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = os.path.join(out_dir, "model.safetensors")
+    t = load_file(path)
+    gen = torch.Generator().manual_seed(seed + 11)
+    h = config.hidden_size
+    p = f"model.layers.{config.num_hidden_layers}."
+    for name, shape in [("eh_proj.weight", (h, 2 * h)), ("enorm.weight", (h,)),
+                        ("hnorm.weight", (h,)), ("shared_head.norm.weight", (h,)),
+                        ("input_layernorm.weight", (h,)),
+                        ("self_attn.q_proj.weight", (config.num_attention_heads * config.head_dim, h))]:
+        t[p + name] = (0.1 * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+    mf.SaveTensors(path, t)
+
+
+def SelectionMargins(model, router_logits):
+    """Smallest (k-th minus (k+1)-th selection score inside the kept groups, topk_group-th
+    minus next group score) over the tokens of every MoE layer."""
+    import torch
+
+    cfg = model.config
+    k, G, TG = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+    E = cfg.n_routed_experts
+    gates = [l.mlp.gate for l in model.model.layers if hasattr(l.mlp, "gate")]
+    assert len(gates) == len(router_logits)
+    sel_margin, group_margin = float("inf"), float("inf")
+    for gate, rl in zip(gates, router_logits):
+        s = rl.float().sigmoid() + gate.e_score_correction_bias.float()
+        gs = s.view(-1, G, E // G).topk(2, dim=-1).values.sum(-1)
+        if G > TG:
+            top = gs.topk(TG + 1, dim=-1).values
+            group_margin = min(group_margin, (top[:, TG - 1] - top[:, TG]).min().item())
+        keep = torch.zeros_like(gs).scatter_(1, gs.topk(TG, dim=-1).indices, 1.0)
+        mask = keep.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool()
+        s = s.masked_fill(~mask, float("-inf"))
+        top = s.topk(k + 1, dim=-1).values
+        gap = top[:, k - 1] - top[:, k]
+        sel_margin = min(sel_margin, gap[torch.isfinite(gap)].min().item() if
+                         torch.isfinite(gap).any() else float("inf"))
+    return sel_margin, group_margin
+
+
+def Forward(model, ids):
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True,
+                    use_cache=False)
+    logits = out.logits[0].float()
+    sel, grp = SelectionMargins(model, out.router_logits)
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return logits, sel, grp, (top2[:, 0] - top2[:, 1]).min().item()
+
+
+def Write(only):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    for index, (name, config) in enumerate(Configs().items()):
+        if only and name not in only:
+            continue
+        out_dir = os.path.join(mf.FIXTURES, "models", name)
+        os.makedirs(out_dir, exist_ok=True)
+        for attempt in range(20):
+            seed = SEED + 100 * index + attempt
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            Randomize(model, seed)
+            model = model.to(torch.bfloat16)
+            model.save_pretrained(out_dir)
+            ReleaseLayout(out_dir)
+            AddMtpTensors(out_dir, config, seed)
+            ref = mf.LoadReference(out_dir)
+            gen = torch.Generator().manual_seed(seed)
+            tensors = {}
+            worst = [float("inf")] * 3
+            for i, length in enumerate(mf.RANDOM_PROMPT_LENGTHS):
+                ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+                logits, sel, grp, lm = Forward(ref, ids)
+                worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
+                tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+                tensors[f"p{i}.logits"] = logits
+                seq = list(ids)
+                for _ in range(GREEDY_NEW_TOKENS):
+                    step, sel, grp, lm = Forward(ref, seq)
+                    worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
+                    seq.append(int(torch.argmax(step[-1])))
+                tensors[f"g{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+                tensors[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+            if worst[0] > 1e-4 and worst[1] > 1e-4 and worst[2] > 1e-3:
+                break
+            print(f"{name}: seed {seed} has a near tie (selection {worst[0]:.2e}, group "
+                  f"{worst[1]:.2e}, logit {worst[2]:.2e}); trying the next seed")
+        else:
+            raise SystemExit(f"{name}: no seed without near ties")
+        mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), tensors)
+        size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+        print(f"{name}: seed {seed}, model.safetensors {size} bytes, min selection margin "
+              f"{worst[0]:.3e}, min group margin {worst[1]:.3e}, min top-1 logit margin "
+              f"{worst[2]:.3e}")
+
+
+if __name__ == "__main__":
+    Write(set(sys.argv[1:]))
