@@ -172,6 +172,9 @@ TEST(NodeConfig, EveryProcessReadsTheLauncherFileAndFlagsWin) {
       {"pw-router", "--port 9999 --max-waiting 3", {"port: 9999\n", "max_waiting: 3\n", "lease_ms: 30000\n"}},
       {"pw-decode", "--kv-blocks 5 --lynx", {"kv_blocks: 5\n", "lynx:\n  enabled: true\n", "max_batch: 64\n"}},
       {"pw-broker", "--planner-low 0.01", {"low_watermark: 0.01\n", "initial_bits: 8\n"}},
+      // bf16 activations by default; the exact fp32 ones by the flag.
+      {"pw-prefill", "", {"  bf16_activations: true\n"}},
+      {"pw-decode", "--kernels-exact-activations", {"  bf16_activations: false\n"}},
   };
   for (const auto& c : cases) {
     const std::string out = PrintConfig(c.binary, c.extra);
