@@ -3,6 +3,7 @@
 // loopback, the file deploy/local.yaml that pw-cluster uses, its errors, and
 // `pw-cluster config --dump`.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -145,6 +146,43 @@ TEST(NodeConfig, TheKernelsSectionReachesTheKernelsAndTheEnvironmentWins) {
   EXPECT_NE(b.output.find(bad + ":2:20: kernels.cpu_isa: 'sse' is not one of: scalar, avx2, avx512, amx"),
             std::string::npos)
       << b.output;
+}
+
+// On one machine every worker sizes its pool to every core it may run on unless the file says
+// otherwise (docs/architecture.md, "One machine"): the line each worker logs at its start.
+TEST(NodeConfig, WorkersComputeOnEveryCoreUnlessTheFileSaysOtherwise) {
+  const std::string dir = TempDir();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  auto threads_line = [&](const char* binary, const std::string& threads_key) {
+    const std::string yaml =
+        Write(dir + "/" + binary + ".yaml",
+              "model_dir: " + ModelDir() + "\nrouter: {control_port: " +
+                  std::to_string(testing::FreePort()) + "}\nprefill: [{id: p" + threads_key +
+                  "}]\ndecode: [{id: d" + threads_key + "}]\n");
+    const std::string log = dir + "/" + binary + ".log";
+    std::filesystem::remove(log);
+    testing::ChildProcess p;
+    EXPECT_TRUE(p.Start({Bin(binary), "--config", yaml, "--insecure"}, log));
+    std::string line;
+    for (int i = 0; i < 600 && line.empty(); ++i) {
+      const std::string text = testing::ReadFile(log);
+      const size_t at = text.find(" compute threads");
+      if (at != std::string::npos) {
+        line = text.substr(text.rfind(' ', at - 1) + 1, at - text.rfind(' ', at - 1) - 1);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    p.Kill(SIGKILL);
+    return line;
+  };
+  for (const char* binary : {"pw-prefill", "pw-decode"}) {
+    EXPECT_EQ(threads_line(binary, ""), std::to_string(cores)) << binary;
+    EXPECT_EQ(threads_line(binary, ", threads: 1"), "1") << binary;
+  }
 }
 
 // Runs `binary --config deploy/local.yaml <extra> --print-config`; its output.

@@ -89,12 +89,13 @@ Status DecodeWorker::Setup() {
   eo.num_kv_blocks = static_cast<int>(pages / static_cast<uint64_t>(kl.num_layers));
   if (options_.pool_bytes == 0) eo.num_kv_blocks = options_.num_kv_blocks;
   eo.block_size = options_.block_size;
-  eo.num_threads = options_.threads;
+  eo.num_threads = WorkerThreads(options_.threads);
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.kv_dtype = options_.kv_dtype;
   eo.kv_pages = pool_.get();
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
+  PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);
