@@ -544,7 +544,14 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
   in_step_ = true;
   control.unlock();
   weights_->BeginStep();
+  const auto step_begin = std::chrono::steady_clock::now();
   auto step = engine_->Step();
+  // The serving path's trace at PW_LOG_LEVEL=debug (docs/benchmarks.md, "Serving on one
+  // machine"): the step's end here, each chunk's send below, the router's receipt and write.
+  PW_LOG(DEBUG) << options_.id << ": trace: step end, "
+                << std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now() - step_begin).count()
+                << " us";
   weights_->EndStep();
   control.lock();
   in_step_ = false;
@@ -588,6 +595,8 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
       metrics_->tokens_generated->Increment(static_cast<double>(u.new_tokens.size()));
       Status st = router_->Send(m);
       if (!st.ok()) PW_LOG(WARNING) << options_.id << ": TokenChunk: " << st.ToString();
+      PW_LOG(DEBUG) << options_.id << ": trace: request " << u.id << " token "
+                    << run.next_index - u.new_tokens.size() << " sent";
     }
     if (u.finished) {
       SendFinish(u.id,
