@@ -2,8 +2,10 @@
 # Builds a GoogleTest binary into build/bin and registers each test case with CTest.
 # Label `unit` marks tests that also run under ASan+UBSan (fast, single-process); `tsan` the
 # concurrent parts run under ThreadSanitizer (make test-tsan).
+# ENV: VAR=VALUE pairs every test of the binary runs with (PW_BF16_ACTIVATIONS=0: the exact
+# activations the checks against HF transformers need).
 function(pw_add_gtest name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS;ENV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE
@@ -11,9 +13,13 @@ function(pw_add_gtest name)
   # gtest_discover_tests flattens a list-valued property, so several labels are joined into one
   # ("unit+tsan"); `ctest -L <regex>` matches a part of it (-L unit, -L tsan).
   list(JOIN ARG_LABELS "+" labels)
+  set(env_property)
+  if(ARG_ENV)
+    set(env_property ENVIRONMENT "${ARG_ENV}")
+  endif()
   gtest_discover_tests(${name}
     WORKING_DIRECTORY ${CMAKE_BINARY_DIR}
-    PROPERTIES LABELS "${labels}"
+    PROPERTIES LABELS "${labels}" ${env_property}
     DISCOVERY_TIMEOUT 60)
 endfunction()
 

@@ -62,8 +62,9 @@ inline uint16_t ToBf16Bits(float f) {
 // fp32 kernel at 8-16 tokens on an AMD Zen 4, the same at one token; denormal activations count
 // as 0 there), else the AVX2 table with its fp32 tile on the rounded values (the scalar table
 // for kScalar). These tables run one kernel at every token count, so they are batch-invariant.
-// Off by default: it costs about 3 significant bits per activation, and the engine's checks
-// against HF transformers' float32 logits (tests/engine) keep every activation bit.
+// Kernels() runs them by default (KernelSettings::bf16_activations): about 3 significant bits
+// less per activation, no perplexity change measured (docs/quality.md); the engine's checks
+// against HF transformers' float32 logits (tests/engine) select the exact fp32 activations.
 const kernels::DenseKernels& KernelsFor(kernels::Backend isa, bool batch_invariant = false,
                                         bool bf16_activations = false);
 // True when `k` is the table whose matmul_bf16 runs vdpbf16ps (AVX512-BF16).
@@ -72,9 +73,11 @@ bool UsesAvx512Bf16(const kernels::DenseKernels& k);
 // outputs then do not depend on what a request was batched with (a greedy completion is the
 // same under any load), as tests comparing a cluster with an in-process engine need.
 bool BatchInvariantRequested();
-// True when the environment asks for bf16 activations: PW_BF16_ACTIVATIONS=1.
+// True unless the exact fp32 activations are selected (PW_BF16_ACTIVATIONS=0, or
+// KernelSettings::bf16_activations false).
 bool Bf16ActivationsRequested();
-// The table of BestIsa() (batch-invariant, bf16 activations when requested), resolved once.
+// The table of BestIsa() (batch-invariant when requested, bf16 activations unless the exact
+// ones are), resolved once.
 const kernels::DenseKernels& Kernels();
 
 // Per-backend tables, defined in dense_<isa>.cc. Use KernelsFor() instead.

@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/simd_avx2.h"
@@ -24,9 +25,8 @@ inline __m256 RoundToBf16(__m256 x) {
 }
 
 // Computes a tile of RR weight rows x TT tokens: y[t*ldy + r] for r < RR, t < TT.
-// w points at the first row of the tile; x at the first token. kRound: each activation
-// rounded to bf16 first (the bf16-activation tables).
-template <int RR, int TT, typename W, bool kRound = false>
+// w points at the first row of the tile; x at the first token.
+template <int RR, int TT, typename W>
 inline void TileAvx2(const float* x, size_t ldx, const W* w, size_t K, float* y, size_t ldy) {
   __m256 acc[RR][TT];
   for (int r = 0; r < RR; ++r)
@@ -36,8 +36,7 @@ inline void TileAvx2(const float* x, size_t ldx, const W* w, size_t K, float* y,
     __m256 wv[RR];
     for (int r = 0; r < RR; ++r) wv[r] = avx2::Load8(w + r * K + k);
     for (int t = 0; t < TT; ++t) {
-      __m256 xv = _mm256_loadu_ps(x + t * ldx + k);
-      if constexpr (kRound) xv = RoundToBf16(xv);
+      const __m256 xv = _mm256_loadu_ps(x + t * ldx + k);
       for (int r = 0; r < RR; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
     }
   }
@@ -45,28 +44,27 @@ inline void TileAvx2(const float* x, size_t ldx, const W* w, size_t K, float* y,
     for (int t = 0; t < TT; ++t) {
       float s = avx2::HSum(acc[r][t]);
       for (size_t kk = k; kk < K; ++kk) {
-        const float xk = kRound ? Bf16Bits(ToBf16Bits(x[t * ldx + kk])) : x[t * ldx + kk];
-        s += xk * avx2::ToF32(w[r * K + kk]);
+        s += x[t * ldx + kk] * avx2::ToF32(w[r * K + kk]);
       }
       y[t * ldy + r] = s;
     }
   }
 }
 
-template <int RR, typename W, bool kRound = false>
+template <int RR, typename W>
 inline void TileTokens(const float* x, size_t ldx, size_t T, const W* w, size_t K, float* y,
                        size_t ldy) {
   size_t t = 0;
-  for (; t + 4 <= T; t += 4) TileAvx2<RR, 4, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+  for (; t + 4 <= T; t += 4) TileAvx2<RR, 4, W>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
   switch (T - t) {
     case 3:
-      TileAvx2<RR, 3, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      TileAvx2<RR, 3, W>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
       break;
     case 2:
-      TileAvx2<RR, 2, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      TileAvx2<RR, 2, W>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
       break;
     case 1:
-      TileAvx2<RR, 1, W, kRound>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
+      TileAvx2<RR, 1, W>(x + t * ldx, ldx, w, K, y + t * ldy, ldy);
       break;
     default:
       break;
@@ -76,7 +74,7 @@ inline void TileTokens(const float* x, size_t ldx, size_t T, const W* w, size_t 
 // Rows are walked in blocks small enough to stay in L1/L2 while every token group reuses them,
 // so a batch reads each weight byte from memory once. Each (row, token) sums in the same order
 // whatever T is (8 lanes over K, then the tail).
-template <typename W, bool kRound = false>
+template <typename W>
 void MatmulAvx2(const float* x, size_t ldx, size_t T, const W* w, size_t K, size_t n_begin,
                 size_t n_end, float* y, size_t ldy) {
   constexpr size_t kRowBlock = 16;
@@ -84,12 +82,12 @@ void MatmulAvx2(const float* x, size_t ldx, size_t T, const W* w, size_t K, size
     const size_t n1 = n0 + kRowBlock < n_end ? n0 + kRowBlock : n_end;
     size_t n = n0;
     if (T == 1) {
-      for (; n + 4 <= n1; n += 4) TileAvx2<4, 1, W, kRound>(x, ldx, w + n * K, K, y + n, ldy);
+      for (; n + 4 <= n1; n += 4) TileAvx2<4, 1, W>(x, ldx, w + n * K, K, y + n, ldy);
     } else {
       // 3 rows x 4 tokens: 12 accumulators + 3 weight vectors + 1 activation = 16 registers.
-      for (; n + 3 <= n1; n += 3) TileTokens<3, W, kRound>(x, ldx, T, w + n * K, K, y + n, ldy);
+      for (; n + 3 <= n1; n += 3) TileTokens<3, W>(x, ldx, T, w + n * K, K, y + n, ldy);
     }
-    for (; n < n1; ++n) TileTokens<1, W, kRound>(x, ldx, T, w + n * K, K, y + n, ldy);
+    for (; n < n1; ++n) TileTokens<1, W>(x, ldx, T, w + n * K, K, y + n, ldy);
   }
 }
 
@@ -98,9 +96,29 @@ void MatmulBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, siz
   MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
+// The activations are rounded once per call into a per-thread copy, kTokenGroup tokens at a
+// time, and the fp32 tiles run on the copy: rounding inside the tiles redid it for every group
+// of rows and spilled the 3x4 tile's registers, 1.6-1.9x slower at 8-32 tokens on AVX2
+// (docs/benchmarks.md, "Serving on one machine"). The copy grows once per thread to
+// kTokenGroup x the longest K (a scratch buffer, as ggml's work buffer); each group re-reads
+// the row block's weights, which 64 tokens of products per weight pay for.
 void MatmulBf16ActsBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                             size_t n_begin, size_t n_end, float* y, size_t ldy) {
-  MatmulAvx2<uint16_t, true>(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+  constexpr size_t kTokenGroup = 64;
+  thread_local std::vector<float> rounded;
+  const size_t group = T < kTokenGroup ? T : kTokenGroup;
+  if (rounded.size() < group * K) rounded.resize(group * K);
+  for (size_t t0 = 0; t0 < T; t0 += kTokenGroup) {
+    const size_t tn = T - t0 < kTokenGroup ? T - t0 : kTokenGroup;
+    for (size_t t = 0; t < tn; ++t) {
+      const float* src = x + (t0 + t) * ldx;
+      float* dst = rounded.data() + t * K;
+      size_t k = 0;
+      for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, RoundToBf16(_mm256_loadu_ps(src + k)));
+      for (; k < K; ++k) dst[k] = Bf16Bits(ToBf16Bits(src[k]));
+    }
+    MatmulAvx2<uint16_t>(rounded.data(), K, tn, w, K, n_begin, n_end, y + t0 * ldy, ldy);
+  }
 }
 
 void MatmulF32Avx2(const float* x, size_t ldx, size_t T, const float* w, size_t K, size_t n_begin,

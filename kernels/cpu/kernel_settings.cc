@@ -9,10 +9,25 @@ namespace pw::cpu {
 namespace {
 
 std::mutex mu;
-// The settings in the variables' form, by variable; entries are never erased, so a returned
-// pointer stays valid.
+
+// `s` in the variables' form into `k`.
+void WriteKnobs(const KernelSettings& s, std::map<std::string, std::string>* k) {
+  (*k)["PW_CPU_ISA"] = s.cpu_isa;
+  (*k)["PW_BATCH_INVARIANT"] = s.batch_invariant ? "1" : "";
+  (*k)["PW_BF16_ACTIVATIONS"] = s.bf16_activations ? "1" : "0";
+  (*k)["PW_ANYPREC_BACKEND"] = s.anyprec_backend;
+  (*k)["PW_PREFETCH_BYTES"] = s.prefetch_bytes >= 0 ? std::to_string(s.prefetch_bytes) : "";
+  (*k)["PW_POOL_SPIN_US"] = s.pool_spin_us >= 0 ? std::to_string(s.pool_spin_us) : "";
+}
+
+// The settings in the variables' form, by variable, the defaults until SetKernelSettings;
+// entries are never erased, so a returned pointer stays valid.
 std::map<std::string, std::string>& Knobs() {
-  static std::map<std::string, std::string> knobs;
+  static std::map<std::string, std::string> knobs = [] {
+    std::map<std::string, std::string> k;
+    WriteKnobs(KernelSettings{}, &k);
+    return k;
+  }();
   return knobs;
 }
 
@@ -20,13 +35,7 @@ std::map<std::string, std::string>& Knobs() {
 
 void SetKernelSettings(const KernelSettings& s) {
   std::lock_guard<std::mutex> lock(mu);
-  auto& k = Knobs();
-  k["PW_CPU_ISA"] = s.cpu_isa;
-  k["PW_BATCH_INVARIANT"] = s.batch_invariant ? "1" : "";
-  k["PW_BF16_ACTIVATIONS"] = s.bf16_activations ? "1" : "";
-  k["PW_ANYPREC_BACKEND"] = s.anyprec_backend;
-  k["PW_PREFETCH_BYTES"] = s.prefetch_bytes >= 0 ? std::to_string(s.prefetch_bytes) : "";
-  k["PW_POOL_SPIN_US"] = s.pool_spin_us >= 0 ? std::to_string(s.pool_spin_us) : "";
+  WriteKnobs(s, &Knobs());
 }
 
 const char* KernelKnob(const char* env_name) {

@@ -627,6 +627,7 @@ void ClusterBackend::OnTokenChunk(const std::string& peer, wire::TokenChunk::Rea
   Req& r = it->second;
   const uint32_t start = m.getStartIndex();
   auto tokens = m.getTokens();
+  PW_LOG(DEBUG) << "router: trace: request " << id << " token " << start << " received";
   if (start > r.generated.size()) {
     Retry(id, r,
           "token gap from '" + peer + "': expected index " + std::to_string(r.generated.size()) +

@@ -17,6 +17,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/logging.h"
+
 namespace pw::router {
 
 namespace net = boost::asio;
@@ -565,6 +567,7 @@ class Session : public HttpExchange, public std::enable_shared_from_this<Session
       ClientGone();
       return;
     }
+    PW_LOG(DEBUG) << "http: trace: wrote " << out_.front().size() << " bytes";
     out_.pop_front();
     if (!out_.empty()) {
       DoWrite();

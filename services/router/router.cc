@@ -743,6 +743,8 @@ void Router::DeliverTokens(uint64_t id, uint32_t start_index, std::vector<int32_
       r.logprobs.push_back(Entry(lp, bytes, &r.offsets));
     }
     Emit(r, r.stop.Push(r.decoder->Push(tok)), /*token=*/true);
+    PW_LOG(DEBUG) << "router: trace: request " << id << " token " << r.tokens_received - 1
+                  << " emitted";
     if (r.stop.stopped()) {
       Complete(id, "stop");
       return;

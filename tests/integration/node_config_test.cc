@@ -3,6 +3,7 @@
 // loopback, the file deploy/local.yaml that pw-cluster uses, its errors, and
 // `pw-cluster config --dump`.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -147,6 +148,43 @@ TEST(NodeConfig, TheKernelsSectionReachesTheKernelsAndTheEnvironmentWins) {
       << b.output;
 }
 
+// On one machine every worker sizes its pool to every core it may run on unless the file says
+// otherwise (docs/architecture.md, "One machine"): the line each worker logs at its start.
+TEST(NodeConfig, WorkersComputeOnEveryCoreUnlessTheFileSaysOtherwise) {
+  const std::string dir = TempDir();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  auto threads_line = [&](const char* binary, const std::string& threads_key) {
+    const std::string yaml =
+        Write(dir + "/" + binary + ".yaml",
+              "model_dir: " + ModelDir() + "\nrouter: {control_port: " +
+                  std::to_string(testing::FreePort()) + "}\nprefill: [{id: p" + threads_key +
+                  "}]\ndecode: [{id: d" + threads_key + "}]\n");
+    const std::string log = dir + "/" + binary + ".log";
+    std::filesystem::remove(log);
+    testing::ChildProcess p;
+    EXPECT_TRUE(p.Start({Bin(binary), "--config", yaml, "--insecure"}, log));
+    std::string line;
+    for (int i = 0; i < 600 && line.empty(); ++i) {
+      const std::string text = testing::ReadFile(log);
+      const size_t at = text.find(" compute threads");
+      if (at != std::string::npos) {
+        line = text.substr(text.rfind(' ', at - 1) + 1, at - text.rfind(' ', at - 1) - 1);
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    p.Kill(SIGKILL);
+    return line;
+  };
+  for (const char* binary : {"pw-prefill", "pw-decode"}) {
+    EXPECT_EQ(threads_line(binary, ""), std::to_string(cores)) << binary;
+    EXPECT_EQ(threads_line(binary, ", threads: 1"), "1") << binary;
+  }
+}
+
 // Runs `binary --config deploy/local.yaml <extra> --print-config`; its output.
 std::string PrintConfig(const std::string& binary, const std::string& extra = "") {
   auto r = RunCommand(Bin(binary) + " --config " + LocalYaml() + " " + extra + " --print-config");
@@ -172,6 +210,9 @@ TEST(NodeConfig, EveryProcessReadsTheLauncherFileAndFlagsWin) {
       {"pw-router", "--port 9999 --max-waiting 3", {"port: 9999\n", "max_waiting: 3\n", "lease_ms: 30000\n"}},
       {"pw-decode", "--kv-blocks 5 --lynx", {"kv_blocks: 5\n", "lynx:\n  enabled: true\n", "max_batch: 64\n"}},
       {"pw-broker", "--planner-low 0.01", {"low_watermark: 0.01\n", "initial_bits: 8\n"}},
+      // bf16 activations by default; the exact fp32 ones by the flag.
+      {"pw-prefill", "", {"  bf16_activations: true\n"}},
+      {"pw-decode", "--kernels-exact-activations", {"  bf16_activations: false\n"}},
   };
   for (const auto& c : cases) {
     const std::string out = PrintConfig(c.binary, c.extra);

@@ -11,8 +11,9 @@ void DeclareKernelOptions(options::OptionSet* s, cpu::KernelSettings* k) {
          "batch-invariant dense kernels (PW_BATCH_INVARIANT=1 overrides)")
       .Shared();
   s->Add("kernels.bf16_activations", &k->bf16_activations,
-         "bf16 activations in the dense kernels (PW_BF16_ACTIVATIONS=1 overrides)")
-      .Shared();
+         "bf16 activations in the dense kernels (the default); false or the flag: the exact "
+         "fp32 activations (PW_BF16_ACTIVATIONS=0|1 overrides)")
+      .Shared().Flag("--kernels-exact-activations").FlagSets(false);
   s->Add("kernels.anyprec_backend", &k->anyprec_backend,
          "any-precision kernels' backend (PW_ANYPREC_BACKEND overrides)")
       .Shared().NonEmpty().OneOf({"scalar", "avx2", "avx512", "amx"});

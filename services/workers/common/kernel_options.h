@@ -5,7 +5,8 @@
 //   kernels:
 //     cpu_isa: avx2             # PW_CPU_ISA: scalar | avx2 | avx512 | amx (lowers the best)
 //     batch_invariant: true     # PW_BATCH_INVARIANT=1
-//     bf16_activations: false   # PW_BF16_ACTIVATIONS=1
+//     bf16_activations: true    # PW_BF16_ACTIVATIONS=0|1; false (or the flag
+//                               # --kernels-exact-activations): exact fp32 activations
 //     anyprec_backend: avx2     # PW_ANYPREC_BACKEND: scalar | avx2 | avx512 | amx
 //     prefetch_bytes: 0         # PW_PREFETCH_BYTES (-1: by the CPU)
 //     pool_spin_us: 500         # PW_POOL_SPIN_US (-1: the pool's default)

@@ -13,6 +13,8 @@ std::string KernelBackendsLine() {
   if (cpu::Bf16ActivationsRequested()) {
     line += cpu::UsesAvx512Bf16(cpu::Kernels()) ? ", bf16 activations (avx512-bf16 dot products)"
                                                 : ", bf16 activations (rounded, fp32 products)";
+  } else {
+    line += ", exact fp32 activations";
   }
   return line;
 }

@@ -10,7 +10,7 @@ namespace pw::workers {
 // One line naming the dense kernels' ISA, the any-precision fast path's backend and the dense
 // kernels' software prefetch distance, e.g.
 //   "kernels: dense avx512, any-precision fast path avx512, dense prefetch 0 B",
-// and bf16 activations where PW_BF16_ACTIVATIONS=1 asks for them.
+// and the activations: bf16 (the default) or exact fp32 (kernels.bf16_activations false).
 std::string KernelBackendsLine();
 
 // Widest width the fast path `backend` runs at least as fast as the bf16 GEMV at one token:

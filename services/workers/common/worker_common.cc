@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "kernels/cpu/available_cores.h"
+
 namespace pw::workers {
 
 engine::SamplingParams FromWire(wire::SamplingParams::Reader s) {
@@ -32,5 +34,7 @@ std::string DefaultWorkerId(const std::string& id, const char* role) {
   if (!id.empty()) return id;
   return std::string(role) + "-" + std::to_string(getpid());
 }
+
+int WorkerThreads(int threads) { return threads > 0 ? threads : cpu::AvailableCores(); }
 
 }  // namespace pw::workers

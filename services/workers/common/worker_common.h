@@ -25,4 +25,10 @@ void ToWire(const engine::TokenLogprobs& lp, wire::TokenLogprob::Builder b);
 // The worker id from the environment-independent default: "<role>-<pid>" when `id` is empty.
 std::string DefaultWorkerId(const std::string& id, const char* role);
 
+// A worker's compute threads: `threads`, or every core the process may run on when 0 (the
+// default: on one machine the prefill and decode workers each size their pool to the whole
+// machine and share the cores by demand, since an idle pool sleeps; docs/architecture.md,
+// "One machine").
+int WorkerThreads(int threads);
+
 }  // namespace pw::workers

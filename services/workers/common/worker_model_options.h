@@ -29,7 +29,10 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
                "KV elements (must equal the " + peer_role + " workers')")
       .Shared();
   s->Add("block_size", &o->block_size, "tokens per KV block").Range(1, 4096);
-  s->Add("threads", &o->threads, "compute threads").Range(1, 1024);
+  s->Add("threads", &o->threads,
+         "compute threads; 0: every core this process may run on (docs/architecture.md, "
+         "\"One machine\")")
+      .Range(0, 1024);
   s->Add("no_mmap", &o->copy_weights,
          "read the checkpoint into this process's memory instead of mapping it (llama.cpp's "
          "--no-mmap)");

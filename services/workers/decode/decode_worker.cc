@@ -89,12 +89,13 @@ Status DecodeWorker::Setup() {
   eo.num_kv_blocks = static_cast<int>(pages / static_cast<uint64_t>(kl.num_layers));
   if (options_.pool_bytes == 0) eo.num_kv_blocks = options_.num_kv_blocks;
   eo.block_size = options_.block_size;
-  eo.num_threads = options_.threads;
+  eo.num_threads = WorkerThreads(options_.threads);
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.kv_dtype = options_.kv_dtype;
   eo.kv_pages = pool_.get();
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
+  PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);
@@ -543,7 +544,14 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
   in_step_ = true;
   control.unlock();
   weights_->BeginStep();
+  const auto step_begin = std::chrono::steady_clock::now();
   auto step = engine_->Step();
+  // The serving path's trace at PW_LOG_LEVEL=debug (docs/benchmarks.md, "Serving on one
+  // machine"): the step's end here, each chunk's send below, the router's receipt and write.
+  PW_LOG(DEBUG) << options_.id << ": trace: step end, "
+                << std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now() - step_begin).count()
+                << " us";
   weights_->EndStep();
   control.lock();
   in_step_ = false;
@@ -587,6 +595,8 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
       metrics_->tokens_generated->Increment(static_cast<double>(u.new_tokens.size()));
       Status st = router_->Send(m);
       if (!st.ok()) PW_LOG(WARNING) << options_.id << ": TokenChunk: " << st.ToString();
+      PW_LOG(DEBUG) << options_.id << ": trace: request " << u.id << " token "
+                    << run.next_index - u.new_tokens.size() << " sent";
     }
     if (u.finished) {
       SendFinish(u.id,

@@ -89,7 +89,7 @@ struct DecodeWorkerOptions {
   std::string broker_endpoint;     // empty: experts from the checkpoint, no broker
   int num_kv_blocks = 1024;
   int block_size = 16;
-  int threads = 1;
+  int threads = 0;                 // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;       // the checkpoint read into the process (EngineOptions)
   int max_batch_tokens = 256;
   int max_batch = 64;              // running sequences the router may place here

@@ -57,11 +57,12 @@ Status PrefillWorker::Setup() {
   engine::EngineOptions eo;
   eo.num_kv_blocks = options_.num_kv_blocks;
   eo.block_size = options_.block_size;
-  eo.num_threads = options_.threads;
+  eo.num_threads = WorkerThreads(options_.threads);
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.kv_dtype = options_.kv_dtype;
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
+  PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),
                                                             static_cast<int>(cfg.num_experts));

@@ -72,7 +72,7 @@ struct PrefillWorkerOptions {
   int block_size = 16;
   engine::KvDtype kv_dtype = engine::KvDtype::kBf16;  // must equal the decode workers'
 
-  int threads = 1;
+  int threads = 0;              // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;    // the checkpoint read into the process (EngineOptions)
   int max_batch_tokens = 256;  // prompt tokens per forward pass
   int max_batch_prompts = 32;  // prompts in flight (sharing passes) at once

@@ -19,6 +19,8 @@ TEST(KernelReport, TheLineNamesEveryBackendThisProcessRuns) {
       << line;
   EXPECT_NE(line.find("prefetch"), std::string::npos) << line;
   EXPECT_EQ(line.find("bf16 activations") != std::string::npos, cpu::Bf16ActivationsRequested()) << line;
+  EXPECT_EQ(line.find("exact fp32 activations") != std::string::npos,
+            !cpu::Bf16ActivationsRequested()) << line;
 }
 
 TEST(KernelReport, OnlyAByteShuffleFastPathLimitsTheWidth) {
