@@ -486,3 +486,10 @@ def test_pool_of_one_expert_renders():
     ok = deep_merge(values_of("minimal"), {"decode": {"poolMb": 63}, "model": {"geometry": {"hiddenSize": 4096, "moeIntermediateSize": 14336}}})
     node = node_file([o for docs in render(ok).values() for o in docs])
     assert node["decode"][0]["pool_mb"] == 63
+
+
+def test_values_reference_is_current():
+    """docs/deploy.md's values reference is what tools/helm_values_doc.py makes of the schema."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "helm_values_doc.py"), "--check",
+                        os.path.join(ROOT, "docs", "deploy.md")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
