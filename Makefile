@@ -15,7 +15,7 @@ PY ?= /usr/bin/python3
 IMAGE_TARGETS = pw-router pw-prefill pw-decode pw-broker pw-cluster pw-ctl pw-quantize pw-loadgen tiny_store
 IMAGE ?=
 
-.PHONY: all deps build test image test-unit test-asan test-tsan run demo eval-data bench fuzz soak venv format clean
+.PHONY: all deps build test test-kube image test-unit test-asan test-tsan run demo eval-data bench fuzz soak venv format clean
 
 all: build
 
@@ -35,7 +35,11 @@ eval-data: deps
 	$(PY) tools/corpus.py heldout --out $(BUILD)/eval/heldout.txt
 
 test: build eval-data
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 -LE kube
+
+# The Helm chart run by `podman kube play` on the image (tests/e2e/kube_play_test.py).
+test-kube: image
+	cd $(BUILD) && ctest --output-on-failure -L kube
 
 # Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (lean: no CUDA, no benchmarks).
 test-asan: deps eval-data

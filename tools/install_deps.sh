@@ -24,7 +24,7 @@ PKGS=(
   libc6-dev linux-libc-dev libpython3.11-stdlib libpython3.11-minimal
 )
 if [ "${1:-}" = image ]; then
-  PKGS+=(mmdebstrap podman runc uidmap slirp4netns fuse-overlayfs containernetworking-plugins iptables)
+  PKGS+=(mmdebstrap podman runc catatonit uidmap slirp4netns fuse-overlayfs containernetworking-plugins iptables)
 fi
 missing=()
 for p in "${PKGS[@]}"; do

@@ -335,7 +335,7 @@ def key_file(objs, tmp_path):
 def argv_of(c, objs, tmp_path):
     """A container's command line as the kubelet runs it ($(VAR) from its env), with the node
     file and the key file of this machine."""
-    env = {"POD_NAME": "pw-pod-0", "POD_IP": "10.0.0.7", "NODE_NAME": "node-a"}
+    env = {"POD_NAME": "pw-pod-0"}
     argv = [os.path.join(BIN, c["command"][0])] + [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
     subst = {"/etc/pagedweight/cluster.yaml": host_node_file(objs, tmp_path)}
     if "--control-keys" in argv:

@@ -43,6 +43,7 @@ directory; the flags every process gets.
 - name: keys-secret
   secret:
     secretName: {{ include "pagedweight.controlKeysSecret" . }}
+    optional: false  # the default, said: podman 4.3's kube play crashes without it
     defaultMode: 0440
     items:
       - key: control.keys
@@ -115,14 +116,6 @@ files belong to root); with a store built by the Job, a wait until it is there. 
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
-- name: POD_IP
-  valueFrom:
-    fieldRef:
-      fieldPath: status.podIP
-- name: NODE_NAME
-  valueFrom:
-    fieldRef:
-      fieldPath: spec.nodeName
 {{- end }}
 
 {{/* The pod-level settings every role has. (dict "ctx" $ "role" .Values.router) */}}
