@@ -67,6 +67,15 @@ def fatal_worker_error(env):
     return None
 
 
+def remove_leftovers(manifests, env):
+    """`kube down` of podman 4.3 leaves the volumes it made for ConfigMaps; a later play would
+    reuse one, node file and all."""
+    podman("kube", "down", manifests, check=False, env=env)
+    for v in podman("volume", "ls", "--format", "{{.Name}}", env=env).split():
+        if v.startswith(RELEASE + "-"):
+            podman("volume", "rm", "-f", v, check=False, env=env)
+
+
 def main():
     build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build"))
     if shutil.which("podman") is None:
@@ -91,7 +100,7 @@ def main():
         with open(manifests, "w") as f:
             subprocess.run([py, os.path.join(ROOT, "tests", "helm", "render_chart.py"), RELEASE, "default", values],
                            stdout=f, check=True)
-        podman("kube", "down", manifests, check=False, env=env)  # a previous run's leftovers
+        remove_leftovers(manifests, env)  # a previous run's
         try:
             print(podman("kube", "play", manifests, env=env).strip().splitlines()[0], flush=True)
             pod = f"{RELEASE}-pagedweight-router-pod-0"
@@ -132,7 +141,7 @@ def main():
             chat = json.loads(body)["choices"][0]["message"]["content"]
             print(f"completion {text!r}; chat {chat!r}")
         finally:
-            podman("kube", "down", manifests, check=False, env=env)
+            remove_leftovers(manifests, env)
             print(f"torn down; {time.time() - t0:.0f} s in all", flush=True)
     print("PASS")
     return 0
