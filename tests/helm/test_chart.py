@@ -16,6 +16,7 @@ import stat
 import signal
 import subprocess
 import sys
+import threading
 
 import helm_python as helm
 import kubernetes_validate
@@ -382,6 +383,9 @@ def test_workers_start_with_their_command_lines(component, tmp_path):
     with open(argv[argv.index("--config") + 1], "w") as f:
         yaml.safe_dump(node, f)
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # A worker that neither gets there nor exits is stopped after a generous while.
+    watchdog = threading.Timer(120, p.kill)
+    watchdog.start()
     log = []
     try:
         for line in p.stderr:  # ends when the process exits
@@ -389,6 +393,7 @@ def test_workers_start_with_their_command_lines(component, tmp_path):
             if RUNNING[component] in line:
                 break
     finally:
+        watchdog.cancel()
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
         p.wait(timeout=60)
