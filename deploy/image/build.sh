@@ -18,6 +18,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BUILD=$(cd "$BUILD" && pwd)
 VERSION=$(git -C "$ROOT" describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
 IMAGE=${2:-localhost/pagedweight:${VERSION}}
 SUITE=${PW_IMAGE_SUITE:-bookworm}
 MIRROR=${PW_IMAGE_MIRROR:-http://deb.debian.org/debian}
@@ -79,7 +80,7 @@ podman import --quiet \
   --change 'EXPOSE=8000' \
   --change "LABEL=org.opencontainers.image.version=$VERSION" \
   --change 'LABEL=org.opencontainers.image.title=pagedweight' \
-  --change "LABEL=org.opencontainers.image.revision=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)" \
+  --change "LABEL=org.opencontainers.image.revision=$REVISION" \
   --change 'CMD=["pw-cluster","up","--config","/etc/pagedweight/local.yaml"]' \
   "$WORK/rootfs.tar" "$IMAGE" >/dev/null
 end=$(date +%s)
