@@ -498,3 +498,21 @@ def test_values_reference_is_current():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "helm_values_doc.py"), "--check",
                         os.path.join(ROOT, "docs", "deploy.md")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_network_policy():
+    """production.yaml turns it on: it covers every pod of the release, lets the given peers
+    reach only the router's API port, and lets the release's pods reach each other."""
+    objs = objects("production")
+    [policy] = of_kind(objs, "NetworkPolicy")
+    sel = policy["spec"]["podSelector"]["matchLabels"]
+    for d in of_kind(objs, "Deployment") + of_kind(objs, "Job"):
+        assert matches(sel, d["spec"]["template"]["metadata"]["labels"]), d["metadata"]["name"]
+    api, internal, metrics = policy["spec"]["ingress"]
+    router = container(deployment(objs, "router")["spec"]["template"]["spec"], "router")
+    http = next(p["containerPort"] for p in router["ports"] if p["name"] == "http")
+    assert api["ports"] == [{"port": http, "protocol": "TCP"}]
+    assert api["from"] == values_of("production")["networkPolicy"]["apiFrom"]
+    assert internal == {"from": [{"podSelector": {"matchLabels": sel}}]}
+    assert {p["port"] for p in metrics["ports"]} == {9100, 9101, 9102}
+    assert not of_kind(objects("minimal"), "NetworkPolicy")
