@@ -516,3 +516,11 @@ def test_network_policy():
     assert internal == {"from": [{"podSelector": {"matchLabels": sel}}]}
     assert {p["port"] for p in metrics["ports"]} == {9100, 9101, 9102}
     assert not of_kind(objects("minimal"), "NetworkPolicy")
+
+
+def test_default_geometry_is_the_embedded_model():
+    """The pool check's default expert shape is the embedded model's config.json."""
+    with open(os.path.join(ROOT, "models", "tiny-moe", "config.json")) as f:
+        cfg = json.load(f)
+    g = merged_values("minimal")["model"]["geometry"]
+    assert (g["hiddenSize"], g["moeIntermediateSize"]) == (cfg["hidden_size"], cfg["moe_intermediate_size"])
