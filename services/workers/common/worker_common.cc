@@ -33,4 +33,11 @@ std::string DefaultWorkerId(const std::string& id, const char* role) {
   return std::string(role) + "-" + std::to_string(getpid());
 }
 
+std::string DefaultNodeName(const std::string& node) {
+  if (!node.empty()) return node;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "localhost";
+  return host;
+}
+
 }  // namespace pw::workers

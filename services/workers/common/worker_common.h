@@ -25,4 +25,7 @@ void ToWire(const engine::TokenLogprobs& lp, wire::TokenLogprob::Builder b);
 // The worker id from the environment-independent default: "<role>-<pid>" when `id` is empty.
 std::string DefaultWorkerId(const std::string& id, const char* role);
 
+// The node a worker registers on: `node`, or this host's name when it is empty.
+std::string DefaultNodeName(const std::string& node);
+
 }  // namespace pw::workers

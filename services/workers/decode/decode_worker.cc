@@ -45,6 +45,7 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
   if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "decode");
+  options.node = DefaultNodeName(options.node);
   if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<DecodeWorker> w(
       new DecodeWorker(std::move(options), clock ? clock : SteadyClock::Get()));
@@ -230,6 +231,7 @@ void DecodeWorker::WeightsBoundary() {
 void DecodeWorker::FillRegister(wire::Register::Builder r) {
   const auto& pool = engine_->kv_pool();
   r.setModelName(options_.model_name);
+  r.setNodeName(options_.node);
   auto kl = r.initKvLayout();
   kl.setNumBlocks(static_cast<uint32_t>(pool.num_blocks()));
   kl.setBlockTokens(static_cast<uint32_t>(pool.layout().block_size));
