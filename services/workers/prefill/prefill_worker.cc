@@ -93,7 +93,11 @@ Status PrefillWorker::Setup() {
     return c;
   };
   PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
+  // Ready (/ready) while registered: the weights are the engine's, loaded above.
+  metrics_->SetNotReady("not registered with the router");
+  router_->on_registered = [this] { metrics_->SetReady(); };
   router_->on_server_lost = [this] {
+    metrics_->SetNotReady("router lost; registering again");
     // The router's requests died with it: drop the queue, cancel what is in flight.
     std::lock_guard<std::mutex> lk(mu_);
     if (!queue_.empty() || !inflight_.empty()) {
