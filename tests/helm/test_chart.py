@@ -7,6 +7,7 @@ through the real binaries (--print-config), and bad values refused at render wit
 
 Run by run_chart_tests.py (ctest helm_chart) in the venv it makes; PW_BUILD is the build
 directory (the binaries, the embedded model's store)."""
+import base64
 import copy
 import glob
 import json
@@ -278,6 +279,17 @@ def test_probes_resources_security(name):
             # Model load fits in the startup window (10 minutes by default).
             s = main["startupProbe"]
             assert s["failureThreshold"] * s["periodSeconds"] >= 600
+    for component in ["prefill", "decode"]:
+        main = container(deployment(objs, component)["spec"]["template"]["spec"], component)
+        # Ready: registered, weights resident (/ready); started and alive: the process answers.
+        assert main["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+        assert main["startupProbe"]["httpGet"]["path"] == "/metrics"
+        # The pod's address and node from the downward API, given as flags.
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in main["env"] if "valueFrom" in e}
+        assert env["POD_IP"] == "status.podIP" and env["NODE_NAME"] == "spec.nodeName"
+        args = main["args"]
+        assert args[args.index("--advertise-host") + 1] == "$(POD_IP)"
+        assert args[args.index("--node") + 1] == "$(NODE_NAME)"
     router = container(deployment(objs, "router")["spec"]["template"]["spec"], "router")
     # Ready means "can serve" (/health: a live prefill and decode worker, not draining);
     # alive must not depend on the workers (a restart would not bring them back).
@@ -336,7 +348,8 @@ def key_file(objs, tmp_path):
 def argv_of(c, objs, tmp_path):
     """A container's command line as the kubelet runs it ($(VAR) from its env), with the node
     file and the key file of this machine."""
-    env = {"POD_NAME": "pw-pod-0"}
+    # This machine as the pod: its loopback address as the pod IP.
+    env = {"POD_NAME": "pw-pod-0", "POD_IP": "127.0.0.1", "NODE_NAME": "node-0"}
     argv = [os.path.join(BIN, c["command"][0])] + [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
     subst = {"/etc/pagedweight/cluster.yaml": host_node_file(objs, tmp_path)}
     if "--control-keys" in argv:
@@ -369,15 +382,15 @@ RUNNING = {"prefill": ": serving, router ", "decode": "waiting for the broker's 
 
 
 @pytest.mark.parametrize("component", ["prefill", "decode"])
-@pytest.mark.xfail(strict=True, reason="workers take their UCX bind host from the router endpoint, which must be a "
-                                        "local IPv4 address; on Kubernetes it is the router's Service name "
-                                        "(issue 33 item 3: addresses from the pod IP)")
 def test_workers_start_with_their_command_lines(component, tmp_path):
     """A worker container's command line, as rendered, starts the worker: it runs until it has
     set up its transports (no router is there; metrics off in this copy of the node file)."""
     objs = objects("minimal")
     c = container(deployment(objs, component)["spec"]["template"]["spec"], component)
-    argv = argv_of(c, objs, tmp_path)
+    _start_worker(component, argv_of(c, objs, tmp_path))
+
+
+def _start_worker(component, argv):
     node = yaml.safe_load(open(argv[argv.index("--config") + 1]))
     node[component][0]["metrics_port"] = 0
     with open(argv[argv.index("--config") + 1], "w") as f:
@@ -402,8 +415,8 @@ def test_workers_start_with_their_command_lines(component, tmp_path):
 
 @pytest.mark.parametrize("component", ["prefill", "decode"])
 def test_workers_accept_their_options(component, tmp_path):
-    """What the xfail above leaves out: the worker containers' node file entry and flags, with
-    the router endpoint as an address of this machine."""
+    """The worker containers' node file entry and flags, with the router endpoint as an address
+    of this machine."""
     objs = objects("production")
     c = container(deployment(objs, component)["spec"]["template"]["spec"], component)
     argv = argv_of(c, objs, tmp_path)
@@ -412,6 +425,7 @@ def test_workers_accept_their_options(component, tmp_path):
     argv[router] = "tcp://127.0.0.1:" + argv[router].rsplit(":", 1)[1]
     cfg = print_config(argv)
     assert cfg["id"] == "pw-pod-0"
+    assert cfg["advertise_host"] == "127.0.0.1" and cfg["node"] == "node-0"
     assert cfg["broker"] == ("" if component == "prefill" else "tcp://127.0.0.1:5556")
     assert cfg["kv_blocks"] == values_of("production")[component]["config"]["kv_blocks"]
     if component == "decode":
@@ -428,6 +442,24 @@ def test_generated_api_key():
     assert ref == {"name": secret["metadata"]["name"], "key": "api-keys"}
     given = next(o for o in of_kind(objects("production"), "Secret") if "api-keys" in o.get("stringData", {}))
     assert given["stringData"]["api-keys"] == "pw-test-key-one,pw-test-key-two"
+
+
+def test_generated_control_keys_start_a_worker(tmp_path):
+    """No control keys given: the chart generates the two secrets (32 random bytes each, base64)
+    and no public key; a worker reads that file, derives the public keys and starts."""
+    values = deep_merge(values_of("minimal"), {"controlPlane": {"existingSecret": ""}})
+    objs = [o for docs in render(values).values() for o in docs]
+    secret = next(o for o in of_kind(objs, "Secret") if "control.keys" in o.get("stringData", {}))
+    text = secret["stringData"]["control.keys"]
+    keys = dict(line.split(": ", 1) for line in text.splitlines())
+    assert sorted(keys) == ["client_secret", "server_secret"]
+    for v in keys.values():
+        assert len(base64.b64decode(v, validate=True)) == 32
+    assert keys["client_secret"] != keys["server_secret"]
+    c = container(deployment(objs, "prefill")["spec"]["template"]["spec"], "prefill")
+    argv = argv_of(c, objs, tmp_path)
+    assert open(argv[argv.index("--control-keys") + 1]).read() == text
+    _start_worker("prefill", argv)
 
 
 def test_dashboards_are_deploy_grafana():
@@ -464,7 +496,6 @@ BAD = [
     ("pool smaller than one expert at the lowest width",
      {"decode": {"poolMb": 16}, "model": {"geometry": {"hiddenSize": 4096, "moeIntermediateSize": 14336}}},
      "decode.poolMb: 16 MiB is smaller than one expert at 3 bits (66060288 bytes: 3 matrices of 4096 x 14336; model.geometry)"),
-    ("no control keys", {"controlPlane": {"existingSecret": ""}}, "controlPlane: no control-plane keys"),
     ("store build without a shared volume", {"model": {"store": {"build": True}}},
      "model.store.build: the store is built once into a shared volume; model.storage must be pvc, not image"),
     ("autoscaling bounds", {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},

@@ -90,9 +90,6 @@ with the value's path.
 */}}
 {{- define "pagedweight.validate" -}}
 {{- $v := .Values }}
-{{- if and (not $v.controlPlane.insecure) (not $v.controlPlane.existingSecret) (not $v.controlPlane.keys) }}
-{{- fail "controlPlane: no control-plane keys. Make a key file with `pw-cluster keys --out control.keys` and give it as a Secret (kubectl create secret generic NAME --from-file=control.keys; controlPlane.existingSecret: NAME) or inline (controlPlane.keys: the file's four values). The chart cannot make them: a CURVE public key is derived from its secret key, which no template function computes." }}
-{{- end }}
 {{- if and $v.controlPlane.insecure (or $v.controlPlane.existingSecret $v.controlPlane.keys) }}
 {{- fail "controlPlane: insecure is true but keys are given; choose one" }}
 {{- end }}

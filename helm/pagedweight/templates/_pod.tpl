@@ -110,12 +110,32 @@ files belong to root); with a store built by the Job, a wait until it is there. 
 {{- end }}
 {{- end }}
 
-{{/* The environment of a worker: its pod name is its id. */}}
+{{/* The environment of a worker: its pod name is its id, its pod IP the address its UCX
+listeners use (--advertise-host), its node the one it registers on (--node: placement pairs a
+prefill and a decode worker of one node). */}}
 {{- define "pagedweight.workerEnv" -}}
 - name: POD_NAME
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- end }}
+
+{{/* The flags that name a worker, its address and its node (pagedweight.workerEnv). */}}
+{{- define "pagedweight.workerIdentityArgs" -}}
+- --id
+- $(POD_NAME)
+- --advertise-host
+- $(POD_IP)
+- --node
+- $(NODE_NAME)
 {{- end }}
 
 {{/* The pod-level settings every role has. (dict "ctx" $ "role" .Values.router) */}}
