@@ -11,7 +11,11 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PY ?= /usr/bin/python3
 
-.PHONY: all deps build test test-unit test-asan test-tsan run demo eval-data bench fuzz soak venv format clean
+# The container image (deploy/image/build.sh): its binaries and the embedded model's store.
+IMAGE_TARGETS = pw-router pw-prefill pw-decode pw-broker pw-cluster pw-ctl pw-quantize pw-loadgen tiny_store
+IMAGE ?=
+
+.PHONY: all deps build test test-kube image test-unit test-asan test-tsan run demo eval-data bench fuzz soak venv format clean
 
 all: build
 
@@ -31,7 +35,11 @@ eval-data: deps
 	$(PY) tools/corpus.py heldout --out $(BUILD)/eval/heldout.txt
 
 test: build eval-data
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 -LE kube
+
+# The Helm chart run by `podman kube play` on the image (tests/e2e/kube_play_test.py).
+test-kube: image
+	cd $(BUILD) && ctest --output-on-failure -L kube
 
 # Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (lean: no CUDA, no benchmarks).
 test-asan: deps eval-data
@@ -50,6 +58,13 @@ test-tsan: deps
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tools/tsan.supp" \
 	  UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no \
 	  ctest --output-on-failure -j $(JOBS) -L tsan --timeout 900
+
+# The container image from Debian packages (mmdebstrap + podman import): deploy/image/build.sh,
+# docs/deploy.md. IMAGE=name:tag names it (default localhost/pagedweight:<git describe>).
+image: deps $(BUILD)/build.ninja
+	@bash tools/install_deps.sh image
+	cmake --build $(BUILD) -j $(JOBS) --target $(IMAGE_TARGETS)
+	bash deploy/image/build.sh $(BUILD) $(IMAGE)
 
 run: build
 	bash tools/run_local.sh $(BUILD)

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages PagedWeight builds against. Idempotent: does nothing when all
 # packages are present. Shared by `make run`, `make test` and `.ci/run`.
+#   tools/install_deps.sh          what the build and the tests need
+#   tools/install_deps.sh image    also what `make image` and the podman tests need (mmdebstrap
+#                                  builds the root filesystem, podman imports and runs it with
+#                                  runc; only `make image` and .ci/run ask for these)
 set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config ccache
@@ -19,6 +23,9 @@ PKGS=(
   bible-kjv bible-kjv-text fortunes fortunes-min manpages manpages-dev
   libc6-dev linux-libc-dev libpython3.11-stdlib libpython3.11-minimal
 )
+if [ "${1:-}" = image ]; then
+  PKGS+=(mmdebstrap podman runc catatonit uidmap slirp4netns fuse-overlayfs containernetworking-plugins iptables)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

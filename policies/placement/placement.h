@@ -10,7 +10,11 @@
 // recently for a heartbeat to show them), then the fewest requests of ours.
 // Prefill: among workers not draining, reachable, whose KV layout is the chosen decode worker's,
 // prefer one the request has not failed on, then the one another request of its group went to
-// (it computes the shared prompt once), then the shortest queue of prompt tokens.
+// (it computes the shared prompt once), then one on the decode worker's node (the KV transfer
+// stays inside the host: shared memory, not the network) unless its queue is longer than the
+// shortest by more than `same_node_slack_tokens` (load spreads to other nodes), then the
+// shortest queue of prompt tokens. A node lost takes its workers out as unreachable: the
+// request is placed across nodes on the others.
 // Ties keep the first candidate in the order given.
 #pragma once
 
@@ -31,6 +35,7 @@ struct DecodeCandidate {
   int64_t free_kv_blocks = 0;   // from its last heartbeat
   int64_t recent_blocks = 0;    // blocks of requests placed after that heartbeat
   uint64_t layout_hash = 0;
+  std::string node;             // the node it registered on; empty: unknown, shares none
 };
 
 struct PrefillCandidate {
@@ -41,7 +46,13 @@ struct PrefillCandidate {
   bool group_peer = false;       // another request of this one's group went here
   int64_t queued_tokens = 0;     // prompt tokens queued (heartbeat) plus ours being prefilled
   uint64_t layout_hash = 0;
+  std::string node;              // as DecodeCandidate::node
 };
+
+// How many more queued prompt tokens than the shortest queue a prefill worker on the decode
+// worker's node may have and still be preferred: about one long prompt's prefill, less than
+// moving its KV across the network costs.
+inline constexpr int64_t kSameNodeSlackTokens = 2048;
 
 struct Choice {
   size_t decode = 0;   // index into the decode candidates
@@ -51,6 +62,7 @@ struct Choice {
 // The pair for one request; nullopt when no decode worker has room or no prefill worker
 // matches the chosen decode worker's layout.
 std::optional<Choice> Place(std::span<const DecodeCandidate> decode,
-                            std::span<const PrefillCandidate> prefill);
+                            std::span<const PrefillCandidate> prefill,
+                            int64_t same_node_slack_tokens = kSameNodeSlackTokens);
 
 }  // namespace pw::placement

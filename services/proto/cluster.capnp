@@ -18,7 +18,7 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("pw::wire");
 
 const kProtocolMajor :UInt16 = 1;
-const kProtocolMinor :UInt16 = 1;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums)
+const kProtocolMinor :UInt16 = 2;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums); 2: Register.nodeName
 
 enum Role {
   unknown @0;
@@ -65,6 +65,9 @@ struct Register {
   residencyCapacity @11 :UInt32;       # decode workers with a residency budget: experts per MoE
                                        # layer kept resident (blocks of the others sit at 0 by
                                        # design); 0 = no budget, every block resident
+  nodeName @12 :Text;       # since 1.2: the node (host, Kubernetes node) the worker runs on;
+                            # placement pairs a prefill and a decode worker of one node. Empty
+                            # (a 1.0 worker): a node of its own
 }
 
 struct RegisterAck {

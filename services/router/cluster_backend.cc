@@ -254,6 +254,7 @@ const ClusterBackend::WorkerStatic* ClusterBackend::StaticOf(const transport::Pe
     ws.rkey = proto::ToBytes(mem.getRkey());
     ws.base_addr = mem.getBaseAddr();
     ws.region_bytes = mem.getBytes();
+    ws.node = reg.getNodeName();
     return Status::Ok();
   });
   if (!st.ok()) {
@@ -323,6 +324,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
       c.free_kv_blocks = static_cast<int64_t>(info.load.free_kv_blocks);
       c.recent_blocks = recent_blocks[peer];
       c.layout_hash = ws->layout_hash;
+      c.node = ws->node;
       decode.push_back(std::move(c));
       decode_info.push_back(&info);
     } else {
@@ -334,6 +336,7 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
       c.group_peer = !group_peer.empty() && peer == group_peer;
       c.queued_tokens = static_cast<int64_t>(info.load.queued_prompt_tokens) + prefilling_tokens[peer];
       c.layout_hash = ws->layout_hash;
+      c.node = ws->node;
       prefill.push_back(std::move(c));
       prefill_info.push_back(&info);
     }

@@ -177,6 +177,7 @@ class ClusterBackend final : public GenerationBackend {
     std::string rkey;            // UcxMemory.rkey bytes
     uint64_t base_addr = 0;
     uint64_t region_bytes = 0;
+    std::string node;            // Register.nodeName (placement); empty from a 1.0 worker
   };
   // A lease given up while its prefill worker may still write it (see the file comment).
   struct Fence {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace pw::transport {
@@ -25,14 +26,53 @@ Status CheckZ85Key(const std::string& path, const std::string& name, const std::
   return Status::Ok();
 }
 
-Status CheckPair(const std::string& path, const std::string& which, const CurveKeyPair& p) {
-  PW_RETURN_IF_ERROR(CheckZ85Key(path, which + "_public", p.public_z85));
-  PW_RETURN_IF_ERROR(CheckZ85Key(path, which + "_secret", p.secret_z85));
+// 32 bytes from 44 characters of standard base64 (one '=' of padding); nullopt otherwise.
+std::optional<std::string> Base64Key(const std::string& v) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  if (v.size() != 44 || v[43] != '=' || v[42] == '=') return std::nullopt;
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < 43; ++i) {
+    const char* at = std::strchr(kAlphabet, v[i]);
+    if (at == nullptr || v[i] == '\0') return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(at - kAlphabet);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  if ((acc & ((1u << bits) - 1)) != 0) return std::nullopt;  // non-canonical padding bits
+  return out.size() == 32 ? std::optional<std::string>(out) : std::nullopt;
+}
+
+// A secret as given (Z85, or base64 turned into Z85).
+Result<std::string> SecretZ85(const std::string& path, const std::string& name,
+                              const std::string& v) {
+  if (std::optional<std::string> raw = Base64Key(v)) {
+    char z85[kZ85KeyChars + 1];
+    zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(raw->data()), raw->size());
+    return std::string(z85);
+  }
+  if (!CheckZ85Key(path, name, v).ok()) {
+    return Corrupt(path + ": '" + name +
+                   "' is not a 40-character Z85 CURVE key nor 32 bytes in base64");
+  }
+  return v;
+}
+
+// Checks `p` (its secret already Z85); an empty public key is derived from the secret.
+Status CheckPair(const std::string& path, const std::string& which, CurveKeyPair& p) {
+  if (!p.public_z85.empty()) PW_RETURN_IF_ERROR(CheckZ85Key(path, which + "_public", p.public_z85));
   char derived[kZ85KeyChars + 1];
   if (zmq_curve_public(derived, p.secret_z85.c_str()) != 0) {
     return Unsupported("libzmq was built without CURVE (zmq_has(\"curve\") is false)");
   }
-  if (p.public_z85 != derived) {
+  if (p.public_z85.empty()) {
+    p.public_z85 = derived;
+  } else if (p.public_z85 != derived) {
     return Corrupt(path + ": " + which + "_secret does not belong to " + which + "_public");
   }
   return Status::Ok();
@@ -139,13 +179,20 @@ Result<CurveKeys> ReadCurveKeys(const std::string& path) {
     kv[name] = value;
   }
   CurveKeys k;
-  for (auto [name, field] : {std::pair{"server_public", &k.server.public_z85},
-                             std::pair{"server_secret", &k.server.secret_z85},
-                             std::pair{"client_public", &k.client.public_z85},
+  for (auto [name, field] : {std::pair{"server_secret", &k.server.secret_z85},
                              std::pair{"client_secret", &k.client.secret_z85}}) {
     auto it = kv.find(name);
     if (it == kv.end()) return Corrupt(path + ": '" + name + "' is missing");
-    *field = it->second;
+    PW_ASSIGN_OR_RETURN(*field, SecretZ85(path, name, it->second));
+  }
+  // Public keys are optional (derived); one given is checked against its secret.
+  for (auto [name, field] : {std::pair{"server_public", &k.server.public_z85},
+                             std::pair{"client_public", &k.client.public_z85}}) {
+    auto it = kv.find(name);
+    if (it != kv.end()) {
+      if (it->second.empty()) return Corrupt(path + ": '" + name + "' is empty");
+      *field = it->second;
+    }
   }
   PW_RETURN_IF_ERROR(CheckPair(path, "server", k.server));
   PW_RETURN_IF_ERROR(CheckPair(path, "client", k.client));

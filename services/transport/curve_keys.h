@@ -16,6 +16,9 @@
 //   server_secret: <z85>
 //   client_public: <z85>
 //   client_secret: <z85>
+// A pair's public key may be left out: it is derived from the secret (zmq_curve_public). A
+// secret may also be 32 bytes in standard base64 (44 characters), as Helm's `randBytes 32`
+// makes them: a chart generates the secrets and no public key (helm/pagedweight).
 #pragma once
 
 #include <string>
@@ -39,9 +42,11 @@ Result<CurveKeys> GenerateCurveKeys();
 // Writes `keys` to `path` with mode 0600 (a temporary file in the same directory, then rename:
 // the file never exists with wider permissions or half written).
 Status WriteCurveKeys(const std::string& path, const CurveKeys& keys);
-// Reads a file written by WriteCurveKeys. Errors name the file and the problem: missing,
-// readable by group/others or owned by another user, a key missing, not 40 Z85 characters,
-// or a secret that does not belong to its public key.
+// Reads a file written by WriteCurveKeys, or one with secrets only (see above; the result then
+// holds the derived public keys and the secrets in Z85). Errors name the file and the problem:
+// missing, readable by group/others or owned by another user, a secret missing, a key not 40
+// Z85 characters (a secret: nor 44 base64 ones of 32 bytes), or a secret that does not belong
+// to its public key.
 Result<CurveKeys> ReadCurveKeys(const std::string& path);
 
 }  // namespace pw::transport

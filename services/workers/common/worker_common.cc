@@ -37,4 +37,11 @@ std::string DefaultWorkerId(const std::string& id, const char* role) {
 
 int WorkerThreads(int threads) { return threads > 0 ? threads : cpu::AvailableCores(); }
 
+std::string DefaultNodeName(const std::string& node) {
+  if (!node.empty()) return node;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "localhost";
+  return host;
+}
+
 }  // namespace pw::workers

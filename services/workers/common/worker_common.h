@@ -31,4 +31,7 @@ std::string DefaultWorkerId(const std::string& id, const char* role);
 // "One machine").
 int WorkerThreads(int threads);
 
+// The node a worker registers on: `node`, or this host's name when it is empty.
+std::string DefaultNodeName(const std::string& node);
+
 }  // namespace pw::workers

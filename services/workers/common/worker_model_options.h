@@ -1,5 +1,5 @@
 // The options every worker process (prefill, decode) has with the same key, flag and bounds: the
-// model, its control endpoints, its id and name, its KV pool and its threads. Declared once here
+// model, its control endpoints, its id, address, node and name, its KV pool and its threads. Declared once here
 // for both options tables (prefill/prefill_options.cc, decode/decode_options.cc), in this order.
 #pragma once
 
@@ -22,6 +22,15 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
       .NoKey().Required();
   s->Add("broker", &o->broker_endpoint, std::string(broker_help)).NoKey();
   s->Add("id", &o->id, "worker id (default " + role + "-<pid>)").NonEmpty();
+  // In a pod the router endpoint is a Service name, not an address of this host: the pod IP
+  // (the downward API's status.podIP) is given here instead.
+  s->Add("advertise_host", &o->advertise_host,
+         "IPv4 address of this host whose interface the UCX listeners use (default: the router "
+         "endpoint's host)")
+      .NonEmpty();
+  s->Add("node", &o->node,
+         "node this worker runs on, told the router for placement (default: the hostname)")
+      .NonEmpty();
   s->Add("model_name", &o->model_name, "model name reported to the router").Shared();
   s->Add("kv_blocks", &o->num_kv_blocks, "KV pool blocks").Range(1, 1 << 24);
   s->AddChoice("kv_dtype", &o->kv_dtype,

@@ -45,6 +45,7 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
   if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "decode");
+  options.node = DefaultNodeName(options.node);
   if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<DecodeWorker> w(
       new DecodeWorker(std::move(options), clock ? clock : SteadyClock::Get()));
@@ -156,6 +157,7 @@ Status DecodeWorker::Setup() {
   weights_ = std::make_unique<DecodeWeights>(wo, cfg, pool_.get(), ucx_worker_.get(), broker_.get(),
                                              *metrics_->registry);
   if (broker_) {
+    metrics_->SetNotReady("waiting for the broker's expert weights");
     PW_RETURN_IF_ERROR(weights_->Load().WithContext("broker " + options_.broker_endpoint));
     metrics_->ucx_get_bytes->Increment(static_cast<double>(weights_->bytes_loaded()));
     engine::MoeHooks hooks;
@@ -167,7 +169,11 @@ Status DecodeWorker::Setup() {
   UpdateLowerablePages();
 
   PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
+  // Ready (/ready) while registered: the weights are resident from here on.
+  metrics_->SetNotReady("not registered with the router");
+  router_->on_registered = [this] { metrics_->SetReady(); };
   router_->on_server_lost = [this] {
+    metrics_->SetNotReady("router lost; registering again");
     DropAll("router lost");
     // No router will speak for any quarantined lease again, and the prefill workers that may
     // write them lose the same router and cancel their transfers: shorten every wait.
@@ -231,6 +237,7 @@ void DecodeWorker::WeightsBoundary() {
 void DecodeWorker::FillRegister(wire::Register::Builder r) {
   const auto& pool = engine_->kv_pool();
   r.setModelName(options_.model_name);
+  r.setNodeName(options_.node);
   auto kl = r.initKvLayout();
   kl.setNumBlocks(static_cast<uint32_t>(pool.num_blocks()));
   kl.setBlockTokens(static_cast<uint32_t>(pool.layout().block_size));

@@ -87,6 +87,8 @@ struct DecodeWorkerOptions {
   std::string model_name;          // reported at registration; default: model_dir's last part
   std::string router_endpoint;     // e.g. tcp://127.0.0.1:5555 (required)
   std::string broker_endpoint;     // empty: experts from the checkpoint, no broker
+  std::string advertise_host;   // UCX's interface; empty: the router endpoint's host
+  std::string node;             // told the router (placement); empty: the hostname
   int num_kv_blocks = 1024;
   int block_size = 16;
   int threads = 0;                 // compute threads; 0: every core (cpu::AvailableCores())

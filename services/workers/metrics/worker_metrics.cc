@@ -1,8 +1,54 @@
 #include "services/workers/metrics/worker_metrics.h"
 
+#include <CivetServer.h>
+#include <prometheus/text_serializer.h>
+
 #include <exception>
 
 namespace pw::workers {
+
+// /metrics (the registry in Prometheus' text format) and /ready (the readiness WorkerMetrics
+// holds), on civetweb as prometheus-cpp's Exposer serves /metrics: one server, one port.
+class WorkerMetrics::Handler : public CivetHandler {
+ public:
+  enum class Kind { kMetrics, kReady };
+  Handler(WorkerMetrics* m, Kind kind) : m_(m), kind_(kind) {}
+  bool handleGet(CivetServer*, mg_connection* conn) override {
+    int code = 200;
+    std::string type = "text/plain; charset=utf-8";
+    std::string body;
+    if (kind_ == Kind::kMetrics) {
+      type = "text/plain; version=0.0.4; charset=utf-8";
+      body = prometheus::TextSerializer().Serialize(m_->registry->Collect());
+    } else {
+      const std::string reason = m_->NotReadyReason();
+      code = reason.empty() ? 200 : 503;
+      body = (reason.empty() ? std::string("ready") : "not ready: " + reason) + "\n";
+    }
+    mg_printf(conn,
+              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+              "Connection: close\r\n\r\n",
+              code, code == 200 ? "OK" : "Service Unavailable", type.c_str(), body.size());
+    mg_write(conn, body.data(), body.size());
+    return true;
+  }
+
+ private:
+  WorkerMetrics* m_;
+  Kind kind_;
+};
+
+WorkerMetrics::~WorkerMetrics() { server_.reset(); }  // no handler runs past here
+
+void WorkerMetrics::SetNotReady(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(ready_mu_);
+  not_ready_ = reason;
+}
+
+std::string WorkerMetrics::NotReadyReason() const {
+  std::lock_guard<std::mutex> lock(ready_mu_);
+  return not_ready_;
+}
 
 Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& bind,
                                                              const std::string& worker_id) {
@@ -59,8 +105,12 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
                                  .Register(r).Add(id, seconds);
   if (!bind.empty()) {
     try {
-      m->exposer_ = std::make_unique<prometheus::Exposer>(bind);
-      m->exposer_->RegisterCollectable(m->registry);
+      m->metrics_handler_ = std::make_unique<Handler>(m.get(), Handler::Kind::kMetrics);
+      m->ready_handler_ = std::make_unique<Handler>(m.get(), Handler::Kind::kReady);
+      m->server_ = std::make_unique<CivetServer>(
+          std::vector<std::string>{"listening_ports", bind, "num_threads", "2"});
+      m->server_->addHandler("/metrics", m->metrics_handler_.get());
+      m->server_->addHandler("/ready", m->ready_handler_.get());
     } catch (const std::exception& e) {
       return Unavailable("cannot serve /metrics on '" + bind + "': " + e.what());
     }
@@ -69,8 +119,8 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
 }
 
 uint16_t WorkerMetrics::port() const {
-  if (!exposer_) return 0;
-  auto ports = exposer_->GetListeningPorts();
+  if (!server_) return 0;
+  auto ports = server_->getListeningPorts();
   return ports.empty() ? 0 : static_cast<uint16_t>(ports[0]);
 }
 

@@ -1,17 +1,23 @@
 // Prometheus metrics of a prefill or decode worker (names pagedweight_*, units in names),
-// served on /metrics by prometheus-cpp's Exposer when a bind address is given.
+// served on /metrics when a bind address is given, and beside them the worker's readiness on
+// /ready: 200 "ready" once the worker has said so (registered with the router, its weights
+// resident), 503 with the reason until then and whenever it says otherwise (a Kubernetes
+// readinessProbe; /metrics answers from the start, before the weights load: startup and
+// liveness probes).
 #pragma once
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/status.h"
+
+class CivetServer;
 
 namespace pw::workers {
 
@@ -19,8 +25,16 @@ struct WorkerMetrics {
   // `bind` "127.0.0.1:9100" (port 0 = any free port); empty = no HTTP endpoint.
   static Result<std::unique_ptr<WorkerMetrics>> Create(const std::string& bind,
                                                        const std::string& worker_id);
-  // Port /metrics listens on (0 without an endpoint).
+  ~WorkerMetrics();
+  // Port /metrics and /ready listen on (0 without an endpoint).
   uint16_t port() const;
+
+  // What /ready answers: not ready with `reason` (e.g. "loading weights", "not registered with
+  // the router"), or ready. Not ready ("starting") from Create on. Any thread.
+  void SetNotReady(const std::string& reason);
+  void SetReady() { SetNotReady(""); }
+  // "" when ready.
+  std::string NotReadyReason() const;
 
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Gauge* kv_blocks_free = nullptr;
@@ -48,7 +62,11 @@ struct WorkerMetrics {
   prometheus::Histogram* request_prefill_time = nullptr;
 
  private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  class Handler;
+  mutable std::mutex ready_mu_;
+  std::string not_ready_ = "starting";  // guarded by ready_mu_; "" = ready
+  std::unique_ptr<Handler> metrics_handler_, ready_handler_;
+  std::unique_ptr<CivetServer> server_;  // declared last: stopped first
 };
 
 }  // namespace pw::workers

@@ -46,6 +46,7 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOption
     return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
   }
   options.id = DefaultWorkerId(options.id, "prefill");
+  options.node = DefaultNodeName(options.node);
   if (options.model_name.empty()) options.model_name = service::ModelNameFromDir(options.model_dir);
   std::unique_ptr<PrefillWorker> w(
       new PrefillWorker(std::move(options), clock ? clock : SteadyClock::Get()));
@@ -93,7 +94,11 @@ Status PrefillWorker::Setup() {
     return c;
   };
   PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
+  // Ready (/ready) while registered: the weights are the engine's, loaded above.
+  metrics_->SetNotReady("not registered with the router");
+  router_->on_registered = [this] { metrics_->SetReady(); };
   router_->on_server_lost = [this] {
+    metrics_->SetNotReady("router lost; registering again");
     // The router's requests died with it: drop the queue, cancel what is in flight.
     std::lock_guard<std::mutex> lk(mu_);
     if (!queue_.empty() || !inflight_.empty()) {
@@ -115,6 +120,7 @@ Status PrefillWorker::Setup() {
 void PrefillWorker::FillRegister(wire::Register::Builder r) {
   const auto& pool = engine_->kv_pool();  // layout and size only: fixed after Setup
   r.setModelName(options_.model_name);
+  r.setNodeName(options_.node);
   auto kl = r.initKvLayout();
   kl.setNumBlocks(pool_blocks_);
   kl.setBlockTokens(static_cast<uint32_t>(pool.layout().block_size));

@@ -68,6 +68,8 @@ struct PrefillWorkerOptions {
   std::string model_name;       // default: model_dir's last part
   std::string router_endpoint;  // required
   std::string broker_endpoint;  // empty: no broker registration
+  std::string advertise_host;   // UCX's interface; empty: the router endpoint's host
+  std::string node;             // told the router (placement); empty: the hostname
   int num_kv_blocks = 1024;
   int block_size = 16;
   engine::KvDtype kv_dtype = engine::KvDtype::kBf16;  // must equal the decode workers'

@@ -72,5 +72,50 @@ TEST(Placement, PrefillByFailedThenGroupThenQueueWithTheDecodeLayout) {
   EXPECT_FALSE(Place({}, p).has_value());
 }
 
+TEST(Placement, PrefillOnTheDecodeNodeWithinTheSlackThenSpread) {
+  std::vector<DecodeCandidate> d = {D("d", 10)};
+  d[0].node = "node-b";
+  std::vector<PrefillCandidate> p = {P("a", 100), P("b", 100 + 1500), P("c", 100 + 2500)};
+  p[0].node = "node-a";
+  p[1].node = "node-b";
+  p[2].node = "node-b";
+  EXPECT_EQ(Place(d, p)->prefill, 1u);  // same node, 1500 tokens more than the shortest
+  p[1].queued_tokens = 100 + kSameNodeSlackTokens + 1;  // now too far behind: load spreads
+  EXPECT_EQ(Place(d, p)->prefill, 0u);
+  EXPECT_EQ(Place(d, p, /*same_node_slack_tokens=*/4096)->prefill, 1u);
+  p[1].queued_tokens = 100 + 1500;
+  p[0].group_peer = true;  // the group's prompt outranks the node
+  EXPECT_EQ(Place(d, p)->prefill, 0u);
+  p[0].group_peer = false;
+  d[0].node.clear();  // a 1.0 decode worker (no node): no node is its, shortest queue
+  EXPECT_EQ(Place(d, p)->prefill, 0u);
+  d[0].node = "node-b";
+  p[0].node.clear();
+  p[1].node.clear();
+  p[2].node.clear();  // unknown nodes never match
+  EXPECT_EQ(Place(d, p)->prefill, 0u);
+}
+
+TEST(Placement, ANodeLostPlacesAcrossNodes) {
+  // Two nodes, a decode and a prefill worker on each; node-a's are the less loaded.
+  std::vector<DecodeCandidate> d = {D("da", 100), D("db", 50)};
+  d[0].node = "node-a";
+  d[1].node = "node-b";
+  std::vector<PrefillCandidate> p = {P("pb", 0), P("pa", 10)};
+  p[0].node = "node-b";
+  p[1].node = "node-a";
+  auto c = Place(d, p);
+  EXPECT_EQ(c->decode, 0u);
+  EXPECT_EQ(c->prefill, 1u);  // node-a's prefill worker, though node-b's queue is shorter
+  p[1].reachable = false;     // node-a's prefill worker lost: its decode worker pairs across
+  c = Place(d, p);
+  EXPECT_EQ(c->decode, 0u);
+  EXPECT_EQ(c->prefill, 0u);
+  d[0].reachable = false;  // all of node-a lost: node-b serves alone
+  c = Place(d, p);
+  EXPECT_EQ(c->decode, 1u);
+  EXPECT_EQ(c->prefill, 0u);
+}
+
 }  // namespace
 }  // namespace pw::placement

@@ -94,8 +94,9 @@ class ProtocolTestWorker {
     int uncached_mismatch = 0;
   };
   ProtocolTestWorker(const std::string& endpoint, const std::string& id, wire::Role role,
-                     uint32_t blocks = 64, uint32_t step_ms = 3)
-      : role_(role), total_blocks_(blocks), free_blocks_(blocks), step_ms_(step_ms) {
+                     uint32_t blocks = 64, uint32_t step_ms = 3, std::string node = "")
+      : role_(role), total_blocks_(blocks), free_blocks_(blocks), step_ms_(step_ms),
+        node_(std::move(node)) {
     auto t = transport::ZmqDealerTransport::Connect(endpoint, id);
     EXPECT_TRUE(t.ok());
     transport::ControlClient::Options o;
@@ -106,6 +107,7 @@ class ProtocolTestWorker {
         std::make_unique<transport::ControlClient>(std::move(*t), pw::SteadyClock::Get(), o);
     client_->fill_register = [this](wire::Register::Builder r) {
       r.setModelName("tiny-moe");
+      r.setNodeName(node_);
       r.setMaxBatch(16);
       r.setMaxContext(2048);
       auto l = r.initKvLayout();
@@ -603,6 +605,7 @@ class ProtocolTestWorker {
   uint32_t total_blocks_;
   uint32_t free_blocks_;
   uint32_t step_ms_;
+  std::string node_;  // Register.nodeName
   std::unique_ptr<transport::ControlClient> client_;
   std::thread thread_;
   std::atomic<bool> stop_{false}, stall_{false}, refuse_kv_{false}, registered_{false};
@@ -876,9 +879,10 @@ class ClusterBackendTest : public ::testing::Test {
     backend_->SetEvents(&events_);
     backend_->Start();
   }
-  ProtocolTestWorker* AddWorker(const std::string& id, wire::Role role, uint32_t blocks = 64) {
+  ProtocolTestWorker* AddWorker(const std::string& id, wire::Role role, uint32_t blocks = 64,
+                                const std::string& node = "") {
     workers_.push_back(
-        std::make_unique<ProtocolTestWorker>(backend_->endpoint(), id, role, blocks));
+        std::make_unique<ProtocolTestWorker>(backend_->endpoint(), id, role, blocks, 3, node));
     return workers_.back().get();
   }
   // Ends a worker's process: its socket closes.
@@ -1084,6 +1088,33 @@ TEST_F(ClusterBackendTest, PlacementSpreadsOverDecodeWorkersByFreeBlocks) {
   EXPECT_GT(d0->stats().starts, 0);
   EXPECT_GT(d1->stats().starts, 0);
   EXPECT_EQ(d0->stats().starts + d1->stats().starts, 24);
+  EXPECT_TRUE(events_.violations().empty());
+}
+
+// Two nodes (Register.nodeName): requests one after another go to the prefill worker on the
+// decode worker's node, though the other node's sorts first; with that node lost (its workers'
+// processes gone), the requests pair across to the node left.
+TEST_F(ClusterBackendTest, PlacementPairsWorkersOfOneNodeAndSurvivesItsLoss) {
+  auto* pa = AddWorker("prefill-a", wire::Role::PREFILL, 64, "node-a");
+  auto* pb = AddWorker("prefill-b", wire::Role::PREFILL, 64, "node-b");
+  auto* db = AddWorker("decode-b", wire::Role::DECODE, 64, "node-b");
+  ASSERT_TRUE(WaitCapacity(1, 2));
+  for (uint64_t id = 1; id <= 6; ++id) {
+    ASSERT_TRUE(backend_->Submit(Request(id, 5)).ok());
+    ASSERT_NO_FATAL_FAILURE(ExpectCompleted(id, 5, 20000));
+  }
+  EXPECT_EQ(pb->stats().prefills, 6);
+  EXPECT_EQ(pa->stats().prefills, 0);
+  auto* da = AddWorker("decode-a", wire::Role::DECODE, 64, "node-a");
+  RemoveWorker(db);  // node-b lost
+  RemoveWorker(pb);
+  ASSERT_TRUE(WaitCapacity(1, 1));  // declared dead (3 silent heartbeats)
+  for (uint64_t id = 7; id <= 10; ++id) {
+    ASSERT_TRUE(backend_->Submit(Request(id, 5)).ok());
+    ASSERT_NO_FATAL_FAILURE(ExpectCompleted(id, 5, 20000));
+  }
+  EXPECT_EQ(pa->stats().prefills, 4);
+  EXPECT_EQ(da->stats().starts, 4);
   EXPECT_TRUE(events_.violations().empty());
 }
 

@@ -93,6 +93,73 @@ TEST(CurveKeys, BadFilesAreRefusedNamingTheProblem) {
   expect_refused(dir + "/missing.keys", "'server_secret' is missing");
 }
 
+// Standard base64 of a Z85 key's 32 bytes, as Helm's `randBytes 32` writes a secret.
+std::string Base64Of(const std::string& z85) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  uint8_t raw[32];
+  EXPECT_NE(zmq_z85_decode(raw, z85.c_str()), nullptr);
+  std::string out;
+  for (size_t i = 0; i < 32; i += 3) {
+    const uint32_t n = (uint32_t{raw[i]} << 16) | (i + 1 < 32 ? uint32_t{raw[i + 1]} << 8 : 0) |
+                       (i + 2 < 32 ? uint32_t{raw[i + 2]} : 0);
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += i + 1 < 32 ? kAlphabet[(n >> 6) & 63] : '=';
+    out += i + 2 < 32 ? kAlphabet[n & 63] : '=';
+  }
+  return out;
+}
+
+TEST(CurveKeys, SecretsAloneDeriveThePublicKeysPwClusterWrites) {
+  auto k = GenerateCurveKeys();  // what `pw-cluster keys` writes
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  const std::string dir = TmpDir();
+  auto write_text = [](const std::string& path, const std::string& text) {
+    std::filesystem::remove(path);
+    std::ofstream(path) << text;
+    chmod(path.c_str(), 0600);
+  };
+  // Z85 secrets, no public keys.
+  const std::string z85 = dir + "/secrets-z85.keys";
+  write_text(z85, "server_secret: " + k->server.secret_z85 + "\nclient_secret: " +
+                      k->client.secret_z85 + "\n");
+  auto back = ReadCurveKeys(z85);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->server.public_z85, k->server.public_z85);
+  EXPECT_EQ(back->client.public_z85, k->client.public_z85);
+  EXPECT_EQ(back->server.secret_z85, k->server.secret_z85);
+  // The chart's form: base64 secrets (randBytes 32), turned into the same Z85 keys.
+  const std::string b64 = dir + "/secrets-b64.keys";
+  ASSERT_EQ(Base64Of(k->server.secret_z85).size(), 44u);
+  write_text(b64, "server_secret: " + Base64Of(k->server.secret_z85) + "\nclient_secret: " +
+                      Base64Of(k->client.secret_z85) + "\n");
+  back = ReadCurveKeys(b64);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->server.public_z85, k->server.public_z85);
+  EXPECT_EQ(back->client.public_z85, k->client.public_z85);
+  EXPECT_EQ(back->server.secret_z85, k->server.secret_z85);
+  EXPECT_EQ(back->client.secret_z85, k->client.secret_z85);
+
+  // Malformed ones are refused, naming the file.
+  auto expect_refused = [](const std::string& path, const std::string& says) {
+    auto r = ReadCurveKeys(path);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
+  };
+  const std::string bad = dir + "/bad-secret.keys";
+  std::string short_b64 = Base64Of(k->server.secret_z85);
+  short_b64 = short_b64.substr(0, 40) + "AA==";  // 31 bytes
+  write_text(bad, "server_secret: " + short_b64 + "\nclient_secret: " + k->client.secret_z85 + "\n");
+  expect_refused(bad, "'server_secret' is not a 40-character Z85 CURVE key nor 32 bytes in base64");
+  write_text(bad, "client_secret: " + k->client.secret_z85 + "\n");
+  expect_refused(bad, "'server_secret' is missing");
+  write_text(bad, "server_secret: " + k->server.secret_z85 + "\nserver_public: " +
+                      k->client.public_z85 + "\nclient_secret: " + k->client.secret_z85 + "\n");
+  expect_refused(bad, "server_secret does not belong to server_public");
+}
+
 TEST(ControlAuthFlags, ExactlyOneOfKeysOrInsecure) {
   auto none = ControlAuthFromFlags("", false, "test");
   ASSERT_FALSE(none.ok());
