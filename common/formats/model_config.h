@@ -53,7 +53,7 @@ namespace pw {
 
 enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe };
 
-// RoPE frequency scaling (HF transformers' rope_type; engine/layers/rope.h computes it).
+// RoPE frequency scaling (HF transformers' rope_type; engine/models/rope.h computes it).
 enum class RopeType {
   kDefault,  // inv_freq = theta^(-2i/d)
   kLinear,   // inv_freq / factor (position interpolation)

@@ -9,7 +9,7 @@
 #include "common/formats/bf16_tensor.h"
 #include "common/formats/checkpoint_experts.h"
 #include "common/logging.h"
-#include "engine/layers/rope.h"
+#include "engine/models/rope.h"
 
 namespace pw::engine {
 

@@ -38,7 +38,7 @@
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
-#include "engine/layers/rope.h"
+#include "engine/models/rope.h"
 #include "engine/models/family.h"
 #include "engine/models/moe_kinds.h"
 #include "kernels/anyprec/q8.h"
@@ -98,7 +98,7 @@ class Model {
   const std::vector<float>& final_norm() const { return final_norm_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   // RoPE inverse frequencies [rotary_dim / 2], computed in fp32 as HF does, and the cos/sin
-  // multiplier, for passes within max_position_embeddings (engine/layers/rope.h: dynamic NTK
+  // multiplier, for passes within max_position_embeddings (engine/models/rope.h: dynamic NTK
   // recomputes them for longer ones).
   const std::vector<float>& rope_inv_freq() const { return rope_.inv_freq; }
   const RopeTable& rope() const { return rope_; }

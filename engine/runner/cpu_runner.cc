@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "common/dtype.h"
-#include "engine/layers/rope.h"
+#include "engine/models/rope.h"
 #include "engine/ops/linear.h"
 
 namespace pw::engine {

@@ -125,7 +125,9 @@ def main():
             before = c.metrics()
             out = os.path.join(log_dir, "loadgen.json")
             argv = [os.path.join(build_dir, "bin", "pw-loadgen"), "--base-url", c.url,
-                    "--model", "tiny-moe", "--request-rate", "6", "--burstiness", "0.5",
+                    # usage: no probe request, so the counts below compare one for one.
+                    "--model", "tiny-moe", "--token-count", "usage",
+                    "--request-rate", "6", "--burstiness", "0.5",
                     "--duration", str(args.seconds), "--num-prompts", "0",
                     "--random-input-len", "48", "--random-output-len", "16",
                     "--random-range-ratio", "0.5", "--ignore-eos", "--max-concurrency", "64",

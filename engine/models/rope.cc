@@ -1,4 +1,4 @@
-#include "engine/layers/rope.h"
+#include "engine/models/rope.h"
 
 #include <algorithm>
 #include <cmath>
