@@ -33,17 +33,8 @@
 #include "services/cluster/cluster_status.h"
 #include "services/cluster/supervisor.h"
 #include "services/transport/curve_keys.h"
+#include "services/common/self_dir.h"
 #include "services/common/stop_signals.h"
-
-namespace {
-std::string SelfDir() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string p(buf, static_cast<size_t>(n));
-  return p.substr(0, p.rfind('/'));
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"pw-cluster: run one PagedWeight node"};
@@ -80,7 +71,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  auto cfg = pw::cluster::LoadClusterConfig(config_path, SelfDir());
+  auto cfg = pw::cluster::LoadClusterConfig(config_path, pw::service::SelfDir());
   if (!cfg.ok()) {
     std::fprintf(stderr, "pw-cluster: %s\n", cfg.status().message().c_str());
     return 2;

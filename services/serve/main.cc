@@ -20,18 +20,11 @@
 
 #include "common/formats/options.h"
 #include "common/formats/yaml_config.h"
+#include "services/common/self_dir.h"
 #include "services/serve/serve.h"
 #include "services/serve/serve_options.h"
 
 namespace {
-
-std::string SelfDir() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string p(buf, static_cast<size_t>(n));
-  return p.substr(0, p.rfind('/'));
-}
 
 // The subcommands that are another binary: {pw subcommand, binary, its first argument or ""}.
 struct Forward {
@@ -44,7 +37,7 @@ constexpr Forward kForwards[] = {{"quantize", "pw-quantize", ""}, {"ctl", "pw-ct
                                  {"config", "pw-cluster", "config"}};
 
 int Exec(const Forward& f, int argc, char** argv) {
-  const std::string bin = SelfDir() + "/" + f.binary;
+  const std::string bin = pw::service::SelfDir() + "/" + f.binary;
   std::vector<char*> args = {const_cast<char*>(bin.c_str())};
   if (f.first[0] != '\0') args.push_back(const_cast<char*>(f.first));
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
@@ -87,7 +80,7 @@ int main(int argc, char** argv) {
                  serve->help().c_str());
     return 2;
   }
-  pw::Status st = pw::serve::RunServe(o, SelfDir());
+  pw::Status st = pw::serve::RunServe(o, pw::service::SelfDir());
   std::fprintf(stderr, "pw serve: %s\n", st.message().c_str());
   return 1;
 }
