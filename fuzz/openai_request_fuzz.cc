@@ -39,8 +39,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   PW_CHECK(req.stop.size() <= limits.max_stop);
   for (const auto& s : req.stop) PW_CHECK(!s.empty() && s.size() <= limits.max_stop_bytes);
   if (ep == Endpoint::kChatCompletions) {
-    PW_CHECK(!req.messages.empty() && req.messages.size() <= limits.max_messages);
-    for (const auto& m : req.messages) PW_CHECK(pw::router::IsValidUtf8(m.content));
+    const auto& messages = req.chat.messages;
+    PW_CHECK(!messages.empty() && messages.size() <= limits.max_messages);
+    for (const auto& m : messages) {
+      PW_CHECK(m.is_object() && m["role"].is_string());
+      if (m.contains("content") && m["content"].is_string()) {
+        PW_CHECK(pw::router::IsValidUtf8(m["content"].get<std::string>()));
+      }
+    }
   } else if (req.prompt_is_tokens) {
     for (int32_t t : req.prompt_tokens) PW_CHECK(t >= 0 && t < limits.vocab_size);
   } else {

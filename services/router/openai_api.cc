@@ -1,5 +1,6 @@
 #include "services/router/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -21,10 +22,11 @@ ApiError Bad(std::string message, std::string param, std::string code = "") {
   return e;
 }
 
-std::string Dump(const json& j) {
+template <typename Json>
+std::string Dump(const Json& j) {
   // Invalid UTF-8 (never expected: texts come from the incremental decoder or validated input)
   // is replaced rather than thrown on.
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 // Deepest nesting of arrays/objects outside strings; stops early past `limit`.
@@ -54,29 +56,32 @@ int JsonDepth(std::string_view s, int limit) {
   return max_depth;
 }
 
-const char* TypeName(const json& j) {
+// json or ordered_json (chat inputs keep their key order).
+template <typename Json>
+const char* TypeName(const Json& j) {
   switch (j.type()) {
-    case json::value_t::null:
+    case Json::value_t::null:
       return "null";
-    case json::value_t::object:
+    case Json::value_t::object:
       return "object";
-    case json::value_t::array:
+    case Json::value_t::array:
       return "array";
-    case json::value_t::string:
+    case Json::value_t::string:
       return "string";
-    case json::value_t::boolean:
+    case Json::value_t::boolean:
       return "boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
       return "integer";
-    case json::value_t::number_float:
+    case Json::value_t::number_float:
       return "number";
     default:
       return "value";
   }
 }
 
-ApiError WrongType(const std::string& field, const char* expected, const json& got) {
+template <typename Json>
+ApiError WrongType(const std::string& field, const char* expected, const Json& got) {
   return Bad("'" + field + "' must be " + expected + ", got " + TypeName(got), field);
 }
 
@@ -99,8 +104,124 @@ std::optional<ApiError> GetSamplingFloat(const json& body, const char* field, do
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseMessages(const json& body, const ApiLimits& limits,
-                                      std::vector<ChatMessage>* out) {
+using ojson = nlohmann::ordered_json;
+
+// An optional string field of a message (absent or null: left out, as HF drops null keys).
+std::optional<ApiError> CheckOptionalString(const ojson& m, const std::string& where,
+                                            const char* key) {
+  auto it = m.find(key);
+  if (it == m.end() || it->is_null() || it->is_string()) return std::nullopt;
+  return WrongType(where + "." + key, "a string", *it);
+}
+
+// `content`: a string, or a list of text parts (given to the template as the list, as HF does).
+std::optional<ApiError> CheckContent(const ojson& m, const std::string& where,
+                                     const std::string& role) {
+  auto content = m.find("content");
+  if (content == m.end() || content->is_null()) {
+    // An assistant turn may be tool calls alone.
+    if (role == "assistant") return std::nullopt;
+    return Bad("'" + where + ".content' is required", where + ".content");
+  }
+  if (content->is_string()) return std::nullopt;
+  if (!content->is_array()) {
+    return WrongType(where + ".content", "a string or an array of text parts", *content);
+  }
+  for (size_t k = 0; k < content->size(); ++k) {
+    const ojson& part = (*content)[k];
+    const std::string pw = where + ".content[" + std::to_string(k) + "]";
+    if (!part.is_object()) return WrongType(pw, "an object", part);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) {
+      return Bad("'" + pw + ".type' must be a string (\"text\")", pw + ".type");
+    }
+    if (type->get<std::string>() != "text") {
+      return Bad("'" + pw + "' is a '" + type->get<std::string>() +
+                     "' part; this model takes text only (parts of type \"text\")",
+                 pw + ".type");
+    }
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) {
+      return Bad("'" + pw + ".text' must be a string", pw + ".text");
+    }
+  }
+  return std::nullopt;
+}
+
+// `tool_calls`: [{"id", "type": "function", "function": {"name", "arguments"}}]. Arguments sent
+// as a JSON string (as OpenAI clients send them) become the object, as vLLM does: templates
+// write them with `| tojson` or iterate over them, which a string would break.
+std::optional<ApiError> ParseToolCalls(ojson& m, const std::string& where) {
+  auto calls = m.find("tool_calls");
+  if (calls == m.end() || calls->is_null()) return std::nullopt;
+  const std::string w = where + ".tool_calls";
+  if (!calls->is_array()) return WrongType(w, "an array", *calls);
+  for (size_t j = 0; j < calls->size(); ++j) {
+    ojson& call = (*calls)[j];
+    const std::string cw = w + "[" + std::to_string(j) + "]";
+    if (!call.is_object()) return WrongType(cw, "an object", call);
+    if (auto e = CheckOptionalString(call, cw, "id")) return e;
+    if (auto t = call.find("type"); t != call.end() && !t->is_null() && *t != "function") {
+      return Bad("'" + cw + ".type' must be \"function\"", cw + ".type");
+    }
+    auto fn = call.find("function");
+    if (fn == call.end() || !fn->is_object()) {
+      return Bad("'" + cw + ".function' must be an object with 'name' and 'arguments'",
+                 cw + ".function");
+    }
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) {
+      return Bad("'" + cw + ".function.name' must be a string", cw + ".function.name");
+    }
+    const std::string aw = cw + ".function.arguments";
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null() || (args->is_string() && args->get_ref<const std::string&>().empty())) {
+      (*fn)["arguments"] = ojson::object();  // as vLLM: no arguments
+    } else if (args->is_string()) {
+      ojson parsed = ojson::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_object()) {
+        return Bad("'" + aw + "' must be a JSON object (or a string holding one), got " +
+                       Dump(*args),
+                   aw);
+      }
+      *args = std::move(parsed);
+    } else if (!args->is_object()) {
+      return WrongType(aw, "an object or a string holding a JSON object", *args);
+    }
+  }
+  return std::nullopt;
+}
+
+// `tools`: [{"type": "function", "function": {"name", "description", "parameters"}}].
+std::optional<ApiError> CheckTools(const ojson& tools) {
+  if (!tools.is_array()) return WrongType("tools", "an array", tools);
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string w = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) return WrongType(w, "an object", t);
+    auto type = t.find("type");
+    if (type == t.end() || *type != "function") {
+      return Bad("'" + w + ".type' must be \"function\"", w + ".type");
+    }
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) {
+      return Bad("'" + w + ".function' must be an object", w + ".function");
+    }
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) {
+      return Bad("'" + w + ".function.name' must be a string", w + ".function.name");
+    }
+    if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object()) {
+      return WrongType(w + ".function.parameters", "an object (a JSON schema)", *p);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseChatPrompt(const ojson& body, const ApiLimits& limits,
+                                        ChatPrompt* out) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) return Bad("'messages' is required", "messages");
   if (!it->is_array()) return WrongType("messages", "an array", *it);
@@ -109,57 +230,75 @@ std::optional<ApiError> ParseMessages(const json& body, const ApiLimits& limits,
     return Bad("'messages' has more than " + std::to_string(limits.max_messages) + " entries",
                "messages");
   }
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    std::string where = "messages[" + std::to_string(i) + "]";
+  out->messages = *it;
+  for (size_t i = 0; i < out->messages.size(); ++i) {
+    ojson& m = out->messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return WrongType(where, "an object", m);
     auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) {
-      return Bad("'" + where + ".role' must be a string", where + ".role");
+    if (role == m.end() || !role->is_string() ||
+        role->get_ref<const std::string&>().empty()) {
+      return Bad("'" + where + ".role' must be a non-empty string", where + ".role");
     }
-    ChatMessage msg;
-    msg.role = role->get<std::string>();
-    if (msg.role == "developer") msg.role = "system";
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
-      return Bad("'" + where + ".role' must be one of system, developer, user, assistant; got '" +
-                     role->get<std::string>() + "'",
+    // The roles of the OpenAI API and of the templates that take tool results (Llama 3.1's
+    // ipython), given as sent, as HF and vLLM do ("developer" too: templates that know it,
+    // such as gpt-oss's, treat it apart from "system"). Anything else is most likely a typo.
+    static constexpr std::string_view kRoles[] = {"system", "developer", "user", "assistant",
+                                                  "tool",   "function",  "ipython"};
+    if (std::find(std::begin(kRoles), std::end(kRoles), role->get_ref<const std::string&>()) ==
+        std::end(kRoles)) {
+      return Bad("'" + where + ".role' must be one of system, developer, user, assistant, tool, "
+                 "function, ipython; got '" + role->get<std::string>() + "'",
                  where + ".role");
     }
-    auto content = m.find("content");
-    if (content == m.end() || content->is_null()) {
-      if (msg.role != "assistant") {
-        return Bad("'" + where + ".content' is required", where + ".content");
-      }
-    } else if (content->is_string()) {
-      msg.content = content->get<std::string>();
-    } else if (content->is_array()) {
-      for (size_t k = 0; k < content->size(); ++k) {
-        const json& part = (*content)[k];
-        std::string pw = where + ".content[" + std::to_string(k) + "]";
-        auto type = part.is_object() ? part.find("type") : part.end();
-        if (!part.is_object() || type == part.end() || !type->is_string() ||
-            type->get<std::string>() != "text") {
-          return Bad("'" + pw +
-                         "' must be {\"type\": \"text\", \"text\": ...}; only text parts "
-                         "are supported",
-                     pw);
-        }
-        auto text = part.find("text");
-        if (text == part.end() || !text->is_string()) {
-          return Bad("'" + pw + ".text' must be a string", pw + ".text");
-        }
-        msg.content += text->get<std::string>();
-      }
-    } else {
-      return WrongType(where + ".content", "a string or an array of text parts", *content);
+    if (auto e = CheckContent(m, where, role->get<std::string>())) return e;
+    for (const char* key : {"tool_call_id", "name", "reasoning_content"}) {
+      if (auto e = CheckOptionalString(m, where, key)) return e;
     }
-    out->push_back(std::move(msg));
+    if (auto e = ParseToolCalls(m, where)) return e;
   }
-  bool any_text = false;
-  for (const auto& m : *out) any_text |= !m.content.empty();
-  if (!any_text) return Bad("every message in 'messages' is empty", "messages");
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (auto e = CheckTools(*t)) return e;
+    out->tools = *t;
+  }
+  if (auto t = body.find("tool_choice"); t != body.end() && !t->is_null()) {
+    // Only choices that leave the output free: nothing here constrains it to a call.
+    if (!(t->is_string() && (*t == "auto" || *t == "none"))) {
+      return Bad("'tool_choice' must be \"auto\" or \"none\": this server does not constrain "
+                 "the output to a tool call, got " + Dump(*t),
+                 "tool_choice", "unsupported_parameter");
+    }
+  }
+  for (const char* flag : {"add_generation_prompt", "continue_final_message"}) {
+    auto f = body.find(flag);
+    if (f != body.end() && !f->is_null() && !f->is_boolean()) {
+      return WrongType(flag, "a boolean", *f);
+    }
+  }
+  auto flag = [&](const char* key, bool dflt) {
+    auto f = body.find(key);
+    return f == body.end() || f->is_null() ? dflt : f->get<bool>();
+  };
+  out->add_generation_prompt = flag("add_generation_prompt", true);
+  out->continue_final_message = flag("continue_final_message", false);
+  if (out->add_generation_prompt && out->continue_final_message) {
+    // HF raises the same: the prompt cannot both open a new turn and continue the last one.
+    return Bad("'continue_final_message' continues the last message, so it needs "
+               "'add_generation_prompt': false",
+               "continue_final_message");
+  }
+  if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
+    if (!k->is_object()) return WrongType("chat_template_kwargs", "an object", *k);
+    out->kwargs = *k;
+  }
+  if (auto c = body.find("chat_template"); c != body.end() && !c->is_null()) {
+    return Bad("'chat_template' is not accepted: the model's own template is used",
+               "chat_template", "unsupported_parameter");
+  }
   return std::nullopt;
 }
+
+namespace {
 
 std::optional<ApiError> ParsePrompt(const json& body, const ApiLimits& limits, ApiRequest* r) {
   auto it = body.find("prompt");
@@ -238,8 +377,9 @@ std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
     return not_supported("suffix");
   }
   it = body.find("tools");
-  if (it != body.end() && !it->is_null() && !(it->is_array() && it->empty())) {
-    return not_supported("tools");
+  if (endpoint == Endpoint::kCompletions && it != body.end() && !it->is_null() &&
+      !(it->is_array() && it->empty())) {
+    return not_supported("tools");  // chat gives them to the template (ParseChatPrompt)
   }
   // Sampling options the workers' sampler does not implement: accepted only at the value that
   // changes nothing, so that a request is never served as if it had not asked.
@@ -407,7 +547,9 @@ ApiResult<ApiRequest> ParseApiRequest(std::string_view body_text, Endpoint endpo
   }
 
   if (endpoint == Endpoint::kChatCompletions) {
-    if (auto e = ParseMessages(body, limits, &r.messages)) return *e;
+    // Parsed again keeping key order: templates iterate over objects in the order sent.
+    const ojson ordered = ojson::parse(body_text, nullptr, /*allow_exceptions=*/false);
+    if (auto e = ParseChatPrompt(ordered, limits, &r.chat)) return *e;
   } else {
     if (auto e = ParsePrompt(body, limits, &r)) return *e;
   }

@@ -9,7 +9,7 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,9 +22,17 @@ namespace pw::router {
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
-struct ChatMessage {
-  std::string role;     // "system" | "user" | "assistant"
-  std::string content;  // text (array-of-parts content is joined)
+// A conversation for the chat template, as the client sent it (messages whole: content as a
+// string or a list of text parts, tool_calls, tool_call_id, name, reasoning_content, ...; key
+// order kept, as templates iterate over objects in the order sent). /v1/chat/completions and
+// /tokenize with `messages` both take it from ParseChatPrompt, so both render the same prompt,
+// the one HF's apply_chat_template renders for these inputs.
+struct ChatPrompt {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // OpenAI / HF messages
+  nlohmann::ordered_json tools;                                        // null: none
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();   // chat_template_kwargs
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
 };
 
 // A request that passed validation. Prompt length against the context is checked later, after
@@ -36,7 +44,7 @@ struct ApiRequest {
   std::string prompt_text;
   std::vector<int32_t> prompt_tokens;
   bool prompt_is_tokens = false;
-  std::vector<ChatMessage> messages;  // chat only, non-empty
+  ChatPrompt chat;                    // chat only (messages non-empty)
   std::optional<int64_t> max_tokens;  // absent: until end of sequence or end of context; 0 only
                                       // with echo (the prompt's log-likelihood, no generation)
   // temperature and top_p as the float32 the workers compute with (common/sampling_check.h).
@@ -91,6 +99,18 @@ struct ApiLimits {
 // Parses and validates a request body for `endpoint`. Every rejection names the field.
 ApiResult<ApiRequest> ParseApiRequest(std::string_view body, Endpoint endpoint,
                                       const ApiLimits& limits);
+
+// The chat template's inputs of a request body, as vLLM takes them: `messages` (each an object
+// with a `role` of system, developer, user, assistant, tool, function or ipython, kept as sent; `content` a string, a list of text parts, or null/absent on an assistant
+// turn; `tool_calls` with function name and arguments, a JSON string of arguments parsed into
+// the object templates expect, as vLLM does; `tool_call_id`, `name`, `reasoning_content`
+// strings), `tools` (function schemas), `tool_choice` (auto or none: nothing constrains the
+// output to a call), `add_generation_prompt` (default true), `continue_final_message`,
+// `chat_template_kwargs`; a request's own `chat_template` is refused. Non-text content parts
+// (images, audio, files) are refused naming the part's type: the models served are text-only.
+// Every rejection names the field.
+std::optional<ApiError> ParseChatPrompt(const nlohmann::ordered_json& body,
+                                        const ApiLimits& limits, ChatPrompt* out);
 
 // True when `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
 bool IsValidUtf8(std::string_view s);

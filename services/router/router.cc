@@ -219,7 +219,7 @@ void Router::HandleGenerate(HttpRequest request, std::shared_ptr<HttpExchange> e
   // Tokenize.
   std::vector<int32_t> prompt;
   if (ep == Endpoint::kChatCompletions) {
-    auto text = codec_->RenderChat(api.messages);
+    auto text = codec_->RenderChatPrompt(api.chat);
     if (!text.ok()) {
       ApiError e;
       e.message = "cannot apply the chat template: " + text.status().message();
@@ -446,47 +446,20 @@ void Router::TokenizeMessages(const std::string& raw_body, HttpExchange& exchang
     e.param = std::move(param);
     ReplyError(exchange, "tokenizer", e);
   };
-  // Parsed again keeping key order: templates iterate over objects in the order sent.
+  // Parsed keeping key order: templates iterate over objects in the order sent.
   const ojson body = ojson::parse(raw_body, nullptr, /*allow_exceptions=*/false);
-  const ojson& messages = body["messages"];
-  if (!messages.is_array() || messages.empty()) {
-    return bad("'messages' must be a non-empty array of messages", "messages");
-  }
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!messages[i].is_object()) return bad("'" + where + "' must be an object", where);
-    auto role = messages[i].find("role");
-    if (role == messages[i].end() || !role->is_string()) {
-      return bad("'" + where + ".role' must be a string", where + ".role");
-    }
-  }
   if (body.contains("prompt")) return bad("give either 'prompt' or 'messages', not both", "prompt");
-  ChatPrompt prompt;
-  prompt.messages = messages;
-  for (const char* flag : {"add_generation_prompt", "continue_final_message", "add_special_tokens"}) {
-    auto it = body.find(flag);
-    if (it != body.end() && !it->is_null() && !it->is_boolean()) {
-      return bad(std::string("'") + flag + "' must be a boolean", flag);
+  if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("'add_special_tokens' must be a boolean", "add_special_tokens");
+    if (it->get<bool>()) {
+      return bad("'add_special_tokens' with 'messages' is not supported: the chat template "
+                 "writes the special tokens itself",
+                 "add_special_tokens");
     }
   }
-  prompt.add_generation_prompt = body.value("add_generation_prompt", true);
-  prompt.continue_final_message = body.value("continue_final_message", false);
-  if (body.value("add_special_tokens", false)) {
-    return bad("'add_special_tokens' with 'messages' is not supported: the chat template writes "
-               "the special tokens itself",
-               "add_special_tokens");
-  }
-  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
-    if (!it->is_array()) return bad("'tools' must be an array", "tools");
-    prompt.tools = *it;
-  }
-  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-    prompt.kwargs = *it;
-  }
-  if (auto it = body.find("chat_template"); it != body.end() && !it->is_null()) {
-    return bad("'chat_template' is not accepted: the model's own template is used", "chat_template");
-  }
+  // The same inputs, checked the same way, as a chat completion's: both render one prompt.
+  ChatPrompt prompt;
+  if (auto e = ParseChatPrompt(body, limits_, &prompt)) return ReplyError(exchange, "tokenizer", *e);
   auto text = codec_->RenderChatPrompt(prompt);
   if (!text.ok()) return bad("cannot apply the chat template: " + text.status().message(), "messages");
   auto ids = codec_->Encode(*text);

@@ -10,8 +10,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "common/status.h"
 #include "services/router/openai_api.h"
 
@@ -27,24 +25,13 @@ class TextDecoder {
   virtual std::string Flush() = 0;
 };
 
-// A conversation for the chat template, as a client sends it (vLLM's /tokenize takes these).
-struct ChatPrompt {
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // OpenAI / HF messages
-  nlohmann::ordered_json tools;                                        // null: none
-  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();   // chat_template_kwargs
-  bool add_generation_prompt = true;
-  bool continue_final_message = false;
-};
-
 class TextCodec {
  public:
   virtual ~TextCodec() = default;
   // Token ids of `text` (no special tokens added). Errors name the problem (invalid UTF-8).
   virtual Result<std::vector<int32_t>> Encode(std::string_view text) const = 0;
-  // The model's chat template applied to `messages`, with the generation prompt appended.
-  virtual Result<std::string> RenderChat(const std::vector<ChatMessage>& messages) const = 0;
-  // The chat template applied to a conversation given in full (tools, tool calls, content
-  // parts, template kwargs).
+  // The model's chat template applied to a conversation (openai_api.h's ChatPrompt: messages
+  // whole, tools, template kwargs).
   virtual Result<std::string> RenderChatPrompt(const ChatPrompt& prompt) const = 0;
   virtual std::unique_ptr<TextDecoder> NewDecoder() const = 0;
   virtual int32_t vocab_size() const = 0;

@@ -42,14 +42,6 @@ Result<std::vector<int32_t>> TokenizerCodec::Encode(std::string_view text) const
   return tokenizer_->Encode(text);
 }
 
-Result<std::string> TokenizerCodec::RenderChat(const std::vector<ChatMessage>& messages) const {
-  ChatPrompt prompt;
-  for (const auto& m : messages) {
-    prompt.messages.push_back({{"role", m.role}, {"content", m.content}});
-  }
-  return RenderChatPrompt(prompt);
-}
-
 Result<std::string> TokenizerCodec::RenderChatPrompt(const ChatPrompt& prompt) const {
   if (!renderer_) return Unsupported("this model has no chat template");
   return renderer_(prompt);

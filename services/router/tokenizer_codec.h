@@ -19,7 +19,6 @@ class TokenizerCodec final : public TextCodec {
   TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer, ChatRenderer renderer);
 
   Result<std::vector<int32_t>> Encode(std::string_view text) const override;
-  Result<std::string> RenderChat(const std::vector<ChatMessage>& messages) const override;
   Result<std::string> RenderChatPrompt(const ChatPrompt& prompt) const override;
   std::unique_ptr<TextDecoder> NewDecoder() const override;
   int32_t vocab_size() const override { return tokenizer_->VocabSize(); }

@@ -76,21 +76,34 @@ TEST(OpenAiApi, ChatMessages) {
       {"role":"assistant","content":null},{"role":"user","content":"c"}],
       "max_completion_tokens":3,"max_tokens":9})",
                     Endpoint::kChatCompletions);
-  ASSERT_EQ(r.messages.size(), 4u);
-  EXPECT_EQ(r.messages[0].role, "system");
-  EXPECT_EQ(r.messages[1].content, "ab");
-  EXPECT_EQ(r.messages[2].content, "");
+  // Given to the template as sent (roles, content parts and null content included).
+  ASSERT_EQ(r.chat.messages.size(), 4u);
+  EXPECT_EQ(r.chat.messages[0]["role"], "developer");
+  EXPECT_EQ(r.chat.messages[1]["content"][1]["text"], "b");
+  EXPECT_TRUE(r.chat.messages[2]["content"].is_null());
+  EXPECT_TRUE(r.chat.add_generation_prompt);
+  EXPECT_FALSE(r.chat.continue_final_message);
   EXPECT_EQ(r.max_tokens, 3);  // max_completion_tokens wins
   EXPECT_EQ(Err(R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
                 Endpoint::kChatCompletions)
                 .param,
-            "messages[0].content[0]");
+            "messages[0].content[0].type");
   EXPECT_EQ(Err(R"({"model":"m","messages":[{"content":"x"}]})", Endpoint::kChatCompletions).param,
             "messages[0].role");
-  EXPECT_EQ(
-      Err(R"({"model":"m","messages":[{"role":"user","content":""}]})", Endpoint::kChatCompletions)
-          .param,
-      "messages");
+  // Empty text is the template's to render (the prompt is checked after tokenization).
+  Ok(R"({"model":"m","messages":[{"role":"user","content":""}]})", Endpoint::kChatCompletions);
+  // Tools, tool calls (string arguments parsed, as vLLM), template kwargs.
+  ApiRequest t = Ok(R"({"model":"m","messages":[{"role":"user","content":"w?"},
+      {"role":"assistant","tool_calls":[{"id":"1","type":"function",
+       "function":{"name":"w","arguments":"{\"z\":1,\"a\":2}"}}]},
+      {"role":"tool","tool_call_id":"1","content":"sun"}],
+      "tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object"}}}],
+      "chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":true})",
+                    Endpoint::kChatCompletions);
+  EXPECT_EQ(t.chat.messages[1]["tool_calls"][0]["function"]["arguments"].dump(), R"({"z":1,"a":2})");
+  EXPECT_EQ(t.chat.tools[0]["function"]["name"], "w");
+  EXPECT_EQ(t.chat.kwargs["enable_thinking"], false);
+  EXPECT_EQ(Err(R"({"model":"m","prompt":"x","tools":[{"type":"function"}]})").param, "tools");
 }
 
 TEST(OpenAiApi, Rejections) {
