@@ -13,6 +13,7 @@
 #include "common/formats/model_config.h"
 #include "services/router/generation_defaults.h"
 #include "common/text/tokenizer.h"
+#include "services/common/tokenizer_dir.h"
 #include "services/router/chat_renderer.h"
 #include "services/router/tokenizer_codec.h"
 
@@ -35,9 +36,14 @@ int RunRouterApp(RouterAppOptions o) {
   }
 
   namespace fs = std::filesystem;
-  auto tok = Tokenizer::FromModelDir(o.model_dir);
+  auto tok_dir = service::TokenizerDir(o.model_dir, o.tokenizer);
+  if (!tok_dir.ok()) {
+    std::fprintf(stderr, "pw-router: %s\n", tok_dir.status().ToString().c_str());
+    return 1;
+  }
+  auto tok = Tokenizer::FromModelDir(*tok_dir);
   if (!tok.ok()) {
-    std::fprintf(stderr, "pw-router: cannot load the tokenizer from %s: %s\n", o.model_dir.c_str(),
+    std::fprintf(stderr, "pw-router: cannot load the tokenizer from %s: %s\n", tok_dir->c_str(),
                  tok.status().ToString().c_str());
     return 1;
   }
@@ -58,7 +64,7 @@ int RunRouterApp(RouterAppOptions o) {
   }
 
   ChatRenderer renderer;
-  auto chat = MakeChatRenderer(**tok, o.model_dir);
+  auto chat = MakeChatRenderer(**tok, *tok_dir);
   if (chat.ok()) {
     renderer = std::move(*chat);
   } else {  // completions are served; chat requests get this reason in a 400

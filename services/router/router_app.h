@@ -20,6 +20,8 @@ namespace pw::router {
 
 struct RouterAppOptions {
   std::string model_dir;       // tokenizer.json, tokenizer_config.json, config.json
+  std::string tokenizer;       // "" = model_dir; else the tokenizer's directory or tokenizer.json
+                               // (services/common/tokenizer_dir.h), its chat template with it
   std::string model_name;      // "" = the model directory's base name
   int64_t context_length = 0;  // 0 = config.json max_position_embeddings (else 2048)
   HttpServerOptions http;

@@ -5,6 +5,9 @@ namespace pw::router {
 void DeclareRouterOptions(options::OptionSet* s, RouterAppOptions* o) {
   s->Add("model_dir", &o->model_dir, "model directory (tokenizer.json, config.json)")
       .Flag("--model").Shared().Required().NonEmpty();
+  s->Add("tokenizer", &o->tokenizer,
+         "the tokenizer's directory (tokenizer.json, tokenizer_config.json, chat_template.jinja) "
+         "or its tokenizer.json, for a checkpoint that ships none (default: the model directory)");
   s->Add("model_name", &o->model_name, "model id clients send (default: directory name)").Shared();
   s->Add("context_length", &o->context_length,
          "context length in tokens (0: config.json max_position_embeddings)")

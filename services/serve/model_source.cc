@@ -5,6 +5,7 @@
 #include "common/formats/safetensors.h"
 #include "common/text/tokenizer.h"
 #include "services/common/model_name.h"
+#include "services/common/tokenizer_dir.h"
 
 namespace pw::serve {
 
@@ -24,7 +25,7 @@ std::string CacheSnapshotName(const std::string& dir) {
   return rest.substr(0, sep) + "/" + rest.substr(sep + 2);
 }
 
-Result<ModelSource> OpenModelSource(const std::string& model_dir) {
+Result<ModelSource> OpenModelSource(const std::string& model_dir, const std::string& tokenizer) {
   ModelSource m;
   std::error_code ec;
   if (!fs::is_directory(model_dir, ec)) {
@@ -59,19 +60,22 @@ Result<ModelSource> OpenModelSource(const std::string& model_dir) {
   }
   m.checkpoint_bytes = (*ckpt)->total_bytes();
 
-  const std::string tok_path = m.dir + "/tokenizer.json";
+  PW_ASSIGN_OR_RETURN(m.tokenizer_dir, service::TokenizerDir(m.dir, tokenizer));
+  const std::string tok_path = m.tokenizer_dir + "/tokenizer.json";
   if (!fs::exists(tok_path, ec)) {
     return NotFound(tok_path + ": missing; the router tokenizes every request with the model's own "
-                    "tokenizer (copy tokenizer.json from the model's repository into " + m.dir + ")");
+                    "tokenizer (copy tokenizer.json and tokenizer_config.json from the model's "
+                    "repository into " + m.tokenizer_dir + ", or give --tokenizer DIR|FILE: the "
+                    "directory holding them, or that tokenizer.json)");
   }
-  auto tok = Tokenizer::FromModelDir(m.dir);
+  auto tok = Tokenizer::FromModelDir(m.tokenizer_dir);
   if (!tok.ok()) return Status(tok.status().code(), tok.status().message() + " (" + tok_path + ")");
   m.tokenizer_vocab = (*tok)->VocabSize();
   if (m.tokenizer_vocab > m.config.vocab_size) {
     return InvalidArgument(tok_path + ": the tokenizer has ids up to " + std::to_string(m.tokenizer_vocab - 1) +
                            " but " + config_path + " says vocab_size " + std::to_string(m.config.vocab_size) +
                            ": it is another model's tokenizer (copy this model's tokenizer.json and "
-                           "tokenizer_config.json)");
+                           "tokenizer_config.json, or give --tokenizer DIR|FILE with them)");
   }
   return m;
 }

@@ -5,8 +5,8 @@
 //
 // Every refusal names the file and what to do: no config.json, a model_type no family serves
 // (the supported ones listed), weights that do not open (a missing shard), no tokenizer.json
-// (the router tokenizes every request), a tokenizer with ids beyond config.json's vocab_size
-// (the tokenizer of another model).
+// (the router tokenizes every request: copy it in, or give --tokenizer), a tokenizer with ids
+// beyond config.json's vocab_size (the tokenizer of another model).
 #pragma once
 
 #include <cstdint>
@@ -22,12 +22,14 @@ struct ModelSource {
   std::string default_name;  // "ORG/NAME" for a cache snapshot, else the directory's name
   ModelConfig config;
   uint64_t checkpoint_bytes = 0;  // every safetensors file (the workers map them)
+  std::string tokenizer_dir;      // absolute: `dir`, or where --tokenizer points
   int32_t tokenizer_vocab = 0;    // one past the tokenizer's largest id
 };
 
-// Checks `model_dir` as above; errors are kInvalidArgument / kNotFound / kUnsupported with the
-// message a user acts on.
-Result<ModelSource> OpenModelSource(const std::string& model_dir);
+// Checks `model_dir` as above, its tokenizer in `tokenizer` when that is not "" (a directory or
+// a tokenizer.json: services/common/tokenizer_dir.h); errors are kInvalidArgument / kNotFound /
+// kUnsupported with the message a user acts on.
+Result<ModelSource> OpenModelSource(const std::string& model_dir, const std::string& tokenizer = "");
 
 // "ORG/NAME" when `dir` is .../models--ORG--NAME/snapshots/REV, "" otherwise.
 std::string CacheSnapshotName(const std::string& dir);

@@ -76,6 +76,7 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   y += "\nrouter:\n";
   y += "  port: " + std::to_string(o.port) + "\n";
   y += "  control_port: " + std::to_string(p.router_control_port) + "\n";
+  if (!p.tokenizer_dir.empty()) y += "  tokenizer: " + Quoted(p.tokenizer_dir) + "\n";
   y += "\nbroker:\n";
   y += std::string("  enabled: ") + (store ? "true" : "false") + "\n";
   if (store) {
@@ -98,7 +99,7 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
 
 Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   // 1. The directory and the memory, before anything is built.
-  PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir));
+  PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir, o.tokenizer));
   PW_ASSIGN_OR_RETURN(int64_t budget, ParseMemory(o.memory));
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
                       PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory));
@@ -134,6 +135,7 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
 
   // 3. The node file, then pw-cluster in this process's place.
   plan.model_dir = src.dir;
+  if (!o.tokenizer.empty()) plan.tokenizer_dir = src.tokenizer_dir;
   plan.model_name = name;
   plan.memory = mem;
   plan.bin_dir = bin_dir;

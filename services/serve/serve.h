@@ -19,6 +19,7 @@ namespace pw::serve {
 // What the node file needs besides the options.
 struct NodePlan {
   std::string model_dir, model_name, run_dir, bin_dir, store;  // store "" = bf16 experts
+  std::string tokenizer_dir;  // "" = the model directory's (the router's default)
   MemoryPlan memory;
   int router_control_port = 0, broker_control_port = 0;
 };

@@ -13,6 +13,9 @@ void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
       .NonEmpty();
   s->Add("host", &o->host, "address every listener binds").NonEmpty();
   s->Add("port", &o->port, "HTTP port of the OpenAI API").Range(1, 65535);
+  s->Add("tokenizer", &o->tokenizer,
+         "the tokenizer (and chat template) of a checkpoint that ships none: a directory with "
+         "tokenizer.json, tokenizer_config.json, chat_template.jinja, or its tokenizer.json");
   s->Add("served_model_name", &o->served_model_name,
          "the model id clients send (default: ORG/NAME of a cache snapshot, else the directory name)");
   s->Add("bits", &o->bits,

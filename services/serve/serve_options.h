@@ -16,6 +16,8 @@ struct ServeOptions {
                                   // powers of 1024) or "auto" (memory_plan.h)
   std::string host = "127.0.0.1";  // every listener binds it
   int64_t port = 8000;            // the OpenAI API (the control ports are picked free)
+  std::string tokenizer;          // "" = the checkpoint's; else a directory or its tokenizer.json
+                                  // (services/common/tokenizer_dir.h), as vLLM's --tokenizer
   std::string served_model_name;  // "" = ORG/NAME of a cache snapshot, else the directory's name
   std::string bits = "auto";      // experts' width: auto (the widest that fits), 3..8, or 16
                                   // (the checkpoint's bf16 experts, no store)

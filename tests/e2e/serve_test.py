@@ -17,7 +17,11 @@ directory and port of the test's own:
      another name;
   4. bad directories and budgets exit non-zero with a message naming the file and the fix:
      no config.json, an unknown model_type, a missing shard, a tokenizer with more ids than
-     config.json's vocab_size, a memory budget below the smallest plan.
+     config.json's vocab_size, a memory budget below the smallest plan, no tokenizer.json (the
+     message names --tokenizer), a --tokenizer path that does not exist;
+  5. a checkpoint of weights and config.json alone is served with `--tokenizer FILE` (vLLM's
+     flag): the store is the cached one (the tokenizer is no part of the model hash), the
+     router tokenizes with that tokenizer and renders chats with the chat template beside it.
 
     serve_test.py BUILD_DIR MODEL_DIR
 Exit 0 on success, 1 on failure, 77 (skipped) without the model's weights.
@@ -375,7 +379,45 @@ def main():
                 ["--memory", "20M"])
         d = variant("no-tokenizer")
         os.remove(os.path.join(d, "tokenizer.json"))
-        refused("no tokenizer", d, re.escape(d) + r"/tokenizer\.json: missing")
+        refused("no tokenizer", d, re.escape(d) + r"/tokenizer\.json: missing.*--tokenizer DIR\|FILE")
+        refused("--tokenizer that does not exist", d, r"--tokenizer .*/nowhere: no such file or directory",
+                ["--tokenizer", os.path.join(tmp, "nowhere")])
+
+        # 5. --tokenizer: weights and config.json here, the tokenizer and its chat template there
+        # (Qwen2.5's template, which writes a default system prompt the embedded one does not).
+        bare = variant("weights-only")
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            os.remove(os.path.join(bare, name))
+        tok_dir = os.path.join(tmp, "tokenizer-elsewhere")
+        os.makedirs(tok_dir)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(model, name), tok_dir)
+        src = os.path.dirname(os.path.abspath(__file__))
+        shutil.copy(os.path.join(src, "..", "fixtures", "chat_templates", "llama.cpp-Qwen-Qwen2.5-7B-Instruct.jinja"),
+                    os.path.join(tok_dir, "chat_template.jinja"))
+        s = Serve(pw, [bare, "--tokenizer", os.path.join(tok_dir, "tokenizer.json")] + common,
+                  os.path.join(tmp, "serve5.log"))
+        if s.wait_line(r"store found in the cache") is None:
+            s.stop()
+            fail("--tokenizer: the store was not the cached one:\n" + s.text())
+        wait_served(url, "weights-only")
+        messages = [{"role": "user", "content": "Hello"}]
+        code, chat = post(url + "/v1/chat/completions", {"model": "weights-only", "max_tokens": 4, "messages": messages})
+        code_t, tok = post(url + "/tokenize", {"messages": messages})
+        if code != 200 or code_t != 200:
+            s.stop()
+            fail(f"--tokenizer: chat {code} {chat}, tokenize {code_t} {tok}")
+        code_d, text = post(url + "/detokenize", {"tokens": tok["tokens"]})
+        s.stop()
+        want = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        if code_d != 200 or not text["prompt"].startswith(want) or chat["usage"]["prompt_tokens"] != tok["count"]:
+            fail(f"--tokenizer: the chat prompt is not the template's beside the tokenizer: {text}, {chat['usage']}")
+        run_dirs = [os.path.join(cache, "run", r) for r in os.listdir(os.path.join(cache, "run"))]
+        nodes = [open(os.path.join(r, "node.yaml")).read() for r in run_dirs if os.path.exists(os.path.join(r, "node.yaml"))]
+        if not any(f'tokenizer: "{tok_dir}"' in n for n in nodes):
+            fail("--tokenizer: no node file names the tokenizer's directory:\n" + "\n".join(nodes))
+        print(f"served weights-only with --tokenizer {tok_dir}/tokenizer.json: chat prompt {tok['count']} tokens "
+              "from the template beside it")
         print("PASS")
         return 0
     finally:

@@ -118,6 +118,45 @@ TEST(ServeModel, CacheSnapshotsAreServedAsOrgName) {
   EXPECT_EQ(CacheSnapshotName("/h/hub/models--Qwen--X/refs/main"), "");
 }
 
+// A checkpoint without a tokenizer is refused naming --tokenizer; with --tokenizer a directory
+// or its tokenizer.json, the tokenizer is checked there (vLLM's flag).
+TEST(ServeModel, TokenizerFromElsewhere) {
+  namespace fs = std::filesystem;
+  const std::string tiny = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp/serve-no-tokenizer";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::create_symlink(tiny + "/" + f, dir + "/" + f);
+
+  auto none = OpenModelSource(dir);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find(dir + "/tokenizer.json: missing"), std::string::npos)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("--tokenizer DIR|FILE"), std::string::npos) << none.status().message();
+
+  for (const std::string& t : {tiny, tiny + "/", tiny + "/tokenizer.json"}) {
+    auto m = OpenModelSource(dir, t);
+    ASSERT_TRUE(m.ok()) << t << ": " << m.status().ToString();
+    EXPECT_EQ(m->tokenizer_dir, tiny) << t;
+    EXPECT_EQ(m->dir, dir);
+    EXPECT_EQ(m->tokenizer_vocab, m->config.vocab_size);
+  }
+  auto missing = OpenModelSource(dir, dir + "/nowhere");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("--tokenizer " + dir + "/nowhere: no such file"), std::string::npos)
+      << missing.status().message();
+  auto other_file = OpenModelSource(dir, tiny + "/config.json");
+  ASSERT_FALSE(other_file.ok());
+  EXPECT_EQ(other_file.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(other_file.status().message().find("must be a tokenizer.json"), std::string::npos)
+      << other_file.status().message();
+  auto empty_dir = OpenModelSource(dir, dir);  // a directory without one: the same refusal
+  ASSERT_FALSE(empty_dir.ok());
+  EXPECT_NE(empty_dir.status().message().find(dir + "/tokenizer.json: missing"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   ServeOptions o;
   o.port = 18080;
@@ -142,6 +181,18 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   EXPECT_EQ(cfg->run_dir, p.run_dir);
   ASSERT_EQ(cfg->processes.size(), 4u);  // broker, router, prefill-0, decode-0
   EXPECT_EQ(cfg->processes[0].argv[0], "/opt/pw/bin/pw-broker");
+  // --tokenizer: the router's section names it (the router reads it there: router_options.cc).
+  EXPECT_EQ(NodeFileText(o, p).find("tokenizer:"), std::string::npos);
+  p.tokenizer_dir = "/tok/dir";
+  const std::string with_tok = NodeFileText(o, p);
+  const size_t router = with_tok.find("\nrouter:\n"), broker = with_tok.find("\nbroker:\n");
+  const size_t tok = with_tok.find("  tokenizer: \"/tok/dir\"\n");
+  ASSERT_NE(tok, std::string::npos) << with_tok;
+  EXPECT_TRUE(router < tok && tok < broker) << with_tok;
+  std::ofstream(path) << with_tok;
+  cfg = cluster::LoadClusterConfig(path, "/unused");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  p.tokenizer_dir.clear();
   // bf16 experts: no broker.
   p.store.clear();
   std::ofstream(path) << NodeFileText(o, p);
