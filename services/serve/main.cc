@@ -1,12 +1,14 @@
 // pw: one command for the node's tools.
 //
 //   pw serve MODEL_DIR [--memory BYTES|auto] [--port N] [--host H] [--served-model-name NAME]
-//            [--bits auto|3..8|16] [--store-dir DIR] [--run-dir DIR] [--config FILE]
+//            [--bits auto|3..8|16] [--tokenizer DIR|FILE] [--store-dir DIR] [--run-dir DIR]
+//            [--config FILE]
 //   pw quantize ...   pw ctl ...   pw cluster ...   pw status ...   pw config ...
+//   pw eval ...   pw sim ...   pw loadgen ...
 //
 // serve is services/serve/serve.h; the others run the binary beside `pw` with the same
-// arguments (pw-quantize, pw-ctl, pw-cluster; status and config are pw-cluster's), so scripts
-// keep using those names. --config FILE gives serve's options as YAML keys (memory: 8G, port:
+// arguments (pw-quantize, pw-ctl, pw-cluster, pw-eval, pw-sim, pw-loadgen; status and config
+// are pw-cluster's), so scripts keep using those names. --config FILE gives serve's options as YAML keys (memory: 8G, port:
 // 8080, ...; the flags win).
 #include <unistd.h>
 
@@ -34,7 +36,8 @@ struct Forward {
 };
 constexpr Forward kForwards[] = {{"quantize", "pw-quantize", ""}, {"ctl", "pw-ctl", ""},
                                  {"cluster", "pw-cluster", ""},   {"status", "pw-cluster", "status"},
-                                 {"config", "pw-cluster", "config"}};
+                                 {"config", "pw-cluster", "config"}, {"eval", "pw-eval", ""},
+                                 {"sim", "pw-sim", ""},           {"loadgen", "pw-loadgen", ""}};
 
 int Exec(const Forward& f, int argc, char** argv) {
   const std::string bin = pw::service::SelfDir() + "/" + f.binary;
@@ -55,8 +58,8 @@ int main(int argc, char** argv) {
       if (std::strcmp(argv[1], f.sub) == 0) return Exec(f, argc, argv);
     }
   }
-  CLI::App app{"pw: serve a checkpoint (pw serve MODEL_DIR); quantize, ctl, cluster, status and config "
-               "run pw-quantize, pw-ctl and pw-cluster"};
+  CLI::App app{"pw: serve a checkpoint (pw serve MODEL_DIR); quantize, ctl, cluster, status, config, "
+               "eval, sim and loadgen run pw-quantize, pw-ctl, pw-cluster, pw-eval, pw-sim and pw-loadgen"};
   app.require_subcommand(1);
   auto* serve = app.add_subcommand("serve", "serve a checkpoint directory: store built and cached, memory planned");
   pw::serve::ServeOptions o;
