@@ -2049,11 +2049,21 @@ class Renderer {
       if (args.pos[0].kind != Value::Kind::kString) {
         return Err(pos, "strftime_now() takes a format string");
       }
+      // HF formats datetime.now(): local time (TZ), naive, so %Z and %z give "".
       const std::time_t t = static_cast<std::time_t>(now_unix_);
       std::tm tm{};
-      gmtime_r(&t, &tm);
+      localtime_r(&t, &tm);
       char buf[512];
-      const std::string& fmt = args.pos[0].s;
+      std::string fmt;
+      const std::string& given = args.pos[0].s;
+      for (size_t i = 0; i < given.size(); ++i) {
+        if (given[i] == '%' && i + 1 < given.size()) {
+          const char d = given[++i];
+          if (d != 'Z' && d != 'z') fmt += {'%', d};
+        } else {
+          fmt += given[i];
+        }
+      }
       const size_t n = fmt.empty() ? 0 : std::strftime(buf, sizeof(buf), fmt.c_str(), &tm);
       if (n == 0 && !fmt.empty()) return Err(pos, "strftime_now() format gives nothing or too much");
       return Value::Str(std::string(buf, n));

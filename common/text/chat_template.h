@@ -70,7 +70,9 @@ struct ChatTemplateInputs {
   // Render the last message open, for the model to continue it (HF's continue_final_message):
   // the prompt ends right after its content. Incompatible with add_generation_prompt.
   bool continue_final_message = false;
-  // The instant strftime_now() formats (Unix seconds, shown in UTC); nullopt: now.
+  // The instant strftime_now() formats (Unix seconds); nullopt: now. Shown in local time (the
+  // TZ environment variable, else /etc/localtime) with no zone, as HF's datetime.now() is:
+  // %Z and %z give "".
   std::optional<int64_t> now_unix;
   // The model's special tokens; nullopt leaves the variable undefined, as HF does when the
   // tokenizer has none (printing it gives "", concatenating it is an error).

@@ -4,9 +4,12 @@
 // (tests/fixtures/chat_template_real_cases.json, tools/gen_chat_template_real_cases.py).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -26,7 +29,30 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// Sets TZ for one test (strftime_now shows local time) and puts the old value back.
+class ScopedTz {
+ public:
+  explicit ScopedTz(const char* tz) {
+    if (const char* old = std::getenv("TZ")) old_ = old;
+    setenv("TZ", tz, 1);
+    tzset();
+  }
+  ~ScopedTz() {
+    if (old_) {
+      setenv("TZ", old_->c_str(), 1);
+    } else {
+      unsetenv("TZ");
+    }
+    tzset();
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
 TEST(ChatTemplateRealTemplates, RenderLikeJinja2) {
+  // The fixture's clock is naive UTC (strftime_now shows local time, as HF does).
+  ScopedTz utc("UTC0");
   const std::string path = SourcePath("tests/fixtures/chat_template_real_cases.json");
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   const json fixture = json::parse(ReadFile(path));
@@ -100,6 +126,35 @@ TEST(ChatTemplateRealTemplates, RenderLikeJinja2) {
               real);
   EXPECT_EQ(all_identical, sources.size());
   EXPECT_GT(errors, 0u);
+}
+
+// strftime_now shows local time without a zone, as HF's datetime.now().strftime(...) does: the
+// expected strings are Python's datetime.fromtimestamp(t).strftime(f) under the same TZ (POSIX
+// zone strings, no tz database needed; EST5EDT in summer and in winter).
+TEST(ChatTemplateRealTemplates, StrftimeNowIsLocalTimeAsHf) {
+  auto full = ChatTemplate::Parse("{{ strftime_now('%Y-%m-%d %H:%M %a %b|%Z|%z|%%Z|%%%z') }}");
+  auto date = ChatTemplate::Parse("{{ strftime_now('%d %b %Y %H:%M') }}");  // Llama 3.x's
+  ASSERT_TRUE(full.ok() && date.ok());
+  auto render = [](const ChatTemplate& t, int64_t now) {
+    ChatTemplateInputs in;
+    in.now_unix = now;
+    auto out = t.Render(in);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return out.ok() ? *out : std::string();
+  };
+  struct Case {
+    const char* tz;
+    const char* summer;  // 1753522200 (2025-07-26 09:30 UTC), the full format
+    const char* winter;  // 1736000000 (2025-01-04 14:13 UTC), the date format
+  };
+  for (const Case& c : {Case{"IST-5:30", "2025-07-26 15:00 Sat Jul|||%Z|%", "04 Jan 2025 19:43"},
+                        Case{"EST5EDT,M3.2.0,M11.1.0", "2025-07-26 05:30 Sat Jul|||%Z|%",
+                             "04 Jan 2025 09:13"},
+                        Case{"UTC0", "2025-07-26 09:30 Sat Jul|||%Z|%", "04 Jan 2025 14:13"}}) {
+    ScopedTz zone(c.tz);
+    EXPECT_EQ(render(*full, 1753522200), c.summer) << c.tz;
+    EXPECT_EQ(render(*date, 1736000000), c.winter) << c.tz;
+  }
 }
 
 }  // namespace
