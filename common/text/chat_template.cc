@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "common/text/unicode_case.h"
 #include "common/text/unicode_tables.h"
 
 namespace pw {
@@ -1918,31 +1919,41 @@ class Renderer {
     }
     return s.substr(b, en - b);
   }
-  static std::string Upper(std::string s) {
-    for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    return s;
-  }
-  static std::string Lower(std::string s) {
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  }
-  static std::string Capitalize(std::string s) {
-    s = Lower(std::move(s));
-    if (!s.empty()) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
-    return s;
-  }
-  static std::string Title(std::string s) {
-    bool start = true;
-    for (char& c : s) {
-      const unsigned char u = static_cast<unsigned char>(c);
-      if (std::isalpha(u)) {
-        c = static_cast<char>(start ? std::toupper(u) : std::tolower(u));
-        start = false;
-      } else {
-        start = true;
+  // Python's str methods (jinja2 runs on Python strings): common/text/unicode_case.h.
+  static std::string Upper(const std::string& s) { return unicode::PyUpper(s); }
+  static std::string Lower(const std::string& s) { return unicode::PyLower(s); }
+  static std::string Capitalize(const std::string& s) { return unicode::PyCapitalize(s); }
+  static std::string Title(const std::string& s) { return unicode::PyTitle(s); }
+  // jinja2's `title` filter, which is not str.title(): the text is split at runs of '-', '(',
+  // '{', '[', '<' and whitespace (str.isspace()), and each piece becomes
+  // piece[0].upper() + piece[1:].lower().
+  static std::string TitleFilter(const std::string& s) {
+    const auto off = CodePointOffsets(s);
+    auto separator = [&](size_t k) {
+      const std::string_view c(s.data() + off[k], off[k + 1] - off[k]);
+      if (c.size() == 1 && std::string_view("-({[<").find(c[0]) != std::string_view::npos) {
+        return true;
       }
+      // The code point (CodePointOffsets cuts before each lead byte).
+      const unsigned char lead = static_cast<unsigned char>(c[0]);
+      char32_t cp = c.size() == 1 ? lead : lead & (0x7F >> c.size());
+      for (size_t i = 1; i < c.size(); ++i) cp = (cp << 6) | (static_cast<unsigned char>(c[i]) & 0x3F);
+      return unicode::IsWhiteSpace(cp) || (cp >= 0x1C && cp <= 0x1F);  // str.isspace()
+    };
+    std::string out;
+    for (size_t k = 0; k + 1 < off.size();) {
+      size_t e = k + 1;
+      const bool sep = separator(k);
+      while (e + 1 < off.size() && separator(e) == sep) ++e;
+      if (sep) {
+        out.append(s, off[k], off[e] - off[k]);
+      } else {
+        out += unicode::PyUpper(std::string_view(s).substr(off[k], off[k + 1] - off[k]));
+        out += unicode::PyLower(std::string_view(s).substr(off[k + 1], off[e] - off[k + 1]));
+      }
+      k = e;
     }
-    return s;
+    return out;
   }
   static std::string Replace(const std::string& s, const std::string& from, const std::string& to,
                              int64_t count) {
@@ -2647,7 +2658,7 @@ class Renderer {
     if (f == "upper") return Value::Str(Upper(s));
     if (f == "lower") return Value::Str(Lower(s));
     if (f == "capitalize") return Value::Str(Capitalize(s));
-    if (f == "title") return Value::Str(Title(s));
+    if (f == "title") return Value::Str(TitleFilter(s));
     return Err(pos, "internal: filter '" + f + "'");
   }
 
@@ -2706,7 +2717,7 @@ class Renderer {
     }
     if (t == "lower" || t == "upper") {
       const std::string s = ToString(v);
-      return s == (t == "lower" ? Lower(s) : Upper(s));
+      return t == "lower" ? unicode::PyIsLower(s) : unicode::PyIsUpper(s);
     }
     return Err(pos, "internal: test '" + t + "'");
   }

@@ -32,7 +32,9 @@
 //   replace, indent(width, first=, blank=), wordcount, int, float, abs, round, safe, select,
 //   reject, selectattr, rejectattr, map(filter or attribute=);
 //   string methods strip, lstrip, rstrip, upper, lower, startswith, endswith, replace, split,
-//   title, capitalize; dict methods get, keys, values, items.
+//   title, capitalize; dict methods get, keys, values, items. Case changes (upper, lower, title,
+//   capitalize, tests lower/upper) are Python's on all of Unicode (common/text/unicode_case.h),
+//   the `title` filter jinja2's own (words split at '-', brackets and whitespace).
 // Anything else (include, import, extends, call blocks, other filters, tests or functions) is
 // refused at parse time with kUnsupported naming the line and column; malformed templates with
 // kInvalidArgument and the position. Rendering errors (raise_exception, type errors) are

@@ -157,5 +157,25 @@ TEST(ChatTemplateRealTemplates, StrftimeNowIsLocalTimeAsHf) {
   }
 }
 
+// upper, lower, title, capitalize (filters and str methods) and the tests `is lower` / `is upper`
+// beyond ASCII, as jinja2 on Python strings gives them (tests/fixtures/chat_template_case_cases.json,
+// tools/gen_chat_template_case_cases.py): full case mappings (ß -> SS, ŉ -> ʼN), final sigma,
+// titlecase digraphs (ǅ), jinja2's own `title` filter (split at '-', brackets and whitespace).
+TEST(ChatTemplateRealTemplates, CaseFiltersAndMethodsAsPython) {
+  const json fixture = json::parse(ReadFile(SourcePath("tests/fixtures/chat_template_case_cases.json")));
+  auto t = ChatTemplate::Parse(fixture["template"].get<std::string>());
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  size_t n = 0;
+  for (const json& c : fixture["cases"]) {
+    ChatTemplateInputs in;
+    in.kwargs = {{"s", c[0]}};
+    auto out = t->Render(in);
+    ASSERT_TRUE(out.ok()) << c[0] << ": " << out.status().ToString();
+    EXPECT_EQ(*out, c[1].get<std::string>()) << "s = " << c[0].get<std::string>();
+    ++n;
+  }
+  EXPECT_GE(n, 25u);
+}
+
 }  // namespace
 }  // namespace pw
