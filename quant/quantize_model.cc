@@ -89,7 +89,10 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   eo.num_threads = o.threads;
   eo.max_batch_tokens = std::max(o.ctx, 16);
   eo.num_kv_blocks = (o.ctx + eo.block_size - 1) / eo.block_size + 4;
+  QuantizeModelReport report;
   PW_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(o.model_dir, eo));
+  const auto t_loaded = Clock::now();
+  report.load_seconds = Seconds(t_start, t_loaded);
   const engine::Model& model = eng->model();
   const ModelConfig& cfg = model.config();
   for (const auto& layer : model.layers()) {
@@ -98,12 +101,12 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   const int L = static_cast<int>(cfg.num_layers), E = static_cast<int>(cfg.num_experts);
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
   PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
+  report.hash_seconds = Seconds(t_loaded, Clock::now());
   std::optional<StoreBuildDir> parts;
   if (!o.resume_dir.empty()) {
     PW_ASSIGN_OR_RETURN(StoreBuildDir d, StoreBuildDir::Open(o.resume_dir, BuildDescription(o, hash)));
     parts = std::move(d);
   }
-  QuantizeModelReport report;
 
   // 1. Calibration (or its statistics from an earlier, interrupted build).
   CalibrationStats stats;
@@ -118,7 +121,10 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   if (!report.calibration_reused) {
     CalibrationSource calib = CalibrationSourceOf(o);
     calib.max_tokens = o.max_calib_tokens;
+    const auto t_tokens = Clock::now();
     PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
+    const auto t_forward = Clock::now();
+    report.tokens_seconds = Seconds(t_tokens, t_forward);
     engine::Bf16ExpertProvider bf16(model);
     CalibrationRecorder recorder(&bf16, L, E, H, I);
     engine::MoeHooks hooks;
@@ -134,6 +140,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       }
     }
     eng->SetMoeHooks({});
+    report.forward_seconds = Seconds(t_forward, Clock::now());
     report.calib_tokens = static_cast<int64_t>(ids.size());
     stats.num_layers = L;
     stats.num_experts = E;
@@ -180,6 +187,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       }
       const double floor = o.floor_rel * hbar_mean;
       for (int e = 0; e < E; ++e) {
+        const auto t_prepare = Clock::now();
         const auto& s = stats.sums[ExpertBlockIndex(l, e, proj, E)];
         const uint64_t tokens = stats.tokens[ExpertBlockIndex(l, e, proj, E)];
         const double n = static_cast<double>(tokens);
@@ -197,7 +205,11 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         } else {
           for (size_t i = 0; i < static_cast<size_t>(H) * I; ++i) w[i] = Bf16ToF32(mw.down.data[i]);
         }
+        const auto t_fit = Clock::now();
+        report.prepare_seconds += Seconds(t_prepare, t_fit);
         auto q = QuantizeBlock(w.data(), rows, cols, h.data(), qo);
+        const auto t_write = Clock::now();
+        report.fit_seconds += Seconds(t_fit, t_write);
         if (!q.ok()) {
           return q.status().WithContext("layer " + std::to_string(l) + ", expert " + std::to_string(e) +
                                         (proj == engine::ExpertProj::kGateUp ? ", gate_up" : ", down"));
@@ -216,6 +228,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         b.damage[0] = q->damage[0];
         b.calib_tokens = tokens;
         PW_RETURN_IF_ERROR(emit(b));
+        report.write_seconds += Seconds(t_write, Clock::now());
         ++report.num_blocks;
         on_block(proj == engine::ExpertProj::kGateUp ? 2 : 1);
       }
@@ -273,6 +286,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
                      Seconds(t_layer, Clock::now()), elapsed, eta, report.layers_reused);
       }
     }
+    const auto t_assemble = Clock::now();
     PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
     for (int l = 0; l < L; ++l) {
       PW_ASSIGN_OR_RETURN(auto layer, apw::ApwStore::Open(parts->LayerPath(l), check));
@@ -288,6 +302,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     }
     PW_RETURN_IF_ERROR(writer->Finish());
     PW_RETURN_IF_ERROR(parts->Remove());
+    report.assemble_seconds = Seconds(t_assemble, Clock::now());
   }
   report.num_blocks = L * E * kProjsPerExpert;  // reused layers' blocks included
   const auto t_end = Clock::now();

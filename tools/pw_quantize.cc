@@ -72,8 +72,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "worker threads")->check(CLI::Range(1, 1024));
   app.add_option("--ctx", o.ctx, "calibration window in tokens")->check(CLI::Range(2, 1 << 20));
   app.add_option("--max-calib-tokens", o.max_calib_tokens, "use at most this many calibration tokens (0 = all)");
-  bool quiet = false;
+  bool quiet = false, verbose = false;
   app.add_flag("--quiet", quiet, "no progress bar");
+  app.add_flag("--verbose", verbose, "print where the time went, phase by phase");
   app.add_option("--resume-dir", o.resume_dir,
                  "keep the calibration statistics and each quantized layer here, so that a killed build "
                  "started again with the same options resumes; removed once the store is written");
@@ -147,5 +148,13 @@ int main(int argc, char** argv) {
                r->num_blocks, static_cast<long long>(r->calib_tokens),
                r->calibration_reused ? " (statistics reused)" : "", r->calib_seconds, r->quantize_seconds,
                r->layers_reused, r->total_seconds, o.out_path.c_str());
+  if (verbose) {
+    std::fprintf(stderr,
+                 "pw-quantize: time by phase (s): load %.2f, model hash %.2f, calibration tokens %.2f, "
+                 "forward passes %.2f, weights + sensitivities %.2f, per-row fit %.2f, write %.2f, "
+                 "assemble %.2f\n",
+                 r->load_seconds, r->hash_seconds, r->tokens_seconds, r->forward_seconds, r->prepare_seconds,
+                 r->fit_seconds, r->write_seconds, r->assemble_seconds);
+  }
   return 0;
 }
