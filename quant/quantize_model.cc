@@ -60,7 +60,7 @@ class Progress {
 
 // What the bytes of a store depend on besides the checkpoint: a resume directory holding parts
 // of another build is emptied (store_build_dir.h).
-std::string BuildDescription(const QuantizeModelOptions& o, uint64_t model_hash) {
+std::string BuildDescription(const QuantizeModelOptions& o, const CalibrationSource& calib, uint64_t model_hash) {
   char line[512];
   std::snprintf(line, sizeof(line),
                 "pagedweight store build 1\nmodel_hash %016llx\nseed_bits %d\nmax_bits %d\nthreads %d\nctx %d\n"
@@ -68,13 +68,15 @@ std::string BuildDescription(const QuantizeModelOptions& o, uint64_t model_hash)
                 static_cast<unsigned long long>(model_hash), o.seed_bits, o.max_bits, o.threads, o.ctx,
                 static_cast<long long>(o.max_calib_tokens), o.prior_tokens, o.floor_rel);
   std::string s = line;
-  if (o.calib_random_tokens > 0) {
-    s += "calib random " + std::to_string(o.calib_random_tokens) + " seed " + std::to_string(o.calib_seed) + "\n";
+  if (calib.random_tokens > 0) {
+    s += "calib random " + std::to_string(calib.random_tokens) + " seed " + std::to_string(calib.seed) + "\n";
+  } else if (calib.bundled_text) {
+    s += "calib " + DescribeCalibration(calib) + "\n";
   } else {
     std::error_code ec;
-    const auto size = std::filesystem::file_size(o.calib_path, ec);
-    s += "calib text " + o.calib_path + " bytes " + std::to_string(ec ? 0 : size) + " tokenizer " +
-         o.tokenizer_path + "\n";
+    const auto size = std::filesystem::file_size(calib.text_path, ec);
+    s += "calib text " + calib.text_path + " bytes " + std::to_string(ec ? 0 : size) + " tokenizer " +
+         calib.tokenizer_path + "\n";
   }
   return s;
 }
@@ -102,9 +104,12 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
   PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
   report.hash_seconds = Seconds(t_loaded, Clock::now());
+  CalibrationSource calib = ResolveDefaultCalibration(CalibrationSourceOf(o));
+  calib.max_tokens = o.max_calib_tokens;
+  report.calibration = DescribeCalibration(calib);
   std::optional<StoreBuildDir> parts;
   if (!o.resume_dir.empty()) {
-    PW_ASSIGN_OR_RETURN(StoreBuildDir d, StoreBuildDir::Open(o.resume_dir, BuildDescription(o, hash)));
+    PW_ASSIGN_OR_RETURN(StoreBuildDir d, StoreBuildDir::Open(o.resume_dir, BuildDescription(o, calib, hash)));
     parts = std::move(d);
   }
 
@@ -119,8 +124,6 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     }
   }
   if (!report.calibration_reused) {
-    CalibrationSource calib = CalibrationSourceOf(o);
-    calib.max_tokens = o.max_calib_tokens;
     const auto t_tokens = Clock::now();
     PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
     const auto t_forward = Clock::now();
@@ -131,13 +134,20 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     hooks.provider = &recorder;
     eng->SetMoeHooks(hooks);
     {
+      // Each window is a prefill into leased KV blocks: the experts see what ForwardLogits
+      // would give them, but the lm_head runs for the last position only (the statistics need
+      // no logits; at OLMoE's dimensions the lm_head is most of a token's work outside them).
+      PW_ASSIGN_OR_RETURN(std::vector<int32_t> blocks, eng->LeaseKvBlocks(engine::BlocksForTokens(o.ctx, eo.block_size)));
       Progress bar("calibrate", static_cast<double>(ids.size()), o.progress);
-      for (size_t at = 0; at < ids.size(); at += o.ctx) {
+      Status st;
+      for (size_t at = 0; at < ids.size() && st.ok(); at += o.ctx) {
         const size_t n = std::min<size_t>(o.ctx, ids.size() - at);
-        auto logits = eng->ForwardLogits(std::span<const int32_t>(ids.data() + at, n));
-        if (!logits.ok()) return logits.status().WithContext("calibration window at token " + std::to_string(at));
+        auto r = eng->Prefill(std::span<const int32_t>(ids.data() + at, n), blocks, engine::SamplingParams{});
+        if (!r.ok()) st = r.status().WithContext("calibration window at token " + std::to_string(at));
         bar.Update(static_cast<double>(at + n));
       }
+      PW_RETURN_IF_ERROR(eng->ReturnKvBlocks(blocks));
+      PW_RETURN_IF_ERROR(st);
     }
     eng->SetMoeHooks({});
     report.forward_seconds = Seconds(t_forward, Clock::now());

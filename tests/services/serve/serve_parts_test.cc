@@ -1,6 +1,6 @@
 // pw serve's parts without processes: --memory parsing, the memory plan's refusals and width
 // choice, the served name of a Hugging Face cache snapshot, and the node file it writes loaded
-// by the launcher as `pw-cluster up` loads it.
+// by the launcher as `pw-cluster up` loads it; the store cache key.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,6 +11,7 @@
 #include "services/serve/memory_plan.h"
 #include "services/serve/model_source.h"
 #include "services/serve/serve.h"
+#include "services/serve/store_cache.h"
 
 namespace pw::serve {
 namespace {
@@ -108,6 +109,23 @@ TEST(ServeMemory, AutoPicksTheWidestWidthThatFits) {
   EXPECT_EQ(bf16->bits, 16);
   EXPECT_EQ(bf16->store, 0);
   EXPECT_EQ(bf16->experts, 0);
+}
+
+// A store is found again only when both the checkpoint and the calibration text are the same:
+// a new calibration text (or another checkpoint) gets another path.
+TEST(ServeStoreCache, TheKeyChangesWithTheCheckpointAndTheCalibrationText) {
+  const uint64_t model = 0x1234567890abcdefull, text = 0x0fedcba987654321ull;
+  const uint64_t key = StoreKey(model, text);
+  EXPECT_EQ(key, StoreKey(model, text));
+  EXPECT_NE(key, StoreKey(model, text ^ 1));
+  EXPECT_NE(key, StoreKey(model ^ 1, text));
+  EXPECT_NE(key, model);
+  const StorePaths a = StorePathsFor("/cache", key), b = StorePathsFor("/cache", StoreKey(model, text ^ 1));
+  EXPECT_NE(a.store, b.store);
+  EXPECT_NE(a.partial, b.partial);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(key));
+  EXPECT_EQ(a.store, std::string("/cache/stores/") + hex + ".apw");
 }
 
 TEST(ServeModel, CacheSnapshotsAreServedAsOrgName) {
