@@ -260,17 +260,31 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     PW_RETURN_IF_ERROR(writer->Finish());
   } else {
     // Each layer as a one-layer store in the resume directory (skipped when a valid one is
-    // there), then all of them copied, in order, into the store.
+    // there), its blocks also added to the store as they come (a reused layer's copied from
+    // its part), so the store is complete when the last layer is. A killed build leaves the
+    // store's .tmp beside it, replaced by the next build.
     apw::StoreInfo one = info;
     one.num_layers = 1;
     apw::ApwStore::Options check;
     check.expected_model_hash = hash;
+    PW_ASSIGN_OR_RETURN(auto store, apw::ApwWriter::Create(o.out_path, info));
     for (int l = 0; l < L; ++l) {
       const std::string path = parts->LayerPath(l);
       if (std::filesystem::exists(path)) {
         auto have = apw::ApwStore::Open(path, check);
         if (have.ok() && (*have)->info().num_layers == 1 && (*have)->info().num_experts == one.num_experts &&
             (*have)->info().hidden == one.hidden && (*have)->info().ffn == one.ffn) {
+          const auto t_copy = Clock::now();
+          for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
+            for (int e = 0; e < E; ++e) {
+              const apw::BlockData* b = (*have)->Find(0, static_cast<uint32_t>(e), kind);
+              if (b == nullptr) return Corrupt(path + ": lacks expert " + std::to_string(e));
+              apw::BlockData in_model = *b;
+              in_model.layer = static_cast<uint32_t>(l);
+              PW_RETURN_IF_ERROR(store->Add(in_model));
+            }
+          }
+          report.assemble_seconds += Seconds(t_copy, Clock::now());
           ++report.layers_reused;
           continue;
         }
@@ -282,6 +296,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       PW_RETURN_IF_ERROR(quantize_layer(
           l,
           [&](const apw::BlockData& b) {
+            PW_RETURN_IF_ERROR(store->Add(b));
             apw::BlockData in_layer = b;
             in_layer.layer = 0;
             return writer->Add(in_layer);
@@ -296,23 +311,10 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
                      Seconds(t_layer, Clock::now()), elapsed, eta, report.layers_reused);
       }
     }
-    const auto t_assemble = Clock::now();
-    PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
-    for (int l = 0; l < L; ++l) {
-      PW_ASSIGN_OR_RETURN(auto layer, apw::ApwStore::Open(parts->LayerPath(l), check));
-      for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
-        for (int e = 0; e < E; ++e) {
-          const apw::BlockData* b = layer->Find(0, static_cast<uint32_t>(e), kind);
-          if (b == nullptr) return Corrupt(layer->path() + ": lacks expert " + std::to_string(e));
-          apw::BlockData in_model = *b;
-          in_model.layer = static_cast<uint32_t>(l);
-          PW_RETURN_IF_ERROR(writer->Add(in_model));
-        }
-      }
-    }
-    PW_RETURN_IF_ERROR(writer->Finish());
+    const auto t_publish = Clock::now();
+    PW_RETURN_IF_ERROR(store->Finish());
     PW_RETURN_IF_ERROR(parts->Remove());
-    report.assemble_seconds = Seconds(t_assemble, Clock::now());
+    report.assemble_seconds += Seconds(t_publish, Clock::now());
   }
   report.num_blocks = L * E * kProjsPerExpert;  // reused layers' blocks included
   const auto t_end = Clock::now();
