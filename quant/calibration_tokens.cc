@@ -6,8 +6,8 @@
 #include <memory>
 #include <sstream>
 
+#include "common/calibration_text.h"
 #include "common/text/tokenizer.h"
-#include "quant/calibration_text.h"
 
 namespace pw::anyprec {
 namespace {

@@ -2,7 +2,7 @@
 //   1. calibration: prefills the calibration text in windows of `ctx` tokens (the lm_head
 //      only for a window's last position), recording per expert block sum_t x_tj^2 over the
 //      tokens routed to it (gate_up: the expert's input hidden states; down: SiLU(gate)*up).
-//      The text is calib_path, or by default the bundled one (quant/calibration_text.h)
+//      The text is calib_path, or by default the bundled one (common/calibration_text.h)
 //      through the model's tokenizer. With calib_random_tokens > 0 the tokens are instead that
 //      many ids drawn uniformly from the model's vocabulary (seeded; no text, no tokenizer),
 //      also the default for a checkpoint without a tokenizer (kDefaultRandomCalibrationTokens;

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Writes quant/calibration/calibration.txt, the text pw-quantize calibrates on by default.
+"""Writes common/calibration/calibration.txt, the text pw-quantize calibrates on by default.
 
 Standard library only (run with /usr/bin/python3). Documents of the embedded model's training
 split (tools/corpus.py: never a held-out document) from the two domains whose licences allow
 shipping them: the King James Bible (bible-kjv-text; public domain) and the Python 3.11
 standard library (libpython3.11-stdlib; PSF License Version 2, see
-quant/calibration/LICENSE-PSF.txt). SEGMENTS documents of each domain at evenly spaced
+common/calibration/LICENSE-PSF.txt). SEGMENTS documents of each domain at evenly spaced
 positions in name order, each cut to its first SEGMENT_CHARS characters at a line boundary,
 alternating the domains, joined by a blank line. Deterministic for given package versions;
 prints the sha256 of what it wrote.
 
-  /usr/bin/python3 tools/calibration_text.py [--out quant/calibration/calibration.txt]
+  /usr/bin/python3 tools/calibration_text.py [--out common/calibration/calibration.txt]
 """
 
 import argparse
@@ -38,7 +38,7 @@ def Segments(domain):
 def Main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ap.add_argument("--out", default=os.path.join(root, "quant", "calibration", "calibration.txt"))
+    ap.add_argument("--out", default=os.path.join(root, "common", "calibration", "calibration.txt"))
     args = ap.parse_args(argv)
     per_domain = [Segments(d) for d in DOMAINS]
     parts = []

@@ -12,7 +12,7 @@
 // PlanRandom (policies/planner/width_plans.h) and TrainResidualHeads (quant/residual_train.h: the
 // planner's prompt residual heads, a file beside the store); this is their command line.
 // Without --calib or --calib-random-tokens the store is calibrated on the bundled text
-// (quant/calibration/) through the model's tokenizer, or, for a checkpoint without one,
+// (common/calibration/) through the model's tokenizer, or, for a checkpoint without one,
 // on 4096 random ids (--calib-seed); the line it ends with says which.
 // --calib-random-tokens calibrates on N token ids drawn uniformly from the vocabulary instead of
 // text, so a checkpoint without a tokenizer (make_synthetic_moe's) gets a store: its widths and

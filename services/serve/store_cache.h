@@ -29,7 +29,7 @@ struct StorePaths {
   std::string lock;
 };
 // The key of a checkpoint's store: FNV-1a 64 over the model hash and the hash of the
-// calibration text the store is built from (quant/calibration_text.h), both little-endian.
+// calibration text the store is built from (common/calibration_text.h), both little-endian.
 uint64_t StoreKey(uint64_t model_hash, uint64_t calibration_hash);
 StorePaths StorePathsFor(const std::string& store_dir, uint64_t store_key);
 

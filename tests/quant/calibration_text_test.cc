@@ -9,7 +9,7 @@
 #include <iterator>
 
 #include "common/text/tokenizer.h"
-#include "quant/calibration_text.h"
+#include "common/calibration_text.h"
 #include "quant/calibration_tokens.h"
 #include "quant/quantize_model.h"
 
@@ -35,7 +35,7 @@ std::string ReadFile(const std::string& path) {
 }
 
 TEST_F(CalibrationTextTest, TheBundledTextIsTheCommittedFile) {
-  const std::string committed = ReadFile(std::string(PW_SOURCE_DIR) + "/quant/calibration/calibration.txt");
+  const std::string committed = ReadFile(std::string(PW_SOURCE_DIR) + "/common/calibration/calibration.txt");
   ASSERT_GT(committed.size(), 10000u);
   EXPECT_EQ(BundledCalibrationText(), committed);
 }
