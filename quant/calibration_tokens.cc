@@ -1,9 +1,12 @@
 #include "quant/calibration_tokens.h"
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
+#include "common/calibration_text.h"
 #include "common/text/tokenizer.h"
 
 namespace pw::anyprec {
@@ -33,7 +36,37 @@ std::vector<int32_t> RandomTokens(int64_t n, int vocab, uint64_t seed) {
   return ids;
 }
 
+std::string TokenizerPath(const CalibrationSource& src) {
+  return src.tokenizer_path.empty() ? src.model_dir + "/tokenizer.json" : src.tokenizer_path;
+}
+
 }  // namespace
+
+CalibrationSource ResolveDefaultCalibration(CalibrationSource src) {
+  if (src.random_tokens > 0 || src.bundled_text || !src.text_path.empty()) return src;
+  std::error_code ec;
+  if (std::filesystem::exists(TokenizerPath(src), ec)) {
+    src.bundled_text = true;
+  } else {
+    src.random_tokens = kDefaultRandomCalibrationTokens;
+  }
+  return src;
+}
+
+std::string DescribeCalibration(const CalibrationSource& src) {
+  if (src.random_tokens > 0) {
+    return std::to_string(src.random_tokens) + " random ids, seed " + std::to_string(src.seed);
+  }
+  if (src.bundled_text) {
+    char hash[17];
+    std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(BundledCalibrationTextHash()));
+    return std::string("bundled text ") + hash + " (" + std::to_string(BundledCalibrationText().size()) +
+           " bytes) through " + TokenizerPath(src);
+  }
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(src.text_path, ec);
+  return "text " + src.text_path + " (" + std::to_string(ec ? 0 : size) + " bytes) through " + TokenizerPath(src);
+}
 
 Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& src, int vocab) {
   std::vector<int32_t> ids;
@@ -44,10 +77,14 @@ Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& src, int
     if (ids.size() < 2) return InvalidArgument("random calibration tokens: fewer than 2 tokens");
     return ids;
   }
-  const std::string tok_path =
-      src.tokenizer_path.empty() ? src.model_dir + "/tokenizer.json" : src.tokenizer_path;
+  const std::string tok_path = TokenizerPath(src);
   PW_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromFile(tok_path));
-  PW_ASSIGN_OR_RETURN(std::string text, ReadText(src.text_path));
+  std::string text;
+  if (src.bundled_text) {
+    text = std::string(BundledCalibrationText());
+  } else {
+    PW_ASSIGN_OR_RETURN(text, ReadText(src.text_path));
+  }
   PW_ASSIGN_OR_RETURN(ids, tokenizer->Encode(text));
   if (src.max_tokens > 0 && static_cast<int64_t>(ids.size()) > src.max_tokens) {
     ids.resize(static_cast<size_t>(src.max_tokens));
@@ -59,7 +96,8 @@ Result<std::vector<int32_t>> CalibrationTokens(const CalibrationSource& src, int
     }
   }
   if (ids.size() < 2) {
-    return InvalidArgument(src.text_path + ": calibration text has fewer than 2 tokens");
+    return InvalidArgument((src.bundled_text ? std::string("the bundled calibration text") : src.text_path) +
+                           ": calibration text has fewer than 2 tokens");
   }
   return ids;
 }

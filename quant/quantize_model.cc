@@ -60,7 +60,7 @@ class Progress {
 
 // What the bytes of a store depend on besides the checkpoint: a resume directory holding parts
 // of another build is emptied (store_build_dir.h).
-std::string BuildDescription(const QuantizeModelOptions& o, uint64_t model_hash) {
+std::string BuildDescription(const QuantizeModelOptions& o, const CalibrationSource& calib, uint64_t model_hash) {
   char line[512];
   std::snprintf(line, sizeof(line),
                 "pagedweight store build 1\nmodel_hash %016llx\nseed_bits %d\nmax_bits %d\nthreads %d\nctx %d\n"
@@ -68,13 +68,15 @@ std::string BuildDescription(const QuantizeModelOptions& o, uint64_t model_hash)
                 static_cast<unsigned long long>(model_hash), o.seed_bits, o.max_bits, o.threads, o.ctx,
                 static_cast<long long>(o.max_calib_tokens), o.prior_tokens, o.floor_rel);
   std::string s = line;
-  if (o.calib_random_tokens > 0) {
-    s += "calib random " + std::to_string(o.calib_random_tokens) + " seed " + std::to_string(o.calib_seed) + "\n";
+  if (calib.random_tokens > 0) {
+    s += "calib random " + std::to_string(calib.random_tokens) + " seed " + std::to_string(calib.seed) + "\n";
+  } else if (calib.bundled_text) {
+    s += "calib " + DescribeCalibration(calib) + "\n";
   } else {
     std::error_code ec;
-    const auto size = std::filesystem::file_size(o.calib_path, ec);
-    s += "calib text " + o.calib_path + " bytes " + std::to_string(ec ? 0 : size) + " tokenizer " +
-         o.tokenizer_path + "\n";
+    const auto size = std::filesystem::file_size(calib.text_path, ec);
+    s += "calib text " + calib.text_path + " bytes " + std::to_string(ec ? 0 : size) + " tokenizer " +
+         calib.tokenizer_path + "\n";
   }
   return s;
 }
@@ -89,7 +91,10 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   eo.num_threads = o.threads;
   eo.max_batch_tokens = std::max(o.ctx, 16);
   eo.num_kv_blocks = (o.ctx + eo.block_size - 1) / eo.block_size + 4;
+  QuantizeModelReport report;
   PW_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(o.model_dir, eo));
+  const auto t_loaded = Clock::now();
+  report.load_seconds = Seconds(t_start, t_loaded);
   const engine::Model& model = eng->model();
   const ModelConfig& cfg = model.config();
   for (const auto& layer : model.layers()) {
@@ -98,12 +103,15 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   const int L = static_cast<int>(cfg.num_layers), E = static_cast<int>(cfg.num_experts);
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
   PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
+  report.hash_seconds = Seconds(t_loaded, Clock::now());
+  CalibrationSource calib = ResolveDefaultCalibration(CalibrationSourceOf(o));
+  calib.max_tokens = o.max_calib_tokens;
+  report.calibration = DescribeCalibration(calib);
   std::optional<StoreBuildDir> parts;
   if (!o.resume_dir.empty()) {
-    PW_ASSIGN_OR_RETURN(StoreBuildDir d, StoreBuildDir::Open(o.resume_dir, BuildDescription(o, hash)));
+    PW_ASSIGN_OR_RETURN(StoreBuildDir d, StoreBuildDir::Open(o.resume_dir, BuildDescription(o, calib, hash)));
     parts = std::move(d);
   }
-  QuantizeModelReport report;
 
   // 1. Calibration (or its statistics from an earlier, interrupted build).
   CalibrationStats stats;
@@ -116,24 +124,33 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     }
   }
   if (!report.calibration_reused) {
-    CalibrationSource calib = CalibrationSourceOf(o);
-    calib.max_tokens = o.max_calib_tokens;
+    const auto t_tokens = Clock::now();
     PW_ASSIGN_OR_RETURN(std::vector<int32_t> ids, CalibrationTokens(calib, eng->vocab_size()));
+    const auto t_forward = Clock::now();
+    report.tokens_seconds = Seconds(t_tokens, t_forward);
     engine::Bf16ExpertProvider bf16(model);
     CalibrationRecorder recorder(&bf16, L, E, H, I);
     engine::MoeHooks hooks;
     hooks.provider = &recorder;
     eng->SetMoeHooks(hooks);
     {
+      // Each window is a prefill into leased KV blocks: the experts see what ForwardLogits
+      // would give them, but the lm_head runs for the last position only (the statistics need
+      // no logits; at OLMoE's dimensions the lm_head is most of a token's work outside them).
+      PW_ASSIGN_OR_RETURN(std::vector<int32_t> blocks, eng->LeaseKvBlocks(engine::BlocksForTokens(o.ctx, eo.block_size)));
       Progress bar("calibrate", static_cast<double>(ids.size()), o.progress);
-      for (size_t at = 0; at < ids.size(); at += o.ctx) {
+      Status st;
+      for (size_t at = 0; at < ids.size() && st.ok(); at += o.ctx) {
         const size_t n = std::min<size_t>(o.ctx, ids.size() - at);
-        auto logits = eng->ForwardLogits(std::span<const int32_t>(ids.data() + at, n));
-        if (!logits.ok()) return logits.status().WithContext("calibration window at token " + std::to_string(at));
+        auto r = eng->Prefill(std::span<const int32_t>(ids.data() + at, n), blocks, engine::SamplingParams{});
+        if (!r.ok()) st = r.status().WithContext("calibration window at token " + std::to_string(at));
         bar.Update(static_cast<double>(at + n));
       }
+      PW_RETURN_IF_ERROR(eng->ReturnKvBlocks(blocks));
+      PW_RETURN_IF_ERROR(st);
     }
     eng->SetMoeHooks({});
+    report.forward_seconds = Seconds(t_forward, Clock::now());
     report.calib_tokens = static_cast<int64_t>(ids.size());
     stats.num_layers = L;
     stats.num_experts = E;
@@ -180,6 +197,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       }
       const double floor = o.floor_rel * hbar_mean;
       for (int e = 0; e < E; ++e) {
+        const auto t_prepare = Clock::now();
         const auto& s = stats.sums[ExpertBlockIndex(l, e, proj, E)];
         const uint64_t tokens = stats.tokens[ExpertBlockIndex(l, e, proj, E)];
         const double n = static_cast<double>(tokens);
@@ -197,7 +215,11 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         } else {
           for (size_t i = 0; i < static_cast<size_t>(H) * I; ++i) w[i] = Bf16ToF32(mw.down.data[i]);
         }
+        const auto t_fit = Clock::now();
+        report.prepare_seconds += Seconds(t_prepare, t_fit);
         auto q = QuantizeBlock(w.data(), rows, cols, h.data(), qo);
+        const auto t_write = Clock::now();
+        report.fit_seconds += Seconds(t_fit, t_write);
         if (!q.ok()) {
           return q.status().WithContext("layer " + std::to_string(l) + ", expert " + std::to_string(e) +
                                         (proj == engine::ExpertProj::kGateUp ? ", gate_up" : ", down"));
@@ -216,6 +238,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         b.damage[0] = q->damage[0];
         b.calib_tokens = tokens;
         PW_RETURN_IF_ERROR(emit(b));
+        report.write_seconds += Seconds(t_write, Clock::now());
         ++report.num_blocks;
         on_block(proj == engine::ExpertProj::kGateUp ? 2 : 1);
       }
@@ -237,17 +260,31 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     PW_RETURN_IF_ERROR(writer->Finish());
   } else {
     // Each layer as a one-layer store in the resume directory (skipped when a valid one is
-    // there), then all of them copied, in order, into the store.
+    // there), its blocks also added to the store as they come (a reused layer's copied from
+    // its part), so the store is complete when the last layer is. A killed build leaves the
+    // store's .tmp beside it, replaced by the next build.
     apw::StoreInfo one = info;
     one.num_layers = 1;
     apw::ApwStore::Options check;
     check.expected_model_hash = hash;
+    PW_ASSIGN_OR_RETURN(auto store, apw::ApwWriter::Create(o.out_path, info));
     for (int l = 0; l < L; ++l) {
       const std::string path = parts->LayerPath(l);
       if (std::filesystem::exists(path)) {
         auto have = apw::ApwStore::Open(path, check);
         if (have.ok() && (*have)->info().num_layers == 1 && (*have)->info().num_experts == one.num_experts &&
             (*have)->info().hidden == one.hidden && (*have)->info().ffn == one.ffn) {
+          const auto t_copy = Clock::now();
+          for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
+            for (int e = 0; e < E; ++e) {
+              const apw::BlockData* b = (*have)->Find(0, static_cast<uint32_t>(e), kind);
+              if (b == nullptr) return Corrupt(path + ": lacks expert " + std::to_string(e));
+              apw::BlockData in_model = *b;
+              in_model.layer = static_cast<uint32_t>(l);
+              PW_RETURN_IF_ERROR(store->Add(in_model));
+            }
+          }
+          report.assemble_seconds += Seconds(t_copy, Clock::now());
           ++report.layers_reused;
           continue;
         }
@@ -259,6 +296,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       PW_RETURN_IF_ERROR(quantize_layer(
           l,
           [&](const apw::BlockData& b) {
+            PW_RETURN_IF_ERROR(store->Add(b));
             apw::BlockData in_layer = b;
             in_layer.layer = 0;
             return writer->Add(in_layer);
@@ -273,21 +311,10 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
                      Seconds(t_layer, Clock::now()), elapsed, eta, report.layers_reused);
       }
     }
-    PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
-    for (int l = 0; l < L; ++l) {
-      PW_ASSIGN_OR_RETURN(auto layer, apw::ApwStore::Open(parts->LayerPath(l), check));
-      for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
-        for (int e = 0; e < E; ++e) {
-          const apw::BlockData* b = layer->Find(0, static_cast<uint32_t>(e), kind);
-          if (b == nullptr) return Corrupt(layer->path() + ": lacks expert " + std::to_string(e));
-          apw::BlockData in_model = *b;
-          in_model.layer = static_cast<uint32_t>(l);
-          PW_RETURN_IF_ERROR(writer->Add(in_model));
-        }
-      }
-    }
-    PW_RETURN_IF_ERROR(writer->Finish());
+    const auto t_publish = Clock::now();
+    PW_RETURN_IF_ERROR(store->Finish());
     PW_RETURN_IF_ERROR(parts->Remove());
+    report.assemble_seconds += Seconds(t_publish, Clock::now());
   }
   report.num_blocks = L * E * kProjsPerExpert;  // reused layers' blocks included
   const auto t_end = Clock::now();

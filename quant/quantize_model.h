@@ -1,10 +1,13 @@
 // Quantizes a whole checkpoint into an .apw store (the logic behind pw-quantize):
-//   1. calibration: runs the engine teacher-forced over the calibration text in windows of
-//      `ctx` tokens, recording per expert block sum_t x_tj^2 over the tokens routed to it
-//      (gate_up: the expert's input hidden states; down: SiLU(gate)*up). With
-//      calib_random_tokens > 0 the tokens are instead that many ids drawn uniformly from the
-//      model's vocabulary (seeded; no text, no tokenizer): for checkpoints without a tokenizer
-//      such as make_synthetic_moe's, where the statistics only need to be plausible;
+//   1. calibration: prefills the calibration text in windows of `ctx` tokens (the lm_head
+//      only for a window's last position), recording per expert block sum_t x_tj^2 over the
+//      tokens routed to it (gate_up: the expert's input hidden states; down: SiLU(gate)*up).
+//      The text is calib_path, or by default the bundled one (common/calibration_text.h)
+//      through the model's tokenizer. With calib_random_tokens > 0 the tokens are instead that
+//      many ids drawn uniformly from the model's vocabulary (seeded; no text, no tokenizer),
+//      also the default for a checkpoint without a tokenizer (kDefaultRandomCalibrationTokens;
+//      calibration_tokens.h) such as make_synthetic_moe's, where the statistics only need to
+//      be plausible;
 //   2. sensitivity of block i: h_j = (sum_j + n0 * hbar_j) / (n_i + n0), hbar = the layer's
 //      mean over all routed tokens (same projection), n0 = prior_tokens: a rarely routed expert
 //      leans on its layer's statistics instead of getting zero; then h_j >= floor_rel * mean(hbar);
@@ -25,7 +28,7 @@ namespace pw::anyprec {
 
 struct QuantizeModelOptions {
   std::string model_dir;
-  std::string calib_path;      // UTF-8 text (unused with calib_random_tokens)
+  std::string calib_path;      // UTF-8 text ("" and no random tokens: the default, above)
   std::string out_path;        // .apw store (written atomically)
   std::string tokenizer_path;  // default: <model_dir>/tokenizer.json (unused with random tokens)
   int64_t calib_random_tokens = 0;  // > 0: calibrate on this many random token ids, not text
@@ -48,8 +51,17 @@ struct QuantizeModelReport {
   double calib_seconds = 0;
   double quantize_seconds = 0;
   double total_seconds = 0;
+  std::string calibration;           // what the calibration ids came from (DescribeCalibration)
   bool calibration_reused = false;  // resume_dir held the calibration statistics
   int layers_reused = 0;            // layers resume_dir already held
+  // Where the time went (wall seconds; pw-quantize --verbose prints them): loading the model
+  // (weights mapped, dense matrices prepared), its hash (every expert byte read), the
+  // calibration tokens (tokenizing), the forward passes, the blocks' fp32 weights and
+  // sensitivities, the per-row fit (QuantizeBlock), writing blocks (CRC, pwrite; with
+  // resume_dir both the layer's part and the store), and with resume_dir copying reused parts
+  // into the store, publishing it and removing the parts.
+  double load_seconds = 0, hash_seconds = 0, tokens_seconds = 0, forward_seconds = 0;
+  double prepare_seconds = 0, fit_seconds = 0, write_seconds = 0, assemble_seconds = 0;
 };
 
 Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& options);

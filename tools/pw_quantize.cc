@@ -1,6 +1,7 @@
 // pw-quantize: builds an any-precision expert store (.apw) from a checkpoint and calibration
 // text, and plans per-block width maps from a store.
-//   pw-quantize --model DIR --calib FILE --out STORE [--seed-bits 3] [--max-bits 8] [--threads N]
+//   pw-quantize --model DIR --out STORE [--seed-bits 3] [--max-bits 8] [--threads N] [--verbose]
+//   pw-quantize --model DIR --calib FILE --out STORE [...]
 //   pw-quantize --model DIR --calib-random-tokens N [--calib-seed S] --out STORE [...]
 //   pw-quantize ... --resume-dir DIR   (keep finished parts there: a killed build resumes)
 //   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
@@ -10,6 +11,9 @@
 // The work is QuantizeModel (quant/quantize_model.h) and PlanDamageRanked /
 // PlanRandom (policies/planner/width_plans.h) and TrainResidualHeads (quant/residual_train.h: the
 // planner's prompt residual heads, a file beside the store); this is their command line.
+// Without --calib or --calib-random-tokens the store is calibrated on the bundled text
+// (common/calibration/) through the model's tokenizer, or, for a checkpoint without one,
+// on 4096 random ids (--calib-seed); the line it ends with says which.
 // --calib-random-tokens calibrates on N token ids drawn uniformly from the vocabulary instead of
 // text, so a checkpoint without a tokenizer (make_synthetic_moe's) gets a store: its widths and
 // damage tables then reflect random inputs, fine for speed figures, not for quality ones.
@@ -58,7 +62,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Quantize a MoE checkpoint's experts into an any-precision .apw store"};
   app.require_subcommand(0, 1);
   app.add_option("--model", o.model_dir, "checkpoint directory (config.json, *.safetensors)");
-  auto* calib = app.add_option("--calib", o.calib_path, "calibration text (UTF-8)");
+  auto* calib = app.add_option("--calib", o.calib_path,
+                               "calibration text (UTF-8; default: the bundled text through the model's tokenizer, "
+                               "or 4096 random ids for a checkpoint without one)");
   auto* random_tokens =
       app.add_option("--calib-random-tokens", o.calib_random_tokens,
                      "calibrate on this many random token ids instead of --calib (no tokenizer)")
@@ -72,8 +78,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "worker threads")->check(CLI::Range(1, 1024));
   app.add_option("--ctx", o.ctx, "calibration window in tokens")->check(CLI::Range(2, 1 << 20));
   app.add_option("--max-calib-tokens", o.max_calib_tokens, "use at most this many calibration tokens (0 = all)");
-  bool quiet = false;
+  bool quiet = false, verbose = false;
   app.add_flag("--quiet", quiet, "no progress bar");
+  app.add_flag("--verbose", verbose, "print where the time went, phase by phase");
   app.add_option("--resume-dir", o.resume_dir,
                  "keep the calibration statistics and each quantized layer here, so that a killed build "
                  "started again with the same options resumes; removed once the store is written");
@@ -132,8 +139,8 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  if (o.model_dir.empty() || (o.calib_path.empty() && o.calib_random_tokens == 0) || o.out_path.empty()) {
-    std::fprintf(stderr, "pw-quantize: --model, --calib (or --calib-random-tokens) and --out are required\n%s",
+  if (o.model_dir.empty() || o.out_path.empty()) {
+    std::fprintf(stderr, "pw-quantize: --model and --out are required\n%s",
                  app.help().c_str());
     return 2;
   }
@@ -142,10 +149,18 @@ int main(int argc, char** argv) {
   auto r = pw::anyprec::QuantizeModel(o);
   if (!r.ok()) return Fail(r.status());
   std::fprintf(stderr,
-               "pw-quantize: %d blocks, %lld calibration tokens%s; calibration %.1fs, quantization "
+               "pw-quantize: %d blocks, %lld calibration tokens (%s)%s; calibration %.1fs, quantization "
                "%.1fs (%d layers reused), total %.1fs -> %s\n",
-               r->num_blocks, static_cast<long long>(r->calib_tokens),
+               r->num_blocks, static_cast<long long>(r->calib_tokens), r->calibration.c_str(),
                r->calibration_reused ? " (statistics reused)" : "", r->calib_seconds, r->quantize_seconds,
                r->layers_reused, r->total_seconds, o.out_path.c_str());
+  if (verbose) {
+    std::fprintf(stderr,
+                 "pw-quantize: time by phase (s): load %.2f, model hash %.2f, calibration tokens %.2f, "
+                 "forward passes %.2f, weights + sensitivities %.2f, per-row fit %.2f, write %.2f, "
+                 "assemble %.2f\n",
+                 r->load_seconds, r->hash_seconds, r->tokens_seconds, r->forward_seconds, r->prepare_seconds,
+                 r->fit_seconds, r->write_seconds, r->assemble_seconds);
+  }
   return 0;
 }

@@ -5,21 +5,34 @@
 
 namespace pw::anyprec {
 
+void PackCodeRow(const uint8_t* codes, int cols, uint8_t* row0, size_t plane_stride) {
+  // Byte j of a 256-column group holds columns j + 32k, k = 0..7, at bit k (PlaneBitPosition).
+  // The eight codes of a byte go into one 64-bit word (code k in byte k); bit b of each is then
+  // gathered into one byte by a multiply (the partial products land in distinct bits, no carry).
+  constexpr uint64_t kLowBits = 0x0101010101010101ull, kGather = 0x0102040810204080ull;
+  const int groups = static_cast<int>(PlaneRowBytes(cols) / 32);
+  for (int g = 0; g < groups; ++g) {
+    const int base = g * kGroupCols;
+    for (int j = 0; j < 32; ++j) {
+      uint64_t x = 0;
+      for (int k = 0; k < 8; ++k) {
+        const int c = base + 32 * k + j;
+        if (c < cols) x |= static_cast<uint64_t>(codes[c]) << (8 * k);
+      }
+      const size_t at = static_cast<size_t>(g) * 32 + j;
+      for (int p = 0; p < kNumPlanes; ++p) {
+        const int bit = kNumPlanes - 1 - p;
+        row0[p * plane_stride + at] = static_cast<uint8_t>((((x >> bit) & kLowBits) * kGather) >> 56);
+      }
+    }
+  }
+}
+
 void PackCodes(const uint8_t* codes, int rows, int cols, uint8_t* planes) {
   const size_t plane_bytes = PlaneBytes(rows, cols);
   const size_t row_bytes = PlaneRowBytes(cols);
-  std::memset(planes, 0, kNumPlanes * plane_bytes);
   for (int r = 0; r < rows; ++r) {
-    const uint8_t* src = codes + static_cast<size_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) {
-      const BitPosition pos = PlaneBitPosition(c);
-      const uint8_t code = src[c];
-      for (int p = 0; p < kNumPlanes; ++p) {
-        if ((code >> (kNumPlanes - 1 - p)) & 1) {
-          planes[p * plane_bytes + r * row_bytes + pos.byte] |= static_cast<uint8_t>(1u << pos.bit);
-        }
-      }
-    }
+    PackCodeRow(codes + static_cast<size_t>(r) * cols, cols, planes + r * row_bytes, plane_bytes);
   }
 }
 

@@ -18,6 +18,10 @@ inline size_t PlaneBytes(int rows, int cols) {
 // codes: [rows][cols] parent codes. planes: kNumPlanes * PlaneBytes(rows, cols) bytes, plane p
 // at offset p * PlaneBytes(rows, cols); fully overwritten (padding bits zero).
 void PackCodes(const uint8_t* codes, int rows, int cols, uint8_t* planes);
+// One row of that: codes[cols] into the PlaneRowBytes(cols) bytes at row0 + p * plane_stride
+// of every plane p (fully overwritten, padding bits zero). Rows are independent, so the
+// quantizer packs each row on the thread that fitted it.
+void PackCodeRow(const uint8_t* codes, int cols, uint8_t* row0, size_t plane_stride);
 // The parent code of (r, c) from planes laid out as PackCodes writes them.
 uint8_t UnpackCode(const uint8_t* planes, int rows, int cols, int r, int c);
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/dtype.h"
+#include "kernels/anyprec/quantizer_rows.h"
 
 namespace pw::anyprec {
 namespace {
@@ -21,15 +22,21 @@ struct RowTotals {
 
 // Scratch of one worker thread, reused across rows.
 struct RowScratch {
-  std::vector<int> order;
+  std::vector<int> order, order_tmp;
+  std::vector<uint32_t> keys, keys_tmp;      // radix sort scratch
   std::vector<double> sv, sh, s0, s1;        // sorted values, sensitivities, prefix sums
+  std::vector<uint8_t> leaf;                 // [sorted idx] 8-bit code
+  std::vector<uint8_t> codes;                // [col] 8-bit code
   std::vector<int> bounds[kMaxBits + 1];     // [level][2^level + 1] interval bounds (sorted idx)
   std::vector<double> mu[kMaxBits + 1];      // [level][2^level] weighted means
+  std::vector<double> lut[kMaxBits + 1];     // [level][2^level] fp16-rounded means, as doubles
 
-  explicit RowScratch(int n) : order(n), sv(n), sh(n), s0(n + 1), s1(n + 1) {
+  explicit RowScratch(int n)
+      : order(n), order_tmp(n), keys(n), keys_tmp(n), sv(n), sh(n), s0(n + 1), s1(n + 1), leaf(n), codes(n) {
     for (int l = 0; l <= kMaxBits; ++l) {
       bounds[l].resize((1u << l) + 1);
       mu[l].resize(1u << l);
+      lut[l].resize(1u << l);
     }
   }
   double Mass(int a, int b) const { return s0[b] - s0[a]; }
@@ -65,21 +72,21 @@ void SeedKMeans(RowScratch& s, int n, int level, int iters) {
     next[0] = 0;
     next[k] = n;
     for (int c = 1; c < k; ++c) {
+      // upper_bound(sv, mid), walked from the current bound: bounds move little per iteration.
       const double mid = 0.5 * (mu[c - 1] + mu[c]);
-      next[c] = static_cast<int>(std::upper_bound(s.sv.begin(), s.sv.begin() + n, mid) - s.sv.begin());
-      next[c] = std::max(next[c], next[c - 1]);
+      int j = std::clamp(bd[c], 0, n);
+      while (j > 0 && s.sv[j - 1] > mid) --j;
+      while (j < n && !(s.sv[j] > mid)) ++j;
+      next[c] = std::max(j, next[c - 1]);
     }
     if (next == bd) break;
     bd = next;
   }
 }
 
-void QuantizeRow(const float* w, const float* h, int n, const QuantizeOptions& opt, RowScratch& s,
-                 uint8_t* codes, uint16_t* const* luts, RowTotals* totals) {
-  std::iota(s.order.begin(), s.order.end(), 0);
-  std::sort(s.order.begin(), s.order.end(), [w](int a, int b) {
-    return w[a] < w[b] || (w[a] == w[b] && a < b);
-  });
+void QuantizeRow(const float* w, const float* h, int n, const QuantizeOptions& opt,
+                 const internal::QuantizerRowFns& fns, RowScratch& s, uint16_t* const* luts, RowTotals* totals) {
+  internal::SortOrder(w, n, s.order.data(), s.keys.data(), s.order_tmp.data(), s.keys_tmp.data());
   s.s0[0] = s.s1[0] = 0;
   for (int i = 0; i < n; ++i) {
     s.sv[i] = w[s.order[i]];
@@ -103,22 +110,8 @@ void QuantizeRow(const float* w, const float* h, int n, const QuantizeOptions& o
     for (int c = 0; c < (1 << l); ++c) {
       const int a = s.bounds[l][c], b = s.bounds[l][c + 1];
       const double parent = s.mu[l][c];
-      int cut = b;  // default: everything stays in child 2c
-      if (l < opt.max_bits && b - a >= 2) {
-        const double m = s.Mass(a, b), q = s.Moment(a, b);
-        double best = -1;
-        for (int i = a + 1; i < b; ++i) {
-          if (s.sv[i] == s.sv[i - 1]) continue;  // equal weights share a code
-          const double ml = s.Mass(a, i), ql = s.Moment(a, i);
-          const double mr = m - ml, qr = q - ql;
-          if (ml <= 0 || mr <= 0) continue;
-          const double score = ql * ql / ml + qr * qr / mr;  // = const - (SSE_L + SSE_R)
-          if (score > best) {
-            best = score;
-            cut = i;
-          }
-        }
-      }
+      // default: everything stays in child 2c
+      const int cut = (l < opt.max_bits && b - a >= 2) ? fns.best_cut(s.sv.data(), s.s0.data(), s.s1.data(), a, b) : b;
       s.bounds[l + 1][2 * c] = a;
       s.bounds[l + 1][2 * c + 1] = cut;
       s.bounds[l + 1][2 * c + 2] = b;
@@ -135,25 +128,28 @@ void QuantizeRow(const float* w, const float* h, int n, const QuantizeOptions& o
   // Parent codes, LUTs, damages.
   const std::vector<int>& leaf = s.bounds[kMaxBits];
   for (int c = 0; c < (1 << kMaxBits); ++c) {
-    for (int i = leaf[c]; i < leaf[c + 1]; ++i) codes[s.order[i]] = static_cast<uint8_t>(c);
+    for (int i = leaf[c]; i < leaf[c + 1]; ++i) {
+      s.leaf[i] = static_cast<uint8_t>(c);
+      s.codes[s.order[i]] = static_cast<uint8_t>(c);
+    }
   }
-  double d0 = 0;
-  for (int i = 0; i < n; ++i) d0 += s.sh[i] * s.sv[i] * s.sv[i];
-  totals->damage[0] += d0;
-  totals->damage_fp64[0] += d0;
+  internal::RowLuts row_luts{};
   for (int l = kMinBits; l <= kMaxBits; ++l) {
-    double d = 0, d64 = 0;
     for (int c = 0; c < (1 << l); ++c) {
       const uint16_t half = F32ToF16(static_cast<float>(s.mu[l][c]));
       luts[l][c] = half;
-      const double q = F16ToF32(half), q64 = s.mu[l][c];
-      for (int i = s.bounds[l][c]; i < s.bounds[l][c + 1]; ++i) {
-        d += s.sh[i] * (s.sv[i] - q) * (s.sv[i] - q);
-        d64 += s.sh[i] * (s.sv[i] - q64) * (s.sv[i] - q64);
-      }
+      s.lut[l][c] = F16ToF32(half);
     }
-    totals->damage[l] += d;
-    totals->damage_fp64[l] += d64;
+    row_luts.lut[l] = s.lut[l].data();
+    row_luts.lut64[l] = s.mu[l].data();
+  }
+  double d[kMaxBits + 1] = {}, d64[kMaxBits + 1] = {};
+  fns.row_damage(s.sv.data(), s.sh.data(), s.leaf.data(), n, row_luts, d, d64);
+  totals->damage[0] += d[0];
+  totals->damage_fp64[0] += d64[0];
+  for (int l = kMinBits; l <= kMaxBits; ++l) {
+    totals->damage[l] += d[l];
+    totals->damage_fp64[l] += d64[l];
   }
 }
 
@@ -185,16 +181,18 @@ Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const f
   out.block.rows = rows;
   out.block.cols = cols;
   for (int b = kMinBits; b <= kMaxBits; ++b) out.block.luts[b].assign(static_cast<size_t>(rows) << b, 0);
-  std::vector<uint8_t> codes(static_cast<size_t>(rows) * cols);
+  out.block.planes.resize(kNumPlanes * PlaneBytes(rows, cols));
+  const size_t plane_bytes = PlaneBytes(rows, cols), row_bytes = PlaneRowBytes(cols);
   std::vector<RowTotals> per_row(rows);
+  const internal::QuantizerRowFns fns = internal::BestQuantizerRowFns();
   std::atomic<int> next{0};
   auto worker = [&] {
     RowScratch scratch(cols);
     for (int r = next.fetch_add(1); r < rows; r = next.fetch_add(1)) {
       uint16_t* luts[kMaxBits + 1] = {};
       for (int b = kMinBits; b <= kMaxBits; ++b) luts[b] = out.block.luts[b].data() + (static_cast<size_t>(r) << b);
-      QuantizeRow(w + static_cast<size_t>(r) * cols, h, cols, opt, scratch,
-                  codes.data() + static_cast<size_t>(r) * cols, luts, &per_row[r]);
+      QuantizeRow(w + static_cast<size_t>(r) * cols, h, cols, opt, fns, scratch, luts, &per_row[r]);
+      PackCodeRow(scratch.codes.data(), cols, out.block.planes.data() + r * row_bytes, plane_bytes);
     }
   };
   const int threads = std::clamp(opt.threads, 1, std::max(1, rows));
@@ -209,8 +207,6 @@ Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const f
       out.split_gain[b] += rt.split_gain[b];
     }
   }
-  out.block.planes.resize(kNumPlanes * PlaneBytes(rows, cols));
-  PackCodes(codes.data(), rows, cols, out.block.planes.data());
   return out;
 }
 

@@ -14,7 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/formats/checkpoint_experts.h"
+#include "common/calibration_text.h"
+#include "services/serve/model_hash_cache.h"
 #include "services/serve/model_source.h"
 #include "services/serve/store_cache.h"
 
@@ -110,8 +111,10 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   }
   const std::string name = o.served_model_name.empty() ? src.default_name : o.served_model_name;
   std::fprintf(stderr, "pw serve: %s (%s)\n", src.dir.c_str(), src.config.Summary().c_str());
-  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(src.dir));
-  const StorePaths paths = StorePathsFor(store_dir, hash);
+  // The hash reads every expert byte; a second start of an unchanged checkpoint finds it in
+  // <store_dir>/hashes/ (model_hash_cache.h).
+  PW_ASSIGN_OR_RETURN(CachedModelHash hash, ModelHashCached(src.dir, store_dir));
+  const StorePaths paths = StorePathsFor(store_dir, StoreKey(hash.hash, BundledCalibrationTextHash()));
   std::fprintf(stderr, "pw serve: %s\n", mem.Summary().c_str());
 
   // 2. The store.

@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/hash.h"
+
 namespace pw::serve {
 
 namespace fs = std::filesystem;
@@ -28,9 +30,18 @@ Result<std::string> DefaultStoreDir() {
   return InvalidArgument("neither XDG_CACHE_HOME nor HOME is set: give --store-dir DIR for the store cache");
 }
 
-StorePaths StorePathsFor(const std::string& store_dir, uint64_t model_hash) {
+uint64_t StoreKey(uint64_t model_hash, uint64_t calibration_hash) {
+  uint8_t bytes[16];
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] = static_cast<uint8_t>(model_hash >> (8 * i));
+    bytes[8 + i] = static_cast<uint8_t>(calibration_hash >> (8 * i));
+  }
+  return Fnv1a64Of(bytes, sizeof(bytes));
+}
+
+StorePaths StorePathsFor(const std::string& store_dir, uint64_t store_key) {
   char key[17];
-  std::snprintf(key, sizeof(key), "%016llx", static_cast<unsigned long long>(model_hash));
+  std::snprintf(key, sizeof(key), "%016llx", static_cast<unsigned long long>(store_key));
   StorePaths p;
   p.key = key;
   const std::string base = store_dir + "/stores/" + p.key;
@@ -89,10 +100,8 @@ Result<bool> EnsureStore(const StorePaths& paths, const StoreBuild& build) {
                resuming ? "resuming the build of" : "building", paths.store.c_str(), build.threads,
                paths.partial.c_str());
   std::fflush(stderr);
-  auto rc = RunChild({build.quantize_bin, "--model", build.model_dir, "--calib-random-tokens",
-                      std::to_string(build.calib_random_tokens), "--calib-seed", std::to_string(build.calib_seed),
-                      "--threads", std::to_string(build.threads), "--resume-dir", paths.partial, "--out",
-                      paths.store});
+  auto rc = RunChild({build.quantize_bin, "--model", build.model_dir, "--threads", std::to_string(build.threads),
+                      "--resume-dir", paths.partial, "--out", paths.store});
   ::close(fd);
   if (!rc.ok()) return rc.status();
   if (*rc != 0 || !fs::exists(paths.store, ec)) {

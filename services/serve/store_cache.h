@@ -1,12 +1,13 @@
 // The cache of any-precision stores `pw serve` builds, one per checkpoint, keyed by the model
-// hash (common/formats/checkpoint_experts.h: config.json and every routed expert's bytes), so
-// a checkpoint moved or copied elsewhere finds its store, and a changed one gets a new store:
+// hash (common/formats/checkpoint_experts.h: config.json and every routed expert's bytes)
+// combined with the calibration text's hash (StoreKey), so a checkpoint moved or copied
+// elsewhere finds its store, and a changed checkpoint or calibration text gets a new store:
 //
 //   <store_dir>/stores/<hash>.apw       the store, published by an atomic rename
 //   <store_dir>/stores/<hash>.partial/  a build in progress, or killed: the next start resumes
 //                                       it (quant/store_build_dir.h) and removes it when done
 //   <store_dir>/stores/<hash>.lock      held (flock) by the process building it
-// <hash> is the 64-bit hash in 16 hex digits. store_dir defaults to $XDG_CACHE_HOME/pagedweight,
+// <hash> is the 64-bit StoreKey in 16 hex digits. store_dir defaults to $XDG_CACHE_HOME/pagedweight,
 // else ~/.cache/pagedweight. Nothing is evicted automatically (docs/architecture.md, "pw serve").
 #pragma once
 
@@ -27,17 +28,19 @@ struct StorePaths {
   std::string partial;  // resume directory of a build
   std::string lock;
 };
-StorePaths StorePathsFor(const std::string& store_dir, uint64_t model_hash);
+// The key of a checkpoint's store: FNV-1a 64 over the model hash and the hash of the
+// calibration text the store is built from (common/calibration_text.h), both little-endian.
+uint64_t StoreKey(uint64_t model_hash, uint64_t calibration_hash);
+StorePaths StorePathsFor(const std::string& store_dir, uint64_t store_key);
 
 // How a missing store is built: pw-quantize (found beside `pw`) on the checkpoint.
 struct StoreBuild {
   std::string quantize_bin;     // path of pw-quantize
   std::string model_dir;
   int threads = 1;
-  // Calibration: random token ids (no calibration text ships with the project); fixed seed, so
-  // the same checkpoint gives the same store on every machine with the same thread count.
-  int64_t calib_random_tokens = 32768;
-  uint64_t calib_seed = 1;
+  // Calibration: pw-quantize's default, the bundled text through the checkpoint's tokenizer
+  // (pw serve refuses a checkpoint without one), so the same checkpoint gives the same store
+  // on every machine with the same thread count.
 };
 
 // Makes sure paths.store exists: returns false when it was already there, true when it was

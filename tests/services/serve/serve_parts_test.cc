@@ -1,16 +1,26 @@
 // pw serve's parts without processes: --memory parsing, the memory plan's refusals and width
 // choice, the served name of a Hugging Face cache snapshot, and the node file it writes loaded
-// by the launcher as `pw-cluster up` loads it.
+// by the launcher as `pw-cluster up` loads it; the store cache key; the model hash kept between
+// starts and recomputed when a file changes.
 #include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "common/formats/checkpoint_experts.h"
 #include "common/formats/model_config.h"
 #include "services/cluster/cluster_config.h"
 #include "services/serve/memory_plan.h"
+#include "services/serve/model_hash_cache.h"
 #include "services/serve/model_source.h"
 #include "services/serve/serve.h"
+#include "services/serve/store_cache.h"
 
 namespace pw::serve {
 namespace {
@@ -108,6 +118,101 @@ TEST(ServeMemory, AutoPicksTheWidestWidthThatFits) {
   EXPECT_EQ(bf16->bits, 16);
   EXPECT_EQ(bf16->store, 0);
   EXPECT_EQ(bf16->experts, 0);
+}
+
+// A store is found again only when both the checkpoint and the calibration text are the same:
+// a new calibration text (or another checkpoint) gets another path.
+TEST(ServeStoreCache, TheKeyChangesWithTheCheckpointAndTheCalibrationText) {
+  const uint64_t model = 0x1234567890abcdefull, text = 0x0fedcba987654321ull;
+  const uint64_t key = StoreKey(model, text);
+  EXPECT_EQ(key, StoreKey(model, text));
+  EXPECT_NE(key, StoreKey(model, text ^ 1));
+  EXPECT_NE(key, StoreKey(model ^ 1, text));
+  EXPECT_NE(key, model);
+  const StorePaths a = StorePathsFor("/cache", key), b = StorePathsFor("/cache", StoreKey(model, text ^ 1));
+  EXPECT_NE(a.store, b.store);
+  EXPECT_NE(a.partial, b.partial);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(key));
+  EXPECT_EQ(a.store, std::string("/cache/stores/") + hex + ".apw");
+}
+
+// The hash of an unchanged checkpoint comes from <store_dir>/hashes/ on the second call; a
+// shard rewritten in place with its size and mtime put back (only ctime tells) is hashed again
+// and gets its new hash; so is a changed config.json; a file written just now is not cached.
+TEST(ServeModelHash, KeptBetweenStartsAndRecomputedWhenAFileChanges) {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::temp_directory_path() / ("pw_serve_hash_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  const std::string model = (tmp / "model").string(), store_dir = (tmp / "cache").string();
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"}) {
+    fs::copy_file(std::string(PW_SOURCE_DIR) + "/models/tiny-moe/" + f, model + "/" + f);
+  }
+  auto direct = ModelHash(model);
+  ASSERT_TRUE(direct.ok()) << direct.status().ToString();
+  // Just copied: not settled for the default one second, so nothing is recorded yet.
+  auto fresh = ModelHashCached(model, store_dir);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_EQ(fresh->hash, *direct);
+  EXPECT_FALSE(fresh->from_cache);
+  EXPECT_FALSE(ModelHashCached(model, store_dir)->from_cache);
+  // With no settling time the entry is written, and the next call uses it.
+  auto first = ModelHashCached(model, store_dir, 0.0);
+  ASSERT_TRUE(first.ok());
+  EXPECT_FALSE(first->from_cache);
+  auto second = ModelHashCached(model, store_dir, 0.0);
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(second->from_cache);
+  EXPECT_EQ(second->hash, *direct);
+
+  // One byte of the last expert tensor flipped in place; size and mtime restored.
+  const std::string shard = model + "/model.safetensors";
+  struct stat st {};
+  ASSERT_EQ(::stat(shard.c_str(), &st), 0);
+  {
+    // The first byte of layer 0 expert 0's down_proj (safetensors: u64 header length, JSON
+    // header, data; data_offsets relative to the data).
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_len = 0;
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    std::string header(header_len, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_len));
+    const auto j = nlohmann::json::parse(header);
+    const auto at = static_cast<std::streamoff>(8 + header_len +
+                                                j.at("model.layers.0.mlp.experts.0.down_proj.weight")
+                                                    .at("data_offsets")[0].get<uint64_t>());
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x01);
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, shard.c_str(), times, 0), 0);
+  struct stat after {};
+  ASSERT_EQ(::stat(shard.c_str(), &after), 0);
+  ASSERT_EQ(after.st_size, st.st_size);
+  ASSERT_EQ(after.st_mtim.tv_nsec, st.st_mtim.tv_nsec);
+  auto changed = ModelHashCached(model, store_dir, 0.0);
+  ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  EXPECT_FALSE(changed->from_cache);
+  EXPECT_EQ(changed->hash, *ModelHash(model));
+  EXPECT_NE(changed->hash, *direct);  // the byte is an expert's: a stale entry would be wrong
+
+  // A config.json with another byte: recomputed too.
+  {
+    std::ofstream f(model + "/config.json", std::ios::app | std::ios::binary);
+    f << "\n";
+  }
+  auto config_changed = ModelHashCached(model, store_dir, 0.0);
+  ASSERT_TRUE(config_changed.ok());
+  EXPECT_FALSE(config_changed->from_cache);
+  EXPECT_EQ(config_changed->hash, *ModelHash(model));
+  EXPECT_NE(config_changed->hash, changed->hash);
+  EXPECT_TRUE(ModelHashCached(model, store_dir, 0.0)->from_cache);
+  fs::remove_all(tmp);
 }
 
 TEST(ServeModel, CacheSnapshotsAreServedAsOrgName) {

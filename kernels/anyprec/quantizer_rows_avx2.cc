@@ -1,0 +1,109 @@
+// AVX2 backends of the quantizer's per-row steps (quantizer_rows.h): the same operations per
+// lane as the scalar references, in the same order per accumulator, so the same bits. Built
+// with -ffp-contract=off: a multiply feeding an add must not become an FMA here.
+#include <immintrin.h>
+
+#include "kernels/anyprec/quantizer_rows.h"
+
+namespace pw::anyprec::internal {
+
+int BestCutAvx2(const double* sv, const double* s0, const double* s1, int a, int b) {
+  const double m = s0[b] - s0[a], q = s1[b] - s1[a];
+  const __m256d vm = _mm256_set1_pd(m), vq = _mm256_set1_pd(q);
+  const __m256d base0 = _mm256_set1_pd(s0[a]), base1 = _mm256_set1_pd(s1[a]);
+  const __m256d zero = _mm256_setzero_pd(), four = _mm256_set1_pd(4.0);
+  // Per lane: the best score so far and the first index reaching it (as a double: exact).
+  __m256d best = _mm256_set1_pd(-1.0);
+  __m256d cut = _mm256_set1_pd(static_cast<double>(b));
+  int i = a + 1;
+  __m256d idx = _mm256_setr_pd(i, i + 1.0, i + 2.0, i + 3.0);
+  for (; i + 4 <= b; i += 4) {
+    const __m256d x = _mm256_loadu_pd(sv + i), prev = _mm256_loadu_pd(sv + i - 1);
+    const __m256d ml = _mm256_sub_pd(_mm256_loadu_pd(s0 + i), base0);
+    const __m256d ql = _mm256_sub_pd(_mm256_loadu_pd(s1 + i), base1);
+    const __m256d mr = _mm256_sub_pd(vm, ml), qr = _mm256_sub_pd(vq, ql);
+    const __m256d score = _mm256_add_pd(_mm256_div_pd(_mm256_mul_pd(ql, ql), ml),
+                                        _mm256_div_pd(_mm256_mul_pd(qr, qr), mr));
+    const __m256d valid = _mm256_and_pd(_mm256_cmp_pd(x, prev, _CMP_NEQ_UQ),
+                                        _mm256_and_pd(_mm256_cmp_pd(ml, zero, _CMP_NLE_UQ),
+                                                      _mm256_cmp_pd(mr, zero, _CMP_NLE_UQ)));
+    const __m256d take = _mm256_and_pd(valid, _mm256_cmp_pd(score, best, _CMP_GT_OQ));
+    best = _mm256_blendv_pd(best, score, take);
+    cut = _mm256_blendv_pd(cut, idx, take);
+    idx = _mm256_add_pd(idx, four);
+  }
+  // The first index of the largest score over the lanes, then the tail in order (strictly
+  // greater wins, as in the scalar loop).
+  alignas(32) double lb[4], lc[4];
+  _mm256_store_pd(lb, best);
+  _mm256_store_pd(lc, cut);
+  double top = -1;
+  int at = b;
+  for (int l = 0; l < 4; ++l) {
+    const int c = static_cast<int>(lc[l]);
+    if (lb[l] > top || (lb[l] == top && lb[l] > -1 && c < at)) {
+      top = lb[l];
+      at = c;
+    }
+  }
+  for (; i < b; ++i) {
+    if (sv[i] == sv[i - 1]) continue;
+    const double ml = s0[i] - s0[a], ql = s1[i] - s1[a];
+    const double mr = m - ml, qr = q - ql;
+    if (ml <= 0 || mr <= 0) continue;
+    const double score = ql * ql / ml + qr * qr / mr;
+    if (score > top) {
+      top = score;
+      at = i;
+    }
+  }
+  return at;
+}
+
+void RowDamageAvx2(const double* sv, const double* sh, const uint8_t* leaf, int n, const RowLuts& luts,
+                   double* d, double* d64) {
+  // Per leaf code, the centroid of each width in three vectors: widths 3..6 (fp16), then
+  // 7, 8 (fp16) and 7, 8 (fp64), then 3..6 (fp64). Each lane accumulates one width's sum in
+  // order of i, as the scalar loops do.
+  alignas(32) double table[256][12];
+  for (int c = 0; c < 256; ++c) {
+    double* t = table[c];
+    for (int b = 3; b <= 6; ++b) {
+      t[b - 3] = luts.lut[b][c >> (kMaxBits - b)];
+      t[8 + b - 3] = luts.lut64[b][c >> (kMaxBits - b)];
+    }
+    t[4] = luts.lut[7][c >> 1];
+    t[5] = luts.lut[8][c];
+    t[6] = luts.lut64[7][c >> 1];
+    t[7] = luts.lut64[8][c];
+  }
+  __m256d acc_a = _mm256_setzero_pd(), acc_b = _mm256_setzero_pd(), acc_c = _mm256_setzero_pd();
+  double d0 = 0;
+  for (int i = 0; i < n; ++i) {
+    const double* t = table[leaf[i]];
+    const __m256d v = _mm256_set1_pd(sv[i]), h = _mm256_set1_pd(sh[i]);
+    const __m256d ea = _mm256_sub_pd(v, _mm256_load_pd(t));
+    const __m256d eb = _mm256_sub_pd(v, _mm256_load_pd(t + 4));
+    const __m256d ec = _mm256_sub_pd(v, _mm256_load_pd(t + 8));
+    acc_a = _mm256_add_pd(acc_a, _mm256_mul_pd(_mm256_mul_pd(h, ea), ea));
+    acc_b = _mm256_add_pd(acc_b, _mm256_mul_pd(_mm256_mul_pd(h, eb), eb));
+    acc_c = _mm256_add_pd(acc_c, _mm256_mul_pd(_mm256_mul_pd(h, ec), ec));
+    d0 += sh[i] * sv[i] * sv[i];
+  }
+  alignas(32) double a[4], bb[4], c[4];
+  _mm256_store_pd(a, acc_a);
+  _mm256_store_pd(bb, acc_b);
+  _mm256_store_pd(c, acc_c);
+  for (int b = 3; b <= 6; ++b) {
+    d[b] = a[b - 3];
+    d64[b] = c[b - 3];
+  }
+  d[7] = bb[0];
+  d[8] = bb[1];
+  d64[7] = bb[2];
+  d64[8] = bb[3];
+  d[0] = d0;
+  d64[0] = d0;
+}
+
+}  // namespace pw::anyprec::internal
