@@ -14,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/calibration_text.h"
 #include "services/serve/model_hash_cache.h"
 #include "services/serve/model_source.h"
 #include "services/serve/store_cache.h"
@@ -114,7 +113,10 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   // The hash reads every expert byte; a second start of an unchanged checkpoint finds it in
   // <store_dir>/hashes/ (model_hash_cache.h).
   PW_ASSIGN_OR_RETURN(CachedModelHash hash, ModelHashCached(src.dir, store_dir));
-  const StorePaths paths = StorePathsFor(store_dir, StoreKey(hash.hash, BundledCalibrationTextHash()));
+  // The store is calibrated on the bundled text through the tokenizer served with it.
+  const std::string tokenizer_json = src.tokenizer_dir + "/tokenizer.json";
+  PW_ASSIGN_OR_RETURN(uint64_t calibration, CalibrationKey(tokenizer_json));
+  const StorePaths paths = StorePathsFor(store_dir, StoreKey(hash.hash, calibration));
   std::fprintf(stderr, "pw serve: %s\n", mem.Summary().c_str());
 
   // 2. The store.
@@ -123,6 +125,7 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
     StoreBuild build;
     build.quantize_bin = bin_dir + "/pw-quantize";
     build.model_dir = src.dir;
+    build.tokenizer_json = tokenizer_json;
     build.threads = o.quantize_threads > 0 ? static_cast<int>(o.quantize_threads)
                                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const auto t0 = std::chrono::steady_clock::now();

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/calibration_text.h"
 #include "common/hash.h"
 
 namespace pw::serve {
@@ -28,6 +29,23 @@ Result<std::string> DefaultStoreDir() {
     return std::string(h) + "/.cache/pagedweight";
   }
   return InvalidArgument("neither XDG_CACHE_HOME nor HOME is set: give --store-dir DIR for the store cache");
+}
+
+Result<uint64_t> CalibrationKey(const std::string& tokenizer_json) {
+  std::FILE* f = std::fopen(tokenizer_json.c_str(), "rb");
+  if (f == nullptr) return NotFound(tokenizer_json + ": cannot open (" + std::strerror(errno) + ")");
+  Fnv1a64 h;
+  uint8_t text[8];
+  const uint64_t text_hash = BundledCalibrationTextHash();
+  for (int i = 0; i < 8; ++i) text[i] = static_cast<uint8_t>(text_hash >> (8 * i));
+  h.Update(text, sizeof(text));
+  std::vector<char> buf(1 << 16);
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.Update(buf.data(), n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return Internal(tokenizer_json + ": read error");
+  return h.digest();
 }
 
 uint64_t StoreKey(uint64_t model_hash, uint64_t calibration_hash) {
@@ -100,8 +118,13 @@ Result<bool> EnsureStore(const StorePaths& paths, const StoreBuild& build) {
                resuming ? "resuming the build of" : "building", paths.store.c_str(), build.threads,
                paths.partial.c_str());
   std::fflush(stderr);
-  auto rc = RunChild({build.quantize_bin, "--model", build.model_dir, "--threads", std::to_string(build.threads),
-                      "--resume-dir", paths.partial, "--out", paths.store});
+  std::vector<std::string> argv = {build.quantize_bin, "--model", build.model_dir, "--threads",
+                                   std::to_string(build.threads), "--resume-dir", paths.partial, "--out", paths.store};
+  if (!build.tokenizer_json.empty()) {
+    argv.push_back("--tokenizer");
+    argv.push_back(build.tokenizer_json);
+  }
+  auto rc = RunChild(argv);
   ::close(fd);
   if (!rc.ok()) return rc.status();
   if (*rc != 0 || !fs::exists(paths.store, ec)) {

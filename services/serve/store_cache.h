@@ -1,7 +1,8 @@
 // The cache of any-precision stores `pw serve` builds, one per checkpoint, keyed by the model
 // hash (common/formats/checkpoint_experts.h: config.json and every routed expert's bytes)
-// combined with the calibration text's hash (StoreKey), so a checkpoint moved or copied
-// elsewhere finds its store, and a changed checkpoint or calibration text gets a new store:
+// combined with the hash of its calibration input (CalibrationKey: the calibration text and the
+// tokenizer that turns it into ids), so a checkpoint moved or copied elsewhere finds its store,
+// and a changed checkpoint, calibration text or tokenizer gets a new store:
 //
 //   <store_dir>/stores/<hash>.apw       the store, published by an atomic rename
 //   <store_dir>/stores/<hash>.partial/  a build in progress, or killed: the next start resumes
@@ -28,8 +29,12 @@ struct StorePaths {
   std::string partial;  // resume directory of a build
   std::string lock;
 };
-// The key of a checkpoint's store: FNV-1a 64 over the model hash and the hash of the
-// calibration text the store is built from (common/calibration_text.h), both little-endian.
+// The hash of what a store is calibrated on: FNV-1a 64 over the bundled calibration text's hash
+// (common/calibration_text.h, 8 bytes little-endian) followed by the bytes of the tokenizer.json
+// that makes its ids. kNotFound / kInternal naming the file when it cannot be read.
+Result<uint64_t> CalibrationKey(const std::string& tokenizer_json);
+// The key of a checkpoint's store: FNV-1a 64 over the model hash and the calibration key, both
+// little-endian.
 uint64_t StoreKey(uint64_t model_hash, uint64_t calibration_hash);
 StorePaths StorePathsFor(const std::string& store_dir, uint64_t store_key);
 
@@ -38,9 +43,11 @@ struct StoreBuild {
   std::string quantize_bin;     // path of pw-quantize
   std::string model_dir;
   int threads = 1;
-  // Calibration: pw-quantize's default, the bundled text through the checkpoint's tokenizer
-  // (pw serve refuses a checkpoint without one), so the same checkpoint gives the same store
-  // on every machine with the same thread count.
+  // Calibration: pw-quantize's default, the bundled text through this tokenizer.json (the
+  // checkpoint's, or the one `pw serve --tokenizer` names: pw serve refuses to run without
+  // one), so the same checkpoint and tokenizer give the same store on every machine with the
+  // same thread count.
+  std::string tokenizer_json;
 };
 
 // Makes sure paths.store exists: returns false when it was already there, true when it was

@@ -137,6 +137,26 @@ TEST(ServeStoreCache, TheKeyChangesWithTheCheckpointAndTheCalibrationText) {
   EXPECT_EQ(a.store, std::string("/cache/stores/") + hex + ".apw");
 }
 
+// The store is calibrated on the bundled text through the served tokenizer: another
+// tokenizer.json (pw serve --tokenizer, or an edited one) gets another key; a missing one is
+// an error naming the file.
+TEST(ServeStoreCache, TheCalibrationKeyChangesWithTheTokenizer) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("pw_calib_key_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string a = (dir / "a.json").string(), b = (dir / "b.json").string();
+  std::ofstream(a) << R"({"model": {"vocab": {"x": 0}}})";
+  std::ofstream(b) << R"({"model": {"vocab": {"y": 0}}})";
+  auto ka = CalibrationKey(a), kb = CalibrationKey(b), ka2 = CalibrationKey(a);
+  ASSERT_TRUE(ka.ok() && kb.ok() && ka2.ok());
+  EXPECT_EQ(*ka, *ka2);
+  EXPECT_NE(*ka, *kb);
+  auto missing = CalibrationKey((dir / "none.json").string());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("none.json"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 // The hash of an unchanged checkpoint comes from <store_dir>/hashes/ on the second call; a
 // shard rewritten in place with its size and mtime put back (only ctime tells) is hashed again
 // and gets its new hash; so is a changed config.json; a file written just now is not cached.
