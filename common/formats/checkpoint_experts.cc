@@ -18,8 +18,9 @@ constexpr ExpertNaming kExpertNaming[] = {
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // olmoe
     {"block_sparse_moe", {"w1", "w3", "w2"}},        // mixtral
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // glm4_moe (shared_experts: dense weights)
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_next (shared_expert: dense weights)
 };
-static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGlm4Moe) + 1,
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kQwen3Next) + 1,
               "one ExpertNaming row per ModelType");
 
 }  // namespace

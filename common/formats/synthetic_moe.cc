@@ -193,6 +193,9 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
     case ModelType::kGlm4Moe:
       arch = "Glm4MoeForCausalLM";
       break;
+    case ModelType::kQwen3Next:  // not written here: make_synthetic_moe does not offer it yet
+      arch = "Qwen3NextForCausalLM";
+      break;
   }
   j["architectures"] = {arch};
   j["model_type"] = ModelTypeName(s.type);
@@ -260,6 +263,8 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["use_qk_norm"] = false;
       j["num_nextn_predict_layers"] = 0;
       j["eos_token_id"] = s.vocab - 1;
+      break;
+    case ModelType::kQwen3Next:  // not offered by make_synthetic_moe yet
       break;
   }
   j["torch_dtype"] = "bfloat16";

@@ -40,6 +40,18 @@ struct AttentionNames {
   const char* k_norm;  // likewise [D] or [nkv*D]
 };
 
+// The tensors of a Gated DeltaNet (linear-attention) layer, relative to `prefix` (qwen3_next).
+struct GatedDeltaNetNames {
+  const char* prefix;        // e.g. "linear_attn."
+  const char* in_proj_qkvz;  // [2*nk*dk + 2*nv*dv, H]
+  const char* in_proj_ba;    // [2*nv, H]
+  const char* conv1d;        // [conv_dim, 1, K] depthwise, no bias
+  const char* dt_bias;       // [nv], a full name (no ".weight")
+  const char* a_log;         // [nv], a full name
+  const char* norm;          // [dv] gated RMSNorm
+  const char* out_proj;      // [H, nv*dv]
+};
+
 struct ModelFamily {
   ModelType type;
   const char* model_type;  // config.json's model_type
@@ -63,6 +75,16 @@ struct ModelFamily {
   const char* shared_expert_gate;  // [1, H], its sigmoid gate; nullptr: added ungated
   GateKind gate;
   ExpertActivation activation;
+
+  // Hybrids: the tensors of a linear-attention layer (ModelConfig::linear_attention says which
+  // layers); nullptr: the family has none.
+  const GatedDeltaNetNames* linear_attention = nullptr;
+  // The RMSNorm weights (input, post-attention, final, q/k norm) are stored zero-centred: the
+  // norm multiplies by (1 + w). The loader adds the 1.
+  bool zero_centred_norm = false;
+  // q_proj is twice as wide: per head the query then a gate, and the attention output is
+  // multiplied by sigmoid(gate) before o_proj.
+  bool attention_output_gate = false;
 };
 
 // The names most Hugging Face MoE families share (Llama's layout).

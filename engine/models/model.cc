@@ -61,11 +61,18 @@ Result<Bf16Matrix> Model::Matrix(const std::string& name, int64_t rows, int64_t 
 }
 
 Result<std::vector<float>> Model::Vector(const std::string& name, int64_t n) {
+  return Floats(name, {n});
+}
+
+Result<std::vector<float>> Model::Floats(const std::string& name,
+                                         const std::vector<int64_t>& shape) {
   PW_ASSIGN_OR_RETURN(TensorView t, ckpt_->Get(name));
-  if (t.shape != std::vector<int64_t>{n}) {
+  if (t.shape != shape) {
     return InvalidArgument("tensor " + name + " in " + dir_ + " has shape " +
-                           ShapeToString(t.shape) + ", expected [" + std::to_string(n) + "]");
+                           ShapeToString(t.shape) + ", expected " + ShapeToString(shape));
   }
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
   std::vector<float> out(static_cast<size_t>(n));
   if (t.dtype == DType::kBF16) {
     for (int64_t i = 0; i < n; ++i) {
@@ -97,6 +104,24 @@ Result<MlpWeights> Model::Mlp(const std::string& prefix, const MlpNames& names, 
   return w;
 }
 
+Status Model::LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights* w) {
+  const ModelConfig& c = config_;
+  const LinearAttentionConfig& la = c.linear_attention;
+  const GatedDeltaNetNames& n = *family_->linear_attention;
+  const std::string p = prefix + n.prefix;
+  const int64_t h = c.hidden_size, nk = la.num_key_heads, nv = la.num_value_heads;
+  const int64_t dk = la.key_head_dim, dv = la.value_head_dim;
+  PW_ASSIGN_OR_RETURN(w->in_proj_qkvz,
+                      Matrix(p + n.in_proj_qkvz + ".weight", 2 * nk * dk + 2 * nv * dv, h));
+  PW_ASSIGN_OR_RETURN(w->in_proj_ba, Matrix(p + n.in_proj_ba + ".weight", 2 * nv, h));
+  PW_ASSIGN_OR_RETURN(w->conv, Floats(p + n.conv1d + ".weight", {la.conv_dim(), 1, la.conv_kernel}));
+  PW_ASSIGN_OR_RETURN(w->dt_bias, Vector(p + n.dt_bias, nv));
+  PW_ASSIGN_OR_RETURN(w->a_log, Vector(p + n.a_log, nv));
+  PW_ASSIGN_OR_RETURN(w->norm, Vector(p + n.norm + ".weight", dv));
+  PW_ASSIGN_OR_RETURN(w->out_proj, Matrix(p + n.out_proj + ".weight", h, nv * dv));
+  return Status::Ok();
+}
+
 // Every name comes from the family (family.h) or, for the routed experts, from the naming
 // table the broker shares (checkpoint_experts.h); what is present follows the config.
 Status Model::LoadTensors() {
@@ -121,29 +146,39 @@ Status Model::LoadTensors() {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     PW_ASSIGN_OR_RETURN(w.input_norm, Vector(p + f.input_norm + ".weight", h));
     PW_ASSIGN_OR_RETURN(w.post_attn_norm, Vector(p + f.post_attn_norm + ".weight", h));
-    const std::string a = p + f.attention.prefix;
-    const std::string q = a + f.attention.q, k = a + f.attention.k, v = a + f.attention.v,
-                      o = a + f.attention.o;
-    PW_ASSIGN_OR_RETURN(w.q, Matrix(q + ".weight", nh * d, h));
-    PW_ASSIGN_OR_RETURN(w.k, Matrix(k + ".weight", nkv * d, h));
-    PW_ASSIGN_OR_RETURN(w.v, Matrix(v + ".weight", nkv * d, h));
-    PW_ASSIGN_OR_RETURN(w.o, Matrix(o + ".weight", h, nh * d));
-    if (c.qkv_bias) {
-      PW_ASSIGN_OR_RETURN(w.q_bias, Vector(q + ".bias", nh * d));
-      PW_ASSIGN_OR_RETURN(w.k_bias, Vector(k + ".bias", nkv * d));
-      PW_ASSIGN_OR_RETURN(w.v_bias, Vector(v + ".bias", nkv * d));
-    }
-    if (c.o_bias) {
-      PW_ASSIGN_OR_RETURN(w.o_bias, Vector(o + ".bias", h));
-    }
-    const std::string qn = a + f.attention.q_norm + ".weight",
-                      kn = a + f.attention.k_norm + ".weight";
-    if (c.qk_norm == QkNorm::kPerHead) {
-      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, d));
-      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, d));
-    } else if (c.qk_norm == QkNorm::kFull) {
-      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, nh * d));
-      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, nkv * d));
+    if (c.linear_attention.IsLinear(l)) {
+      if (f.linear_attention == nullptr) {
+        return Internal(dir_ + "/config.json: layer " + std::to_string(l) +
+                        " is linear attention, but family " + f.model_type + " has none");
+      }
+      w.is_linear_attention = true;
+      PW_RETURN_IF_ERROR(LoadGatedDeltaNet(p, &w.linear));
+    } else {
+      const std::string a = p + f.attention.prefix;
+      const std::string q = a + f.attention.q, k = a + f.attention.k, v = a + f.attention.v,
+                        o = a + f.attention.o;
+      const int64_t q_rows = (f.attention_output_gate ? 2 : 1) * nh * d;
+      PW_ASSIGN_OR_RETURN(w.q, Matrix(q + ".weight", q_rows, h));
+      PW_ASSIGN_OR_RETURN(w.k, Matrix(k + ".weight", nkv * d, h));
+      PW_ASSIGN_OR_RETURN(w.v, Matrix(v + ".weight", nkv * d, h));
+      PW_ASSIGN_OR_RETURN(w.o, Matrix(o + ".weight", h, nh * d));
+      if (c.qkv_bias) {
+        PW_ASSIGN_OR_RETURN(w.q_bias, Vector(q + ".bias", nh * d));
+        PW_ASSIGN_OR_RETURN(w.k_bias, Vector(k + ".bias", nkv * d));
+        PW_ASSIGN_OR_RETURN(w.v_bias, Vector(v + ".bias", nkv * d));
+      }
+      if (c.o_bias) {
+        PW_ASSIGN_OR_RETURN(w.o_bias, Vector(o + ".bias", h));
+      }
+      const std::string qn = a + f.attention.q_norm + ".weight",
+                        kn = a + f.attention.k_norm + ".weight";
+      if (c.qk_norm == QkNorm::kPerHead) {
+        PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, d));
+        PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, d));
+      } else if (c.qk_norm == QkNorm::kFull) {
+        PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, nh * d));
+        PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, nkv * d));
+      }
     }
     w.is_moe = c.IsMoeLayer(l);
     if (w.is_moe) {
@@ -173,6 +208,18 @@ Status Model::LoadTensors() {
       }
     } else {
       PW_ASSIGN_OR_RETURN(w.mlp, Mlp(p + f.dense_mlp, f.mlp, c.intermediate_size));
+    }
+  }
+  if (f.zero_centred_norm) {
+    // Stored as w, applied as (1 + w) (HF Qwen3NextRMSNorm): the 1 is added once here.
+    auto add_one = [](std::vector<float>& v) {
+      for (float& x : v) x += 1.f;
+    };
+    add_one(final_norm_);
+    for (LayerWeights& w : layers_) {
+      for (std::vector<float>* v : {&w.input_norm, &w.post_attn_norm, &w.q_norm, &w.k_norm}) {
+        add_one(*v);
+      }
     }
   }
   // Layers stored after the last (GLM-4.5's MTP modules) are never run: said once, not loaded.

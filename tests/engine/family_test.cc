@@ -7,10 +7,13 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/formats/safetensors.h"
 #include "engine/engine.h"
 #include "engine/models/model.h"
@@ -21,7 +24,7 @@ namespace pw::engine {
 namespace {
 
 constexpr ModelType kTypes[] = {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
-                                ModelType::kMixtral, ModelType::kGlm4Moe};
+                                ModelType::kMixtral,  ModelType::kGlm4Moe,  ModelType::kQwen3Next};
 
 TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
   for (ModelType t : kTypes) {
@@ -44,6 +47,15 @@ TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
   EXPECT_EQ(FindFamily(ModelType::kGlm4Moe)->shared_expert_gate, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kQwen3Moe)->shared_expert, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kMixtral)->shared_expert, nullptr);
+  // qwen3_next: the only hybrid, zero-centred norms and an output-gated attention.
+  for (ModelType t : kTypes) {
+    const ModelFamily* f = FindFamily(t);
+    const bool next = t == ModelType::kQwen3Next;
+    EXPECT_EQ(f->linear_attention != nullptr, next) << ModelTypeName(t);
+    EXPECT_EQ(f->zero_centred_norm, next) << ModelTypeName(t);
+    EXPECT_EQ(f->attention_output_gate, next) << ModelTypeName(t);
+  }
+  EXPECT_STREQ(FindFamily(ModelType::kQwen3Next)->shared_expert_gate, "shared_expert_gate");
 }
 
 TEST(ModelFamily, LoadedModelsCarryTheirFamilyOnEveryMoeLayer) {
@@ -155,6 +167,137 @@ TEST(ModelFamily, Glm4MoeWithoutTheSelectionBiasIsRefusedNamingIt) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
   EXPECT_NE(m.status().message().find(bias), std::string::npos) << m.status().ToString();
+}
+
+// qwen3_next (tests/fixtures/models/qwen3_next: full_attention_interval 2, mlp_only_layers [2]):
+// layers 0 and 2 are Gated DeltaNet with no attention weights, 1 and 3 output-gated attention
+// (q_proj twice as wide); the zero-centred norms are stored as w and held as 1 + w, the gated
+// norm of the linear layers as is; the KV pool gives each linear layer a recurrent state of
+// LinearAttentionConfig::state_bytes, in pages of every block.
+TEST(ModelFamily, Qwen3NextLayersFollowTheConfig) {
+  const std::string dir = testing::FixtureModelDir("qwen3_next");
+  auto m = Model::Load(dir);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  const LinearAttentionConfig& la = c.linear_attention;
+  ASSERT_EQ(la.layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(c.rotary_dim, c.head_dim / 4);
+  auto ck = Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok());
+  auto file_value = [&](const std::string& name) {
+    auto t = (*ck)->Get(name);
+    EXPECT_TRUE(t.ok()) << name;
+    uint16_t h;
+    std::memcpy(&h, t->data, 2);
+    return Bf16ToF32(h);
+  };
+  for (size_t l = 0; l < 4; ++l) {
+    const LayerWeights& w = (*m)->layers()[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    EXPECT_EQ(w.is_linear_attention, l % 2 == 0) << l;
+    EXPECT_EQ(w.is_moe, l != 2) << l;
+    EXPECT_EQ(w.input_norm[0], 1.f + file_value(p + "input_layernorm.weight")) << l;
+    if (w.is_linear_attention) {
+      EXPECT_EQ(w.q.data, nullptr);
+      EXPECT_EQ(w.linear.in_proj_qkvz.rows,
+                2 * la.num_key_heads * la.key_head_dim + 2 * la.num_value_heads * la.value_head_dim);
+      EXPECT_EQ(w.linear.conv.size(), static_cast<size_t>(la.conv_dim() * la.conv_kernel));
+      EXPECT_EQ(w.linear.norm[0], file_value(p + "linear_attn.norm.weight"));
+    } else {
+      EXPECT_EQ(w.q.rows, 2 * c.num_heads * c.head_dim);
+      EXPECT_EQ(w.q_norm[0], 1.f + file_value(p + "self_attn.q_norm.weight"));
+    }
+    if (w.is_moe) {
+      EXPECT_TRUE(w.has_shared_expert);
+      EXPECT_NE(w.shared_expert_gate.data, nullptr);
+    }
+  }
+  EXPECT_EQ((*m)->final_norm()[0], 1.f + file_value("model.norm.weight"));
+
+  auto e = Engine::Create(dir, {.block_size = 4});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const memory::KvBlockPool& pool = (*e)->kv_pool();
+  const size_t page = pool.pages().page_bytes();
+  const int state_pages = static_cast<int>((la.state_bytes() + page - 1) / page);
+  for (int l = 0; l < 4; ++l) {
+    const memory::KvLayerSpec& spec = pool.specs()[static_cast<size_t>(l)];
+    if (la.IsLinear(l)) {
+      EXPECT_EQ(spec.kind, memory::KvKind::kRecurrentState);
+      EXPECT_EQ(spec.state_bytes, la.state_bytes());
+      EXPECT_EQ(pool.LayerPages(l), state_pages);
+    } else {
+      EXPECT_EQ(spec.kind, memory::KvKind::kFullAttention);
+      EXPECT_EQ(pool.LayerPages(l), 1);
+    }
+  }
+  EXPECT_EQ(pool.pages_per_block(), 2 + 2 * state_pages);
+}
+
+// Copies the qwen3_next fixture into `dir`, leaving out tensor `drop` and applying `edit` to
+// config.json.
+void WriteQwen3NextCopy(const std::string& dir, const std::string& drop,
+                        const std::function<void(nlohmann::json&)>& edit) {
+  const std::string src = testing::FixtureModelDir("qwen3_next");
+  std::ifstream in(src + "/config.json");
+  auto config = nlohmann::json::parse(in);
+  edit(config);
+  pw::testing::WriteFile(dir + "/config.json", config.dump());
+  auto ck = Checkpoint::Open(src);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  SafetensorsWriter out;
+  for (const std::string& name : (*ck)->TensorNames()) {
+    if (name == drop) continue;
+    auto t = (*ck)->Get(name);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(out.Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
+  }
+  ASSERT_TRUE(out.Write(dir + "/model.safetensors").ok());
+}
+
+// Bad hybrid checkpoints are refused at load with the tensor or field named: a missing conv or
+// A_log, linear head counts that disagree with the tensors, a layer_types list of the wrong
+// length.
+TEST(ModelFamily, Qwen3NextBadCheckpointsNameTheTensorOrField) {
+  auto no_edit = [](nlohmann::json&) {};
+  for (const std::string drop : {"model.layers.2.linear_attn.conv1d.weight",
+                                 "model.layers.0.linear_attn.A_log"}) {
+    pw::testing::TempDir tmp;
+    WriteQwen3NextCopy(tmp.path(), drop, no_edit);
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok()) << drop;
+    EXPECT_EQ(m.status().code(), StatusCode::kNotFound) << m.status().ToString();
+    EXPECT_NE(m.status().message().find(drop), std::string::npos) << m.status().ToString();
+  }
+  {
+    // 4 key heads of 16 for 4 value heads: in_proj_qkvz would be [192, 64], the file has 128.
+    pw::testing::TempDir tmp;
+    WriteQwen3NextCopy(tmp.path(), "", [](nlohmann::json& c) { c["linear_num_key_heads"] = 4; });
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("model.layers.0.linear_attn.in_proj_qkvz.weight"),
+              std::string::npos)
+        << m.status().ToString();
+  }
+  {
+    pw::testing::TempDir tmp;
+    WriteQwen3NextCopy(tmp.path(), "", [](nlohmann::json& c) {
+      c["layer_types"] = {"linear_attention", "full_attention", "linear_attention"};
+    });
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("'layer_types'"), std::string::npos)
+        << m.status().ToString();
+  }
+  {
+    // The value heads must be a multiple of the key heads.
+    pw::testing::TempDir tmp;
+    WriteQwen3NextCopy(tmp.path(), "", [](nlohmann::json& c) { c["linear_num_key_heads"] = 3; });
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("'linear_num_value_heads'"), std::string::npos)
+        << m.status().ToString();
+  }
 }
 
 }  // namespace
