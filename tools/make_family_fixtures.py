@@ -20,6 +20,12 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            a dense layer (mlp_only_layers [2]); prompts of 1, 5,
                                            70 and 150 ids, longer than the delta rule's chunk
                                            (64), so HF's chunked form runs over several chunks.
+  tests/fixtures/models/qwen3_5_moe/       Qwen3.5-MoE's multimodal checkpoint (model_type
+                                           qwen3_5_moe, text_config qwen3_5_moe_text): the
+                                           same hybrid text stack with split linear input
+                                           projections, M-RoPE sections in rope_parameters, a
+                                           one-block vision tower the engine skips; prompts as
+                                           qwen3_next's, text only.
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level; qwen3_next as transformers writes it), model.safetensors (bf16, e_score_correction_bias random so that it moves the
@@ -46,7 +52,7 @@ GREEDY_NEW_TOKENS = 12
 
 
 def Configs():
-    from transformers import Glm4MoeConfig, Qwen3NextConfig
+    from transformers import Glm4MoeConfig, Qwen3NextConfig, Qwen3_5MoeConfig
 
     common = dict(vocab_size=4096, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
@@ -72,11 +78,49 @@ def Configs():
             intermediate_size=96, mlp_only_layers=[2], norm_topk_prob=True,
             max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
             bos_token_id=None, eos_token_id=0, pad_token_id=0),
+        "qwen3_5_moe": Qwen3_5MoeConfig(
+            text_config=dict(
+                vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, full_attention_interval=2,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=16,
+                num_experts_per_tok=4, moe_intermediate_size=32,
+                shared_expert_intermediate_size=48, max_position_embeddings=512,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None,
+                eos_token_id=0, pad_token_id=0,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                     partial_rotary_factor=0.25, mrope_section=[2, 1, 1],
+                                     mrope_interleaved=True)),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                               temporal_patch_size=2),
+            tie_word_embeddings=False),
     }
 
 
 # Prompt lengths per fixture: the linear-attention families' reach past the delta rule's chunk.
-PROMPT_LENGTHS = {"qwen3_next": [1, 5, 70, 150]}
+PROMPT_LENGTHS = {"qwen3_next": [1, 5, 70, 150], "qwen3_5_moe": [1, 5, 70, 150]}
+
+
+def ModelClass(config):
+    """The class HF runs the fixture with: the multimodal wrapper's own for qwen3_5_moe
+    (served text-only by the engine), else the causal-LM auto class."""
+    from transformers import AutoModelForCausalLM, Qwen3_5MoeForConditionalGeneration
+
+    if config.model_type == "qwen3_5_moe":
+        return Qwen3_5MoeForConditionalGeneration
+    return AutoModelForCausalLM
+
+
+def LoadReference(out_dir, config):
+    import torch
+
+    if config.model_type != "qwen3_5_moe":
+        return mf.LoadReference(out_dir)
+    model = ModelClass(config).from_pretrained(out_dir, dtype=torch.float32,
+                                               attn_implementation="eager")
+    model.eval()
+    return model
 
 
 def Randomize(model, seed):
@@ -171,12 +215,20 @@ def SoftmaxMargins(model, router_logits):
 def Forward(model, ids):
     import torch
 
+    if model.config.model_type == "qwen3_5_moe":
+        model.config.output_router_logits = True
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True,
                     use_cache=False)
     logits = out.logits[0].float()
     if model.config.model_type == "glm4_moe":
         sel, grp = SelectionMargins(model, out.router_logits)
+    elif model.config.model_type == "qwen3_5_moe":
+        k = model.config.text_config.num_experts_per_tok
+        sel = min((rl.float().topk(k + 1, dim=-1).values[:, k - 1] -
+                   rl.float().topk(k + 1, dim=-1).values[:, k]).min().item()
+                  for rl in out.router_logits)
+        grp = float("inf")
     else:
         sel, grp = SoftmaxMargins(model, out.router_logits)
     top2 = torch.topk(logits, 2, dim=-1).values
@@ -196,7 +248,10 @@ def Write(only):
         for attempt in range(20):
             seed = SEED + 100 * index + attempt
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            if config.model_type == "qwen3_5_moe":
+                model = ModelClass(config)._from_config(config, attn_implementation="eager")
+            else:
+                model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
             glm = config.model_type == "glm4_moe"
             if glm:
                 Randomize(model, seed)
@@ -209,12 +264,13 @@ def Write(only):
                 AddMtpTensors(out_dir, config, seed)
             elif os.path.exists(os.path.join(out_dir, "generation_config.json")):
                 os.remove(os.path.join(out_dir, "generation_config.json"))
-            ref = mf.LoadReference(out_dir)
+            ref = LoadReference(out_dir, config)
             gen = torch.Generator().manual_seed(seed)
             tensors = {}
             worst = [float("inf")] * 3
             for i, length in enumerate(PROMPT_LENGTHS.get(name, mf.RANDOM_PROMPT_LENGTHS)):
-                ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+                vocab = getattr(config, "text_config", config).vocab_size
+                ids = torch.randint(3, vocab, (length,), generator=gen).tolist()
                 logits, sel, grp, lm = Forward(ref, ids)
                 worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
                 tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)

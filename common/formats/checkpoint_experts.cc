@@ -19,8 +19,9 @@ constexpr ExpertNaming kExpertNaming[] = {
     {"block_sparse_moe", {"w1", "w3", "w2"}},        // mixtral
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // glm4_moe (shared_experts: dense weights)
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_next (shared_expert: dense weights)
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_5_moe_text (as qwen3_next)
 };
-static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kQwen3Next) + 1,
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kQwen35Moe) + 1,
               "one ExpertNaming row per ModelType");
 
 }  // namespace
@@ -32,8 +33,8 @@ const ExpertNaming& ExpertNamingOf(ModelType type) {
 }
 
 std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer) {
-  return "model.layers." + std::to_string(layer) + "." + ExpertNamingOf(config.type).moe_block +
-         ".";
+  return config.weights_prefix + "layers." + std::to_string(layer) + "." +
+         ExpertNamingOf(config.type).moe_block + ".";
 }
 
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,

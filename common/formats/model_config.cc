@@ -213,6 +213,9 @@ Status ReadRope(const FieldReader& r, double theta_default, ModelConfig* c) {
   }
   RopeScaling& s = c->rope_scaling;
   std::set<std::string> keys = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  // Qwen3.5's M-RoPE splits the rotary frequencies among three position axes (time, height,
+  // width); a text-only request has all three equal, so the split does not change RoPE.
+  if (c->type == ModelType::kQwen35Moe) keys.insert({"mrope_section", "mrope_interleaved"});
   if (type == "default") {
     s.type = RopeType::kDefault;
   } else if (type == "linear") {
@@ -260,7 +263,10 @@ Status ReadRope(const FieldReader& r, double theta_default, ModelConfig* c) {
   // partial_rotary_factor: the rotary covers all of head_dim, except for glm4_moe (its family
   // parse reads the factor).
   for (const FieldReader* fr : {&r, &d}) {
-    if (c->type == ModelType::kGlm4Moe || c->type == ModelType::kQwen3Next) break;
+    if (c->type == ModelType::kGlm4Moe || c->type == ModelType::kQwen3Next ||
+        c->type == ModelType::kQwen35Moe) {
+      break;
+    }
     if (const json* p = fr->Find("partial_rotary_factor")) {
       if (!p->is_number() || p->get<double>() != 1.0) {
         const std::string name = fr == &r ? std::string("partial_rotary_factor")
@@ -376,6 +382,8 @@ const char* ModelTypeName(ModelType t) {
       return "glm4_moe";
     case ModelType::kQwen3Next:
       return "qwen3_next";
+    case ModelType::kQwen35Moe:
+      return "qwen3_5_moe_text";
   }
   return "?";
 }
@@ -552,10 +560,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     c.type = ModelType::kGlm4Moe;
   } else if (c.model_type == "qwen3_next") {
     c.type = ModelType::kQwen3Next;
+  } else if (c.model_type == "qwen3_5_moe_text") {
+    c.type = ModelType::kQwen35Moe;
   } else {
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
-                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe, qwen3_next");
+                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe, qwen3_next, "
+                       "qwen3_5_moe_text");
   }
   if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
     for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
@@ -568,8 +579,12 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
   }
   const ModelType t = c.type;
-  const bool qwen =
-      t == ModelType::kQwen2Moe || t == ModelType::kQwen3Moe || t == ModelType::kQwen3Next;
+  // The Gated DeltaNet hybrids (linear_attention_config.h).
+  const bool hybrid = t == ModelType::kQwen3Next || t == ModelType::kQwen35Moe;
+  const bool qwen = t == ModelType::kQwen2Moe || t == ModelType::kQwen3Moe || hybrid;
+  if (t == ModelType::kQwen35Moe && c.wrapper_model_type == "qwen3_5_moe") {
+    c.weights_prefix = "model.language_model.";
+  }
 
   // Body.
   PW_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, std::nullopt, 1));
@@ -584,7 +599,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t == ModelType::kQwen3Moe) kv_default = 4;
     if (t == ModelType::kMixtral) kv_default = 8;
     if (t == ModelType::kGlm4Moe) kv_default = 8;
-    if (t == ModelType::kQwen3Next) kv_default = 2;
+    if (hybrid) kv_default = 2;
   }
   PW_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, kv_default, 1));
   if (c.num_heads % c.num_kv_heads != 0) {
@@ -652,7 +667,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   }
   // transformers 5.x: layer_types says which layers attend through a sliding window (a
   // hybrid's, which layers are linear attention: its own parse).
-  if (t == ModelType::kQwen3Next) {
+  if (hybrid) {
     PW_RETURN_IF_ERROR(ParseQwen3NextLayers(r, &c));
   } else if (const json* lt = r.Find("layer_types")) {
     if (!lt->is_array()) {
@@ -685,6 +700,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       break;
     case ModelType::kQwen3Moe:
     case ModelType::kQwen3Next:
+    case ModelType::kQwen35Moe:
       PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c.qkv_bias, false));
       c.o_bias = c.qkv_bias;
       c.qk_norm = QkNorm::kPerHead;
@@ -718,7 +734,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   // Rotary dims: all of head_dim, or (glm4_moe 0.5, qwen3_next 0.25 by default) the first
   // partial_rotary_factor of it.
   c.rotary_dim = c.head_dim;
-  if (t == ModelType::kGlm4Moe || t == ModelType::kQwen3Next) {
+  if (t == ModelType::kGlm4Moe || hybrid) {
     // Top level (the released checkpoints), else in transformers 5's rope_parameters.
     const double def = t == ModelType::kGlm4Moe ? 0.5 : 0.25;
     double factor = def;
@@ -759,8 +775,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     PW_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
     PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size,
                              t == ModelType::kQwen2Moe ? 5632 : 6144, 1));
-    PW_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &c.decoder_sparse_step, 1, 1));
-    PW_RETURN_IF_ERROR(r.IntList("mlp_only_layers", &c.mlp_only_layers));
+    // qwen3_5_moe_text has neither (HF's every layer is MoE).
+    if (t != ModelType::kQwen35Moe) {
+      PW_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &c.decoder_sparse_step, 1, 1));
+      PW_RETURN_IF_ERROR(r.IntList("mlp_only_layers", &c.mlp_only_layers));
+    }
     for (size_t i = 0; i < c.mlp_only_layers.size(); ++i) {
       int64_t l = c.mlp_only_layers[i];
       if (l < 0 || l >= c.num_layers) {
@@ -770,6 +789,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       }
     }
     PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, t == ModelType::kQwen3Next));
+    if (t == ModelType::kQwen35Moe) c.norm_topk_prob = true;  // its router always renormalises
   } else if (t == ModelType::kGlm4Moe) {
     PW_RETURN_IF_ERROR(ParseGlm4MoeExperts(r, &c));
   } else {
@@ -781,7 +801,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       c.norm_topk_prob = true;  // mixtral always renormalises the top-k weights
     }
   }
-  if (t == ModelType::kQwen2Moe || t == ModelType::kQwen3Next) {
+  if (t == ModelType::kQwen2Moe || hybrid) {
     PW_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size",
                              &c.shared_expert_intermediate_size,
                              t == ModelType::kQwen2Moe ? 5632 : 512, 0));

@@ -27,6 +27,11 @@
 //              shared_expert_intermediate_size behind a sigmoid gate, norm_topk_prob default
 //              true); attention_bias (default false) on q/k/v/o; qk norm per head; RoPE over
 //              the first partial_rotary_factor (default 0.25) of head_dim.
+//   qwen3_5_moe_text  (Qwen3.5-MoE's language model, the text_config of a qwen3_5_moe
+//              checkpoint) as qwen3_next, but the top-k weights always renormalised, every
+//              layer MoE, and RoPE's mrope_section / mrope_interleaved accepted (text only: the
+//              three position axes are equal, so M-RoPE is plain RoPE); served from the
+//              multimodal checkpoint (weights_prefix "model.language_model.").
 //
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
@@ -58,7 +63,7 @@
 
 namespace pw {
 
-enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe, kQwen3Next };
+enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe, kQwen3Next, kQwen35Moe };
 
 // RoPE frequency scaling (HF transformers' rope_type; engine/models/rope.h computes it).
 enum class RopeType {
@@ -152,6 +157,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;         // kDefault unless the file scales RoPE
   std::string dtype;                // "bfloat16", "float16", "float32"; empty when absent
   std::string wrapper_model_type;   // a multimodal wrapper's model_type; empty when none
+  // Where the language model's tensors are: "model." ("model.layers.{l}.", "model.norm"), or
+  // "model.language_model." in a multimodal checkpoint served text-only (qwen3_5_moe).
+  std::string weights_prefix = "model.";
 
   // The longest sequence the model serves by default: max_position_embeddings, times the
   // factor for dynamic NTK RoPE (which exists to run past it; vLLM's rule too).

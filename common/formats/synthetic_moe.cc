@@ -196,6 +196,9 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
     case ModelType::kQwen3Next:  // not written here: make_synthetic_moe does not offer it yet
       arch = "Qwen3NextForCausalLM";
       break;
+    case ModelType::kQwen35Moe:  // likewise
+      arch = "Qwen3_5MoeForCausalLM";
+      break;
   }
   j["architectures"] = {arch};
   j["model_type"] = ModelTypeName(s.type);
@@ -265,6 +268,7 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["eos_token_id"] = s.vocab - 1;
       break;
     case ModelType::kQwen3Next:  // not offered by make_synthetic_moe yet
+    case ModelType::kQwen35Moe:
       break;
   }
   j["torch_dtype"] = "bfloat16";

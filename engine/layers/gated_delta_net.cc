@@ -1,5 +1,6 @@
 #include "engine/layers/gated_delta_net.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/ops/linear.h"
@@ -29,13 +30,24 @@ void RunGatedDeltaNet(const LinearAttentionConfig& la, float eps, const GatedDel
   const size_t r = nv / nk;
   const size_t kernel = static_cast<size_t>(la.conv_kernel);
   const size_t C = static_cast<size_t>(la.conv_dim());
+  // Row t of qkvz / ba: fused, per key head [q, k, v, z] and [b, a]; split, [q, k, v, z] and
+  // [b, a] each whole (the conv's channel order).
   const size_t qkvz_w = 2 * nk * dk + 2 * nv * dv, ba_w = 2 * nv;
   const size_t conv_floats = static_cast<size_t>(la.conv_state_floats());
   scratch->qkvz.resize(T * qkvz_w);
   scratch->ba.resize(T * ba_w);
   scratch->core.resize(T * nv * dv);
-  Linear(threads, k, x, H, T, w.in_proj_qkvz, scratch->qkvz.data(), qkvz_w);
-  Linear(threads, k, x, H, T, w.in_proj_ba, scratch->ba.data(), ba_w);
+  if (w.split) {
+    float* qkvz = scratch->qkvz.data();
+    float* ba = scratch->ba.data();
+    Linear(threads, k, x, H, T, w.in_proj_qkv, qkvz, qkvz_w);
+    Linear(threads, k, x, H, T, w.in_proj_z, qkvz + C, qkvz_w);
+    Linear(threads, k, x, H, T, w.in_proj_b, ba, ba_w);
+    Linear(threads, k, x, H, T, w.in_proj_a, ba + nv, ba_w);
+  } else {
+    Linear(threads, k, x, H, T, w.in_proj_qkvz, scratch->qkvz.data(), qkvz_w);
+    Linear(threads, k, x, H, T, w.in_proj_ba, scratch->ba.data(), ba_w);
+  }
   const float q_scale = 1.f / std::sqrt(static_cast<float>(dk));
   threads->ParallelFor(seqs.size(), 1, 1, [&](size_t begin, size_t end) {
     std::vector<float> mixed(C), conv(C), z(nv * dv), b(nv), a(nv);
@@ -48,7 +60,13 @@ void RunGatedDeltaNet(const LinearAttentionConfig& la, float eps, const GatedDel
         // the conv's channels are all q, then all k, then all v.
         const float* p = &scratch->qkvz[t * qkvz_w];
         const float* pba = &scratch->ba[t * ba_w];
-        for (size_t g = 0; g < nk; ++g) {
+        if (w.split) {
+          std::copy(p, p + C, mixed.begin());
+          std::copy(p + C, p + C + nv * dv, z.begin());
+          std::copy(pba, pba + nv, b.begin());
+          std::copy(pba + nv, pba + 2 * nv, a.begin());
+        }
+        for (size_t g = 0; g < nk && !w.split; ++g) {
           const float* pg = p + g * (2 * dk + 2 * r * dv);
           for (size_t i = 0; i < dk; ++i) {
             mixed[g * dk + i] = pg[i];

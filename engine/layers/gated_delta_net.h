@@ -1,7 +1,8 @@
 // Gated DeltaNet: the linear-attention token mixer of qwen3_next's hybrid layers (HF
 // transformers' Qwen3NextGatedDeltaNet).
 //
-// Per token: in_proj_qkvz and in_proj_ba project the normed input; q, k, v go through a causal
+// Per token: in_proj_qkvz and in_proj_ba (or, split, in_proj_qkv, in_proj_z, in_proj_b and
+// in_proj_a: Qwen3.5) project the normed input; q, k, v go through a causal
 // depthwise conv of kernel K with SiLU; q and k are L2-normalised per head (q also scaled by
 // 1/sqrt(dk)); per value head, beta = sigmoid(b) and the decay g = -exp(A_log) *
 // softplus(a + dt_bias) drive the gated delta rule over the head's [dk, dv] state

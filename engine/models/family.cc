@@ -9,6 +9,7 @@ extern const ModelFamily kOlmoeFamily;
 extern const ModelFamily kMixtralFamily;
 extern const ModelFamily kGlm4MoeFamily;
 extern const ModelFamily kQwen3NextFamily;
+extern const ModelFamily kQwen35MoeFamily;
 
 namespace {
 
@@ -20,6 +21,7 @@ const ModelFamily* const kFamilies[] = {
     &kMixtralFamily,
     &kGlm4MoeFamily,
     &kQwen3NextFamily,
+    &kQwen35MoeFamily,
 };
 
 }  // namespace

@@ -21,16 +21,18 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   PW_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
-  if (!m->config_.wrapper_model_type.empty()) {
-    return Unsupported(dir + "/config.json: model_type '" + m->config_.wrapper_model_type +
-                       "' wraps a " + m->config_.model_type +
-                       " text_config; only text-model checkpoints are served (load the language "
-                       "model's own checkpoint)");
-  }
   m->family_ = FindFamily(m->config_.type);
   if (m->family_ == nullptr) {
     return Unsupported(dir + "/config.json: model_type '" + m->config_.model_type +
                        "' has no registered model family (engine/models/family.cc)");
+  }
+  const std::string& wrapper = m->config_.wrapper_model_type;
+  const char* served = m->family_->text_of_wrapper;
+  if (!wrapper.empty() && (served == nullptr || wrapper != served)) {
+    return Unsupported(dir + "/config.json: model_type '" + wrapper + "' wraps a " +
+                       m->config_.model_type +
+                       " text_config; only text-model checkpoints are served (load the language "
+                       "model's own checkpoint)");
   }
   PW_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::Open(dir, load));
   PW_RETURN_IF_ERROR(m->LoadTensors());
@@ -95,6 +97,12 @@ Result<std::vector<float>> Model::Floats(const std::string& name,
   return out;
 }
 
+std::string Model::Whole(const char* name) const {
+  const std::string n = name;
+  if (n.rfind("model.", 0) != 0) return n;
+  return config_.weights_prefix + n.substr(6);
+}
+
 Result<MlpWeights> Model::Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn) {
   const int64_t h = config_.hidden_size;
   MlpWeights w;
@@ -111,9 +119,17 @@ Status Model::LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights*
   const std::string p = prefix + n.prefix;
   const int64_t h = c.hidden_size, nk = la.num_key_heads, nv = la.num_value_heads;
   const int64_t dk = la.key_head_dim, dv = la.value_head_dim;
-  PW_ASSIGN_OR_RETURN(w->in_proj_qkvz,
-                      Matrix(p + n.in_proj_qkvz + ".weight", 2 * nk * dk + 2 * nv * dv, h));
-  PW_ASSIGN_OR_RETURN(w->in_proj_ba, Matrix(p + n.in_proj_ba + ".weight", 2 * nv, h));
+  w->split = n.in_proj_qkvz == nullptr;
+  if (w->split) {
+    PW_ASSIGN_OR_RETURN(w->in_proj_qkv, Matrix(p + n.in_proj_qkv + ".weight", la.conv_dim(), h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_z, Matrix(p + n.in_proj_z + ".weight", nv * dv, h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_b, Matrix(p + n.in_proj_b + ".weight", nv, h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_a, Matrix(p + n.in_proj_a + ".weight", nv, h));
+  } else {
+    PW_ASSIGN_OR_RETURN(w->in_proj_qkvz,
+                        Matrix(p + n.in_proj_qkvz + ".weight", 2 * nk * dk + 2 * nv * dv, h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_ba, Matrix(p + n.in_proj_ba + ".weight", 2 * nv, h));
+  }
   PW_ASSIGN_OR_RETURN(w->conv, Floats(p + n.conv1d + ".weight", {la.conv_dim(), 1, la.conv_kernel}));
   PW_ASSIGN_OR_RETURN(w->dt_bias, Vector(p + n.dt_bias, nv));
   PW_ASSIGN_OR_RETURN(w->a_log, Vector(p + n.a_log, nv));
@@ -128,12 +144,12 @@ Status Model::LoadTensors() {
   const ModelConfig& c = config_;
   const ModelFamily& f = *family_;
   const int64_t h = c.hidden_size, d = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
-  PW_ASSIGN_OR_RETURN(embed_, Matrix(f.embed, c.vocab_size, h));
-  PW_ASSIGN_OR_RETURN(final_norm_, Vector(f.final_norm, h));
-  if (c.tie_word_embeddings && !ckpt_->Has(f.lm_head)) {
+  PW_ASSIGN_OR_RETURN(embed_, Matrix(Whole(f.embed), c.vocab_size, h));
+  PW_ASSIGN_OR_RETURN(final_norm_, Vector(Whole(f.final_norm), h));
+  if (c.tie_word_embeddings && !ckpt_->Has(Whole(f.lm_head))) {
     lm_head_ = embed_;
   } else {
-    PW_ASSIGN_OR_RETURN(lm_head_, Matrix(f.lm_head, c.vocab_size, h));
+    PW_ASSIGN_OR_RETURN(lm_head_, Matrix(Whole(f.lm_head), c.vocab_size, h));
   }
   if (c.shared_expert_intermediate_size > 0 && f.shared_expert == nullptr) {
     return Internal(dir_ + "/config.json: a shared expert of size " +
@@ -143,7 +159,7 @@ Status Model::LoadTensors() {
   layers_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = layers_[static_cast<size_t>(l)];
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = c.weights_prefix + "layers." + std::to_string(l) + ".";
     PW_ASSIGN_OR_RETURN(w.input_norm, Vector(p + f.input_norm + ".weight", h));
     PW_ASSIGN_OR_RETURN(w.post_attn_norm, Vector(p + f.post_attn_norm + ".weight", h));
     if (c.linear_attention.IsLinear(l)) {
@@ -223,11 +239,22 @@ Status Model::LoadTensors() {
     }
   }
   // Layers stored after the last (GLM-4.5's MTP modules) are never run: said once, not loaded.
-  int64_t extra = 0;
+  int64_t extra = 0, other = 0;
+  const std::string layers = c.weights_prefix + "layers.";
   for (const std::string& name : ckpt_->TensorNames()) {
-    if (name.rfind("model.layers.", 0) != 0) continue;
-    const int64_t l = std::atoll(name.c_str() + 13);
+    if (!c.wrapper_model_type.empty() && name.rfind(c.weights_prefix, 0) != 0 &&
+        name != f.lm_head) {
+      ++other;  // a multimodal checkpoint's other towers (model.visual.*)
+      continue;
+    }
+    if (name.rfind(layers, 0) != 0) continue;
+    const int64_t l = std::atoll(name.c_str() + layers.size());
     if (l >= c.num_layers) ++extra;
+  }
+  if (other > 0) {
+    PW_LOG(INFO) << dir_ << ": served text-only: " << other << " tensors of "
+                 << c.wrapper_model_type << " outside its language model (" << c.weights_prefix
+                 << "*; e.g. the vision tower) are not loaded";
   }
   if (extra > 0) {
     PW_LOG(INFO) << dir_ << ": " << extra << " tensors of layers after the last ("

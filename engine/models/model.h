@@ -69,8 +69,14 @@ struct MlpWeights {
 // A Gated DeltaNet layer (linear attention; engine/layers/gated_delta_net.h), nk/nv key/value
 // heads of dk/dv, r = nv / nk value heads per key head, C = conv_dim, K = conv kernel.
 struct GatedDeltaNetWeights {
+  // The input projections, fused per key head or split (GatedDeltaNetNames): one set is read.
+  bool split = false;
   Bf16Matrix in_proj_qkvz;      // [2*nk*dk + 2*nv*dv, H]: per key head q dk, k dk, v r*dv, z r*dv
   Bf16Matrix in_proj_ba;        // [2*nv, H]: per key head b r, a r
+  Bf16Matrix in_proj_qkv;       // [C, H]: the conv's channels in order
+  Bf16Matrix in_proj_z;         // [nv*dv, H]
+  Bf16Matrix in_proj_b;         // [nv, H]
+  Bf16Matrix in_proj_a;         // [nv, H]
   std::vector<float> conv;      // [C][K] over the channels q (nk*dk), k (nk*dk), v (nv*dv)
   std::vector<float> dt_bias;   // [nv]
   std::vector<float> a_log;     // [nv]
@@ -138,6 +144,8 @@ class Model {
   Result<std::vector<float>> Floats(const std::string& name, const std::vector<int64_t>& shape);
   Status LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights* w);
   Result<MlpWeights> Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn);
+  // A whole-model tensor's name (family.h: "model.x" is read under config.weights_prefix).
+  std::string Whole(const char* name) const;
 
   std::string dir_;
   ModelConfig config_;

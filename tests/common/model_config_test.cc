@@ -636,6 +636,43 @@ TEST(ModelConfigTest, Qwen3NextBadLinearAttentionNamesTheField) {
   ExpectError(p, StatusCode::kInvalidArgument, "partial_rotary_factor");
 }
 
+// Qwen3.5-MoE: its language model is the text_config (qwen3_5_moe_text) of a qwen3_5_moe
+// checkpoint, whose tensors are under model.language_model.; the router always renormalises
+// and every layer is MoE whatever the file says; M-RoPE's keys are accepted for it (text only:
+// plain RoPE) and refused for qwen3_next, which does not use them.
+TEST(ModelConfigTest, Qwen35MoeTextInsideItsWrapper) {
+  json text = Qwen3Next();
+  text["model_type"] = "qwen3_5_moe_text";
+  text["norm_topk_prob"] = false;
+  text["mlp_only_layers"] = {1};
+  text["rope_parameters"] = {{"rope_type", "default"},
+                             {"rope_theta", 1e7},
+                             {"partial_rotary_factor", 0.25},
+                             {"mrope_section", {11, 11, 10}},
+                             {"mrope_interleaved", true}};
+  json j = {{"model_type", "qwen3_5_moe"}, {"text_config", text}};
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->type, ModelType::kQwen35Moe);
+  EXPECT_STREQ(ModelTypeName(r->type), "qwen3_5_moe_text");
+  EXPECT_EQ(r->wrapper_model_type, "qwen3_5_moe");
+  EXPECT_EQ(r->weights_prefix, "model.language_model.");
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_TRUE(r->IsMoeLayer(1));
+  EXPECT_EQ(r->rotary_dim, 8);
+  EXPECT_EQ(r->linear_attention.layers.size(), 8u);
+  auto bare = Parse(text);  // a text-only checkpoint of the language model
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_EQ(bare->weights_prefix, "model.");
+  EXPECT_EQ(Parse(Qwen3Next())->weights_prefix, "model.");
+  json next = Qwen3Next();
+  next["rope_parameters"] = text["rope_parameters"];
+  auto refused = Parse(next);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported);
+  EXPECT_THAT(refused.status().message(), HasSubstr("rope_parameters.mrope_"));
+}
+
 TEST(ModelConfigTest, LoadsGlm4MoeFixtureConfigs) {
   for (const std::string dir : {"glm4_moe", "glm4_moe_grouped"}) {
     auto r = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + dir +

@@ -33,10 +33,11 @@ using testing::ReadRefLogits;
 // glm4_moe_grouped: a second glm4_moe checkpoint (n_group 4, topk_group 2, qk norm, two shared
 // experts, no attention bias); tests/fixtures/README.md.
 // qwen3_next: the linear-attention hybrid (Gated DeltaNet layers with a recurrent state per
-// sequence, output-gated full attention), prompts up to 150 ids.
-const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",        "olmoe",
-                                         "mixtral",   "glm4_moe",         "glm4_moe_grouped",
-                                         "qwen3_next"};
+// sequence, output-gated full attention), prompts up to 150 ids; qwen3_5_moe: Qwen3.5-MoE's
+// multimodal checkpoint served text-only (the same hybrid, split linear projections).
+const std::vector<std::string> kTypes = {"qwen2_moe",  "qwen3_moe",  "olmoe",
+                                         "mixtral",    "glm4_moe",   "glm4_moe_grouped",
+                                         "qwen3_next", "qwen3_5_moe"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -167,9 +168,9 @@ INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
 // The fixtures of tools/make_family_fixtures.py also hold HF's greedy continuation of each
 // prompt (g{i}.ids, g{i}.out): decoding through Step() gives the same ids.
 TEST(FamilyGreedy, ContinuationsEqualTheReference) {
-  // qwen3_next's prompts: 1, 5, 70 and 150 ids (past the delta rule's chunk of 64).
+  // The hybrids' prompts: 1, 5, 70 and 150 ids (past the delta rule's chunk of 64).
   for (const auto& [type, prompts] : std::vector<std::pair<std::string, int>>{
-           {"glm4_moe", 3}, {"glm4_moe_grouped", 3}, {"qwen3_next", 4}}) {
+           {"glm4_moe", 3}, {"glm4_moe_grouped", 3}, {"qwen3_next", 4}, {"qwen3_5_moe", 4}}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
@@ -236,7 +237,7 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
 }
 
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
-  for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next"}) {
+  for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe"}) {
     SCOPED_TRACE(type);
     auto engine =
         MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});

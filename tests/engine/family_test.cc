@@ -24,7 +24,13 @@ namespace pw::engine {
 namespace {
 
 constexpr ModelType kTypes[] = {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
-                                ModelType::kMixtral,  ModelType::kGlm4Moe,  ModelType::kQwen3Next};
+                                ModelType::kMixtral,  ModelType::kGlm4Moe,  ModelType::kQwen3Next,
+                                ModelType::kQwen35Moe};
+
+// The fixture directory of a type: its name, but Qwen3.5-MoE's checkpoint is the wrapper's.
+std::string FixtureOf(ModelType t) {
+  return testing::FixtureModelDir(t == ModelType::kQwen35Moe ? "qwen3_5_moe" : ModelTypeName(t));
+}
 
 TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
   for (ModelType t : kTypes) {
@@ -47,20 +53,22 @@ TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
   EXPECT_EQ(FindFamily(ModelType::kGlm4Moe)->shared_expert_gate, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kQwen3Moe)->shared_expert, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kMixtral)->shared_expert, nullptr);
-  // qwen3_next: the only hybrid, zero-centred norms and an output-gated attention.
+  // The hybrids: zero-centred norms and an output-gated attention.
   for (ModelType t : kTypes) {
     const ModelFamily* f = FindFamily(t);
-    const bool next = t == ModelType::kQwen3Next;
+    const bool next = t == ModelType::kQwen3Next || t == ModelType::kQwen35Moe;
     EXPECT_EQ(f->linear_attention != nullptr, next) << ModelTypeName(t);
     EXPECT_EQ(f->zero_centred_norm, next) << ModelTypeName(t);
     EXPECT_EQ(f->attention_output_gate, next) << ModelTypeName(t);
   }
   EXPECT_STREQ(FindFamily(ModelType::kQwen3Next)->shared_expert_gate, "shared_expert_gate");
+  EXPECT_EQ(FindFamily(ModelType::kQwen3Next)->text_of_wrapper, nullptr);
+  EXPECT_STREQ(FindFamily(ModelType::kQwen35Moe)->text_of_wrapper, "qwen3_5_moe");
 }
 
 TEST(ModelFamily, LoadedModelsCarryTheirFamilyOnEveryMoeLayer) {
   for (ModelType t : kTypes) {
-    auto m = Model::Load(testing::FixtureModelDir(ModelTypeName(t)));
+    auto m = Model::Load(FixtureOf(t));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     const Model& model = **m;
     EXPECT_EQ(&model.family(), FindFamily(t));
@@ -233,11 +241,11 @@ TEST(ModelFamily, Qwen3NextLayersFollowTheConfig) {
   EXPECT_EQ(pool.pages_per_block(), 2 + 2 * state_pages);
 }
 
-// Copies the qwen3_next fixture into `dir`, leaving out tensor `drop` and applying `edit` to
+// Copies the `fixture` checkpoint into `dir`, leaving out tensor `drop` and applying `edit` to
 // config.json.
-void WriteQwen3NextCopy(const std::string& dir, const std::string& drop,
-                        const std::function<void(nlohmann::json&)>& edit) {
-  const std::string src = testing::FixtureModelDir("qwen3_next");
+void WriteFixtureCopy(const std::string& fixture, const std::string& dir, const std::string& drop,
+                      const std::function<void(nlohmann::json&)>& edit) {
+  const std::string src = testing::FixtureModelDir(fixture);
   std::ifstream in(src + "/config.json");
   auto config = nlohmann::json::parse(in);
   edit(config);
@@ -262,7 +270,7 @@ TEST(ModelFamily, Qwen3NextBadCheckpointsNameTheTensorOrField) {
   for (const std::string drop : {"model.layers.2.linear_attn.conv1d.weight",
                                  "model.layers.0.linear_attn.A_log"}) {
     pw::testing::TempDir tmp;
-    WriteQwen3NextCopy(tmp.path(), drop, no_edit);
+    WriteFixtureCopy("qwen3_next", tmp.path(), drop, no_edit);
     auto m = Model::Load(tmp.path());
     ASSERT_FALSE(m.ok()) << drop;
     EXPECT_EQ(m.status().code(), StatusCode::kNotFound) << m.status().ToString();
@@ -271,7 +279,8 @@ TEST(ModelFamily, Qwen3NextBadCheckpointsNameTheTensorOrField) {
   {
     // 4 key heads of 16 for 4 value heads: in_proj_qkvz would be [192, 64], the file has 128.
     pw::testing::TempDir tmp;
-    WriteQwen3NextCopy(tmp.path(), "", [](nlohmann::json& c) { c["linear_num_key_heads"] = 4; });
+    WriteFixtureCopy("qwen3_next", tmp.path(), "",
+                     [](nlohmann::json& c) { c["linear_num_key_heads"] = 4; });
     auto m = Model::Load(tmp.path());
     ASSERT_FALSE(m.ok());
     EXPECT_NE(m.status().message().find("model.layers.0.linear_attn.in_proj_qkvz.weight"),
@@ -280,7 +289,7 @@ TEST(ModelFamily, Qwen3NextBadCheckpointsNameTheTensorOrField) {
   }
   {
     pw::testing::TempDir tmp;
-    WriteQwen3NextCopy(tmp.path(), "", [](nlohmann::json& c) {
+    WriteFixtureCopy("qwen3_next", tmp.path(), "", [](nlohmann::json& c) {
       c["layer_types"] = {"linear_attention", "full_attention", "linear_attention"};
     });
     auto m = Model::Load(tmp.path());
@@ -292,11 +301,59 @@ TEST(ModelFamily, Qwen3NextBadCheckpointsNameTheTensorOrField) {
   {
     // The value heads must be a multiple of the key heads.
     pw::testing::TempDir tmp;
-    WriteQwen3NextCopy(tmp.path(), "", [](nlohmann::json& c) { c["linear_num_key_heads"] = 3; });
+    WriteFixtureCopy("qwen3_next", tmp.path(), "",
+                     [](nlohmann::json& c) { c["linear_num_key_heads"] = 3; });
     auto m = Model::Load(tmp.path());
     ASSERT_FALSE(m.ok());
     EXPECT_NE(m.status().message().find("'linear_num_value_heads'"), std::string::npos)
         << m.status().ToString();
+  }
+}
+
+// Qwen3.5-MoE's multimodal checkpoint is served text-only: the language model under
+// model.language_model. with the split linear projections; the vision tower is not loaded. A
+// wrapper a family does not serve is refused naming it, and so is a qwen3_next text_config in
+// Qwen3.5's wrapper; a missing split projection is named.
+TEST(ModelFamily, Qwen35MoeServesItsMultimodalCheckpointTextOnly) {
+  auto m = Model::Load(testing::FixtureModelDir("qwen3_5_moe"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.weights_prefix, "model.language_model.");
+  for (const LayerWeights& w : (*m)->layers()) {
+    EXPECT_TRUE(w.is_moe);
+    if (!w.is_linear_attention) continue;
+    EXPECT_TRUE(w.linear.split);
+    EXPECT_EQ(w.linear.in_proj_qkv.rows, c.linear_attention.conv_dim());
+    EXPECT_EQ(w.linear.in_proj_b.rows, c.linear_attention.num_value_heads);
+    EXPECT_EQ(w.linear.in_proj_qkvz.data, nullptr);
+  }
+  {
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_5_moe", tmp.path(), "",
+                     [](nlohmann::json& j) { j["model_type"] = "some_vlm"; });
+    auto other = Model::Load(tmp.path());
+    ASSERT_FALSE(other.ok());
+    EXPECT_EQ(other.status().code(), StatusCode::kUnsupported);
+    EXPECT_NE(other.status().message().find("'some_vlm' wraps a qwen3_5_moe_text"),
+              std::string::npos)
+        << other.status().ToString();
+  }
+  {
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_5_moe", tmp.path(), "",
+                     [](nlohmann::json& j) { j["text_config"]["model_type"] = "qwen3_next"; });
+    auto next = Model::Load(tmp.path());
+    ASSERT_FALSE(next.ok());
+    EXPECT_EQ(next.status().code(), StatusCode::kUnsupported) << next.status().ToString();
+  }
+  {
+    pw::testing::TempDir tmp;
+    const std::string drop = "model.language_model.layers.2.linear_attn.in_proj_a.weight";
+    WriteFixtureCopy("qwen3_5_moe", tmp.path(), drop, [](nlohmann::json&) {});
+    auto missing = Model::Load(tmp.path());
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.status().message().find(drop), std::string::npos)
+        << missing.status().ToString();
   }
 }
 
