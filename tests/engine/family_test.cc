@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/formats/safetensors.h"
+#include "common/formats/synthetic_moe.h"
 #include "engine/engine.h"
 #include "engine/models/model.h"
 #include "tests/common/test_util.h"
@@ -308,6 +310,35 @@ TEST(ModelFamily, Qwen3NextBadCheckpointsNameTheTensorOrField) {
     EXPECT_NE(m.status().message().find("'linear_num_value_heads'"), std::string::npos)
         << m.status().ToString();
   }
+}
+
+// make_synthetic_moe's qwen3_next (common/formats/synthetic_moe.h) loads as the hybrid and
+// runs: finite logits over a prompt, three Gated DeltaNet layers and one attention layer.
+TEST(ModelFamily, SyntheticQwen3NextRunsInTheEngine) {
+  pw::testing::TempDir tmp;
+  SyntheticMoeSpec spec;
+  spec.type = ModelType::kQwen3Next;
+  spec.layers = 4;
+  spec.hidden = 64;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.experts = 64;
+  spec.top_k = 10;
+  spec.expert_ffn = 16;
+  spec.shared_ffn = 32;
+  spec.linear_key_heads = 2;
+  spec.linear_value_heads = 4;
+  spec.linear_head_dim = 16;
+  spec.vocab = 256;
+  ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
+  auto e = Engine::Create(tmp.path(), {.block_size = 4});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::vector<int32_t> ids = {5, 9, 200, 17, 3, 42, 77};
+  auto logits = (*e)->ForwardLogits(ids);
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ((*e)->model().config().linear_attention.layers,
+            (std::vector<bool>{true, true, true, false}));
 }
 
 // Qwen3.5-MoE's multimodal checkpoint is served text-only: the language model under
