@@ -54,7 +54,9 @@ Result<std::unique_ptr<CheckpointExperts>> CheckpointExperts::Open(const std::st
   ss << f.rdbuf();
   c->config_bytes_ = ss.str();
   PW_ASSIGN_OR_RETURN(c->config_, LoadModelConfig(path));
-  if (!c->config_.wrapper_model_type.empty()) {
+  // A multimodal wrapper is read only where config.json's parse knows where it keeps its
+  // language model (weights_prefix: qwen3_5_moe's model.language_model.).
+  if (!c->config_.wrapper_model_type.empty() && c->config_.weights_prefix == "model.") {
     return Unsupported(path + ": model_type '" + c->config_.wrapper_model_type + "' wraps a " +
                        c->config_.model_type +
                        " text_config; only text-model checkpoints are served");

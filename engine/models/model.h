@@ -131,7 +131,10 @@ class Model {
   // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
   // lm_head, dense and shared-expert MLPs) an int8 copy with one scale per row
   // (kernels/anyprec/q8.h), used from then on instead of bf16. The router, the embeddings
-  // and the routed experts (their own providers) stay as they are. Idempotent.
+  // and the routed experts (their own providers) stay as they are, and so do a hybrid's
+  // linear-attention projections: int8 rows there moved the fixtures' logits by 0.27-0.30
+  // relative (attention's q/k/v/o by 0.01-0.05 each), the delta rule's L2-normalised keys and
+  // its recurrence amplifying the rounding. Idempotent.
   Status QuantizeDenseInt8();
   bool dense_int8() const { return !q8_.empty(); }
 
