@@ -39,12 +39,22 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   layout.head_dim = static_cast<int>(c.head_dim);
   layout.block_size = options.block_size;
   layout.dtype = options.kv_dtype;
+  // A hybrid's linear-attention layers keep a recurrent state per sequence, in the pool.
+  std::vector<memory::KvLayerSpec> specs;
+  if (!c.linear_attention.layers.empty()) {
+    specs = FullAttentionSpecs(layout);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (!c.linear_attention.IsLinear(l)) continue;
+      specs[static_cast<size_t>(l)] = {.kind = memory::KvKind::kRecurrentState,
+                                       .state_bytes = c.linear_attention.state_bytes()};
+    }
+  }
   std::unique_ptr<KvBlockPool> blocks;
   if (options.kv_pages != nullptr) {
-    PW_ASSIGN_OR_RETURN(blocks,
-                        KvBlockPool::CreateOn(layout, options.kv_pages, options.num_kv_blocks));
+    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::CreateOn(layout, options.kv_pages,
+                                                      options.num_kv_blocks, specs));
   } else {
-    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::Create(layout, options.num_kv_blocks));
+    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::Create(layout, options.num_kv_blocks, specs));
   }
   e->scheduler_ =
       std::make_unique<Scheduler>(SchedulerOptions{options.max_batch_tokens}, std::move(blocks));
@@ -65,9 +75,9 @@ Status Engine::ReturnKvBlocks(std::span<const int32_t> block_ids) {
   return scheduler_->Return(block_ids);
 }
 
-uint8_t* Engine::LeasedKvPage(int32_t block, int layer) {
+uint8_t* Engine::LeasedKvPage(int32_t block, int layer, int k) {
   PW_CHECK(scheduler_->IsLeased(block));
-  return scheduler_->runner_blocks()->LayerPage(block, layer);
+  return scheduler_->runner_blocks()->LayerPage(block, layer, k);
 }
 int Engine::vocab_size() const { return static_cast<int>(model_->config().vocab_size); }
 int Engine::max_context() const { return options_.max_context; }

@@ -233,9 +233,10 @@ class Engine {
   // (kInvalidArgument, nothing returned, when a block is not leased or is repeated).
   Result<std::vector<int32_t>> LeaseKvBlocks(int n);
   Status ReturnKvBlocks(std::span<const int32_t> block_ids);
-  // The page of layer `layer` of a leased block, for a caller that fills it (a KV copy from a
-  // peer); a block that is not leased is a broken invariant (aborts).
-  uint8_t* LeasedKvPage(int32_t block, int layer);
+  // Page `k` (< kv_pool().LayerPages(layer); more than one for a hybrid's recurrent state) of
+  // layer `layer` of a leased block, for a caller that fills it (a KV copy from a peer); a
+  // block that is not leased is a broken invariant (aborts).
+  uint8_t* LeasedKvPage(int32_t block, int layer, int k = 0);
   // The KV blocks, read-only: layout, counts, page ids and contents.
   const KvBlockPool& kv_pool() const;
   // Another runner over this engine's model and KV blocks with its own threads (tools running

@@ -1,6 +1,7 @@
 #include "memory/kv_blocks.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace pw::memory {
@@ -118,6 +119,24 @@ const uint8_t* KvBlockPool::LayerPage(int32_t id, int layer) const {
   return pages_->Page(PageOf(id, layer));
 }
 
+int KvBlockPool::LayerPages(int layer) const {
+  PW_CHECK(layer >= 0 && layer < layout_.num_layers);
+  const size_t l = static_cast<size_t>(layer);
+  const int next = l + 1 < first_page_.size() ? first_page_[l + 1] : pages_per_block_;
+  return next - first_page_[l];
+}
+
+uint8_t* KvBlockPool::LayerPage(int32_t id, int layer, int k) {
+  PW_CHECK(k >= 0 && k < LayerPages(layer));
+  if (k == 0) return LayerPage(id, layer);
+  PW_CHECK(IsAllocated(id));
+  return pages_->Page(page_of_[At(id, layer) + static_cast<size_t>(k)]);
+}
+
+const uint8_t* KvBlockPool::LayerPage(int32_t id, int layer, int k) const {
+  return const_cast<KvBlockPool*>(this)->LayerPage(id, layer, k);
+}
+
 size_t KvBlockPool::SlabOffset(int kv, int kv_head) const {
   return (static_cast<size_t>(kv) * layout_.num_kv_heads + kv_head) * layout_.block_size *
          layout_.head_dim;
@@ -196,6 +215,28 @@ Status KvBlockPool::Free(std::span<const int32_t> ids) {
   Status st = pages_->Free(pages, Tenant::kKv);
   PW_CHECK(st.ok());  // this pool is the only KV tenant of its pages
   return Status::Ok();
+}
+
+void KvBlockPool::ReadState(int32_t id, int layer, void* dst) const {
+  const KvLayerSpec& spec = specs_[static_cast<size_t>(layer)];
+  PW_CHECK(spec.kind == KvKind::kRecurrentState);
+  const size_t page = pages_->page_bytes();
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  for (size_t done = 0, k = 0; done < spec.state_bytes; done += page, ++k) {
+    const uint8_t* src = LayerPage(id, layer, static_cast<int>(k));
+    std::memcpy(out + done, src, std::min(page, spec.state_bytes - done));
+  }
+}
+
+void KvBlockPool::WriteState(int32_t id, int layer, const void* src) {
+  const KvLayerSpec& spec = specs_[static_cast<size_t>(layer)];
+  PW_CHECK(spec.kind == KvKind::kRecurrentState);
+  const size_t page = pages_->page_bytes();
+  const uint8_t* in = static_cast<const uint8_t*>(src);
+  for (size_t done = 0, k = 0; done < spec.state_bytes; done += page, ++k) {
+    uint8_t* dst = LayerPage(id, layer, static_cast<int>(k));
+    std::memcpy(dst, in + done, std::min(page, spec.state_bytes - done));
+  }
 }
 
 cpu::PagedKvView KvBlockPool::LayerView(int layer) const {

@@ -4,8 +4,9 @@
 // version kKvLayoutVersion, carried in the registration so peers refuse a mismatch):
 //
 //   a KV block holds block_size tokens of every layer, as the pages its layer's spec asks for
-//   (memory/kv_spec.h; one page per layer for full attention, the only kind served): page
-//   (b, l) holds, with no padding,
+//   (memory/kv_spec.h; one page per layer for full attention; a recurrent-state layer's
+//   LayerPages(l) pages hold the state bytes in order, used in a sequence's first block only):
+//   a full-attention page (b, l) holds, with no padding,
 //     [kv c (0 = K, 1 = V)][kv head h][slot s][head_dim d]        of layer l
 //   element offset in the page = ((c * num_kv_heads + h) * block_size + s) * head_dim + d
 //   elements are fp32 or bf16 (KvLayout::dtype); bytes_per_layer() = 2 * num_kv_heads *
@@ -62,7 +63,8 @@ class KvBlockPool {
 
   const KvLayout& layout() const { return layout_; }
   const std::vector<KvLayerSpec>& specs() const { return specs_; }
-  // Pages one block takes: the sum over layers of PagesPerBlock(spec) (num_layers today).
+  // Pages one block takes: the sum over layers of PagesPerBlock(spec) (num_layers when every
+  // layer is full attention).
   int pages_per_block() const { return pages_per_block_; }
   // Block ids are in [0, num_blocks()).
   int num_blocks() const { return num_blocks_; }
@@ -78,12 +80,23 @@ class KvBlockPool {
   PageId PageOf(int32_t id, int layer) const;
   uint8_t* LayerPage(int32_t id, int layer);
   const uint8_t* LayerPage(int32_t id, int layer) const;
+  // Pages layer `layer` takes in every block (PagesPerBlock of its spec: 1 for full attention,
+  // more for a recurrent state larger than a page), and page k < LayerPages(layer) of it.
+  int LayerPages(int layer) const;
+  uint8_t* LayerPage(int32_t id, int layer, int k);
+  const uint8_t* LayerPage(int32_t id, int layer, int k) const;
   // [block_size][head_dim] K (kv = 0) or V (kv = 1) of one layer and kv head of a block, as
   // fp32 (layout().dtype must be kF32) or bf16 bits (kBf16).
   float* Slab(int32_t block, int layer, int kv, int kv_head);
   const float* Slab(int32_t block, int layer, int kv, int kv_head) const;
   uint16_t* SlabBf16(int32_t block, int layer, int kv, int kv_head);
   const uint16_t* SlabBf16(int32_t block, int layer, int kv, int kv_head) const;
+
+  // The recurrent state (a kRecurrentState layer's spec.state_bytes) of layer `layer` kept in
+  // block `id`'s pages of that layer: copied out to / in from contiguous memory of state_bytes
+  // (the pages need not be adjacent). The engine keeps a sequence's state in its first block.
+  void ReadState(int32_t id, int layer, void* dst) const;
+  void WriteState(int32_t id, int layer, const void* src);
 
   // Layer `layer` of every block as the paged-attention kernel reads it (kernels/cpu/
   // paged_attention.h); valid until the next Allocate or Free.

@@ -25,9 +25,16 @@ std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout) {
 
 Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
                           int layer) {
+  if (spec.kind == KvKind::kRecurrentState) {
+    if (spec.state_bytes == 0 || page_bytes == 0) {
+      return InvalidArgument("KV layer " + std::to_string(layer) +
+                             ": a recurrent state of 0 bytes");
+    }
+    return static_cast<int>((spec.state_bytes + page_bytes - 1) / page_bytes);
+  }
   if (spec.kind != KvKind::kFullAttention) {
     return Unsupported("KV layer " + std::to_string(layer) + ": kind " + KvKindName(spec.kind) +
-                       " is not served yet (only full_attention is)");
+                       " is not served yet (only full_attention and recurrent_state are)");
   }
   if (page_bytes < layout.bytes_per_layer()) {
     return InvalidArgument("KV pool: pages of " + std::to_string(page_bytes) +

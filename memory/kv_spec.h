@@ -12,7 +12,12 @@
 //                    be returned. Not served yet.
 //   kLatent          one compressed latent of `latent_dim` per position (MLA). Not served yet.
 //   kRecurrentState  a fixed `state_bytes` per sequence (Mamba, linear attention), not per
-//                    token. Not served yet.
+//                    token: ceil(state_bytes / page_bytes) pages per block. A sequence's state
+//                    is held in the layer's pages of the first block of its table (block
+//                    table[0]; KvBlockPool::ReadState / WriteState); its other blocks' pages of
+//                    the layer are reserved and unused. So the state's bytes count in the pool,
+//                    and copying a sequence's blocks (the prefill -> decode transfer, a page
+//                    copy) carries its state. Served.
 // A kind that is not served is refused with kUnsupported when a pool is made, naming the layer
 // and the kind, until a model family needs it.
 #pragma once
@@ -47,7 +52,8 @@ std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout);
 
 // Pages one block takes for `spec` in pages of `page_bytes`, with `layout`'s heads, head_dim,
 // block_size and dtype: 1 for full attention (its bytes_per_layer() must fit one page, else
-// kInvalidArgument). kUnsupported for a kind not served yet. `layer` only names the layer in
+// kInvalidArgument); for a recurrent state, the pages its state_bytes take (kInvalidArgument
+// when 0). kUnsupported for a kind not served yet. `layer` only names the layer in
 // the message.
 Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
                           int layer);

@@ -11,9 +11,24 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            experts (width 2 x moe_intermediate_size), qk norm,
                                            no attention bias, norm_topk_prob false,
                                            head_dim * heads != hidden.
+  tests/fixtures/models/qwen3_next/        Qwen3-Next-style hybrid: 4 layers, Gated DeltaNet
+                                           linear attention and full attention alternating
+                                           (full_attention_interval 2), grouped linear heads
+                                           (2 key heads, 4 value heads, key dim 16, value dim
+                                           8), output-gated attention with partial rotary 0.25,
+                                           16 experts top-4 plus a sigmoid-gated shared expert,
+                                           a dense layer (mlp_only_layers [2]); prompts of 1, 5,
+                                           70 and 150 ids, longer than the delta rule's chunk
+                                           (64), so HF's chunked form runs over several chunks.
+  tests/fixtures/models/qwen3_5_moe/       Qwen3.5-MoE's multimodal checkpoint (model_type
+                                           qwen3_5_moe, text_config qwen3_5_moe_text): the
+                                           same hybrid text stack with split linear input
+                                           projections, M-RoPE sections in rope_parameters, a
+                                           one-block vision tower the engine skips; prompts as
+                                           qwen3_next's, text only.
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
-the top level), model.safetensors (bf16, e_score_correction_bias random so that it moves the
+the top level; qwen3_next as transformers writes it), model.safetensors (bf16, e_score_correction_bias random so that it moves the
 selection) and logits.safetensors (p{i}.ids int32 [T], p{i}.logits float32 [T, V] for prompts
 of 1, 5 and 40 ids, as tests/fixtures/README.md describes; and g{i}.ids / g{i}.out, int32, the
 greedy continuation of GREEDY_NEW_TOKENS ids after p{i}.ids: argmax of the logits, full
@@ -37,7 +52,7 @@ GREEDY_NEW_TOKENS = 12
 
 
 def Configs():
-    from transformers import Glm4MoeConfig
+    from transformers import Glm4MoeConfig, Qwen3NextConfig, Qwen3_5MoeConfig
 
     common = dict(vocab_size=4096, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
@@ -54,7 +69,58 @@ def Configs():
             hidden_size=48, head_dim=16, n_group=4, topk_group=2, n_shared_experts=2,
             attention_bias=False, use_qk_norm=True, norm_topk_prob=False,
             routed_scaling_factor=1.0, **common),
+        "qwen3_next": Qwen3NextConfig(
+            vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, full_attention_interval=2,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=16,
+            num_experts_per_tok=4, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            intermediate_size=96, mlp_only_layers=[2], norm_topk_prob=True,
+            max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            bos_token_id=None, eos_token_id=0, pad_token_id=0),
+        "qwen3_5_moe": Qwen3_5MoeConfig(
+            text_config=dict(
+                vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, full_attention_interval=2,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=16,
+                num_experts_per_tok=4, moe_intermediate_size=32,
+                shared_expert_intermediate_size=48, max_position_embeddings=512,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None,
+                eos_token_id=0, pad_token_id=0,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                     partial_rotary_factor=0.25, mrope_section=[2, 1, 1],
+                                     mrope_interleaved=True)),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                               temporal_patch_size=2),
+            tie_word_embeddings=False),
     }
+
+
+# Prompt lengths per fixture: the linear-attention families' reach past the delta rule's chunk.
+PROMPT_LENGTHS = {"qwen3_next": [1, 5, 70, 150], "qwen3_5_moe": [1, 5, 70, 150]}
+
+
+def ModelClass(config):
+    """The class HF runs the fixture with: the multimodal wrapper's own for qwen3_5_moe
+    (served text-only by the engine), else the causal-LM auto class."""
+    from transformers import AutoModelForCausalLM, Qwen3_5MoeForConditionalGeneration
+
+    if config.model_type == "qwen3_5_moe":
+        return Qwen3_5MoeForConditionalGeneration
+    return AutoModelForCausalLM
+
+
+def LoadReference(out_dir, config):
+    import torch
+
+    if config.model_type != "qwen3_5_moe":
+        return mf.LoadReference(out_dir)
+    model = ModelClass(config).from_pretrained(out_dir, dtype=torch.float32,
+                                               attn_implementation="eager")
+    model.eval()
+    return model
 
 
 def Randomize(model, seed):
@@ -135,14 +201,36 @@ def SelectionMargins(model, router_logits):
     return sel_margin, group_margin
 
 
+def SoftmaxMargins(model, router_logits):
+    """Smallest gap between the k-th and (k+1)-th router logit (softmax is monotone), and no
+    group margin (inf): softmax top-k families."""
+    k = model.config.num_experts_per_tok
+    sel = float("inf")
+    for rl in router_logits:
+        top = rl.float().topk(k + 1, dim=-1).values
+        sel = min(sel, (top[:, k - 1] - top[:, k]).min().item())
+    return sel, float("inf")
+
+
 def Forward(model, ids):
     import torch
 
+    if model.config.model_type == "qwen3_5_moe":
+        model.config.output_router_logits = True
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True,
                     use_cache=False)
     logits = out.logits[0].float()
-    sel, grp = SelectionMargins(model, out.router_logits)
+    if model.config.model_type == "glm4_moe":
+        sel, grp = SelectionMargins(model, out.router_logits)
+    elif model.config.model_type == "qwen3_5_moe":
+        k = model.config.text_config.num_experts_per_tok
+        sel = min((rl.float().topk(k + 1, dim=-1).values[:, k - 1] -
+                   rl.float().topk(k + 1, dim=-1).values[:, k]).min().item()
+                  for rl in out.router_logits)
+        grp = float("inf")
+    else:
+        sel, grp = SoftmaxMargins(model, out.router_logits)
     top2 = torch.topk(logits, 2, dim=-1).values
     return logits, sel, grp, (top2[:, 0] - top2[:, 1]).min().item()
 
@@ -160,18 +248,29 @@ def Write(only):
         for attempt in range(20):
             seed = SEED + 100 * index + attempt
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-            Randomize(model, seed)
+            if config.model_type == "qwen3_5_moe":
+                model = ModelClass(config)._from_config(config, attn_implementation="eager")
+            else:
+                model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            glm = config.model_type == "glm4_moe"
+            if glm:
+                Randomize(model, seed)
+            else:
+                mf.RandomizeWeights(model, seed)
             model = model.to(torch.bfloat16)
             model.save_pretrained(out_dir)
-            ReleaseLayout(out_dir)
-            AddMtpTensors(out_dir, config, seed)
-            ref = mf.LoadReference(out_dir)
+            if glm:
+                ReleaseLayout(out_dir)
+                AddMtpTensors(out_dir, config, seed)
+            elif os.path.exists(os.path.join(out_dir, "generation_config.json")):
+                os.remove(os.path.join(out_dir, "generation_config.json"))
+            ref = LoadReference(out_dir, config)
             gen = torch.Generator().manual_seed(seed)
             tensors = {}
             worst = [float("inf")] * 3
-            for i, length in enumerate(mf.RANDOM_PROMPT_LENGTHS):
-                ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+            for i, length in enumerate(PROMPT_LENGTHS.get(name, mf.RANDOM_PROMPT_LENGTHS)):
+                vocab = getattr(config, "text_config", config).vocab_size
+                ids = torch.randint(3, vocab, (length,), generator=gen).tolist()
                 logits, sel, grp, lm = Forward(ref, ids)
                 worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
                 tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)

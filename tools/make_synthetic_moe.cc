@@ -1,10 +1,14 @@
 // make_synthetic_moe: writes a random-weight MoE checkpoint at real dimensions (default:
 // OLMoE-1B-7B's, 2 layers, about 2.1 GB of bf16) for speed measurements. Never commit its output.
 //
-//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe]
-//                      [--layers 2] [--seed 1]
+//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe|qwen3_next]
+//                      [--layers 2] [--seed 1] [--experts N] [--vocab N] [--hidden N]
+//                      [--expert-ffn N]
+// (--hidden / --expert-ffn make a store with a real model's block count at a small size.)
 // glm4_moe takes GLM-4.5-Air's shape at half width (synthetic_moe.h, Glm4MoeAirHalfSpec): the
-// first layer dense, the rest MoE with one shared expert.
+// first layer dense, the rest MoE with one shared expert. qwen3_next takes Qwen3-Next-80B-A3B's
+// layer at a quarter of its expert width (Qwen3NextQuarterSpec: 512 experts top-10, 3 of every 4
+// layers Gated DeltaNet, a gated shared expert).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -19,11 +23,16 @@ int main(int argc, char** argv) {
   pw::SyntheticMoeSpec spec;
   app.add_option("--out", out, "output directory")->required();
   app.add_option("--type", type, "model type")
-      ->check(CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe"}));
+      ->check(
+          CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "qwen3_next"}));
   app.add_option("--layers", spec.layers, "number of layers")->check(CLI::Range(1, 64));
   app.add_option("--seed", spec.seed, "random seed");
   app.add_option("--experts", spec.experts, "experts per layer")->check(CLI::Range(1, 1024));
   app.add_option("--vocab", spec.vocab, "vocabulary size")->check(CLI::Range(1, 1 << 22));
+  app.add_option("--hidden", spec.hidden, "hidden size (a store's block count at a small size)")
+      ->check(CLI::Range(8, 65536));
+  app.add_option("--expert-ffn", spec.expert_ffn, "one expert's FFN size")
+      ->check(CLI::Range(1, 65536));
   app.add_option("--n-group", spec.n_group, "glm4_moe: expert groups (n_group)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--topk-group", spec.topk_group, "glm4_moe: groups kept per token (topk_group)")
@@ -38,7 +47,19 @@ int main(int argc, char** argv) {
     if (app.count("--layers") > 0) glm.layers = spec.layers;
     if (app.count("--experts") > 0) glm.experts = spec.experts;
     if (app.count("--vocab") > 0) glm.vocab = spec.vocab;
+    if (app.count("--hidden") > 0) glm.hidden = spec.hidden;
+    if (app.count("--expert-ffn") > 0) glm.expert_ffn = spec.expert_ffn;
     spec = glm;
+  }
+  if (type == "qwen3_next") {
+    pw::SyntheticMoeSpec next = pw::Qwen3NextQuarterSpec();
+    next.seed = spec.seed;
+    if (app.count("--layers") > 0) next.layers = spec.layers;
+    if (app.count("--experts") > 0) next.experts = spec.experts;
+    if (app.count("--vocab") > 0) next.vocab = spec.vocab;
+    if (app.count("--hidden") > 0) next.hidden = spec.hidden;
+    if (app.count("--expert-ffn") > 0) next.expert_ffn = spec.expert_ffn;
+    spec = next;
   }
   if (type == "qwen2_moe") spec.type = pw::ModelType::kQwen2Moe;
   if (type == "qwen3_moe") spec.type = pw::ModelType::kQwen3Moe;

@@ -18,8 +18,10 @@ constexpr ExpertNaming kExpertNaming[] = {
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // olmoe
     {"block_sparse_moe", {"w1", "w3", "w2"}},        // mixtral
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // glm4_moe (shared_experts: dense weights)
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_next (shared_expert: dense weights)
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_5_moe_text (as qwen3_next)
 };
-static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGlm4Moe) + 1,
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kQwen35Moe) + 1,
               "one ExpertNaming row per ModelType");
 
 }  // namespace
@@ -31,8 +33,8 @@ const ExpertNaming& ExpertNamingOf(ModelType type) {
 }
 
 std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer) {
-  return "model.layers." + std::to_string(layer) + "." + ExpertNamingOf(config.type).moe_block +
-         ".";
+  return config.weights_prefix + "layers." + std::to_string(layer) + "." +
+         ExpertNamingOf(config.type).moe_block + ".";
 }
 
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
@@ -52,7 +54,9 @@ Result<std::unique_ptr<CheckpointExperts>> CheckpointExperts::Open(const std::st
   ss << f.rdbuf();
   c->config_bytes_ = ss.str();
   PW_ASSIGN_OR_RETURN(c->config_, LoadModelConfig(path));
-  if (!c->config_.wrapper_model_type.empty()) {
+  // A multimodal wrapper is read only where config.json's parse knows where it keeps its
+  // language model (weights_prefix: qwen3_5_moe's model.language_model.).
+  if (!c->config_.wrapper_model_type.empty() && c->config_.weights_prefix == "model.") {
     return Unsupported(path + ": model_type '" + c->config_.wrapper_model_type + "' wraps a " +
                        c->config_.model_type +
                        " text_config; only text-model checkpoints are served");

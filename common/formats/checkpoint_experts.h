@@ -31,7 +31,8 @@ struct ExpertNaming {
 const ExpertNaming& ExpertNamingOf(ModelType type);
 
 // Prefix of layer `layer`'s MoE block ("model.layers.3.mlp." or, for mixtral,
-// "model.layers.3.block_sparse_moe.").
+// "model.layers.3.block_sparse_moe."; under config.weights_prefix, e.g.
+// "model.language_model.layers.3.mlp." in a multimodal checkpoint).
 std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer);
 // "model.layers.3.mlp.experts.5.gate_proj.weight" (mixtral: "...experts.5.w1.weight").
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,

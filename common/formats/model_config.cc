@@ -213,6 +213,9 @@ Status ReadRope(const FieldReader& r, double theta_default, ModelConfig* c) {
   }
   RopeScaling& s = c->rope_scaling;
   std::set<std::string> keys = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  // Qwen3.5's M-RoPE splits the rotary frequencies among three position axes (time, height,
+  // width); a text-only request has all three equal, so the split does not change RoPE.
+  if (c->type == ModelType::kQwen35Moe) keys.insert({"mrope_section", "mrope_interleaved"});
   if (type == "default") {
     s.type = RopeType::kDefault;
   } else if (type == "linear") {
@@ -260,7 +263,10 @@ Status ReadRope(const FieldReader& r, double theta_default, ModelConfig* c) {
   // partial_rotary_factor: the rotary covers all of head_dim, except for glm4_moe (its family
   // parse reads the factor).
   for (const FieldReader* fr : {&r, &d}) {
-    if (c->type == ModelType::kGlm4Moe) break;
+    if (c->type == ModelType::kGlm4Moe || c->type == ModelType::kQwen3Next ||
+        c->type == ModelType::kQwen35Moe) {
+      break;
+    }
     if (const json* p = fr->Find("partial_rotary_factor")) {
       if (!p->is_number() || p->get<double>() != 1.0) {
         const std::string name = fr == &r ? std::string("partial_rotary_factor")
@@ -374,6 +380,10 @@ const char* ModelTypeName(ModelType t) {
       return "mixtral";
     case ModelType::kGlm4Moe:
       return "glm4_moe";
+    case ModelType::kQwen3Next:
+      return "qwen3_next";
+    case ModelType::kQwen35Moe:
+      return "qwen3_5_moe_text";
   }
   return "?";
 }
@@ -456,6 +466,54 @@ Status ParseGlm4MoeExperts(const FieldReader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// qwen3_next's layer kinds and linear-attention shapes (HF Qwen3NextConfig's defaults): which
+// layers are Gated DeltaNet, from layer_types or every full_attention_interval-th layer full
+// attention. A list of the wrong length, an unknown kind, or value heads that the key heads
+// do not divide is refused, naming the field.
+Status ParseQwen3NextLayers(const FieldReader& r, ModelConfig* c) {
+  LinearAttentionConfig& la = c->linear_attention;
+  PW_RETURN_IF_ERROR(r.Int("linear_num_key_heads", &la.num_key_heads, 16, 1));
+  PW_RETURN_IF_ERROR(r.Int("linear_num_value_heads", &la.num_value_heads, 32, 1));
+  PW_RETURN_IF_ERROR(r.Int("linear_key_head_dim", &la.key_head_dim, 128, 1));
+  PW_RETURN_IF_ERROR(r.Int("linear_value_head_dim", &la.value_head_dim, 128, 1));
+  PW_RETURN_IF_ERROR(r.Int("linear_conv_kernel_dim", &la.conv_kernel, 4, 1));
+  if (la.num_value_heads % la.num_key_heads != 0) {
+    return r.Error(StatusCode::kInvalidArgument, "linear_num_value_heads",
+                   "is " + std::to_string(la.num_value_heads) +
+                       ", not a multiple of linear_num_key_heads " +
+                       std::to_string(la.num_key_heads) +
+                       " (each key head serves a whole group of value heads)");
+  }
+  la.layers.assign(static_cast<size_t>(c->num_layers), false);
+  if (const json* lt = r.Find("layer_types")) {
+    if (!lt->is_array()) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
+    }
+    if (lt->size() != static_cast<size_t>(c->num_layers)) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types",
+                     "has " + std::to_string(lt->size()) + " entries for num_hidden_layers " +
+                         std::to_string(c->num_layers));
+    }
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& e = (*lt)[i];
+      const std::string kind = e.is_string() ? e.get<std::string>() : "";
+      if (kind != "linear_attention" && kind != "full_attention") {
+        return r.Error(StatusCode::kUnsupported, "layer_types[" + std::to_string(i) + "]",
+                       "is " + FieldReader::Dump(e) +
+                           "; supported: \"linear_attention\", \"full_attention\"");
+      }
+      la.layers[i] = kind == "linear_attention";
+    }
+  } else {
+    int64_t interval = 4;
+    PW_RETURN_IF_ERROR(r.Int("full_attention_interval", &interval, 4, 1));
+    for (int64_t l = 0; l < c->num_layers; ++l) {
+      la.layers[static_cast<size_t>(l)] = (l + 1) % interval != 0;
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& label) {
@@ -500,14 +558,19 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     c.type = ModelType::kMixtral;
   } else if (c.model_type == "glm4_moe") {
     c.type = ModelType::kGlm4Moe;
+  } else if (c.model_type == "qwen3_next") {
+    c.type = ModelType::kQwen3Next;
+  } else if (c.model_type == "qwen3_5_moe_text") {
+    c.type = ModelType::kQwen35Moe;
   } else {
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
-                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe");
+                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe, qwen3_next, "
+                       "qwen3_5_moe_text");
   }
   if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
     for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
-                        ModelType::kMixtral}) {
+                        ModelType::kMixtral, ModelType::kQwen3Next}) {
       if (c.wrapper_model_type == ModelTypeName(w)) {
         return Status(StatusCode::kInvalidArgument,
                       label + ": model_type '" + c.wrapper_model_type +
@@ -516,7 +579,12 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
   }
   const ModelType t = c.type;
-  const bool qwen = t == ModelType::kQwen2Moe || t == ModelType::kQwen3Moe;
+  // The Gated DeltaNet hybrids (linear_attention_config.h).
+  const bool hybrid = t == ModelType::kQwen3Next || t == ModelType::kQwen35Moe;
+  const bool qwen = t == ModelType::kQwen2Moe || t == ModelType::kQwen3Moe || hybrid;
+  if (t == ModelType::kQwen35Moe && c.wrapper_model_type == "qwen3_5_moe") {
+    c.weights_prefix = "model.language_model.";
+  }
 
   // Body.
   PW_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, std::nullopt, 1));
@@ -531,6 +599,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t == ModelType::kQwen3Moe) kv_default = 4;
     if (t == ModelType::kMixtral) kv_default = 8;
     if (t == ModelType::kGlm4Moe) kv_default = 8;
+    if (hybrid) kv_default = 2;
   }
   PW_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, kv_default, 1));
   if (c.num_heads % c.num_kv_heads != 0) {
@@ -596,8 +665,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
                      "is true; sliding-window attention is not supported");
     }
   }
-  // transformers 5.x: layer_types says which layers attend through a sliding window.
-  if (const json* lt = r.Find("layer_types")) {
+  // transformers 5.x: layer_types says which layers attend through a sliding window (a
+  // hybrid's, which layers are linear attention: its own parse).
+  if (hybrid) {
+    PW_RETURN_IF_ERROR(ParseQwen3NextLayers(r, &c));
+  } else if (const json* lt = r.Find("layer_types")) {
     if (!lt->is_array()) {
       return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
     }
@@ -627,6 +699,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       c.qk_norm = QkNorm::kNone;
       break;
     case ModelType::kQwen3Moe:
+    case ModelType::kQwen3Next:
+    case ModelType::kQwen35Moe:
       PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c.qkv_bias, false));
       c.o_bias = c.qkv_bias;
       c.qk_norm = QkNorm::kPerHead;
@@ -657,18 +731,20 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
   }
 
-  // Rotary dims: all of head_dim, or (glm4_moe) the first partial_rotary_factor of it.
+  // Rotary dims: all of head_dim, or (glm4_moe 0.5, qwen3_next 0.25 by default) the first
+  // partial_rotary_factor of it.
   c.rotary_dim = c.head_dim;
-  if (t == ModelType::kGlm4Moe) {
+  if (t == ModelType::kGlm4Moe || hybrid) {
     // Top level (the released checkpoints), else in transformers 5's rope_parameters.
-    double factor = 0.5;
+    const double def = t == ModelType::kGlm4Moe ? 0.5 : 0.25;
+    double factor = def;
     const json* rp = r.Find("rope_parameters");
     if (r.Find("partial_rotary_factor") == nullptr && rp != nullptr && rp->is_object() &&
         rp->contains("partial_rotary_factor")) {
-      PW_RETURN_IF_ERROR(FieldReader(*rp, label).Double("partial_rotary_factor", &factor, 0.5, true)
+      PW_RETURN_IF_ERROR(FieldReader(*rp, label).Double("partial_rotary_factor", &factor, def, true)
                              .WithContext("rope_parameters"));
     } else {
-      PW_RETURN_IF_ERROR(r.Double("partial_rotary_factor", &factor, 0.5, true));
+      PW_RETURN_IF_ERROR(r.Double("partial_rotary_factor", &factor, def, true));
     }
     const double dims = static_cast<double>(c.head_dim) * factor;
     c.rotary_dim = static_cast<int64_t>(dims);  // int(head_dim * factor), as HF
@@ -699,8 +775,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     PW_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
     PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size,
                              t == ModelType::kQwen2Moe ? 5632 : 6144, 1));
-    PW_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &c.decoder_sparse_step, 1, 1));
-    PW_RETURN_IF_ERROR(r.IntList("mlp_only_layers", &c.mlp_only_layers));
+    // qwen3_5_moe_text has neither (HF's every layer is MoE).
+    if (t != ModelType::kQwen35Moe) {
+      PW_RETURN_IF_ERROR(r.Int("decoder_sparse_step", &c.decoder_sparse_step, 1, 1));
+      PW_RETURN_IF_ERROR(r.IntList("mlp_only_layers", &c.mlp_only_layers));
+    }
     for (size_t i = 0; i < c.mlp_only_layers.size(); ++i) {
       int64_t l = c.mlp_only_layers[i];
       if (l < 0 || l >= c.num_layers) {
@@ -709,7 +788,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
                            std::to_string(c.num_layers));
       }
     }
-    PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
+    PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, t == ModelType::kQwen3Next));
+    if (t == ModelType::kQwen35Moe) c.norm_topk_prob = true;  // its router always renormalises
   } else if (t == ModelType::kGlm4Moe) {
     PW_RETURN_IF_ERROR(ParseGlm4MoeExperts(r, &c));
   } else {
@@ -721,9 +801,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       c.norm_topk_prob = true;  // mixtral always renormalises the top-k weights
     }
   }
-  if (t == ModelType::kQwen2Moe) {
-    PW_RETURN_IF_ERROR(
-        r.Int("shared_expert_intermediate_size", &c.shared_expert_intermediate_size, 5632, 0));
+  if (t == ModelType::kQwen2Moe || hybrid) {
+    PW_RETURN_IF_ERROR(r.Int("shared_expert_intermediate_size",
+                             &c.shared_expert_intermediate_size,
+                             t == ModelType::kQwen2Moe ? 5632 : 512, 0));
   }
 
   // Special tokens (HF defaults: olmoe eos 50279 pad 1; mixtral bos 1 eos 2; qwen: none).

@@ -21,6 +21,17 @@
 //              (default false) on q/k/v only; qk norm per head when use_qk_norm; RoPE over the
 //              first partial_rotary_factor (default 0.5) of head_dim; head_dim: file or
 //              hidden/heads; num_nextn_predict_layers MTP layers after the last, not run.
+//   qwen3_next hybrid: layer_types (or every full_attention_interval-th layer, default 4) full
+//              attention, the others Gated DeltaNet linear attention (linear_* fields,
+//              LinearAttentionConfig); experts and dense layers as qwen2_moe (shared expert of
+//              shared_expert_intermediate_size behind a sigmoid gate, norm_topk_prob default
+//              true); attention_bias (default false) on q/k/v/o; qk norm per head; RoPE over
+//              the first partial_rotary_factor (default 0.25) of head_dim.
+//   qwen3_5_moe_text  (Qwen3.5-MoE's language model, the text_config of a qwen3_5_moe
+//              checkpoint) as qwen3_next, but the top-k weights always renormalised, every
+//              layer MoE, and RoPE's mrope_section / mrope_interleaved accepted (text only: the
+//              three position axes are equal, so M-RoPE is plain RoPE); served from the
+//              multimodal checkpoint (weights_prefix "model.language_model.").
 //
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
@@ -47,11 +58,12 @@
 #include <string>
 #include <vector>
 
+#include "common/formats/linear_attention_config.h"
 #include "common/status.h"
 
 namespace pw {
 
-enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe };
+enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe, kQwen3Next, kQwen35Moe };
 
 // RoPE frequency scaling (HF transformers' rope_type; engine/models/rope.h computes it).
 enum class RopeType {
@@ -134,6 +146,7 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;
   int64_t n_shared_experts = 0;  // glm4_moe: shared experts, one MLP of n * moe_intermediate_size
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the last layer; never run
+  LinearAttentionConfig linear_attention;  // hybrids (qwen3_next); empty layers: none
 
   // Special tokens (absent in the file: nullopt / empty).
   std::optional<int64_t> bos_token_id;
@@ -144,6 +157,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;         // kDefault unless the file scales RoPE
   std::string dtype;                // "bfloat16", "float16", "float32"; empty when absent
   std::string wrapper_model_type;   // a multimodal wrapper's model_type; empty when none
+  // Where the language model's tensors are: "model." ("model.layers.{l}.", "model.norm"), or
+  // "model.language_model." in a multimodal checkpoint served text-only (qwen3_5_moe).
+  std::string weights_prefix = "model.";
 
   // The longest sequence the model serves by default: max_position_embeddings, times the
   // factor for dynamic NTK RoPE (which exists to run past it; vLLM's rule too).

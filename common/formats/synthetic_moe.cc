@@ -29,16 +29,40 @@ struct TensorSpec {
 std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
   const int64_t hd = s.hidden / s.heads;
   const int64_t q = s.heads * hd, kv = s.kv_heads * hd;
+  // qwen3_next: zero-centred norms (applied as 1 + w, HF initialises w to 0), a Gated DeltaNet
+  // in all but every full_attention_interval-th layer, q_proj twice as wide (the output gate).
+  const bool next = s.type == ModelType::kQwen3Next;
+  const Init norm = next ? Init::kZeros : Init::kOnes;
   std::vector<TensorSpec> t;
   t.push_back({"model.embed_tokens.weight", {s.vocab, s.hidden}, Init::kNormal});
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    t.push_back({p + "input_layernorm.weight", {s.hidden}, Init::kOnes});
-    t.push_back({p + "post_attention_layernorm.weight", {s.hidden}, Init::kOnes});
-    t.push_back({p + "self_attn.q_proj.weight", {q, s.hidden}, Init::kNormal});
-    t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
-    t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
-    t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
+    t.push_back({p + "input_layernorm.weight", {s.hidden}, norm});
+    t.push_back({p + "post_attention_layernorm.weight", {s.hidden}, norm});
+    if (next && (l + 1) % s.full_attention_interval != 0) {
+      const int64_t nk = s.linear_key_heads, nv = s.linear_value_heads, d = s.linear_head_dim;
+      const std::string a = p + "linear_attn.";
+      t.push_back({a + "in_proj_qkvz.weight", {2 * nk * d + 2 * nv * d, s.hidden}, Init::kNormal});
+      t.push_back({a + "in_proj_ba.weight", {2 * nv, s.hidden}, Init::kNormal});
+      t.push_back({a + "conv1d.weight", {2 * nk * d + nv * d, 1, 4}, Init::kNormal});
+      t.push_back({a + "dt_bias", {nv}, Init::kOnes});
+      t.push_back({a + "A_log", {nv}, Init::kZeros});
+      t.push_back({a + "norm.weight", {d}, Init::kOnes});
+      t.push_back({a + "out_proj.weight", {s.hidden, nv * d}, Init::kNormal});
+    } else if (next) {
+      t.push_back({p + "self_attn.q_proj.weight", {2 * q, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
+      t.push_back({p + "self_attn.q_norm.weight", {hd}, norm});
+      t.push_back({p + "self_attn.k_norm.weight", {hd}, norm});
+    }
+    if (!next) t.push_back({p + "self_attn.q_proj.weight", {q, s.hidden}, Init::kNormal});
+    if (!next) {
+      t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
+    }
     if (s.type == ModelType::kQwen2Moe || s.type == ModelType::kGlm4Moe) {  // q/k/v bias
       t.push_back({p + "self_attn.q_proj.bias", {q}, Init::kZeros});
       t.push_back({p + "self_attn.k_proj.bias", {kv}, Init::kZeros});
@@ -75,7 +99,7 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
       t.push_back({x + m[1] + ".weight", {s.expert_ffn, s.hidden}, Init::kNormal});
       t.push_back({x + m[2] + ".weight", {s.hidden, s.expert_ffn}, Init::kNormal});
     }
-    if (s.type == ModelType::kQwen2Moe) {
+    if (s.type == ModelType::kQwen2Moe || next) {
       t.push_back(
           {moe + "shared_expert.gate_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
       t.push_back({moe + "shared_expert.up_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
@@ -84,7 +108,7 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
       t.push_back({moe + "shared_expert_gate.weight", {1, s.hidden}, Init::kNormal});
     }
   }
-  t.push_back({"model.norm.weight", {s.hidden}, Init::kOnes});
+  t.push_back({"model.norm.weight", {s.hidden}, norm});
   t.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kNormal});
   return t;
 }
@@ -139,6 +163,15 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
     }
     if ((s.hidden / s.heads) % 4 != 0) return bad("head dim must be a multiple of 4");
   }
+  if (s.type == ModelType::kQwen3Next) {
+    if (s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
+    if (s.linear_key_heads < 1 || s.linear_value_heads < 1 || s.linear_head_dim < 1 ||
+        s.linear_value_heads % s.linear_key_heads != 0) {
+      return bad("linear heads must be >= 1, the value heads a multiple of the key heads");
+    }
+    if (s.full_attention_interval < 1) return bad("full_attention_interval must be >= 1");
+    if ((s.hidden / s.heads) % 8 != 0) return bad("head dim must be a multiple of 8");
+  }
   if (!(s.init_std > 0)) return bad("init_std must be > 0");
   return Status::Ok();
 }
@@ -159,6 +192,26 @@ SyntheticMoeSpec Glm4MoeAirHalfSpec() {
   s.dense_layers = 1;
   s.dense_ffn = 5472;
   s.vocab = 151552;
+  s.max_positions = 4096;
+  return s;
+}
+
+SyntheticMoeSpec Qwen3NextQuarterSpec() {
+  SyntheticMoeSpec s;
+  s.type = ModelType::kQwen3Next;
+  s.layers = 4;
+  s.hidden = 2048;
+  s.heads = 8;
+  s.kv_heads = 2;
+  s.experts = 512;
+  s.top_k = 10;
+  s.expert_ffn = 128;
+  s.shared_ffn = 512;
+  s.linear_key_heads = 16;
+  s.linear_value_heads = 32;
+  s.linear_head_dim = 128;
+  s.full_attention_interval = 4;
+  s.vocab = 151936;
   s.max_positions = 4096;
   return s;
 }
@@ -192,6 +245,12 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       break;
     case ModelType::kGlm4Moe:
       arch = "Glm4MoeForCausalLM";
+      break;
+    case ModelType::kQwen3Next:
+      arch = "Qwen3NextForCausalLM";
+      break;
+    case ModelType::kQwen35Moe:  // not offered by make_synthetic_moe
+      arch = "Qwen3_5MoeForCausalLM";
       break;
   }
   j["architectures"] = {arch};
@@ -260,6 +319,27 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["use_qk_norm"] = false;
       j["num_nextn_predict_layers"] = 0;
       j["eos_token_id"] = s.vocab - 1;
+      break;
+    case ModelType::kQwen3Next:
+      j["num_experts"] = s.experts;
+      j["moe_intermediate_size"] = s.expert_ffn;
+      j["shared_expert_intermediate_size"] = s.shared_ffn;
+      j["intermediate_size"] = s.expert_ffn * s.top_k;  // dense size; no dense layers here
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = json::array();
+      j["norm_topk_prob"] = true;
+      j["head_dim"] = s.hidden / s.heads;
+      j["partial_rotary_factor"] = 0.25;
+      j["attention_bias"] = false;
+      j["full_attention_interval"] = s.full_attention_interval;
+      j["linear_num_key_heads"] = s.linear_key_heads;
+      j["linear_num_value_heads"] = s.linear_value_heads;
+      j["linear_key_head_dim"] = s.linear_head_dim;
+      j["linear_value_head_dim"] = s.linear_head_dim;
+      j["linear_conv_kernel_dim"] = 4;
+      j["eos_token_id"] = s.vocab - 1;
+      break;
+    case ModelType::kQwen35Moe:  // not offered by make_synthetic_moe
       break;
   }
   j["torch_dtype"] = "bfloat16";

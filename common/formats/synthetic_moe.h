@@ -37,6 +37,12 @@ struct SyntheticMoeSpec {
   int64_t dense_ffn = 0;
   int64_t n_group = 1;
   int64_t topk_group = 1;
+  // qwen3_next only: Gated DeltaNet layers (all but every full_attention_interval-th) of
+  // linear_key_heads / linear_value_heads heads of linear_head_dim (keys and values).
+  int64_t full_attention_interval = 4;
+  int64_t linear_key_heads = 0;
+  int64_t linear_value_heads = 0;
+  int64_t linear_head_dim = 0;
   int64_t vocab = 50304;
   int64_t max_positions = 4096;
   uint64_t seed = 1;
@@ -47,6 +53,12 @@ struct SyntheticMoeSpec {
 // hidden 2048, 16 heads of 128 (RoPE over 64), 2 kv heads, 64 experts top-8 of 704, one
 // shared expert of 704, dense FFN 5472, vocab 151552; about 1.9 GB of bf16.
 SyntheticMoeSpec Glm4MoeAirHalfSpec();
+
+// Qwen3-Next-80B-A3B's layer at a quarter of its expert width, 4 layers (3 Gated DeltaNet, 1
+// full attention): hidden 2048, 8 heads of 256 (output-gated, RoPE over 64), 2 kv heads, linear
+// heads 16 key / 32 value of 128, 512 experts top-10 of 128 plus a gated shared expert of 512,
+// vocab 151936; about 4.6 GB of bf16 (experts 805 MB a layer).
+SyntheticMoeSpec Qwen3NextQuarterSpec();
 
 // Total bytes of tensor data the spec produces (bf16).
 uint64_t SyntheticMoeBytes(const SyntheticMoeSpec& spec);

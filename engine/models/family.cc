@@ -8,6 +8,8 @@ extern const ModelFamily kQwen3MoeFamily;
 extern const ModelFamily kOlmoeFamily;
 extern const ModelFamily kMixtralFamily;
 extern const ModelFamily kGlm4MoeFamily;
+extern const ModelFamily kQwen3NextFamily;
+extern const ModelFamily kQwen35MoeFamily;
 
 namespace {
 
@@ -18,6 +20,8 @@ const ModelFamily* const kFamilies[] = {
     &kOlmoeFamily,
     &kMixtralFamily,
     &kGlm4MoeFamily,
+    &kQwen3NextFamily,
+    &kQwen35MoeFamily,
 };
 
 }  // namespace

@@ -40,6 +40,23 @@ struct AttentionNames {
   const char* k_norm;  // likewise [D] or [nkv*D]
 };
 
+// The tensors of a Gated DeltaNet (linear-attention) layer, relative to `prefix`: the input
+// projections fused per key head (qwen3_next) or split (qwen3_5_moe_text), one pair null.
+struct GatedDeltaNetNames {
+  const char* prefix;        // e.g. "linear_attn."
+  const char* in_proj_qkvz;  // fused: [2*nk*dk + 2*nv*dv, H], per key head q, k, v, z
+  const char* in_proj_ba;    // fused: [2*nv, H], per key head b, a
+  const char* in_proj_qkv;   // split: [2*nk*dk + nv*dv, H], all q, all k, all v
+  const char* in_proj_z;     // split: [nv*dv, H]
+  const char* in_proj_b;     // split: [nv, H]
+  const char* in_proj_a;     // split: [nv, H]
+  const char* conv1d;        // [conv_dim, 1, K] depthwise, no bias
+  const char* dt_bias;       // [nv], a full name (no ".weight")
+  const char* a_log;         // [nv], a full name
+  const char* norm;          // [dv] gated RMSNorm
+  const char* out_proj;      // [H, nv*dv]
+};
+
 struct ModelFamily {
   ModelType type;
   const char* model_type;  // config.json's model_type
@@ -63,9 +80,25 @@ struct ModelFamily {
   const char* shared_expert_gate;  // [1, H], its sigmoid gate; nullptr: added ungated
   GateKind gate;
   ExpertActivation activation;
+
+  // Hybrids: the tensors of a linear-attention layer (ModelConfig::linear_attention says which
+  // layers); nullptr: the family has none.
+  const GatedDeltaNetNames* linear_attention = nullptr;
+  // The RMSNorm weights (input, post-attention, final, q/k norm) are stored zero-centred: the
+  // norm multiplies by (1 + w). The loader adds the 1.
+  bool zero_centred_norm = false;
+  // q_proj is twice as wide: per head the query then a gate, and the attention output is
+  // multiplied by sigmoid(gate) before o_proj.
+  bool attention_output_gate = false;
+  // The multimodal wrapper whose checkpoint is served text-only (config.json's top-level
+  // model_type around this family's text_config; its tensors under
+  // ModelConfig::weights_prefix, the others, e.g. model.visual.*, skipped); nullptr: none.
+  const char* text_of_wrapper = nullptr;
 };
 
-// The names most Hugging Face MoE families share (Llama's layout).
+// The names most Hugging Face MoE families share (Llama's layout). Names starting "model." are
+// read under ModelConfig::weights_prefix ("model.language_model.embed_tokens.weight" in a
+// multimodal checkpoint).
 inline constexpr const char* kHfEmbed = "model.embed_tokens.weight";
 inline constexpr const char* kHfFinalNorm = "model.norm.weight";
 inline constexpr const char* kHfLmHead = "lm_head.weight";

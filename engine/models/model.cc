@@ -21,16 +21,18 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   PW_ASSIGN_OR_RETURN(m->config_, LoadModelConfig(dir + "/config.json"));
-  if (!m->config_.wrapper_model_type.empty()) {
-    return Unsupported(dir + "/config.json: model_type '" + m->config_.wrapper_model_type +
-                       "' wraps a " + m->config_.model_type +
-                       " text_config; only text-model checkpoints are served (load the language "
-                       "model's own checkpoint)");
-  }
   m->family_ = FindFamily(m->config_.type);
   if (m->family_ == nullptr) {
     return Unsupported(dir + "/config.json: model_type '" + m->config_.model_type +
                        "' has no registered model family (engine/models/family.cc)");
+  }
+  const std::string& wrapper = m->config_.wrapper_model_type;
+  const char* served = m->family_->text_of_wrapper;
+  if (!wrapper.empty() && (served == nullptr || wrapper != served)) {
+    return Unsupported(dir + "/config.json: model_type '" + wrapper + "' wraps a " +
+                       m->config_.model_type +
+                       " text_config; only text-model checkpoints are served (load the language "
+                       "model's own checkpoint)");
   }
   PW_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::Open(dir, load));
   PW_RETURN_IF_ERROR(m->LoadTensors());
@@ -61,11 +63,18 @@ Result<Bf16Matrix> Model::Matrix(const std::string& name, int64_t rows, int64_t 
 }
 
 Result<std::vector<float>> Model::Vector(const std::string& name, int64_t n) {
+  return Floats(name, {n});
+}
+
+Result<std::vector<float>> Model::Floats(const std::string& name,
+                                         const std::vector<int64_t>& shape) {
   PW_ASSIGN_OR_RETURN(TensorView t, ckpt_->Get(name));
-  if (t.shape != std::vector<int64_t>{n}) {
+  if (t.shape != shape) {
     return InvalidArgument("tensor " + name + " in " + dir_ + " has shape " +
-                           ShapeToString(t.shape) + ", expected [" + std::to_string(n) + "]");
+                           ShapeToString(t.shape) + ", expected " + ShapeToString(shape));
   }
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
   std::vector<float> out(static_cast<size_t>(n));
   if (t.dtype == DType::kBF16) {
     for (int64_t i = 0; i < n; ++i) {
@@ -88,6 +97,12 @@ Result<std::vector<float>> Model::Vector(const std::string& name, int64_t n) {
   return out;
 }
 
+std::string Model::Whole(const char* name) const {
+  const std::string n = name;
+  if (n.rfind("model.", 0) != 0) return n;
+  return config_.weights_prefix + n.substr(6);
+}
+
 Result<MlpWeights> Model::Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn) {
   const int64_t h = config_.hidden_size;
   MlpWeights w;
@@ -97,18 +112,44 @@ Result<MlpWeights> Model::Mlp(const std::string& prefix, const MlpNames& names, 
   return w;
 }
 
+Status Model::LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights* w) {
+  const ModelConfig& c = config_;
+  const LinearAttentionConfig& la = c.linear_attention;
+  const GatedDeltaNetNames& n = *family_->linear_attention;
+  const std::string p = prefix + n.prefix;
+  const int64_t h = c.hidden_size, nk = la.num_key_heads, nv = la.num_value_heads;
+  const int64_t dk = la.key_head_dim, dv = la.value_head_dim;
+  w->split = n.in_proj_qkvz == nullptr;
+  if (w->split) {
+    PW_ASSIGN_OR_RETURN(w->in_proj_qkv, Matrix(p + n.in_proj_qkv + ".weight", la.conv_dim(), h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_z, Matrix(p + n.in_proj_z + ".weight", nv * dv, h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_b, Matrix(p + n.in_proj_b + ".weight", nv, h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_a, Matrix(p + n.in_proj_a + ".weight", nv, h));
+  } else {
+    PW_ASSIGN_OR_RETURN(w->in_proj_qkvz,
+                        Matrix(p + n.in_proj_qkvz + ".weight", 2 * nk * dk + 2 * nv * dv, h));
+    PW_ASSIGN_OR_RETURN(w->in_proj_ba, Matrix(p + n.in_proj_ba + ".weight", 2 * nv, h));
+  }
+  PW_ASSIGN_OR_RETURN(w->conv, Floats(p + n.conv1d + ".weight", {la.conv_dim(), 1, la.conv_kernel}));
+  PW_ASSIGN_OR_RETURN(w->dt_bias, Vector(p + n.dt_bias, nv));
+  PW_ASSIGN_OR_RETURN(w->a_log, Vector(p + n.a_log, nv));
+  PW_ASSIGN_OR_RETURN(w->norm, Vector(p + n.norm + ".weight", dv));
+  PW_ASSIGN_OR_RETURN(w->out_proj, Matrix(p + n.out_proj + ".weight", h, nv * dv));
+  return Status::Ok();
+}
+
 // Every name comes from the family (family.h) or, for the routed experts, from the naming
 // table the broker shares (checkpoint_experts.h); what is present follows the config.
 Status Model::LoadTensors() {
   const ModelConfig& c = config_;
   const ModelFamily& f = *family_;
   const int64_t h = c.hidden_size, d = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
-  PW_ASSIGN_OR_RETURN(embed_, Matrix(f.embed, c.vocab_size, h));
-  PW_ASSIGN_OR_RETURN(final_norm_, Vector(f.final_norm, h));
-  if (c.tie_word_embeddings && !ckpt_->Has(f.lm_head)) {
+  PW_ASSIGN_OR_RETURN(embed_, Matrix(Whole(f.embed), c.vocab_size, h));
+  PW_ASSIGN_OR_RETURN(final_norm_, Vector(Whole(f.final_norm), h));
+  if (c.tie_word_embeddings && !ckpt_->Has(Whole(f.lm_head))) {
     lm_head_ = embed_;
   } else {
-    PW_ASSIGN_OR_RETURN(lm_head_, Matrix(f.lm_head, c.vocab_size, h));
+    PW_ASSIGN_OR_RETURN(lm_head_, Matrix(Whole(f.lm_head), c.vocab_size, h));
   }
   if (c.shared_expert_intermediate_size > 0 && f.shared_expert == nullptr) {
     return Internal(dir_ + "/config.json: a shared expert of size " +
@@ -118,32 +159,42 @@ Status Model::LoadTensors() {
   layers_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = layers_[static_cast<size_t>(l)];
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = c.weights_prefix + "layers." + std::to_string(l) + ".";
     PW_ASSIGN_OR_RETURN(w.input_norm, Vector(p + f.input_norm + ".weight", h));
     PW_ASSIGN_OR_RETURN(w.post_attn_norm, Vector(p + f.post_attn_norm + ".weight", h));
-    const std::string a = p + f.attention.prefix;
-    const std::string q = a + f.attention.q, k = a + f.attention.k, v = a + f.attention.v,
-                      o = a + f.attention.o;
-    PW_ASSIGN_OR_RETURN(w.q, Matrix(q + ".weight", nh * d, h));
-    PW_ASSIGN_OR_RETURN(w.k, Matrix(k + ".weight", nkv * d, h));
-    PW_ASSIGN_OR_RETURN(w.v, Matrix(v + ".weight", nkv * d, h));
-    PW_ASSIGN_OR_RETURN(w.o, Matrix(o + ".weight", h, nh * d));
-    if (c.qkv_bias) {
-      PW_ASSIGN_OR_RETURN(w.q_bias, Vector(q + ".bias", nh * d));
-      PW_ASSIGN_OR_RETURN(w.k_bias, Vector(k + ".bias", nkv * d));
-      PW_ASSIGN_OR_RETURN(w.v_bias, Vector(v + ".bias", nkv * d));
-    }
-    if (c.o_bias) {
-      PW_ASSIGN_OR_RETURN(w.o_bias, Vector(o + ".bias", h));
-    }
-    const std::string qn = a + f.attention.q_norm + ".weight",
-                      kn = a + f.attention.k_norm + ".weight";
-    if (c.qk_norm == QkNorm::kPerHead) {
-      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, d));
-      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, d));
-    } else if (c.qk_norm == QkNorm::kFull) {
-      PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, nh * d));
-      PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, nkv * d));
+    if (c.linear_attention.IsLinear(l)) {
+      if (f.linear_attention == nullptr) {
+        return Internal(dir_ + "/config.json: layer " + std::to_string(l) +
+                        " is linear attention, but family " + f.model_type + " has none");
+      }
+      w.is_linear_attention = true;
+      PW_RETURN_IF_ERROR(LoadGatedDeltaNet(p, &w.linear));
+    } else {
+      const std::string a = p + f.attention.prefix;
+      const std::string q = a + f.attention.q, k = a + f.attention.k, v = a + f.attention.v,
+                        o = a + f.attention.o;
+      const int64_t q_rows = (f.attention_output_gate ? 2 : 1) * nh * d;
+      PW_ASSIGN_OR_RETURN(w.q, Matrix(q + ".weight", q_rows, h));
+      PW_ASSIGN_OR_RETURN(w.k, Matrix(k + ".weight", nkv * d, h));
+      PW_ASSIGN_OR_RETURN(w.v, Matrix(v + ".weight", nkv * d, h));
+      PW_ASSIGN_OR_RETURN(w.o, Matrix(o + ".weight", h, nh * d));
+      if (c.qkv_bias) {
+        PW_ASSIGN_OR_RETURN(w.q_bias, Vector(q + ".bias", nh * d));
+        PW_ASSIGN_OR_RETURN(w.k_bias, Vector(k + ".bias", nkv * d));
+        PW_ASSIGN_OR_RETURN(w.v_bias, Vector(v + ".bias", nkv * d));
+      }
+      if (c.o_bias) {
+        PW_ASSIGN_OR_RETURN(w.o_bias, Vector(o + ".bias", h));
+      }
+      const std::string qn = a + f.attention.q_norm + ".weight",
+                        kn = a + f.attention.k_norm + ".weight";
+      if (c.qk_norm == QkNorm::kPerHead) {
+        PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, d));
+        PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, d));
+      } else if (c.qk_norm == QkNorm::kFull) {
+        PW_ASSIGN_OR_RETURN(w.q_norm, Vector(qn, nh * d));
+        PW_ASSIGN_OR_RETURN(w.k_norm, Vector(kn, nkv * d));
+      }
     }
     w.is_moe = c.IsMoeLayer(l);
     if (w.is_moe) {
@@ -175,12 +226,35 @@ Status Model::LoadTensors() {
       PW_ASSIGN_OR_RETURN(w.mlp, Mlp(p + f.dense_mlp, f.mlp, c.intermediate_size));
     }
   }
+  if (f.zero_centred_norm) {
+    // Stored as w, applied as (1 + w) (HF Qwen3NextRMSNorm): the 1 is added once here.
+    auto add_one = [](std::vector<float>& v) {
+      for (float& x : v) x += 1.f;
+    };
+    add_one(final_norm_);
+    for (LayerWeights& w : layers_) {
+      for (std::vector<float>* v : {&w.input_norm, &w.post_attn_norm, &w.q_norm, &w.k_norm}) {
+        add_one(*v);
+      }
+    }
+  }
   // Layers stored after the last (GLM-4.5's MTP modules) are never run: said once, not loaded.
-  int64_t extra = 0;
+  int64_t extra = 0, other = 0;
+  const std::string layers = c.weights_prefix + "layers.";
   for (const std::string& name : ckpt_->TensorNames()) {
-    if (name.rfind("model.layers.", 0) != 0) continue;
-    const int64_t l = std::atoll(name.c_str() + 13);
+    if (!c.wrapper_model_type.empty() && name.rfind(c.weights_prefix, 0) != 0 &&
+        name != f.lm_head) {
+      ++other;  // a multimodal checkpoint's other towers (model.visual.*)
+      continue;
+    }
+    if (name.rfind(layers, 0) != 0) continue;
+    const int64_t l = std::atoll(name.c_str() + layers.size());
     if (l >= c.num_layers) ++extra;
+  }
+  if (other > 0) {
+    PW_LOG(INFO) << dir_ << ": served text-only: " << other << " tensors of "
+                 << c.wrapper_model_type << " outside its language model (" << c.weights_prefix
+                 << "*; e.g. the vision tower) are not loaded";
   }
   if (extra > 0) {
     PW_LOG(INFO) << dir_ << ": " << extra << " tensors of layers after the last ("

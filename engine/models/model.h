@@ -1,5 +1,5 @@
 // Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral,
-// glm4_moe).
+// glm4_moe, qwen3_next).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
@@ -24,6 +24,9 @@
 //     n_shared_experts * moe_intermediate_size (no gate); dense layers (below
 //     first_k_dense_replace) as the qwen types. Tensors of the MTP layers stored after the last
 //     (model.layers.{num_hidden_layers + i}.*) are not read.
+//   qwen3_next: a linear-attention layer has P linear_attn.{in_proj_qkvz, in_proj_ba, conv1d,
+//     norm, out_proj}.weight, P linear_attn.{dt_bias, A_log} (GatedDeltaNetWeights) and no
+//     self_attn.*; a full-attention layer's q_proj is [2*nh*D, H]; MoE as qwen2_moe.
 // BF16 matrices stay in the mmapped file, read in place; F16 and F32 ones (fp16 / fp32
 // checkpoints) are rounded to bf16 at load into Model-owned memory (common/formats/bf16_tensor.h);
 // norms and biases may be BF16, F16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
@@ -63,9 +66,31 @@ struct MlpWeights {
   Bf16Matrix down;  // [H, F]
 };
 
+// A Gated DeltaNet layer (linear attention; engine/layers/gated_delta_net.h), nk/nv key/value
+// heads of dk/dv, r = nv / nk value heads per key head, C = conv_dim, K = conv kernel.
+struct GatedDeltaNetWeights {
+  // The input projections, fused per key head or split (GatedDeltaNetNames): one set is read.
+  bool split = false;
+  Bf16Matrix in_proj_qkvz;      // [2*nk*dk + 2*nv*dv, H]: per key head q dk, k dk, v r*dv, z r*dv
+  Bf16Matrix in_proj_ba;        // [2*nv, H]: per key head b r, a r
+  Bf16Matrix in_proj_qkv;       // [C, H]: the conv's channels in order
+  Bf16Matrix in_proj_z;         // [nv*dv, H]
+  Bf16Matrix in_proj_b;         // [nv, H]
+  Bf16Matrix in_proj_a;         // [nv, H]
+  std::vector<float> conv;      // [C][K] over the channels q (nk*dk), k (nk*dk), v (nv*dv)
+  std::vector<float> dt_bias;   // [nv]
+  std::vector<float> a_log;     // [nv]
+  std::vector<float> norm;      // [dv], gated RMSNorm (not zero-centred)
+  Bf16Matrix out_proj;          // [H, nv*dv]
+};
+
 struct LayerWeights {
   std::vector<float> input_norm;      // [H]
   std::vector<float> post_attn_norm;  // [H]
+  // A linear-attention layer (ModelConfig::linear_attention) has `linear` and no q/k/v/o.
+  bool is_linear_attention = false;
+  GatedDeltaNetWeights linear;
+  // With the family's attention_output_gate, q is [2*nh*D, H]: per head the query, then a gate.
   Bf16Matrix q, k, v, o;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the model has none
   std::vector<float> q_norm, k_norm;                  // empty when qk_norm == kNone
@@ -106,7 +131,10 @@ class Model {
   // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
   // lm_head, dense and shared-expert MLPs) an int8 copy with one scale per row
   // (kernels/anyprec/q8.h), used from then on instead of bf16. The router, the embeddings
-  // and the routed experts (their own providers) stay as they are. Idempotent.
+  // and the routed experts (their own providers) stay as they are, and so do a hybrid's
+  // linear-attention projections: int8 rows there moved the fixtures' logits by 0.27-0.30
+  // relative (attention's q/k/v/o by 0.01-0.05 each), the delta rule's L2-normalised keys and
+  // its recurrence amplifying the rounding. Idempotent.
   Status QuantizeDenseInt8();
   bool dense_int8() const { return !q8_.empty(); }
 
@@ -115,7 +143,12 @@ class Model {
   Status LoadTensors();
   Result<Bf16Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols);
   Result<std::vector<float>> Vector(const std::string& name, int64_t n);
+  // A norm, bias or small tensor of any shape as fp32 (row-major).
+  Result<std::vector<float>> Floats(const std::string& name, const std::vector<int64_t>& shape);
+  Status LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights* w);
   Result<MlpWeights> Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn);
+  // A whole-model tensor's name (family.h: "model.x" is read under config.weights_prefix).
+  std::string Whole(const char* name) const;
 
   std::string dir_;
   ModelConfig config_;

@@ -4,8 +4,10 @@
 // (n = 1) or a prompt chunk. Every token attends to all positions [0, its own] of its sequence
 // through the sequence's block table (block ids of the engine's memory::KvBlockPool): the KV
 // of earlier positions must already be in the blocks; the items' own K/V are written there
-// first (causal within the chunk). Nothing here names a device: the CPU runner and a GPU
-// runner read the same batch.
+// first (causal within the chunk). A hybrid's linear-attention layers instead continue the
+// sequence's recurrent state, kept in its first block (blocks[0]): zero at start_pos 0, else
+// the state after positions [0, start_pos), so an item's positions must follow the last ones
+// run. Nothing here names a device: the CPU runner and a GPU runner read the same batch.
 #pragma once
 
 #include <cstdint>

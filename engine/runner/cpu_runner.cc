@@ -25,7 +25,11 @@ Status CpuRunner::Forward(const Batch& batch, std::vector<float>* logits) {
   if (T == 0) return Status::Ok();
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& w = model_.layers()[static_cast<size_t>(l)];
-    AttentionBlock(static_cast<int>(l), w, T);
+    if (w.is_linear_attention) {
+      LinearAttentionBlock(static_cast<int>(l), w, T, batch.items);
+    } else {
+      AttentionBlock(static_cast<int>(l), w, T);
+    }
     PW_RETURN_IF_ERROR(MlpBlock(static_cast<int>(l), w, T, batch.pure_decode));
   }
   Logits(batch.items, logits);
@@ -88,7 +92,23 @@ void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
   const size_t kvd = static_cast<size_t>(cfg_.num_kv_heads) * static_cast<size_t>(cfg_.head_dim);
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   for (size_t i = 0; i < T; ++i) k_.rms_norm(&x_[i * H], w.input_norm.data(), H, eps, &h_[i * H]);
-  Linear(&threads_, k_, h_.data(), H, T, w.q, q_.data(), qd);
+  const bool gated = model_.family().attention_output_gate;
+  if (gated) {
+    // Per head, q_proj gives the query then its gate (HF Qwen3NextAttention).
+    const size_t D = static_cast<size_t>(cfg_.head_dim);
+    q_wide_.resize(T * 2 * qd);
+    gate_.resize(T * qd);
+    Linear(&threads_, k_, h_.data(), H, T, w.q, q_wide_.data(), 2 * qd);
+    for (size_t i = 0; i < T; ++i) {
+      for (size_t hd = 0; hd < qd / D; ++hd) {
+        const float* src = &q_wide_[i * 2 * qd + hd * 2 * D];
+        std::memcpy(&q_[i * qd + hd * D], src, D * sizeof(float));
+        std::memcpy(&gate_[i * qd + hd * D], src + D, D * sizeof(float));
+      }
+    }
+  } else {
+    Linear(&threads_, k_, h_.data(), H, T, w.q, q_.data(), qd);
+  }
   Linear(&threads_, k_, h_.data(), H, T, w.k, k_buf_.data(), kvd);
   Linear(&threads_, k_, h_.data(), H, T, w.v, v_buf_.data(), kvd);
   for (size_t i = 0; i < T; ++i) {
@@ -96,11 +116,44 @@ void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
     WriteKv(layer, i);
   }
   Attention(layer, T);
+  if (gated) {
+    for (size_t j = 0; j < T * qd; ++j) attn_[j] *= 1.f / (1.f + std::exp(-gate_[j]));
+  }
   Linear(&threads_, k_, attn_.data(), qd, T, w.o, tmp_.data(), H);
   for (size_t i = 0; i < T; ++i) {
     if (!w.o_bias.empty()) k_.axpy(1.f, w.o_bias.data(), H, &tmp_[i * H]);
     k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
   }
+}
+
+void CpuRunner::LinearAttentionBlock(int layer, const LayerWeights& w, size_t T,
+                                     std::span<const ForwardItem> items) {
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const LinearAttentionConfig& la = cfg_.linear_attention;
+  const size_t per_seq = static_cast<size_t>(la.state_floats());
+  for (size_t i = 0; i < T; ++i) k_.rms_norm(&x_[i * H], w.input_norm.data(), H, eps, &h_[i * H]);
+  states_.resize(items.size() * per_seq);
+  delta_seqs_.clear();
+  size_t t = 0;
+  for (size_t s = 0; s < items.size(); ++s) {
+    const ForwardItem& it = items[s];
+    float* state = &states_[s * per_seq];
+    // A sequence starts from a zero state; later chunks and decode steps continue its own.
+    if (it.start_pos == 0) {
+      std::fill(state, state + per_seq, 0.f);
+    } else {
+      kv_->ReadState(it.blocks[0], layer, state);
+    }
+    delta_seqs_.push_back({t, static_cast<size_t>(it.n), state});
+    t += static_cast<size_t>(it.n);
+  }
+  RunGatedDeltaNet(la, eps, w.linear, delta_seqs_, h_.data(), T, H, tmp_.data(), &delta_,
+                   &threads_, k_);
+  for (size_t s = 0; s < items.size(); ++s) {
+    if (items[s].n > 0) kv_->WriteState(items[s].blocks[0], layer, &states_[s * per_seq]);
+  }
+  for (size_t i = 0; i < T; ++i) k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
 }
 
 void CpuRunner::ShapeQkv(const LayerWeights& w, size_t i) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/experts/bf16_expert_provider.h"
+#include "engine/layers/gated_delta_net.h"
 #include "engine/layers/moe_layer.h"
 #include "engine/models/model.h"
 #include "engine/runner/runner.h"
@@ -33,6 +34,10 @@ class CpuRunner final : public Runner {
   size_t Prepare(std::span<const ForwardItem> items);
   // x += o(attention(norm(x))) for layer l; writes the batch's K/V into the blocks first.
   void AttentionBlock(int layer, const LayerWeights& w, size_t T);
+  // x += gated_delta_net(norm(x)) for a linear-attention layer; each item's sequence state is
+  // read from (zero at position 0) and written back to its first block.
+  void LinearAttentionBlock(int layer, const LayerWeights& w, size_t T,
+                            std::span<const ForwardItem> items);
   // q/k/v of token i after bias, q/k-norm, clipping and RoPE.
   void ShapeQkv(const LayerWeights& w, size_t i);
   void WriteKv(int layer, size_t i);
@@ -59,6 +64,12 @@ class CpuRunner final : public Runner {
   std::vector<float> x_, h_, q_, k_buf_, v_buf_, attn_, tmp_, cos_, sin_;
   std::vector<float> mlp_tmp_;
   MoeScratch moe_;
+  // Output-gated attention: q_proj's rows before the split, and the gate.
+  std::vector<float> q_wide_, gate_;
+  // Linear-attention layers: the batch's sequence states, contiguous while the layer runs.
+  std::vector<float> states_;
+  std::vector<DeltaNetSequence> delta_seqs_;
+  GatedDeltaNetScratch delta_;
 };
 
 }  // namespace pw::engine

@@ -22,7 +22,10 @@ class Runner {
   // Runs one batch: writes each item's K/V into its blocks, then appends logits rows to
   // *logits in item order: 1 row for kLast, n rows for kAll, each [vocab] fp32. Non-OK when a
   // weight provider or routing hook fails; the KV of the batch's positions may then have been
-  // partly written and *logits is unspecified.
+  // partly written and *logits is unspecified. A hybrid's recurrent states (kept in each
+  // item's first block, read at start_pos > 0 and zeroed at 0) advance as the batch runs, so
+  // after a failure a sequence's state is unspecified too: rerunning the same positions is
+  // not idempotent as a KV write is; the sequence must be recomputed from position 0.
   virtual Status Forward(const Batch& batch, std::vector<float>* logits) = 0;
 
   // The MoE seams (moe.h) used by the next Forward calls; pointers borrowed.

@@ -35,5 +35,22 @@ TEST(CheckpointExperts, QwenAndOlmoeUseTheMlpBlockAndProjNames) {
   }
 }
 
+// Qwen3.5-MoE's multimodal checkpoint keeps its language model under model.language_model.
+// (ModelConfig::weights_prefix): the broker's store reads its routed experts there; a wrapper
+// whose language model's place is not known is still refused.
+TEST(CheckpointExperts, AServedWrapperIsReadUnderItsWeightsPrefix) {
+  ModelConfig c;
+  c.type = ModelType::kQwen35Moe;
+  c.weights_prefix = "model.language_model.";
+  EXPECT_EQ(ExpertTensorName(c, 2, 7, ExpertMatrix::kUp),
+            "model.language_model.layers.2.mlp.experts.7.up_proj.weight");
+  const std::string dir = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen3_5_moe";
+  auto ck = CheckpointExperts::Open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  auto e = (*ck)->Get(3, 15);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->ffn, 32);
+}
+
 }  // namespace
 }  // namespace pw

@@ -558,6 +558,121 @@ TEST(ModelConfigTest, Glm4MoeBadGroupingNamesTheField) {
   ExpectError(s, StatusCode::kInvalidArgument, "routed_scaling_factor");
 }
 
+// A Qwen3-Next-shaped qwen3_next config, scaled down; the linear-attention fields take HF's
+// defaults unless given.
+json Qwen3Next() {
+  return {{"model_type", "qwen3_next"}, {"hidden_size", 128}, {"num_hidden_layers", 8},
+          {"num_attention_heads", 8},   {"vocab_size", 1000}, {"num_experts_per_tok", 4},
+          {"num_experts", 16},          {"moe_intermediate_size", 32}, {"head_dim", 32}};
+}
+
+TEST(ModelConfigTest, Qwen3NextDefaults) {
+  auto r = Parse(Qwen3Next());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.type, ModelType::kQwen3Next);
+  EXPECT_STREQ(ModelTypeName(c.type), "qwen3_next");
+  EXPECT_EQ(c.num_kv_heads, 2);  // class default
+  EXPECT_EQ(c.rotary_dim, 8);    // partial_rotary_factor 0.25 of head_dim 32
+  EXPECT_EQ(c.qk_norm, QkNorm::kPerHead);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  const LinearAttentionConfig& la = c.linear_attention;
+  EXPECT_EQ(la.num_key_heads, 16);
+  EXPECT_EQ(la.num_value_heads, 32);
+  EXPECT_EQ(la.key_head_dim, 128);
+  EXPECT_EQ(la.value_head_dim, 128);
+  EXPECT_EQ(la.conv_kernel, 4);
+  // full_attention_interval 4: layers 3 and 7 full attention, the rest linear.
+  EXPECT_EQ(la.layers, (std::vector<bool>{true, true, true, false, true, true, true, false}));
+  EXPECT_EQ(la.conv_dim(), 2 * 16 * 128 + 32 * 128);
+  EXPECT_EQ(la.state_bytes(), static_cast<size_t>(la.conv_dim() * 3 + 32 * 128 * 128) * 4);
+  for (int64_t l = 0; l < 8; ++l) EXPECT_TRUE(c.IsMoeLayer(l));
+}
+
+TEST(ModelConfigTest, Qwen3NextLayerKindsAsGiven) {
+  json j = Qwen3Next();
+  j["full_attention_interval"] = 2;
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->linear_attention.layers,
+            (std::vector<bool>{true, false, true, false, true, false, true, false}));
+  j["layer_types"] = {"full_attention",   "linear_attention", "linear_attention",
+                      "linear_attention", "full_attention",   "linear_attention",
+                      "linear_attention", "linear_attention"};
+  j["mlp_only_layers"] = {1};
+  r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();  // layer_types wins over the interval
+  EXPECT_EQ(r->linear_attention.layers,
+            (std::vector<bool>{false, true, true, true, false, true, true, true}));
+  EXPECT_FALSE(r->IsMoeLayer(1));
+  EXPECT_TRUE(r->IsMoeLayer(2));
+}
+
+// Bad input names the field: a layer_types list of the wrong length or with an unknown kind,
+// value heads that the key heads do not divide, a zero head count.
+TEST(ModelConfigTest, Qwen3NextBadLinearAttentionNamesTheField) {
+  json j = Qwen3Next();
+  j["layer_types"] = {"linear_attention", "full_attention"};
+  ExpectError(j, StatusCode::kInvalidArgument, "layer_types");
+  auto r = Parse(j);
+  EXPECT_THAT(r.status().message(), HasSubstr("2 entries for num_hidden_layers 8"));
+  json k = Qwen3Next();
+  k["layer_types"] = json::array();
+  for (int i = 0; i < 8; ++i) k["layer_types"].push_back("linear_attention");
+  k["layer_types"][5] = "sliding_attention";
+  ExpectError(k, StatusCode::kUnsupported, "layer_types[5]");
+  json h = Qwen3Next();
+  h["linear_num_key_heads"] = 3;
+  h["linear_num_value_heads"] = 8;
+  ExpectError(h, StatusCode::kInvalidArgument, "linear_num_value_heads");
+  json z = Qwen3Next();
+  z["linear_num_key_heads"] = 0;
+  ExpectError(z, StatusCode::kInvalidArgument, "linear_num_key_heads");
+  json p = Qwen3Next();
+  p["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0},
+                          {"partial_rotary_factor", 0.01}};
+  ExpectError(p, StatusCode::kInvalidArgument, "partial_rotary_factor");
+}
+
+// Qwen3.5-MoE: its language model is the text_config (qwen3_5_moe_text) of a qwen3_5_moe
+// checkpoint, whose tensors are under model.language_model.; the router always renormalises
+// and every layer is MoE whatever the file says; M-RoPE's keys are accepted for it (text only:
+// plain RoPE) and refused for qwen3_next, which does not use them.
+TEST(ModelConfigTest, Qwen35MoeTextInsideItsWrapper) {
+  json text = Qwen3Next();
+  text["model_type"] = "qwen3_5_moe_text";
+  text["norm_topk_prob"] = false;
+  text["mlp_only_layers"] = {1};
+  text["rope_parameters"] = {{"rope_type", "default"},
+                             {"rope_theta", 1e7},
+                             {"partial_rotary_factor", 0.25},
+                             {"mrope_section", {11, 11, 10}},
+                             {"mrope_interleaved", true}};
+  json j = {{"model_type", "qwen3_5_moe"}, {"text_config", text}};
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->type, ModelType::kQwen35Moe);
+  EXPECT_STREQ(ModelTypeName(r->type), "qwen3_5_moe_text");
+  EXPECT_EQ(r->wrapper_model_type, "qwen3_5_moe");
+  EXPECT_EQ(r->weights_prefix, "model.language_model.");
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_TRUE(r->IsMoeLayer(1));
+  EXPECT_EQ(r->rotary_dim, 8);
+  EXPECT_EQ(r->linear_attention.layers.size(), 8u);
+  auto bare = Parse(text);  // a text-only checkpoint of the language model
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_EQ(bare->weights_prefix, "model.");
+  EXPECT_EQ(Parse(Qwen3Next())->weights_prefix, "model.");
+  json next = Qwen3Next();
+  next["rope_parameters"] = text["rope_parameters"];
+  auto refused = Parse(next);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported);
+  EXPECT_THAT(refused.status().message(), HasSubstr("rope_parameters.mrope_"));
+}
+
 TEST(ModelConfigTest, LoadsGlm4MoeFixtureConfigs) {
   for (const std::string dir : {"glm4_moe", "glm4_moe_grouped"}) {
     auto r = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + dir +

@@ -100,6 +100,49 @@ TEST(SyntheticMoeTest, WritesLoadableCheckpointForEveryType) {
   }
 }
 
+// qwen3_next: Gated DeltaNet layers but every full_attention_interval-th, output-gated
+// attention (q_proj twice as wide) with per-head norms, a gated shared expert; the config parses
+// to the same hybrid. The quarter-width default keeps Qwen3-Next's 512 experts top-10.
+TEST(SyntheticMoeTest, Qwen3NextIsAHybridWithTheLinearLayersTensors) {
+  pw::testing::TempDir tmp;
+  SyntheticMoeSpec spec = Small(ModelType::kQwen3Next);
+  spec.heads = 2;  // head dim 32: a quarter rotary of 8
+  spec.linear_key_heads = 2;
+  spec.linear_value_heads = 4;
+  spec.linear_head_dim = 8;
+  spec.full_attention_interval = 2;
+  ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
+  auto cfg = LoadModelConfig(tmp.File("config.json"));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->type, ModelType::kQwen3Next);
+  EXPECT_EQ(cfg->linear_attention.layers, (std::vector<bool>{true, false}));
+  EXPECT_EQ(cfg->linear_attention.num_value_heads, 4);
+  EXPECT_EQ(cfg->rotary_dim, 8);
+  EXPECT_EQ(cfg->shared_expert_intermediate_size, 48);
+  auto ck = Checkpoint::Open(tmp.path());
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  const int64_t conv = 2 * 2 * 8 + 4 * 8;
+  EXPECT_TRUE((*ck)
+                  ->Get("model.layers.0.linear_attn.in_proj_qkvz.weight", DType::kBF16,
+                        {2 * 2 * 8 + 2 * 4 * 8, 64})
+                  .ok());
+  EXPECT_TRUE(
+      (*ck)->Get("model.layers.0.linear_attn.conv1d.weight", DType::kBF16, {conv, 1, 4}).ok());
+  EXPECT_TRUE((*ck)->Has("model.layers.0.linear_attn.A_log"));
+  EXPECT_FALSE((*ck)->Has("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_TRUE((*ck)->Get("model.layers.1.self_attn.q_proj.weight", DType::kBF16, {128, 64}).ok());
+  EXPECT_TRUE((*ck)->Has("model.layers.1.mlp.shared_expert_gate.weight"));
+  uint64_t data = 0;
+  for (const auto& n : (*ck)->TensorNames()) data += (*ck)->Get(n)->nbytes;
+  EXPECT_EQ(data, SyntheticMoeBytes(spec));
+  const SyntheticMoeSpec quarter = Qwen3NextQuarterSpec();
+  EXPECT_EQ(quarter.experts, 512);
+  EXPECT_EQ(quarter.top_k, 10);
+  const double gb = static_cast<double>(SyntheticMoeBytes(quarter)) / 1e9;
+  EXPECT_GT(gb, 4.4);
+  EXPECT_LT(gb, 4.8);
+}
+
 // glm4_moe: a dense first layer, then MoE layers with the selection bias, ungated shared
 // experts and q/k/v biases; the config carries the grouping and partial rotary.
 TEST(SyntheticMoeTest, Glm4MoeHasDenseLayersSharedExpertsAndTheSelectionBias) {

@@ -32,8 +32,12 @@ using testing::ReadRefLogits;
 
 // glm4_moe_grouped: a second glm4_moe checkpoint (n_group 4, topk_group 2, qk norm, two shared
 // experts, no attention bias); tests/fixtures/README.md.
-const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",       "olmoe",
-                                         "mixtral",   "glm4_moe", "glm4_moe_grouped"};
+// qwen3_next: the linear-attention hybrid (Gated DeltaNet layers with a recurrent state per
+// sequence, output-gated full attention), prompts up to 150 ids; qwen3_5_moe: Qwen3.5-MoE's
+// multimodal checkpoint served text-only (the same hybrid, split linear projections).
+const std::vector<std::string> kTypes = {"qwen2_moe",  "qwen3_moe",  "olmoe",
+                                         "mixtral",    "glm4_moe",   "glm4_moe_grouped",
+                                         "qwen3_next", "qwen3_5_moe"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -164,7 +168,9 @@ INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
 // The fixtures of tools/make_family_fixtures.py also hold HF's greedy continuation of each
 // prompt (g{i}.ids, g{i}.out): decoding through Step() gives the same ids.
 TEST(FamilyGreedy, ContinuationsEqualTheReference) {
-  for (const std::string type : {"glm4_moe", "glm4_moe_grouped"}) {
+  // The hybrids' prompts: 1, 5, 70 and 150 ids (past the delta rule's chunk of 64).
+  for (const auto& [type, prompts] : std::vector<std::pair<std::string, int>>{
+           {"glm4_moe", 3}, {"glm4_moe_grouped", 3}, {"qwen3_next", 4}, {"qwen3_5_moe", 4}}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
@@ -190,7 +196,7 @@ TEST(FamilyGreedy, ContinuationsEqualTheReference) {
       }
       EXPECT_EQ(got, want) << type << " prompt " << i;
     }
-    EXPECT_EQ(cases, 3) << type;
+    EXPECT_EQ(cases, prompts) << type;
   }
 }
 
@@ -231,7 +237,7 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
 }
 
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
-  for (const char* type : {"qwen2_moe", "olmoe"}) {
+  for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe"}) {
     SCOPED_TRACE(type);
     auto engine =
         MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});
@@ -321,120 +327,123 @@ TEST(EngineBatching, ContinuousBatchingAddAndRemoveBetweenSteps) {
   EXPECT_EQ(engine->kv_pool().num_free(), engine->kv_pool().num_blocks());
 }
 
-TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
-  const std::string type = "mixtral";
-  auto prompts = RaggedPrompts(3, 300, 9);
-  prompts[0].resize(1);
-  SamplingParams sp;
-  sp.max_tokens = 7;
-  sp.ignore_eos = true;
-  sp.temperature = 1.0f;
-  sp.top_k = 20;
-  sp.seed = 3;
-  auto alone = RunAlone(type, prompts, sp);
-  auto prefill = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 5});
-  auto decode = MakeEngine(type, {.block_size = 4});
-  ASSERT_TRUE(prefill && decode);
-  ASSERT_EQ(prefill->kv_pool().layout(), decode->kv_pool().layout());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
-    auto src = prefill->LeaseKvBlocks(nb);
-    auto dst = decode->LeaseKvBlocks(nb);
-    ASSERT_TRUE(src.ok() && dst.ok());
-    auto pr = prefill->Prefill(prompts[i], *src, sp);
-    ASSERT_TRUE(pr.ok()) << pr.status().ToString();
-    ASSERT_EQ(pr->first_token, alone[i].tokens[0]);
-    // Copy every layer page of every block, as the transport does.
-    const KvLayout& kl = decode->kv_pool().layout();
-    for (int b = 0; b < nb; ++b) {
-      for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(decode->LeasedKvPage((*dst)[b], l),
-                    prefill->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
+// Copies every page of every layer of blocks src -> dst, as the transport does: a hybrid's
+// recurrent state (in its first block's state pages) moves with its attention KV.
+void CopyBlocks(const Engine& from, std::span<const int32_t> src, Engine* to,
+                std::span<const int32_t> dst) {
+  const KvBlockPool& pool = from.kv_pool();
+  ASSERT_EQ(pool.specs(), to->kv_pool().specs());
+  ASSERT_EQ(pool.pages().page_bytes(), to->kv_pool().pages().page_bytes());
+  for (size_t b = 0; b < src.size(); ++b) {
+    for (int l = 0; l < pool.layout().num_layers; ++l) {
+      for (int k = 0; k < pool.LayerPages(l); ++k) {
+        std::memcpy(to->LeasedKvPage(dst[b], l, k), pool.LayerPage(src[b], l, k),
+                    pool.pages().page_bytes());
       }
     }
-    ASSERT_TRUE(prefill->ReturnKvBlocks(*src).ok());
-    ASSERT_TRUE(decode->AddPrefilledSequence(i, prompts[i], *dst, pr->first_token, sp).ok());
   }
-  std::map<SeqId, std::vector<int32_t>> got;
-  while (decode->HasWork()) {
-    auto r = decode->Step();
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(r->num_prefill_tokens, 0);
-    for (auto& u : r->updates)
-      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> want(alone[i].tokens.begin() + 1, alone[i].tokens.end());
-    EXPECT_EQ(got[i], want) << "sequence " << i;
-  }
-  EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
-  EXPECT_EQ(prefill->kv_pool().num_free(), prefill->kv_pool().num_blocks());
-
-  // Failover: re-prefill prompt + the 3 tokens already sent on another worker, continue there.
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> replay = prompts[i];
-    replay.insert(replay.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
-    const int nb = BlocksForTokens(static_cast<int>(replay.size()), 4);
-    auto blocks = decode->LeaseKvBlocks(nb);
-    ASSERT_TRUE(blocks.ok());
-    auto pr = decode->Prefill(replay, *blocks, sp, 3);
-    ASSERT_TRUE(pr.ok()) << pr.status().ToString();
-    EXPECT_EQ(pr->first_token, alone[i].tokens[3]);
-    ASSERT_TRUE(decode->AddPrefilledSequence(i, replay, *blocks, pr->first_token, sp, 3).ok());
-  }
-  got.clear();
-  while (decode->HasWork()) {
-    auto r = decode->Step();
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    for (auto& u : r->updates)
-      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end()))
-        << i;
-  }
-  EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
-
-  // Failover as served: the prompt's KV from the prefill engine, the 3 tokens already sent
-  // computed by the decode engine itself (num_uncached) before it decodes the 4th.
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
-    auto src = prefill->LeaseKvBlocks(nb);
-    auto dst = decode->LeaseKvBlocks(nb);
-    ASSERT_TRUE(src.ok() && dst.ok());
-    ASSERT_TRUE(prefill->Prefill(prompts[i], *src, sp).ok());
-    const KvLayout& kl = decode->kv_pool().layout();
-    for (int b = 0; b < nb; ++b) {
-      for (int l = 0; l < kl.num_layers; ++l) {
-        std::memcpy(decode->LeasedKvPage((*dst)[b], l),
-                    prefill->kv_pool().LayerPage((*src)[b], l), kl.bytes_per_layer());
-      }
-    }
-    ASSERT_TRUE(prefill->ReturnKvBlocks(*src).ok());
-    std::vector<int32_t> streamed = prompts[i];
-    streamed.insert(streamed.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
-    ASSERT_TRUE(
-        decode->AddPrefilledSequence(i, streamed, *dst, alone[i].tokens[3], sp, 3, 3).ok());
-  }
-  got.clear();
-  int computed = 0;
-  while (decode->HasWork()) {
-    auto r = decode->Step();
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    computed += r->num_prefill_tokens;
-    for (auto& u : r->updates)
-      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
-  }
-  EXPECT_EQ(computed, 4 * static_cast<int>(prompts.size()));  // 3 streamed + the 4th each
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end()))
-        << i;
-  }
-  EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
 }
 
-// Tokens generated before, at the end of AddPrefilledSequence's prompt, count once toward the
-// context and the blocks; num_uncached is checked.
+TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
+  for (const std::string type : {"mixtral", "qwen3_next"}) {
+    SCOPED_TRACE(type);
+    auto prompts = RaggedPrompts(3, 300, 9);
+    prompts[0].resize(1);
+    SamplingParams sp;
+    sp.max_tokens = 7;
+    sp.ignore_eos = true;
+    sp.temperature = 1.0f;
+    sp.top_k = 20;
+    sp.seed = 3;
+    auto alone = RunAlone(type, prompts, sp);
+    auto prefill = MakeEngine(type, {.block_size = 4, .max_batch_tokens = 5});
+    auto decode = MakeEngine(type, {.block_size = 4});
+    ASSERT_TRUE(prefill && decode);
+    ASSERT_EQ(prefill->kv_pool().layout(), decode->kv_pool().layout());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
+      auto src = prefill->LeaseKvBlocks(nb);
+      auto dst = decode->LeaseKvBlocks(nb);
+      ASSERT_TRUE(src.ok() && dst.ok());
+      auto pr = prefill->Prefill(prompts[i], *src, sp);
+      ASSERT_TRUE(pr.ok()) << pr.status().ToString();
+      ASSERT_EQ(pr->first_token, alone[i].tokens[0]);
+      CopyBlocks(*prefill, *src, decode.get(), *dst);
+      ASSERT_TRUE(prefill->ReturnKvBlocks(*src).ok());
+      ASSERT_TRUE(decode->AddPrefilledSequence(i, prompts[i], *dst, pr->first_token, sp).ok());
+    }
+    std::map<SeqId, std::vector<int32_t>> got;
+    while (decode->HasWork()) {
+      auto r = decode->Step();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->num_prefill_tokens, 0);
+      for (auto& u : r->updates)
+        got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::vector<int32_t> want(alone[i].tokens.begin() + 1, alone[i].tokens.end());
+      EXPECT_EQ(got[i], want) << "sequence " << i;
+    }
+    EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
+    EXPECT_EQ(prefill->kv_pool().num_free(), prefill->kv_pool().num_blocks());
+
+    // Failover: re-prefill prompt + the 3 tokens already sent on another worker, continue there.
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::vector<int32_t> replay = prompts[i];
+      replay.insert(replay.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
+      const int nb = BlocksForTokens(static_cast<int>(replay.size()), 4);
+      auto blocks = decode->LeaseKvBlocks(nb);
+      ASSERT_TRUE(blocks.ok());
+      auto pr = decode->Prefill(replay, *blocks, sp, 3);
+      ASSERT_TRUE(pr.ok()) << pr.status().ToString();
+      EXPECT_EQ(pr->first_token, alone[i].tokens[3]);
+      ASSERT_TRUE(decode->AddPrefilledSequence(i, replay, *blocks, pr->first_token, sp, 3).ok());
+    }
+    got.clear();
+    while (decode->HasWork()) {
+      auto r = decode->Step();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      for (auto& u : r->updates)
+        got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end()))
+          << i;
+    }
+    EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
+
+    // Failover as served: the prompt's KV from the prefill engine, the 3 tokens already sent
+    // computed by the decode engine itself (num_uncached) before it decodes the 4th.
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int nb = BlocksForTokens(static_cast<int>(prompts[i].size()), 4);
+      auto src = prefill->LeaseKvBlocks(nb);
+      auto dst = decode->LeaseKvBlocks(nb);
+      ASSERT_TRUE(src.ok() && dst.ok());
+      ASSERT_TRUE(prefill->Prefill(prompts[i], *src, sp).ok());
+      CopyBlocks(*prefill, *src, decode.get(), *dst);
+      ASSERT_TRUE(prefill->ReturnKvBlocks(*src).ok());
+      std::vector<int32_t> streamed = prompts[i];
+      streamed.insert(streamed.end(), alone[i].tokens.begin(), alone[i].tokens.begin() + 3);
+      ASSERT_TRUE(
+          decode->AddPrefilledSequence(i, streamed, *dst, alone[i].tokens[3], sp, 3, 3).ok());
+    }
+    got.clear();
+    int computed = 0;
+    while (decode->HasWork()) {
+      auto r = decode->Step();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      computed += r->num_prefill_tokens;
+      for (auto& u : r->updates)
+        got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+    EXPECT_EQ(computed, 4 * static_cast<int>(prompts.size()));  // 3 streamed + the 4th each
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i], std::vector<int32_t>(alone[i].tokens.begin() + 4, alone[i].tokens.end()))
+          << i;
+    }
+    EXPECT_EQ(decode->kv_pool().num_free(), decode->kv_pool().num_blocks());
+  }
+}
 TEST(EngineDisaggregated, GeneratedTokensInThePromptCountOnce) {
   auto engine = MakeEngine("qwen3_moe", {.num_kv_blocks = 16, .block_size = 4, .max_context = 48});
   ASSERT_TRUE(engine);
@@ -655,47 +664,49 @@ TEST(EngineLogprobs, PromptAndGeneratedLogprobsMatchTheTeacherForcedLogits) {
 }
 
 TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdentically) {
-  const std::string type = "olmoe";
-  auto prompts = RaggedPrompts(2, 300, 21);
-  prompts[0].assign(prompts[0].begin(), prompts[0].begin() + 1);
-  prompts[1] = {5, 6, 7, 8, 9, 10, 11};
-  SamplingParams sp;
-  sp.max_tokens = 10;
-  sp.ignore_eos = true;
-  sp.temperature = 0.7f;
-  sp.seed = 99;
-  auto alone = RunAlone(type, prompts, sp);
-  // 2 tokens per block, 8 blocks: both sequences cannot finish together.
-  auto engine = MakeEngine(type, {.num_kv_blocks = 8, .block_size = 2});
-  ASSERT_TRUE(engine);
-  ASSERT_TRUE(engine->AddSequence(0, prompts[0], sp).ok());
-  ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp).ok());
-  std::map<SeqId, std::vector<int32_t>> got;
-  bool exhausted = false;
-  while (engine->HasWork()) {
-    auto r = engine->Step();
-    if (!r.ok()) {
-      ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
-      ASSERT_FALSE(exhausted);
-      exhausted = true;
-      // Preempt sequence 1, finish 0, then recompute 1 from prompt + what it generated.
-      ASSERT_TRUE(engine->RemoveSequence(1).ok());
-      while (engine->HasWork()) {
-        auto r2 = engine->Step();
-        ASSERT_TRUE(r2.ok()) << r2.status().ToString();
-        for (auto& u : r2->updates)
-          got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+  for (const std::string type : {"olmoe", "qwen3_next"}) {
+    SCOPED_TRACE(type);
+    auto prompts = RaggedPrompts(2, 300, 21);
+    prompts[0].assign(prompts[0].begin(), prompts[0].begin() + 1);
+    prompts[1] = {5, 6, 7, 8, 9, 10, 11};
+    SamplingParams sp;
+    sp.max_tokens = 10;
+    sp.ignore_eos = true;
+    sp.temperature = 0.7f;
+    sp.seed = 99;
+    auto alone = RunAlone(type, prompts, sp);
+    // 2 tokens per block, 8 blocks: both sequences cannot finish together.
+    auto engine = MakeEngine(type, {.num_kv_blocks = 8, .block_size = 2});
+    ASSERT_TRUE(engine);
+    ASSERT_TRUE(engine->AddSequence(0, prompts[0], sp).ok());
+    ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp).ok());
+    std::map<SeqId, std::vector<int32_t>> got;
+    bool exhausted = false;
+    while (engine->HasWork()) {
+      auto r = engine->Step();
+      if (!r.ok()) {
+        ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+        ASSERT_FALSE(exhausted);
+        exhausted = true;
+        // Preempt sequence 1, finish 0, then recompute 1 from prompt + what it generated.
+        ASSERT_TRUE(engine->RemoveSequence(1).ok());
+        while (engine->HasWork()) {
+          auto r2 = engine->Step();
+          ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+          for (auto& u : r2->updates)
+            got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+        }
+        ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp, got[1]).ok());
+        continue;
       }
-      ASSERT_TRUE(engine->AddSequence(1, prompts[1], sp, got[1]).ok());
-      continue;
+      for (auto& u : r->updates)
+        got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
     }
-    for (auto& u : r->updates)
-      got[u.id].insert(got[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    EXPECT_TRUE(exhausted);
+    EXPECT_EQ(got[0], alone[0].tokens);
+    EXPECT_EQ(got[1], alone[1].tokens);
+    EXPECT_EQ(engine->kv_pool().num_free(), 8);
   }
-  EXPECT_TRUE(exhausted);
-  EXPECT_EQ(got[0], alone[0].tokens);
-  EXPECT_EQ(got[1], alone[1].tokens);
-  EXPECT_EQ(engine->kv_pool().num_free(), 8);
 }
 
 // Seams: a provider that wraps bf16 and counts, an identity hook, a recorder, a bad hook.

@@ -5,13 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/formats/safetensors.h"
+#include "common/formats/synthetic_moe.h"
 #include "engine/engine.h"
 #include "engine/models/model.h"
 #include "tests/common/test_util.h"
@@ -21,7 +26,13 @@ namespace pw::engine {
 namespace {
 
 constexpr ModelType kTypes[] = {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
-                                ModelType::kMixtral, ModelType::kGlm4Moe};
+                                ModelType::kMixtral,  ModelType::kGlm4Moe,  ModelType::kQwen3Next,
+                                ModelType::kQwen35Moe};
+
+// The fixture directory of a type: its name, but Qwen3.5-MoE's checkpoint is the wrapper's.
+std::string FixtureOf(ModelType t) {
+  return testing::FixtureModelDir(t == ModelType::kQwen35Moe ? "qwen3_5_moe" : ModelTypeName(t));
+}
 
 TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
   for (ModelType t : kTypes) {
@@ -44,11 +55,22 @@ TEST(ModelFamily, EveryTypeIsRegisteredUnderItsName) {
   EXPECT_EQ(FindFamily(ModelType::kGlm4Moe)->shared_expert_gate, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kQwen3Moe)->shared_expert, nullptr);
   EXPECT_EQ(FindFamily(ModelType::kMixtral)->shared_expert, nullptr);
+  // The hybrids: zero-centred norms and an output-gated attention.
+  for (ModelType t : kTypes) {
+    const ModelFamily* f = FindFamily(t);
+    const bool next = t == ModelType::kQwen3Next || t == ModelType::kQwen35Moe;
+    EXPECT_EQ(f->linear_attention != nullptr, next) << ModelTypeName(t);
+    EXPECT_EQ(f->zero_centred_norm, next) << ModelTypeName(t);
+    EXPECT_EQ(f->attention_output_gate, next) << ModelTypeName(t);
+  }
+  EXPECT_STREQ(FindFamily(ModelType::kQwen3Next)->shared_expert_gate, "shared_expert_gate");
+  EXPECT_EQ(FindFamily(ModelType::kQwen3Next)->text_of_wrapper, nullptr);
+  EXPECT_STREQ(FindFamily(ModelType::kQwen35Moe)->text_of_wrapper, "qwen3_5_moe");
 }
 
 TEST(ModelFamily, LoadedModelsCarryTheirFamilyOnEveryMoeLayer) {
   for (ModelType t : kTypes) {
-    auto m = Model::Load(testing::FixtureModelDir(ModelTypeName(t)));
+    auto m = Model::Load(FixtureOf(t));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     const Model& model = **m;
     EXPECT_EQ(&model.family(), FindFamily(t));
@@ -155,6 +177,215 @@ TEST(ModelFamily, Glm4MoeWithoutTheSelectionBiasIsRefusedNamingIt) {
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
   EXPECT_NE(m.status().message().find(bias), std::string::npos) << m.status().ToString();
+}
+
+// qwen3_next (tests/fixtures/models/qwen3_next: full_attention_interval 2, mlp_only_layers [2]):
+// layers 0 and 2 are Gated DeltaNet with no attention weights, 1 and 3 output-gated attention
+// (q_proj twice as wide); the zero-centred norms are stored as w and held as 1 + w, the gated
+// norm of the linear layers as is; the KV pool gives each linear layer a recurrent state of
+// LinearAttentionConfig::state_bytes, in pages of every block.
+TEST(ModelFamily, Qwen3NextLayersFollowTheConfig) {
+  const std::string dir = testing::FixtureModelDir("qwen3_next");
+  auto m = Model::Load(dir);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  const LinearAttentionConfig& la = c.linear_attention;
+  ASSERT_EQ(la.layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(c.rotary_dim, c.head_dim / 4);
+  auto ck = Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok());
+  auto file_value = [&](const std::string& name) {
+    auto t = (*ck)->Get(name);
+    EXPECT_TRUE(t.ok()) << name;
+    uint16_t h;
+    std::memcpy(&h, t->data, 2);
+    return Bf16ToF32(h);
+  };
+  for (size_t l = 0; l < 4; ++l) {
+    const LayerWeights& w = (*m)->layers()[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    EXPECT_EQ(w.is_linear_attention, l % 2 == 0) << l;
+    EXPECT_EQ(w.is_moe, l != 2) << l;
+    EXPECT_EQ(w.input_norm[0], 1.f + file_value(p + "input_layernorm.weight")) << l;
+    if (w.is_linear_attention) {
+      EXPECT_EQ(w.q.data, nullptr);
+      EXPECT_EQ(w.linear.in_proj_qkvz.rows,
+                2 * la.num_key_heads * la.key_head_dim + 2 * la.num_value_heads * la.value_head_dim);
+      EXPECT_EQ(w.linear.conv.size(), static_cast<size_t>(la.conv_dim() * la.conv_kernel));
+      EXPECT_EQ(w.linear.norm[0], file_value(p + "linear_attn.norm.weight"));
+    } else {
+      EXPECT_EQ(w.q.rows, 2 * c.num_heads * c.head_dim);
+      EXPECT_EQ(w.q_norm[0], 1.f + file_value(p + "self_attn.q_norm.weight"));
+    }
+    if (w.is_moe) {
+      EXPECT_TRUE(w.has_shared_expert);
+      EXPECT_NE(w.shared_expert_gate.data, nullptr);
+    }
+  }
+  EXPECT_EQ((*m)->final_norm()[0], 1.f + file_value("model.norm.weight"));
+
+  auto e = Engine::Create(dir, {.block_size = 4});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const memory::KvBlockPool& pool = (*e)->kv_pool();
+  const size_t page = pool.pages().page_bytes();
+  const int state_pages = static_cast<int>((la.state_bytes() + page - 1) / page);
+  for (int l = 0; l < 4; ++l) {
+    const memory::KvLayerSpec& spec = pool.specs()[static_cast<size_t>(l)];
+    if (la.IsLinear(l)) {
+      EXPECT_EQ(spec.kind, memory::KvKind::kRecurrentState);
+      EXPECT_EQ(spec.state_bytes, la.state_bytes());
+      EXPECT_EQ(pool.LayerPages(l), state_pages);
+    } else {
+      EXPECT_EQ(spec.kind, memory::KvKind::kFullAttention);
+      EXPECT_EQ(pool.LayerPages(l), 1);
+    }
+  }
+  EXPECT_EQ(pool.pages_per_block(), 2 + 2 * state_pages);
+}
+
+// Copies the `fixture` checkpoint into `dir`, leaving out tensor `drop` and applying `edit` to
+// config.json.
+void WriteFixtureCopy(const std::string& fixture, const std::string& dir, const std::string& drop,
+                      const std::function<void(nlohmann::json&)>& edit) {
+  const std::string src = testing::FixtureModelDir(fixture);
+  std::ifstream in(src + "/config.json");
+  auto config = nlohmann::json::parse(in);
+  edit(config);
+  pw::testing::WriteFile(dir + "/config.json", config.dump());
+  auto ck = Checkpoint::Open(src);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  SafetensorsWriter out;
+  for (const std::string& name : (*ck)->TensorNames()) {
+    if (name == drop) continue;
+    auto t = (*ck)->Get(name);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(out.Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
+  }
+  ASSERT_TRUE(out.Write(dir + "/model.safetensors").ok());
+}
+
+// Bad hybrid checkpoints are refused at load with the tensor or field named: a missing conv or
+// A_log, linear head counts that disagree with the tensors, a layer_types list of the wrong
+// length.
+TEST(ModelFamily, Qwen3NextBadCheckpointsNameTheTensorOrField) {
+  auto no_edit = [](nlohmann::json&) {};
+  for (const std::string drop : {"model.layers.2.linear_attn.conv1d.weight",
+                                 "model.layers.0.linear_attn.A_log"}) {
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_next", tmp.path(), drop, no_edit);
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok()) << drop;
+    EXPECT_EQ(m.status().code(), StatusCode::kNotFound) << m.status().ToString();
+    EXPECT_NE(m.status().message().find(drop), std::string::npos) << m.status().ToString();
+  }
+  {
+    // 4 key heads of 16 for 4 value heads: in_proj_qkvz would be [192, 64], the file has 128.
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_next", tmp.path(), "",
+                     [](nlohmann::json& c) { c["linear_num_key_heads"] = 4; });
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("model.layers.0.linear_attn.in_proj_qkvz.weight"),
+              std::string::npos)
+        << m.status().ToString();
+  }
+  {
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_next", tmp.path(), "", [](nlohmann::json& c) {
+      c["layer_types"] = {"linear_attention", "full_attention", "linear_attention"};
+    });
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("'layer_types'"), std::string::npos)
+        << m.status().ToString();
+  }
+  {
+    // The value heads must be a multiple of the key heads.
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_next", tmp.path(), "",
+                     [](nlohmann::json& c) { c["linear_num_key_heads"] = 3; });
+    auto m = Model::Load(tmp.path());
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("'linear_num_value_heads'"), std::string::npos)
+        << m.status().ToString();
+  }
+}
+
+// make_synthetic_moe's qwen3_next (common/formats/synthetic_moe.h) loads as the hybrid and
+// runs: finite logits over a prompt, three Gated DeltaNet layers and one attention layer.
+TEST(ModelFamily, SyntheticQwen3NextRunsInTheEngine) {
+  pw::testing::TempDir tmp;
+  SyntheticMoeSpec spec;
+  spec.type = ModelType::kQwen3Next;
+  spec.layers = 4;
+  spec.hidden = 64;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.experts = 64;
+  spec.top_k = 10;
+  spec.expert_ffn = 16;
+  spec.shared_ffn = 32;
+  spec.linear_key_heads = 2;
+  spec.linear_value_heads = 4;
+  spec.linear_head_dim = 16;
+  spec.vocab = 256;
+  ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
+  auto e = Engine::Create(tmp.path(), {.block_size = 4});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::vector<int32_t> ids = {5, 9, 200, 17, 3, 42, 77};
+  auto logits = (*e)->ForwardLogits(ids);
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ((*e)->model().config().linear_attention.layers,
+            (std::vector<bool>{true, true, true, false}));
+}
+
+// Qwen3.5-MoE's multimodal checkpoint is served text-only: the language model under
+// model.language_model. with the split linear projections; the vision tower is not loaded. A
+// wrapper a family does not serve is refused naming it, and so is a qwen3_next text_config in
+// Qwen3.5's wrapper; a missing split projection is named.
+TEST(ModelFamily, Qwen35MoeServesItsMultimodalCheckpointTextOnly) {
+  auto m = Model::Load(testing::FixtureModelDir("qwen3_5_moe"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.weights_prefix, "model.language_model.");
+  for (const LayerWeights& w : (*m)->layers()) {
+    EXPECT_TRUE(w.is_moe);
+    if (!w.is_linear_attention) continue;
+    EXPECT_TRUE(w.linear.split);
+    EXPECT_EQ(w.linear.in_proj_qkv.rows, c.linear_attention.conv_dim());
+    EXPECT_EQ(w.linear.in_proj_b.rows, c.linear_attention.num_value_heads);
+    EXPECT_EQ(w.linear.in_proj_qkvz.data, nullptr);
+  }
+  {
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_5_moe", tmp.path(), "",
+                     [](nlohmann::json& j) { j["model_type"] = "some_vlm"; });
+    auto other = Model::Load(tmp.path());
+    ASSERT_FALSE(other.ok());
+    EXPECT_EQ(other.status().code(), StatusCode::kUnsupported);
+    EXPECT_NE(other.status().message().find("'some_vlm' wraps a qwen3_5_moe_text"),
+              std::string::npos)
+        << other.status().ToString();
+  }
+  {
+    pw::testing::TempDir tmp;
+    WriteFixtureCopy("qwen3_5_moe", tmp.path(), "",
+                     [](nlohmann::json& j) { j["text_config"]["model_type"] = "qwen3_next"; });
+    auto next = Model::Load(tmp.path());
+    ASSERT_FALSE(next.ok());
+    EXPECT_EQ(next.status().code(), StatusCode::kUnsupported) << next.status().ToString();
+  }
+  {
+    pw::testing::TempDir tmp;
+    const std::string drop = "model.language_model.layers.2.linear_attn.in_proj_a.weight";
+    WriteFixtureCopy("qwen3_5_moe", tmp.path(), drop, [](nlohmann::json&) {});
+    auto missing = Model::Load(tmp.path());
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.status().message().find(drop), std::string::npos)
+        << missing.status().ToString();
+  }
 }
 
 }  // namespace

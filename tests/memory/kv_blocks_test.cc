@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <set>
 
 namespace pw::memory {
@@ -110,10 +112,11 @@ TEST(KvBlockPool, BadSizesAreInvalidArgument) {
 }
 
 // The page layout follows the per-layer specs: a block takes the sum of its layers' pages and
-// each layer's view strides over a block's pages. Only full attention is served; every other
-// kind is refused with kUnsupported naming the layer and the kind, for an own pool and a
-// borrowed one alike, and a spec list that does not match the layers is refused too.
-TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyFullAttentionIsServed) {
+// each layer's view strides over a block's pages. Full attention and recurrent state are
+// served; every other kind is refused with kUnsupported naming the layer and the kind, for an
+// own pool and a borrowed one alike, and a spec list that does not match the layers is
+// refused too.
+TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyServedKindsAreAccepted) {
   const KvLayout l = Layout();
   auto pool = KvBlockPool::Create(l, 4, std::vector<KvLayerSpec>(3));
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
@@ -131,7 +134,7 @@ TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyFullAttentionIsServed) {
             StatusCode::kInvalidArgument);
 
   auto pages = PagePool::Create(l.min_page_bytes(), 30).value();
-  for (KvKind kind : {KvKind::kSlidingWindow, KvKind::kLatent, KvKind::kRecurrentState}) {
+  for (KvKind kind : {KvKind::kSlidingWindow, KvKind::kLatent}) {
     std::vector<KvLayerSpec> specs(3);
     specs[1] = {.kind = kind, .window = 64, .latent_dim = 512, .state_bytes = 4096};
     auto own = KvBlockPool::Create(l, 4, specs);
@@ -144,7 +147,53 @@ TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyFullAttentionIsServed) {
   }
   EXPECT_EQ(KvBlockPool::Create(l, 4, std::vector<KvLayerSpec>(2)).status().code(),
             StatusCode::kInvalidArgument);
+  std::vector<KvLayerSpec> empty_state(3);
+  empty_state[1] = {.kind = KvKind::kRecurrentState, .state_bytes = 0};
+  auto none = KvBlockPool::Create(l, 4, empty_state);
+  ASSERT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("KV layer 1"), std::string::npos);
   EXPECT_TRUE(pages->Balanced());
+}
+
+// A recurrent-state layer (a hybrid's linear attention) takes ceil(state_bytes / page) pages of
+// every block, so its bytes count in the pool; a block's state is written and read whole across
+// those pages, in order, apart from other blocks' states and the attention layers' pages.
+TEST(KvBlockPool, RecurrentStateSpansItsPagesAndCountsInThePool) {
+  const KvLayout l = Layout();
+  const size_t page = l.min_page_bytes();  // 512
+  const size_t state = 2 * page + 276;     // 3 pages
+  std::vector<KvLayerSpec> specs(3);
+  specs[1] = {.kind = KvKind::kRecurrentState, .state_bytes = state};
+  auto pages = PagePool::Create(page, 20).value();
+  auto pool = KvBlockPool::CreateOn(l, pages.get(), 8, specs);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  KvBlockPool& p = **pool;
+  EXPECT_EQ(PagesPerBlock(specs[1], l, page, 1).value(), 3);
+  EXPECT_EQ(p.pages_per_block(), 5);
+  EXPECT_EQ(p.LayerPages(0), 1);
+  EXPECT_EQ(p.LayerPages(1), 3);
+  EXPECT_EQ(p.LayerPages(2), 1);
+  EXPECT_EQ(p.num_free(), 4);  // 20 pages / 5 per block, though 8 ids exist
+  auto b = p.Allocate(2);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(pages->num_free(), 10);
+  const int32_t b0 = (*b)[0], b1 = (*b)[1];
+  std::memset(p.LayerPage(b0, 2), 0x5a, page);
+  std::vector<uint8_t> s0(state), s1(state, 0xee), back(state);
+  for (size_t i = 0; i < state; ++i) s0[i] = static_cast<uint8_t>(i * 7 + 1);
+  p.WriteState(b0, 1, s0.data());
+  p.WriteState(b1, 1, s1.data());
+  p.ReadState(b0, 1, back.data());
+  EXPECT_EQ(back, s0);
+  for (int k = 0; k < 3; ++k) {
+    const size_t n = std::min(page, state - k * page);
+    EXPECT_EQ(std::memcmp(p.LayerPage(b0, 1, k), s0.data() + k * page, n), 0) << k;
+  }
+  p.ReadState(b1, 1, back.data());
+  EXPECT_EQ(back, s1);
+  for (size_t i = 0; i < page; ++i) ASSERT_EQ(p.LayerPage(b0, 2)[i], 0x5a);
+  ASSERT_TRUE(p.Free(*b).ok());
+  EXPECT_EQ(pages->num_free(), 20);
 }
 
 }  // namespace
