@@ -11,6 +11,13 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            experts (width 2 x moe_intermediate_size), qk norm,
                                            no attention bias, norm_topk_prob false,
                                            head_dim * heads != hidden.
+  tests/fixtures/models/gpt_oss/           gpt-oss-style: 3 layers alternating sliding-window
+                                           (window 8, shorter than the 40-id prompt) and full
+                                           attention, per-head sinks, q/k/v/o bias, YaRN RoPE
+                                           (factor 32 over 64 positions, truncate false), 16
+                                           experts top-4 with router bias, expert biases,
+                                           gate/up interleaved in one stacked tensor, the
+                                           clamped SwiGLU (alpha 1.702, limit 7).
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level), model.safetensors (bf16, e_score_correction_bias random so that it moves the
@@ -34,6 +41,7 @@ import make_fixtures as mf  # noqa: E402
 SEED = 20261204
 MTP_LAYERS = 1
 GREEDY_NEW_TOKENS = 12
+GPT_OSS_WINDOW = 8
 
 
 def Configs():
@@ -147,6 +155,93 @@ def Forward(model, ids):
     return logits, sel, grp, (top2[:, 0] - top2[:, 1]).min().item()
 
 
+def GptOssConfig():
+    from transformers import GptOssConfig as Config
+
+    return Config(vocab_size=1024, hidden_size=64, intermediate_size=32, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  num_local_experts=16, num_experts_per_tok=4, sliding_window=GPT_OSS_WINDOW,
+                  max_position_embeddings=64 * 32, rms_norm_eps=1e-5,
+                  rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0,
+                                       beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                       original_max_position_embeddings=64),
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=0,
+                  pad_token_id=0)
+
+
+def GptOssForward(model, ids):
+    """Logits, the smallest gap between a token's k-th and (k+1)-th router logit (the
+    router ranks by them), and the smallest top-1 logit margin."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True,
+                    use_cache=False)
+    logits = out.logits[0].float()
+    k = model.config.num_experts_per_tok
+    sel = float("inf")
+    for rl in out.router_logits:
+        top = rl.float().topk(k + 1, dim=-1).values
+        sel = min(sel, (top[:, k - 1] - top[:, k]).min().item())
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return logits, sel, (top2[:, 0] - top2[:, 1]).min().item()
+
+
+def WriteGptOss():
+    """tests/fixtures/models/gpt_oss: bf16 weights (make_fixtures.RandomizeWeights, the sinks
+    N(0, 1) so that the extra softmax column matters), HF's float32 logits and greedy
+    continuations, as for the other families."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    config = GptOssConfig()
+    out_dir = os.path.join(mf.FIXTURES, "models", "gpt_oss")
+    os.makedirs(out_dir, exist_ok=True)
+    for attempt in range(20):
+        seed = SEED + 1000 + attempt
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        mf.RandomizeWeights(model, seed)
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(seed + 3)
+            for layer in model.model.layers:
+                s = layer.self_attn.sinks
+                s.copy_(torch.randn(s.shape, generator=gen, dtype=torch.float32))
+        model = model.to(torch.bfloat16)
+        model.save_pretrained(out_dir)
+        gen_cfg = os.path.join(out_dir, "generation_config.json")
+        if os.path.exists(gen_cfg):
+            os.remove(gen_cfg)
+        ref = mf.LoadReference(out_dir)
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {}
+        worst = [float("inf")] * 2
+        for i, length in enumerate(mf.RANDOM_PROMPT_LENGTHS):
+            ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+            logits, sel, lm = GptOssForward(ref, ids)
+            worst = [min(worst[0], sel), min(worst[1], lm)]
+            tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+            tensors[f"p{i}.logits"] = logits
+            seq = list(ids)
+            for _ in range(GREEDY_NEW_TOKENS):
+                step, sel, lm = GptOssForward(ref, seq)
+                worst = [min(worst[0], sel), min(worst[1], lm)]
+                seq.append(int(torch.argmax(step[-1])))
+            tensors[f"g{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+            tensors[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+        if worst[0] > 1e-3 and worst[1] > 1e-3:
+            break
+        print(f"gpt_oss: seed {seed} has a near tie (router {worst[0]:.2e}, logit "
+              f"{worst[1]:.2e}); trying the next seed")
+    else:
+        raise SystemExit("gpt_oss: no seed without near ties")
+    mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), tensors)
+    size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+    print(f"gpt_oss: seed {seed}, model.safetensors {size} bytes, min router logit margin "
+          f"{worst[0]:.3e}, min top-1 logit margin {worst[1]:.3e}")
+
+
 def Write(only):
     import torch
     from transformers import AutoModelForCausalLM
@@ -197,4 +292,9 @@ def Write(only):
 
 
 if __name__ == "__main__":
-    Write(set(sys.argv[1:]))
+    names = set(sys.argv[1:])
+    if not names or "gpt_oss" in names:
+        WriteGptOss()
+    names.discard("gpt_oss")
+    if names or not sys.argv[1:]:
+        Write(names)

@@ -18,8 +18,11 @@ constexpr ExpertNaming kExpertNaming[] = {
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // olmoe
     {"block_sparse_moe", {"w1", "w3", "w2"}},        // mixtral
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // glm4_moe (shared_experts: dense weights)
+    // gpt_oss: stacked, "mlp.experts.gate_up_proj" and "mlp.experts.down_proj"
+    // (stacked_experts.h); the per-expert names are never read.
+    {"mlp", {"gate_up_proj", "gate_up_proj", "down_proj"}},
 };
-static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGlm4Moe) + 1,
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGptOss) + 1,
               "one ExpertNaming row per ModelType");
 
 }  // namespace

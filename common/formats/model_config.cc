@@ -374,6 +374,8 @@ const char* ModelTypeName(ModelType t) {
       return "mixtral";
     case ModelType::kGlm4Moe:
       return "glm4_moe";
+    case ModelType::kGptOss:
+      return "gpt_oss";
   }
   return "?";
 }
@@ -456,6 +458,52 @@ Status ParseGlm4MoeExperts(const FieldReader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// gpt_oss's attention and activation fields (HF GptOssConfig's defaults). layer_types must
+// name every layer; the activation's constants are the ones the clamped SwiGLU op computes.
+Status ParseGptOss(const FieldReader& r, ModelConfig* c) {
+  PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c->qkv_bias, true));
+  c->o_bias = c->qkv_bias;
+  c->qk_norm = QkNorm::kNone;
+  c->attention_sinks = true;
+  PW_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, 128, 1));
+  const size_t n = static_cast<size_t>(c->num_layers);
+  c->layer_sliding.assign(n, false);
+  if (const json* lt = r.Find("layer_types"); lt != nullptr && !lt->is_null()) {
+    if (!lt->is_array()) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
+    }
+    if (lt->size() != n) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types",
+                     "has " + std::to_string(lt->size()) + " entries, but num_hidden_layers is " +
+                         std::to_string(n));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const json& e = (*lt)[i];
+      const std::string v = e.is_string() ? e.get<std::string>() : "";
+      if (v != "sliding_attention" && v != "full_attention") {
+        return r.Error(StatusCode::kInvalidArgument, "layer_types[" + std::to_string(i) + "]",
+                       "is " + FieldReader::Dump(e) +
+                           "; expected \"sliding_attention\" or \"full_attention\"");
+      }
+      c->layer_sliding[i] = v == "sliding_attention";
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) c->layer_sliding[i] = (i + 1) % 2 != 0;  // HF's default
+  }
+  double alpha = 1.702, limit = 7.0;
+  PW_RETURN_IF_ERROR(r.Double("swiglu_alpha", &alpha, 1.702, true));
+  PW_RETURN_IF_ERROR(r.Double("swiglu_limit", &limit, 7.0, true));
+  if (alpha != 1.702) {
+    return r.Error(StatusCode::kUnsupported, "swiglu_alpha",
+                   "is " + std::to_string(alpha) + "; only gpt-oss's 1.702 is served");
+  }
+  if (limit != 7.0) {
+    return r.Error(StatusCode::kUnsupported, "swiglu_limit",
+                   "is " + std::to_string(limit) + "; only gpt-oss's 7 is served");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& label) {
@@ -500,10 +548,12 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     c.type = ModelType::kMixtral;
   } else if (c.model_type == "glm4_moe") {
     c.type = ModelType::kGlm4Moe;
+  } else if (c.model_type == "gpt_oss") {
+    c.type = ModelType::kGptOss;
   } else {
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
-                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe");
+                       "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe, gpt_oss");
   }
   if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
     for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
@@ -530,7 +580,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t == ModelType::kQwen2Moe) kv_default = 16;
     if (t == ModelType::kQwen3Moe) kv_default = 4;
     if (t == ModelType::kMixtral) kv_default = 8;
-    if (t == ModelType::kGlm4Moe) kv_default = 8;
+    if (t == ModelType::kGlm4Moe || t == ModelType::kGptOss) kv_default = 8;
   }
   PW_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, kv_default, 1));
   if (c.num_heads % c.num_kv_heads != 0) {
@@ -560,11 +610,16 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   const int64_t max_pos_default = t == ModelType::kOlmoe     ? 4096
                                   : t == ModelType::kMixtral ? 4096 * 32
                                   : t == ModelType::kGlm4Moe ? 131072
+                                  : t == ModelType::kGptOss  ? 131072
                                                              : 32768;
   PW_RETURN_IF_ERROR(
       r.Int("max_position_embeddings", &c.max_position_embeddings, max_pos_default, 1));
   PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, qwen ? 1e-6 : 1e-5, true));
-  PW_RETURN_IF_ERROR(ReadRope(r, t == ModelType::kMixtral ? 1e6 : 10000.0, &c));
+  PW_RETURN_IF_ERROR(ReadRope(r,
+                              t == ModelType::kMixtral  ? 1e6
+                              : t == ModelType::kGptOss ? 150000.0
+                                                        : 10000.0,
+                              &c));
   PW_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings, false));
   {
     PW_ASSIGN_OR_RETURN(const std::string name, r.Alias("dtype", "torch_dtype"));
@@ -596,8 +651,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
                      "is true; sliding-window attention is not supported");
     }
   }
-  // transformers 5.x: layer_types says which layers attend through a sliding window.
-  if (const json* lt = r.Find("layer_types")) {
+  // transformers 5.x: layer_types says which layers attend through a sliding window
+  // (gpt_oss serves them: ParseGptOss).
+  if (const json* lt = r.Find("layer_types"); lt != nullptr && t != ModelType::kGptOss) {
     if (!lt->is_array()) {
       return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
     }
@@ -655,6 +711,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       c.qk_norm = qk_norm ? QkNorm::kPerHead : QkNorm::kNone;
       break;
     }
+    case ModelType::kGptOss:
+      PW_RETURN_IF_ERROR(ParseGptOss(r, &c));
+      break;
   }
 
   // Rotary dims: all of head_dim, or (glm4_moe) the first partial_rotary_factor of it.
@@ -685,8 +744,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   } else {
     // transformers 5.x writes num_local_experts for qwen3_moe too; either name, for any type.
     PW_ASSIGN_OR_RETURN(const std::string name,
-                        t == ModelType::kMixtral ? r.Alias("num_local_experts", "num_experts")
-                                                 : r.Alias("num_experts", "num_local_experts"));
+                        t == ModelType::kMixtral || t == ModelType::kGptOss
+                            ? r.Alias("num_local_experts", "num_experts")
+                            : r.Alias("num_experts", "num_local_experts"));
     PW_RETURN_IF_ERROR(r.Int(name, &c.num_experts, std::nullopt, 1));
   }
   PW_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.num_experts_per_tok, std::nullopt, 1));
@@ -718,7 +778,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t == ModelType::kOlmoe) {
       PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
     } else {
-      c.norm_topk_prob = true;  // mixtral always renormalises the top-k weights
+      // mixtral always renormalises the top-k weights; gpt_oss's softmax over the top-k
+      // logits is the same weights.
+      c.norm_topk_prob = true;
     }
   }
   if (t == ModelType::kQwen2Moe) {

@@ -122,6 +122,10 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
   if ((s.hidden / s.heads) % 2 != 0) return bad("head dim must be even");
   if (s.heads % s.kv_heads != 0) return bad("kv_heads must divide heads");
   if (s.top_k > s.experts) return bad("top_k must be <= experts");
+  if (s.type == ModelType::kGptOss) {
+    return Unsupported("synthetic model: gpt_oss is not written yet (its experts are stacked "
+                       "tensors with biases)");
+  }
   if (s.type == ModelType::kQwen2Moe && s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
   if (s.type == ModelType::kGlm4Moe) {
     if (s.shared_ffn < 0 || s.shared_ffn % s.expert_ffn != 0) {
@@ -193,6 +197,9 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
     case ModelType::kGlm4Moe:
       arch = "Glm4MoeForCausalLM";
       break;
+    case ModelType::kGptOss:  // refused by CheckSpec
+      arch = "GptOssForCausalLM";
+      break;
   }
   j["architectures"] = {arch};
   j["model_type"] = ModelTypeName(s.type);
@@ -260,6 +267,8 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["use_qk_norm"] = false;
       j["num_nextn_predict_layers"] = 0;
       j["eos_token_id"] = s.vocab - 1;
+      break;
+    case ModelType::kGptOss:  // refused by CheckSpec
       break;
   }
   j["torch_dtype"] = "bfloat16";

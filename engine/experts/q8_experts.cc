@@ -59,6 +59,10 @@ Status RunQ8Experts(kernels::Backend backend, const engine::ExpertLayerCall& cal
   const int h = static_cast<int>(H), f = static_cast<int>(I);
   PW_ASSIGN_OR_RETURN(const engine::ExpertActivationFn act_fn,
                       engine::ExpertActivationOp(call.activation, k));
+  if (call.gate_up_bias != nullptr || call.down_bias != nullptr) {
+    return Unsupported("fast-path experts: expert biases (layer " + std::to_string(call.layer) +
+                       ") are not added by this runner; run the bf16 experts");
+  }
   engine::ExpertWorkspace& ws = *call.workspace;
   // 1. The layer input, quantized once; each row's values gathered per group.
   const ActRows xq = TakeActRows(ws, 0, T, h);

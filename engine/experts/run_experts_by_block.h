@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "common/status.h"
 #include "kernels/cpu/dense.h"
@@ -26,6 +27,10 @@ Status RunExpertsByBlock(const ExpertLayerCall& call, const kernels::DenseKernel
                          BlockFn&& block) {
   const size_t H = call.hidden, I = call.ffn;
   PW_ASSIGN_OR_RETURN(const ExpertActivationFn act_fn, ExpertActivationOp(call.activation, k));
+  if (call.gate_up_bias != nullptr || call.down_bias != nullptr) {
+    return Unsupported("experts by block: expert biases (layer " + std::to_string(call.layer) +
+                       ") are not added by this runner; run the bf16 experts");
+  }
   size_t most = 0;
   for (const ExpertGroup& g : call.groups) most = std::max(most, static_cast<size_t>(g.size()));
   ExpertWorkspace& ws = *call.workspace;

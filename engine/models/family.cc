@@ -8,6 +8,7 @@ extern const ModelFamily kQwen3MoeFamily;
 extern const ModelFamily kOlmoeFamily;
 extern const ModelFamily kMixtralFamily;
 extern const ModelFamily kGlm4MoeFamily;
+extern const ModelFamily kGptOssFamily;
 
 namespace {
 
@@ -18,6 +19,7 @@ const ModelFamily* const kFamilies[] = {
     &kOlmoeFamily,
     &kMixtralFamily,
     &kGlm4MoeFamily,
+    &kGptOssFamily,
 };
 
 }  // namespace

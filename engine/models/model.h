@@ -69,6 +69,8 @@ struct LayerWeights {
   Bf16Matrix q, k, v, o;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the model has none
   std::vector<float> q_norm, k_norm;                  // empty when qk_norm == kNone
+  std::vector<float> sinks;  // [nh] attention sinks (config.attention_sinks); else empty
+  int sliding_window = 0;    // positions this layer attends to (IsSlidingLayer); 0: all
   bool is_moe = false;
   // MoE layer.
   GateKind gate = GateKind::kSoftmaxTopK;                   // the family's (moe_kinds.h)
@@ -76,6 +78,9 @@ struct LayerWeights {
   Bf16Matrix router;                                        // [E, H]
   std::vector<float> router_bias;  // [E] selection-only bias (family.router_bias); else empty
   std::vector<MlpWeights> experts;                          // [E]
+  std::vector<float> router_logits_bias;  // [E] added to the logits (family); else empty
+  // Expert biases (stacked experts): [E, 2I] gate then up per expert, [E, H]; else empty.
+  std::vector<float> expert_gate_up_bias, expert_down_bias;
   bool has_shared_expert = false;  // the family has one and the config gives it a size
   MlpWeights shared_expert;
   Bf16Matrix shared_expert_gate;  // [1, H]; data null when the family adds it ungated
@@ -116,6 +121,9 @@ class Model {
   Result<Bf16Matrix> Matrix(const std::string& name, int64_t rows, int64_t cols);
   Result<std::vector<float>> Vector(const std::string& name, int64_t n);
   Result<MlpWeights> Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn);
+  // Layer l's stacked experts (family.stacked_experts), into Model-owned bf16 matrices.
+  Status StackedExperts(int64_t l, const std::string& block, LayerWeights* w);
+  Bf16Matrix Own(std::vector<uint16_t>&& values, int64_t rows, int64_t cols);
 
   std::string dir_;
   ModelConfig config_;

@@ -31,9 +31,10 @@ using testing::FixtureModelDir;
 using testing::ReadRefLogits;
 
 // glm4_moe_grouped: a second glm4_moe checkpoint (n_group 4, topk_group 2, qk norm, two shared
-// experts, no attention bias); tests/fixtures/README.md.
-const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",       "olmoe",
-                                         "mixtral",   "glm4_moe", "glm4_moe_grouped"};
+// experts, no attention bias); tests/fixtures/README.md. gpt_oss: sliding-window layers
+// (window 8, shorter than the 40-id prompt), sinks, YaRN, expert biases, clamped SwiGLU.
+const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",        "olmoe",  "mixtral",
+                                         "glm4_moe",  "glm4_moe_grouped", "gpt_oss"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -164,7 +165,7 @@ INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
 // The fixtures of tools/make_family_fixtures.py also hold HF's greedy continuation of each
 // prompt (g{i}.ids, g{i}.out): decoding through Step() gives the same ids.
 TEST(FamilyGreedy, ContinuationsEqualTheReference) {
-  for (const std::string type : {"glm4_moe", "glm4_moe_grouped"}) {
+  for (const std::string type : {"glm4_moe", "glm4_moe_grouped", "gpt_oss"}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
@@ -230,8 +231,9 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
   return prompts;
 }
 
+// gpt_oss: prompts of up to 23 ids decode past its sliding window of 8.
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
-  for (const char* type : {"qwen2_moe", "olmoe"}) {
+  for (const char* type : {"qwen2_moe", "olmoe", "gpt_oss"}) {
     SCOPED_TRACE(type);
     auto engine =
         MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});
