@@ -18,6 +18,11 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            experts top-4 with router bias, expert biases,
                                            gate/up interleaved in one stacked tensor, the
                                            clamped SwiGLU (alpha 1.702, limit 7).
+  tests/fixtures/models/gpt_oss_mxfp4/     the same model with its experts in MXFP4 as the
+                                           released gpt-oss checkpoints store them
+                                           (*_blocks, *_scales; quantization_config mxfp4),
+                                           quantized here in numpy; references from transformers
+                                           loading that checkpoint (dequantized on the CPU).
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level), model.safetensors (bf16, e_score_correction_bias random so that it moves the
@@ -242,6 +247,87 @@ def WriteGptOss():
           f"{worst[0]:.3e}, min top-1 logit margin {worst[1]:.3e}")
 
 
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def QuantizeMxfp4(w):
+    """w [..., rows, cols] float (cols a multiple of 32) as MXFP4: blocks uint8
+    [..., rows, cols/32, 16] (two E2M1 codes a byte, low nibble first) and scales uint8
+    [..., rows, cols/32] (E8M0: the factor 2^(s - 127)). A block's exponent puts its largest
+    magnitude at most 6 (E2M1's largest value); each value is rounded to the nearest code."""
+    import numpy as np
+
+    w = np.asarray(w, dtype=np.float32)
+    g = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = np.abs(g).max(axis=-1, keepdims=True)
+    exp = np.where(amax > 0, np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), 0).astype(np.int32)
+    scaled = g / np.ldexp(np.float32(1), exp)
+    grid = np.array(E2M1, dtype=np.float32)
+    mag = np.abs(scaled)[..., None]
+    code = np.argmin(np.abs(mag - grid), axis=-1).astype(np.uint8)
+    code = code | np.where(scaled < 0, 8, 0).astype(np.uint8)
+    blocks = (code[..., 0::2] | (code[..., 1::2] << 4)).astype(np.uint8)
+    scales = (exp[..., 0] + 127).astype(np.uint8)
+    return blocks, scales
+
+
+def WriteGptOssMxfp4():
+    """tests/fixtures/models/gpt_oss_mxfp4 from tests/fixtures/models/gpt_oss: every layer's
+    experts.gate_up_proj [E, H, 2I] and down_proj [E, I, H] become MXFP4 over their [out, in]
+    transposes; the rest is copied. The references are transformers' own reading of it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    src = os.path.join(mf.FIXTURES, "models", "gpt_oss")
+    out_dir = os.path.join(mf.FIXTURES, "models", "gpt_oss_mxfp4")
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = {}
+    for name, t in load_file(os.path.join(src, "model.safetensors")).items():
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            blocks, scales = QuantizeMxfp4(t.float().transpose(1, 2).contiguous().numpy())
+            tensors[name + "_blocks"] = torch.from_numpy(blocks)
+            tensors[name + "_scales"] = torch.from_numpy(scales)
+        else:
+            tensors[name] = t
+    mf.SaveTensors(os.path.join(out_dir, "model.safetensors"), tensors)
+    with open(os.path.join(src, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    torch.set_num_threads(2)
+    ref = AutoModelForCausalLM.from_pretrained(
+        out_dir, dtype=torch.float32, attn_implementation="eager",
+        quantization_config=Mxfp4Config(dequantize=True))
+    ref.eval()
+    old = load_file(os.path.join(src, "logits.safetensors"))
+    refs = {}
+    for i in range(len(mf.RANDOM_PROMPT_LENGTHS)):
+        ids = old[f"p{i}.ids"].tolist()
+        logits, _, _ = GptOssForward(ref, ids)
+        refs[f"p{i}.ids"] = old[f"p{i}.ids"]
+        refs[f"p{i}.logits"] = logits
+        seq = list(ids)
+        for _ in range(GREEDY_NEW_TOKENS):
+            step, _, _ = GptOssForward(ref, seq)
+            seq.append(int(torch.argmax(step[-1])))
+        refs[f"g{i}.ids"] = old[f"p{i}.ids"].clone()
+        refs[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+    mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), refs)
+    size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+    moved = max((refs[f"p{i}.logits"] - old[f"p{i}.logits"]).abs().max().item()
+                for i in range(len(mf.RANDOM_PROMPT_LENGTHS)))
+    print(f"gpt_oss_mxfp4: model.safetensors {size} bytes; MXFP4 moves the bf16 model's logits "
+          f"by up to {moved:.3e}")
+
+
 def Write(only):
     import torch
     from transformers import AutoModelForCausalLM
@@ -295,6 +381,8 @@ if __name__ == "__main__":
     names = set(sys.argv[1:])
     if not names or "gpt_oss" in names:
         WriteGptOss()
-    names.discard("gpt_oss")
+    if not names or "gpt_oss" in names or "gpt_oss_mxfp4" in names:
+        WriteGptOssMxfp4()
+    names -= {"gpt_oss", "gpt_oss_mxfp4"}
     if names or not sys.argv[1:]:
         Write(names)

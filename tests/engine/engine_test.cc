@@ -32,9 +32,11 @@ using testing::ReadRefLogits;
 
 // glm4_moe_grouped: a second glm4_moe checkpoint (n_group 4, topk_group 2, qk norm, two shared
 // experts, no attention bias); tests/fixtures/README.md. gpt_oss: sliding-window layers
-// (window 8, shorter than the 40-id prompt), sinks, YaRN, expert biases, clamped SwiGLU.
-const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",        "olmoe",  "mixtral",
-                                         "glm4_moe",  "glm4_moe_grouped", "gpt_oss"};
+// (window 8, shorter than the 40-id prompt), sinks, YaRN, expert biases, clamped SwiGLU;
+// gpt_oss_mxfp4: its experts in MXFP4.
+const std::vector<std::string> kTypes = {"qwen2_moe", "qwen3_moe",        "olmoe",
+                                         "mixtral",   "glm4_moe",         "glm4_moe_grouped",
+                                         "gpt_oss",   "gpt_oss_mxfp4"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -165,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
 // The fixtures of tools/make_family_fixtures.py also hold HF's greedy continuation of each
 // prompt (g{i}.ids, g{i}.out): decoding through Step() gives the same ids.
 TEST(FamilyGreedy, ContinuationsEqualTheReference) {
-  for (const std::string type : {"glm4_moe", "glm4_moe_grouped", "gpt_oss"}) {
+  for (const std::string type : {"glm4_moe", "glm4_moe_grouped", "gpt_oss", "gpt_oss_mxfp4"}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;

@@ -1,0 +1,223 @@
+// gpt_oss's pieces against hand-computed values (the clamped SwiGLU, attention with a sliding
+// window and sinks, MXFP4 decoding), its MXFP4 checkpoint against the same values stored as
+// bf16, and its bad input: MXFP4 scales of the wrong shape, a layer_types list of the wrong
+// length. HF parity of the whole model: engine_test (fixtures gpt_oss, gpt_oss_mxfp4).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/formats/model_config.h"
+#include "common/formats/safetensors.h"
+#include "common/formats/stacked_experts.h"
+#include "engine/engine.h"
+#include "engine/experts/expert_activation.h"
+#include "engine/models/model.h"
+#include "kernels/cpu/window_sink_attention.h"
+#include "tests/common/test_util.h"
+#include "tests/engine/test_util.h"
+
+namespace pw::engine {
+namespace {
+
+TEST(GptOss, ClampedSwiGluMatchesHandComputedValues) {
+  // g = min(gate, 7), u = clamp(up, -7, 7), (u + 1) * g * sigmoid(1.702 g).
+  const float gate[] = {1.f, 9.f, -2.f, 0.f};
+  const float up[] = {0.5f, -10.f, 8.f, 3.f};
+  float out[4];
+  ClampedSwiGlu(gate, up, 4, out);
+  auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  EXPECT_NEAR(out[0], 1.5 * 1.0 * sig(1.702), 1e-6);
+  EXPECT_NEAR(out[1], -6.0 * 7.0 * sig(1.702 * 7), 1e-5);  // both clamped
+  EXPECT_NEAR(out[2], 8.0 * -2.0 * sig(-3.404), 1e-6);     // up clamped to 7, + 1
+  EXPECT_EQ(out[3], 0.f);
+}
+
+// One kv head, head_dim 2, blocks of 2 positions, fp32 pages; K/V of position j are
+// k = (j + 1, 1), v = (j, -j).
+struct TinyKv {
+  static constexpr int kPositions = 5, kBlock = 2, kD = 2;
+  std::vector<std::vector<float>> pages;
+  std::vector<const uint8_t*> page_ptrs;
+  std::vector<int32_t> table;
+  TinyKv() {
+    const int blocks = (kPositions + kBlock - 1) / kBlock;
+    pages.assign(blocks, std::vector<float>(2 * kBlock * kD, 0.f));
+    for (int j = 0; j < kPositions; ++j) {
+      float* p = pages[j / kBlock].data();
+      const int s = j % kBlock;
+      p[s * kD] = static_cast<float>(j + 1);
+      p[s * kD + 1] = 1.f;
+      p[kBlock * kD + s * kD] = static_cast<float>(j);
+      p[kBlock * kD + s * kD + 1] = static_cast<float>(-j);
+    }
+    // Blocks in reverse order in the pool, so the table is exercised.
+    for (int b = 0; b < blocks; ++b) {
+      page_ptrs.push_back(reinterpret_cast<const uint8_t*>(pages[blocks - 1 - b].data()));
+      table.push_back(blocks - 1 - b);
+    }
+  }
+  cpu::PagedKvView View() const {
+    return {page_ptrs.data(), 1, cpu::KvElement::kF32, 1, kBlock, kD};
+  }
+};
+
+TEST(GptOss, WindowAndSinkAttentionMatchHandComputedValues) {
+  TinyKv kv;
+  const float q[] = {0.3f, -0.2f};
+  const int32_t pos = 4;
+  const int32_t* tables[] = {kv.table.data()};
+  cpu::AttentionQueries qs{q, 1, 1, &pos, tables, 0.5f};
+  const float sink = 0.7f;
+  for (int window : {0, 2, 3}) {
+    for (bool with_sink : {false, true}) {
+      const cpu::WindowSinks ws{window, with_sink ? &sink : nullptr};
+      std::vector<float> scores(cpu::WindowSinkAttentionScoreFloats(pos)), widen(8);
+      float out[2];
+      cpu::WindowSinkAttention(cpu::Kernels(), kv.View(), qs, ws, 0, 1, scores.data(),
+                               widen.data(), out);
+      const int first = window > 0 ? pos + 1 - window : 0;
+      double denom = with_sink ? std::exp(double(sink)) : 0.0, o0 = 0, o1 = 0;
+      for (int j = first; j <= pos; ++j) denom += std::exp(0.5 * (0.3 * (j + 1) - 0.2));
+      for (int j = first; j <= pos; ++j) {
+        const double p = std::exp(0.5 * (0.3 * (j + 1) - 0.2)) / denom;
+        o0 += p * j;
+        o1 += p * -j;
+      }
+      EXPECT_NEAR(out[0], o0, 1e-5) << "window " << window << " sink " << with_sink;
+      EXPECT_NEAR(out[1], o1, 1e-5) << "window " << window << " sink " << with_sink;
+    }
+  }
+  // No window, no sink: PagedAttention's result bit for bit.
+  std::vector<float> scores(cpu::WindowSinkAttentionScoreFloats(pos)), widen(8);
+  float a[2], b[2];
+  cpu::WindowSinkAttention(cpu::Kernels(), kv.View(), qs, {}, 0, 1, scores.data(), widen.data(),
+                           a);
+  cpu::PagedAttention(cpu::Kernels(), kv.View(), qs, 0, 1, scores.data(), widen.data(), b);
+  EXPECT_EQ(std::memcmp(a, b, sizeof(a)), 0);
+}
+
+TEST(GptOss, Mxfp4DecodesLowNibbleFirstTimesTheBlockExponent) {
+  uint8_t blocks[16] = {};
+  blocks[0] = 0x2F;  // low nibble 0xF = -6, high 0x2 = 1
+  blocks[1] = 0x93;  // low 0x3 = 1.5, high 0x9 = -0.5
+  blocks[15] = 0x70;  // low 0 = 0, high 0x7 = 6
+  const uint8_t scale = 127 + 3;  // x 8
+  uint16_t out[32];
+  DequantizeMxfp4(blocks, &scale, 1, out);
+  EXPECT_EQ(Bf16ToF32(out[0]), -48.f);
+  EXPECT_EQ(Bf16ToF32(out[1]), 8.f);
+  EXPECT_EQ(Bf16ToF32(out[2]), 12.f);
+  EXPECT_EQ(Bf16ToF32(out[3]), -4.f);
+  EXPECT_EQ(Bf16ToF32(out[4]), 0.f);
+  EXPECT_EQ(Bf16ToF32(out[30]), 0.f);
+  EXPECT_EQ(Bf16ToF32(out[31]), 48.f);
+  const uint8_t small = 127 - 2;  // x 1/4
+  DequantizeMxfp4(blocks, &small, 1, out);
+  EXPECT_EQ(Bf16ToF32(out[0]), -1.5f);
+}
+
+// Copies the gpt_oss_mxfp4 fixture into `dir`, each *_blocks / *_scales pair either
+// dequantized into the float layout (x @ W, [E, in, out], bf16) or kept with `scales_edit`
+// applied to the scales' shape.
+void CopyMxfp4Fixture(const std::string& dir, bool dequantize, int64_t scales_cut = 0) {
+  const std::string src = testing::FixtureModelDir("gpt_oss_mxfp4");
+  std::filesystem::copy_file(src + "/config.json", dir + "/config.json");
+  auto ck = Checkpoint::Open(src);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  SafetensorsWriter w;
+  std::vector<std::vector<uint16_t>> keep;
+  for (const std::string& name : (*ck)->TensorNames()) {
+    auto t = (*ck)->Get(name);
+    ASSERT_TRUE(t.ok());
+    const bool is_blocks = name.size() > 7 && name.compare(name.size() - 7, 7, "_blocks") == 0;
+    const bool is_scales = name.size() > 7 && name.compare(name.size() - 7, 7, "_scales") == 0;
+    if (dequantize && is_scales) continue;
+    if (dequantize && is_blocks) {
+      const std::string base = name.substr(0, name.size() - 7);
+      auto s = (*ck)->Get(base + "_scales");
+      ASSERT_TRUE(s.ok());
+      const int64_t E = t->shape[0], rows = t->shape[1], cols = t->shape[2] * 32;
+      std::vector<uint16_t> rm(static_cast<size_t>(E * rows * cols));
+      DequantizeMxfp4(t->data, s->data, static_cast<size_t>(E * rows * t->shape[2]), rm.data());
+      keep.emplace_back(rm.size());
+      std::vector<uint16_t>& tr = keep.back();  // [E, cols, rows]
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            tr[(e * cols + c) * rows + r] = rm[(e * rows + r) * cols + c];
+          }
+        }
+      }
+      ASSERT_TRUE(w.Add(base, DType::kBF16, {E, cols, rows}, tr.data(), tr.size() * 2).ok());
+      continue;
+    }
+    std::vector<int64_t> shape = t->shape;
+    size_t nbytes = t->nbytes;
+    if (is_scales && scales_cut > 0 && name.find("layers.1.mlp.experts.down") != std::string::npos) {
+      shape.back() -= scales_cut;
+      nbytes = static_cast<size_t>(shape[0] * shape[1] * shape[2]);
+    }
+    ASSERT_TRUE(w.Add(name, t->dtype, shape, t->data, nbytes).ok());
+  }
+  ASSERT_TRUE(w.Write(dir + "/model.safetensors").ok());
+}
+
+// The MXFP4 checkpoint runs as the bf16 checkpoint of its dequantized values, bit for bit: the
+// two readers of stacked_experts.h give the same expert matrices.
+TEST(GptOss, Mxfp4CheckpointEqualsItsDequantizedBf16Checkpoint) {
+  pw::testing::TempDir tmp;
+  CopyMxfp4Fixture(tmp.path(), /*dequantize=*/true);
+  auto mx = Engine::Create(testing::FixtureModelDir("gpt_oss_mxfp4"), {});
+  auto bf = Engine::Create(tmp.path(), {});
+  ASSERT_TRUE(mx.ok()) << mx.status().ToString();
+  ASSERT_TRUE(bf.ok()) << bf.status().ToString();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back((i * 37 + 5) % 1000 + 3);
+  auto a = (*mx)->ForwardLogits(ids);
+  auto b = (*bf)->ForwardLogits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
+}
+
+TEST(GptOss, Mxfp4ScalesOfTheWrongShapeAreNamed) {
+  pw::testing::TempDir tmp;
+  CopyMxfp4Fixture(tmp.path(), /*dequantize=*/false, /*scales_cut=*/1);
+  auto m = Model::Load(tmp.path());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("model.layers.1.mlp.experts.down_proj_scales"),
+            std::string::npos)
+      << m.status().ToString();
+  EXPECT_NE(m.status().message().find("MXFP4 scales"), std::string::npos);
+}
+
+TEST(GptOss, LayerTypesOfTheWrongLengthAreNamed) {
+  std::ifstream f(testing::FixtureModelDir("gpt_oss") + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  auto good = ParseModelConfig(j.dump(), "config.json");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->layer_sliding, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(good->sliding_window, 8);
+  j["layer_types"].erase(j["layer_types"].size() - 1);
+  auto bad = ParseModelConfig(j.dump(), "config.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("layer_types"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("num_hidden_layers is 3"), std::string::npos);
+  j["layer_types"] = {"sliding_attention", "chunked_attention", "full_attention"};
+  auto unknown = ParseModelConfig(j.dump(), "config.json");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("layer_types[1]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pw::engine
