@@ -71,6 +71,12 @@ Result<ExpertTensors> CheckpointExperts::Get(int64_t layer, int64_t expert) cons
     return InvalidArgument(dir_ + ": no routed expert " + std::to_string(expert) + " in layer " +
                            std::to_string(layer));
   }
+  if (c.type == ModelType::kGptOss) {
+    // Its experts add biases (experts.gate_up_proj_bias, experts.down_proj_bias) that an
+    // expert store does not hold yet: refused rather than served without them.
+    return Unsupported(dir_ + ": gpt_oss experts carry biases that expert stores (.apw, the "
+                       "broker's) do not hold yet; run it with the engine's bf16 experts");
+  }
   const int64_t h = c.hidden_size, i = c.moe_intermediate_size;
   ExpertTensors t;
   t.ffn = i;

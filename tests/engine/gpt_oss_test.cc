@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/formats/checkpoint_experts.h"
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
 #include "common/formats/stacked_experts.h"
@@ -197,6 +198,17 @@ TEST(GptOss, Mxfp4ScalesOfTheWrongShapeAreNamed) {
             std::string::npos)
       << m.status().ToString();
   EXPECT_NE(m.status().message().find("MXFP4 scales"), std::string::npos);
+}
+
+// Expert stores (pw-quantize, the broker) read experts through CheckpointExperts, which has no
+// place for gpt_oss's expert biases yet: refused, never served without them.
+TEST(GptOss, ExpertStoresRefuseItsBiasedExperts) {
+  auto ck = CheckpointExperts::Open(testing::FixtureModelDir("gpt_oss"));
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  auto e = (*ck)->Get(0, 0);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(e.status().message().find("biases"), std::string::npos) << e.status().ToString();
 }
 
 TEST(GptOss, LayerTypesOfTheWrongLengthAreNamed) {
