@@ -39,12 +39,21 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   layout.head_dim = static_cast<int>(c.head_dim);
   layout.block_size = options.block_size;
   layout.dtype = options.kv_dtype;
+  // Sliding-window layers (gpt_oss) are their own KV kind: pages behind the window go back.
+  std::vector<memory::KvLayerSpec> specs = memory::FullAttentionSpecs(layout);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.IsSlidingLayer(l)) {
+      specs[static_cast<size_t>(l)] = {memory::KvKind::kSlidingWindow,
+                                       static_cast<int>(c.sliding_window)};
+    }
+  }
   std::unique_ptr<KvBlockPool> blocks;
   if (options.kv_pages != nullptr) {
-    PW_ASSIGN_OR_RETURN(blocks,
-                        KvBlockPool::CreateOn(layout, options.kv_pages, options.num_kv_blocks));
+    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::CreateOn(layout, options.kv_pages,
+                                                      options.num_kv_blocks, std::move(specs)));
   } else {
-    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::Create(layout, options.num_kv_blocks));
+    PW_ASSIGN_OR_RETURN(blocks,
+                        KvBlockPool::Create(layout, options.num_kv_blocks, std::move(specs)));
   }
   e->scheduler_ =
       std::make_unique<Scheduler>(SchedulerOptions{options.max_batch_tokens}, std::move(blocks));

@@ -25,9 +25,13 @@ std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout) {
 
 Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
                           int layer) {
-  if (spec.kind != KvKind::kFullAttention) {
+  if (spec.kind == KvKind::kSlidingWindow && spec.window < 1) {
+    return InvalidArgument("KV layer " + std::to_string(layer) + ": sliding window of " +
+                           std::to_string(spec.window) + " positions; it must be >= 1");
+  }
+  if (spec.kind != KvKind::kFullAttention && spec.kind != KvKind::kSlidingWindow) {
     return Unsupported("KV layer " + std::to_string(layer) + ": kind " + KvKindName(spec.kind) +
-                       " is not served yet (only full_attention is)");
+                       " is not served yet (full_attention and sliding_window are)");
   }
   if (page_bytes < layout.bytes_per_layer()) {
     return InvalidArgument("KV pool: pages of " + std::to_string(page_bytes) +

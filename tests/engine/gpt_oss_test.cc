@@ -4,6 +4,7 @@
 // length. HF parity of the whole model: engine_test (fixtures gpt_oss, gpt_oss_mxfp4).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -198,6 +199,47 @@ TEST(GptOss, Mxfp4ScalesOfTheWrongShapeAreNamed) {
             std::string::npos)
       << m.status().ToString();
   EXPECT_NE(m.status().message().find("MXFP4 scales"), std::string::npos);
+}
+
+// A long generation keeps a bounded number of KV pages on the sliding layers (0 and 2, window
+// 8): blocks behind the window give theirs back, while the full layer holds one page per block.
+// The tokens are those the teacher-forced pass (one prefill over leased blocks, nothing
+// released) ranks first at every position.
+TEST(GptOss, SlidingLayersKeepBoundedPagesDuringALongGeneration) {
+  const int bs = 4, window = 8, steps = 120;
+  auto e = Engine::Create(testing::FixtureModelDir("gpt_oss"), {.block_size = bs});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& engine = **e;
+  const std::vector<int32_t> prompt = {17, 300, 5, 911, 42};
+  SamplingParams sp;
+  sp.max_tokens = steps;
+  sp.ignore_eos = true;
+  ASSERT_TRUE(engine.AddSequence(1, prompt, sp).ok());
+  std::vector<int32_t> got;
+  int most_sliding = 0, most_full = 0;
+  while (engine.HasWork()) {
+    auto r = engine.Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (auto& u : r->updates) got.insert(got.end(), u.new_tokens.begin(), u.new_tokens.end());
+    const memory::KvBlockPool& kv = engine.kv_pool();
+    most_sliding = std::max({most_sliding, kv.LayerPagesInUse(0), kv.LayerPagesInUse(2)});
+    most_full = std::max(most_full, kv.LayerPagesInUse(1));
+  }
+  ASSERT_EQ(got.size(), static_cast<size_t>(steps));
+  // The window's positions span at most window / bs + 1 blocks, plus the block being filled.
+  EXPECT_LE(most_sliding, window / bs + 2);
+  EXPECT_GE(most_full, (static_cast<int>(prompt.size()) + steps - 1) / bs);
+  EXPECT_EQ(engine.kv_pool().num_free(), engine.kv_pool().num_blocks());
+
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), got.begin(), got.end());
+  auto tf = engine.ForwardLogits(std::span<const int32_t>(all.data(), all.size() - 1));
+  ASSERT_TRUE(tf.ok()) << tf.status().ToString();
+  const size_t V = static_cast<size_t>(engine.vocab_size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float* row = tf->data() + (prompt.size() - 1 + i) * V;
+    EXPECT_EQ(got[i], static_cast<int32_t>(std::max_element(row, row + V) - row)) << "token " << i;
+  }
 }
 
 // Expert stores (pw-quantize, the broker) read experts through CheckpointExperts, which has no

@@ -110,8 +110,8 @@ TEST(KvBlockPool, BadSizesAreInvalidArgument) {
 }
 
 // The page layout follows the per-layer specs: a block takes the sum of its layers' pages and
-// each layer's view strides over a block's pages. Only full attention is served; every other
-// kind is refused with kUnsupported naming the layer and the kind, for an own pool and a
+// each layer's view strides over a block's pages. Full attention and sliding window are served
+// (kv_window_release_test.cc); every other kind is refused with kUnsupported naming the layer and the kind, for an own pool and a
 // borrowed one alike, and a spec list that does not match the layers is refused too.
 TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyFullAttentionIsServed) {
   const KvLayout l = Layout();
@@ -131,7 +131,7 @@ TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyFullAttentionIsServed) {
             StatusCode::kInvalidArgument);
 
   auto pages = PagePool::Create(l.min_page_bytes(), 30).value();
-  for (KvKind kind : {KvKind::kSlidingWindow, KvKind::kLatent, KvKind::kRecurrentState}) {
+  for (KvKind kind : {KvKind::kLatent, KvKind::kRecurrentState}) {
     std::vector<KvLayerSpec> specs(3);
     specs[1] = {.kind = kind, .window = 64, .latent_dim = 512, .state_bytes = 4096};
     auto own = KvBlockPool::Create(l, 4, specs);
