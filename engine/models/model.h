@@ -1,5 +1,5 @@
 // Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral,
-// glm4_moe).
+// glm4_moe, gpt_oss).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
@@ -24,6 +24,9 @@
 //     n_shared_experts * moe_intermediate_size (no gate); dense layers (below
 //     first_k_dense_replace) as the qwen types. Tensors of the MTP layers stored after the last
 //     (model.layers.{num_hidden_layers + i}.*) are not read.
+//   gpt_oss: q/k/v/o with biases, P self_attn.sinks [nh]; P mlp.router.{weight [E, H], bias [E]};
+//     stacked experts P mlp.experts.* (common/formats/stacked_experts.h: bf16 / f16 / f32 or
+//     MXFP4, with biases), copied at load into per-expert bf16 matrices.
 // BF16 matrices stay in the mmapped file, read in place; F16 and F32 ones (fp16 / fp32
 // checkpoints) are rounded to bf16 at load into Model-owned memory (common/formats/bf16_tensor.h);
 // norms and biases may be BF16, F16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
