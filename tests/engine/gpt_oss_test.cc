@@ -20,6 +20,8 @@
 #include "common/formats/stacked_experts.h"
 #include "engine/engine.h"
 #include "engine/experts/expert_activation.h"
+#include "engine/hooks/lynx_routing_hook.h"
+#include "policies/lynx/lynx_remap.h"
 #include "engine/models/model.h"
 #include "kernels/cpu/window_sink_attention.h"
 #include "tests/common/test_util.h"
@@ -240,6 +242,73 @@ TEST(GptOss, SlidingLayersKeepBoundedPagesDuringALongGeneration) {
     const float* row = tf->data() + (prompt.size() - 1 + i) * V;
     EXPECT_EQ(got[i], static_cast<int32_t>(std::max_element(row, row + V) - row)) << "token " << i;
   }
+}
+
+// LYNX over gpt_oss's router: k and N come from the config (top-4 of 16), every token keeps
+// exactly k distinct experts, each weighted by its softmax probability (over all experts, the
+// router bias included) renormalised over its k: the weights gpt-oss's softmax over the k
+// chosen logits gives.
+class CheckedLynx final : public RoutingHook {
+ public:
+  explicit CheckedLynx(LynxRoutingHook* inner) : inner_(inner) {}
+  Status Rewrite(const RoutingContext& ctx, std::vector<ExpertAssignment>* a) override {
+    PW_RETURN_IF_ERROR(inner_->Rewrite(ctx, a));
+    EXPECT_EQ(ctx.top_k, 4);
+    EXPECT_EQ(ctx.num_experts, 16);
+    EXPECT_EQ(ctx.gate, GateKind::kSoftmaxTopK);
+    const size_t T = static_cast<size_t>(ctx.num_tokens), k = 4, E = 16;
+    if (a->size() != T * k) {
+      ADD_FAILURE() << a->size() << " assignments for " << T << " tokens";
+      return Status::Ok();
+    }
+    for (size_t t = 0; t < T; ++t) {
+      const ExpertAssignment* row = a->data() + t * k;
+      const float* p = ctx.router_probs + t * E;
+      float sum = 0.f;
+      for (size_t j = 0; j < k; ++j) {
+        EXPECT_EQ(row[j].token, static_cast<int32_t>(t));
+        for (size_t i = 0; i < j; ++i) EXPECT_NE(row[i].expert, row[j].expert);
+        sum += p[row[j].expert];
+      }
+      for (size_t j = 0; j < k; ++j) EXPECT_NEAR(row[j].weight, p[row[j].expert] / sum, 1e-6f);
+    }
+    ++calls;
+    return Status::Ok();
+  }
+  int calls = 0;
+
+ private:
+  LynxRoutingHook* inner_;
+};
+
+TEST(GptOss, LynxKeepsKOfNFromTheConfigWithTheRoutersWeights) {
+  auto e = Engine::Create(testing::FixtureModelDir("gpt_oss"), {.return_logits = true});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  lynx::LynxRemapper remapper({});
+  LynxRoutingHook hook(&remapper);
+  CheckedLynx checked(&hook);
+  MoeHooks h;
+  h.routing_hook = &checked;
+  (*e)->SetMoeHooks(h);
+  SamplingParams sp;
+  sp.max_tokens = 7;
+  sp.ignore_eos = true;
+  for (int b = 0; b < 8; ++b) {
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 12 + b; ++i) prompt.push_back((b * 131 + i * 17) % 1000 + 3);
+    ASSERT_TRUE((*e)->AddSequence(static_cast<SeqId>(b + 1), prompt, sp).ok());
+  }
+  while ((*e)->HasWork()) {
+    auto r = (*e)->Step();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (const auto& u : r->updates) {
+      for (float v : u.logits) ASSERT_TRUE(std::isfinite(v));
+    }
+  }
+  (*e)->SetMoeHooks({});
+  EXPECT_GT(checked.calls, 0);
+  EXPECT_GT(hook.stats().applied_calls, 0);
+  EXPECT_GT(hook.stats().tokens_changed, 0);
 }
 
 // Expert stores (pw-quantize, the broker) read experts through CheckpointExperts, which has no
