@@ -1,10 +1,11 @@
 // make_synthetic_moe: writes a random-weight MoE checkpoint at real dimensions (default:
 // OLMoE-1B-7B's, 2 layers, about 2.1 GB of bf16) for speed measurements. Never commit its output.
 //
-//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe]
+//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe|gpt_oss]
 //                      [--layers 2] [--seed 1]
 // glm4_moe takes GLM-4.5-Air's shape at half width (synthetic_moe.h, Glm4MoeAirHalfSpec): the
-// first layer dense, the rest MoE with one shared expert.
+// first layer dense, the rest MoE with one shared expert. gpt_oss takes gpt-oss-20b's experts
+// and vocabulary (synthetic_moe.h, GptOss20bSpec).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
   pw::SyntheticMoeSpec spec;
   app.add_option("--out", out, "output directory")->required();
   app.add_option("--type", type, "model type")
-      ->check(CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe"}));
+      ->check(CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"}));
   app.add_option("--layers", spec.layers, "number of layers")->check(CLI::Range(1, 64));
   app.add_option("--seed", spec.seed, "random seed");
   app.add_option("--experts", spec.experts, "experts per layer")->check(CLI::Range(1, 1024));
@@ -39,6 +40,14 @@ int main(int argc, char** argv) {
     if (app.count("--experts") > 0) glm.experts = spec.experts;
     if (app.count("--vocab") > 0) glm.vocab = spec.vocab;
     spec = glm;
+  }
+  if (type == "gpt_oss") {
+    pw::SyntheticMoeSpec oss = pw::GptOss20bSpec();
+    oss.seed = spec.seed;
+    if (app.count("--layers") > 0) oss.layers = spec.layers;
+    if (app.count("--experts") > 0) oss.experts = spec.experts;
+    if (app.count("--vocab") > 0) oss.vocab = spec.vocab;
+    spec = oss;
   }
   if (type == "qwen2_moe") spec.type = pw::ModelType::kQwen2Moe;
   if (type == "qwen3_moe") spec.type = pw::ModelType::kQwen3Moe;

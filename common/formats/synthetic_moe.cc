@@ -39,10 +39,26 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
     t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
     t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
     t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
-    if (s.type == ModelType::kQwen2Moe || s.type == ModelType::kGlm4Moe) {  // q/k/v bias
+    if (s.type == ModelType::kQwen2Moe || s.type == ModelType::kGlm4Moe ||
+        s.type == ModelType::kGptOss) {  // q/k/v bias
       t.push_back({p + "self_attn.q_proj.bias", {q}, Init::kZeros});
       t.push_back({p + "self_attn.k_proj.bias", {kv}, Init::kZeros});
       t.push_back({p + "self_attn.v_proj.bias", {kv}, Init::kZeros});
+    }
+    if (s.type == ModelType::kGptOss) {
+      // o_proj bias, sinks, the router with its bias, stacked experts with biases
+      // (stacked_experts.h: gate and up interleaved in one [E, H, 2I] tensor).
+      const std::string m = p + "mlp.";
+      t.push_back({p + "self_attn.o_proj.bias", {s.hidden}, Init::kZeros});
+      t.push_back({p + "self_attn.sinks", {s.heads}, Init::kZeros});
+      t.push_back({m + "router.weight", {s.experts, s.hidden}, Init::kNormal});
+      t.push_back({m + "router.bias", {s.experts}, Init::kZeros});
+      t.push_back({m + "experts.gate_up_proj", {s.experts, s.hidden, 2 * s.expert_ffn},
+                   Init::kNormal});
+      t.push_back({m + "experts.gate_up_proj_bias", {s.experts, 2 * s.expert_ffn}, Init::kZeros});
+      t.push_back({m + "experts.down_proj", {s.experts, s.expert_ffn, s.hidden}, Init::kNormal});
+      t.push_back({m + "experts.down_proj_bias", {s.experts, s.hidden}, Init::kZeros});
+      continue;
     }
     if (s.type == ModelType::kOlmoe) {  // RMSNorm over the whole projection
       t.push_back({p + "self_attn.q_norm.weight", {q}, Init::kOnes});
@@ -122,10 +138,6 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
   if ((s.hidden / s.heads) % 2 != 0) return bad("head dim must be even");
   if (s.heads % s.kv_heads != 0) return bad("kv_heads must divide heads");
   if (s.top_k > s.experts) return bad("top_k must be <= experts");
-  if (s.type == ModelType::kGptOss) {
-    return Unsupported("synthetic model: gpt_oss is not written yet (its experts are stacked "
-                       "tensors with biases)");
-  }
   if (s.type == ModelType::kQwen2Moe && s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
   if (s.type == ModelType::kGlm4Moe) {
     if (s.shared_ffn < 0 || s.shared_ffn % s.expert_ffn != 0) {
@@ -148,6 +160,20 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
 }
 
 }  // namespace
+
+SyntheticMoeSpec GptOss20bSpec() {
+  SyntheticMoeSpec s;
+  s.type = ModelType::kGptOss;
+  s.layers = 2;
+  s.hidden = 2880;
+  s.heads = 45;  // 64-dim heads over the hidden width (gpt-oss-20b: 64 heads, q 4096 wide)
+  s.kv_heads = 9;
+  s.experts = 32;
+  s.top_k = 4;
+  s.expert_ffn = 2880;
+  s.vocab = 201088;
+  return s;
+}
 
 SyntheticMoeSpec Glm4MoeAirHalfSpec() {
   SyntheticMoeSpec s;
@@ -197,7 +223,7 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
     case ModelType::kGlm4Moe:
       arch = "Glm4MoeForCausalLM";
       break;
-    case ModelType::kGptOss:  // refused by CheckSpec
+    case ModelType::kGptOss:
       arch = "GptOssForCausalLM";
       break;
   }
@@ -268,8 +294,22 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["num_nextn_predict_layers"] = 0;
       j["eos_token_id"] = s.vocab - 1;
       break;
-    case ModelType::kGptOss:  // refused by CheckSpec
+    case ModelType::kGptOss: {
+      j["num_local_experts"] = s.experts;
+      j["intermediate_size"] = s.expert_ffn;
+      j["head_dim"] = s.hidden / s.heads;
+      j["attention_bias"] = true;
+      j["sliding_window"] = 128;
+      json types = json::array();  // gpt-oss's alternation, sliding first
+      for (int64_t l = 0; l < s.layers; ++l) {
+        types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+      }
+      j["layer_types"] = types;
+      j["swiglu_alpha"] = 1.702;
+      j["swiglu_limit"] = 7.0;
+      j["eos_token_id"] = s.vocab - 1;
       break;
+    }
   }
   j["torch_dtype"] = "bfloat16";
   return j.dump(2) + "\n";

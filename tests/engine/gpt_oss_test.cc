@@ -18,6 +18,7 @@
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
 #include "common/formats/stacked_experts.h"
+#include "common/formats/synthetic_moe.h"
 #include "engine/engine.h"
 #include "engine/experts/expert_activation.h"
 #include "engine/hooks/lynx_routing_hook.h"
@@ -309,6 +310,35 @@ TEST(GptOss, LynxKeepsKOfNFromTheConfigWithTheRoutersWeights) {
   EXPECT_GT(checked.calls, 0);
   EXPECT_GT(hook.stats().applied_calls, 0);
   EXPECT_GT(hook.stats().tokens_changed, 0);
+}
+
+// make_synthetic_moe --type gpt_oss's writer: a checkpoint the engine loads and runs (stacked
+// experts with biases, sinks, alternating layer types), small here.
+TEST(GptOss, SyntheticCheckpointLoadsAndRuns) {
+  pw::testing::TempDir tmp;
+  SyntheticMoeSpec spec = GptOss20bSpec();
+  spec.layers = 3;
+  spec.hidden = 64;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.experts = 8;
+  spec.expert_ffn = 32;
+  spec.vocab = 300;
+  ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
+  auto e = Engine::Create(tmp.path(), {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const ModelConfig& c = (*e)->model().config();
+  EXPECT_EQ(c.type, ModelType::kGptOss);
+  EXPECT_EQ(c.layer_sliding, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(c.num_experts_per_tok, 4);
+  EXPECT_EQ((*e)->model().layers()[1].expert_down_bias.size(), 8u * 64u);
+  auto logits = (*e)->ForwardLogits(std::vector<int32_t>{1, 2, 3, 200, 5});
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
+  const double gb = static_cast<double>(SyntheticMoeBytes(GptOss20bSpec())) / 1e9;
+  // 2 layers of 32 experts x 3 x 2880^2 bf16 (3.2 GB), embeddings and lm_head (2.3 GB).
+  EXPECT_GT(gb, 5.5);
+  EXPECT_LT(gb, 5.7);
 }
 
 // Expert stores (pw-quantize, the broker) read experts through CheckpointExperts, which has no
