@@ -1311,5 +1311,43 @@ TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
   EXPECT_EQ(broker.Log().find("Assertion"), std::string::npos) << broker.Log();
 }
 
+// gpt_oss (sinks, sliding-window layers whose pages the decode worker gives back behind each
+// sequence's window, expert biases) served by real processes with the checkpoint's bf16 experts
+// (expert stores refuse it: biases), prompts and generations longer than its window of 8: the
+// in-process engine's tokens.
+TEST(Workers, GptOssGreedyTokensEqualInProcessEngine) {
+  ModelName() = "gpt_oss";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/256, /*use_broker=*/false)) << c.Logs();
+  const int kMax = 40;
+  auto prompts = RandomPrompts(6, 3131, 10, 40);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
+  }
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 500 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed 3131)";
+  }
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+}
+
 }  // namespace
 }  // namespace pw
