@@ -82,14 +82,22 @@ Status ReadMxfp4(const Checkpoint& ckpt, const std::string& prefix, int64_t expe
 }  // namespace
 
 void DequantizeMxfp4(const uint8_t* blocks, const uint8_t* scales, size_t n, uint16_t* out) {
-  static constexpr float kE2M1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
-                                      -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  // Every (scale, code) pair's bf16 value, computed once: a lookup per value at load.
+  static const std::vector<uint16_t> table = [] {
+    static constexpr float kE2M1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                                        -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+    std::vector<uint16_t> t(256 * 16);
+    for (int s = 0; s < 256; ++s) {
+      for (int c = 0; c < 16; ++c) t[s * 16 + c] = F32ToBf16(std::ldexp(kE2M1[c], s - 127));
+    }
+    return t;
+  }();
   for (size_t b = 0; b < n; ++b) {
-    const int e = static_cast<int>(scales[b]) - 127;
+    const uint16_t* v = table.data() + static_cast<size_t>(scales[b]) * 16;
     for (size_t j = 0; j < 16; ++j) {
       const uint8_t byte = blocks[b * 16 + j];
-      out[b * 32 + 2 * j] = F32ToBf16(std::ldexp(kE2M1[byte & 0xF], e));
-      out[b * 32 + 2 * j + 1] = F32ToBf16(std::ldexp(kE2M1[byte >> 4], e));
+      out[b * 32 + 2 * j] = v[byte & 0xF];
+      out[b * 32 + 2 * j + 1] = v[byte >> 4];
     }
   }
 }

@@ -98,7 +98,7 @@ Result<MlpWeights> Model::Mlp(const std::string& prefix, const MlpNames& names, 
   return w;
 }
 
-Bf16Matrix Model::Own(std::vector<uint16_t>&& values, int64_t rows, int64_t cols) {
+Bf16Matrix Model::Own(const std::vector<uint16_t>& values, int64_t rows, int64_t cols) {
   auto copy = std::make_unique<uint16_t[]>(values.size());
   std::memcpy(copy.get(), values.data(), values.size() * sizeof(uint16_t));
   Bf16Matrix m{copy.get(), rows, cols};
@@ -119,9 +119,9 @@ Status Model::StackedExperts(int64_t l, const std::string& block, LayerWeights* 
     if (s.ok()) s = ReadStackedExpertBiases(*ckpt_, block, shape, e, &bg, &bu, &bd);
     if (!s.ok()) return s.WithContext(dir_ + ", layer " + std::to_string(l));
     MlpWeights& x = w->experts[static_cast<size_t>(e)];
-    x.gate = Own(std::move(gate), shape.ffn, shape.hidden);
-    x.up = Own(std::move(up), shape.ffn, shape.hidden);
-    x.down = Own(std::move(down), shape.hidden, shape.ffn);
+    x.gate = Own(gate, shape.ffn, shape.hidden);
+    x.up = Own(up, shape.ffn, shape.hidden);
+    x.down = Own(down, shape.hidden, shape.ffn);
     float* b = &w->expert_gate_up_bias[static_cast<size_t>(e) * 2 * I];
     std::memcpy(b, bg.data(), I * sizeof(float));
     std::memcpy(b + I, bu.data(), I * sizeof(float));

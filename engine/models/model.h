@@ -126,7 +126,8 @@ class Model {
   Result<MlpWeights> Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn);
   // Layer l's stacked experts (family.stacked_experts), into Model-owned bf16 matrices.
   Status StackedExperts(int64_t l, const std::string& block, LayerWeights* w);
-  Bf16Matrix Own(std::vector<uint16_t>&& values, int64_t rows, int64_t cols);
+  // A Model-owned copy of `values` as a [rows, cols] matrix.
+  Bf16Matrix Own(const std::vector<uint16_t>& values, int64_t rows, int64_t cols);
 
   std::string dir_;
   ModelConfig config_;
