@@ -465,6 +465,14 @@ Status ParseGptOss(const FieldReader& r, ModelConfig* c) {
   c->o_bias = c->qkv_bias;
   c->qk_norm = QkNorm::kNone;
   c->attention_sinks = true;
+  // HF's GptOssConfig defaults to YaRN (factor 32); a file without its RoPE settings is
+  // refused rather than run with another RoPE.
+  const json* rp = r.Find("rope_parameters");
+  const json* rs = r.Find("rope_scaling");
+  if ((rp == nullptr || rp->is_null()) && (rs == nullptr || rs->is_null())) {
+    return r.Error(StatusCode::kInvalidArgument, "rope_parameters",
+                   "is missing (and rope_scaling too); gpt_oss's YaRN settings must be given");
+  }
   PW_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, 128, 1));
   const size_t n = static_cast<size_t>(c->num_layers);
   c->layer_sliding.assign(n, false);

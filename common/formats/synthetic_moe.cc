@@ -305,6 +305,11 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
         types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
       }
       j["layer_types"] = types;
+      // gpt-oss's YaRN (its released config's rope_scaling), over this model's context.
+      j["rope_theta"] = 150000.0;
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0},
+                           {"beta_slow", 1.0}, {"truncate", false},
+                           {"original_max_position_embeddings", s.max_positions}};
       j["swiglu_alpha"] = 1.702;
       j["swiglu_limit"] = 7.0;
       j["eos_token_id"] = s.vocab - 1;

@@ -370,6 +370,13 @@ TEST(GptOss, LayerTypesOfTheWrongLengthAreNamed) {
   auto unknown = ParseModelConfig(j.dump(), "config.json");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("layer_types[1]"), std::string::npos);
+  // Without its RoPE settings (HF's default is YaRN, factor 32): refused, never plain RoPE.
+  j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
+  j.erase("rope_parameters");
+  auto no_rope = ParseModelConfig(j.dump(), "config.json");
+  ASSERT_FALSE(no_rope.ok());
+  EXPECT_NE(no_rope.status().message().find("rope_parameters"), std::string::npos)
+      << no_rope.status().ToString();
 }
 
 }  // namespace
