@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/formats/bf16_tensor.h"
+#include "common/formats/stacked_experts.h"
 #include "common/hash.h"
 
 namespace pw {
@@ -71,14 +72,24 @@ Result<ExpertTensors> CheckpointExperts::Get(int64_t layer, int64_t expert) cons
     return InvalidArgument(dir_ + ": no routed expert " + std::to_string(expert) + " in layer " +
                            std::to_string(layer));
   }
-  if (c.type == ModelType::kGptOss) {
-    // Its experts add biases (experts.gate_up_proj_bias, experts.down_proj_bias) that an
-    // expert store does not hold yet: refused rather than served without them.
-    return Unsupported(dir_ + ": gpt_oss experts carry biases that expert stores (.apw, the "
-                       "broker's) do not hold yet; run it with the engine's bf16 experts");
-  }
   const int64_t h = c.hidden_size, i = c.moe_intermediate_size;
   ExpertTensors t;
+  if (c.type == ModelType::kGptOss) {
+    // Stacked (stacked_experts.h): the matrices are copied out as bf16; the biases are not
+    // stored (the engine adds them from its own model, ExpertLayerCall).
+    std::shared_ptr<std::vector<uint16_t>> m[3];
+    for (auto& v : m) v = std::make_shared<std::vector<uint16_t>>();
+    PW_RETURN_IF_ERROR(ReadStackedExpert(*ckpt_, MoeBlockPrefix(c, layer), {c.num_experts, h, i},
+                                         expert, m[0].get(), m[1].get(), m[2].get())
+                           .WithContext(dir_));
+    t.ffn = i;
+    t.hidden = h;
+    t.gate = reinterpret_cast<const uint8_t*>(m[0]->data());
+    t.up = reinterpret_cast<const uint8_t*>(m[1]->data());
+    t.down = reinterpret_cast<const uint8_t*>(m[2]->data());
+    for (int j = 0; j < 3; ++j) t.converted[j] = std::move(m[j]);
+    return t;
+  }
   t.ffn = i;
   t.hidden = h;
   for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {

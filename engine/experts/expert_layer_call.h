@@ -58,7 +58,8 @@ struct ExpertLayerCall {
   ExpertActivation activation = ExpertActivation::kSwiGlu;  // between gate_up and down
   // Expert biases (gpt_oss), by expert id; null: none. gate_up_bias [E, 2I] (an expert's gate
   // I values, then its up I) is added to gate_up's rows before act, down_bias [E, H] to down's
-  // before the weight. A runner that does not add them fails the call with kUnsupported.
+  // before the weight, by every CPU runner (bf16, int8, block by block). They are the model's
+  // (LayerWeights), never a store's: wherever the matrices come from, the biases are the same.
   const float* gate_up_bias = nullptr;
   const float* down_bias = nullptr;
   const float* x = nullptr;              // [T, H] the layer's post-attention-normed input

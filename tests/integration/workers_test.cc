@@ -1319,16 +1319,16 @@ TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
 }
 
 // gpt_oss (sinks, sliding-window layers whose pages the decode worker gives back behind each
-// sequence's window, expert biases) served by real processes with the checkpoint's bf16 experts
-// (expert stores refuse it: biases), prompts and generations longer than its window of 8: the
-// in-process engine's tokens.
+// sequence's window, expert biases from the model) served by real processes, its routed experts'
+// matrices from the broker (read from the stacked checkpoint), prompts and generations longer
+// than its window of 8: the in-process engine's tokens.
 TEST(Workers, GptOssGreedyTokensEqualInProcessEngine) {
   ModelName() = "gpt_oss";
   struct Restore {
     ~Restore() { ModelName() = "qwen2_moe"; }
   } restore;
   Cluster c;
-  ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/256, /*use_broker=*/false)) << c.Logs();
+  ASSERT_TRUE(c.Start()) << c.Logs();
   const int kMax = 40;
   auto prompts = RandomPrompts(6, 3131, 10, 40);
   for (auto& p : prompts) {
@@ -1350,10 +1350,13 @@ TEST(Workers, GptOssGreedyTokensEqualInProcessEngine) {
     EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
                                    << " tokens, seed 3131)";
   }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
   c.decode.Kill(SIGTERM);
   c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
   EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
   EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
 }
 
 // A long gpt_oss stream through real processes: the decode worker's metrics show the KV pages
