@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -419,6 +420,83 @@ TEST(GptOss, AnyPrecisionStoreRunsWithTheExpertBiases) {
       EXPECT_LT(rel(*got, *ref), 0.06) << "8 bits";
     }
   }
+}
+
+// What a 4-bit any-precision store loses against MXFP4 on the same random weights
+// (docs/quality.md prints these numbers): relative L2 logit error against HF's float32 logits
+// of the bf16 model (gpt_oss) for the MXFP4 checkpoint and for 3..8-bit stores built from the
+// bf16 checkpoint, and of 4-bit stores built from the MXFP4 checkpoint against HF's logits of
+// that checkpoint (whether 4 planes reproduce MXFP4).
+TEST(GptOss, AnyPrecisionStoresAgainstMxfp4) {
+  auto rel = [](const float* a, const float* b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+      num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+      den += double(b[i]) * b[i];
+    }
+    return std::sqrt(num / den);
+  };
+  // The engine's logits over every fixture prompt of `ref_fixture`, with `store` at `bits`
+  // (0: the checkpoint's experts), against that fixture's HF logits.
+  auto error = [&](const std::string& model, const std::string& ref_fixture,
+                   std::shared_ptr<const apw::ApwStore> store, int bits) -> double {
+    auto eng = Engine::Create(testing::FixtureModelDir(model), {});
+    EXPECT_TRUE(eng.ok()) << eng.status().ToString();
+    std::unique_ptr<anyprec::ApwExpertProvider> provider;
+    if (store != nullptr) {
+      auto p = anyprec::ApwExpertProvider::Create(store, (*eng)->model(),
+                                                  *anyprec::WidthMap::Uniform(bits, 3, 16));
+      EXPECT_TRUE(p.ok()) << p.status().ToString();
+      provider = std::move(p).value();
+      MoeHooks hooks;
+      hooks.provider = provider.get();
+      (*eng)->SetMoeHooks(hooks);
+    }
+    const size_t V = static_cast<size_t>((*eng)->vocab_size());
+    auto refs = testing::ReadRefLogits(testing::FixtureModelDir(ref_fixture) + "/logits.safetensors", V);
+    double worst = 0;
+    for (const auto& r : refs) {
+      auto got = (*eng)->ForwardLogits(r.ids);
+      EXPECT_TRUE(got.ok());
+      worst = std::max(worst, rel(got->data(), r.logits.data(), got->size()));
+    }
+    (*eng)->SetMoeHooks({});
+    return worst;
+  };
+  auto build = [&](const std::string& model, const std::string& path) {
+    anyprec::QuantizeModelOptions o;
+    o.model_dir = testing::FixtureModelDir(model);
+    o.tokenizer_path = "/nonexistent/tokenizer.json";
+    o.calib_random_tokens = 200;
+    o.out_path = path;
+    o.threads = 2;
+    o.ctx = 64;
+    o.progress = false;
+    auto r = anyprec::QuantizeModel(o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    auto s = apw::ApwStore::Open(path);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return std::shared_ptr<const apw::ApwStore>(std::move(s).value());
+  };
+  pw::testing::TempDir dir;
+  auto from_bf16 = build("gpt_oss", dir.File("bf16.apw"));
+  auto from_mxfp4 = build("gpt_oss_mxfp4", dir.File("mxfp4.apw"));
+  const double mxfp4 = error("gpt_oss_mxfp4", "gpt_oss", nullptr, 0);
+  std::printf("vs the bf16 model's HF logits: MXFP4 checkpoint %.4f\n", mxfp4);
+  double four_bf16 = 0;
+  for (int bits = 3; bits <= 8; ++bits) {
+    const double e = error("gpt_oss", "gpt_oss", from_bf16, bits);
+    if (bits == 4) four_bf16 = e;
+    std::printf("  %d-bit store from bf16 %.4f\n", bits, e);
+  }
+  const double four = error("gpt_oss_mxfp4", "gpt_oss_mxfp4", from_mxfp4, 4);
+  std::printf("vs the MXFP4 checkpoint's HF logits: 4-bit store from MXFP4 %.4f, 8-bit %.4f\n",
+              four, error("gpt_oss_mxfp4", "gpt_oss_mxfp4", from_mxfp4, 8));
+  // What docs/quality.md states: on these weights the 4-bit store built from bf16 is closer to
+  // the bf16 model than MXFP4 is, and 4 planes built from the MXFP4 values do not reproduce
+  // MXFP4 (one 16-entry table per row cannot hold a row's 32-value block scales).
+  EXPECT_LT(four_bf16, mxfp4);
+  EXPECT_GT(four, 1e-2);
 }
 
 TEST(GptOss, LayerTypesOfTheWrongLengthAreNamed) {
