@@ -39,22 +39,25 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   layout.head_dim = static_cast<int>(c.head_dim);
   layout.block_size = options.block_size;
   layout.dtype = options.kv_dtype;
-  // A hybrid's linear-attention layers keep a recurrent state per sequence, in the pool.
-  std::vector<memory::KvLayerSpec> specs;
-  if (!c.linear_attention.layers.empty()) {
-    specs = FullAttentionSpecs(layout);
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (!c.linear_attention.IsLinear(l)) continue;
+  // A hybrid's linear-attention layers keep a recurrent state per sequence, in the pool;
+  // sliding-window layers (gpt_oss) are their own KV kind: pages behind the window go back.
+  std::vector<memory::KvLayerSpec> specs = memory::FullAttentionSpecs(layout);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.linear_attention.IsLinear(l)) {
       specs[static_cast<size_t>(l)] = {.kind = memory::KvKind::kRecurrentState,
                                        .state_bytes = c.linear_attention.state_bytes()};
+    } else if (c.IsSlidingLayer(l)) {
+      specs[static_cast<size_t>(l)] = {.kind = memory::KvKind::kSlidingWindow,
+                                       .window = static_cast<int>(c.sliding_window)};
     }
   }
   std::unique_ptr<KvBlockPool> blocks;
   if (options.kv_pages != nullptr) {
     PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::CreateOn(layout, options.kv_pages,
-                                                      options.num_kv_blocks, specs));
+                                                      options.num_kv_blocks, std::move(specs)));
   } else {
-    PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::Create(layout, options.num_kv_blocks, specs));
+    PW_ASSIGN_OR_RETURN(blocks,
+                        KvBlockPool::Create(layout, options.num_kv_blocks, std::move(specs)));
   }
   e->scheduler_ =
       std::make_unique<Scheduler>(SchedulerOptions{options.max_batch_tokens}, std::move(blocks));

@@ -84,6 +84,7 @@ KvBlockPool::KvBlockPool(const KvLayout& layout, std::vector<KvLayerSpec> specs,
       pages_(pages),
       num_blocks_(num_blocks),
       allocated_(static_cast<size_t>(num_blocks), 0),
+      released_(static_cast<size_t>(num_blocks), 0),
       page_of_(static_cast<size_t>(num_blocks) * static_cast<size_t>(pages_per_block), -1),
       page_ptr_(page_of_.size(), nullptr) {
   free_.reserve(static_cast<size_t>(num_blocks));
@@ -95,8 +96,11 @@ KvBlockPool::~KvBlockPool() {
   if (own_pages_ == nullptr) {
     for (int b = 0; b < num_blocks_; ++b) {
       if (!allocated_[static_cast<size_t>(b)]) continue;
-      std::span<const PageId> p(&page_of_[static_cast<size_t>(b) * pages_per_block_],
-                                static_cast<size_t>(pages_per_block_));
+      std::vector<PageId> p;
+      for (int k = 0; k < pages_per_block_; ++k) {
+        const PageId id = page_of_[static_cast<size_t>(b) * pages_per_block_ + k];
+        if (id >= 0) p.push_back(id);  // not released (ReleaseWindowPages)
+      }
       (void)pages_->Free(p, Tenant::kKv);
     }
   }
@@ -205,8 +209,10 @@ Status KvBlockPool::Free(std::span<const int32_t> ids) {
   for (int32_t id : ids) {
     allocated_[static_cast<size_t>(id)] = 0;
     free_.push_back(id);
+    released_[static_cast<size_t>(id)] = 0;
     for (int k = 0; k < pages_per_block_; ++k) {
       const size_t at = static_cast<size_t>(id) * pages_per_block_ + k;
+      if (page_of_[at] < 0) continue;  // released (ReleaseWindowPages)
       pages.push_back(page_of_[at]);
       page_of_[at] = -1;
       page_ptr_[at] = nullptr;
@@ -242,7 +248,8 @@ void KvBlockPool::WriteState(int32_t id, int layer, const void* src) {
 cpu::PagedKvView KvBlockPool::LayerView(int layer) const {
   PW_CHECK(layer >= 0 && layer < layout_.num_layers);
   cpu::PagedKvView v;
-  PW_CHECK(specs_[static_cast<size_t>(layer)].kind == KvKind::kFullAttention);
+  const KvKind kind = specs_[static_cast<size_t>(layer)].kind;
+  PW_CHECK(kind == KvKind::kFullAttention || kind == KvKind::kSlidingWindow);
   v.pages = page_ptr_.data() + first_page_[static_cast<size_t>(layer)];
   v.page_stride = static_cast<size_t>(pages_per_block_);
   v.element = layout_.dtype == KvDtype::kF32 ? cpu::KvElement::kF32 : cpu::KvElement::kBf16;
@@ -250,6 +257,36 @@ cpu::PagedKvView KvBlockPool::LayerView(int layer) const {
   v.block_size = layout_.block_size;
   v.head_dim = layout_.head_dim;
   return v;
+}
+
+Status KvBlockPool::ReleaseWindowPages(int32_t id) {
+  if (!IsAllocated(id)) {
+    return InvalidArgument("KV pool: block " + std::to_string(id) +
+                           " is out of range or not allocated");
+  }
+  if (released_[static_cast<size_t>(id)]) return Status::Ok();
+  released_[static_cast<size_t>(id)] = 1;
+  std::vector<PageId> pages;
+  for (size_t l = 0; l < specs_.size(); ++l) {
+    if (specs_[l].kind != KvKind::kSlidingWindow) continue;
+    const size_t at = At(id, static_cast<int>(l));
+    pages.push_back(page_of_[at]);
+    page_of_[at] = -1;
+    page_ptr_[at] = nullptr;
+  }
+  if (pages.empty()) return Status::Ok();
+  Status st = pages_->Free(pages, Tenant::kKv);
+  PW_CHECK(st.ok());  // this pool is the only KV tenant of its pages
+  return Status::Ok();
+}
+
+int KvBlockPool::LayerPagesInUse(int layer) const {
+  PW_CHECK(layer >= 0 && layer < layout_.num_layers);
+  int n = 0;
+  for (int b = 0; b < num_blocks_; ++b) {
+    if (allocated_[static_cast<size_t>(b)] && page_of_[At(b, layer)] >= 0) ++n;
+  }
+  return n;
 }
 
 bool KvBlockPool::IsAllocated(int32_t id) const {

@@ -4,9 +4,10 @@
 // version kKvLayoutVersion, carried in the registration so peers refuse a mismatch):
 //
 //   a KV block holds block_size tokens of every layer, as the pages its layer's spec asks for
-//   (memory/kv_spec.h; one page per layer for full attention; a recurrent-state layer's
-//   LayerPages(l) pages hold the state bytes in order, used in a sequence's first block only):
-//   a full-attention page (b, l) holds, with no padding,
+//   (memory/kv_spec.h; one page per layer for full attention and sliding window; a
+//   recurrent-state layer's LayerPages(l) pages hold the state bytes in order, used in a
+//   sequence's first block only): a full-attention or sliding-window page (b, l) holds, with
+//   no padding,
 //     [kv c (0 = K, 1 = V)][kv head h][slot s][head_dim d]        of layer l
 //   element offset in the page = ((c * num_kv_heads + h) * block_size + s) * head_dim + d
 //   elements are fp32 or bf16 (KvLayout::dtype); bytes_per_layer() = 2 * num_kv_heads *
@@ -111,6 +112,15 @@ class KvBlockPool {
   // True if `id` is in range and currently allocated. Used to validate ids from a peer.
   bool IsAllocated(int32_t id) const;
 
+  // Gives the pages of block `id`'s sliding-window layers back to the page pool: the block lies
+  // wholly behind the window of the sequence holding it, so no query reads them again. The
+  // block keeps its id and its other layers' pages until Free; its released pages are no longer
+  // reachable (PageOf aborts, LayerView has null there). Releasing twice, or a block without
+  // sliding layers, changes nothing. kInvalidArgument if `id` is not allocated.
+  Status ReleaseWindowPages(int32_t id);
+  // Pages layer `layer` holds now: allocated blocks whose page of it was not released.
+  int LayerPagesInUse(int layer) const;
+
  private:
   KvBlockPool(const KvLayout& layout, std::vector<KvLayerSpec> specs, std::vector<int> first_page,
               int pages_per_block, PagePool* pages, int num_blocks);
@@ -129,6 +139,7 @@ class KvBlockPool {
   int num_blocks_;
   std::vector<int32_t> free_;             // stack of free ids (lowest id handed out first)
   std::vector<uint8_t> allocated_;        // per block: 1 if allocated
+  std::vector<uint8_t> released_;         // per block: 1 once ReleaseWindowPages ran
   std::vector<PageId> page_of_;           // [block][page of the block]
   std::vector<const uint8_t*> page_ptr_;  // [block][page of the block]: address (null when free)
 };

@@ -32,9 +32,13 @@ Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_
     }
     return static_cast<int>((spec.state_bytes + page_bytes - 1) / page_bytes);
   }
-  if (spec.kind != KvKind::kFullAttention) {
+  if (spec.kind == KvKind::kSlidingWindow && spec.window < 1) {
+    return InvalidArgument("KV layer " + std::to_string(layer) + ": sliding window of " +
+                           std::to_string(spec.window) + " positions; it must be >= 1");
+  }
+  if (spec.kind != KvKind::kFullAttention && spec.kind != KvKind::kSlidingWindow) {
     return Unsupported("KV layer " + std::to_string(layer) + ": kind " + KvKindName(spec.kind) +
-                       " is not served yet (only full_attention and recurrent_state are)");
+                       " is not served yet (full_attention, sliding_window and recurrent_state are)");
   }
   if (page_bytes < layout.bytes_per_layer()) {
     return InvalidArgument("KV pool: pages of " + std::to_string(page_bytes) +

@@ -8,8 +8,10 @@
 // Kinds:
 //   kFullAttention   K and V of every position, [2][num_kv_heads][block_size][head_dim] in one
 //                    page per block (layout in memory/kv_blocks.h). Served.
-//   kSlidingWindow   K and V of the last `window` positions only; blocks behind the window can
-//                    be returned. Not served yet.
+//   kSlidingWindow   K and V laid out as full attention (one page per block), read only for
+//                    the last `window` positions: a block wholly behind the window of the
+//                    sequence holding it gives its pages of these layers back to the page pool
+//                    (KvBlockPool::ReleaseWindowPages), keeping its full-attention pages. Served.
 //   kLatent          one compressed latent of `latent_dim` per position (MLA). Not served yet.
 //   kRecurrentState  a fixed `state_bytes` per sequence (Mamba, linear attention), not per
 //                    token: ceil(state_bytes / page_bytes) pages per block. A sequence's state

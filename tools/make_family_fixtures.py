@@ -26,6 +26,18 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            projections, M-RoPE sections in rope_parameters, a
                                            one-block vision tower the engine skips; prompts as
                                            qwen3_next's, text only.
+  tests/fixtures/models/gpt_oss/           gpt-oss-style: 3 layers alternating sliding-window
+                                           (window 8, shorter than the 40-id prompt) and full
+                                           attention, per-head sinks, q/k/v/o bias, YaRN RoPE
+                                           (factor 32 over 64 positions, truncate false), 16
+                                           experts top-4 with router bias, expert biases,
+                                           gate/up interleaved in one stacked tensor, the
+                                           clamped SwiGLU (alpha 1.702, limit 7).
+  tests/fixtures/models/gpt_oss_mxfp4/     the same model with its experts in MXFP4 as the
+                                           released gpt-oss checkpoints store them
+                                           (*_blocks, *_scales; quantization_config mxfp4),
+                                           quantized here in numpy; references from transformers
+                                           loading that checkpoint (dequantized on the CPU).
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level; qwen3_next as transformers writes it), model.safetensors (bf16, e_score_correction_bias random so that it moves the
@@ -49,6 +61,7 @@ import make_fixtures as mf  # noqa: E402
 SEED = 20261204
 MTP_LAYERS = 1
 GREEDY_NEW_TOKENS = 12
+GPT_OSS_WINDOW = 8
 
 
 def Configs():
@@ -235,6 +248,174 @@ def Forward(model, ids):
     return logits, sel, grp, (top2[:, 0] - top2[:, 1]).min().item()
 
 
+def GptOssConfig():
+    from transformers import GptOssConfig as Config
+
+    return Config(vocab_size=1024, hidden_size=64, intermediate_size=32, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  num_local_experts=16, num_experts_per_tok=4, sliding_window=GPT_OSS_WINDOW,
+                  max_position_embeddings=64 * 32, rms_norm_eps=1e-5,
+                  rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0,
+                                       beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                       original_max_position_embeddings=64),
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=0,
+                  pad_token_id=0)
+
+
+def GptOssForward(model, ids):
+    """Logits, the smallest gap between a token's k-th and (k+1)-th router logit (the
+    router ranks by them), and the smallest top-1 logit margin."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True,
+                    use_cache=False)
+    logits = out.logits[0].float()
+    k = model.config.num_experts_per_tok
+    sel = float("inf")
+    for rl in out.router_logits:
+        top = rl.float().topk(k + 1, dim=-1).values
+        sel = min(sel, (top[:, k - 1] - top[:, k]).min().item())
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return logits, sel, (top2[:, 0] - top2[:, 1]).min().item()
+
+
+def WriteGptOss():
+    """tests/fixtures/models/gpt_oss: bf16 weights (make_fixtures.RandomizeWeights, the sinks
+    N(0, 1) so that the extra softmax column matters), HF's float32 logits and greedy
+    continuations, as for the other families."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    config = GptOssConfig()
+    out_dir = os.path.join(mf.FIXTURES, "models", "gpt_oss")
+    os.makedirs(out_dir, exist_ok=True)
+    for attempt in range(20):
+        seed = SEED + 1000 + attempt
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        mf.RandomizeWeights(model, seed)
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(seed + 3)
+            for layer in model.model.layers:
+                s = layer.self_attn.sinks
+                s.copy_(torch.randn(s.shape, generator=gen, dtype=torch.float32))
+        model = model.to(torch.bfloat16)
+        model.save_pretrained(out_dir)
+        gen_cfg = os.path.join(out_dir, "generation_config.json")
+        if os.path.exists(gen_cfg):
+            os.remove(gen_cfg)
+        ref = mf.LoadReference(out_dir)
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {}
+        worst = [float("inf")] * 2
+        for i, length in enumerate(mf.RANDOM_PROMPT_LENGTHS):
+            ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+            logits, sel, lm = GptOssForward(ref, ids)
+            worst = [min(worst[0], sel), min(worst[1], lm)]
+            tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+            tensors[f"p{i}.logits"] = logits
+            seq = list(ids)
+            for _ in range(GREEDY_NEW_TOKENS):
+                step, sel, lm = GptOssForward(ref, seq)
+                worst = [min(worst[0], sel), min(worst[1], lm)]
+                seq.append(int(torch.argmax(step[-1])))
+            tensors[f"g{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+            tensors[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+        if worst[0] > 1e-3 and worst[1] > 1e-3:
+            break
+        print(f"gpt_oss: seed {seed} has a near tie (router {worst[0]:.2e}, logit "
+              f"{worst[1]:.2e}); trying the next seed")
+    else:
+        raise SystemExit("gpt_oss: no seed without near ties")
+    mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), tensors)
+    size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+    print(f"gpt_oss: seed {seed}, model.safetensors {size} bytes, min router logit margin "
+          f"{worst[0]:.3e}, min top-1 logit margin {worst[1]:.3e}")
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def QuantizeMxfp4(w):
+    """w [..., rows, cols] float (cols a multiple of 32) as MXFP4: blocks uint8
+    [..., rows, cols/32, 16] (two E2M1 codes a byte, low nibble first) and scales uint8
+    [..., rows, cols/32] (E8M0: the factor 2^(s - 127)). A block's exponent puts its largest
+    magnitude at most 6 (E2M1's largest value); each value is rounded to the nearest code."""
+    import numpy as np
+
+    w = np.asarray(w, dtype=np.float32)
+    g = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = np.abs(g).max(axis=-1, keepdims=True)
+    exp = np.where(amax > 0, np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), 0).astype(np.int32)
+    scaled = g / np.ldexp(np.float32(1), exp)
+    grid = np.array(E2M1, dtype=np.float32)
+    mag = np.abs(scaled)[..., None]
+    code = np.argmin(np.abs(mag - grid), axis=-1).astype(np.uint8)
+    code = code | np.where(scaled < 0, 8, 0).astype(np.uint8)
+    blocks = (code[..., 0::2] | (code[..., 1::2] << 4)).astype(np.uint8)
+    scales = (exp[..., 0] + 127).astype(np.uint8)
+    return blocks, scales
+
+
+def WriteGptOssMxfp4():
+    """tests/fixtures/models/gpt_oss_mxfp4 from tests/fixtures/models/gpt_oss: every layer's
+    experts.gate_up_proj [E, H, 2I] and down_proj [E, I, H] become MXFP4 over their [out, in]
+    transposes; the rest is copied. The references are transformers' own reading of it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    src = os.path.join(mf.FIXTURES, "models", "gpt_oss")
+    out_dir = os.path.join(mf.FIXTURES, "models", "gpt_oss_mxfp4")
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = {}
+    for name, t in load_file(os.path.join(src, "model.safetensors")).items():
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            blocks, scales = QuantizeMxfp4(t.float().transpose(1, 2).contiguous().numpy())
+            tensors[name + "_blocks"] = torch.from_numpy(blocks)
+            tensors[name + "_scales"] = torch.from_numpy(scales)
+        else:
+            tensors[name] = t
+    mf.SaveTensors(os.path.join(out_dir, "model.safetensors"), tensors)
+    with open(os.path.join(src, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    torch.set_num_threads(2)
+    ref = AutoModelForCausalLM.from_pretrained(
+        out_dir, dtype=torch.float32, attn_implementation="eager",
+        quantization_config=Mxfp4Config(dequantize=True))
+    ref.eval()
+    old = load_file(os.path.join(src, "logits.safetensors"))
+    refs = {}
+    for i in range(len(mf.RANDOM_PROMPT_LENGTHS)):
+        ids = old[f"p{i}.ids"].tolist()
+        logits, _, _ = GptOssForward(ref, ids)
+        refs[f"p{i}.ids"] = old[f"p{i}.ids"]
+        refs[f"p{i}.logits"] = logits
+        seq = list(ids)
+        for _ in range(GREEDY_NEW_TOKENS):
+            step, _, _ = GptOssForward(ref, seq)
+            seq.append(int(torch.argmax(step[-1])))
+        refs[f"g{i}.ids"] = old[f"p{i}.ids"].clone()
+        refs[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+    mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), refs)
+    size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+    moved = max((refs[f"p{i}.logits"] - old[f"p{i}.logits"]).abs().max().item()
+                for i in range(len(mf.RANDOM_PROMPT_LENGTHS)))
+    print(f"gpt_oss_mxfp4: model.safetensors {size} bytes; MXFP4 moves the bf16 model's logits "
+          f"by up to {moved:.3e}")
+
+
 def Write(only):
     import torch
     from transformers import AutoModelForCausalLM
@@ -296,4 +477,11 @@ def Write(only):
 
 
 if __name__ == "__main__":
-    Write(set(sys.argv[1:]))
+    names = set(sys.argv[1:])
+    if not names or "gpt_oss" in names:
+        WriteGptOss()
+    if not names or "gpt_oss" in names or "gpt_oss_mxfp4" in names:
+        WriteGptOssMxfp4()
+    names -= {"gpt_oss", "gpt_oss_mxfp4"}
+    if names or not sys.argv[1:]:
+        Write(names)

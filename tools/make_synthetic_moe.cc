@@ -1,7 +1,8 @@
 // make_synthetic_moe: writes a random-weight MoE checkpoint at real dimensions (default:
 // OLMoE-1B-7B's, 2 layers, about 2.1 GB of bf16) for speed measurements. Never commit its output.
 //
-//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe|qwen3_next]
+//   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe|qwen3_next|
+//                            gpt_oss]
 //                      [--layers 2] [--seed 1] [--experts N] [--vocab N] [--hidden N]
 //                      [--expert-ffn N]
 // (--hidden / --expert-ffn make a store with a real model's block count at a small size.)
@@ -9,6 +10,7 @@
 // first layer dense, the rest MoE with one shared expert. qwen3_next takes Qwen3-Next-80B-A3B's
 // layer at a quarter of its expert width (Qwen3NextQuarterSpec: 512 experts top-10, 3 of every 4
 // layers Gated DeltaNet, a gated shared expert).
+// gpt_oss takes gpt-oss-20b's experts and vocabulary (synthetic_moe.h, GptOss20bSpec).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -23,8 +25,8 @@ int main(int argc, char** argv) {
   pw::SyntheticMoeSpec spec;
   app.add_option("--out", out, "output directory")->required();
   app.add_option("--type", type, "model type")
-      ->check(
-          CLI::IsMember({"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "qwen3_next"}));
+      ->check(CLI::IsMember(
+          {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "qwen3_next", "gpt_oss"}));
   app.add_option("--layers", spec.layers, "number of layers")->check(CLI::Range(1, 64));
   app.add_option("--seed", spec.seed, "random seed");
   app.add_option("--experts", spec.experts, "experts per layer")->check(CLI::Range(1, 1024));
@@ -60,6 +62,16 @@ int main(int argc, char** argv) {
     if (app.count("--hidden") > 0) next.hidden = spec.hidden;
     if (app.count("--expert-ffn") > 0) next.expert_ffn = spec.expert_ffn;
     spec = next;
+  }
+  if (type == "gpt_oss") {
+    pw::SyntheticMoeSpec oss = pw::GptOss20bSpec();
+    oss.seed = spec.seed;
+    if (app.count("--layers") > 0) oss.layers = spec.layers;
+    if (app.count("--experts") > 0) oss.experts = spec.experts;
+    if (app.count("--vocab") > 0) oss.vocab = spec.vocab;
+    if (app.count("--hidden") > 0) oss.hidden = spec.hidden;
+    if (app.count("--expert-ffn") > 0) oss.expert_ffn = spec.expert_ffn;
+    spec = oss;
   }
   if (type == "qwen2_moe") spec.type = pw::ModelType::kQwen2Moe;
   if (type == "qwen3_moe") spec.type = pw::ModelType::kQwen3Moe;

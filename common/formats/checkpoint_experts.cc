@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/formats/bf16_tensor.h"
+#include "common/formats/stacked_experts.h"
 #include "common/hash.h"
 
 namespace pw {
@@ -20,8 +21,11 @@ constexpr ExpertNaming kExpertNaming[] = {
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // glm4_moe (shared_experts: dense weights)
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_next (shared_expert: dense weights)
     {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // qwen3_5_moe_text (as qwen3_next)
+    // gpt_oss: stacked, "mlp.experts.gate_up_proj" and "mlp.experts.down_proj"
+    // (stacked_experts.h); the per-expert names are never read.
+    {"mlp", {"gate_up_proj", "gate_up_proj", "down_proj"}},
 };
-static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kQwen35Moe) + 1,
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGptOss) + 1,
               "one ExpertNaming row per ModelType");
 
 }  // namespace
@@ -74,6 +78,22 @@ Result<ExpertTensors> CheckpointExperts::Get(int64_t layer, int64_t expert) cons
   }
   const int64_t h = c.hidden_size, i = c.moe_intermediate_size;
   ExpertTensors t;
+  if (c.type == ModelType::kGptOss) {
+    // Stacked (stacked_experts.h): the matrices are copied out as bf16; the biases are not
+    // stored (the engine adds them from its own model, ExpertLayerCall).
+    std::shared_ptr<std::vector<uint16_t>> m[3];
+    for (auto& v : m) v = std::make_shared<std::vector<uint16_t>>();
+    PW_RETURN_IF_ERROR(ReadStackedExpert(*ckpt_, MoeBlockPrefix(c, layer), {c.num_experts, h, i},
+                                         expert, m[0].get(), m[1].get(), m[2].get())
+                           .WithContext(dir_));
+    t.ffn = i;
+    t.hidden = h;
+    t.gate = reinterpret_cast<const uint8_t*>(m[0]->data());
+    t.up = reinterpret_cast<const uint8_t*>(m[1]->data());
+    t.down = reinterpret_cast<const uint8_t*>(m[2]->data());
+    for (int j = 0; j < 3; ++j) t.converted[j] = std::move(m[j]);
+    return t;
+  }
   t.ffn = i;
   t.hidden = h;
   for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {

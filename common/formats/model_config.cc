@@ -384,6 +384,8 @@ const char* ModelTypeName(ModelType t) {
       return "qwen3_next";
     case ModelType::kQwen35Moe:
       return "qwen3_5_moe_text";
+    case ModelType::kGptOss:
+      return "gpt_oss";
   }
   return "?";
 }
@@ -514,6 +516,60 @@ Status ParseQwen3NextLayers(const FieldReader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// gpt_oss's attention and activation fields (HF GptOssConfig's defaults). layer_types must
+// name every layer; the activation's constants are the ones the clamped SwiGLU op computes.
+Status ParseGptOss(const FieldReader& r, ModelConfig* c) {
+  PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c->qkv_bias, true));
+  c->o_bias = c->qkv_bias;
+  c->qk_norm = QkNorm::kNone;
+  c->attention_sinks = true;
+  // HF's GptOssConfig defaults to YaRN (factor 32); a file without its RoPE settings is
+  // refused rather than run with another RoPE.
+  const json* rp = r.Find("rope_parameters");
+  const json* rs = r.Find("rope_scaling");
+  if ((rp == nullptr || rp->is_null()) && (rs == nullptr || rs->is_null())) {
+    return r.Error(StatusCode::kInvalidArgument, "rope_parameters",
+                   "is missing (and rope_scaling too); gpt_oss's YaRN settings must be given");
+  }
+  PW_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, 128, 1));
+  const size_t n = static_cast<size_t>(c->num_layers);
+  c->layer_sliding.assign(n, false);
+  if (const json* lt = r.Find("layer_types"); lt != nullptr && !lt->is_null()) {
+    if (!lt->is_array()) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
+    }
+    if (lt->size() != n) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types",
+                     "has " + std::to_string(lt->size()) + " entries, but num_hidden_layers is " +
+                         std::to_string(n));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const json& e = (*lt)[i];
+      const std::string v = e.is_string() ? e.get<std::string>() : "";
+      if (v != "sliding_attention" && v != "full_attention") {
+        return r.Error(StatusCode::kInvalidArgument, "layer_types[" + std::to_string(i) + "]",
+                       "is " + FieldReader::Dump(e) +
+                           "; expected \"sliding_attention\" or \"full_attention\"");
+      }
+      c->layer_sliding[i] = v == "sliding_attention";
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) c->layer_sliding[i] = (i + 1) % 2 != 0;  // HF's default
+  }
+  double alpha = 1.702, limit = 7.0;
+  PW_RETURN_IF_ERROR(r.Double("swiglu_alpha", &alpha, 1.702, true));
+  PW_RETURN_IF_ERROR(r.Double("swiglu_limit", &limit, 7.0, true));
+  if (alpha != 1.702) {
+    return r.Error(StatusCode::kUnsupported, "swiglu_alpha",
+                   "is " + std::to_string(alpha) + "; only gpt-oss's 1.702 is served");
+  }
+  if (limit != 7.0) {
+    return r.Error(StatusCode::kUnsupported, "swiglu_limit",
+                   "is " + std::to_string(limit) + "; only gpt-oss's 7 is served");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& label) {
@@ -562,11 +618,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     c.type = ModelType::kQwen3Next;
   } else if (c.model_type == "qwen3_5_moe_text") {
     c.type = ModelType::kQwen35Moe;
+  } else if (c.model_type == "gpt_oss") {
+    c.type = ModelType::kGptOss;
   } else {
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
                        "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe, qwen3_next, "
-                       "qwen3_5_moe_text");
+                       "qwen3_5_moe_text, gpt_oss");
   }
   if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
     for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
@@ -598,7 +656,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t == ModelType::kQwen2Moe) kv_default = 16;
     if (t == ModelType::kQwen3Moe) kv_default = 4;
     if (t == ModelType::kMixtral) kv_default = 8;
-    if (t == ModelType::kGlm4Moe) kv_default = 8;
+    if (t == ModelType::kGlm4Moe || t == ModelType::kGptOss) kv_default = 8;
     if (hybrid) kv_default = 2;
   }
   PW_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, kv_default, 1));
@@ -629,11 +687,16 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   const int64_t max_pos_default = t == ModelType::kOlmoe     ? 4096
                                   : t == ModelType::kMixtral ? 4096 * 32
                                   : t == ModelType::kGlm4Moe ? 131072
+                                  : t == ModelType::kGptOss  ? 131072
                                                              : 32768;
   PW_RETURN_IF_ERROR(
       r.Int("max_position_embeddings", &c.max_position_embeddings, max_pos_default, 1));
   PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, qwen ? 1e-6 : 1e-5, true));
-  PW_RETURN_IF_ERROR(ReadRope(r, t == ModelType::kMixtral ? 1e6 : 10000.0, &c));
+  PW_RETURN_IF_ERROR(ReadRope(r,
+                              t == ModelType::kMixtral  ? 1e6
+                              : t == ModelType::kGptOss ? 150000.0
+                                                        : 10000.0,
+                              &c));
   PW_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings, false));
   {
     PW_ASSIGN_OR_RETURN(const std::string name, r.Alias("dtype", "torch_dtype"));
@@ -666,10 +729,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
   }
   // transformers 5.x: layer_types says which layers attend through a sliding window (a
-  // hybrid's, which layers are linear attention: its own parse).
+  // hybrid's, which layers are linear attention: its own parse; gpt_oss serves sliding layers:
+  // ParseGptOss).
   if (hybrid) {
     PW_RETURN_IF_ERROR(ParseQwen3NextLayers(r, &c));
-  } else if (const json* lt = r.Find("layer_types")) {
+  } else if (const json* lt = r.Find("layer_types"); lt != nullptr && t != ModelType::kGptOss) {
     if (!lt->is_array()) {
       return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
     }
@@ -729,6 +793,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       c.qk_norm = qk_norm ? QkNorm::kPerHead : QkNorm::kNone;
       break;
     }
+    case ModelType::kGptOss:
+      PW_RETURN_IF_ERROR(ParseGptOss(r, &c));
+      break;
   }
 
   // Rotary dims: all of head_dim, or (glm4_moe 0.5, qwen3_next 0.25 by default) the first
@@ -761,8 +828,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   } else {
     // transformers 5.x writes num_local_experts for qwen3_moe too; either name, for any type.
     PW_ASSIGN_OR_RETURN(const std::string name,
-                        t == ModelType::kMixtral ? r.Alias("num_local_experts", "num_experts")
-                                                 : r.Alias("num_experts", "num_local_experts"));
+                        t == ModelType::kMixtral || t == ModelType::kGptOss
+                            ? r.Alias("num_local_experts", "num_experts")
+                            : r.Alias("num_experts", "num_local_experts"));
     PW_RETURN_IF_ERROR(r.Int(name, &c.num_experts, std::nullopt, 1));
   }
   PW_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.num_experts_per_tok, std::nullopt, 1));
@@ -798,7 +866,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t == ModelType::kOlmoe) {
       PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, false));
     } else {
-      c.norm_topk_prob = true;  // mixtral always renormalises the top-k weights
+      // mixtral always renormalises the top-k weights; gpt_oss's softmax over the top-k
+      // logits is the same weights.
+      c.norm_topk_prob = true;
     }
   }
   if (t == ModelType::kQwen2Moe || hybrid) {

@@ -32,12 +32,19 @@
 //              layer MoE, and RoPE's mrope_section / mrope_interleaved accepted (text only: the
 //              three position axes are equal, so M-RoPE is plain RoPE); served from the
 //              multimodal checkpoint (weights_prefix "model.language_model.").
+//   gpt_oss    experts: num_local_experts; expert FFN: intermediate_size; top-k of the router
+//              logits (router bias added), softmax over the k (= norm_topk_prob); attention_bias
+//              (default true) on q/k/v/o; per-head attention sinks; layer_types (one per layer,
+//              "sliding_attention" or "full_attention"; absent: sliding on even layers, as HF)
+//              with sliding_window (default 128); swiglu_alpha 1.702 and swiglu_limit 7 (the
+//              only values served, others refused naming the field).
 //
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
 // num_experts_per_tok and the expert FFN size. Everything else takes the type's HF default.
 // Refused with kUnsupported: another model_type, hidden_act other than silu, sliding-window
-// attention (use_sliding_window, 5.x layer_types other than "full_attention"), a RoPE type
+// attention (use_sliding_window, 5.x layer_types other than "full_attention"; gpt_oss reads
+// them), a RoPE type
 // other than default/linear/dynamic/yarn/llama3.
 //
 // Files written by transformers 4.x and 5.x are both read. Where the two versions name a field
@@ -63,7 +70,7 @@
 
 namespace pw {
 
-enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe, kQwen3Next, kQwen35Moe };
+enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe, kQwen3Next, kQwen35Moe, kGptOss };
 
 // RoPE frequency scaling (HF transformers' rope_type; engine/models/rope.h computes it).
 enum class RopeType {
@@ -148,6 +155,12 @@ struct ModelConfig {
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the last layer; never run
   LinearAttentionConfig linear_attention;  // hybrids (qwen3_next); empty layers: none
 
+  // Sliding-window attention (gpt_oss): a layer with layer_sliding[l] attends to the last
+  // sliding_window positions (its own included), the others to every position. Empty: none.
+  int64_t sliding_window = 0;
+  std::vector<bool> layer_sliding;
+  bool attention_sinks = false;  // gpt_oss: per-head learned logit, an extra softmax column
+
   // Special tokens (absent in the file: nullopt / empty).
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // config.json may give one id or a list
@@ -166,6 +179,11 @@ struct ModelConfig {
   int64_t MaxContext() const;
   // True if `layer` (0-based) uses routed experts; false for a dense-MLP layer.
   bool IsMoeLayer(int64_t layer) const;
+  // True if `layer` attends through the sliding window.
+  bool IsSlidingLayer(int64_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < layer_sliding.size() &&
+           layer_sliding[static_cast<size_t>(layer)];
+  }
   // Short human-readable summary ("olmoe: 2 layers, hidden 2048, 16/16 heads x 128, ...").
   std::string Summary() const;
 };

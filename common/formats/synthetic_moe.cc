@@ -63,10 +63,26 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
       t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
       t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
     }
-    if (s.type == ModelType::kQwen2Moe || s.type == ModelType::kGlm4Moe) {  // q/k/v bias
+    if (s.type == ModelType::kQwen2Moe || s.type == ModelType::kGlm4Moe ||
+        s.type == ModelType::kGptOss) {  // q/k/v bias
       t.push_back({p + "self_attn.q_proj.bias", {q}, Init::kZeros});
       t.push_back({p + "self_attn.k_proj.bias", {kv}, Init::kZeros});
       t.push_back({p + "self_attn.v_proj.bias", {kv}, Init::kZeros});
+    }
+    if (s.type == ModelType::kGptOss) {
+      // o_proj bias, sinks, the router with its bias, stacked experts with biases
+      // (stacked_experts.h: gate and up interleaved in one [E, H, 2I] tensor).
+      const std::string m = p + "mlp.";
+      t.push_back({p + "self_attn.o_proj.bias", {s.hidden}, Init::kZeros});
+      t.push_back({p + "self_attn.sinks", {s.heads}, Init::kZeros});
+      t.push_back({m + "router.weight", {s.experts, s.hidden}, Init::kNormal});
+      t.push_back({m + "router.bias", {s.experts}, Init::kZeros});
+      t.push_back({m + "experts.gate_up_proj", {s.experts, s.hidden, 2 * s.expert_ffn},
+                   Init::kNormal});
+      t.push_back({m + "experts.gate_up_proj_bias", {s.experts, 2 * s.expert_ffn}, Init::kZeros});
+      t.push_back({m + "experts.down_proj", {s.experts, s.expert_ffn, s.hidden}, Init::kNormal});
+      t.push_back({m + "experts.down_proj_bias", {s.experts, s.hidden}, Init::kZeros});
+      continue;
     }
     if (s.type == ModelType::kOlmoe) {  // RMSNorm over the whole projection
       t.push_back({p + "self_attn.q_norm.weight", {q}, Init::kOnes});
@@ -178,6 +194,20 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
 
 }  // namespace
 
+SyntheticMoeSpec GptOss20bSpec() {
+  SyntheticMoeSpec s;
+  s.type = ModelType::kGptOss;
+  s.layers = 2;
+  s.hidden = 2880;
+  s.heads = 45;  // 64-dim heads over the hidden width (gpt-oss-20b: 64 heads, q 4096 wide)
+  s.kv_heads = 9;
+  s.experts = 32;
+  s.top_k = 4;
+  s.expert_ffn = 2880;
+  s.vocab = 201088;
+  return s;
+}
+
 SyntheticMoeSpec Glm4MoeAirHalfSpec() {
   SyntheticMoeSpec s;
   s.type = ModelType::kGlm4Moe;
@@ -251,6 +281,9 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       break;
     case ModelType::kQwen35Moe:  // not offered by make_synthetic_moe
       arch = "Qwen3_5MoeForCausalLM";
+      break;
+    case ModelType::kGptOss:
+      arch = "GptOssForCausalLM";
       break;
   }
   j["architectures"] = {arch};
@@ -341,6 +374,27 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       break;
     case ModelType::kQwen35Moe:  // not offered by make_synthetic_moe
       break;
+    case ModelType::kGptOss: {
+      j["num_local_experts"] = s.experts;
+      j["intermediate_size"] = s.expert_ffn;
+      j["head_dim"] = s.hidden / s.heads;
+      j["attention_bias"] = true;
+      j["sliding_window"] = 128;
+      json types = json::array();  // gpt-oss's alternation, sliding first
+      for (int64_t l = 0; l < s.layers; ++l) {
+        types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+      }
+      j["layer_types"] = types;
+      // gpt-oss's YaRN (its released config's rope_scaling), over this model's context.
+      j["rope_theta"] = 150000.0;
+      j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0},
+                           {"beta_slow", 1.0}, {"truncate", false},
+                           {"original_max_position_embeddings", s.max_positions}};
+      j["swiglu_alpha"] = 1.702;
+      j["swiglu_limit"] = 7.0;
+      j["eos_token_id"] = s.vocab - 1;
+      break;
+    }
   }
   j["torch_dtype"] = "bfloat16";
   return j.dump(2) + "\n";

@@ -53,6 +53,10 @@ struct SyntheticMoeSpec {
 // hidden 2048, 16 heads of 128 (RoPE over 64), 2 kv heads, 64 experts top-8 of 704, one
 // shared expert of 704, dense FFN 5472, vocab 151552; about 1.9 GB of bf16.
 SyntheticMoeSpec Glm4MoeAirHalfSpec();
+// gpt-oss-20b's experts (32 of 2880 x 2880, top-4, with biases, stacked as transformers saves
+// them) and vocabulary, 2 layers (sliding, full); its attention at the hidden width: 45 heads of
+// 64, 9 kv heads (gpt-oss-20b: 64 query heads, 8 kv heads, q 4096 wide).
+SyntheticMoeSpec GptOss20bSpec();
 
 // Qwen3-Next-80B-A3B's layer at a quarter of its expert width, 4 layers (3 Gated DeltaNet, 1
 // full attention): hidden 2048, 8 heads of 256 (output-gated, RoPE over 64), 2 kv heads, linear

@@ -45,6 +45,10 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
   }, TileCalls::kCoalesce));
   for (const ExpertGroup& e : call.groups) {
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      if (call.gate_up_bias != nullptr) {
+        k.axpy(1.f, call.gate_up_bias + static_cast<size_t>(e.expert) * 2 * I, 2 * I,
+               gate_up + r * 2 * I);
+      }
       act_fn(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
     }
   }
@@ -61,6 +65,9 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
   }, TileCalls::kCoalesce));
   for (const ExpertGroup& e : call.groups) {
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      if (call.down_bias != nullptr) {
+        k.axpy(1.f, call.down_bias + static_cast<size_t>(e.expert) * H, H, ye + r * H);
+      }
       k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);
     }
   }

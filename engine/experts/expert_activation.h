@@ -15,7 +15,11 @@ namespace pw::engine {
 // out[i] = act(gate[i], up[i]) for i < n, over one row; out may equal gate or up.
 using ExpertActivationFn = void (*)(const float* gate, const float* up, size_t n, float* out);
 
-// The op of `kind` from the kernel table `k` (kSwiGlu: k.silu_mul). kUnsupported, naming the
+// gpt-oss's clamped SwiGLU (ExpertActivation::kClampedSwiGlu), scalar fp32 as HF computes it.
+void ClampedSwiGlu(const float* gate, const float* up, size_t n, float* out);
+
+// The op of `kind` from the kernel table `k` (kSwiGlu: k.silu_mul; kClampedSwiGlu:
+// ClampedSwiGlu). kUnsupported, naming the
 // kind, for one the CPU runners do not implement.
 Result<ExpertActivationFn> ExpertActivationOp(ExpertActivation kind,
                                               const kernels::DenseKernels& k);

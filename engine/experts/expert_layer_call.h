@@ -56,6 +56,12 @@ struct ExpertLayerCall {
   size_t hidden = 0;      // H: columns of x and out
   size_t ffn = 0;         // I: the experts' intermediate width
   ExpertActivation activation = ExpertActivation::kSwiGlu;  // between gate_up and down
+  // Expert biases (gpt_oss), by expert id; null: none. gate_up_bias [E, 2I] (an expert's gate
+  // I values, then its up I) is added to gate_up's rows before act, down_bias [E, H] to down's
+  // before the weight, by every CPU runner (bf16, int8, block by block). They are the model's
+  // (LayerWeights), never a store's: wherever the matrices come from, the biases are the same.
+  const float* gate_up_bias = nullptr;
+  const float* down_bias = nullptr;
   const float* x = nullptr;              // [T, H] the layer's post-attention-normed input
   std::span<const ExpertGroup> groups;   // the experts used, ascending id
   std::span<const ExpertRow> rows;       // indexed by the groups' ranges

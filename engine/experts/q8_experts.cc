@@ -92,6 +92,10 @@ Status RunQ8Experts(kernels::Backend backend, const engine::ExpertLayerCall& cal
   for (size_t g = 0; g < call.groups.size(); ++g) {
     const engine::ExpertGroup& e = call.groups[g];
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      if (call.gate_up_bias != nullptr) {
+        k.axpy(1.f, call.gate_up_bias + static_cast<size_t>(e.expert) * 2 * I, 2 * I,
+               gu + r * 2 * I);
+      }
       act_fn(gu + r * 2 * I, gu + r * 2 * I + I, I, act + r * I);
     }
     PW_RETURN_IF_ERROR(QuantizeActRows(act + static_cast<size_t>(e.begin) * I, I, e.size(), f, aq.Q(e.begin),
@@ -107,9 +111,12 @@ Status RunQ8Experts(kernels::Backend backend, const engine::ExpertLayerCall& cal
                             ye + static_cast<size_t>(t.row0) * H, H, t.r0, t.r1);
     return s.ok() ? s : s.WithContext(Where(call, t.group, "down"));
   }, engine::TileCalls::kCoalesce));
-  // 5. The weighted sum, in group order.
+  // 5. The weighted sum (the expert's down bias first), in group order.
   for (const engine::ExpertGroup& e : call.groups) {
     for (size_t r = static_cast<size_t>(e.begin); r < static_cast<size_t>(e.end); ++r) {
+      if (call.down_bias != nullptr) {
+        k.axpy(1.f, call.down_bias + static_cast<size_t>(e.expert) * H, H, ye + r * H);
+      }
       k.axpy(call.rows[r].weight, ye + r * H, H, call.out + static_cast<size_t>(call.rows[r].token) * H);
     }
   }

@@ -41,11 +41,18 @@ Status RunExpertsByBlock(const ExpertLayerCall& call, const kernels::DenseKernel
     }
     PW_RETURN_IF_ERROR(block(g.expert, ExpertProj::kGateUp, xe, H, n, gate_up, 2 * I));
     for (size_t r = 0; r < n; ++r) {
+      if (call.gate_up_bias != nullptr) {
+        k.axpy(1.f, call.gate_up_bias + static_cast<size_t>(g.expert) * 2 * I, 2 * I,
+               gate_up + r * 2 * I);
+      }
       act_fn(gate_up + r * 2 * I, gate_up + r * 2 * I + I, I, act + r * I);
     }
     PW_RETURN_IF_ERROR(block(g.expert, ExpertProj::kDown, act, I, n, ye, H));
     for (size_t r = 0; r < n; ++r) {
       const ExpertRow& row = call.rows[g.begin + r];
+      if (call.down_bias != nullptr) {
+        k.axpy(1.f, call.down_bias + static_cast<size_t>(g.expert) * H, H, ye + r * H);
+      }
       k.axpy(row.weight, ye + r * H, H, call.out + static_cast<size_t>(row.token) * H);
     }
   }

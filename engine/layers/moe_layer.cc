@@ -38,6 +38,9 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   s->logits.resize(T * E);
   s->probs.resize(T * E);
   Linear(pool, k, x, H, T, w.router, s->logits.data(), E);
+  if (!w.router_logits_bias.empty()) {
+    for (size_t t = 0; t < T; ++t) k.axpy(1.f, w.router_logits_bias.data(), E, &s->logits[t * E]);
+  }
   s->assignments.clear();
   MoeGate gate{w.gate, static_cast<int>(K), config.norm_topk_prob};
   gate.n_group = static_cast<int>(config.n_group);
@@ -110,6 +113,10 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
     call.hidden = H;
     call.ffn = I;
     call.activation = w.activation;
+    if (!w.expert_gate_up_bias.empty()) {
+      call.gate_up_bias = w.expert_gate_up_bias.data();
+      call.down_bias = w.expert_down_bias.data();
+    }
     call.x = x;
     call.groups = s->groups;
     call.rows = s->rows;

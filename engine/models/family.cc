@@ -10,6 +10,7 @@ extern const ModelFamily kMixtralFamily;
 extern const ModelFamily kGlm4MoeFamily;
 extern const ModelFamily kQwen3NextFamily;
 extern const ModelFamily kQwen35MoeFamily;
+extern const ModelFamily kGptOssFamily;
 
 namespace {
 
@@ -22,6 +23,7 @@ const ModelFamily* const kFamilies[] = {
     &kGlm4MoeFamily,
     &kQwen3NextFamily,
     &kQwen35MoeFamily,
+    &kGptOssFamily,
 };
 
 }  // namespace

@@ -38,6 +38,7 @@ struct AttentionNames {
   const char* o;       // [H, nh*D] (+ bias when config.o_bias)
   const char* q_norm;  // read when config.qk_norm != kNone: [D] per head, [nh*D] full
   const char* k_norm;  // likewise [D] or [nkv*D]
+  const char* sinks = nullptr;  // [nh] attention sinks, read when config.attention_sinks
 };
 
 // The tensors of a Gated DeltaNet (linear-attention) layer, relative to `prefix`: the input
@@ -94,6 +95,11 @@ struct ModelFamily {
   // model_type around this family's text_config; its tensors under
   // ModelConfig::weights_prefix, the others, e.g. model.visual.*, skipped); nullptr: none.
   const char* text_of_wrapper = nullptr;
+  // [E] bias added to the router logits before the gate (gpt_oss "router.bias"); nullptr: none.
+  const char* router_logits_bias = nullptr;
+  // The routed experts are stacked tensors with biases (common/formats/stacked_experts.h), not
+  // per-expert matrices named by ExpertNaming.
+  bool stacked_experts = false;
 };
 
 // The names most Hugging Face MoE families share (Llama's layout). Names starting "model." are

@@ -8,6 +8,7 @@
 #include "common/dtype.h"
 #include "common/formats/bf16_tensor.h"
 #include "common/formats/checkpoint_experts.h"
+#include "common/formats/stacked_experts.h"
 #include "common/logging.h"
 #include "engine/models/rope.h"
 
@@ -138,6 +139,38 @@ Status Model::LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights*
   return Status::Ok();
 }
 
+Bf16Matrix Model::Own(const std::vector<uint16_t>& values, int64_t rows, int64_t cols) {
+  auto copy = std::make_unique<uint16_t[]>(values.size());
+  std::memcpy(copy.get(), values.data(), values.size() * sizeof(uint16_t));
+  Bf16Matrix m{copy.get(), rows, cols};
+  owned_.push_back(std::move(copy));
+  return m;
+}
+
+Status Model::StackedExperts(int64_t l, const std::string& block, LayerWeights* w) {
+  const ModelConfig& c = config_;
+  const StackedExpertShape shape{c.num_experts, c.hidden_size, c.moe_intermediate_size};
+  const size_t I = static_cast<size_t>(shape.ffn), H = static_cast<size_t>(shape.hidden);
+  w->expert_gate_up_bias.resize(static_cast<size_t>(c.num_experts) * 2 * I);
+  w->expert_down_bias.resize(static_cast<size_t>(c.num_experts) * H);
+  std::vector<uint16_t> gate, up, down;
+  std::vector<float> bg, bu, bd;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    Status s = ReadStackedExpert(*ckpt_, block, shape, e, &gate, &up, &down);
+    if (s.ok()) s = ReadStackedExpertBiases(*ckpt_, block, shape, e, &bg, &bu, &bd);
+    if (!s.ok()) return s.WithContext(dir_ + ", layer " + std::to_string(l));
+    MlpWeights& x = w->experts[static_cast<size_t>(e)];
+    x.gate = Own(gate, shape.ffn, shape.hidden);
+    x.up = Own(up, shape.ffn, shape.hidden);
+    x.down = Own(down, shape.hidden, shape.ffn);
+    float* b = &w->expert_gate_up_bias[static_cast<size_t>(e) * 2 * I];
+    std::memcpy(b, bg.data(), I * sizeof(float));
+    std::memcpy(b + I, bu.data(), I * sizeof(float));
+    std::memcpy(&w->expert_down_bias[static_cast<size_t>(e) * H], bd.data(), H * sizeof(float));
+  }
+  return Status::Ok();
+}
+
 // Every name comes from the family (family.h) or, for the routed experts, from the naming
 // table the broker shares (checkpoint_experts.h); what is present follows the config.
 Status Model::LoadTensors() {
@@ -186,6 +219,10 @@ Status Model::LoadTensors() {
       if (c.o_bias) {
         PW_ASSIGN_OR_RETURN(w.o_bias, Vector(o + ".bias", h));
       }
+      if (c.attention_sinks) {
+        PW_ASSIGN_OR_RETURN(w.sinks, Vector(a + f.attention.sinks, nh));
+      }
+      if (c.IsSlidingLayer(l)) w.sliding_window = static_cast<int>(c.sliding_window);
       const std::string qn = a + f.attention.q_norm + ".weight",
                         kn = a + f.attention.k_norm + ".weight";
       if (c.qk_norm == QkNorm::kPerHead) {
@@ -205,8 +242,12 @@ Status Model::LoadTensors() {
       if (f.router_bias != nullptr) {
         PW_ASSIGN_OR_RETURN(w.router_bias, Vector(m + f.router_bias, c.num_experts));
       }
+      if (f.router_logits_bias != nullptr) {
+        PW_ASSIGN_OR_RETURN(w.router_logits_bias, Vector(m + f.router_logits_bias, c.num_experts));
+      }
       w.experts.resize(static_cast<size_t>(c.num_experts));
-      for (int64_t e = 0; e < c.num_experts; ++e) {
+      if (f.stacked_experts) PW_RETURN_IF_ERROR(StackedExperts(l, m, &w));
+      for (int64_t e = 0; e < c.num_experts && !f.stacked_experts; ++e) {
         MlpWeights& x = w.experts[static_cast<size_t>(e)];
         const int64_t i = c.moe_intermediate_size;
         PW_ASSIGN_OR_RETURN(x.gate, Matrix(ExpertTensorName(c, l, e, ExpertMatrix::kGate), i, h));

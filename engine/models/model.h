@@ -1,5 +1,5 @@
 // Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral,
-// glm4_moe, qwen3_next).
+// glm4_moe, qwen3_next, qwen3_5_moe_text, gpt_oss).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
@@ -27,6 +27,9 @@
 //   qwen3_next: a linear-attention layer has P linear_attn.{in_proj_qkvz, in_proj_ba, conv1d,
 //     norm, out_proj}.weight, P linear_attn.{dt_bias, A_log} (GatedDeltaNetWeights) and no
 //     self_attn.*; a full-attention layer's q_proj is [2*nh*D, H]; MoE as qwen2_moe.
+//   gpt_oss: q/k/v/o with biases, P self_attn.sinks [nh]; P mlp.router.{weight [E, H], bias [E]};
+//     stacked experts P mlp.experts.* (common/formats/stacked_experts.h: bf16 / f16 / f32 or
+//     MXFP4, with biases), copied at load into per-expert bf16 matrices.
 // BF16 matrices stay in the mmapped file, read in place; F16 and F32 ones (fp16 / fp32
 // checkpoints) are rounded to bf16 at load into Model-owned memory (common/formats/bf16_tensor.h);
 // norms and biases may be BF16, F16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
@@ -94,6 +97,8 @@ struct LayerWeights {
   Bf16Matrix q, k, v, o;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the model has none
   std::vector<float> q_norm, k_norm;                  // empty when qk_norm == kNone
+  std::vector<float> sinks;  // [nh] attention sinks (config.attention_sinks); else empty
+  int sliding_window = 0;    // positions this layer attends to (IsSlidingLayer); 0: all
   bool is_moe = false;
   // MoE layer.
   GateKind gate = GateKind::kSoftmaxTopK;                   // the family's (moe_kinds.h)
@@ -101,6 +106,9 @@ struct LayerWeights {
   Bf16Matrix router;                                        // [E, H]
   std::vector<float> router_bias;  // [E] selection-only bias (family.router_bias); else empty
   std::vector<MlpWeights> experts;                          // [E]
+  std::vector<float> router_logits_bias;  // [E] added to the logits (family); else empty
+  // Expert biases (stacked experts): [E, 2I] gate then up per expert, [E, H]; else empty.
+  std::vector<float> expert_gate_up_bias, expert_down_bias;
   bool has_shared_expert = false;  // the family has one and the config gives it a size
   MlpWeights shared_expert;
   Bf16Matrix shared_expert_gate;  // [1, H]; data null when the family adds it ungated
@@ -149,6 +157,10 @@ class Model {
   Result<MlpWeights> Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn);
   // A whole-model tensor's name (family.h: "model.x" is read under config.weights_prefix).
   std::string Whole(const char* name) const;
+  // Layer l's stacked experts (family.stacked_experts), into Model-owned bf16 matrices.
+  Status StackedExperts(int64_t l, const std::string& block, LayerWeights* w);
+  // A Model-owned copy of `values` as a [rows, cols] matrix.
+  Bf16Matrix Own(const std::vector<uint16_t>& values, int64_t rows, int64_t cols);
 
   std::string dir_;
   ModelConfig config_;

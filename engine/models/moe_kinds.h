@@ -31,6 +31,9 @@ enum class GateKind : uint8_t {
 enum class ExpertActivation : uint8_t {
   // h = silu(gate) * up, silu(g) = g / (1 + exp(-g)). Every supported family.
   kSwiGlu = 0,
+  // gpt-oss's clamped SwiGLU: g = min(gate, 7), u = clamp(up, -7, 7),
+  // h = (u + 1) * g * sigmoid(1.702 g). gpt_oss (its experts also add biases, ExpertLayerCall).
+  kClampedSwiGlu = 1,
 };
 
 constexpr const char* GateKindName(GateKind kind) {
@@ -40,7 +43,9 @@ constexpr const char* GateKindName(GateKind kind) {
 }
 
 constexpr const char* ExpertActivationName(ExpertActivation kind) {
-  return kind == ExpertActivation::kSwiGlu ? "swiglu" : "unknown";
+  return kind == ExpertActivation::kSwiGlu          ? "swiglu"
+         : kind == ExpertActivation::kClampedSwiGlu ? "clamped-swiglu"
+                                                    : "unknown";
 }
 
 }  // namespace pw::engine

@@ -7,6 +7,7 @@
 #include "common/dtype.h"
 #include "engine/models/rope.h"
 #include "engine/ops/linear.h"
+#include "kernels/cpu/window_sink_attention.h"
 
 namespace pw::engine {
 
@@ -246,6 +247,18 @@ void CpuRunner::Attention(int layer, size_t T) {
   qs.positions = tok_pos_.data();
   qs.block_tables = tok_blocks_.data();
   qs.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // A sliding window or sinks (gpt_oss) take the kernel that has them.
+  const LayerWeights& w = model_.layers()[static_cast<size_t>(layer)];
+  if (w.sliding_window > 0 || !w.sinks.empty()) {
+    const cpu::WindowSinks ws{w.sliding_window, w.sinks.empty() ? nullptr : w.sinks.data()};
+    threads_.ParallelFor(T * nh, 1, min_per, [&](size_t begin, size_t end) {
+      std::vector<float> scores(cpu::WindowSinkAttentionScoreFloats(max_pos));
+      std::vector<float> widen(cpu::PagedAttentionWidenFloats(kv));
+      cpu::WindowSinkAttention(k_, kv, qs, ws, begin, end, scores.data(), widen.data(),
+                               attn_.data());
+    });
+    return;
+  }
   threads_.ParallelFor(T * nh, 1, min_per, [&](size_t begin, size_t end) {
     std::vector<float> scores(cpu::PagedAttentionScoreFloats(max_pos));
     std::vector<float> widen(cpu::PagedAttentionWidenFloats(kv));

@@ -10,7 +10,27 @@ using memory::BlocksForTokens;
 Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<memory::KvBlockPool> blocks)
     : options_(options),
       blocks_(std::move(blocks)),
-      leased_(static_cast<size_t>(blocks_->num_blocks()), 0) {}
+      leased_(static_cast<size_t>(blocks_->num_blocks()), 0) {
+  for (const memory::KvLayerSpec& s : blocks_->specs()) {
+    if (s.kind == memory::KvKind::kSlidingWindow && (window_ == 0 || s.window < window_)) {
+      window_ = s.window;
+    }
+  }
+}
+
+void Scheduler::ReleaseBehindWindow() {
+  if (window_ == 0) return;
+  const int bs = blocks_->layout().block_size;
+  for (auto& sp : seqs_) {
+    Sequence* s = sp.get();
+    const int first_read = s->num_cached - window_ + 1;
+    const int behind =
+        std::min(first_read > 0 ? first_read / bs : 0, static_cast<int>(s->blocks.size()));
+    for (; s->window_released < behind; ++s->window_released) {
+      PW_CHECK(blocks_->ReleaseWindowPages(s->blocks[static_cast<size_t>(s->window_released)]).ok());
+    }
+  }
+}
 
 Sequence* Scheduler::Find(SeqId id) const {
   for (const auto& s : seqs_) {
@@ -83,6 +103,7 @@ bool Scheduler::PlanPrefill(int budget, int free_blocks, ScheduledBatch* b,
 Result<ScheduledBatch> Scheduler::Schedule() {
   ScheduledBatch b;
   std::vector<int> new_blocks;  // [scheduled]
+  ReleaseBehindWindow();
   PW_RETURN_IF_ERROR(PlanDecode(&b, &new_blocks));
   int decode_blocks = 0;
   for (int nb : new_blocks) decode_blocks += nb;

@@ -97,6 +97,10 @@ class Scheduler {
   void Adopt(std::span<const int32_t> ids);
 
  private:
+  // Gives back the sliding-window pages of every sequence's blocks that lie wholly behind its
+  // window: the next query of a sequence is at position num_cached and reads positions from
+  // num_cached - window + 1 on, so a block ending before that is never read on those layers.
+  void ReleaseBehindWindow();
   // The decode tokens of the next batch; *new_blocks: the blocks they need.
   Status PlanDecode(ScheduledBatch* b, std::vector<int>* new_blocks);
   // Prompt chunks within `budget` tokens and `free_blocks` blocks.
@@ -106,6 +110,7 @@ class Scheduler {
   std::unique_ptr<memory::KvBlockPool> blocks_;
   std::vector<std::unique_ptr<Sequence>> seqs_;  // arrival order
   std::vector<uint8_t> leased_;                  // per block: 1 while leased
+  int window_ = 0;  // the smallest sliding window of the pool's layers; 0: none
 };
 
 }  // namespace pw::engine

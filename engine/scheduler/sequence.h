@@ -26,6 +26,8 @@ struct Sequence {
   int num_generated = 0;
   int num_cached = 0;           // tokens whose KV is in `blocks`
   std::vector<int32_t> blocks;  // block table (ids of the scheduler's KvBlockPool)
+  // blocks[0, window_released) gave their sliding-window layers' pages back (Scheduler).
+  int window_released = 0;
   SamplingParams params;
   FinishReason pending_finish = FinishReason::kNone;  // finished on arrival (prefilled add)
 

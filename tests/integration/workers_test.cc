@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "services/transport/ucx.h"
 #include "services/transport/zmq_transport.h"
 #include "tests/support/batch_invariance.h"
+#include "tests/support/http_util.h"
 #include "tests/support/process_util.h"
 
 namespace pw {
@@ -214,6 +216,7 @@ struct Cluster {
   MiniRouter router;
   testing::ChildProcess broker, prefill, decode;
   std::string broker_endpoint;
+  int decode_metrics_port = 0;  // > 0: the decode worker serves Prometheus metrics there
 
   bool Start(int decode_kv_blocks = 256, bool use_broker = true) {
     testing::UseBatchInvariantKernels();
@@ -234,6 +237,10 @@ struct Cluster {
     if (use_broker) {
       d.push_back("--broker");
       d.push_back(broker_endpoint);
+    }
+    if (decode_metrics_port > 0) {
+      d.push_back("--metrics");
+      d.push_back("127.0.0.1:" + std::to_string(decode_metrics_port));
     }
     if (!decode.Start(d, log_dir + "/" + tag + ".decode.log")) return false;
     if (!prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", router.endpoint(),
@@ -1309,6 +1316,106 @@ TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
   EXPECT_EQ(broker.Wait(30000), 0) << broker.Log();
   EXPECT_NE(broker.Log().find("broker: stopped"), std::string::npos) << broker.Log();
   EXPECT_EQ(broker.Log().find("Assertion"), std::string::npos) << broker.Log();
+}
+
+// gpt_oss (sinks, sliding-window layers whose pages the decode worker gives back behind each
+// sequence's window, expert biases from the model) served by real processes, its routed experts'
+// matrices from the broker (read from the stacked checkpoint), prompts and generations longer
+// than its window of 8: the in-process engine's tokens.
+TEST(Workers, GptOssGreedyTokensEqualInProcessEngine) {
+  ModelName() = "gpt_oss";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  const int kMax = 40;
+  auto prompts = RandomPrompts(6, 3131, 10, 40);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
+  }
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 500 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed 3131)";
+  }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
+// A long gpt_oss stream through real processes: the decode worker's metrics show the KV pages
+// of its sliding-window layers (0 and 2 of 3, window 8) staying bounded (at most window /
+// block_size + 2 blocks each, block size 16) while its full-attention layer's grow with the
+// stream, sampled while it runs; the tokens are the in-process engine's.
+TEST(Workers, GptOssSlidingWindowPagesStayBoundedInALongStream) {
+  ModelName() = "gpt_oss";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  c.decode_metrics_port = FreePort();
+  ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/256, /*use_broker=*/false)) << c.Logs();
+  const int kMax = 1500;
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300, 41, 99, 7, 512, 3, 66, 1000}};
+  auto ref = Reference(prompts, kMax);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> most_sliding{-1}, most_full{-1};
+  auto gauge = [](const std::string& body, const std::string& kind) -> int64_t {
+    const std::string key = "kind=\"" + kind + "\"";
+    for (size_t at = body.find("pagedweight_kv_pages{"); at != std::string::npos;
+         at = body.find("pagedweight_kv_pages{", at + 1)) {
+      const size_t end = body.find('}', at);
+      if (body.substr(at, end - at).find(key) == std::string::npos) continue;
+      return std::atoll(body.c_str() + end + 1);
+    }
+    return -1;
+  };
+  std::thread scrape([&] {
+    while (!done) {
+      auto [status, body] = testing::Http(c.decode_metrics_port, "GET", "/metrics", "", 5);
+      if (status == 200) {
+        const int64_t s = gauge(body, "sliding_window"), f = gauge(body, "full_attention");
+        if (s > most_sliding) most_sliding = s;
+        if (f > most_full) most_full = f;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  Req req;
+  req.id = 700;
+  req.prompt = prompts[0];
+  req.max_tokens = kMax;
+  c.router.Submit(&req);
+  const bool ran = c.router.Run(300000);
+  done = true;
+  scrape.join();
+  ASSERT_TRUE(ran) << c.Logs();
+  EXPECT_TRUE(req.error.empty()) << req.error;
+  EXPECT_EQ(req.out, ref[0]);
+  // Sampled during the stream: the full layer held many blocks' pages at some point.
+  EXPECT_GE(most_full, 20) << c.Logs();
+  EXPECT_GE(most_sliding, 0);
+  EXPECT_LE(most_sliding, 2 * (8 / 16 + 2));
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
 }
 
 }  // namespace

@@ -112,10 +112,10 @@ TEST(KvBlockPool, BadSizesAreInvalidArgument) {
 }
 
 // The page layout follows the per-layer specs: a block takes the sum of its layers' pages and
-// each layer's view strides over a block's pages. Full attention and recurrent state are
-// served; every other kind is refused with kUnsupported naming the layer and the kind, for an
-// own pool and a borrowed one alike, and a spec list that does not match the layers is
-// refused too.
+// each layer's view strides over a block's pages. Full attention, sliding window
+// (kv_window_release_test.cc) and recurrent state are served; every other kind is refused with
+// kUnsupported naming the layer and the kind, for an own pool and a borrowed one alike, and a
+// spec list that does not match the layers is refused too.
 TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyServedKindsAreAccepted) {
   const KvLayout l = Layout();
   auto pool = KvBlockPool::Create(l, 4, std::vector<KvLayerSpec>(3));
@@ -134,7 +134,7 @@ TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyServedKindsAreAccepted) {
             StatusCode::kInvalidArgument);
 
   auto pages = PagePool::Create(l.min_page_bytes(), 30).value();
-  for (KvKind kind : {KvKind::kSlidingWindow, KvKind::kLatent}) {
+  for (KvKind kind : {KvKind::kLatent}) {
     std::vector<KvLayerSpec> specs(3);
     specs[1] = {.kind = kind, .window = 64, .latent_dim = 512, .state_bytes = 4096};
     auto own = KvBlockPool::Create(l, 4, specs);

@@ -8,9 +8,25 @@
 
 namespace pw::workers {
 
+namespace {
+
+// The pool's sliding-window layers (memory/kv_spec.h) counted as such by `d`.
+void CountSlidingLayers(const memory::KvBlockPool& pool, KvDemand* d) {
+  int layers = 0, window = 0;
+  for (const memory::KvLayerSpec& s : pool.specs()) {
+    if (s.kind != memory::KvKind::kSlidingWindow) continue;
+    ++layers;
+    window = window == 0 ? s.window : std::max(window, s.window);
+  }
+  if (layers > 0) d->SetSlidingLayers(layers, window);
+}
+
+}  // namespace
+
 KvDemand DecodeWorker::Demand() const {
   const auto& kv = engine_->kv_pool().layout();
   KvDemand d(kv.block_size, kv.num_layers, engine_->max_context(), options_.demand_horizon_tokens);
+  CountSlidingLayers(engine_->kv_pool(), &d);
   for (const auto& [id, l] : leases_.all()) d.AddLease(static_cast<int64_t>(l.blocks.size()), l.max_tokens);
   for (const auto& [id, run] : running_) {
     d.AddRunning(static_cast<int64_t>(run.prompt.size() + run.generated.size()),
@@ -51,6 +67,7 @@ void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
   // Pool-aware admission (reserve_wait.h): hold it while a lowering can make room.
   KvDemand need(engine_->kv_pool().layout().block_size, engine_->kv_pool().layout().num_layers,
                 engine_->max_context(), options_.demand_horizon_tokens);
+  CountSlidingLayers(engine_->kv_pool(), &need);
   need.AddWaiting(h.num_tokens, h.max_tokens);
   h.need_pages = need.pages();
   // Room a wait can make: what a lowering within the planner's floors frees, and the KV pages

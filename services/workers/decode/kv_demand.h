@@ -15,6 +15,10 @@
 // will ever hold. Requests finish and release their KV while others grow, so the sum of every
 // request's final length overstates what the pool must hold at once under a backlog; 0 (the
 // default) counts the whole growth to max_tokens.
+// Sliding-window layers (SetSlidingLayers; memory/kv_spec.h) give the pages of blocks behind
+// a request's window back, so on them a request never holds more than window / block_size + 2
+// blocks: their pages count the growth up to that cap only (a waiting reservation's prompt
+// whole: its blocks are leased with every layer's page), the other layers' the whole growth.
 // The worker keeps `reserve_pages()` (running + leases) free from raises, and reports
 // `pages()` (all three) in Telemetry as kvDemandPages.
 #pragma once
@@ -28,6 +32,8 @@ class KvDemand {
   // block_size: tokens per block; max_context: the model's context (lengths are capped there).
   // horizon_tokens: see the file comment (0: to max_tokens).
   KvDemand(int block_size, int num_layers, int64_t max_context, int64_t horizon_tokens = 0);
+  // `layers` of the num_layers keep only the last `window` tokens (before any Add).
+  void SetSlidingLayers(int layers, int window);
 
   // `len`: tokens whose KV the request has now (prompt + generated); `end`: its final length
   // before the cap (prompt + 1 + max_tokens left). holds_kv false: preempted, holds nothing.
@@ -41,18 +47,30 @@ class KvDemand {
   int64_t lease_blocks() const { return lease_blocks_; }
   int64_t waiting_blocks() const { return waiting_blocks_; }
   // Pages kept from raises: running growth and leases.
-  int64_t reserve_pages() const { return (running_blocks_ + lease_blocks_) * num_layers_; }
+  int64_t reserve_pages() const {
+    return (running_blocks_ + lease_blocks_) * full_layers() +
+           (running_sliding_ + lease_sliding_) * sliding_layers_;
+  }
   // Everything still needed, waiting reservations included.
-  int64_t pages() const { return (running_blocks_ + lease_blocks_ + waiting_blocks_) * num_layers_; }
+  int64_t pages() const {
+    return (running_blocks_ + lease_blocks_ + waiting_blocks_) * full_layers() +
+           (running_sliding_ + lease_sliding_ + waiting_sliding_) * sliding_layers_;
+  }
 
  private:
   int64_t Blocks(int64_t tokens) const;
+  int64_t full_layers() const { return num_layers_ - sliding_layers_; }
+  // Blocks a sliding layer still needs for a request holding `held` that will use `need`.
+  int64_t SlidingGrowth(int64_t held, int64_t need) const;
 
   int block_size_;
   int num_layers_;
   int64_t max_context_;
   int64_t horizon_;
   int64_t running_blocks_ = 0, lease_blocks_ = 0, waiting_blocks_ = 0;
+  int sliding_layers_ = 0;
+  int64_t window_blocks_ = 0;  // most blocks a sliding layer holds for one request
+  int64_t running_sliding_ = 0, lease_sliding_ = 0, waiting_sliding_ = 0;
 };
 
 }  // namespace pw::workers

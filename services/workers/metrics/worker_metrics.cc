@@ -61,6 +61,11 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
   m->kv_blocks_free = &kv.Add({{"worker", worker_id}, {"state", "free"}});
   m->kv_blocks_used = &kv.Add({{"worker", worker_id}, {"state", "used"}});
   m->kv_blocks_reserved = &kv.Add({{"worker", worker_id}, {"state", "reserved"}});
+  auto& pages = prometheus::BuildGauge().Name("pagedweight_kv_pages")
+                    .Help("KV pages held by this worker's pool, by the kind of their layer")
+                    .Register(r);
+  m->kv_pages_full = &pages.Add({{"worker", worker_id}, {"kind", "full_attention"}});
+  m->kv_pages_sliding = &pages.Add({{"worker", worker_id}, {"kind", "sliding_window"}});
   m->requests_running = &prometheus::BuildGauge().Name("pagedweight_worker_num_requests_running")
                              .Help("Requests in the running batch").Register(r).Add(id);
   m->requests_waiting = &prometheus::BuildGauge().Name("pagedweight_worker_num_requests_waiting")

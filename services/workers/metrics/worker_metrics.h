@@ -40,6 +40,10 @@ struct WorkerMetrics {
   prometheus::Gauge* kv_blocks_free = nullptr;
   prometheus::Gauge* kv_blocks_used = nullptr;
   prometheus::Gauge* kv_blocks_reserved = nullptr;
+  // KV pages held, by the kind of their layer (memory/kv_spec.h): sliding-window layers give
+  // the pages behind each sequence's window back, so theirs stay bounded in a long stream.
+  prometheus::Gauge* kv_pages_full = nullptr;
+  prometheus::Gauge* kv_pages_sliding = nullptr;
   prometheus::Gauge* requests_running = nullptr;
   prometheus::Gauge* requests_waiting = nullptr;
   prometheus::Counter* tokens_generated = nullptr;
