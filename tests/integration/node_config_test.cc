@@ -235,7 +235,7 @@ TEST(NodeConfig, ABadKeyOrTypeNamesFileLineColumn) {
     std::set<std::string> refuse;  // the binaries that refuse the file (pw-cluster always)
   } cases[] = {
       {"bad_router.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nrouter:\n  port: 8000\n  prot: 1\n",
-       ":6:3: router.prot: unknown key (known keys: control_port, context_length, port,", {"pw-router"}},
+       ":6:3: router.prot: unknown key (known keys: control_port, tokenizer, context_length, port,", {"pw-router"}},
       {"bad_broker.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nbroker:\n  planner: {low_watermark: high}\n",
        ":5:28: broker.planner.low_watermark: expected a number, got 'high'", {"pw-broker", "pw-decode"}},
       {"bad_prefill.yaml", "model_dir: m\nprefill:\n  - id: p\n    kv_block: 3\ndecode: [{id: d}]\n",
