@@ -230,23 +230,39 @@ def main():
             while json.loads(http("GET", base + "/health", timeout=5)[1] or "{}").get("decode_workers") != 2:
                 assert time.time() < deadline, "the second decode worker did not register"
                 time.sleep(0.5)
+            decode0_ip = pod_ip(f"{RELEASE}-pagedweight-decode-pod-0", env)
             results = {}
 
             def one(i):
-                results[i] = http("POST", base + "/v1/completions",
-                                  {"model": "tiny-moe", "prompt": f"Request {i}: In the beginning",
-                                   "max_tokens": MAX_TOKENS, "ignore_eos": True}, timeout=DEADLINE_S)
+                # A request that fails below HTTP (reset, refused, timed out) is a result too, so
+                # that it is reported rather than leaving the count of running requests short.
+                try:
+                    results[i] = http("POST", base + "/v1/completions",
+                                      {"model": "tiny-moe", "prompt": f"Request {i}: In the beginning",
+                                       "max_tokens": MAX_TOKENS, "ignore_eos": True}, timeout=DEADLINE_S)
+                except Exception as e:  # noqa: BLE001 (any failure is the test's finding)
+                    results[i] = (-1, f"{type(e).__name__}: {e}")
             threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
             for t in threads:
                 t.start()
-            # Under way: the router counts them running (a kill before would only delay them).
-            while json.loads(http("GET", base + "/health", timeout=5)[1] or "{}").get("running", 0) < 6:
-                assert any(t.is_alive() for t in threads), results
-                time.sleep(0.05)
+            # Under way on the pod to be killed: its worker runs at least one of them (its own
+            # gauge), so the kill takes requests mid-stream (the others are placed after it).
+
+            def running_on_decode0():
+                status, m = http("GET", f"http://{decode0_ip}:9102/metrics", timeout=5)
+                return sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
+                           if line.startswith("pagedweight_worker_num_requests_running")) if status == 200 else 0
+
+            while (on_decode0 := running_on_decode0()) < 1:
+                failed = {i: r for i, r in results.items() if r[0] != 200}
+                assert not failed, f"requests failed before the kill: {failed}"
+                assert any(t.is_alive() for t in threads), "all 6 requests ended before one ran on decode-0"
+                time.sleep(0.02)
             decode = f"{RELEASE}-pagedweight-decode-pod-0-decode"
             podman("kill", "--signal", "KILL", decode, env=env)
             # (the router re-places them on decode-1, the second decode pod)
-            print(f"SIGKILL to {decode} with {sum(t.is_alive() for t in threads)} requests running", flush=True)
+            print(f"SIGKILL to {decode} running {on_decode0:.0f} of the {sum(t.is_alive() for t in threads)} requests not done",
+                  flush=True)
             for t in threads:
                 t.join()
             if any(r[0] != 200 for r in results.values()):
