@@ -40,39 +40,24 @@ int main(int argc, char** argv) {
   app.add_option("--topk-group", spec.topk_group, "glm4_moe: groups kept per token (topk_group)")
       ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
+  // A family with a real model's shape starts from it; what the command line gave stays.
+  auto from_shape = [&](pw::SyntheticMoeSpec shaped) {
+    shaped.seed = spec.seed;
+    if (app.count("--layers") > 0) shaped.layers = spec.layers;
+    if (app.count("--experts") > 0) shaped.experts = spec.experts;
+    if (app.count("--vocab") > 0) shaped.vocab = spec.vocab;
+    if (app.count("--hidden") > 0) shaped.hidden = spec.hidden;
+    if (app.count("--expert-ffn") > 0) shaped.expert_ffn = spec.expert_ffn;
+    return shaped;
+  };
   if (type == "glm4_moe") {
-    // GLM-4.5-Air's shape at half width; what the command line gave stays.
-    pw::SyntheticMoeSpec glm = pw::Glm4MoeAirHalfSpec();
-    glm.seed = spec.seed;
+    pw::SyntheticMoeSpec glm = pw::Glm4MoeAirHalfSpec();  // GLM-4.5-Air's shape at half width
     glm.n_group = spec.n_group;
     glm.topk_group = spec.topk_group;
-    if (app.count("--layers") > 0) glm.layers = spec.layers;
-    if (app.count("--experts") > 0) glm.experts = spec.experts;
-    if (app.count("--vocab") > 0) glm.vocab = spec.vocab;
-    if (app.count("--hidden") > 0) glm.hidden = spec.hidden;
-    if (app.count("--expert-ffn") > 0) glm.expert_ffn = spec.expert_ffn;
-    spec = glm;
+    spec = from_shape(glm);
   }
-  if (type == "qwen3_next") {
-    pw::SyntheticMoeSpec next = pw::Qwen3NextQuarterSpec();
-    next.seed = spec.seed;
-    if (app.count("--layers") > 0) next.layers = spec.layers;
-    if (app.count("--experts") > 0) next.experts = spec.experts;
-    if (app.count("--vocab") > 0) next.vocab = spec.vocab;
-    if (app.count("--hidden") > 0) next.hidden = spec.hidden;
-    if (app.count("--expert-ffn") > 0) next.expert_ffn = spec.expert_ffn;
-    spec = next;
-  }
-  if (type == "gpt_oss") {
-    pw::SyntheticMoeSpec oss = pw::GptOss20bSpec();
-    oss.seed = spec.seed;
-    if (app.count("--layers") > 0) oss.layers = spec.layers;
-    if (app.count("--experts") > 0) oss.experts = spec.experts;
-    if (app.count("--vocab") > 0) oss.vocab = spec.vocab;
-    if (app.count("--hidden") > 0) oss.hidden = spec.hidden;
-    if (app.count("--expert-ffn") > 0) oss.expert_ffn = spec.expert_ffn;
-    spec = oss;
-  }
+  if (type == "qwen3_next") spec = from_shape(pw::Qwen3NextQuarterSpec());
+  if (type == "gpt_oss") spec = from_shape(pw::GptOss20bSpec());
   if (type == "qwen2_moe") spec.type = pw::ModelType::kQwen2Moe;
   if (type == "qwen3_moe") spec.type = pw::ModelType::kQwen3Moe;
   if (type == "mixtral") spec.type = pw::ModelType::kMixtral;
