@@ -18,6 +18,14 @@ namespace pw::router {
 // completions still work.
 Result<ChatRenderer> MakeChatRenderer(const Tokenizer& tokenizer, const std::string& model_dir = "");
 
+// Whether the template reads a message's content as a list of parts: it loops over something
+// named content, or tests a value with `is string` / `is not string` / `is iterable` /
+// `is sequence` / `is mapping` (what templates written for parts do). When it does not (it adds
+// content to strings, as ChatML templates do, and would fail on a list under HF), the renderer
+// gives it each list of text parts as one string, the texts joined by "\n": vLLM's "string"
+// content format. Templates that take parts get the list as HF does.
+bool ChatTemplateTakesContentParts(const std::string& source);
+
 // A renderer that refuses every conversation with `why` (kUnsupported, "chat completions are
 // unavailable: ..."), for a model whose template cannot be used.
 ChatRenderer ChatUnavailable(const Status& why);
