@@ -4,11 +4,7 @@
 #include <cstring>
 
 namespace pw::cpu {
-namespace {
-
-// [block_size][head_dim] K (c = 0) or V (c = 1) of kv head h of `block`, as fp32: the page
-// itself, or its first n slots widened from bf16 into `widen`.
-const float* Slab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n, float* widen) {
+const float* KvSlab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n, float* widen) {
   const uint8_t* page = kv.pages[static_cast<size_t>(block) * kv.page_stride];
   const size_t offset =
       (static_cast<size_t>(c) * kv.num_kv_heads + h) * kv.block_size * kv.head_dim;
@@ -18,8 +14,6 @@ const float* Slab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n,
   for (size_t i = 0; i < count; ++i) widen[i] = Bf16Bits(src[i]);
   return widen;
 }
-
-}  // namespace
 
 void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
                     const AttentionQueries& qs, size_t job_begin, size_t job_end, float* scores,
@@ -38,14 +32,14 @@ void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
     const int32_t* blocks = qs.block_tables[t];
     for (int32_t j0 = 0; j0 < n; j0 += bs) {
       const int32_t jn = std::min(n - j0, bs);
-      const float* kb = Slab(kv, blocks[j0 / bs], 0, kvh, jn, widen);
+      const float* kb = KvSlab(kv, blocks[j0 / bs], 0, kvh, jn, widen);
       for (int32_t s = 0; s < jn; ++s) scores[j0 + s] = k.dot(q, kb + s * D, D) * qs.scale;
     }
     k.softmax(scores, static_cast<size_t>(n));
     std::memset(o, 0, D * sizeof(float));
     for (int32_t j0 = 0; j0 < n; j0 += bs) {
       const int32_t jn = std::min(n - j0, bs);
-      const float* vb = Slab(kv, blocks[j0 / bs], 1, kvh, jn, widen);
+      const float* vb = KvSlab(kv, blocks[j0 / bs], 1, kvh, jn, widen);
       for (int32_t s = 0; s < jn; ++s) k.axpy(scores[j0 + s], vb + s * D, D, o);
     }
   }

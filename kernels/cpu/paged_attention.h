@@ -42,6 +42,11 @@ struct AttentionQueries {
   float scale = 1.f;                             // usually 1 / sqrt(head_dim)
 };
 
+// [block_size][head_dim] K (c = 0) or V (c = 1) of kv head h of `block`, as fp32: the page
+// itself (fp32 pages), or its first n slots widened from bf16 into `widen`
+// (PagedAttentionWidenFloats(kv) floats). Shared by the attention kernels over this view.
+const float* KvSlab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n, float* widen);
+
 // Scratch one caller of PagedAttention needs (never allocated by the kernel).
 inline size_t PagedAttentionScoreFloats(int32_t max_position) {
   return static_cast<size_t>(max_position) + 1;

@@ -4,23 +4,6 @@
 #include <cstring>
 
 namespace pw::cpu {
-namespace {
-
-// [block_size][head_dim] K (c = 0) or V (c = 1) of kv head h of `block`, as fp32: the page
-// itself, or its first n slots widened from bf16 into `widen` (as paged_attention.cc).
-const float* Slab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n, float* widen) {
-  const uint8_t* page = kv.pages[static_cast<size_t>(block) * kv.page_stride];
-  const size_t offset =
-      (static_cast<size_t>(c) * kv.num_kv_heads + h) * kv.block_size * kv.head_dim;
-  if (kv.element == KvElement::kF32) return reinterpret_cast<const float*>(page) + offset;
-  const auto* src = reinterpret_cast<const uint16_t*>(page) + offset;
-  const size_t count = static_cast<size_t>(n) * kv.head_dim;
-  for (size_t i = 0; i < count; ++i) widen[i] = Bf16Bits(src[i]);
-  return widen;
-}
-
-}  // namespace
-
 void WindowSinkAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
                          const AttentionQueries& qs, const WindowSinks& ws, size_t job_begin,
                          size_t job_end, float* scores, float* widen, float* out) {
@@ -41,7 +24,7 @@ void WindowSinkAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
     // Positions [begin, end) in block-sized runs: run j covers [j, min(end, next boundary)).
     for (int32_t j = begin; j < end;) {
       const int32_t s0 = j % bs, jn = std::min(end - j, bs - s0);
-      const float* kb = Slab(kv, blocks[j / bs], 0, kvh, s0 + jn, widen);
+      const float* kb = KvSlab(kv, blocks[j / bs], 0, kvh, s0 + jn, widen);
       for (int32_t s = 0; s < jn; ++s) {
         scores[j - begin + s] = k.dot(q, kb + (s0 + s) * D, D) * qs.scale;
       }
@@ -53,7 +36,7 @@ void WindowSinkAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
     std::memset(o, 0, D * sizeof(float));
     for (int32_t j = begin; j < end;) {
       const int32_t s0 = j % bs, jn = std::min(end - j, bs - s0);
-      const float* vb = Slab(kv, blocks[j / bs], 1, kvh, s0 + jn, widen);
+      const float* vb = KvSlab(kv, blocks[j / bs], 1, kvh, s0 + jn, widen);
       for (int32_t s = 0; s < jn; ++s) k.axpy(scores[j - begin + s], vb + (s0 + s) * D, D, o);
       j += jn;
     }
