@@ -19,6 +19,7 @@
 #include "engine/experts/calibration_recorder.h"
 #include "engine/experts/bf16_expert_provider.h"
 #include "common/formats/checkpoint_experts.h"
+#include "common/formats/model_hash_cache.h"
 #include "common/expert_block.h"
 #include "quant/store_build_dir.h"
 
@@ -102,7 +103,14 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   }
   const int L = static_cast<int>(cfg.num_layers), E = static_cast<int>(cfg.num_experts);
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
-  PW_ASSIGN_OR_RETURN(uint64_t hash, ModelHash(model.dir()));
+  uint64_t hash = 0;
+  if (o.model_hash_cache.empty()) {
+    PW_ASSIGN_OR_RETURN(hash, ModelHash(model.dir()));
+  } else {
+    PW_ASSIGN_OR_RETURN(CachedModelHash cached, ModelHashCached(model.dir(), o.model_hash_cache));
+    hash = cached.hash;
+    report.hash_remembered = cached.from_cache;
+  }
   report.hash_seconds = Seconds(t_loaded, Clock::now());
   CalibrationSource calib = ResolveDefaultCalibration(CalibrationSourceOf(o));
   calib.max_tokens = o.max_calib_tokens;

@@ -43,6 +43,9 @@ struct QuantizeModelOptions {
   bool progress = true;           // progress bar with ETA on stderr (with resume_dir: one
                                   // line per quantized layer)
   std::string resume_dir;         // "" = keep nothing; see the top of this file
+  // Where the model hash is remembered between runs (common/formats/model_hash_cache.h);
+  // "" = hashed here.
+  std::string model_hash_cache;
 };
 
 struct QuantizeModelReport {
@@ -54,6 +57,7 @@ struct QuantizeModelReport {
   std::string calibration;           // what the calibration ids came from (DescribeCalibration)
   bool calibration_reused = false;  // resume_dir held the calibration statistics
   int layers_reused = 0;            // layers resume_dir already held
+  bool hash_remembered = false;     // model_hash_cache held the model hash: no expert byte hashed
   // Where the time went (wall seconds; pw-quantize --verbose prints them): loading the model
   // (weights mapped, dense matrices prepared), its hash (every expert byte read), the
   // calibration tokens (tokenizing), the forward passes, the blocks' fp32 weights and

@@ -84,6 +84,9 @@ int main(int argc, char** argv) {
   app.add_option("--resume-dir", o.resume_dir,
                  "keep the calibration statistics and each quantized layer here, so that a killed build "
                  "started again with the same options resumes; removed once the store is written");
+  app.add_option("--model-hash-cache", o.model_hash_cache,
+                 "directory where the checkpoint's hash is remembered between runs (pw serve's store cache); "
+                 "default: every expert byte is hashed");
 
   auto* plan = app.add_subcommand("plan", "write a per-block width map at a target average width");
   std::string plan_store, plan_out;
@@ -149,10 +152,11 @@ int main(int argc, char** argv) {
   auto r = pw::anyprec::QuantizeModel(o);
   if (!r.ok()) return Fail(r.status());
   std::fprintf(stderr,
-               "pw-quantize: %d blocks, %lld calibration tokens (%s)%s; calibration %.1fs, quantization "
+               "pw-quantize: %d blocks, %lld calibration tokens (%s)%s%s; calibration %.1fs, quantization "
                "%.1fs (%d layers reused), total %.1fs -> %s\n",
                r->num_blocks, static_cast<long long>(r->calib_tokens), r->calibration.c_str(),
-               r->calibration_reused ? " (statistics reused)" : "", r->calib_seconds, r->quantize_seconds,
+               r->calibration_reused ? " (statistics reused)" : "",
+               r->hash_remembered ? " (model hash remembered)" : "", r->calib_seconds, r->quantize_seconds,
                r->layers_reused, r->total_seconds, o.out_path.c_str());
   if (verbose) {
     std::fprintf(stderr,

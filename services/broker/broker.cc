@@ -11,6 +11,7 @@
 #include "services/proto/part_checksum.h"
 #include "services/proto/weight_kind.h"
 #include "services/transport/zmq_transport.h"
+#include "common/formats/model_hash_cache.h"
 #include "services/common/model_name.h"
 
 namespace pw::broker {
@@ -78,7 +79,17 @@ Status Broker::Setup() {
       return InvalidArgument("broker: initial_bits " + std::to_string(options_.initial_bits) +
                              " outside 3..8");
     }
-    PW_ASSIGN_OR_RETURN(uint64_t hash, experts->Hash());
+    uint64_t hash = 0;
+    if (options_.model_hash_cache.empty()) {
+      PW_ASSIGN_OR_RETURN(hash, experts->Hash());
+    } else {
+      PW_ASSIGN_OR_RETURN(CachedModelHash cached,
+                          ModelHashCached(options_.model_dir, options_.model_hash_cache));
+      hash = cached.hash;
+      PW_LOG(INFO) << "broker: model hash " << std::hex << hash << std::dec
+                   << (cached.from_cache ? " remembered in " : " computed, kept in ")
+                   << options_.model_hash_cache;
+    }
     PW_ASSIGN_OR_RETURN(served_, ServedStore::Open(options_.store_path, hash, *ucx_ctx_));
     if (served_->store().info().num_layers != static_cast<uint32_t>(num_layers)) {
       return Unsupported("broker: store " + options_.store_path + " has " +

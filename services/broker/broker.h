@@ -53,6 +53,9 @@ struct BrokerOptions {
   uint64_t heartbeat_ms = 500;
   std::string metrics_bind;                 // "127.0.0.1:9102"; empty = none
   std::string store_path;                   // .apw store; empty = the checkpoint's bf16 experts
+  // Where the checkpoint's hash is remembered between starts (model_hash_cache.h); empty = the
+  // experts are hashed at every start.
+  std::string model_hash_cache;
   // Prompt residual heads beside the store (common/formats/residual_heads.h, pw-quantize residuals);
   // empty = none (every prompt residual 1).
   std::string planner_residuals;

@@ -12,6 +12,10 @@ void DeclareBrokerOptions(options::OptionSet* s, BrokerOptions* o) {
   s->Add("store", &o->store_path,
          "any-precision .apw store to serve (default: the checkpoint's bf16 experts)")
       .NonEmpty();
+  s->Add("model_hash_cache", &o->model_hash_cache,
+         "directory remembering the checkpoint's hash between starts (pw serve's store cache; "
+         "services/common/model_hash_cache.h); unset: the experts are hashed at every start")
+      .NonEmpty();
   s->Add("initial_bits", &o->initial_bits, "width of every expert block until a plan changes it")
       .Range(3, 8);
   // The quality-aware planner (policies/planner/planner_params.h); needs the store.

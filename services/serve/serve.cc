@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "services/serve/model_hash_cache.h"
+#include "common/formats/model_hash_cache.h"
 #include "services/serve/model_source.h"
 #include "services/serve/store_cache.h"
 
@@ -82,6 +82,7 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   if (store) {
     y += "  control_port: " + std::to_string(p.broker_control_port) + "\n";
     y += "  store: " + Quoted(p.store) + "\n";
+    if (!p.model_hash_cache.empty()) y += "  model_hash_cache: " + Quoted(p.model_hash_cache) + "\n";
     y += "  initial_bits: " + std::to_string(p.memory.bits) + "\n";
     y += "  planner: {enabled: true}\n";
   }
@@ -126,6 +127,7 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
     build.quantize_bin = bin_dir + "/pw-quantize";
     build.model_dir = src.dir;
     build.tokenizer_json = tokenizer_json;
+    build.model_hash_cache = store_dir;  // hashed just above: pw-quantize reads it there
     build.threads = o.quantize_threads > 0 ? static_cast<int>(o.quantize_threads)
                                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const auto t0 = std::chrono::steady_clock::now();
@@ -137,6 +139,7 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
       std::fprintf(stderr, "pw serve: store found in the cache: %s\n", paths.store.c_str());
     }
     plan.store = paths.store;
+    plan.model_hash_cache = store_dir;
   }
 
   // 3. The node file, then pw-cluster in this process's place.

@@ -20,6 +20,7 @@ namespace pw::serve {
 struct NodePlan {
   std::string model_dir, model_name, run_dir, bin_dir, store;  // store "" = bf16 experts
   std::string tokenizer_dir;  // "" = the model directory's (the router's default)
+  std::string model_hash_cache;  // the broker remembers the model hash here ("" = hashes at start)
   MemoryPlan memory;
   int router_control_port = 0, broker_control_port = 0;
 };

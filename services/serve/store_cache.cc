@@ -124,6 +124,10 @@ Result<bool> EnsureStore(const StorePaths& paths, const StoreBuild& build) {
     argv.push_back("--tokenizer");
     argv.push_back(build.tokenizer_json);
   }
+  if (!build.model_hash_cache.empty()) {
+    argv.push_back("--model-hash-cache");
+    argv.push_back(build.model_hash_cache);
+  }
   auto rc = RunChild(argv);
   ::close(fd);
   if (!rc.ok()) return rc.status();

@@ -48,6 +48,9 @@ struct StoreBuild {
   // one), so the same checkpoint and tokenizer give the same store on every machine with the
   // same thread count.
   std::string tokenizer_json;
+  // Where pw serve keeps the model hash (common/formats/model_hash_cache.h): pw-quantize takes
+  // it from there instead of reading every expert byte again ("" = it hashes).
+  std::string model_hash_cache;
 };
 
 // Makes sure paths.store exists: returns false when it was already there, true when it was

@@ -27,6 +27,7 @@ directory and port of the test's own:
 Exit 0 on success, 1 on failure, 77 (skipped) without the model's weights.
 """
 import filecmp
+import glob
 import hashlib
 import json
 import os
@@ -265,6 +266,9 @@ def main():
         if done is None or not re.search(rf"\({len(layers_done)} layers reused\)", done) or "statistics reused" not in done:
             s.stop()
             fail(f"expected the calibration and {len(layers_done)} layers reused, got: {done}\n" + s.text())
+        if "(model hash remembered)" not in done:  # pw serve hashed it for the store's key
+            s.stop()
+            fail(f"pw-quantize hashed the checkpoint again: {done}")
         if s.wait_line(r"model 'pwtest/tiny-sharded' at " + re.escape(url)) is None:
             s.stop()
             fail("no endpoint line with the default name:\n" + s.text())
@@ -320,6 +324,11 @@ def main():
         after = os.stat(store)
         if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns):
             fail("the cached store was rewritten")
+        # The broker found the model hash where pw serve keeps it: no expert byte read again.
+        broker_logs = glob.glob(os.path.join(cache, "run", "*", "broker.log"))
+        hash_lines = [l for b in broker_logs for l in open(b, errors="replace") if "broker: model hash" in l]
+        if not hash_lines or "remembered in " + cache not in hash_lines[-1]:
+            fail(f"the broker did not take the model hash from {cache}/hashes: {hash_lines} in {broker_logs}")
         print(f"start with the store cached: {second_start:.1f}s to the first served completion")
 
         # bf16 experts (no store, no broker), the options from a --config file, another name.

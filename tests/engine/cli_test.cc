@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "tests/common/run_command.h"
@@ -118,6 +119,34 @@ TEST(Cli, QuantizeCalibratesOnRandomTokens) {
   EXPECT_NE(r.output.find("4096 random ids"), std::string::npos) << r.output;
   EXPECT_TRUE(std::filesystem::exists(out));
   std::filesystem::remove(out);
+}
+
+// --model-hash-cache (what pw serve passes): the second build takes the model hash from the
+// directory instead of reading every expert byte, and writes the same store.
+TEST(Cli, QuantizeTakesTheModelHashFromItsCache) {
+  if (!std::filesystem::exists(Bin("pw-quantize"))) GTEST_SKIP() << "pw-quantize not built";
+  namespace fs = std::filesystem;
+  const std::string cache = ::testing::TempDir() + "/pw_cli_hash_cache";
+  fs::remove_all(cache);
+  const std::string first = ::testing::TempDir() + "/pw_cli_hash1.apw";
+  const std::string second = ::testing::TempDir() + "/pw_cli_hash2.apw";
+  const std::string cmd = Bin("pw-quantize") + " --model " + Fixture() +
+                          " --calib-random-tokens 200 --ctx 64 --quiet --model-hash-cache " + cache + " --out ";
+  CommandResult r = RunCommand(cmd + first);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("(model hash remembered)"), std::string::npos) << r.output;
+  ASSERT_TRUE(fs::is_directory(cache + "/hashes")) << r.output;
+  r = RunCommand(cmd + second);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(model hash remembered)"), std::string::npos) << r.output;
+  std::ifstream a(first, std::ios::binary), b(second, std::ios::binary);
+  const std::string bytes_a((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+  const std::string bytes_b((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(bytes_a.empty());
+  EXPECT_TRUE(bytes_a == bytes_b) << "the store built with the remembered hash differs";
+  fs::remove(first);
+  fs::remove(second);
+  fs::remove_all(cache);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 #include "common/formats/model_config.h"
 #include "services/cluster/cluster_config.h"
 #include "services/serve/memory_plan.h"
-#include "services/serve/model_hash_cache.h"
+#include "common/formats/model_hash_cache.h"
 #include "services/serve/model_source.h"
 #include "services/serve/serve.h"
 #include "services/serve/store_cache.h"
@@ -318,6 +318,18 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   cfg = cluster::LoadClusterConfig(path, "/unused");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   p.tokenizer_dir.clear();
+  // The broker keeps the model hash in the store cache (its section: broker_options.cc).
+  p.model_hash_cache = "/cache/stores";
+  const std::string with_cache = NodeFileText(o, p);
+  const size_t in_broker = with_cache.find("\nbroker:\n");
+  const size_t cache_key = with_cache.find("  model_hash_cache: \"/cache/stores\"\n");
+  ASSERT_NE(cache_key, std::string::npos) << with_cache;
+  EXPECT_LT(in_broker, cache_key) << with_cache;
+  EXPECT_LT(cache_key, with_cache.find("\nprefill:\n")) << with_cache;
+  std::ofstream(path) << with_cache;
+  cfg = cluster::LoadClusterConfig(path, "/unused");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  p.model_hash_cache.clear();
   // bf16 experts: no broker.
   p.store.clear();
   std::ofstream(path) << NodeFileText(o, p);

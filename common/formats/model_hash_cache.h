@@ -1,6 +1,7 @@
 // The model hash of a checkpoint (ModelHash, common/formats/checkpoint_experts.h: config.json
-// and every routed expert's bytes) remembered between starts of `pw serve`, so that a second
-// start of a large checkpoint does not read all its experts again:
+// and every routed expert's bytes) remembered between starts of `pw serve` and of the broker
+// it starts (broker option `model_hash_cache`), so that a second start of a large checkpoint
+// does not read all its experts again:
 //
 //   <store_dir>/hashes/<FNV-1a 64 of the directory's canonical path>.txt
 //
@@ -20,7 +21,7 @@
 
 #include "common/status.h"
 
-namespace pw::serve {
+namespace pw {
 
 struct CachedModelHash {
   uint64_t hash = 0;
@@ -30,4 +31,4 @@ struct CachedModelHash {
 Result<CachedModelHash> ModelHashCached(const std::string& model_dir, const std::string& store_dir,
                                         double settle_seconds = 1.0);
 
-}  // namespace pw::serve
+}  // namespace pw

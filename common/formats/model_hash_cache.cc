@@ -1,4 +1,4 @@
-#include "services/serve/model_hash_cache.h"
+#include "common/formats/model_hash_cache.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include "common/formats/checkpoint_experts.h"
 #include "common/hash.h"
 
-namespace pw::serve {
+namespace pw {
 
 namespace fs = std::filesystem;
 
@@ -131,4 +131,4 @@ Result<CachedModelHash> ModelHashCached(const std::string& model_dir, const std:
   return out;
 }
 
-}  // namespace pw::serve
+}  // namespace pw
