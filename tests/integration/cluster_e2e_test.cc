@@ -52,9 +52,14 @@ std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
 
 class ClusterE2E : public ::testing::Test {
  protected:
+  // The model served, its name, and the directory of its tokenizer: the embedded model here.
+  virtual std::string model_dir() const { return ModelDir(); }
+  virtual std::string model_name() const { return "tiny-moe"; }
+  virtual std::string tokenizer_dir() const { return ModelDir(); }
+
   void SetUp() override {
-    if (!std::filesystem::exists(ModelDir() + "/model.safetensors")) {
-      GTEST_SKIP() << "no weights in " << ModelDir();
+    if (!std::filesystem::exists(model_dir() + "/model.safetensors")) {
+      GTEST_SKIP() << "no weights in " << model_dir();
     }
     testing::UseBatchInvariantKernels();
     http_port_ = FreePort();
@@ -70,12 +75,12 @@ class ClusterE2E : public ::testing::Test {
     std::filesystem::remove_all(run_dir_);
     std::filesystem::create_directories(run_dir_);
     const std::string yaml = run_dir_ + "/cluster.yaml";
-    std::ofstream(yaml) << "model_dir: " << ModelDir() << "\n"
-                        << "model_name: tiny-moe\nrun_dir: " << run_dir_ << "\n"
+    std::ofstream(yaml) << "model_dir: " << model_dir() << "\n"
+                        << "model_name: " << model_name() << "\nrun_dir: " << run_dir_ << "\n"
                         << "bin_dir: " << PW_BINARY_DIR << "/bin\n"
                         << "heartbeat_ms: 300\ndrain_timeout_ms: 20000\n"
                         << "router: {port: " << http_port_ << ", control_port: " << ctl_port_
-                        << ", lease_ms: 20000}\n"
+                        << ", lease_ms: 20000, tokenizer: " << tokenizer_dir() << "}\n"
                         << "broker: {control_port: " << broker_port_
                         << ", metrics_port: " << broker_metrics_port_ << "}\n"
                         << "prefill: [{id: prefill-0, kv_blocks: 256, metrics_port: "
@@ -90,7 +95,7 @@ class ClusterE2E : public ::testing::Test {
   void TearDown() override { cluster_.Kill(SIGKILL); KillStragglers(); }
 
   // The cluster has serving capacity once a completion succeeds.
-  bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s); }
+  bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s, model_name()); }
   void KillStragglers() {
     testing::KillNodeProcesses({ctl_port_, broker_port_});
     testing::KillConfigProcesses(Yaml());
@@ -100,7 +105,7 @@ class ClusterE2E : public ::testing::Test {
   std::string Logs() { return testing::RunLogs(run_dir_); }
   // Greedy completion of token-id prompt; returns the text (or "HTTP <status>: body").
   std::string Complete(const std::vector<int32_t>& prompt, int max_tokens) {
-    json req = {{"model", "tiny-moe"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+    json req = {{"model", model_name()}, {"prompt", prompt}, {"max_tokens", max_tokens},
                 {"temperature", 0}};
     auto [status, body] = Http(http_port_, "POST", "/v1/completions", req.dump());
     if (status != 200) return "HTTP " + std::to_string(status) + ": " + body;
@@ -110,11 +115,11 @@ class ClusterE2E : public ::testing::Test {
   }
   // The in-process engine's greedy text for each prompt.
   std::vector<std::string> Reference(const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
-    auto tok = Tokenizer::FromModelDir(ModelDir());
+    auto tok = Tokenizer::FromModelDir(tokenizer_dir());
     EXPECT_TRUE(tok.ok());
     engine::EngineOptions eo;
     eo.kv_dtype = engine::KvDtype::kBf16;  // the workers' default
-    auto e = engine::Engine::Create(ModelDir(), eo);
+    auto e = engine::Engine::Create(model_dir(), eo);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     engine::SamplingParams p;
     p.max_tokens = max_tokens;
@@ -129,7 +134,7 @@ class ClusterE2E : public ::testing::Test {
     for (auto& t : toks) out.push_back((*tok)->Decode(t, /*skip_special_tokens=*/true).value());
     return out;
   }
-  std::vector<std::vector<int32_t>> Prompts(int n, uint32_t seed) {
+  virtual std::vector<std::vector<int32_t>> Prompts(int n, uint32_t seed) {
     // Real text prompts of different lengths, tokenized as the router would.
     const char* texts[] = {"The sea", "Once upon a time there was", "int main(int argc, char** argv) {",
                            "Q: What is a fortune?\nA:", "In the beginning", "def parse(self, text):",
@@ -146,6 +151,9 @@ class ClusterE2E : public ::testing::Test {
   }
 
   void KillUnderLoadLosesNoRequest(const std::string& binary, const std::string& name);
+  // 8 requests of max_tokens each; decode-0 SIGKILLed while they run: each finishes with the
+  // engine's text, and pw-cluster restarts decode-0.
+  void DecodeKilledMidRequestIsReplacedWithIdenticalOutput(int max_tokens);
 
   testing::ChildProcess cluster_;
   int http_port_ = 0, ctl_port_ = 0, broker_port_ = 0;
@@ -196,9 +204,9 @@ TEST_F(ClusterE2E, DeadBrokerServingContinuesAndRestartedBrokerRebuilds) {
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(Complete(prompts[i], 16), ref[i]);
 }
 
-TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
+void ClusterE2E::DecodeKilledMidRequestIsReplacedWithIdenticalOutput(int max_tokens) {
   auto prompts = Prompts(8, 99);
-  const int kMax = 600;
+  const int kMax = max_tokens;
   auto ref = Reference(prompts, kMax);
   std::vector<std::future<std::string>> got;
   for (auto& p : prompts) got.push_back(std::async(std::launch::async, [&, p] { return Complete(p, kMax); }));
@@ -218,6 +226,31 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(restarted) << Logs();
+}
+
+TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
+  DecodeKilledMidRequestIsReplacedWithIdenticalOutput(600);
+}
+
+// gpt_oss (the HF fixture: sliding-window layers of window 8 whose pages the decode worker gives
+// back behind each sequence, sinks, expert biases; the embedded model's tokenizer, whose first
+// 1024 ids cover the fixture's vocabulary) through pw-cluster: the requests a killed decode
+// worker held are placed again and recomputed past many windows with the engine's text.
+class GptOssClusterE2E : public ClusterE2E {
+ protected:
+  std::string model_dir() const override { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/gpt_oss"; }
+  std::string model_name() const override { return "gpt-oss-fixture"; }
+  std::vector<std::vector<int32_t>> Prompts(int n, uint32_t seed) override {
+    auto prompts = ClusterE2E::Prompts(n, seed);
+    for (auto& p : prompts) {
+      for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
+    }
+    return prompts;
+  }
+};
+
+TEST_F(GptOssClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
+  DecodeKilledMidRequestIsReplacedWithIdenticalOutput(1500);
 }
 
 // Steady load of 8 clients while a worker (`binary`, named `name` by pw-cluster) is SIGKILLed,
