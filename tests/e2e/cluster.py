@@ -46,7 +46,8 @@ def http_get(url, timeout=5):
 class LocalCluster:
     def __init__(self, build_dir, model_dir, log_dir, model_name="tiny-moe", kv_blocks=512,
                  decode_workers=1, prefill_workers=1, heartbeat_ms=200, max_batch=128,
-                 router_args=(), decode_args=(), kv_dtype=None, store=None, initial_bits=4):
+                 router_args=(), decode_args=(), kv_dtype=None, store=None, initial_bits=4,
+                 common_args=()):
         self.bin = os.path.join(build_dir, "bin")
         self.model_dir = model_dir
         self.model_name = model_name
@@ -58,6 +59,7 @@ class LocalCluster:
         self.max_batch = max_batch
         self.router_args = list(router_args)
         self.decode_args = list(decode_args)
+        self.common_args = list(common_args)  # given to every process (router, broker, workers)
         self.kv_dtype = kv_dtype  # None: the workers' default (bf16)
         # An .apw store: a broker serves it and the decode workers read their experts from it
         # (pool pages, any-precision widths); None: every worker reads the checkpoint's bf16.
@@ -82,7 +84,8 @@ class LocalCluster:
         # Batch-invariant dense kernels: a prompt's greedy text is the same bits whatever it
         # was batched with, so runs under load can be compared with a reference run.
         env = dict(os.environ, PW_BATCH_INVARIANT="1")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.procs[name] = subprocess.Popen(argv + self.common_args, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env)
 
     def start_router(self):
         self._start("router", [os.path.join(self.bin, "pw-router"), "--model", self.model_dir,

@@ -78,7 +78,7 @@ Status PrefillWorker::Setup() {
       KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size, cfg.model_type);
   pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
-  PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
+  PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id, options_.main_loop_stale_ms));
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   // This process registers no memory of its own. Each decode peer is reached from a worker of
   // its own (Endpoint::ConnectOnOwnWorker), progressed by the puts while they wait: a decode
@@ -264,6 +264,7 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   };
   uint64_t drain_deadline = 0;
   while (true) {
+    metrics_->beat->Beat();
     if (stop.load() && !draining_.load()) draining_.store(true);
     bool idle;
     size_t waiting, running;

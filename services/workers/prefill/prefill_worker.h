@@ -81,6 +81,7 @@ struct PrefillWorkerOptions {
   uint64_t heartbeat_ms = 500;
   int put_timeout_ms = 10000;  // bound of one KV transfer's puts, and of its flush
   std::string metrics_bind;
+  int64_t main_loop_stale_ms = service::kDefaultMainLoopStaleMs;  // /live (main_loop_beat.h)
 };
 
 class PrefillWorker {
