@@ -45,6 +45,10 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
                   .Help("Bytes moved over UCX by this process").Register(r);
   m->ucx_put_bytes = &ucx.Add({{"worker", worker_id}, {"op", "put"}});
   m->ucx_get_bytes = &ucx.Add({{"worker", worker_id}, {"op", "get"}});
+  m->worker_id_ = worker_id;
+  m->kv_transfer_bytes_ = &prometheus::BuildCounter().Name("pagedweight_kv_transfer_bytes_total")
+                               .Help("KV bytes put into decode workers' pools, by UCX transport")
+                               .Register(r);
   m->preemptions = &prometheus::BuildCounter().Name("pagedweight_worker_num_preemptions_total")
                         .Help("Sequences preempted for lack of KV blocks").Register(r).Add(id);
   m->leases_expired = &prometheus::BuildCounter().Name("pagedweight_kv_leases_expired_total")
@@ -84,6 +88,10 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
     PW_ASSIGN_OR_RETURN(m->http_, service::MetricsHttp::Create(bind, m->registry, m->beat.get(), {{"/ready", ready}}));
   }
   return m;
+}
+
+prometheus::Counter& WorkerMetrics::KvTransferBytes(const std::string& transport) {
+  return kv_transfer_bytes_->Add({{"worker", worker_id_}, {"transport", transport}});
 }
 
 uint16_t WorkerMetrics::port() const { return http_ ? http_->port() : 0; }

@@ -54,6 +54,9 @@ struct WorkerMetrics {
   prometheus::Counter* prompt_tokens = nullptr;
   prometheus::Counter* ucx_put_bytes = nullptr;
   prometheus::Counter* ucx_get_bytes = nullptr;
+  // Prefill: KV bytes put into decode workers' pools, by the UCX transports of the endpoint
+  // (pagedweight_kv_transfer_bytes_total{transport="tcp"}). Any thread.
+  prometheus::Counter& KvTransferBytes(const std::string& transport);
   prometheus::Counter* preemptions = nullptr;
   prometheus::Counter* leases_expired = nullptr;
   // Decode: reservations held for a lowering (reserve_wait.h), and how the hold ended.
@@ -70,6 +73,8 @@ struct WorkerMetrics {
   prometheus::Histogram* request_prefill_time = nullptr;
 
  private:
+  std::string worker_id_;
+  prometheus::Family<prometheus::Counter>* kv_transfer_bytes_ = nullptr;
   mutable std::mutex ready_mu_;
   std::string not_ready_ = "starting";  // guarded by ready_mu_; "" = ready
   std::unique_ptr<service::MetricsHttp> http_;  // declared last: stopped first

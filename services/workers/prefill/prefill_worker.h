@@ -104,6 +104,7 @@ class PrefillWorker {
     uint64_t base = 0, bytes = 0;
     std::unique_ptr<transport::ucx::Endpoint> ep;
     std::unique_ptr<transport::ucx::RemoteRegion> region;
+    std::string transport;  // the endpoint's UCX transports ("tcp", "sysv+posix+cma")
   };
   // One request, from arrival to KvReady.
   struct Job {
