@@ -94,17 +94,20 @@ class LocalCluster:
                                "--heartbeat-ms", str(self.heartbeat_ms),
                                "--control-keys", self.keys] + self.router_args)
 
-    def start_broker(self):
-        self.metrics_ports["broker"] = free_port()
-        self._start("broker", [os.path.join(self.bin, "pw-broker"), "--model", self.model_dir,
-                               "--model-name", self.model_name,
-                               "--bind", f"tcp://127.0.0.1:{self.broker_port}",
-                               "--heartbeat-ms", str(self.heartbeat_ms), "--store", self.store,
-                               "--initial-bits", str(self.initial_bits),
-                               "--metrics", f"127.0.0.1:{self.metrics_ports['broker']}",
-                               "--control-keys", self.keys])
+    def start_broker(self, name="broker", port=None):
+        """A broker serving the store on `port` (default: the cluster's broker port)."""
+        self.metrics_ports[name] = free_port()
+        self._start(name, [os.path.join(self.bin, "pw-broker"), "--model", self.model_dir,
+                           "--model-name", self.model_name,
+                           "--bind", f"tcp://127.0.0.1:{port or self.broker_port}",
+                           "--heartbeat-ms", str(self.heartbeat_ms), "--store", self.store,
+                           "--initial-bits", str(self.initial_bits),
+                           "--metrics", f"127.0.0.1:{self.metrics_ports[name]}",
+                           "--control-keys", self.keys])
 
-    def start_worker(self, kind, index):
+    def start_worker(self, kind, index, node=None, broker_port=None):
+        """Worker `kind`-`index`; `node`: the node it registers on (default: the hostname),
+        `broker_port`: a decode worker's broker (default: the cluster's)."""
         name = f"{kind}-{index}"
         argv = [os.path.join(self.bin, f"pw-{kind}"), "--model", self.model_dir,
                 "--router", f"tcp://127.0.0.1:{self.worker_port}", "--id", name,
@@ -115,10 +118,12 @@ class LocalCluster:
         argv += ["--metrics", f"127.0.0.1:{self.metrics_ports[name]}"]
         if self.kv_dtype:
             argv += ["--kv-dtype", self.kv_dtype]
+        if node:
+            argv += ["--node", node]
         if kind == "decode":
             argv += ["--max-batch", str(self.max_batch)] + self.decode_args
             if self.store:
-                argv += ["--broker", f"tcp://127.0.0.1:{self.broker_port}"]
+                argv += ["--broker", f"tcp://127.0.0.1:{broker_port or self.broker_port}"]
         self._start(name, argv)
 
     def __enter__(self):
