@@ -17,7 +17,7 @@
 namespace pw::broker {
 
 Broker::Broker(BrokerOptions options, const Clock* clock)
-    : options_(std::move(options)), clock_(clock) {}
+    : options_(std::move(options)), clock_(clock), beat_(options_.main_loop_stale_ms) {}
 
 Broker::~Broker() {
   // Every registration goes before the worker and the context it was made on (UCX asserts on
@@ -166,12 +166,9 @@ Status Broker::Setup() {
                             .Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1});
   }
   if (!options_.metrics_bind.empty()) {
-    try {
-      exposer_ = std::make_unique<prometheus::Exposer>(options_.metrics_bind);
-      exposer_->RegisterCollectable(registry_);
-    } catch (const std::exception& e) {
-      return Unavailable("broker: cannot serve /metrics on '" + options_.metrics_bind + "': " + e.what());
-    }
+    auto http = service::MetricsHttp::Create(options_.metrics_bind, registry_, &beat_);
+    if (!http.ok()) return Unavailable("broker: " + http.status().message());
+    http_ = std::move(*http);
   }
   if (served_) {
     PW_LOG(INFO) << "broker: store " << options_.store_path << " (" << served_->store().num_blocks()
@@ -459,6 +456,7 @@ void Broker::RunPlanner() {
 }
 
 void Broker::PollOnce(int timeout_ms) {
+  beat_.Beat();
   server_->Poll(timeout_ms, [this](const std::string& peer, const proto::InMessage& m) {
     return Handle(peer, m);
   });

@@ -23,7 +23,6 @@
 #include <string>
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -37,6 +36,8 @@
 #include "services/broker/planner_driver.h"
 #include "services/broker/served_store.h"
 #include "services/common/expert_store_layout.h"
+#include "services/common/main_loop_beat.h"
+#include "services/common/metrics_http.h"
 #include "services/common/registration_check.h"
 
 namespace pw::engine {
@@ -52,6 +53,7 @@ struct BrokerOptions {
   std::string id = "broker";
   uint64_t heartbeat_ms = 500;
   std::string metrics_bind;                 // "127.0.0.1:9102"; empty = none
+  int64_t main_loop_stale_ms = service::kDefaultMainLoopStaleMs;  // /live (main_loop_beat.h)
   std::string store_path;                   // .apw store; empty = the checkpoint's bf16 experts
   // Where the checkpoint's hash is remembered between starts (model_hash_cache.h); empty = the
   // experts are hashed at every start.
@@ -124,7 +126,8 @@ class Broker {
   std::map<std::string, WorkerRecord> workers_;
   uint64_t manifests_served_ = 0;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  service::MainLoopBeat beat_;  // PollOnce beats it: /live
+  std::unique_ptr<service::MetricsHttp> http_;
   prometheus::Gauge* workers_gauge_ = nullptr;
   prometheus::Counter* manifests_counter_ = nullptr;
   prometheus::Counter* plans_counter_ = nullptr;

@@ -1,5 +1,7 @@
 #include "services/broker/broker_options.h"
 
+#include "services/common/main_loop_beat.h"
+
 namespace pw::broker {
 
 void DeclareBrokerOptions(options::OptionSet* s, BrokerOptions* o) {
@@ -9,6 +11,7 @@ void DeclareBrokerOptions(options::OptionSet* s, BrokerOptions* o) {
   s->Add("bind", &o->bind, "control endpoint (ZeroMQ ROUTER)").NoKey();
   s->Add("heartbeat_ms", &o->heartbeat_ms, "heartbeat interval").Shared().Range(10, 60000);
   s->Add("metrics", &o->metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9102").NoKey();
+  service::DeclareMainLoopStaleOption(s, &o->main_loop_stale_ms);
   s->Add("store", &o->store_path,
          "any-precision .apw store to serve (default: the checkpoint's bf16 experts)")
       .NonEmpty();

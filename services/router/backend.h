@@ -111,6 +111,8 @@ class GenerationBackend {
   virtual void Cancel(uint64_t id) = 0;
   // Thread-safe snapshot.
   virtual BackendLoad Load() const = 0;
+  // The router's /live: "" while the backend's own loop comes round, else why not. Any thread.
+  virtual std::string NotLive() const { return ""; }
 };
 
 }  // namespace pw::router

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <pthread.h>
 #include <random>
 
 #include "common/logging.h"
@@ -130,13 +131,17 @@ std::unique_ptr<ClusterBackend> ClusterBackend::Create(
 
 ClusterBackend::ClusterBackend(ClusterBackendOptions options, std::string endpoint,
                                const Clock* clock)
-    : options_(std::move(options)), endpoint_(std::move(endpoint)), clock_(clock) {}
+    : options_(std::move(options)), endpoint_(std::move(endpoint)), clock_(clock),
+      beat_(options_.main_loop_stale_ms) {}
 
 ClusterBackend::~ClusterBackend() { Stop(); }
 
 void ClusterBackend::Start() {
   PW_CHECK(events_ != nullptr);
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "pw-backend");  // named for debuggers and the /live test
+    Run();
+  });
 }
 
 void ClusterBackend::Stop() {
@@ -193,6 +198,7 @@ void ClusterBackend::Run() {
 }
 
 void ClusterBackend::RunOnce(int max_poll_ms) {
+  beat_.Beat();
   DrainCommands();
   CheckPhaseTimeouts();
   CheckFences();

@@ -64,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "services/common/main_loop_beat.h"
 #include "services/common/registration_check.h"
 #include "services/router/backend.h"
 #include "services/transport/control.h"
@@ -80,6 +81,9 @@ struct ClusterBackendOptions {
   std::string id = "router";  // senderId on the control plane
   uint64_t heartbeat_ms = 500;
   uint32_t dead_after_beats = 3;
+  // /live fails once the backend thread's loop has not come round for this long
+  // (services/common/main_loop_beat.h).
+  int64_t main_loop_stale_ms = service::kDefaultMainLoopStaleMs;
   // KV reservation lease sent with KvReserve; renewed every third of it while the request is
   // queued behind prefill or waits for a decode slot.
   uint32_t lease_ms = 30000;
@@ -131,6 +135,7 @@ class ClusterBackend final : public GenerationBackend {
   Status Submit(GenerationRequest request) override;
   void Cancel(uint64_t id) override;
   BackendLoad Load() const override;
+  std::string NotLive() const override { return beat_.NotLive(); }
 
   // One turn of the backend thread's loop: queued commands, phase timeouts, fences, placement,
   // then the frames that arrive within `max_poll_ms` (10 ms at most while requests wait).
@@ -258,6 +263,7 @@ class ClusterBackend final : public GenerationBackend {
   std::unique_ptr<transport::ControlServer> server_;  // backend thread only
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  service::MainLoopBeat beat_;  // RunOnce beats it
 
   // Commands from other threads, and the wake-up DEALER (guarded by cmd_mu_).
   std::mutex cmd_mu_;

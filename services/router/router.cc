@@ -121,12 +121,13 @@ void Router::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange)
   std::string_view path = request.Path();
   const bool is_get = request.method == "GET";
   if (!options_.api_keys.empty()) {
-    const bool open = (path == "/health" && !options_.protect_health) ||
+    const bool open = ((path == "/health" || path == "/live") && !options_.protect_health) ||
                       (path == "/metrics" && !options_.protect_metrics);
     std::string label = path == "/v1/completions"        ? "completions"
                         : path == "/v1/chat/completions" ? "chat_completions"
                         : path == "/v1/models"           ? "models"
                         : path == "/health"              ? "health"
+                        : path == "/live"                ? "live"
                         : path == "/metrics"             ? "metrics"
                         : path == "/tokenize" || path == "/detokenize" || path == "/tokenizer_info"
                             ? "tokenizer"
@@ -182,6 +183,14 @@ void Router::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange)
       j["status"] = "ok";
     }
     Reply(*exchange, "health", status, j.dump());
+    return;
+  }
+  if (path == "/live") {
+    // The livenessProbe: the backend's loop comes round (/health says whether workers serve).
+    if (!is_get) return method_not_allowed("live", "GET");
+    const std::string why = backend_->NotLive();
+    Reply(*exchange, "live", why.empty() ? 200 : 503,
+          nlohmann::json{{"status", why.empty() ? "live" : "not_live"}, {"reason", why}}.dump());
     return;
   }
   if (path == "/metrics") {

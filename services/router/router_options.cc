@@ -1,5 +1,7 @@
 #include "services/router/router_options.h"
 
+#include "services/common/main_loop_beat.h"
+
 namespace pw::router {
 
 void DeclareRouterOptions(options::OptionSet* s, RouterAppOptions* o) {
@@ -17,6 +19,7 @@ void DeclareRouterOptions(options::OptionSet* s, RouterAppOptions* o) {
   s->Add("workers", &o->cluster.bind, "ZeroMQ ROUTER endpoint workers connect to").NoKey();
   s->Add("heartbeat_ms", &o->cluster.heartbeat_ms, "control-plane heartbeat interval")
       .Shared().Range(10, 60000);
+  service::DeclareMainLoopStaleOption(s, &o->cluster.main_loop_stale_ms);
   s->Add("lease_ms", &o->cluster.lease_ms, "KV reservation lease").Range(100, 3600000);
   s->Add("prefill_ahead", &o->cluster.prefill_ahead,
          "requests per decode worker prefilled beyond its full batch (-1: maxBatch/4)")

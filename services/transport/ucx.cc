@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -282,6 +283,43 @@ void Endpoint::Close(bool force) {
 }
 
 Endpoint::~Endpoint() { Close(!healthy()); }
+
+std::vector<std::string> LaneTransports(std::string_view ep_info) {
+  std::vector<std::string> names;
+  size_t pos = 0;
+  while ((pos = ep_info.find("lane[", pos)) != std::string_view::npos) {
+    // "lane[0]:  2:tcp/lo.0 md[1] ...": the name between the resource index's ':' and '/'.
+    const size_t eol = std::min(ep_info.find('\n', pos), ep_info.size());
+    const std::string_view line = ep_info.substr(pos, eol - pos);
+    pos = eol;
+    const size_t colon = line.find(':', line.find(']'));
+    if (colon == std::string_view::npos) continue;
+    const size_t start = line.find(':', line.find_first_not_of(' ', colon + 1));
+    const size_t slash = line.find('/', start);
+    if (start == std::string_view::npos || slash == std::string_view::npos) continue;
+    std::string name(line.substr(start + 1, slash - start - 1));
+    if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(std::move(name));
+    }
+  }
+  return names;
+}
+
+Result<std::string> Endpoint::Transports() const {
+  if (ep_ == nullptr) return Unavailable("UCX endpoint is closed");
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (f == nullptr) return Unavailable("open_memstream failed");
+  ucp_ep_print_info(ep_, f);
+  std::fclose(f);
+  const std::string info(buf, len);
+  std::free(buf);
+  std::string joined;
+  for (const std::string& n : LaneTransports(info)) joined += (joined.empty() ? "" : "+") + n;
+  if (joined.empty()) return Unavailable("ucp_ep_print_info printed no lane: " + info);
+  return joined;
+}
 
 void Endpoint::Fail(const char* why) {
   if (ep_ != nullptr) PW_LOG(INFO) << "UCX endpoint closed: " << why;

@@ -69,6 +69,10 @@ Status SetBindHostFromEndpoint(const std::string& endpoint);
 // The interface carrying IPv4 address `host` ("lo" for 127.0.0.1); "" for a wildcard.
 Result<std::string> NetDeviceForHost(const std::string& host);
 
+// The transport names of the lanes ucp_ep_print_info prints ("#  lane[0]:  2:tcp/lo.0 md[1]
+// ..." -> "tcp"), distinct, in lane order.
+std::vector<std::string> LaneTransports(std::string_view ep_info);
+
 class Context {
  public:
   // Initialises ucp with RMA (+ wakeup). Transports come from UCX_TLS (default: all usable);
@@ -189,6 +193,12 @@ class Endpoint {
   }
   Worker& worker() { return worker_; }
   ucp_ep_h handle() const { return ep_; }
+  // The UCX transports of this endpoint's lanes, distinct, in lane order, joined by '+' ("tcp"
+  // between hosts or network namespaces, "sysv+posix+cma" between processes of one host with
+  // ErrorMode::kNone). UCX 1.13 has no ucp_ep_query for it (UCP_EP_ATTR_FIELD_TRANSPORTS came
+  // in 1.14): read from ucp_ep_print_info. kUnavailable when the endpoint is closed or UCX
+  // printed no lane.
+  Result<std::string> Transports() const;
 
  private:
   friend class RemoteRegion;

@@ -46,7 +46,8 @@ def http_get(url, timeout=5):
 class LocalCluster:
     def __init__(self, build_dir, model_dir, log_dir, model_name="tiny-moe", kv_blocks=512,
                  decode_workers=1, prefill_workers=1, heartbeat_ms=200, max_batch=128,
-                 router_args=(), decode_args=(), kv_dtype=None, store=None, initial_bits=4):
+                 router_args=(), decode_args=(), kv_dtype=None, store=None, initial_bits=4,
+                 common_args=()):
         self.bin = os.path.join(build_dir, "bin")
         self.model_dir = model_dir
         self.model_name = model_name
@@ -58,6 +59,7 @@ class LocalCluster:
         self.max_batch = max_batch
         self.router_args = list(router_args)
         self.decode_args = list(decode_args)
+        self.common_args = list(common_args)  # given to every process (router, broker, workers)
         self.kv_dtype = kv_dtype  # None: the workers' default (bf16)
         # An .apw store: a broker serves it and the decode workers read their experts from it
         # (pool pages, any-precision widths); None: every worker reads the checkpoint's bf16.
@@ -82,7 +84,8 @@ class LocalCluster:
         # Batch-invariant dense kernels: a prompt's greedy text is the same bits whatever it
         # was batched with, so runs under load can be compared with a reference run.
         env = dict(os.environ, PW_BATCH_INVARIANT="1")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.procs[name] = subprocess.Popen(argv + self.common_args, stdout=log,
+                                            stderr=subprocess.STDOUT, env=env)
 
     def start_router(self):
         self._start("router", [os.path.join(self.bin, "pw-router"), "--model", self.model_dir,
@@ -91,17 +94,20 @@ class LocalCluster:
                                "--heartbeat-ms", str(self.heartbeat_ms),
                                "--control-keys", self.keys] + self.router_args)
 
-    def start_broker(self):
-        self.metrics_ports["broker"] = free_port()
-        self._start("broker", [os.path.join(self.bin, "pw-broker"), "--model", self.model_dir,
-                               "--model-name", self.model_name,
-                               "--bind", f"tcp://127.0.0.1:{self.broker_port}",
-                               "--heartbeat-ms", str(self.heartbeat_ms), "--store", self.store,
-                               "--initial-bits", str(self.initial_bits),
-                               "--metrics", f"127.0.0.1:{self.metrics_ports['broker']}",
-                               "--control-keys", self.keys])
+    def start_broker(self, name="broker", port=None):
+        """A broker serving the store on `port` (default: the cluster's broker port)."""
+        self.metrics_ports[name] = free_port()
+        self._start(name, [os.path.join(self.bin, "pw-broker"), "--model", self.model_dir,
+                           "--model-name", self.model_name,
+                           "--bind", f"tcp://127.0.0.1:{port or self.broker_port}",
+                           "--heartbeat-ms", str(self.heartbeat_ms), "--store", self.store,
+                           "--initial-bits", str(self.initial_bits),
+                           "--metrics", f"127.0.0.1:{self.metrics_ports[name]}",
+                           "--control-keys", self.keys])
 
-    def start_worker(self, kind, index):
+    def start_worker(self, kind, index, node=None, broker_port=None):
+        """Worker `kind`-`index`; `node`: the node it registers on (default: the hostname),
+        `broker_port`: a decode worker's broker (default: the cluster's)."""
         name = f"{kind}-{index}"
         argv = [os.path.join(self.bin, f"pw-{kind}"), "--model", self.model_dir,
                 "--router", f"tcp://127.0.0.1:{self.worker_port}", "--id", name,
@@ -112,10 +118,12 @@ class LocalCluster:
         argv += ["--metrics", f"127.0.0.1:{self.metrics_ports[name]}"]
         if self.kv_dtype:
             argv += ["--kv-dtype", self.kv_dtype]
+        if node:
+            argv += ["--node", node]
         if kind == "decode":
             argv += ["--max-batch", str(self.max_batch)] + self.decode_args
             if self.store:
-                argv += ["--broker", f"tcp://127.0.0.1:{self.broker_port}"]
+                argv += ["--broker", f"tcp://127.0.0.1:{broker_port or self.broker_port}"]
         self._start(name, argv)
 
     def __enter__(self):

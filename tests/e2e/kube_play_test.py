@@ -222,7 +222,16 @@ def main():
             put = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                       if line.startswith("pagedweight_ucx_bytes_total{") and 'op="put"' in line)
             assert status == 200 and put > 0, (status, put)
-            print(f"KV put from the prefill pod ({prefill_ip}) to the decode pod: {put:.0f} bytes")
+            # The transports UCX chose for those puts (the prefill worker reads them from its
+            # endpoint: services/transport/ucx.h, Endpoint::Transports): tcp, and nothing else.
+            by_transport = {}
+            for line in metrics.splitlines():
+                if line.startswith("pagedweight_kv_transfer_bytes_total{"):
+                    key, value = line.rsplit(" ", 1)
+                    by_transport[re.search(r'transport="([^"]*)"', key).group(1)] = float(value)
+            assert set(by_transport) == {"tcp"} and by_transport["tcp"] == put, (by_transport, put)
+            print(f"KV put from the prefill pod ({prefill_ip}) to the decode pod: {put:.0f} bytes, "
+                  f"over UCX transport {sorted(by_transport)}")
 
             # A decode pod's worker SIGKILLed while requests run: the router places them again on
             # the other decode pod; none is lost.

@@ -281,9 +281,11 @@ def test_probes_resources_security(name):
             assert s["failureThreshold"] * s["periodSeconds"] >= 600
     for component in ["prefill", "decode"]:
         main = container(deployment(objs, component)["spec"]["template"]["spec"], component)
-        # Ready: registered, weights resident (/ready); started and alive: the process answers.
+        # Ready: registered, weights resident (/ready); started and alive: the main loop comes
+        # round (/live; /metrics answers while the loop is stuck).
         assert main["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
-        assert main["startupProbe"]["httpGet"]["path"] == "/metrics"
+        assert main["startupProbe"]["httpGet"] == {"path": "/live", "port": "metrics"}
+        assert main["livenessProbe"]["httpGet"] == {"path": "/live", "port": "metrics"}
         # The pod's address and node from the downward API, given as flags.
         env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in main["env"] if "valueFrom" in e}
         assert env["POD_IP"] == "status.podIP" and env["NODE_NAME"] == "spec.nodeName"
@@ -294,7 +296,8 @@ def test_probes_resources_security(name):
     # Ready means "can serve" (/health: a live prefill and decode worker, not draining);
     # alive must not depend on the workers (a restart would not bring them back).
     assert router["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert router["livenessProbe"]["httpGet"]["path"] != "/health"
+    assert router["livenessProbe"]["httpGet"] == {"path": "/live", "port": "http"}
+    assert router["startupProbe"]["httpGet"] == {"path": "/live", "port": "http"}
     decode = deployment(objs, "decode")["spec"]["template"]["spec"]
     broker = container(decode, "broker")
     assert decode["shareProcessNamespace"] is True
@@ -303,6 +306,8 @@ def test_probes_resources_security(name):
     assert in_init == v["broker"]["nativeSidecar"]
     if in_init:
         assert broker["restartPolicy"] == "Always"
+    assert broker["startupProbe"]["httpGet"] == {"path": "/live", "port": "broker-metrics"}
+    assert broker["livenessProbe"]["httpGet"] == {"path": "/live", "port": "broker-metrics"}
 
 
 def node_file(objs):

@@ -2,6 +2,7 @@
 
 #include "kernels/anyprec/q8.h"
 #include "services/broker/broker_options.h"
+#include "services/common/main_loop_beat.h"
 #include "services/workers/common/kernel_options.h"
 #include "policies/misses/miss_options.h"
 #include "services/workers/common/worker_model_options.h"
@@ -23,6 +24,7 @@ void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
   s->Add("router_lost_quarantine_ms", &o->router_lost_quarantine_ms, "... or this long once the router is lost")
       .Range(1, 86400000);
   s->Add("metrics", &o->metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101").NoKey();
+  service::DeclareMainLoopStaleOption(s, &o->main_loop_stale_ms);
   // The page pool shared by KV and expert planes: MiB in files, bytes as a flag (0 = kv_blocks
   // of KV plus every expert at 8 bits); the page size (0 = one layer of one KV block).
   s->Add("pool_mb", &o->pool_bytes,

@@ -102,7 +102,7 @@ Status DecodeWorker::Setup() {
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);
-  PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
+  PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id, options_.main_loop_stale_ms));
   if (options_.lynx) {
     lynx_ = std::make_unique<lynx::LynxRemapper>(options_.lynx_options);
     lynx_hook_ = std::make_unique<engine::LynxRoutingHook>(lynx_.get());
@@ -649,6 +649,7 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
     return weights_->Handle(m);
   };
   while (true) {
+    metrics_->beat->Beat();
     if (stop.load() && !draining_) {
       draining_ = true;
       PW_LOG(INFO) << options_.id << ": draining (" << running_.size() << " running, "

@@ -107,6 +107,7 @@ struct DecodeWorkerOptions {
   int weights_timeout_ms = 120000; // waiting for the broker's expert weights at start
   const std::atomic<bool>* stop = nullptr;  // set: that wait ends when it turns true
   std::string metrics_bind;        // "127.0.0.1:0"; empty = no /metrics
+  int64_t main_loop_stale_ms = service::kDefaultMainLoopStaleMs;  // /live (main_loop_beat.h)
   // KV elements (prefill workers must use the same: the layout hash says so).
   engine::KvDtype kv_dtype = engine::KvDtype::kBf16;
   // The page pool shared by KV and any-precision expert planes (memory/page_pool.h).

@@ -1,44 +1,8 @@
 #include "services/workers/metrics/worker_metrics.h"
 
-#include <CivetServer.h>
-#include <prometheus/text_serializer.h>
-
-#include <exception>
-
 namespace pw::workers {
 
-// /metrics (the registry in Prometheus' text format) and /ready (the readiness WorkerMetrics
-// holds), on civetweb as prometheus-cpp's Exposer serves /metrics: one server, one port.
-class WorkerMetrics::Handler : public CivetHandler {
- public:
-  enum class Kind { kMetrics, kReady };
-  Handler(WorkerMetrics* m, Kind kind) : m_(m), kind_(kind) {}
-  bool handleGet(CivetServer*, mg_connection* conn) override {
-    int code = 200;
-    std::string type = "text/plain; charset=utf-8";
-    std::string body;
-    if (kind_ == Kind::kMetrics) {
-      type = "text/plain; version=0.0.4; charset=utf-8";
-      body = prometheus::TextSerializer().Serialize(m_->registry->Collect());
-    } else {
-      const std::string reason = m_->NotReadyReason();
-      code = reason.empty() ? 200 : 503;
-      body = (reason.empty() ? std::string("ready") : "not ready: " + reason) + "\n";
-    }
-    mg_printf(conn,
-              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-              "Connection: close\r\n\r\n",
-              code, code == 200 ? "OK" : "Service Unavailable", type.c_str(), body.size());
-    mg_write(conn, body.data(), body.size());
-    return true;
-  }
-
- private:
-  WorkerMetrics* m_;
-  Kind kind_;
-};
-
-WorkerMetrics::~WorkerMetrics() { server_.reset(); }  // no handler runs past here
+WorkerMetrics::~WorkerMetrics() { http_.reset(); }  // no handler runs past here
 
 void WorkerMetrics::SetNotReady(const std::string& reason) {
   std::lock_guard<std::mutex> lock(ready_mu_);
@@ -51,8 +15,10 @@ std::string WorkerMetrics::NotReadyReason() const {
 }
 
 Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& bind,
-                                                             const std::string& worker_id) {
+                                                             const std::string& worker_id,
+                                                             int64_t main_loop_stale_ms) {
   auto m = std::make_unique<WorkerMetrics>();
+  m->beat = std::make_unique<service::MainLoopBeat>(main_loop_stale_ms);
   m->registry = std::make_shared<prometheus::Registry>();
   auto& r = *m->registry;
   const std::map<std::string, std::string> id{{"worker", worker_id}};
@@ -79,6 +45,10 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
                   .Help("Bytes moved over UCX by this process").Register(r);
   m->ucx_put_bytes = &ucx.Add({{"worker", worker_id}, {"op", "put"}});
   m->ucx_get_bytes = &ucx.Add({{"worker", worker_id}, {"op", "get"}});
+  m->worker_id_ = worker_id;
+  m->kv_transfer_bytes_ = &prometheus::BuildCounter().Name("pagedweight_kv_transfer_bytes_total")
+                               .Help("KV bytes put into decode workers' pools, by UCX transport")
+                               .Register(r);
   m->preemptions = &prometheus::BuildCounter().Name("pagedweight_worker_num_preemptions_total")
                         .Help("Sequences preempted for lack of KV blocks").Register(r).Add(id);
   m->leases_expired = &prometheus::BuildCounter().Name("pagedweight_kv_leases_expired_total")
@@ -109,24 +79,21 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
                                  .Help("Prefill: admitted -> KV written to the decode worker")
                                  .Register(r).Add(id, seconds);
   if (!bind.empty()) {
-    try {
-      m->metrics_handler_ = std::make_unique<Handler>(m.get(), Handler::Kind::kMetrics);
-      m->ready_handler_ = std::make_unique<Handler>(m.get(), Handler::Kind::kReady);
-      m->server_ = std::make_unique<CivetServer>(
-          std::vector<std::string>{"listening_ports", bind, "num_threads", "2"});
-      m->server_->addHandler("/metrics", m->metrics_handler_.get());
-      m->server_->addHandler("/ready", m->ready_handler_.get());
-    } catch (const std::exception& e) {
-      return Unavailable("cannot serve /metrics on '" + bind + "': " + e.what());
-    }
+    WorkerMetrics* self = m.get();
+    auto ready = [self] {
+      const std::string reason = self->NotReadyReason();
+      return service::MetricsHttp::Reply{reason.empty() ? 200 : 503,
+                                         (reason.empty() ? std::string("ready") : "not ready: " + reason) + "\n"};
+    };
+    PW_ASSIGN_OR_RETURN(m->http_, service::MetricsHttp::Create(bind, m->registry, m->beat.get(), {{"/ready", ready}}));
   }
   return m;
 }
 
-uint16_t WorkerMetrics::port() const {
-  if (!server_) return 0;
-  auto ports = server_->getListeningPorts();
-  return ports.empty() ? 0 : static_cast<uint16_t>(ports[0]);
+prometheus::Counter& WorkerMetrics::KvTransferBytes(const std::string& transport) {
+  return kv_transfer_bytes_->Add({{"worker", worker_id_}, {"transport", transport}});
 }
+
+uint16_t WorkerMetrics::port() const { return http_ ? http_->port() : 0; }
 
 }  // namespace pw::workers

@@ -2,8 +2,8 @@
 // served on /metrics when a bind address is given, and beside them the worker's readiness on
 // /ready: 200 "ready" once the worker has said so (registered with the router, its weights
 // resident), 503 with the reason until then and whenever it says otherwise (a Kubernetes
-// readinessProbe; /metrics answers from the start, before the weights load: startup and
-// liveness probes).
+// readinessProbe), and /live from the worker's main-loop beat (services/common/main_loop_beat.h:
+// the startup and liveness probes). /metrics answers from the start, before the weights load.
 #pragma once
 
 #include <prometheus/counter.h>
@@ -16,17 +16,19 @@
 #include <string>
 
 #include "common/status.h"
-
-class CivetServer;
+#include "services/common/main_loop_beat.h"
+#include "services/common/metrics_http.h"
 
 namespace pw::workers {
 
 struct WorkerMetrics {
   // `bind` "127.0.0.1:9100" (port 0 = any free port); empty = no HTTP endpoint.
+  // `main_loop_stale_ms`: /live fails once the beat is this old.
   static Result<std::unique_ptr<WorkerMetrics>> Create(const std::string& bind,
-                                                       const std::string& worker_id);
+                                                       const std::string& worker_id,
+                                                       int64_t main_loop_stale_ms = service::kDefaultMainLoopStaleMs);
   ~WorkerMetrics();
-  // Port /metrics and /ready listen on (0 without an endpoint).
+  // Port /metrics, /ready and /live listen on (0 without an endpoint).
   uint16_t port() const;
 
   // What /ready answers: not ready with `reason` (e.g. "loading weights", "not registered with
@@ -37,6 +39,8 @@ struct WorkerMetrics {
   std::string NotReadyReason() const;
 
   std::shared_ptr<prometheus::Registry> registry;
+  // The worker's main loop (its Run) beats this on every iteration: /live.
+  std::unique_ptr<service::MainLoopBeat> beat;
   prometheus::Gauge* kv_blocks_free = nullptr;
   prometheus::Gauge* kv_blocks_used = nullptr;
   prometheus::Gauge* kv_blocks_reserved = nullptr;
@@ -50,6 +54,9 @@ struct WorkerMetrics {
   prometheus::Counter* prompt_tokens = nullptr;
   prometheus::Counter* ucx_put_bytes = nullptr;
   prometheus::Counter* ucx_get_bytes = nullptr;
+  // Prefill: KV bytes put into decode workers' pools, by the UCX transports of the endpoint
+  // (pagedweight_kv_transfer_bytes_total{transport="tcp"}). Any thread.
+  prometheus::Counter& KvTransferBytes(const std::string& transport);
   prometheus::Counter* preemptions = nullptr;
   prometheus::Counter* leases_expired = nullptr;
   // Decode: reservations held for a lowering (reserve_wait.h), and how the hold ended.
@@ -66,11 +73,11 @@ struct WorkerMetrics {
   prometheus::Histogram* request_prefill_time = nullptr;
 
  private:
-  class Handler;
+  std::string worker_id_;
+  prometheus::Family<prometheus::Counter>* kv_transfer_bytes_ = nullptr;
   mutable std::mutex ready_mu_;
   std::string not_ready_ = "starting";  // guarded by ready_mu_; "" = ready
-  std::unique_ptr<Handler> metrics_handler_, ready_handler_;
-  std::unique_ptr<CivetServer> server_;  // declared last: stopped first
+  std::unique_ptr<service::MetricsHttp> http_;  // declared last: stopped first
 };
 
 }  // namespace pw::workers

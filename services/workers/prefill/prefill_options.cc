@@ -1,5 +1,6 @@
 #include "services/workers/prefill/prefill_options.h"
 
+#include "services/common/main_loop_beat.h"
 #include "services/workers/common/worker_model_options.h"
 
 namespace pw::workers {
@@ -14,6 +15,7 @@ void DeclarePrefillOptions(options::OptionSet* s, PrefillWorkerOptions* o) {
       .Range(1, 3600000);
   s->Add("heartbeat_ms", &o->heartbeat_ms, "heartbeat interval").Shared().Range(10, 60000);
   s->Add("metrics", &o->metrics_bind, "Prometheus bind address, e.g. 127.0.0.1:9101").NoKey();
+  service::DeclareMainLoopStaleOption(s, &o->main_loop_stale_ms);
 }
 
 }  // namespace pw::workers

@@ -78,7 +78,7 @@ Status PrefillWorker::Setup() {
       KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size, cfg.model_type);
   pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
-  PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id));
+  PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id, options_.main_loop_stale_ms));
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   // This process registers no memory of its own. Each decode peer is reached from a worker of
   // its own (Endpoint::ConnectOnOwnWorker), progressed by the puts while they wait: a decode
@@ -264,6 +264,7 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   };
   uint64_t drain_deadline = 0;
   while (true) {
+    metrics_->beat->Beat();
     if (stop.load() && !draining_.load()) draining_.store(true);
     bool idle;
     size_t waiting, running;
@@ -502,6 +503,12 @@ Result<PrefillWorker::Peer*> PrefillWorker::PeerFor(const std::string& decode_id
   PW_ASSIGN_OR_RETURN(p.ep, transport::ucx::Endpoint::ConnectOnOwnWorker(
                                 *ucx_ctx_, address, transport::ucx::Endpoint::ErrorMode::kNone));
   PW_ASSIGN_OR_RETURN(p.region, p.ep->OpenRegion(rkey, p.base, p.bytes));
+  // Which transport UCX chose (tcp between pods, shared memory on one host): the label of
+  // pagedweight_kv_transfer_bytes_total, so a deployment can see its KV crossing the network.
+  auto transports = p.ep->Transports();
+  p.transport = transports.ok() ? *transports : "unknown";
+  PW_LOG(INFO) << options_.id << ": KV transfers to " << decode_id << " over UCX transport " << p.transport
+               << (transports.ok() ? "" : " (" + transports.status().message() + ")");
   auto [ins, ok] = peers_.emplace(decode_id, std::move(p));
   return &ins->second;
 }
@@ -535,6 +542,7 @@ Status PrefillWorker::Transfer(Job* job) {
   PW_RETURN_IF_ERROR(peer->region->PutAll(segs, options_.put_timeout_ms, &job->cancelled));
   PW_RETURN_IF_ERROR(peer->ep->Flush(options_.put_timeout_ms, &job->cancelled));
   metrics_->ucx_put_bytes->Increment(static_cast<double>(job->own.size() * block_bytes));
+  metrics_->KvTransferBytes(peer->transport).Increment(static_cast<double>(job->own.size() * block_bytes));
   return Status::Ok();
 }
 

@@ -81,6 +81,7 @@ struct PrefillWorkerOptions {
   uint64_t heartbeat_ms = 500;
   int put_timeout_ms = 10000;  // bound of one KV transfer's puts, and of its flush
   std::string metrics_bind;
+  int64_t main_loop_stale_ms = service::kDefaultMainLoopStaleMs;  // /live (main_loop_beat.h)
 };
 
 class PrefillWorker {
@@ -103,6 +104,7 @@ class PrefillWorker {
     uint64_t base = 0, bytes = 0;
     std::unique_ptr<transport::ucx::Endpoint> ep;
     std::unique_ptr<transport::ucx::RemoteRegion> region;
+    std::string transport;  // the endpoint's UCX transports ("tcp", "sysv+posix+cma")
   };
   // One request, from arrival to KvReady.
   struct Job {

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -404,6 +405,48 @@ TEST(Ucx, InProcessLoopbackAndBounds) {
   EXPECT_EQ(back, src);
   EXPECT_EQ(Endpoint::ConnectOnOwnWorker(**ctx, "").status().code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(Ucx, LaneTransportsFromPrintedInfo) {
+  // What UCX 1.13's ucp_ep_print_info prints for a shared-memory and a tcp endpoint.
+  const char* shm =
+      "#                 lane[0]:  3:sysv/memory.0 md[2]           -> md[2]/sysv/sysdev[255] am am_bw#0\n"
+      "#                 lane[1]:  4:posix/memory.0 md[3]          -> md[3]/posix/sysdev[255]\n"
+      "#                 lane[2]:  5:cma/memory.0 md[4]            -> md[4]/cma/sysdev[255] rma_bw#0\n"
+      "#                  put[0]: 0..<short>..4294967296..<bcopy>..(inf)\n";
+  EXPECT_EQ(LaneTransports(shm), (std::vector<std::string>{"sysv", "posix", "cma"}));
+  const char* tcp =
+      "#                 lane[0]:  2:tcp/eth0.0 md[1]              -> md[1]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n"
+      "#                 lane[1]:  2:tcp/eth0.0 md[1]              -> md[1]/tcp/sysdev[255] rma_bw#0\n";
+  EXPECT_EQ(LaneTransports(tcp), (std::vector<std::string>{"tcp"}));
+  EXPECT_TRUE(LaneTransports("# UCP endpoint\n#  peer: <no debug data>\n").empty());
+}
+
+// A real endpoint names its transports: tcp when peer failure detection is asked for (UCX
+// 1.13 then takes only tcp), shared memory between two workers of one process otherwise.
+TEST(Ucx, EndpointNamesItsTransports) {
+  if (std::getenv("PW_UCX_ERR_MODE") != nullptr) GTEST_SKIP() << "PW_UCX_ERR_MODE overrides the modes";
+  auto ctx = Context::Create();
+  ASSERT_TRUE(ctx.ok());
+  auto owner = Worker::Create(**ctx);
+  auto user = Worker::Create(**ctx);
+  ASSERT_TRUE(owner.ok() && user.ok());
+  (*owner)->StartProgressThread();
+  auto tcp = Endpoint::Connect(**user, (*owner)->Address(), Endpoint::ErrorMode::kPeer);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
+  auto t = (*tcp)->Transports();
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(*t, "tcp");
+  auto shm = Endpoint::Connect(**user, (*owner)->Address(), Endpoint::ErrorMode::kNone);
+  ASSERT_TRUE(shm.ok()) << shm.status().ToString();
+  auto s = (*shm)->Transports();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->find("tcp"), std::string::npos) << *s;
+  EXPECT_TRUE(s->find("sysv") != std::string::npos || s->find("posix") != std::string::npos ||
+              s->find("cma") != std::string::npos)
+      << *s;
+  (*shm)->Fail("test over");
+  EXPECT_EQ((*shm)->Transports().status().code(), StatusCode::kUnavailable);
 }
 
 // The local addresses ("a.b.c.d:port", IPv6 as "[hex]:port") of this process's listening TCP
