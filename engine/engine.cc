@@ -41,16 +41,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   layout.dtype = options.kv_dtype;
   // A hybrid's linear-attention layers keep a recurrent state per sequence, in the pool;
   // sliding-window layers (gpt_oss) are their own KV kind: pages behind the window go back.
-  std::vector<memory::KvLayerSpec> specs = memory::FullAttentionSpecs(layout);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (c.linear_attention.IsLinear(l)) {
-      specs[static_cast<size_t>(l)] = {.kind = memory::KvKind::kRecurrentState,
-                                       .state_bytes = c.linear_attention.state_bytes()};
-    } else if (c.IsSlidingLayer(l)) {
-      specs[static_cast<size_t>(l)] = {.kind = memory::KvKind::kSlidingWindow,
-                                       .window = static_cast<int>(c.sliding_window)};
-    }
-  }
+  std::vector<memory::KvLayerSpec> specs = memory::ModelKvSpecs(c);
   std::unique_ptr<KvBlockPool> blocks;
   if (options.kv_pages != nullptr) {
     PW_ASSIGN_OR_RETURN(blocks, KvBlockPool::CreateOn(layout, options.kv_pages,

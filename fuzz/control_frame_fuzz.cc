@@ -105,7 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pw::transport::ControlServer::Options so;
     so.heartbeat_ms = 100;
     pw::transport::ControlServer server(std::make_unique<QueueTransport>(&q), &clock, so);
-    server.on_register = [](const std::string&, pw::wire::Register::Reader reg) {
+    server.on_register = [](const std::string&, pw::wire::Register::Reader reg, uint16_t) {
       (void)pw::proto::ToString(reg.getModelName());
       (void)reg.getKvMemory().getRkey().size();
       return pw::Status::Ok();

@@ -30,13 +30,9 @@ Status LayOutLayers(const KvLayout& layout, size_t page_bytes, std::vector<KvLay
     return InvalidArgument("KV pool: " + std::to_string(specs->size()) + " layer specs for " +
                            std::to_string(layout.num_layers) + " layers");
   }
-  *pages_per_block = 0;
-  first_page->clear();
-  for (size_t l = 0; l < specs->size(); ++l) {
-    PW_ASSIGN_OR_RETURN(int n, PagesPerBlock((*specs)[l], layout, page_bytes, static_cast<int>(l)));
-    first_page->push_back(*pages_per_block);
-    *pages_per_block += n;
-  }
+  PW_ASSIGN_OR_RETURN(*first_page, BlockPageOffsets(*specs, layout, page_bytes));
+  *pages_per_block = first_page->back();
+  first_page->pop_back();
   return Status::Ok();
 }
 
@@ -128,6 +124,13 @@ int KvBlockPool::LayerPages(int layer) const {
   const size_t l = static_cast<size_t>(layer);
   const int next = l + 1 < first_page_.size() ? first_page_[l + 1] : pages_per_block_;
   return next - first_page_[l];
+}
+
+PageId KvBlockPool::PageOf(int32_t id, int layer, int k) const {
+  PW_CHECK(k >= 0 && k < LayerPages(layer));
+  if (k == 0) return PageOf(id, layer);
+  PW_CHECK(IsAllocated(id));
+  return page_of_[At(id, layer) + static_cast<size_t>(k)];
 }
 
 uint8_t* KvBlockPool::LayerPage(int32_t id, int layer, int k) {

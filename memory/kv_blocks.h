@@ -84,6 +84,8 @@ class KvBlockPool {
   // Pages layer `layer` takes in every block (PagesPerBlock of its spec: 1 for full attention,
   // more for a recurrent state larger than a page), and page k < LayerPages(layer) of it.
   int LayerPages(int layer) const;
+  // The id of page k < LayerPages(layer) of layer `layer` of block `id` (checked as PageOf).
+  PageId PageOf(int32_t id, int layer, int k) const;
   uint8_t* LayerPage(int32_t id, int layer, int k);
   const uint8_t* LayerPage(int32_t id, int layer, int k) const;
   // [block_size][head_dim] K (kv = 0) or V (kv = 1) of one layer and kv head of a block, as

@@ -48,4 +48,26 @@ Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_
   return 1;
 }
 
+std::vector<KvLayerSpec> ModelKvSpecs(const ModelConfig& c) {
+  std::vector<KvLayerSpec> specs(static_cast<size_t>(std::max<int64_t>(0, c.num_layers)));
+  for (size_t l = 0; l < specs.size(); ++l) {
+    if (c.linear_attention.IsLinear(static_cast<int64_t>(l))) {
+      specs[l] = {.kind = KvKind::kRecurrentState, .state_bytes = c.linear_attention.state_bytes()};
+    } else if (c.IsSlidingLayer(static_cast<int64_t>(l))) {
+      specs[l] = {.kind = KvKind::kSlidingWindow, .window = static_cast<int>(c.sliding_window)};
+    }
+  }
+  return specs;
+}
+
+Result<std::vector<int>> BlockPageOffsets(std::span<const KvLayerSpec> specs, const KvLayout& layout,
+                                          size_t page_bytes) {
+  std::vector<int> first(specs.size() + 1, 0);
+  for (size_t l = 0; l < specs.size(); ++l) {
+    PW_ASSIGN_OR_RETURN(int n, PagesPerBlock(specs[l], layout, page_bytes, static_cast<int>(l)));
+    first[l + 1] = first[l] + n;
+  }
+  return first;
+}
+
 }  // namespace pw::memory

@@ -26,8 +26,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "common/formats/model_config.h"
 #include "common/status.h"
 #include "memory/kv_layout.h"
 
@@ -52,6 +54,12 @@ struct KvLayerSpec {
 // Every layer full attention: the spec of each model served today.
 std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout);
 
+// The spec of each of `c`'s layers: a recurrent state of c.linear_attention.state_bytes() for a
+// linear-attention layer, a sliding window of c.sliding_window for a sliding layer, full
+// attention otherwise. The engine lays its pool out with them; the router and the broker check a
+// worker's registration against them (services/common/registration_check.h).
+std::vector<KvLayerSpec> ModelKvSpecs(const ModelConfig& c);
+
 // Pages one block takes for `spec` in pages of `page_bytes`, with `layout`'s heads, head_dim,
 // block_size and dtype: 1 for full attention (its bytes_per_layer() must fit one page, else
 // kInvalidArgument); for a recurrent state, the pages its state_bytes take (kInvalidArgument
@@ -59,5 +67,13 @@ std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout);
 // the message.
 Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
                           int layer);
+
+// Where each layer's pages sit among a block's pages of `page_bytes`: entry l is layer l's first
+// page, entry specs.size() the pages one block takes (layers in order, PagesPerBlock each). A
+// peer with pages of another size lays the same block out differently (a recurrent state over
+// fewer or more pages), so a transfer maps the state's bytes, not its pages. Errors as
+// PagesPerBlock.
+Result<std::vector<int>> BlockPageOffsets(std::span<const KvLayerSpec> specs, const KvLayout& layout,
+                                          size_t page_bytes);
 
 }  // namespace pw::memory

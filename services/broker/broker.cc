@@ -113,8 +113,8 @@ Status Broker::Setup() {
   so.id = options_.id;
   so.heartbeat_ms = options_.heartbeat_ms;
   server_ = std::make_unique<transport::ControlServer>(std::move(t), clock_, so);
-  server_->on_register = [this](const std::string& peer, wire::Register::Reader r) {
-    return OnRegister(peer, r);
+  server_->on_register = [this](const std::string& peer, wire::Register::Reader r, uint16_t minor) {
+    return OnRegister(peer, r, minor);
   };
   server_->on_peer_dead = [this](const std::string& peer, const transport::PeerInfo&) {
     workers_.erase(peer);
@@ -182,14 +182,14 @@ Status Broker::Setup() {
   return Status::Ok();
 }
 
-Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r) {
+Status Broker::OnRegister(const std::string& peer, wire::Register::Reader r, uint16_t minor) {
   const std::string model = proto::ToString(r.getModelName());
   if (!model.empty() && model != options_.model_name) {
     return InvalidArgument("worker serves model '" + model + "', this broker holds '" +
                            options_.model_name + "'");
   }
   // Before anything acts on it: a refused Register leaves the registry and the plans as they were.
-  PW_RETURN_IF_ERROR(service::CheckRegistration(r, registration_));
+  PW_RETURN_IF_ERROR(service::CheckRegistration(r, registration_, minor));
   WorkerRecord rec;
   rec.id = peer;
   rec.role = static_cast<int>(r.getRole());

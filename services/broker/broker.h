@@ -96,7 +96,7 @@ class Broker {
   Status Setup();
   Status Handle(const std::string& peer, const proto::InMessage& m);
   // Refuses a Register of another model, or one CheckRegistration refuses (registration_).
-  Status OnRegister(const std::string& peer, wire::Register::Reader r);
+  Status OnRegister(const std::string& peer, wire::Register::Reader r, uint16_t version_minor);
   // The manifest, or a refusal: another model, or a peer of protocol 1.`peer_minor` that cannot
   // verify this build's part checksums (services/proto/part_checksum.h).
   void SendManifest(const std::string& peer, const std::string& model_name, uint16_t peer_minor);

@@ -4,13 +4,17 @@
 
 namespace pw::service {
 
-uint64_t KvLayoutHash(const memory::KvLayout& l, int64_t hidden_size, int64_t vocab_size,
-                      const std::string& model_type) {
+uint64_t KvLayoutHash(const memory::KvLayout& l, std::span<const memory::KvLayerSpec> specs,
+                      int64_t hidden_size, int64_t vocab_size, const std::string& model_type) {
   std::string key = "kv-v" + std::to_string(memory::kKvLayoutVersion) + "|" +
                     memory::KvDtypeName(l.dtype) + "|" + model_type + "|" + std::to_string(l.num_layers) + "|" +
                     std::to_string(l.num_kv_heads) + "|" + std::to_string(l.head_dim) + "|" +
                     std::to_string(l.block_size) + "|" + std::to_string(hidden_size) + "|" +
                     std::to_string(vocab_size);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].kind != memory::KvKind::kRecurrentState) continue;
+    key += "|state" + std::to_string(i) + ":" + std::to_string(specs[i].state_bytes);
+  }
   return Fnv1a64Of(key.data(), key.size());
 }
 

@@ -4,16 +4,21 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "memory/kv_layout.h"
+#include "memory/kv_spec.h"
 
 namespace pw::service {
 
 // FNV-1a 64 of the KvLayout (kKvLayoutVersion, dtype, layers, KV heads, head size,
-// block tokens) and the model dimensions that change what a block means (model_type, hidden
-// size, vocabulary).
-uint64_t KvLayoutHash(const memory::KvLayout& layout, int64_t hidden_size, int64_t vocab_size,
-                      const std::string& model_type);
+// block tokens), the model dimensions that change what a block means (model_type, hidden
+// size, vocabulary) and, for a hybrid, which layers keep a recurrent state of how many bytes
+// (`specs`, one per layer: memory::ModelKvSpecs): two hybrids alike in all else but their
+// states never exchange blocks. A pool without a recurrent state hashes as before there were
+// any (peers of protocol 1.2 and earlier compute the same).
+uint64_t KvLayoutHash(const memory::KvLayout& layout, std::span<const memory::KvLayerSpec> specs,
+                      int64_t hidden_size, int64_t vocab_size, const std::string& model_type);
 
 }  // namespace pw::service

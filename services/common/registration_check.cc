@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "services/common/kv_layout_hash.h"
+#include "services/common/transferable_kv.h"
 #include "memory/kv_layout.h"
+#include "memory/kv_spec.h"
 
 namespace pw::service {
 
@@ -33,10 +35,12 @@ memory::KvLayout ModelLayout(const ModelConfig& m, uint32_t block_tokens, memory
 }
 
 // The KV layout checks; appends a line per problem.
-void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, uint64_t max_bytes,
-                   std::vector<std::string>* bad, uint64_t* kv_bytes) {
+void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, uint16_t peer_minor,
+                   uint64_t max_bytes, std::vector<std::string>* bad, uint64_t* kv_bytes) {
   const uint32_t blocks = kl.getNumBlocks(), block_tokens = kl.getBlockTokens(),
                  layers = kl.getNumLayers();
+  // 0: a peer before protocol 1.3, one page per layer.
+  const uint32_t block_pages = kl.getPagesPerBlock() != 0 ? kl.getPagesPerBlock() : layers;
   const uint64_t block_bytes = kl.getBlockBytes(), layer_bytes = kl.getLayerBytes(),
                  page_bytes = kl.getPageBytes(), hash = kl.getLayoutHash();
   if (block_tokens < 1 || block_tokens > limits.max_block_tokens) {
@@ -57,13 +61,17 @@ void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, 
     bad->push_back("kvLayout.pageBytes " + std::to_string(page_bytes) + " below layerBytes " +
                    std::to_string(layer_bytes));
   }
-  // The pool's KV pages: one page per layer of each block.
+  if (block_pages < layers) {
+    bad->push_back("kvLayout.pagesPerBlock " + std::to_string(block_pages) + " below numLayers " +
+                   std::to_string(layers));
+  }
+  // The pool's KV pages: pagesPerBlock of each block.
   uint64_t pages = 0;
-  if (__builtin_mul_overflow(uint64_t{blocks}, uint64_t{layers}, &pages) ||
+  if (__builtin_mul_overflow(uint64_t{blocks}, uint64_t{block_pages}, &pages) ||
       __builtin_mul_overflow(pages, page_bytes, kv_bytes) || *kv_bytes > max_bytes) {
     *kv_bytes = 0;  // reported here, not again against kvMemory
-    bad->push_back("kvLayout: numBlocks " + std::to_string(blocks) + " x numLayers " +
-                   std::to_string(layers) + " x pageBytes " + std::to_string(page_bytes) +
+    bad->push_back("kvLayout: numBlocks " + std::to_string(blocks) + " x pagesPerBlock " +
+                   std::to_string(block_pages) + " x pageBytes " + std::to_string(page_bytes) +
                    " above " + std::to_string(max_bytes) + " bytes");
   }
   if (!limits.model) return;
@@ -72,13 +80,19 @@ void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, 
     bad->push_back("kvLayout.numLayers " + std::to_string(layers) + " is not the model's " +
                    std::to_string(m.num_layers));
   }
+  const std::vector<memory::KvLayerSpec> specs = memory::ModelKvSpecs(m);
+  if (Status st = CheckPeerCarriesKv(specs, "this " + m.model_type + " model", "the worker", peer_minor);
+      !st.ok()) {
+    bad->push_back(st.message());
+    return;  // its layout cannot describe the state
+  }
   if (block_tokens < 1 || block_tokens > limits.max_block_tokens) return;  // no layout to compare
   // The hash names the dtype (and the layout version); the model's layout of that dtype then
   // gives the bytes.
   std::string expected;
   for (memory::KvDtype dtype : {memory::KvDtype::kF32, memory::KvDtype::kBf16}) {
     const memory::KvLayout l = ModelLayout(m, block_tokens, dtype);
-    const uint64_t want = KvLayoutHash(l, m.hidden_size, m.vocab_size, m.model_type);
+    const uint64_t want = KvLayoutHash(l, specs, m.hidden_size, m.vocab_size, m.model_type);
     if (want != hash) {
       expected += std::string(expected.empty() ? "" : ", ") + memory::KvDtypeName(dtype) + " " + Hex(want);
       continue;
@@ -90,6 +104,14 @@ void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, 
     if (block_bytes != l.bytes_per_block()) {
       bad->push_back("kvLayout.blockBytes " + std::to_string(block_bytes) + " is not the " +
                      memory::KvDtypeName(dtype) + " layout's " + std::to_string(l.bytes_per_block()));
+    }
+    // A recurrent state's pages follow from the page size (a page too small for a layer is
+    // reported above).
+    if (auto offsets = memory::BlockPageOffsets(specs, l, page_bytes);
+        offsets.ok() && static_cast<uint64_t>(offsets->back()) != block_pages) {
+      bad->push_back("kvLayout.pagesPerBlock " + std::to_string(block_pages) + " is not the " +
+                     std::to_string(offsets->back()) + " pages of " + std::to_string(page_bytes) +
+                     " bytes a block of this model takes");
     }
     return;
   }
@@ -106,7 +128,8 @@ uint64_t PhysicalMemoryBytes() {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
 }
 
-Status CheckRegistration(wire::Register::Reader reg, const RegistrationLimits& limits) {
+Status CheckRegistration(wire::Register::Reader reg, const RegistrationLimits& limits,
+                         uint16_t peer_minor) {
   const wire::Role role = reg.getRole();
   if (role != wire::Role::PREFILL && role != wire::Role::DECODE) return Status::Ok();
   uint64_t max_bytes = limits.max_kv_bytes != 0 ? limits.max_kv_bytes : PhysicalMemoryBytes();
@@ -120,7 +143,7 @@ Status CheckRegistration(wire::Register::Reader reg, const RegistrationLimits& l
   if (!reg.hasKvLayout()) {
     bad.push_back("no kvLayout");
   } else {
-    CheckKvLayout(reg.getKvLayout(), limits, max_bytes, &bad, &kv_bytes);
+    CheckKvLayout(reg.getKvLayout(), limits, peer_minor, max_bytes, &bad, &kv_bytes);
   }
   if (role == wire::Role::DECODE) {
     if (!reg.hasKvMemory()) {

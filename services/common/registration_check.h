@@ -8,13 +8,15 @@
 //
 // Checked for prefill and decode workers (other roles carry no KV; tools register as client):
 //   kvLayout   1 <= blockTokens <= max_block_tokens, 1 <= numBlocks <= max_kv_blocks,
-//              blockBytes = layerBytes * numLayers, pageBytes >= layerBytes,
-//              numBlocks * numLayers * pageBytes <= max_kv_bytes (no wrap-around);
-//              with the model: layoutHash = KvLayoutHash of the model's layout for blockTokens
-//              and the dtype (fp32 or bf16) it names, numLayers, layerBytes and blockBytes as
-//              that layout has them;
+//              blockBytes = layerBytes * numLayers, pageBytes >= layerBytes, pagesPerBlock
+//              (0 before protocol 1.3: numLayers) >= numLayers,
+//              numBlocks * pagesPerBlock * pageBytes <= max_kv_bytes (no wrap-around);
+//              with the model: a hybrid's (a recurrent state in its KV) only from a worker of
+//              protocol 1.3 or later (transferable_kv.h); layoutHash = KvLayoutHash of the
+//              model's layout for blockTokens and the dtype (fp32 or bf16) it names,
+//              numLayers, layerBytes, blockBytes and pagesPerBlock as that layout has them;
 //   maxBatch   <= max_batch (a decode worker's 0 means the router's default);
-//   decode only: kvMemory present, numBlocks * numLayers * pageBytes <= kvMemory.bytes <=
+//   decode only: kvMemory present, numBlocks * pagesPerBlock * pageBytes <= kvMemory.bytes <=
 //              max_kv_bytes, baseAddr + bytes without wrap-around; with the model,
 //              residencyCapacity <= its experts per layer.
 #pragma once
@@ -46,9 +48,11 @@ struct RegistrationLimits {
 };
 
 // Ok, or kInvalidArgument whose message names every field out of line, e.g.
-// "maxBatch 4294967295 above 65536; kvLayout.layoutHash 0000000000000000 is not ...". Reads
-// fields of `reg`: call it inside proto::GuardWire (ControlServer::on_register is).
-Status CheckRegistration(wire::Register::Reader reg, const RegistrationLimits& limits);
+// "maxBatch 4294967295 above 65536; kvLayout.layoutHash 0000000000000000 is not ...".
+// `peer_minor`: the protocol minor version of the Register's envelope. Reads fields of `reg`:
+// call it inside proto::GuardWire (ControlServer::on_register is).
+Status CheckRegistration(wire::Register::Reader reg, const RegistrationLimits& limits,
+                         uint16_t peer_minor);
 
 // This host's physical memory in bytes (sysconf; 0 when unknown).
 uint64_t PhysicalMemoryBytes();

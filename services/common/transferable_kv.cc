@@ -1,18 +1,27 @@
 #include "services/common/transferable_kv.h"
 
+#include "services/proto/codec.h"
+
 namespace pw::service {
 
-Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& model) {
-  for (size_t l = 0; l < pool.specs().size(); ++l) {
-    const memory::KvKind kind = pool.specs()[l].kind;
-    // A sliding-window layer's page is laid out as a full-attention one; the blocks a transfer
-    // moves are leased, and a leased block keeps its pages behind the window.
-    if (kind == memory::KvKind::kFullAttention || kind == memory::KvKind::kSlidingWindow) continue;
-    return Unsupported(model + ": KV layer " + std::to_string(l) + " is " +
-                       memory::KvKindName(kind) +
-                       "; the cluster's KV transfer moves full-attention and sliding-window pages only, so a hybrid "
-                       "model is not served by the cluster yet (only the in-process engine runs "
-                       "it)");
+bool HasRecurrentState(std::span<const memory::KvLayerSpec> specs) {
+  for (const memory::KvLayerSpec& s : specs) {
+    if (s.kind == memory::KvKind::kRecurrentState) return true;
+  }
+  return false;
+}
+
+Status CheckPeerCarriesKv(std::span<const memory::KvLayerSpec> specs, const std::string& model,
+                          const std::string& peer, uint16_t peer_minor) {
+  if (peer_minor >= kRecurrentStateMinor) return Status::Ok();
+  for (size_t l = 0; l < specs.size(); ++l) {
+    if (specs[l].kind != memory::KvKind::kRecurrentState) continue;
+    const std::string major = std::to_string(proto::kProtocolMajor) + ".";
+    return Unsupported(peer + " speaks control protocol " + major + std::to_string(peer_minor) +
+                       "; " + model + " keeps a recurrent state (KV layer " + std::to_string(l) +
+                       ") that the KV transfer carries since protocol " + major +
+                       std::to_string(kRecurrentStateMinor) + " (this process speaks " + major +
+                       std::to_string(proto::kProtocolMinor) + ")");
   }
   return Status::Ok();
 }

@@ -1,19 +1,34 @@
-// Whether the cluster can move a worker's KV blocks between processes: the transfer (KvReady,
-// the prefill worker's page pushes, the decode worker's reservations) moves one page per layer
-// and block, as KvLayout describes them (full attention, sliding window). A hybrid's pool (a linear-attention layer's recurrent
-// state, several pages kept in a sequence's first block: memory/kv_spec.h) does not fit that
-// yet, so a worker refuses to start with one rather than serve a decode that lost its state.
+// Whether a peer of the control protocol can exchange a worker's KV blocks: the transfer
+// (KvReady, the prefill worker's page puts, the decode worker's reservations) moves the pages
+// of the blocks KvLayout describes. Full-attention and sliding-window layers take one page of a
+// block each, as since protocol 1.0. A hybrid's linear-attention layer keeps a recurrent state
+// per sequence in ceil(state bytes / page bytes) pages of the sequence's first block
+// (memory/kv_spec.h); since protocol 1.3 KvLayout.pagesPerBlock and the reserved page lists
+// carry those pages, and the prefill worker writes the state into them with the block's
+// attention KV (docs/architecture.md, "Recurrent state in the KV transfer"). A peer of an
+// earlier protocol would move the attention pages alone and decode from a state of zeros, so it
+// is refused, naming both versions.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 
 #include "common/status.h"
-#include "memory/kv_blocks.h"
+#include "memory/kv_spec.h"
 
 namespace pw::service {
 
-// kUnsupported naming `model` and the first layer that is neither full attention nor a sliding
-// window (gpt_oss: one page per layer and block, as full attention); OK otherwise.
-Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& model);
+// The control protocol's minor version since which the KV transfer carries a recurrent state.
+inline constexpr uint16_t kRecurrentStateMinor = 3;
+
+// True if a layer of `specs` keeps a recurrent state.
+bool HasRecurrentState(std::span<const memory::KvLayerSpec> specs);
+
+// Ok, or kUnsupported when `specs` (the served model's KV: memory::ModelKvSpecs) hold a
+// recurrent state and `peer`, speaking protocol 1.`peer_minor`, predates kRecurrentStateMinor;
+// the message names the peer, both versions, `model` and the first such layer.
+Status CheckPeerCarriesKv(std::span<const memory::KvLayerSpec> specs, const std::string& model,
+                          const std::string& peer, uint16_t peer_minor);
 
 }  // namespace pw::service

@@ -18,7 +18,8 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("pw::wire");
 
 const kProtocolMajor :UInt16 = 1;
-const kProtocolMinor :UInt16 = 2;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums); 2: Register.nodeName
+const kProtocolMinor :UInt16 = 3;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums); 2: Register.nodeName;
+                                   # 3: KvLayout.pagesPerBlock (a hybrid's recurrent state moves with its KV)
 
 enum Role {
   unknown @0;
@@ -45,7 +46,12 @@ struct KvLayout {
   layoutHash @3 :UInt64;    # hash of the layout version, model, layer/head/dim/dtype; must match
   pageBytes @4 :UInt64;     # bytes of one page of the pool (memory/kv_blocks.h)
   layerBytes @5 :UInt64;    # bytes of one layer of one block inside its page
-  numLayers @6 :UInt32;     # pages per block
+  numLayers @6 :UInt32;     # layers of a block
+  pagesPerBlock @7 :UInt32; # since 1.3: pages one block takes, its layers' in layer order (one
+                            # per full-attention or sliding layer, ceil(state bytes / pageBytes)
+                            # per recurrent-state layer: memory/kv_blocks.h). 0 (a peer before
+                            # 1.3): numLayers, one page per layer; such a peer cannot carry a
+                            # hybrid's recurrent state and is refused for one
 }
 
 # ---- registration and liveness ----
@@ -136,8 +142,9 @@ struct KvReserveReply {
   leaseId @3 :UInt64;             # names the reservation in StartDecode and Cancel
   blockIds @4 :List(UInt32);      # in sequence order; block i holds tokens [i*bt, (i+1)*bt)
   leaseExpiresMs @5 :UInt64;      # decode worker's steady-clock ms (informational)
-  pageIds @6 :List(UInt32);       # the blocks' pages: numLayers per block, block i's layer l
-                                  # at i * numLayers + l (byte offset pageId * pageBytes)
+  pageIds @6 :List(UInt32);       # the blocks' pages: KvLayout.pagesPerBlock P per block (numLayers
+                                  # before 1.3), block i's page k at i * P + k (byte offset
+                                  # pageId * pageBytes); a recurrent state sits in block 0's pages
 }
 
 # Router -> decode, about every third of a lease: the named leases' requests are still on their

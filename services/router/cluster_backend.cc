@@ -97,7 +97,8 @@ std::unique_ptr<ClusterBackend> ClusterBackend::Create(
   copts.dead_after_beats = b->options_.dead_after_beats;
   b->server_ = std::make_unique<transport::ControlServer>(std::move(control), clock, copts);
   ClusterBackend* self = b.get();
-  b->server_->on_register = [self](const std::string& peer, wire::Register::Reader reg) {
+  b->server_->on_register = [self](const std::string& peer, wire::Register::Reader reg,
+                                   uint16_t minor) {
     std::string model = proto::ToString(reg.getModelName());
     if (!model.empty() && !self->options_.model_name.empty() &&
         model != self->options_.model_name) {
@@ -109,7 +110,7 @@ std::unique_ptr<ClusterBackend> ClusterBackend::Create(
       return InvalidArgument("the router takes prefill and decode workers only");
     }
     // Before anything acts on it: a refused Register leaves the router as it was.
-    PW_RETURN_IF_ERROR(service::CheckRegistration(reg, self->options_.registration));
+    PW_RETURN_IF_ERROR(service::CheckRegistration(reg, self->options_.registration, minor));
     if (const transport::PeerInfo* known = self->server_->FindPeer(peer);
         known != nullptr && known->pid == reg.getPid()) {
       // The same process registering again lost this router for a while and dropped its
@@ -255,6 +256,7 @@ const ClusterBackend::WorkerStatic* ClusterBackend::StaticOf(const transport::Pe
     ws.page_bytes = layout.getPageBytes();
     ws.layer_bytes = layout.getLayerBytes();
     ws.num_layers = layout.getNumLayers();
+    ws.pages_per_block = layout.getPagesPerBlock();
     auto mem = reg.getKvMemory();
     ws.worker_address = proto::ToBytes(mem.getWorkerAddress());
     ws.rkey = proto::ToBytes(mem.getRkey());
@@ -463,6 +465,7 @@ void ClusterBackend::OnReserveReply(const std::string& peer, wire::KvReserveRepl
   layout.setPageBytes(ds->page_bytes);
   layout.setLayerBytes(ds->layer_bytes);
   layout.setNumLayers(ds->num_layers);
+  layout.setPagesPerBlock(ds->pages_per_block);
   proto::FillU32([&](unsigned n) { return pr.initBlockIds(n); }, r.block_ids);
   proto::FillU32([&](unsigned n) { return pr.initPageIds(n); }, r.page_ids);
   pr.setLeaseId(r.lease_id);

@@ -178,6 +178,7 @@ class ClusterBackend final : public GenerationBackend {
     uint64_t page_bytes = 0;   // KV pages (memory/kv_blocks.h)
     uint64_t layer_bytes = 0;
     uint32_t num_layers = 0;
+    uint32_t pages_per_block = 0;  // KvLayout.pagesPerBlock as registered (0: before 1.3)
     std::string worker_address;  // UcxMemory.workerAddress bytes
     std::string rkey;            // UcxMemory.rkey bytes
     uint64_t base_addr = 0;

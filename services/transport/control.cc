@@ -195,7 +195,7 @@ void ControlServer::HandleRegister(const std::string& peer,
       return Status::Ok();
     }
     accepted_new = true;
-    if (on_register) PW_RETURN_IF_ERROR(on_register(peer, reg));
+    if (on_register) PW_RETURN_IF_ERROR(on_register(peer, reg, msg->version_minor()));
     if (it != peers_.end() && it->second.pid != reg.getPid()) {
       PW_LOG(WARNING) << "peer '" << peer << "' re-registered from a new process (pid "
                       << it->second.pid << " -> " << reg.getPid() << ")";

@@ -99,7 +99,9 @@ class ControlServer {
   ControlServer(std::unique_ptr<Transport> transport, const Clock* clock, Options options);
 
   // Accept or refuse a registration (default: accept). A refusal's message goes back as reason.
-  std::function<Status(const std::string& peer, wire::Register::Reader reg)> on_register;
+  // `version_minor`: the protocol minor version the peer's envelope carries.
+  std::function<Status(const std::string& peer, wire::Register::Reader reg, uint16_t version_minor)>
+      on_register;
   // A registered peer died (silent for dead_after_beats) or re-registered from a new process.
   std::function<void(const std::string& peer, const PeerInfo& info)> on_peer_dead;
   // Fills the server's own heartbeat (serverInstance is set by the server).

@@ -469,7 +469,7 @@ TEST_F(ClusterE2E, ForgedRegisterIsRefusedByTheRouterAndTheBroker) {
       {"decode-batch", {"maxBatch"},
        [&](wire::Register::Builder r) {
          auto kl = r.initKvLayout();
-         kl.setLayoutHash(service::KvLayoutHash(honest, cfg->hidden_size, cfg->vocab_size, cfg->model_type));
+         kl.setLayoutHash(service::KvLayoutHash(honest, memory::ModelKvSpecs(*cfg), cfg->hidden_size, cfg->vocab_size, cfg->model_type));
          kl.setNumBlocks(1024);
          kl.setBlockTokens(16);
          kl.setBlockBytes(honest.bytes_per_block());

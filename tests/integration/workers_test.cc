@@ -217,6 +217,7 @@ struct Cluster {
   testing::ChildProcess broker, prefill, decode;
   std::string broker_endpoint;
   int decode_metrics_port = 0;  // > 0: the decode worker serves Prometheus metrics there
+  std::vector<std::string> decode_args;  // more pw-decode options
 
   bool Start(int decode_kv_blocks = 256, bool use_broker = true) {
     testing::UseBatchInvariantKernels();
@@ -242,6 +243,7 @@ struct Cluster {
       d.push_back("--metrics");
       d.push_back("127.0.0.1:" + std::to_string(decode_metrics_port));
     }
+    d.insert(d.end(), decode_args.begin(), decode_args.end());
     if (!decode.Start(d, log_dir + "/" + tag + ".decode.log")) return false;
     if (!prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", router.endpoint(),
                         "--id", "prefill-0", "--heartbeat-ms", "200"},
@@ -1416,6 +1418,92 @@ TEST(Workers, GptOssSlidingWindowPagesStayBoundedInALongStream) {
   c.prefill.Kill(SIGTERM);
   EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
   EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+}
+
+// A hybrid (`model`: linear-attention layers keeping a recurrent state in the KV pool) served by
+// real processes: prompts past the delta rule's chunk of 64 tokens, their state computed by the
+// prefill worker and written with the attention KV into the decode worker's blocks, then
+// decoded from there: the in-process engine's tokens. `decode_args`: more pw-decode options.
+void HybridGreedyTokensEqualInProcessEngine(const std::string& model, uint32_t seed,
+                                            const std::vector<std::string>& decode_args) {
+  ModelName() = model;
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  c.decode_args = decode_args;
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  const int kMax = 24;
+  auto prompts = RandomPrompts(6, seed, 65, 150);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
+  }
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 800 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed " << seed << ")";
+  }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
+// qwen3_next with the decode worker's pages twice the prefill worker's (4096 bytes against one
+// bf16 layer of a block, 2048): a state of 3200 bytes takes two pages there, one here, so the
+// transfer splits it at both pools' page boundaries.
+TEST(Workers, Qwen3NextGreedyTokensEqualInProcessEngine) {
+  HybridGreedyTokensEqualInProcessEngine("qwen3_next", 6464, {"--page-bytes", "4096"});
+}
+
+// Qwen3.5-MoE's text model from its multimodal checkpoint, pages of the same size on both sides.
+TEST(Workers, Qwen3_5MoeGreedyTokensEqualInProcessEngine) {
+  HybridGreedyTokensEqualInProcessEngine("qwen3_5_moe", 6565, {});
+}
+
+// qwen3_next under a small decode pool: 4 prompts of 65..80 tokens take 20 of its 24 blocks;
+// growing by 100 tokens each they need 40, so the decode worker preempts and recomputes (the
+// state from zero, over prompt and streamed tokens): the in-process engine's tokens.
+TEST(Workers, Qwen3NextPreemptionUnderSmallKvPoolLosesNothing) {
+  ModelName() = "qwen3_next";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/24, /*use_broker=*/false)) << c.Logs();
+  const int kMax = 100;
+  auto prompts = RandomPrompts(4, 7070, 65, 80);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % 1000;
+  }
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 900 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i;
+  }
+  EXPECT_NE(c.decode.Log().find("preempted"), std::string::npos) << c.Logs();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "services/common/transferable_kv.h"
 #include "services/workers/decode/decode_worker.h"
 
 namespace pw::workers {
@@ -25,7 +26,8 @@ void CountSlidingLayers(const memory::KvBlockPool& pool, KvDemand* d) {
 
 KvDemand DecodeWorker::Demand() const {
   const auto& kv = engine_->kv_pool().layout();
-  KvDemand d(kv.block_size, kv.num_layers, engine_->max_context(), options_.demand_horizon_tokens);
+  KvDemand d(kv.block_size, engine_->kv_pool().pages_per_block(), engine_->max_context(),
+             options_.demand_horizon_tokens);
   CountSlidingLayers(engine_->kv_pool(), &d);
   for (const auto& [id, l] : leases_.all()) d.AddLease(static_cast<int64_t>(l.blocks.size()), l.max_tokens);
   for (const auto& [id, run] : running_) {
@@ -45,7 +47,7 @@ void DecodeWorker::UpdateLowerablePages() {
 uint32_t DecodeWorker::KvCapacityBlocks() const {
   const auto& kv = engine_->kv_pool();
   const int64_t pages = pool_->Count(memory::Tenant::kKv) + pool_->Count(memory::Tenant::kFree) + lowerable_pages_;
-  return static_cast<uint32_t>(std::min<int64_t>(kv.num_blocks(), pages / std::max(1, kv.layout().num_layers)));
+  return static_cast<uint32_t>(std::min<int64_t>(kv.num_blocks(), pages / std::max(1, kv.pages_per_block())));
 }
 
 void DecodeWorker::OnRenew(wire::KvRenew::Reader r) {
@@ -57,15 +59,20 @@ void DecodeWorker::OnRenew(wire::KvRenew::Reader r) {
   }
 }
 
-void DecodeWorker::OnReserve(wire::KvReserve::Reader r) {
+void DecodeWorker::OnReserve(wire::KvReserve::Reader r, uint16_t router_minor) {
   HeldReserve h{r.getRequestId(), r.getNumTokens(), r.getMaxTokens(), r.getLeaseMs(), clock_->NowMs(), 0};
   if (draining_) return AnswerReserve(h, "decode worker " + options_.id + " is draining");
+  if (Status st = service::CheckPeerCarriesKv(engine_->kv_pool().specs(), options_.model_name, "the router",
+                                              router_minor);
+      !st.ok()) {
+    return AnswerReserve(h, "decode worker " + options_.id + ": " + st.message());
+  }
   if (h.num_tokens == 0 || h.num_tokens >= static_cast<uint32_t>(engine_->max_context())) {
     return AnswerReserve(h, "numTokens " + std::to_string(h.num_tokens) + " outside [1, " +
                                 std::to_string(engine_->max_context()) + ")");
   }
   // Pool-aware admission (reserve_wait.h): hold it while a lowering can make room.
-  KvDemand need(engine_->kv_pool().layout().block_size, engine_->kv_pool().layout().num_layers,
+  KvDemand need(engine_->kv_pool().layout().block_size, engine_->kv_pool().pages_per_block(),
                 engine_->max_context(), options_.demand_horizon_tokens);
   CountSlidingLayers(engine_->kv_pool(), &need);
   need.AddWaiting(h.num_tokens, h.max_tokens);
@@ -115,11 +122,18 @@ void DecodeWorker::AnswerReserve(const HeldReserve& h, const std::string& error)
     auto list = reply.initBlockIds(static_cast<unsigned>(ids.size()));
     for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), static_cast<uint32_t>(ids[i]));
     const auto& kv = engine_->kv_pool();
-    const size_t L = static_cast<size_t>(kv.layout().num_layers);
-    auto pages = reply.initPageIds(static_cast<unsigned>(ids.size() * L));
-    for (size_t i = 0; i < ids.size() * L; ++i) {
-      pages.set(static_cast<unsigned>(i), static_cast<uint32_t>(kv.PageOf(ids[i / L], static_cast<int>(i % L))));
+    // Every page of every block (KvLayout.pagesPerBlock each, layer after layer): a hybrid's
+    // recurrent state is written into the first block's.
+    std::vector<uint32_t> page_ids;
+    page_ids.reserve(ids.size() * static_cast<size_t>(kv.pages_per_block()));
+    for (int32_t b : ids) {
+      for (int l = 0; l < kv.layout().num_layers; ++l) {
+        for (int k = 0; k < kv.LayerPages(l); ++k) {
+          page_ids.push_back(static_cast<uint32_t>(kv.PageOf(b, l, k)));
+        }
+      }
     }
+    proto::FillU32([&](unsigned n) { return reply.initPageIds(n); }, page_ids);
     reply.setLeaseExpiresMs(clock_->NowMs() + lease_ms);
   }
   Status st = router_->Send(out);

@@ -10,7 +10,6 @@
 #include "engine/models/model.h"
 #include "services/transport/control_connect.h"
 #include "services/common/model_name.h"
-#include "services/common/transferable_kv.h"
 #include "services/workers/common/worker_common.h"
 
 namespace pw::workers {
@@ -69,11 +68,15 @@ Status DecodeWorker::Setup() {
                            " must be a multiple of 64 and hold one layer of a KV block (" +
                            std::to_string(kl.bytes_per_layer()) + " bytes)");
   }
+  // Pages one KV block takes: one per attention layer, a hybrid's recurrent state more.
+  PW_ASSIGN_OR_RETURN(const std::vector<int> offsets,
+                      memory::BlockPageOffsets(memory::ModelKvSpecs(mc), kl, page_bytes));
+  const uint64_t block_pages = static_cast<uint64_t>(offsets.back());
   uint64_t pages = 0;
   if (options_.pool_bytes != 0) {
     pages = options_.pool_bytes / page_bytes;
   } else {
-    pages = static_cast<uint64_t>(options_.num_kv_blocks) * static_cast<uint64_t>(kl.num_layers);
+    pages = static_cast<uint64_t>(options_.num_kv_blocks) * block_pages;
     if (!options_.broker_endpoint.empty() && mc.num_experts > 0) {
       const int g = memory::WeightPageTable::PagesFor(static_cast<int>(2 * mc.moe_intermediate_size),
                                                       static_cast<int>(mc.hidden_size), 8, page_bytes);
@@ -82,13 +85,13 @@ Status DecodeWorker::Setup() {
       if (g > 0 && d > 0) pages += static_cast<uint64_t>(g + d) * mc.num_layers * mc.num_experts;
     }
   }
-  if (pages < static_cast<uint64_t>(kl.num_layers) || pages > (1ull << 31) - 1) {
+  if (pages < block_pages || pages > (1ull << 31) - 1) {
     return InvalidArgument("decode worker: a pool of " + std::to_string(pages) + " pages of " +
                            std::to_string(page_bytes) + " bytes cannot hold one KV block");
   }
   PW_ASSIGN_OR_RETURN(pool_, memory::PagePool::Create(page_bytes, static_cast<int>(pages)));
   engine::EngineOptions eo;
-  eo.num_kv_blocks = static_cast<int>(pages / static_cast<uint64_t>(kl.num_layers));
+  eo.num_kv_blocks = static_cast<int>(pages / block_pages);
   if (options_.pool_bytes == 0) eo.num_kv_blocks = options_.num_kv_blocks;
   eo.block_size = options_.block_size;
   eo.num_threads = WorkerThreads(options_.threads);
@@ -97,10 +100,9 @@ Status DecodeWorker::Setup() {
   eo.kv_pages = pool_.get();
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
-  PW_RETURN_IF_ERROR(service::CheckTransferableKv(engine_->kv_pool(), options_.model_dir));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
-  layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size,
+  layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id, options_.main_loop_stale_ms));
   if (options_.lynx) {
@@ -248,6 +250,7 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
   kl.setPageBytes(pool_->page_bytes());
   kl.setLayerBytes(pool.layout().bytes_per_layer());
   kl.setNumLayers(static_cast<uint32_t>(pool.layout().num_layers));
+  kl.setPagesPerBlock(static_cast<uint32_t>(pool.pages_per_block()));
   auto km = r.initKvMemory();
   km.setWorkerAddress(proto::AsData(ucx_worker_->Address()));
   km.setRkey(proto::AsData(kv_region_->PackedRkey()));
@@ -388,7 +391,7 @@ void DecodeWorker::DropAll(const char* why) {
 
 Status DecodeWorker::HandleRouter(const proto::InMessage& m) {
   switch (m.which()) {
-    case proto::Body::KV_RESERVE: OnReserve(m.body().getKvReserve()); break;
+    case proto::Body::KV_RESERVE: OnReserve(m.body().getKvReserve(), m.version_minor()); break;
     case proto::Body::START_DECODE: OnStartDecode(m.body().getStartDecode()); break;
     case proto::Body::KV_RENEW: OnRenew(m.body().getKvRenew()); break;
     case proto::Body::CANCEL: OnCancel(m.body().getCancel()); break;

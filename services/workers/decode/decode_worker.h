@@ -186,7 +186,9 @@ class DecodeWorker {
   // The iteration boundary for expert widths: commit, start, acknowledge (see the file comment).
   void WeightsBoundary();
   void SendTelemetry();
-  void OnReserve(wire::KvReserve::Reader r);
+  // `router_minor`: the protocol minor version of the router's envelope (a hybrid's KV is
+  // reserved only for a router that carries its recurrent state: transferable_kv.h).
+  void OnReserve(wire::KvReserve::Reader r, uint16_t router_minor);
   // Grants `h` (a lease over its prompt's blocks) or, with `error` or no blocks, refuses it.
   void AnswerReserve(const HeldReserve& h, const std::string& error);
   // Answers the held reservations that fit now or waited their time (every one when draining).

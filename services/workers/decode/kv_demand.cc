@@ -4,14 +4,14 @@
 
 namespace pw::workers {
 
-KvDemand::KvDemand(int block_size, int num_layers, int64_t max_context, int64_t horizon_tokens)
+KvDemand::KvDemand(int block_size, int pages_per_block, int64_t max_context, int64_t horizon_tokens)
     : block_size_(std::max(1, block_size)),
-      num_layers_(std::max(1, num_layers)),
+      pages_per_block_(std::max(1, pages_per_block)),
       max_context_(max_context),
       horizon_(std::max<int64_t>(0, horizon_tokens)) {}
 
 void KvDemand::SetSlidingLayers(int layers, int window) {
-  sliding_layers_ = std::clamp(layers, 0, num_layers_);
+  sliding_layers_ = std::clamp(layers, 0, pages_per_block_);
   window_blocks_ = std::max(1, window) / block_size_ + 2;
 }
 

@@ -1,5 +1,5 @@
 // KvDemand: the KV a decode worker's requests will still need and do not hold yet, in blocks
-// (one page per layer each), so the broker's planner can lower expert widths before free
+// (pages_per_block pages each: one per attention layer, a hybrid's recurrent-state pages), so the broker's planner can lower expert widths before free
 // pages run out rather than after (DESIGN.md 5.1, "KV demand queued").
 //
 //   running request: blocks to grow from its current length to prompt + 1 + max_tokens
@@ -29,10 +29,12 @@ namespace pw::workers {
 
 class KvDemand {
  public:
-  // block_size: tokens per block; max_context: the model's context (lengths are capped there).
-  // horizon_tokens: see the file comment (0: to max_tokens).
-  KvDemand(int block_size, int num_layers, int64_t max_context, int64_t horizon_tokens = 0);
-  // `layers` of the num_layers keep only the last `window` tokens (before any Add).
+  // block_size: tokens per block; pages_per_block: the pages one block takes (one per layer
+  // unless a recurrent state takes more); max_context: the model's context (lengths are capped
+  // there). horizon_tokens: see the file comment (0: to max_tokens).
+  KvDemand(int block_size, int pages_per_block, int64_t max_context, int64_t horizon_tokens = 0);
+  // `layers` of the layers (one page of a block each) keep only the last `window` tokens
+  // (before any Add).
   void SetSlidingLayers(int layers, int window);
 
   // `len`: tokens whose KV the request has now (prompt + generated); `end`: its final length
@@ -59,12 +61,13 @@ class KvDemand {
 
  private:
   int64_t Blocks(int64_t tokens) const;
-  int64_t full_layers() const { return num_layers_ - sliding_layers_; }
+  // Pages of a block that its requests hold for as long as they run.
+  int64_t full_layers() const { return pages_per_block_ - sliding_layers_; }
   // Blocks a sliding layer still needs for a request holding `held` that will use `need`.
   int64_t SlidingGrowth(int64_t held, int64_t need) const;
 
   int block_size_;
-  int num_layers_;
+  int pages_per_block_;
   int64_t max_context_;
   int64_t horizon_;
   int64_t running_blocks_ = 0, lease_blocks_ = 0, waiting_blocks_ = 0;

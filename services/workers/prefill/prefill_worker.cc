@@ -64,7 +64,6 @@ Status PrefillWorker::Setup() {
   eo.kv_dtype = options_.kv_dtype;
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
-  PW_RETURN_IF_ERROR(service::CheckTransferableKv(engine_->kv_pool(), options_.model_dir));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),
@@ -75,7 +74,8 @@ Status PrefillWorker::Setup() {
     engine_->SetMoeHooks(hooks);
   }
   layout_hash_ =
-      KvLayoutHash(engine_->kv_pool().layout(), cfg.hidden_size, cfg.vocab_size, cfg.model_type);
+      KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size,
+                   cfg.vocab_size, cfg.model_type);
   pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id, options_.main_loop_stale_ms));
@@ -131,6 +131,7 @@ void PrefillWorker::FillRegister(wire::Register::Builder r) {
   kl.setPageBytes(pool.pages().page_bytes());
   kl.setLayerBytes(pool.layout().bytes_per_layer());
   kl.setNumLayers(static_cast<uint32_t>(pool.layout().num_layers));
+  kl.setPagesPerBlock(static_cast<uint32_t>(pool.pages_per_block()));
   r.setMaxBatch(static_cast<uint32_t>(options_.max_batch_prompts));
   r.setMaxContext(static_cast<uint32_t>(engine_->max_context()));
   r.setMetricsPort(metrics_ ? metrics_->port() : 0);
@@ -304,6 +305,9 @@ Status PrefillWorker::Prepare(Job* job) {
   const auto& pool_layout = engine_->kv_pool().layout();
   auto dl = req.getDecodeLayout();
   job->tokens.clear();
+  // A router before protocol 1.3 forwards no pagesPerBlock: it cannot place a hybrid's state.
+  PW_RETURN_IF_ERROR(service::CheckPeerCarriesKv(engine_->kv_pool().specs(), options_.model_name,
+                                                 "the router", job->msg->version_minor()));
   if (dl.getLayoutHash() != layout_hash_ ||
       dl.getBlockTokens() != static_cast<uint32_t>(pool_layout.block_size) ||
       dl.getBlockBytes() != engine_->kv_pool().bytes_per_block() ||
@@ -330,11 +334,21 @@ Status PrefillWorker::Prepare(Job* job) {
       return InvalidArgument("reserved block id " + std::to_string(b) + " invalid or repeated");
     }
   }
-  // Every layer of every reserved block is one page of the decode worker's pool.
+  // Every page of every reserved block (layer after layer, a recurrent state over as many pages
+  // as the decode worker's page size needs) is a page of the decode worker's pool.
   auto pages = req.getPageIds();
   const uint64_t page_bytes = dl.getPageBytes();
   const auto mem = req.getDecodeMemory();
-  const size_t n_pages = static_cast<size_t>(n_blocks) * static_cast<size_t>(pool_layout.num_layers);
+  PW_ASSIGN_OR_RETURN(job->decode_first_page,
+                      memory::BlockPageOffsets(engine_->kv_pool().specs(), pool_layout, page_bytes));
+  const uint32_t block_pages = dl.getPagesPerBlock() != 0 ? dl.getPagesPerBlock() : dl.getNumLayers();
+  if (block_pages != static_cast<uint32_t>(job->decode_first_page.back())) {
+    return InvalidArgument("decode worker '" + job->decode_id + "' has " + std::to_string(block_pages) +
+                           " pages a KV block, this model's blocks take " +
+                           std::to_string(job->decode_first_page.back()) + " of " +
+                           std::to_string(page_bytes) + " bytes");
+  }
+  const size_t n_pages = static_cast<size_t>(n_blocks) * block_pages;
   if (pages.size() < n_pages) {
     return InvalidArgument(std::to_string(pages.size()) + " reserved pages for " +
                            std::to_string(n_blocks) + " blocks (" + std::to_string(n_pages) + " needed)");
@@ -519,30 +533,51 @@ Status PrefillWorker::Transfer(Job* job) {
   const int L = pool.layout().num_layers;
   const uint64_t layer_bytes = pool.layout().bytes_per_layer();
   const uint64_t page_bytes = req.getDecodeLayout().getPageBytes();
+  const uint64_t own_page_bytes = pool.pages().page_bytes();
+  const std::vector<int>& first = job->decode_first_page;  // Prepare checked it against the pages
+  const uint64_t block_pages = static_cast<uint64_t>(first.back());
   auto pages = req.getPageIds();
-  // One put per (block, layer) page, runs contiguous on both sides merged into one.
+  // One put per page's data, runs contiguous on both sides merged into one.
   std::vector<transport::ucx::RemoteRegion::Segment> segs;
+  uint64_t total = 0;
+  auto put = [&](uint64_t off, const uint8_t* src, uint64_t bytes) {
+    total += bytes;
+    if (!segs.empty()) {
+      auto& last = segs.back();
+      if (last.offset + last.bytes == off && static_cast<const uint8_t*>(last.local) + last.bytes == src) {
+        last.bytes += bytes;
+        return;
+      }
+    }
+    segs.push_back({off, src, bytes});
+  };
   for (size_t i = 0; i < job->own.size(); ++i) {
     for (int l = 0; l < L; ++l) {
-      const uint64_t off = static_cast<uint64_t>(pages[static_cast<unsigned>(i * L + l)]) * page_bytes;
-      const uint8_t* src = pool.LayerPage(job->own[i], l);
-      if (!segs.empty()) {
-        auto& last = segs.back();
-        if (last.offset + last.bytes == off &&
-            static_cast<const uint8_t*>(last.local) + last.bytes == src) {
-          last.bytes += layer_bytes;
-          continue;
-        }
+      const uint64_t at = i * block_pages + static_cast<uint64_t>(first[static_cast<size_t>(l)]);
+      const memory::KvLayerSpec& spec = pool.specs()[static_cast<size_t>(l)];
+      if (spec.kind != memory::KvKind::kRecurrentState) {
+        put(static_cast<uint64_t>(pages[static_cast<unsigned>(at)]) * page_bytes, pool.LayerPage(job->own[i], l),
+            layer_bytes);
+        continue;
       }
-      segs.push_back({off, src, layer_bytes});
+      // The sequence's state is in its first block's pages of the layer (memory/kv_spec.h); the
+      // other blocks' are unused. Its bytes in order, split at both pools' page boundaries.
+      if (i != 0) continue;
+      for (uint64_t o = 0; o < spec.state_bytes;) {
+        const uint64_t in_src = o % own_page_bytes, in_dst = o % page_bytes;
+        const uint64_t n = std::min({own_page_bytes - in_src, page_bytes - in_dst, spec.state_bytes - o});
+        const uint64_t dst_page = pages[static_cast<unsigned>(at + o / page_bytes)];
+        put(dst_page * page_bytes + in_dst,
+            pool.LayerPage(job->own[i], l, static_cast<int>(o / own_page_bytes)) + in_src, n);
+        o += n;
+      }
     }
   }
-  const uint64_t block_bytes = pool.bytes_per_block();
   PW_ASSIGN_OR_RETURN(Peer * peer, PeerFor(job->decode_id, req.getDecodeMemory()));
   PW_RETURN_IF_ERROR(peer->region->PutAll(segs, options_.put_timeout_ms, &job->cancelled));
   PW_RETURN_IF_ERROR(peer->ep->Flush(options_.put_timeout_ms, &job->cancelled));
-  metrics_->ucx_put_bytes->Increment(static_cast<double>(job->own.size() * block_bytes));
-  metrics_->KvTransferBytes(peer->transport).Increment(static_cast<double>(job->own.size() * block_bytes));
+  metrics_->ucx_put_bytes->Increment(static_cast<double>(total));
+  metrics_->KvTransferBytes(peer->transport).Increment(static_cast<double>(total));
   return Status::Ok();
 }
 

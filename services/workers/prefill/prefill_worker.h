@@ -115,6 +115,9 @@ class PrefillWorker {
     uint32_t num_tokens = 0;
     std::vector<int32_t> tokens;
     std::vector<int32_t> own;  // blocks of this worker's pool
+    // Each layer's first page among a block's pages in the decode worker's pool (its page size
+    // lays a recurrent state out over its own number of pages), then the pages of a block.
+    std::vector<int> decode_first_page;
     engine::PrefillJob work;
     std::atomic<bool> cancelled{false};
     // Compute thread: requests with the same work waiting for this one's prefill.

@@ -1,7 +1,9 @@
 // CheckRegistration (services/common/registration_check.h): a worker's Register filled as
 // pw-decode and pw-prefill fill theirs, from a real KV pool of the embedded model, is accepted;
 // each field changed on its own is refused with a reason naming it; the forged decode worker of
-// the field report (layout hash 0, 2^32-1 blocks of 2^60 bytes, maxBatch 2^32-1) is refused.
+// the field report (layout hash 0, 2^32-1 blocks of 2^60 bytes, maxBatch 2^32-1) is refused; a
+// hybrid's workers (qwen3_next: a recurrent state in the KV) are accepted from protocol 1.3 on
+// with their pages per block, refused from an earlier peer naming both versions.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -35,7 +37,7 @@ void FillHonest(wire::Register::Builder r, wire::Role role, const ModelConfig& m
   l.head_dim = static_cast<int>(m.head_dim);
   l.block_size = block_size;
   l.dtype = dtype;
-  auto pool = memory::KvBlockPool::Create(l, blocks);
+  auto pool = memory::KvBlockPool::Create(l, blocks, memory::ModelKvSpecs(m));
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   const memory::KvBlockPool& p = **pool;
   r.setRole(role);
@@ -47,10 +49,11 @@ void FillHonest(wire::Register::Builder r, wire::Role role, const ModelConfig& m
   kl.setNumBlocks(static_cast<uint32_t>(p.num_blocks()));
   kl.setBlockTokens(static_cast<uint32_t>(p.layout().block_size));
   kl.setBlockBytes(p.bytes_per_block());
-  kl.setLayoutHash(KvLayoutHash(p.layout(), m.hidden_size, m.vocab_size, m.model_type));
+  kl.setLayoutHash(KvLayoutHash(p.layout(), p.specs(), m.hidden_size, m.vocab_size, m.model_type));
   kl.setPageBytes(p.pages().page_bytes());
   kl.setLayerBytes(p.layout().bytes_per_layer());
   kl.setNumLayers(static_cast<uint32_t>(p.layout().num_layers));
+  kl.setPagesPerBlock(static_cast<uint32_t>(p.pages_per_block()));
   if (role == wire::Role::DECODE) {
     auto km = r.initKvMemory();
     km.setWorkerAddress(proto::AsData("ucx-worker-address"));
@@ -77,7 +80,7 @@ class RegistrationCheckTest : public ::testing::Test {
     auto r = m.body().initRegister();
     FillHonest(r, wire::Role::DECODE, model_);
     change(r);
-    return CheckRegistration(r.asReader(), limits_);
+    return CheckRegistration(r.asReader(), limits_, minor_);
   }
   // Expects `change` (which may also change limits_, for this check only) to be refused with a
   // reason containing `field`.
@@ -98,11 +101,12 @@ class RegistrationCheckTest : public ::testing::Test {
     l.head_dim = static_cast<int>(model_.head_dim);
     l.block_size = block_size;
     l.dtype = dtype;
-    return KvLayoutHash(l, hidden, model_.vocab_size, model_.model_type);
+    return KvLayoutHash(l, memory::ModelKvSpecs(model_), hidden, model_.vocab_size, model_.model_type);
   }
 
   ModelConfig model_;
   RegistrationLimits limits_;
+  uint16_t minor_ = proto::kProtocolMinor;  // of the Register's envelope
 };
 
 TEST_F(RegistrationCheckTest, HonestWorkersAreAccepted) {
@@ -114,12 +118,12 @@ TEST_F(RegistrationCheckTest, HonestWorkersAreAccepted) {
         proto::OutMessage m;
         auto r = m.body().initRegister();
         FillHonest(r, role, model_, dtype, block_size, block_size == 4096 ? 2 : 8);
-        Status st = CheckRegistration(r.asReader(), limits_);
+        Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
         EXPECT_TRUE(st.ok()) << st.ToString();
         // The default bound (this host's memory) holds these small pools too.
         RegistrationLimits host = limits_;
         host.max_kv_bytes = 0;
-        st = CheckRegistration(r.asReader(), host);
+        st = CheckRegistration(r.asReader(), host, proto::kProtocolMinor);
         EXPECT_TRUE(st.ok()) << st.ToString();
       }
     }
@@ -255,7 +259,7 @@ TEST_F(RegistrationCheckTest, WithoutTheModelOnlyBoundsAndConsistency) {
   kl.setBlockTokens(16);
   kl.setLayoutHash(42);
   r.initKvMemory().setBytes(64 * 4096);
-  Status st = CheckRegistration(r.asReader(), limits_);
+  Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
   EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
@@ -265,7 +269,63 @@ TEST_F(RegistrationCheckTest, ClientsAreNotWorkers) {
   auto r = m.body().initRegister();
   r.setRole(wire::Role::CLIENT);
   r.setMaxBatch(kU32Max);
-  EXPECT_TRUE(CheckRegistration(r.asReader(), limits_).ok());
+  EXPECT_TRUE(CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor).ok());
+}
+
+// A worker of protocol 1.2 registers no pagesPerBlock (one page per layer): still accepted for
+// a model without a recurrent state.
+TEST_F(RegistrationCheckTest, AWorkerBeforePagesPerBlockServesAnAttentionModel) {
+  minor_ = 2;
+  Status st = Decode([](auto r) { r.getKvLayout().setPagesPerBlock(0); });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// qwen3_next's fixture: linear-attention layers 0 and 2 keep a recurrent state of 3200 bytes,
+// two 2048-byte pages of a bf16 block of 16 tokens, one page of 4096 bytes.
+TEST_F(RegistrationCheckTest, AHybridsWorkersCarryTheirStatePagesFromProtocol13On) {
+  auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen3_next/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  model_ = *c;
+  limits_.model = model_;
+  for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
+    proto::OutMessage m;
+    auto r = m.body().initRegister();
+    FillHonest(r, role, model_);
+    EXPECT_EQ(r.getKvLayout().getPagesPerBlock(), 2u + 2 * 2);
+    Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    // The same Register from a worker of protocol 1.2: refused, both versions named.
+    st = CheckRegistration(r.asReader(), limits_, 2);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("speaks control protocol 1.2"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("since protocol 1.3"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("qwen3_next"), std::string::npos) << st.message();
+  }
+  EXPECT_TRUE(Decode([](auto) {}).ok());
+  ExpectRefused("no pagesPerBlock", "pagesPerBlock", [](auto r) { r.getKvLayout().setPagesPerBlock(0); });
+  ExpectRefused("a page short", "pagesPerBlock", [](auto r) { r.getKvLayout().setPagesPerBlock(5); });
+  // Pages of 4096 bytes hold a state in one: 4 pages a block, not 6.
+  ExpectRefused("6 pages of 4096 bytes", "pagesPerBlock", [](auto r) {
+    r.getKvLayout().setPageBytes(4096);
+    r.getKvMemory().setBytes(r.getKvMemory().getBytes() * 2);
+  });
+  EXPECT_TRUE(Decode([](auto r) {
+                r.getKvLayout().setPageBytes(4096);
+                r.getKvLayout().setPagesPerBlock(4);
+                r.getKvMemory().setBytes(r.getKvMemory().getBytes() * 2);
+              }).ok());
+  // The hash of the model's layout without its states (what a peer before 1.3 computes).
+  ExpectRefused("the hash without the state", "layoutHash", [&](auto r) {
+    memory::KvLayout l;
+    l.num_layers = static_cast<int>(model_.num_layers);
+    l.num_kv_heads = static_cast<int>(model_.num_kv_heads);
+    l.head_dim = static_cast<int>(model_.head_dim);
+    l.dtype = memory::KvDtype::kBf16;
+    r.getKvLayout().setLayoutHash(KvLayoutHash(l, memory::FullAttentionSpecs(l), model_.hidden_size,
+                                               model_.vocab_size, model_.model_type));
+  });
+  minor_ = 2;
+  ExpectRefused("a decode worker of 1.2", "1.2", [](auto) {});
 }
 
 }  // namespace

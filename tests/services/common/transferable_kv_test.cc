@@ -1,29 +1,37 @@
-// A worker's KV pool is transferable by the cluster only when every layer is full attention or a
-// sliding window: a hybrid's recurrent-state layer is refused, naming the model and the layer.
+// A peer of the control protocol exchanges a worker's KV only if it carries every kind the pool
+// holds: full-attention and sliding-window pages from protocol 1.0, a hybrid's recurrent state
+// from 1.3. An earlier peer is refused for a hybrid, naming both versions, the model and the
+// layer.
 #include "services/common/transferable_kv.h"
 
 #include <gtest/gtest.h>
 
+#include "services/proto/codec.h"
+
 namespace pw::service {
 namespace {
 
-TEST(TransferableKv, HybridPoolsAreRefusedNamingTheLayer) {
-  const memory::KvLayout l{.num_layers = 3, .num_kv_heads = 2, .head_dim = 8, .block_size = 4};
-  auto full = memory::KvBlockPool::Create(l, 2);
-  ASSERT_TRUE(full.ok());
-  EXPECT_TRUE(CheckTransferableKv(**full, "m").ok());
+TEST(TransferableKv, ARecurrentStateNeedsAPeerOfProtocol13) {
+  std::vector<memory::KvLayerSpec> full(3);
   std::vector<memory::KvLayerSpec> sliding(3);
   sliding[0] = {.kind = memory::KvKind::kSlidingWindow, .window = 8};
-  auto window = memory::KvBlockPool::Create(l, 2, sliding);
-  ASSERT_TRUE(window.ok()) << window.status().ToString();
-  EXPECT_TRUE(CheckTransferableKv(**window, "gpt-oss").ok());  // gpt_oss is served
-  std::vector<memory::KvLayerSpec> specs(3);
-  specs[1] = {.kind = memory::KvKind::kRecurrentState, .state_bytes = 1000};
-  auto hybrid = memory::KvBlockPool::Create(l, 2, specs);
-  ASSERT_TRUE(hybrid.ok()) << hybrid.status().ToString();
-  const Status s = CheckTransferableKv(**hybrid, "/models/qwen3-next");
+  std::vector<memory::KvLayerSpec> hybrid(3);
+  hybrid[1] = {.kind = memory::KvKind::kRecurrentState, .state_bytes = 1000};
+  EXPECT_FALSE(HasRecurrentState(full));
+  EXPECT_FALSE(HasRecurrentState(sliding));
+  EXPECT_TRUE(HasRecurrentState(hybrid));
+  for (uint16_t minor : {uint16_t{0}, uint16_t{2}, uint16_t{3}, proto::kProtocolMinor}) {
+    EXPECT_TRUE(CheckPeerCarriesKv(full, "m", "the router", minor).ok());
+    EXPECT_TRUE(CheckPeerCarriesKv(sliding, "gpt-oss", "the router", minor).ok());
+  }
+  EXPECT_TRUE(CheckPeerCarriesKv(hybrid, "qwen3-next", "the router", 3).ok());
+  EXPECT_TRUE(CheckPeerCarriesKv(hybrid, "qwen3-next", "the router", proto::kProtocolMinor).ok());
+  const Status s = CheckPeerCarriesKv(hybrid, "qwen3-next", "the router", 2);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
-  EXPECT_NE(s.message().find("/models/qwen3-next: KV layer 1 is recurrent_state"),
+  EXPECT_NE(s.message().find("the router speaks control protocol 1.2; qwen3-next keeps a recurrent "
+                             "state (KV layer 1) that the KV transfer carries since protocol 1.3 "
+                             "(this process speaks 1." +
+                             std::to_string(proto::kProtocolMinor) + ")"),
             std::string::npos)
       << s.ToString();
 }

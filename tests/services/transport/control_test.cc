@@ -274,7 +274,7 @@ TEST(Control, BurstOfNotRegisteredGivesOneRegistration) {
   Pair p;
   MakePair(&p);
   int registrations = 0;
-  p.server->on_register = [&](const std::string&, wire::Register::Reader) {
+  p.server->on_register = [&](const std::string&, wire::Register::Reader, uint16_t) {
     ++registrations;
     return Status::Ok();
   };
@@ -312,7 +312,7 @@ TEST(Control, RepeatedRegisterKeepsTheRegistrationUnlessTheAckWasSeen) {
   Pair p;
   MakePair(&p);
   int registrations = 0;
-  p.server->on_register = [&](const std::string&, wire::Register::Reader) {
+  p.server->on_register = [&](const std::string&, wire::Register::Reader, uint16_t) {
     ++registrations;
     return Status::Ok();
   };
