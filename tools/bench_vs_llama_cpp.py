@@ -2,7 +2,7 @@
 """PagedWeight beside llama.cpp on one machine, in one run: the engine in-process and the node served.
 
   /usr/bin/python3 tools/bench_vs_llama_cpp.py --llama-cpp LLAMA_DIR --python CONVERTER_PY \\
-      --checkpoint CHECKPOINT_DIR [--tokenizer models/tiny-moe] [--rounds 2] [--parts engine,served]
+      --checkpoint CHECKPOINT_DIR [--tokenizer models/tiny-moe] [--rounds 2] [--parts decode,prefill,served]
 
 LLAMA_DIR: a llama.cpp source tree (github.com/ggml-org/llama.cpp; the figures in
 docs/benchmarks.md were taken at commit c392e509, 2025-02-20), with its CPU build in
@@ -115,8 +115,10 @@ def cpu_description():
     for line in open("/proc/meminfo"):
         if line.startswith("MemTotal:"):
             mem = int(line.split()[1]) // (1024 * 1024)
-    return (f"{info.get('Model name', '?')}, {info.get('CPU(s)', '?')} CPUs "
-            f"({info.get('Thread(s) per core', '?')} thread(s) per core), {mem} GiB, "
+    return (f"{info.get('Model name', '?')} (family {info.get('CPU family', '?')}, model {info.get('Model', '?')}), "
+            f"{info.get('CPU(s)', '?')} CPUs "
+            f"({info.get('Thread(s) per core', '?')} thread(s) per core), L2 {info.get('L2 cache', '?')}, "
+            f"L3 {info.get('L3 cache', '?')}, {mem} GiB, "
             f"SIMD: {' '.join(simd) or 'none of avx2/avx512'}; hypervisor: {info.get('Hypervisor vendor', 'none')}")
 
 
@@ -274,7 +276,7 @@ def ours_engine(args, mdir, extra, env_extra=None):
     env = dict(os.environ)
     env.update(env_extra or {})
     cmd = [os.path.join(args.build, "bin", "pw-bench-engine"), "--model", mdir, "--threads", str(args.threads),
-           "--runs", "1", "--bw-passes", "1", "--bw-streams", "4", "--bw-gib", "0.5"] + extra
+           "--runs", "1", "--warmups", "1", "--bw-passes", "1", "--bw-streams", "4", "--bw-gib", "0.5"] + extra
     return engine_rows(out_of(cmd, env=env))
 
 
@@ -298,8 +300,8 @@ def llama_batched(args, llama_build, gguf_path, npl):
     return res
 
 
-def engine_round(args, mdir, llama_build, g, store):
-    """One round, ours then llama.cpp's for each pair: {row name: (ours, llama.cpp)}."""
+def decode_round(args, mdir, llama_build, g, store):
+    """One round of decode, ours then llama.cpp's for each pair: {row name: (ours, llama.cpp)}."""
     r = {}
     ours = ours_engine(args, mdir, ["--same-prompts", "--batches", "1,8,32", "--prompt-len", "64"])
     lb = llama_bench(args, llama_build, g["bf16"], "0", "32")
@@ -315,7 +317,12 @@ def engine_round(args, mdir, llama_build, g, store):
         q8 = ours_engine(args, mdir, ["--store", store, "--bits", "8", "--dense", "int8", "--batches", "1"])
         l8 = llama_bench(args, llama_build, g["Q8_0"], "0", "32")
         r["decode batch 1, 8-bit experts + int8 dense / Q8_0"] = (q8[0][2], l8[(0, 32)])
-    pre = {}
+    return r
+
+
+def prefill_round(args, mdir, llama_build, g):
+    """One round of prefill (one prompt of each length), ours then llama.cpp's."""
+    r, pre = {}, {}
     for n in args.prefill:
         rows = ours_engine(args, mdir, ["--batches", "1", "--prompt-len", str(n), "--decode-steps", "1"])
         pre[n] = rows[0][1]
@@ -372,7 +379,8 @@ def main():
                     help="tokenizer files for a checkpoint that ships none (default models/tiny-moe)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the project's build directory")
     ap.add_argument("--work", default=None, help="model directory, GGUFs, store, results (default BUILD/vs-llama-cpp)")
-    ap.add_argument("--parts", default="engine,served", help="engine, served, or both (comma-separated)")
+    ap.add_argument("--parts", default="decode,prefill,served",
+                    help="comma-separated: decode and prefill (in-process), served")
     ap.add_argument("--rounds", type=int, default=2, help="rounds; ours and llama.cpp's alternate in each")
     ap.add_argument("--threads", type=int, default=2, help="threads of pw-bench-engine, llama-bench, llama-server")
     ap.add_argument("--streams", default="1,8,32", help="served concurrencies")
@@ -389,8 +397,8 @@ def main():
     args.streams = [int(x) for x in args.streams.split(",")]
     args.prefill = [int(x) for x in args.prefill.split(",")]
     parts = set(args.parts.split(","))
-    if not parts <= {"engine", "served"}:
-        sys.exit(f"bench_vs_llama_cpp: --parts {args.parts}: engine and/or served")
+    if not parts or not parts <= {"decode", "prefill", "served"}:
+        sys.exit(f"bench_vs_llama_cpp: --parts {args.parts}: decode, prefill and/or served")
     llama_build = args.llama_build or os.path.join(args.llama_cpp, "build")
     if not os.path.exists(os.path.join(args.llama_cpp, "convert_hf_to_gguf.py")):
         sys.exit(f"bench_vs_llama_cpp: {args.llama_cpp}: no convert_hf_to_gguf.py (a llama.cpp source tree?)")
@@ -430,17 +438,23 @@ def main():
     rdir = os.path.join(args.work, "results-" + stamp)
     os.makedirs(rdir)
     engine_b1 = []
-    if "engine" in parts:
+    if parts & {"decode", "prefill"}:
         rounds, loads = [], []
         t0 = time.strftime("%H:%M:%S", time.gmtime())
         for i in range(args.rounds):
             la = loadavg()
-            rounds.append(engine_round(args, mdir, llama_build, g, store))
+            r = {}
+            if "decode" in parts:
+                r.update(decode_round(args, mdir, llama_build, g, store))
+            if "prefill" in parts:
+                r.update(prefill_round(args, mdir, llama_build, g))
+            rounds.append(r)
             loads.append(f"{la} -> {loadavg()}")
         print(f"\nIn-process rounds {t0}–{time.strftime('%H:%M:%S', time.gmtime())} UTC, "
               f"load average per round: {'; '.join(loads)}")
         print_engine_table(rounds, args.threads)
-        engine_b1 = [r["decode batch 1, bf16 / bf16"][0] for r in rounds]
+        if "decode" in parts:
+            engine_b1 = [r["decode batch 1, bf16 / bf16"][0] for r in rounds]
         sys.stdout.flush()
     if "served" in parts:
         rounds, loads = [], []
