@@ -1,7 +1,7 @@
 // pw-bench-engine: prefill and decode throughput of the CPU engine at batch 1, 8 and 32, next to
 // the floor that memory bandwidth sets for a decode step.
 //
-//   pw-bench-engine [--model DIR]... [--threads N] [--runs 5] [--prompt-len 64]
+//   pw-bench-engine [--model DIR]... [--threads N] [--runs 5] [--warmups 0] [--prompt-len 64]
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
@@ -17,7 +17,9 @@
 // One run at batch B: B sequences of `prompt-len` random token ids (fixed seed) are added
 // together; prefill time = from AddSequence until every sequence has its first token (chunked
 // prefill through Engine::Step); decode time = the next `decode-steps` Steps, each giving every
-// sequence one token (greedy, eos ignored). Reported: median over `runs` runs of
+// sequence one token (greedy, eos ignored). `warmups` untimed runs come first at each point (the
+// first run of a process otherwise pays the first touch of every mapped weight page in its
+// prefill). Reported: median over `runs` runs of
 //   prefill tok/s = B * prompt_len / prefill time
 //   decode  tok/s = B * decode_steps / decode time
 // --same-prompts gives every sequence of a batch the same prompt (a run's first), so greedy
@@ -284,6 +286,7 @@ struct Options {
   bool dense_int8 = false;  // --dense int8: attention, lm_head and dense MLPs as int8
   bool no_mmap = false;     // --no-mmap: the checkpoint copied into the process (EngineOptions)
   int runs = 5;
+  int warmups = 0;
   int prompt_len = 64;
   int decode_steps = 16;
   std::vector<int> batches = {1, 8, 32};
@@ -333,7 +336,7 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     double distinct_sum = 0, bf16_bytes_sum = 0, width_bytes_sum = 0;
     double after_distinct_sum = 0, after_bf16_sum = 0, after_width_sum = 0;
     int64_t distinct_calls = 0;
-    for (int run = 0; run < o.runs; ++run) {
+    for (int run = -o.warmups; run < o.runs; ++run) {
       engine::SamplingParams sp;
       sp.max_tokens = max_gen;
       sp.ignore_eos = true;
@@ -378,6 +381,7 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
       const double cpu2 = ProcessCpuSeconds();
       counter.enabled_ = false;
       for (uint64_t id : ids) (void)eng.RemoveSequence(id);
+      if (run < 0) continue;  // a warm-up: first touches of the mapped weights, scratch growth
       const double pre = Seconds(t0, t1), dec = Seconds(t1, t2);
       prefill_tps.push_back(batch * o.prompt_len / pre);
       decode_tps.push_back(batch * o.decode_steps / dec);
@@ -519,6 +523,8 @@ int Main(int argc, char** argv) {
   app.add_option("--model", o.models, "model directory (repeatable)");
   app.add_option("--threads", o.threads, "engine and bandwidth threads")->check(CLI::Range(1, 256));
   app.add_option("--runs", o.runs, "runs per point (median)")->check(CLI::Range(1, 100));
+  app.add_option("--warmups", o.warmups, "untimed runs before each point's (as llama-bench's warm-up)")
+      ->check(CLI::Range(0, 100));
   app.add_option("--prompt-len", o.prompt_len, "prompt tokens per sequence")
       ->check(CLI::Range(1, 8192));
   app.add_option("--decode-steps", o.decode_steps, "decode steps timed per run")
@@ -624,9 +630,9 @@ int Main(int argc, char** argv) {
               bw.best_streams == 1 ? "" : "s", bw.cpu / 1e9, bw.best_cpu_streams,
               bw.best_cpu_streams == 1 ? "" : "s");
   if (widths) std::printf("experts from %s\n", o.store.c_str());
-  std::printf("prompt %d tokens%s, %d decode steps, median of %d runs, %d threads\n\n",
+  std::printf("prompt %d tokens%s, %d decode steps, median of %d runs after %d warm-up runs, %d threads\n\n",
               o.prompt_len, o.same_prompts ? " (one prompt for every sequence of a batch)" : "",
-              o.decode_steps, o.runs, o.threads);
+              o.decode_steps, o.runs, o.warmups, o.threads);
   std::printf("Wall clock:\n\n");
   if (widths) {
     std::printf(
