@@ -46,6 +46,11 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            beside 16 stacked experts top-4 in every layer, the
                                            router's scale and per-expert scale, layer scalars,
                                            scaled tied embeddings, final_logit_softcapping 30.
+  tests/fixtures/models/gemma4_mm/         the same language model inside Gemma-4's multimodal
+                                           checkpoint (Gemma4ForConditionalGeneration, model_type
+                                           gemma4: tensors under model.language_model.) with a
+                                           one-layer vision tower the engine skips; references
+                                           from transformers running the wrapper on text.
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level; qwen3_next as transformers writes it), model.safetensors (bf16, e_score_correction_bias random so that it moves the
@@ -445,6 +450,62 @@ def WriteGemma4():
           f"{worst[0]:.3e}, min top-1 logit margin {worst[1]:.3e}")
 
 
+def WriteGemma4Multimodal():
+    """tests/fixtures/models/gemma4_mm from tests/fixtures/models/gemma4: its weights under
+    model.language_model., a random vision tower, references from the wrapper's own forward."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    torch.set_num_threads(2)
+    src = os.path.join(mf.FIXTURES, "models", "gemma4")
+    out_dir = os.path.join(mf.FIXTURES, "models", "gemma4_mm")
+    os.makedirs(out_dir, exist_ok=True)
+    config = Gemma4Config(
+        text_config=Gemma4TextConfig().to_dict(),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                           patch_size=4, position_embedding_size=64, pooling_kernel_size=2),
+        audio_config=None)
+    model = Gemma4ForConditionalGeneration(config)
+    mf.RandomizeWeights(model, SEED + 3000)
+    text = load_file(os.path.join(src, "model.safetensors"))
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        params.update(dict(model.named_buffers()))
+        for name, t in text.items():
+            params["model.language_model." + name[len("model."):]].copy_(t.float())
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(out_dir)
+    gen_cfg = os.path.join(out_dir, "generation_config.json")
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)
+    ref = Gemma4ForConditionalGeneration.from_pretrained(out_dir, dtype=torch.float32,
+                                                         attn_implementation="eager")
+    ref.eval()
+    old = load_file(os.path.join(src, "logits.safetensors"))
+    refs = {}
+    moved = 0.0
+    for i in range(len(mf.RANDOM_PROMPT_LENGTHS)):
+        ids = old[f"p{i}.ids"].tolist()
+        with torch.no_grad():
+            logits = ref(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+        moved = max(moved, (logits - old[f"p{i}.logits"]).abs().max().item())
+        refs[f"p{i}.ids"] = old[f"p{i}.ids"]
+        refs[f"p{i}.logits"] = logits
+        seq = list(ids)
+        for _ in range(GREEDY_NEW_TOKENS):
+            with torch.no_grad():
+                step = ref(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
+            seq.append(int(torch.argmax(step)))
+        refs[f"g{i}.ids"] = old[f"p{i}.ids"].clone()
+        refs[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+    mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), refs)
+    size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+    print(f"gemma4_mm: model.safetensors {size} bytes; the wrapper's logits differ from the "
+          f"text model's by up to {moved:.3e}")
+
+
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
@@ -594,6 +655,8 @@ if __name__ == "__main__":
         WriteGptOssMxfp4()
     if not names or "gemma4" in names:
         WriteGemma4()
-    names -= {"gpt_oss", "gpt_oss_mxfp4", "gemma4"}
+    if not names or "gemma4" in names or "gemma4_mm" in names:
+        WriteGemma4Multimodal()
+    names -= {"gpt_oss", "gpt_oss_mxfp4", "gemma4", "gemma4_mm"}
     if names or not sys.argv[1:]:
         Write(names)

@@ -38,10 +38,11 @@ using testing::ReadRefLogits;
 // gpt_oss: sliding-window layers (window 8, shorter than the 40-id prompt), sinks, YaRN, expert
 // biases, clamped SwiGLU; gpt_oss_mxfp4: its experts in MXFP4. gemma4: the MoE text stack
 // (sliding window 8 with its own RoPE, attention_k_eq_v, a dense MLP beside the experts in
-// every layer, sandwich norms, logit soft-capping).
+// every layer, sandwich norms, logit soft-capping); gemma4_mm: the same language model in
+// Gemma-4's multimodal checkpoint, served text-only (its vision tower skipped).
 const std::vector<std::string> kTypes = {
     "qwen2_moe",  "qwen3_moe",   "olmoe",   "mixtral",       "glm4_moe", "glm4_moe_grouped",
-    "qwen3_next", "qwen3_5_moe", "gpt_oss", "gpt_oss_mxfp4", "gemma4"};
+    "qwen3_next", "qwen3_5_moe", "gpt_oss", "gpt_oss_mxfp4", "gemma4",   "gemma4_mm"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -180,7 +181,8 @@ TEST(FamilyGreedy, ContinuationsEqualTheReference) {
                                                 {"qwen3_5_moe", 4},
                                                 {"gpt_oss", 3},
                                                 {"gpt_oss_mxfp4", 3},
-                                                {"gemma4", 3}}) {
+                                                {"gemma4", 3},
+                                                {"gemma4_mm", 3}}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
