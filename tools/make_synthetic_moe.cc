@@ -4,8 +4,11 @@
 //   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe|qwen3_next|
 //                            gpt_oss]
 //                      [--layers 2] [--seed 1] [--experts N] [--vocab N] [--hidden N]
-//                      [--expert-ffn N]
-// (--hidden / --expert-ffn make a store with a real model's block count at a small size.)
+//                      [--expert-ffn N] [--linear-key-heads N --linear-value-heads N
+//                      --linear-head-dim N]
+// (--hidden / --expert-ffn make a store with a real model's block count at a small size; the
+// --linear-* sizes shrink qwen3_next's recurrent state with it: at 16 / 32 heads of 128 the
+// state is 2 MiB a linear layer, reserved in every KV block: docs/architecture.md.)
 // glm4_moe takes GLM-4.5-Air's shape at half width (synthetic_moe.h, Glm4MoeAirHalfSpec): the
 // first layer dense, the rest MoE with one shared expert. qwen3_next takes Qwen3-Next-80B-A3B's
 // layer at a quarter of its expert width (Qwen3NextQuarterSpec: 512 experts top-10, 3 of every 4
@@ -39,6 +42,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--topk-group", spec.topk_group, "glm4_moe: groups kept per token (topk_group)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--linear-key-heads", spec.linear_key_heads, "qwen3_next: linear_num_key_heads")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--linear-value-heads", spec.linear_value_heads,
+                 "qwen3_next: linear_num_value_heads (a multiple of the key heads)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--linear-head-dim", spec.linear_head_dim,
+                 "qwen3_next: linear_key_head_dim = linear_value_head_dim")
+      ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
   // A family with a real model's shape starts from it; what the command line gave stays.
   auto from_shape = [&](pw::SyntheticMoeSpec shaped) {
@@ -48,6 +59,9 @@ int main(int argc, char** argv) {
     if (app.count("--vocab") > 0) shaped.vocab = spec.vocab;
     if (app.count("--hidden") > 0) shaped.hidden = spec.hidden;
     if (app.count("--expert-ffn") > 0) shaped.expert_ffn = spec.expert_ffn;
+    if (app.count("--linear-key-heads") > 0) shaped.linear_key_heads = spec.linear_key_heads;
+    if (app.count("--linear-value-heads") > 0) shaped.linear_value_heads = spec.linear_value_heads;
+    if (app.count("--linear-head-dim") > 0) shaped.linear_head_dim = spec.linear_head_dim;
     return shaped;
   };
   if (type == "glm4_moe") {

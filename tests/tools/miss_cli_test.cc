@@ -111,6 +111,53 @@ TEST(MissCli, RecordReplayAndEmulate) {
   for (const std::string& f : {gen_trace, eval_trace}) std::filesystem::remove(f);
 }
 
+// The expert-miss paper's setting: a synthetic qwen3_next of 512 experts top-10 (made by the
+// built make_synthetic_moe at a small hidden size, 3 of its 4 layers Gated DeltaNet, the
+// embedded model's tokenizer beside it): pw-generate records a trace pw-sim replays at 25 %
+// residency (128 of 512 resident); pw-eval runs the miss policies, and LYNX at batch 4 (k/N =
+// 10/512 gives its bins) with the miss hook after it, which counts exactly 10 experts a token
+// and layer in what LYNX returned.
+TEST(MissCli, Qwen3NextOf512ExpertsRunsThroughSimMissesAndLynx) {
+  const std::string tokenizer = std::string(PW_SOURCE_DIR) + "/models/tiny-moe/tokenizer.json";
+  const std::string dir = ::testing::TempDir() + "/pw_miss_cli_qwen3_next";
+  std::filesystem::remove_all(dir);
+  CommandResult m = RunCommand(Bin("make_synthetic_moe") + " --out " + dir +
+                               " --type qwen3_next --layers 4 --hidden 64 --expert-ffn 16 --vocab 4096"
+                               " --linear-key-heads 2 --linear-value-heads 4 --linear-head-dim 16");
+  ASSERT_EQ(m.status, 0) << m.output;
+  std::filesystem::copy_file(tokenizer, dir + "/tokenizer.json");
+  const std::string trace = dir + "/gen.trace";
+  CommandResult g = RunCommand(Bin("pw-generate") + " --model " + dir +
+                               " --prompt 'In the beginning' --max-tokens 12 --record-trace " + trace);
+  ASSERT_EQ(g.status, 0) << g.output;
+  CommandResult s = RunCommand(Bin("pw-sim") + " --trace " + trace + " --residency 0.25 --miss-policy speed-first");
+  ASSERT_EQ(s.status, 0) << s.output;
+  EXPECT_NE(s.output.find("512 experts top-10"), std::string::npos) << s.output;
+  auto sv = Values(s.output);
+  EXPECT_EQ(sv["capacity"], "128");
+  EXPECT_EQ(sv["trace_complete"], "1");
+  EXPECT_EQ(std::stoll(sv["slots"]), std::stoll(sv["tokens"]) * 4 * 10) << s.output;
+  EXPECT_GT(std::stoll(sv["substitutions"]), 0);
+
+  const std::string text = Text();
+  const std::string eval = Bin("pw-eval") + " ppl --model " + dir + " --text " + text + " --ctx 64";
+  CommandResult q = RunCommand(eval + " --residency 0.25 --miss-policy quality-first");
+  ASSERT_EQ(q.status, 0) << q.output;
+  auto qv = Values(q.output);
+  EXPECT_EQ(qv["resident_per_layer"], "128");
+  EXPECT_EQ(std::stoll(qv["misses_slots"]), std::stoll(qv["misses_token_layers"]) * 10);
+  EXPECT_GT(std::stoll(qv["misses_substitutions"]), 0);
+
+  CommandResult l = RunCommand(eval + " --batch 4 --lynx --residency 0.25 --miss-policy fetch-every-miss");
+  ASSERT_EQ(l.status, 0) << l.output;
+  auto lv = Values(l.output);
+  EXPECT_NE(lv["remap"].find("default from k/N"), std::string::npos) << l.output;
+  EXPECT_GT(std::stoll(lv["remapped_layer_calls"]), 0) << l.output;
+  EXPECT_GT(std::stoll(lv["misses_token_layers"]), 0);
+  EXPECT_EQ(std::stoll(lv["misses_slots"]), std::stoll(lv["misses_token_layers"]) * 10) << l.output;
+  std::filesystem::remove_all(dir);
+}
+
 // A trace cut inside its last layer record (a writer stopped by a full disk or killed) replays
 // its whole records: exit 0, a warning on stderr naming the torn record, and the output's
 // trace_complete 0 / trace_layer_records / trace_torn_bytes; the same in a sweep (stderr).

@@ -2,7 +2,9 @@
 // LYNX off — no hook, a disabled hook, or a hook whose gate stays closed (prefill, a batch of
 // one) — is bit-identical to the engine without it; LYNX on at batch 8 remaps decode steps
 // and keeps them valid; on glm4_moe (sigmoid gate) it keeps exactly k experts per token with
-// the gate's own weights (unbiased sigmoid, renormalised, times routed_scaling_factor).
+// the gate's own weights (unbiased sigmoid, renormalised, times routed_scaling_factor); on a
+// synthetic qwen3_next of 512 experts (the expert-miss paper's setting: k/N = 10/512 gives LYNX
+// its bins) exactly 10 per token, weighted by the softmax renormalised over them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +18,8 @@
 #include "policies/lynx/piggyback_remap.h"
 #include "engine/engine.h"
 #include "engine/hooks/lynx_routing_hook.h"
+#include "engine/models/model.h"
+#include "common/formats/synthetic_moe.h"
 #include "engine/eval/perplexity.h"
 #include "tools/lockstep_perplexity.h"
 
@@ -122,20 +126,22 @@ TEST(LynxEngine, OnRemapsDecodeBatchesOnly) {
 }
 
 // Runs the LYNX hook, then checks what it returned against the gate's context: exactly k
-// distinct experts per token, token-major, each weight the token's unbiased sigmoid score
-// renormalised over its k and times routed_scaling_factor (the glm4_moe fixture has
-// norm_topk_prob and a factor of 2.5), whether or not the token was remapped.
+// distinct experts per token, token-major, each weight the token's gate probability (glm4_moe:
+// its unbiased sigmoid score; a softmax gate: its softmax) renormalised over its k and times
+// `scale` (the glm4_moe fixture has norm_topk_prob and a routed_scaling_factor of 2.5), whether
+// or not the token was remapped.
 class CheckedLynx final : public RoutingHook {
  public:
-  explicit CheckedLynx(LynxRoutingHook* inner) : inner_(inner) {}
+  CheckedLynx(LynxRoutingHook* inner, GateKind gate = GateKind::kSigmoidGroupedTopK, float scale = 2.5f)
+      : inner_(inner), gate_(gate), scale_(scale) {}
   Status Rewrite(const RoutingContext& ctx, std::vector<ExpertAssignment>* a) override {
     const std::vector<ExpertAssignment> before = *a;
     PW_RETURN_IF_ERROR(inner_->Rewrite(ctx, a));
     const size_t T = static_cast<size_t>(ctx.num_tokens), k = static_cast<size_t>(ctx.top_k);
     const size_t E = static_cast<size_t>(ctx.num_experts);
-    EXPECT_EQ(ctx.gate, GateKind::kSigmoidGroupedTopK);
-    EXPECT_EQ(ctx.weight_scale, 2.5f);
-    EXPECT_NE(ctx.selection_scores, ctx.router_probs);
+    EXPECT_EQ(ctx.gate, gate_);
+    EXPECT_EQ(ctx.weight_scale, scale_);
+    if (gate_ == GateKind::kSigmoidGroupedTopK) EXPECT_NE(ctx.selection_scores, ctx.router_probs);
     if (a->size() != T * k) {
       ADD_FAILURE() << "layer " << ctx.layer << ": " << a->size() << " assignments for " << T
                     << " tokens of top-" << k;
@@ -155,17 +161,21 @@ class CheckedLynx final : public RoutingHook {
         changed = changed || !was;
       }
       for (size_t j = 0; j < k; ++j) {
-        EXPECT_NEAR(row[j].weight, s[row[j].expert] / sum * 2.5f, 1e-6f)
+        EXPECT_NEAR(row[j].weight, s[row[j].expert] / sum * scale_, 1e-6f)
             << "layer " << ctx.layer << " token " << t << " expert " << row[j].expert;
       }
       tokens_changed += changed ? 1 : 0;
+      ++tokens;
     }
     return Status::Ok();
   }
   int64_t tokens_changed = 0;
+  int64_t tokens = 0;  // token-layer rows checked
 
  private:
   LynxRoutingHook* inner_;
+  GateKind gate_;
+  float scale_;
 };
 
 TEST(LynxEngine, SigmoidGateKeepsExactlyKWithTheGatesWeights) {
@@ -182,6 +192,39 @@ TEST(LynxEngine, SigmoidGateKeepsExactlyKWithTheGatesWeights) {
   const std::vector<float> logits = Decode(**e, 8, 6, 21);
   (*e)->SetMoeHooks({});
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT(hook.stats().applied_calls, 0);
+  EXPECT_GT(hook.stats().tokens_changed, 0);
+  EXPECT_EQ(checked.tokens_changed, hook.stats().tokens_changed);
+  EXPECT_LT(hook.stats().distinct_after, hook.stats().distinct_before);
+}
+
+TEST(LynxEngine, Qwen3NextOf512ExpertsKeepsExactlyTenPerToken) {
+  SyntheticMoeSpec spec = Qwen3NextQuarterSpec();  // 512 experts, top-10, a shared expert
+  spec.hidden = 64;
+  spec.expert_ffn = 16;
+  spec.shared_ffn = 32;
+  spec.vocab = 1024;
+  spec.linear_key_heads = 2;
+  spec.linear_value_heads = 4;
+  spec.linear_head_dim = 16;
+  const std::string dir = ::testing::TempDir() + "/lynx_qwen3_next_512";
+  ASSERT_TRUE(WriteSyntheticMoe(spec, dir).ok());
+  EngineOptions o;
+  o.return_logits = true;
+  auto e = Engine::Create(dir, o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_EQ((*e)->model().config().num_experts, 512);
+  ASSERT_EQ((*e)->model().config().num_experts_per_tok, 10);
+  lynx::LynxRemapper remapper({});
+  LynxRoutingHook hook(&remapper);
+  CheckedLynx checked(&hook, GateKind::kSoftmaxTopK, 1.f);
+  MoeHooks h;
+  h.routing_hook = &checked;
+  (*e)->SetMoeHooks(h);
+  const std::vector<float> logits = Decode(**e, 8, 6, 31);
+  (*e)->SetMoeHooks({});
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT(checked.tokens, 0);
   EXPECT_GT(hook.stats().applied_calls, 0);
   EXPECT_GT(hook.stats().tokens_changed, 0);
   EXPECT_EQ(checked.tokens_changed, hook.stats().tokens_changed);
