@@ -14,6 +14,7 @@
 #include "common/formats/apw_store.h"
 #include "common/formats/checkpoint_experts.h"
 #include "common/formats/safetensors.h"
+#include "common/formats/synthetic_moe.h"
 #include "common/formats/width_map.h"
 #include "engine/engine.h"
 #include "engine/experts/apw_expert_provider.h"
@@ -143,6 +144,38 @@ TEST(Gemma4, MissingLayerTensorIsNamed) {
   EXPECT_NE(m.status().message().find("model.layers.2.post_feedforward_layernorm_2.weight"),
             std::string::npos)
       << m.status().ToString();
+}
+
+// make_synthetic_moe --type gemma4: Gemma4MoeSpec's layout at test size loads and runs (the
+// layer types HF's default: every 6th and the last full), and the default's size.
+TEST(Gemma4, SyntheticCheckpointLoadsAndRuns) {
+  pw::testing::TempDir tmp;
+  SyntheticMoeSpec spec = Gemma4MoeSpec();
+  spec.layers = 7;
+  spec.hidden = 64;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.experts = 8;
+  spec.top_k = 2;
+  spec.expert_ffn = 32;
+  spec.dense_ffn = 48;
+  spec.vocab = 300;
+  ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
+  auto e = Engine::Create(tmp.path(), {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const ModelConfig& c = (*e)->model().config();
+  EXPECT_EQ(c.type, ModelType::kGemma4);
+  EXPECT_EQ(c.layer_sliding, (std::vector<bool>{true, true, true, true, true, false, false}));
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ((*e)->model().layers()[3].mlp.gate.rows, 48);
+  auto logits = (*e)->ForwardLogits(std::vector<int32_t>{1, 2, 3, 200, 5});
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
+  const double gb = static_cast<double>(SyntheticMoeBytes(Gemma4MoeSpec())) / 1e9;
+  // 2 layers of 128 experts x 3 x 512 x 2048 bf16 (1.6 GB), the tied embeddings (1.07 GB),
+  // attention and dense MLPs (0.09 GB).
+  EXPECT_GT(gb, 2.7);
+  EXPECT_LT(gb, 2.85);
 }
 
 }  // namespace
