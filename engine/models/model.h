@@ -1,5 +1,5 @@
 // Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral,
-// glm4_moe, qwen3_next, qwen3_5_moe_text, gpt_oss).
+// glm4_moe, qwen3_next, qwen3_5_moe_text, gpt_oss, gemma4_text).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
