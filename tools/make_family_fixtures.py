@@ -38,6 +38,19 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            (*_blocks, *_scales; quantization_config mxfp4),
                                            quantized here in numpy; references from transformers
                                            loading that checkpoint (dequantized on the CPU).
+  tests/fixtures/models/gemma4/            Gemma-4-style text stack with enable_moe_block: 4
+                                           layers sliding (window 8, shorter than the 40-id
+                                           prompt) / full, per-layer-type RoPE (default 10000;
+                                           proportional 0.25 at 1e6), attention_k_eq_v, q/k
+                                           norms and the unscaled v norm, a dense gelu-tanh MLP
+                                           beside 16 stacked experts top-4 in every layer, the
+                                           router's scale and per-expert scale, layer scalars,
+                                           scaled tied embeddings, final_logit_softcapping 30.
+  tests/fixtures/models/gemma4_mm/         the same language model inside Gemma-4's multimodal
+                                           checkpoint (Gemma4ForConditionalGeneration, model_type
+                                           gemma4: tensors under model.language_model.) with a
+                                           one-layer vision tower the engine skips; references
+                                           from transformers running the wrapper on text.
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level; qwen3_next as transformers writes it), model.safetensors (bf16, e_score_correction_bias random so that it moves the
@@ -335,6 +348,164 @@ def WriteGptOss():
           f"{worst[0]:.3e}, min top-1 logit margin {worst[1]:.3e}")
 
 
+GEMMA4_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention",
+                      "full_attention"]
+
+
+def Gemma4TextConfig():
+    from transformers import Gemma4TextConfig as Config
+
+    return Config(vocab_size=1024, hidden_size=64, intermediate_size=48, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=16,
+                  sliding_window=GPT_OSS_WINDOW, layer_types=list(GEMMA4_LAYER_TYPES),
+                  hidden_size_per_layer_input=0, attention_k_eq_v=True, enable_moe_block=True,
+                  num_experts=16, top_k_experts=4, moe_intermediate_size=32,
+                  final_logit_softcapping=30.0, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+
+def RandomizeGemma4(model, seed):
+    """make_fixtures.RandomizeWeights, then what it would leave near 0 or 1 set so that it
+    matters: router.proj N(0, 1) (its input is RMS-normed and scaled by hidden^-0.5, so the
+    router's logits spread about 1), router.scale 1 + N(0, 0.1^2), per_expert_scale
+    1 + N(0, 0.3^2), each layer_scalar (a buffer) U(0.5, 1.5)."""
+    import torch
+
+    mf.RandomizeWeights(model, seed)
+    gen = torch.Generator().manual_seed(seed + 5)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            r = layer.router
+            r.proj.weight.copy_(torch.randn(r.proj.weight.shape, generator=gen))
+            r.scale.copy_(1.0 + 0.1 * torch.randn(r.scale.shape, generator=gen))
+            r.per_expert_scale.copy_(1.0 + 0.3 * torch.randn(r.per_expert_scale.shape,
+                                                             generator=gen))
+            layer.layer_scalar.copy_(0.5 + torch.rand(layer.layer_scalar.shape, generator=gen))
+
+
+def Gemma4Forward(model, ids):
+    """Logits, the smallest gap between a token's k-th and (k+1)-th router probability, and
+    the smallest top-1 logit margin."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True,
+                    use_cache=False)
+    logits = out.logits[0].float()
+    k = model.config.top_k_experts
+    sel = float("inf")
+    for rl in out.router_logits:
+        top = rl.float().topk(k + 1, dim=-1).values
+        sel = min(sel, (top[:, k - 1] - top[:, k]).min().item())
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return logits, sel, (top2[:, 0] - top2[:, 1]).min().item()
+
+
+def WriteGemma4():
+    """tests/fixtures/models/gemma4: bf16 weights (RandomizeGemma4), HF's float32 logits and
+    greedy continuations, as for the other families."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    config = Gemma4TextConfig()
+    out_dir = os.path.join(mf.FIXTURES, "models", "gemma4")
+    os.makedirs(out_dir, exist_ok=True)
+    for attempt in range(20):
+        seed = SEED + 2000 + attempt
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        RandomizeGemma4(model, seed)
+        model = model.to(torch.bfloat16)
+        model.save_pretrained(out_dir)
+        gen_cfg = os.path.join(out_dir, "generation_config.json")
+        if os.path.exists(gen_cfg):
+            os.remove(gen_cfg)
+        ref = mf.LoadReference(out_dir)
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {}
+        worst = [float("inf")] * 2
+        for i, length in enumerate(mf.RANDOM_PROMPT_LENGTHS):
+            ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+            logits, sel, lm = Gemma4Forward(ref, ids)
+            worst = [min(worst[0], sel), min(worst[1], lm)]
+            tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+            tensors[f"p{i}.logits"] = logits
+            seq = list(ids)
+            for _ in range(GREEDY_NEW_TOKENS):
+                step, sel, lm = Gemma4Forward(ref, seq)
+                worst = [min(worst[0], sel), min(worst[1], lm)]
+                seq.append(int(torch.argmax(step[-1])))
+            tensors[f"g{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+            tensors[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+        if worst[0] > 1e-4 and worst[1] > 1e-3:
+            break
+        print(f"gemma4: seed {seed} has a near tie (router {worst[0]:.2e}, logit "
+              f"{worst[1]:.2e}); trying the next seed")
+    else:
+        raise SystemExit("gemma4: no seed without near ties")
+    mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), tensors)
+    size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+    print(f"gemma4: seed {seed}, model.safetensors {size} bytes, min router probability margin "
+          f"{worst[0]:.3e}, min top-1 logit margin {worst[1]:.3e}")
+
+
+def WriteGemma4Multimodal():
+    """tests/fixtures/models/gemma4_mm from tests/fixtures/models/gemma4: its weights under
+    model.language_model., a random vision tower, references from the wrapper's own forward."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    torch.set_num_threads(2)
+    src = os.path.join(mf.FIXTURES, "models", "gemma4")
+    out_dir = os.path.join(mf.FIXTURES, "models", "gemma4_mm")
+    os.makedirs(out_dir, exist_ok=True)
+    config = Gemma4Config(
+        text_config=Gemma4TextConfig().to_dict(),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                           patch_size=4, position_embedding_size=64, pooling_kernel_size=2),
+        audio_config=None)
+    model = Gemma4ForConditionalGeneration(config)
+    mf.RandomizeWeights(model, SEED + 3000)
+    text = load_file(os.path.join(src, "model.safetensors"))
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        params.update(dict(model.named_buffers()))
+        for name, t in text.items():
+            params["model.language_model." + name[len("model."):]].copy_(t.float())
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(out_dir)
+    gen_cfg = os.path.join(out_dir, "generation_config.json")
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)
+    ref = Gemma4ForConditionalGeneration.from_pretrained(out_dir, dtype=torch.float32,
+                                                         attn_implementation="eager")
+    ref.eval()
+    old = load_file(os.path.join(src, "logits.safetensors"))
+    refs = {}
+    moved = 0.0
+    for i in range(len(mf.RANDOM_PROMPT_LENGTHS)):
+        ids = old[f"p{i}.ids"].tolist()
+        with torch.no_grad():
+            logits = ref(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+        moved = max(moved, (logits - old[f"p{i}.logits"]).abs().max().item())
+        refs[f"p{i}.ids"] = old[f"p{i}.ids"]
+        refs[f"p{i}.logits"] = logits
+        seq = list(ids)
+        for _ in range(GREEDY_NEW_TOKENS):
+            with torch.no_grad():
+                step = ref(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
+            seq.append(int(torch.argmax(step)))
+        refs[f"g{i}.ids"] = old[f"p{i}.ids"].clone()
+        refs[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+    mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), refs)
+    size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+    print(f"gemma4_mm: model.safetensors {size} bytes; the wrapper's logits differ from the "
+          f"text model's by up to {moved:.3e}")
+
+
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
@@ -482,6 +653,10 @@ if __name__ == "__main__":
         WriteGptOss()
     if not names or "gpt_oss" in names or "gpt_oss_mxfp4" in names:
         WriteGptOssMxfp4()
-    names -= {"gpt_oss", "gpt_oss_mxfp4"}
+    if not names or "gemma4" in names:
+        WriteGemma4()
+    if not names or "gemma4" in names or "gemma4_mm" in names:
+        WriteGemma4Multimodal()
+    names -= {"gpt_oss", "gpt_oss_mxfp4", "gemma4", "gemma4_mm"}
     if names or not sys.argv[1:]:
         Write(names)

@@ -2,7 +2,7 @@
 // OLMoE-1B-7B's, 2 layers, about 2.1 GB of bf16) for speed measurements. Never commit its output.
 //
 //   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe|qwen3_next|
-//                            gpt_oss]
+//                            gpt_oss|gemma4]
 //                      [--layers 2] [--seed 1] [--experts N] [--vocab N] [--hidden N]
 //                      [--expert-ffn N]
 // (--hidden / --expert-ffn make a store with a real model's block count at a small size.)
@@ -11,6 +11,7 @@
 // layer at a quarter of its expert width (Qwen3NextQuarterSpec: 512 experts top-10, 3 of every 4
 // layers Gated DeltaNet, a gated shared expert).
 // gpt_oss takes gpt-oss-20b's experts and vocabulary (synthetic_moe.h, GptOss20bSpec).
+// gemma4 takes Gemma-4's MoE layout at the sizes of synthetic_moe.h's Gemma4MoeSpec.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -26,7 +27,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "output directory")->required();
   app.add_option("--type", type, "model type")
       ->check(CLI::IsMember(
-          {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "qwen3_next", "gpt_oss"}));
+          {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "qwen3_next", "gpt_oss",
+           "gemma4"}));
   app.add_option("--layers", spec.layers, "number of layers")->check(CLI::Range(1, 64));
   app.add_option("--seed", spec.seed, "random seed");
   app.add_option("--experts", spec.experts, "experts per layer")->check(CLI::Range(1, 1024));
@@ -58,6 +60,7 @@ int main(int argc, char** argv) {
   }
   if (type == "qwen3_next") spec = from_shape(pw::Qwen3NextQuarterSpec());
   if (type == "gpt_oss") spec = from_shape(pw::GptOss20bSpec());
+  if (type == "gemma4") spec = from_shape(pw::Gemma4MoeSpec());
   if (type == "qwen2_moe") spec.type = pw::ModelType::kQwen2Moe;
   if (type == "qwen3_moe") spec.type = pw::ModelType::kQwen3Moe;
   if (type == "mixtral") spec.type = pw::ModelType::kMixtral;

@@ -24,8 +24,11 @@ constexpr ExpertNaming kExpertNaming[] = {
     // gpt_oss: stacked, "mlp.experts.gate_up_proj" and "mlp.experts.down_proj"
     // (stacked_experts.h); the per-expert names are never read.
     {"mlp", {"gate_up_proj", "gate_up_proj", "down_proj"}},
+    // gemma4_text: stacked, "experts.gate_up_proj" and "experts.down_proj" directly in the
+    // layer (no block prefix), beside its dense "mlp.".
+    {"", {"gate_up_proj", "gate_up_proj", "down_proj"}},
 };
-static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGptOss) + 1,
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGemma4) + 1,
               "one ExpertNaming row per ModelType");
 
 }  // namespace
@@ -37,8 +40,9 @@ const ExpertNaming& ExpertNamingOf(ModelType type) {
 }
 
 std::string MoeBlockPrefix(const ModelConfig& config, int64_t layer) {
+  const std::string block = ExpertNamingOf(config.type).moe_block;
   return config.weights_prefix + "layers." + std::to_string(layer) + "." +
-         ExpertNamingOf(config.type).moe_block + ".";
+         (block.empty() ? "" : block + ".");
 }
 
 std::string ExpertTensorName(const ModelConfig& config, int64_t layer, int64_t expert,
@@ -78,13 +82,14 @@ Result<ExpertTensors> CheckpointExperts::Get(int64_t layer, int64_t expert) cons
   }
   const int64_t h = c.hidden_size, i = c.moe_intermediate_size;
   ExpertTensors t;
-  if (c.type == ModelType::kGptOss) {
+  StackedExpertShape stacked{c.num_experts, h, i};
+  if (StackedLayoutOf(c.type, &stacked.layout)) {
     // Stacked (stacked_experts.h): the matrices are copied out as bf16; the biases are not
     // stored (the engine adds them from its own model, ExpertLayerCall).
     std::shared_ptr<std::vector<uint16_t>> m[3];
     for (auto& v : m) v = std::make_shared<std::vector<uint16_t>>();
-    PW_RETURN_IF_ERROR(ReadStackedExpert(*ckpt_, MoeBlockPrefix(c, layer), {c.num_experts, h, i},
-                                         expert, m[0].get(), m[1].get(), m[2].get())
+    PW_RETURN_IF_ERROR(ReadStackedExpert(*ckpt_, MoeBlockPrefix(c, layer), stacked, expert,
+                                         m[0].get(), m[1].get(), m[2].get())
                            .WithContext(dir_));
     t.ffn = i;
     t.hidden = h;

@@ -364,6 +364,8 @@ const char* RopeTypeName(RopeType t) {
       return "yarn";
     case RopeType::kLlama3:
       return "llama3";
+    case RopeType::kProportional:
+      return "proportional";
   }
   return "?";
 }
@@ -386,6 +388,8 @@ const char* ModelTypeName(ModelType t) {
       return "qwen3_5_moe_text";
     case ModelType::kGptOss:
       return "gpt_oss";
+    case ModelType::kGemma4:
+      return "gemma4_text";
   }
   return "?";
 }
@@ -570,6 +574,264 @@ Status ParseGptOss(const FieldReader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// gemma4's per-layer-type RoPE: rope_parameters.{sliding_attention, full_attention}, each
+// {rope_type "default" | "proportional", rope_theta, partial_rotary_factor, factor} (HF's
+// defaults when rope_parameters is absent: sliding default 10000, full proportional 0.25 1e6).
+Status ReadGemma4Rope(const FieldReader& r, ModelConfig* c) {
+  const json* rp = r.Find("rope_parameters");
+  if (rp == nullptr) {
+    c->sliding_rope_theta = 10000.0;
+    c->rope_theta = 1e6;
+    c->rope_scaling.type = RopeType::kProportional;
+    c->rope_scaling.proportion = 0.25;
+    return Status::Ok();
+  }
+  if (!rp->is_object()) {
+    return r.Error(StatusCode::kInvalidArgument, "rope_parameters",
+                   std::string("must be an object, got ") + JsonTypeName(*rp));
+  }
+  for (const auto& [kind, v] : rp->items()) {
+    if (kind != "sliding_attention" && kind != "full_attention") {
+      return r.Error(StatusCode::kUnsupported, "rope_parameters." + kind,
+                     "is not a layer type of gemma4 (sliding_attention, full_attention)");
+    }
+  }
+  for (const char* kind : {"sliding_attention", "full_attention"}) {
+    const std::string at = std::string("rope_parameters.") + kind;
+    auto it = rp->find(kind);
+    if (it == rp->end() || !it->is_object()) {
+      return r.Error(StatusCode::kInvalidArgument, at,
+                     "must be an object with rope_type and rope_theta");
+    }
+    static const std::string kNoLabel;
+    const FieldReader d(*it, kNoLabel);
+    const json* type = d.Find("rope_type");
+    const std::string t = type != nullptr && type->is_string() ? type->get<std::string>() : "";
+    if (t != "default" && t != "proportional") {
+      return r.Error(StatusCode::kUnsupported, at + ".rope_type",
+                     "is " + (type ? FieldReader::Dump(*type) : std::string("missing")) +
+                         "; gemma4 layers take \"default\" or \"proportional\"");
+    }
+    for (const auto& [key, value] : it->items()) {
+      if (key != "rope_type" && key != "rope_theta" &&
+          !(t == "proportional" && (key == "partial_rotary_factor" || key == "factor"))) {
+        return r.Error(StatusCode::kUnsupported, at + "." + key,
+                       "is not used by rope_type '" + t + "'; refused rather than ignored");
+      }
+    }
+    double theta = 0, proportion = 1, factor = 1;
+    auto number = [&](const char* key, double* out, std::optional<double> def) -> Status {
+      const json* v = d.Find(key);
+      if (v == nullptr) {
+        if (!def) return r.Error(StatusCode::kInvalidArgument, at + "." + key, "is required");
+        *out = *def;
+        return Status::Ok();
+      }
+      if (!v->is_number() || !(v->get<double>() > 0) || !std::isfinite(v->get<double>())) {
+        return r.Error(StatusCode::kInvalidArgument, at + "." + key, "must be a finite number > 0");
+      }
+      *out = v->get<double>();
+      return Status::Ok();
+    };
+    PW_RETURN_IF_ERROR(number("rope_theta", &theta, std::nullopt));
+    PW_RETURN_IF_ERROR(number("partial_rotary_factor", &proportion, 1.0));
+    PW_RETURN_IF_ERROR(number("factor", &factor, 1.0));
+    if (proportion > 1) {
+      return r.Error(StatusCode::kInvalidArgument, at + ".partial_rotary_factor",
+                     "is " + std::to_string(proportion) + "; must be in (0, 1]");
+    }
+    RopeScaling sc;
+    sc.type = t == "default" ? RopeType::kDefault : RopeType::kProportional;
+    sc.factor = factor;
+    sc.proportion = proportion;
+    if (std::string(kind) == "sliding_attention") {
+      c->sliding_rope_theta = theta;
+      c->sliding_rope_scaling = sc;
+    } else {
+      c->rope_theta = theta;
+      c->rope_scaling = sc;
+    }
+  }
+  return Status::Ok();
+}
+
+// gemma4_text (HF Gemma4TextConfig's defaults): the MoE variant's text stack. Fields of the
+// variants not served are refused naming the field (model_config.h).
+Status ParseGemma4(const FieldReader& r, const json& root, ModelConfig* c) {
+  auto refuse = [&](const std::string& field, const std::string& what) {
+    return r.Error(StatusCode::kUnsupported, field, what);
+  };
+  PW_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_layers, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_heads, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_kv_heads, 4, 1));
+  if (c->num_heads % c->num_kv_heads != 0) {
+    return r.Error(StatusCode::kInvalidArgument, "num_key_value_heads",
+                   "is " + std::to_string(c->num_kv_heads) + ", which does not divide " +
+                       "num_attention_heads " + std::to_string(c->num_heads));
+  }
+  PW_RETURN_IF_ERROR(r.Int("head_dim", &c->head_dim, 256, 2));
+  if (c->head_dim % 2 != 0) {
+    return r.Error(StatusCode::kInvalidArgument, "head_dim", "must be even for RoPE");
+  }
+  c->rotary_dim = c->head_dim;
+  PW_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings, 131072, 1));
+  PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c->rms_norm_eps, 1e-6, true));
+  PW_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings, true));
+  if (const json* act = r.Find("hidden_activation");
+      act != nullptr && (!act->is_string() || act->get<std::string>() != "gelu_pytorch_tanh")) {
+    return refuse("hidden_activation",
+                  "is " + FieldReader::Dump(*act) + "; only \"gelu_pytorch_tanh\" is served");
+  }
+
+  // The variants not served.
+  bool moe = false;
+  PW_RETURN_IF_ERROR(r.Bool("enable_moe_block", &moe, false));
+  if (!moe) {
+    return refuse("enable_moe_block",
+                  "is false (or absent: HF's default); only Gemma-4's MoE variant is served");
+  }
+  if (const json* v = r.Find("hidden_size_per_layer_input");
+      !root.contains("hidden_size_per_layer_input") ||
+      (v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 0))) {
+    return refuse("hidden_size_per_layer_input",
+                  (v != nullptr ? "is " + FieldReader::Dump(*v)
+                                : std::string("is absent (HF's default 256)")) +
+                      "; per-layer inputs are not supported (0 or null: none)");
+  }
+  int64_t shared = 0;
+  PW_RETURN_IF_ERROR(r.Int("num_kv_shared_layers", &shared, 0, 0));
+  if (shared != 0) {
+    return refuse("num_kv_shared_layers",
+                  "is " + std::to_string(shared) + "; KV shared between layers is not supported");
+  }
+  if (const json* v = r.Find("use_bidirectional_attention")) {
+    return refuse("use_bidirectional_attention",
+                  "is " + FieldReader::Dump(*v) + "; only causal attention is served");
+  }
+  bool bias = false;
+  PW_RETURN_IF_ERROR(r.Bool("attention_bias", &bias, false));
+  if (bias) return refuse("attention_bias", "is true; gemma4 attention with biases is not served");
+  PW_RETURN_IF_ERROR(r.Bool("attention_k_eq_v", &c->k_eq_v, false));
+
+  // Layer types, then the full layers' shape, which must be the sliding layers'.
+  PW_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, 512, 1));
+  const size_t n = static_cast<size_t>(c->num_layers);
+  c->layer_sliding.assign(n, false);
+  if (const json* lt = r.Find("layer_types")) {
+    if (!lt->is_array()) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types", "must be a list of strings");
+    }
+    if (lt->size() != n) {
+      return r.Error(StatusCode::kInvalidArgument, "layer_types",
+                     "has " + std::to_string(lt->size()) + " entries, but num_hidden_layers is " +
+                         std::to_string(n));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const json& e = (*lt)[i];
+      const std::string v = e.is_string() ? e.get<std::string>() : "";
+      if (v != "sliding_attention" && v != "full_attention") {
+        return r.Error(StatusCode::kInvalidArgument, "layer_types[" + std::to_string(i) + "]",
+                       "is " + FieldReader::Dump(e) +
+                           "; expected \"sliding_attention\" or \"full_attention\"");
+      }
+      c->layer_sliding[i] = v == "sliding_attention";
+    }
+    if (c->layer_sliding[n - 1]) {
+      // HF forces the last layer to full attention (with a warning); the file must say so.
+      return r.Error(StatusCode::kInvalidArgument, "layer_types[" + std::to_string(n - 1) + "]",
+                     "is \"sliding_attention\"; Gemma-4's last layer is \"full_attention\"");
+    }
+  } else {
+    for (size_t i = 0; i + 1 < n; ++i) c->layer_sliding[i] = (i + 1) % 6 != 0;  // HF's 5:1
+  }
+  // HF derives the full layers' overrides from global_head_dim (default 512) and, with
+  // attention_k_eq_v, num_global_key_value_heads, unless the file has per_layer_config.
+  if (const json* plc = r.Find("per_layer_config")) {
+    if (!plc->is_object()) {
+      return r.Error(StatusCode::kInvalidArgument, "per_layer_config", "must be an object");
+    }
+    for (const auto& [layer, o] : plc->items()) {
+      if (!o.is_object()) {
+        return r.Error(StatusCode::kInvalidArgument, "per_layer_config." + layer,
+                       "must be an object");
+      }
+      for (const auto& [key, v] : o.items()) {
+        const int64_t base = key == "head_dim"              ? c->head_dim
+                             : key == "num_key_value_heads" ? c->num_kv_heads
+                                                            : -1;
+        if (base < 0 || !v.is_number_integer() || v.get<int64_t>() != base) {
+          return refuse("per_layer_config." + layer + "." + key,
+                        "is " + FieldReader::Dump(v) +
+                            "; layers whose attention shape differs from the others' (head_dim " +
+                            std::to_string(c->head_dim) + ", num_key_value_heads " +
+                            std::to_string(c->num_kv_heads) + ") are not supported");
+        }
+      }
+    }
+  } else if (std::find(c->layer_sliding.begin(), c->layer_sliding.end(), false) !=
+             c->layer_sliding.end()) {
+    int64_t global = 0;
+    PW_RETURN_IF_ERROR(r.Int("global_head_dim", &global, 512, 1));
+    if (global != c->head_dim) {
+      return refuse("global_head_dim",
+                    "is " + std::to_string(global) +
+                        (root.contains("global_head_dim") ? "" : " (absent: HF's default)") +
+                        ", not head_dim " + std::to_string(c->head_dim) +
+                        "; full-attention layers of another head size are not supported");
+    }
+    if (c->k_eq_v && r.Find("num_global_key_value_heads") != nullptr) {
+      int64_t kv = 0;
+      PW_RETURN_IF_ERROR(r.Int("num_global_key_value_heads", &kv, std::nullopt, 1));
+      if (kv != c->num_kv_heads) {
+        return refuse("num_global_key_value_heads",
+                      "is " + std::to_string(kv) + ", not num_key_value_heads " +
+                          std::to_string(c->num_kv_heads) +
+                          "; full-attention layers of another kv-head count are not supported");
+      }
+    }
+  }
+  PW_RETURN_IF_ERROR(ReadGemma4Rope(r, c));
+  c->sliding_rope = true;
+  c->qk_norm = QkNorm::kPerHead;
+  c->v_norm = true;
+  c->attention_scale = 1.0;
+  c->scale_embeddings = true;
+  PW_RETURN_IF_ERROR(r.Double("final_logit_softcapping", &c->final_logit_softcapping, 0, true));
+  {
+    PW_ASSIGN_OR_RETURN(const std::string name, r.Alias("dtype", "torch_dtype"));
+    if (const json* dt = r.Find(name)) {
+      const std::string v = dt->is_string() ? dt->get<std::string>() : "";
+      if (v != "bfloat16" && v != "float16" && v != "float32") {
+        return refuse(name, "is " + FieldReader::Dump(*dt) +
+                                "; supported: \"bfloat16\", \"float16\", \"float32\"");
+      }
+      c->dtype = v;
+    }
+  }
+
+  // Experts: every layer, beside a dense MLP; the top-k weights renormalised.
+  PW_RETURN_IF_ERROR(r.Int("num_experts", &c->num_experts, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("top_k_experts", &c->num_experts_per_tok, std::nullopt, 1));
+  if (c->num_experts_per_tok > c->num_experts) {
+    return r.Error(StatusCode::kInvalidArgument, "top_k_experts",
+                   "is " + std::to_string(c->num_experts_per_tok) + ", more than the " +
+                       std::to_string(c->num_experts) + " experts");
+  }
+  PW_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c->moe_intermediate_size, std::nullopt, 1));
+  PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, 9216, 1));
+  c->norm_topk_prob = true;
+
+  PW_RETURN_IF_ERROR(r.OptInt("bos_token_id", &c->bos_token_id));
+  PW_RETURN_IF_ERROR(r.IntOrList("eos_token_id", &c->eos_token_ids));
+  PW_RETURN_IF_ERROR(r.OptInt("pad_token_id", &c->pad_token_id));
+  if (!root.contains("bos_token_id")) c->bos_token_id = 2;
+  if (!root.contains("eos_token_id")) c->eos_token_ids = {1};
+  if (!root.contains("pad_token_id")) c->pad_token_id = 0;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& label) {
@@ -620,11 +882,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     c.type = ModelType::kQwen35Moe;
   } else if (c.model_type == "gpt_oss") {
     c.type = ModelType::kGptOss;
+  } else if (c.model_type == "gemma4_text") {
+    c.type = ModelType::kGemma4;
   } else {
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
                        "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe, qwen3_next, "
-                       "qwen3_5_moe_text, gpt_oss");
+                       "qwen3_5_moe_text, gpt_oss, gemma4_text");
   }
   if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
     for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
@@ -642,6 +906,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   const bool qwen = t == ModelType::kQwen2Moe || t == ModelType::kQwen3Moe || hybrid;
   if (t == ModelType::kQwen35Moe && c.wrapper_model_type == "qwen3_5_moe") {
     c.weights_prefix = "model.language_model.";
+  }
+  if (t == ModelType::kGemma4) {
+    if (c.wrapper_model_type == "gemma4") c.weights_prefix = "model.language_model.";
+    PW_RETURN_IF_ERROR(ParseGemma4(r, root, &c));
+    return c;
   }
 
   // Body.
@@ -795,6 +1064,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     }
     case ModelType::kGptOss:
       PW_RETURN_IF_ERROR(ParseGptOss(r, &c));
+      break;
+    case ModelType::kGemma4:  // ParseGemma4, above
       break;
   }
 

@@ -38,6 +38,20 @@
 //              "sliding_attention" or "full_attention"; absent: sliding on even layers, as HF)
 //              with sliding_window (default 128); swiglu_alpha 1.702 and swiglu_limit 7 (the
 //              only values served, others refused naming the field).
+//   gemma4_text (Gemma-4's language model; the text_config of a gemma4 checkpoint, served
+//              text-only from it) with enable_moe_block: every layer runs a dense MLP of
+//              intermediate_size beside num_experts experts (top_k_experts, FFN
+//              moe_intermediate_size), gelu_pytorch_tanh, top-k weights renormalised;
+//              layer_types (default: every 6th layer full, the last full) sliding_window
+//              (default 512) / full attention with their own rope_parameters (per layer type:
+//              "default" or "proportional"), q/k norm per head, an unscaled v norm, attention
+//              scale 1, embeddings x sqrt(hidden), final_logit_softcapping, tied embeddings by
+//              default; attention_k_eq_v (full layers' values are their keys' projection).
+//              Refused, naming the field: enable_moe_block false, per-layer inputs
+//              (hidden_size_per_layer_input, HF default 256), num_kv_shared_layers,
+//              use_bidirectional_attention, attention_bias, full layers of another head_dim
+//              or kv-head count (global_head_dim, default 512, num_global_key_value_heads,
+//              per_layer_config), hidden_activation other than gelu_pytorch_tanh.
 //
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
@@ -70,7 +84,17 @@
 
 namespace pw {
 
-enum class ModelType { kQwen2Moe, kQwen3Moe, kOlmoe, kMixtral, kGlm4Moe, kQwen3Next, kQwen35Moe, kGptOss };
+enum class ModelType {
+  kQwen2Moe,
+  kQwen3Moe,
+  kOlmoe,
+  kMixtral,
+  kGlm4Moe,
+  kQwen3Next,
+  kQwen35Moe,
+  kGptOss,
+  kGemma4
+};
 
 // RoPE frequency scaling (HF transformers' rope_type; engine/models/rope.h computes it).
 enum class RopeType {
@@ -79,6 +103,10 @@ enum class RopeType {
   kDynamic,  // NTK: theta grows with the sequence length once it passes max_position_embeddings
   kYarn,     // per-dimension blend of interpolation and extrapolation, cos/sin x attention_factor
   kLlama3,   // low frequencies / factor, high kept, a smooth band between
+  // gemma4's full layers: rotate-half over all of head_dim, the first
+  // partial_rotary_factor * head_dim / 2 pairs at theta^(-2i/head_dim) / factor, the rest at
+  // frequency 0 (passed through).
+  kProportional,
 };
 
 const char* RopeTypeName(RopeType t);  // "default", "linear", ...
@@ -93,6 +121,7 @@ struct RopeScaling {
   double beta_fast = 32.0, beta_slow = 1.0;  // yarn
   bool truncate = true;                      // yarn: floor/ceil the correction range
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  double proportion = 1.0;                               // proportional: partial_rotary_factor
 };
 
 // Normalisation applied to queries and keys after their projection, before RoPE.
@@ -160,6 +189,18 @@ struct ModelConfig {
   int64_t sliding_window = 0;
   std::vector<bool> layer_sliding;
   bool attention_sinks = false;  // gpt_oss: per-head learned logit, an extra softmax column
+
+  // gemma4 (all off for the other types).
+  // Sliding layers' own RoPE (rope_parameters.sliding_attention); the fields above
+  // (rope_theta, rope_scaling) are the full layers'.
+  bool sliding_rope = false;
+  double sliding_rope_theta = 10000.0;
+  RopeScaling sliding_rope_scaling;
+  double attention_scale = 0;          // query-key scale; 0: 1 / sqrt(head_dim)
+  bool v_norm = false;                 // values RMS-normed per head, without weights
+  bool k_eq_v = false;                 // full layers have no v_proj: values are k_proj's output
+  bool scale_embeddings = false;       // embeddings x sqrt(hidden_size)
+  double final_logit_softcapping = 0;  // logits = c * tanh(logits / c); 0: none
 
   // Special tokens (absent in the file: nullopt / empty).
   std::optional<int64_t> bos_token_id;

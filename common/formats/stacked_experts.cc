@@ -102,6 +102,18 @@ void DequantizeMxfp4(const uint8_t* blocks, const uint8_t* scales, size_t n, uin
   }
 }
 
+bool StackedLayoutOf(ModelType type, StackedLayout* layout) {
+  if (type == ModelType::kGptOss) {
+    *layout = StackedLayout::kGptOss;
+    return true;
+  }
+  if (type == ModelType::kGemma4) {
+    *layout = StackedLayout::kGemma4;
+    return true;
+  }
+  return false;
+}
+
 bool HasMxfp4Experts(const Checkpoint& ckpt, const std::string& block) {
   return ckpt.Has(block + "experts.gate_up_proj_blocks");
 }
@@ -114,6 +126,20 @@ Status ReadStackedExpert(const Checkpoint& ckpt, const std::string& block,
   const size_t h = static_cast<size_t>(H), f = static_cast<size_t>(I);
   gate->resize(f * h);
   up->resize(f * h);
+  if (shape.layout == StackedLayout::kGemma4) {
+    PW_ASSIGN_OR_RETURN(TensorView gu,
+                        FloatTensor(ckpt, block + "experts.gate_up_proj", {E, 2 * I, H}));
+    PW_ASSIGN_OR_RETURN(TensorView dn, FloatTensor(ckpt, block + "experts.down_proj", {E, H, I}));
+    const size_t gu0 = static_cast<size_t>(expert) * 2 * f * h;
+    for (size_t j = 0; j < f * h; ++j) {
+      (*gate)[j] = ElementBf16(gu, gu0 + j);
+      (*up)[j] = ElementBf16(gu, gu0 + f * h + j);
+    }
+    down->resize(h * f);
+    const size_t dn0 = static_cast<size_t>(expert) * h * f;
+    for (size_t j = 0; j < h * f; ++j) (*down)[j] = ElementBf16(dn, dn0 + j);
+    return Status::Ok();
+  }
   if (HasMxfp4Experts(ckpt, block)) {
     std::vector<uint16_t> gu;
     PW_RETURN_IF_ERROR(ReadMxfp4(ckpt, block + "experts.gate_up_proj", E, expert, 2 * I, H, &gu));

@@ -1,6 +1,12 @@
-// Stacked experts: routed experts stored as one tensor per MoE layer and matrix (gpt_oss), read
-// as each expert's bf16 gate, up [I, H] and down [H, I], the layout the rest of the system uses.
+// Stacked experts: routed experts stored as one tensor per MoE layer and matrix (gpt_oss,
+// gemma4), read as each expert's bf16 gate, up [I, H] and down [H, I], the layout the rest of the
+// system uses.
 //
+// gemma4 (transformers' Gemma4TextExperts, [out, in] rows, no biases; B = "model.layers.{l}."):
+//     B experts.gate_up_proj  [E, 2I, H]   rows 0..I-1 gate, I..2I-1 up
+//     B experts.down_proj     [E, H, I]
+//
+// gpt_oss:
 // With B = the layer's MoE block prefix ("model.layers.{l}.mlp."), either
 //   float (bf16 / f16 / f32; transformers' GptOssExperts parameters, used as x @ W):
 //     B experts.gate_up_proj  [E, H, 2I]   column 2i is gate row i, column 2i + 1 up row i
@@ -21,17 +27,27 @@
 #include <string>
 #include <vector>
 
+#include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
 #include "common/status.h"
 
 namespace pw {
 
 // The dimensions of one layer's stacked experts: E experts of FFN width I over hidden H.
+enum class StackedLayout : uint8_t {
+  kGptOss,  // x @ W, gate/up interleaved, with biases (or MXFP4)
+  kGemma4,  // [out, in], gate then up, no biases
+};
+
 struct StackedExpertShape {
   int64_t experts = 0;  // E
   int64_t hidden = 0;   // H
   int64_t ffn = 0;      // I
+  StackedLayout layout = StackedLayout::kGptOss;
 };
+
+// The stacked layout of `type`'s routed experts; false when its experts are per-expert matrices.
+bool StackedLayoutOf(ModelType type, StackedLayout* layout);
 
 // True when layer block `block` stores its experts as MXFP4 (the *_blocks tensors exist).
 bool HasMxfp4Experts(const Checkpoint& ckpt, const std::string& block);

@@ -37,6 +37,32 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
   t.push_back({"model.embed_tokens.weight", {s.vocab, s.hidden}, Init::kNormal});
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (s.type == ModelType::kGemma4) {
+      // Gemma4TextDecoderLayer with enable_moe_block (engine/models/gemma4.cc).
+      for (const char* n : {"input_layernorm", "post_attention_layernorm",
+                            "pre_feedforward_layernorm", "post_feedforward_layernorm",
+                            "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                            "pre_feedforward_layernorm_2"}) {
+        t.push_back({p + n + ".weight", {s.hidden}, Init::kOnes});
+      }
+      t.push_back({p + "self_attn.q_proj.weight", {q, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
+      t.push_back({p + "self_attn.q_norm.weight", {hd}, Init::kOnes});
+      t.push_back({p + "self_attn.k_norm.weight", {hd}, Init::kOnes});
+      t.push_back({p + "mlp.gate_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
+      t.push_back({p + "mlp.up_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
+      t.push_back({p + "mlp.down_proj.weight", {s.hidden, s.dense_ffn}, Init::kNormal});
+      t.push_back({p + "router.proj.weight", {s.experts, s.hidden}, Init::kNormal});
+      t.push_back({p + "router.scale", {s.hidden}, Init::kOnes});
+      t.push_back({p + "router.per_expert_scale", {s.experts}, Init::kOnes});
+      t.push_back({p + "experts.gate_up_proj", {s.experts, 2 * s.expert_ffn, s.hidden},
+                   Init::kNormal});
+      t.push_back({p + "experts.down_proj", {s.experts, s.hidden, s.expert_ffn}, Init::kNormal});
+      t.push_back({p + "layer_scalar", {1}, Init::kOnes});
+      continue;
+    }
     t.push_back({p + "input_layernorm.weight", {s.hidden}, norm});
     t.push_back({p + "post_attention_layernorm.weight", {s.hidden}, norm});
     if (next && (l + 1) % s.full_attention_interval != 0) {
@@ -125,7 +151,10 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
     }
   }
   t.push_back({"model.norm.weight", {s.hidden}, norm});
-  t.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kNormal});
+  // gemma4 ties lm_head to the embeddings.
+  if (s.type != ModelType::kGemma4) {
+    t.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kNormal});
+  }
   return t;
 }
 
@@ -188,6 +217,7 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
     if (s.full_attention_interval < 1) return bad("full_attention_interval must be >= 1");
     if ((s.hidden / s.heads) % 8 != 0) return bad("head dim must be a multiple of 8");
   }
+  if (s.type == ModelType::kGemma4 && s.dense_ffn < 1) return bad("dense_ffn must be >= 1");
   if (!(s.init_std > 0)) return bad("init_std must be > 0");
   return Status::Ok();
 }
@@ -205,6 +235,22 @@ SyntheticMoeSpec GptOss20bSpec() {
   s.top_k = 4;
   s.expert_ffn = 2880;
   s.vocab = 201088;
+  return s;
+}
+
+SyntheticMoeSpec Gemma4MoeSpec() {
+  SyntheticMoeSpec s;
+  s.type = ModelType::kGemma4;
+  s.layers = 2;
+  s.hidden = 2048;
+  s.heads = 8;  // 256-wide heads
+  s.kv_heads = 2;
+  s.experts = 128;
+  s.top_k = 8;
+  s.expert_ffn = 512;
+  s.dense_ffn = 2048;
+  s.vocab = 262144;
+  s.max_positions = 4096;
   return s;
 }
 
@@ -284,6 +330,9 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       break;
     case ModelType::kGptOss:
       arch = "GptOssForCausalLM";
+      break;
+    case ModelType::kGemma4:
+      arch = "Gemma4ForCausalLM";
       break;
   }
   j["architectures"] = {arch};
@@ -374,6 +423,43 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       break;
     case ModelType::kQwen35Moe:  // not offered by make_synthetic_moe
       break;
+    case ModelType::kGemma4: {
+      // Gemma4TextConfig's fields (model_config.cc reads them), not the generic ones above.
+      for (const char* k : {"rope_theta", "rope_scaling", "hidden_act", "num_experts_per_tok"}) {
+        j.erase(k);
+      }
+      const int64_t hd = s.hidden / s.heads;
+      j["rms_norm_eps"] = 1e-6;
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+      j["tie_word_embeddings"] = true;
+      j["head_dim"] = hd;
+      j["global_head_dim"] = hd;
+      j["enable_moe_block"] = true;
+      j["num_experts"] = s.experts;
+      j["top_k_experts"] = s.top_k;
+      j["moe_intermediate_size"] = s.expert_ffn;
+      j["intermediate_size"] = s.dense_ffn;
+      j["hidden_size_per_layer_input"] = 0;
+      j["num_kv_shared_layers"] = 0;
+      j["attention_k_eq_v"] = false;
+      j["sliding_window"] = 512;
+      json types = json::array();  // every 6th layer and the last full, as HF's default
+      for (int64_t l = 0; l < s.layers; ++l) {
+        types.push_back((l + 1) % 6 != 0 && l + 1 < s.layers ? "sliding_attention"
+                                                             : "full_attention");
+      }
+      j["layer_types"] = types;
+      j["rope_parameters"] = {
+          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+          {"full_attention",
+           {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25},
+            {"rope_theta", 1000000.0}}}};
+      j["final_logit_softcapping"] = 30.0;
+      j["bos_token_id"] = 2 % s.vocab;
+      j["eos_token_id"] = 1 % s.vocab;
+      j["pad_token_id"] = 0;
+      break;
+    }
     case ModelType::kGptOss: {
       j["num_local_experts"] = s.experts;
       j["intermediate_size"] = s.expert_ffn;

@@ -33,6 +33,7 @@ struct SyntheticMoeSpec {
                               // (n_shared_experts = shared_ffn / expert_ffn)
   // glm4_moe only: the first dense_layers layers are dense MLPs of dense_ffn
   // (first_k_dense_replace, intermediate_size); routing groups (n_group, topk_group).
+  // gemma4: every layer's dense MLP beside the experts is of dense_ffn.
   int64_t dense_layers = 0;
   int64_t dense_ffn = 0;
   int64_t n_group = 1;
@@ -63,6 +64,13 @@ SyntheticMoeSpec GptOss20bSpec();
 // heads 16 key / 32 value of 128, 512 experts top-10 of 128 plus a gated shared expert of 512,
 // vocab 151936; about 4.6 GB of bf16 (experts 805 MB a layer).
 SyntheticMoeSpec Qwen3NextQuarterSpec();
+
+// Gemma-4's MoE layout (gemma4_text with enable_moe_block: a dense gelu-tanh MLP of dense_ffn
+// beside stacked routed experts in every layer, sandwich norms, 5 sliding layers to 1 full and
+// the last full, RoPE per layer type, 256-wide heads, tied 262144-token vocabulary) at sizes
+// chosen here, not read from a released config: 2 layers (sliding, full), hidden 2048, 8 heads,
+// 2 kv heads, 128 experts top-8 of 512, dense FFN 2048; about 2.7 GB of bf16.
+SyntheticMoeSpec Gemma4MoeSpec();
 
 // Total bytes of tensor data the spec produces (bf16).
 uint64_t SyntheticMoeBytes(const SyntheticMoeSpec& spec);

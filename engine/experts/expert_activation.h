@@ -18,8 +18,11 @@ using ExpertActivationFn = void (*)(const float* gate, const float* up, size_t n
 // gpt-oss's clamped SwiGLU (ExpertActivation::kClampedSwiGlu), scalar fp32 as HF computes it.
 void ClampedSwiGlu(const float* gate, const float* up, size_t n, float* out);
 
+// gelu_pytorch_tanh(gate) * up (ExpertActivation::kGeluTanh), scalar fp32 as HF computes it.
+void GeluTanhMul(const float* gate, const float* up, size_t n, float* out);
+
 // The op of `kind` from the kernel table `k` (kSwiGlu: k.silu_mul; kClampedSwiGlu:
-// ClampedSwiGlu). kUnsupported, naming the
+// ClampedSwiGlu; kGeluTanh: GeluTanhMul). kUnsupported, naming the
 // kind, for one the CPU runners do not implement.
 Result<ExpertActivationFn> ExpertActivationOp(ExpertActivation kind,
                                               const kernels::DenseKernels& k);

@@ -5,26 +5,30 @@
 #include <cstring>
 #include <string>
 
+#include "engine/experts/expert_activation.h"
 #include "engine/layers/moe_gate.h"
 #include "engine/ops/linear.h"
 
 namespace pw::engine {
 
-void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
-                 std::vector<float>* tmp, cpu::ThreadPool* pool, const kernels::DenseKernels& k) {
+Status RunDenseMlp(const MlpWeights& w, ExpertActivation act, const float* x, size_t T,
+                   size_t hidden, float* out, std::vector<float>* tmp, cpu::ThreadPool* pool,
+                   const kernels::DenseKernels& k) {
+  PW_ASSIGN_OR_RETURN(const ExpertActivationFn act_fn, ExpertActivationOp(act, k));
   const size_t f = static_cast<size_t>(w.gate.rows);
   tmp->resize(T * 2 * f);
   float* gu = tmp->data();
   Linear(pool, k, x, hidden, T, w.gate, gu, 2 * f);
   Linear(pool, k, x, hidden, T, w.up, gu + f, 2 * f);
-  for (size_t t = 0; t < T; ++t) k.silu_mul(gu + t * 2 * f, gu + t * 2 * f + f, f, gu + t * 2 * f);
+  for (size_t t = 0; t < T; ++t) act_fn(gu + t * 2 * f, gu + t * 2 * f + f, f, gu + t * 2 * f);
   Linear(pool, k, gu, 2 * f, T, w.down, out, hidden);
+  return Status::Ok();
 }
 
 Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingContext ctx,
                    const float* x, float* out, const MoeHooks& hooks,
                    ExpertWeightProvider* provider, MoeScratch* s, cpu::ThreadPool* pool,
-                   const kernels::DenseKernels& k) {
+                   const kernels::DenseKernels& k, const float* router_x) {
   const size_t T = static_cast<size_t>(ctx.num_tokens);
   const size_t H = static_cast<size_t>(config.hidden_size);
   const size_t E = static_cast<size_t>(config.num_experts);
@@ -37,7 +41,7 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
   // Router: logits, then the family's gate (moe_gate.h): scores and each token's top-k.
   s->logits.resize(T * E);
   s->probs.resize(T * E);
-  Linear(pool, k, x, H, T, w.router, s->logits.data(), E);
+  Linear(pool, k, router_x != nullptr ? router_x : x, H, T, w.router, s->logits.data(), E);
   if (!w.router_logits_bias.empty()) {
     for (size_t t = 0; t < T; ++t) k.axpy(1.f, w.router_logits_bias.data(), E, &s->logits[t * E]);
   }
@@ -80,6 +84,10 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
       }
       m = 1;
     }
+  }
+
+  if (!w.expert_weight_scale.empty()) {
+    for (ExpertAssignment& a : s->assignments) a.weight *= w.expert_weight_scale[a.expert];
   }
 
   // Group assignments per expert (counting sort, stable: token order inside an expert).
@@ -134,7 +142,8 @@ Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingCont
       Linear(pool, k, x, H, T, w.shared_expert_gate, s->shared_gate.data(), 1);
     }
     s->ye.resize(T * H);
-    RunDenseMlp(w.shared_expert, x, T, H, s->ye.data(), &s->gate_up, pool, k);
+    PW_RETURN_IF_ERROR(
+        RunDenseMlp(w.shared_expert, w.activation, x, T, H, s->ye.data(), &s->gate_up, pool, k));
     for (size_t t = 0; t < T; ++t) {
       const float g = gated ? 1.f / (1.f + std::exp(-s->shared_gate[t])) : 1.f;
       k.axpy(g, s->ye.data() + t * H, H, out + t * H);

@@ -30,17 +30,20 @@ struct MoeScratch {
 };
 
 // out[t, :] = MoE(x[t, :]) for t < T (overwrites out). x is the post-attention-normed hidden
-// state [T, H]. `ctx` carries layer, T, seq ids, positions, pure_decode and residency; the
-// remaining fields are filled here. Returns the provider's or hook's error, or kInternal when a
-// hook returns invalid assignments.
+// state [T, H]; the router reads `router_x` [T, H] instead when given (gemma4's router has its
+// own input), and each routed weight is multiplied by w.expert_weight_scale[expert] when the
+// layer has one (after the hooks: what they rewrite is weighed as HF weighs it). `ctx` carries
+// layer, T, seq ids, positions, pure_decode and residency; the remaining fields are filled here.
+// Returns the provider's or hook's error, or kInternal when a hook returns invalid assignments.
 Status RunMoeLayer(const ModelConfig& config, const LayerWeights& w, RoutingContext ctx,
                    const float* x, float* out, const MoeHooks& hooks,
                    ExpertWeightProvider* provider, MoeScratch* s, cpu::ThreadPool* pool,
-                   const kernels::DenseKernels& k);
+                   const kernels::DenseKernels& k, const float* router_x = nullptr);
 
-// out[t, :] = down(silu(gate x) * up x) for a dense SwiGLU MLP (overwrites out). `tmp` is
-// scratch.
-void RunDenseMlp(const MlpWeights& w, const float* x, size_t T, size_t hidden, float* out,
-                 std::vector<float>* tmp, cpu::ThreadPool* pool, const kernels::DenseKernels& k);
+// out[t, :] = down(act(gate x, up x)) for a dense gated MLP (overwrites out): act the layer's
+// activation (SwiGLU, or gemma4's gelu-tanh; ExpertActivationOp). `tmp` is scratch.
+Status RunDenseMlp(const MlpWeights& w, ExpertActivation act, const float* x, size_t T,
+                   size_t hidden, float* out, std::vector<float>* tmp, cpu::ThreadPool* pool,
+                   const kernels::DenseKernels& k);
 
 }  // namespace pw::engine

@@ -11,19 +11,14 @@ extern const ModelFamily kGlm4MoeFamily;
 extern const ModelFamily kQwen3NextFamily;
 extern const ModelFamily kQwen35MoeFamily;
 extern const ModelFamily kGptOssFamily;
+extern const ModelFamily kGemma4Family;
 
 namespace {
 
 // The registered families; a new one adds its line.
 const ModelFamily* const kFamilies[] = {
-    &kQwen2MoeFamily,
-    &kQwen3MoeFamily,
-    &kOlmoeFamily,
-    &kMixtralFamily,
-    &kGlm4MoeFamily,
-    &kQwen3NextFamily,
-    &kQwen35MoeFamily,
-    &kGptOssFamily,
+    &kQwen2MoeFamily,  &kQwen3MoeFamily,  &kOlmoeFamily,  &kMixtralFamily, &kGlm4MoeFamily,
+    &kQwen3NextFamily, &kQwen35MoeFamily, &kGptOssFamily, &kGemma4Family,
 };
 
 }  // namespace

@@ -58,6 +58,21 @@ struct GatedDeltaNetNames {
   const char* out_proj;      // [H, nv*dv]
 };
 
+// A Gemma-4 layer's other tensors (gemma4): each block's output normed before its residual
+// add, a dense MLP beside the experts, the router reading its own normed and scaled copy of
+// the residual, the layer's output times a learned scalar. Relative to "model.layers.{l}.";
+// norms [H] ("{name}.weight"), the others full names.
+struct SandwichNames {
+  const char* attn_out_norm;     // on attention's output (post_attention_layernorm)
+  const char* ffn_out_norm;      // on the dense + experts sum (post_feedforward_layernorm)
+  const char* dense_out_norm;    // on the dense MLP's output (post_feedforward_layernorm_1)
+  const char* experts_in_norm;   // the experts' input (pre_feedforward_layernorm_2)
+  const char* experts_out_norm;  // on the experts' output (post_feedforward_layernorm_2)
+  const char* router_scale;      // [H] on the router's RMS-normed input (router.scale)
+  const char* expert_scale;      // [E] each expert's weight factor (router.per_expert_scale)
+  const char* layer_scalar;      // [1] the layer's output factor
+};
+
 struct ModelFamily {
   ModelType type;
   const char* model_type;  // config.json's model_type
@@ -97,9 +112,12 @@ struct ModelFamily {
   const char* text_of_wrapper = nullptr;
   // [E] bias added to the router logits before the gate (gpt_oss "router.bias"); nullptr: none.
   const char* router_logits_bias = nullptr;
-  // The routed experts are stacked tensors with biases (common/formats/stacked_experts.h), not
-  // per-expert matrices named by ExpertNaming.
+  // The routed experts are stacked tensors (common/formats/stacked_experts.h, the layout of the
+  // config's type), not per-expert matrices named by ExpertNaming.
   bool stacked_experts = false;
+  // Gemma-4's layer (SandwichNames); nullptr: the plain pre-norm layer. The norm before the
+  // dense MLP is post_attn_norm, the dense MLP dense_mlp (run in MoE layers too).
+  const SandwichNames* sandwich = nullptr;
 };
 
 // The names most Hugging Face MoE families share (Llama's layout). Names starting "model." are

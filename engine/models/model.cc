@@ -44,6 +44,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
                            "; they must be even, in [2, head_dim]");
   }
   m->rope_ = ComputeRope(m->config_, m->config_.max_position_embeddings);
+  if (m->config_.sliding_rope) m->sliding_rope_ = ComputeSlidingRope(m->config_);
   return m;
 }
 
@@ -149,25 +150,55 @@ Bf16Matrix Model::Own(const std::vector<uint16_t>& values, int64_t rows, int64_t
 
 Status Model::StackedExperts(int64_t l, const std::string& block, LayerWeights* w) {
   const ModelConfig& c = config_;
-  const StackedExpertShape shape{c.num_experts, c.hidden_size, c.moe_intermediate_size};
+  StackedExpertShape shape{c.num_experts, c.hidden_size, c.moe_intermediate_size};
+  if (!StackedLayoutOf(c.type, &shape.layout)) {
+    return Internal(dir_ + ": family " + family_->model_type + " has stacked experts, but " +
+                    ModelTypeName(c.type) + " no stacked layout");
+  }
+  const bool biases = shape.layout == StackedLayout::kGptOss;
   const size_t I = static_cast<size_t>(shape.ffn), H = static_cast<size_t>(shape.hidden);
-  w->expert_gate_up_bias.resize(static_cast<size_t>(c.num_experts) * 2 * I);
-  w->expert_down_bias.resize(static_cast<size_t>(c.num_experts) * H);
+  if (biases) {
+    w->expert_gate_up_bias.resize(static_cast<size_t>(c.num_experts) * 2 * I);
+    w->expert_down_bias.resize(static_cast<size_t>(c.num_experts) * H);
+  }
   std::vector<uint16_t> gate, up, down;
   std::vector<float> bg, bu, bd;
   for (int64_t e = 0; e < c.num_experts; ++e) {
     Status s = ReadStackedExpert(*ckpt_, block, shape, e, &gate, &up, &down);
-    if (s.ok()) s = ReadStackedExpertBiases(*ckpt_, block, shape, e, &bg, &bu, &bd);
+    if (s.ok() && biases) s = ReadStackedExpertBiases(*ckpt_, block, shape, e, &bg, &bu, &bd);
     if (!s.ok()) return s.WithContext(dir_ + ", layer " + std::to_string(l));
     MlpWeights& x = w->experts[static_cast<size_t>(e)];
     x.gate = Own(gate, shape.ffn, shape.hidden);
     x.up = Own(up, shape.ffn, shape.hidden);
     x.down = Own(down, shape.hidden, shape.ffn);
+    if (!biases) continue;
     float* b = &w->expert_gate_up_bias[static_cast<size_t>(e) * 2 * I];
     std::memcpy(b, bg.data(), I * sizeof(float));
     std::memcpy(b + I, bu.data(), I * sizeof(float));
     std::memcpy(&w->expert_down_bias[static_cast<size_t>(e) * H], bd.data(), H * sizeof(float));
   }
+  return Status::Ok();
+}
+
+Status Model::LoadSandwich(int64_t l, const std::string& p, LayerWeights* w) {
+  const ModelConfig& c = config_;
+  const SandwichNames& n = *family_->sandwich;
+  const int64_t h = c.hidden_size;
+  PW_ASSIGN_OR_RETURN(w->attn_out_norm, Vector(p + n.attn_out_norm + ".weight", h));
+  PW_ASSIGN_OR_RETURN(w->ffn_out_norm, Vector(p + n.ffn_out_norm + ".weight", h));
+  PW_ASSIGN_OR_RETURN(std::vector<float> scalar, Vector(p + n.layer_scalar, 1));
+  w->layer_scalar = scalar[0];
+  if (!w->is_moe) return Status::Ok();
+  PW_ASSIGN_OR_RETURN(w->mlp, Mlp(p + family_->dense_mlp, family_->mlp, c.intermediate_size));
+  PW_ASSIGN_OR_RETURN(w->dense_out_norm, Vector(p + n.dense_out_norm + ".weight", h));
+  PW_ASSIGN_OR_RETURN(w->experts_in_norm, Vector(p + n.experts_in_norm + ".weight", h));
+  PW_ASSIGN_OR_RETURN(w->experts_out_norm, Vector(p + n.experts_out_norm + ".weight", h));
+  PW_ASSIGN_OR_RETURN(w->router_input_scale, Vector(p + n.router_scale, h));
+  // HF: norm(x) * scale * hidden^-0.5, in that order, in fp32; one factor here (the rounding
+  // differs from HF's two products by at most an ulp).
+  const float root = static_cast<float>(std::pow(static_cast<double>(h), -0.5));
+  for (float& s : w->router_input_scale) s *= root;
+  PW_ASSIGN_OR_RETURN(w->expert_weight_scale, Vector(p + n.expert_scale, c.num_experts));
   return Status::Ok();
 }
 
@@ -209,7 +240,10 @@ Status Model::LoadTensors() {
       const int64_t q_rows = (f.attention_output_gate ? 2 : 1) * nh * d;
       PW_ASSIGN_OR_RETURN(w.q, Matrix(q + ".weight", q_rows, h));
       PW_ASSIGN_OR_RETURN(w.k, Matrix(k + ".weight", nkv * d, h));
-      PW_ASSIGN_OR_RETURN(w.v, Matrix(v + ".weight", nkv * d, h));
+      // attention_k_eq_v: a full layer's values are its keys' projection (no v_proj).
+      if (!(c.k_eq_v && !c.IsSlidingLayer(l))) {
+        PW_ASSIGN_OR_RETURN(w.v, Matrix(v + ".weight", nkv * d, h));
+      }
       PW_ASSIGN_OR_RETURN(w.o, Matrix(o + ".weight", h, nh * d));
       if (c.qkv_bias) {
         PW_ASSIGN_OR_RETURN(w.q_bias, Vector(q + ".bias", nh * d));
@@ -266,6 +300,7 @@ Status Model::LoadTensors() {
     } else {
       PW_ASSIGN_OR_RETURN(w.mlp, Mlp(p + f.dense_mlp, f.mlp, c.intermediate_size));
     }
+    if (f.sandwich != nullptr) PW_RETURN_IF_ERROR(LoadSandwich(l, p, &w));
   }
   if (f.zero_centred_norm) {
     // Stored as w, applied as (1 + w) (HF Qwen3NextRMSNorm): the 1 is added once here.

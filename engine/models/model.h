@@ -1,5 +1,5 @@
 // Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral,
-// glm4_moe, qwen3_next, qwen3_5_moe_text, gpt_oss).
+// glm4_moe, qwen3_next, qwen3_5_moe_text, gpt_oss, gemma4_text).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
@@ -30,10 +30,16 @@
 //   gpt_oss: q/k/v/o with biases, P self_attn.sinks [nh]; P mlp.router.{weight [E, H], bias [E]};
 //     stacked experts P mlp.experts.* (common/formats/stacked_experts.h: bf16 / f16 / f32 or
 //     MXFP4, with biases), copied at load into per-expert bf16 matrices.
+//   gemma4_text: P input_layernorm, post_attention_layernorm (on attention's output),
+//     pre_feedforward_layernorm, post_feedforward_layernorm{,_1,_2}, pre_feedforward_layernorm_2
+//     [H]; P self_attn.{q,k}_norm [D] (no v_proj in full layers with attention_k_eq_v);
+//     P mlp.{gate,up,down}_proj (dense, every layer); P router.{proj.weight [E, H], scale [H],
+//     per_expert_scale [E]}; stacked P experts.gate_up_proj [E, 2I, H], experts.down_proj
+//     [E, H, I]; P layer_scalar [1]. In a gemma4 checkpoint under model.language_model.
 // BF16 matrices stay in the mmapped file, read in place; F16 and F32 ones (fp16 / fp32
 // checkpoints) are rounded to bf16 at load into Model-owned memory (common/formats/bf16_tensor.h);
-// norms and biases may be BF16, F16 or F32 (converted to fp32 at load). A missing or mis-shaped tensor is an error naming
-// the tensor and the directory.
+// norms and biases may be BF16, F16 or F32 (converted to fp32 at load). A missing or mis-shaped
+// tensor is an error naming the tensor and the directory.
 #pragma once
 
 #include <cstdint>
@@ -112,8 +118,16 @@ struct LayerWeights {
   bool has_shared_expert = false;  // the family has one and the config gives it a size
   MlpWeights shared_expert;
   Bf16Matrix shared_expert_gate;  // [1, H]; data null when the family adds it ungated
-  // Dense layer.
+  // Dense layer (and, with the family's sandwich, the dense MLP beside the experts).
   MlpWeights mlp;
+  // The family's sandwich (SandwichNames; gemma4), else empty: norms [H] on attention's output,
+  // on the feed-forward sum, on the dense MLP's output, of the experts' input and on their output;
+  // the router's input scale [H] (router.scale x hidden^-0.5, on the RMS-normed residual); each
+  // expert's weight factor [E]; the layer's output factor.
+  std::vector<float> attn_out_norm, ffn_out_norm, dense_out_norm, experts_in_norm, experts_out_norm;
+  std::vector<float> router_input_scale;
+  std::vector<float> expert_weight_scale;
+  float layer_scalar = 1.f;
 };
 
 class Model {
@@ -135,6 +149,8 @@ class Model {
   // recomputes them for longer ones).
   const std::vector<float>& rope_inv_freq() const { return rope_.inv_freq; }
   const RopeTable& rope() const { return rope_; }
+  // The sliding layers' own table (config.sliding_rope, gemma4); else empty.
+  const RopeTable& sliding_rope() const { return sliding_rope_; }
 
   // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
   // lm_head, dense and shared-expert MLPs) an int8 copy with one scale per row
@@ -159,6 +175,8 @@ class Model {
   std::string Whole(const char* name) const;
   // Layer l's stacked experts (family.stacked_experts), into Model-owned bf16 matrices.
   Status StackedExperts(int64_t l, const std::string& block, LayerWeights* w);
+  // Layer l's tensors of the family's sandwich (family.h), `p` its prefix.
+  Status LoadSandwich(int64_t l, const std::string& p, LayerWeights* w);
   // A Model-owned copy of `values` as a [rows, cols] matrix.
   Bf16Matrix Own(const std::vector<uint16_t>& values, int64_t rows, int64_t cols);
 
@@ -171,6 +189,7 @@ class Model {
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   RopeTable rope_;
+  RopeTable sliding_rope_;
   struct Q8Copy {
     std::vector<int8_t> values;
     std::vector<float> scales;

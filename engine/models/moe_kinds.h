@@ -34,6 +34,9 @@ enum class ExpertActivation : uint8_t {
   // gpt-oss's clamped SwiGLU: g = min(gate, 7), u = clamp(up, -7, 7),
   // h = (u + 1) * g * sigmoid(1.702 g). gpt_oss (its experts also add biases, ExpertLayerCall).
   kClampedSwiGlu = 1,
+  // h = gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+  // (HF's gelu_pytorch_tanh). gemma4 (its dense MLPs too).
+  kGeluTanh = 2,
 };
 
 constexpr const char* GateKindName(GateKind kind) {
@@ -45,6 +48,7 @@ constexpr const char* GateKindName(GateKind kind) {
 constexpr const char* ExpertActivationName(ExpertActivation kind) {
   return kind == ExpertActivation::kSwiGlu          ? "swiglu"
          : kind == ExpertActivation::kClampedSwiGlu ? "clamped-swiglu"
+         : kind == ExpertActivation::kGeluTanh      ? "gelu-tanh"
                                                     : "unknown";
 }
 

@@ -116,8 +116,26 @@ RopeTable ComputeRope(const ModelConfig& c, int64_t seq_len) {
     case RopeType::kLlama3:
       t.inv_freq = Llama3InvFreq(c, dim);
       break;
+    case RopeType::kProportional: {
+      // _compute_proportional_rope_parameters: int(proportion * dim // 2) rotated pairs at the
+      // exponents of the whole head, the others at frequency 0.
+      const int64_t rotated = static_cast<int64_t>(s.proportion * static_cast<double>(dim) / 2);
+      t.inv_freq = PlainInvFreq(c.rope_theta, dim);
+      const float factor = static_cast<float>(s.factor);
+      for (size_t j = 0; j < t.inv_freq.size(); ++j) {
+        t.inv_freq[j] = static_cast<int64_t>(j) < rotated ? t.inv_freq[j] / factor : 0.f;
+      }
+      break;
+    }
   }
   return t;
+}
+
+RopeTable ComputeSlidingRope(const ModelConfig& c) {
+  ModelConfig s = c;
+  s.rope_theta = c.sliding_rope_theta;
+  s.rope_scaling = c.sliding_rope_scaling;
+  return ComputeRope(s, c.max_position_embeddings);
 }
 
 }  // namespace pw::engine

@@ -22,6 +22,10 @@ struct RopeTable {
 // generate with a KV cache does).
 RopeTable ComputeRope(const ModelConfig& config, int64_t seq_len);
 
+// The sliding layers' table of a model whose layer types have their own RoPE
+// (ModelConfig::sliding_rope, gemma4).
+RopeTable ComputeSlidingRope(const ModelConfig& config);
+
 // True when ComputeRope(config, seq_len) differs from the table at max_position_embeddings.
 bool RopeDependsOnLength(const ModelConfig& config, int64_t seq_len);
 

@@ -58,6 +58,14 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
   const size_t R = static_cast<size_t>(cfg_.rotary_dim);
   cos_.resize(T * R / 2);
   sin_.resize(T * R / 2);
+  const bool sliding_rope = !model_.sliding_rope().inv_freq.empty();
+  if (sliding_rope) {
+    sliding_cos_.resize(T * R / 2);
+    sliding_sin_.resize(T * R / 2);
+  }
+  // Gemma's embeddings are scaled by sqrt(hidden) (fp32, as HF's fp32 reference).
+  const float embed_scale =
+      cfg_.scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(H))) : 1.f;
   size_t t = 0;
   for (const ForwardItem& it : items) {
     // Dynamic NTK RoPE past max_position_embeddings: the frequencies HF computes for a pass
@@ -75,12 +83,20 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
       tok_pos_[t] = it.start_pos + i;
       tok_blocks_[t] = it.blocks;
       const uint16_t* row = model_.embed().data + static_cast<size_t>(id) * H;
-      for (size_t j = 0; j < H; ++j) x_[t * H + j] = cpu::Bf16Bits(row[j]);
+      for (size_t j = 0; j < H; ++j) x_[t * H + j] = cpu::Bf16Bits(row[j]) * embed_scale;
       const float pos = static_cast<float>(tok_pos_[t]);
       for (size_t j = 0; j < R / 2; ++j) {
         const float angle = pos * inv_freq[j];
         cos_[t * R / 2 + j] = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
         sin_[t * R / 2 + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
+      }
+      if (sliding_rope) {
+        const RopeTable& sr = model_.sliding_rope();
+        for (size_t j = 0; j < R / 2; ++j) {
+          const double angle = static_cast<double>(pos * sr.inv_freq[j]);
+          sliding_cos_[t * R / 2 + j] = static_cast<float>(std::cos(angle)) * sr.attention_factor;
+          sliding_sin_[t * R / 2 + j] = static_cast<float>(std::sin(angle)) * sr.attention_factor;
+        }
       }
     }
   }
@@ -111,7 +127,12 @@ void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
     Linear(&threads_, k_, h_.data(), H, T, w.q, q_.data(), qd);
   }
   Linear(&threads_, k_, h_.data(), H, T, w.k, k_buf_.data(), kvd);
-  Linear(&threads_, k_, h_.data(), H, T, w.v, v_buf_.data(), kvd);
+  if (w.v.data != nullptr) {
+    Linear(&threads_, k_, h_.data(), H, T, w.v, v_buf_.data(), kvd);
+  } else {
+    // attention_k_eq_v (gemma4's full layers): the values are the keys' projection.
+    std::memcpy(v_buf_.data(), k_buf_.data(), T * kvd * sizeof(float));
+  }
   for (size_t i = 0; i < T; ++i) {
     ShapeQkv(w, i);
     WriteKv(layer, i);
@@ -123,6 +144,9 @@ void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
   Linear(&threads_, k_, attn_.data(), qd, T, w.o, tmp_.data(), H);
   for (size_t i = 0; i < T; ++i) {
     if (!w.o_bias.empty()) k_.axpy(1.f, w.o_bias.data(), H, &tmp_[i * H]);
+    if (!w.attn_out_norm.empty()) {
+      k_.rms_norm(&tmp_[i * H], w.attn_out_norm.data(), H, eps, &tmp_[i * H]);
+    }
     k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
   }
 }
@@ -189,11 +213,17 @@ void CpuRunner::ShapeQkv(const LayerWeights& w, size_t i) {
       k_.rms_norm(kk + hd * D, w.k_norm.data(), D, eps, kk + hd * D);
     }
   }
+  if (cfg_.v_norm) {
+    // gemma4: RMSNorm without weights over each value head.
+    ones_.assign(D, 1.f);
+    for (size_t hd = 0; hd < nkv; ++hd) k_.rms_norm(vv + hd * D, ones_.data(), D, eps, vv + hd * D);
+  }
   // RoPE, rotate-half convention over the first R = rotary_dim dims of each head (the rest
   // pass through, as HF's partial rotary): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
   const size_t half = static_cast<size_t>(cfg_.rotary_dim) / 2;
-  const float* c = &cos_[i * half];
-  const float* s = &sin_[i * half];
+  const bool own = w.sliding_window > 0 && !sliding_cos_.empty();  // the sliding layers' RoPE
+  const float* c = own ? &sliding_cos_[i * half] : &cos_[i * half];
+  const float* s = own ? &sliding_sin_[i * half] : &sin_[i * half];
   auto rope = [&](float* v) {
     for (size_t j = 0; j < half; ++j) {
       const float x1 = v[j], x2 = v[j + half];
@@ -246,7 +276,8 @@ void CpuRunner::Attention(int layer, size_t T) {
   qs.num_heads = static_cast<int>(nh);
   qs.positions = tok_pos_.data();
   qs.block_tables = tok_blocks_.data();
-  qs.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  qs.scale = cfg_.attention_scale > 0 ? static_cast<float>(cfg_.attention_scale)
+                                      : 1.0f / std::sqrt(static_cast<float>(D));
   // A sliding window or sinks (gpt_oss) take the kernel that has them.
   const LayerWeights& w = model_.layers()[static_cast<size_t>(layer)];
   if (w.sliding_window > 0 || !w.sinks.empty()) {
@@ -267,27 +298,76 @@ void CpuRunner::Attention(int layer, size_t T) {
 }
 
 Status CpuRunner::MlpBlock(int layer, const LayerWeights& w, size_t T, bool pure_decode) {
+  if (model_.family().sandwich != nullptr) return SandwichMlpBlock(layer, w, T, pure_decode);
   const size_t H = static_cast<size_t>(cfg_.hidden_size);
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   for (size_t i = 0; i < T; ++i) {
     k_.rms_norm(&x_[i * H], w.post_attn_norm.data(), H, eps, &h_[i * H]);
   }
   if (w.is_moe) {
-    RoutingContext ctx;
-    ctx.layer = layer;
-    ctx.num_tokens = static_cast<int>(T);
-    ctx.pure_decode = pure_decode;
-    ctx.seq_ids = tok_seq_.data();
-    ctx.positions = tok_pos_.data();
-    ctx.residency = hooks_.residency ? hooks_.residency : &all_resident_;
-    ctx.fetcher = hooks_.fetcher;
+    const RoutingContext ctx = Routing(layer, T, pure_decode);
     ExpertWeightProvider* provider = hooks_.provider ? hooks_.provider : &bf16_provider_;
     PW_RETURN_IF_ERROR(
         RunMoeLayer(cfg_, w, ctx, h_.data(), tmp_.data(), hooks_, provider, &moe_, &threads_, k_));
   } else {
-    RunDenseMlp(w.mlp, h_.data(), T, H, tmp_.data(), &mlp_tmp_, &threads_, k_);
+    PW_RETURN_IF_ERROR(RunDenseMlp(w.mlp, model_.family().activation, h_.data(), T, H, tmp_.data(),
+                                   &mlp_tmp_, &threads_, k_));
   }
   for (size_t i = 0; i < T; ++i) k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
+  return Status::Ok();
+}
+
+RoutingContext CpuRunner::Routing(int layer, size_t T, bool pure_decode) {
+  RoutingContext ctx;
+  ctx.layer = layer;
+  ctx.num_tokens = static_cast<int>(T);
+  ctx.pure_decode = pure_decode;
+  ctx.seq_ids = tok_seq_.data();
+  ctx.positions = tok_pos_.data();
+  ctx.residency = hooks_.residency ? hooks_.residency : &all_resident_;
+  ctx.fetcher = hooks_.fetcher;
+  return ctx;
+}
+
+Status CpuRunner::SandwichMlpBlock(int layer, const LayerWeights& w, size_t T, bool pure_decode) {
+  // HF Gemma4TextDecoderLayer: y = dense(pre_ff_norm(x)); with experts,
+  // y = dense_out_norm(y) + experts_out_norm(experts(experts_in_norm(x)) routed by
+  // rms(x) * scale); x = (x + ffn_out_norm(y)) * layer_scalar.
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  for (size_t i = 0; i < T; ++i) {
+    k_.rms_norm(&x_[i * H], w.post_attn_norm.data(), H, eps, &h_[i * H]);
+  }
+  PW_RETURN_IF_ERROR(RunDenseMlp(w.mlp, model_.family().activation, h_.data(), T, H, tmp_.data(),
+                                 &mlp_tmp_, &threads_, k_));
+  if (w.is_moe) {
+    router_x_.resize(T * H);
+    moe_out_.resize(T * H);
+    ones_.assign(H, 1.f);
+    for (size_t i = 0; i < T; ++i) {
+      k_.rms_norm(&tmp_[i * H], w.dense_out_norm.data(), H, eps, &tmp_[i * H]);
+      float* r = &router_x_[i * H];
+      k_.rms_norm(&x_[i * H], ones_.data(), H, eps, r);
+      for (size_t j = 0; j < H; ++j) r[j] *= w.router_input_scale[j];
+      k_.rms_norm(&x_[i * H], w.experts_in_norm.data(), H, eps, &h_[i * H]);
+    }
+    ExpertWeightProvider* provider = hooks_.provider ? hooks_.provider : &bf16_provider_;
+    PW_RETURN_IF_ERROR(RunMoeLayer(cfg_, w, Routing(layer, T, pure_decode), h_.data(),
+                                   moe_out_.data(), hooks_, provider, &moe_, &threads_, k_,
+                                   router_x_.data()));
+    for (size_t i = 0; i < T; ++i) {
+      k_.rms_norm(&moe_out_[i * H], w.experts_out_norm.data(), H, eps, &moe_out_[i * H]);
+      k_.axpy(1.f, &moe_out_[i * H], H, &tmp_[i * H]);
+    }
+  }
+  for (size_t i = 0; i < T; ++i) {
+    k_.rms_norm(&tmp_[i * H], w.ffn_out_norm.data(), H, eps, &tmp_[i * H]);
+    float* x = &x_[i * H];
+    k_.axpy(1.f, &tmp_[i * H], H, x);
+    if (w.layer_scalar != 1.f) {
+      for (size_t j = 0; j < H; ++j) x[j] *= w.layer_scalar;
+    }
+  }
   return Status::Ok();
 }
 
@@ -311,6 +391,12 @@ void CpuRunner::Logits(std::span<const ForwardItem> items, std::vector<float>* l
     const size_t old = logits->size();
     logits->resize(old + rows * V);
     Linear(&threads_, k_, h_.data(), H, rows, model_.lm_head(), logits->data() + old, V);
+    if (cfg_.final_logit_softcapping > 0) {
+      const float cap = static_cast<float>(cfg_.final_logit_softcapping);
+      for (float* l = logits->data() + old; l != logits->data() + logits->size(); ++l) {
+        *l = cap * std::tanh(*l / cap);
+      }
+    }
   }
 }
 

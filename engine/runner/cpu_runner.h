@@ -44,6 +44,10 @@ class CpuRunner final : public Runner {
   void Attention(int layer, size_t T);
   // x += mlp(norm(x)) for layer l (routed experts through the hooks, or the dense MLP).
   Status MlpBlock(int layer, const LayerWeights& w, size_t T, bool pure_decode);
+  // gemma4's feed-forward (the family's sandwich): the dense MLP and the experts side by side,
+  // each output normed, then x = (x + norm(sum)) * layer_scalar.
+  Status SandwichMlpBlock(int layer, const LayerWeights& w, size_t T, bool pure_decode);
+  RoutingContext Routing(int layer, size_t T, bool pure_decode);
   // Final norm and lm_head on the rows the items want; appended to *logits.
   void Logits(std::span<const ForwardItem> items, std::vector<float>* logits);
 
@@ -63,6 +67,10 @@ class CpuRunner final : public Runner {
   // Activations.
   std::vector<float> x_, h_, q_, k_buf_, v_buf_, attn_, tmp_, cos_, sin_;
   std::vector<float> mlp_tmp_;
+  // Sliding layers' RoPE when they have their own (Model::sliding_rope); else empty.
+  std::vector<float> sliding_cos_, sliding_sin_;
+  // The sandwich's router input and expert output [T, H], and weights of 1 (unscaled norms).
+  std::vector<float> router_x_, moe_out_, ones_;
   MoeScratch moe_;
   // Output-gated attention: q_proj's rows before the split, and the gate.
   std::vector<float> q_wide_, gate_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/mmap_file.h"
 #include "tests/common/test_util.h"
 
 namespace pw {
@@ -682,6 +683,117 @@ TEST(ModelConfigTest, LoadsGlm4MoeFixtureConfigs) {
     EXPECT_EQ(r->num_nextn_predict_layers, 1);
     EXPECT_EQ(r->rotary_dim, 8);
   }
+}
+
+// The fixture of tools/make_family_fixtures.py (transformers' Gemma4TextConfig as written).
+json Gemma4() {
+  auto r = MmapFile::Open(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/gemma4/config.json");
+  EXPECT_TRUE(r.ok());
+  return json::parse(std::string(reinterpret_cast<const char*>((*r)->data()), (*r)->size()));
+}
+
+TEST(ModelConfigTest, Gemma4FieldsAsGiven) {
+  auto r = Parse(Gemma4());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->type, ModelType::kGemma4);
+  EXPECT_STREQ(ModelTypeName(r->type), "gemma4_text");
+  EXPECT_EQ(r->num_experts, 16);
+  EXPECT_EQ(r->num_experts_per_tok, 4);
+  EXPECT_EQ(r->moe_intermediate_size, 32);
+  EXPECT_EQ(r->intermediate_size, 48);
+  EXPECT_TRUE(r->norm_topk_prob);
+  EXPECT_EQ(r->layer_sliding, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(r->sliding_window, 8);
+  EXPECT_TRUE(r->sliding_rope);
+  EXPECT_EQ(r->sliding_rope_theta, 10000.0);
+  EXPECT_EQ(r->sliding_rope_scaling.type, RopeType::kDefault);
+  EXPECT_EQ(r->rope_theta, 1e6);
+  EXPECT_EQ(r->rope_scaling.type, RopeType::kProportional);
+  EXPECT_EQ(r->rope_scaling.proportion, 0.25);
+  EXPECT_EQ(r->rotary_dim, 16);
+  EXPECT_TRUE(r->k_eq_v && r->v_norm && r->scale_embeddings && r->tie_word_embeddings);
+  EXPECT_EQ(r->attention_scale, 1.0);
+  EXPECT_EQ(r->final_logit_softcapping, 30.0);
+  EXPECT_EQ(r->qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(r->weights_prefix, "model.");
+  // The multimodal checkpoint: its language model under model.language_model.
+  json wrapped = {{"model_type", "gemma4"}, {"text_config", Gemma4()}};
+  auto w = Parse(wrapped);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->wrapper_model_type, "gemma4");
+  EXPECT_EQ(w->weights_prefix, "model.language_model.");
+}
+
+// HF's defaults where the file is silent: every 6th layer full (and the last), window 512,
+// RoPE per layer type; without per_layer_config, global_head_dim (default 512) must be head_dim.
+TEST(ModelConfigTest, Gemma4Defaults) {
+  json j = Gemma4();
+  for (const char* k : {"layer_types", "sliding_window", "rope_parameters", "per_layer_config"}) {
+    j.erase(k);
+  }
+  j["num_hidden_layers"] = 7;
+  j["global_head_dim"] = 16;
+  auto r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->layer_sliding,
+            (std::vector<bool>{true, true, true, true, true, false, false}));
+  EXPECT_EQ(r->sliding_window, 512);
+  EXPECT_EQ(r->sliding_rope_theta, 10000.0);
+  EXPECT_EQ(r->rope_theta, 1e6);
+  EXPECT_EQ(r->rope_scaling.type, RopeType::kProportional);
+  EXPECT_EQ(r->rope_scaling.proportion, 0.25);
+  j.erase("global_head_dim");
+  ExpectError(j, StatusCode::kUnsupported, "global_head_dim");
+}
+
+// Bad input and the variants not served are refused at load, naming the field.
+TEST(ModelConfigTest, Gemma4BadInputNamesTheField) {
+  json j = Gemma4();
+  j["layer_types"].push_back("full_attention");
+  ExpectError(j, StatusCode::kInvalidArgument, "layer_types");
+  j = Gemma4();
+  j["layer_types"][3] = "sliding_attention";
+  ExpectError(j, StatusCode::kInvalidArgument, "layer_types[3]");
+  j = Gemma4();
+  j["layer_types"][0] = "linear_attention";
+  ExpectError(j, StatusCode::kInvalidArgument, "layer_types[0]");
+  j = Gemma4();
+  j["hidden_size_per_layer_input"] = 256;
+  ExpectError(j, StatusCode::kUnsupported, "hidden_size_per_layer_input");
+  j.erase("hidden_size_per_layer_input");  // HF's default is 256: per-layer inputs on
+  ExpectError(j, StatusCode::kUnsupported, "hidden_size_per_layer_input");
+  j = Gemma4();
+  j["num_kv_shared_layers"] = 2;
+  ExpectError(j, StatusCode::kUnsupported, "num_kv_shared_layers");
+  j = Gemma4();
+  j["enable_moe_block"] = false;
+  ExpectError(j, StatusCode::kUnsupported, "enable_moe_block");
+  j = Gemma4();
+  j["use_bidirectional_attention"] = "vision";
+  ExpectError(j, StatusCode::kUnsupported, "use_bidirectional_attention");
+  j = Gemma4();
+  j["attention_bias"] = true;
+  ExpectError(j, StatusCode::kUnsupported, "attention_bias");
+  j = Gemma4();
+  j["hidden_activation"] = "silu";
+  ExpectError(j, StatusCode::kUnsupported, "hidden_activation");
+  j = Gemma4();
+  j["per_layer_config"] = {{"1", {{"head_dim", 32}, {"num_key_value_heads", 1}}}};
+  ExpectError(j, StatusCode::kUnsupported, "per_layer_config.1.head_dim");
+  j = Gemma4();
+  j["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
+  ExpectError(j, StatusCode::kUnsupported, "rope_parameters.full_attention.rope_type");
+  j = Gemma4();
+  j["rope_parameters"]["sliding_attention"]["partial_rotary_factor"] = 0.5;
+  ExpectError(j, StatusCode::kUnsupported,
+              "rope_parameters.sliding_attention.partial_rotary_factor");
+  j = Gemma4();
+  j.erase("top_k_experts");
+  ExpectError(j, StatusCode::kInvalidArgument, "top_k_experts");
+  // Inside the multimodal wrapper the field is named under text_config.
+  json wrapped = {{"model_type", "gemma4"}, {"text_config", Gemma4()}};
+  wrapped["text_config"]["num_kv_shared_layers"] = 1;
+  ExpectError(wrapped, StatusCode::kUnsupported, "text_config.num_kv_shared_layers");
 }
 
 }  // namespace

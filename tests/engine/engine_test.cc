@@ -36,11 +36,13 @@ using testing::ReadRefLogits;
 // sequence, output-gated full attention), prompts up to 150 ids; qwen3_5_moe: Qwen3.5-MoE's
 // multimodal checkpoint served text-only (the same hybrid, split linear projections).
 // gpt_oss: sliding-window layers (window 8, shorter than the 40-id prompt), sinks, YaRN, expert
-// biases, clamped SwiGLU; gpt_oss_mxfp4: its experts in MXFP4.
-const std::vector<std::string> kTypes = {"qwen2_moe",  "qwen3_moe",   "olmoe",
-                                         "mixtral",    "glm4_moe",    "glm4_moe_grouped",
-                                         "qwen3_next", "qwen3_5_moe", "gpt_oss",
-                                         "gpt_oss_mxfp4"};
+// biases, clamped SwiGLU; gpt_oss_mxfp4: its experts in MXFP4. gemma4: the MoE text stack
+// (sliding window 8 with its own RoPE, attention_k_eq_v, a dense MLP beside the experts in
+// every layer, sandwich norms, logit soft-capping); gemma4_mm: the same language model in
+// Gemma-4's multimodal checkpoint, served text-only (its vision tower skipped).
+const std::vector<std::string> kTypes = {
+    "qwen2_moe",  "qwen3_moe",   "olmoe",   "mixtral",       "glm4_moe", "glm4_moe_grouped",
+    "qwen3_next", "qwen3_5_moe", "gpt_oss", "gpt_oss_mxfp4", "gemma4",   "gemma4_mm"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -172,9 +174,15 @@ INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
 // prompt (g{i}.ids, g{i}.out): decoding through Step() gives the same ids.
 TEST(FamilyGreedy, ContinuationsEqualTheReference) {
   // The hybrids' prompts: 1, 5, 70 and 150 ids (past the delta rule's chunk of 64).
-  for (const auto& [type, prompts] : std::vector<std::pair<std::string, int>>{
-           {"glm4_moe", 3}, {"glm4_moe_grouped", 3}, {"qwen3_next", 4}, {"qwen3_5_moe", 4},
-           {"gpt_oss", 3}, {"gpt_oss_mxfp4", 3}}) {
+  for (const auto& [type, prompts] :
+       std::vector<std::pair<std::string, int>>{{"glm4_moe", 3},
+                                                {"glm4_moe_grouped", 3},
+                                                {"qwen3_next", 4},
+                                                {"qwen3_5_moe", 4},
+                                                {"gpt_oss", 3},
+                                                {"gpt_oss_mxfp4", 3},
+                                                {"gemma4", 3},
+                                                {"gemma4_mm", 3}}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
@@ -240,9 +248,10 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
   return prompts;
 }
 
-// gpt_oss: prompts of up to 23 ids decode past its sliding window of 8.
+// gpt_oss, gemma4: prompts of up to 23 ids decode past their sliding window of 8.
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
-  for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe", "gpt_oss"}) {
+  for (const char* type :
+       {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe", "gpt_oss", "gemma4"}) {
     SCOPED_TRACE(type);
     auto engine =
         MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});

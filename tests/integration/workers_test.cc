@@ -1359,6 +1359,47 @@ TEST(Workers, GptOssGreedyTokensEqualInProcessEngine) {
   EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
 }
 
+// gemma4 (sandwich norms, a dense MLP beside the experts, sliding layers with their own RoPE
+// whose pages the decode worker gives back, attention_k_eq_v) served by real processes, its
+// routed experts' matrices from the broker (read from the stacked checkpoint), prompts and
+// generations longer than its window of 8: the in-process engine's tokens.
+TEST(Workers, Gemma4GreedyTokensEqualInProcessEngine) {
+  ModelName() = "gemma4";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  const int kMax = 40;
+  auto prompts = RandomPrompts(6, 4141, 10, 40);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
+  }
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 600 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed 4141)";
+  }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
 // A long gpt_oss stream through real processes: the decode worker's metrics show the KV pages
 // of its sliding-window layers (0 and 2 of 3, window 8) staying bounded (at most window /
 // block_size + 2 blocks each, block size 16) while its full-attention layer's grow with the
