@@ -285,6 +285,9 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
     case ModelType::kGptOss:
       arch = "GptOssForCausalLM";
       break;
+    case ModelType::kDeepseekV3:
+      arch = "DeepseekV3ForCausalLM";
+      break;
   }
   j["architectures"] = {arch};
   j["model_type"] = ModelTypeName(s.type);
@@ -373,6 +376,7 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["eos_token_id"] = s.vocab - 1;
       break;
     case ModelType::kQwen35Moe:  // not offered by make_synthetic_moe
+    case ModelType::kDeepseekV3:
       break;
     case ModelType::kGptOss: {
       j["num_local_experts"] = s.experts;
