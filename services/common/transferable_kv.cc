@@ -8,11 +8,13 @@ Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& m
     // A sliding-window layer's page is laid out as a full-attention one; the blocks a transfer
     // moves are leased, and a leased block keeps its pages behind the window.
     if (kind == memory::KvKind::kFullAttention || kind == memory::KvKind::kSlidingWindow) continue;
+    const char* what = kind == memory::KvKind::kLatent ? "an MLA (latent KV) model"
+                                                        : "a hybrid model";
     return Unsupported(model + ": KV layer " + std::to_string(l) + " is " +
                        memory::KvKindName(kind) +
-                       "; the cluster's KV transfer moves full-attention and sliding-window pages only, so a hybrid "
-                       "model is not served by the cluster yet (only the in-process engine runs "
-                       "it)");
+                       "; the cluster's KV transfer moves full-attention and sliding-window pages "
+                       "only, so " + what + " is not served by the cluster yet (only the "
+                       "in-process engine runs it)");
   }
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
 // A worker's KV pool is transferable by the cluster only when every layer is full attention or a
-// sliding window: a hybrid's recurrent-state layer is refused, naming the model and the layer.
+// sliding window: a hybrid's recurrent-state layer and an MLA model's latent layer are refused,
+// naming the model and the layer.
 #include "services/common/transferable_kv.h"
 
 #include <gtest/gtest.h>
@@ -26,6 +27,18 @@ TEST(TransferableKv, HybridPoolsAreRefusedNamingTheLayer) {
   EXPECT_NE(s.message().find("/models/qwen3-next: KV layer 1 is recurrent_state"),
             std::string::npos)
       << s.ToString();
+  // deepseek_v3: every layer a latent row per token (memory/kv_spec.h kLatent).
+  const std::vector<memory::KvLayerSpec> latent(3, {.kind = memory::KvKind::kLatent,
+                                                    .latent_dim = 576});
+  auto mla = memory::KvBlockPool::Create(l, 2, latent);
+  ASSERT_TRUE(mla.ok()) << mla.status().ToString();
+  const Status m = CheckTransferableKv(**mla, "/models/deepseek-v3");
+  EXPECT_EQ(m.code(), StatusCode::kUnsupported);
+  EXPECT_NE(m.message().find("/models/deepseek-v3: KV layer 0 is latent"), std::string::npos)
+      << m.ToString();
+  EXPECT_NE(m.message().find("an MLA (latent KV) model is not served by the cluster yet"),
+            std::string::npos)
+      << m.ToString();
 }
 
 }  // namespace
