@@ -42,8 +42,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   // A hybrid's linear-attention layers keep a recurrent state per sequence, in the pool;
   // sliding-window layers (gpt_oss) are their own KV kind: pages behind the window go back.
   std::vector<memory::KvLayerSpec> specs = memory::FullAttentionSpecs(layout);
+  // MLA layers (deepseek_v3) keep one latent row per token: the KV latent and the RoPE key.
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (c.linear_attention.IsLinear(l)) {
+    if (c.mla.enabled()) {
+      specs[static_cast<size_t>(l)] = {.kind = memory::KvKind::kLatent,
+                                       .latent_dim = static_cast<int>(c.mla.latent_dim())};
+    } else if (c.linear_attention.IsLinear(l)) {
       specs[static_cast<size_t>(l)] = {.kind = memory::KvKind::kRecurrentState,
                                        .state_bytes = c.linear_attention.state_bytes()};
     } else if (c.IsSlidingLayer(l)) {

@@ -11,6 +11,7 @@ extern const ModelFamily kGlm4MoeFamily;
 extern const ModelFamily kQwen3NextFamily;
 extern const ModelFamily kQwen35MoeFamily;
 extern const ModelFamily kGptOssFamily;
+extern const ModelFamily kDeepseekV3Family;
 
 namespace {
 
@@ -24,6 +25,7 @@ const ModelFamily* const kFamilies[] = {
     &kQwen3NextFamily,
     &kQwen35MoeFamily,
     &kGptOssFamily,
+    &kDeepseekV3Family,
 };
 
 }  // namespace

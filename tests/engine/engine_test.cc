@@ -37,10 +37,14 @@ using testing::ReadRefLogits;
 // multimodal checkpoint served text-only (the same hybrid, split linear projections).
 // gpt_oss: sliding-window layers (window 8, shorter than the 40-id prompt), sinks, YaRN, expert
 // biases, clamped SwiGLU; gpt_oss_mxfp4: its experts in MXFP4.
-const std::vector<std::string> kTypes = {"qwen2_moe",  "qwen3_moe",   "olmoe",
-                                         "mixtral",    "glm4_moe",    "glm4_moe_grouped",
-                                         "qwen3_next", "qwen3_5_moe", "gpt_oss",
-                                         "gpt_oss_mxfp4"};
+// deepseek_v3: MLA (q_lora, interleaved RoPE, YaRN with mscale_all_dim) over latent KV pages,
+// grouped sigmoid routing; deepseek_v3_direct: q_proj without q_lora, rotate-half RoPE;
+// kimi_k2: model_type kimi_k2 over the DeepseekV3 architecture; deepseek_v3_fp8: FP8 weights
+// with weight_scale_inv per 128x128 block.
+const std::vector<std::string> kTypes = {
+    "qwen2_moe",   "qwen3_moe",          "olmoe",   "mixtral",         "glm4_moe",
+    "glm4_moe_grouped", "qwen3_next",    "qwen3_5_moe", "gpt_oss",     "gpt_oss_mxfp4",
+    "deepseek_v3", "deepseek_v3_direct", "kimi_k2", "deepseek_v3_fp8"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -174,7 +178,8 @@ TEST(FamilyGreedy, ContinuationsEqualTheReference) {
   // The hybrids' prompts: 1, 5, 70 and 150 ids (past the delta rule's chunk of 64).
   for (const auto& [type, prompts] : std::vector<std::pair<std::string, int>>{
            {"glm4_moe", 3}, {"glm4_moe_grouped", 3}, {"qwen3_next", 4}, {"qwen3_5_moe", 4},
-           {"gpt_oss", 3}, {"gpt_oss_mxfp4", 3}}) {
+           {"gpt_oss", 3}, {"gpt_oss_mxfp4", 3}, {"deepseek_v3", 3}, {"deepseek_v3_direct", 3},
+           {"kimi_k2", 3}, {"deepseek_v3_fp8", 3}}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
@@ -240,9 +245,11 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
   return prompts;
 }
 
-// gpt_oss: prompts of up to 23 ids decode past its sliding window of 8.
+// gpt_oss: prompts of up to 23 ids decode past its sliding window of 8; deepseek_v3 and kimi_k2
+// read and write latent KV pages (one row per token) in batches of ragged positions.
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
-  for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe", "gpt_oss"}) {
+  for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe", "gpt_oss",
+                           "deepseek_v3", "kimi_k2"}) {
     SCOPED_TRACE(type);
     auto engine =
         MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});
