@@ -16,6 +16,7 @@
 #include "common/dtype.h"
 #include "common/formats/model_config.h"
 #include "common/formats/safetensors.h"
+#include "common/formats/synthetic_moe.h"
 #include "engine/engine.h"
 #include "engine/models/model.h"
 #include "tests/common/test_util.h"
@@ -224,6 +225,66 @@ TEST(DeepseekV3, BadInputNamesTheFieldOrTensor) {
     EXPECT_EQ(s.code(), k.code) << k.named << ": " << s.ToString();
     EXPECT_NE(s.message().find(k.named), std::string::npos) << s.ToString();
   }
+}
+
+// make_synthetic_moe --type deepseek_v3 (common/formats/synthetic_moe.h): DeepseekV3QuarterSpec
+// keeps the real MLA head dimensions (a latent row of 576 values), its grouping and YaRN; a
+// small spec of the same layout loads and runs in the engine with latent KV pages, with and
+// without q_lora.
+TEST(DeepseekV3, SyntheticCheckpointRunsInTheEngine) {
+  const SyntheticMoeSpec quarter = DeepseekV3QuarterSpec();
+  const double gb = static_cast<double>(SyntheticMoeBytes(quarter)) / 1e9;
+  EXPECT_GT(gb, 1.3);
+  EXPECT_LT(gb, 1.5);
+  auto qc = ParseModelConfig(SyntheticMoeConfigJson(quarter), "config.json");
+  ASSERT_TRUE(qc.ok()) << qc.status().ToString();
+  EXPECT_EQ(qc->mla.latent_dim(), 576);
+  EXPECT_EQ(qc->n_group, 8);
+  EXPECT_EQ(qc->topk_group, 4);
+  EXPECT_EQ(qc->rope_scaling.type, RopeType::kYarn);
+  EXPECT_FALSE(qc->IsMoeLayer(0));
+  EXPECT_TRUE(qc->IsMoeLayer(1));
+
+  for (int64_t q_lora : {0, 24}) {
+    SCOPED_TRACE(q_lora);
+    pw::testing::TempDir tmp;
+    SyntheticMoeSpec spec;
+    spec.type = ModelType::kDeepseekV3;
+    spec.layers = 3;
+    spec.hidden = 64;
+    spec.heads = 4;
+    spec.kv_heads = 4;
+    spec.q_lora_rank = q_lora;
+    spec.kv_lora_rank = 32;
+    spec.qk_nope_head_dim = 16;
+    spec.qk_rope_head_dim = 8;
+    spec.v_head_dim = 12;
+    spec.experts = 16;
+    spec.top_k = 4;
+    spec.n_group = 4;
+    spec.topk_group = 2;
+    spec.expert_ffn = 16;
+    spec.shared_ffn = 16;
+    spec.dense_layers = 1;
+    spec.dense_ffn = 48;
+    spec.vocab = 256;
+    spec.max_positions = 64;
+    ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
+    auto e = Engine::Create(tmp.path(), {.block_size = 4});
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    const ModelConfig& c = (*e)->model().config();
+    EXPECT_EQ(c.mla.q_lora_rank, q_lora);
+    EXPECT_EQ((*e)->kv_pool().specs()[2].kind, memory::KvKind::kLatent);
+    const std::vector<int32_t> ids = {5, 9, 200, 17, 3, 42, 77};
+    auto logits = (*e)->ForwardLogits(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+    for (float v : *logits) ASSERT_TRUE(std::isfinite(v));
+  }
+  // An MLA the model could not have is refused.
+  SyntheticMoeSpec bad = quarter;
+  bad.qk_rope_head_dim = 63;
+  pw::testing::TempDir tmp;
+  EXPECT_EQ(WriteSyntheticMoe(bad, tmp.path()).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
