@@ -341,6 +341,7 @@ TEST(EngineBatching, ContinuousBatchingAddAndRemoveBetweenSteps) {
 
 // Copies every page of every layer of blocks src -> dst, as the transport does: a hybrid's
 // recurrent state (in its first block's state pages) moves with its attention KV.
+// deepseek_v3: its latent KV pages (one row per token and layer) move the same way.
 void CopyBlocks(const Engine& from, std::span<const int32_t> src, Engine* to,
                 std::span<const int32_t> dst) {
   const KvBlockPool& pool = from.kv_pool();
@@ -357,7 +358,7 @@ void CopyBlocks(const Engine& from, std::span<const int32_t> src, Engine* to,
 }
 
 TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
-  for (const std::string type : {"mixtral", "qwen3_next"}) {
+  for (const std::string type : {"mixtral", "qwen3_next", "deepseek_v3"}) {
     SCOPED_TRACE(type);
     auto prompts = RaggedPrompts(3, 300, 9);
     prompts[0].resize(1);
@@ -676,7 +677,7 @@ TEST(EngineLogprobs, PromptAndGeneratedLogprobsMatchTheTeacherForcedLogits) {
 }
 
 TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdentically) {
-  for (const std::string type : {"olmoe", "qwen3_next"}) {
+  for (const std::string type : {"olmoe", "qwen3_next", "deepseek_v3"}) {
     SCOPED_TRACE(type);
     auto prompts = RaggedPrompts(2, 300, 21);
     prompts[0].assign(prompts[0].begin(), prompts[0].begin() + 1);
