@@ -425,6 +425,11 @@ std::string ModelConfig::Summary() const {
   if (shared_expert_intermediate_size > 0) {
     s += ", shared expert " + std::to_string(shared_expert_intermediate_size);
   }
+  if (mla.enabled()) {
+    s += ", MLA latent " + std::to_string(mla.kv_lora_rank) + "+" +
+         std::to_string(mla.qk_rope_head_dim) + " (q_lora " + std::to_string(mla.q_lora_rank) +
+         ", v " + std::to_string(mla.v_head_dim) + ")";
+  }
   s += ", vocab " + std::to_string(vocab_size);
   return s;
 }
