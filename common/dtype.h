@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string_view>
 
@@ -27,6 +28,7 @@ enum class DType : uint8_t {
   kI8,
   kU8,
   kBool,
+  kF8E4M3,  // float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities
 };
 
 // Bytes per element.
@@ -45,6 +47,7 @@ constexpr size_t DTypeSize(DType t) {
     case DType::kI8:
     case DType::kU8:
     case DType::kBool:
+    case DType::kF8E4M3:
       return 1;
   }
   return 0;
@@ -73,18 +76,42 @@ constexpr std::string_view DTypeName(DType t) {
       return "U8";
     case DType::kBool:
       return "BOOL";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
 
-// Inverse of DTypeName; nullopt for names PagedWeight does not handle (e.g. "F8_E4M3").
+// Inverse of DTypeName; nullopt for names PagedWeight does not handle (e.g. "F8_E5M2").
 constexpr std::optional<DType> DTypeFromName(std::string_view name) {
-  constexpr DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64,
-                            DType::kI32, DType::kI16, DType::kI8,   DType::kU8,  DType::kBool};
+  constexpr DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64,
+                            DType::kI64, DType::kI32, DType::kI16, DType::kI8,
+                            DType::kU8,  DType::kBool, DType::kF8E4M3};
   for (DType t : kAll) {
     if (DTypeName(t) == name) return t;
   }
   return std::nullopt;
+}
+
+// float8_e4m3fn (torch.float8_e4m3fn, DeepSeek-V3's FP8 weights) -> float, exact: exponent
+// bias 7, subnormals below exponent 1, 0x7f / 0xff NaN, no infinities.
+inline float F8E4M3ToF32(uint8_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80) << 24;
+  const uint32_t exp = (v >> 3) & 0xf, man = v & 0x7;
+  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  float mag;
+  if (exp == 0) {
+    mag = static_cast<float>(man) * 0.001953125f;  // man * 2^-9
+  } else {
+    uint32_t bits = ((exp + 120u) << 23) | (man << 20);  // rebias 7 -> 127
+    std::memcpy(&mag, &bits, sizeof mag);
+  }
+  uint32_t out;
+  std::memcpy(&out, &mag, sizeof out);
+  out |= sign;
+  float f;
+  std::memcpy(&f, &out, sizeof f);
+  return f;
 }
 
 inline uint32_t F32Bits(float f) {

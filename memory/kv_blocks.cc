@@ -43,11 +43,11 @@ Result<std::unique_ptr<KvBlockPool>> KvBlockPool::Create(const KvLayout& layout,
   PW_RETURN_IF_ERROR(CheckLayout(layout, num_blocks));
   std::vector<int> first_page;
   int per_block = 0;
-  PW_RETURN_IF_ERROR(
-      LayOutLayers(layout, layout.min_page_bytes(), &specs, &first_page, &per_block));
+  const size_t page_bytes = MinPageBytes(layout, specs);
+  PW_RETURN_IF_ERROR(LayOutLayers(layout, page_bytes, &specs, &first_page, &per_block));
   const int64_t pages = static_cast<int64_t>(num_blocks) * per_block;
   if (pages > (1ll << 31) - 1) return InvalidArgument("KV pool: too many pages");
-  auto own = PagePool::Create(layout.min_page_bytes(), static_cast<int>(pages));
+  auto own = PagePool::Create(page_bytes, static_cast<int>(pages));
   if (!own.ok()) {
     return ResourceExhausted("KV pool: cannot allocate " + std::to_string(num_blocks) +
                              " blocks (" + own.status().message() + ")");
@@ -100,6 +100,14 @@ KvBlockPool::~KvBlockPool() {
       (void)pages_->Free(p, Tenant::kKv);
     }
   }
+}
+
+size_t KvBlockPool::bytes_per_block() const {
+  size_t n = 0;
+  for (const KvLayerSpec& s : specs_) {
+    n += s.kind == KvKind::kLatent ? LayerBlockBytes(s, layout_) : layout_.bytes_per_layer();
+  }
+  return n;
 }
 
 int KvBlockPool::num_free() const {
@@ -259,6 +267,20 @@ cpu::PagedKvView KvBlockPool::LayerView(int layer) const {
   v.num_kv_heads = layout_.num_kv_heads;
   v.block_size = layout_.block_size;
   v.head_dim = layout_.head_dim;
+  return v;
+}
+
+cpu::LatentKvView KvBlockPool::LatentView(int layer, int rope_dim) const {
+  PW_CHECK(layer >= 0 && layer < layout_.num_layers);
+  const KvLayerSpec& spec = specs_[static_cast<size_t>(layer)];
+  PW_CHECK(spec.kind == KvKind::kLatent && rope_dim >= 0 && rope_dim < spec.latent_dim);
+  cpu::LatentKvView v;
+  v.pages = page_ptr_.data() + first_page_[static_cast<size_t>(layer)];
+  v.page_stride = static_cast<size_t>(pages_per_block_);
+  v.element = layout_.dtype == KvDtype::kF32 ? cpu::KvElement::kF32 : cpu::KvElement::kBf16;
+  v.block_size = layout_.block_size;
+  v.latent_dim = spec.latent_dim;
+  v.rope_dim = rope_dim;
   return v;
 }
 

@@ -11,7 +11,10 @@
 //     [kv c (0 = K, 1 = V)][kv head h][slot s][head_dim d]        of layer l
 //   element offset in the page = ((c * num_kv_heads + h) * block_size + s) * head_dim + d
 //   elements are fp32 or bf16 (KvLayout::dtype); bytes_per_layer() = 2 * num_kv_heads *
-//   block_size * head_dim * element bytes, rounded up to 64 for the page size.
+//   block_size * head_dim * element bytes, rounded up to 64 for the page size. A latent page
+//   (b, l) (MLA, kLatent) holds [slot s][latent_dim d], the KV latent then the RoPE key:
+//   element offset = s * latent_dim + d; block_size * latent_dim * element bytes. An own pool's
+//   pages are as large as its largest per-token layer (memory/kv_spec.h MinPageBytes).
 //
 // Pages are fixed-size and shared with the expert weights of a decode worker (the worker owns
 // the PagePool and lends it: CreateOn), so a page a dropped expert plane frees holds one layer
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/cpu/latent_attention.h"
 #include "kernels/cpu/paged_attention.h"
 #include "memory/kv_layout.h"
 #include "memory/kv_spec.h"
@@ -47,7 +51,8 @@ namespace pw::memory {
 
 class KvBlockPool {
  public:
-  // A pool with its own pages: num_blocks * pages_per_block() pages of min_page_bytes().
+  // A pool with its own pages: num_blocks * pages_per_block() pages of MinPageBytes(layout,
+  // specs) (kv_spec.h).
   // `specs`: one per layer (empty = every layer full attention); a kind not served is
   // kUnsupported. kInvalidArgument for non-positive sizes; kResourceExhausted when the buffer
   // cannot be allocated (message gives the bytes asked for).
@@ -74,7 +79,9 @@ class KvBlockPool {
   int num_free() const;
   // Blocks allocated now.
   int num_used() const { return num_blocks_ - static_cast<int>(free_.size()); }
-  size_t bytes_per_block() const { return layout_.bytes_per_block(); }
+  // KV bytes of one block: layout().bytes_per_block(), but a latent layer counts its
+  // LayerBlockBytes (kv_spec.h).
+  size_t bytes_per_block() const;
   PagePool& pages() { return *pages_; }
   const PagePool& pages() const { return *pages_; }
   // The page of layer `layer` of block `id` (allocated; checked: a broken invariant aborts).
@@ -104,6 +111,10 @@ class KvBlockPool {
   // Layer `layer` of every block as the paged-attention kernel reads it (kernels/cpu/
   // paged_attention.h); valid until the next Allocate or Free.
   cpu::PagedKvView LayerView(int layer) const;
+  // A kLatent layer of every block as the latent-attention kernel reads it (kernels/cpu/
+  // latent_attention.h), its rows ending in `rope_dim` RoPE-key values; valid until the next
+  // Allocate or Free.
+  cpu::LatentKvView LatentView(int layer, int rope_dim) const;
 
   // Takes n free blocks (and their pages), all or nothing; kResourceExhausted (nothing taken)
   // when fewer than n are free. Block contents are unspecified.

@@ -23,6 +23,34 @@ std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout) {
   return std::vector<KvLayerSpec>(static_cast<size_t>(std::max(0, layout.num_layers)));
 }
 
+size_t LayerBlockBytes(const KvLayerSpec& spec, const KvLayout& layout) {
+  switch (spec.kind) {
+    case KvKind::kFullAttention:
+    case KvKind::kSlidingWindow:
+      return layout.bytes_per_layer();
+    case KvKind::kLatent:
+      return static_cast<size_t>(std::max(0, layout.block_size)) *
+             static_cast<size_t>(std::max(0, spec.latent_dim)) * layout.element_bytes();
+    case KvKind::kRecurrentState:
+      return 0;
+  }
+  return 0;
+}
+
+size_t MinPageBytes(const KvLayout& layout, const std::vector<KvLayerSpec>& specs) {
+  if (specs.empty()) return layout.min_page_bytes();
+  size_t most = 0;
+  bool per_token = false;
+  for (const KvLayerSpec& s : specs) {
+    if (s.kind == KvKind::kRecurrentState) continue;
+    per_token = true;
+    most = std::max(most, LayerBlockBytes(s, layout));
+  }
+  // A pool of recurrent states only keeps the full-attention page size its layout gives.
+  if (!per_token) return layout.min_page_bytes();
+  return (std::max<size_t>(most, 1) + 63) / 64 * 64;
+}
+
 Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
                           int layer) {
   if (spec.kind == KvKind::kRecurrentState) {
@@ -36,14 +64,16 @@ Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_
     return InvalidArgument("KV layer " + std::to_string(layer) + ": sliding window of " +
                            std::to_string(spec.window) + " positions; it must be >= 1");
   }
-  if (spec.kind != KvKind::kFullAttention && spec.kind != KvKind::kSlidingWindow) {
-    return Unsupported("KV layer " + std::to_string(layer) + ": kind " + KvKindName(spec.kind) +
-                       " is not served yet (full_attention, sliding_window and recurrent_state are)");
+  if (spec.kind == KvKind::kLatent && spec.latent_dim < 1) {
+    return InvalidArgument("KV layer " + std::to_string(layer) + ": a latent of " +
+                           std::to_string(spec.latent_dim) + " values; it must be >= 1");
   }
-  if (page_bytes < layout.bytes_per_layer()) {
+  const size_t need = LayerBlockBytes(spec, layout);
+  if (page_bytes < need) {
     return InvalidArgument("KV pool: pages of " + std::to_string(page_bytes) +
                            " bytes cannot hold one layer of a KV block (" +
-                           std::to_string(layout.bytes_per_layer()) + " bytes)");
+                           std::to_string(need) + " bytes, layer " + std::to_string(layer) +
+                           ", " + KvKindName(spec.kind) + ")");
   }
   return 1;
 }
@@ -51,7 +81,10 @@ Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_
 std::vector<KvLayerSpec> ModelKvSpecs(const ModelConfig& c) {
   std::vector<KvLayerSpec> specs(static_cast<size_t>(std::max<int64_t>(0, c.num_layers)));
   for (size_t l = 0; l < specs.size(); ++l) {
-    if (c.linear_attention.IsLinear(static_cast<int64_t>(l))) {
+    if (c.mla.enabled()) {
+      // MLA (deepseek_v3) keeps one latent row per token: the KV latent and the RoPE key.
+      specs[l] = {.kind = KvKind::kLatent, .latent_dim = static_cast<int>(c.mla.latent_dim())};
+    } else if (c.linear_attention.IsLinear(static_cast<int64_t>(l))) {
       specs[l] = {.kind = KvKind::kRecurrentState, .state_bytes = c.linear_attention.state_bytes()};
     } else if (c.IsSlidingLayer(static_cast<int64_t>(l))) {
       specs[l] = {.kind = KvKind::kSlidingWindow, .window = static_cast<int>(c.sliding_window)};

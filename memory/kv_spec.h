@@ -12,7 +12,10 @@
 //                    the last `window` positions: a block wholly behind the window of the
 //                    sequence holding it gives its pages of these layers back to the page pool
 //                    (KvBlockPool::ReleaseWindowPages), keeping its full-attention pages. Served.
-//   kLatent          one compressed latent of `latent_dim` per position (MLA). Not served yet.
+//   kLatent          one compressed latent of `latent_dim` values per position (MLA: the KV latent
+//                    then the RoPE key, shared by every head), [block_size][latent_dim] in one
+//                    page per block (kernels/cpu/latent_attention.h); fp32 or bf16 as the
+//                    layout's dtype. Served.
 //   kRecurrentState  a fixed `state_bytes` per sequence (Mamba, linear attention), not per
 //                    token: ceil(state_bytes / page_bytes) pages per block. A sequence's state
 //                    is held in the layer's pages of the first block of its table (block
@@ -21,7 +24,9 @@
 //                    and copying a sequence's blocks (the prefill -> decode transfer, a page
 //                    copy) carries its state. Served.
 // A kind that is not served is refused with kUnsupported when a pool is made, naming the layer
-// and the kind, until a model family needs it.
+// and the kind, until a model family needs it. The pool's pages are as large as its largest
+// per-token layer needs (LayerBlockBytes): a pool of latent layers only has pages of
+// block_size * latent_dim elements.
 #pragma once
 
 #include <cstddef>
@@ -54,17 +59,25 @@ struct KvLayerSpec {
 // Every layer full attention: the spec of each model served today.
 std::vector<KvLayerSpec> FullAttentionSpecs(const KvLayout& layout);
 
-// The spec of each of `c`'s layers: a recurrent state of c.linear_attention.state_bytes() for a
+// The spec of each of `c`'s layers: a latent of c.mla.latent_dim() values per position for an
+// MLA model (deepseek_v3), a recurrent state of c.linear_attention.state_bytes() for a
 // linear-attention layer, a sliding window of c.sliding_window for a sliding layer, full
 // attention otherwise. The engine lays its pool out with them; the router and the broker check a
 // worker's registration against them (services/common/registration_check.h).
 std::vector<KvLayerSpec> ModelKvSpecs(const ModelConfig& c);
+// Bytes one block of a layer of `spec` uses in its page: full attention and sliding window
+// layout.bytes_per_layer(), latent block_size * latent_dim * element bytes; 0 for a recurrent
+// state (whole pages, PagesPerBlock).
+size_t LayerBlockBytes(const KvLayerSpec& spec, const KvLayout& layout);
+// The smallest page that holds one block of every per-token layer of `specs` (rounded up to
+// 64 bytes; layout.min_page_bytes() when every layer is full attention).
+size_t MinPageBytes(const KvLayout& layout, const std::vector<KvLayerSpec>& specs);
 
 // Pages one block takes for `spec` in pages of `page_bytes`, with `layout`'s heads, head_dim,
-// block_size and dtype: 1 for full attention (its bytes_per_layer() must fit one page, else
-// kInvalidArgument); for a recurrent state, the pages its state_bytes take (kInvalidArgument
-// when 0). kUnsupported for a kind not served yet. `layer` only names the layer in
-// the message.
+// block_size and dtype: 1 for full attention, sliding window and latent (LayerBlockBytes must
+// fit one page, else kInvalidArgument; a latent of latent_dim < 1 too); for a recurrent
+// state, the pages its state_bytes take (kInvalidArgument when 0). kUnsupported for a kind
+// not served yet. `layer` only names the layer in the message.
 Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_t page_bytes,
                           int layer);
 

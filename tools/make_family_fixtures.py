@@ -51,6 +51,29 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            gemma4: tensors under model.language_model.) with a
                                            one-layer vision tower the engine skips; references
                                            from transformers running the wrapper on text.
+  tests/fixtures/models/deepseek_v3/       DeepSeek-V3-style: 3 layers, the first dense, MLA with
+                                           q_lora_rank 24, kv_lora_rank 32, qk_nope 16, qk_rope 8,
+                                           v_head_dim 12, interleaved RoPE, YaRN (factor 4 over
+                                           128 positions, mscale = mscale_all_dim = 1, so the
+                                           softmax scale carries mscale^2), 16 experts top-4 in
+                                           n_group 4 / topk_group 2, one shared expert,
+                                           routed_scaling_factor 2.5, an MTP layer's tensors.
+  tests/fixtures/models/deepseek_v3_direct/ q_proj without q_lora, rotate-half RoPE
+                                           (rope_interleave false), default RoPE, one group,
+                                           two shared experts, norm_topk_prob false.
+  tests/fixtures/models/kimi_k2/           Kimi-K2-style: model_type kimi_k2 with architecture
+                                           DeepseekV3ForCausalLM, 32 experts top-8 in one group,
+                                           routed_scaling_factor 2.827, YaRN factor 32; the
+                                           references are transformers' run of the same
+                                           checkpoint as deepseek_v3 (it has no kimi_k2 type).
+  tests/fixtures/models/deepseek_v3_fp8/   hidden 192 and FFN 160 (blocks of 128 cut partial
+                                           edges), every linear weight but the router, the
+                                           embeddings and lm_head stored float8_e4m3fn with
+                                           weight_scale_inv per 128x128 block (amax / 448, as
+                                           DeepSeek quantizes), quantization_config fp8;
+                                           references from transformers on the checkpoint as
+                                           DeepSeek's fp8_cast_bf16 converts it (CastFp8ToBf16
+                                           says why not transformers' own FP8 loader).
 
 Each holds config.json (in the released GLM-4.5 layout: rope_theta and partial_rotary_factor at
 the top level; qwen3_next as transformers writes it), model.safetensors (bf16, e_score_correction_bias random so that it moves the
@@ -75,6 +98,41 @@ SEED = 20261204
 MTP_LAYERS = 1
 GREEDY_NEW_TOKENS = 12
 GPT_OSS_WINDOW = 8
+
+
+def DeepseekConfigs():
+    from transformers import DeepseekV3Config
+
+    common = dict(vocab_size=2048, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=4, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  intermediate_size=96, moe_intermediate_size=32, first_k_dense_replace=1,
+                  num_nextn_predict_layers=MTP_LAYERS, kv_lora_rank=32, qk_nope_head_dim=16,
+                  qk_rope_head_dim=8, v_head_dim=12, hidden_act="silu",
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=0, pad_token_id=0)
+    yarn = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                mscale=1.0, mscale_all_dim=1.0, original_max_position_embeddings=128)
+    return {
+        "deepseek_v3": DeepseekV3Config(
+            hidden_size=64, q_lora_rank=24, n_routed_experts=16, num_experts_per_tok=4,
+            n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, rope_interleave=True, rope_parameters=yarn, **common),
+        "deepseek_v3_direct": DeepseekV3Config(
+            hidden_size=64, q_lora_rank=None, n_routed_experts=16, num_experts_per_tok=4,
+            n_group=1, topk_group=1, n_shared_experts=2, routed_scaling_factor=1.0,
+            norm_topk_prob=False, rope_interleave=False,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0), **common),
+        "kimi_k2": DeepseekV3Config(
+            hidden_size=64, q_lora_rank=24, n_routed_experts=32, num_experts_per_tok=8,
+            n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.827,
+            norm_topk_prob=True, rope_interleave=True,
+            rope_parameters=dict(yarn, factor=32.0, original_max_position_embeddings=16),
+            **common),
+        "deepseek_v3_fp8": DeepseekV3Config(
+            hidden_size=192, q_lora_rank=24, n_routed_experts=16, num_experts_per_tok=4,
+            n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, rope_interleave=True, rope_parameters=yarn,
+            **dict(common, intermediate_size=160)),
+    }
 
 
 def Configs():
@@ -647,6 +705,196 @@ def Write(only):
               f"{worst[2]:.3e}")
 
 
+def AddDeepseekMtpTensors(out_dir, config, seed):
+    """An MTP module's tensors at layer index num_hidden_layers, as DeepSeek-V3 ships them
+    (eh_proj, enorm, hnorm, shared_head.norm and a decoder layer's norms); never run."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = os.path.join(out_dir, "model.safetensors")
+    t = load_file(path)
+    gen = torch.Generator().manual_seed(seed + 11)
+    h = config.hidden_size
+    p = f"model.layers.{config.num_hidden_layers}."
+    for name, shape in [("eh_proj.weight", (h, 2 * h)), ("enorm.weight", (h,)),
+                        ("hnorm.weight", (h,)), ("shared_head.norm.weight", (h,)),
+                        ("input_layernorm.weight", (h,)),
+                        ("self_attn.kv_a_layernorm.weight", (config.kv_lora_rank,))]:
+        t[p + name] = (0.1 * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+    mf.SaveTensors(path, t)
+
+
+FP8_BLOCK = 128
+FP8_MAX = 448.0
+
+
+def QuantizeFp8Blocks(w):
+    """w [rows, cols] float32 as DeepSeek-V3 stores it: float8_e4m3fn values and a float32
+    weight_scale_inv [ceil(rows/128), ceil(cols/128)], one per 128x128 block (edge blocks
+    partial): scale = amax / 448, value = fp8(w / scale), w ~ value * scale."""
+    import numpy as np
+    import torch
+
+    w = np.asarray(w, dtype=np.float32)
+    rows, cols = w.shape
+    br, bc = -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
+    scale = np.zeros((br, bc), dtype=np.float32)
+    scaled = np.zeros_like(w)
+    for i in range(br):
+        for j in range(bc):
+            blk = w[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK]
+            s = np.float32(np.abs(blk).max() / FP8_MAX) if np.abs(blk).max() > 0 else np.float32(1)
+            scale[i, j] = s
+            scaled[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK] = blk / s
+    return torch.from_numpy(scaled).to(torch.float8_e4m3fn), torch.from_numpy(scale)
+
+
+def Fp8Quantized(name, t):
+    """Whether DeepSeek-V3 stores tensor `name` in FP8: the linear weights, not the router
+    (mlp.gate), the embeddings, lm_head, the norms or the MTP module's extras."""
+    if not name.endswith(".weight") or t.dim() != 2:
+        return False
+    return not (name.endswith("mlp.gate.weight") or "embed_tokens" in name or
+                name.startswith("lm_head") or "norm" in name or "eh_proj" in name)
+
+
+def CastFp8ToBf16(out_dir, tensors, config):
+    """The FP8 checkpoint as DeepSeek's fp8_cast_bf16.py converts it (each value times its
+    block's weight_scale_inv in fp32, partial edge blocks included, rounded to bf16), in a
+    temporary directory beside out_dir; returns that directory. transformers' own FP8 loader
+    (FineGrainedFP8Config(dequantize=True)) derives the block from the scale grid (rows //
+    scale rows), which is not 128 where a dimension is not a multiple of 128, so it is not
+    the reference here."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    tmp = tempfile.mkdtemp(prefix="deepseek_fp8_ref_")
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            s = tensors[name + "_scale_inv"]
+            rows, cols = t.shape
+            full = s.repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
+            out[name] = (t.float() * full).to(torch.bfloat16)
+        else:
+            out[name] = t
+    mf.SaveTensors(os.path.join(tmp, "model.safetensors"), out)
+    with open(os.path.join(out_dir, "config.json")) as f:
+        c = json.load(f)
+    c.pop("quantization_config")
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(c, f)
+    import atexit
+
+    atexit.register(shutil.rmtree, tmp, True)
+    return tmp
+
+
+def WriteDeepseek(only):
+    """The deepseek_v3 / kimi_k2 fixtures (see the top of this file)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    for index, (name, config) in enumerate(DeepseekConfigs().items()):
+        if only and name not in only:
+            continue
+        out_dir = os.path.join(mf.FIXTURES, "models", name)
+        os.makedirs(out_dir, exist_ok=True)
+        for attempt in range(20):
+            seed = SEED + 5000 + 100 * index + attempt
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            Randomize(model, seed)
+            model = model.to(torch.bfloat16)
+            model.save_pretrained(out_dir)
+            gen_cfg = os.path.join(out_dir, "generation_config.json")
+            if os.path.exists(gen_cfg):
+                os.remove(gen_cfg)
+            AddDeepseekMtpTensors(out_dir, config, seed)
+            if name == "deepseek_v3_fp8":
+                path = os.path.join(out_dir, "model.safetensors")
+                tensors = {}
+                for tname, t in load_file(path).items():
+                    if Fp8Quantized(tname, t) and not tname.startswith(
+                            f"model.layers.{config.num_hidden_layers}."):
+                        q, s = QuantizeFp8Blocks(t.float().numpy())
+                        tensors[tname] = q
+                        tensors[tname + "_scale_inv"] = s
+                    else:
+                        tensors[tname] = t
+                mf.SaveTensors(path, tensors)
+                cpath = os.path.join(out_dir, "config.json")
+                with open(cpath) as f:
+                    c = json.load(f)
+                c["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                            "quant_method": "fp8",
+                                            "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+                with open(cpath, "w") as f:
+                    json.dump(c, f, indent=2, sort_keys=True)
+                    f.write("\n")
+                ref = mf.LoadReference(CastFp8ToBf16(out_dir, tensors, config))
+            else:
+                ref = mf.LoadReference(out_dir)
+            gen = torch.Generator().manual_seed(seed)
+            tensors = {}
+            worst = [float("inf")] * 3
+            for i, length in enumerate(mf.RANDOM_PROMPT_LENGTHS):
+                ids = torch.randint(3, config.vocab_size, (length,), generator=gen).tolist()
+                logits, sel, grp, lm = DeepseekForward(ref, ids)
+                worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
+                tensors[f"p{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+                tensors[f"p{i}.logits"] = logits
+                seq = list(ids)
+                for _ in range(GREEDY_NEW_TOKENS):
+                    step, sel, grp, lm = DeepseekForward(ref, seq)
+                    worst = [min(worst[0], sel), min(worst[1], grp), min(worst[2], lm)]
+                    seq.append(int(torch.argmax(step[-1])))
+                tensors[f"g{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+                tensors[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
+            if worst[0] > 1e-4 and worst[1] > 1e-4 and worst[2] > 1e-3:
+                break
+            print(f"{name}: seed {seed} has a near tie (selection {worst[0]:.2e}, group "
+                  f"{worst[1]:.2e}, logit {worst[2]:.2e}); trying the next seed")
+        else:
+            raise SystemExit(f"{name}: no seed without near ties")
+        if name == "kimi_k2":
+            # Kimi-K2's config.json: its own model_type over the DeepseekV3 architecture.
+            cpath = os.path.join(out_dir, "config.json")
+            with open(cpath) as f:
+                c = json.load(f)
+            c["model_type"] = "kimi_k2"
+            c["architectures"] = ["DeepseekV3ForCausalLM"]
+            with open(cpath, "w") as f:
+                json.dump(c, f, indent=2, sort_keys=True)
+                f.write("\n")
+        mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), tensors)
+        size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
+        print(f"{name}: seed {seed}, model.safetensors {size} bytes, min selection margin "
+              f"{worst[0]:.3e}, min group margin {worst[1]:.3e}, min top-1 logit margin "
+              f"{worst[2]:.3e}")
+
+
+def DeepseekForward(model, ids):
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True,
+                    use_cache=False)
+    logits = out.logits[0].float()
+    sel, grp = SelectionMargins(model, out.router_logits)
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return logits, sel, grp, (top2[:, 0] - top2[:, 1]).min().item()
+
+
+DEEPSEEK = {"deepseek_v3", "deepseek_v3_direct", "kimi_k2", "deepseek_v3_fp8"}
+
+
 if __name__ == "__main__":
     names = set(sys.argv[1:])
     if not names or "gpt_oss" in names:
@@ -657,6 +905,10 @@ if __name__ == "__main__":
         WriteGemma4()
     if not names or "gemma4" in names or "gemma4_mm" in names:
         WriteGemma4Multimodal()
-    names -= {"gpt_oss", "gpt_oss_mxfp4", "gemma4", "gemma4_mm"}
+    # Every fixture when no name is given; else the named ones only.
+    everything = not names
+    if everything or names & DEEPSEEK:
+        WriteDeepseek(names & DEEPSEEK)
+    names -= {"gpt_oss", "gpt_oss_mxfp4", "gemma4", "gemma4_mm"} | DEEPSEEK
     if names or not sys.argv[1:]:
         Write(names)

@@ -2,7 +2,7 @@
 // OLMoE-1B-7B's, 2 layers, about 2.1 GB of bf16) for speed measurements. Never commit its output.
 //
 //   make_synthetic_moe --out DIR [--type olmoe|qwen2_moe|qwen3_moe|mixtral|glm4_moe|qwen3_next|
-//                            gpt_oss|gemma4]
+//                            gpt_oss|gemma4|deepseek_v3]
 //                      [--layers 2] [--seed 1] [--experts N] [--vocab N] [--hidden N]
 //                      [--expert-ffn N] [--linear-key-heads N --linear-value-heads N
 //                      --linear-head-dim N]
@@ -15,6 +15,8 @@
 // layers Gated DeltaNet, a gated shared expert).
 // gpt_oss takes gpt-oss-20b's experts and vocabulary (synthetic_moe.h, GptOss20bSpec).
 // gemma4 takes Gemma-4's MoE layout at the sizes of synthetic_moe.h's Gemma4MoeSpec.
+// deepseek_v3 takes DeepSeek-V3's shape at a quarter of its width with its MLA head dimensions
+// (DeepseekV3QuarterSpec: latent KV of 576 values per token, 64 experts top-8 in 8 groups).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -31,7 +33,7 @@ int main(int argc, char** argv) {
   app.add_option("--type", type, "model type")
       ->check(CLI::IsMember(
           {"olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "qwen3_next", "gpt_oss",
-           "gemma4"}));
+           "gemma4", "deepseek_v3"}));
   app.add_option("--layers", spec.layers, "number of layers")->check(CLI::Range(1, 64));
   app.add_option("--seed", spec.seed, "random seed");
   app.add_option("--experts", spec.experts, "experts per layer")->check(CLI::Range(1, 1024));
@@ -40,9 +42,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(8, 65536));
   app.add_option("--expert-ffn", spec.expert_ffn, "one expert's FFN size")
       ->check(CLI::Range(1, 65536));
-  app.add_option("--n-group", spec.n_group, "glm4_moe: expert groups (n_group)")
+  app.add_option("--n-group", spec.n_group, "glm4_moe, deepseek_v3: expert groups (n_group)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--topk-group", spec.topk_group, "glm4_moe: groups kept per token (topk_group)")
+  app.add_option("--topk-group", spec.topk_group,
+                 "glm4_moe, deepseek_v3: groups kept per token (topk_group)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--linear-key-heads", spec.linear_key_heads, "qwen3_next: linear_num_key_heads")
       ->check(CLI::Range(1, 1024));
@@ -71,6 +74,12 @@ int main(int argc, char** argv) {
     glm.n_group = spec.n_group;
     glm.topk_group = spec.topk_group;
     spec = from_shape(glm);
+  }
+  if (type == "deepseek_v3") {
+    pw::SyntheticMoeSpec ds = pw::DeepseekV3QuarterSpec();  // its real grouping unless given
+    if (app.count("--n-group") > 0) ds.n_group = spec.n_group;
+    if (app.count("--topk-group") > 0) ds.topk_group = spec.topk_group;
+    spec = from_shape(ds);
   }
   if (type == "qwen3_next") spec = from_shape(pw::Qwen3NextQuarterSpec());
   if (type == "gpt_oss") spec = from_shape(pw::GptOss20bSpec());

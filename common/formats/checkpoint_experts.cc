@@ -27,8 +27,9 @@ constexpr ExpertNaming kExpertNaming[] = {
     // gemma4_text: stacked, "experts.gate_up_proj" and "experts.down_proj" directly in the
     // layer (no block prefix), beside its dense "mlp.".
     {"", {"gate_up_proj", "gate_up_proj", "down_proj"}},
+    {"mlp", {"gate_proj", "up_proj", "down_proj"}},  // deepseek_v3 (shared_experts: dense weights)
 };
-static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kGemma4) + 1,
+static_assert(std::size(kExpertNaming) == static_cast<size_t>(ModelType::kDeepseekV3) + 1,
               "one ExpertNaming row per ModelType");
 
 }  // namespace
@@ -106,7 +107,8 @@ Result<ExpertTensors> CheckpointExperts::Get(int64_t layer, int64_t expert) cons
         m == ExpertMatrix::kDown ? std::vector<int64_t>{h, i} : std::vector<int64_t>{i, h};
     auto converted = std::make_shared<std::vector<uint16_t>>();
     PW_ASSIGN_OR_RETURN(
-        TensorView v, GetAsBf16(*ckpt_, ExpertTensorName(c, layer, expert, m), shape, converted.get()));
+        TensorView v, GetAsBf16(*ckpt_, ExpertTensorName(c, layer, expert, m), shape,
+                                converted.get(), {c.fp8_block_rows, c.fp8_block_cols}));
     if (!converted->empty()) t.converted[static_cast<int>(m)] = std::move(converted);
     (m == ExpertMatrix::kGate ? t.gate : m == ExpertMatrix::kUp ? t.up : t.down) = v.data;
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "common/mmap_file.h"
 
@@ -42,6 +43,9 @@ class FieldReader {
   static std::string Dump(const json& v) {
     return v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 200);
   }
+
+  // Present, null or not.
+  bool Has(const std::string& key) const { return root_.contains(key); }
 
   // Present and not null.
   const json* Find(const std::string& key) const {
@@ -325,6 +329,7 @@ Status ReadRope(const FieldReader& r, double theta_default, ModelConfig* c) {
         *out = v->get<double>();
       }
     }
+    s.mscale_all_dim = mscale_all_dim;
     // HF's yarn_get_mscale: 0.1 * m * ln(factor) + 1, or 1 when factor <= 1.
     auto get_mscale = [](double scale, double m) {
       return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
@@ -390,6 +395,8 @@ const char* ModelTypeName(ModelType t) {
       return "gpt_oss";
     case ModelType::kGemma4:
       return "gemma4_text";
+    case ModelType::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
@@ -405,6 +412,7 @@ int64_t ModelConfig::MaxContext() const {
 bool ModelConfig::IsMoeLayer(int64_t layer) const {
   if (num_experts <= 0) return false;
   if (layer < first_k_dense_replace) return false;
+  if (layer % moe_layer_freq != 0) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {
     return false;
   }
@@ -421,25 +429,45 @@ std::string ModelConfig::Summary() const {
   if (shared_expert_intermediate_size > 0) {
     s += ", shared expert " + std::to_string(shared_expert_intermediate_size);
   }
+  if (mla.enabled()) {
+    s += ", MLA latent " + std::to_string(mla.kv_lora_rank) + "+" +
+         std::to_string(mla.qk_rope_head_dim) + " (q_lora " + std::to_string(mla.q_lora_rank) +
+         ", v " + std::to_string(mla.v_head_dim) + ")";
+  }
   s += ", vocab " + std::to_string(vocab_size);
   return s;
 }
 
 namespace {
 
-// glm4_moe's MoE fields (HF Glm4MoeConfig's defaults), after num_experts and
-// num_experts_per_tok. The grouping must divide the experts and leave room for top-k.
-Status ParseGlm4MoeExperts(const FieldReader& r, ModelConfig* c) {
+// The HF defaults of the sigmoid-routed families' MoE fields.
+struct SigmoidMoeDefaults {
+  int64_t intermediate_size, first_k_dense_replace;
+  double routed_scaling_factor;
+  int64_t n_group, topk_group;
+};
+constexpr SigmoidMoeDefaults kGlm4MoeDefaults = {10944, 1, 1.0, 1, 1};     // Glm4MoeConfig
+constexpr SigmoidMoeDefaults kDeepseekV3Defaults = {18432, 3, 2.5, 8, 4};  // DeepseekV3Config
+
+// glm4_moe's and deepseek_v3's MoE fields, after num_experts and num_experts_per_tok. The
+// grouping must divide the experts and leave room for top-k.
+Status ParseSigmoidMoeExperts(const FieldReader& r, const SigmoidMoeDefaults& def,
+                              ModelConfig* c) {
   PW_RETURN_IF_ERROR(r.Int("moe_intermediate_size", &c->moe_intermediate_size, std::nullopt, 1));
-  PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, 10944, 1));
-  PW_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &c->first_k_dense_replace, 1, 0));
+  PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c->intermediate_size, def.intermediate_size, 1));
+  PW_RETURN_IF_ERROR(
+      r.Int("first_k_dense_replace", &c->first_k_dense_replace, def.first_k_dense_replace, 0));
   PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c->norm_topk_prob, true));
-  PW_RETURN_IF_ERROR(r.Double("routed_scaling_factor", &c->routed_scaling_factor, 1.0, true));
+  PW_RETURN_IF_ERROR(r.Double("routed_scaling_factor", &c->routed_scaling_factor,
+                              def.routed_scaling_factor, true));
   PW_RETURN_IF_ERROR(r.Int("n_shared_experts", &c->n_shared_experts, 1, 0));
   c->shared_expert_intermediate_size = c->n_shared_experts * c->moe_intermediate_size;
   PW_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers, 1, 0));
-  PW_RETURN_IF_ERROR(r.Int("n_group", &c->n_group, 1, 1));
-  PW_RETURN_IF_ERROR(r.Int("topk_group", &c->topk_group, 1, 1));
+  PW_RETURN_IF_ERROR(r.Int("n_group", &c->n_group, def.n_group, 1));
+  PW_RETURN_IF_ERROR(r.Int("topk_group", &c->topk_group, def.topk_group, 1));
+  if (c->type == ModelType::kDeepseekV3) {
+    PW_RETURN_IF_ERROR(r.Int("moe_layer_freq", &c->moe_layer_freq, 1, 1));
+  }
   const std::string experts = std::to_string(c->num_experts);
   if (c->num_experts % c->n_group != 0) {
     return r.Error(StatusCode::kInvalidArgument, "n_group",
@@ -469,6 +497,74 @@ Status ParseGlm4MoeExperts(const FieldReader& r, ModelConfig* c) {
                    "is " + std::to_string(c->first_k_dense_replace) + ", more than the " +
                        std::to_string(c->num_layers) + " layers");
   }
+  return Status::Ok();
+}
+
+// deepseek_v3's MLA dimensions (HF DeepseekV3Config's defaults); head_dim is the RoPE part, as
+// HF sets it. Fields that restate a dimension (qk_head_dim, head_dim) must agree with it.
+Status ParseMla(const FieldReader& r, ModelConfig* c) {
+  MlaConfig& m = c->mla;
+  // q_lora_rank null: q_proj straight from the hidden state; absent: HF's default.
+  if (r.Find("q_lora_rank") != nullptr || !r.Has("q_lora_rank")) {
+    PW_RETURN_IF_ERROR(r.Int("q_lora_rank", &m.q_lora_rank, 1536, 1));
+  }
+  PW_RETURN_IF_ERROR(r.Int("kv_lora_rank", &m.kv_lora_rank, 512, 1));
+  PW_RETURN_IF_ERROR(r.Int("qk_nope_head_dim", &m.qk_nope_head_dim, 128, 1));
+  PW_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", &m.qk_rope_head_dim, 64, 2));
+  PW_RETURN_IF_ERROR(r.Int("v_head_dim", &m.v_head_dim, 128, 1));
+  PW_RETURN_IF_ERROR(r.Bool("rope_interleave", &m.rope_interleave, true));
+  if (m.qk_rope_head_dim % 2 != 0) {
+    return r.Error(StatusCode::kInvalidArgument, "qk_rope_head_dim",
+                   "is " + std::to_string(m.qk_rope_head_dim) + "; RoPE needs it even");
+  }
+  for (auto [key, want, what] :
+       {std::tuple{"qk_head_dim", m.qk_head_dim(), "qk_nope_head_dim + qk_rope_head_dim"},
+        std::tuple{"head_dim", m.qk_rope_head_dim, "qk_rope_head_dim"}}) {
+    if (r.Find(key) == nullptr) continue;
+    int64_t v;
+    PW_RETURN_IF_ERROR(r.Int(key, &v, std::nullopt, 1));
+    if (v != want) {
+      return r.Error(StatusCode::kInvalidArgument, key,
+                     "is " + std::to_string(v) + ", but " + what + " is " +
+                         std::to_string(want) + "; the MLA dimensions are inconsistent");
+    }
+  }
+  c->head_dim = m.qk_rope_head_dim;
+  return Status::Ok();
+}
+
+// An FP8 block-scaled checkpoint's quantization_config (DeepSeek-V3's: quant_method "fp8", fmt
+// "e4m3", weight_block_size [128, 128]); anything else is refused naming the field.
+Status ParseFp8Quantization(const FieldReader& r, ModelConfig* c) {
+  const json* q = r.Find("quantization_config");
+  if (q == nullptr) return Status::Ok();
+  if (!q->is_object()) {
+    return r.Error(StatusCode::kInvalidArgument, "quantization_config", "must be an object");
+  }
+  auto field = [&](const char* key) -> const json* {
+    auto it = q->find(key);
+    return it == q->end() || it->is_null() ? nullptr : &*it;
+  };
+  const json* method = field("quant_method");
+  if (method == nullptr || *method != "fp8") {
+    return r.Error(StatusCode::kUnsupported, "quantization_config.quant_method",
+                   "is " + (method ? FieldReader::Dump(*method) : std::string("missing")) +
+                       "; only \"fp8\" (block-scaled float8_e4m3fn) is read");
+  }
+  if (const json* fmt = field("fmt"); fmt != nullptr && *fmt != "e4m3") {
+    return r.Error(StatusCode::kUnsupported, "quantization_config.fmt",
+                   "is " + FieldReader::Dump(*fmt) + "; only \"e4m3\" is read");
+  }
+  const json* block = field("weight_block_size");
+  if (block == nullptr || !block->is_array() || block->size() != 2 ||
+      !(*block)[0].is_number_integer() || !(*block)[1].is_number_integer() ||
+      (*block)[0].get<int64_t>() < 1 || (*block)[1].get<int64_t>() < 1) {
+    return r.Error(StatusCode::kInvalidArgument, "quantization_config.weight_block_size",
+                   "is " + (block ? FieldReader::Dump(*block) : std::string("missing")) +
+                       "; it must be two integers >= 1 (rows, cols of one scale's block)");
+  }
+  c->fp8_block_rows = (*block)[0].get<int64_t>();
+  c->fp8_block_cols = (*block)[1].get<int64_t>();
   return Status::Ok();
 }
 
@@ -884,11 +980,24 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     c.type = ModelType::kGptOss;
   } else if (c.model_type == "gemma4_text") {
     c.type = ModelType::kGemma4;
+  } else if (c.model_type == "deepseek_v3") {
+    c.type = ModelType::kDeepseekV3;
+  } else if (c.model_type == "kimi_k2") {
+    // Kimi-K2 ships its own model_type over DeepSeek-V3's architecture (and modeling code).
+    const json* arch = r.Find("architectures");
+    if (arch == nullptr || !arch->is_array() ||
+        std::find(arch->begin(), arch->end(), json("DeepseekV3ForCausalLM")) == arch->end()) {
+      return r.Error(StatusCode::kUnsupported, "architectures",
+                     "is " + (arch ? FieldReader::Dump(*arch) : std::string("missing")) +
+                         "; model_type 'kimi_k2' is served as deepseek_v3 only with the "
+                         "DeepseekV3ForCausalLM architecture");
+    }
+    c.type = ModelType::kDeepseekV3;
   } else {
     return r.Error(StatusCode::kUnsupported, "model_type",
                    "is '" + c.model_type.substr(0, 100) +
                        "'; supported: qwen2_moe, qwen3_moe, olmoe, mixtral, glm4_moe, qwen3_next, "
-                       "qwen3_5_moe_text, gpt_oss, gemma4_text");
+                       "qwen3_5_moe_text, gpt_oss, gemma4_text, deepseek_v3, kimi_k2");
   }
   if (!c.wrapper_model_type.empty() && c.wrapper_model_type != "?") {
     for (ModelType w : {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
@@ -940,6 +1049,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
                      "does not divide hidden_size " + std::to_string(c.hidden_size));
     }
     c.head_dim = c.hidden_size / c.num_heads;  // olmoe ignores any head_dim field
+  } else if (t == ModelType::kDeepseekV3) {
+    PW_RETURN_IF_ERROR(ParseMla(r, &c));
   } else {
     PW_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, c.hidden_size / c.num_heads, 1));
     if (c.head_dim == 0) {
@@ -957,10 +1068,12 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
                                   : t == ModelType::kMixtral ? 4096 * 32
                                   : t == ModelType::kGlm4Moe ? 131072
                                   : t == ModelType::kGptOss  ? 131072
+                                  : t == ModelType::kDeepseekV3 ? 4096
                                                              : 32768;
   PW_RETURN_IF_ERROR(
       r.Int("max_position_embeddings", &c.max_position_embeddings, max_pos_default, 1));
-  PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps, qwen ? 1e-6 : 1e-5, true));
+  PW_RETURN_IF_ERROR(r.Double("rms_norm_eps", &c.rms_norm_eps,
+                              qwen || t == ModelType::kDeepseekV3 ? 1e-6 : 1e-5, true));
   PW_RETURN_IF_ERROR(ReadRope(r,
                               t == ModelType::kMixtral  ? 1e6
                               : t == ModelType::kGptOss ? 150000.0
@@ -1067,6 +1180,23 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       break;
     case ModelType::kGemma4:  // ParseGemma4, above
       break;
+    case ModelType::kDeepseekV3: {
+      // attention_bias: on q_a_proj (or q_proj), kv_a_proj_with_mqa and o_proj.
+      PW_RETURN_IF_ERROR(r.Bool("attention_bias", &c.qkv_bias, false));
+      c.o_bias = c.qkv_bias;
+      c.qk_norm = QkNorm::kNone;
+      // HF yarn_apply_mscale: YaRN's mscale_all_dim scales q.k of every dim, not only the
+      // rotated ones.
+      double scale = 1.0 / std::sqrt(static_cast<double>(c.mla.qk_head_dim()));
+      const RopeScaling& rs = c.rope_scaling;
+      if (rs.type != RopeType::kDefault && rs.mscale_all_dim != 0) {
+        const double m = rs.factor <= 1 ? 1.0 : 0.1 * rs.mscale_all_dim * std::log(rs.factor) + 1;
+        scale *= m * m;
+      }
+      c.mla.softmax_scale = scale;
+      PW_RETURN_IF_ERROR(ParseFp8Quantization(r, &c));
+      break;
+    }
   }
 
   // Rotary dims: all of head_dim, or (glm4_moe 0.5, qwen3_next 0.25 by default) the first
@@ -1094,7 +1224,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
   }
 
   // Experts.
-  if (t == ModelType::kGlm4Moe) {
+  if (t == ModelType::kGlm4Moe || t == ModelType::kDeepseekV3) {
     PW_RETURN_IF_ERROR(r.Int("n_routed_experts", &c.num_experts, std::nullopt, 1));
   } else {
     // transformers 5.x writes num_local_experts for qwen3_moe too; either name, for any type.
@@ -1130,7 +1260,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     PW_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, t == ModelType::kQwen3Next));
     if (t == ModelType::kQwen35Moe) c.norm_topk_prob = true;  // its router always renormalises
   } else if (t == ModelType::kGlm4Moe) {
-    PW_RETURN_IF_ERROR(ParseGlm4MoeExperts(r, &c));
+    PW_RETURN_IF_ERROR(ParseSigmoidMoeExperts(r, kGlm4MoeDefaults, &c));
+  } else if (t == ModelType::kDeepseekV3) {
+    PW_RETURN_IF_ERROR(ParseSigmoidMoeExperts(r, kDeepseekV3Defaults, &c));
   } else {
     PW_RETURN_IF_ERROR(r.Int("intermediate_size", &c.moe_intermediate_size, std::nullopt, 1));
     c.intermediate_size = c.moe_intermediate_size;
@@ -1160,7 +1292,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (!has_pad) c.pad_token_id = 1;
   } else if (t == ModelType::kMixtral) {
     if (!has_bos) c.bos_token_id = 1;
-    if (!has_eos) c.eos_token_ids = {2};
+    if (!has_eos) c.eos_token_ids = {2};  } else if (t == ModelType::kDeepseekV3) {
+    if (!has_bos) c.bos_token_id = 0;
+    if (!has_eos) c.eos_token_ids = {1};
   }
   return c;
 }

@@ -32,6 +32,18 @@
 //              layer MoE, and RoPE's mrope_section / mrope_interleaved accepted (text only: the
 //              three position axes are equal, so M-RoPE is plain RoPE); served from the
 //              multimodal checkpoint (weights_prefix "model.language_model.").
+//   deepseek_v3 (and kimi_k2, whose checkpoints declare the DeepseekV3ForCausalLM architecture)
+//              MLA attention (MlaConfig: q_lora_rank, null for a direct q_proj; kv_lora_rank,
+//              qk_nope_head_dim, qk_rope_head_dim, v_head_dim, rope_interleave default true;
+//              head_dim = rotary_dim = qk_rope_head_dim, as HF); YaRN's mscale_all_dim scales
+//              the softmax; attention_bias on q_a_proj, kv_a_proj_with_mqa and o_proj; experts
+//              and routing as glm4_moe with DeepSeek-V3's defaults (n_group 8, topk_group 4,
+//              routed_scaling_factor 2.5, first_k_dense_replace 3, intermediate_size 18432);
+//              moe_layer_freq (default 1): a layer at or past first_k_dense_replace is MoE when
+//              its index is a multiple of it (DeepSeek's rule; HF ignores the field, every
+//              released checkpoint has 1). FP8 checkpoints (quantization_config quant_method
+//              "fp8", fmt e4m3, weight_block_size [rows, cols]): weights float8_e4m3fn with a
+//              float32 weight_scale_inv per block, dequantized at load.
 //   gpt_oss    experts: num_local_experts; expert FFN: intermediate_size; top-k of the router
 //              logits (router bias added), softmax over the k (= norm_topk_prob); attention_bias
 //              (default true) on q/k/v/o; per-head attention sinks; layer_types (one per layer,
@@ -80,6 +92,7 @@
 #include <vector>
 
 #include "common/formats/linear_attention_config.h"
+#include "common/formats/mla_config.h"
 #include "common/status.h"
 
 namespace pw {
@@ -93,7 +106,8 @@ enum class ModelType {
   kQwen3Next,
   kQwen35Moe,
   kGptOss,
-  kGemma4
+  kGemma4,
+  kDeepseekV3,
 };
 
 // RoPE frequency scaling (HF transformers' rope_type; engine/models/rope.h computes it).
@@ -118,6 +132,7 @@ struct RopeScaling {
   // yarn: the cos/sin multiplier; absent in the file, derived from factor (and mscale,
   // mscale_all_dim when both are given) as HF does.
   double attention_factor = 1.0;
+  double mscale_all_dim = 0;                 // yarn: 0 when absent (MLA's softmax scale)
   double beta_fast = 32.0, beta_slow = 1.0;  // yarn
   bool truncate = true;                      // yarn: floor/ceil the correction range
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
@@ -182,6 +197,12 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;
   int64_t n_shared_experts = 0;  // glm4_moe: shared experts, one MLP of n * moe_intermediate_size
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the last layer; never run
+  // deepseek_v3: a layer at or past first_k_dense_replace is MoE iff layer % moe_layer_freq == 0.
+  int64_t moe_layer_freq = 1;
+  MlaConfig mla;  // deepseek_v3's attention; disabled (kv_lora_rank 0) for the other types
+  // FP8 block-scaled weights (quantization_config quant_method "fp8"): the block of one
+  // weight_scale_inv value, rows x cols; 0 x 0 when the checkpoint is not FP8.
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;
   LinearAttentionConfig linear_attention;  // hybrids (qwen3_next); empty layers: none
 
   // Sliding-window attention (gpt_oss): a layer with layer_sliding[l] attends to the last

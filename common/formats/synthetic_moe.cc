@@ -83,8 +83,27 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
       t.push_back({p + "self_attn.q_norm.weight", {hd}, norm});
       t.push_back({p + "self_attn.k_norm.weight", {hd}, norm});
     }
-    if (!next) t.push_back({p + "self_attn.q_proj.weight", {q, s.hidden}, Init::kNormal});
-    if (!next) {
+    const bool mla = s.type == ModelType::kDeepseekV3;
+    if (mla) {  // multi-head latent attention (HF DeepseekV3Attention's tensors)
+      const std::string a = p + "self_attn.";
+      const int64_t qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+      if (s.q_lora_rank > 0) {
+        t.push_back({a + "q_a_proj.weight", {s.q_lora_rank, s.hidden}, Init::kNormal});
+        t.push_back({a + "q_a_layernorm.weight", {s.q_lora_rank}, Init::kOnes});
+        t.push_back({a + "q_b_proj.weight", {s.heads * qk, s.q_lora_rank}, Init::kNormal});
+      } else {
+        t.push_back({a + "q_proj.weight", {s.heads * qk, s.hidden}, Init::kNormal});
+      }
+      t.push_back({a + "kv_a_proj_with_mqa.weight", {s.kv_lora_rank + s.qk_rope_head_dim, s.hidden},
+                   Init::kNormal});
+      t.push_back({a + "kv_a_layernorm.weight", {s.kv_lora_rank}, Init::kOnes});
+      t.push_back({a + "kv_b_proj.weight",
+                   {s.heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank},
+                   Init::kNormal});
+      t.push_back({a + "o_proj.weight", {s.hidden, s.heads * s.v_head_dim}, Init::kNormal});
+    }
+    if (!next && !mla) t.push_back({p + "self_attn.q_proj.weight", {q, s.hidden}, Init::kNormal});
+    if (!next && !mla) {
       t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
       t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
       t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
@@ -117,7 +136,8 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
       t.push_back({p + "self_attn.q_norm.weight", {hd}, Init::kOnes});
       t.push_back({p + "self_attn.k_norm.weight", {hd}, Init::kOnes});
     }
-    if (s.type == ModelType::kGlm4Moe && l < s.dense_layers) {  // first_k_dense_replace
+    const bool sigmoid = s.type == ModelType::kGlm4Moe || mla;  // glm4_moe's MoE block
+    if (sigmoid && l < s.dense_layers) {  // first_k_dense_replace
       t.push_back({p + "mlp.gate_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
       t.push_back({p + "mlp.up_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
       t.push_back({p + "mlp.down_proj.weight", {s.hidden, s.dense_ffn}, Init::kNormal});
@@ -126,7 +146,7 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
     const ExpertNaming& naming = ExpertNamingOf(s.type);
     const std::string moe = p + naming.moe_block + ".";
     t.push_back({moe + "gate.weight", {s.experts, s.hidden}, Init::kNormal});
-    if (s.type == ModelType::kGlm4Moe) {
+    if (sigmoid) {
       t.push_back({moe + "gate.e_score_correction_bias", {s.experts}, Init::kZeros});
       t.push_back(
           {moe + "shared_experts.gate_proj.weight", {s.shared_ffn, s.hidden}, Init::kNormal});
@@ -192,7 +212,15 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
   if (s.heads % s.kv_heads != 0) return bad("kv_heads must divide heads");
   if (s.top_k > s.experts) return bad("top_k must be <= experts");
   if (s.type == ModelType::kQwen2Moe && s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
-  if (s.type == ModelType::kGlm4Moe) {
+  if (s.type == ModelType::kDeepseekV3) {
+    if (s.q_lora_rank < 0 || s.kv_lora_rank < 1 || s.qk_nope_head_dim < 1 ||
+        s.qk_rope_head_dim < 2 || s.qk_rope_head_dim % 2 != 0 || s.v_head_dim < 1) {
+      return bad("MLA: kv_lora_rank, qk_nope_head_dim and v_head_dim must be >= 1, "
+                 "qk_rope_head_dim even and >= 2, q_lora_rank >= 0");
+    }
+    if (s.kv_heads != s.heads) return bad("deepseek_v3: kv_heads must equal heads (MLA)");
+  }
+  if (s.type == ModelType::kGlm4Moe || s.type == ModelType::kDeepseekV3) {
     if (s.shared_ffn < 0 || s.shared_ffn % s.expert_ffn != 0) {
       return bad("shared_ffn must be a multiple of expert_ffn (n_shared_experts)");
     }
@@ -206,7 +234,9 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
       return bad("n_group must divide experts in groups of 2 or more, topk_group be in "
                  "[1, n_group], top_k at most the kept groups' experts");
     }
-    if ((s.hidden / s.heads) % 4 != 0) return bad("head dim must be a multiple of 4");
+    if (s.type == ModelType::kGlm4Moe && (s.hidden / s.heads) % 4 != 0) {
+      return bad("head dim must be a multiple of 4");
+    }
   }
   if (s.type == ModelType::kQwen3Next) {
     if (s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
@@ -272,6 +302,31 @@ SyntheticMoeSpec Glm4MoeAirHalfSpec() {
   return s;
 }
 
+SyntheticMoeSpec DeepseekV3QuarterSpec() {
+  SyntheticMoeSpec s;
+  s.type = ModelType::kDeepseekV3;
+  s.layers = 2;
+  s.hidden = 1792;
+  s.heads = 32;
+  s.kv_heads = 32;
+  s.q_lora_rank = 384;
+  s.kv_lora_rank = 512;
+  s.qk_nope_head_dim = 128;
+  s.qk_rope_head_dim = 64;
+  s.v_head_dim = 128;
+  s.experts = 64;
+  s.top_k = 8;
+  s.n_group = 8;
+  s.topk_group = 4;
+  s.expert_ffn = 512;
+  s.shared_ffn = 512;
+  s.dense_layers = 1;
+  s.dense_ffn = 4608;
+  s.vocab = 129280;
+  s.max_positions = 4096;
+  return s;
+}
+
 SyntheticMoeSpec Qwen3NextQuarterSpec() {
   SyntheticMoeSpec s;
   s.type = ModelType::kQwen3Next;
@@ -333,6 +388,8 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       break;
     case ModelType::kGemma4:
       arch = "Gemma4ForCausalLM";
+    case ModelType::kDeepseekV3:
+      arch = "DeepseekV3ForCausalLM";
       break;
   }
   j["architectures"] = {arch};
@@ -460,6 +517,31 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["pad_token_id"] = 0;
       break;
     }
+    case ModelType::kDeepseekV3:
+      j["n_routed_experts"] = s.experts;
+      j["moe_intermediate_size"] = s.expert_ffn;
+      j["n_shared_experts"] = s.shared_ffn / s.expert_ffn;
+      j["first_k_dense_replace"] = s.dense_layers;
+      j["intermediate_size"] = s.dense_layers > 0 ? s.dense_ffn : s.expert_ffn * s.top_k;
+      j["n_group"] = s.n_group;
+      j["topk_group"] = s.topk_group;
+      j["norm_topk_prob"] = true;
+      j["routed_scaling_factor"] = 2.5;
+      j["q_lora_rank"] = s.q_lora_rank > 0 ? json(s.q_lora_rank) : json(nullptr);
+      j["kv_lora_rank"] = s.kv_lora_rank;
+      j["qk_nope_head_dim"] = s.qk_nope_head_dim;
+      j["qk_rope_head_dim"] = s.qk_rope_head_dim;
+      j["v_head_dim"] = s.v_head_dim;
+      j["rope_interleave"] = true;
+      // DeepSeek-V3's YaRN (its released config's rope_scaling), over this model's context.
+      j["max_position_embeddings"] = 40 * s.max_positions;
+      j["rope_scaling"] = {{"type", "yarn"}, {"factor", 40.0}, {"beta_fast", 32.0},
+                           {"beta_slow", 1.0}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
+                           {"original_max_position_embeddings", s.max_positions}};
+      j["num_nextn_predict_layers"] = 0;
+      j["bos_token_id"] = 0;
+      j["eos_token_id"] = s.vocab - 1;
+      break;
     case ModelType::kGptOss: {
       j["num_local_experts"] = s.experts;
       j["intermediate_size"] = s.expert_ffn;

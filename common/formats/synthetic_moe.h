@@ -31,13 +31,20 @@ struct SyntheticMoeSpec {
   int64_t shared_ffn = 4096;  // qwen2_moe: shared_expert_intermediate_size; glm4_moe: the
                               // shared experts' width, a multiple of expert_ffn
                               // (n_shared_experts = shared_ffn / expert_ffn)
-  // glm4_moe only: the first dense_layers layers are dense MLPs of dense_ffn
+  // glm4_moe and deepseek_v3: the first dense_layers layers are dense MLPs of dense_ffn
   // (first_k_dense_replace, intermediate_size); routing groups (n_group, topk_group).
   // gemma4: every layer's dense MLP beside the experts is of dense_ffn.
   int64_t dense_layers = 0;
   int64_t dense_ffn = 0;
   int64_t n_group = 1;
   int64_t topk_group = 1;
+  // deepseek_v3 only: MLA (common/formats/mla_config.h) over `heads` heads; q_lora_rank 0 is a
+  // direct q_proj.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
   // qwen3_next only: Gated DeltaNet layers (all but every full_attention_interval-th) of
   // linear_key_heads / linear_value_heads heads of linear_head_dim (keys and values).
   int64_t full_attention_interval = 4;
@@ -54,6 +61,12 @@ struct SyntheticMoeSpec {
 // hidden 2048, 16 heads of 128 (RoPE over 64), 2 kv heads, 64 experts top-8 of 704, one
 // shared expert of 704, dense FFN 5472, vocab 151552; about 1.9 GB of bf16.
 SyntheticMoeSpec Glm4MoeAirHalfSpec();
+// DeepSeek-V3 (deepseek_v3) at a quarter of its width with its MLA head dimensions, 2 layers
+// (one dense, one MoE): hidden 1792, 32 heads (q_lora_rank 384; kv_lora_rank 512, qk 128 + 64,
+// v 128: the real model's latent KV of 576 values per token), 64 experts top-8 of 512 in 8
+// groups keeping 4, one shared expert of 512, dense FFN 4608, vocab 129280, DeepSeek-V3's YaRN
+// (factor 40, mscale = mscale_all_dim = 1); about 1.4 GB of bf16.
+SyntheticMoeSpec DeepseekV3QuarterSpec();
 // gpt-oss-20b's experts (32 of 2880 x 2880, top-4, with biases, stacked as transformers saves
 // them) and vocabulary, 2 layers (sliding, full); its attention at the hidden width: 45 heads of
 // 64, 9 kv heads (gpt-oss-20b: 64 query heads, 8 kv heads, q 4096 wide).

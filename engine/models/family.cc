@@ -12,13 +12,14 @@ extern const ModelFamily kQwen3NextFamily;
 extern const ModelFamily kQwen35MoeFamily;
 extern const ModelFamily kGptOssFamily;
 extern const ModelFamily kGemma4Family;
+extern const ModelFamily kDeepseekV3Family;
 
 namespace {
 
 // The registered families; a new one adds its line.
 const ModelFamily* const kFamilies[] = {
     &kQwen2MoeFamily,  &kQwen3MoeFamily,  &kOlmoeFamily,  &kMixtralFamily, &kGlm4MoeFamily,
-    &kQwen3NextFamily, &kQwen35MoeFamily, &kGptOssFamily, &kGemma4Family,
+    &kQwen3NextFamily, &kQwen35MoeFamily, &kGptOssFamily, &kGemma4Family, &kDeepseekV3Family,
 };
 
 }  // namespace

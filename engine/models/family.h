@@ -41,6 +41,20 @@ struct AttentionNames {
   const char* sinks = nullptr;  // [nh] attention sinks, read when config.attention_sinks
 };
 
+// The tensors of a multi-head latent attention layer (deepseek_v3; common/formats/mla_config.h),
+// relative to `prefix`; r = kv_lora_rank, qk = qk_nope_head_dim + qk_rope_head_dim.
+struct MlaNames {
+  const char* prefix;          // e.g. "self_attn."
+  const char* q;               // [nh*qk, H] when q_lora_rank is null
+  const char* q_a;             // [q_lora_rank, H] (+ bias when config.qkv_bias)
+  const char* q_a_norm;        // [q_lora_rank]
+  const char* q_b;             // [nh*qk, q_lora_rank]
+  const char* kv_a;            // [r + qk_rope_head_dim, H] (+ bias when config.qkv_bias)
+  const char* kv_a_norm;       // [r]
+  const char* kv_b;            // [nh*(qk_nope_head_dim + v_head_dim), r]: per head k_nope, v
+  const char* o;               // [H, nh*v_head_dim] (+ bias when config.o_bias)
+};
+
 // The tensors of a Gated DeltaNet (linear-attention) layer, relative to `prefix`: the input
 // projections fused per key head (qwen3_next) or split (qwen3_5_moe_text), one pair null.
 struct GatedDeltaNetNames {
@@ -100,6 +114,9 @@ struct ModelFamily {
   // Hybrids: the tensors of a linear-attention layer (ModelConfig::linear_attention says which
   // layers); nullptr: the family has none.
   const GatedDeltaNetNames* linear_attention = nullptr;
+  // Multi-head latent attention in every layer instead of `attention` (ModelConfig::mla);
+  // nullptr: the family has none.
+  const MlaNames* latent_attention = nullptr;
   // The RMSNorm weights (input, post-attention, final, q/k norm) are stored zero-centred: the
   // norm multiplies by (1 + w). The loader adds the 1.
   bool zero_centred_norm = false;

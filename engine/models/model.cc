@@ -51,7 +51,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, FileLoad load
 Result<Bf16Matrix> Model::Matrix(const std::string& name, int64_t rows, int64_t cols) {
   // An fp16 or fp32 checkpoint's matrices are rounded to bf16 here (common/formats/bf16_tensor.h).
   std::vector<uint16_t> converted;
-  PW_ASSIGN_OR_RETURN(TensorView t, GetAsBf16(*ckpt_, name, {rows, cols}, &converted));
+  PW_ASSIGN_OR_RETURN(TensorView t, GetAsBf16(*ckpt_, name, {rows, cols}, &converted,
+                                              {config_.fp8_block_rows, config_.fp8_block_cols}));
   Bf16Matrix m{nullptr, rows, cols};
   if (converted.empty() && reinterpret_cast<uintptr_t>(t.data) % alignof(uint16_t) == 0) {
     m.data = reinterpret_cast<const uint16_t*>(t.data);
@@ -137,6 +138,45 @@ Status Model::LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights*
   PW_ASSIGN_OR_RETURN(w->a_log, Vector(p + n.a_log, nv));
   PW_ASSIGN_OR_RETURN(w->norm, Vector(p + n.norm + ".weight", dv));
   PW_ASSIGN_OR_RETURN(w->out_proj, Matrix(p + n.out_proj + ".weight", h, nv * dv));
+  return Status::Ok();
+}
+
+Status Model::LoadMla(const std::string& prefix, MlaWeights* w) {
+  const ModelConfig& c = config_;
+  const MlaConfig& m = c.mla;
+  const MlaNames& n = *family_->latent_attention;
+  const std::string p = prefix + n.prefix;
+  const int64_t h = c.hidden_size, nh = c.num_heads, r = m.kv_lora_rank;
+  const int64_t qk = m.qk_head_dim(), nope = m.qk_nope_head_dim, v = m.v_head_dim;
+  if (m.q_lora_rank > 0) {
+    PW_ASSIGN_OR_RETURN(w->q_a, Matrix(p + n.q_a + ".weight", m.q_lora_rank, h));
+    PW_ASSIGN_OR_RETURN(w->q_a_norm, Vector(p + n.q_a_norm + ".weight", m.q_lora_rank));
+    PW_ASSIGN_OR_RETURN(w->q_b, Matrix(p + n.q_b + ".weight", nh * qk, m.q_lora_rank));
+    if (c.qkv_bias) {
+      PW_ASSIGN_OR_RETURN(w->q_a_bias, Vector(p + n.q_a + ".bias", m.q_lora_rank));
+    }
+  } else {
+    PW_ASSIGN_OR_RETURN(w->q, Matrix(p + n.q + ".weight", nh * qk, h));
+  }
+  PW_ASSIGN_OR_RETURN(w->kv_a, Matrix(p + n.kv_a + ".weight", m.latent_dim(), h));
+  if (c.qkv_bias) {
+    PW_ASSIGN_OR_RETURN(w->kv_a_bias, Vector(p + n.kv_a + ".bias", m.latent_dim()));
+  }
+  PW_ASSIGN_OR_RETURN(w->kv_a_norm, Vector(p + n.kv_a_norm + ".weight", r));
+  PW_ASSIGN_OR_RETURN(w->kv_b, Matrix(p + n.kv_b + ".weight", nh * (nope + v), r));
+  PW_ASSIGN_OR_RETURN(w->o, Matrix(p + n.o + ".weight", h, nh * v));
+  if (c.o_bias) {
+    PW_ASSIGN_OR_RETURN(w->o_bias, Vector(p + n.o + ".bias", h));
+  }
+  // W_UK^T per head for the absorbed query (MlaWeights::uk_t).
+  std::vector<uint16_t> t(static_cast<size_t>(nh * r * nope));
+  for (int64_t hd = 0; hd < nh; ++hd) {
+    const uint16_t* uk = w->kv_b.data + hd * (nope + v) * r;  // [nope, r]
+    for (int64_t i = 0; i < nope; ++i) {
+      for (int64_t j = 0; j < r; ++j) t[static_cast<size_t>((hd * r + j) * nope + i)] = uk[i * r + j];
+    }
+  }
+  w->uk_t = Own(t, nh * r, nope);
   return Status::Ok();
 }
 
@@ -233,6 +273,13 @@ Status Model::LoadTensors() {
       }
       w.is_linear_attention = true;
       PW_RETURN_IF_ERROR(LoadGatedDeltaNet(p, &w.linear));
+    } else if (c.mla.enabled()) {
+      if (f.latent_attention == nullptr) {
+        return Internal(dir_ + "/config.json: MLA attention, but family " + f.model_type +
+                        " has none");
+      }
+      w.is_mla = true;
+      PW_RETURN_IF_ERROR(LoadMla(p, &w.mla));
     } else {
       const std::string a = p + f.attention.prefix;
       const std::string q = a + f.attention.q, k = a + f.attention.k, v = a + f.attention.v,
@@ -362,6 +409,12 @@ Status Model::QuantizeDenseInt8() {
     PW_RETURN_IF_ERROR(convert(L.k, at + "k_proj"));
     PW_RETURN_IF_ERROR(convert(L.v, at + "v_proj"));
     PW_RETURN_IF_ERROR(convert(L.o, at + "o_proj"));
+    // MLA: the projections from and to the hidden state; kv_b (absorbed per head) stays bf16.
+    PW_RETURN_IF_ERROR(convert(L.mla.q, at + "q_proj"));
+    PW_RETURN_IF_ERROR(convert(L.mla.q_a, at + "q_a_proj"));
+    PW_RETURN_IF_ERROR(convert(L.mla.q_b, at + "q_b_proj"));
+    PW_RETURN_IF_ERROR(convert(L.mla.kv_a, at + "kv_a_proj_with_mqa"));
+    PW_RETURN_IF_ERROR(convert(L.mla.o, at + "o_proj"));
     for (MlpWeights* m : {&L.mlp, &L.shared_expert}) {
       PW_RETURN_IF_ERROR(convert(m->gate, at + "mlp gate"));
       PW_RETURN_IF_ERROR(convert(m->up, at + "mlp up"));

@@ -27,6 +27,12 @@
 //   qwen3_next: a linear-attention layer has P linear_attn.{in_proj_qkvz, in_proj_ba, conv1d,
 //     norm, out_proj}.weight, P linear_attn.{dt_bias, A_log} (GatedDeltaNetWeights) and no
 //     self_attn.*; a full-attention layer's q_proj is [2*nh*D, H]; MoE as qwen2_moe.
+//   deepseek_v3: P self_attn.{q_a_proj [q_lora, H], q_a_layernorm [q_lora], q_b_proj
+//     [nh*(nope+rope), q_lora]} or P self_attn.q_proj [nh*(nope+rope), H] (q_lora_rank null),
+//     P self_attn.kv_a_proj_with_mqa [kv_lora + rope, H], P self_attn.kv_a_layernorm [kv_lora],
+//     P self_attn.kv_b_proj [nh*(nope+v), kv_lora], P self_attn.o_proj [H, nh*v] (MlaWeights);
+//     MoE, shared experts and dense layers as glm4_moe. FP8 checkpoints: F8_E4M3 matrices with
+//     X.weight_scale_inv beside them, dequantized to bf16 at load.
 //   gpt_oss: q/k/v/o with biases, P self_attn.sinks [nh]; P mlp.router.{weight [E, H], bias [E]};
 //     stacked experts P mlp.experts.* (common/formats/stacked_experts.h: bf16 / f16 / f32 or
 //     MXFP4, with biases), copied at load into per-expert bf16 matrices.
@@ -93,12 +99,34 @@ struct GatedDeltaNetWeights {
   Bf16Matrix out_proj;          // [H, nv*dv]
 };
 
+// A multi-head latent attention layer (MlaConfig; nh heads, r = kv_lora_rank, qk =
+// qk_nope_head_dim + qk_rope_head_dim, v = v_head_dim).
+struct MlaWeights {
+  Bf16Matrix q;                     // [nh*qk, H] when q_lora_rank is 0
+  Bf16Matrix q_a;                   // [q_lora_rank, H]
+  std::vector<float> q_a_bias;      // [q_lora_rank] with attention_bias; else empty
+  std::vector<float> q_a_norm;      // [q_lora_rank]
+  Bf16Matrix q_b;                   // [nh*qk, q_lora_rank]
+  Bf16Matrix kv_a;                  // [r + qk_rope_head_dim, H]
+  std::vector<float> kv_a_bias;     // with attention_bias; else empty
+  std::vector<float> kv_a_norm;     // [r]
+  Bf16Matrix kv_b;                  // [nh*(qk_nope_head_dim + v), r]: per head W_UK then W_UV
+  // W_UK transposed per head, [nh*r, qk_nope_head_dim] (a Model-owned copy): row h*r + j is
+  // column j of head h's W_UK, so the absorbed query q_nope^T W_UK is one product per head.
+  Bf16Matrix uk_t;
+  Bf16Matrix o;                     // [H, nh*v]
+  std::vector<float> o_bias;        // [H] with attention_bias; else empty
+};
+
 struct LayerWeights {
   std::vector<float> input_norm;      // [H]
   std::vector<float> post_attn_norm;  // [H]
   // A linear-attention layer (ModelConfig::linear_attention) has `linear` and no q/k/v/o.
   bool is_linear_attention = false;
   GatedDeltaNetWeights linear;
+  // A multi-head latent attention layer (family.latent_attention) has `mla` and no q/k/v/o.
+  bool is_mla = false;
+  MlaWeights mla;
   // With the family's attention_output_gate, q is [2*nh*D, H]: per head the query, then a gate.
   Bf16Matrix q, k, v, o;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the model has none
@@ -170,6 +198,7 @@ class Model {
   // A norm, bias or small tensor of any shape as fp32 (row-major).
   Result<std::vector<float>> Floats(const std::string& name, const std::vector<int64_t>& shape);
   Status LoadGatedDeltaNet(const std::string& prefix, GatedDeltaNetWeights* w);
+  Status LoadMla(const std::string& prefix, MlaWeights* w);
   Result<MlpWeights> Mlp(const std::string& prefix, const MlpNames& names, int64_t ffn);
   // A whole-model tensor's name (family.h: "model.x" is read under config.weights_prefix).
   std::string Whole(const char* name) const;

@@ -7,6 +7,7 @@
 #include "common/dtype.h"
 #include "engine/models/rope.h"
 #include "engine/ops/linear.h"
+#include "kernels/cpu/latent_attention.h"
 #include "kernels/cpu/window_sink_attention.h"
 
 namespace pw::engine {
@@ -28,6 +29,8 @@ Status CpuRunner::Forward(const Batch& batch, std::vector<float>* logits) {
     const LayerWeights& w = model_.layers()[static_cast<size_t>(l)];
     if (w.is_linear_attention) {
       LinearAttentionBlock(static_cast<int>(l), w, T, batch.items);
+    } else if (w.is_mla) {
+      MlaAttentionBlock(static_cast<int>(l), w, T);
     } else {
       AttentionBlock(static_cast<int>(l), w, T);
     }
@@ -147,6 +150,121 @@ void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
     if (!w.attn_out_norm.empty()) {
       k_.rms_norm(&tmp_[i * H], w.attn_out_norm.data(), H, eps, &tmp_[i * H]);
     }
+    k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
+  }
+}
+
+void CpuRunner::MlaAttentionBlock(int layer, const LayerWeights& lw, size_t T) {
+  const MlaConfig& m = cfg_.mla;
+  const MlaWeights& w = lw.mla;
+  const size_t H = static_cast<size_t>(cfg_.hidden_size);
+  const size_t nh = static_cast<size_t>(cfg_.num_heads);
+  const size_t r = static_cast<size_t>(m.kv_lora_rank);
+  const size_t rope = static_cast<size_t>(m.qk_rope_head_dim);
+  const size_t nope = static_cast<size_t>(m.qk_nope_head_dim);
+  const size_t vd = static_cast<size_t>(m.v_head_dim);
+  const size_t qk = nope + rope, L = r + rope;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  // q_a_layernorm and kv_a_layernorm are built with the RMSNorm's default eps (HF
+  // DeepseekV3RMSNorm(dim)), not rms_norm_eps.
+  constexpr float kLatentNormEps = 1e-6f;
+  for (size_t i = 0; i < T; ++i) k_.rms_norm(&x_[i * H], lw.input_norm.data(), H, eps, &h_[i * H]);
+  mla_q_.resize(T * nh * qk);
+  if (m.q_lora_rank > 0) {
+    const size_t qr = static_cast<size_t>(m.q_lora_rank);
+    mla_qa_.resize(T * qr);
+    Linear(&threads_, k_, h_.data(), H, T, w.q_a, mla_qa_.data(), qr);
+    for (size_t i = 0; i < T; ++i) {
+      float* a = &mla_qa_[i * qr];
+      if (!w.q_a_bias.empty()) k_.axpy(1.f, w.q_a_bias.data(), qr, a);
+      k_.rms_norm(a, w.q_a_norm.data(), qr, kLatentNormEps, a);
+    }
+    Linear(&threads_, k_, mla_qa_.data(), qr, T, w.q_b, mla_q_.data(), nh * qk);
+  } else {
+    Linear(&threads_, k_, h_.data(), H, T, w.q, mla_q_.data(), nh * qk);
+  }
+  mla_kv_.resize(T * L);
+  Linear(&threads_, k_, h_.data(), H, T, w.kv_a, mla_kv_.data(), L);
+  // RoPE on each head's last `rope` query dims and on the shared key: HF rotates interleaved
+  // pairs (2j, 2j+1) into the half layout (rope_interleave), else halves (j, j + half) in place.
+  const size_t half = rope / 2;
+  std::vector<float> tmp(rope);
+  auto rotate = [&](float* v, const float* c, const float* s) {
+    if (m.rope_interleave) {
+      for (size_t j = 0; j < half; ++j) {
+        const float x1 = v[2 * j], x2 = v[2 * j + 1];
+        tmp[j] = x1 * c[j] - x2 * s[j];
+        tmp[j + half] = x2 * c[j] + x1 * s[j];
+      }
+      std::memcpy(v, tmp.data(), rope * sizeof(float));
+    } else {
+      for (size_t j = 0; j < half; ++j) {
+        const float x1 = v[j], x2 = v[j + half];
+        v[j] = x1 * c[j] - x2 * s[j];
+        v[j + half] = x2 * c[j] + x1 * s[j];
+      }
+    }
+  };
+  const int bs = kv_->layout().block_size;
+  const bool bf16 = kv_->layout().dtype == memory::KvDtype::kBf16;
+  for (size_t i = 0; i < T; ++i) {
+    float* kv = &mla_kv_[i * L];
+    if (!w.kv_a_bias.empty()) k_.axpy(1.f, w.kv_a_bias.data(), L, kv);
+    k_.rms_norm(kv, w.kv_a_norm.data(), r, kLatentNormEps, kv);
+    const float* c = &cos_[i * half];
+    const float* s = &sin_[i * half];
+    rotate(kv + r, c, s);
+    for (size_t hd = 0; hd < nh; ++hd) rotate(&mla_q_[(i * nh + hd) * qk + nope], c, s);
+    // The latent row of this token: the normalised latent, then the rotated key.
+    const int32_t pos = tok_pos_[i];
+    uint8_t* page = kv_->LayerPage(tok_blocks_[i][pos / bs], layer);
+    const size_t row = static_cast<size_t>(pos % bs) * L;
+    if (bf16) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(page) + row;
+      for (size_t d = 0; d < L; ++d) dst[d] = F32ToBf16(kv[d]);
+    } else {
+      std::memcpy(reinterpret_cast<float*>(page) + row, kv, L * sizeof(float));
+    }
+  }
+  // Absorbed queries: per head W_UK^T q_nope (r values), then the rotated q_rope.
+  mla_qabs_.resize(T * nh * L);
+  for (size_t hd = 0; hd < nh; ++hd) {
+    Linear(&threads_, k_, &mla_q_[hd * qk], nh * qk, T, w.uk_t.data + hd * r * nope, r, nope,
+           &mla_qabs_[hd * L], nh * L);
+  }
+  for (size_t i = 0; i < T; ++i) {
+    for (size_t hd = 0; hd < nh; ++hd) {
+      std::memcpy(&mla_qabs_[(i * nh + hd) * L + r], &mla_q_[(i * nh + hd) * qk + nope],
+                  rope * sizeof(float));
+    }
+  }
+  int32_t max_pos = 0;
+  for (size_t i = 0; i < T; ++i) max_pos = std::max(max_pos, tok_pos_[i]);
+  const size_t work = static_cast<size_t>(max_pos + 1) * L * 2;
+  const size_t min_per = std::max<size_t>(1, kMinParallelMacs / std::max<size_t>(1, work));
+  const cpu::LatentKvView view = kv_->LatentView(layer, static_cast<int>(rope));
+  cpu::AttentionQueries qs;
+  qs.q = mla_qabs_.data();
+  qs.T = T;
+  qs.num_heads = static_cast<int>(nh);
+  qs.positions = tok_pos_.data();
+  qs.block_tables = tok_blocks_.data();
+  qs.scale = static_cast<float>(m.softmax_scale);
+  mla_lat_.resize(T * nh * r);
+  threads_.ParallelFor(T * nh, 1, min_per, [&](size_t begin, size_t end) {
+    std::vector<float> scores(cpu::PagedAttentionScoreFloats(max_pos));
+    std::vector<float> widen(cpu::LatentAttentionWidenFloats(view));
+    cpu::LatentAttention(k_, view, qs, begin, end, scores.data(), widen.data(), mla_lat_.data());
+  });
+  // Each head's value: W_UV (rows nope.. of the head's block of kv_b) times its latent.
+  attn_.resize(T * nh * vd);
+  for (size_t hd = 0; hd < nh; ++hd) {
+    Linear(&threads_, k_, &mla_lat_[hd * r], nh * r, T, w.kv_b.data + (hd * (nope + vd) + nope) * r,
+           vd, r, &attn_[hd * vd], nh * vd);
+  }
+  Linear(&threads_, k_, attn_.data(), nh * vd, T, w.o, tmp_.data(), H);
+  for (size_t i = 0; i < T; ++i) {
+    if (!w.o_bias.empty()) k_.axpy(1.f, w.o_bias.data(), H, &tmp_[i * H]);
     k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
   }
 }

@@ -38,6 +38,11 @@ class CpuRunner final : public Runner {
   // read from (zero at position 0) and written back to its first block.
   void LinearAttentionBlock(int layer, const LayerWeights& w, size_t T,
                             std::span<const ForwardItem> items);
+  // x += o(mla(norm(x))) for a multi-head latent attention layer, in the absorbed form: each
+  // token's latent and RoPE key are written into the blocks (kLatent pages), each head's query
+  // absorbs W_UK, attention runs over the latents (kernels/cpu/latent_attention.h), and W_UV
+  // maps each head's weighted latent to its value; prefill and decode alike.
+  void MlaAttentionBlock(int layer, const LayerWeights& w, size_t T);
   // q/k/v of token i after bias, q/k-norm, clipping and RoPE.
   void ShapeQkv(const LayerWeights& w, size_t i);
   void WriteKv(int layer, size_t i);
@@ -72,6 +77,9 @@ class CpuRunner final : public Runner {
   // The sandwich's router input and expert output [T, H], and weights of 1 (unscaled norms).
   std::vector<float> router_x_, moe_out_, ones_;
   MoeScratch moe_;
+  // MLA: the low-rank query, the queries [T, nh*qk], the latents [T, r + rope], the absorbed
+  // queries [T, nh*(r + rope)] and the heads' weighted latents [T, nh*r].
+  std::vector<float> mla_qa_, mla_q_, mla_kv_, mla_qabs_, mla_lat_;
   // Output-gated attention: q_proj's rows before the split, and the gate.
   std::vector<float> q_wide_, gate_;
   // Linear-attention layers: the batch's sequence states, contiguous while the layer runs.

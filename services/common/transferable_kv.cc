@@ -4,6 +4,18 @@
 
 namespace pw::service {
 
+Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& model) {
+  for (size_t l = 0; l < pool.specs().size(); ++l) {
+    if (pool.specs()[l].kind != memory::KvKind::kLatent) continue;
+    return Unsupported(model + ": KV layer " + std::to_string(l) + " is " +
+                       memory::KvKindName(memory::KvKind::kLatent) +
+                       "; the cluster's KV transfer moves full-attention, sliding-window and "
+                       "recurrent-state pages only, so an MLA (latent KV) model is not served by "
+                       "the cluster yet (only the in-process engine runs it)");
+  }
+  return Status::Ok();
+}
+
 bool HasRecurrentState(std::span<const memory::KvLayerSpec> specs) {
   for (const memory::KvLayerSpec& s : specs) {
     if (s.kind == memory::KvKind::kRecurrentState) return true;

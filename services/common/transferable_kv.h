@@ -15,9 +15,15 @@
 #include <string>
 
 #include "common/status.h"
+#include "memory/kv_blocks.h"
 #include "memory/kv_spec.h"
 
 namespace pw::service {
+
+// Ok unless a layer of `pool` keeps an MLA latent (deepseek_v3): the transfer does not move
+// latent pages yet, so the workers refuse such a pool at start (kUnsupported naming `model`,
+// the layer and the kind) instead of serving a stream decoded from unwritten pages.
+Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& model);
 
 // The control protocol's minor version since which the KV transfer carries a recurrent state.
 inline constexpr uint16_t kRecurrentStateMinor = 3;

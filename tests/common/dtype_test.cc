@@ -24,13 +24,15 @@ TEST(DTypeTest, SizesAndNames) {
   EXPECT_EQ(DTypeSize(DType::kF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kI64), 8u);
   EXPECT_EQ(DTypeSize(DType::kBool), 1u);
+  EXPECT_EQ(DTypeSize(DType::kF8E4M3), 1u);  // DeepSeek-V3's FP8 weights
   for (auto t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI64, DType::kI32,
-                 DType::kI16, DType::kI8, DType::kU8, DType::kBool}) {
+                 DType::kI16, DType::kI8, DType::kU8, DType::kBool, DType::kF8E4M3}) {
     auto back = DTypeFromName(DTypeName(t));
     ASSERT_TRUE(back.has_value()) << DTypeName(t);
     EXPECT_EQ(*back, t);
   }
-  EXPECT_FALSE(DTypeFromName("F8_E4M3").has_value());
+  EXPECT_EQ(DTypeFromName("F8_E4M3"), DType::kF8E4M3);
+  EXPECT_FALSE(DTypeFromName("F8_E5M2").has_value());
   EXPECT_FALSE(DTypeFromName("bf16").has_value());
   EXPECT_FALSE(DTypeFromName("").has_value());
 }

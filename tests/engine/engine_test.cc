@@ -40,9 +40,15 @@ using testing::ReadRefLogits;
 // (sliding window 8 with its own RoPE, attention_k_eq_v, a dense MLP beside the experts in
 // every layer, sandwich norms, logit soft-capping); gemma4_mm: the same language model in
 // Gemma-4's multimodal checkpoint, served text-only (its vision tower skipped).
+// deepseek_v3: MLA (q_lora, interleaved RoPE, YaRN with mscale_all_dim) over latent KV pages,
+// grouped sigmoid routing; deepseek_v3_direct: q_proj without q_lora, rotate-half RoPE;
+// kimi_k2: model_type kimi_k2 over the DeepseekV3 architecture; deepseek_v3_fp8: FP8 weights
+// with weight_scale_inv per 128x128 block.
 const std::vector<std::string> kTypes = {
-    "qwen2_moe",  "qwen3_moe",   "olmoe",   "mixtral",       "glm4_moe", "glm4_moe_grouped",
-    "qwen3_next", "qwen3_5_moe", "gpt_oss", "gpt_oss_mxfp4", "gemma4",   "gemma4_mm"};
+    "qwen2_moe",   "qwen3_moe",          "olmoe",   "mixtral",         "glm4_moe",
+    "glm4_moe_grouped", "qwen3_next",    "qwen3_5_moe", "gpt_oss",     "gpt_oss_mxfp4",
+    "gemma4",      "gemma4_mm",          "deepseek_v3", "deepseek_v3_direct", "kimi_k2",
+    "deepseek_v3_fp8"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -174,15 +180,10 @@ INSTANTIATE_TEST_SUITE_P(Types, PerType, ::testing::ValuesIn(kTypes));
 // prompt (g{i}.ids, g{i}.out): decoding through Step() gives the same ids.
 TEST(FamilyGreedy, ContinuationsEqualTheReference) {
   // The hybrids' prompts: 1, 5, 70 and 150 ids (past the delta rule's chunk of 64).
-  for (const auto& [type, prompts] :
-       std::vector<std::pair<std::string, int>>{{"glm4_moe", 3},
-                                                {"glm4_moe_grouped", 3},
-                                                {"qwen3_next", 4},
-                                                {"qwen3_5_moe", 4},
-                                                {"gpt_oss", 3},
-                                                {"gpt_oss_mxfp4", 3},
-                                                {"gemma4", 3},
-                                                {"gemma4_mm", 3}}) {
+  for (const auto& [type, prompts] : std::vector<std::pair<std::string, int>>{
+           {"glm4_moe", 3}, {"glm4_moe_grouped", 3}, {"qwen3_next", 4}, {"qwen3_5_moe", 4},
+           {"gpt_oss", 3}, {"gpt_oss_mxfp4", 3}, {"gemma4", 3}, {"gemma4_mm", 3},
+           {"deepseek_v3", 3}, {"deepseek_v3_direct", 3}, {"kimi_k2", 3}, {"deepseek_v3_fp8", 3}}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
@@ -248,10 +249,11 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
   return prompts;
 }
 
-// gpt_oss, gemma4: prompts of up to 23 ids decode past their sliding window of 8.
+// gpt_oss, gemma4: prompts of up to 23 ids decode past their sliding window of 8; deepseek_v3
+// and kimi_k2 read and write latent KV pages (one row per token) in batches of ragged positions.
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
-  for (const char* type :
-       {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe", "gpt_oss", "gemma4"}) {
+  for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe", "gpt_oss", "gemma4",
+                           "deepseek_v3", "kimi_k2"}) {
     SCOPED_TRACE(type);
     auto engine =
         MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});
@@ -343,6 +345,7 @@ TEST(EngineBatching, ContinuousBatchingAddAndRemoveBetweenSteps) {
 
 // Copies every page of every layer of blocks src -> dst, as the transport does: a hybrid's
 // recurrent state (in its first block's state pages) moves with its attention KV.
+// deepseek_v3: its latent KV pages (one row per token and layer) move the same way.
 void CopyBlocks(const Engine& from, std::span<const int32_t> src, Engine* to,
                 std::span<const int32_t> dst) {
   const KvBlockPool& pool = from.kv_pool();
@@ -359,7 +362,7 @@ void CopyBlocks(const Engine& from, std::span<const int32_t> src, Engine* to,
 }
 
 TEST(EngineDisaggregated, PrefillIntoBlocksThenDecodeFromThemEqualsAggregated) {
-  for (const std::string type : {"mixtral", "qwen3_next"}) {
+  for (const std::string type : {"mixtral", "qwen3_next", "deepseek_v3"}) {
     SCOPED_TRACE(type);
     auto prompts = RaggedPrompts(3, 300, 9);
     prompts[0].resize(1);
@@ -678,7 +681,7 @@ TEST(EngineLogprobs, PromptAndGeneratedLogprobsMatchTheTeacherForcedLogits) {
 }
 
 TEST(EngineBatching, OutOfBlocksIsResourceExhaustedAndPreemptionRecomputesIdentically) {
-  for (const std::string type : {"olmoe", "qwen3_next"}) {
+  for (const std::string type : {"olmoe", "qwen3_next", "deepseek_v3"}) {
     SCOPED_TRACE(type);
     auto prompts = RaggedPrompts(2, 300, 21);
     prompts[0].assign(prompts[0].begin(), prompts[0].begin() + 1);

@@ -113,10 +113,9 @@ TEST(KvBlockPool, BadSizesAreInvalidArgument) {
 
 // The page layout follows the per-layer specs: a block takes the sum of its layers' pages and
 // each layer's view strides over a block's pages. Full attention, sliding window
-// (kv_window_release_test.cc) and recurrent state are served; every other kind is refused with
-// kUnsupported naming the layer and the kind, for an own pool and a borrowed one alike, and a
-// spec list that does not match the layers is refused too.
-TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyServedKindsAreAccepted) {
+// (kv_window_release_test.cc), latent (below) and recurrent state are served; a spec list that
+// does not match the layers, or a kind's impossible size, is refused.
+TEST(KvBlockPool, LayerSpecsDecideThePages) {
   const KvLayout l = Layout();
   auto pool = KvBlockPool::Create(l, 4, std::vector<KvLayerSpec>(3));
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
@@ -134,17 +133,6 @@ TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyServedKindsAreAccepted) {
             StatusCode::kInvalidArgument);
 
   auto pages = PagePool::Create(l.min_page_bytes(), 30).value();
-  for (KvKind kind : {KvKind::kLatent}) {
-    std::vector<KvLayerSpec> specs(3);
-    specs[1] = {.kind = kind, .window = 64, .latent_dim = 512, .state_bytes = 4096};
-    auto own = KvBlockPool::Create(l, 4, specs);
-    ASSERT_EQ(own.status().code(), StatusCode::kUnsupported) << KvKindName(kind);
-    EXPECT_NE(own.status().message().find(std::string("layer 1: kind ") + KvKindName(kind)),
-              std::string::npos)
-        << own.status().message();
-    EXPECT_EQ(KvBlockPool::CreateOn(l, pages.get(), 4, specs).status().code(),
-              StatusCode::kUnsupported);
-  }
   EXPECT_EQ(KvBlockPool::Create(l, 4, std::vector<KvLayerSpec>(2)).status().code(),
             StatusCode::kInvalidArgument);
   std::vector<KvLayerSpec> empty_state(3);
@@ -153,6 +141,57 @@ TEST(KvBlockPool, LayerSpecsDecideThePagesAndOnlyServedKindsAreAccepted) {
   ASSERT_EQ(none.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("KV layer 1"), std::string::npos);
   EXPECT_TRUE(pages->Balanced());
+}
+
+// A latent layer (MLA) keeps one row of latent_dim values per position, [slot][latent_dim] in
+// one page per block: an own pool's pages are as large as its largest per-token layer (here the
+// latent's block_size * latent_dim fp32 values, larger than a full-attention layer's), the
+// latent view strides over a block's pages, and a row written through the page reads back
+// through the view. A borrowed pool whose pages cannot hold a latent block is refused
+// naming the layer; a latent of no values too.
+TEST(KvBlockPool, LatentLayersKeepOneRowPerPositionInTheirOwnPage) {
+  const KvLayout l = Layout();  // full attention: 2 * 2 heads * 4 slots * 8 dims * 4 = 512 bytes
+  std::vector<KvLayerSpec> specs(3);
+  specs[0] = {.kind = KvKind::kLatent, .latent_dim = 40};
+  specs[2] = {.kind = KvKind::kLatent, .latent_dim = 40};
+  EXPECT_EQ(LayerBlockBytes(specs[0], l), size_t{4 * 40 * 4});
+  EXPECT_EQ(MinPageBytes(l, specs), size_t{640});
+  auto pool = KvBlockPool::Create(l, 4, specs);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  KvBlockPool& p = **pool;
+  EXPECT_EQ(p.pages().page_bytes(), size_t{640});
+  EXPECT_EQ(p.pages_per_block(), 3);
+  EXPECT_EQ(p.bytes_per_block(), size_t{640 + 512 + 640});
+  // Only latent layers: pages of exactly the latent block (bf16: 4 * 40 * 2 = 320 bytes).
+  KvLayout lb = l;
+  lb.dtype = KvDtype::kBf16;
+  std::vector<KvLayerSpec> all(3, KvLayerSpec{.kind = KvKind::kLatent, .latent_dim = 40});
+  EXPECT_EQ(KvBlockPool::Create(lb, 2, all).value()->pages().page_bytes(), size_t{320});
+
+  auto b = p.Allocate(2);
+  ASSERT_TRUE(b.ok());
+  const cpu::LatentKvView v = p.LatentView(2, 8);
+  EXPECT_EQ(v.page_stride, 3u);
+  EXPECT_EQ(v.latent_dim, 40);
+  EXPECT_EQ(v.rope_dim, 8);
+  EXPECT_EQ(v.block_size, 4);
+  const int32_t b1 = (*b)[1];
+  EXPECT_EQ(v.pages[b1 * 3], p.LayerPage(b1, 2));
+  float* page = reinterpret_cast<float*>(p.LayerPage(b1, 2));
+  for (int i = 0; i < 4 * 40; ++i) page[i] = static_cast<float>(i);
+  // Slot 2, value 5 of the block, as the kernel addresses it (kernels/cpu/latent_attention.h).
+  const float* rows = reinterpret_cast<const float*>(v.pages[b1 * v.page_stride]);
+  EXPECT_EQ(rows[2 * v.latent_dim + 5], 85.f);
+
+  auto small = PagePool::Create(512, 12).value();
+  auto refused = KvBlockPool::CreateOn(l, small.get(), 4, specs);
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("layer 0, latent"), std::string::npos)
+      << refused.status().ToString();
+  std::vector<KvLayerSpec> empty(3);
+  empty[1] = {.kind = KvKind::kLatent, .latent_dim = 0};
+  EXPECT_EQ(KvBlockPool::Create(l, 4, empty).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p.Free(*b).ok());
 }
 
 // A recurrent-state layer (a hybrid's linear attention) takes ceil(state_bytes / page) pages of

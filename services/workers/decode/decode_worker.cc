@@ -10,6 +10,7 @@
 #include "engine/models/model.h"
 #include "services/transport/control_connect.h"
 #include "services/common/model_name.h"
+#include "services/common/transferable_kv.h"
 #include "services/workers/common/worker_common.h"
 
 namespace pw::workers {
@@ -100,6 +101,7 @@ Status DecodeWorker::Setup() {
   eo.kv_pages = pool_.get();
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
+  PW_RETURN_IF_ERROR(service::CheckTransferableKv(engine_->kv_pool(), options_.model_dir));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size, cfg.vocab_size,

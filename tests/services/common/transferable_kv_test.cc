@@ -1,7 +1,8 @@
-// A peer of the control protocol exchanges a worker's KV only if it carries every kind the pool
-// holds: full-attention and sliding-window pages from protocol 1.0, a hybrid's recurrent state
-// from 1.3. An earlier peer is refused for a hybrid, naming both versions, the model and the
-// layer.
+// A worker's KV pool is served by the cluster unless a layer keeps an MLA latent (refused at
+// start, naming the model and the layer); a peer of the control protocol exchanges a worker's
+// KV only if it carries every kind the pool holds: full-attention and sliding-window pages from
+// protocol 1.0, a hybrid's recurrent state from 1.3. An earlier peer is refused for a hybrid,
+// naming both versions, the model and the layer.
 #include "services/common/transferable_kv.h"
 
 #include <gtest/gtest.h>
@@ -34,6 +35,37 @@ TEST(TransferableKv, ARecurrentStateNeedsAPeerOfProtocol13) {
                              std::to_string(proto::kProtocolMinor) + ")"),
             std::string::npos)
       << s.ToString();
+}
+
+// Full-attention, sliding-window and recurrent-state pools are served; an MLA model's latent
+// layers are refused at the worker's start, naming the model and the layer.
+TEST(TransferableKv, LatentPoolsAreRefusedNamingTheLayer) {
+  const memory::KvLayout l{.num_layers = 3, .num_kv_heads = 2, .head_dim = 8, .block_size = 4};
+  auto full = memory::KvBlockPool::Create(l, 2);
+  ASSERT_TRUE(full.ok());
+  EXPECT_TRUE(CheckTransferableKv(**full, "m").ok());
+  std::vector<memory::KvLayerSpec> sliding(3);
+  sliding[0] = {.kind = memory::KvKind::kSlidingWindow, .window = 8};
+  auto window = memory::KvBlockPool::Create(l, 2, sliding);
+  ASSERT_TRUE(window.ok()) << window.status().ToString();
+  EXPECT_TRUE(CheckTransferableKv(**window, "gpt-oss").ok());
+  std::vector<memory::KvLayerSpec> specs(3);
+  specs[1] = {.kind = memory::KvKind::kRecurrentState, .state_bytes = 1000};
+  auto hybrid = memory::KvBlockPool::Create(l, 2, specs);
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status().ToString();
+  EXPECT_TRUE(CheckTransferableKv(**hybrid, "qwen3-next").ok());
+  // deepseek_v3: every layer a latent row per token (memory/kv_spec.h kLatent).
+  const std::vector<memory::KvLayerSpec> latent(3, {.kind = memory::KvKind::kLatent,
+                                                    .latent_dim = 576});
+  auto mla = memory::KvBlockPool::Create(l, 2, latent);
+  ASSERT_TRUE(mla.ok()) << mla.status().ToString();
+  const Status m = CheckTransferableKv(**mla, "/models/deepseek-v3");
+  EXPECT_EQ(m.code(), StatusCode::kUnsupported);
+  EXPECT_NE(m.message().find("/models/deepseek-v3: KV layer 0 is latent"), std::string::npos)
+      << m.ToString();
+  EXPECT_NE(m.message().find("an MLA (latent KV) model is not served by the cluster yet"),
+            std::string::npos)
+      << m.ToString();
 }
 
 }  // namespace
