@@ -232,22 +232,43 @@ TEST_F(ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   DecodeKilledMidRequestIsReplacedWithIdenticalOutput(600);
 }
 
-// gpt_oss (the HF fixture: sliding-window layers of window 8 whose pages the decode worker gives
-// back behind each sequence, sinks, expert biases; the embedded model's tokenizer, whose first
-// 1024 ids cover the fixture's vocabulary) through pw-cluster: the requests a killed decode
-// worker held are placed again and recomputed past many windows with the engine's text.
-class GptOssClusterE2E : public ClusterE2E {
+// An HF-parity fixture (tests/fixtures/models/<fixture()>) through pw-cluster, with the embedded
+// model's tokenizer: its first 1024 ids cover the fixtures' vocabularies of 1024, so the prompts'
+// ids are folded into [3, 1003).
+class FixtureClusterE2E : public ClusterE2E {
  protected:
-  std::string model_dir() const override { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/gpt_oss"; }
-  std::string model_name() const override { return "gpt-oss-fixture"; }
+  virtual const char* fixture() const = 0;
+  std::string model_dir() const override {
+    return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + fixture();
+  }
+  std::string model_name() const override { return std::string(fixture()) + "-fixture"; }
   std::vector<std::vector<int32_t>> Prompts(int n, uint32_t seed) override {
     auto prompts = ClusterE2E::Prompts(n, seed);
     for (auto& p : prompts) {
-      for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
+      for (auto& id : p) id = 3 + id % 1000;
     }
     return prompts;
   }
 };
+
+// gpt_oss: sliding-window layers of window 8 whose pages the decode worker gives back behind
+// each sequence, sinks, expert biases. The requests a killed decode worker held are placed
+// again and recomputed past many windows with the engine's text.
+class GptOssClusterE2E : public FixtureClusterE2E {
+ protected:
+  const char* fixture() const override { return "gpt_oss"; }
+};
+
+// gemma4: sliding (window 8) and full layers with their own RoPE, a dense MLP beside the
+// experts, the router on its own normed input (context 512, so shorter streams).
+class Gemma4ClusterE2E : public FixtureClusterE2E {
+ protected:
+  const char* fixture() const override { return "gemma4"; }
+};
+
+TEST_F(Gemma4ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
+  DecodeKilledMidRequestIsReplacedWithIdenticalOutput(400);
+}
 
 TEST_F(GptOssClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   DecodeKilledMidRequestIsReplacedWithIdenticalOutput(1500);
