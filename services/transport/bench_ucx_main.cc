@@ -2,6 +2,7 @@
 // plain memcpy of the same bytes in the same chunks.
 //
 //   pw-bench-ucx [--mib 256] [--reps 5] [--chunks-kib 32,256,1024,4096] [--modes none,peer]
+//                [--owner-netns NAME --owner-host IP --host IP]
 //
 // The owner process registers a region of --mib MiB and progresses it from a thread (as a
 // decode worker does with its KV pool); the initiator, once per endpoint error mode (none:
@@ -15,11 +16,26 @@
 // than the last-level cache only when --mib is (use >= 512 here to measure DRAM, not the cache).
 // Prints one line per (mode, operation, chunk size): median GB/s over --reps passes.
 // PW_BENCH_EP_INFO=1 prints each endpoint's UCX lanes (which transports carry RMA).
+//
+// Across hosts, as between two pods: --owner-netns NAME runs the owner in network namespace
+// NAME (`ip netns add NAME`, /run/netns/NAME; root; with /sys remounted, as `ip netns exec`
+// does), --owner-host and --host name the IPv4
+// address each side's UCX uses (ucx::SetBindHost: its interface, e.g. the two ends of a veth
+// pair). Without them each side's UCX stays on `lo`, and the owner's worker address then
+// offers 127.0.0.1, which from the other namespace is the initiator's own loopback: its
+// connection goes nowhere. With UCX_TLS=tcp (shared memory would otherwise still join two
+// network namespaces of one host) this is the KV transfer between two nodes.
+#include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -72,6 +88,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   std::vector<size_t> chunks_kib = {32, 256, 1024, 4096};
   std::vector<std::string> modes = {"none", "peer"};
+  std::string owner_netns, owner_host, host;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -90,6 +107,12 @@ int main(int argc, char** argv) {
       for (const std::string& v : SplitCommas(next())) {
         chunks_kib.push_back(std::strtoull(v.c_str(), nullptr, 10));
       }
+    } else if (a == "--owner-netns") {
+      owner_netns = next();
+    } else if (a == "--owner-host") {
+      owner_host = next();
+    } else if (a == "--host") {
+      host = next();
     } else if (a == "--modes") {
       modes = SplitCommas(next());
       for (const std::string& m : modes) {
@@ -98,7 +121,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: pw-bench-ucx [--mib N] [--reps N] [--chunks-kib a,b,..] "
-                   "[--modes none,peer]\n");
+                   "[--modes none,peer] [--owner-netns NAME --owner-host IP --host IP]\n");
       return 2;
     }
   }
@@ -107,13 +130,47 @@ int main(int argc, char** argv) {
     if (c == 0 || c * 1024 > mib << 20) return Fail("chunk size must be in (0, region]");
   }
   const size_t bytes = mib << 20;
+  if (!owner_netns.empty() && (owner_host.empty() || host.empty())) {
+    return Fail("--owner-netns needs --owner-host and --host (each side's address; lo's 127.0.0.1 "
+                "does not reach across namespaces)");
+  }
+  if (!host.empty()) {
+    pw::Status st = pw::transport::ucx::SetBindHost(host);
+    if (!st.ok()) return Fail(("--host: " + st.ToString()).c_str());
+  }
 
   int to_child[2], to_parent[2];
   if (pipe(to_child) != 0 || pipe(to_parent) != 0) return Fail("pipe");
   pid_t pid = fork();
   if (pid < 0) return Fail("fork");
   if (pid == 0) {
-    // Owner: registered region + progress thread, until the initiator says it is done.
+    // Owner: registered region + progress thread, until the initiator says it is done (or its
+    // end of the pipe closes: the owner keeps no write end of its own, and dies with it).
+    close(to_child[1]);
+    close(to_parent[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(9);
+    if (!owner_netns.empty()) {
+      const int fd = open(("/run/netns/" + owner_netns).c_str(), O_RDONLY | O_CLOEXEC);
+      // As `ip netns exec` does: the namespace, and /sys remounted in a mount namespace of our
+      // own, since UCX finds network devices under /sys/class/net (the old /sys shows the
+      // initiator's).
+      if (fd < 0 || setns(fd, CLONE_NEWNET) != 0 || unshare(CLONE_NEWNS) != 0 ||
+          mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 || umount2("/sys", MNT_DETACH) != 0 ||
+          mount(owner_netns.c_str(), "/sys", "sysfs", 0, nullptr) != 0) {
+        std::fprintf(stderr, "pw-bench-ucx: cannot enter network namespace %s: %s\n", owner_netns.c_str(),
+                     std::strerror(errno));
+        _exit(7);
+      }
+      close(fd);
+    }
+    if (!owner_host.empty()) {
+      pw::Status st = pw::transport::ucx::SetBindHost(owner_host);
+      if (!st.ok()) {
+        std::fprintf(stderr, "pw-bench-ucx: --owner-host: %s\n", st.ToString().c_str());
+        _exit(8);
+      }
+    }
     std::vector<uint8_t> mem(bytes, 1);
     auto ctx = Context::Create();
     if (!ctx.ok()) _exit(3);
@@ -132,6 +189,8 @@ int main(int argc, char** argv) {
     (void)ReadAll(to_child[0], &bye, 1, -1);
     _exit(0);
   }
+  close(to_child[0]);
+  close(to_parent[1]);
   std::string address, rkey;
   uint64_t base = 0, n = 0;
   if (!ReadBlob(to_parent[0], &address) || !ReadBlob(to_parent[0], &rkey) ||
@@ -147,6 +206,10 @@ int main(int argc, char** argv) {
   const char* tls = std::getenv("UCX_TLS");
   std::printf("# region %zu MiB, %d reps, UCX_TLS=%s; GB/s = 1e9 bytes/s, median\n", mib, reps,
               tls ? tls : "(default)");
+  if (!owner_netns.empty()) {
+    std::printf("# owner in network namespace %s at %s, initiator at %s\n", owner_netns.c_str(),
+                owner_host.c_str(), host.c_str());
+  }
   std::printf("%-6s %-8s %10s %10s\n", "mode", "op", "chunk_KiB", "GB/s");
   int rc = 0;
   for (const std::string& mode : modes) {
@@ -158,6 +221,7 @@ int main(int argc, char** argv) {
     if (!ep.ok()) return Fail(ep.status().ToString().c_str());
     auto region = (*ep)->OpenRegion(rkey, base, n);
     if (!region.ok()) return Fail(region.status().ToString().c_str());
+    if (auto t = (*ep)->Transports(); t.ok()) std::printf("# mode %s: UCX transport %s\n", mode.c_str(), t->c_str());
     if (std::getenv("PW_BENCH_EP_INFO") != nullptr) {
       std::printf("# endpoint, mode %s:\n", mode.c_str());
       std::fflush(stdout);

@@ -64,9 +64,17 @@ def main():
         c = LocalCluster(build_dir, model_dir, log_dir, kv_blocks=512, heartbeat_ms=200,
                          store=store, initial_bits=8)
         try:
+            # The brokers' ports apart from the cluster's own (free_port may hand one out twice).
+            taken = {c.port, c.worker_port, c.broker_port}
+            broker_ports = []
+            while len(broker_ports) < len(NODES):
+                port = free_port()
+                if port not in taken:
+                    taken.add(port)
+                    broker_ports.append(port)
             c.start_router()
             for i, node in enumerate(NODES):
-                port = free_port()
+                port = broker_ports[i]
                 c.start_broker(f"broker-{node}", port)
                 c.start_worker("prefill", i, node=node)
                 c.start_worker("decode", i, node=node, broker_port=port)
@@ -74,6 +82,10 @@ def main():
             wait_for("both nodes' workers registered",
                      lambda: json.loads(http_get(c.url + "/health")[1] or "{}").get("decode_workers") == 2
                      and json.loads(http_get(c.url + "/health")[1]).get("prefill_workers") == 2, c)
+            # ... and heard from: a decode worker counts its free KV from its first heartbeat on,
+            # and placement ranks one that has not sent one as full.
+            wait_for("both decode workers' free KV known to the router",
+                     lambda: c.metrics().get("pagedweight_router_backend_free_kv_blocks") == 2 * c.kv_blocks, c)
             print(f"two nodes up: {http_get(c.url + '/health')[1]}")
 
             # 1. 8 at once; node b lost while it runs some.
