@@ -89,6 +89,7 @@ double WidthMap::AverageBits(const apw::StoreInfo& info) const {
   double num = 0, den = 0;
   const double gu = 2.0 * info.ffn * info.hidden, dn = 1.0 * info.hidden * info.ffn;
   for (int l = 0; l < num_layers_; ++l) {
+    if (!info.HasLayer(static_cast<uint32_t>(l))) continue;  // a dense layer has no blocks
     for (int e = 0; e < num_experts_; ++e) {
       num += gu * Get(l, e, ExpertProj::kGateUp) + dn * Get(l, e, ExpertProj::kDown);
       den += gu + dn;

@@ -39,7 +39,8 @@ class WidthMap {
   }
   // bits must be 3..8 or 16.
   Status Set(int layer, int expert, ExpertProj proj, int bits);
-  // Mean bits per weight over all blocks, each weighted by its rows*cols.
+  // Mean bits per weight over the store's blocks (dense layers have none), each weighted by its
+  // rows*cols.
   double AverageBits(const apw::StoreInfo& info) const;
 
  private:
