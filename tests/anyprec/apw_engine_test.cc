@@ -586,6 +586,20 @@ TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
   EXPECT_EQ(info.layers, (std::vector<uint32_t>{1, 2}));
   EXPECT_EQ((*opened)->Find(0, 0, apw::BlockKind::kGateUp), nullptr);
   EXPECT_NE((*opened)->Find(1, 15, apw::BlockKind::kDown), nullptr);
+  // A build through a resume directory (one part per MoE layer) writes the same bytes.
+  {
+    auto read = [](const std::string& p) {
+      std::ifstream f(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    };
+    QuantizeModelOptions resumed = o;
+    resumed.out_path = dir.File("glm_resumed.apw");
+    resumed.resume_dir = dir.File("parts");
+    auto rr = QuantizeModel(resumed);
+    ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+    EXPECT_EQ(rr->num_blocks, 2 * 16 * 2);
+    EXPECT_EQ(read(resumed.out_path), read(o.out_path));
+  }
 
   auto eng = engine::Engine::Create(model, {});
   ASSERT_TRUE(eng.ok()) << eng.status().ToString();
