@@ -628,6 +628,11 @@ TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
     }
   }
 
+  // A damage-ranked plan averages over the MoE layers' blocks: the dense layer counts nowhere.
+  auto plan = PlanDamageRanked(*store, 5.0, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_NEAR(plan->AverageBits(info), 5.0, 0.05);
+
   // A store of the same shape holding blocks for layer 0 as well (layer 1's copied there).
   apw::StoreInfo every = info;
   every.layers = {0, 1, 2};
