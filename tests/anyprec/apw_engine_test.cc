@@ -632,6 +632,29 @@ TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
   auto plan = PlanDamageRanked(*store, 5.0, 3);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_NEAR(plan->AverageBits(info), 5.0, 0.05);
+  // Saved for the store, the map lists the MoE layers' blocks only; a map naming a block of the
+  // dense layer is refused for this store, naming the layer.
+  const std::string map_path = dir.File("plan.json");
+  ASSERT_TRUE(plan->Save(map_path, &info).ok());
+  {
+    std::ifstream f(map_path);
+    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    EXPECT_EQ(text.find("\"layer\": 0,"), std::string::npos);
+    EXPECT_NE(text.find("\"layer\": 2,"), std::string::npos);
+  }
+  auto reread = WidthMap::FromFile(map_path, info);
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+  EXPECT_NEAR(reread->AverageBits(info), plan->AverageBits(info), 1e-12);
+  {
+    std::ofstream f(dir.File("dense.json"));
+    f << "{\"default_bits\": 4, \"blocks\": [{\"layer\": 0, \"expert\": 3, \"proj\": \"down\", \"bits\": 5}]}";
+  }
+  auto dense_entry = WidthMap::FromFile(dir.File("dense.json"), info);
+  ASSERT_FALSE(dense_entry.ok());
+  EXPECT_NE(dense_entry.status().message().find(
+                "blocks[0]: layer 0 is dense: the store holds expert blocks for layers [1, 2]"),
+            std::string::npos)
+      << dense_entry.status().ToString();
 
   // A store of the same shape holding blocks for layer 0 as well (layer 1's copied there).
   apw::StoreInfo every = info;
