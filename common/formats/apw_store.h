@@ -1,4 +1,5 @@
-// The any-precision expert store (.apw): every expert linear block of a model as 8 bit-planes
+// The any-precision expert store (.apw): every expert linear block of a model (its MoE layers';
+// a dense layer has none, blocks keep the model's layer numbers) as 8 bit-planes
 // of its 8-bit parent codes, one fp16 LUT per width 3..8, its damage table and calibration
 // count. Written once by pw-quantize (ApwWriter, atomic), memory-mapped by readers (ApwStore),
 // which validate every byte they will use. The byte layout is documented in docs/formats.md.
@@ -57,7 +58,7 @@ struct StoreInfo {
   uint64_t model_hash = 0;
   // The layers holding blocks (each with all its experts' blocks), ascending. Empty in a
   // writer's StoreInfo means every layer; a reader always fills it.
-  std::vector<uint32_t> layers;
+  std::vector<uint32_t> layers = {};
 
   // Whether `layer` holds blocks.
   bool HasLayer(uint32_t layer) const;
