@@ -480,7 +480,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   for (const ExpertConfig& c : o.configs) {
     auto widths = c.map_path.empty()
                       ? anyprec::WidthMap::Uniform(c.bits, info.num_layers, info.num_experts)
-                      : anyprec::WidthMap::FromFile(c.map_path, info.num_layers, info.num_experts);
+                      : anyprec::WidthMap::FromFile(c.map_path, info);
     if (!widths.ok()) return widths.status();
     std::string label = c.label;
     if (!c.map_path.empty()) {

@@ -98,10 +98,16 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   report.load_seconds = Seconds(t_start, t_loaded);
   const engine::Model& model = eng->model();
   const ModelConfig& cfg = model.config();
-  for (const auto& layer : model.layers()) {
-    if (!layer.is_moe) return Unsupported(o.model_dir + ": dense (non-MoE) layers are not supported by .apw stores");
-  }
   const int L = static_cast<int>(cfg.num_layers), E = static_cast<int>(cfg.num_experts);
+  // Dense layers (GLM-4.5's and DeepSeek-V3's first_k_dense_replace, Qwen3-Next's
+  // mlp_only_layers) have no routed experts: the store holds the MoE layers' blocks, numbered by
+  // the model's layers, and calibration statistics exist only for them.
+  std::vector<uint32_t> moe_layers;
+  for (int l = 0; l < L; ++l) {
+    if (model.layers()[l].is_moe) moe_layers.push_back(static_cast<uint32_t>(l));
+  }
+  if (moe_layers.empty()) return InvalidArgument(o.model_dir + ": the model has no MoE layers to store");
+  const int moe_count = static_cast<int>(moe_layers.size());
   const int H = static_cast<int>(cfg.hidden_size), I = static_cast<int>(cfg.moe_intermediate_size);
   uint64_t hash = 0;
   if (o.model_hash_cache.empty()) {
@@ -255,12 +261,13 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   };
 
   const apw::StoreInfo info{static_cast<uint32_t>(L), static_cast<uint32_t>(E), static_cast<uint32_t>(H),
-                            static_cast<uint32_t>(I), hash};
+                            static_cast<uint32_t>(I), hash, moe_layers};
   if (!parts) {
     PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
-    Progress bar("quantize", 3.0 * L * E, o.progress);
+    Progress bar("quantize", 3.0 * moe_count * E, o.progress);
     double done = 0;
-    for (int l = 0; l < L; ++l) {
+    for (const uint32_t ml : moe_layers) {
+      const int l = static_cast<int>(ml);
       PW_RETURN_IF_ERROR(quantize_layer(
           l, [&](const apw::BlockData& b) { return writer->Add(b); },
           [&](double units) { bar.Update(done += units); }));
@@ -273,10 +280,12 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     // store's .tmp beside it, replaced by the next build.
     apw::StoreInfo one = info;
     one.num_layers = 1;
+    one.layers.clear();
     apw::ApwStore::Options check;
     check.expected_model_hash = hash;
     PW_ASSIGN_OR_RETURN(auto store, apw::ApwWriter::Create(o.out_path, info));
-    for (int l = 0; l < L; ++l) {
+    for (int k = 0; k < moe_count; ++k) {
+      const int l = static_cast<int>(moe_layers[k]);
       const std::string path = parts->LayerPath(l);
       if (std::filesystem::exists(path)) {
         auto have = apw::ApwStore::Open(path, check);
@@ -296,7 +305,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
           ++report.layers_reused;
           continue;
         }
-        std::fprintf(stderr, "quantize: layer %d/%d: redoing %s (%s)\n", l + 1, L, path.c_str(),
+        std::fprintf(stderr, "quantize: layer %d (%d/%d): redoing %s (%s)\n", l, k + 1, moe_count, path.c_str(),
                      have.ok() ? "another shape" : have.status().message().c_str());
       }
       const auto t_layer = Clock::now();
@@ -313,9 +322,10 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       PW_RETURN_IF_ERROR(writer->Finish());
       if (o.progress) {
         const double elapsed = Seconds(t_calib, Clock::now());
-        const int done_now = l + 1 - report.layers_reused;
-        const double eta = done_now > 0 ? elapsed / done_now * (L - l - 1) : 0;
-        std::fprintf(stderr, "quantize: layer %d/%d done (%.1fs; %.1fs elapsed, ETA %.1fs; %d reused)\n", l + 1, L,
+        const int done_now = k + 1 - report.layers_reused;
+        const double eta = done_now > 0 ? elapsed / done_now * (moe_count - k - 1) : 0;
+        std::fprintf(stderr, "quantize: layer %d (%d/%d) done (%.1fs; %.1fs elapsed, ETA %.1fs; %d reused)\n", l,
+                     k + 1, moe_count,
                      Seconds(t_layer, Clock::now()), elapsed, eta, report.layers_reused);
       }
     }
@@ -324,7 +334,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     PW_RETURN_IF_ERROR(parts->Remove());
     report.assemble_seconds += Seconds(t_publish, Clock::now());
   }
-  report.num_blocks = L * E * kProjsPerExpert;  // reused layers' blocks included
+  report.num_blocks = moe_count * E * kProjsPerExpert;  // reused layers' blocks included
   const auto t_end = Clock::now();
   report.quantize_seconds = Seconds(t_calib, t_end);
   report.total_seconds = Seconds(t_start, t_end);

@@ -232,6 +232,7 @@ Result<ResidualTrainReport> TrainResidualHeads(const ResidualTrainOptions& o) {
   std::vector<double> table_span(span.size(), 0.0);
   std::vector<float> w;
   for (int l = 0; l < L; ++l) {
+    if (!store->info().HasLayer(static_cast<uint32_t>(l))) continue;  // dense: no blocks, no routed tokens
     for (int e = 0; e < E; ++e) {
       for (auto proj : {ExpertProj::kGateUp, ExpertProj::kDown}) {
         const apw::BlockData* b = store->Find(static_cast<uint32_t>(l), static_cast<uint32_t>(e), proj);

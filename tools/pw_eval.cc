@@ -111,7 +111,7 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
     const auto& info = (*store)->info();
     auto widths = apw.bits_map.empty()
                       ? pw::anyprec::WidthMap::Uniform(apw.bits, info.num_layers, info.num_experts)
-                      : pw::anyprec::WidthMap::FromFile(apw.bits_map, info.num_layers, info.num_experts);
+                      : pw::anyprec::WidthMap::FromFile(apw.bits_map, info);
     if (!widths.ok()) return Fail(widths.status());
     std::fprintf(stderr, "pw-eval: experts from %s, average %.4f bits\n", apw.store.c_str(),
                  widths->AverageBits(info));

@@ -42,11 +42,13 @@ int RunPlan(const std::string& store_path, double avg_bits, const std::string& o
   auto map = random_seed ? pw::anyprec::PlanRandom(**store, avg_bits, *random_seed, min_bits)
                          : pw::anyprec::PlanDamageRanked(**store, avg_bits, min_bits);
   if (!map.ok()) return Fail(map.status());
-  pw::Status s = map->Save(out);
+  const pw::apw::StoreInfo& info = (*store)->info();
+  pw::Status s = map->Save(out, &info);
   if (!s.ok()) return Fail(s);
   int hist[17] = {};
   for (int l = 0; l < map->num_layers(); ++l)
-    for (int e = 0; e < map->num_experts(); ++e)
+    if (info.HasLayer(static_cast<uint32_t>(l)))  // a dense layer has no blocks
+      for (int e = 0; e < map->num_experts(); ++e)
       for (auto p : {pw::engine::ExpertProj::kGateUp, pw::engine::ExpertProj::kDown}) ++hist[map->Get(l, e, p)];
   std::fprintf(stderr, "pw-quantize plan: %s map, average %.4f bits; blocks per width:",
                random_seed ? "random" : "damage-ranked", map->AverageBits((*store)->info()));

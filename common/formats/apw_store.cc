@@ -72,6 +72,33 @@ const char* BlockKindName(BlockKind kind) {
   return ExpertProjName(kind);
 }
 
+bool StoreInfo::HasLayer(uint32_t layer) const {
+  if (layer >= num_layers) return false;
+  return layers.empty() || std::binary_search(layers.begin(), layers.end(), layer);
+}
+
+std::vector<uint32_t> StoreInfo::BlockLayers() const {
+  if (!layers.empty()) return layers;
+  std::vector<uint32_t> all(num_layers);
+  for (uint32_t l = 0; l < num_layers; ++l) all[l] = l;
+  return all;
+}
+
+std::string LayerListString(const std::vector<uint32_t>& layers) {
+  std::string s = "[";
+  for (size_t i = 0; i < layers.size(); ++i) s += (i ? ", " : "") + std::to_string(layers[i]);
+  return s + "]";
+}
+
+Status CheckStoreLayers(const StoreInfo& info, const std::vector<uint32_t>& moe_layers, const std::string& where) {
+  const std::vector<uint32_t> have = info.BlockLayers();
+  if (have != moe_layers) {
+    return InvalidArgument(where + "the store holds expert blocks for layers " + LayerListString(have) +
+                           ", the model's MoE layers are " + LayerListString(moe_layers));
+  }
+  return Status::Ok();
+}
+
 uint64_t BlockDataBytes(uint32_t rows, uint32_t cols) {
   return LutOffset(rows, cols, kMaxBits + 1);
 }
@@ -89,9 +116,17 @@ ApwWriter::~ApwWriter() {
   if (!finished_) ::unlink(tmp_path_.c_str());
 }
 
-Result<std::unique_ptr<ApwWriter>> ApwWriter::Create(const std::string& path, const StoreInfo& info) {
-  if (info.num_layers == 0 || info.num_experts == 0 || info.hidden == 0 || info.ffn == 0) {
+Result<std::unique_ptr<ApwWriter>> ApwWriter::Create(const std::string& path, const StoreInfo& given) {
+  if (given.num_layers == 0 || given.num_experts == 0 || given.hidden == 0 || given.ffn == 0) {
     return InvalidArgument(path + ": store info has a zero dimension");
+  }
+  StoreInfo info = given;
+  info.layers = given.BlockLayers();
+  for (size_t i = 0; i < info.layers.size(); ++i) {
+    if (info.layers[i] >= info.num_layers || (i > 0 && info.layers[i] <= info.layers[i - 1])) {
+      return InvalidArgument(path + ": store layers " + LayerListString(info.layers) +
+                             " are not ascending layers of a " + std::to_string(info.num_layers) + "-layer model");
+    }
   }
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
@@ -120,6 +155,10 @@ Status ApwWriter::Add(const BlockData& b) {
   if (b.layer >= info_.num_layers || b.expert >= info_.num_experts ||
       (b.kind != BlockKind::kGateUp && b.kind != BlockKind::kDown)) {
     return InvalidArgument(path_ + ": block (" + name + ") outside the store's model");
+  }
+  if (!info_.HasLayer(b.layer)) {
+    return InvalidArgument(path_ + ": block (" + name + ") of a layer outside the store's layers " +
+                           LayerListString(info_.layers));
   }
   uint32_t rows, cols;
   ExpectedShape(info_, b.kind, &rows, &cols);
@@ -176,7 +215,7 @@ Status ApwWriter::Add(const BlockData& b) {
 Status ApwWriter::Finish() {
   if (finished_ || fd_ < 0) return Internal(path_ + ": Finish called twice");
   for (size_t i = 0; i < seen_.size(); ++i) {
-    if (!seen_[i]) {
+    if (!seen_[i] && info_.HasLayer(static_cast<uint32_t>(i / 2 / info_.num_experts))) {
       const auto layer = static_cast<uint32_t>(i / 2 / info_.num_experts);
       const auto expert = static_cast<uint32_t>(i / 2 % info_.num_experts);
       return InvalidArgument(path_ + ": block (" + Describe(layer, expert, static_cast<BlockKind>(i % 2)) +
@@ -185,10 +224,16 @@ Status ApwWriter::Finish() {
   }
   const uint64_t table_offset = AlignUp(end_, kPartAlign);
   PW_RETURN_IF_ERROR(Write(table_.data(), table_.size(), table_offset));
-  const uint64_t file_bytes = table_offset + table_.size();
+  // Version 2's layer list follows the table; a store of every layer stays version 1.
+  const bool partial = info_.layers.size() != info_.num_layers;
+  const uint64_t layers_offset = table_offset + table_.size();
+  std::vector<uint8_t> layer_list(partial ? info_.layers.size() * 4 : 0);
+  for (size_t i = 0; partial && i < info_.layers.size(); ++i) Put<uint32_t>(layer_list.data(), 4 * i, info_.layers[i]);
+  if (partial) PW_RETURN_IF_ERROR(Write(layer_list.data(), layer_list.size(), layers_offset));
+  const uint64_t file_bytes = layers_offset + layer_list.size();
   uint8_t h[kHeaderBytes] = {};
   std::memcpy(h, kMagic, 8);
-  Put<uint32_t>(h, 8, kFormatVersion);
+  Put<uint32_t>(h, 8, partial ? kFormatVersion : kFullStoreVersion);
   Put<uint32_t>(h, 12, kHeaderBytes);
   Put<uint64_t>(h, 16, file_bytes);
   Put<uint64_t>(h, 24, info_.model_hash);
@@ -203,6 +248,11 @@ Status ApwWriter::Finish() {
   Put<uint32_t>(h, 68, kMaxBits);
   Put<uint32_t>(h, 72, kDataAlign);
   Put<uint32_t>(h, 76, Crc32(table_.data(), table_.size()));
+  if (partial) {
+    Put<uint32_t>(h, 80, static_cast<uint32_t>(info_.layers.size()));
+    Put<uint32_t>(h, 84, Crc32(layer_list.data(), layer_list.size()));
+    Put<uint64_t>(h, 88, layers_offset);
+  }
   Put<uint32_t>(h, 252, Crc32(h, 252));
   PW_RETURN_IF_ERROR(Write(h, kHeaderBytes, 0));
   if (::ftruncate(fd_, static_cast<off_t>(file_bytes)) != 0 || ::fsync(fd_) != 0) {
@@ -224,7 +274,7 @@ ApwStore::~ApwStore() {
 }
 
 const BlockData* ApwStore::Find(uint32_t layer, uint32_t expert, BlockKind kind) const {
-  if (layer >= info_.num_layers || expert >= info_.num_experts) return nullptr;
+  if (layer >= info_.num_layers || expert >= info_.num_experts) return nullptr;  // absent layers: index_ is -1
   const auto k = static_cast<uint32_t>(kind);
   if (k > 1) return nullptr;
   const int32_t i = index_[ExpertBlockIndex(layer, expert, kind, info_.num_experts)];
@@ -270,9 +320,9 @@ Result<std::unique_ptr<ApwStore>> ApwStore::Open(const std::string& path, const 
 
   if (std::memcmp(h, kMagic, 8) != 0) return Corrupt(path + ": not an .apw store (bad magic)");
   const auto version = Get<uint32_t>(h, 8);
-  if (version != kFormatVersion) {
-    return Unsupported(path + ": .apw version " + std::to_string(version) + ", this build reads version " +
-                       std::to_string(kFormatVersion));
+  if (version != kFormatVersion && version != kFullStoreVersion) {
+    return Unsupported(path + ": .apw version " + std::to_string(version) + " unsupported, this build reads versions " +
+                       std::to_string(kFullStoreVersion) + " and " + std::to_string(kFormatVersion));
   }
   if (Get<uint32_t>(h, 252) != Crc32(h, 252)) return Corrupt(path + ": header checksum mismatch");
   if (Get<uint32_t>(h, 12) != kHeaderBytes || Get<uint32_t>(h, 52) != kEntryBytes ||
@@ -303,11 +353,34 @@ Result<std::unique_ptr<ApwStore>> ApwStore::Open(const std::string& path, const 
       info.num_layers > 4096 || info.num_experts > 65536 || info.hidden > kMaxDim || info.ffn > kMaxDim) {
     return Corrupt(path + ": implausible model dimensions in header");
   }
-  const uint64_t expected_blocks = static_cast<uint64_t>(info.num_layers) * info.num_experts * 2;
+  if (version == kFullStoreVersion) {
+    info.layers = info.BlockLayers();
+  } else {
+    // The layer list: ascending layers of the model, each with all its experts' blocks.
+    const auto count = Get<uint32_t>(h, 80);
+    const auto offset = Get<uint64_t>(h, 88);
+    if (count == 0 || count > info.num_layers || offset < kHeaderBytes || offset > size ||
+        (size - offset) / 4 < count) {
+      return Corrupt(path + ": layer list (" + std::to_string(count) + " layers at " + std::to_string(offset) +
+                     ") out of bounds");
+    }
+    if (Crc32(h + offset, static_cast<size_t>(count) * 4) != Get<uint32_t>(h, 84)) {
+      return Corrupt(path + ": layer list checksum mismatch");
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      const auto l = Get<uint32_t>(h, offset + 4 * i);
+      if (l >= info.num_layers || (i > 0 && l <= info.layers.back())) {
+        return Corrupt(path + ": layer list entry " + std::to_string(i) + " (layer " + std::to_string(l) +
+                       ") is not an ascending layer of the " + std::to_string(info.num_layers) + "-layer model");
+      }
+      info.layers.push_back(l);
+    }
+  }
+  const uint64_t expected_blocks = static_cast<uint64_t>(info.layers.size()) * info.num_experts * 2;
   const auto num_blocks = Get<uint32_t>(h, 48);
   if (num_blocks != expected_blocks) {
-    return Corrupt(path + ": " + std::to_string(num_blocks) + " blocks, the model needs " +
-                   std::to_string(expected_blocks));
+    return Corrupt(path + ": " + std::to_string(num_blocks) + " blocks, the store's " +
+                   std::to_string(info.layers.size()) + " layers need " + std::to_string(expected_blocks));
   }
   const auto table_offset = Get<uint64_t>(h, 56);
   const uint64_t table_bytes = static_cast<uint64_t>(num_blocks) * kEntryBytes;
@@ -329,7 +402,7 @@ Result<std::unique_ptr<ApwStore>> ApwStore::Open(const std::string& path, const 
   s->data_crc_.resize(num_blocks);
   s->data_offset_.resize(num_blocks);
   s->data_bytes_.resize(num_blocks);
-  s->index_.assign(expected_blocks, -1);
+  s->index_.assign(static_cast<size_t>(info.num_layers) * info.num_experts * 2, -1);
   for (uint32_t i = 0; i < num_blocks; ++i) {
     const uint8_t* e = table + i * kEntryBytes;
     const std::string where = path + ": block " + std::to_string(i);
@@ -341,6 +414,10 @@ Result<std::unique_ptr<ApwStore>> ApwStore::Open(const std::string& path, const 
     if (b.layer >= info.num_layers || b.expert >= info.num_experts || kind > 1) {
       return Corrupt(where + ": (layer " + std::to_string(b.layer) + ", expert " +
                      std::to_string(b.expert) + ", kind " + std::to_string(kind) + ") out of range");
+    }
+    if (!info.HasLayer(b.layer)) {
+      return Corrupt(where + ": layer " + std::to_string(b.layer) + " is not in the store's layers " +
+                     LayerListString(info.layers));
     }
     b.kind = static_cast<BlockKind>(kind);
     const std::string name = where + " (" + Describe(b.layer, b.expert, b.kind) + ")";

@@ -1,4 +1,5 @@
-// The any-precision expert store (.apw): every expert linear block of a model as 8 bit-planes
+// The any-precision expert store (.apw): every expert linear block of a model (its MoE layers';
+// a dense layer has none, blocks keep the model's layer numbers) as 8 bit-planes
 // of its 8-bit parent codes, one fp16 LUT per width 3..8, its damage table and calibration
 // count. Written once by pw-quantize (ApwWriter, atomic), memory-mapped by readers (ApwStore),
 // which validate every byte they will use. The byte layout is documented in docs/formats.md.
@@ -23,7 +24,11 @@
 
 namespace pw::apw {
 
-inline constexpr uint32_t kFormatVersion = 1;
+// Version 2 adds the list of layers holding blocks (a model's dense layers have none). A
+// store with every layer present is written as version 1, byte for byte what earlier builds
+// wrote and read; this build reads both.
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kFullStoreVersion = 1;
 inline constexpr int kPlanes = anyprec::kNumPlanes;  // the plane layout: common/plane_layout.h
 inline constexpr int kMinBits = anyprec::kMinBits;
 inline constexpr int kMaxBits = anyprec::kMaxBits;
@@ -42,13 +47,31 @@ using pw::Crc32;
 using pw::Fnv1a64;
 
 // Model-level facts the store is made for.
+// Blocks are numbered in the model's layer space (ExpertBlockIndex over num_layers): a dense
+// layer (no routed experts) is a layer of the model with no blocks, so logs, plan files and
+// width maps name the checkpoint's layer numbers.
 struct StoreInfo {
-  uint32_t num_layers = 0;   // MoE layers
-  uint32_t num_experts = 0;  // routed experts per layer
+  uint32_t num_layers = 0;   // the model's layers (dense ones included)
+  uint32_t num_experts = 0;  // routed experts per MoE layer
   uint32_t hidden = 0;       // H: gate_up cols, down rows
   uint32_t ffn = 0;          // I: gate_up rows = 2I (gate rows then up rows), down cols
   uint64_t model_hash = 0;
+  // The layers holding blocks (each with all its experts' blocks), ascending. Empty in a
+  // writer's StoreInfo means every layer; a reader always fills it.
+  std::vector<uint32_t> layers = {};
+
+  // Whether `layer` holds blocks.
+  bool HasLayer(uint32_t layer) const;
+  // The layers holding blocks (every layer when `layers` is empty).
+  std::vector<uint32_t> BlockLayers() const;
 };
+
+// "[1, 2, 5]" for messages.
+std::string LayerListString(const std::vector<uint32_t>& layers);
+
+// OK when the store's block layers are exactly `moe_layers` (the model's MoE layers); otherwise
+// an error naming both lists.
+Status CheckStoreLayers(const StoreInfo& info, const std::vector<uint32_t>& moe_layers, const std::string& where);
 
 // One block. In a writer call the pointers are the caller's; from a reader they point into the
 // mapped file (valid while the ApwStore lives).
@@ -79,7 +102,7 @@ class ApwWriter {
 
   // Appends one block (shapes checked against the StoreInfo; each (layer, expert, kind) once).
   Status Add(const BlockData& block);
-  // Requires every (layer, expert, kind) to have been added.
+  // Requires every (layer, expert, kind) of the store's layers to have been added.
   Status Finish();
 
  private:

@@ -57,12 +57,31 @@ Result<WidthMap> WidthMap::FromFile(const std::string& path, int num_layers, int
   }
 }
 
-Status WidthMap::Save(const std::string& path) const {
+Result<WidthMap> WidthMap::FromFile(const std::string& path, const apw::StoreInfo& info) {
+  PW_ASSIGN_OR_RETURN(WidthMap m, FromFile(path, static_cast<int>(info.num_layers), static_cast<int>(info.num_experts)));
+  try {
+    const YAML::Node blocks = YAML::LoadFile(path)["blocks"];
+    for (size_t i = 0; blocks && i < blocks.size(); ++i) {
+      const int layer = blocks[i]["layer"].as<int>();
+      if (!info.HasLayer(static_cast<uint32_t>(layer))) {
+        return InvalidArgument(path + ": blocks[" + std::to_string(i) + "]: layer " + std::to_string(layer) +
+                               " is dense: the store holds expert blocks for layers " +
+                               apw::LayerListString(info.BlockLayers()));
+      }
+    }
+  } catch (const std::exception& e) {
+    return InvalidArgument(path + ": bad width map value: " + e.what());
+  }
+  return m;
+}
+
+Status WidthMap::Save(const std::string& path, const apw::StoreInfo* info) const {
   std::ofstream f(path, std::ios::trunc);
   if (!f) return IoError(path + ": cannot write width map");
   f << "{\"default_bits\": " << static_cast<int>(bits_.empty() ? 4 : bits_[0]) << ",\n \"blocks\": [";
   bool first = true;
   for (int l = 0; l < num_layers_; ++l) {
+    if (info != nullptr && !info->HasLayer(static_cast<uint32_t>(l))) continue;  // dense: no blocks
     for (int e = 0; e < num_experts_; ++e) {
       for (auto proj : {ExpertProj::kGateUp, ExpertProj::kDown}) {
         f << (first ? "\n  " : ",\n  ") << "{\"layer\": " << l << ", \"expert\": " << e
@@ -89,6 +108,7 @@ double WidthMap::AverageBits(const apw::StoreInfo& info) const {
   double num = 0, den = 0;
   const double gu = 2.0 * info.ffn * info.hidden, dn = 1.0 * info.hidden * info.ffn;
   for (int l = 0; l < num_layers_; ++l) {
+    if (!info.HasLayer(static_cast<uint32_t>(l))) continue;  // a dense layer has no blocks
     for (int e = 0; e < num_experts_; ++e) {
       num += gu * Get(l, e, ExpertProj::kGateUp) + dn * Get(l, e, ExpertProj::kDown);
       den += gu + dn;

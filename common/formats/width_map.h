@@ -29,8 +29,12 @@ class WidthMap {
   // "proj": "down", "bits": 5}, ...]}; entries override the default. Errors name the file and
   // the entry.
   static Result<WidthMap> FromFile(const std::string& path, int num_layers, int num_experts);
-  // Writes the map in the FromFile format (every block listed).
-  Status Save(const std::string& path) const;
+  // The same for `info`'s store: an entry naming a layer without blocks (a dense layer) is
+  // refused, naming it.
+  static Result<WidthMap> FromFile(const std::string& path, const apw::StoreInfo& info);
+  // Writes the map in the FromFile format (every block listed; with `info`, only the blocks
+  // of its store's layers).
+  Status Save(const std::string& path, const apw::StoreInfo* info = nullptr) const;
 
   int num_layers() const { return num_layers_; }
   int num_experts() const { return num_experts_; }
@@ -39,7 +43,8 @@ class WidthMap {
   }
   // bits must be 3..8 or 16.
   Status Set(int layer, int expert, ExpertProj proj, int bits);
-  // Mean bits per weight over all blocks, each weighted by its rows*cols.
+  // Mean bits per weight over the store's blocks (dense layers have none), each weighted by its
+  // rows*cols.
   double AverageBits(const apw::StoreInfo& info) const;
 
  private:

@@ -49,6 +49,11 @@ Result<std::unique_ptr<ApwExpertProvider>> ApwExpertProvider::Create(
                            std::to_string(info.hidden) + ", ffn " + std::to_string(info.ffn) +
                            ") do not match the model");
   }
+  std::vector<uint32_t> moe_layers;
+  for (size_t l = 0; l < model.layers().size(); ++l) {
+    if (model.layers()[l].is_moe) moe_layers.push_back(static_cast<uint32_t>(l));
+  }
+  PW_RETURN_IF_ERROR(apw::CheckStoreLayers(info, moe_layers, where));
   if (widths.num_layers() != static_cast<int>(info.num_layers) ||
       widths.num_experts() != static_cast<int>(info.num_experts)) {
     return InvalidArgument(where + "width map does not match the store's layers/experts");
@@ -62,9 +67,15 @@ Result<std::unique_ptr<ApwExpertProvider>> ApwExpertProvider::Create(
   }
   if (tile_rows < 1) return InvalidArgument("tile_rows must be >= 1");
   std::unique_ptr<ApwExpertProvider> p(new ApwExpertProvider(store, model, std::move(widths)));
+  // pages_ in ExpertBlockIndex order over the model's layers; a dense layer's slots stay empty
+  // (the engine never asks a provider for its experts).
   for (uint32_t l = 0; l < info.num_layers; ++l) {
     for (uint32_t e = 0; e < info.num_experts; ++e) {
       for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
+        if (!info.HasLayer(l)) {
+          p->pages_.push_back(nullptr);
+          continue;
+        }
         const apw::BlockData* b = store->Find(l, e, kind);
         if (b == nullptr) return Internal(where + "store lacks a block it validated");
         p->pages_.push_back(std::make_unique<PageLists>(b->planes, b->luts, static_cast<int>(b->rows),
@@ -99,6 +110,9 @@ Status ApwExpertProvider::RunExperts(const engine::ExpertLayerCall& call) {
     if (layer < 0 || layer >= widths_.num_layers() || g.expert < 0 || g.expert >= widths_.num_experts()) {
       return InvalidArgument("apw experts: no expert " + std::to_string(g.expert) + " in layer " +
                              std::to_string(layer));
+    }
+    if (!store_->info().HasLayer(static_cast<uint32_t>(layer))) {
+      return InvalidArgument("apw experts: layer " + std::to_string(layer) + " is dense (no blocks in the store)");
     }
     for (auto proj : {engine::ExpertProj::kGateUp, engine::ExpertProj::kDown}) {
       const bool bf16 = widths_.Get(layer, g.expert, proj) == kBf16Bits;

@@ -74,6 +74,13 @@ Status Broker::Setup() {
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   PW_ASSIGN_OR_RETURN(ucx_worker_, transport::ucx::Worker::Create(*ucx_ctx_));
   const int num_layers = static_cast<int>(cfg.num_layers), num_experts = static_cast<int>(cfg.num_experts);
+  std::vector<uint32_t> moe_layers;
+  std::vector<bool> block_layers(static_cast<size_t>(num_layers), false);
+  for (int l = 0; l < num_layers; ++l) {
+    if (!cfg.IsMoeLayer(l)) continue;
+    moe_layers.push_back(static_cast<uint32_t>(l));
+    block_layers[static_cast<size_t>(l)] = true;
+  }
   if (!options_.store_path.empty()) {
     if (options_.initial_bits < anyprec::kMinBits || options_.initial_bits > anyprec::kMaxBits) {
       return InvalidArgument("broker: initial_bits " + std::to_string(options_.initial_bits) +
@@ -91,17 +98,20 @@ Status Broker::Setup() {
                    << options_.model_hash_cache;
     }
     PW_ASSIGN_OR_RETURN(served_, ServedStore::Open(options_.store_path, hash, *ucx_ctx_));
+    // Blocks are numbered by the model's layers; the store holds exactly the MoE layers (a
+    // dense layer, e.g. GLM-4.5's first, has none).
     if (served_->store().info().num_layers != static_cast<uint32_t>(num_layers)) {
-      return Unsupported("broker: store " + options_.store_path + " has " +
-                         std::to_string(served_->store().info().num_layers) +
-                         " MoE layers, the model " + std::to_string(num_layers) +
-                         " layers (every layer must be MoE)");
+      return Unsupported("broker: store " + options_.store_path + " was made for a model of " +
+                         std::to_string(served_->store().info().num_layers) + " layers, the model has " +
+                         std::to_string(num_layers));
     }
+    PW_RETURN_IF_ERROR(apw::CheckStoreLayers(served_->store().info(), moe_layers,
+                                             "broker: store " + options_.store_path + ": "));
     book_ = std::make_unique<PlanBook>(num_layers, num_experts, options_.initial_bits,
-                                       anyprec::kMinBits, anyprec::kMaxBits);
+                                       anyprec::kMinBits, anyprec::kMaxBits, block_layers);
   } else {
     PW_RETURN_IF_ERROR(SetupBf16Store(*experts));
-    book_ = std::make_unique<PlanBook>(num_layers, num_experts, 16, 16, 16);
+    book_ = std::make_unique<PlanBook>(num_layers, num_experts, 16, 16, 16, block_layers);
   }
   registration_.model = cfg;
   experts.reset();

@@ -5,12 +5,21 @@
 
 namespace pw::broker {
 
-PlanBook::PlanBook(int num_layers, int num_experts, int initial_bits, int min_bits, int max_bits)
+PlanBook::PlanBook(int num_layers, int num_experts, int initial_bits, int min_bits, int max_bits,
+                   std::vector<bool> block_layers)
     : num_layers_(num_layers),
       num_experts_(num_experts),
       min_bits_(min_bits),
       max_bits_(max_bits),
-      desired_(static_cast<size_t>(num_layers) * num_experts * 2, initial_bits) {}
+      block_layers_(std::move(block_layers)),
+      desired_(static_cast<size_t>(num_layers) * num_experts * 2, initial_bits) {
+  for (int l = 0; l < num_layers_; ++l) {
+    if (HasBlocks(l)) continue;
+    for (int e = 0; e < num_experts_; ++e) {
+      for (int p = 0; p < 2; ++p) desired_[Index(l, e, static_cast<ExpertProj>(p))] = 0;
+    }
+  }
+}
 
 Status PlanBook::CheckBits(int bits, bool allow_zero) const {
   if ((bits == 0 && allow_zero) || (bits >= min_bits_ && bits <= max_bits_)) return Status::Ok();
@@ -33,6 +42,9 @@ Status PlanBook::CheckBlock(int layer, int expert) const {
 Status PlanBook::CheckSelection(const Selection& s, bool allow_zero) const {
   PW_RETURN_IF_ERROR(CheckBits(s.bits, allow_zero));
   if (s.layer != -1) PW_RETURN_IF_ERROR(CheckBlock(s.layer, 0));
+  if (s.layer != -1 && !HasBlocks(s.layer)) {
+    return InvalidArgument("layer " + std::to_string(s.layer) + " is dense: it has no expert blocks");
+  }
   if (s.expert != -1) PW_RETURN_IF_ERROR(CheckBlock(0, s.expert));
   if (s.expert != -1 && s.layer == -1) return InvalidArgument("an expert needs its layer");
   if (s.proj < -1 || s.proj > 1) {
@@ -43,7 +55,7 @@ Status PlanBook::CheckSelection(const Selection& s, bool allow_zero) const {
 
 void PlanBook::Select(const Selection& s) {
   for (int l = 0; l < num_layers_; ++l) {
-    if (s.layer != -1 && l != s.layer) continue;
+    if ((s.layer != -1 && l != s.layer) || !HasBlocks(l)) continue;
     for (int e = 0; e < num_experts_; ++e) {
       if (s.expert != -1 && e != s.expert) continue;
       for (int p = 0; p < 2; ++p) {
@@ -84,7 +96,7 @@ Status PlanBook::Mirror(const std::string& worker, const std::vector<BlockWidth>
   MirrorState m = NewMirror();
   for (const BlockWidth& c : committed) {
     PW_RETURN_IF_ERROR(CheckBlock(c.layer, c.expert));
-    m.committed[Index(c.layer, c.expert, c.proj)] = c.bits;
+    if (HasBlocks(c.layer)) m.committed[Index(c.layer, c.expert, c.proj)] = c.bits;
   }
   auto it = mirrors_.find(worker);
   if (it != mirrors_.end()) m.pool = it->second.pool;
@@ -101,7 +113,7 @@ Status PlanBook::Acked(const std::string& worker, uint64_t epoch,
   }
   for (const BlockWidth& c : committed) {
     PW_RETURN_IF_ERROR(CheckBlock(c.layer, c.expert));
-    it->second.committed[Index(c.layer, c.expert, c.proj)] = c.bits;
+    if (HasBlocks(c.layer)) it->second.committed[Index(c.layer, c.expert, c.proj)] = c.bits;
   }
   if (complete && epoch > it->second.pool.epoch) it->second.pool.epoch = epoch;
   return Status::Ok();
@@ -134,7 +146,7 @@ void PlanBook::Forget(const std::string& worker) { mirrors_.erase(worker); }
 void PlanBook::AdoptDesired(const std::vector<BlockWidth>& desired) {
   if (changed_here_) return;
   for (const BlockWidth& c : desired) {
-    if (CheckBlock(c.layer, c.expert).ok() && (c.bits == 0 || CheckBits(c.bits, false).ok())) {
+    if (CheckBlock(c.layer, c.expert).ok() && HasBlocks(c.layer) && (c.bits == 0 || CheckBits(c.bits, false).ok())) {
       desired_[Index(c.layer, c.expert, c.proj)] = c.bits;
     }
   }
@@ -147,6 +159,7 @@ std::vector<BlockWidth> PlanBook::PendingFor(const std::string& worker) const {
   const MirrorState& m = it->second;
   const bool budget = m.pool.residency_capacity != 0;
   for (int l = 0; l < num_layers_; ++l) {
+    if (!HasBlocks(l)) continue;
     for (int e = 0; e < num_experts_; ++e) {
       for (int p = 0; p < 2; ++p) {
         const size_t i = Index(l, e, static_cast<ExpertProj>(p));
@@ -198,6 +211,12 @@ std::string PlanBook::Show(bool blocks, int layer) const {
   o << "layer which          0     3     4     5     6     7     8    16  mean bits\n";
   for (int l = 0; l < num_layers_; ++l) {
     if (layer != -1 && l != layer) continue;
+    if (!HasBlocks(l)) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%-5d dense (no expert blocks)\n", l);
+      o << buf;
+      continue;
+    }
     histogram_row("desired", l, desired_);
     for (const auto& [id, m] : mirrors_) histogram_row(id.c_str(), l, m.committed);
   }
@@ -206,7 +225,7 @@ std::string PlanBook::Show(bool blocks, int layer) const {
     for (const auto& [id, m] : mirrors_) o << " " << id;
     o << "\n";
     for (int l = 0; l < num_layers_; ++l) {
-      if (layer != -1 && l != layer) continue;
+      if ((layer != -1 && l != layer) || !HasBlocks(l)) continue;
       for (int e = 0; e < num_experts_; ++e) {
         for (int p = 0; p < 2; ++p) {
           const size_t i = Index(l, e, static_cast<ExpertProj>(p));

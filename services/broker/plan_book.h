@@ -8,6 +8,9 @@
 //     Telemetry;
 //   - PendingFor(worker): the changes that worker still has to make (d_i != its q_i), which
 //     the broker sends as one Plan.
+//   - a dense layer (no routed experts: GLM-4.5's first layers) keeps its layer number and has
+//     no blocks: never selected, never pending, shown as dense; entries a worker reports for it
+//     are ignored.
 //   - a worker with a residency budget (its Register/Telemetry residencyCapacity) holds only
 //     the experts its miss policy keeps resident; its other blocks sit at q_i = 0 by design and
 //     take the plan's width only when they become resident. For such a worker a block at 0 is
@@ -47,12 +50,19 @@ class PlanBook {
  public:
   // `min_bits`..`max_bits`: the widths hand changes may ask for (3..8 for an .apw store, 16
   // only for a bf16 store); 0 (drop the block) is allowed by Apply only.
-  PlanBook(int num_layers, int num_experts, int initial_bits, int min_bits, int max_bits);
+  // `block_layers[l]`: whether layer l has expert blocks (empty: every layer).
+  PlanBook(int num_layers, int num_experts, int initial_bits, int min_bits, int max_bits,
+           std::vector<bool> block_layers = {});
 
   int num_layers() const { return num_layers_; }
   int num_experts() const { return num_experts_; }
   uint64_t epoch() const { return epoch_; }
   int desired(size_t i) const { return desired_[i]; }
+  // Whether `layer` has expert blocks (false for a dense layer).
+  bool HasBlocks(int layer) const {
+    return block_layers_.empty() || (layer >= 0 && static_cast<size_t>(layer) < block_layers_.size() &&
+                                     block_layers_[static_cast<size_t>(layer)]);
+  }
 
   // A set of blocks and the width they go to: `layer` (-1: all), `expert` (-1: all; needs a
   // layer) and `proj` (-1: both, 0 gate_up, 1 down).
@@ -112,6 +122,7 @@ class PlanBook {
 
   int num_layers_, num_experts_;
   int min_bits_, max_bits_;
+  std::vector<bool> block_layers_;
   uint64_t epoch_ = 0;
   bool changed_here_ = false;
   std::vector<int> desired_;

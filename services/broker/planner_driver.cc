@@ -89,7 +89,11 @@ Result<std::optional<PlannerDriver::Outcome>> PlannerDriver::Tick(uint64_t now_m
   }
   if (tightest == nullptr) return std::optional<Outcome>();
   const std::vector<int>* committed = book->Committed(*tightest);
-  if (committed == nullptr || committed->size() != static_cast<size_t>(store_.num_blocks())) {
+  // The mirror is in the model's block numbering (dense layers' slots included); the planner
+  // sees the store's blocks only, so a dense layer is never planned nor counted.
+  const size_t model_blocks =
+      static_cast<size_t>(store_.info().num_layers) * store_.info().num_experts * kProjsPerExpert;
+  if (committed == nullptr || committed->size() != model_blocks) {
     return std::optional<Outcome>();
   }
   PW_ASSIGN_OR_RETURN(auto* pages, PagesFor(pool->page_bytes));

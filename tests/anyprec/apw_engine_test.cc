@@ -561,35 +561,127 @@ TEST(ApwHybrids, RoutedExpertsAreBlocksAndTheLinearLayersStayBf16) {
   }
 }
 
-// GLM-4.5's dense first layers (first_k_dense_replace) have no routed experts; .apw stores hold
-// every layer's experts, so such a checkpoint is refused by name rather than stored partially.
-TEST(ApwGlm4Moe, DenseFirstLayersAreRefusedClearly) {
+// GLM-4.5's dense first layers (first_k_dense_replace) have no routed experts: pw-quantize
+// stores the MoE layers' blocks under the model's layer numbers (the fixture: layer 0 dense,
+// layers 1 and 2 MoE), the store at bf16 width gives the checkpoint's logits bit for bit and at
+// 8 bits stays close; a store whose layers are not the model's MoE layers is refused naming both.
+TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
   pw::testing::TempDir dir;
-  SyntheticMoeSpec spec = {};
-  spec.type = ModelType::kGlm4Moe;
-  spec.layers = 2;
-  spec.hidden = 64;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.experts = 4;
-  spec.top_k = 2;
-  spec.expert_ffn = 32;
-  spec.shared_ffn = 32;
-  spec.dense_layers = 1;
-  spec.dense_ffn = 64;
-  spec.vocab = 300;
-  ASSERT_TRUE(WriteSyntheticMoe(spec, dir.path()).ok());
+  const std::string model = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/glm4_moe";
   QuantizeModelOptions o;
-  o.model_dir = dir.path();
-  o.calib_random_tokens = 50;
+  o.model_dir = model;
+  o.tokenizer_path = "/nonexistent/tokenizer.json";
+  o.calib_random_tokens = 200;
   o.out_path = dir.File("glm.apw");
-  o.threads = 1;
+  o.threads = 2;
+  o.ctx = 64;
   o.progress = false;
   auto r = QuantizeModel(o);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(r.status().message().find("dense (non-MoE) layers"), std::string::npos)
-      << r.status().ToString();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_blocks, 2 * 16 * 2);  // MoE layers x routed experts x (gate_up, down)
+  auto opened = apw::ApwStore::Open(o.out_path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  const apw::StoreInfo info = (*opened)->info();
+  EXPECT_EQ(info.num_layers, 3u);
+  EXPECT_EQ(info.layers, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ((*opened)->Find(0, 0, apw::BlockKind::kGateUp), nullptr);
+  EXPECT_NE((*opened)->Find(1, 15, apw::BlockKind::kDown), nullptr);
+  // A build through a resume directory (one part per MoE layer) writes the same bytes.
+  {
+    auto read = [](const std::string& p) {
+      std::ifstream f(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    };
+    QuantizeModelOptions resumed = o;
+    resumed.out_path = dir.File("glm_resumed.apw");
+    resumed.resume_dir = dir.File("parts");
+    auto rr = QuantizeModel(resumed);
+    ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+    EXPECT_EQ(rr->num_blocks, 2 * 16 * 2);
+    EXPECT_EQ(read(resumed.out_path), read(o.out_path));
+  }
+
+  auto eng = engine::Engine::Create(model, {});
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  ASSERT_FALSE((*eng)->model().layers()[0].is_moe);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 193 + 11) % 4096);
+  auto ref = (*eng)->ForwardLogits(ids);
+  ASSERT_TRUE(ref.ok());
+  std::shared_ptr<const apw::ApwStore> store = std::move(opened).value();
+  for (int bits : {8, kBf16Bits}) {
+    auto widths = WidthMap::Uniform(bits, 3, 16);
+    ASSERT_TRUE(widths.ok());
+    EXPECT_EQ(widths->AverageBits(info), bits);  // over the MoE layers' blocks only
+    auto provider = ApwExpertProvider::Create(store, (*eng)->model(), *widths);
+    ASSERT_TRUE(provider.ok()) << provider.status().ToString();
+    engine::MoeHooks hooks;
+    hooks.provider = provider->get();
+    (*eng)->SetMoeHooks(hooks);
+    auto got = (*eng)->ForwardLogits(ids);
+    (*eng)->SetMoeHooks({});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    if (bits == kBf16Bits) {
+      EXPECT_EQ(RelError(*got, *ref), 0.0);
+    } else {
+      EXPECT_LT(RelError(*got, *ref), 0.1);
+    }
+  }
+
+  // A damage-ranked plan averages over the MoE layers' blocks: the dense layer counts nowhere.
+  auto plan = PlanDamageRanked(*store, 5.0, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_NEAR(plan->AverageBits(info), 5.0, 0.05);
+  // Saved for the store, the map lists the MoE layers' blocks only; a map naming a block of the
+  // dense layer is refused for this store, naming the layer.
+  const std::string map_path = dir.File("plan.json");
+  ASSERT_TRUE(plan->Save(map_path, &info).ok());
+  {
+    std::ifstream f(map_path);
+    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    EXPECT_EQ(text.find("\"layer\": 0,"), std::string::npos);
+    EXPECT_NE(text.find("\"layer\": 2,"), std::string::npos);
+  }
+  auto reread = WidthMap::FromFile(map_path, info);
+  ASSERT_TRUE(reread.ok()) << reread.status().ToString();
+  EXPECT_NEAR(reread->AverageBits(info), plan->AverageBits(info), 1e-12);
+  {
+    std::ofstream f(dir.File("dense.json"));
+    f << "{\"default_bits\": 4, \"blocks\": [{\"layer\": 0, \"expert\": 3, \"proj\": \"down\", \"bits\": 5}]}";
+  }
+  auto dense_entry = WidthMap::FromFile(dir.File("dense.json"), info);
+  ASSERT_FALSE(dense_entry.ok());
+  EXPECT_NE(dense_entry.status().message().find(
+                "blocks[0]: layer 0 is dense: the store holds expert blocks for layers [1, 2]"),
+            std::string::npos)
+      << dense_entry.status().ToString();
+
+  // A store of the same shape holding blocks for layer 0 as well (layer 1's copied there).
+  apw::StoreInfo every = info;
+  every.layers = {0, 1, 2};
+  const std::string wrong = dir.File("every_layer.apw");
+  {
+    auto w = apw::ApwWriter::Create(wrong, every);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (int i = 0; i < store->num_blocks(); ++i) {
+      ASSERT_TRUE((*w)->Add(store->block(i)).ok());
+      if (store->block(i).layer == 1) {
+        apw::BlockData copy = store->block(i);
+        copy.layer = 0;
+        ASSERT_TRUE((*w)->Add(copy).ok());
+      }
+    }
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  auto every_store = apw::ApwStore::Open(wrong);
+  ASSERT_TRUE(every_store.ok()) << every_store.status().ToString();
+  auto refused = ApwExpertProvider::Create(std::move(every_store).value(), (*eng)->model(),
+                                           *WidthMap::Uniform(8, 3, 16));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(
+                "the store holds expert blocks for layers [0, 1, 2], the model's MoE layers are [1, 2]"),
+            std::string::npos)
+      << refused.status().ToString();
 }
 
 }  // namespace

@@ -23,13 +23,13 @@ struct FakeBlock {
   BlockData data;
 };
 
-constexpr StoreInfo kInfo{2, 3, 40, 24, 0x1234abcd5678ef01ull};
+const StoreInfo kInfo{2, 3, 40, 24, 0x1234abcd5678ef01ull, {}};
 
-std::vector<FakeBlock> MakeBlocks(uint32_t seed) {
+std::vector<FakeBlock> MakeBlocks(uint32_t seed, const StoreInfo& info = kInfo) {
   std::mt19937 rng(seed);
-  std::vector<FakeBlock> out(kInfo.num_layers * kInfo.num_experts * 2);
+  std::vector<FakeBlock> out(info.BlockLayers().size() * kInfo.num_experts * 2);
   size_t i = 0;
-  for (uint32_t l = 0; l < kInfo.num_layers; ++l) {
+  for (uint32_t l : info.BlockLayers()) {
     for (uint32_t e = 0; e < kInfo.num_experts; ++e) {
       for (BlockKind k : {BlockKind::kGateUp, BlockKind::kDown}) {
         FakeBlock& f = out[i++];
@@ -62,8 +62,8 @@ std::string TempPath(const std::string& name) {
   return ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid()) + ".apw";
 }
 
-void WriteStore(const std::string& path, const std::vector<FakeBlock>& blocks) {
-  auto w = ApwWriter::Create(path, kInfo);
+void WriteStore(const std::string& path, const std::vector<FakeBlock>& blocks, const StoreInfo& info = kInfo) {
+  auto w = ApwWriter::Create(path, info);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   // Reverse order: the reader must not depend on the order blocks were added in.
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) ASSERT_TRUE((*w)->Add(it->data).ok());
@@ -142,6 +142,113 @@ TEST(ApwStore, WriterRefusesIncompleteOrWrongBlocks) {
   w = Result<std::unique_ptr<ApwWriter>>(Internal("drop"));
   EXPECT_NE(::access((path + ".tmp").c_str(), F_OK), 0) << "temporary file left behind";
   EXPECT_NE(::access(path.c_str(), F_OK), 0);
+}
+
+// A model whose layer 0 is dense (GLM-4.5's first_k_dense_replace): the store holds layers 1
+// and 2, numbered as the model numbers them, in format version 2 with its layer list; a store
+// of every layer stays version 1.
+const StoreInfo kDenseFirst{3, 3, 40, 24, 0x1234abcd5678ef01ull, {1, 2}};
+
+uint32_t HeaderVersion(const std::string& path) {
+  const auto bytes = ReadAll(path);
+  uint32_t v = 0;
+  std::memcpy(&v, bytes.data() + 8, 4);
+  return v;
+}
+
+TEST(ApwStore, DenseLayersHaveNoBlocksAndTheHeaderListsTheStoresLayers) {
+  const auto blocks = MakeBlocks(11, kDenseFirst);
+  ASSERT_EQ(blocks.size(), 2u * 3 * 2);
+  const std::string path = TempPath("dense_first");
+  WriteStore(path, blocks, kDenseFirst);
+  EXPECT_EQ(HeaderVersion(path), kFormatVersion);
+  auto store = ApwStore::Open(path, {true, kDenseFirst.model_hash});
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const ApwStore& s = **store;
+  EXPECT_EQ(s.info().num_layers, 3u);
+  EXPECT_EQ(s.info().layers, (std::vector<uint32_t>{1, 2}));
+  EXPECT_FALSE(s.info().HasLayer(0));
+  EXPECT_TRUE(s.info().HasLayer(2));
+  EXPECT_EQ(s.num_blocks(), 12);
+  EXPECT_EQ(s.Find(0, 0, BlockKind::kGateUp), nullptr);
+  for (const FakeBlock& f : blocks) {
+    const BlockData* b = s.Find(f.data.layer, f.data.expert, f.data.kind);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->calib_tokens, f.data.calib_tokens);
+    ASSERT_EQ(0, std::memcmp(b->planes[7], f.planes[7].data(), f.planes[7].size()));
+  }
+  EXPECT_TRUE(CheckStoreLayers(s.info(), {1, 2}, "").ok());
+  Status mismatch = CheckStoreLayers(s.info(), {0, 1, 2}, "x: ");
+  EXPECT_NE(mismatch.message().find("layers [1, 2], the model's MoE layers are [0, 1, 2]"), std::string::npos)
+      << mismatch.ToString();
+
+  // A full store is version 1 (what older builds read) and lists every layer on reading.
+  const std::string full = TempPath("full_v1");
+  WriteStore(full, MakeBlocks(12));
+  EXPECT_EQ(HeaderVersion(full), kFullStoreVersion);
+  auto opened = ApwStore::Open(full);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ((*opened)->info().layers, (std::vector<uint32_t>{0, 1}));
+  std::remove(full.c_str());
+  std::remove(path.c_str());
+}
+
+TEST(ApwStore, PartialStoresAreCompleteLayersOnly) {
+  const std::string path = TempPath("partial_wrong");
+  // The writer: a block of a layer outside the list, a layer missing an expert, a bad list.
+  {
+    auto w = ApwWriter::Create(path, kDenseFirst);
+    ASSERT_TRUE(w.ok());
+    auto other = MakeBlocks(13);  // layers 0 and 1
+    Status st = (*w)->Add(other[0].data);
+    EXPECT_NE(st.message().find("outside the store's layers [1, 2]"), std::string::npos) << st.ToString();
+    auto blocks = MakeBlocks(13, kDenseFirst);
+    for (size_t i = 1; i < blocks.size(); ++i) ASSERT_TRUE((*w)->Add(blocks[i].data).ok());
+    st = (*w)->Finish();
+    EXPECT_NE(st.message().find("layer 1, expert 0, gate_up) was never added"), std::string::npos) << st.ToString();
+    StoreInfo unordered = kDenseFirst;
+    unordered.layers = {2, 1};
+    EXPECT_FALSE(ApwWriter::Create(path, unordered).ok());
+    unordered.layers = {1, 3};
+    EXPECT_FALSE(ApwWriter::Create(path, unordered).ok());
+  }
+  // The reader: a layer list naming a layer the table has no blocks of.
+  WriteStore(path, MakeBlocks(14, kDenseFirst), kDenseFirst);
+  auto bytes = ReadAll(path);
+  uint64_t list_at = 0;
+  std::memcpy(&list_at, bytes.data() + 88, 8);
+  uint32_t zero = 0;
+  std::memcpy(bytes.data() + list_at, &zero, 4);  // [0, 2]: the list's checksum now fails
+  WriteAll(path, bytes);
+  auto bad = ApwStore::Open(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("layer list checksum"), std::string::npos) << bad.status().ToString();
+  const uint32_t crc = Crc32(bytes.data() + list_at, 8);
+  std::memcpy(bytes.data() + 84, &crc, 4);
+  const uint32_t hcrc = Crc32(bytes.data(), 252);
+  std::memcpy(bytes.data() + 252, &hcrc, 4);
+  WriteAll(path, bytes);
+  bad = ApwStore::Open(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("layer 1 is not in the store's layers [0, 2]"), std::string::npos)
+      << bad.status().ToString();
+  std::remove(path.c_str());
+}
+
+TEST(ApwStore, AnUnknownVersionIsNamed) {
+  const std::string path = TempPath("v3");
+  WriteStore(path, MakeBlocks(15, kDenseFirst), kDenseFirst);
+  auto bytes = ReadAll(path);
+  const uint32_t v3 = 3;
+  std::memcpy(bytes.data() + 8, &v3, 4);
+  const uint32_t hcrc = Crc32(bytes.data(), 252);
+  std::memcpy(bytes.data() + 252, &hcrc, 4);
+  WriteAll(path, bytes);
+  auto bad = ApwStore::Open(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(bad.status().message().find(".apw version 3 unsupported"), std::string::npos) << bad.status().ToString();
+  std::remove(path.c_str());
 }
 
 TEST(ApwStore, RefusesAnotherModel) {

@@ -1,5 +1,6 @@
 // A small .apw store of random blocks for tests: gate_up and down of every expert of every
-// layer at the StoreInfo's shapes, in ExpertBlockIndex order, random planes and LUTs.
+// layer the StoreInfo holds (all, or its `layers`) at its shapes, in ExpertBlockIndex order,
+// random planes and LUTs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,7 +26,7 @@ inline void WriteRandomStore(const std::string& path, const apw::StoreInfo& info
   auto w = apw::ApwWriter::Create(path, info);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   std::mt19937 rng(seed);
-  for (uint32_t l = 0; l < info.num_layers; ++l) {
+  for (uint32_t l : info.BlockLayers()) {
     for (uint32_t e = 0; e < info.num_experts; ++e) {
       for (auto kind : {ExpertProj::kGateUp, ExpertProj::kDown}) {
         const bool gate_up = kind == ExpertProj::kGateUp;

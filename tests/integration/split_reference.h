@@ -15,15 +15,17 @@
 
 namespace pw::testing {
 
-// Greedy continuations (`max_tokens` each, the first token from prefill) decoded to text. With
-// `one_at_a_time`, each request decodes alone before the next is prefilled (a cold cache per
-// request sees them in order); otherwise all decode together in one batch.
-inline std::vector<std::string> SplitGreedy(engine::Engine& pre, engine::Engine& dec,
-                                            const Tokenizer& tok,
-                                            const std::vector<std::vector<int32_t>>& prompts,
-                                            int max_tokens, bool one_at_a_time) {
+// Greedy continuations (`max_tokens` each, the first token from prefill) as token ids, past
+// end-of-sequence when `ignore_eos`. With `one_at_a_time`, each request decodes alone before
+// the next is prefilled (a cold cache per request sees them in order); otherwise all decode
+// together in one batch.
+inline std::vector<std::vector<int32_t>> SplitGreedyTokens(engine::Engine& pre, engine::Engine& dec,
+                                                           const std::vector<std::vector<int32_t>>& prompts,
+                                                           int max_tokens, bool one_at_a_time,
+                                                           bool ignore_eos = false) {
   engine::SamplingParams p;
   p.max_tokens = max_tokens;
+  p.ignore_eos = ignore_eos;
   std::vector<std::vector<int32_t>> toks(prompts.size());
   auto run = [&] {
     while (dec.HasWork()) {
@@ -44,7 +46,7 @@ inline std::vector<std::string> SplitGreedy(engine::Engine& pre, engine::Engine&
     auto dst = dec.LeaseKvBlocks(nb).value();
     auto first = pre.Prefill(prompts[i], src, p);
     EXPECT_TRUE(first.ok()) << first.status().ToString();
-    if (!first.ok()) return {};
+    if (!first.ok()) return toks;
     for (int b = 0; b < nb; ++b) {
       for (int l = 0; l < kl.num_layers; ++l) {
         std::memcpy(dec.LeasedKvPage(dst[b], l), pre.kv_pool().LayerPage(src[b], l),
@@ -57,8 +59,18 @@ inline std::vector<std::string> SplitGreedy(engine::Engine& pre, engine::Engine&
     if (one_at_a_time) run();
   }
   run();
+  return toks;
+}
+
+// The same continuations decoded to text.
+inline std::vector<std::string> SplitGreedy(engine::Engine& pre, engine::Engine& dec,
+                                            const Tokenizer& tok,
+                                            const std::vector<std::vector<int32_t>>& prompts,
+                                            int max_tokens, bool one_at_a_time) {
   std::vector<std::string> out;
-  for (auto& t : toks) out.push_back(tok.Decode(t, /*skip_special_tokens=*/true).value());
+  for (auto& t : SplitGreedyTokens(pre, dec, prompts, max_tokens, one_at_a_time)) {
+    out.push_back(tok.Decode(t, /*skip_special_tokens=*/true).value());
+  }
   return out;
 }
 

@@ -15,10 +15,14 @@
 #include <random>
 #include <thread>
 
+#include "common/formats/apw_store.h"
+#include "common/formats/width_map.h"
 #include "engine/engine.h"
+#include "engine/experts/apw_expert_provider.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/transport/zmq_transport.h"
+#include "tests/integration/split_reference.h"
 #include "tests/support/batch_invariance.h"
 #include "tests/support/http_util.h"
 #include "tests/support/process_util.h"
@@ -218,6 +222,7 @@ struct Cluster {
   std::string broker_endpoint;
   int decode_metrics_port = 0;  // > 0: the decode worker serves Prometheus metrics there
   std::vector<std::string> decode_args;  // more pw-decode options
+  std::vector<std::string> broker_args;  // added to the broker's command line (e.g. --store)
 
   bool Start(int decode_kv_blocks = 256, bool use_broker = true) {
     testing::UseBatchInvariantKernels();
@@ -226,9 +231,10 @@ struct Cluster {
     const std::string tag = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     if (use_broker) {
       broker_endpoint = "tcp://127.0.0.1:" + std::to_string(FreePort());
-      if (!broker.Start({Bin("pw-broker"), "--insecure", "--model", ModelDir(), "--bind", broker_endpoint,
-                         "--heartbeat-ms", "200"},
-                        log_dir + "/" + tag + ".broker.log")) {
+      std::vector<std::string> b = {Bin("pw-broker"), "--insecure", "--model", ModelDir(), "--bind",
+                                    broker_endpoint, "--heartbeat-ms", "200"};
+      b.insert(b.end(), broker_args.begin(), broker_args.end());
+      if (!broker.Start(b, log_dir + "/" + tag + ".broker.log")) {
         return false;
       }
     }
@@ -358,6 +364,123 @@ TEST(Workers, Glm4MoeGreedyTokensEqualInProcessEngine) {
   EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
   EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
   EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
+// glm4_moe's dense first layer in the any-precision path: pw-quantize (a real process) stores
+// the MoE layers 1 and 2 only; the broker serves that store, the decode worker pages its blocks
+// at 8 bits and the tokens equal the in-process split (prefill on the checkpoint's experts,
+// decode over the same store at 8 bits). A store whose layers are not the model's MoE layers
+// is refused by the broker, naming both lists.
+TEST(Workers, Glm4MoeDenseFirstLayerServedFromAnApwStore) {
+  ModelName() = "glm4_moe";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp";
+  std::filesystem::create_directories(dir);
+  const std::string store = dir + "/glm4_moe_dense_first.apw";
+  const std::string log_dir = std::string(PW_BINARY_DIR) + "/test-logs";
+  mkdir(log_dir.c_str(), 0755);
+  {
+    testing::ChildProcess q;
+    const std::string log = log_dir + "/Glm4MoeDenseFirst.quantize.log";
+    unlink(log.c_str());
+    ASSERT_TRUE(q.Start({Bin("pw-quantize"), "--model", ModelDir(), "--calib-random-tokens", "200", "--ctx", "64",
+                         "--threads", "2", "--quiet", "--out", store},
+                        log));
+    ASSERT_EQ(q.Wait(300000), 0) << q.Log();
+  }
+  auto opened = apw::ApwStore::Open(store);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  ASSERT_EQ((*opened)->info().layers, (std::vector<uint32_t>{1, 2}));
+  std::shared_ptr<const apw::ApwStore> shared(std::move(opened).value());
+
+  testing::UseBatchInvariantKernels();
+  const int kMax = 10;
+  auto prompts = RandomPrompts(8, 3131, 1, 50);
+  std::vector<std::vector<int32_t>> ref;
+  {
+    engine::EngineOptions eo;
+    eo.kv_dtype = engine::KvDtype::kBf16;
+    auto pre = engine::Engine::Create(ModelDir(), eo).value();
+    auto dec = engine::Engine::Create(ModelDir(), eo).value();
+    auto provider = anyprec::ApwExpertProvider::Create(shared, dec->model(), anyprec::WidthMap::Uniform(8, 3, 16).value());
+    ASSERT_TRUE(provider.ok()) << provider.status().ToString();
+    engine::MoeHooks hooks;
+    hooks.provider = provider->get();
+    dec->SetMoeHooks(hooks);
+    ref = testing::SplitGreedyTokens(*pre, *dec, prompts, kMax, /*one_at_a_time=*/false, /*ignore_eos=*/true);
+    dec->SetMoeHooks({});
+  }
+  ASSERT_EQ(ref.size(), prompts.size());
+
+  Cluster c;
+  c.broker_args = {"--store", store, "--initial-bits", "8"};
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 500 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size() << " tokens, seed 3131)";
+  }
+  // 2 MoE layers x 16 experts x (gate_up, down) paged in; layer 0 has none.
+  EXPECT_NE(c.decode.Log().find("loaded 64 expert blocks at 8 bits"), std::string::npos) << c.Logs();
+  // A residency budget is refused for such a model, naming the dense layer.
+  {
+    testing::ChildProcess cold;
+    const std::string log = log_dir + "/Glm4MoeDenseFirst.residency.log";
+    unlink(log.c_str());
+    ASSERT_TRUE(cold.Start({Bin("pw-decode"), "--insecure", "--model", ModelDir(), "--router", c.router.endpoint(),
+                            "--broker", c.broker_endpoint, "--id", "decode-1", "--kv-blocks", "64",
+                            "--residency", "0.5"},
+                           log));
+    for (int i = 0; i < 600 && cold.Wait(0) == -1; ++i) c.router.server().Poll(100, nullptr);
+    EXPECT_NE(cold.Wait(30000), 0) << cold.Log();
+    EXPECT_NE(cold.Log().find("layer 0 is dense (no expert blocks); a residency budget needs every layer MoE"),
+              std::string::npos)
+        << cold.Log();
+  }
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+
+  // A store holding layer 0 as well (layer 1's blocks copied there): the broker refuses it.
+  apw::StoreInfo every = shared->info();
+  every.layers = {0, 1, 2};
+  const std::string wrong = dir + "/glm4_moe_every_layer.apw";
+  {
+    auto w = apw::ApwWriter::Create(wrong, every);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (int i = 0; i < shared->num_blocks(); ++i) {
+      ASSERT_TRUE((*w)->Add(shared->block(i)).ok());
+      if (shared->block(i).layer != 1) continue;
+      apw::BlockData copy = shared->block(i);
+      copy.layer = 0;
+      ASSERT_TRUE((*w)->Add(copy).ok());
+    }
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  testing::ChildProcess refused;
+  const std::string log = log_dir + "/Glm4MoeDenseFirst.refused.log";
+  unlink(log.c_str());
+  ASSERT_TRUE(refused.Start({Bin("pw-broker"), "--insecure", "--model", ModelDir(), "--store", wrong, "--bind",
+                             "tcp://127.0.0.1:" + std::to_string(FreePort())},
+                            log));
+  EXPECT_NE(refused.Wait(60000), 0) << refused.Log();
+  EXPECT_NE(refused.Log().find("the store holds expert blocks for layers [0, 1, 2], the model's MoE layers are [1, 2]"),
+            std::string::npos)
+      << refused.Log();
+  std::filesystem::remove(store);
+  std::filesystem::remove(wrong);
 }
 
 TEST(Workers, PreemptionUnderSmallKvPoolLosesNothing) {

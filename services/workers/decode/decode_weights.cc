@@ -142,7 +142,9 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     }
     bytes_loaded_ = paged_->stats().bytes_raised;
     SendFullAck();
-    PW_LOG(INFO) << options_.worker_id << ": loaded " << paged_->table().num_blocks()
+    int blocks = 0;  // a dense layer's slots hold none
+    for (int i = 0; i < paged_->table().num_blocks(); ++i) blocks += paged_->HasBlock(static_cast<size_t>(i)) ? 1 : 0;
+    PW_LOG(INFO) << options_.worker_id << ": loaded " << blocks
                  << " expert blocks at " << bits << " bits (" << pool_->Count(memory::Tenant::kWeights)
                  << " of " << pool_->num_pages() << " pages of " << pool_->page_bytes()
                  << " bytes) from the broker";

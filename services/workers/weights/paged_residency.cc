@@ -21,6 +21,15 @@ Result<std::unique_ptr<PagedResidency>> PagedResidency::Create(const misses::Mis
   if (initial_bits < anyprec::kMinBits || initial_bits > anyprec::kMaxBits) {
     return InvalidArgument("expert residency: initial width " + std::to_string(initial_bits) + " is not 3..8");
   }
+  // The miss policy's capacity and resident sets are per layer over every layer; a dense
+  // layer (no expert blocks) would count in its budget and hold nothing. Refused until the
+  // policy counts MoE layers only.
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    if (!config.IsMoeLayer(l)) {
+      return Unsupported("expert residency: layer " + std::to_string(l) +
+                         " is dense (no expert blocks); a residency budget needs every layer MoE");
+    }
+  }
   PW_ASSIGN_OR_RETURN(misses::MissConfig mc, misses::ToMissConfig(settings));
   misses::Budget budget;
   budget.fraction = settings.residency.value_or(0);

@@ -161,11 +161,10 @@ Result<std::unique_ptr<PagedWeights>> PagedWeights::Create(memory::PagePool* poo
   w->options_ = options;
   const int L = static_cast<int>(config.num_layers);
   const int E = static_cast<int>(config.num_experts);
-  // The engine names blocks by absolute layer; the store counts MoE layers. They agree when
-  // every layer is MoE, which is what paged experts support today.
-  for (int l = 0; l < L; ++l) {
-    if (!config.IsMoeLayer(l)) return Unsupported("paged experts: layer " + std::to_string(l) + " is dense; every layer must be MoE");
-  }
+  // Blocks are numbered by the model's layers (the store's too): a dense layer's slots stay
+  // empty (width 0), never loaded, raised or fetched.
+  w->block_layers_.assign(static_cast<size_t>(L), false);
+  for (int l = 0; l < L; ++l) w->block_layers_[static_cast<size_t>(l)] = config.IsMoeLayer(l);
   PW_ASSIGN_OR_RETURN(w->table_, WeightPageTable::Create(pool, L, E,
                                                          static_cast<int>(config.hidden_size),
                                                          static_cast<int>(config.moe_intermediate_size)));
@@ -188,6 +187,10 @@ Status PagedWeights::ReadManifest(wire::WeightManifest::Reader manifest, std::ve
     if (layer >= moe_layers || expert >= E) {
       return Corrupt("weight manifest: part of block (layer " + std::to_string(layer) + ", expert " +
                      std::to_string(expert) + ") outside this model");
+    }
+    if (!block_layers_[static_cast<size_t>(layer)]) {
+      return Corrupt("weight manifest: part of block (layer " + std::to_string(layer) + ", expert " +
+                     std::to_string(expert) + ") in a dense layer of this model");
     }
     const ExpertProj proj = p.getKind() == wire::WeightKind::GATE_UP ? ExpertProj::kGateUp : ExpertProj::kDown;
     const size_t i = table_->Index(layer, expert, proj);
@@ -218,7 +221,7 @@ Status PagedWeights::ReadManifest(wire::WeightManifest::Reader manifest, std::ve
     ref = {p.getOffset(), p.getBytes(), p.getChecksum(), true};
   }
   for (size_t k = 0; k < parts->size(); ++k) {
-    if (!(*parts)[k].present) {
+    if (!(*parts)[k].present && HasBlock(k / kPartsPerBlock)) {
       return Corrupt("weight manifest: block " + std::to_string(k / kPartsPerBlock) + " lacks part " +
                      std::to_string(k % kPartsPerBlock));
     }
@@ -294,6 +297,9 @@ Status PagedWeights::SetDesired(const std::vector<std::pair<size_t, int>>& chang
     if (i >= static_cast<size_t>(table_->num_blocks())) return InvalidArgument("no block " + std::to_string(i));
     if (bits != 0 && (bits < anyprec::kMinBits || bits > anyprec::kMaxBits)) {
       return InvalidArgument("block " + std::to_string(i) + ": width " + std::to_string(bits) + " is not 0 or 3..8");
+    }
+    if (bits != 0 && !HasBlock(i)) {
+      return InvalidArgument("block " + std::to_string(i) + " is in a dense layer (no expert blocks)");
     }
   }
   for (const auto& [i, bits] : changes) table_->set_desired(i, bits);
@@ -391,7 +397,9 @@ void PagedWeights::CancelTransfers(const std::string& why) { mover_->Cancel(why)
 
 Status PagedWeights::LoadAll(int bits, int timeout_ms, const std::function<void()>& while_waiting) {
   std::vector<std::pair<size_t, int>> all;
-  for (int i = 0; i < table_->num_blocks(); ++i) all.emplace_back(static_cast<size_t>(i), bits);
+  for (int i = 0; i < table_->num_blocks(); ++i) {
+    if (HasBlock(static_cast<size_t>(i))) all.emplace_back(static_cast<size_t>(i), bits);
+  }
   PW_RETURN_IF_ERROR(SetDesired(all));
   const auto t0 = std::chrono::steady_clock::now();
   while (pending() > 0) {

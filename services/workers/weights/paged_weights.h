@@ -93,6 +93,11 @@ class PagedWeights {
   engine::ExpertWeightProvider* provider();
   memory::WeightPageTable& table() { return *table_; }
   const memory::WeightPageTable& table() const { return *table_; }
+  // Whether block i (ExpertBlockIndex over the model's layers) exists: false in a dense layer.
+  bool HasBlock(size_t i) const {
+    const size_t layer = i / kProjsPerExpert / static_cast<size_t>(table_->num_experts());
+    return layer < block_layers_.size() && block_layers_[layer];
+  }
   const PagedWeightsStats& stats() const { return stats_; }
   // Seconds each raise committed since the last call took, submit to arrival.
   std::vector<double> TakeRaiseSeconds() { return std::exchange(raise_seconds_, {}); }
@@ -169,6 +174,7 @@ class PagedWeights {
   size_t scan_from_ = 0;  // round-robin start of the pending scan
   std::vector<double> raise_seconds_;
   std::vector<uint64_t> retry_at_ms_;  // per block: failed transfer, not before this (0 = now)
+  std::vector<bool> block_layers_;     // per model layer: whether it has expert blocks
 };
 
 }  // namespace pw::workers

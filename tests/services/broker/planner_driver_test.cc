@@ -9,6 +9,7 @@
 #include <random>
 
 #include "common/formats/apw_store.h"
+#include "memory/weight_page_table.h"
 #include "tests/services/broker/damage_scaled_store.h"
 
 namespace pw::broker {
@@ -99,6 +100,59 @@ TEST_F(PlannerDriverTest, LowersUnderPressureWaitsForTheAckThenRaises) {
   for (const auto& c : (*high)->decision.changes) EXPECT_GT(c.to, c.from);
   ASSERT_NE(driver->last(), nullptr);
   EXPECT_EQ(driver->last()->epoch, 2u);
+}
+
+// A model whose layer 0 is dense (GLM-4.5's first_k_dense_replace): the store holds layers 1
+// and 2 under those numbers; the plan book never selects, pends or shows layer 0's (absent)
+// blocks, and the planner, under a pressure no lowering can meet, lowers exactly the MoE layers'
+// blocks to the floor: the pages it frees are the sum over those blocks only.
+TEST(PlannerDriverDense, ADenseLayerIsNeverPlannedNorCounted) {
+  const std::string path = TestStorePath("planner_driver_");
+  WriteDamageScaledStore(path, {3, kExperts, kHidden, kFfn, 7, {1, 2}},
+                         [](uint32_t, uint32_t e) { return e == 0 ? 1.0 : 10.0; });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto store = apw::ApwStore::Open(path).value();
+  PlanBook book(3, kExperts, 8, 3, 8, {false, true, true});
+  // The worker's table is in the model's numbering: layer 0's slots are reported at 0 bits.
+  std::vector<BlockWidth> committed;
+  for (int l = 0; l < 3; ++l) {
+    for (int e = 0; e < kExperts; ++e) {
+      for (auto p : {ExpertProj::kGateUp, ExpertProj::kDown}) committed.push_back({l, e, p, l == 0 ? 0 : 8});
+    }
+  }
+  ASSERT_TRUE(book.Mirror("d0", committed).ok());
+  EXPECT_TRUE(book.PendingFor("d0").empty());
+  auto dense = book.SetBits(5, 0, -1, -1);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("layer 0 is dense"), std::string::npos) << dense.status().ToString();
+  EXPECT_NE(book.Show(false, -1).find("0     dense (no expert blocks)"), std::string::npos) << book.Show(false, -1);
+
+  auto driver = PlannerDriver::Create(*store, WatermarkParams()).value();
+  int64_t moe_pages_at_8 = 0, moe_pages_at_3 = 0;
+  for (int i = 0; i < store->num_blocks(); ++i) {
+    const apw::BlockData& b = store->block(i);
+    moe_pages_at_8 += memory::WeightPageTable::PagesFor(static_cast<int>(b.rows), static_cast<int>(b.cols), 8, kPage);
+    moe_pages_at_3 += memory::WeightPageTable::PagesFor(static_cast<int>(b.rows), static_cast<int>(b.cols), 3, kPage);
+  }
+  EXPECT_EQ(store->num_blocks(), 2 * kExperts * 2);  // the MoE layers' blocks only
+  // No free pages and a large KV demand: more than every block at 3 bits frees.
+  book.Telemetry("d0", WorkerPool{kPage, 1000, static_cast<uint32_t>(moe_pages_at_8), 0, 0, 0, 5000});
+  auto low = driver->Tick(1000, &book, {"d0"});
+  ASSERT_TRUE(low.ok()) << low.status().ToString();
+  ASSERT_TRUE(low->has_value()) << "no plan for a store with a dense layer";
+  const planner::PlannerDecision& d = (*low)->decision;
+  EXPECT_EQ(d.action, planner::PlanAction::kLower);
+  EXPECT_FALSE(d.target_met);
+  EXPECT_EQ(d.changes.size(), 2u * kExperts * 2);
+  for (const auto& c : d.changes) {
+    EXPECT_NE(c.layer, 0);
+    EXPECT_EQ(c.to, 3);
+  }
+  EXPECT_EQ(d.pages_moved, moe_pages_at_8 - moe_pages_at_3);
+  for (const BlockWidth& b : book.PendingFor("d0")) EXPECT_NE(b.layer, 0);
+  EXPECT_EQ(book.PendingFor("d0").size(), 2u * kExperts * 2);
+  store.reset();
+  std::filesystem::remove(path);
 }
 
 TEST_F(PlannerDriverTest, ALoweringTakesBackPendingRaisesTheKvLeftNoRoomFor) {
