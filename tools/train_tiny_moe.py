@@ -9,6 +9,10 @@ Stages:
              bf16 to OUT/config.json and OUT/model.safetensors; the loss is logged to a CSV.
              --tokenizer-from DIR copies DIR's tokenizer into OUT first (tiny-next reuses
              tiny-moe's).
+  heldout    teacher-forced held-out perplexity of the saved model OUT by HF's own forward
+             (float32 from the bf16 weights, eager attention), by the windowing rule of
+             tools/make_fixtures.py (pw-eval ppl's); --nll-out writes "<window> <nll>" per
+             prediction, as `pw-eval ppl --nll-out` does, for tools/compare_nll.py.
   check-moe  the training-time MoE forward of --arch against HF's own on a small random batch:
              prints the largest absolute difference of outputs and gradients, fails above 1e-5.
 
@@ -458,9 +462,51 @@ def TrainModel(args):
     print(f"saved to {args.out}", flush=True)
 
 
+def HeldOut(args):
+    """HF's held-out perplexity of the model in --out (tools/make_fixtures.py's rule). Windows
+    of equal length run together (no padding, so each is still scored alone)."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_fixtures as mf
+    from tokenizers import Tokenizer
+
+    torch.set_num_threads(args.threads)
+    model = mf.LoadReference(args.out)
+    tok = Tokenizer.from_file(os.path.join(args.out, "tokenizer.json"))
+    with open(args.heldout, "r", encoding="utf-8") as f:
+        ids = tok.encode(f.read(), add_special_tokens=False).ids
+    windows = mf.HeldOutWindows(ids, args.ctx)
+    nll = [None] * len(windows)
+    t0 = time.time()
+    with torch.no_grad():
+        i = 0
+        while i < len(windows):
+            j = i
+            while j < len(windows) and j - i < 16 and len(windows[j]) == len(windows[i]):
+                j += 1
+            batch = torch.tensor(windows[i:j])
+            logits = model(input_ids=batch, use_cache=False).logits[:, :-1].double()
+            logp = torch.log_softmax(logits, dim=-1)
+            picked = -logp.gather(2, batch[:, 1:, None])[..., 0]
+            for w in range(i, j):
+                nll[w] = picked[w - i].tolist()
+            i = j
+    n_tokens = sum(len(x) for x in nll)
+    nll_sum = sum(sum(x) for x in nll)
+    print(f"heldout {args.out}: {len(ids)} ids, {len(windows)} windows of {args.ctx}, "
+          f"{n_tokens} predictions, nll_sum {nll_sum:.2f}, ppl {math.exp(nll_sum / n_tokens):.4f} "
+          f"({time.time() - t0:.0f}s)", flush=True)
+    if args.nll_out:
+        with open(args.nll_out, "w", encoding="ascii") as f:
+            for w, values in enumerate(nll):
+                for v in values:
+                    f.write(f"{w} {v:.9g}\n")
+
+
 def Main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["tokenizer", "model", "check-moe"])
+    parser.add_argument("stage", choices=["tokenizer", "model", "check-moe", "heldout"])
     parser.add_argument("--arch", choices=["qwen3_moe", "qwen3_next"], default="qwen3_moe",
                         help="qwen3_moe: tiny-moe; qwen3_next: tiny-next (512 experts)")
     parser.add_argument("--tokenizer-from", default="",
@@ -481,6 +527,10 @@ def Main(argv):
                         help="training-time MoE forward (same math; grouped is faster)")
     parser.add_argument("--log", default="runs/loss.csv", help="loss curve CSV")
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--heldout", default="build/eval/heldout.txt",
+                        help="heldout: the evaluation text (make eval-data)")
+    parser.add_argument("--ctx", type=int, default=256, help="heldout: window length")
+    parser.add_argument("--nll-out", default="", help="heldout: per-prediction NLL file")
     parser.add_argument("--steps-only", action="store_true",
                         help="train and log but do not save (for timing)")
     args = parser.parse_args(argv)
@@ -488,6 +538,8 @@ def Main(argv):
         TrainTokenizer(args.corpus, args.out)
     elif args.stage == "check-moe":
         CheckMoe(args)
+    elif args.stage == "heldout":
+        HeldOut(args)
     else:
         TrainModel(args)
     return 0
