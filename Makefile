@@ -103,7 +103,7 @@ tiny-next: deps eval-data $(BUILD)/build.ninja
 	  --corpus corpus/train.txt --out $(TINY_NEXT) --seed 1234 --steps $(TINY_NEXT_STEPS) --threads 1 \
 	  --log-every 5 --log $(TINY_NEXT)/loss.csv
 	$(TINY_NEXT_PY) tools/train_tiny_moe.py heldout --out $(TINY_NEXT) --heldout $(BUILD)/eval/heldout.txt \
-	  --threads 2 --nll-out $(TINY_NEXT)/heldout-hf.nll
+	  --threads 1 --nll-out $(TINY_NEXT)/heldout-hf.nll
 	cmake --build $(BUILD) -j $(JOBS) --target pw-eval pw-quantize
 	$(BUILD)/bin/pw-eval ppl --model $(TINY_NEXT) --text $(BUILD)/eval/heldout.txt --ctx 256 \
 	  --threads 2 --nll-out $(TINY_NEXT)/heldout-engine.nll
