@@ -15,7 +15,7 @@ PY ?= /usr/bin/python3
 IMAGE_TARGETS = pw-router pw-prefill pw-decode pw-broker pw-cluster pw-ctl pw-quantize pw-loadgen tiny_store
 IMAGE ?=
 
-.PHONY: all deps build test test-kube image test-unit test-asan test-tsan run demo eval-data bench fuzz soak venv format clean
+.PHONY: all deps build test test-kube image test-unit test-asan test-tsan run demo eval-data bench fuzz soak venv format clean tiny-next venv-next
 
 all: build
 
@@ -88,6 +88,32 @@ soak: build
 
 venv:
 	bash tools/setup_venv.sh
+
+# tiny-next (docs/model-card.md): the qwen3_next-architecture model with 512 experts, trained
+# from scratch on tiny-moe's corpus with tiny-moe's tokenizer, then scored on the held-out text
+# by HF and by the engine (paired), then its any-precision store. Needs a Python with torch and
+# transformers >= 5 (TINY_NEXT_PY; `make venv-next` makes one); training is single-threaded.
+TINY_NEXT ?= $(BUILD)/tiny-next
+TINY_NEXT_PY ?= .venv-next/bin/python
+TINY_NEXT_STEPS ?= 1500
+tiny-next: deps eval-data $(BUILD)/build.ninja
+	$(PY) tools/corpus.py train --out corpus/train.txt
+	$(TINY_NEXT_PY) tools/train_tiny_moe.py check-moe --arch qwen3_next
+	$(TINY_NEXT_PY) tools/train_tiny_moe.py model --arch qwen3_next --tokenizer-from models/tiny-moe \
+	  --corpus corpus/train.txt --out $(TINY_NEXT) --seed 1234 --steps $(TINY_NEXT_STEPS) --threads 1 \
+	  --log-every 5 --log $(TINY_NEXT)/loss.csv
+	$(TINY_NEXT_PY) tools/train_tiny_moe.py heldout --out $(TINY_NEXT) --heldout $(BUILD)/eval/heldout.txt \
+	  --threads 1 --nll-out $(TINY_NEXT)/heldout-hf.nll
+	cmake --build $(BUILD) -j $(JOBS) --target pw-eval pw-quantize
+	$(BUILD)/bin/pw-eval ppl --model $(TINY_NEXT) --text $(BUILD)/eval/heldout.txt --ctx 256 \
+	  --threads 2 --nll-out $(TINY_NEXT)/heldout-engine.nll
+	$(PY) tools/compare_nll.py $(TINY_NEXT)/heldout-hf.nll $(TINY_NEXT)/heldout-engine.nll
+	$(BUILD)/bin/pw-quantize --model $(TINY_NEXT) --calib-random-tokens 32768 --calib-seed 1 \
+	  --threads 2 --quiet --out $(TINY_NEXT).apw
+
+venv-next:
+	python3 -m venv .venv-next
+	.venv-next/bin/pip install -q -r tools/requirements-next.txt
 
 format:
 	find common kernels services tools tests bench loadgen -name '*.h' -o -name '*.cc' | xargs clang-format -i

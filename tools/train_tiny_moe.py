@@ -1,21 +1,35 @@
 #!/usr/bin/env python3
-"""Trains the embedded model, models/tiny-moe: tokenizer first, then a qwen3_moe from scratch.
+"""Trains the small models on the Debian corpus: the embedded model, models/tiny-moe (a qwen3_moe),
+and tiny-next (a qwen3_next with 512 experts), tokenizer first, then the model from scratch.
 
-Stages (run in the venv made by `make venv`):
+Stages:
   tokenizer  byte-level BPE (vocab 4096) on the training corpus of tools/corpus.py, written to
              OUT/tokenizer.json and OUT/tokenizer_config.json.
-  model      a Qwen3MoeForCausalLM trained from a fixed seed on the tokenized corpus, saved in
+  model      a model of --arch trained from a fixed seed on the tokenized corpus, saved in
              bf16 to OUT/config.json and OUT/model.safetensors; the loss is logged to a CSV.
+             --tokenizer-from DIR copies DIR's tokenizer into OUT first (tiny-next reuses
+             tiny-moe's).
+  heldout    teacher-forced held-out perplexity of the saved model OUT by HF's own forward
+             (float32 from the bf16 weights, eager attention), by the windowing rule of
+             tools/make_fixtures.py (pw-eval ppl's); --nll-out writes "<window> <nll>" per
+             prediction, as `pw-eval ppl --nll-out` does, for tools/compare_nll.py.
+  check-moe  the training-time MoE forward of --arch against HF's own on a small random batch:
+             prints the largest absolute difference of outputs and gradients, fails above 1e-5.
 
+  --arch qwen3_moe (the embedded model; the venv made by `make venv`, transformers 4.x):
   .venv/bin/python tools/train_tiny_moe.py tokenizer --corpus corpus/train.txt --out models/tiny-moe
   .venv/bin/python tools/train_tiny_moe.py model --corpus corpus/train.txt --out models/tiny-moe \
       --seed 1234 --steps 1500 --threads 1 --log runs/loss.csv
+  --arch qwen3_next (tiny-next; transformers >= 5, whose experts are stacked 3-D tensors):
+  python tools/train_tiny_moe.py model --arch qwen3_next --tokenizer-from models/tiny-moe \
+      --corpus corpus/train.txt --out build/tiny-next --seed 1234 --steps 1500 --threads 1
 """
 
 import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -92,7 +106,7 @@ def TrainTokenizer(corpus_path, out_dir):
 # model
 
 # Architecture of the embedded model (qwen3_moe). Every layer is sparse.
-MODEL_CONFIG = dict(
+QWEN3_MOE_CONFIG = dict(
     vocab_size=VOCAB_SIZE,
     hidden_size=128,
     intermediate_size=512,          # unused: no dense MLP layers (mlp_only_layers empty)
@@ -112,6 +126,48 @@ MODEL_CONFIG = dict(
     hidden_act="silu",
     attention_bias=False,
     use_sliding_window=False,
+    tie_word_embeddings=False,
+    output_router_logits=True,
+    router_aux_loss_coef=0.01,
+    bos_token_id=None,
+    eos_token_id=0,
+    pad_token_id=0,
+    initializer_range=0.02,
+)
+
+
+# Architecture of tiny-next (qwen3_next): Qwen3-Next-80B-A3B's layout scaled to hidden 128. Its
+# ratios are kept where they matter to the serving system: 512 routed experts top-10 plus a
+# sigmoid-gated shared expert in every layer, expert width hidden/4 (512 of 2048 there), shared
+# expert width hidden; three Gated DeltaNet layers then one output-gated full-attention layer
+# (full_attention_interval 4); linear attention with twice as many value heads as key heads
+# (16/32 there), key width = hidden; full attention 4 query / 2 KV heads, partial rotary 0.25.
+QWEN3_NEXT_CONFIG = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=128,
+    intermediate_size=512,          # unused: no dense MLP layers (mlp_only_layers empty)
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=128,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    num_experts=512,
+    num_experts_per_tok=10,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    max_position_embeddings=2048,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    attention_bias=False,
     tie_word_embeddings=False,
     output_router_logits=True,
     router_aux_loss_coef=0.01,
@@ -159,6 +215,155 @@ def GroupedMoeForward(self, hidden_states):
     return out.reshape(batch, seq, hidden), router_logits
 
 
+def BatchedExpertsForward(self, hidden_states, top_k_index, top_k_weights):
+    """Training-time forward of transformers 5's stacked experts (Qwen3NextExperts: gate_up_proj
+    [E, 2I, H], down_proj [E, H, I]) with the same math as HF's per-expert loop.
+
+    hidden_states [T, H], top_k_index / top_k_weights [T, k] (the router's choices and
+    renormalised weights). A loop over 512 experts costs more than their arithmetic, so the
+    T*k assignments are sorted by expert once and cut into rows of C = ceil(T*k / E) slots,
+    each row holding one expert's assignments (an expert with n assignments gets ceil(n / C)
+    rows, the last one padded with zeros): at most 2*E rows whatever the routing, and padding at
+    most one row per expert. Two torch.bmm over the rows, each with its expert's weights
+    gathered, then one index_add back to the tokens.
+    """
+    import torch
+
+    tokens, hidden = hidden_states.shape
+    k = top_k_index.shape[1]
+    n = tokens * k
+    num_experts = self.num_experts
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    token_of = order // k
+    weights = top_k_weights.reshape(-1)[order]
+    counts = torch.bincount(flat, minlength=num_experts)
+    cap = max(1, -(-n // num_experts))
+    rows_of = (counts + cap - 1) // cap
+    n_rows = int(rows_of.sum())
+    row_expert = torch.repeat_interleave(torch.arange(num_experts), rows_of)
+    first = torch.cumsum(counts, 0) - counts
+    first_row = torch.cumsum(rows_of, 0) - rows_of
+    pos = torch.arange(n) - first[sorted_experts]
+    slot = (first_row[sorted_experts] + pos // cap) * cap + pos % cap
+    x = hidden_states.new_zeros(n_rows * cap, hidden).index_copy(
+        0, slot, hidden_states.index_select(0, token_of)).view(n_rows, cap, hidden)
+    gate_up = torch.bmm(x, self.gate_up_proj.index_select(0, row_expert).transpose(1, 2))
+    gate, up = gate_up.chunk(2, dim=-1)
+    y = torch.bmm(self.act_fn(gate) * up, self.down_proj.index_select(0, row_expert).transpose(1, 2))
+    y = y.reshape(n_rows * cap, hidden).index_select(0, slot) * weights[:, None]
+    return torch.zeros_like(hidden_states).index_add_(0, token_of, y.to(hidden_states.dtype))
+
+
+class Arch:
+    """One trainable architecture: its HF config and model classes, its config values and
+    the training-time MoE forward it installs for --moe-impl grouped."""
+
+    def __init__(self, name):
+        import transformers
+
+        self.name = name
+        self.patch_error = None
+        major = int(transformers.__version__.split(".")[0])
+        if name == "qwen3_moe":
+            from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+            self.config_class = transformers.Qwen3MoeConfig
+            self.model_class = transformers.Qwen3MoeForCausalLM
+            self.values = QWEN3_MOE_CONFIG
+            if major >= 5:
+                self.patch_error = ("--arch qwen3_moe: the grouped forward is written for "
+                                    f"transformers 4.x (found {transformers.__version__}); use "
+                                    "the venv of `make venv` or --moe-impl hf")
+            self.patch = (modeling_qwen3_moe.Qwen3MoeSparseMoeBlock, "forward", GroupedMoeForward)
+        elif name == "qwen3_next":
+            if major < 5:
+                raise SystemExit("--arch qwen3_next needs transformers >= 5 (stacked expert "
+                                 f"tensors); found {transformers.__version__}")
+            from transformers.models.qwen3_next import modeling_qwen3_next
+
+            self.config_class = transformers.Qwen3NextConfig
+            self.model_class = transformers.Qwen3NextForCausalLM
+            self.values = QWEN3_NEXT_CONFIG
+            self.patch = (modeling_qwen3_next.Qwen3NextExperts, "forward", BatchedExpertsForward)
+        else:
+            raise SystemExit(f"unknown --arch {name}")
+
+    def InstallGroupedForward(self):
+        if self.patch_error:
+            raise SystemExit(self.patch_error)
+        cls, attr, fn = self.patch
+        setattr(cls, attr, fn)
+
+    def Config(self):
+        return self.config_class(**self.values)
+
+
+def CheckMoe(args):
+    """HF's MoE block forward against the grouped one, on one layer of --arch's config with
+    random weights and a small batch whose routing leaves some experts empty and gives others
+    several rows. Compares the outputs and the gradients of every parameter and the input."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    arch = Arch(args.arch)
+    if arch.patch_error:
+        raise SystemExit(arch.patch_error)
+    config = arch.Config()
+    model = arch.model_class(config)
+    block = model.model.layers[0].mlp
+    cls, attr, fn = arch.patch
+    hf_forward = getattr(cls, attr)
+    x = torch.randn(2, 40, config.hidden_size)
+    # Concentrate the routing so some experts get several rows of the grouped forward.
+    with torch.no_grad():
+        w = block.gate.weight if hasattr(block.gate, "weight") else None
+        if w is not None:
+            w.mul_(20.0)
+    with torch.no_grad():
+        logits = block.gate(x.reshape(-1, config.hidden_size))
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        chosen = torch.topk(logits, config.num_experts_per_tok, dim=-1).indices
+        counts = torch.bincount(chosen.reshape(-1), minlength=config.num_experts)
+    cap = -(-chosen.numel() // config.num_experts)
+    results = []
+    for forward in (hf_forward, fn):
+        setattr(cls, attr, forward)
+        xi = x.clone().requires_grad_(True)
+        block.zero_grad(set_to_none=True)
+        out = block(xi)
+        y = out[0] if isinstance(out, tuple) else out
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in block.named_parameters() if p.grad is not None}
+        results.append((y.detach(), xi.grad.clone(), grads))
+    setattr(cls, attr, hf_forward)
+    (y0, gx0, g0), (y1, gx1, g1) = results
+    diff_out = (y0 - y1).abs().max().item()
+    diff_grad = max([(gx0 - gx1).abs().max().item()] +
+                    [(g0[n] - g1[n]).abs().max().item() for n in g0])
+    if set(g0) != set(g1):
+        raise SystemExit(f"check-moe: gradients of {sorted(set(g0) ^ set(g1))} differ in presence")
+    print(f"check-moe {args.arch}: {x.shape[0] * x.shape[1]} tokens, "
+          f"{config.num_experts} experts top-{config.num_experts_per_tok} "
+          f"({int((counts == 0).sum())} unused, busiest {int(counts.max())} assignments, "
+          f"{int(((counts + cap - 1) // cap).sum())} rows of {cap}): "
+          f"max |out diff| {diff_out:.3e} (|out| max {y0.abs().max().item():.3e}), "
+          f"max |grad diff| {diff_grad:.3e}")
+    if diff_out > 1e-5 or diff_grad > 1e-5:
+        raise SystemExit("check-moe: the grouped forward differs from HF's")
+
+
+def CopyTokenizer(src_dir, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        src = os.path.join(src_dir, name)
+        if not os.path.exists(src):
+            raise SystemExit(f"--tokenizer-from: {src} does not exist")
+        shutil.copyfile(src, os.path.join(out_dir, name))
+
+
 def TokenizeCorpus(corpus_path, tokenizer_path):
     """Returns a 1-D int64 tensor: every training document's ids followed by id 0."""
     import numpy as np
@@ -179,14 +384,15 @@ def TokenizeCorpus(corpus_path, tokenizer_path):
 def TrainModel(args):
     import numpy as np
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-    from transformers.models.qwen3_moe import modeling_qwen3_moe
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
+    arch = Arch(args.arch)
     if args.moe_impl == "grouped":
-        modeling_qwen3_moe.Qwen3MoeSparseMoeBlock.forward = GroupedMoeForward
+        arch.InstallGroupedForward()
+    if args.tokenizer_from:
+        CopyTokenizer(args.tokenizer_from, args.out)
 
     t0 = time.time()
     tokens = TokenizeCorpus(args.corpus, os.path.join(args.out, "tokenizer.json"))
@@ -197,11 +403,12 @@ def TrainModel(args):
     gen = torch.Generator().manual_seed(args.seed)
     order = torch.randperm(n_blocks, generator=gen)
 
-    config = Qwen3MoeConfig(**MODEL_CONFIG)
-    model = Qwen3MoeForCausalLM(config)
+    config = arch.Config()
+    model = arch.model_class(config)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params} parameters", flush=True)
+    print(f"model: {args.arch}, {n_params} parameters ({2 * n_params / 1e6:.1f} MB in bf16)",
+          flush=True)
 
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -230,7 +437,7 @@ def TrainModel(args):
         batch = blocks[idx]
         for g in opt.param_groups:
             g["lr"] = LrAt(step)
-        out = model(input_ids=batch, labels=batch, output_router_logits=True)
+        out = model(input_ids=batch, labels=batch, output_router_logits=True, use_cache=False)
         lm_loss = out.loss - config.router_aux_loss_coef * out.aux_loss
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -255,9 +462,56 @@ def TrainModel(args):
     print(f"saved to {args.out}", flush=True)
 
 
+def HeldOut(args):
+    """HF's held-out perplexity of the model in --out (tools/make_fixtures.py's rule). Windows
+    of equal length run together (no padding, so each is still scored alone)."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_fixtures as mf
+    from tokenizers import Tokenizer
+
+    torch.set_num_threads(args.threads)
+    model = mf.LoadReference(args.out)
+    tok = Tokenizer.from_file(os.path.join(args.out, "tokenizer.json"))
+    with open(args.heldout, "r", encoding="utf-8") as f:
+        ids = tok.encode(f.read(), add_special_tokens=False).ids
+    windows = mf.HeldOutWindows(ids, args.ctx)
+    nll = [None] * len(windows)
+    t0 = time.time()
+    with torch.no_grad():
+        i = 0
+        while i < len(windows):
+            j = i
+            while j < len(windows) and j - i < 16 and len(windows[j]) == len(windows[i]):
+                j += 1
+            batch = torch.tensor(windows[i:j])
+            logits = model(input_ids=batch, use_cache=False).logits[:, :-1].double()
+            logp = torch.log_softmax(logits, dim=-1)
+            picked = -logp.gather(2, batch[:, 1:, None])[..., 0]
+            for w in range(i, j):
+                nll[w] = picked[w - i].tolist()
+            i = j
+    n_tokens = sum(len(x) for x in nll)
+    nll_sum = sum(sum(x) for x in nll)
+    print(f"heldout {args.out}: {len(ids)} ids, {len(windows)} windows of {args.ctx}, "
+          f"{n_tokens} predictions, nll_sum {nll_sum:.2f}, ppl {math.exp(nll_sum / n_tokens):.4f} "
+          f"({time.time() - t0:.0f}s)", flush=True)
+    if args.nll_out:
+        with open(args.nll_out, "w", encoding="ascii") as f:
+            for w, values in enumerate(nll):
+                for v in values:
+                    f.write(f"{w} {v:.9g}\n")
+
+
 def Main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["tokenizer", "model"])
+    parser.add_argument("stage", choices=["tokenizer", "model", "check-moe", "heldout"])
+    parser.add_argument("--arch", choices=["qwen3_moe", "qwen3_next"], default="qwen3_moe",
+                        help="qwen3_moe: tiny-moe; qwen3_next: tiny-next (512 experts)")
+    parser.add_argument("--tokenizer-from", default="",
+                        help="copy tokenizer.json and tokenizer_config.json from this model "
+                             "directory into --out before training")
     parser.add_argument("--corpus", default="corpus/train.txt")
     parser.add_argument("--out", default="models/tiny-moe")
     parser.add_argument("--seed", type=int, default=1234)
@@ -273,11 +527,19 @@ def Main(argv):
                         help="training-time MoE forward (same math; grouped is faster)")
     parser.add_argument("--log", default="runs/loss.csv", help="loss curve CSV")
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--heldout", default="build/eval/heldout.txt",
+                        help="heldout: the evaluation text (make eval-data)")
+    parser.add_argument("--ctx", type=int, default=256, help="heldout: window length")
+    parser.add_argument("--nll-out", default="", help="heldout: per-prediction NLL file")
     parser.add_argument("--steps-only", action="store_true",
                         help="train and log but do not save (for timing)")
     args = parser.parse_args(argv)
     if args.stage == "tokenizer":
         TrainTokenizer(args.corpus, args.out)
+    elif args.stage == "check-moe":
+        CheckMoe(args)
+    elif args.stage == "heldout":
+        HeldOut(args)
     else:
         TrainModel(args)
     return 0
