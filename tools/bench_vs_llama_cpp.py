@@ -450,6 +450,8 @@ def main():
                 r.update(prefill_round(args, mdir, llama_build, g))
             rounds.append(r)
             loads.append(f"{la} -> {loadavg()}")
+            print(f"in-process round {i + 1} (load {loads[-1]}): " +
+                  "; ".join(f"{k} {a:.1f} / {b:.1f}" for k, (a, b) in r.items()), flush=True)
         print(f"\nIn-process rounds {t0}–{time.strftime('%H:%M:%S', time.gmtime())} UTC, "
               f"load average per round: {'; '.join(loads)}")
         print_engine_table(rounds, args.threads)
@@ -470,6 +472,8 @@ def main():
             r = {}
             for k, (label, starter) in enumerate(servers):
                 r[label] = served_point(args, f"r{i + 1}-{label}", starter, args.port + k, rdir)
+                print(f"served round {i + 1}, {label} (load {loadavg()}): " +
+                      ", ".join(f"C={c} {v:.1f}" for c, v in r[label].items()) + " output tok/s", flush=True)
             rounds.append(r)
             loads.append(f"{la} -> {loadavg()}")
         print(f"\nServed rounds {t0}–{time.strftime('%H:%M:%S', time.gmtime())} UTC, "
