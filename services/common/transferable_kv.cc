@@ -29,11 +29,12 @@ Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& m
     const size_t want = memory::LayerBlockBytes(specs[first], pool.layout()),
                  got = memory::LayerBlockBytes(specs[l], pool.layout());
     if (got == want) continue;
-    return Unsupported(model + ": KV layer " + std::to_string(l) + " (" + memory::KvKindName(specs[l].kind) +
-                       ") takes " + std::to_string(got) + " bytes a block, layer " + std::to_string(first) +
-                       " (" + memory::KvKindName(specs[first].kind) + ") " + std::to_string(want) +
-                       "; the cluster's KV transfer moves layers of one size (KvLayout.layerBytes), so "
-                       "this model is not served by the cluster (only the in-process engine runs it)");
+    return Unsupported(
+        model + ": KV layer " + std::to_string(l) + " (" + memory::KvKindName(specs[l].kind) +
+        ") takes " + std::to_string(got) + " bytes a block, layer " + std::to_string(first) + " (" +
+        memory::KvKindName(specs[first].kind) + ") " + std::to_string(want) +
+        "; the cluster's KV transfer moves layers of one size (KvLayout.layerBytes), so "
+        "this model is not served by the cluster (only the in-process engine runs it)");
   }
   return Status::Ok();
 }
@@ -59,10 +60,11 @@ Status CheckPeerCarriesKv(std::span<const memory::KvLayerSpec> specs, const std:
     }
     if (what == nullptr || peer_minor >= since) continue;
     const std::string major = std::to_string(proto::kProtocolMajor) + ".";
-    return Unsupported(peer + " speaks control protocol " + major + std::to_string(peer_minor) + "; " + model +
-                       " keeps " + what + " (KV layer " + std::to_string(l) +
-                       ") that the KV transfer carries since protocol " + major + std::to_string(since) +
-                       " (this process speaks " + major + std::to_string(proto::kProtocolMinor) + ")");
+    return Unsupported(peer + " speaks control protocol " + major + std::to_string(peer_minor) +
+                       "; " + model + " keeps " + what + " (KV layer " + std::to_string(l) +
+                       ") that the KV transfer carries since protocol " + major +
+                       std::to_string(since) + " (this process speaks " + major +
+                       std::to_string(proto::kProtocolMinor) + ")");
   }
   return Status::Ok();
 }

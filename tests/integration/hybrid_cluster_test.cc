@@ -55,7 +55,9 @@ class HybridCluster : public ::testing::Test {
   // The fixture served and the name the router serves it under.
   virtual std::string Fixture() const { return "qwen3_next"; }
   virtual std::string Name() const { return "qwen3-next"; }
-  std::string ModelDir() const { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + Fixture(); }
+  std::string ModelDir() const {
+    return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + Fixture();
+  }
 
   void SetUp() override {
     testing::UseBatchInvariantKernels();
@@ -75,9 +77,10 @@ class HybridCluster : public ::testing::Test {
                           << ", lease_ms: 20000, tokenizer: " << TokenizerDir() << "}\n"
                           << "broker: {control_port: " << broker_port_ << "}\n"
                           << "prefill: [{id: prefill-0, kv_blocks: 128}]\n"
-                          << "decode: [{id: decode-0, kv_blocks: 256, metrics_port: " << decode_metrics_[0]
-                          << "}, {id: decode-1, kv_blocks: 256, page_bytes: 4096, metrics_port: " << decode_metrics_[1]
-                          << "}]\n"
+                          << "decode: [{id: decode-0, kv_blocks: 256, metrics_port: "
+                          << decode_metrics_[0]
+                          << "}, {id: decode-1, kv_blocks: 256, page_bytes: 4096, metrics_port: "
+                          << decode_metrics_[1] << "}]\n"
                           << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
     ASSERT_TRUE(cluster_.Start({std::string(PW_BINARY_DIR) + "/bin/pw-cluster", "up", "--config", Yaml()},
                                run_dir_ + "/pw-cluster.out"));
@@ -96,8 +99,11 @@ class HybridCluster : public ::testing::Test {
   }
   // Greedy completion of a token-id prompt, eos ignored; the text, or "HTTP <status>: body".
   std::string Complete(const std::vector<int32_t>& prompt, int max_tokens) {
-    json req = {{"model", Name()}, {"prompt", prompt}, {"max_tokens", max_tokens},
-                {"temperature", 0},      {"ignore_eos", true}};
+    json req = {{"model", Name()},
+                {"prompt", prompt},
+                {"max_tokens", max_tokens},
+                {"temperature", 0},
+                {"ignore_eos", true}};
     auto [status, body] = Http(http_port_, "POST", "/v1/completions", req.dump(), 300);
     if (status != 200) return "HTTP " + std::to_string(status) + ": " + body;
     auto j = json::parse(body, nullptr, false);
@@ -151,7 +157,8 @@ class HybridCluster : public ::testing::Test {
     }
     auto ref = Reference(prompts, kMax);
     std::vector<std::future<std::string>> got;
-    for (auto& p : prompts) got.push_back(std::async(std::launch::async, [&, p] { return Complete(p, kMax); }));
+    for (auto& p : prompts)
+      got.push_back(std::async(std::launch::async, [&, p] { return Complete(p, kMax); }));
     // The victim: a decode worker streaming (tokens generated, requests running); frozen at once
     // so that its requests are mid-stream when it dies.
     int victim = -1;
@@ -174,7 +181,8 @@ class HybridCluster : public ::testing::Test {
     ASSERT_GT(pending, 0) << "every request finished before the kill; the test proves nothing";
     kill(pids[0], SIGKILL);
     for (size_t i = 0; i < prompts.size(); ++i) {
-      EXPECT_EQ(got[i].get(), ref[i]) << "prompt " << i << " (" << prompts[i].size() << " tokens)\n" << Logs();
+      EXPECT_EQ(got[i].get(), ref[i]) << "prompt " << i << " (" << prompts[i].size() << " tokens)\n"
+                                      << Logs();
     }
     bool restarted = false;
     for (int i = 0; i < 100 && !restarted; ++i) {
@@ -185,7 +193,8 @@ class HybridCluster : public ::testing::Test {
     // The router placed the victim's requests again, a stream among them with tokens already
     // streamed (the worker that took it computed their KV and state from the prompt's).
     const std::string log = ReadFile(run_dir_ + "/router.log");
-    const std::regex again("placed again \\(worker '" + id + "' died\\), ([1-9][0-9]*) tokens already streamed");
+    const std::regex again("placed again \\(worker '" + id +
+                           "' died\\), ([1-9][0-9]*) tokens already streamed");
     EXPECT_TRUE(std::regex_search(log, again)) << Logs();
   }
 
@@ -197,7 +206,9 @@ class HybridCluster : public ::testing::Test {
 };
 
 // Prompts past the delta rule's chunk of 64 tokens.
-TEST_F(HybridCluster, DecodeWorkerKilledMidStreamLosesNoRequest) { DecodeWorkerKilledMidStreamLosesNoRequest(3030, 65); }
+TEST_F(HybridCluster, DecodeWorkerKilledMidStreamLosesNoRequest) {
+  DecodeWorkerKilledMidStreamLosesNoRequest(3030, 65);
+}
 
 // deepseek_v3: the latent rows move prefill -> decode; prompts over several 16-token blocks.
 class LatentCluster : public HybridCluster {
@@ -206,7 +217,9 @@ class LatentCluster : public HybridCluster {
   std::string Name() const override { return "deepseek-v3"; }
 };
 
-TEST_F(LatentCluster, DecodeWorkerKilledMidStreamLosesNoRequest) { DecodeWorkerKilledMidStreamLosesNoRequest(3131, 17); }
+TEST_F(LatentCluster, DecodeWorkerKilledMidStreamLosesNoRequest) {
+  DecodeWorkerKilledMidStreamLosesNoRequest(3131, 17);
+}
 
 }  // namespace
 }  // namespace pw

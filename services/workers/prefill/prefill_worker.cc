@@ -313,8 +313,10 @@ Status PrefillWorker::Prepare(Job* job) {
   const uint64_t layer_bytes = service::KvLayerBytes(pool_layout, engine_->kv_pool().specs());
   if (dl.getLayoutHash() != layout_hash_ ||
       dl.getBlockTokens() != static_cast<uint32_t>(pool_layout.block_size) ||
-      dl.getBlockBytes() != engine_->kv_pool().bytes_per_block() || dl.getLayerBytes() != layer_bytes ||
-      dl.getNumLayers() != static_cast<uint32_t>(pool_layout.num_layers) || dl.getPageBytes() < layer_bytes) {
+      dl.getBlockBytes() != engine_->kv_pool().bytes_per_block() ||
+      dl.getLayerBytes() != layer_bytes ||
+      dl.getNumLayers() != static_cast<uint32_t>(pool_layout.num_layers) ||
+      dl.getPageBytes() < layer_bytes) {
     return InvalidArgument("decode worker '" + job->decode_id +
                            "' has another KV layout (version/dtype/hash/block tokens/page bytes differ)");
   }
@@ -558,8 +560,8 @@ Status PrefillWorker::Transfer(Job* job) {
       if (spec.kind != memory::KvKind::kRecurrentState) {
         // One page of the block: K and V, or an MLA layer's latent rows, at the start of the
         // page on both sides whatever either pool's page size (Prepare checked it holds them).
-        put(static_cast<uint64_t>(pages[static_cast<unsigned>(at)]) * page_bytes, pool.LayerPage(job->own[i], l),
-            memory::LayerBlockBytes(spec, pool.layout()));
+        put(static_cast<uint64_t>(pages[static_cast<unsigned>(at)]) * page_bytes,
+            pool.LayerPage(job->own[i], l), memory::LayerBlockBytes(spec, pool.layout()));
         continue;
       }
       // The sequence's state is in its first block's pages of the layer (memory/kv_spec.h); the

@@ -6,6 +6,8 @@
 // with their pages per block, refused from an earlier peer naming both versions; an MLA
 // model's (deepseek_v3, kimi_k2: latent KV) from protocol 1.4 on with their latent rows as
 // layerBytes, refused from an earlier peer.
+#include "services/common/registration_check.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,10 +15,9 @@
 #include <string>
 
 #include "common/formats/model_config.h"
-#include "services/common/kv_layout_hash.h"
-#include "services/common/registration_check.h"
-#include "services/common/transferable_kv.h"
 #include "memory/kv_blocks.h"
+#include "services/common/kv_layout_hash.h"
+#include "services/common/transferable_kv.h"
 #include "services/proto/codec.h"
 
 namespace pw::service {
@@ -337,7 +338,8 @@ TEST_F(RegistrationCheckTest, AHybridsWorkersCarryTheirStatePagesFromProtocol13O
 TEST_F(RegistrationCheckTest, AnMlaModelsWorkersRegisterTheirLatentRowsFromProtocol14On) {
   for (const char* fixture : {"deepseek_v3", "kimi_k2"}) {
     SCOPED_TRACE(fixture);
-    auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + fixture + "/config.json");
+    auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + fixture +
+                             "/config.json");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     model_ = *c;
     limits_.model = model_;
@@ -354,7 +356,8 @@ TEST_F(RegistrationCheckTest, AnMlaModelsWorkersRegisterTheirLatentRowsFromProto
       // The same Register from a worker of protocol 1.3: refused, both versions named.
       st = CheckRegistration(r.asReader(), limits_, 3);
       ASSERT_FALSE(st.ok());
-      EXPECT_NE(st.message().find("speaks control protocol 1.3"), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("speaks control protocol 1.3"), std::string::npos)
+          << st.message();
       EXPECT_NE(st.message().find("since protocol 1.4"), std::string::npos) << st.message();
       EXPECT_NE(st.message().find("MLA latent"), std::string::npos) << st.message();
     }
@@ -371,7 +374,8 @@ TEST_F(RegistrationCheckTest, AnMlaModelsWorkersRegisterTheirLatentRowsFromProto
       r.getKvLayout().setPageBytes(2048);
       r.getKvMemory().setBytes(r.getKvMemory().getBytes() * 2);
     });
-    ExpectRefused("a page short of the latent rows", "pageBytes", [](auto r) { r.getKvLayout().setPageBytes(1216); });
+    ExpectRefused("a page short of the latent rows", "pageBytes",
+                  [](auto r) { r.getKvLayout().setPageBytes(1216); });
     // The hash of the model's layout without its latents (what a peer before 1.4 computes).
     ExpectRefused("the hash without the latent", "layoutHash", [&](auto r) {
       memory::KvLayout l;
@@ -379,8 +383,9 @@ TEST_F(RegistrationCheckTest, AnMlaModelsWorkersRegisterTheirLatentRowsFromProto
       l.num_kv_heads = static_cast<int>(model_.num_kv_heads);
       l.head_dim = static_cast<int>(model_.head_dim);
       l.dtype = memory::KvDtype::kBf16;
-      r.getKvLayout().setLayoutHash(KvLayoutHash(l, memory::FullAttentionSpecs(l), model_.hidden_size,
-                                                 model_.vocab_size, model_.model_type));
+      r.getKvLayout().setLayoutHash(KvLayoutHash(l, memory::FullAttentionSpecs(l),
+                                                 model_.hidden_size, model_.vocab_size,
+                                                 model_.model_type));
     });
     // Another kv_lora_rank: another hash.
     ExpectRefused("the hash of a wider latent", "layoutHash", [&](auto r) {

@@ -39,17 +39,19 @@ TEST(TransferableKv, ARecurrentStateNeedsAPeerOfProtocol13) {
 }
 
 TEST(TransferableKv, ALatentNeedsAPeerOfProtocol14) {
-  const std::vector<memory::KvLayerSpec> latent(3, {.kind = memory::KvKind::kLatent, .latent_dim = 576});
+  const std::vector<memory::KvLayerSpec> latent(
+      3, {.kind = memory::KvKind::kLatent, .latent_dim = 576});
   EXPECT_TRUE(CheckPeerCarriesKv(latent, "deepseek-v3", "the router", 4).ok());
   EXPECT_TRUE(CheckPeerCarriesKv(latent, "deepseek-v3", "the router", proto::kProtocolMinor).ok());
   for (uint16_t minor : {uint16_t{0}, uint16_t{2}, uint16_t{3}}) {
     const Status s = CheckPeerCarriesKv(latent, "deepseek-v3", "the worker", minor);
     EXPECT_EQ(s.code(), StatusCode::kUnsupported);
-    EXPECT_NE(s.message().find("the worker speaks control protocol 1." + std::to_string(minor) +
-                               "; deepseek-v3 keeps an MLA latent (KV layer 0) that the KV transfer "
-                               "carries since protocol 1.4 (this process speaks 1." +
-                               std::to_string(proto::kProtocolMinor) + ")"),
-              std::string::npos)
+    EXPECT_NE(
+        s.message().find("the worker speaks control protocol 1." + std::to_string(minor) +
+                         "; deepseek-v3 keeps an MLA latent (KV layer 0) that the KV transfer "
+                         "carries since protocol 1.4 (this process speaks 1." +
+                         std::to_string(proto::kProtocolMinor) + ")"),
+        std::string::npos)
         << s.ToString();
   }
 }
@@ -77,7 +79,8 @@ TEST(TransferableKv, PoolsOfOneLayerSizeAreServed) {
   EXPECT_EQ(KvLayerBytes(l, specs), l.bytes_per_layer());
   // deepseek_v3: every layer a latent row per token (memory/kv_spec.h kLatent), 4 tokens x 576
   // fp32 values a block, not 2 x 2 heads x 4 tokens x 8 values.
-  const std::vector<memory::KvLayerSpec> latent(3, {.kind = memory::KvKind::kLatent, .latent_dim = 576});
+  const std::vector<memory::KvLayerSpec> latent(
+      3, {.kind = memory::KvKind::kLatent, .latent_dim = 576});
   auto mla = memory::KvBlockPool::Create(l, 2, latent);
   ASSERT_TRUE(mla.ok()) << mla.status().ToString();
   EXPECT_TRUE(CheckTransferableKv(**mla, "/models/deepseek-v3").ok());
