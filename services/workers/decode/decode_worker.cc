@@ -73,7 +73,8 @@ Status DecodeWorker::Setup() {
                            std::to_string(min_page) + " bytes)");
   }
   // Pages one KV block takes: one per attention layer, a hybrid's recurrent state more.
-  PW_ASSIGN_OR_RETURN(const std::vector<int> offsets, memory::BlockPageOffsets(specs, kl, page_bytes));
+  PW_ASSIGN_OR_RETURN(const std::vector<int> offsets,
+                      memory::BlockPageOffsets(specs, kl, page_bytes));
   const uint64_t block_pages = static_cast<uint64_t>(offsets.back());
   uint64_t pages = 0;
   if (options_.pool_bytes != 0) {
@@ -527,10 +528,16 @@ void DecodeWorker::OnCancel(wire::Cancel::Reader r) {
 }
 
 bool DecodeWorker::Preempt() {
-  // The most recently admitted sequence that still holds KV in the engine.
+  // The most recently admitted sequence that still holds KV in the engine: blocks, not the
+  // preempted mark, decide, since a sequence being recomputed holds blocks before it samples
+  // again (a recompute chunk cut one token short by the free blocks leaves it decoding, still
+  // marked), and when only such sequences hold the blocks a decode step needs, one of them
+  // must give them back.
+  std::map<engine::SeqId, int> held;
+  for (const engine::SequenceInfo& s : engine_->Sequences()) held[s.id] = s.num_blocks;
   for (auto it = admit_order_.rbegin(); it != admit_order_.rend(); ++it) {
     auto rit = running_.find(*it);
-    if (rit == running_.end() || rit->second.preempted) continue;
+    if (rit == running_.end() || held[*it] == 0) continue;
     Running& run = rit->second;
     if (!engine_->RemoveSequence(*it).ok()) continue;
     // Requeue with what was generated: the engine recomputes the KV when blocks free up.
