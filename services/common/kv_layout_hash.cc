@@ -12,8 +12,11 @@ uint64_t KvLayoutHash(const memory::KvLayout& l, std::span<const memory::KvLayer
                     std::to_string(l.block_size) + "|" + std::to_string(hidden_size) + "|" +
                     std::to_string(vocab_size);
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].kind != memory::KvKind::kRecurrentState) continue;
-    key += "|state" + std::to_string(i) + ":" + std::to_string(specs[i].state_bytes);
+    if (specs[i].kind == memory::KvKind::kRecurrentState) {
+      key += "|state" + std::to_string(i) + ":" + std::to_string(specs[i].state_bytes);
+    } else if (specs[i].kind == memory::KvKind::kLatent) {
+      key += "|latent" + std::to_string(i) + ":" + std::to_string(specs[i].latent_dim);
+    }
   }
   return Fnv1a64Of(key.data(), key.size());
 }

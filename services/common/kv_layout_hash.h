@@ -14,10 +14,12 @@ namespace pw::service {
 
 // FNV-1a 64 of the KvLayout (kKvLayoutVersion, dtype, layers, KV heads, head size,
 // block tokens), the model dimensions that change what a block means (model_type, hidden
-// size, vocabulary) and, for a hybrid, which layers keep a recurrent state of how many bytes
-// (`specs`, one per layer: memory::ModelKvSpecs): two hybrids alike in all else but their
-// states never exchange blocks. A pool without a recurrent state hashes as before there were
-// any (peers of protocol 1.2 and earlier compute the same).
+// size, vocabulary) and, for a hybrid, which layers keep a recurrent state of how many bytes,
+// for an MLA model which layers keep a latent of how many values a token (`specs`, one per
+// layer: memory::ModelKvSpecs): two hybrids alike in all else but their states, two MLA models
+// but their kv_lora_rank or RoPE key, never exchange blocks. A pool without a recurrent state
+// hashes as before there were any (peers of protocol 1.2 and earlier compute the same), one
+// without a latent as before protocol 1.4.
 uint64_t KvLayoutHash(const memory::KvLayout& layout, std::span<const memory::KvLayerSpec> specs,
                       int64_t hidden_size, int64_t vocab_size, const std::string& model_type);
 

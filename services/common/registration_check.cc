@@ -97,13 +97,16 @@ void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, 
       expected += std::string(expected.empty() ? "" : ", ") + memory::KvDtypeName(dtype) + " " + Hex(want);
       continue;
     }
-    if (layer_bytes != l.bytes_per_layer()) {
+    // An MLA model's layers are its latent rows (KvLayerBytes), K and V the others'.
+    const uint64_t want_layer = KvLayerBytes(l, specs),
+                   want_block = want_layer * static_cast<uint64_t>(l.num_layers);
+    if (layer_bytes != want_layer) {
       bad->push_back("kvLayout.layerBytes " + std::to_string(layer_bytes) + " is not the " +
-                     memory::KvDtypeName(dtype) + " layout's " + std::to_string(l.bytes_per_layer()));
+                     memory::KvDtypeName(dtype) + " layout's " + std::to_string(want_layer));
     }
-    if (block_bytes != l.bytes_per_block()) {
+    if (block_bytes != want_block) {
       bad->push_back("kvLayout.blockBytes " + std::to_string(block_bytes) + " is not the " +
-                     memory::KvDtypeName(dtype) + " layout's " + std::to_string(l.bytes_per_block()));
+                     memory::KvDtypeName(dtype) + " layout's " + std::to_string(want_block));
     }
     // A recurrent state's pages follow from the page size (a page too small for a layer is
     // reported above).

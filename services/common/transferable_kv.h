@@ -5,9 +5,12 @@
 // per sequence in ceil(state bytes / page bytes) pages of the sequence's first block
 // (memory/kv_spec.h); since protocol 1.3 KvLayout.pagesPerBlock and the reserved page lists
 // carry those pages, and the prefill worker writes the state into them with the block's
-// attention KV (docs/architecture.md, "Recurrent state in the KV transfer"). A peer of an
-// earlier protocol would move the attention pages alone and decode from a state of zeros, so it
-// is refused, naming both versions.
+// attention KV (docs/architecture.md, "Recurrent state in the KV transfer"). An MLA model's
+// (deepseek_v3) latent layer takes one page of a block too, holding block_size rows of its
+// latent (memory/kv_blocks.h); since protocol 1.4 KvLayout.layerBytes is those rows' bytes and
+// the layout hash names each latent's width (docs/architecture.md, "Latent KV in the
+// transfer"). A peer of an earlier protocol would move or check the pages by another size, so
+// it is refused for such a model, naming both versions.
 #pragma once
 
 #include <cstdint>
@@ -20,20 +23,30 @@
 
 namespace pw::service {
 
-// Ok unless a layer of `pool` keeps an MLA latent (deepseek_v3): the transfer does not move
-// latent pages yet, so the workers refuse such a pool at start (kUnsupported naming `model`,
-// the layer and the kind) instead of serving a stream decoded from unwritten pages.
+// KvLayout.layerBytes of a pool of `layout` and `specs` (memory::ModelKvSpecs): the bytes one
+// per-token layer of a block takes in its page (memory::LayerBlockBytes): K and V of a
+// full-attention or sliding-window layer, block_size latent rows of a latent layer. A pool of
+// recurrent states only counts layout.bytes_per_layer(), as before protocol 1.4.
+uint64_t KvLayerBytes(const memory::KvLayout& layout, std::span<const memory::KvLayerSpec> specs);
+
+// Ok unless the per-token layers of `pool` take blocks of different sizes (a latent layer beside
+// a full-attention one): KvLayout.layerBytes names one size, so the workers refuse such a pool at
+// start (kUnsupported naming `model` and both layers) instead of moving pages by the wrong size.
+// No model served mixes them.
 Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& model);
 
 // The control protocol's minor version since which the KV transfer carries a recurrent state.
 inline constexpr uint16_t kRecurrentStateMinor = 3;
+// The control protocol's minor version since which the KV transfer carries a latent (MLA) layer.
+inline constexpr uint16_t kLatentKvMinor = 4;
 
 // True if a layer of `specs` keeps a recurrent state.
 bool HasRecurrentState(std::span<const memory::KvLayerSpec> specs);
 
 // Ok, or kUnsupported when `specs` (the served model's KV: memory::ModelKvSpecs) hold a
-// recurrent state and `peer`, speaking protocol 1.`peer_minor`, predates kRecurrentStateMinor;
-// the message names the peer, both versions, `model` and the first such layer.
+// recurrent state and `peer`, speaking protocol 1.`peer_minor`, predates kRecurrentStateMinor,
+// or a latent and the peer predates kLatentKvMinor; the message names the peer, both versions,
+// `model` and the first such layer.
 Status CheckPeerCarriesKv(std::span<const memory::KvLayerSpec> specs, const std::string& model,
                           const std::string& peer, uint16_t peer_minor);
 

@@ -18,8 +18,10 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("pw::wire");
 
 const kProtocolMajor :UInt16 = 1;
-const kProtocolMinor :UInt16 = 3;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums); 2: Register.nodeName;
-                                   # 3: KvLayout.pagesPerBlock (a hybrid's recurrent state moves with its KV)
+const kProtocolMinor :UInt16 = 4;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums); 2: Register.nodeName;
+                                   # 3: KvLayout.pagesPerBlock (a hybrid's recurrent state moves with its KV);
+                                   # 4: an MLA model's latent layers in KvLayout.layerBytes and layoutHash
+                                   # (deepseek_v3's latent KV moves prefill -> decode)
 
 enum Role {
   unknown @0;
@@ -42,14 +44,16 @@ struct UcxMemory {
 struct KvLayout {
   numBlocks @0 :UInt32;     # blocks in the pool
   blockTokens @1 :UInt32;   # tokens per block
-  blockBytes @2 :UInt64;    # bytes of one block (all layers, K and V)
+  blockBytes @2 :UInt64;    # bytes of one block (all layers: layerBytes x numLayers)
   layoutHash @3 :UInt64;    # hash of the layout version, model, layer/head/dim/dtype; must match
   pageBytes @4 :UInt64;     # bytes of one page of the pool (memory/kv_blocks.h)
-  layerBytes @5 :UInt64;    # bytes of one layer of one block inside its page
+  layerBytes @5 :UInt64;    # bytes of one layer of one block inside its page: K and V of a full-
+                            # attention or sliding layer; since 1.4 an MLA model's latent rows,
+                            # blockTokens x (kv_lora_rank + qk_rope_head_dim) elements
   numLayers @6 :UInt32;     # layers of a block
   pagesPerBlock @7 :UInt32; # since 1.3: pages one block takes, its layers' in layer order (one
-                            # per full-attention or sliding layer, ceil(state bytes / pageBytes)
-                            # per recurrent-state layer: memory/kv_blocks.h). 0 (a peer before
+                            # per full-attention, sliding or latent layer, ceil(state bytes /
+                            # pageBytes) per recurrent-state layer: memory/kv_blocks.h). 0 (a peer before
                             # 1.3): numLayers, one page per layer; such a peer cannot carry a
                             # hybrid's recurrent state and is refused for one
 }

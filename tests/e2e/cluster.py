@@ -127,14 +127,19 @@ class LocalCluster:
         self._start(name, argv)
 
     def __enter__(self):
-        if self.store:
-            self.start_broker()
-        self.start_router()
-        for i in range(self.n_prefill):
-            self.start_worker("prefill", i)
-        for i in range(self.n_decode):
-            self.start_worker("decode", i)
-        self.wait_healthy()
+        try:
+            if self.store:
+                self.start_broker()
+            self.start_router()
+            for i in range(self.n_prefill):
+                self.start_worker("prefill", i)
+            for i in range(self.n_decode):
+                self.start_worker("decode", i)
+            self.wait_healthy()
+        except BaseException:
+            # `with` calls no __exit__ when __enter__ raises: stop what was started here.
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def wait_healthy(self, timeout=180):

@@ -561,6 +561,98 @@ TEST(Workers, LeaseExpiresCancelFreesAndBadRequestsAreRefused) {
   EXPECT_TRUE(c.decode.running() && c.prefill.running());
 }
 
+// An MLA model (`model`: every KV layer a latent of kv_lora_rank + qk_rope_head_dim values a
+// token) served by real processes, its routed experts from the broker: prompts over several
+// 16-token blocks, their latent rows computed by the prefill worker and put into the decode
+// worker's blocks, decoded from there in the absorbed form: the in-process engine's tokens. The
+// decode worker's pages are 4096 bytes against the prefill worker's 1280 (16 bf16 rows of 40
+// values), so the rows fill a third of each page there and whole pages here.
+void LatentGreedyTokensEqualInProcessEngine(const std::string& model, uint32_t seed) {
+  ModelName() = model;
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  c.decode_args = {"--page-bytes", "4096"};
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  const int kMax = 24;
+  auto prompts = RandomPrompts(6, seed, 17, 90);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % 2000;  // the fixture's vocabulary is 2048
+  }
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 1000 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed " << seed << ")";
+  }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
+  // The workers registered their pages, 4096 and 1280 bytes, the latent rows as a layer's bytes.
+  for (const char* id : {"decode-0", "prefill-0"}) {
+    const transport::PeerInfo* peer = c.router.server().FindPeer(id);
+    ASSERT_NE(peer, nullptr) << id;
+    auto kl = peer->registration->body().getRegister().getKvLayout();
+    EXPECT_EQ(kl.getLayerBytes(), 16u * 40 * 2) << id;
+    EXPECT_EQ(kl.getPageBytes(), std::string(id) == "decode-0" ? 4096u : 1280u) << id;
+  }
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
+TEST(Workers, DeepseekV3GreedyTokensEqualInProcessEngine) {
+  LatentGreedyTokensEqualInProcessEngine("deepseek_v3", 7171);
+}
+
+// Kimi-K2's config (model_type kimi_k2, the DeepseekV3 architecture) through the same transfer.
+TEST(Workers, KimiK2GreedyTokensEqualInProcessEngine) {
+  LatentGreedyTokensEqualInProcessEngine("kimi_k2", 7272);
+}
+
+// deepseek_v3 under a small decode pool: 4 prompts of 30..45 tokens take at most 12 of its 16
+// blocks; growing by 100 tokens each they need up to 40, so the decode worker preempts and
+// recomputes the latent rows over prompt and streamed tokens: the in-process engine's tokens.
+TEST(Workers, DeepseekV3PreemptionUnderSmallKvPoolLosesNothing) {
+  ModelName() = "deepseek_v3";
+  struct Restore {
+    ~Restore() { ModelName() = "qwen2_moe"; }
+  } restore;
+  Cluster c;
+  ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/16, /*use_broker=*/false)) << c.Logs();
+  const int kMax = 100;
+  auto prompts = RandomPrompts(4, 7373, 30, 45);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % 2000;
+  }
+  auto ref = Reference(prompts, kMax);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = 1100 + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = kMax;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i;
+  }
+  EXPECT_NE(c.decode.Log().find("preempted"), std::string::npos) << c.Logs();
+}
+
 }  // namespace
 }  // namespace pw
 

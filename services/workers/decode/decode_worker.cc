@@ -55,7 +55,8 @@ Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions o
 }
 
 Status DecodeWorker::Setup() {
-  // The page pool: pages sized to one layer of one KV block unless configured.
+  // The page pool: pages sized to one layer of one KV block unless configured (an MLA model's
+  // layer is its latent rows: memory::MinPageBytes).
   PW_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(options_.model_dir + "/config.json"));
   engine::KvLayout kl;
   kl.num_layers = static_cast<int>(mc.num_layers);
@@ -63,15 +64,17 @@ Status DecodeWorker::Setup() {
   kl.head_dim = static_cast<int>(mc.head_dim);
   kl.block_size = options_.block_size;
   kl.dtype = options_.kv_dtype;
-  const uint64_t page_bytes = options_.page_bytes != 0 ? options_.page_bytes : kl.min_page_bytes();
-  if (page_bytes < kl.bytes_per_layer() || page_bytes % 64 != 0) {
+  const std::vector<memory::KvLayerSpec> specs = memory::ModelKvSpecs(mc);
+  const uint64_t min_page = memory::MinPageBytes(kl, specs);
+  const uint64_t page_bytes = options_.page_bytes != 0 ? options_.page_bytes : min_page;
+  if (page_bytes < min_page || page_bytes % 64 != 0) {
     return InvalidArgument("decode worker: page_bytes " + std::to_string(page_bytes) +
                            " must be a multiple of 64 and hold one layer of a KV block (" +
-                           std::to_string(kl.bytes_per_layer()) + " bytes)");
+                           std::to_string(min_page) + " bytes)");
   }
   // Pages one KV block takes: one per attention layer, a hybrid's recurrent state more.
   PW_ASSIGN_OR_RETURN(const std::vector<int> offsets,
-                      memory::BlockPageOffsets(memory::ModelKvSpecs(mc), kl, page_bytes));
+                      memory::BlockPageOffsets(specs, kl, page_bytes));
   const uint64_t block_pages = static_cast<uint64_t>(offsets.back());
   uint64_t pages = 0;
   if (options_.pool_bytes != 0) {
@@ -250,7 +253,7 @@ void DecodeWorker::FillRegister(wire::Register::Builder r) {
   kl.setBlockBytes(pool.bytes_per_block());
   kl.setLayoutHash(layout_hash_);
   kl.setPageBytes(pool_->page_bytes());
-  kl.setLayerBytes(pool.layout().bytes_per_layer());
+  kl.setLayerBytes(service::KvLayerBytes(pool.layout(), pool.specs()));
   kl.setNumLayers(static_cast<uint32_t>(pool.layout().num_layers));
   kl.setPagesPerBlock(static_cast<uint32_t>(pool.pages_per_block()));
   auto km = r.initKvMemory();
@@ -525,10 +528,16 @@ void DecodeWorker::OnCancel(wire::Cancel::Reader r) {
 }
 
 bool DecodeWorker::Preempt() {
-  // The most recently admitted sequence that still holds KV in the engine.
+  // The most recently admitted sequence that still holds KV in the engine: blocks, not the
+  // preempted mark, decide, since a sequence being recomputed holds blocks before it samples
+  // again (a recompute chunk cut one token short by the free blocks leaves it decoding, still
+  // marked), and when only such sequences hold the blocks a decode step needs, one of them
+  // must give them back.
+  std::map<engine::SeqId, int> held;
+  for (const engine::SequenceInfo& s : engine_->Sequences()) held[s.id] = s.num_blocks;
   for (auto it = admit_order_.rbegin(); it != admit_order_.rend(); ++it) {
     auto rit = running_.find(*it);
-    if (rit == running_.end() || rit->second.preempted) continue;
+    if (rit == running_.end() || held[*it] == 0) continue;
     Running& run = rit->second;
     if (!engine_->RemoveSequence(*it).ok()) continue;
     // Requeue with what was generated: the engine recomputes the KV when blocks free up.

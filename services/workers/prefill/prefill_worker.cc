@@ -130,7 +130,7 @@ void PrefillWorker::FillRegister(wire::Register::Builder r) {
   kl.setBlockBytes(pool.bytes_per_block());
   kl.setLayoutHash(layout_hash_);
   kl.setPageBytes(pool.pages().page_bytes());
-  kl.setLayerBytes(pool.layout().bytes_per_layer());
+  kl.setLayerBytes(service::KvLayerBytes(pool.layout(), pool.specs()));
   kl.setNumLayers(static_cast<uint32_t>(pool.layout().num_layers));
   kl.setPagesPerBlock(static_cast<uint32_t>(pool.pages_per_block()));
   r.setMaxBatch(static_cast<uint32_t>(options_.max_batch_prompts));
@@ -306,15 +306,17 @@ Status PrefillWorker::Prepare(Job* job) {
   const auto& pool_layout = engine_->kv_pool().layout();
   auto dl = req.getDecodeLayout();
   job->tokens.clear();
-  // A router before protocol 1.3 forwards no pagesPerBlock: it cannot place a hybrid's state.
+  // A router before protocol 1.3 forwards no pagesPerBlock: it cannot place a hybrid's state;
+  // one before 1.4 does not know an MLA model's latent layout.
   PW_RETURN_IF_ERROR(service::CheckPeerCarriesKv(engine_->kv_pool().specs(), options_.model_name,
                                                  "the router", job->msg->version_minor()));
+  const uint64_t layer_bytes = service::KvLayerBytes(pool_layout, engine_->kv_pool().specs());
   if (dl.getLayoutHash() != layout_hash_ ||
       dl.getBlockTokens() != static_cast<uint32_t>(pool_layout.block_size) ||
       dl.getBlockBytes() != engine_->kv_pool().bytes_per_block() ||
-      dl.getLayerBytes() != pool_layout.bytes_per_layer() ||
+      dl.getLayerBytes() != layer_bytes ||
       dl.getNumLayers() != static_cast<uint32_t>(pool_layout.num_layers) ||
-      dl.getPageBytes() < pool_layout.bytes_per_layer()) {
+      dl.getPageBytes() < layer_bytes) {
     return InvalidArgument("decode worker '" + job->decode_id +
                            "' has another KV layout (version/dtype/hash/block tokens/page bytes differ)");
   }
@@ -532,7 +534,6 @@ Status PrefillWorker::Transfer(Job* job) {
   auto req = job->msg->body().getPrefillRequest();
   const auto& pool = engine_->kv_pool();
   const int L = pool.layout().num_layers;
-  const uint64_t layer_bytes = pool.layout().bytes_per_layer();
   const uint64_t page_bytes = req.getDecodeLayout().getPageBytes();
   const uint64_t own_page_bytes = pool.pages().page_bytes();
   const std::vector<int>& first = job->decode_first_page;  // Prepare checked it against the pages
@@ -557,8 +558,10 @@ Status PrefillWorker::Transfer(Job* job) {
       const uint64_t at = i * block_pages + static_cast<uint64_t>(first[static_cast<size_t>(l)]);
       const memory::KvLayerSpec& spec = pool.specs()[static_cast<size_t>(l)];
       if (spec.kind != memory::KvKind::kRecurrentState) {
-        put(static_cast<uint64_t>(pages[static_cast<unsigned>(at)]) * page_bytes, pool.LayerPage(job->own[i], l),
-            layer_bytes);
+        // One page of the block: K and V, or an MLA layer's latent rows, at the start of the
+        // page on both sides whatever either pool's page size (Prepare checked it holds them).
+        put(static_cast<uint64_t>(pages[static_cast<unsigned>(at)]) * page_bytes,
+            pool.LayerPage(job->own[i], l), memory::LayerBlockBytes(spec, pool.layout()));
         continue;
       }
       // The sequence's state is in its first block's pages of the layer (memory/kv_spec.h); the

@@ -3,7 +3,11 @@
 // each field changed on its own is refused with a reason naming it; the forged decode worker of
 // the field report (layout hash 0, 2^32-1 blocks of 2^60 bytes, maxBatch 2^32-1) is refused; a
 // hybrid's workers (qwen3_next: a recurrent state in the KV) are accepted from protocol 1.3 on
-// with their pages per block, refused from an earlier peer naming both versions.
+// with their pages per block, refused from an earlier peer naming both versions; an MLA
+// model's (deepseek_v3, kimi_k2: latent KV) from protocol 1.4 on with their latent rows as
+// layerBytes, refused from an earlier peer.
+#include "services/common/registration_check.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,9 +15,9 @@
 #include <string>
 
 #include "common/formats/model_config.h"
-#include "services/common/kv_layout_hash.h"
-#include "services/common/registration_check.h"
 #include "memory/kv_blocks.h"
+#include "services/common/kv_layout_hash.h"
+#include "services/common/transferable_kv.h"
 #include "services/proto/codec.h"
 
 namespace pw::service {
@@ -51,7 +55,7 @@ void FillHonest(wire::Register::Builder r, wire::Role role, const ModelConfig& m
   kl.setBlockBytes(p.bytes_per_block());
   kl.setLayoutHash(KvLayoutHash(p.layout(), p.specs(), m.hidden_size, m.vocab_size, m.model_type));
   kl.setPageBytes(p.pages().page_bytes());
-  kl.setLayerBytes(p.layout().bytes_per_layer());
+  kl.setLayerBytes(KvLayerBytes(p.layout(), p.specs()));
   kl.setNumLayers(static_cast<uint32_t>(p.layout().num_layers));
   kl.setPagesPerBlock(static_cast<uint32_t>(p.pages_per_block()));
   if (role == wire::Role::DECODE) {
@@ -326,6 +330,79 @@ TEST_F(RegistrationCheckTest, AHybridsWorkersCarryTheirStatePagesFromProtocol13O
   });
   minor_ = 2;
   ExpectRefused("a decode worker of 1.2", "1.2", [](auto) {});
+}
+
+// deepseek_v3's fixture (and kimi_k2's, the same attention): 3 layers each keeping a latent of
+// kv_lora_rank 32 + qk_rope_head_dim 8 values a token, 16 x 40 bf16 values (1280 bytes) a layer
+// of a block, where K and V of 4 heads x 8 would take 2048.
+TEST_F(RegistrationCheckTest, AnMlaModelsWorkersRegisterTheirLatentRowsFromProtocol14On) {
+  for (const char* fixture : {"deepseek_v3", "kimi_k2"}) {
+    SCOPED_TRACE(fixture);
+    auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + fixture +
+                             "/config.json");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    model_ = *c;
+    limits_.model = model_;
+    for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
+      proto::OutMessage m;
+      auto r = m.body().initRegister();
+      FillHonest(r, role, model_);
+      EXPECT_EQ(r.getKvLayout().getLayerBytes(), 16u * 40 * 2);
+      EXPECT_EQ(r.getKvLayout().getBlockBytes(), 3u * 16 * 40 * 2);
+      EXPECT_EQ(r.getKvLayout().getPageBytes(), 1280u);
+      EXPECT_EQ(r.getKvLayout().getPagesPerBlock(), 3u);
+      Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      // The same Register from a worker of protocol 1.3: refused, both versions named.
+      st = CheckRegistration(r.asReader(), limits_, 3);
+      ASSERT_FALSE(st.ok());
+      EXPECT_NE(st.message().find("speaks control protocol 1.3"), std::string::npos)
+          << st.message();
+      EXPECT_NE(st.message().find("since protocol 1.4"), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("MLA latent"), std::string::npos) << st.message();
+    }
+    EXPECT_TRUE(Decode([](auto) {}).ok());
+    // Pages larger than a layer (a decode worker's --page-bytes) hold the same block.
+    EXPECT_TRUE(Decode([](auto r) {
+                  r.getKvLayout().setPageBytes(4096);
+                  r.getKvMemory().setBytes(r.getKvMemory().getBytes() * 4);
+                }).ok());
+    // K and V of the layout's heads as the layer's bytes: not what an MLA block holds.
+    ExpectRefused("K and V bytes", "layerBytes", [](auto r) {
+      r.getKvLayout().setLayerBytes(2048);
+      r.getKvLayout().setBlockBytes(3 * 2048);
+      r.getKvLayout().setPageBytes(2048);
+      r.getKvMemory().setBytes(r.getKvMemory().getBytes() * 2);
+    });
+    ExpectRefused("a page short of the latent rows", "pageBytes",
+                  [](auto r) { r.getKvLayout().setPageBytes(1216); });
+    // The hash of the model's layout without its latents (what a peer before 1.4 computes).
+    ExpectRefused("the hash without the latent", "layoutHash", [&](auto r) {
+      memory::KvLayout l;
+      l.num_layers = static_cast<int>(model_.num_layers);
+      l.num_kv_heads = static_cast<int>(model_.num_kv_heads);
+      l.head_dim = static_cast<int>(model_.head_dim);
+      l.dtype = memory::KvDtype::kBf16;
+      r.getKvLayout().setLayoutHash(KvLayoutHash(l, memory::FullAttentionSpecs(l),
+                                                 model_.hidden_size, model_.vocab_size,
+                                                 model_.model_type));
+    });
+    // Another kv_lora_rank: another hash.
+    ExpectRefused("the hash of a wider latent", "layoutHash", [&](auto r) {
+      ModelConfig wider = model_;
+      wider.mla.kv_lora_rank = 48;
+      memory::KvLayout l;
+      l.num_layers = static_cast<int>(model_.num_layers);
+      l.num_kv_heads = static_cast<int>(model_.num_kv_heads);
+      l.head_dim = static_cast<int>(model_.head_dim);
+      l.dtype = memory::KvDtype::kBf16;
+      r.getKvLayout().setLayoutHash(KvLayoutHash(l, memory::ModelKvSpecs(wider), model_.hidden_size,
+                                                 model_.vocab_size, model_.model_type));
+    });
+    minor_ = 3;
+    ExpectRefused("a decode worker of 1.3", "1.3", [](auto) {});
+    minor_ = proto::kProtocolMinor;
+  }
 }
 
 }  // namespace
