@@ -71,6 +71,7 @@ class ClusterE2E : public ::testing::Test {
       do *m = FreePort(); while (!used.insert(*m).second);
     }
     run_dir_ = std::string(PW_BINARY_DIR) + "/test-tmp/e2e-" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->test_suite_name() + "-" +
                ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(run_dir_);
     std::filesystem::create_directories(run_dir_);
