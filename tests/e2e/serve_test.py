@@ -231,7 +231,7 @@ def main():
 
         # 1. Killed while building the store, once a layer is done.
         s = Serve(pw, [snap] + common, os.path.join(tmp, "serve1.log"))
-        line = s.wait_line(r"quantize: layer \d+/\d+ done")
+        line = s.wait_line(r"quantize: layer \d+ \(\d+/\d+\) done")
         if line is None:
             s.stop()
             fail("no layer progress line from the first start:\n" + s.text())
@@ -252,7 +252,7 @@ def main():
         # Finished layers only (a layer being written when the kill came is a .tmp file).
         layers_done = sorted(f for f in os.listdir(os.path.join(stores, partial[0]))
                              if f.startswith("layer-") and f.endswith(".apw"))
-        total = int(re.search(r"layer \d+/(\d+)", line).group(1))
+        total = int(re.search(r"layer \d+ \(\d+/(\d+)\)", line).group(1))
         print(f"killed after '{line.strip()}': {len(layers_done)} of {total} layers kept in {partial[0]}")
         if not layers_done or len(layers_done) >= total:
             fail(f"expected some but not all layers kept, got {layers_done}")
