@@ -257,7 +257,11 @@ def main():
         if not layers_done or len(layers_done) >= total:
             fail(f"expected some but not all layers kept, got {layers_done}")
 
-        # 2. Resumed, published, served.
+        # 2. Resumed, published, served. The model hash is kept between starts only once every
+        # file is a second older than the hashing (model_hash_cache.h): let the snapshot's
+        # files reach that age, so this start keeps it and its pw-quantize reads it there.
+        newest = max(os.stat(os.path.join(snap, f)).st_ctime for f in os.listdir(snap))
+        time.sleep(max(0.0, newest + 1.5 - time.time()))
         s = Serve(pw, [snap] + common, os.path.join(tmp, "serve2.log"))
         if s.wait_line(r"resuming the build") is None:
             s.stop()
