@@ -295,6 +295,51 @@ std::vector<std::vector<int32_t>> RandomPrompts(int n, uint32_t seed, int min_le
   return prompts;
 }
 
+// Serves `ModelName()`'s fixture for the scope's duration ("qwen2_moe" again after it).
+struct UseModel {
+  explicit UseModel(const std::string& model) { ModelName() = model; }
+  ~UseModel() { ModelName() = "qwen2_moe"; }
+};
+
+// Through a started cluster: `n` prompts of `min_len`..`max_len` random ids (seed `seed`, folded
+// into [3, 3 + id_span) for a fixture's small vocabulary), `max_tokens` greedy tokens each,
+// request ids from `first_id`: every request finishes by length with the in-process engine's
+// tokens, and the decode worker took its experts from the broker.
+void ExpectServedTokensEqualTheEngine(Cluster& c, int n, uint32_t seed, int min_len, int max_len,
+                                      int id_span, uint64_t first_id, int max_tokens) {
+  auto prompts = RandomPrompts(n, seed, min_len, max_len);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % id_span;
+  }
+  auto ref = Reference(prompts, max_tokens);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = first_id + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = max_tokens;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
+    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(max_tokens));
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
+                                   << " tokens, seed " << seed << ")";
+  }
+  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
+}
+
+// SIGTERM to the decode worker, the prefill worker and the broker: each exits 0.
+void ExpectCleanStop(Cluster& c) {
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  c.broker.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+}
+
 TEST(Workers, GreedyTokensEqualInProcessEngine) {
   Cluster c;
   ASSERT_TRUE(c.Start()) << c.Logs();
@@ -568,35 +613,11 @@ TEST(Workers, LeaseExpiresCancelFreesAndBadRequestsAreRefused) {
 // decode worker's pages are 4096 bytes against the prefill worker's 1280 (16 bf16 rows of 40
 // values), so the rows fill a third of each page there and whole pages here.
 void LatentGreedyTokensEqualInProcessEngine(const std::string& model, uint32_t seed) {
-  ModelName() = model;
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel use(model);
   Cluster c;
   c.decode_args = {"--page-bytes", "4096"};
   ASSERT_TRUE(c.Start()) << c.Logs();
-  const int kMax = 24;
-  auto prompts = RandomPrompts(6, seed, 17, 90);
-  for (auto& p : prompts) {
-    for (auto& id : p) id = 3 + id % 2000;  // the fixture's vocabulary is 2048
-  }
-  auto ref = Reference(prompts, kMax);
-  std::vector<Req> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].id = 1000 + i;
-    reqs[i].prompt = prompts[i];
-    reqs[i].max_tokens = kMax;
-    c.router.Submit(&reqs[i]);
-  }
-  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
-    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
-    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
-    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
-                                   << " tokens, seed " << seed << ")";
-  }
-  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
+  ExpectServedTokensEqualTheEngine(c, 6, seed, 17, 90, 2000, 1000, 24);  // vocabulary 2048
   // The workers registered their pages, 4096 and 1280 bytes, the latent rows as a layer's bytes.
   for (const char* id : {"decode-0", "prefill-0"}) {
     const transport::PeerInfo* peer = c.router.server().FindPeer(id);
@@ -605,12 +626,7 @@ void LatentGreedyTokensEqualInProcessEngine(const std::string& model, uint32_t s
     EXPECT_EQ(kl.getLayerBytes(), 16u * 40 * 2) << id;
     EXPECT_EQ(kl.getPageBytes(), std::string(id) == "decode-0" ? 4096u : 1280u) << id;
   }
-  c.decode.Kill(SIGTERM);
-  c.prefill.Kill(SIGTERM);
-  c.broker.Kill(SIGTERM);
-  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+  ExpectCleanStop(c);
 }
 
 TEST(Workers, DeepseekV3GreedyTokensEqualInProcessEngine) {
@@ -1540,40 +1556,11 @@ TEST(Workers, BrokerServingAStoreStopsCleanlyOnSigterm) {
 // matrices from the broker (read from the stacked checkpoint), prompts and generations longer
 // than its window of 8: the in-process engine's tokens.
 TEST(Workers, GptOssGreedyTokensEqualInProcessEngine) {
-  ModelName() = "gpt_oss";
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel model("gpt_oss");
   Cluster c;
   ASSERT_TRUE(c.Start()) << c.Logs();
-  const int kMax = 40;
-  auto prompts = RandomPrompts(6, 3131, 10, 40);
-  for (auto& p : prompts) {
-    for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
-  }
-  auto ref = Reference(prompts, kMax);
-  std::vector<Req> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].id = 500 + i;
-    reqs[i].prompt = prompts[i];
-    reqs[i].max_tokens = kMax;
-    c.router.Submit(&reqs[i]);
-  }
-  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
-    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
-    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
-    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
-                                   << " tokens, seed 3131)";
-  }
-  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
-  c.decode.Kill(SIGTERM);
-  c.prefill.Kill(SIGTERM);
-  c.broker.Kill(SIGTERM);
-  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+  ExpectServedTokensEqualTheEngine(c, 6, 3131, 10, 40, 1000, 500, 40);  // vocabulary 1024
+  ExpectCleanStop(c);
 }
 
 // gemma4 (sandwich norms, a dense MLP beside the experts, sliding layers with their own RoPE
@@ -1581,40 +1568,11 @@ TEST(Workers, GptOssGreedyTokensEqualInProcessEngine) {
 // routed experts' matrices from the broker (read from the stacked checkpoint), prompts and
 // generations longer than its window of 8: the in-process engine's tokens.
 TEST(Workers, Gemma4GreedyTokensEqualInProcessEngine) {
-  ModelName() = "gemma4";
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel model("gemma4");
   Cluster c;
   ASSERT_TRUE(c.Start()) << c.Logs();
-  const int kMax = 40;
-  auto prompts = RandomPrompts(6, 4141, 10, 40);
-  for (auto& p : prompts) {
-    for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
-  }
-  auto ref = Reference(prompts, kMax);
-  std::vector<Req> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].id = 600 + i;
-    reqs[i].prompt = prompts[i];
-    reqs[i].max_tokens = kMax;
-    c.router.Submit(&reqs[i]);
-  }
-  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
-    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
-    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
-    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
-                                   << " tokens, seed 4141)";
-  }
-  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
-  c.decode.Kill(SIGTERM);
-  c.prefill.Kill(SIGTERM);
-  c.broker.Kill(SIGTERM);
-  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+  ExpectServedTokensEqualTheEngine(c, 6, 4141, 10, 40, 1000, 600, 40);  // vocabulary 1024
+  ExpectCleanStop(c);
 }
 
 // A long gpt_oss stream through real processes: the decode worker's metrics show the KV pages
@@ -1682,41 +1640,12 @@ TEST(Workers, GptOssSlidingWindowPagesStayBoundedInALongStream) {
 // decoded from there: the in-process engine's tokens. `decode_args`: more pw-decode options.
 void HybridGreedyTokensEqualInProcessEngine(const std::string& model, uint32_t seed,
                                             const std::vector<std::string>& decode_args) {
-  ModelName() = model;
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel use(model);
   Cluster c;
   c.decode_args = decode_args;
   ASSERT_TRUE(c.Start()) << c.Logs();
-  const int kMax = 24;
-  auto prompts = RandomPrompts(6, seed, 65, 150);
-  for (auto& p : prompts) {
-    for (auto& id : p) id = 3 + id % 1000;  // the fixture's vocabulary is 1024
-  }
-  auto ref = Reference(prompts, kMax);
-  std::vector<Req> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].id = 800 + i;
-    reqs[i].prompt = prompts[i];
-    reqs[i].max_tokens = kMax;
-    c.router.Submit(&reqs[i]);
-  }
-  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
-    EXPECT_EQ(reqs[i].reason, wire::FinishReason::LENGTH);
-    EXPECT_EQ(reqs[i].out.size(), static_cast<size_t>(kMax));
-    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i << " (prompt of " << prompts[i].size()
-                                   << " tokens, seed " << seed << ")";
-  }
-  EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
-  c.decode.Kill(SIGTERM);
-  c.prefill.Kill(SIGTERM);
-  c.broker.Kill(SIGTERM);
-  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
-  EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
+  ExpectServedTokensEqualTheEngine(c, 6, seed, 65, 150, 1000, 800, 24);  // vocabulary 1024
+  ExpectCleanStop(c);
 }
 
 // qwen3_next with the decode worker's pages twice the prefill worker's (4096 bytes against one
