@@ -239,7 +239,11 @@ def main():
             while json.loads(http("GET", base + "/health", timeout=5)[1] or "{}").get("decode_workers") != 2:
                 assert time.time() < deadline, "the second decode worker did not register"
                 time.sleep(0.5)
-            decode0_ip = pod_ip(f"{RELEASE}-pagedweight-decode-pod-0", env)
+            # The two decode pods (the chart's and its copy, podman_workers): the router may place
+            # the whole burst on either, so the one killed is the one running a request.
+            decode_pods = {f"{RELEASE}-pagedweight-decode-pod-0": None, f"{RELEASE}-pagedweight-decode-1-pod-0": None}
+            for pod in decode_pods:
+                decode_pods[pod] = pod_ip(pod, env)
             results = {}
 
             def one(i):
@@ -257,20 +261,26 @@ def main():
             # Under way on the pod to be killed: its worker runs at least one of them (its own
             # gauge), so the kill takes requests mid-stream (the others are placed after it).
 
-            def running_on_decode0():
-                status, m = http("GET", f"http://{decode0_ip}:9102/metrics", timeout=5)
+            def running_on(ip):
+                status, m = http("GET", f"http://{ip}:9102/metrics", timeout=5)
                 return sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
                            if line.startswith("pagedweight_worker_num_requests_running")) if status == 200 else 0
 
-            while (on_decode0 := running_on_decode0()) < 1:
+            victim, on_victim = None, 0
+            while victim is None:
                 failed = {i: r for i, r in results.items() if r[0] != 200}
                 assert not failed, f"requests failed before the kill: {failed}"
-                assert any(t.is_alive() for t in threads), "all 6 requests ended before one ran on decode-0"
-                time.sleep(0.02)
-            decode = f"{RELEASE}-pagedweight-decode-pod-0-decode"
+                assert any(t.is_alive() for t in threads), "all 6 requests ended before one ran on a decode pod"
+                for pod, ip in decode_pods.items():
+                    if (n := running_on(ip)) >= 1:
+                        victim, on_victim = pod, n
+                        break
+                else:
+                    time.sleep(0.02)
+            decode = f"{victim}-decode"
             podman("kill", "--signal", "KILL", decode, env=env)
-            # (the router re-places them on decode-1, the second decode pod)
-            print(f"SIGKILL to {decode} running {on_decode0:.0f} of the {sum(t.is_alive() for t in threads)} requests not done",
+            # (the router re-places them on the other decode pod)
+            print(f"SIGKILL to {decode} running {on_victim:.0f} of the {sum(t.is_alive() for t in threads)} requests not done",
                   flush=True)
             for t in threads:
                 t.join()
