@@ -1,10 +1,10 @@
 // Model: a loaded checkpoint of a supported MoE family (qwen2_moe, qwen3_moe, olmoe, mixtral,
-// glm4_moe, qwen3_next, qwen3_5_moe_text, gpt_oss, gemma4_text).
+// glm4_moe, qwen3_next, qwen3_5_moe_text, gpt_oss, gemma4_text, deepseek_v3 and kimi_k2).
 //
 // Tensor names and shapes follow each type's Hugging Face transformers modeling code (H =
 // hidden_size, D = head_dim, nh/nkv = query/kv heads, E = experts, I = expert FFN size,
 // V = vocab). The loader reads them from the family's description (engine/models/family.h,
-// one file per family); for the four families today, with prefix P = "model.layers.{l}.":
+// one file per family); with prefix P = "model.layers.{l}.":
 //   model.embed_tokens.weight [V, H]; model.norm.weight [H]; lm_head.weight [V, H] (absent
 //     when tie_word_embeddings: the embedding matrix is reused)
 //   P input_layernorm.weight [H]; P post_attention_layernorm.weight [H]
