@@ -330,6 +330,32 @@ void ExpectServedTokensEqualTheEngine(Cluster& c, int n, uint32_t seed, int min_
   EXPECT_NE(c.decode.Log().find("from the broker"), std::string::npos) << c.Logs();
 }
 
+// Through a cluster started with a small decode pool: `n` prompts as in
+// ExpectServedTokensEqualTheEngine, growing by `max_tokens` each past what the pool holds, so
+// the decode worker preempts and recomputes; every request finishes without error with the
+// in-process engine's tokens, and the decode worker said it preempted.
+void ExpectPreemptedTokensEqualTheEngine(Cluster& c, int n, uint32_t seed, int min_len, int max_len,
+                                         int id_span, uint64_t first_id, int max_tokens) {
+  auto prompts = RandomPrompts(n, seed, min_len, max_len);
+  for (auto& p : prompts) {
+    for (auto& id : p) id = 3 + id % id_span;
+  }
+  auto ref = Reference(prompts, max_tokens);
+  std::vector<Req> reqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].id = first_id + i;
+    reqs[i].prompt = prompts[i];
+    reqs[i].max_tokens = max_tokens;
+    c.router.Submit(&reqs[i]);
+  }
+  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
+    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i;
+  }
+  EXPECT_NE(c.decode.Log().find("preempted"), std::string::npos) << c.Logs();
+}
+
 // SIGTERM to the decode worker, the prefill worker and the broker: each exits 0.
 void ExpectCleanStop(Cluster& c) {
   c.decode.Kill(SIGTERM);
@@ -379,10 +405,7 @@ TEST(Workers, GreedyTokensEqualInProcessEngine) {
 // glm4_moe (sigmoid grouped gate, shared experts, a dense first layer, partial rotary) served by
 // real processes, its routed experts from the broker: the in-process engine's tokens.
 TEST(Workers, Glm4MoeGreedyTokensEqualInProcessEngine) {
-  ModelName() = "glm4_moe";
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel model("glm4_moe");
   Cluster c;
   ASSERT_TRUE(c.Start()) << c.Logs();
   const int kMax = 10;
@@ -417,10 +440,7 @@ TEST(Workers, Glm4MoeGreedyTokensEqualInProcessEngine) {
 // decode over the same store at 8 bits). A store whose layers are not the model's MoE layers
 // is refused by the broker, naming both lists.
 TEST(Workers, Glm4MoeDenseFirstLayerServedFromAnApwStore) {
-  ModelName() = "glm4_moe";
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel model("glm4_moe");
   const std::string dir = std::string(PW_BINARY_DIR) + "/test-tmp";
   std::filesystem::create_directories(dir);
   const std::string store = dir + "/glm4_moe_dense_first.apw";
@@ -642,31 +662,10 @@ TEST(Workers, KimiK2GreedyTokensEqualInProcessEngine) {
 // blocks; growing by 100 tokens each they need up to 40, so the decode worker preempts and
 // recomputes the latent rows over prompt and streamed tokens: the in-process engine's tokens.
 TEST(Workers, DeepseekV3PreemptionUnderSmallKvPoolLosesNothing) {
-  ModelName() = "deepseek_v3";
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel model("deepseek_v3");
   Cluster c;
   ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/16, /*use_broker=*/false)) << c.Logs();
-  const int kMax = 100;
-  auto prompts = RandomPrompts(4, 7373, 30, 45);
-  for (auto& p : prompts) {
-    for (auto& id : p) id = 3 + id % 2000;
-  }
-  auto ref = Reference(prompts, kMax);
-  std::vector<Req> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].id = 1100 + i;
-    reqs[i].prompt = prompts[i];
-    reqs[i].max_tokens = kMax;
-    c.router.Submit(&reqs[i]);
-  }
-  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
-    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i;
-  }
-  EXPECT_NE(c.decode.Log().find("preempted"), std::string::npos) << c.Logs();
+  ExpectPreemptedTokensEqualTheEngine(c, 4, 7373, 30, 45, 2000, 1100, 100);
 }
 
 }  // namespace
@@ -1580,10 +1579,7 @@ TEST(Workers, Gemma4GreedyTokensEqualInProcessEngine) {
 // block_size + 2 blocks each, block size 16) while its full-attention layer's grow with the
 // stream, sampled while it runs; the tokens are the in-process engine's.
 TEST(Workers, GptOssSlidingWindowPagesStayBoundedInALongStream) {
-  ModelName() = "gpt_oss";
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel model("gpt_oss");
   Cluster c;
   c.decode_metrics_port = FreePort();
   ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/256, /*use_broker=*/false)) << c.Logs();
@@ -1664,31 +1660,10 @@ TEST(Workers, Qwen3_5MoeGreedyTokensEqualInProcessEngine) {
 // growing by 100 tokens each they need 40, so the decode worker preempts and recomputes (the
 // state from zero, over prompt and streamed tokens): the in-process engine's tokens.
 TEST(Workers, Qwen3NextPreemptionUnderSmallKvPoolLosesNothing) {
-  ModelName() = "qwen3_next";
-  struct Restore {
-    ~Restore() { ModelName() = "qwen2_moe"; }
-  } restore;
+  UseModel model("qwen3_next");
   Cluster c;
   ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/24, /*use_broker=*/false)) << c.Logs();
-  const int kMax = 100;
-  auto prompts = RandomPrompts(4, 7070, 65, 80);
-  for (auto& p : prompts) {
-    for (auto& id : p) id = 3 + id % 1000;
-  }
-  auto ref = Reference(prompts, kMax);
-  std::vector<Req> reqs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    reqs[i].id = 900 + i;
-    reqs[i].prompt = prompts[i];
-    reqs[i].max_tokens = kMax;
-    c.router.Submit(&reqs[i]);
-  }
-  ASSERT_TRUE(c.router.Run(180000)) << c.Logs();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_TRUE(reqs[i].error.empty()) << "request " << i << ": " << reqs[i].error;
-    EXPECT_EQ(reqs[i].out, ref[i]) << "request " << i;
-  }
-  EXPECT_NE(c.decode.Log().find("preempted"), std::string::npos) << c.Logs();
+  ExpectPreemptedTokensEqualTheEngine(c, 4, 7070, 65, 80, 1000, 900, 100);
 }
 
 }  // namespace
