@@ -27,12 +27,11 @@
 #include "engine/engine.h"
 #include "engine/experts/expert_activation.h"
 #include "engine/hooks/lynx_routing_hook.h"
-#include "engine/hooks/miss_routing_hook.h"
-#include "policies/misses/miss_policy.h"
 #include "policies/lynx/lynx_remap.h"
 #include "engine/models/model.h"
 #include "kernels/cpu/window_sink_attention.h"
 #include "tests/common/test_util.h"
+#include "tests/engine/miss_policy_check.h"
 #include "tests/engine/test_util.h"
 
 namespace pw::engine {
@@ -352,41 +351,7 @@ TEST(GptOss, SyntheticCheckpointLoadsAndRuns) {
 // fetching every miss gives the all-resident logits bit for bit and counts every slot;
 // substituting (first-choice) keeps k experts per token and finite logits.
 TEST(GptOss, MissPoliciesUseKOfNFromTheConfig) {
-  auto e = Engine::Create(testing::FixtureModelDir("gpt_oss"), {});
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  const ModelConfig& c = (*e)->model().config();
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 40; ++i) ids.push_back((i * 53 + 11) % 1000 + 3);
-  auto ref = (*e)->ForwardLogits(ids);
-  ASSERT_TRUE(ref.ok());
-  for (const char* preset : {"fetch-every-miss", "first-choice"}) {
-    SCOPED_TRACE(preset);
-    auto cfg = misses::ParseMissPreset(preset);
-    ASSERT_TRUE(cfg.ok());
-    auto policy = misses::MissPolicy::Create(*cfg, static_cast<int>(c.num_layers),
-                                             static_cast<int>(c.num_experts),
-                                             static_cast<int>(c.num_experts_per_tok), 8);
-    ASSERT_TRUE(policy.ok()) << policy.status().ToString();
-    MissRoutingHook hook(policy->get());
-    MoeHooks h;
-    h.routing_hook = &hook;
-    h.residency = &hook;
-    (*e)->SetMoeHooks(h);
-    auto got = (*e)->ForwardLogits(ids);
-    (*e)->SetMoeHooks({});
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    const misses::MissStats& st = hook.stats();
-    EXPECT_EQ(st.token_layers, 40 * 3);
-    EXPECT_EQ(st.slots, st.token_layers * 4);
-    EXPECT_EQ(st.hits + st.fetches + st.substitutions, st.slots);
-    if (std::string(preset) == "fetch-every-miss") {
-      EXPECT_EQ(std::memcmp(got->data(), ref->data(), ref->size() * sizeof(float)), 0);
-      EXPECT_EQ(st.substitutions, 0);
-    } else {
-      EXPECT_GT(st.substitutions, 0);
-      for (float v : *got) ASSERT_TRUE(std::isfinite(v));
-    }
-  }
+  testing::ExpectMissPoliciesUseKOfNFromTheConfig("gpt_oss", 3, 4);
 }
 
 // Expert stores (pw-quantize, the broker) read experts through CheckpointExperts: for gpt_oss
