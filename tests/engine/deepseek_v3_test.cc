@@ -29,26 +29,7 @@
 namespace pw::engine {
 namespace {
 
-// Copies the `fixture` checkpoint into `dir`, leaving out tensor `drop` and applying `edit` to
-// config.json.
-void WriteFixtureCopy(const std::string& fixture, const std::string& dir, const std::string& drop,
-                      const std::function<void(nlohmann::json&)>& edit) {
-  const std::string src = testing::FixtureModelDir(fixture);
-  std::ifstream in(src + "/config.json");
-  auto config = nlohmann::json::parse(in);
-  edit(config);
-  pw::testing::WriteFile(dir + "/config.json", config.dump());
-  auto ck = Checkpoint::Open(src);
-  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
-  SafetensorsWriter out;
-  for (const std::string& name : (*ck)->TensorNames()) {
-    if (name == drop) continue;
-    auto t = (*ck)->Get(name);
-    ASSERT_TRUE(t.ok());
-    ASSERT_TRUE(out.Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
-  }
-  ASSERT_TRUE(out.Write(dir + "/model.safetensors").ok());
-}
+using testing::WriteFixtureCopy;
 
 // Loads a copy of `fixture` with `drop` left out and `edit` applied; returns the status.
 Status LoadEdited(const std::string& fixture, const std::string& drop,

@@ -25,6 +25,8 @@
 namespace pw::engine {
 namespace {
 
+using testing::WriteFixtureCopy;
+
 constexpr ModelType kTypes[] = {ModelType::kQwen2Moe, ModelType::kQwen3Moe, ModelType::kOlmoe,
                                 ModelType::kMixtral,  ModelType::kGlm4Moe,  ModelType::kQwen3Next,
                                 ModelType::kQwen35Moe};
@@ -241,27 +243,6 @@ TEST(ModelFamily, Qwen3NextLayersFollowTheConfig) {
     }
   }
   EXPECT_EQ(pool.pages_per_block(), 2 + 2 * state_pages);
-}
-
-// Copies the `fixture` checkpoint into `dir`, leaving out tensor `drop` and applying `edit` to
-// config.json.
-void WriteFixtureCopy(const std::string& fixture, const std::string& dir, const std::string& drop,
-                      const std::function<void(nlohmann::json&)>& edit) {
-  const std::string src = testing::FixtureModelDir(fixture);
-  std::ifstream in(src + "/config.json");
-  auto config = nlohmann::json::parse(in);
-  edit(config);
-  pw::testing::WriteFile(dir + "/config.json", config.dump());
-  auto ck = Checkpoint::Open(src);
-  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
-  SafetensorsWriter out;
-  for (const std::string& name : (*ck)->TensorNames()) {
-    if (name == drop) continue;
-    auto t = (*ck)->Get(name);
-    ASSERT_TRUE(t.ok());
-    ASSERT_TRUE(out.Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
-  }
-  ASSERT_TRUE(out.Write(dir + "/model.safetensors").ok());
 }
 
 // Bad hybrid checkpoints are refused at load with the tensor or field named: a missing conv or

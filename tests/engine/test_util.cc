@@ -4,6 +4,9 @@
 
 #include <array>
 #include <cstring>
+#include <fstream>
+
+#include "tests/common/test_util.h"
 
 namespace pw::engine::testing {
 
@@ -89,6 +92,25 @@ std::string Sha256Hex(const std::string& data) {
     for (int i = 28; i >= 0; i -= 4) out.push_back(kHex[(v >> i) & 0xf]);
   }
   return out;
+}
+
+void WriteFixtureCopy(const std::string& fixture, const std::string& dir, const std::string& drop,
+                      const std::function<void(nlohmann::json&)>& edit) {
+  const std::string src = FixtureModelDir(fixture);
+  std::ifstream in(src + "/config.json");
+  auto config = nlohmann::json::parse(in);
+  edit(config);
+  pw::testing::WriteFile(dir + "/config.json", config.dump());
+  auto ck = Checkpoint::Open(src);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  SafetensorsWriter out;
+  for (const std::string& name : (*ck)->TensorNames()) {
+    if (name == drop) continue;
+    auto t = (*ck)->Get(name);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(out.Add(name, t->dtype, t->shape, t->data, t->nbytes).ok());
+  }
+  ASSERT_TRUE(out.Write(dir + "/model.safetensors").ok());
 }
 
 }  // namespace pw::engine::testing

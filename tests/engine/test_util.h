@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -31,5 +33,10 @@ std::vector<RefPrompt> ReadRefLogits(const std::string& path, int64_t vocab);
 // SHA-256 of data as 64 lowercase hex digits (FIPS 180-4), to check that a text is the exact
 // one a reference was computed on (the fixtures record sha256 as Python's hashlib writes it).
 std::string Sha256Hex(const std::string& data);
+
+// Copies the `fixture` checkpoint into `dir`, leaving out tensor `drop` and applying `edit` to
+// config.json (a bad-input case from a fixture). Adds a gtest failure on error.
+void WriteFixtureCopy(const std::string& fixture, const std::string& dir, const std::string& drop,
+                      const std::function<void(nlohmann::json&)>& edit);
 
 }  // namespace pw::engine::testing
