@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "common/formats/checkpoint_experts.h"
 #include "common/formats/model_hash_cache.h"
 #include "common/expert_block.h"
+#include "quant/block_write_queue.h"
 #include "quant/store_build_dir.h"
 
 namespace pw::anyprec {
@@ -190,8 +192,12 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   qo.max_bits = o.max_bits;
   qo.threads = o.threads;
   std::vector<float> w, h;
-  auto quantize_layer = [&](int l, const std::function<Status(const apw::BlockData&)>& emit,
-                            const std::function<void(double)>& on_block) -> Status {
+  // The writes run behind the fit (block_write_queue.h): a block's emit runs on the queue's
+  // thread, in block order, with the fitted block it owns.
+  double copy_seconds = 0;  // reused parts copied into the store, on the write queue's thread
+  BlockWriteQueue writes(/*capacity=*/2);
+  using Emit = std::function<Status(const apw::BlockData&)>;
+  auto quantize_layer = [&](int l, const Emit& emit, const std::function<void(double)>& on_block) -> Status {
     for (auto proj : {engine::ExpertProj::kGateUp, engine::ExpertProj::kDown}) {
       const int cols = proj == engine::ExpertProj::kGateUp ? H : I;
       // The layer's mean input statistics over every routed token of this projection.
@@ -232,27 +238,29 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         const auto t_fit = Clock::now();
         report.prepare_seconds += Seconds(t_prepare, t_fit);
         auto q = QuantizeBlock(w.data(), rows, cols, h.data(), qo);
-        const auto t_write = Clock::now();
-        report.fit_seconds += Seconds(t_fit, t_write);
+        report.fit_seconds += Seconds(t_fit, Clock::now());
         if (!q.ok()) {
           return q.status().WithContext("layer " + std::to_string(l) + ", expert " + std::to_string(e) +
                                         (proj == engine::ExpertProj::kGateUp ? ", gate_up" : ", down"));
         }
-        apw::BlockData b;
-        b.layer = static_cast<uint32_t>(l);
-        b.expert = static_cast<uint32_t>(e);
-        b.kind = proj == engine::ExpertProj::kGateUp ? apw::BlockKind::kGateUp : apw::BlockKind::kDown;
-        b.rows = static_cast<uint32_t>(rows);
-        b.cols = static_cast<uint32_t>(cols);
-        for (int p = 0; p < kNumPlanes; ++p) b.planes[p] = q->block.Plane(p);
-        for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
-          b.luts[bits] = q->block.luts[bits].data();
-          b.damage[bits] = q->damage[bits];
-        }
-        b.damage[0] = q->damage[0];
-        b.calib_tokens = tokens;
-        PW_RETURN_IF_ERROR(emit(b));
-        report.write_seconds += Seconds(t_write, Clock::now());
+        auto fitted = std::make_shared<QuantizedBlock>(std::move(*q));
+        const apw::BlockKind kind = proj == engine::ExpertProj::kGateUp ? apw::BlockKind::kGateUp : apw::BlockKind::kDown;
+        PW_RETURN_IF_ERROR(writes.Push([fitted, emit, l, e, kind, rows, cols, tokens]() -> Status {
+          apw::BlockData b;
+          b.layer = static_cast<uint32_t>(l);
+          b.expert = static_cast<uint32_t>(e);
+          b.kind = kind;
+          b.rows = static_cast<uint32_t>(rows);
+          b.cols = static_cast<uint32_t>(cols);
+          for (int p = 0; p < kNumPlanes; ++p) b.planes[p] = fitted->block.Plane(p);
+          for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+            b.luts[bits] = fitted->block.luts[bits].data();
+            b.damage[bits] = fitted->damage[bits];
+          }
+          b.damage[0] = fitted->damage[0];
+          b.calib_tokens = tokens;
+          return emit(b);
+        }));
         ++report.num_blocks;
         on_block(proj == engine::ExpertProj::kGateUp ? 2 : 1);
       }
@@ -263,15 +271,16 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   const apw::StoreInfo info{static_cast<uint32_t>(L), static_cast<uint32_t>(E), static_cast<uint32_t>(H),
                             static_cast<uint32_t>(I), hash, moe_layers};
   if (!parts) {
-    PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(o.out_path, info));
+    PW_ASSIGN_OR_RETURN(std::shared_ptr<apw::ApwWriter> writer, apw::ApwWriter::Create(o.out_path, info));
     Progress bar("quantize", 3.0 * moe_count * E, o.progress);
     double done = 0;
     for (const uint32_t ml : moe_layers) {
       const int l = static_cast<int>(ml);
       PW_RETURN_IF_ERROR(quantize_layer(
-          l, [&](const apw::BlockData& b) { return writer->Add(b); },
+          l, [writer](const apw::BlockData& b) { return writer->Add(b); },
           [&](double units) { bar.Update(done += units); }));
     }
+    PW_RETURN_IF_ERROR(writes.Drain());
     PW_RETURN_IF_ERROR(writer->Finish());
   } else {
     // Each layer as a one-layer store in the resume directory (skipped when a valid one is
@@ -283,7 +292,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     one.layers.clear();
     apw::ApwStore::Options check;
     check.expected_model_hash = hash;
-    PW_ASSIGN_OR_RETURN(auto store, apw::ApwWriter::Create(o.out_path, info));
+    PW_ASSIGN_OR_RETURN(std::shared_ptr<apw::ApwWriter> store, apw::ApwWriter::Create(o.out_path, info));
     for (int k = 0; k < moe_count; ++k) {
       const int l = static_cast<int>(moe_layers[k]);
       const std::string path = parts->LayerPath(l);
@@ -291,17 +300,21 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         auto have = apw::ApwStore::Open(path, check);
         if (have.ok() && (*have)->info().num_layers == 1 && (*have)->info().num_experts == one.num_experts &&
             (*have)->info().hidden == one.hidden && (*have)->info().ffn == one.ffn) {
-          const auto t_copy = Clock::now();
-          for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
-            for (int e = 0; e < E; ++e) {
-              const apw::BlockData* b = (*have)->Find(0, static_cast<uint32_t>(e), kind);
-              if (b == nullptr) return Corrupt(path + ": lacks expert " + std::to_string(e));
-              apw::BlockData in_model = *b;
-              in_model.layer = static_cast<uint32_t>(l);
-              PW_RETURN_IF_ERROR(store->Add(in_model));
+          std::shared_ptr<apw::ApwStore> part = std::move(*have);
+          PW_RETURN_IF_ERROR(writes.Push([part, store, path, l, E, &copy_seconds]() -> Status {
+            const auto t_copy = Clock::now();
+            for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
+              for (int e = 0; e < E; ++e) {
+                const apw::BlockData* b = part->Find(0, static_cast<uint32_t>(e), kind);
+                if (b == nullptr) return Corrupt(path + ": lacks expert " + std::to_string(e));
+                apw::BlockData in_model = *b;
+                in_model.layer = static_cast<uint32_t>(l);
+                PW_RETURN_IF_ERROR(store->Add(in_model));
+              }
             }
-          }
-          report.assemble_seconds += Seconds(t_copy, Clock::now());
+            copy_seconds += Seconds(t_copy, Clock::now());  // read after Drain
+            return Status::Ok();
+          }));
           ++report.layers_reused;
           continue;
         }
@@ -309,31 +322,38 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
                      have.ok() ? "another shape" : have.status().message().c_str());
       }
       const auto t_layer = Clock::now();
-      PW_ASSIGN_OR_RETURN(auto writer, apw::ApwWriter::Create(path, one));
+      PW_ASSIGN_OR_RETURN(std::shared_ptr<apw::ApwWriter> writer, apw::ApwWriter::Create(path, one));
       PW_RETURN_IF_ERROR(quantize_layer(
           l,
-          [&](const apw::BlockData& b) {
+          [store, writer](const apw::BlockData& b) {
             PW_RETURN_IF_ERROR(store->Add(b));
             apw::BlockData in_layer = b;
             in_layer.layer = 0;
             return writer->Add(in_layer);
           },
           [](double) {}));
-      PW_RETURN_IF_ERROR(writer->Finish());
-      if (o.progress) {
-        const double elapsed = Seconds(t_calib, Clock::now());
-        const int done_now = k + 1 - report.layers_reused;
-        const double eta = done_now > 0 ? elapsed / done_now * (moe_count - k - 1) : 0;
-        std::fprintf(stderr, "quantize: layer %d (%d/%d) done (%.1fs; %.1fs elapsed, ETA %.1fs; %d reused)\n", l,
-                     k + 1, moe_count,
-                     Seconds(t_layer, Clock::now()), elapsed, eta, report.layers_reused);
-      }
+      // The part is published (and the progress line printed) once its last block is written.
+      const int reused = report.layers_reused;
+      PW_RETURN_IF_ERROR(writes.Push([writer, t_layer, t_calib, l, k, moe_count, reused, progress = o.progress]() -> Status {
+        PW_RETURN_IF_ERROR(writer->Finish());
+        if (progress) {
+          const double elapsed = Seconds(t_calib, Clock::now());
+          const int done_now = k + 1 - reused;
+          const double eta = done_now > 0 ? elapsed / done_now * (moe_count - k - 1) : 0;
+          std::fprintf(stderr, "quantize: layer %d (%d/%d) done (%.1fs; %.1fs elapsed, ETA %.1fs; %d reused)\n", l,
+                       k + 1, moe_count, Seconds(t_layer, Clock::now()), elapsed, eta, reused);
+        }
+        return Status::Ok();
+      }));
     }
+    PW_RETURN_IF_ERROR(writes.Drain());
+    report.assemble_seconds += copy_seconds;
     const auto t_publish = Clock::now();
     PW_RETURN_IF_ERROR(store->Finish());
     PW_RETURN_IF_ERROR(parts->Remove());
     report.assemble_seconds += Seconds(t_publish, Clock::now());
   }
+  report.write_seconds = writes.busy_seconds() - copy_seconds;
   report.num_blocks = moe_count * E * kProjsPerExpert;  // reused layers' blocks included
   const auto t_end = Clock::now();
   report.quantize_seconds = Seconds(t_calib, t_end);
