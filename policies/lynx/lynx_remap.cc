@@ -1,6 +1,7 @@
 #include "policies/lynx/lynx_remap.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "common/status.h"
@@ -28,6 +29,7 @@ void LynxRemapper::Reserve(int max_tokens, int num_experts, int top_k) {
   score_.reserve(N);
   m_.reserve(N);
   critical_.reserve(N);
+  eligible_.reserve(N);
   chosen_.reserve(static_cast<size_t>(top_k));
 }
 
@@ -82,7 +84,10 @@ const RemapOutput& LynxRemapper::Remap(const RemapInput& in) {
   }
 
   // 5. each token's top-k of its original logits inside C (|C| >= k). A token whose top-k are
-  // all in C keeps them (they are its k best anywhere, so also inside C).
+  // all in C keeps them (they are its k best anywhere, so also inside C). An expert whose logit
+  // is -inf for the token is one its gate masked out (a grouped sigmoid gate's groups the token
+  // did not keep): never chosen for it; when C holds fewer than k the token may take, the rest
+  // are its own best (its original top-k in order).
   chosen_.resize(k);
   for (size_t t = 0; t < T; ++t) {
     const int32_t* orig = buf_.original(static_cast<int>(t));
@@ -93,9 +98,22 @@ const RemapOutput& LynxRemapper::Remap(const RemapInput& in) {
       continue;
     }
     const float* row = in.logits + t * N;
-    SelectTopK(critical_.data(), critical_.size(), k,
+    eligible_.clear();
+    for (int32_t e : critical_) {
+      if (row[e] != -INFINITY) eligible_.push_back(e);
+    }
+    const size_t take = std::min(k, eligible_.size());
+    SelectTopK(eligible_.data(), eligible_.size(), take,
                [row](int32_t a, int32_t b) { return RanksBefore(row, a, b); }, chosen_.data());
-    buf_.SetToken(in, gw, static_cast<int>(t), chosen_.data(), /*sorted=*/true);
+    size_t n = take;
+    for (size_t j = 0; j < k && n < k; ++j) {
+      if (std::find(chosen_.begin(), chosen_.begin() + static_cast<std::ptrdiff_t>(n), orig[j]) ==
+          chosen_.begin() + static_cast<std::ptrdiff_t>(n)) {
+        chosen_[n++] = orig[j];
+      }
+    }
+    PW_CHECK(n == k);
+    buf_.SetToken(in, gw, static_cast<int>(t), chosen_.data(), /*sorted=*/take == k);
   }
   return buf_.Finish(in);
 }

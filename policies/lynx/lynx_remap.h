@@ -48,6 +48,7 @@ class LynxRemapper final : public BatchRemapper {
   std::vector<double> score_;    // [N]: S[e]
   std::vector<double> m_;        // [N]: one token's adjusted scores
   std::vector<int32_t> critical_;  // experts of C, ascending
+  std::vector<int32_t> eligible_;  // [|C|] those of C the token's gate did not mask out
   std::vector<int32_t> chosen_;  // [k]
 };
 

@@ -1,6 +1,7 @@
 #include "policies/lynx/piggyback_remap.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/status.h"
 #include "policies/lynx/lynx_remap.h"
@@ -47,8 +48,10 @@ const RemapOutput& PiggybackRemapper::Remap(const RemapInput& in) {
     for (; n < keep; ++n) chosen_[n] = orig[n];
     auto held = [&](int32_t e) { return std::find(chosen_.begin(), chosen_.begin() + n, e) != chosen_.begin() + n; };
     cand_.clear();
+    // An expert whose logit is -inf for this token is one its gate masked out (a grouped
+    // sigmoid gate's groups the token did not keep): never piggybacked onto it.
     for (int32_t e : base_) {
-      if (!held(e)) cand_.push_back(e);
+      if (!held(e) && row[e] != -INFINITY) cand_.push_back(e);
     }
     const size_t take = std::min(k - n, cand_.size());
     std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(take), cand_.end(),

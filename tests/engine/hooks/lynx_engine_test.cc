@@ -164,15 +164,40 @@ class CheckedLynx final : public RoutingHook {
         EXPECT_NEAR(row[j].weight, s[row[j].expert] / sum * scale_, 1e-6f)
             << "layer " << ctx.layer << " token " << t << " expert " << row[j].expert;
       }
+      if (gate_ == GateKind::kSigmoidGroupedTopK) CheckSelection(ctx, t, row);
       tokens_changed += changed ? 1 : 0;
       ++tokens;
     }
     return Status::Ok();
   }
   int64_t tokens_changed = 0;
-  int64_t tokens = 0;  // token-layer rows checked
+  int64_t tokens = 0;        // token-layer rows checked
+  int64_t masked_slots = 0;  // experts outside their token's kept groups
 
  private:
+  // The selection scores are the unbiased sigmoid plus the correction bias (the bias selects,
+  // it never weighs), -inf outside the token's kept groups; every expert kept (remapped or
+  // not) is inside them.
+  void CheckSelection(const RoutingContext& ctx, size_t t, const ExpertAssignment* row) {
+    const size_t E = static_cast<size_t>(ctx.num_experts);
+    const float* sel = ctx.selection_scores + t * E;
+    const float* s = ctx.router_probs + t * E;
+    ASSERT_NE(ctx.selection_bias, nullptr);
+    for (size_t e = 0; e < E; ++e) {
+      if (std::isinf(sel[e])) {
+        EXPECT_LT(sel[e], 0.f);
+        ++masked_slots;
+      } else {
+        EXPECT_EQ(sel[e], s[e] + ctx.selection_bias[e]) << "layer " << ctx.layer << " expert " << e;
+      }
+    }
+    for (int j = 0; j < ctx.top_k; ++j) {
+      EXPECT_TRUE(std::isfinite(sel[row[j].expert]))
+          << "layer " << ctx.layer << " token " << t << ": expert " << row[j].expert
+          << " is outside the token's kept groups";
+    }
+  }
+
   LynxRoutingHook* inner_;
   GateKind gate_;
   float scale_;
@@ -196,6 +221,44 @@ TEST(LynxEngine, SigmoidGateKeepsExactlyKWithTheGatesWeights) {
   EXPECT_GT(hook.stats().tokens_changed, 0);
   EXPECT_EQ(checked.tokens_changed, hook.stats().tokens_changed);
   EXPECT_LT(hook.stats().distinct_after, hook.stats().distinct_before);
+}
+
+// deepseek_v3 (tests/fixtures/models/deepseek_v3: a dense first layer, 16 experts top-4 in 4
+// groups of which each token keeps 2, a shared expert, routed_scaling_factor 2.5): LYNX and the
+// piggyback rule remap decode batches by the biased, group-masked selection and keep exactly 4
+// experts per token, all inside the token's kept groups (an expert the gate masked out is never
+// brought in, however popular in the batch), weighted by the unbiased sigmoid; they run in the
+// MoE layers only.
+TEST(LynxEngine, DeepseekV3KeepsExactlyKInsideTheKeptGroups) {
+  EngineOptions o;
+  o.return_logits = true;
+  auto e = Engine::Create(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/deepseek_v3", o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const ModelConfig& c = (*e)->model().config();
+  ASSERT_EQ(c.n_group, 4);
+  ASSERT_EQ(c.topk_group, 2);
+  for (int rule = 0; rule < 2; ++rule) {
+    SCOPED_TRACE(rule == 0 ? "lynx" : "piggyback");
+    lynx::LynxRemapper lynx_rule({});
+    lynx::PiggybackRemapper pig_rule({});
+    lynx::BatchRemapper* r = rule == 0 ? static_cast<lynx::BatchRemapper*>(&lynx_rule) : &pig_rule;
+    LynxRoutingHook hook(r);
+    CheckedLynx checked(&hook);
+    MoeHooks h;
+    h.routing_hook = &checked;
+    (*e)->SetMoeHooks(h);
+    const std::vector<float> logits = Decode(**e, 8, 6, 41);
+    (*e)->SetMoeHooks({});
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_GT(checked.tokens, 0);
+    // Half of each token's experts are in groups it did not keep.
+    EXPECT_EQ(checked.masked_slots, checked.tokens * 8);
+    EXPECT_GT(hook.stats().applied_calls, 0);
+    EXPECT_EQ(hook.stats().applied_calls % 2, 0);  // two MoE layers per decode step
+    EXPECT_GT(hook.stats().tokens_changed, 0);
+    EXPECT_EQ(checked.tokens_changed, hook.stats().tokens_changed);
+    EXPECT_LT(hook.stats().distinct_after, hook.stats().distinct_before);
+  }
 }
 
 TEST(LynxEngine, Qwen3NextOf512ExpertsKeepsExactlyTenPerToken) {

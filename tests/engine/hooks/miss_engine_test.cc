@@ -197,6 +197,51 @@ TEST(MissEngine, SubstitutingPolicyComputesOnlyResidentExperts) {
   }
 }
 
+// deepseek_v3 (tests/fixtures/models/deepseek_v3: a dense first layer, then MoE layers of 16
+// experts top-4 in 4 groups, a shared expert, the selection bias): a substituting policy at
+// half residency computes only resident routed experts (the shared expert is dense, never
+// asked of the provider), every substitute is resident, and the dense layer never reaches the
+// policy.
+TEST(MissEngine, DeepseekV3SubstitutesOnlyResidentRoutedExperts) {
+  EngineOptions o;
+  o.return_logits = true;
+  o.num_kv_blocks = 64;
+  auto make = [&] {
+    auto e = Engine::Create(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/deepseek_v3", o);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return std::move(e).value();
+  };
+  auto base = make();
+  const ModelConfig& c = base->model().config();
+  ASSERT_FALSE(base->model().layers()[0].is_moe);
+  ASSERT_EQ(c.num_experts, 16);
+  const std::vector<float> ref = Generate(*base, 24);
+  auto e = make();
+  auto cfg = misses::ParseMissPreset("first-choice");
+  ASSERT_TRUE(cfg.ok());
+  auto policy = misses::MissPolicy::Create(*cfg, static_cast<int>(c.num_layers), static_cast<int>(c.num_experts),
+                                           static_cast<int>(c.num_experts_per_tok), 8);
+  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+  MissRoutingHook hook(policy->get());
+  ResidentOnlyProvider provider(e->model(), &hook);
+  MoeHooks h;
+  h.routing_hook = &hook;
+  h.residency = &hook;
+  h.provider = &provider;
+  e->SetMoeHooks(h);
+  const std::vector<float> got = Generate(*e, 24);
+  e->SetMoeHooks({});
+  ASSERT_EQ(got.size(), ref.size());
+  for (float v : got) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT(provider.calls_, 0);
+  EXPECT_GT(hook.stats().substitutions, 0);
+  EXPECT_NE(got, ref);
+  int moe_layers = 0;
+  for (const auto& l : e->model().layers()) moe_layers += l.is_moe ? 1 : 0;
+  EXPECT_EQ(hook.stats().token_layers, 24 * moe_layers);  // the dense layer never asks
+  EXPECT_EQ((*policy)->cache().ResidentCount(0), 0);
+}
+
 class CountingFetcher final : public ExpertFetcher {
  public:
   Status Fetch(int layer, int expert) override {

@@ -55,7 +55,7 @@ TEST(ServeMemory, BelowTheSmallestPlanIsRefusedWithTheFigureNeeded) {
   auto plan = PlanMemory(c, ckpt, int64_t{4} << 30, "auto", "4G");
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->bits, 8);  // the tiny model's experts fit at 8 bits in 4 GiB
-  EXPECT_GE(plan->pool, plan->experts + 2048 / kKvBlockSize * plan->page_bytes * c.num_layers);
+  EXPECT_GE(plan->pool, plan->experts + 2048 / kKvBlockSize * plan->block_bytes);
   EXPECT_EQ(plan->pool % (1 << 20), 0);
   // The smallest budget that plans is the one the refusal names.
   auto refused = PlanMemory(c, ckpt, int64_t{20} << 20, "auto", "20M");
@@ -84,7 +84,7 @@ TEST(ServeMemory, ThePoolIsNoLargerThanTheModelCanUse) {
   // Every expert at 8 bits plus 64 requests of the full context, in whole MiB.
   EXPECT_EQ(huge->kv_tokens / kKvBlockSize * kKvBlockSize, huge->kv_tokens);
   EXPECT_GE(huge->kv_tokens, kMaxSequences * c.max_position_embeddings);
-  EXPECT_LT(huge->kv_tokens, kMaxSequences * c.max_position_embeddings + (1 << 20) / (huge->page_bytes * c.num_layers) * kKvBlockSize + kKvBlockSize);
+  EXPECT_LT(huge->kv_tokens, kMaxSequences * c.max_position_embeddings + (1 << 20) / huge->block_bytes * kKvBlockSize + kKvBlockSize);
   EXPECT_LT(huge->pool, int64_t{1} << 30);
 }
 
@@ -336,6 +336,44 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   cfg = cluster::LoadClusterConfig(path, "/unused");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_EQ(cfg->processes.size(), 3u);
+}
+
+}  // namespace
+}  // namespace pw::serve
+
+namespace pw::serve {
+namespace {
+
+ModelConfig Fixture(const std::string& name) {
+  auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + name + "/config.json");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return *c;
+}
+
+// The plan's KV pages are the workers' own: an MLA model's page holds a block of latent rows
+// (deepseek_v3 fixture: 16 tokens x (kv_lora_rank 32 + qk_rope_head_dim 8) bf16 values = 1280
+// bytes, where 2 x 4 heads x 16 x 8 gave 2048), a hybrid's block counts its recurrent state's
+// pages (qwen3_next fixture), and the embedded model's page is unchanged.
+TEST(ServeMemory, KvPagesFollowTheModelsKvSpecs) {
+  auto tiny = PlanMemory(TinyMoe(), 15 << 20, int64_t{4} << 30, "auto", "4G");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  const ModelConfig t = TinyMoe();
+  EXPECT_EQ(tiny->page_bytes, 2 * t.num_kv_heads * kKvBlockSize * t.head_dim * kKvBytesPerElement);
+  EXPECT_EQ(tiny->block_bytes, tiny->page_bytes * t.num_layers);
+
+  const ModelConfig ds = Fixture("deepseek_v3");
+  auto latent = PlanMemory(ds, 1 << 20, int64_t{1} << 30, "auto", "1G");
+  ASSERT_TRUE(latent.ok()) << latent.status().ToString();
+  EXPECT_EQ(latent->page_bytes, 1280);
+  EXPECT_EQ(latent->block_bytes, 1280 * ds.num_layers);
+
+  const ModelConfig next = Fixture("qwen3_next");
+  auto hybrid = PlanMemory(next, 1 << 20, int64_t{1} << 30, "auto", "1G");
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status().ToString();
+  EXPECT_EQ(hybrid->page_bytes, 2 * 2 * kKvBlockSize * 16 * kKvBytesPerElement);  // the full layers' K and V
+  EXPECT_EQ(hybrid->block_bytes % hybrid->page_bytes, 0);
+  EXPECT_GT(hybrid->block_bytes, hybrid->page_bytes * next.num_layers);  // the states take more than a page each
+  EXPECT_EQ(hybrid->kv_tokens, (hybrid->pool - hybrid->experts) / hybrid->block_bytes * kKvBlockSize);
 }
 
 }  // namespace

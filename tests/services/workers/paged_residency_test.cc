@@ -39,7 +39,7 @@ constexpr int kE = 8;
 class PagedResidencyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto cfg = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen3_moe/config.json");
+    auto cfg = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + Fixture() + "/config.json");
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
     config_ = *cfg;
     path_ = std::string(PW_BINARY_DIR) + "/test-tmp/paged_residency_" +
@@ -56,6 +56,9 @@ class PagedResidencyTest : public ::testing::Test {
     ASSERT_TRUE(served.ok()) << served.status().ToString();
     served_ = std::move(served).value();
   }
+  // The fixture model whose shapes the store has.
+  virtual std::string Fixture() const { return "qwen3_moe"; }
+
   void TearDown() override {
     residency_.reset();
     weights_.reset();
@@ -73,6 +76,10 @@ class PagedResidencyTest : public ::testing::Test {
     info.hidden = static_cast<uint32_t>(config_.hidden_size);
     info.ffn = static_cast<uint32_t>(config_.moe_intermediate_size);
     info.model_hash = kHash;
+    for (int64_t l = 0; l < config_.num_layers; ++l) {
+      if (config_.IsMoeLayer(l)) info.layers.push_back(static_cast<uint32_t>(l));
+    }
+    if (info.layers.size() == info.num_layers) info.layers.clear();  // every layer MoE
     anyprec::WriteRandomStore(path_, info, 13, &blocks_);
   }
 
@@ -453,6 +460,59 @@ TEST_F(PagedResidencyTest, UnderStepPacingAdmissionsMoveBetweenSteps) {
     residency_.reset();
     weights_.reset();
   }
+}
+
+}  // namespace
+}  // namespace pw::workers
+
+namespace pw::workers {
+namespace {
+
+// glm4_moe (tests/fixtures/models/glm4_moe: a dense first layer, then 2 MoE layers of 16
+// experts, top-4): the budget is over the MoE layers only. A byte budget of 4 experts in each
+// of the 2 MoE layers gives capacity 4 (counting the dense layer it gave 2, below top-4, and
+// the worker refused it); a fetch in an MoE layer lands in pages; the dense layer's blocks are
+// never asked for.
+class PagedResidencyDenseLayerTest : public PagedResidencyTest {
+ protected:
+  std::string Fixture() const override { return "glm4_moe"; }
+};
+
+TEST_F(PagedResidencyDenseLayerTest, BudgetsTheMoeLayersOnly) {
+  ASSERT_FALSE(config_.IsMoeLayer(0));
+  ASSERT_EQ(config_.num_layers, 3);
+  ASSERT_EQ(config_.num_experts, 16);
+  const double expert_bytes = 3.0 * config_.hidden_size * config_.moe_intermediate_size * 2.0;
+  const auto bytes = static_cast<long long>(2 * 4 * expert_bytes);
+  Start(4000, "policy: fetch-every-miss\neviction: lru\nresidency_bytes: " + std::to_string(bytes) + "\n");
+  EXPECT_EQ(residency_->capacity(), 4);
+  EXPECT_EQ(residency_->num_moe_layers(), 2);
+  ASSERT_TRUE(residency_->Check(true).ok());
+
+  std::vector<float> probs(16, 0.01f);
+  probs[3] = 0.5f;
+  probs[5] = 0.3f;
+  probs[7] = 0.1f;
+  probs[9] = 0.05f;
+  std::vector<engine::ExpertAssignment> a = {{0, 3, 0.5f, 0}, {0, 5, 0.3f, 1}, {0, 7, 0.1f, 2}, {0, 9, 0.05f, 3}};
+  engine::RoutingContext ctx;
+  ctx.layer = 1;
+  ctx.num_tokens = 1;
+  ctx.num_experts = 16;
+  ctx.top_k = 4;
+  ctx.router_probs = probs.data();
+  ctx.residency = hooks_.residency;
+  ctx.fetcher = hooks_.fetcher;
+  weights_->BeginStep();
+  const Status st = hooks_.routing_hook->Rewrite(ctx, &a);
+  weights_->EndStep();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int e : {3, 5, 7, 9}) EXPECT_TRUE(BothAt(1, e, 4)) << "expert " << e;
+  EXPECT_EQ(residency_->stats().fetches, 4u);
+  Settle();
+  ASSERT_TRUE(residency_->Check(true).ok());
+  for (int e = 0; e < 16; ++e) EXPECT_EQ(residency_->policy().cache().IsResident(0, e), false);
+  ExpectBalanced();
 }
 
 }  // namespace
