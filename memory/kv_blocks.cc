@@ -311,7 +311,7 @@ int KvBlockPool::LayerPagesInUse(int layer) const {
   for (int b = 0; b < num_blocks_; ++b) {
     if (allocated_[static_cast<size_t>(b)] && page_of_[At(b, layer)] >= 0) ++n;
   }
-  return n;
+  return n * LayerPages(layer);
 }
 
 bool KvBlockPool::IsAllocated(int32_t id) const {

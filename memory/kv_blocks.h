@@ -131,7 +131,8 @@ class KvBlockPool {
   // reachable (PageOf aborts, LayerView has null there). Releasing twice, or a block without
   // sliding layers, changes nothing. kInvalidArgument if `id` is not allocated.
   Status ReleaseWindowPages(int32_t id);
-  // Pages layer `layer` holds now: allocated blocks whose page of it was not released.
+  // Pages layer `layer` holds now: LayerPages(layer) in each allocated block whose pages of it
+  // were not released (a recurrent state's several per block).
   int LayerPagesInUse(int layer) const;
 
  private:

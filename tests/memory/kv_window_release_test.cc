@@ -89,5 +89,33 @@ TEST(KvWindowRelease, AWindowBelowOneIsRefused) {
   EXPECT_NE(pool.status().message().find("layer 2"), std::string::npos);
 }
 
+// A recurrent-state layer takes several pages in every block (its state over pages of the
+// pool's size): what it holds is counted in pages, as the decode worker's
+// pagedweight_kv_pages{kind="recurrent_state"} reports it (it counted one per block before).
+TEST(KvWindowRelease, PagesInUseCountEveryPageOfARecurrentState) {
+  std::vector<KvLayerSpec> specs(3);
+  specs[0] = {.kind = KvKind::kRecurrentState, .state_bytes = 2 * Layout().min_page_bytes() + 1};
+  specs[1] = {.kind = KvKind::kSlidingWindow, .window = 8};
+  auto pages = PagePool::Create(Layout().min_page_bytes(), 60).value();
+  auto pool = KvBlockPool::CreateOn(Layout(), pages.get(), 10, specs);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  KvBlockPool& p = **pool;
+  ASSERT_EQ(p.LayerPages(0), 3);
+  EXPECT_EQ(p.pages_per_block(), 5);
+  auto ids = p.Allocate(4);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(p.LayerPagesInUse(0), 12);
+  EXPECT_EQ(p.LayerPagesInUse(1), 4);
+  EXPECT_EQ(p.LayerPagesInUse(2), 4);
+  ASSERT_TRUE(p.ReleaseWindowPages((*ids)[0]).ok());
+  EXPECT_EQ(p.LayerPagesInUse(0), 12);
+  EXPECT_EQ(p.LayerPagesInUse(1), 3);
+  int held = 0;
+  for (int l = 0; l < 3; ++l) held += p.LayerPagesInUse(l);
+  EXPECT_EQ(held, pages->Count(Tenant::kKv));
+  ASSERT_TRUE(p.Free(*ids).ok());
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(p.LayerPagesInUse(l), 0);
+}
+
 }  // namespace
 }  // namespace pw::memory

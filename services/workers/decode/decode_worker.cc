@@ -296,17 +296,16 @@ void DecodeWorker::UpdateMetrics() {
   const double reserved = static_cast<double>(leases_.reserved_blocks() + quarantined_blocks());
   metrics_->kv_blocks_reserved->Set(reserved);
   metrics_->kv_blocks_used->Set(pool.num_used() - reserved);
-  // Full-attention layers hold a page in every allocated block; sliding ones are counted.
-  int64_t full = 0, sliding = 0;
+  // Pages by the kind of their layer: a sliding layer's released pages are not held, a
+  // recurrent state's several per block are.
+  int64_t by_kind[4] = {};
   for (size_t l = 0; l < pool.specs().size(); ++l) {
-    if (pool.specs()[l].kind == memory::KvKind::kSlidingWindow) {
-      sliding += pool.LayerPagesInUse(static_cast<int>(l));
-    } else {
-      full += pool.num_used();
-    }
+    by_kind[static_cast<size_t>(pool.specs()[l].kind)] += pool.LayerPagesInUse(static_cast<int>(l));
   }
-  metrics_->kv_pages_full->Set(static_cast<double>(full));
-  metrics_->kv_pages_sliding->Set(static_cast<double>(sliding));
+  metrics_->kv_pages_full->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kFullAttention)]));
+  metrics_->kv_pages_sliding->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kSlidingWindow)]));
+  metrics_->kv_pages_latent->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kLatent)]));
+  metrics_->kv_pages_state->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kRecurrentState)]));
   metrics_->requests_running->Set(static_cast<double>(running_.size()));
   metrics_->requests_waiting->Set(static_cast<double>(leases_.size()));
   const auto& c = router_->counters();

@@ -32,6 +32,8 @@ Result<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& 
                     .Register(r);
   m->kv_pages_full = &pages.Add({{"worker", worker_id}, {"kind", "full_attention"}});
   m->kv_pages_sliding = &pages.Add({{"worker", worker_id}, {"kind", "sliding_window"}});
+  m->kv_pages_latent = &pages.Add({{"worker", worker_id}, {"kind", "latent"}});
+  m->kv_pages_state = &pages.Add({{"worker", worker_id}, {"kind", "recurrent_state"}});
   m->requests_running = &prometheus::BuildGauge().Name("pagedweight_worker_num_requests_running")
                              .Help("Requests in the running batch").Register(r).Add(id);
   m->requests_waiting = &prometheus::BuildGauge().Name("pagedweight_worker_num_requests_waiting")

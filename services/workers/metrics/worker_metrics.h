@@ -48,6 +48,8 @@ struct WorkerMetrics {
   // the pages behind each sequence's window back, so theirs stay bounded in a long stream.
   prometheus::Gauge* kv_pages_full = nullptr;
   prometheus::Gauge* kv_pages_sliding = nullptr;
+  prometheus::Gauge* kv_pages_latent = nullptr;
+  prometheus::Gauge* kv_pages_state = nullptr;
   prometheus::Gauge* requests_running = nullptr;
   prometheus::Gauge* requests_waiting = nullptr;
   prometheus::Counter* tokens_generated = nullptr;
