@@ -156,6 +156,15 @@ class ResidentOnlyProvider final : public ExpertWeightProvider {
   const ExpertResidency* residency_;
 };
 
+// The miss policy's hook as routing hook and residency, experts computed by `provider`.
+MoeHooks ResidentOnlyHooks(MissRoutingHook* hook, ResidentOnlyProvider* provider) {
+  MoeHooks h;
+  h.routing_hook = hook;
+  h.residency = hook;
+  h.provider = provider;
+  return h;
+}
+
 std::vector<float> Generate(Engine& e, int steps) {
   SamplingParams sp;
   sp.max_tokens = steps;
@@ -182,11 +191,7 @@ TEST(MissEngine, SubstitutingPolicyComputesOnlyResidentExperts) {
     auto policy = Policy("first-choice", 8, ev);
     MissRoutingHook hook(policy.get());
     ResidentOnlyProvider provider(e->model(), &hook);
-    MoeHooks h;
-    h.routing_hook = &hook;
-    h.residency = &hook;
-    h.provider = &provider;
-    e->SetMoeHooks(h);
+    e->SetMoeHooks(ResidentOnlyHooks(&hook, &provider));
     const std::vector<float> got = Generate(*e, 40);
     ASSERT_EQ(got.size(), ref.size());
     EXPECT_GT(provider.calls_, 0);
@@ -226,11 +231,7 @@ TEST(MissEngine, DeepseekV3SubstitutesOnlyResidentRoutedExperts) {
   ASSERT_TRUE(policy.ok()) << policy.status().ToString();
   MissRoutingHook hook(policy->get());
   ResidentOnlyProvider provider(e->model(), &hook);
-  MoeHooks h;
-  h.routing_hook = &hook;
-  h.residency = &hook;
-  h.provider = &provider;
-  e->SetMoeHooks(h);
+  e->SetMoeHooks(ResidentOnlyHooks(&hook, &provider));
   const std::vector<float> got = Generate(*e, 24);
   e->SetMoeHooks({});
   ASSERT_EQ(got.size(), ref.size());
