@@ -8,6 +8,7 @@
 
 #include "common/formats/apw_store.h"
 #include "memory/kv_layout.h"
+#include "memory/kv_spec.h"
 #include "memory/weight_page_table.h"
 
 namespace pw::serve {
@@ -103,8 +104,15 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
   kl.head_dim = static_cast<int>(c.head_dim);
   kl.block_size = kKvBlockSize;
   kl.dtype = kKvBytesPerElement == 2 ? memory::KvDtype::kBf16 : memory::KvDtype::kF32;
-  p.page_bytes = static_cast<int64_t>(kl.min_page_bytes());
-  const int64_t block_bytes = p.page_bytes * c.num_layers;  // one KV block, every layer
+  // The pages the workers lay their KV out in (their default page, memory/kv_spec.h): as large
+  // as the largest per-token layer needs — an MLA model's latent row, not 2 x heads x head_dim —
+  // and a block takes each layer's pages (a recurrent state's several).
+  const std::vector<memory::KvLayerSpec> specs = memory::ModelKvSpecs(c);
+  p.page_bytes = static_cast<int64_t>(memory::MinPageBytes(kl, specs));
+  PW_ASSIGN_OR_RETURN(const std::vector<int> offsets,
+                      memory::BlockPageOffsets(specs, kl, static_cast<size_t>(p.page_bytes)));
+  p.block_bytes = p.page_bytes * offsets.back();
+  const int64_t block_bytes = p.block_bytes;
   p.prefill_kv = kPrefillKvBlocks * block_bytes;
   p.processes = 4 * kProcessBytes;
   const bool bf16 = bits_text == "16";

@@ -45,7 +45,8 @@ struct MemoryPlan {
   int64_t budget = 0;
   int64_t checkpoint = 0, store = 0, prefill_kv = 0, processes = 0;
   int64_t pool = 0;       // decode pool bytes (budget minus the above)
-  int64_t page_bytes = 0;  // one layer of one KV block, 64-byte rounded (the workers' default)
+  int64_t page_bytes = 0;  // the workers' default KV page: MinPageBytes of the model's KV specs
+  int64_t block_bytes = 0;  // one KV block: every layer's pages (BlockPageOffsets)
   int64_t smallest = 0;   // the smallest plan's pool bytes
   int bits = 8;           // the experts' width (16: bf16 from the checkpoint)
   int64_t experts = 0;    // pool bytes of every expert at `bits` (0 with 16)

@@ -90,7 +90,7 @@ void ResidencyMetrics::Export(PagedResidency& residency) {
   }
   for (double sec : residency.TakeStepWaits()) step_wait_->Observe(sec);
   resident_->Set(residency.resident_experts());
-  capacity_->Set(static_cast<double>(residency.capacity()) * residency.policy().cache().num_layers());
+  capacity_->Set(static_cast<double>(residency.capacity()) * residency.num_moe_layers());
   last_policy_ = p;
   last_ = s;
 }

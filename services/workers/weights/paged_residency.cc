@@ -21,15 +21,11 @@ Result<std::unique_ptr<PagedResidency>> PagedResidency::Create(const misses::Mis
   if (initial_bits < anyprec::kMinBits || initial_bits > anyprec::kMaxBits) {
     return InvalidArgument("expert residency: initial width " + std::to_string(initial_bits) + " is not 3..8");
   }
-  // The miss policy's capacity and resident sets are per layer over every layer; a dense
-  // layer (no expert blocks) would count in its budget and hold nothing. Refused until the
-  // policy counts MoE layers only.
-  for (int64_t l = 0; l < config.num_layers; ++l) {
-    if (!config.IsMoeLayer(l)) {
-      return Unsupported("expert residency: layer " + std::to_string(l) +
-                         " is dense (no expert blocks); a residency budget needs every layer MoE");
-    }
-  }
+  // The budget is over the MoE layers (GLM-4.5's and DeepSeek-V3's dense first layers hold no
+  // expert blocks): a byte budget is shared by them alone, and a dense layer never reaches the
+  // policy (the engine routes MoE layers only), so its resident set stays empty.
+  int moe_layers = 0;
+  for (int64_t l = 0; l < config.num_layers; ++l) moe_layers += config.IsMoeLayer(l) ? 1 : 0;
   PW_ASSIGN_OR_RETURN(misses::MissConfig mc, misses::ToMissConfig(settings));
   misses::Budget budget;
   budget.fraction = settings.residency.value_or(0);
@@ -38,7 +34,7 @@ Result<std::unique_ptr<PagedResidency>> PagedResidency::Create(const misses::Mis
   const double expert_bytes = 3.0 * config.hidden_size * config.moe_intermediate_size * 2.0;
   const int top_k = static_cast<int>(config.num_experts_per_tok);
   PW_ASSIGN_OR_RETURN(const int capacity,
-                      misses::CapacityFor(budget, t.num_layers(), t.num_experts(), top_k, expert_bytes));
+                      misses::CapacityFor(budget, moe_layers, t.num_experts(), top_k, expert_bytes));
   std::unique_ptr<PagedResidency> r(new PagedResidency());
   PW_ASSIGN_OR_RETURN(r->policy_, misses::MissPolicy::Create(mc, t.num_layers(), t.num_experts(), top_k, capacity));
   r->policy_->SetExternalAdmission(true);
@@ -48,6 +44,7 @@ Result<std::unique_ptr<PagedResidency>> PagedResidency::Create(const misses::Mis
   r->num_layers_ = t.num_layers();
   r->num_experts_ = t.num_experts();
   r->capacity_ = capacity;
+  r->num_moe_layers_ = moe_layers;
   r->plan_bits_.assign(static_cast<size_t>(t.num_blocks()), static_cast<uint8_t>(initial_bits));
   r->admitting_.assign(static_cast<size_t>(r->num_layers_) * static_cast<size_t>(r->num_experts_), 0);
   r->Follow();

@@ -94,6 +94,8 @@ class PagedResidency final : public engine::ExpertFetcher {
   const engine::MissRoutingHook& hook() const { return *hook_; }
   const ResidencyStats& stats() const { return stats_; }
   int capacity() const { return capacity_; }
+  // Layers with expert blocks: the budget is capacity() experts in each.
+  int num_moe_layers() const { return num_moe_layers_; }
   // The broker's width for `block` when its expert is resident (the last plan's, else the
   // initial width).
   int PlanBits(size_t block) const;
@@ -123,7 +125,7 @@ class PagedResidency final : public engine::ExpertFetcher {
   std::unique_ptr<engine::RoutingHookChain> chain_;
   std::vector<uint8_t> plan_bits_;   // [block] the broker's width for the block when resident
   std::vector<uint8_t> admitting_;   // [layer * E + expert] an admission is loading
-  int num_layers_ = 0, num_experts_ = 0, capacity_ = 0;
+  int num_layers_ = 0, num_experts_ = 0, capacity_ = 0, num_moe_layers_ = 0;
   int reserve_pages_ = 0;            // the KV reserve of the last boundary
   ResidencyStats stats_;
   std::vector<double> fetch_seconds_;
