@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "engine/models/family.h"
+
 namespace pw::engine {
 
 misses::TraceHeader TraceHeaderFor(const ModelConfig& config) {
@@ -12,6 +14,12 @@ misses::TraceHeader TraceHeaderFor(const ModelConfig& config) {
   h.norm_topk_prob = config.norm_topk_prob;
   h.hidden_size = static_cast<uint32_t>(config.hidden_size);
   h.moe_intermediate_size = static_cast<uint32_t>(config.moe_intermediate_size);
+  const ModelFamily* family = FindFamily(config.type);
+  if (family != nullptr && family->gate == GateKind::kSigmoidGroupedTopK) {
+    h.gate = misses::TraceGate::kSigmoid;
+    h.n_group = static_cast<uint32_t>(config.n_group);
+    h.topk_group = static_cast<uint32_t>(config.topk_group);
+  }
   return h;
 }
 
@@ -37,6 +45,10 @@ void TraceRecorder::Record(const RoutingContext& ctx, const std::vector<ExpertAs
   for (size_t i = 0; i < T * k; ++i) {
     experts_[i] = selected[i].expert;
     weights_[i] = selected[i].weight;
+  }
+  if (ctx.selection_bias != nullptr) {
+    status_ = writer_->SetSelectionBias(static_cast<uint32_t>(ctx.layer), ctx.selection_bias);
+    if (!status_.ok()) return;
   }
   status_ = writer_->Append(static_cast<uint32_t>(ctx.layer), step_ - 1, T, ctx.seq_ids,
                             ctx.positions, ctx.router_logits,

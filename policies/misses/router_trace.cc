@@ -17,6 +17,7 @@ constexpr size_t kHeaderBytes = 64;
 constexpr size_t kRecordHeaderBytes = 16;
 constexpr uint32_t kLayerRecord = 1;
 constexpr uint32_t kEndRecord = 2;
+constexpr uint32_t kBiasRecord = 3;  // version 2: u32 layer, f32 bias[E]
 constexpr size_t kEndPayload = 32;
 
 template <typename T>
@@ -60,12 +61,23 @@ Result<std::unique_ptr<RouterTraceWriter>> RouterTraceWriter::Create(const std::
                            std::to_string(h.top_k) + ") with one record of one token takes " +
                            std::to_string(MinTraceBytes(h.num_experts, h.top_k)) + " bytes");
   }
+  if (h.gate != TraceGate::kSoftmax && h.gate != TraceGate::kSigmoid) {
+    return InvalidArgument("router trace: unknown gate " + std::to_string(static_cast<uint32_t>(h.gate)));
+  }
+  if (h.gate == TraceGate::kSigmoid &&
+      (h.n_group == 0 || h.n_group > 65535 || h.num_experts % h.n_group != 0 || h.topk_group == 0 ||
+       h.topk_group > h.n_group)) {
+    return InvalidArgument("router trace: " + std::to_string(h.num_experts) + " experts in n_group " +
+                           std::to_string(h.n_group) + " keeping topk_group " +
+                           std::to_string(h.topk_group));
+  }
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return NotFound("cannot create router trace " + path);
   std::unique_ptr<RouterTraceWriter> w(new RouterTraceWriter(f, path, h, max_bytes));
   uint8_t hdr[kHeaderBytes] = {};
   std::memcpy(hdr, kMagic, 8);
-  Put<uint32_t>(hdr, 8, kRouterTraceVersion);
+  const bool sigmoid = h.gate == TraceGate::kSigmoid;
+  Put<uint32_t>(hdr, 8, sigmoid ? 2u : 1u);
   Put<uint32_t>(hdr, 12, static_cast<uint32_t>(kHeaderBytes));
   Put<uint32_t>(hdr, 16, h.num_layers);
   Put<uint32_t>(hdr, 20, h.num_experts);
@@ -74,6 +86,13 @@ Result<std::unique_ptr<RouterTraceWriter>> RouterTraceWriter::Create(const std::
   Put<uint32_t>(hdr, 32, h.hidden_size);
   Put<uint32_t>(hdr, 36, h.moe_intermediate_size);
   Put<uint64_t>(hdr, 40, h.model_hash);
+  if (sigmoid) {
+    Put<uint32_t>(hdr, 48, static_cast<uint32_t>(h.gate));
+    Put<uint16_t>(hdr, 52, static_cast<uint16_t>(h.n_group));
+    Put<uint16_t>(hdr, 54, static_cast<uint16_t>(h.topk_group));
+    w->bias_.resize(h.num_layers);
+    w->bias_written_.assign(h.num_layers, 0);
+  }
   Put<uint32_t>(hdr, 60, Crc32(hdr, 60));
   // Flushed at once: a file that exists is a readable (empty, cut short) trace, and a full
   // disk shows here rather than at the first record.
@@ -111,6 +130,16 @@ Status RouterTraceWriter::WriteRecord(uint32_t kind, const std::vector<uint8_t>&
   return Status::Ok();
 }
 
+Status RouterTraceWriter::SetSelectionBias(uint32_t layer, const float* bias) {
+  if (header_.gate != TraceGate::kSigmoid) return InvalidArgument("router trace: a softmax gate has no selection bias");
+  if (layer >= header_.num_layers) {
+    return InvalidArgument("router trace: layer " + std::to_string(layer) + " of " +
+                           std::to_string(header_.num_layers));
+  }
+  if (bias_[layer].empty()) bias_[layer].assign(bias, bias + header_.num_experts);
+  return Status::Ok();
+}
+
 Status RouterTraceWriter::Append(uint32_t layer, uint64_t step, size_t num_tokens,
                                  const uint64_t* seq_ids, const int32_t* positions,
                                  const float* logits, const int32_t* experts,
@@ -123,9 +152,16 @@ Status RouterTraceWriter::Append(uint32_t layer, uint64_t step, size_t num_token
   const size_t T = num_tokens, E = header_.num_experts, k = header_.top_k;
   const size_t bytes = LayerPayloadBytes(T, E, k);
   if (bytes > 0xffffffffu) return InvalidArgument("router trace: record of " + std::to_string(T) + " tokens is too large");
+  // A sigmoid trace's layer needs its bias record first (with the layer record, or neither).
+  const bool needs_bias = header_.gate == TraceGate::kSigmoid && !bias_written_[layer];
+  if (needs_bias && bias_[layer].empty()) {
+    return InvalidArgument("router trace: layer " + std::to_string(layer) +
+                           " of a sigmoid gate has no selection bias (SetSelectionBias)");
+  }
+  const size_t bias_bytes = needs_bias ? kRecordHeaderBytes + 4 + 4 * E : 0;
   // Keep room for the end record: the file stays valid at the bound.
   if (max_bytes_ != 0 &&
-      bytes_ + kRecordHeaderBytes + bytes + kRecordHeaderBytes + kEndPayload > max_bytes_) {
+      bytes_ + bias_bytes + kRecordHeaderBytes + bytes + kRecordHeaderBytes + kEndPayload > max_bytes_) {
     CountDropped(T);
     // At the bound the file grows by a small record now and then at most: put what it holds on
     // disk (a small bound otherwise sits in the stdio buffer, the file empty, until Close).
@@ -137,6 +173,13 @@ Status RouterTraceWriter::Append(uint32_t layer, uint64_t step, size_t num_token
       }
     }
     return Status::Ok();
+  }
+  if (needs_bias) {
+    buf_.resize(4 + 4 * E);
+    Put<uint32_t>(buf_.data(), 0, layer);
+    std::memcpy(buf_.data() + 4, bias_[layer].data(), 4 * E);
+    PW_RETURN_IF_ERROR(WriteRecord(kBiasRecord, buf_));
+    bias_written_[layer] = 1;
   }
   buf_.resize(bytes);
   uint8_t* p = buf_.data();
@@ -191,9 +234,9 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
   }
   if (std::memcmp(data, kMagic, 8) != 0) return Corrupt(name + ": not a router trace (bad magic)");
   const uint32_t version = Get<uint32_t>(data, 8);
-  if (version != kRouterTraceVersion) {
+  if (version != 1 && version != kRouterTraceVersion) {
     return Corrupt(name + ": router trace version " + std::to_string(version) +
-                   ", this reader knows version " + std::to_string(kRouterTraceVersion));
+                   ", this reader knows versions 1 and " + std::to_string(kRouterTraceVersion));
   }
   if (Get<uint32_t>(data, 60) != Crc32(data, 60)) return Corrupt(name + ": header checksum mismatch");
   if (Get<uint32_t>(data, 12) != kHeaderBytes) return Corrupt(name + ": bad header size");
@@ -206,10 +249,26 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
   h.hidden_size = Get<uint32_t>(data, 32);
   h.moe_intermediate_size = Get<uint32_t>(data, 36);
   h.model_hash = Get<uint64_t>(data, 40);
+  if (version == 2) {
+    const uint32_t gate = Get<uint32_t>(data, 48);
+    if (gate != static_cast<uint32_t>(TraceGate::kSigmoid)) {
+      return Corrupt(name + ": router trace version 2 names gate " + std::to_string(gate) +
+                     " (version 2 is the sigmoid gate's, 1)");
+    }
+    h.gate = TraceGate::kSigmoid;
+    h.n_group = Get<uint16_t>(data, 52);
+    h.topk_group = Get<uint16_t>(data, 54);
+  }
   if (h.num_layers == 0 || h.num_experts == 0 || h.num_experts > 65535 || h.top_k == 0 ||
       h.top_k > h.num_experts) {
     return Corrupt(name + ": bad shape in header");
   }
+  if (h.gate == TraceGate::kSigmoid &&
+      (h.n_group == 0 || h.num_experts % h.n_group != 0 || h.topk_group == 0 || h.topk_group > h.n_group)) {
+    return Corrupt(name + ": bad groups in header (n_group " + std::to_string(h.n_group) +
+                   ", topk_group " + std::to_string(h.topk_group) + ")");
+  }
+  if (h.gate == TraceGate::kSigmoid) tr.selection_bias.resize(h.num_layers);
   const size_t E = h.num_experts, k = h.top_k;
   size_t off = kHeaderBytes;
   bool ended = false;
@@ -229,10 +288,11 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
     if (Get<uint32_t>(rh, 12) != Crc32(rh, 12)) return Corrupt(where + ": record header checksum mismatch");
     const uint32_t kind = Get<uint32_t>(rh, 0);
     const size_t len = Get<uint32_t>(rh, 4);
-    if (kind != kEndRecord && kind != kLayerRecord) {
+    if (kind != kEndRecord && kind != kLayerRecord && (kind != kBiasRecord || h.gate != TraceGate::kSigmoid)) {
       return Corrupt(where + ": unknown record kind " + std::to_string(kind));
     }
     if (kind == kEndRecord && len != kEndPayload) return Corrupt(where + ": bad end record size");
+    if (kind == kBiasRecord && len != 4 + 4 * E) return Corrupt(where + ": bad bias record size");
     if (kind == kLayerRecord && (len < 16 || (len - 16) % (LayerPayloadBytes(1, E, k) - 16) != 0)) {
       return Corrupt(where + ": layer record of " + std::to_string(len) + " bytes, not 16 + T * " +
                      std::to_string(LayerPayloadBytes(1, E, k) - 16));
@@ -254,6 +314,16 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
       ended = true;
       continue;
     }
+    if (kind == kBiasRecord) {
+      const uint32_t layer = Get<uint32_t>(p, 0);
+      if (layer >= h.num_layers || !tr.selection_bias[layer].empty()) {
+        return Corrupt(where + ": bias record for layer " + std::to_string(layer) +
+                       (layer >= h.num_layers ? " of " + std::to_string(h.num_layers) : " again"));
+      }
+      tr.selection_bias[layer].resize(E);
+      std::memcpy(tr.selection_bias[layer].data(), p + 4, 4 * E);
+      continue;
+    }
     TraceLayer L;
     L.layer = Get<uint32_t>(p, 0);
     const size_t T = Get<uint32_t>(p, 4);
@@ -262,6 +332,10 @@ Result<RouterTrace> RouterTrace::Parse(const uint8_t* data, size_t size, const s
       return Corrupt(where + ": layer " + std::to_string(L.layer) + " of " + std::to_string(h.num_layers));
     }
     if (len != LayerPayloadBytes(T, E, k)) return Corrupt(where + ": size does not match its token count");
+    if (h.gate == TraceGate::kSigmoid && tr.selection_bias[L.layer].empty()) {
+      return Corrupt(where + ": layer " + std::to_string(L.layer) +
+                     " of a sigmoid gate before its bias record");
+    }
     size_t q = 16;
     L.seq_ids.resize(T);
     L.positions.resize(T);

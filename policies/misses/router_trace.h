@@ -26,7 +26,15 @@
 
 namespace pw::misses {
 
-inline constexpr uint32_t kRouterTraceVersion = 1;
+// Version 1: softmax gates. Version 2: a sigmoid gate (TraceGate::kSigmoid): the header names
+// the gate and its groups, and each MoE layer's selection bias is a bias record before the
+// layer's first layer record. A softmax trace is still written as version 1, byte for byte.
+inline constexpr uint32_t kRouterTraceVersion = 2;
+
+// What the router's scores are: a softmax over the logits, or a sigmoid per expert whose
+// selection adds a per-layer bias (e_score_correction_bias) and keeps topk_group of n_group
+// expert groups (DeepSeek-V3, GLM-4.5).
+enum class TraceGate : uint32_t { kSoftmax = 0, kSigmoid = 1 };
 
 struct TraceHeader {
   uint32_t num_layers = 0;   // MoE layers are indexed by model layer, < num_layers
@@ -36,6 +44,8 @@ struct TraceHeader {
   uint32_t hidden_size = 0;             // H (an expert block is 3 * H * I weights)
   uint32_t moe_intermediate_size = 0;   // I
   uint64_t model_hash = 0;              // the writer's model identity (0: not given)
+  TraceGate gate = TraceGate::kSoftmax;
+  uint32_t n_group = 1, topk_group = 1;  // kSigmoid: the selection's groups
 };
 
 // One layer record, in memory.
@@ -83,6 +93,10 @@ class RouterTraceWriter {
   Status Append(uint32_t layer, uint64_t step, size_t num_tokens, const uint64_t* seq_ids,
                 const int32_t* positions, const float* logits, const int32_t* experts,
                 const float* weights);
+  // kSigmoid: layer `layer`'s selection bias [E], written as a bias record before the layer's
+  // first layer record (and counted against the bound with it). Append refuses a layer whose
+  // bias was not given.
+  Status SetSelectionBias(uint32_t layer, const float* bias);
   // Counts a record the caller chose not to write (sampling).
   void CountDropped(size_t num_tokens) {
     counts_.dropped_records++;
@@ -109,6 +123,8 @@ class RouterTraceWriter {
   std::vector<uint8_t> buf_;
   bool failed_ = false;
   bool unflushed_ = false;  // records written since the last fflush
+  std::vector<std::vector<float>> bias_;  // kSigmoid: per layer, empty until given
+  std::vector<uint8_t> bias_written_;     // per layer
 };
 
 // How a trace file ends.
@@ -126,6 +142,7 @@ struct TraceTail {
 struct RouterTrace {
   TraceHeader header;
   std::vector<TraceLayer> layers;  // file order
+  std::vector<std::vector<float>> selection_bias;  // kSigmoid: [num_layers][E] (empty: no record)
   // The end record's; for a file cut short, those of the records read (dropped ones unknown: 0).
   TraceCounts counts;
   TraceTail tail;

@@ -52,6 +52,14 @@ ReplayInput ReplayInput::From(const RouterTrace& trace) {
     in.token_layers += L.num_tokens();
     for (size_t t = 0; t < L.num_tokens(); ++t) {
       float* p = in.probs.data() + off + t * E;
+      if (trace.header.gate == TraceGate::kSigmoid) {
+        // What the engine's miss hook ranks by: the sigmoid score plus the selection bias.
+        const float* bias = trace.selection_bias[L.layer].data();
+        for (size_t e = 0; e < E; ++e) {
+          p[e] = 1.f / (1.f + std::exp(-F16ToF32(L.logits[t * E + e]))) + bias[e];
+        }
+        continue;
+      }
       float mx = -INFINITY;
       for (size_t e = 0; e < E; ++e) {
         p[e] = F16ToF32(L.logits[t * E + e]);

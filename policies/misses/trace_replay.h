@@ -3,8 +3,10 @@
 //
 // Replay order is file order: layer records as the engine ran them, tokens in order inside a
 // record: the policy sees what the engine's routing hook would have seen (per-layer caches
-// make the order of layers irrelevant; expert_cache.h). The substitute's score is the softmax
-// of the trace's fp16 logits (the engine scores with its fp32 probabilities: a near tie can
+// make the order of layers irrelevant; expert_cache.h). The substitute's score is what the
+// engine's miss hook ranks by, from the trace's fp16 logits: their softmax for a softmax gate;
+// for a sigmoid gate (version 2) the sigmoid plus the layer's selection bias, over every group
+// as in the engine (the engine scores in fp32: a near tie can
 // break differently, so a replay matches an engine run closely, not bit for bit); the
 // selection and its gate weights are the router's own, stored in fp32.
 //
@@ -60,7 +62,7 @@ Result<int> CapacityFor(const Budget& budget, int num_moe_layers, int num_expert
 struct ReplayInput {
   TraceHeader header;
   std::vector<const TraceLayer*> records;
-  std::vector<float> probs;            // concatenated [T, E] per record
+  std::vector<float> probs;            // concatenated [T, E] per record: the ranking scores
   std::vector<size_t> probs_offset;    // per record
   int num_moe_layers = 0;
   uint64_t token_layers = 0;

@@ -684,5 +684,62 @@ TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
       << refused.status().ToString();
 }
 
+// deepseek_v3 through the store (tests/fixtures/models/deepseek_v3: layer 0 dense, layers 1 and
+// 2 of 16 routed experts and one shared expert): only the routed experts become blocks, under
+// the model's layer numbers, so no plan can page out or lower the shared expert (read by every
+// token) or the dense layer; at bf16 width the store gives the checkpoint's logits bit for bit,
+// at 8 bits close; a damage-ranked plan lowers routed blocks only and the logits stay finite.
+TEST(ApwDeepseekV3, OnlyRoutedExpertsArePagedBlocks) {
+  pw::testing::TempDir dir;
+  const std::string model = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/deepseek_v3";
+  QuantizeModelOptions o;
+  o.model_dir = model;
+  o.tokenizer_path = "/nonexistent/tokenizer.json";
+  o.calib_random_tokens = 200;
+  o.out_path = dir.File("ds.apw");
+  o.threads = 2;
+  o.ctx = 64;
+  o.progress = false;
+  auto r = QuantizeModel(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_blocks, 2 * 16 * 2);  // MoE layers x routed experts x (gate_up, down)
+  auto opened = apw::ApwStore::Open(o.out_path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  const apw::StoreInfo info = (*opened)->info();
+  EXPECT_EQ(info.layers, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(info.num_experts, 16u);  // the shared expert is not a block
+  for (int i = 0; i < (*opened)->num_blocks(); ++i) EXPECT_LT((*opened)->block(i).expert, 16u);
+
+  auto eng = engine::Engine::Create(model, {});
+  ASSERT_TRUE(eng.ok()) << eng.status().ToString();
+  for (int l = 1; l < 3; ++l) ASSERT_TRUE((*eng)->model().layers()[l].has_shared_expert);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 193 + 11) % 2048);
+  auto ref = (*eng)->ForwardLogits(ids);
+  ASSERT_TRUE(ref.ok());
+  std::shared_ptr<const apw::ApwStore> store = std::move(opened).value();
+  auto run = [&](const WidthMap& widths) -> std::vector<float> {
+    auto provider = ApwExpertProvider::Create(store, (*eng)->model(), widths);
+    EXPECT_TRUE(provider.ok()) << provider.status().ToString();
+    if (!provider.ok()) return {};
+    engine::MoeHooks hooks;
+    hooks.provider = provider->get();
+    (*eng)->SetMoeHooks(hooks);
+    auto got = (*eng)->ForwardLogits(ids);
+    (*eng)->SetMoeHooks({});
+    EXPECT_TRUE(got.ok()) << got.status().ToString();
+    return got.ok() ? *got : std::vector<float>{};
+  };
+  EXPECT_EQ(RelError(run(*WidthMap::Uniform(kBf16Bits, 3, 16)), *ref), 0.0);
+  EXPECT_LT(RelError(run(*WidthMap::Uniform(8, 3, 16)), *ref), 0.1);
+  auto plan = PlanDamageRanked(*store, 4.0, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_NEAR(plan->AverageBits(info), 4.0, 0.05);
+  const std::vector<float> planned = run(*plan);
+  ASSERT_EQ(planned.size(), ref->size());
+  for (float v : planned) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_GT(RelError(planned, *ref), 0.0);  // the routed experts were lowered
+}
+
 }  // namespace
 }  // namespace pw::anyprec

@@ -296,11 +296,16 @@ void DecodeWorker::UpdateMetrics() {
   const double reserved = static_cast<double>(leases_.reserved_blocks() + quarantined_blocks());
   metrics_->kv_blocks_reserved->Set(reserved);
   metrics_->kv_blocks_used->Set(pool.num_used() - reserved);
-  // Pages by the kind of their layer: a sliding layer's released pages are not held, a
-  // recurrent state's several per block are.
+  // Pages by the kind of their layer: every allocated block holds its pages of a layer (a
+  // recurrent state's several), except a sliding layer's released ones, which are counted
+  // (LayerPagesInUse walks the blocks: only for those layers, this runs every loop).
   int64_t by_kind[4] = {};
   for (size_t l = 0; l < pool.specs().size(); ++l) {
-    by_kind[static_cast<size_t>(pool.specs()[l].kind)] += pool.LayerPagesInUse(static_cast<int>(l));
+    const int layer = static_cast<int>(l);
+    by_kind[static_cast<size_t>(pool.specs()[l].kind)] +=
+        pool.specs()[l].kind == memory::KvKind::kSlidingWindow
+            ? pool.LayerPagesInUse(layer)
+            : static_cast<int64_t>(pool.num_used()) * pool.LayerPages(layer);
   }
   metrics_->kv_pages_full->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kFullAttention)]));
   metrics_->kv_pages_sliding->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kSlidingWindow)]));

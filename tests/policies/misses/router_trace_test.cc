@@ -303,14 +303,79 @@ TEST(RouterTrace, VersionTrailingBytesAndMissingFile) {
   EXPECT_NE(t1.status().message().find("trailing"), std::string::npos) << t1.status().ToString();
   // A future version (its header checksum fixed up) is refused by name.
   std::vector<uint8_t> v2 = full;
-  v2[8] = 2;
+  v2[8] = 3;
   const uint32_t crc = apw::Crc32(v2.data(), 60);
   std::memcpy(v2.data() + 60, &crc, 4);
   auto t2 = RouterTrace::Parse(v2.data(), v2.size(), "t");
   ASSERT_FALSE(t2.ok());
-  EXPECT_NE(t2.status().message().find("version 2"), std::string::npos) << t2.status().ToString();
+  EXPECT_NE(t2.status().message().find("version 3, this reader knows versions 1 and 2"), std::string::npos)
+      << t2.status().ToString();
   auto t3 = RouterTrace::Read(path + ".absent");
   EXPECT_EQ(t3.status().code(), StatusCode::kNotFound);
+  std::filesystem::remove(path);
+}
+
+// A sigmoid gate's trace is version 2: the header names the gate and its groups, each layer's
+// selection bias is a record before the layer's first layer record; a softmax trace stays
+// version 1. A layer without its bias is refused at Append; a file whose layer record comes
+// before its bias record, or with bad groups, is refused at read.
+TEST(RouterTrace, SigmoidGateTracesCarryTheirGroupsAndBias) {
+  const std::string path = TempPath("sigmoid");
+  TraceHeader h = Header();
+  h.gate = TraceGate::kSigmoid;
+  h.n_group = 2;
+  h.topk_group = 1;
+  const auto batches = RandomBatches(13, 2 * kL);
+  std::vector<std::vector<float>> bias(kL);
+  {
+    auto w = RouterTraceWriter::Create(path, h);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const Batch& b0 = batches[0];
+    const Status missing = (*w)->Append(b0.layer, b0.step, b0.seq.size(), b0.seq.data(), b0.pos.data(),
+                                        b0.logits.data(), b0.experts.data(), b0.weights.data());
+    EXPECT_EQ(missing.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(missing.message().find("no selection bias"), std::string::npos) << missing.ToString();
+    for (uint32_t l = 0; l < kL; ++l) {
+      for (uint32_t e = 0; e < kE; ++e) bias[l].push_back(0.01f * static_cast<float>(l * kE + e));
+      ASSERT_TRUE((*w)->SetSelectionBias(l, bias[l].data()).ok());
+    }
+    for (const Batch& b : batches) {
+      ASSERT_TRUE((*w)->Append(b.layer, b.step, b.seq.size(), b.seq.data(), b.pos.data(),
+                               b.logits.data(), b.experts.data(), b.weights.data()).ok());
+    }
+    ASSERT_TRUE((*w)->Close().ok());
+  }
+  std::vector<uint8_t> full = Slurp(path);
+  EXPECT_EQ(full[8], 2);
+  auto tr = RouterTrace::Parse(full.data(), full.size(), "t");
+  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
+  EXPECT_EQ(tr->header.gate, TraceGate::kSigmoid);
+  EXPECT_EQ(tr->header.n_group, 2u);
+  EXPECT_EQ(tr->header.topk_group, 1u);
+  EXPECT_EQ(tr->selection_bias, bias);
+  EXPECT_EQ(tr->layers.size(), batches.size());
+  // The first record is layer 0's bias (kind 3); dropping it leaves layer 0's records without one.
+  uint32_t kind, len;
+  std::memcpy(&kind, full.data() + 64, 4);
+  std::memcpy(&len, full.data() + 68, 4);
+  ASSERT_EQ(kind, 3u);
+  std::vector<uint8_t> cut(full.begin(), full.begin() + 64);
+  cut.insert(cut.end(), full.begin() + 64 + 16 + len, full.end());
+  auto t1 = RouterTrace::Parse(cut.data(), cut.size(), "t");
+  ASSERT_FALSE(t1.ok());
+  EXPECT_NE(t1.status().message().find("layer 0 of a sigmoid gate before its bias record"), std::string::npos)
+      << t1.status().ToString();
+  std::vector<uint8_t> groups = full;
+  groups[52] = 3;  // n_group 3 does not divide E
+  const uint32_t crc = apw::Crc32(groups.data(), 60);
+  std::memcpy(groups.data() + 60, &crc, 4);
+  auto t2 = RouterTrace::Parse(groups.data(), groups.size(), "t");
+  ASSERT_FALSE(t2.ok());
+  EXPECT_NE(t2.status().message().find("bad groups in header (n_group 3"), std::string::npos)
+      << t2.status().ToString();
+  // A softmax trace is version 1.
+  ASSERT_TRUE(Write(path, batches).ok());
+  EXPECT_EQ(Slurp(path)[8], 1);
   std::filesystem::remove(path);
 }
 
