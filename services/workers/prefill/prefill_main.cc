@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   }
   pw::SetLogProcessTag(o.id.empty() ? "prefill" : o.id);
   PW_LOG(INFO) << pw::workers::KernelBackendsLine();
-  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-prefill", o.router_endpoint, o.advertise_host); !s.ok()) {
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-prefill", o.router_endpoints.front(), o.advertise_host); !s.ok()) {
     std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());
     return 2;
   }

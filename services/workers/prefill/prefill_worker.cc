@@ -40,8 +40,8 @@ PrefillWorker::~PrefillWorker() {
 
 Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOptions options,
                                                              const Clock* clock) {
-  if (options.router_endpoint.empty())
-    return InvalidArgument("prefill worker: router endpoint is required");
+  if (options.router_endpoints.empty())
+    return InvalidArgument("prefill worker: a router endpoint is required");
   if (options.model_dir.empty()) return InvalidArgument("prefill worker: model dir is required");
   if (options.max_batch_prompts < 1 || options.put_timeout_ms < 1) {
     return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
@@ -96,22 +96,17 @@ Status PrefillWorker::Setup() {
     c->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
     return c;
   };
-  PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
+  PW_ASSIGN_OR_RETURN(routers_, RouterLinks::Create(options_.router_endpoints, make_client));
   // Ready (/ready) while registered: the weights are the engine's, loaded above.
-  metrics_->SetNotReady("not registered with the router");
-  router_->on_registered = [this] { metrics_->SetReady(); };
-  router_->on_server_lost = [this] {
-    metrics_->SetNotReady("router lost; registering again");
-    // The router's requests died with it: drop the queue, cancel what is in flight.
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!queue_.empty() || !inflight_.empty()) {
-      PW_LOG(WARNING) << options_.id << ": router lost; dropping " << queue_.size()
-                      << " queued and " << inflight_.size() << " running prompts";
-    }
-    queue_.clear();
-    queued_tokens_ = 0;
-    for (auto& [id, job] : inflight_) job->cancelled.store(true);
-  };
+  // Ready (/ready) while registered with at least one router.
+  metrics_->SetNotReady("not registered with a router");
+  for (size_t i = 0; i < routers_.size(); ++i) {
+    routers_.at(i).on_registered = [this] { metrics_->SetReady(); };
+    routers_.at(i).on_server_lost = [this, i] {
+      if (routers_.registered() == 0) metrics_->SetNotReady("every router lost; registering again");
+      DropLink(i);
+    };
+  }
   if (!options_.broker_endpoint.empty()) {
     PW_ASSIGN_OR_RETURN(broker_, make_client(options_.broker_endpoint));
   }
@@ -138,6 +133,31 @@ void PrefillWorker::FillRegister(wire::Register::Builder r) {
   r.setMetricsPort(metrics_ ? metrics_->port() : 0);
 }
 
+void PrefillWorker::DropLink(size_t link) {
+  // That router's requests died with it: drop them from the queue, cancel those in flight.
+  // Other routers' requests go on.
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t queued = 0, running = 0;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (KeyLink((*it)->request_id) == link) {
+      queued_tokens_ -= (*it)->num_tokens;
+      it = queue_.erase(it);
+      ++queued;
+    } else {
+      ++it;
+    }
+  }
+  for (auto& [key, job] : inflight_) {
+    if (KeyLink(key) != link) continue;
+    job->cancelled.store(true);
+    ++running;
+  }
+  if (queued + running > 0) {
+    PW_LOG(WARNING) << options_.id << ": router " << routers_.endpoint(link) << " lost; dropping " << queued
+                    << " queued and " << running << " running prompts";
+  }
+}
+
 void PrefillWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
   const uint32_t free = free_blocks_.load();
   h.setFreeKvBlocks(free);
@@ -149,13 +169,15 @@ void PrefillWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
   h.setDraining(draining_.load());
 }
 
-Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
+Status PrefillWorker::HandleRouter(const proto::InMessage& m, size_t link) {
   switch (m.which()) {
     case proto::Body::PREFILL_REQUEST: {
       auto req = m.body().getPrefillRequest();
+      PW_RETURN_IF_ERROR(CheckRouterRequestId(req.getRequestId()));
+      const uint64_t key = RequestKey(link, req.getRequestId());
       if (draining_.load()) {
         Outcome o;
-        o.request_id = req.getRequestId();
+        o.request_id = key;
         o.lease_id = req.getLeaseId();
         o.decode_id = proto::ToString(req.getDecodeWorkerId());
         o.status = Unavailable("prefill worker " + options_.id + " is draining");
@@ -165,7 +187,7 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
       PW_ASSIGN_OR_RETURN(auto kept, Keep(m));
       auto job = std::make_shared<Job>();
       job->msg = std::move(kept);
-      job->request_id = req.getRequestId();
+      job->request_id = key;
       job->lease_id = req.getLeaseId();
       job->decode_id = proto::ToString(req.getDecodeWorkerId());
       job->num_tokens = req.getTokens().size();
@@ -180,7 +202,8 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
     }
     case proto::Body::CANCEL: {
       auto c = m.body().getCancel();
-      const uint64_t id = c.getRequestId();
+      PW_RETURN_IF_ERROR(CheckRouterRequestId(c.getRequestId()));
+      const uint64_t id = RequestKey(link, c.getRequestId());
       const uint64_t lease = c.getLeaseId();
       auto matches = [&](const Job& j) {
         return j.request_id == id && (lease == 0 || j.lease_id == lease);
@@ -210,7 +233,7 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
 void PrefillWorker::SendKvReady(const Outcome& o) {
   proto::OutMessage out;
   auto kr = out.body().initKvReady();
-  kr.setRequestId(o.request_id);
+  kr.setRequestId(KeyRequest(o.request_id));
   kr.setOk(o.status.ok());
   if (!o.status.ok()) {
     kr.setError("prefill worker " + options_.id + ": " + o.status.message());
@@ -218,7 +241,7 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
       kr.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
       kr.setErrorParam(o.refused_param);
     }
-    PW_LOG(WARNING) << options_.id << ": request " << o.request_id << ": " << o.status.ToString();
+    PW_LOG(WARNING) << options_.id << ": request " << KeyName(o.request_id) << ": " << o.status.ToString();
     metrics_->requests_finished_error->Increment();
   } else {
     kr.setFirstToken(static_cast<uint32_t>(o.first_token));
@@ -237,7 +260,7 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
   kr.setNumTokens(o.num_tokens);
   kr.setLeaseId(o.lease_id);
   kr.setDecodeWorkerId(o.decode_id);
-  Status sst = router_->Send(out);
+  Status sst = routers_.Send(o.request_id, out);
   if (!sst.ok()) PW_LOG(WARNING) << options_.id << ": KvReady: " << sst.ToString();
 }
 
@@ -251,16 +274,14 @@ void PrefillWorker::SendOutcomes() {
 }
 
 Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
-  PW_RETURN_IF_ERROR(router_->Start());
+  PW_RETURN_IF_ERROR(routers_.Start());
   if (broker_) PW_RETURN_IF_ERROR(broker_->Start());
-  PW_LOG(INFO) << options_.id << ": serving, router " << options_.router_endpoint << ", up to "
+  PW_LOG(INFO) << options_.id << ": serving, routers " << routers_.Describe() << ", up to "
                << options_.max_batch_tokens << " tokens and " << options_.max_batch_prompts
                << " prompts per forward pass";
   stop_compute_.store(false);
   compute_ = std::thread([this] { ComputeLoop(); });
-  auto handler = [this](const std::string&, const proto::InMessage& m) -> Status {
-    return HandleRouter(m);
-  };
+  auto handler = [this](size_t link, const proto::InMessage& m) -> Status { return HandleRouter(m, link); };
   auto broker_handler = [](const std::string&, const proto::InMessage&) -> Status {
     return Status::Ok();
   };
@@ -282,7 +303,7 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       if (idle || clock_->NowMs() > drain_deadline) break;
     }
     // While prompts are in flight, wake every millisecond to pass on their KvReady promptly.
-    router_->Poll(idle ? 10 : 1, handler);
+    routers_.Poll(idle ? 10 : 1, handler);
     if (broker_) broker_->Poll(0, broker_handler);
     SendOutcomes();
     metrics_->requests_waiting->Set(static_cast<double>(waiting));
@@ -292,7 +313,7 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   work_cv_.notify_all();
   compute_.join();
   SendOutcomes();
-  router_->Poll(0, handler);
+  routers_.Poll(0, handler);
   PW_LOG(INFO) << options_.id << ": stopped; " << shared_prompts_.load()
                << " prompts served from another's prefill; largest batch " << largest_batch_.load()
                << " prompts in one forward pass";
