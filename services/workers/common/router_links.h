@@ -9,6 +9,14 @@
 // router's id again and goes back on the key's link; a router that is lost takes with it the
 // requests whose key names its link, and only those.
 //
+// Router pods behind a headless Service (resolve_ms > 0): each endpoint's host names every
+// router, one IPv4 address each; every address is a link, and the names are resolved again
+// every resolve_ms, so a router pod that starts later (scaled up, or restarted with a new
+// address) gets a link too. A link whose address is gone and which is not registered (its
+// router's requests were dropped when it was lost, or it had none) is reused for a new
+// address; one still registered stays (a router pod that drains). A name that resolves to
+// nothing (no router pod yet) leaves no link until it does.
+//
 // Readiness: a worker serves while it is registered with at least one of its routers.
 // Polling: one link waits up to the caller's timeout; with several, each waits its share of
 // it after a pass that found nothing (no socket set to wait on all of them at once here).
@@ -21,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "services/proto/codec.h"
 #include "services/transport/control.h"
@@ -42,16 +51,25 @@ inline uint64_t KeyRequest(uint64_t key) { return key & kMaxRouterRequestId; }
 std::string KeyName(uint64_t key);
 // InvalidArgument when a router's request id does not fit a key.
 Status CheckRouterRequestId(uint64_t request_id);
+// Every IPv4 address `host` resolves to (getaddrinfo), sorted, without repeats; an empty list
+// when the name has no address (yet).
+Result<std::vector<std::string>> ResolveIpv4(const std::string& host);
 
 class RouterLinks {
  public:
-  using MakeClient =
-      std::function<Result<std::unique_ptr<transport::ControlClient>>(const std::string& endpoint)>;
+  // Makes the client of link `link` (its callbacks set), not started.
+  using MakeClient = std::function<Result<std::unique_ptr<transport::ControlClient>>(
+      const std::string& endpoint, size_t link)>;
+  // The IPv4 addresses a host resolves to (ResolveIpv4; a test may give its own).
+  using Resolve = std::function<Result<std::vector<std::string>>(const std::string& host)>;
   // A frame from the router on link `link`.
   using Handler = std::function<Status(size_t link, const proto::InMessage& m)>;
 
-  // One client per endpoint, in order (at least one, at most kMaxRouterLinks, no repeats).
-  static Result<RouterLinks> Create(const std::vector<std::string>& endpoints, const MakeClient& make);
+  // One client per endpoint, in order (at least one, at most kMaxRouterLinks, no repeats), or,
+  // with resolve_ms > 0, one per address of the endpoints' hosts (see the file comment).
+  static Result<RouterLinks> Create(const std::vector<std::string>& endpoints, MakeClient make,
+                                    uint64_t resolve_ms = 0, const Clock* clock = nullptr,
+                                    Resolve resolve = nullptr);
 
   size_t size() const { return links_.size(); }
   transport::ControlClient& at(size_t link) { return *links_[link]; }
@@ -61,6 +79,9 @@ class RouterLinks {
   // Links registered now.
   size_t registered() const;
   Status Start();
+  // With resolve_ms > 0 and resolve_ms since the last time: resolves the endpoints' hosts again
+  // and links (and starts) the addresses that have none. Call from the polling loop.
+  void Refresh();
   int Poll(int timeout_ms, const Handler& handler);
   // Sends `msg` on the link of request `key`.
   Status Send(uint64_t key, proto::OutMessage& msg);
@@ -68,7 +89,18 @@ class RouterLinks {
   transport::ControlCounters counters() const;
 
  private:
-  std::vector<std::string> endpoints_;
+  // The endpoints each an address of the configured ones' hosts (resolve_ms_ > 0).
+  Result<std::vector<std::string>> ResolveEndpoints() const;
+  Status Link(const std::string& endpoint);
+
+  std::vector<std::string> configured_;  // as given
+  MakeClient make_;
+  uint64_t resolve_ms_ = 0;
+  const Clock* clock_ = nullptr;
+  Resolve resolve_;
+  uint64_t next_resolve_ms_ = 0;
+  bool started_ = false;
+  std::vector<std::string> endpoints_;  // link i's endpoint
   std::vector<std::unique_ptr<transport::ControlClient>> links_;
 };
 

@@ -24,6 +24,10 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
          "router control endpoints, e.g. tcp://127.0.0.1:5555; every router listed may place "
          "requests here (--router repeated, or a YAML list)")
       .Required();
+  s->Add("router_resolve_ms", &o->router_resolve_ms,
+         "0: each router endpoint is one router; > 0: every IPv4 address of each endpoint's host "
+         "is a router (router pods behind a headless Service), resolved again this often")
+      .Range(0, 3600000);
   s->Add("broker", &o->broker_endpoint, std::string(broker_help)).NoKey();
   s->Add("id", &o->id, "worker id (default " + role + "-<pid>)").NonEmpty();
   // In a pod the router endpoint is a Service name, not an address of this host: the pod IP

@@ -177,17 +177,21 @@ Status DecodeWorker::Setup() {
   }
   UpdateLowerablePages();
 
-  PW_ASSIGN_OR_RETURN(routers_, RouterLinks::Create(options_.router_endpoints, make_client));
-  // Ready (/ready) while registered with at least one router: the weights are resident from
-  // here on.
+  // One link per router (router_links.h). Ready (/ready) while registered with at least one
+  // (the weights are resident from here on).
   metrics_->SetNotReady("not registered with a router");
-  for (size_t i = 0; i < routers_.size(); ++i) {
-    routers_.at(i).on_registered = [this] { metrics_->SetReady(); };
-    routers_.at(i).on_server_lost = [this, i] {
+  auto make_router_link = [this, make_client](const std::string& endpoint,
+                                              size_t link) -> Result<std::unique_ptr<transport::ControlClient>> {
+    PW_ASSIGN_OR_RETURN(auto c, make_client(endpoint));
+    c->on_registered = [this] { metrics_->SetReady(); };
+    c->on_server_lost = [this, link] {
       if (routers_.registered() == 0) metrics_->SetNotReady("every router lost; registering again");
-      DropLink(i);
+      DropLink(link);
     };
-  }
+    return c;
+  };
+  PW_ASSIGN_OR_RETURN(routers_, RouterLinks::Create(options_.router_endpoints, make_router_link,
+                                                    options_.router_resolve_ms, clock_));
   return Status::Ok();
 }
 
@@ -711,6 +715,7 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       break;
     }
     const bool busy = engine_->HasWork();
+    routers_.Refresh();
     routers_.Poll(busy ? 0 : 10, router_handler);
     if (broker_) broker_->Poll(0, broker_handler);
     for (auto& l : leases_.TakeExpired()) {

@@ -89,6 +89,8 @@ struct DecodeWorkerOptions {
   // Its routers' control endpoints (at least one), e.g. tcp://127.0.0.1:5555: every router may
   // place requests here (router_links.h).
   std::vector<std::string> router_endpoints;
+  // > 0: every address of each endpoint's host is a router, resolved again this often (ms).
+  uint64_t router_resolve_ms = 0;
   std::string broker_endpoint;     // empty: experts from the checkpoint, no broker
   std::string advertise_host;   // UCX's interface; empty: the router endpoint's host
   std::string node;             // told the router (placement); empty: the hostname

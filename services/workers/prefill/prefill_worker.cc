@@ -96,17 +96,20 @@ Status PrefillWorker::Setup() {
     c->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
     return c;
   };
-  PW_ASSIGN_OR_RETURN(routers_, RouterLinks::Create(options_.router_endpoints, make_client));
-  // Ready (/ready) while registered: the weights are the engine's, loaded above.
-  // Ready (/ready) while registered with at least one router.
+  // One link per router (router_links.h). Ready (/ready) while registered with at least one.
   metrics_->SetNotReady("not registered with a router");
-  for (size_t i = 0; i < routers_.size(); ++i) {
-    routers_.at(i).on_registered = [this] { metrics_->SetReady(); };
-    routers_.at(i).on_server_lost = [this, i] {
+  auto make_router_link = [this, make_client](const std::string& endpoint,
+                                              size_t link) -> Result<std::unique_ptr<transport::ControlClient>> {
+    PW_ASSIGN_OR_RETURN(auto c, make_client(endpoint));
+    c->on_registered = [this] { metrics_->SetReady(); };
+    c->on_server_lost = [this, link] {
       if (routers_.registered() == 0) metrics_->SetNotReady("every router lost; registering again");
-      DropLink(i);
+      DropLink(link);
     };
-  }
+    return c;
+  };
+  PW_ASSIGN_OR_RETURN(routers_, RouterLinks::Create(options_.router_endpoints, make_router_link,
+                                                    options_.router_resolve_ms, clock_));
   if (!options_.broker_endpoint.empty()) {
     PW_ASSIGN_OR_RETURN(broker_, make_client(options_.broker_endpoint));
   }
@@ -303,6 +306,7 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       if (idle || clock_->NowMs() > drain_deadline) break;
     }
     // While prompts are in flight, wake every millisecond to pass on their KvReady promptly.
+    routers_.Refresh();
     routers_.Poll(idle ? 10 : 1, handler);
     if (broker_) broker_->Poll(0, broker_handler);
     SendOutcomes();

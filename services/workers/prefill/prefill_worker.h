@@ -70,6 +70,8 @@ struct PrefillWorkerOptions {
   // Its routers' control endpoints (at least one): every router may place requests here
   // (router_links.h).
   std::vector<std::string> router_endpoints;
+  // > 0: every address of each endpoint's host is a router, resolved again this often (ms).
+  uint64_t router_resolve_ms = 0;
   std::string broker_endpoint;  // empty: no broker registration
   std::string advertise_host;   // UCX's interface; empty: the router endpoint's host
   std::string node;             // told the router (placement); empty: the hostname
