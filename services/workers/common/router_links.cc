@@ -86,8 +86,13 @@ Result<RouterLinks> RouterLinks::Create(const std::vector<std::string>& endpoint
     for (const std::string& e : endpoints) PW_RETURN_IF_ERROR(r.Link(e));
     return r;
   }
-  PW_ASSIGN_OR_RETURN(auto resolved, r.ResolveEndpoints());
-  for (const std::string& e : resolved) PW_RETURN_IF_ERROR(r.Link(e));
+  // A name that does not resolve yet (no router pod, DNS not answering) links nothing now:
+  // Refresh tries again.
+  auto resolved = r.ResolveEndpoints();
+  if (!resolved.ok()) PW_LOG(WARNING) << "router endpoints: " << resolved.status().ToString();
+  for (const std::string& e : resolved.ok() ? *resolved : std::vector<std::string>{}) {
+    PW_RETURN_IF_ERROR(r.Link(e));
+  }
   r.next_resolve_ms_ = r.clock_->NowMs() + resolve_ms;
   return r;
 }
@@ -156,7 +161,11 @@ void RouterLinks::Refresh() {
 std::string RouterLinks::Describe() const {
   std::string out;
   for (const std::string& e : endpoints_) out += (out.empty() ? "" : ", ") + e;
-  return out;
+  if (resolve_ms_ == 0) return out;
+  std::string names;
+  for (const std::string& e : configured_) names += (names.empty() ? "" : ", ") + e;
+  return names + " (every address, resolved every " + std::to_string(resolve_ms_) + " ms; now " +
+         (out.empty() ? "none" : out) + ")";
 }
 
 size_t RouterLinks::registered() const {

@@ -15,7 +15,7 @@
 // address) gets a link too. A link whose address is gone and which is not registered (its
 // router's requests were dropped when it was lost, or it had none) is reused for a new
 // address; one still registered stays (a router pod that drains). A name that resolves to
-// nothing (no router pod yet) leaves no link until it does.
+// nothing (no router pod yet), or does not resolve now, leaves no link until it does.
 //
 // Readiness: a worker serves while it is registered with at least one of its routers.
 // Polling: one link waits up to the caller's timeout; with several, each waits its share of

@@ -19,11 +19,12 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
   s->Add("model_dir", &o->model_dir, "model directory (config.json, *.safetensors)")
       .Flag("--model").Shared().Required().NonEmpty();
   // A list: several routers (replicas behind one Service) may place requests on this worker
-  // (services/workers/common/router_links.h); one endpoint is a list of one.
+  // (services/workers/common/router_links.h); one endpoint is a list of one. Not Required():
+  // in a node file it is derived from the router's section when the worker's does not list
+  // it, so the key may be absent; the worker refuses to start without one.
   s->Add("router", &o->router_endpoints,
          "router control endpoints, e.g. tcp://127.0.0.1:5555; every router listed may place "
-         "requests here (--router repeated, or a YAML list)")
-      .Required();
+         "requests here (--router repeated or comma-separated, or a YAML list)");
   s->Add("router_resolve_ms", &o->router_resolve_ms,
          "0: each router endpoint is one router; > 0: every IPv4 address of each endpoint's host "
          "is a router (router pods behind a headless Service), resolved again this often")

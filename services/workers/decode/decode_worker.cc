@@ -43,7 +43,7 @@ DecodeWorker::~DecodeWorker() {
 
 Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions options,
                                                            const Clock* clock) {
-  if (options.router_endpoints.empty()) return InvalidArgument("decode worker: a router endpoint is required");
+  if (options.router_endpoints.empty()) return InvalidArgument("decode worker: router is required (--router or the key router of --config)");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "decode");
   options.node = DefaultNodeName(options.node);

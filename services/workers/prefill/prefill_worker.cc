@@ -41,7 +41,7 @@ PrefillWorker::~PrefillWorker() {
 Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOptions options,
                                                              const Clock* clock) {
   if (options.router_endpoints.empty())
-    return InvalidArgument("prefill worker: a router endpoint is required");
+    return InvalidArgument("prefill worker: router is required (--router or the key router of --config)");
   if (options.model_dir.empty()) return InvalidArgument("prefill worker: model dir is required");
   if (options.max_batch_prompts < 1 || options.put_timeout_ms < 1) {
     return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
