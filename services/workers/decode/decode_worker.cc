@@ -419,17 +419,33 @@ void DecodeWorker::DropLink(size_t link) {
 
 Status DecodeWorker::HandleRouter(const proto::InMessage& m, size_t link) {
   switch (m.which()) {
+    // A request id no key can hold (router_links.h) is refused on the link it came on, under
+    // the router's own id; a Cancel of one has nothing to cancel.
     case proto::Body::KV_RESERVE:
-      PW_RETURN_IF_ERROR(CheckRouterRequestId(m.body().getKvReserve().getRequestId()));
+      if (Status st = CheckRouterRequestId(m.body().getKvReserve().getRequestId()); !st.ok()) {
+        proto::OutMessage out;
+        auto reply = out.body().initKvReserveReply();
+        reply.setRequestId(m.body().getKvReserve().getRequestId());
+        reply.setOk(false);
+        reply.setError("decode worker " + options_.id + ": " + st.message());
+        return routers_.at(link).Send(out);
+      }
       OnReserve(m.body().getKvReserve(), m.version_minor(), link);
       break;
     case proto::Body::START_DECODE:
-      PW_RETURN_IF_ERROR(CheckRouterRequestId(m.body().getStartDecode().getRequestId()));
+      if (Status st = CheckRouterRequestId(m.body().getStartDecode().getRequestId()); !st.ok()) {
+        proto::OutMessage out;
+        auto f = out.body().initFinish();
+        f.setRequestId(m.body().getStartDecode().getRequestId());
+        f.setReason(wire::FinishReason::ERROR);
+        f.setError("decode worker " + options_.id + ": " + st.message());
+        return routers_.at(link).Send(out);
+      }
       OnStartDecode(m.body().getStartDecode(), link);
       break;
     case proto::Body::KV_RENEW: OnRenew(m.body().getKvRenew(), link); break;
     case proto::Body::CANCEL:
-      PW_RETURN_IF_ERROR(CheckRouterRequestId(m.body().getCancel().getRequestId()));
+      if (!CheckRouterRequestId(m.body().getCancel().getRequestId()).ok()) break;
       OnCancel(m.body().getCancel(), link);
       break;
     case proto::Body::DRAIN:

@@ -176,7 +176,17 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m, size_t link) {
   switch (m.which()) {
     case proto::Body::PREFILL_REQUEST: {
       auto req = m.body().getPrefillRequest();
-      PW_RETURN_IF_ERROR(CheckRouterRequestId(req.getRequestId()));
+      if (Status st = CheckRouterRequestId(req.getRequestId()); !st.ok()) {
+        // No key holds it (router_links.h): refused on its link under the router's own id.
+        proto::OutMessage out;
+        auto kr = out.body().initKvReady();
+        kr.setRequestId(req.getRequestId());
+        kr.setOk(false);
+        kr.setError("prefill worker " + options_.id + ": " + st.message());
+        kr.setLeaseId(req.getLeaseId());
+        kr.setDecodeWorkerId(req.getDecodeWorkerId());
+        return routers_.at(link).Send(out);
+      }
       const uint64_t key = RequestKey(link, req.getRequestId());
       if (draining_.load()) {
         Outcome o;
@@ -205,7 +215,7 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m, size_t link) {
     }
     case proto::Body::CANCEL: {
       auto c = m.body().getCancel();
-      PW_RETURN_IF_ERROR(CheckRouterRequestId(c.getRequestId()));
+      if (!CheckRouterRequestId(c.getRequestId()).ok()) return Status::Ok();  // no such request here
       const uint64_t id = RequestKey(link, c.getRequestId());
       const uint64_t lease = c.getLeaseId();
       auto matches = [&](const Job& j) {
