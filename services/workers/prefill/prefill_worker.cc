@@ -1,5 +1,7 @@
 #include "services/workers/prefill/prefill_worker.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -80,6 +82,9 @@ Status PrefillWorker::Setup() {
   pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id, options_.main_loop_stale_ms));
+  compute_beat_ = std::make_unique<service::MainLoopBeat>(options_.main_loop_stale_ms, SteadyClock::Get(),
+                                                          "compute loop");
+  metrics_->beat->Watch(compute_beat_.get());
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   // This process registers no memory of its own. Each decode peer is reached from a worker of
   // its own (Endpoint::ConnectOnOwnWorker), progressed by the puts while they wait: a decode
@@ -696,7 +701,10 @@ void PrefillWorker::FinishJob(const std::shared_ptr<Job>& j) {
     st = Transfer(j.get());
     if (!st.ok()) st = st.WithContext("writing KV to '" + j->decode_id + "'");
   }
-  for (auto& f : j->followers) ServeShared(f.get(), j->own, j->work.result);
+  for (auto& f : j->followers) {
+    compute_beat_->Beat();  // each transfer is bounded by put_timeout_ms, not all of them
+    ServeShared(f.get(), j->own, j->work.result);
+  }
   j->followers.clear();
   // Keep the KV for an equal prompt arriving next (the blocks leave Retire's hands).
   DropRecent();
@@ -720,9 +728,12 @@ void PrefillWorker::PublishLoad(const std::vector<std::shared_ptr<Job>>& active)
 }
 
 void PrefillWorker::ComputeLoop() {
+  pthread_setname_np(pthread_self(), "pw-compute");  // named for debuggers and the /live test
   std::vector<std::shared_ptr<Job>> active;
   std::vector<engine::PrefillJob> batch;
   while (true) {
+    // Every iteration, the idle ones (a wait of at most 100 ms) included: /live.
+    compute_beat_->Beat();
     if (active.empty()) {
       std::unique_lock<std::mutex> lk(mu_);
       work_cv_.wait_for(lk, std::chrono::milliseconds(100),

@@ -197,6 +197,9 @@ class PrefillWorker {
   RouterLinks routers_;
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;
+  // The compute thread's beat, which metrics_->beat watches: /live fails when either loop is
+  // stuck (main_loop_beat.h).
+  std::unique_ptr<service::MainLoopBeat> compute_beat_;
   std::map<std::string, Peer> peers_;  // compute thread
   uint64_t layout_hash_ = 0;
   uint32_t pool_blocks_ = 0;
