@@ -83,7 +83,7 @@ def main():
                      lambda: json.loads(http_get(c.url + "/health")[1] or "{}").get("decode_workers") == 2
                      and json.loads(http_get(c.url + "/health")[1]).get("prefill_workers") == 2, c)
             # ... and heard from: a decode worker counts its free KV from its first heartbeat on,
-            # and placement ranks one that has not sent one as full.
+            # and the burst's spread depends on both being counted alike.
             wait_for("both decode workers' free KV known to the router",
                      lambda: c.metrics().get("pagedweight_router_backend_free_kv_blocks") == 2 * c.kv_blocks, c)
             print(f"two nodes up: {http_get(c.url + '/health')[1]}")
