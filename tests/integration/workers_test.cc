@@ -506,11 +506,12 @@ TEST(Workers, Glm4MoeDenseFirstLayerServedFromAnApwStore) {
                             "--broker", c.broker_endpoint, "--id", "decode-2", "--kv-blocks", "64",
                             "--residency", "0.5"},
                            log));
-    for (int i = 0; i < 600 && cold.Wait(0) == -1 && cold.Log().find("registered with") == std::string::npos; ++i) {
+    // It registers first, then loads its expert weights from the broker and sizes its budget.
+    for (int i = 0; i < 600 && cold.Wait(0) == -1 && cold.Log().find("residency budget of") == std::string::npos; ++i) {
       c.router.server().Poll(100, nullptr);
     }
-    EXPECT_NE(cold.Log().find("residency budget of 8 experts per layer"), std::string::npos) << cold.Log();
     EXPECT_NE(cold.Log().find("registered with"), std::string::npos) << cold.Log();
+    EXPECT_NE(cold.Log().find("residency budget of 8 experts per layer"), std::string::npos) << cold.Log();
     cold.Kill(SIGTERM);
     EXPECT_EQ(cold.Wait(30000), 0) << cold.Log();
   }
