@@ -561,6 +561,20 @@ TEST(ApwHybrids, RoutedExpertsAreBlocksAndTheLinearLayersStayBf16) {
   }
 }
 
+// pw-quantize's options for a fixture model without a tokenizer: 200 random calibration ids
+// in windows of 64, two threads.
+QuantizeModelOptions FixtureStoreOptions(const std::string& model, const std::string& out) {
+  QuantizeModelOptions o;
+  o.model_dir = model;
+  o.tokenizer_path = "/nonexistent/tokenizer.json";
+  o.calib_random_tokens = 200;
+  o.out_path = out;
+  o.threads = 2;
+  o.ctx = 64;
+  o.progress = false;
+  return o;
+}
+
 // GLM-4.5's dense first layers (first_k_dense_replace) have no routed experts: pw-quantize
 // stores the MoE layers' blocks under the model's layer numbers (the fixture: layer 0 dense,
 // layers 1 and 2 MoE), the store at bf16 width gives the checkpoint's logits bit for bit and at
@@ -568,14 +582,7 @@ TEST(ApwHybrids, RoutedExpertsAreBlocksAndTheLinearLayersStayBf16) {
 TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
   pw::testing::TempDir dir;
   const std::string model = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/glm4_moe";
-  QuantizeModelOptions o;
-  o.model_dir = model;
-  o.tokenizer_path = "/nonexistent/tokenizer.json";
-  o.calib_random_tokens = 200;
-  o.out_path = dir.File("glm.apw");
-  o.threads = 2;
-  o.ctx = 64;
-  o.progress = false;
+  QuantizeModelOptions o = FixtureStoreOptions(model, dir.File("glm.apw"));
   auto r = QuantizeModel(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->num_blocks, 2 * 16 * 2);  // MoE layers x routed experts x (gate_up, down)
@@ -692,14 +699,7 @@ TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
 TEST(ApwDeepseekV3, OnlyRoutedExpertsArePagedBlocks) {
   pw::testing::TempDir dir;
   const std::string model = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/deepseek_v3";
-  QuantizeModelOptions o;
-  o.model_dir = model;
-  o.tokenizer_path = "/nonexistent/tokenizer.json";
-  o.calib_random_tokens = 200;
-  o.out_path = dir.File("ds.apw");
-  o.threads = 2;
-  o.ctx = 64;
-  o.progress = false;
+  QuantizeModelOptions o = FixtureStoreOptions(model, dir.File("ds.apw"));
   auto r = QuantizeModel(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->num_blocks, 2 * 16 * 2);  // MoE layers x routed experts x (gate_up, down)
