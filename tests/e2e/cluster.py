@@ -43,6 +43,19 @@ def http_get(url, timeout=5):
         return 0, ""
 
 
+def wait_until(what, cond, cluster, deadline_s):
+    """cond()'s first true value, polled every 50 ms; past deadline_s, the cluster's logs dumped
+    and an AssertionError naming `what`."""
+    deadline = time.time() + deadline_s
+    while time.time() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    cluster.dump_logs()
+    raise AssertionError(f"not within {deadline_s} s: {what}")
+
+
 class LocalCluster:
     def __init__(self, build_dir, model_dir, log_dir, model_name="tiny-moe", kv_blocks=512,
                  decode_workers=1, prefill_workers=1, heartbeat_ms=200, max_batch=128,

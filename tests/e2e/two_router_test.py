@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                                 "pylib"))
-from cluster import SKIP, LocalCluster, http_get, model_present  # noqa: E402
+from cluster import SKIP, LocalCluster, http_get, model_present, wait_until  # noqa: E402
 from completions import post_completion  # noqa: E402
 from localhost import free_port  # noqa: E402
 from prom_samples import pick  # noqa: E402
@@ -41,14 +41,7 @@ def body(i, max_tokens):
 
 
 def wait_for(what, cond, c):
-    deadline = time.time() + DEADLINE_S
-    while time.time() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    c.dump_logs()
-    raise AssertionError(f"not within {DEADLINE_S} s: {what}")
+    return wait_until(what, cond, c, DEADLINE_S)
 
 
 def health(port):
