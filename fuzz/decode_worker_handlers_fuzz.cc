@@ -39,7 +39,7 @@ struct Worker {
     pw::workers::DecodeWorkerOptions o;
     o.id = kWorkerId;
     o.model_dir = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
-    o.router_endpoint = router.endpoint();
+    o.router_endpoints = {router.endpoint()};
     o.num_kv_blocks = 256;
     o.max_batch = 8;
     o.max_batch_tokens = 64;

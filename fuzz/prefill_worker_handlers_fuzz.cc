@@ -40,7 +40,7 @@ struct Worker {
     pw::workers::PrefillWorkerOptions o;
     o.id = kWorkerId;
     o.model_dir = std::string(PW_SOURCE_DIR) + "/models/tiny-moe";
-    o.router_endpoint = router.endpoint();
+    o.router_endpoints = {router.endpoint()};
     o.num_kv_blocks = 64;
     o.max_batch_tokens = 64;
     auto w = pw::workers::PrefillWorker::Create(o, &clock);

@@ -32,7 +32,7 @@ struct DecodeCandidate {
   bool failed_before = false;   // the request already failed on this worker
   int64_t assigned = 0;         // requests of ours placed on it
   int64_t max_assigned = 0;     // its batch slots plus how many may wait ahead of them
-  int64_t free_kv_blocks = 0;   // from its last heartbeat
+  int64_t free_kv_blocks = 0;   // from its last heartbeat (before the first: its registered pool)
   int64_t recent_blocks = 0;    // blocks of requests placed after that heartbeat
   uint64_t layout_hash = 0;
   std::string node;             // the node it registered on; empty: unknown, shares none

@@ -10,11 +10,11 @@ void DeclareMainLoopStaleOption(options::OptionSet* s, int64_t* stale_ms) {
 
 std::string MainLoopBeat::NotLive() const {
   const uint64_t last = last_ms_.load(std::memory_order_relaxed);
-  if (last == 0) return "starting: the main loop has not run yet";
+  if (last == 0) return "starting: the " + name_ + " has not run yet";
   const uint64_t now = clock_->NowMs() + 1;
   const uint64_t age = now > last ? now - last : 0;
-  if (age < static_cast<uint64_t>(stale_ms_)) return "";
-  return "the main loop has not come round for " + std::to_string(age) + " ms (main_loop_stale_ms " +
+  if (age < static_cast<uint64_t>(stale_ms_)) return watched_ != nullptr ? watched_->NotLive() : "";
+  return "the " + name_ + " has not come round for " + std::to_string(age) + " ms (main_loop_stale_ms " +
          std::to_string(stale_ms_) + ")";
 }
 

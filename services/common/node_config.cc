@@ -182,7 +182,11 @@ Status ApplyNodeConfig(const ConfigFlags& f, Role role, options::OptionSet* set,
         break;
       case Role::kPrefill:
       case Role::kDecode:
-        PW_RETURN_IF_ERROR(set->Derive("router", ConfigValue(Endpoint(root, root["router"]))));
+        {
+          ConfigValue routers = ConfigValue::EmptyList();
+          routers.Push(ConfigValue(Endpoint(root, root["router"])));
+          PW_RETURN_IF_ERROR(set->Derive("router", routers));
+        }
         if (broker["enabled"].AsBool()) PW_RETURN_IF_ERROR(set->Derive("broker", ConfigValue(Endpoint(root, broker))));
         if (const std::string m = MetricsBind(root, section); !m.empty()) {
           PW_RETURN_IF_ERROR(set->Derive("metrics", ConfigValue(m)));

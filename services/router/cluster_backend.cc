@@ -329,7 +329,11 @@ bool ClusterBackend::Place(uint64_t id, Req& r) {
       c.failed_before = failed_before(peer);
       c.assigned = assigned[peer];
       c.max_assigned = static_cast<int64_t>(ws->max_batch) + AheadOf(*ws);
-      c.free_kv_blocks = static_cast<int64_t>(info.load.free_kv_blocks);
+      // Until its first heartbeat a decode worker's load is unknown, not zero: it is ranked by
+      // its registered pool (nothing runs on it yet), so a burst right after it registers is
+      // spread over it too instead of going to the workers heard from.
+      c.free_kv_blocks = info.heartbeats == 0 ? static_cast<int64_t>(ws->num_blocks)
+                                              : static_cast<int64_t>(info.load.free_kv_blocks);
       c.recent_blocks = recent_blocks[peer];
       c.layout_hash = ws->layout_hash;
       c.node = ws->node;

@@ -43,6 +43,19 @@ def http_get(url, timeout=5):
         return 0, ""
 
 
+def wait_until(what, cond, cluster, deadline_s):
+    """cond()'s first true value, polled every 50 ms; past deadline_s, the cluster's logs dumped
+    and an AssertionError naming `what`."""
+    deadline = time.time() + deadline_s
+    while time.time() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    cluster.dump_logs()
+    raise AssertionError(f"not within {deadline_s} s: {what}")
+
+
 class LocalCluster:
     def __init__(self, build_dir, model_dir, log_dir, model_name="tiny-moe", kv_blocks=512,
                  decode_workers=1, prefill_workers=1, heartbeat_ms=200, max_batch=128,
@@ -87,12 +100,13 @@ class LocalCluster:
         self.procs[name] = subprocess.Popen(argv + self.common_args, stdout=log,
                                             stderr=subprocess.STDOUT, env=env)
 
-    def start_router(self):
-        self._start("router", [os.path.join(self.bin, "pw-router"), "--model", self.model_dir,
-                               "--model-name", self.model_name, "--port", str(self.port),
-                               "--workers", f"tcp://127.0.0.1:{self.worker_port}",
-                               "--heartbeat-ms", str(self.heartbeat_ms),
-                               "--control-keys", self.keys] + self.router_args)
+    def start_router(self, name="router", port=None, worker_port=None):
+        """Router `name` on HTTP `port` and control `worker_port` (default: the cluster's)."""
+        self._start(name, [os.path.join(self.bin, "pw-router"), "--model", self.model_dir,
+                           "--model-name", self.model_name, "--port", str(port or self.port),
+                           "--workers", f"tcp://127.0.0.1:{worker_port or self.worker_port}",
+                           "--heartbeat-ms", str(self.heartbeat_ms),
+                           "--control-keys", self.keys] + self.router_args)
 
     def start_broker(self, name="broker", port=None):
         """A broker serving the store on `port` (default: the cluster's broker port)."""
@@ -105,12 +119,15 @@ class LocalCluster:
                            "--metrics", f"127.0.0.1:{self.metrics_ports[name]}",
                            "--control-keys", self.keys])
 
-    def start_worker(self, kind, index, node=None, broker_port=None):
+    def start_worker(self, kind, index, node=None, broker_port=None, router_ports=None):
         """Worker `kind`-`index`; `node`: the node it registers on (default: the hostname),
-        `broker_port`: a decode worker's broker (default: the cluster's)."""
+        `broker_port`: a decode worker's broker (default: the cluster's), `router_ports`: the
+        control ports of the routers it registers with (default: the cluster's router)."""
         name = f"{kind}-{index}"
-        argv = [os.path.join(self.bin, f"pw-{kind}"), "--model", self.model_dir,
-                "--router", f"tcp://127.0.0.1:{self.worker_port}", "--id", name,
+        argv = [os.path.join(self.bin, f"pw-{kind}"), "--model", self.model_dir]
+        for port in router_ports or [self.worker_port]:
+            argv += ["--router", f"tcp://127.0.0.1:{port}"]
+        argv += ["--id", name,
                 "--model-name", self.model_name, "--kv-blocks", str(self.kv_blocks),
                 "--heartbeat-ms", str(self.heartbeat_ms), "--threads", "1",
                 "--control-keys", self.keys]

@@ -8,7 +8,8 @@ decode worker, all with --main-loop-stale-ms 1000.
   3. for each process in turn, only its main loop's thread stopped (ptrace PTRACE_SEIZE +
      PTRACE_INTERRUPT on that thread; its HTTP threads keep running): /live turns 503 naming
      how long the loop has not come round while /metrics still answers 200; resumed
-     (PTRACE_DETACH): /live 200 again;
+     (PTRACE_DETACH): /live 200 again; then the prefill worker's compute thread (pw-compute)
+     alone, its control loop running on: /live 503 naming the compute loop, 200 once resumed;
   4. every thread resumed: the cluster serves a completion.
 The main loop is the main thread for pw-prefill, pw-decode and pw-broker, and the thread named
 pw-backend (the cluster backend) for pw-router, whose HTTP threads are separate.
@@ -169,6 +170,19 @@ def main():
                           f"{body.strip()!r}, /metrics {m_status}")
                 wait_for(f"{name} /live 200 once resumed", lambda: http_get(url)[0] == 200, procs)
                 print(f"{name}: resumed: /live 200")
+
+            # 3b. The prefill worker's compute thread stopped alone (its control loop runs on and
+            #     heartbeats): /live fails too, naming the compute loop.
+            name, url = "prefill-0", live_urls["prefill-0"]
+            tid = thread_named(c.procs[name].pid, "pw-compute")
+            with StoppedThread(tid):
+                status, body = wait_for(
+                    f"{name} /live 503 with its compute thread stopped",
+                    lambda: (lambda r: r if r[0] == 503 else None)(http_get(url)), procs)
+                assert "the compute loop has not come round for" in body, (name, body)
+                print(f"{name}: compute thread {tid} stopped: /live {status} {body.strip()!r}")
+            wait_for(f"{name} /live 200 once resumed", lambda: http_get(url)[0] == 200, procs)
+            print(f"{name}: compute thread resumed: /live 200")
 
             # 4. Everything resumed: the cluster serves.
             c.wait_healthy()

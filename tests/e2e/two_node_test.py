@@ -21,12 +21,11 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                                 "pylib"))
-from cluster import SKIP, LocalCluster, http_get, model_present  # noqa: E402
+from cluster import SKIP, LocalCluster, http_get, model_present, wait_until  # noqa: E402
 from completions import post_completion  # noqa: E402
 from localhost import free_port  # noqa: E402
 from prom_samples import pick  # noqa: E402
@@ -42,14 +41,7 @@ def body(i, max_tokens=MAX_TOKENS):
 
 
 def wait_for(what, cond, c):
-    deadline = time.time() + DEADLINE_S
-    while time.time() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    c.dump_logs()
-    raise AssertionError(f"not within {DEADLINE_S} s: {what}")
+    return wait_until(what, cond, c, DEADLINE_S)
 
 
 def main():
@@ -83,7 +75,7 @@ def main():
                      lambda: json.loads(http_get(c.url + "/health")[1] or "{}").get("decode_workers") == 2
                      and json.loads(http_get(c.url + "/health")[1]).get("prefill_workers") == 2, c)
             # ... and heard from: a decode worker counts its free KV from its first heartbeat on,
-            # and placement ranks one that has not sent one as full.
+            # and the burst's spread depends on both being counted alike.
             wait_for("both decode workers' free KV known to the router",
                      lambda: c.metrics().get("pagedweight_router_backend_free_kv_blocks") == 2 * c.kv_blocks, c)
             print(f"two nodes up: {http_get(c.url + '/health')[1]}")

@@ -383,7 +383,7 @@ def test_router_and_broker_accept_their_command_lines(name, tmp_path):
 
 
 # What a worker logs once its transports are set up and it runs (before it has a router).
-RUNNING = {"prefill": ": serving, router ", "decode": "waiting for the broker's expert weights"}
+RUNNING = {"prefill": ": serving, routers ", "decode": "waiting for the broker's expert weights"}
 
 
 @pytest.mark.parametrize("component", ["prefill", "decode"])
@@ -426,15 +426,44 @@ def test_workers_accept_their_options(component, tmp_path):
     c = container(deployment(objs, component)["spec"]["template"]["spec"], component)
     argv = argv_of(c, objs, tmp_path)
     router = argv.index("--router") + 1
-    assert argv[router].startswith("tcp://pw-pagedweight-router-control:")
+    assert argv[router].startswith("tcp://pw-pagedweight-router-pods:")
     argv[router] = "tcp://127.0.0.1:" + argv[router].rsplit(":", 1)[1]
     cfg = print_config(argv)
+    assert cfg["router"] == [argv[router]]
+    assert cfg["router_resolve_ms"] == values_of("production")["router"]["resolveMs"]
     assert cfg["id"] == "pw-pod-0"
     assert cfg["advertise_host"] == "127.0.0.1" and cfg["node"] == "node-0"
     assert cfg["broker"] == ("" if component == "prefill" else "tcp://127.0.0.1:5556")
     assert cfg["kv_blocks"] == values_of("production")[component]["config"]["kv_blocks"]
     if component == "decode":
         assert cfg["misses"]["policy"] == "quality-first"
+
+
+def test_several_routers_reach_every_worker():
+    """router.replicas > 1: the router pods behind the router Service, and every worker told the
+    headless Service of the router pods, whose name resolves to each router pod's address, and
+    to resolve it again (services/workers/common/router_links.h)."""
+    objs = objects("production")
+    assert values_of("production")["router"]["replicas"] > 1
+    router = deployment(objs, "router")
+    assert router["spec"]["replicas"] == values_of("production")["router"]["replicas"]
+    labels = router["spec"]["template"]["metadata"]["labels"]
+    pods = [s for s in of_kind(objs, "Service") if s["metadata"]["name"] == "pw-pagedweight-router-pods"]
+    assert len(pods) == 1
+    spec = pods[0]["spec"]
+    assert spec["clusterIP"] == "None"  # headless: one address per router pod
+    assert spec["publishNotReadyAddresses"] is True  # a router is ready only once workers register
+    assert matches(spec["selector"], labels)
+    assert [p["targetPort"] for p in spec["ports"]] == ["control"]
+    port = spec["ports"][0]["port"]
+    for component in ("prefill", "decode"):
+        args = container(deployment(objs, component)["spec"]["template"]["spec"], component)["args"]
+        assert args.count("--router") == 1, args
+        assert args[args.index("--router") + 1] == f"tcp://pw-pagedweight-router-pods:{port}"
+        assert args[args.index("--router-resolve-ms") + 1] == str(values_of("production")["router"]["resolveMs"])
+    # The clients' Service still has one address, over every router pod.
+    api = [s for s in of_kind(objs, "Service") if s["metadata"]["name"] == "pw-pagedweight-router"]
+    assert api and api[0]["spec"].get("clusterIP") != "None" and matches(api[0]["spec"]["selector"], labels)
 
 
 def test_generated_api_key():
@@ -493,7 +522,7 @@ BAD = [
     ("unknown key", {"routr": {"replicas": 2}}, "additional properties 'routr' not allowed"),
     ("unknown nested key", {"router": {"replica": 2}}, "additional properties 'replica' not allowed"),
     ("wiring key in a section", {"router": {"config": {"port": 9000}}}, "at '/router/config/port': 'not' failed"),
-    ("two routers", {"router": {"replicas": 2}}, "at '/router/replicas': maximum: got 2, want 1"),
+    ("router resolved too often", {"router": {"resolveMs": 10}}, "at '/router/resolveMs': minimum: got 10, want 100"),
     ("bad storage", {"model": {"storage": "s3"}}, "at '/model/storage'"),
     ("short control key", {"controlPlane": {"existingSecret": "", "keys": {"server_public": "x", "server_secret": "x",
                                                                           "client_public": "x", "client_secret": "x"}}},

@@ -202,7 +202,7 @@ TEST(NodeConfig, EveryProcessReadsTheLauncherFileAndFlagsWin) {
                          "lease_ms: 30000\n", "max_waiting: 256\n", "max_queued_kv: 1.0\n", "drain_timeout_ms: 30000\n"}},
       {"pw-broker", "", {"bind: tcp://127.0.0.1:5556\n", "metrics: 127.0.0.1:9100\n", "store: build/tiny-moe.apw\n",
                          "initial_bits: 8\n", "planner:\n  enabled: false\n"}},
-      {"pw-prefill", "", {"router: tcp://127.0.0.1:5555\n", "broker: tcp://127.0.0.1:5556\n", "id: prefill-0\n",
+      {"pw-prefill", "", {"router: [tcp://127.0.0.1:5555]\n", "broker: tcp://127.0.0.1:5556\n", "id: prefill-0\n",
                           "kv_blocks: 512\n", "metrics: 127.0.0.1:9101\n"}},
       {"pw-decode", "--section decode-0", {"id: decode-0\n", "kv_blocks: 2048\n", "max_batch: 64\n",
                                            "metrics: 127.0.0.1:9102\n", "lynx:\n  enabled: false\n"}},

@@ -59,6 +59,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-router" (include "pagedweight.fullname" .) }}
 {{- end }}
 
+{{/* The routers' control port for the workers: a headless Service, one address per router pod. */}}
+{{- define "pagedweight.routerControlService" -}}
+{{- printf "%s-router-pods" (include "pagedweight.fullname" .) }}
+{{- end }}
+
+{{/* A worker's routers: every router pod under the headless Service, resolved again every
+router.resolveMs (services/workers/common/router_links.h). */}}
+{{- define "pagedweight.routerArgs" -}}
+- --router
+- tcp://{{ include "pagedweight.routerControlService" . }}:{{ .Values.router.controlPort }}
+- --router-resolve-ms
+- {{ .Values.router.resolveMs | int | quote }}
+{{- end }}
+
 {{- define "pagedweight.controlKeysSecret" -}}
 {{- default (printf "%s-control-keys" (include "pagedweight.fullname" .)) .Values.controlPlane.existingSecret }}
 {{- end }}

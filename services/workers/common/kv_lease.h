@@ -84,6 +84,19 @@ class KvLeaseTable {
     }
     return out;
   }
+  // Removes and returns the leases `pred` picks.
+  template <typename Pred>
+  std::vector<KvLease> TakeIf(Pred pred) {
+    std::vector<KvLease> out;
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (pred(it->second)) {
+        out.push_back(Erase(it++));
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
   std::vector<KvLease> TakeAll() {
     std::vector<KvLease> out;
     while (!leases_.empty()) out.push_back(Erase(leases_.begin()));

@@ -18,15 +18,24 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
                                const std::string& peer_role, const std::string& broker_help) {
   s->Add("model_dir", &o->model_dir, "model directory (config.json, *.safetensors)")
       .Flag("--model").Shared().Required().NonEmpty();
-  s->Add("router", &o->router_endpoint, "router control endpoint, e.g. tcp://127.0.0.1:5555")
-      .NoKey().Required();
+  // A list: several routers (replicas behind one Service) may place requests on this worker
+  // (services/workers/common/router_links.h); one endpoint is a list of one. Not Required():
+  // in a node file it is derived from the router's section when the worker's does not list
+  // it, so the key may be absent; the worker refuses to start without one.
+  s->Add("router", &o->router_endpoints,
+         "router control endpoints, e.g. tcp://127.0.0.1:5555; every router listed may place "
+         "requests here (--router repeated or comma-separated, or a YAML list)");
+  s->Add("router_resolve_ms", &o->router_resolve_ms,
+         "0: each router endpoint is one router; > 0: every IPv4 address of each endpoint's host "
+         "is a router (router pods behind a headless Service), resolved again this often")
+      .Range(0, 3600000);
   s->Add("broker", &o->broker_endpoint, std::string(broker_help)).NoKey();
   s->Add("id", &o->id, "worker id (default " + role + "-<pid>)").NonEmpty();
   // In a pod the router endpoint is a Service name, not an address of this host: the pod IP
   // (the downward API's status.podIP) is given here instead.
   s->Add("advertise_host", &o->advertise_host,
-         "IPv4 address of this host whose interface the UCX listeners use (default: the router "
-         "endpoint's host)")
+         "IPv4 address of this host whose interface the UCX listeners use (default: the first "
+         "router endpoint's host)")
       .NonEmpty();
   s->Add("node", &o->node,
          "node this worker runs on, told the router for placement (default: the hostname)")

@@ -45,7 +45,11 @@ int main(int argc, char** argv) {
         pw::workers::WideBlockWarning(pw::anyprec::BestQ8Backend(), o.lower_floors.max_bits);
     if (!warn.empty()) PW_LOG(WARNING) << warn;
   }
-  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-decode", o.router_endpoint, o.advertise_host); !s.ok()) {
+  if (o.router_endpoints.empty()) {
+    std::fprintf(stderr, "pw-decode: router is required (--router or the key router of --config)\n");
+    return 2;
+  }
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-decode", o.router_endpoints.front(), o.advertise_host); !s.ok()) {
     std::fprintf(stderr, "pw-decode: %s\n", s.message().c_str());
     return 2;
   }

@@ -50,17 +50,19 @@ uint32_t DecodeWorker::KvCapacityBlocks() const {
   return static_cast<uint32_t>(std::min<int64_t>(kv.num_blocks(), pages / std::max(1, kv.pages_per_block())));
 }
 
-void DecodeWorker::OnRenew(wire::KvRenew::Reader r) {
+void DecodeWorker::OnRenew(wire::KvRenew::Reader r, size_t link) {
   const auto requests = r.getRequestIds();
   const auto leases = r.getLeaseIds();
   const uint64_t lease_ms = std::min<uint64_t>(r.getLeaseMs() == 0 ? 30000 : r.getLeaseMs(), options_.max_lease_ms);
   for (unsigned i = 0; i < std::min(requests.size(), leases.size()); ++i) {
-    (void)leases_.Renew(leases[i], requests[i], lease_ms);  // one ended meanwhile: nothing to renew
+    if (requests[i] > kMaxRouterRequestId) continue;  // no request of a router: no lease of one
+    // One ended meanwhile: nothing to renew.
+    (void)leases_.Renew(leases[i], RequestKey(link, requests[i]), lease_ms);
   }
 }
 
-void DecodeWorker::OnReserve(wire::KvReserve::Reader r, uint16_t router_minor) {
-  HeldReserve h{r.getRequestId(), r.getNumTokens(), r.getMaxTokens(), r.getLeaseMs(), clock_->NowMs(), 0};
+void DecodeWorker::OnReserve(wire::KvReserve::Reader r, uint16_t router_minor, size_t link) {
+  HeldReserve h{RequestKey(link, r.getRequestId()), r.getNumTokens(), r.getMaxTokens(), r.getLeaseMs(), clock_->NowMs(), 0};
   if (draining_) return AnswerReserve(h, "decode worker " + options_.id + " is draining");
   if (Status st = service::CheckPeerCarriesKv(engine_->kv_pool().specs(), options_.model_name, "the router",
                                               router_minor);
@@ -106,7 +108,7 @@ void DecodeWorker::AnswerHeldReserves() {
 void DecodeWorker::AnswerReserve(const HeldReserve& h, const std::string& error) {
   proto::OutMessage out;
   auto reply = out.body().initKvReserveReply();
-  reply.setRequestId(h.request_id);
+  reply.setRequestId(KeyRequest(h.request_id));
   auto blocks = error.empty() ? engine_->LeaseKvBlocks(engine::BlocksForTokens(
                                     static_cast<int>(h.num_tokens), engine_->kv_pool().layout().block_size))
                               : Result<std::vector<int32_t>>(InvalidArgument(error));
@@ -136,7 +138,7 @@ void DecodeWorker::AnswerReserve(const HeldReserve& h, const std::string& error)
     proto::FillU32([&](unsigned n) { return reply.initPageIds(n); }, page_ids);
     reply.setLeaseExpiresMs(clock_->NowMs() + lease_ms);
   }
-  Status st = router_->Send(out);
+  Status st = routers_.Send(h.request_id, out);
   if (!st.ok()) PW_LOG(WARNING) << options_.id << ": KvReserveReply: " << st.ToString();
 }
 

@@ -43,7 +43,7 @@ DecodeWorker::~DecodeWorker() {
 
 Result<std::unique_ptr<DecodeWorker>> DecodeWorker::Create(DecodeWorkerOptions options,
                                                            const Clock* clock) {
-  if (options.router_endpoint.empty()) return InvalidArgument("decode worker: router endpoint is required");
+  if (options.router_endpoints.empty()) return InvalidArgument("decode worker: router is required (--router or the key router of --config)");
   if (options.model_dir.empty()) return InvalidArgument("decode worker: model dir is required");
   options.id = DefaultWorkerId(options.id, "decode");
   options.node = DefaultNodeName(options.node);
@@ -177,21 +177,21 @@ Status DecodeWorker::Setup() {
   }
   UpdateLowerablePages();
 
-  PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
-  // Ready (/ready) while registered: the weights are resident from here on.
-  metrics_->SetNotReady("not registered with the router");
-  router_->on_registered = [this] { metrics_->SetReady(); };
-  router_->on_server_lost = [this] {
-    metrics_->SetNotReady("router lost; registering again");
-    DropAll("router lost");
-    // No router will speak for any quarantined lease again, and the prefill workers that may
-    // write them lose the same router and cancel their transfers: shorten every wait.
-    const uint64_t now = clock_->NowMs();
-    for (auto& [lease_id, q] : quarantine_) {
-      const uint64_t waited = now - q.since_ms;
-      q.max_ms = std::min(q.max_ms, waited + options_.router_lost_quarantine_ms);
-    }
+  // One link per router (router_links.h). Ready (/ready) while registered with at least one
+  // (the weights are resident from here on).
+  metrics_->SetNotReady("not registered with a router");
+  auto make_router_link = [this, make_client](const std::string& endpoint,
+                                              size_t link) -> Result<std::unique_ptr<transport::ControlClient>> {
+    PW_ASSIGN_OR_RETURN(auto c, make_client(endpoint));
+    c->on_registered = [this] { metrics_->SetReady(); };
+    c->on_server_lost = [this, link] {
+      if (routers_.registered() == 0) metrics_->SetNotReady("every router lost; registering again");
+      DropLink(link);
+    };
+    return c;
   };
+  PW_ASSIGN_OR_RETURN(routers_, RouterLinks::Create(options_.router_endpoints, make_router_link,
+                                                    options_.router_resolve_ms, clock_));
   return Status::Ok();
 }
 
@@ -313,7 +313,7 @@ void DecodeWorker::UpdateMetrics() {
   metrics_->kv_pages_state->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kRecurrentState)]));
   metrics_->requests_running->Set(static_cast<double>(running_.size()));
   metrics_->requests_waiting->Set(static_cast<double>(leases_.size()));
-  const auto& c = router_->counters();
+  const auto c = routers_.counters();
   metrics_->frames_dropped->Set(static_cast<double>(c.malformed + c.wrong_version + c.unregistered));
 }
 
@@ -323,7 +323,7 @@ void DecodeWorker::FreeBlocks(const std::vector<int32_t>& blocks, const char* wh
 }
 
 void DecodeWorker::Quarantine(KvLease lease, const char* why) {
-  PW_LOG(INFO) << options_.id << ": lease " << lease.lease_id << " of request " << lease.request_id
+  PW_LOG(INFO) << options_.id << ": lease " << lease.lease_id << " of request " << KeyName(lease.request_id)
                << " ended (" << why << "); " << lease.blocks.size()
                << " blocks quarantined until its writer is done";
   Quarantined q;
@@ -352,7 +352,7 @@ void DecodeWorker::ExpireQuarantine() {
       continue;
     }
     PW_LOG(WARNING) << options_.id << ": lease " << it->first << " of request "
-                    << it->second.request_id << ": no word on its writer for "
+                    << KeyName(it->second.request_id) << ": no word on its writer for "
                     << it->second.max_ms << " ms; " << it->second.blocks.size()
                     << " quarantined blocks freed";
     FreeBlocks(it->second.blocks, "quarantine over");
@@ -371,7 +371,7 @@ void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
                               const std::string& refused_param) {
   proto::OutMessage m;
   auto f = m.body().initFinish();
-  f.setRequestId(request_id);
+  f.setRequestId(KeyRequest(request_id));
   f.setReason(reason);
   f.setError(error);
   f.setNumGenerated(num_generated);
@@ -379,8 +379,8 @@ void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
     f.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
     f.setErrorParam(refused_param);
   }
-  Status st = router_->Send(m);
-  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": Finish " << request_id << ": " << st.ToString();
+  Status st = routers_.Send(request_id, m);
+  if (!st.ok()) PW_LOG(WARNING) << options_.id << ": Finish " << KeyName(request_id) << ": " << st.ToString();
   if (reason == wire::FinishReason::ERROR) metrics_->requests_finished_error->Increment();
   if (reason == wire::FinishReason::CANCELLED) metrics_->requests_cancelled->Increment();
   if (reason == wire::FinishReason::STOP || reason == wire::FinishReason::LENGTH) {
@@ -388,22 +388,70 @@ void DecodeWorker::SendFinish(uint64_t request_id, wire::FinishReason reason,
   }
 }
 
-void DecodeWorker::DropAll(const char* why) {
-  size_t n = running_.size() + leases_.size() + reserve_wait_.TakeAll().size();
-  for (auto& [id, r] : running_) (void)engine_->RemoveSequence(id);
-  running_.clear();
-  admit_order_.clear();
+void DecodeWorker::DropLink(size_t link) {
+  const char* why = "router lost";
+  auto of_link = [link](uint64_t key) { return KeyLink(key) == link; };
+  size_t n = reserve_wait_.TakeIf([&](const HeldReserve& h) { return of_link(h.request_id); }).size();
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (!of_link(it->first)) {
+      ++it;
+      continue;
+    }
+    (void)engine_->RemoveSequence(it->first);
+    it = running_.erase(it);
+    ++n;
+  }
+  admit_order_.erase(std::remove_if(admit_order_.begin(), admit_order_.end(), of_link), admit_order_.end());
   // A prefill worker may still be writing the leased blocks: they wait in quarantine.
-  for (auto& l : leases_.TakeAll()) Quarantine(std::move(l), why);
-  if (n > 0) PW_LOG(WARNING) << options_.id << ": dropped " << n << " request(s): " << why;
+  for (auto& l : leases_.TakeIf([&](const KvLease& l) { return of_link(l.request_id); })) {
+    Quarantine(std::move(l), why);
+    ++n;
+  }
+  // That router will not speak for its quarantined leases again, and the prefill workers that
+  // may write them lose the same router and cancel its transfers: shorten those waits.
+  const uint64_t now = clock_->NowMs();
+  for (auto& [lease_id, q] : quarantine_) {
+    if (!of_link(q.request_id)) continue;
+    const uint64_t waited = now - q.since_ms;
+    q.max_ms = std::min(q.max_ms, waited + options_.router_lost_quarantine_ms);
+  }
+  if (n > 0) {
+    PW_LOG(WARNING) << options_.id << ": dropped " << n << " request(s) of router " << routers_.endpoint(link)
+                    << ": " << why;
+  }
 }
 
-Status DecodeWorker::HandleRouter(const proto::InMessage& m) {
+Status DecodeWorker::HandleRouter(const proto::InMessage& m, size_t link) {
   switch (m.which()) {
-    case proto::Body::KV_RESERVE: OnReserve(m.body().getKvReserve(), m.version_minor()); break;
-    case proto::Body::START_DECODE: OnStartDecode(m.body().getStartDecode()); break;
-    case proto::Body::KV_RENEW: OnRenew(m.body().getKvRenew()); break;
-    case proto::Body::CANCEL: OnCancel(m.body().getCancel()); break;
+    // A request id no key can hold (router_links.h) is refused on the link it came on, under
+    // the router's own id; a Cancel of one has nothing to cancel.
+    case proto::Body::KV_RESERVE:
+      if (Status st = CheckRouterRequestId(m.body().getKvReserve().getRequestId()); !st.ok()) {
+        proto::OutMessage out;
+        auto reply = out.body().initKvReserveReply();
+        reply.setRequestId(m.body().getKvReserve().getRequestId());
+        reply.setOk(false);
+        reply.setError("decode worker " + options_.id + ": " + st.message());
+        return routers_.at(link).Send(out);
+      }
+      OnReserve(m.body().getKvReserve(), m.version_minor(), link);
+      break;
+    case proto::Body::START_DECODE:
+      if (Status st = CheckRouterRequestId(m.body().getStartDecode().getRequestId()); !st.ok()) {
+        proto::OutMessage out;
+        auto f = out.body().initFinish();
+        f.setRequestId(m.body().getStartDecode().getRequestId());
+        f.setReason(wire::FinishReason::ERROR);
+        f.setError("decode worker " + options_.id + ": " + st.message());
+        return routers_.at(link).Send(out);
+      }
+      OnStartDecode(m.body().getStartDecode(), link);
+      break;
+    case proto::Body::KV_RENEW: OnRenew(m.body().getKvRenew(), link); break;
+    case proto::Body::CANCEL:
+      if (!CheckRouterRequestId(m.body().getCancel().getRequestId()).ok()) break;
+      OnCancel(m.body().getCancel(), link);
+      break;
     case proto::Body::DRAIN:
       PW_LOG(INFO) << options_.id << ": drain requested by the router";
       draining_ = true;
@@ -415,15 +463,15 @@ Status DecodeWorker::HandleRouter(const proto::InMessage& m) {
   return Status::Ok();
 }
 
-void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
-  const uint64_t id = r.getRequestId();
+void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r, size_t link) {
+  const uint64_t id = RequestKey(link, r.getRequestId());
   auto lease = leases_.Take(r.getLeaseId(), id);
   if (!lease) {
     // StartDecode follows the writer's KvReady: a quarantined lease's writes are over.
     ReleaseQuarantined(r.getLeaseId(), id, "StartDecode after the lease ended");
     SendFinish(id, wire::FinishReason::ERROR,
                "decode worker " + options_.id + ": no lease " + std::to_string(r.getLeaseId()) +
-                   " for request " + std::to_string(id) + " (expired or cancelled)",
+                   " for request " + std::to_string(r.getRequestId()) + " (expired or cancelled)",
                r.getGeneratedSoFar());
     return;
   }
@@ -493,8 +541,8 @@ void DecodeWorker::OnStartDecode(wire::StartDecode::Reader r) {
   admit_order_.push_back(id);
 }
 
-void DecodeWorker::OnCancel(wire::Cancel::Reader r) {
-  const uint64_t id = r.getRequestId();
+void DecodeWorker::OnCancel(wire::Cancel::Reader r, size_t link) {
+  const uint64_t id = RequestKey(link, r.getRequestId());
   const uint64_t lease_id = r.getLeaseId();
   if (r.getWriterDone()) {
     // Only a named lease: the request may hold a newer lease or run here by now.
@@ -554,7 +602,7 @@ bool DecodeWorker::Preempt() {
       return true;
     }
     run.preempted = true;
-    PW_LOG(INFO) << options_.id << ": preempted request " << *it << " (KV pool full), will recompute";
+    PW_LOG(INFO) << options_.id << ": preempted request " << KeyName(*it) << " (KV pool full), will recompute";
     return true;
   }
   return false;
@@ -569,7 +617,9 @@ void DecodeWorker::KeepaliveLoop() {
     // Outside a step the loop holds control_mu_: this thread gets it during a step, or around
     // Run's start and end, when in_step_ is false.
     if (in_step_) {
-      if (router_->HeartbeatIfDue(fill)) ++keepalive_beats_;
+      for (size_t i = 0; i < routers_.size(); ++i) {
+        if (routers_.at(i).HeartbeatIfDue(fill)) ++keepalive_beats_;
+      }
       if (broker_ && broker_->HeartbeatIfDue(fill)) ++keepalive_beats_;
     }
     keepalive_cv_.wait_for(lk, period, [this] { return keepalive_stop_; });
@@ -616,7 +666,7 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
       run.preempted = false;
       proto::OutMessage m;
       auto tc = m.body().initTokenChunk();
-      tc.setRequestId(u.id);
+      tc.setRequestId(KeyRequest(u.id));
       tc.setStartIndex(run.next_index);
       auto list = tc.initTokens(static_cast<unsigned>(u.new_tokens.size()));
       for (size_t i = 0; i < u.new_tokens.size(); ++i) {
@@ -631,9 +681,9 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
       }
       run.next_index += static_cast<uint32_t>(u.new_tokens.size());
       metrics_->tokens_generated->Increment(static_cast<double>(u.new_tokens.size()));
-      Status st = router_->Send(m);
+      Status st = routers_.Send(u.id, m);
       if (!st.ok()) PW_LOG(WARNING) << options_.id << ": TokenChunk: " << st.ToString();
-      PW_LOG(DEBUG) << options_.id << ": trace: request " << u.id << " token "
+      PW_LOG(DEBUG) << options_.id << ": trace: request " << KeyName(u.id) << " token "
                     << run.next_index - u.new_tokens.size() << " sent";
     }
     if (u.finished) {
@@ -650,19 +700,17 @@ void DecodeWorker::StepOnce(std::unique_lock<std::mutex>& control) {
 
 Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   std::unique_lock<std::mutex> control(control_mu_);
-  PW_RETURN_IF_ERROR(router_->Start());
+  PW_RETURN_IF_ERROR(routers_.Start());
   keepalive_stop_ = false;
   keepalive_ = std::thread([this] { KeepaliveLoop(); });
   PW_LOG(INFO) << options_.id << ": serving; page pool " << pool_->num_pages() << " pages of "
                << pool_->page_bytes() << " bytes (" << pool_->Count(memory::Tenant::kWeights)
                << " weights, " << pool_->num_free() << " free), KV up to "
                << engine_->kv_pool().num_blocks() << " blocks of " << engine_->kv_pool().layout().num_layers
-               << " pages (" << engine::KvDtypeName(engine_->kv_pool().layout().dtype) << "), router "
-               << options_.router_endpoint;
+               << " pages (" << engine::KvDtypeName(engine_->kv_pool().layout().dtype) << "), routers "
+               << routers_.Describe();
   uint64_t drain_deadline = 0;
-  auto router_handler = [this](const std::string&, const proto::InMessage& m) -> Status {
-    return HandleRouter(m);
-  };
+  auto router_handler = [this](size_t link, const proto::InMessage& m) -> Status { return HandleRouter(m, link); };
   auto broker_handler = [this](const std::string&, const proto::InMessage& m) -> Status {
     return weights_->Handle(m);
   };
@@ -687,7 +735,8 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       break;
     }
     const bool busy = engine_->HasWork();
-    router_->Poll(busy ? 0 : 10, router_handler);
+    routers_.Refresh();
+    routers_.Poll(busy ? 0 : 10, router_handler);
     if (broker_) broker_->Poll(0, broker_handler);
     for (auto& l : leases_.TakeExpired()) {
       PW_LOG(WARNING) << options_.id << ": lease " << l.lease_id << " of request " << l.request_id
@@ -705,7 +754,7 @@ Status DecodeWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   for (auto& [lease, q] : quarantine_) FreeBlocks(q.blocks, "shutdown");
   quarantine_.clear();
   // Tell the router once more (heartbeat carries draining) before leaving.
-  router_->Poll(0, router_handler);
+  routers_.Poll(0, router_handler);
   keepalive_stop_ = true;
   const uint64_t keepalive_beats = keepalive_beats_;
   control.unlock();

@@ -72,6 +72,7 @@
 #include "memory/page_pool.h"
 #include "services/workers/decode/decode_weights.h"
 #include "services/workers/common/request_boundary.h"
+#include "services/workers/common/router_links.h"
 #include "services/workers/decode/reserve_wait.h"
 #include "services/workers/common/prompt_features.h"
 #include "services/workers/decode/decode_trace.h"
@@ -85,7 +86,11 @@ struct DecodeWorkerOptions {
   std::string id;                  // routing id; "decode-<pid>" when empty
   std::string model_dir;
   std::string model_name;          // reported at registration; default: model_dir's last part
-  std::string router_endpoint;     // e.g. tcp://127.0.0.1:5555 (required)
+  // Its routers' control endpoints (at least one), e.g. tcp://127.0.0.1:5555: every router may
+  // place requests here (router_links.h).
+  std::vector<std::string> router_endpoints;
+  // > 0: every address of each endpoint's host is a router, resolved again this often (ms).
+  uint64_t router_resolve_ms = 0;
   std::string broker_endpoint;     // empty: experts from the checkpoint, no broker
   std::string advertise_host;   // UCX's interface; empty: the router endpoint's host
   std::string node;             // told the router (placement); empty: the hostname
@@ -100,7 +105,7 @@ struct DecodeWorkerOptions {
   // Quarantined blocks return to the pool after this long even without the router's word
   // (the router that knew their writer is gone); longer than any prefill's write.
   uint64_t quarantine_max_ms = 600000;
-  // When the router is lost, every quarantined lease returns after at most this long: the
+  // When a router is lost, every quarantined lease of its requests returns after at most this long: the
   // prefill workers lose the same router, cancel their transfers and stop writing within about
   // a second of noticing (3 heartbeats); this covers that skew with a wide margin.
   uint64_t router_lost_quarantine_ms = 30000;
@@ -162,7 +167,8 @@ class DecodeWorker {
   // A frame from the router (KvReserve, StartDecode, Cancel, Drain), as Run's poll of the
   // router link hands it over: the loop thread, between engine steps. Public so the fuzz target
   // (fuzz/decode_worker_handlers_fuzz.cc) drives the same handler with a worker it does not Run.
-  Status HandleRouter(const proto::InMessage& m);
+  // `link`: which router (the index of its endpoint in router_endpoints).
+  Status HandleRouter(const proto::InMessage& m, size_t link = 0);
 
  private:
   struct Running {
@@ -188,7 +194,8 @@ class DecodeWorker {
   void SendTelemetry();
   // `router_minor`: the protocol minor version of the router's envelope (a hybrid's KV is
   // reserved only for a router that carries its recurrent state: transferable_kv.h).
-  void OnReserve(wire::KvReserve::Reader r, uint16_t router_minor);
+  // `link`: the router's (request keys, router_links.h).
+  void OnReserve(wire::KvReserve::Reader r, uint16_t router_minor, size_t link);
   // Grants `h` (a lease over its prompt's blocks) or, with `error` or no blocks, refuses it.
   void AnswerReserve(const HeldReserve& h, const std::string& error);
   // Answers the held reservations that fit now or waited their time (every one when draining).
@@ -203,9 +210,9 @@ class DecodeWorker {
   // change only at iteration boundaries, and heartbeats and steps read it often.
   void UpdateLowerablePages();
   // Renews the named leases whose requests the router still has on their way (KvRenew).
-  void OnRenew(wire::KvRenew::Reader r);
-  void OnStartDecode(wire::StartDecode::Reader r);
-  void OnCancel(wire::Cancel::Reader r);
+  void OnRenew(wire::KvRenew::Reader r, size_t link);
+  void OnStartDecode(wire::StartDecode::Reader r, size_t link);
+  void OnCancel(wire::Cancel::Reader r, size_t link);
   // Runs one engine step with `control` (a lock on control_mu_) released, so the keepalive
   // thread can beat meanwhile; then streams the step's tokens.
   void StepOnce(std::unique_lock<std::mutex>& control);
@@ -222,7 +229,9 @@ class DecodeWorker {
   bool ReleaseQuarantined(uint64_t lease_id, uint64_t request_id, const char* why);
   void ExpireQuarantine();
   size_t quarantined_blocks() const;
-  void DropAll(const char* why);
+  // Router `link` was lost: its running requests, leases and held reservations are dropped,
+  // its quarantined leases wait at most router_lost_quarantine_ms more. Other routers' go on.
+  void DropLink(size_t link);
   // What a heartbeat reports (taken by the loop thread; the keepalive sends a copy).
   struct LoadSnapshot {
     uint32_t free_kv_blocks = 0, used_kv_blocks = 0, reserved_kv_blocks = 0;
@@ -244,7 +253,7 @@ class DecodeWorker {
   std::unique_ptr<memory::PagePool> pool_;          // owned here, lent to engine_ and weights_
   std::unique_ptr<DecodeWeights> weights_;         // expert weights, plans (decode_weights.h)
   uint64_t last_telemetry_ms_ = 0;
-  std::unique_ptr<transport::ControlClient> router_;
+  RouterLinks routers_;
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<lynx::LynxRemapper> lynx_;
@@ -262,12 +271,14 @@ class DecodeWorker {
   RequestBoundary request_boundary_;
   KvLeaseTable leases_;
   std::map<uint64_t, Quarantined> quarantine_;  // by lease id
+  // Requests are known by their RequestKey (router_links.h) here, in leases_, quarantine_,
+  // reserve_wait_ and as the engine's sequence ids.
   std::map<uint64_t, Running> running_;
-  std::vector<uint64_t> admit_order_;  // request ids, oldest first (preemption picks the last)
+  std::vector<uint64_t> admit_order_;  // request keys, oldest first (preemption picks the last)
   uint64_t layout_hash_ = 0;
   bool draining_ = false;
 
-  // Keepalive (see the file comment). control_mu_ guards router_, broker_ and the fields below
+  // Keepalive (see the file comment). control_mu_ guards routers_, broker_ and the fields below
   // while Run runs.
   std::mutex control_mu_;
   std::condition_variable keepalive_cv_;

@@ -85,8 +85,16 @@ class ReserveWait {
     bool fits = false;
   };
   std::optional<Due> Next(uint64_t now_ms, int64_t free, int64_t reserve);
-  // Every held reservation, removed (draining, a lost router).
+  // Every held reservation, removed (draining).
   std::deque<HeldReserve> TakeAll();
+  // The held reservations `pred` picks, removed (a lost router's).
+  template <typename Pred>
+  std::deque<HeldReserve> TakeIf(Pred pred) {
+    std::deque<HeldReserve> out, keep;
+    for (auto& r : held_) (pred(r) ? out : keep).push_back(r);
+    held_.swap(keep);
+    return out;
+  }
 
   // Pages the lowest widths `floors` allow would free. Blocks committed within
   // [min_bits, max_bits] move (as in the planner); without a mean floor each goes to min_bits.

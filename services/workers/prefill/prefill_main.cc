@@ -39,7 +39,11 @@ int main(int argc, char** argv) {
   }
   pw::SetLogProcessTag(o.id.empty() ? "prefill" : o.id);
   PW_LOG(INFO) << pw::workers::KernelBackendsLine();
-  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-prefill", o.router_endpoint, o.advertise_host); !s.ok()) {
+  if (o.router_endpoints.empty()) {
+    std::fprintf(stderr, "pw-prefill: router is required (--router or the key router of --config)\n");
+    return 2;
+  }
+  if (pw::Status s = pw::transport::SetUpServiceTransport(security, "pw-prefill", o.router_endpoints.front(), o.advertise_host); !s.ok()) {
     std::fprintf(stderr, "pw-prefill: %s\n", s.message().c_str());
     return 2;
   }

@@ -1,5 +1,7 @@
 #include "services/workers/prefill/prefill_worker.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -40,8 +42,8 @@ PrefillWorker::~PrefillWorker() {
 
 Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOptions options,
                                                              const Clock* clock) {
-  if (options.router_endpoint.empty())
-    return InvalidArgument("prefill worker: router endpoint is required");
+  if (options.router_endpoints.empty())
+    return InvalidArgument("prefill worker: router is required (--router or the key router of --config)");
   if (options.model_dir.empty()) return InvalidArgument("prefill worker: model dir is required");
   if (options.max_batch_prompts < 1 || options.put_timeout_ms < 1) {
     return InvalidArgument("prefill worker: max_batch_prompts and put_timeout_ms must be >= 1");
@@ -80,6 +82,9 @@ Status PrefillWorker::Setup() {
   pool_blocks_ = static_cast<uint32_t>(engine_->kv_pool().num_blocks());
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
   PW_ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Create(options_.metrics_bind, options_.id, options_.main_loop_stale_ms));
+  compute_beat_ = std::make_unique<service::MainLoopBeat>(options_.main_loop_stale_ms, SteadyClock::Get(),
+                                                          "compute loop");
+  metrics_->beat->Watch(compute_beat_.get());
   PW_ASSIGN_OR_RETURN(ucx_ctx_, transport::ucx::Context::Create());
   // This process registers no memory of its own. Each decode peer is reached from a worker of
   // its own (Endpoint::ConnectOnOwnWorker), progressed by the puts while they wait: a decode
@@ -96,22 +101,20 @@ Status PrefillWorker::Setup() {
     c->fill_heartbeat = [this](wire::Heartbeat::Builder h) { FillHeartbeat(h); };
     return c;
   };
-  PW_ASSIGN_OR_RETURN(router_, make_client(options_.router_endpoint));
-  // Ready (/ready) while registered: the weights are the engine's, loaded above.
-  metrics_->SetNotReady("not registered with the router");
-  router_->on_registered = [this] { metrics_->SetReady(); };
-  router_->on_server_lost = [this] {
-    metrics_->SetNotReady("router lost; registering again");
-    // The router's requests died with it: drop the queue, cancel what is in flight.
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!queue_.empty() || !inflight_.empty()) {
-      PW_LOG(WARNING) << options_.id << ": router lost; dropping " << queue_.size()
-                      << " queued and " << inflight_.size() << " running prompts";
-    }
-    queue_.clear();
-    queued_tokens_ = 0;
-    for (auto& [id, job] : inflight_) job->cancelled.store(true);
+  // One link per router (router_links.h). Ready (/ready) while registered with at least one.
+  metrics_->SetNotReady("not registered with a router");
+  auto make_router_link = [this, make_client](const std::string& endpoint,
+                                              size_t link) -> Result<std::unique_ptr<transport::ControlClient>> {
+    PW_ASSIGN_OR_RETURN(auto c, make_client(endpoint));
+    c->on_registered = [this] { metrics_->SetReady(); };
+    c->on_server_lost = [this, link] {
+      if (routers_.registered() == 0) metrics_->SetNotReady("every router lost; registering again");
+      DropLink(link);
+    };
+    return c;
   };
+  PW_ASSIGN_OR_RETURN(routers_, RouterLinks::Create(options_.router_endpoints, make_router_link,
+                                                    options_.router_resolve_ms, clock_));
   if (!options_.broker_endpoint.empty()) {
     PW_ASSIGN_OR_RETURN(broker_, make_client(options_.broker_endpoint));
   }
@@ -138,6 +141,31 @@ void PrefillWorker::FillRegister(wire::Register::Builder r) {
   r.setMetricsPort(metrics_ ? metrics_->port() : 0);
 }
 
+void PrefillWorker::DropLink(size_t link) {
+  // That router's requests died with it: drop them from the queue, cancel those in flight.
+  // Other routers' requests go on.
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t queued = 0, running = 0;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (KeyLink((*it)->request_id) == link) {
+      queued_tokens_ -= (*it)->num_tokens;
+      it = queue_.erase(it);
+      ++queued;
+    } else {
+      ++it;
+    }
+  }
+  for (auto& [key, job] : inflight_) {
+    if (KeyLink(key) != link) continue;
+    job->cancelled.store(true);
+    ++running;
+  }
+  if (queued + running > 0) {
+    PW_LOG(WARNING) << options_.id << ": router " << routers_.endpoint(link) << " lost; dropping " << queued
+                    << " queued and " << running << " running prompts";
+  }
+}
+
 void PrefillWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
   const uint32_t free = free_blocks_.load();
   h.setFreeKvBlocks(free);
@@ -149,13 +177,25 @@ void PrefillWorker::FillHeartbeat(wire::Heartbeat::Builder h) {
   h.setDraining(draining_.load());
 }
 
-Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
+Status PrefillWorker::HandleRouter(const proto::InMessage& m, size_t link) {
   switch (m.which()) {
     case proto::Body::PREFILL_REQUEST: {
       auto req = m.body().getPrefillRequest();
+      if (Status st = CheckRouterRequestId(req.getRequestId()); !st.ok()) {
+        // No key holds it (router_links.h): refused on its link under the router's own id.
+        proto::OutMessage out;
+        auto kr = out.body().initKvReady();
+        kr.setRequestId(req.getRequestId());
+        kr.setOk(false);
+        kr.setError("prefill worker " + options_.id + ": " + st.message());
+        kr.setLeaseId(req.getLeaseId());
+        kr.setDecodeWorkerId(req.getDecodeWorkerId());
+        return routers_.at(link).Send(out);
+      }
+      const uint64_t key = RequestKey(link, req.getRequestId());
       if (draining_.load()) {
         Outcome o;
-        o.request_id = req.getRequestId();
+        o.request_id = key;
         o.lease_id = req.getLeaseId();
         o.decode_id = proto::ToString(req.getDecodeWorkerId());
         o.status = Unavailable("prefill worker " + options_.id + " is draining");
@@ -165,7 +205,7 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
       PW_ASSIGN_OR_RETURN(auto kept, Keep(m));
       auto job = std::make_shared<Job>();
       job->msg = std::move(kept);
-      job->request_id = req.getRequestId();
+      job->request_id = key;
       job->lease_id = req.getLeaseId();
       job->decode_id = proto::ToString(req.getDecodeWorkerId());
       job->num_tokens = req.getTokens().size();
@@ -180,7 +220,8 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
     }
     case proto::Body::CANCEL: {
       auto c = m.body().getCancel();
-      const uint64_t id = c.getRequestId();
+      if (!CheckRouterRequestId(c.getRequestId()).ok()) return Status::Ok();  // no such request here
+      const uint64_t id = RequestKey(link, c.getRequestId());
       const uint64_t lease = c.getLeaseId();
       auto matches = [&](const Job& j) {
         return j.request_id == id && (lease == 0 || j.lease_id == lease);
@@ -210,7 +251,7 @@ Status PrefillWorker::HandleRouter(const proto::InMessage& m) {
 void PrefillWorker::SendKvReady(const Outcome& o) {
   proto::OutMessage out;
   auto kr = out.body().initKvReady();
-  kr.setRequestId(o.request_id);
+  kr.setRequestId(KeyRequest(o.request_id));
   kr.setOk(o.status.ok());
   if (!o.status.ok()) {
     kr.setError("prefill worker " + options_.id + ": " + o.status.message());
@@ -218,7 +259,7 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
       kr.setErrorKind(wire::ErrorKind::INVALID_REQUEST);
       kr.setErrorParam(o.refused_param);
     }
-    PW_LOG(WARNING) << options_.id << ": request " << o.request_id << ": " << o.status.ToString();
+    PW_LOG(WARNING) << options_.id << ": request " << KeyName(o.request_id) << ": " << o.status.ToString();
     metrics_->requests_finished_error->Increment();
   } else {
     kr.setFirstToken(static_cast<uint32_t>(o.first_token));
@@ -237,7 +278,7 @@ void PrefillWorker::SendKvReady(const Outcome& o) {
   kr.setNumTokens(o.num_tokens);
   kr.setLeaseId(o.lease_id);
   kr.setDecodeWorkerId(o.decode_id);
-  Status sst = router_->Send(out);
+  Status sst = routers_.Send(o.request_id, out);
   if (!sst.ok()) PW_LOG(WARNING) << options_.id << ": KvReady: " << sst.ToString();
 }
 
@@ -251,16 +292,14 @@ void PrefillWorker::SendOutcomes() {
 }
 
 Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
-  PW_RETURN_IF_ERROR(router_->Start());
+  PW_RETURN_IF_ERROR(routers_.Start());
   if (broker_) PW_RETURN_IF_ERROR(broker_->Start());
-  PW_LOG(INFO) << options_.id << ": serving, router " << options_.router_endpoint << ", up to "
+  PW_LOG(INFO) << options_.id << ": serving, routers " << routers_.Describe() << ", up to "
                << options_.max_batch_tokens << " tokens and " << options_.max_batch_prompts
                << " prompts per forward pass";
   stop_compute_.store(false);
   compute_ = std::thread([this] { ComputeLoop(); });
-  auto handler = [this](const std::string&, const proto::InMessage& m) -> Status {
-    return HandleRouter(m);
-  };
+  auto handler = [this](size_t link, const proto::InMessage& m) -> Status { return HandleRouter(m, link); };
   auto broker_handler = [](const std::string&, const proto::InMessage&) -> Status {
     return Status::Ok();
   };
@@ -282,7 +321,8 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
       if (idle || clock_->NowMs() > drain_deadline) break;
     }
     // While prompts are in flight, wake every millisecond to pass on their KvReady promptly.
-    router_->Poll(idle ? 10 : 1, handler);
+    routers_.Refresh();
+    routers_.Poll(idle ? 10 : 1, handler);
     if (broker_) broker_->Poll(0, broker_handler);
     SendOutcomes();
     metrics_->requests_waiting->Set(static_cast<double>(waiting));
@@ -292,7 +332,7 @@ Status PrefillWorker::Run(const std::atomic<bool>& stop, int drain_timeout_ms) {
   work_cv_.notify_all();
   compute_.join();
   SendOutcomes();
-  router_->Poll(0, handler);
+  routers_.Poll(0, handler);
   PW_LOG(INFO) << options_.id << ": stopped; " << shared_prompts_.load()
                << " prompts served from another's prefill; largest batch " << largest_batch_.load()
                << " prompts in one forward pass";
@@ -661,7 +701,10 @@ void PrefillWorker::FinishJob(const std::shared_ptr<Job>& j) {
     st = Transfer(j.get());
     if (!st.ok()) st = st.WithContext("writing KV to '" + j->decode_id + "'");
   }
-  for (auto& f : j->followers) ServeShared(f.get(), j->own, j->work.result);
+  for (auto& f : j->followers) {
+    compute_beat_->Beat();  // each transfer is bounded by put_timeout_ms, not all of them
+    ServeShared(f.get(), j->own, j->work.result);
+  }
   j->followers.clear();
   // Keep the KV for an equal prompt arriving next (the blocks leave Retire's hands).
   DropRecent();
@@ -685,9 +728,12 @@ void PrefillWorker::PublishLoad(const std::vector<std::shared_ptr<Job>>& active)
 }
 
 void PrefillWorker::ComputeLoop() {
+  pthread_setname_np(pthread_self(), "pw-compute");  // named for debuggers and the /live test
   std::vector<std::shared_ptr<Job>> active;
   std::vector<engine::PrefillJob> batch;
   while (true) {
+    // Every iteration, the idle ones (a wait of at most 100 ms) included: /live.
+    compute_beat_->Beat();
     if (active.empty()) {
       std::unique_lock<std::mutex> lk(mu_);
       work_cv_.wait_for(lk, std::chrono::milliseconds(100),

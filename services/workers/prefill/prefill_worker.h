@@ -58,6 +58,7 @@
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/workers/common/prompt_features.h"
+#include "services/workers/common/router_links.h"
 #include "services/workers/metrics/worker_metrics.h"
 
 namespace pw::workers {
@@ -66,7 +67,11 @@ struct PrefillWorkerOptions {
   std::string id;  // routing id; "prefill-<pid>" when empty
   std::string model_dir;
   std::string model_name;       // default: model_dir's last part
-  std::string router_endpoint;  // required
+  // Its routers' control endpoints (at least one): every router may place requests here
+  // (router_links.h).
+  std::vector<std::string> router_endpoints;
+  // > 0: every address of each endpoint's host is a router, resolved again this often (ms).
+  uint64_t router_resolve_ms = 0;
   std::string broker_endpoint;  // empty: no broker registration
   std::string advertise_host;   // UCX's interface; empty: the router endpoint's host
   std::string node;             // told the router (placement); empty: the hostname
@@ -95,7 +100,8 @@ class PrefillWorker {
   // A frame from the router (PrefillRequest, Cancel, Drain), as Run's poll of the router link
   // hands it over (the control thread). Public so the fuzz target
   // (fuzz/prefill_worker_handlers_fuzz.cc) drives the same handler with a worker it does not Run.
-  Status HandleRouter(const proto::InMessage& m);
+  // `link`: which router (the index of its endpoint in router_endpoints).
+  Status HandleRouter(const proto::InMessage& m, size_t link = 0);
 
  private:
   struct Peer {
@@ -109,7 +115,7 @@ class PrefillWorker {
   // One request, from arrival to KvReady.
   struct Job {
     std::shared_ptr<proto::InMessage> msg;  // the PrefillRequest frame
-    uint64_t request_id = 0;
+    uint64_t request_id = 0;  // RequestKey: the router's link and its id
     uint64_t lease_id = 0;
     std::string decode_id;
     uint32_t num_tokens = 0;
@@ -137,7 +143,7 @@ class PrefillWorker {
   static constexpr uint64_t kRecentMs = 2000;
   // What the control thread sends as KvReady.
   struct Outcome {
-    uint64_t request_id = 0, lease_id = 0;
+    uint64_t request_id = 0, lease_id = 0;  // request_id: the RequestKey
     std::string decode_id;
     uint32_t num_tokens = 0;
     Status status;
@@ -157,6 +163,8 @@ class PrefillWorker {
   void SendKvReady(const Outcome& o);
   void FillRegister(wire::Register::Builder r);
   void FillHeartbeat(wire::Heartbeat::Builder h);
+  // Router `link` was lost: its queued prompts are dropped, its running ones cancelled.
+  void DropLink(size_t link);
   // Compute thread.
   void ComputeLoop();
   // Moves queued requests into `active` while the next pass has room; refuses bad ones.
@@ -186,9 +194,12 @@ class PrefillWorker {
   std::unique_ptr<PromptRoutingRecorder> prompt_routing_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
-  std::unique_ptr<transport::ControlClient> router_;
+  RouterLinks routers_;
   std::unique_ptr<transport::ControlClient> broker_;
   std::unique_ptr<WorkerMetrics> metrics_;
+  // The compute thread's beat, which metrics_->beat watches: /live fails when either loop is
+  // stuck (main_loop_beat.h).
+  std::unique_ptr<service::MainLoopBeat> compute_beat_;
   std::map<std::string, Peer> peers_;  // compute thread
   uint64_t layout_hash_ = 0;
   uint32_t pool_blocks_ = 0;
@@ -196,7 +207,7 @@ class PrefillWorker {
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::deque<std::shared_ptr<Job>> queue_;             // guarded by mu_
-  std::map<uint64_t, std::shared_ptr<Job>> inflight_;  // guarded by mu_ (admitted jobs)
+  std::map<uint64_t, std::shared_ptr<Job>> inflight_;  // guarded by mu_ (admitted jobs, by key)
   std::vector<Outcome> outbox_;                        // guarded by mu_
   uint64_t queued_tokens_ = 0;                         // guarded by mu_ (queue_ only)
   std::atomic<uint64_t> active_remaining_tokens_{0};

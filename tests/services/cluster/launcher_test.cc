@@ -69,7 +69,7 @@ TEST(ClusterConfig, DeployLocalYamlLoads) {
   auto decode = DecodeOf(path, "decode-0");
   ASSERT_TRUE(decode.ok()) << decode.status().ToString();
   EXPECT_EQ(decode->worker.broker_endpoint, "tcp://127.0.0.1:5556");
-  EXPECT_EQ(decode->worker.router_endpoint, "tcp://127.0.0.1:5555");
+  EXPECT_EQ(decode->worker.router_endpoints, std::vector<std::string>{"tcp://127.0.0.1:5555"});
   EXPECT_EQ(decode->worker.num_kv_blocks, 2048);
   EXPECT_EQ(decode->worker.metrics_bind, "127.0.0.1:9102");
   // Drain order: the router first, the broker last.

@@ -94,7 +94,8 @@ class ProtocolTestWorker {
     int uncached_mismatch = 0;
   };
   ProtocolTestWorker(const std::string& endpoint, const std::string& id, wire::Role role,
-                     uint32_t blocks = 64, uint32_t step_ms = 3, std::string node = "")
+                     uint32_t blocks = 64, uint32_t step_ms = 3, std::string node = "",
+                     uint64_t heartbeat_ms = 100)
       : role_(role), total_blocks_(blocks), free_blocks_(blocks), step_ms_(step_ms),
         node_(std::move(node)) {
     auto t = transport::ZmqDealerTransport::Connect(endpoint, id);
@@ -102,7 +103,7 @@ class ProtocolTestWorker {
     transport::ControlClient::Options o;
     o.id = id;
     o.role = role;
-    o.heartbeat_ms = 100;
+    o.heartbeat_ms = heartbeat_ms;
     client_ =
         std::make_unique<transport::ControlClient>(std::move(*t), pw::SteadyClock::Get(), o);
     client_->fill_register = [this](wire::Register::Builder r) {
@@ -1088,6 +1089,30 @@ TEST_F(ClusterBackendTest, PlacementSpreadsOverDecodeWorkersByFreeBlocks) {
   EXPECT_GT(d0->stats().starts, 0);
   EXPECT_GT(d1->stats().starts, 0);
   EXPECT_EQ(d0->stats().starts + d1->stats().starts, 24);
+  EXPECT_TRUE(events_.violations().empty());
+}
+
+// A decode worker the router has not heard a heartbeat from yet is ranked by its registered
+// pool, not as full: with heartbeats every 2 s, a request placed right after a large worker
+// registered goes to it rather than to the small one heard from. (Placed later, it has been
+// heard from, and goes there all the same.)
+TEST_F(ClusterBackendTest, UnheardDecodeWorkerIsRankedByItsRegisteredPool) {
+  ClusterBackendOptions o = BaseOptions();
+  o.heartbeat_ms = 2000;
+  Restart(o);
+  auto add = [&](const std::string& id, wire::Role role, uint32_t blocks) {
+    workers_.push_back(std::make_unique<ProtocolTestWorker>(backend_->endpoint(), id, role, blocks, 3, "", 2000));
+    return workers_.back().get();
+  };
+  add("prefill-0", wire::Role::PREFILL, 64);
+  auto* small = add("decode-0", wire::Role::DECODE, 64);
+  ASSERT_TRUE(WaitFor([&] { return backend_->Load().free_kv_blocks == 64; }));  // heard from
+  auto* large = add("decode-1", wire::Role::DECODE, 1000);
+  ASSERT_TRUE(WaitFor([&] { return backend_->Load().decode_workers == 2; }));  // registered
+  ASSERT_TRUE(backend_->Submit(Request(1, 4)).ok());
+  ASSERT_TRUE(events_.WaitFinished(1));
+  EXPECT_EQ(large->stats().reserves, 1);
+  EXPECT_EQ(small->stats().reserves, 0);
   EXPECT_TRUE(events_.violations().empty());
 }
 

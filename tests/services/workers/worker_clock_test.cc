@@ -87,7 +87,7 @@ TEST(WorkerClock, DecodeDrainDeadlineFollowsTheInjectedClock) {
   workers::DecodeWorkerOptions o;
   o.id = "decode-0";
   o.model_dir = std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen2_moe";
-  o.router_endpoint = router.endpoint();
+  o.router_endpoints = {router.endpoint()};
   o.num_kv_blocks = 64;
   o.block_size = 4;
   o.max_lease_ms = 2 * kHourMs;
