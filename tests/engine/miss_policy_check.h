@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,19 @@
 #include "tests/engine/test_util.h"
 
 namespace pw::engine::testing {
+
+// The miss policy of `preset` over `c`'s layers, experts and k, `capacity` experts resident per
+// layer (a failure is a test failure and null).
+inline std::unique_ptr<misses::MissPolicy> PolicyFor(const ModelConfig& c, const std::string& preset,
+                                                     int capacity) {
+  auto cfg = misses::ParseMissPreset(preset);
+  EXPECT_TRUE(cfg.ok()) << preset;
+  if (!cfg.ok()) return nullptr;
+  auto policy = misses::MissPolicy::Create(*cfg, static_cast<int>(c.num_layers), static_cast<int>(c.num_experts),
+                                           static_cast<int>(c.num_experts_per_tok), capacity);
+  EXPECT_TRUE(policy.ok()) << policy.status().ToString();
+  return policy.ok() ? std::move(policy).value() : nullptr;
+}
 
 // The policy of each preset built from the fixture's config (its layers, experts and k) over a
 // 40-token prompt: fetching every miss gives the all-resident logits bit for bit and substitutes
@@ -30,13 +44,9 @@ inline void ExpectMissPoliciesUseKOfNFromTheConfig(const std::string& fixture, i
   ASSERT_TRUE(ref.ok());
   for (const char* preset : {"fetch-every-miss", "first-choice"}) {
     SCOPED_TRACE(preset);
-    auto cfg = misses::ParseMissPreset(preset);
-    ASSERT_TRUE(cfg.ok());
-    auto policy = misses::MissPolicy::Create(*cfg, static_cast<int>(c.num_layers),
-                                             static_cast<int>(c.num_experts),
-                                             static_cast<int>(c.num_experts_per_tok), 8);
-    ASSERT_TRUE(policy.ok()) << policy.status().ToString();
-    MissRoutingHook hook(policy->get());
+    auto policy = PolicyFor(c, preset, 8);
+    ASSERT_NE(policy, nullptr);
+    MissRoutingHook hook(policy.get());
     MoeHooks h;
     h.routing_hook = &hook;
     h.residency = &hook;

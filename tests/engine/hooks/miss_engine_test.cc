@@ -30,6 +30,7 @@
 #include "engine/eval/perplexity.h"
 #include "engine/hooks/routing_hook_chain.h"
 #include "engine/hooks/trace_recorder.h"
+#include "tests/engine/miss_policy_check.h"
 #include "tools/lockstep_perplexity.h"
 #include "engine/experts/bf16_expert_provider.h"
 
@@ -224,12 +225,9 @@ TEST(MissEngine, DeepseekV3SubstitutesOnlyResidentRoutedExperts) {
   ASSERT_EQ(c.num_experts, 16);
   const std::vector<float> ref = Generate(*base, 24);
   auto e = make();
-  auto cfg = misses::ParseMissPreset("first-choice");
-  ASSERT_TRUE(cfg.ok());
-  auto policy = misses::MissPolicy::Create(*cfg, static_cast<int>(c.num_layers), static_cast<int>(c.num_experts),
-                                           static_cast<int>(c.num_experts_per_tok), 8);
-  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
-  MissRoutingHook hook(policy->get());
+  auto policy = testing::PolicyFor(c, "first-choice", 8);
+  ASSERT_NE(policy, nullptr);
+  MissRoutingHook hook(policy.get());
   ResidentOnlyProvider provider(e->model(), &hook);
   e->SetMoeHooks(ResidentOnlyHooks(&hook, &provider));
   const std::vector<float> got = Generate(*e, 24);
@@ -242,7 +240,7 @@ TEST(MissEngine, DeepseekV3SubstitutesOnlyResidentRoutedExperts) {
   int moe_layers = 0;
   for (const auto& l : e->model().layers()) moe_layers += l.is_moe ? 1 : 0;
   EXPECT_EQ(hook.stats().token_layers, 24 * moe_layers);  // the dense layer never asks
-  EXPECT_EQ((*policy)->cache().ResidentCount(0), 0);
+  EXPECT_EQ(policy->cache().ResidentCount(0), 0);
 }
 
 class CountingFetcher final : public ExpertFetcher {
@@ -434,13 +432,9 @@ TEST(MissEngine, DeepseekV3ReplayRanksByTheSigmoidGateAndItsBias) {
   auto w = misses::RouterTraceWriter::Create(path, TraceHeaderFor(c));
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   TraceRecorder rec(w->get());
-  auto cfg = misses::ParseMissPreset("first-choice");
-  ASSERT_TRUE(cfg.ok());
-  auto policy = misses::MissPolicy::Create(*cfg, static_cast<int>(c.num_layers),
-                                           static_cast<int>(c.num_experts),
-                                           static_cast<int>(c.num_experts_per_tok), 8);
-  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
-  MissRoutingHook hook(policy->get());
+  auto policy = testing::PolicyFor(c, "first-choice", 8);
+  ASSERT_NE(policy, nullptr);
+  MissRoutingHook hook(policy.get());
   MoeHooks h;
   h.routing_hook = &hook;
   h.residency = &hook;
@@ -470,7 +464,7 @@ TEST(MissEngine, DeepseekV3ReplayRanksByTheSigmoidGateAndItsBias) {
   }
   const misses::ReplayInput in = misses::ReplayInput::From(*tr);
   EXPECT_EQ(in.num_moe_layers, 2);
-  auto r = misses::Replay(in, (*policy)->config(), 8, misses::CostModel{});
+  auto r = misses::Replay(in, policy->config(), 8, misses::CostModel{});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const misses::MissStats& a = hook.stats();
   const misses::MissStats& b = r->stats;
