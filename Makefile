@@ -6,7 +6,8 @@ TSAN_BUILD ?= build-tsan
 # The concurrent parts (thread pool, control plane, UCX progress thread, router I/O threads,
 # multi-threaded engine): the tests labelled `tsan`.
 TSAN_TARGETS = kernels_cpu_test engine_test pw_control_test pw_control_auth_test pw_ucx_test router_http_test router_cluster_test \
-  memory_test pw_paged_weights_test pw_paged_residency_test pw_plane_mover_test loadgen_client_test expert_layer_test
+  memory_test pw_paged_weights_test pw_paged_residency_test pw_plane_mover_test loadgen_client_test expert_layer_test \
+  block_write_queue_test
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PY ?= /usr/bin/python3
