@@ -467,6 +467,17 @@ Status ParseSigmoidMoeExperts(const FieldReader& r, const SigmoidMoeDefaults& de
   PW_RETURN_IF_ERROR(r.Int("topk_group", &c->topk_group, def.topk_group, 1));
   if (c->type == ModelType::kDeepseekV3) {
     PW_RETURN_IF_ERROR(r.Int("moe_layer_freq", &c->moe_layer_freq, 1, 1));
+    // DeepSeek's own config.json names the gate (transformers' config does not): the engine
+    // runs V3's sigmoid scores with the bias-corrected grouped top-k; V2's softmax or greedy
+    // selection would route otherwise.
+    for (const auto& [key, want] : {std::pair<const char*, const char*>{"scoring_func", "sigmoid"},
+                                    {"topk_method", "noaux_tc"}}) {
+      const json* v = r.Find(key);
+      if (v != nullptr && (!v->is_string() || v->get<std::string>() != want)) {
+        return r.Error(StatusCode::kUnsupported, key,
+                       "is " + v->dump() + "; deepseek_v3 is served with " + want + " only");
+      }
+    }
   }
   const std::string experts = std::to_string(c->num_experts);
   if (c->num_experts % c->n_group != 0) {

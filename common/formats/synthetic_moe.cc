@@ -527,6 +527,8 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["topk_group"] = s.topk_group;
       j["norm_topk_prob"] = true;
       j["routed_scaling_factor"] = 2.5;
+      j["scoring_func"] = "sigmoid";  // as DeepSeek-V3's own config.json names its gate
+      j["topk_method"] = "noaux_tc";
       j["q_lora_rank"] = s.q_lora_rank > 0 ? json(s.q_lora_rank) : json(nullptr);
       j["kv_lora_rank"] = s.kv_lora_rank;
       j["qk_nope_head_dim"] = s.qk_nope_head_dim;

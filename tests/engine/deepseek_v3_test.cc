@@ -288,6 +288,11 @@ TEST(DeepseekV3, BadInputNamesTheFieldOrTensor) {
        StatusCode::kInvalidArgument, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"},
       {"deepseek_v3", "", [](nlohmann::json& c) { c["n_group"] = 3; },
        StatusCode::kInvalidArgument, "'n_group' is 3, which does not divide n_routed_experts 16"},
+      // DeepSeek-V2's gate named in a deepseek_v3 config: refused, not run as V3's.
+      {"deepseek_v3", "", [](nlohmann::json& c) { c["scoring_func"] = "softmax"; },
+       StatusCode::kUnsupported, "'scoring_func' is \"softmax\"; deepseek_v3 is served with sigmoid only"},
+      {"deepseek_v3", "", [](nlohmann::json& c) { c["topk_method"] = "group_limited_greedy"; },
+       StatusCode::kUnsupported, "'topk_method' is \"group_limited_greedy\"; deepseek_v3 is served with noaux_tc only"},
       {"deepseek_v3_fp8", "model.layers.1.self_attn.o_proj.weight_scale_inv",
        [](nlohmann::json&) {}, StatusCode::kInvalidArgument,
        "its scale tensor 'model.layers.1.self_attn.o_proj.weight_scale_inv' is missing"},
