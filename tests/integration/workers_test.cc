@@ -1574,6 +1574,20 @@ TEST(Workers, Gemma4GreedyTokensEqualInProcessEngine) {
   ExpectCleanStop(c);
 }
 
+// gemma4_global: full layers of their own KV shape (1 kv head x 32 against the sliding layers'
+// 4 x 16, as Gemma-4-26B-A4B's 2 x 512 against 8 x 256: a full layer of a block half a sliding
+// one's bytes) served by real processes, each layer's own bytes put from the prefill worker's
+// pages into the decode worker's, which are twice as large (8192 bytes against the widest
+// layer's 4096): the in-process engine's tokens, past the window of 8.
+TEST(Workers, Gemma4LayersOfTheirOwnKvWidthGreedyTokensEqualInProcessEngine) {
+  UseModel model("gemma4_global");
+  Cluster c;
+  c.decode_args = {"--page-bytes", "8192"};
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  ExpectServedTokensEqualTheEngine(c, 6, 4343, 10, 40, 1000, 700, 40);  // vocabulary 1024
+  ExpectCleanStop(c);
+}
+
 // A long gpt_oss stream through real processes: the decode worker's metrics show the KV pages
 // of its sliding-window layers (0 and 2 of 3, window 8) staying bounded (at most window /
 // block_size + 2 blocks each, block size 16) while its full-attention layer's grow with the

@@ -104,7 +104,6 @@ Status DecodeWorker::Setup() {
   eo.kv_pages = pool_.get();
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
-  PW_RETURN_IF_ERROR(service::CheckTransferableKv(engine_->kv_pool(), options_.model_dir));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size, cfg.vocab_size,

@@ -64,7 +64,6 @@ Status PrefillWorker::Setup() {
   eo.kv_dtype = options_.kv_dtype;
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
-  PW_RETURN_IF_ERROR(service::CheckTransferableKv(engine_->kv_pool(), options_.model_dir));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),
