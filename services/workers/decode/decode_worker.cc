@@ -295,17 +295,7 @@ void DecodeWorker::UpdateMetrics() {
   const double reserved = static_cast<double>(leases_.reserved_blocks() + quarantined_blocks());
   metrics_->kv_blocks_reserved->Set(reserved);
   metrics_->kv_blocks_used->Set(pool.num_used() - reserved);
-  // Full-attention layers hold a page in every allocated block; sliding ones are counted.
-  int64_t full = 0, sliding = 0;
-  for (size_t l = 0; l < pool.specs().size(); ++l) {
-    if (pool.specs()[l].kind == memory::KvKind::kSlidingWindow) {
-      sliding += pool.LayerPagesInUse(static_cast<int>(l));
-    } else {
-      full += pool.num_used();
-    }
-  }
-  metrics_->kv_pages_full->Set(static_cast<double>(full));
-  metrics_->kv_pages_sliding->Set(static_cast<double>(sliding));
+  metrics_->SetKvPages(pool);
   metrics_->requests_running->Set(static_cast<double>(running_.size()));
   metrics_->requests_waiting->Set(static_cast<double>(leases_.size()));
   const auto& c = router_->counters();

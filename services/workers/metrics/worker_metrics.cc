@@ -9,6 +9,20 @@ void WorkerMetrics::SetNotReady(const std::string& reason) {
   not_ready_ = reason;
 }
 
+void WorkerMetrics::SetKvPages(const memory::KvBlockPool& pool) {
+  // Full-attention layers hold a page in every allocated block; sliding ones are counted.
+  int64_t full = 0, sliding = 0;
+  for (size_t l = 0; l < pool.specs().size(); ++l) {
+    if (pool.specs()[l].kind == memory::KvKind::kSlidingWindow) {
+      sliding += pool.LayerPagesInUse(static_cast<int>(l));
+    } else {
+      full += pool.num_used();
+    }
+  }
+  kv_pages_full->Set(static_cast<double>(full));
+  kv_pages_sliding->Set(static_cast<double>(sliding));
+}
+
 std::string WorkerMetrics::NotReadyReason() const {
   std::lock_guard<std::mutex> lock(ready_mu_);
   return not_ready_;

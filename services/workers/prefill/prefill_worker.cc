@@ -681,6 +681,9 @@ void PrefillWorker::PublishLoad(const std::vector<std::shared_ptr<Job>>& active)
   for (const auto& j : active) remaining += j->tokens.size() - j->work.num_computed;
   active_remaining_tokens_.store(remaining);
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
+  // The prompts' pages until their transfer (and the kept last prompt's): every layer's, since
+  // the transfer reads them all.
+  metrics_->SetKvPages(engine_->kv_pool());
 }
 
 void PrefillWorker::ComputeLoop() {
