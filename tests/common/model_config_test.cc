@@ -807,6 +807,71 @@ TEST(ModelConfigTest, Gemma4FullLayersOfTheirOwnShape) {
   expect_shape(json{{"model_type", "gemma4"}, {"text_config", released}}, 1);
 }
 
+// Gemma-4-26B-A4B's text_config with the fields its released multimodal checkpoint gives (as
+// public copies of it show; the checkpoint itself is not here): every one is read, none refused.
+TEST(ModelConfigTest, Gemma4ReleasedMoeConfigLoads) {
+  json layer_types = json::array();
+  for (int l = 0; l < 30; ++l)
+    layer_types.push_back(l % 6 == 5 ? "full_attention" : "sliding_attention");
+  const json text = {{"model_type", "gemma4_text"},
+                     {"attention_bias", false},
+                     {"attention_dropout", 0.0},
+                     {"attention_k_eq_v", true},
+                     {"dtype", "bfloat16"},
+                     {"enable_moe_block", true},
+                     {"final_logit_softcapping", 30.0},
+                     {"global_head_dim", 512},
+                     {"head_dim", 256},
+                     {"hidden_activation", "gelu_pytorch_tanh"},
+                     {"hidden_size", 2816},
+                     {"hidden_size_per_layer_input", 0},
+                     {"intermediate_size", 2112},
+                     {"layer_types", layer_types},
+                     {"max_position_embeddings", 262144},
+                     {"moe_intermediate_size", 704},
+                     {"num_attention_heads", 16},
+                     {"num_experts", 128},
+                     {"num_global_key_value_heads", 2},
+                     {"num_hidden_layers", 30},
+                     {"num_key_value_heads", 8},
+                     {"num_kv_shared_layers", 0},
+                     {"pad_token_id", 0},
+                     {"rms_norm_eps", 1e-6},
+                     {"rope_parameters",
+                      {{"full_attention",
+                        {{"partial_rotary_factor", 0.25},
+                         {"rope_theta", 1000000.0},
+                         {"rope_type", "proportional"}}},
+                       {"sliding_attention", {{"rope_theta", 10000.0}, {"rope_type", "default"}}}}},
+                     {"sliding_window", 1024},
+                     {"tie_word_embeddings", true},
+                     {"top_k_experts", 8},
+                     {"use_bidirectional_attention", "vision"},
+                     {"use_cache", true},
+                     {"use_double_wide_mlp", false},
+                     {"vocab_size", 262144},
+                     {"vocab_size_per_layer_input", 262144}};
+  const json wrapped = {{"model_type", "gemma4"},
+                        {"architectures", {"Gemma4ForConditionalGeneration"}},
+                        {"text_config", text},
+                        {"audio_config", nullptr},
+                        {"vision_config", {{"model_type", "gemma4_vision"}, {"hidden_size", 1152}}},
+                        {"eos_token_id", {1, 106}}};
+  auto r = Parse(wrapped);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->wrapper_model_type, "gemma4");
+  EXPECT_EQ(r->num_experts, 128);
+  EXPECT_EQ(r->num_experts_per_tok, 8);
+  EXPECT_EQ(r->sliding_window, 1024);
+  EXPECT_EQ(r->LayerHeadDim(0), 256);
+  EXPECT_EQ(r->LayerKvHeads(0), 8);
+  EXPECT_EQ(r->LayerHeadDim(5), 512);
+  EXPECT_EQ(r->LayerKvHeads(5), 2);
+  EXPECT_EQ(r->LayerHeadDim(29), 512);
+  EXPECT_TRUE(r->k_eq_v);
+  EXPECT_EQ(r->MaxKvWidth(), 8 * 256);
+}
+
 // Bad input and the variants not served are refused at load, naming the field.
 TEST(ModelConfigTest, Gemma4BadInputNamesTheField) {
   json j = Gemma4();
