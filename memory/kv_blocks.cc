@@ -105,7 +105,9 @@ KvBlockPool::~KvBlockPool() {
 size_t KvBlockPool::bytes_per_block() const {
   size_t n = 0;
   for (const KvLayerSpec& s : specs_) {
-    n += s.kind == KvKind::kLatent ? LayerBlockBytes(s, layout_) : layout_.bytes_per_layer();
+    // A recurrent-state layer counts as a full-attention one (protocol 1.3's blockBytes).
+    n +=
+        s.kind == KvKind::kRecurrentState ? layout_.bytes_per_layer() : LayerBlockBytes(s, layout_);
   }
   return n;
 }
@@ -152,14 +154,15 @@ const uint8_t* KvBlockPool::LayerPage(int32_t id, int layer, int k) const {
   return const_cast<KvBlockPool*>(this)->LayerPage(id, layer, k);
 }
 
-size_t KvBlockPool::SlabOffset(int kv, int kv_head) const {
-  return (static_cast<size_t>(kv) * layout_.num_kv_heads + kv_head) * layout_.block_size *
-         layout_.head_dim;
+size_t KvBlockPool::SlabOffset(int layer, int kv, int kv_head) const {
+  const KvLayerSpec& spec = specs_[static_cast<size_t>(layer)];
+  return (static_cast<size_t>(kv) * LayerKvHeads(spec, layout_) + kv_head) * layout_.block_size *
+         LayerHeadDim(spec, layout_);
 }
 
 float* KvBlockPool::Slab(int32_t block, int layer, int kv, int kv_head) {
   PW_CHECK(layout_.dtype == KvDtype::kF32);
-  return reinterpret_cast<float*>(LayerPage(block, layer)) + SlabOffset(kv, kv_head);
+  return reinterpret_cast<float*>(LayerPage(block, layer)) + SlabOffset(layer, kv, kv_head);
 }
 
 const float* KvBlockPool::Slab(int32_t block, int layer, int kv, int kv_head) const {
@@ -168,7 +171,7 @@ const float* KvBlockPool::Slab(int32_t block, int layer, int kv, int kv_head) co
 
 uint16_t* KvBlockPool::SlabBf16(int32_t block, int layer, int kv, int kv_head) {
   PW_CHECK(layout_.dtype == KvDtype::kBf16);
-  return reinterpret_cast<uint16_t*>(LayerPage(block, layer)) + SlabOffset(kv, kv_head);
+  return reinterpret_cast<uint16_t*>(LayerPage(block, layer)) + SlabOffset(layer, kv, kv_head);
 }
 
 const uint16_t* KvBlockPool::SlabBf16(int32_t block, int layer, int kv, int kv_head) const {
@@ -264,9 +267,9 @@ cpu::PagedKvView KvBlockPool::LayerView(int layer) const {
   v.pages = page_ptr_.data() + first_page_[static_cast<size_t>(layer)];
   v.page_stride = static_cast<size_t>(pages_per_block_);
   v.element = layout_.dtype == KvDtype::kF32 ? cpu::KvElement::kF32 : cpu::KvElement::kBf16;
-  v.num_kv_heads = layout_.num_kv_heads;
+  v.num_kv_heads = LayerKvHeads(specs_[static_cast<size_t>(layer)], layout_);
   v.block_size = layout_.block_size;
-  v.head_dim = layout_.head_dim;
+  v.head_dim = LayerHeadDim(specs_[static_cast<size_t>(layer)], layout_);
   return v;
 }
 

@@ -10,8 +10,10 @@
 //   no padding,
 //     [kv c (0 = K, 1 = V)][kv head h][slot s][head_dim d]        of layer l
 //   element offset in the page = ((c * num_kv_heads + h) * block_size + s) * head_dim + d
-//   elements are fp32 or bf16 (KvLayout::dtype); bytes_per_layer() = 2 * num_kv_heads *
-//   block_size * head_dim * element bytes, rounded up to 64 for the page size. A latent page
+//   with the layer's own num_kv_heads and head_dim where its spec gives them (LayerKvHeads,
+//   LayerHeadDim; gemma4's full layers), else the layout's; elements are fp32 or bf16
+//   (KvLayout::dtype); bytes_per_layer() = 2 * num_kv_heads * block_size * head_dim * element
+//   bytes, rounded up to 64 for the page size. A latent page
 //   (b, l) (MLA, kLatent) holds [slot s][latent_dim d], the KV latent then the RoPE key:
 //   element offset = s * latent_dim + d; block_size * latent_dim * element bytes. An own pool's
 //   pages are as large as its largest per-token layer (memory/kv_spec.h MinPageBytes).
@@ -79,8 +81,9 @@ class KvBlockPool {
   int num_free() const;
   // Blocks allocated now.
   int num_used() const { return num_blocks_ - static_cast<int>(free_.size()); }
-  // KV bytes of one block: layout().bytes_per_block(), but a latent layer counts its
-  // LayerBlockBytes (kv_spec.h).
+  // KV bytes of one block: the sum of its layers' LayerBlockBytes (kv_spec.h), a recurrent
+  // state counting layout().bytes_per_layer(); layout().bytes_per_block() when every layer is
+  // full attention of the layout's shape.
   size_t bytes_per_block() const;
   PagePool& pages() { return *pages_; }
   const PagePool& pages() const { return *pages_; }
@@ -95,8 +98,9 @@ class KvBlockPool {
   PageId PageOf(int32_t id, int layer, int k) const;
   uint8_t* LayerPage(int32_t id, int layer, int k);
   const uint8_t* LayerPage(int32_t id, int layer, int k) const;
-  // [block_size][head_dim] K (kv = 0) or V (kv = 1) of one layer and kv head of a block, as
-  // fp32 (layout().dtype must be kF32) or bf16 bits (kBf16).
+  // [block_size][head_dim] K (kv = 0) or V (kv = 1) of one layer and kv head of a block (the
+  // layer's own head_dim and kv heads where its spec gives them), as fp32 (layout().dtype must
+  // be kF32) or bf16 bits (kBf16).
   float* Slab(int32_t block, int layer, int kv, int kv_head);
   const float* Slab(int32_t block, int layer, int kv, int kv_head) const;
   uint16_t* SlabBf16(int32_t block, int layer, int kv, int kv_head);
@@ -143,7 +147,8 @@ class KvBlockPool {
     return static_cast<size_t>(id) * static_cast<size_t>(pages_per_block_) +
            static_cast<size_t>(first_page_[static_cast<size_t>(layer)]);
   }
-  size_t SlabOffset(int kv, int kv_head) const;
+  // Element offset of kv head `kv_head`'s K (kv = 0) or V (kv = 1) in a page of layer `layer`.
+  size_t SlabOffset(int layer, int kv, int kv_head) const;
   KvLayout layout_;
   std::vector<KvLayerSpec> specs_;  // [layer]
   std::vector<int> first_page_;     // [layer]: its first page among a block's pages

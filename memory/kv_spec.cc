@@ -27,7 +27,10 @@ size_t LayerBlockBytes(const KvLayerSpec& spec, const KvLayout& layout) {
   switch (spec.kind) {
     case KvKind::kFullAttention:
     case KvKind::kSlidingWindow:
-      return layout.bytes_per_layer();
+      if (!HasOwnShape(spec)) return layout.bytes_per_layer();
+      return 2 * static_cast<size_t>(std::max(0, LayerKvHeads(spec, layout))) *
+             static_cast<size_t>(std::max(0, layout.block_size)) *
+             static_cast<size_t>(std::max(0, LayerHeadDim(spec, layout))) * layout.element_bytes();
     case KvKind::kLatent:
       return static_cast<size_t>(std::max(0, layout.block_size)) *
              static_cast<size_t>(std::max(0, spec.latent_dim)) * layout.element_bytes();
@@ -64,6 +67,13 @@ Result<int> PagesPerBlock(const KvLayerSpec& spec, const KvLayout& layout, size_
     return InvalidArgument("KV layer " + std::to_string(layer) + ": sliding window of " +
                            std::to_string(spec.window) + " positions; it must be >= 1");
   }
+  const bool attention = spec.kind == KvKind::kFullAttention || spec.kind == KvKind::kSlidingWindow;
+  if (spec.num_kv_heads < 0 || spec.head_dim < 0 || (!attention && HasOwnShape(spec))) {
+    return InvalidArgument("KV layer " + std::to_string(layer) + ": " + KvKindName(spec.kind) +
+                           " with its own shape of " + std::to_string(spec.num_kv_heads) +
+                           " kv heads x " + std::to_string(spec.head_dim) +
+                           "; only attention layers take one, of sizes >= 0");
+  }
   if (spec.kind == KvKind::kLatent && spec.latent_dim < 1) {
     return InvalidArgument("KV layer " + std::to_string(layer) + ": a latent of " +
                            std::to_string(spec.latent_dim) + " values; it must be >= 1");
@@ -88,6 +98,14 @@ std::vector<KvLayerSpec> ModelKvSpecs(const ModelConfig& c) {
       specs[l] = {.kind = KvKind::kRecurrentState, .state_bytes = c.linear_attention.state_bytes()};
     } else if (c.IsSlidingLayer(static_cast<int64_t>(l))) {
       specs[l] = {.kind = KvKind::kSlidingWindow, .window = static_cast<int>(c.sliding_window)};
+    }
+    const KvKind k = specs[l].kind;
+    const int64_t heads = c.LayerKvHeads(static_cast<int64_t>(l)),
+                  dim = c.LayerHeadDim(static_cast<int64_t>(l));
+    if ((k == KvKind::kFullAttention || k == KvKind::kSlidingWindow) &&
+        (heads != c.num_kv_heads || dim != c.head_dim)) {
+      specs[l].num_kv_heads = static_cast<int>(heads);
+      specs[l].head_dim = static_cast<int>(dim);
     }
   }
   return specs;

@@ -46,6 +46,15 @@ from HF transformers >= 5 (run in a venv with torch and transformers 5):
                                            beside 16 stacked experts top-4 in every layer, the
                                            router's scale and per-expert scale, layer scalars,
                                            scaled tied embeddings, final_logit_softcapping 30.
+  tests/fixtures/models/gemma4_global/     gemma4's stack with full layers of their own KV shape,
+                                           as Gemma-4-26B-A4B's: global_head_dim 32 against
+                                           head_dim 16 and num_global_key_value_heads 1 against
+                                           num_key_value_heads 4 (so a full layer's K/V are half
+                                           a sliding layer's), the full layers' proportional
+                                           RoPE over their 32 dims; config.json in the released
+                                           layout (global_head_dim and num_global_key_value_heads,
+                                           no per_layer_config) with use_bidirectional_attention
+                                           "vision", as the released checkpoint has them.
   tests/fixtures/models/gemma4_mm/         the same language model inside Gemma-4's multimodal
                                            checkpoint (Gemma4ForConditionalGeneration, model_type
                                            gemma4: tensors under model.language_model.) with a
@@ -410,16 +419,39 @@ GEMMA4_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"
                       "full_attention"]
 
 
-def Gemma4TextConfig():
+def Gemma4TextConfig(**changes):
     from transformers import Gemma4TextConfig as Config
 
-    return Config(vocab_size=1024, hidden_size=64, intermediate_size=48, num_hidden_layers=4,
+    fields = dict(vocab_size=1024, hidden_size=64, intermediate_size=48, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=16,
                   sliding_window=GPT_OSS_WINDOW, layer_types=list(GEMMA4_LAYER_TYPES),
                   hidden_size_per_layer_input=0, attention_k_eq_v=True, enable_moe_block=True,
                   num_experts=16, top_k_experts=4, moe_intermediate_size=32,
                   final_logit_softcapping=30.0, max_position_embeddings=512, rms_norm_eps=1e-6,
                   tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    fields.update(changes)
+    return Config(**fields)
+
+
+# gemma4_global: the full layers' own shape (Gemma-4-26B-A4B: 8 kv heads x 256 on sliding
+# layers, 2 x 512 on full ones), here 4 x 16 against 1 x 32.
+GEMMA4_GLOBAL = dict(num_key_value_heads=4, global_head_dim=32, num_global_key_value_heads=1,
+                     use_bidirectional_attention="vision")
+
+
+def Gemma4ReleaseLayout(out_dir):
+    """Rewrites config.json as the released Gemma-4 checkpoints have it: global_head_dim and
+    num_global_key_value_heads at the top level in place of the per_layer_config transformers 5
+    derives from them (and writes)."""
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        c = json.load(f)
+    c.pop("per_layer_config")
+    c["global_head_dim"] = GEMMA4_GLOBAL["global_head_dim"]
+    c["num_global_key_value_heads"] = GEMMA4_GLOBAL["num_global_key_value_heads"]
+    with open(path, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def RandomizeGemma4(model, seed):
@@ -459,18 +491,20 @@ def Gemma4Forward(model, ids):
     return logits, sel, (top2[:, 0] - top2[:, 1]).min().item()
 
 
-def WriteGemma4():
-    """tests/fixtures/models/gemma4: bf16 weights (RandomizeGemma4), HF's float32 logits and
-    greedy continuations, as for the other families."""
+def WriteGemma4(name="gemma4"):
+    """tests/fixtures/models/gemma4 (or gemma4_global): bf16 weights (RandomizeGemma4), HF's
+    float32 logits and greedy continuations, as for the other families; gemma4_global's
+    references from transformers loading its config.json in the released layout."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(2)
-    config = Gemma4TextConfig()
-    out_dir = os.path.join(mf.FIXTURES, "models", "gemma4")
+    wide = name == "gemma4_global"
+    config = Gemma4TextConfig(**(GEMMA4_GLOBAL if wide else {}))
+    out_dir = os.path.join(mf.FIXTURES, "models", name)
     os.makedirs(out_dir, exist_ok=True)
     for attempt in range(20):
-        seed = SEED + 2000 + attempt
+        seed = SEED + (2500 if wide else 2000) + attempt
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
         RandomizeGemma4(model, seed)
@@ -479,7 +513,13 @@ def WriteGemma4():
         gen_cfg = os.path.join(out_dir, "generation_config.json")
         if os.path.exists(gen_cfg):
             os.remove(gen_cfg)
+        if wide:
+            Gemma4ReleaseLayout(out_dir)
         ref = mf.LoadReference(out_dir)
+        if wide:
+            attn = ref.model.layers[1].self_attn
+            assert (attn.head_dim, attn.k_proj.out_features, attn.v_proj) == (32, 32, None), \
+                "transformers did not read the full layers' own shape"
         gen = torch.Generator().manual_seed(seed)
         tensors = {}
         worst = [float("inf")] * 2
@@ -498,13 +538,13 @@ def WriteGemma4():
             tensors[f"g{i}.out"] = torch.tensor(seq[len(ids):], dtype=torch.int32)
         if worst[0] > 1e-4 and worst[1] > 1e-3:
             break
-        print(f"gemma4: seed {seed} has a near tie (router {worst[0]:.2e}, logit "
+        print(f"{name}: seed {seed} has a near tie (router {worst[0]:.2e}, logit "
               f"{worst[1]:.2e}); trying the next seed")
     else:
-        raise SystemExit("gemma4: no seed without near ties")
+        raise SystemExit(f"{name}: no seed without near ties")
     mf.SaveTensors(os.path.join(out_dir, "logits.safetensors"), tensors)
     size = os.path.getsize(os.path.join(out_dir, "model.safetensors"))
-    print(f"gemma4: seed {seed}, model.safetensors {size} bytes, min router probability margin "
+    print(f"{name}: seed {seed}, model.safetensors {size} bytes, min router probability margin "
           f"{worst[0]:.3e}, min top-1 logit margin {worst[1]:.3e}")
 
 
@@ -905,10 +945,12 @@ if __name__ == "__main__":
         WriteGemma4()
     if not names or "gemma4" in names or "gemma4_mm" in names:
         WriteGemma4Multimodal()
+    if not names or "gemma4_global" in names:
+        WriteGemma4("gemma4_global")
     # Every fixture when no name is given; else the named ones only.
     everything = not names
     if everything or names & DEEPSEEK:
         WriteDeepseek(names & DEEPSEEK)
-    names -= {"gpt_oss", "gpt_oss_mxfp4", "gemma4", "gemma4_mm"} | DEEPSEEK
+    names -= {"gpt_oss", "gpt_oss_mxfp4", "gemma4", "gemma4_mm", "gemma4_global"} | DEEPSEEK
     if names or not sys.argv[1:]:
         Write(names)

@@ -401,6 +401,18 @@ const char* ModelTypeName(ModelType t) {
   return "?";
 }
 
+int64_t ModelConfig::MaxHeadDim() const {
+  int64_t m = head_dim;
+  for (int64_t l = 0; l < num_layers; ++l) m = std::max(m, LayerHeadDim(l));
+  return m;
+}
+
+int64_t ModelConfig::MaxKvWidth() const {
+  int64_t m = num_kv_heads * head_dim;
+  for (int64_t l = 0; l < num_layers; ++l) m = std::max(m, LayerKvHeads(l) * LayerHeadDim(l));
+  return m;
+}
+
 int64_t ModelConfig::MaxContext() const {
   if (rope_scaling.type == RopeType::kDynamic && rope_scaling.factor > 1) {
     return static_cast<int64_t>(static_cast<double>(max_position_embeddings) *
@@ -422,10 +434,13 @@ bool ModelConfig::IsMoeLayer(int64_t layer) const {
 std::string ModelConfig::Summary() const {
   std::string s = model_type + ": " + std::to_string(num_layers) + " layers, hidden " +
                   std::to_string(hidden_size) + ", " + std::to_string(num_heads) + "/" +
-                  std::to_string(num_kv_heads) + " heads x " + std::to_string(head_dim) + ", " +
-                  std::to_string(num_experts) + " experts top-" +
-                  std::to_string(num_experts_per_tok) + " ffn " +
-                  std::to_string(moe_intermediate_size);
+                  std::to_string(num_kv_heads) + " heads x " + std::to_string(head_dim);
+  if (full_head_dim > 0 && (full_head_dim != head_dim || full_num_kv_heads != num_kv_heads)) {
+    s += " (full layers " + std::to_string(num_heads) + "/" + std::to_string(full_num_kv_heads) +
+         " x " + std::to_string(full_head_dim) + ")";
+  }
+  s += ", " + std::to_string(num_experts) + " experts top-" + std::to_string(num_experts_per_tok) +
+       " ffn " + std::to_string(moe_intermediate_size);
   if (shared_expert_intermediate_size > 0) {
     s += ", shared expert " + std::to_string(shared_expert_intermediate_size);
   }
@@ -762,6 +777,126 @@ Status ReadGemma4Rope(const FieldReader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// gemma4's full-attention layers' shape (after layer_types, num_key_value_heads, head_dim and
+// attention_k_eq_v). HF's Gemma4TextConfig derives a per_layer_config for the full layers from
+// global_head_dim (default 512) and, with attention_k_eq_v, num_global_key_value_heads (absent:
+// no override); a per_layer_config in the file (transformers 5 writes one) replaces both. Its
+// keys are layer indices, its overrides head_dim and num_key_value_heads; HF's RoPE takes one
+// shape per layer type, so every full layer must have the same and the sliding layers the
+// top-level one.
+Status ReadGemma4FullShape(const FieldReader& r, const json& root, ModelConfig* c) {
+  const size_t n = c->layer_sliding.size();
+  int64_t full_hd = c->head_dim, full_kv = c->num_kv_heads;
+  std::string hd_from = "head_dim", kv_from = "num_key_value_heads";
+  bool any_full = false;
+  for (size_t i = 0; i < n; ++i) any_full = any_full || !c->layer_sliding[i];
+  if (const json* plc = r.Find("per_layer_config")) {
+    if (!plc->is_object()) {
+      return r.Error(StatusCode::kInvalidArgument, "per_layer_config", "must be an object");
+    }
+    std::vector<int64_t> hd(n, c->head_dim), kv(n, c->num_kv_heads);
+    std::vector<std::string> hd_at(n, "head_dim"), kv_at(n, "num_key_value_heads");
+    for (const auto& [key, o] : plc->items()) {
+      const std::string at = "per_layer_config." + key;
+      size_t used = 0;
+      long long layer = -1;
+      try {
+        layer = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || layer < 0 || static_cast<size_t>(layer) >= n) {
+        return r.Error(StatusCode::kInvalidArgument, at,
+                       "is not a layer index in [0, " + std::to_string(n) + ")");
+      }
+      if (!o.is_object()) return r.Error(StatusCode::kInvalidArgument, at, "must be an object");
+      const size_t l = static_cast<size_t>(layer);
+      for (const auto& [field, v] : o.items()) {
+        if (field != "head_dim" && field != "num_key_value_heads") {
+          return r.Error(StatusCode::kUnsupported, at + "." + field,
+                         "is a per-layer override of a field not served per layer (only "
+                         "head_dim and num_key_value_heads)");
+        }
+        if (!v.is_number_integer() || v.get<int64_t>() < 1) {
+          return r.Error(StatusCode::kInvalidArgument, at + "." + field,
+                         "is " + FieldReader::Dump(v) + "; must be an integer >= 1");
+        }
+        (field == "head_dim" ? hd : kv)[l] = v.get<int64_t>();
+        (field == "head_dim" ? hd_at : kv_at)[l] = at + "." + field;
+      }
+    }
+    size_t first = n;  // the first full layer
+    for (size_t l = 0; l < n; ++l) {
+      if (c->layer_sliding[l]) {
+        if (hd[l] != c->head_dim || kv[l] != c->num_kv_heads) {
+          const bool dim = hd[l] != c->head_dim;
+          return r.Error(StatusCode::kUnsupported, dim ? hd_at[l] : kv_at[l],
+                         "is " + std::to_string(dim ? hd[l] : kv[l]) + " on sliding layer " +
+                             std::to_string(l) +
+                             "; sliding layers take the top-level head_dim and "
+                             "num_key_value_heads");
+        }
+        continue;
+      }
+      if (first == n) {
+        first = l;
+        full_hd = hd[l], full_kv = kv[l], hd_from = hd_at[l], kv_from = kv_at[l];
+      } else if (hd[l] != full_hd || kv[l] != full_kv) {
+        auto shape = [&](size_t i) {
+          return std::to_string(kv[i]) + " kv heads x " + std::to_string(hd[i]);
+        };
+        return r.Error(StatusCode::kInvalidArgument, "per_layer_config",
+                       "gives full_attention layer " + std::to_string(first) + " " + shape(first) +
+                           " and layer " + std::to_string(l) + " " + shape(l) +
+                           "; every full_attention layer must have one shape (HF's RoPE takes "
+                           "one per layer type)");
+      }
+    }
+    // The fields per_layer_config replaces must not say otherwise.
+    int64_t v = 0;
+    if (any_full && r.Find("global_head_dim") != nullptr) {
+      PW_RETURN_IF_ERROR(r.Int("global_head_dim", &v, std::nullopt, 1));
+      if (v != full_hd) {
+        return r.Error(StatusCode::kInvalidArgument, "global_head_dim",
+                       "is " + std::to_string(v) + ", but " + hd_from + " gives the full layers " +
+                           std::to_string(full_hd));
+      }
+    }
+    if (any_full && c->k_eq_v && r.Find("num_global_key_value_heads") != nullptr) {
+      PW_RETURN_IF_ERROR(r.Int("num_global_key_value_heads", &v, std::nullopt, 1));
+      if (v != full_kv) {
+        return r.Error(StatusCode::kInvalidArgument, "num_global_key_value_heads",
+                       "is " + std::to_string(v) + ", but " + kv_from + " gives the full layers " +
+                           std::to_string(full_kv));
+      }
+    }
+  } else if (any_full) {
+    PW_RETURN_IF_ERROR(r.Int("global_head_dim", &full_hd, 512, 2));
+    hd_from = "global_head_dim";
+    if (!root.contains("global_head_dim")) hd_from += " (absent: HF's 512)";
+    // HF reads num_global_key_value_heads only with attention_k_eq_v.
+    if (c->k_eq_v && r.Find("num_global_key_value_heads") != nullptr) {
+      PW_RETURN_IF_ERROR(r.Int("num_global_key_value_heads", &full_kv, std::nullopt, 1));
+      kv_from = "num_global_key_value_heads";
+    }
+  }
+  if (!any_full) return Status::Ok();
+  if (full_hd % 2 != 0) {
+    return r.Error(StatusCode::kInvalidArgument, hd_from,
+                   "is " + std::to_string(full_hd) +
+                       "; the full layers' head size must be even "
+                       "for RoPE");
+  }
+  if (c->num_heads % full_kv != 0) {
+    return r.Error(StatusCode::kInvalidArgument, kv_from,
+                   "is " + std::to_string(full_kv) + ", which does not divide " +
+                       "num_attention_heads " + std::to_string(c->num_heads));
+  }
+  c->full_head_dim = full_hd;
+  c->full_num_kv_heads = full_kv;
+  return Status::Ok();
+}
+
 // gemma4_text (HF Gemma4TextConfig's defaults): the MoE variant's text stack. Fields of the
 // variants not served are refused naming the field (model_config.h).
 Status ParseGemma4(const FieldReader& r, const json& root, ModelConfig* c) {
@@ -813,16 +948,20 @@ Status ParseGemma4(const FieldReader& r, const json& root, ModelConfig* c) {
     return refuse("num_kv_shared_layers",
                   "is " + std::to_string(shared) + "; KV shared between layers is not supported");
   }
-  if (const json* v = r.Find("use_bidirectional_attention")) {
+  // "vision": image tokens attend both ways, text causally (HF masks text-only input
+  // causally), so a text-only server runs it as causal.
+  if (const json* v = r.Find("use_bidirectional_attention");
+      v != nullptr && !(v->is_string() && v->get<std::string>() == "vision")) {
     return refuse("use_bidirectional_attention",
-                  "is " + FieldReader::Dump(*v) + "; only causal attention is served");
+                  "is " + FieldReader::Dump(*v) +
+                      "; only causal attention (null, or \"vision\" on text) is served");
   }
   bool bias = false;
   PW_RETURN_IF_ERROR(r.Bool("attention_bias", &bias, false));
   if (bias) return refuse("attention_bias", "is true; gemma4 attention with biases is not served");
   PW_RETURN_IF_ERROR(r.Bool("attention_k_eq_v", &c->k_eq_v, false));
 
-  // Layer types, then the full layers' shape, which must be the sliding layers'.
+  // Layer types, then the full layers' shape.
   PW_RETURN_IF_ERROR(r.Int("sliding_window", &c->sliding_window, 512, 1));
   const size_t n = static_cast<size_t>(c->num_layers);
   c->layer_sliding.assign(n, false);
@@ -853,52 +992,7 @@ Status ParseGemma4(const FieldReader& r, const json& root, ModelConfig* c) {
   } else {
     for (size_t i = 0; i + 1 < n; ++i) c->layer_sliding[i] = (i + 1) % 6 != 0;  // HF's 5:1
   }
-  // HF derives the full layers' overrides from global_head_dim (default 512) and, with
-  // attention_k_eq_v, num_global_key_value_heads, unless the file has per_layer_config.
-  if (const json* plc = r.Find("per_layer_config")) {
-    if (!plc->is_object()) {
-      return r.Error(StatusCode::kInvalidArgument, "per_layer_config", "must be an object");
-    }
-    for (const auto& [layer, o] : plc->items()) {
-      if (!o.is_object()) {
-        return r.Error(StatusCode::kInvalidArgument, "per_layer_config." + layer,
-                       "must be an object");
-      }
-      for (const auto& [key, v] : o.items()) {
-        const int64_t base = key == "head_dim"              ? c->head_dim
-                             : key == "num_key_value_heads" ? c->num_kv_heads
-                                                            : -1;
-        if (base < 0 || !v.is_number_integer() || v.get<int64_t>() != base) {
-          return refuse("per_layer_config." + layer + "." + key,
-                        "is " + FieldReader::Dump(v) +
-                            "; layers whose attention shape differs from the others' (head_dim " +
-                            std::to_string(c->head_dim) + ", num_key_value_heads " +
-                            std::to_string(c->num_kv_heads) + ") are not supported");
-        }
-      }
-    }
-  } else if (std::find(c->layer_sliding.begin(), c->layer_sliding.end(), false) !=
-             c->layer_sliding.end()) {
-    int64_t global = 0;
-    PW_RETURN_IF_ERROR(r.Int("global_head_dim", &global, 512, 1));
-    if (global != c->head_dim) {
-      return refuse("global_head_dim",
-                    "is " + std::to_string(global) +
-                        (root.contains("global_head_dim") ? "" : " (absent: HF's default)") +
-                        ", not head_dim " + std::to_string(c->head_dim) +
-                        "; full-attention layers of another head size are not supported");
-    }
-    if (c->k_eq_v && r.Find("num_global_key_value_heads") != nullptr) {
-      int64_t kv = 0;
-      PW_RETURN_IF_ERROR(r.Int("num_global_key_value_heads", &kv, std::nullopt, 1));
-      if (kv != c->num_kv_heads) {
-        return refuse("num_global_key_value_heads",
-                      "is " + std::to_string(kv) + ", not num_key_value_heads " +
-                          std::to_string(c->num_kv_heads) +
-                          "; full-attention layers of another kv-head count are not supported");
-      }
-    }
-  }
+  PW_RETURN_IF_ERROR(ReadGemma4FullShape(r, root, c));
   PW_RETURN_IF_ERROR(ReadGemma4Rope(r, c));
   c->sliding_rope = true;
   c->qk_norm = QkNorm::kPerHead;

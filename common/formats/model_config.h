@@ -59,11 +59,16 @@
 //              "default" or "proportional"), q/k norm per head, an unscaled v norm, attention
 //              scale 1, embeddings x sqrt(hidden), final_logit_softcapping, tied embeddings by
 //              default; attention_k_eq_v (full layers' values are their keys' projection).
+//              Full layers of their own shape: global_head_dim (default 512) and, with
+//              attention_k_eq_v, num_global_key_value_heads (absent: num_key_value_heads), or
+//              the per_layer_config transformers 5 writes instead (head_dim and
+//              num_key_value_heads per layer index; every full layer alike, every sliding
+//              layer the top-level shape); the full layers' RoPE spans their own head_dim.
+//              use_bidirectional_attention "vision" is causal on text (served text-only).
 //              Refused, naming the field: enable_moe_block false, per-layer inputs
 //              (hidden_size_per_layer_input, HF default 256), num_kv_shared_layers,
-//              use_bidirectional_attention, attention_bias, full layers of another head_dim
-//              or kv-head count (global_head_dim, default 512, num_global_key_value_heads,
-//              per_layer_config), hidden_activation other than gelu_pytorch_tanh.
+//              use_bidirectional_attention "all", attention_bias, another per_layer_config
+//              key, hidden_activation other than gelu_pytorch_tanh.
 //
 // Structural dimensions are required (a missing one is an error, not a silent default):
 // hidden_size, num_hidden_layers, num_attention_heads, vocab_size, the expert count,
@@ -220,6 +225,10 @@ struct ModelConfig {
   double attention_scale = 0;          // query-key scale; 0: 1 / sqrt(head_dim)
   bool v_norm = false;                 // values RMS-normed per head, without weights
   bool k_eq_v = false;                 // full layers have no v_proj: values are k_proj's output
+  // The full-attention layers' own head size and kv-head count (gemma4's global_head_dim and
+  // num_global_key_value_heads); 0: head_dim and num_kv_heads, as every other layer's.
+  int64_t full_head_dim = 0;
+  int64_t full_num_kv_heads = 0;
   bool scale_embeddings = false;       // embeddings x sqrt(hidden_size)
   double final_logit_softcapping = 0;  // logits = c * tanh(logits / c); 0: none
 
@@ -246,6 +255,18 @@ struct ModelConfig {
     return layer >= 0 && static_cast<size_t>(layer) < layer_sliding.size() &&
            layer_sliding[static_cast<size_t>(layer)];
   }
+  // Layer `layer`'s head size and kv-head count: a full-attention layer's own
+  // (full_head_dim, full_num_kv_heads) where the config gives them, else head_dim and
+  // num_kv_heads. Its query heads are always num_heads.
+  int64_t LayerHeadDim(int64_t layer) const {
+    return full_head_dim > 0 && !IsSlidingLayer(layer) ? full_head_dim : head_dim;
+  }
+  int64_t LayerKvHeads(int64_t layer) const {
+    return full_num_kv_heads > 0 && !IsSlidingLayer(layer) ? full_num_kv_heads : num_kv_heads;
+  }
+  // The largest LayerHeadDim and LayerKvHeads * LayerHeadDim over the layers (buffer sizes).
+  int64_t MaxHeadDim() const;
+  int64_t MaxKvWidth() const;
   // Short human-readable summary ("olmoe: 2 layers, hidden 2048, 16/16 heads x 128, ...").
   std::string Summary() const;
 };

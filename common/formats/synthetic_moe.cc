@@ -26,6 +26,11 @@ struct TensorSpec {
   Init init;
 };
 
+// gemma4: HF's default layer types, every 6th layer and the last full.
+bool Gemma4Sliding(const SyntheticMoeSpec& s, int64_t l) {
+  return (l + 1) % 6 != 0 && l + 1 < s.layers;
+}
+
 std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
   const int64_t hd = s.hidden / s.heads;
   const int64_t q = s.heads * hd, kv = s.kv_heads * hd;
@@ -45,12 +50,16 @@ std::vector<TensorSpec> Tensors(const SyntheticMoeSpec& s) {
                             "pre_feedforward_layernorm_2"}) {
         t.push_back({p + n + ".weight", {s.hidden}, Init::kOnes});
       }
-      t.push_back({p + "self_attn.q_proj.weight", {q, s.hidden}, Init::kNormal});
-      t.push_back({p + "self_attn.k_proj.weight", {kv, s.hidden}, Init::kNormal});
-      t.push_back({p + "self_attn.v_proj.weight", {kv, s.hidden}, Init::kNormal});
-      t.push_back({p + "self_attn.o_proj.weight", {s.hidden, q}, Init::kNormal});
-      t.push_back({p + "self_attn.q_norm.weight", {hd}, Init::kOnes});
-      t.push_back({p + "self_attn.k_norm.weight", {hd}, Init::kOnes});
+      // A full layer of its own shape: its head size and kv heads, no v_proj (k_eq_v).
+      const bool own = s.full_head_dim > 0 && !Gemma4Sliding(s, l);
+      const int64_t d = own ? s.full_head_dim : hd;
+      const int64_t lq = s.heads * d, lkv = (own ? s.full_kv_heads : s.kv_heads) * d;
+      t.push_back({p + "self_attn.q_proj.weight", {lq, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.k_proj.weight", {lkv, s.hidden}, Init::kNormal});
+      if (!own) t.push_back({p + "self_attn.v_proj.weight", {lkv, s.hidden}, Init::kNormal});
+      t.push_back({p + "self_attn.o_proj.weight", {s.hidden, lq}, Init::kNormal});
+      t.push_back({p + "self_attn.q_norm.weight", {d}, Init::kOnes});
+      t.push_back({p + "self_attn.k_norm.weight", {d}, Init::kOnes});
       t.push_back({p + "mlp.gate_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
       t.push_back({p + "mlp.up_proj.weight", {s.dense_ffn, s.hidden}, Init::kNormal});
       t.push_back({p + "mlp.down_proj.weight", {s.hidden, s.dense_ffn}, Init::kNormal});
@@ -211,6 +220,15 @@ Status CheckSpec(const SyntheticMoeSpec& s) {
   if ((s.hidden / s.heads) % 2 != 0) return bad("head dim must be even");
   if (s.heads % s.kv_heads != 0) return bad("kv_heads must divide heads");
   if (s.top_k > s.experts) return bad("top_k must be <= experts");
+  if (s.full_head_dim != 0 || s.full_kv_heads != 0) {
+    if (s.type != ModelType::kGemma4) return bad("full_head_dim and full_kv_heads are gemma4's");
+    if (s.full_head_dim < 2 || s.full_head_dim % 2 != 0 || s.full_kv_heads < 1 ||
+        s.heads % s.full_kv_heads != 0) {
+      return bad(
+          "gemma4's full layers: full_head_dim even and >= 2, full_kv_heads >= 1 "
+          "dividing heads");
+    }
+  }
   if (s.type == ModelType::kQwen2Moe && s.shared_ffn < 1) return bad("shared_ffn must be >= 1");
   if (s.type == ModelType::kDeepseekV3) {
     if (s.q_lora_rank < 0 || s.kv_lora_rank < 1 || s.qk_nope_head_dim < 1 ||
@@ -274,7 +292,9 @@ SyntheticMoeSpec Gemma4MoeSpec() {
   s.layers = 2;
   s.hidden = 2048;
   s.heads = 8;  // 256-wide heads
-  s.kv_heads = 2;
+  s.kv_heads = 4;
+  s.full_head_dim = 512;
+  s.full_kv_heads = 1;
   s.experts = 128;
   s.top_k = 8;
   s.expert_ffn = 512;
@@ -490,7 +510,8 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["hidden_activation"] = "gelu_pytorch_tanh";
       j["tie_word_embeddings"] = true;
       j["head_dim"] = hd;
-      j["global_head_dim"] = hd;
+      j["global_head_dim"] = s.full_head_dim > 0 ? s.full_head_dim : hd;
+      if (s.full_head_dim > 0) j["num_global_key_value_heads"] = s.full_kv_heads;
       j["enable_moe_block"] = true;
       j["num_experts"] = s.experts;
       j["top_k_experts"] = s.top_k;
@@ -498,12 +519,11 @@ std::string SyntheticMoeConfigJson(const SyntheticMoeSpec& s) {
       j["intermediate_size"] = s.dense_ffn;
       j["hidden_size_per_layer_input"] = 0;
       j["num_kv_shared_layers"] = 0;
-      j["attention_k_eq_v"] = false;
+      j["attention_k_eq_v"] = s.full_head_dim > 0;
       j["sliding_window"] = 512;
       json types = json::array();  // every 6th layer and the last full, as HF's default
       for (int64_t l = 0; l < s.layers; ++l) {
-        types.push_back((l + 1) % 6 != 0 && l + 1 < s.layers ? "sliding_attention"
-                                                             : "full_attention");
+        types.push_back(Gemma4Sliding(s, l) ? "sliding_attention" : "full_attention");
       }
       j["layer_types"] = types;
       j["rope_parameters"] = {

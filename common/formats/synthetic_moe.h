@@ -51,6 +51,11 @@ struct SyntheticMoeSpec {
   int64_t linear_key_heads = 0;
   int64_t linear_value_heads = 0;
   int64_t linear_head_dim = 0;
+  // gemma4 only: the full layers' own head size and kv heads (global_head_dim,
+  // num_global_key_value_heads), their values their keys' projection (attention_k_eq_v, no
+  // v_proj); both 0: the sliding layers' shape, with a v_proj.
+  int64_t full_head_dim = 0;
+  int64_t full_kv_heads = 0;
   int64_t vocab = 50304;
   int64_t max_positions = 4096;
   uint64_t seed = 1;
@@ -82,7 +87,9 @@ SyntheticMoeSpec Qwen3NextQuarterSpec();
 // beside stacked routed experts in every layer, sandwich norms, 5 sliding layers to 1 full and
 // the last full, RoPE per layer type, 256-wide heads, tied 262144-token vocabulary) at sizes
 // chosen here, not read from a released config: 2 layers (sliding, full), hidden 2048, 8 heads,
-// 2 kv heads, 128 experts top-8 of 512, dense FFN 2048; about 2.7 GB of bf16.
+// 4 kv heads of 256 on the sliding layer, 1 of 512 on the full one (attention_k_eq_v: half the
+// sliding layer's KV, as Gemma-4-26B-A4B's 2 x 512 against 8 x 256), 128 experts top-8 of 512,
+// dense FFN 2048; about 2.8 GB of bf16.
 SyntheticMoeSpec Gemma4MoeSpec();
 
 // Total bytes of tensor data the spec produces (bf16).

@@ -247,7 +247,7 @@ Status Model::LoadSandwich(int64_t l, const std::string& p, LayerWeights* w) {
 Status Model::LoadTensors() {
   const ModelConfig& c = config_;
   const ModelFamily& f = *family_;
-  const int64_t h = c.hidden_size, d = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  const int64_t h = c.hidden_size, nh = c.num_heads;
   PW_ASSIGN_OR_RETURN(embed_, Matrix(Whole(f.embed), c.vocab_size, h));
   PW_ASSIGN_OR_RETURN(final_norm_, Vector(Whole(f.final_norm), h));
   if (c.tie_word_embeddings && !ckpt_->Has(Whole(f.lm_head))) {
@@ -281,6 +281,8 @@ Status Model::LoadTensors() {
       w.is_mla = true;
       PW_RETURN_IF_ERROR(LoadMla(p, &w.mla));
     } else {
+      // The layer's own head size and kv heads (gemma4's full layers: global_head_dim).
+      const int64_t d = c.LayerHeadDim(l), nkv = c.LayerKvHeads(l);
       const std::string a = p + f.attention.prefix;
       const std::string q = a + f.attention.q, k = a + f.attention.k, v = a + f.attention.v,
                         o = a + f.attention.o;

@@ -38,7 +38,9 @@
 //     MXFP4, with biases), copied at load into per-expert bf16 matrices.
 //   gemma4_text: P input_layernorm, post_attention_layernorm (on attention's output),
 //     pre_feedforward_layernorm, post_feedforward_layernorm{,_1,_2}, pre_feedforward_layernorm_2
-//     [H]; P self_attn.{q,k}_norm [D] (no v_proj in full layers with attention_k_eq_v);
+//     [H]; P self_attn.{q,k}_norm [D] (no v_proj in full layers with attention_k_eq_v; a full
+//     layer of its own shape has its D and nkv in every attention tensor: global_head_dim,
+//     num_global_key_value_heads, ModelConfig::LayerHeadDim / LayerKvHeads);
 //     P mlp.{gate,up,down}_proj (dense, every layer); P router.{proj.weight [E, H], scale [H],
 //     per_expert_scale [E]}; stacked P experts.gate_up_proj [E, 2I, H], experts.down_proj
 //     [E, H, I]; P layer_scalar [1]. In a gemma4 checkpoint under model.language_model.

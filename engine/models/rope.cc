@@ -85,7 +85,9 @@ bool RopeDependsOnLength(const ModelConfig& config, int64_t seq_len) {
 }
 
 RopeTable ComputeRope(const ModelConfig& c, int64_t seq_len) {
-  const int64_t dim = c.rotary_dim;  // head_dim, or its rotated part (partial_rotary_factor)
+  // head_dim, or its rotated part (partial_rotary_factor); gemma4's full layers rotate over
+  // their own head size (HF computes each layer type's frequencies from its per-layer config).
+  const int64_t dim = c.full_head_dim > 0 ? c.full_head_dim : c.rotary_dim;
   const RopeScaling& s = c.rope_scaling;
   RopeTable t;
   switch (s.type) {
@@ -135,6 +137,7 @@ RopeTable ComputeSlidingRope(const ModelConfig& c) {
   ModelConfig s = c;
   s.rope_theta = c.sliding_rope_theta;
   s.rope_scaling = c.sliding_rope_scaling;
+  s.full_head_dim = 0;  // the sliding layers' heads are head_dim wide
   return ComputeRope(s, c.max_position_embeddings);
 }
 

@@ -11,7 +11,9 @@
 namespace pw::engine {
 
 struct RopeTable {
-  std::vector<float> inv_freq;    // [rotary_dim / 2]: the angle of dimension pair j is pos * inv_freq[j]
+  // [rotary_dim / 2] (gemma4's full layers: [full_head_dim / 2]): the angle of dimension pair j
+  // is pos * inv_freq[j]
+  std::vector<float> inv_freq;
   float attention_factor = 1.0f;  // cos and sin are multiplied by it (yarn; 1 otherwise)
 };
 
@@ -20,6 +22,8 @@ struct RopeTable {
 // max_position_embeddings uses the plain frequencies, a longer one a base grown for its length
 // (so a sequence's tokens are rotated with the base of the pass that computed them, as HF's
 // generate with a KV cache does).
+// A model whose full layers have their own head size (ModelConfig::full_head_dim) gets the full
+// layers' table, over that size.
 RopeTable ComputeRope(const ModelConfig& config, int64_t seq_len);
 
 // The sliding layers' table of a model whose layer types have their own RoPE

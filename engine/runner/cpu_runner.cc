@@ -42,9 +42,9 @@ Status CpuRunner::Forward(const Batch& batch, std::vector<float>* logits) {
 
 size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
   const size_t H = static_cast<size_t>(cfg_.hidden_size);
-  const size_t D = static_cast<size_t>(cfg_.head_dim);
-  const size_t qd = static_cast<size_t>(cfg_.num_heads) * D;
-  const size_t kvd = static_cast<size_t>(cfg_.num_kv_heads) * D;
+  // The widest layer's q and k/v rows (gemma4's full layers may be wider than the others).
+  const size_t qd = static_cast<size_t>(cfg_.num_heads * cfg_.MaxHeadDim());
+  const size_t kvd = static_cast<size_t>(cfg_.MaxKvWidth());
   size_t T = 0;
   for (const ForwardItem& it : items) T += static_cast<size_t>(it.n);
   if (T == 0) return 0;
@@ -58,13 +58,15 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
   v_buf_.resize(T * kvd);
   attn_.resize(T * qd);
   tmp_.resize(T * H);
-  const size_t R = static_cast<size_t>(cfg_.rotary_dim);
-  cos_.resize(T * R / 2);
-  sin_.resize(T * R / 2);
-  const bool sliding_rope = !model_.sliding_rope().inv_freq.empty();
+  // Pairs of each table: rotary_dim / 2, the full layers' own head size / 2 (gemma4).
+  const size_t half = model_.rope().inv_freq.size();
+  const size_t sliding_half = model_.sliding_rope().inv_freq.size();
+  cos_.resize(T * half);
+  sin_.resize(T * half);
+  const bool sliding_rope = sliding_half > 0;
   if (sliding_rope) {
-    sliding_cos_.resize(T * R / 2);
-    sliding_sin_.resize(T * R / 2);
+    sliding_cos_.resize(T * sliding_half);
+    sliding_sin_.resize(T * sliding_half);
   }
   // Gemma's embeddings are scaled by sqrt(hidden) (fp32, as HF's fp32 reference).
   const float embed_scale =
@@ -88,17 +90,19 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
       const uint16_t* row = model_.embed().data + static_cast<size_t>(id) * H;
       for (size_t j = 0; j < H; ++j) x_[t * H + j] = cpu::Bf16Bits(row[j]) * embed_scale;
       const float pos = static_cast<float>(tok_pos_[t]);
-      for (size_t j = 0; j < R / 2; ++j) {
+      for (size_t j = 0; j < half; ++j) {
         const float angle = pos * inv_freq[j];
-        cos_[t * R / 2 + j] = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
-        sin_[t * R / 2 + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
+        cos_[t * half + j] = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale;
+        sin_[t * half + j] = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale;
       }
       if (sliding_rope) {
         const RopeTable& sr = model_.sliding_rope();
-        for (size_t j = 0; j < R / 2; ++j) {
+        for (size_t j = 0; j < sliding_half; ++j) {
           const double angle = static_cast<double>(pos * sr.inv_freq[j]);
-          sliding_cos_[t * R / 2 + j] = static_cast<float>(std::cos(angle)) * sr.attention_factor;
-          sliding_sin_[t * R / 2 + j] = static_cast<float>(std::sin(angle)) * sr.attention_factor;
+          sliding_cos_[t * sliding_half + j] =
+              static_cast<float>(std::cos(angle)) * sr.attention_factor;
+          sliding_sin_[t * sliding_half + j] =
+              static_cast<float>(std::sin(angle)) * sr.attention_factor;
         }
       }
     }
@@ -108,14 +112,14 @@ size_t CpuRunner::Prepare(std::span<const ForwardItem> items) {
 
 void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
   const size_t H = static_cast<size_t>(cfg_.hidden_size);
-  const size_t qd = static_cast<size_t>(cfg_.num_heads) * static_cast<size_t>(cfg_.head_dim);
-  const size_t kvd = static_cast<size_t>(cfg_.num_kv_heads) * static_cast<size_t>(cfg_.head_dim);
+  const size_t D = static_cast<size_t>(cfg_.LayerHeadDim(layer));
+  const size_t qd = static_cast<size_t>(cfg_.num_heads) * D;
+  const size_t kvd = static_cast<size_t>(cfg_.LayerKvHeads(layer)) * D;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   for (size_t i = 0; i < T; ++i) k_.rms_norm(&x_[i * H], w.input_norm.data(), H, eps, &h_[i * H]);
   const bool gated = model_.family().attention_output_gate;
   if (gated) {
     // Per head, q_proj gives the query then its gate (HF Qwen3NextAttention).
-    const size_t D = static_cast<size_t>(cfg_.head_dim);
     q_wide_.resize(T * 2 * qd);
     gate_.resize(T * qd);
     Linear(&threads_, k_, h_.data(), H, T, w.q, q_wide_.data(), 2 * qd);
@@ -137,7 +141,7 @@ void CpuRunner::AttentionBlock(int layer, const LayerWeights& w, size_t T) {
     std::memcpy(v_buf_.data(), k_buf_.data(), T * kvd * sizeof(float));
   }
   for (size_t i = 0; i < T; ++i) {
-    ShapeQkv(w, i);
+    ShapeQkv(layer, w, i);
     WriteKv(layer, i);
   }
   Attention(layer, T);
@@ -299,10 +303,10 @@ void CpuRunner::LinearAttentionBlock(int layer, const LayerWeights& w, size_t T,
   for (size_t i = 0; i < T; ++i) k_.axpy(1.f, &tmp_[i * H], H, &x_[i * H]);
 }
 
-void CpuRunner::ShapeQkv(const LayerWeights& w, size_t i) {
-  const size_t D = static_cast<size_t>(cfg_.head_dim);
+void CpuRunner::ShapeQkv(int layer, const LayerWeights& w, size_t i) {
+  const size_t D = static_cast<size_t>(cfg_.LayerHeadDim(layer));
   const size_t nh = static_cast<size_t>(cfg_.num_heads);
-  const size_t nkv = static_cast<size_t>(cfg_.num_kv_heads);
+  const size_t nkv = static_cast<size_t>(cfg_.LayerKvHeads(layer));
   const size_t qd = nh * D, kvd = nkv * D;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   float* q = &q_[i * qd];
@@ -337,9 +341,10 @@ void CpuRunner::ShapeQkv(const LayerWeights& w, size_t i) {
     for (size_t hd = 0; hd < nkv; ++hd) k_.rms_norm(vv + hd * D, ones_.data(), D, eps, vv + hd * D);
   }
   // RoPE, rotate-half convention over the first R = rotary_dim dims of each head (the rest
-  // pass through, as HF's partial rotary): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
-  const size_t half = static_cast<size_t>(cfg_.rotary_dim) / 2;
+  // pass through, as HF's partial rotary): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). R is the
+  // table's: gemma4's full layers rotate over their own head size.
   const bool own = w.sliding_window > 0 && !sliding_cos_.empty();  // the sliding layers' RoPE
+  const size_t half = (own ? model_.sliding_rope() : model_.rope()).inv_freq.size();
   const float* c = own ? &sliding_cos_[i * half] : &cos_[i * half];
   const float* s = own ? &sliding_sin_[i * half] : &sin_[i * half];
   auto rope = [&](float* v) {
@@ -354,8 +359,8 @@ void CpuRunner::ShapeQkv(const LayerWeights& w, size_t i) {
 }
 
 void CpuRunner::WriteKv(int layer, size_t i) {
-  const size_t D = static_cast<size_t>(cfg_.head_dim);
-  const size_t nkv = static_cast<size_t>(cfg_.num_kv_heads);
+  const size_t D = static_cast<size_t>(cfg_.LayerHeadDim(layer));
+  const size_t nkv = static_cast<size_t>(cfg_.LayerKvHeads(layer));
   const float* kk = &k_buf_[i * nkv * D];
   const float* vv = &v_buf_[i * nkv * D];
   const int bs = kv_->layout().block_size;
@@ -380,7 +385,7 @@ void CpuRunner::WriteKv(int layer, size_t i) {
 }
 
 void CpuRunner::Attention(int layer, size_t T) {
-  const size_t D = static_cast<size_t>(cfg_.head_dim);
+  const size_t D = static_cast<size_t>(cfg_.LayerHeadDim(layer));
   const size_t nh = static_cast<size_t>(cfg_.num_heads);
   int32_t max_pos = 0;
   for (size_t i = 0; i < T; ++i) max_pos = std::max(max_pos, tok_pos_[i]);

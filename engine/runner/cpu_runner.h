@@ -43,8 +43,9 @@ class CpuRunner final : public Runner {
   // absorbs W_UK, attention runs over the latents (kernels/cpu/latent_attention.h), and W_UV
   // maps each head's weighted latent to its value; prefill and decode alike.
   void MlaAttentionBlock(int layer, const LayerWeights& w, size_t T);
-  // q/k/v of token i after bias, q/k-norm, clipping and RoPE.
-  void ShapeQkv(const LayerWeights& w, size_t i);
+  // q/k/v of token i after bias, q/k-norm, clipping and RoPE, with layer `layer`'s head size
+  // and kv heads.
+  void ShapeQkv(int layer, const LayerWeights& w, size_t i);
   void WriteKv(int layer, size_t i);
   void Attention(int layer, size_t T);
   // x += mlp(norm(x)) for layer l (routed experts through the hooks, or the dense MLP).

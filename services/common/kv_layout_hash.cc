@@ -16,6 +16,9 @@ uint64_t KvLayoutHash(const memory::KvLayout& l, std::span<const memory::KvLayer
       key += "|state" + std::to_string(i) + ":" + std::to_string(specs[i].state_bytes);
     } else if (specs[i].kind == memory::KvKind::kLatent) {
       key += "|latent" + std::to_string(i) + ":" + std::to_string(specs[i].latent_dim);
+    } else if (memory::HasOwnShape(specs[i])) {
+      key += "|shape" + std::to_string(i) + ":" + std::to_string(specs[i].num_kv_heads) + "x" +
+             std::to_string(specs[i].head_dim);
     }
   }
   return Fnv1a64Of(key.data(), key.size());

@@ -34,6 +34,17 @@ memory::KvLayout ModelLayout(const ModelConfig& m, uint32_t block_tokens, memory
   return l;
 }
 
+// Bytes of one block of `l` and `specs`: memory::KvBlockPool::bytes_per_block() (each layer's
+// LayerBlockBytes, a recurrent state counted as l.bytes_per_layer()).
+uint64_t BlockBytes(const memory::KvLayout& l, const std::vector<memory::KvLayerSpec>& specs) {
+  uint64_t n = 0;
+  for (const memory::KvLayerSpec& s : specs) {
+    n += s.kind == memory::KvKind::kRecurrentState ? l.bytes_per_layer()
+                                                   : memory::LayerBlockBytes(s, l);
+  }
+  return n;
+}
+
 // The KV layout checks; appends a line per problem.
 void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, uint16_t peer_minor,
                    uint64_t max_bytes, std::vector<std::string>* bad, uint64_t* kv_bytes) {
@@ -51,10 +62,12 @@ void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, 
     bad->push_back("kvLayout.numBlocks " + std::to_string(blocks) + " outside 1.." +
                    std::to_string(limits.max_kv_blocks));
   }
+  // layerBytes is the widest layer's (since 1.5 layers may be narrower), so a block is at most
+  // numLayers of them; the model's layout gives the exact sum below.
   uint64_t layers_bytes = 0;
   if (__builtin_mul_overflow(layer_bytes, uint64_t{layers}, &layers_bytes) ||
-      layers_bytes != block_bytes) {
-    bad->push_back("kvLayout.blockBytes " + std::to_string(block_bytes) + " is not layerBytes " +
+      block_bytes > layers_bytes) {
+    bad->push_back("kvLayout.blockBytes " + std::to_string(block_bytes) + " is above layerBytes " +
                    std::to_string(layer_bytes) + " x numLayers " + std::to_string(layers));
   }
   if (page_bytes < layer_bytes) {
@@ -97,9 +110,9 @@ void CheckKvLayout(wire::KvLayout::Reader kl, const RegistrationLimits& limits, 
       expected += std::string(expected.empty() ? "" : ", ") + memory::KvDtypeName(dtype) + " " + Hex(want);
       continue;
     }
-    // An MLA model's layers are its latent rows (KvLayerBytes), K and V the others'.
-    const uint64_t want_layer = KvLayerBytes(l, specs),
-                   want_block = want_layer * static_cast<uint64_t>(l.num_layers);
+    // An MLA model's layers are its latent rows (KvLayerBytes), K and V the others', each layer
+    // of its own width where it has one (the block: their sum).
+    const uint64_t want_layer = KvLayerBytes(l, specs), want_block = BlockBytes(l, specs);
     if (layer_bytes != want_layer) {
       bad->push_back("kvLayout.layerBytes " + std::to_string(layer_bytes) + " is not the " +
                      memory::KvDtypeName(dtype) + " layout's " + std::to_string(want_layer));

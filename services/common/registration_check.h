@@ -8,15 +8,16 @@
 //
 // Checked for prefill and decode workers (other roles carry no KV; tools register as client):
 //   kvLayout   1 <= blockTokens <= max_block_tokens, 1 <= numBlocks <= max_kv_blocks,
-//              blockBytes = layerBytes * numLayers, pageBytes >= layerBytes, pagesPerBlock
-//              (0 before protocol 1.3: numLayers) >= numLayers,
-//              numBlocks * pagesPerBlock * pageBytes <= max_kv_bytes (no wrap-around);
-//              with the model: a hybrid's (a recurrent state in its KV) only from a worker of
-//              protocol 1.3 or later, an MLA model's (latent KV) from 1.4 or later
+//              blockBytes <= layerBytes * numLayers (layerBytes is the widest layer's),
+//              pageBytes >= layerBytes, pagesPerBlock (0 before protocol 1.3: numLayers) >=
+//              numLayers, numBlocks * pagesPerBlock * pageBytes <= max_kv_bytes (no
+//              wrap-around); with the model: a hybrid's (a recurrent state in its KV) only from
+//              a worker of protocol 1.3 or later, an MLA model's (latent KV) from 1.4 or later,
+//              one with layers of their own KV width (gemma4's full layers) from 1.5 or later
 //              (transferable_kv.h); layoutHash = KvLayoutHash of the model's layout for
 //              blockTokens and the dtype (fp32 or bf16) it names, numLayers, layerBytes (an MLA
-//              model's latent rows: KvLayerBytes), blockBytes and pagesPerBlock as that layout
-//              has them;
+//              model's latent rows, the widest layer: KvLayerBytes), blockBytes (the layers'
+//              sum) and pagesPerBlock as that layout has them;
 //   maxBatch   <= max_batch (a decode worker's 0 means the router's default);
 //   decode only: kvMemory present, numBlocks * pagesPerBlock * pageBytes <= kvMemory.bytes <=
 //              max_kv_bytes, baseAddr + bytes without wrap-around; with the model,

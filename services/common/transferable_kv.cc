@@ -1,5 +1,7 @@
 #include "services/common/transferable_kv.h"
 
+#include <algorithm>
+
 #include "services/proto/codec.h"
 
 namespace pw::service {
@@ -11,32 +13,14 @@ bool PerToken(const memory::KvLayerSpec& s) { return s.kind != memory::KvKind::k
 }  // namespace
 
 uint64_t KvLayerBytes(const memory::KvLayout& layout, std::span<const memory::KvLayerSpec> specs) {
+  uint64_t most = 0;
+  bool per_token = false;
   for (const memory::KvLayerSpec& s : specs) {
-    if (PerToken(s)) return memory::LayerBlockBytes(s, layout);
+    if (!PerToken(s)) continue;
+    per_token = true;
+    most = std::max<uint64_t>(most, memory::LayerBlockBytes(s, layout));
   }
-  return layout.bytes_per_layer();
-}
-
-Status CheckTransferableKv(const memory::KvBlockPool& pool, const std::string& model) {
-  const auto& specs = pool.specs();
-  size_t first = specs.size();
-  for (size_t l = 0; l < specs.size(); ++l) {
-    if (!PerToken(specs[l])) continue;
-    if (first == specs.size()) {
-      first = l;
-      continue;
-    }
-    const size_t want = memory::LayerBlockBytes(specs[first], pool.layout()),
-                 got = memory::LayerBlockBytes(specs[l], pool.layout());
-    if (got == want) continue;
-    return Unsupported(
-        model + ": KV layer " + std::to_string(l) + " (" + memory::KvKindName(specs[l].kind) +
-        ") takes " + std::to_string(got) + " bytes a block, layer " + std::to_string(first) + " (" +
-        memory::KvKindName(specs[first].kind) + ") " + std::to_string(want) +
-        "; the cluster's KV transfer moves layers of one size (KvLayout.layerBytes), so "
-        "this model is not served by the cluster (only the in-process engine runs it)");
-  }
-  return Status::Ok();
+  return per_token ? most : layout.bytes_per_layer();
 }
 
 bool HasRecurrentState(std::span<const memory::KvLayerSpec> specs) {
@@ -57,6 +41,9 @@ Status CheckPeerCarriesKv(std::span<const memory::KvLayerSpec> specs, const std:
     } else if (specs[l].kind == memory::KvKind::kLatent) {
       what = "an MLA latent";
       since = kLatentKvMinor;
+    } else if (memory::HasOwnShape(specs[l])) {
+      what = "attention of its own KV width";
+      since = kLayerShapeMinor;
     }
     if (what == nullptr || peer_minor >= since) continue;
     const std::string major = std::to_string(proto::kProtocolMajor) + ".";

@@ -18,10 +18,12 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("pw::wire");
 
 const kProtocolMajor :UInt16 = 1;
-const kProtocolMinor :UInt16 = 4;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums); 2: Register.nodeName;
+const kProtocolMinor :UInt16 = 5;  # 1: WeightManifest.checksumKind (CRC-32C expert checksums); 2: Register.nodeName;
                                    # 3: KvLayout.pagesPerBlock (a hybrid's recurrent state moves with its KV);
                                    # 4: an MLA model's latent layers in KvLayout.layerBytes and layoutHash
-                                   # (deepseek_v3's latent KV moves prefill -> decode)
+                                   # (deepseek_v3's latent KV moves prefill -> decode);
+                                   # 5: attention layers of their own KV width (gemma4's full layers) in
+                                   # layoutHash, KvLayout.layerBytes the widest layer, blockBytes the sum
 
 enum Role {
   unknown @0;
@@ -44,12 +46,14 @@ struct UcxMemory {
 struct KvLayout {
   numBlocks @0 :UInt32;     # blocks in the pool
   blockTokens @1 :UInt32;   # tokens per block
-  blockBytes @2 :UInt64;    # bytes of one block (all layers: layerBytes x numLayers)
+  blockBytes @2 :UInt64;    # bytes of one block (all layers: layerBytes x numLayers; since 1.5 the sum of
+                            # the layers' bytes, less where a layer is narrower than layerBytes)
   layoutHash @3 :UInt64;    # hash of the layout version, model, layer/head/dim/dtype; must match
   pageBytes @4 :UInt64;     # bytes of one page of the pool (memory/kv_blocks.h)
   layerBytes @5 :UInt64;    # bytes of one layer of one block inside its page: K and V of a full-
                             # attention or sliding layer; since 1.4 an MLA model's latent rows,
-                            # blockTokens x (kv_lora_rank + qk_rope_head_dim) elements
+                            # blockTokens x (kv_lora_rank + qk_rope_head_dim) elements; since 1.5
+                            # the widest layer's, when layers have their own KV width
   numLayers @6 :UInt32;     # layers of a block
   pagesPerBlock @7 :UInt32; # since 1.3: pages one block takes, its layers' in layer order (one
                             # per full-attention, sliding or latent layer, ceil(state bytes /

@@ -725,7 +725,8 @@ TEST(ModelConfigTest, Gemma4FieldsAsGiven) {
 }
 
 // HF's defaults where the file is silent: every 6th layer full (and the last), window 512,
-// RoPE per layer type; without per_layer_config, global_head_dim (default 512) must be head_dim.
+// RoPE per layer type; without per_layer_config, the full layers' head size is global_head_dim
+// (default 512) and their kv heads num_key_value_heads unless num_global_key_value_heads says.
 TEST(ModelConfigTest, Gemma4Defaults) {
   json j = Gemma4();
   for (const char* k : {"layer_types", "sliding_window", "rope_parameters", "per_layer_config"}) {
@@ -742,8 +743,133 @@ TEST(ModelConfigTest, Gemma4Defaults) {
   EXPECT_EQ(r->rope_theta, 1e6);
   EXPECT_EQ(r->rope_scaling.type, RopeType::kProportional);
   EXPECT_EQ(r->rope_scaling.proportion, 0.25);
+  EXPECT_EQ(r->LayerHeadDim(5), 16);
   j.erase("global_head_dim");
-  ExpectError(j, StatusCode::kUnsupported, "global_head_dim");
+  r = Parse(j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->full_head_dim, 512);
+  EXPECT_EQ(r->full_num_kv_heads, 2);
+  EXPECT_EQ(r->LayerHeadDim(4), 16);
+  EXPECT_EQ(r->LayerHeadDim(5), 512);
+  EXPECT_EQ(r->LayerHeadDim(6), 512);
+  EXPECT_EQ(r->LayerKvHeads(6), 2);
+  EXPECT_EQ(r->MaxHeadDim(), 512);
+  EXPECT_EQ(r->MaxKvWidth(), 2 * 512);
+}
+
+// Gemma-4-26B-A4B's full layers have their own shape (global_head_dim 512 against 256, 2 kv heads
+// against 8); the fixture gemma4_global has 1 x 32 against 4 x 16, in the released layout.
+// transformers 5 writes the same as per_layer_config; both read alike.
+TEST(ModelConfigTest, Gemma4FullLayersOfTheirOwnShape) {
+  auto fixture = MmapFile::Open(std::string(PW_SOURCE_DIR) +
+                                "/tests/fixtures/models/gemma4_global/config.json");
+  ASSERT_TRUE(fixture.ok());
+  const json released = json::parse(
+      std::string(reinterpret_cast<const char*>((*fixture)->data()), (*fixture)->size()));
+  auto expect_shape = [](const json& j, int64_t full_kv) {
+    auto r = Parse(j);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->head_dim, 16);
+    EXPECT_EQ(r->num_kv_heads, 4);
+    EXPECT_EQ(r->full_head_dim, 32);
+    EXPECT_EQ(r->full_num_kv_heads, full_kv);
+    for (int64_t l : {0, 2}) {
+      EXPECT_EQ(r->LayerHeadDim(l), 16);
+      EXPECT_EQ(r->LayerKvHeads(l), 4);
+    }
+    for (int64_t l : {1, 3}) {
+      EXPECT_EQ(r->LayerHeadDim(l), 32);
+      EXPECT_EQ(r->LayerKvHeads(l), full_kv);
+    }
+    EXPECT_EQ(r->rotary_dim, 16);
+    EXPECT_EQ(r->MaxHeadDim(), 32);
+    EXPECT_EQ(r->MaxKvWidth(), std::max<int64_t>(4 * 16, full_kv * 32));
+  };
+  expect_shape(released, 1);
+  auto r = Parse(released);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->Summary().find("4/4 heads x 16 (full layers 4/1 x 32)"), std::string::npos)
+      << r->Summary();
+  // As transformers 5 writes it: per_layer_config, keys zero-padded or not.
+  for (const char* one : {"1", "01"}) {
+    json j = released;
+    j.erase("global_head_dim");
+    j.erase("num_global_key_value_heads");
+    j["per_layer_config"] = {{one, {{"head_dim", 32}, {"num_key_value_heads", 1}}},
+                             {"3", {{"head_dim", 32}, {"num_key_value_heads", 1}}}};
+    expect_shape(j, 1);
+  }
+  // Without attention_k_eq_v HF takes no kv-head override from num_global_key_value_heads.
+  json j = released;
+  j["attention_k_eq_v"] = false;
+  expect_shape(j, 4);
+  // Inside the multimodal wrapper.
+  expect_shape(json{{"model_type", "gemma4"}, {"text_config", released}}, 1);
+}
+
+// Gemma-4-26B-A4B's text_config with the fields its released multimodal checkpoint gives (as
+// public copies of it show; the checkpoint itself is not here): every one is read, none refused.
+TEST(ModelConfigTest, Gemma4ReleasedMoeConfigLoads) {
+  json layer_types = json::array();
+  for (int l = 0; l < 30; ++l)
+    layer_types.push_back(l % 6 == 5 ? "full_attention" : "sliding_attention");
+  const json text = {{"model_type", "gemma4_text"},
+                     {"attention_bias", false},
+                     {"attention_dropout", 0.0},
+                     {"attention_k_eq_v", true},
+                     {"dtype", "bfloat16"},
+                     {"enable_moe_block", true},
+                     {"final_logit_softcapping", 30.0},
+                     {"global_head_dim", 512},
+                     {"head_dim", 256},
+                     {"hidden_activation", "gelu_pytorch_tanh"},
+                     {"hidden_size", 2816},
+                     {"hidden_size_per_layer_input", 0},
+                     {"intermediate_size", 2112},
+                     {"layer_types", layer_types},
+                     {"max_position_embeddings", 262144},
+                     {"moe_intermediate_size", 704},
+                     {"num_attention_heads", 16},
+                     {"num_experts", 128},
+                     {"num_global_key_value_heads", 2},
+                     {"num_hidden_layers", 30},
+                     {"num_key_value_heads", 8},
+                     {"num_kv_shared_layers", 0},
+                     {"pad_token_id", 0},
+                     {"rms_norm_eps", 1e-6},
+                     {"rope_parameters",
+                      {{"full_attention",
+                        {{"partial_rotary_factor", 0.25},
+                         {"rope_theta", 1000000.0},
+                         {"rope_type", "proportional"}}},
+                       {"sliding_attention", {{"rope_theta", 10000.0}, {"rope_type", "default"}}}}},
+                     {"sliding_window", 1024},
+                     {"tie_word_embeddings", true},
+                     {"top_k_experts", 8},
+                     {"use_bidirectional_attention", "vision"},
+                     {"use_cache", true},
+                     {"use_double_wide_mlp", false},
+                     {"vocab_size", 262144},
+                     {"vocab_size_per_layer_input", 262144}};
+  const json wrapped = {{"model_type", "gemma4"},
+                        {"architectures", {"Gemma4ForConditionalGeneration"}},
+                        {"text_config", text},
+                        {"audio_config", nullptr},
+                        {"vision_config", {{"model_type", "gemma4_vision"}, {"hidden_size", 1152}}},
+                        {"eos_token_id", {1, 106}}};
+  auto r = Parse(wrapped);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->wrapper_model_type, "gemma4");
+  EXPECT_EQ(r->num_experts, 128);
+  EXPECT_EQ(r->num_experts_per_tok, 8);
+  EXPECT_EQ(r->sliding_window, 1024);
+  EXPECT_EQ(r->LayerHeadDim(0), 256);
+  EXPECT_EQ(r->LayerKvHeads(0), 8);
+  EXPECT_EQ(r->LayerHeadDim(5), 512);
+  EXPECT_EQ(r->LayerKvHeads(5), 2);
+  EXPECT_EQ(r->LayerHeadDim(29), 512);
+  EXPECT_TRUE(r->k_eq_v);
+  EXPECT_EQ(r->MaxKvWidth(), 8 * 256);
 }
 
 // Bad input and the variants not served are refused at load, naming the field.
@@ -769,17 +895,43 @@ TEST(ModelConfigTest, Gemma4BadInputNamesTheField) {
   j["enable_moe_block"] = false;
   ExpectError(j, StatusCode::kUnsupported, "enable_moe_block");
   j = Gemma4();
-  j["use_bidirectional_attention"] = "vision";
+  j["use_bidirectional_attention"] = "all";
   ExpectError(j, StatusCode::kUnsupported, "use_bidirectional_attention");
+  j["use_bidirectional_attention"] = "vision";  // causal on text
+  EXPECT_TRUE(Parse(j).ok());
   j = Gemma4();
   j["attention_bias"] = true;
   ExpectError(j, StatusCode::kUnsupported, "attention_bias");
   j = Gemma4();
   j["hidden_activation"] = "silu";
   ExpectError(j, StatusCode::kUnsupported, "hidden_activation");
+  // Full layers of their own shape: one shape for every full layer, none for a sliding one,
+  // no other field, an even head size, kv heads dividing the query heads.
   j = Gemma4();
   j["per_layer_config"] = {{"1", {{"head_dim", 32}, {"num_key_value_heads", 1}}}};
-  ExpectError(j, StatusCode::kUnsupported, "per_layer_config.1.head_dim");
+  ExpectError(j, StatusCode::kInvalidArgument, "per_layer_config");
+  j = Gemma4();
+  j["per_layer_config"] = {{"0", {{"head_dim", 32}}}};
+  ExpectError(j, StatusCode::kUnsupported, "per_layer_config.0.head_dim");
+  j = Gemma4();
+  j["per_layer_config"] = {{"1", {{"sliding_window", 4}}}, {"3", {{"sliding_window", 4}}}};
+  ExpectError(j, StatusCode::kUnsupported, "per_layer_config.1.sliding_window");
+  for (const char* key : {"x", "4", "-1"}) {
+    j = Gemma4();
+    j["per_layer_config"] = {{key, json::object()}};
+    ExpectError(j, StatusCode::kInvalidArgument, std::string("per_layer_config.") + key);
+  }
+  j = Gemma4();
+  j["per_layer_config"] = {{"1", {{"head_dim", 32}}}, {"3", {{"head_dim", 32}}}};
+  j["global_head_dim"] = 64;  // says otherwise than per_layer_config
+  ExpectError(j, StatusCode::kInvalidArgument, "global_head_dim");
+  j = Gemma4();
+  j.erase("per_layer_config");
+  j["global_head_dim"] = 33;
+  ExpectError(j, StatusCode::kInvalidArgument, "global_head_dim");
+  j["global_head_dim"] = 32;
+  j["num_global_key_value_heads"] = 3;
+  ExpectError(j, StatusCode::kInvalidArgument, "num_global_key_value_heads");
   j = Gemma4();
   j["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
   ExpectError(j, StatusCode::kUnsupported, "rope_parameters.full_attention.rope_type");

@@ -39,16 +39,18 @@ using testing::ReadRefLogits;
 // biases, clamped SwiGLU; gpt_oss_mxfp4: its experts in MXFP4. gemma4: the MoE text stack
 // (sliding window 8 with its own RoPE, attention_k_eq_v, a dense MLP beside the experts in
 // every layer, sandwich norms, logit soft-capping); gemma4_mm: the same language model in
-// Gemma-4's multimodal checkpoint, served text-only (its vision tower skipped).
+// Gemma-4's multimodal checkpoint, served text-only (its vision tower skipped); gemma4_global:
+// full layers of their own KV shape (global_head_dim 32 against 16, 1 kv head against 4, as
+// Gemma-4-26B-A4B's 512 against 256 and 2 against 8), their RoPE over their own head size.
 // deepseek_v3: MLA (q_lora, interleaved RoPE, YaRN with mscale_all_dim) over latent KV pages,
 // grouped sigmoid routing; deepseek_v3_direct: q_proj without q_lora, rotate-half RoPE;
 // kimi_k2: model_type kimi_k2 over the DeepseekV3 architecture; deepseek_v3_fp8: FP8 weights
 // with weight_scale_inv per 128x128 block.
 const std::vector<std::string> kTypes = {
-    "qwen2_moe",   "qwen3_moe",          "olmoe",   "mixtral",         "glm4_moe",
-    "glm4_moe_grouped", "qwen3_next",    "qwen3_5_moe", "gpt_oss",     "gpt_oss_mxfp4",
-    "gemma4",      "gemma4_mm",          "deepseek_v3", "deepseek_v3_direct", "kimi_k2",
-    "deepseek_v3_fp8"};
+    "qwen2_moe",        "qwen3_moe",      "olmoe",         "mixtral",     "glm4_moe",
+    "glm4_moe_grouped", "qwen3_next",     "qwen3_5_moe",   "gpt_oss",     "gpt_oss_mxfp4",
+    "gemma4",           "gemma4_mm",      "gemma4_global", "deepseek_v3", "deepseek_v3_direct",
+    "kimi_k2",          "deepseek_v3_fp8"};
 
 std::unique_ptr<Engine> MakeEngine(const std::string& type, EngineOptions opt = {}) {
   auto e = Engine::Create(FixtureModelDir(type), opt);
@@ -183,7 +185,8 @@ TEST(FamilyGreedy, ContinuationsEqualTheReference) {
   for (const auto& [type, prompts] : std::vector<std::pair<std::string, int>>{
            {"glm4_moe", 3}, {"glm4_moe_grouped", 3}, {"qwen3_next", 4}, {"qwen3_5_moe", 4},
            {"gpt_oss", 3}, {"gpt_oss_mxfp4", 3}, {"gemma4", 3}, {"gemma4_mm", 3},
-           {"deepseek_v3", 3}, {"deepseek_v3_direct", 3}, {"kimi_k2", 3}, {"deepseek_v3_fp8", 3}}) {
+           {"gemma4_global", 3}, {"deepseek_v3", 3}, {"deepseek_v3_direct", 3}, {"kimi_k2", 3},
+           {"deepseek_v3_fp8", 3}}) {
     auto ref_file = SafetensorsFile::Open(FixtureModelDir(type) + "/logits.safetensors");
     ASSERT_TRUE(ref_file.ok()) << ref_file.status().ToString();
     int cases = 0;
@@ -249,11 +252,12 @@ std::vector<std::vector<int32_t>> RaggedPrompts(int n, int vocab, uint32_t seed)
   return prompts;
 }
 
-// gpt_oss, gemma4: prompts of up to 23 ids decode past their sliding window of 8; deepseek_v3
-// and kimi_k2 read and write latent KV pages (one row per token) in batches of ragged positions.
+// gpt_oss, gemma4: prompts of up to 23 ids decode past their sliding window of 8 (gemma4_global's
+// full layers in pages of their own width); deepseek_v3 and kimi_k2 read and write latent KV
+// pages (one row per token) in batches of ragged positions.
 TEST(EngineBatching, BatchedDecodeOf32RaggedSequencesEqualsEachAlone) {
   for (const char* type : {"qwen2_moe", "olmoe", "qwen3_next", "qwen3_5_moe", "gpt_oss", "gemma4",
-                           "deepseek_v3", "kimi_k2"}) {
+                           "gemma4_global", "deepseek_v3", "kimi_k2"}) {
     SCOPED_TRACE(type);
     auto engine =
         MakeEngine(type, {.block_size = 4, .max_batch_tokens = 512, .return_logits = true});

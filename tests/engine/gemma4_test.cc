@@ -229,7 +229,8 @@ TEST(Gemma4, MissPoliciesUseKOfNFromTheConfig) {
 }
 
 // make_synthetic_moe --type gemma4: Gemma4MoeSpec's layout at test size loads and runs (the
-// layer types HF's default: every 6th and the last full), and the default's size.
+// layer types HF's default: every 6th and the last full; the full layers of their own shape,
+// without v_proj), and the default's size.
 TEST(Gemma4, SyntheticCheckpointLoadsAndRuns) {
   pw::testing::TempDir tmp;
   SyntheticMoeSpec spec = Gemma4MoeSpec();
@@ -242,6 +243,8 @@ TEST(Gemma4, SyntheticCheckpointLoadsAndRuns) {
   spec.expert_ffn = 32;
   spec.dense_ffn = 48;
   spec.vocab = 300;
+  spec.full_head_dim = 32;
+  spec.full_kv_heads = 1;
   ASSERT_TRUE(WriteSyntheticMoe(spec, tmp.path()).ok());
   auto e = Engine::Create(tmp.path(), {});
   ASSERT_TRUE(e.ok()) << e.status().ToString();
@@ -250,6 +253,13 @@ TEST(Gemma4, SyntheticCheckpointLoadsAndRuns) {
   EXPECT_EQ(c.layer_sliding, (std::vector<bool>{true, true, true, true, true, false, false}));
   EXPECT_EQ(c.num_experts_per_tok, 2);
   EXPECT_EQ((*e)->model().layers()[3].mlp.gate.rows, 48);
+  EXPECT_EQ(c.full_head_dim, 32);
+  EXPECT_EQ(c.full_num_kv_heads, 1);
+  EXPECT_TRUE(c.k_eq_v);
+  EXPECT_EQ((*e)->model().layers()[4].k.rows, 2 * 16);
+  EXPECT_EQ((*e)->model().layers()[5].k.rows, 1 * 32);
+  EXPECT_EQ((*e)->model().layers()[5].v.data, nullptr);
+  EXPECT_EQ((*e)->model().layers()[5].q.rows, 4 * 32);
   auto logits = (*e)->ForwardLogits(std::vector<int32_t>{1, 2, 3, 200, 5});
   ASSERT_TRUE(logits.ok()) << logits.status().ToString();
   for (float v : *logits) ASSERT_TRUE(std::isfinite(v));

@@ -114,7 +114,9 @@ class ClusterE2E : public ::testing::Test {
     if (j.is_discarded()) return "bad JSON: " + body;
     return j["choices"][0]["text"].get<std::string>();
   }
-  // The in-process engine's greedy text for each prompt.
+  // The in-process engine's greedy text for each prompt, stopping where the router's
+  // completions stop: the model's eos ids and the tokenizer's (a fixture served with the
+  // embedded model's tokenizer has another).
   std::vector<std::string> Reference(const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
     auto tok = Tokenizer::FromModelDir(tokenizer_dir());
     EXPECT_TRUE(tok.ok());
@@ -124,6 +126,7 @@ class ClusterE2E : public ::testing::Test {
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     engine::SamplingParams p;
     p.max_tokens = max_tokens;
+    if (auto eos = (*tok)->eos_token_id()) p.stop_token_ids.push_back(*eos);
     std::vector<std::vector<int32_t>> toks(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE((*e)->AddSequence(i, prompts[i], p).ok());
     while ((*e)->HasWork()) {
@@ -268,6 +271,18 @@ class Gemma4ClusterE2E : public FixtureClusterE2E {
 };
 
 TEST_F(Gemma4ClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
+  DecodeKilledMidRequestIsReplacedWithIdenticalOutput(400);
+}
+
+// gemma4_global: full layers of their own KV shape (1 kv head x 32 beside 4 x 16, as
+// Gemma-4-26B-A4B's 2 x 512 beside 8 x 256): the router checks the workers' layout of layers of
+// their own width (control protocol 1.5) and the KV moves layer by layer at its own size.
+class Gemma4GlobalClusterE2E : public FixtureClusterE2E {
+ protected:
+  const char* fixture() const override { return "gemma4_global"; }
+};
+
+TEST_F(Gemma4GlobalClusterE2E, DecodeWorkerKilledMidRequestIsReplacedWithIdenticalOutput) {
   DecodeKilledMidRequestIsReplacedWithIdenticalOutput(400);
 }
 

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/formats/apw_store.h"
+#include "common/formats/synthetic_moe.h"
 #include "common/formats/width_map.h"
 #include "engine/engine.h"
 #include "engine/experts/apw_expert_provider.h"
@@ -35,12 +36,16 @@ using testing::FreePort;
 using transport::ControlServer;
 
 std::string Bin(const std::string& name) { return std::string(PW_BINARY_DIR) + "/bin/" + name; }
-// The fixture the processes and the reference load (tests/fixtures/models/<name>).
+// The fixture the processes and the reference load (tests/fixtures/models/<name>), or a model
+// directory of the test's own (an absolute path: a synthetic model it wrote).
 std::string& ModelName() {
   static std::string name = "qwen2_moe";
   return name;
 }
-std::string ModelDir() { return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + ModelName(); }
+std::string ModelDir() {
+  if (ModelName().rfind('/', 0) == 0) return ModelName();
+  return std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + ModelName();
+}
 
 struct Req {
   uint64_t id = 0;
@@ -220,7 +225,8 @@ struct Cluster {
   MiniRouter router;
   testing::ChildProcess broker, prefill, decode;
   std::string broker_endpoint;
-  int decode_metrics_port = 0;  // > 0: the decode worker serves Prometheus metrics there
+  int decode_metrics_port = 0;           // > 0: the decode worker serves Prometheus metrics there
+  int prefill_metrics_port = 0;          // > 0: the prefill worker's
   std::vector<std::string> decode_args;  // more pw-decode options
   std::vector<std::string> broker_args;  // added to the broker's command line (e.g. --store)
 
@@ -251,11 +257,13 @@ struct Cluster {
     }
     d.insert(d.end(), decode_args.begin(), decode_args.end());
     if (!decode.Start(d, log_dir + "/" + tag + ".decode.log")) return false;
-    if (!prefill.Start({Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router", router.endpoint(),
-                        "--id", "prefill-0", "--heartbeat-ms", "200"},
-                       log_dir + "/" + tag + ".prefill.log")) {
-      return false;
+    std::vector<std::string> p = {Bin("pw-prefill"), "--insecure", "--model", ModelDir(), "--router",
+                                  router.endpoint(), "--id", "prefill-0", "--heartbeat-ms", "200"};
+    if (prefill_metrics_port > 0) {
+      p.push_back("--metrics");
+      p.push_back("127.0.0.1:" + std::to_string(prefill_metrics_port));
     }
+    if (!prefill.Start(p, log_dir + "/" + tag + ".prefill.log")) return false;
     return router.WaitForPeers({"decode-0", "prefill-0"}, 120000);
   }
   std::string Logs() { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log() + "\nbroker:\n" + broker.Log(); }
@@ -294,6 +302,44 @@ std::vector<std::vector<int32_t>> RandomPrompts(int n, uint32_t seed, int min_le
   }
   return prompts;
 }
+
+// pagedweight_kv_pages{kind="`kind`"} in a worker's /metrics body; -1 when absent.
+int64_t KvPagesGauge(const std::string& body, const std::string& kind) {
+  const std::string key = "kind=\"" + kind + "\"";
+  for (size_t at = body.find("pagedweight_kv_pages{"); at != std::string::npos;
+       at = body.find("pagedweight_kv_pages{", at + 1)) {
+    const size_t end = body.find('}', at);
+    if (body.substr(at, end - at).find(key) == std::string::npos) continue;
+    return std::atoll(body.c_str() + end + 1);
+  }
+  return -1;
+}
+
+// The most pages of each kind a worker's metrics showed, sampled until Stop.
+class KvPagesSampler {
+ public:
+  explicit KvPagesSampler(int port)
+      : thread_([this, port] {
+          while (!done_) {
+            auto [status, body] = testing::Http(port, "GET", "/metrics", "", 5);
+            if (status == 200) {
+              most_sliding = std::max<int64_t>(most_sliding, KvPagesGauge(body, "sliding_window"));
+              most_full = std::max<int64_t>(most_full, KvPagesGauge(body, "full_attention"));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        }) {}
+  void Stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  ~KvPagesSampler() { Stop(); }
+  std::atomic<int64_t> most_sliding{-1}, most_full{-1};
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 
 // Serves `ModelName()`'s fixture for the scope's duration ("qwen2_moe" again after it).
 struct UseModel {
@@ -1578,6 +1624,20 @@ TEST(Workers, Gemma4GreedyTokensEqualInProcessEngine) {
   ExpectCleanStop(c);
 }
 
+// gemma4_global: full layers of their own KV shape (1 kv head x 32 against the sliding layers'
+// 4 x 16, as Gemma-4-26B-A4B's 2 x 512 against 8 x 256: a full layer of a block half a sliding
+// one's bytes) served by real processes, each layer's own bytes put from the prefill worker's
+// pages into the decode worker's, which are twice as large (8192 bytes against the widest
+// layer's 4096): the in-process engine's tokens, past the window of 8.
+TEST(Workers, Gemma4LayersOfTheirOwnKvWidthGreedyTokensEqualInProcessEngine) {
+  UseModel model("gemma4_global");
+  Cluster c;
+  c.decode_args = {"--page-bytes", "8192"};
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  ExpectServedTokensEqualTheEngine(c, 6, 4343, 10, 40, 1000, 700, 40);  // vocabulary 1024
+  ExpectCleanStop(c);
+}
+
 // A long gpt_oss stream through real processes: the decode worker's metrics show the KV pages
 // of its sliding-window layers (0 and 2 of 3, window 8) staying bounded (at most window /
 // block_size + 2 blocks each, block size 16) while its full-attention layer's grow with the
@@ -1590,44 +1650,78 @@ TEST(Workers, GptOssSlidingWindowPagesStayBoundedInALongStream) {
   const int kMax = 1500;
   const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300, 41, 99, 7, 512, 3, 66, 1000}};
   auto ref = Reference(prompts, kMax);
-  std::atomic<bool> done{false};
-  std::atomic<int64_t> most_sliding{-1}, most_full{-1};
-  auto gauge = [](const std::string& body, const std::string& kind) -> int64_t {
-    const std::string key = "kind=\"" + kind + "\"";
-    for (size_t at = body.find("pagedweight_kv_pages{"); at != std::string::npos;
-         at = body.find("pagedweight_kv_pages{", at + 1)) {
-      const size_t end = body.find('}', at);
-      if (body.substr(at, end - at).find(key) == std::string::npos) continue;
-      return std::atoll(body.c_str() + end + 1);
-    }
-    return -1;
-  };
-  std::thread scrape([&] {
-    while (!done) {
-      auto [status, body] = testing::Http(c.decode_metrics_port, "GET", "/metrics", "", 5);
-      if (status == 200) {
-        const int64_t s = gauge(body, "sliding_window"), f = gauge(body, "full_attention");
-        if (s > most_sliding) most_sliding = s;
-        if (f > most_full) most_full = f;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
+  KvPagesSampler decode_pages(c.decode_metrics_port);
   Req req;
   req.id = 700;
   req.prompt = prompts[0];
   req.max_tokens = kMax;
   c.router.Submit(&req);
   const bool ran = c.router.Run(300000);
-  done = true;
-  scrape.join();
+  decode_pages.Stop();
   ASSERT_TRUE(ran) << c.Logs();
   EXPECT_TRUE(req.error.empty()) << req.error;
   EXPECT_EQ(req.out, ref[0]);
   // Sampled during the stream: the full layer held many blocks' pages at some point.
-  EXPECT_GE(most_full, 20) << c.Logs();
-  EXPECT_GE(most_sliding, 0);
-  EXPECT_LE(most_sliding, 2 * (8 / 16 + 2));
+  EXPECT_GE(decode_pages.most_full, 20) << c.Logs();
+  EXPECT_GE(decode_pages.most_sliding, 0);
+  EXPECT_LE(decode_pages.most_sliding, 2 * (8 / 16 + 2));
+  c.decode.Kill(SIGTERM);
+  c.prefill.Kill(SIGTERM);
+  EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();
+  EXPECT_EQ(c.prefill.Wait(20000), 0) << c.Logs();
+}
+
+// A 4096-token stream through real processes, of a synthetic gpt_oss whose context holds it
+// (make_synthetic_moe's layout at test size, written here: layers sliding / full, window 128,
+// 8192 positions; the HF fixture's is 2048): the decode worker's KV pages of its sliding layer
+// stay within the window (at most 128 / 16 + 2 blocks) while its full layer's grow with the
+// stream (past half its 257 blocks), and the prefill worker's metric shows the prompt's 3 blocks
+// on both layers (it keeps every layer's pages until the transfer has read them, then the last
+// prompt's for a while), each sampled while the request runs; the tokens are the in-process
+// engine's.
+TEST(Workers, SlidingWindowPagesStayBoundedInA4096TokenStream) {
+  SyntheticMoeSpec spec;
+  spec.type = ModelType::kGptOss;
+  spec.layers = 2;
+  spec.hidden = 64;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.experts = 4;
+  spec.top_k = 2;
+  spec.expert_ffn = 32;
+  spec.vocab = 512;
+  spec.max_positions = 8192;
+  spec.seed = 4096;
+  spec.init_std = 0.2f;  // logits far enough apart that greedy picks are no near-ties
+  const std::string dir = std::string(PW_BINARY_DIR) + "/test-models/gpt_oss_8k_positions";
+  ASSERT_TRUE(WriteSyntheticMoe(spec, dir).ok());
+  UseModel model(dir);
+  Cluster c;
+  c.decode_metrics_port = FreePort();
+  c.prefill_metrics_port = FreePort();
+  ASSERT_TRUE(c.Start(/*decode_kv_blocks=*/320, /*use_broker=*/false)) << c.Logs();
+  const int kMax = 4096;
+  std::vector<std::vector<int32_t>> prompts = RandomPrompts(1, 4096, 40, 40);
+  for (auto& id : prompts[0]) id = 3 + id % 500;
+  auto ref = Reference(prompts, kMax);
+  ASSERT_EQ(ref[0].size(), static_cast<size_t>(kMax));
+  KvPagesSampler decode_pages(c.decode_metrics_port), prefill_pages(c.prefill_metrics_port);
+  Req req;
+  req.id = 4096;
+  req.prompt = prompts[0];
+  req.max_tokens = kMax;
+  c.router.Submit(&req);
+  const bool ran = c.router.Run(600000);
+  decode_pages.Stop();
+  prefill_pages.Stop();
+  ASSERT_TRUE(ran) << c.Logs();
+  EXPECT_TRUE(req.error.empty()) << req.error;
+  EXPECT_EQ(req.out, ref[0]);
+  EXPECT_GE(decode_pages.most_full, (40 + kMax) / 16 / 2) << c.Logs();
+  EXPECT_GE(decode_pages.most_sliding, 0);
+  EXPECT_LE(decode_pages.most_sliding, 128 / 16 + 2);
+  EXPECT_EQ(prefill_pages.most_full, 3) << c.Logs();
+  EXPECT_EQ(prefill_pages.most_sliding, 3) << c.Logs();
   c.decode.Kill(SIGTERM);
   c.prefill.Kill(SIGTERM);
   EXPECT_EQ(c.decode.Wait(20000), 0) << c.Logs();

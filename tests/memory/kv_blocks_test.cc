@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 namespace pw::memory {
 namespace {
@@ -192,6 +193,75 @@ TEST(KvBlockPool, LatentLayersKeepOneRowPerPositionInTheirOwnPage) {
   empty[1] = {.kind = KvKind::kLatent, .latent_dim = 0};
   EXPECT_EQ(KvBlockPool::Create(l, 4, empty).status().code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(p.Free(*b).ok());
+}
+
+// An attention layer of its own kv heads and head size (gemma4's full layers: global_head_dim,
+// num_global_key_value_heads) lays its page out with them: its slabs, its view and its bytes;
+// the pages hold the widest layer, narrower or wider than the layout's. ModelKvSpecs gives a
+// layer its own shape only where it differs from the model's.
+TEST(KvBlockPool, AttentionLayersOfTheirOwnShape) {
+  const KvLayout l = Layout();  // 2 kv heads x 8 dims: 2 * 2 * 4 * 8 * 4 = 512 bytes a layer
+  for (const auto& [heads, dim, page] : std::vector<std::tuple<int, int, size_t>>{
+           {1, 16, 512},  // another shape of as many values as the layout's 2 x 8
+           {1, 8, 512},   // narrower (Gemma-4-26B-A4B's full layers: 2 x 512 beside 8 x 256)
+           {3, 16, 2 * 3 * 4 * 16 * 4}}) {  // wider: pages of this one
+    SCOPED_TRACE(std::to_string(heads) + " x " + std::to_string(dim));
+    std::vector<KvLayerSpec> specs(3);
+    specs[0] = {.kind = KvKind::kSlidingWindow, .window = 8};
+    specs[1] = {.num_kv_heads = heads, .head_dim = dim};
+    const size_t own = size_t{2} * heads * 4 * dim * 4;
+    EXPECT_EQ(LayerBlockBytes(specs[1], l), own);
+    EXPECT_EQ(LayerBlockBytes(specs[0], l), size_t{512});
+    EXPECT_EQ(LayerKvHeads(specs[1], l), heads);
+    EXPECT_EQ(LayerHeadDim(specs[1], l), dim);
+    EXPECT_EQ(LayerKvHeads(specs[2], l), 2);
+    EXPECT_EQ(LayerHeadDim(specs[2], l), 8);
+    EXPECT_EQ(MinPageBytes(l, specs), page);
+    auto pool = KvBlockPool::Create(l, 3, specs);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    KvBlockPool& p = **pool;
+    EXPECT_EQ(p.pages().page_bytes(), page);
+    EXPECT_EQ(p.pages_per_block(), 3);
+    EXPECT_EQ(p.bytes_per_block(), 512 + own + 512);
+    auto b = p.Allocate(2);
+    ASSERT_TRUE(b.ok());
+    const int32_t blk = (*b)[1];
+    const float* page1 = reinterpret_cast<const float*>(p.LayerPage(blk, 1));
+    // element offset = ((c * kv_heads + h) * block_size + s) * head_dim + d, the layer's own.
+    EXPECT_EQ(p.Slab(blk, 1, 1, heads - 1), page1 + (1 * heads + heads - 1) * 4 * dim);
+    const float* page2 = reinterpret_cast<const float*>(p.LayerPage(blk, 2));
+    EXPECT_EQ(p.Slab(blk, 2, 1, 1), page2 + (1 * 2 + 1) * 4 * 8);
+    const cpu::PagedKvView v1 = p.LayerView(1), v2 = p.LayerView(2);
+    EXPECT_EQ(v1.num_kv_heads, heads);
+    EXPECT_EQ(v1.head_dim, dim);
+    EXPECT_EQ(v2.num_kv_heads, 2);
+    EXPECT_EQ(v2.head_dim, 8);
+    ASSERT_TRUE(p.Free(*b).ok());
+  }
+  // Only attention layers take a shape of their own, of sizes >= 0.
+  std::vector<KvLayerSpec> bad(3);
+  bad[2] = {.kind = KvKind::kLatent, .latent_dim = 40, .num_kv_heads = 1};
+  EXPECT_EQ(KvBlockPool::Create(l, 2, bad).status().code(), StatusCode::kInvalidArgument);
+  bad[2] = {.head_dim = -8};
+  EXPECT_EQ(KvBlockPool::Create(l, 2, bad).status().code(), StatusCode::kInvalidArgument);
+
+  ModelConfig c;
+  c.type = ModelType::kGemma4;
+  c.num_layers = 3;
+  c.num_kv_heads = 4;
+  c.head_dim = 16;
+  c.sliding_window = 8;
+  c.layer_sliding = {true, false, false};
+  c.full_head_dim = 32;
+  c.full_num_kv_heads = 1;
+  const std::vector<KvLayerSpec> specs = ModelKvSpecs(c);
+  ASSERT_EQ(specs.size(), 3u);
+  EXPECT_EQ(specs[0], (KvLayerSpec{.kind = KvKind::kSlidingWindow, .window = 8}));
+  EXPECT_EQ(specs[1], (KvLayerSpec{.num_kv_heads = 1, .head_dim = 32}));
+  EXPECT_EQ(specs[2], specs[1]);
+  c.full_head_dim = 16;  // the full layers' shape is the model's: no own shape
+  c.full_num_kv_heads = 4;
+  EXPECT_EQ(ModelKvSpecs(c)[1], KvLayerSpec{});
 }
 
 // A recurrent-state layer (a hybrid's linear attention) takes ceil(state_bytes / page) pages of

@@ -104,7 +104,6 @@ Status DecodeWorker::Setup() {
   eo.kv_pages = pool_.get();
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
-  PW_RETURN_IF_ERROR(service::CheckTransferableKv(engine_->kv_pool(), options_.model_dir));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size, cfg.vocab_size,
@@ -296,21 +295,7 @@ void DecodeWorker::UpdateMetrics() {
   const double reserved = static_cast<double>(leases_.reserved_blocks() + quarantined_blocks());
   metrics_->kv_blocks_reserved->Set(reserved);
   metrics_->kv_blocks_used->Set(pool.num_used() - reserved);
-  // Pages by the kind of their layer: every allocated block holds its pages of a layer (a
-  // recurrent state's several), except a sliding layer's released ones, which are counted
-  // (LayerPagesInUse walks the blocks: only for those layers, this runs every loop).
-  int64_t by_kind[4] = {};
-  for (size_t l = 0; l < pool.specs().size(); ++l) {
-    const int layer = static_cast<int>(l);
-    by_kind[static_cast<size_t>(pool.specs()[l].kind)] +=
-        pool.specs()[l].kind == memory::KvKind::kSlidingWindow
-            ? pool.LayerPagesInUse(layer)
-            : static_cast<int64_t>(pool.num_used()) * pool.LayerPages(layer);
-  }
-  metrics_->kv_pages_full->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kFullAttention)]));
-  metrics_->kv_pages_sliding->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kSlidingWindow)]));
-  metrics_->kv_pages_latent->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kLatent)]));
-  metrics_->kv_pages_state->Set(static_cast<double>(by_kind[static_cast<size_t>(memory::KvKind::kRecurrentState)]));
+  metrics_->SetKvPages(pool);
   metrics_->requests_running->Set(static_cast<double>(running_.size()));
   metrics_->requests_waiting->Set(static_cast<double>(leases_.size()));
   const auto c = routers_.counters();

@@ -9,6 +9,27 @@ void WorkerMetrics::SetNotReady(const std::string& reason) {
   not_ready_ = reason;
 }
 
+void WorkerMetrics::SetKvPages(const memory::KvBlockPool& pool) {
+  // Pages by the kind of their layer: every allocated block holds its pages of a layer (a
+  // recurrent state's several), except a sliding layer's released ones, which are counted
+  // (LayerPagesInUse walks the blocks: only for those layers, this runs every loop).
+  int64_t by_kind[4] = {};
+  for (size_t l = 0; l < pool.specs().size(); ++l) {
+    const int layer = static_cast<int>(l);
+    by_kind[static_cast<size_t>(pool.specs()[l].kind)] +=
+        pool.specs()[l].kind == memory::KvKind::kSlidingWindow
+            ? pool.LayerPagesInUse(layer)
+            : static_cast<int64_t>(pool.num_used()) * pool.LayerPages(layer);
+  }
+  const auto set = [&](prometheus::Gauge* g, memory::KvKind kind) {
+    g->Set(static_cast<double>(by_kind[static_cast<size_t>(kind)]));
+  };
+  set(kv_pages_full, memory::KvKind::kFullAttention);
+  set(kv_pages_sliding, memory::KvKind::kSlidingWindow);
+  set(kv_pages_latent, memory::KvKind::kLatent);
+  set(kv_pages_state, memory::KvKind::kRecurrentState);
+}
+
 std::string WorkerMetrics::NotReadyReason() const {
   std::lock_guard<std::mutex> lock(ready_mu_);
   return not_ready_;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "memory/kv_blocks.h"
 #include "services/common/main_loop_beat.h"
 #include "services/common/metrics_http.h"
 
@@ -46,10 +47,14 @@ struct WorkerMetrics {
   prometheus::Gauge* kv_blocks_reserved = nullptr;
   // KV pages held, by the kind of their layer (memory/kv_spec.h): sliding-window layers give
   // the pages behind each sequence's window back, so theirs stay bounded in a long stream.
+  // The others hold their pages in every used block (a recurrent state several). SetKvPages.
   prometheus::Gauge* kv_pages_full = nullptr;
   prometheus::Gauge* kv_pages_sliding = nullptr;
   prometheus::Gauge* kv_pages_latent = nullptr;
   prometheus::Gauge* kv_pages_state = nullptr;
+  // Sets the kv_pages gauges of every kind from `pool`, read on the thread that owns it (the
+  // decode worker's main loop, the prefill worker's compute thread); the gauges are any-thread.
+  void SetKvPages(const memory::KvBlockPool& pool);
   prometheus::Gauge* requests_running = nullptr;
   prometheus::Gauge* requests_waiting = nullptr;
   prometheus::Counter* tokens_generated = nullptr;

@@ -66,7 +66,6 @@ Status PrefillWorker::Setup() {
   eo.kv_dtype = options_.kv_dtype;
   eo.copy_weights = options_.copy_weights;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
-  PW_RETURN_IF_ERROR(service::CheckTransferableKv(engine_->kv_pool(), options_.model_dir));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
   const auto& cfg = engine_->model().config();
   prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),
@@ -725,6 +724,9 @@ void PrefillWorker::PublishLoad(const std::vector<std::shared_ptr<Job>>& active)
   for (const auto& j : active) remaining += j->tokens.size() - j->work.num_computed;
   active_remaining_tokens_.store(remaining);
   free_blocks_.store(static_cast<uint32_t>(engine_->kv_pool().num_free()));
+  // The prompts' pages until their transfer (and the kept last prompt's): every layer's, since
+  // the transfer reads them all.
+  metrics_->SetKvPages(engine_->kv_pool());
 }
 
 void PrefillWorker::ComputeLoop() {

@@ -177,6 +177,8 @@ class PrefillWorker {
   // Frees the job's own blocks, drops it from the in-flight table, queues its KvReady unless
   // it was cancelled.
   void Retire(Job* job, Status st);
+  // The load the heartbeat reports (tokens left, free blocks) and the KV pages metric; compute
+  // thread.
   void PublishLoad(const std::vector<std::shared_ptr<Job>>& active);
   // True when `a` can take `b`'s prefill (same tokens, generatedSoFar and promptLogprobs).
   static bool SameWork(const Job& a, const std::vector<int32_t>& tokens, int num_generated_before,

@@ -5,7 +5,8 @@
 // hybrid's workers (qwen3_next: a recurrent state in the KV) are accepted from protocol 1.3 on
 // with their pages per block, refused from an earlier peer naming both versions; an MLA
 // model's (deepseek_v3, kimi_k2: latent KV) from protocol 1.4 on with their latent rows as
-// layerBytes, refused from an earlier peer.
+// layerBytes, refused from an earlier peer; a gemma4 model's with full layers of their own KV
+// width (gemma4_global) from protocol 1.5 on, layerBytes the widest layer and blockBytes the sum.
 #include "services/common/registration_check.h"
 
 #include <gtest/gtest.h>
@@ -330,6 +331,50 @@ TEST_F(RegistrationCheckTest, AHybridsWorkersCarryTheirStatePagesFromProtocol13O
   });
   minor_ = 2;
   ExpectRefused("a decode worker of 1.2", "1.2", [](auto) {});
+}
+
+// gemma4_global's fixture: sliding layers of 4 kv heads x 16, full layers of 1 x 32 (as
+// Gemma-4-26B-A4B's 8 x 256 and 2 x 512): a bf16 block of 16 tokens takes 4096 bytes a sliding
+// layer, 2048 a full one, 12288 in all; pages of 4096 bytes.
+TEST_F(RegistrationCheckTest, LayersOfTheirOwnKvWidthRegisterFromProtocol15On) {
+  auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) +
+                           "/tests/fixtures/models/gemma4_global/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  model_ = *c;
+  limits_.model = model_;
+  for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
+    proto::OutMessage m;
+    auto r = m.body().initRegister();
+    FillHonest(r, role, model_);
+    EXPECT_EQ(r.getKvLayout().getLayerBytes(), 4096u);
+    EXPECT_EQ(r.getKvLayout().getBlockBytes(), 2u * 4096 + 2 * 2048);
+    EXPECT_EQ(r.getKvLayout().getPageBytes(), 4096u);
+    EXPECT_EQ(r.getKvLayout().getPagesPerBlock(), 4u);
+    Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    st = CheckRegistration(r.asReader(), limits_, 4);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("speaks control protocol 1.4"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("since protocol 1.5"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("own KV width"), std::string::npos) << st.message();
+  }
+  EXPECT_TRUE(Decode([](auto) {}).ok());
+  // Every layer counted at the widest one's bytes: not this model's block.
+  ExpectRefused("numLayers x layerBytes", "blockBytes",
+                [](auto r) { r.getKvLayout().setBlockBytes(4 * 4096); });
+  // The hash of the same layout with every layer of the top-level shape.
+  ExpectRefused("the hash without the full layers' shape", "layoutHash", [&](auto r) {
+    memory::KvLayout l;
+    l.num_layers = static_cast<int>(model_.num_layers);
+    l.num_kv_heads = static_cast<int>(model_.num_kv_heads);
+    l.head_dim = static_cast<int>(model_.head_dim);
+    l.dtype = memory::KvDtype::kBf16;
+    ModelConfig same = model_;
+    same.full_head_dim = 0;
+    same.full_num_kv_heads = 0;
+    r.getKvLayout().setLayoutHash(KvLayoutHash(l, memory::ModelKvSpecs(same), model_.hidden_size,
+                                               model_.vocab_size, model_.model_type));
+  });
 }
 
 // deepseek_v3's fixture (and kimi_k2's, the same attention): 3 layers each keeping a latent of
