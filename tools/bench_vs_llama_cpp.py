@@ -20,12 +20,13 @@ pw-quantize, pw-bench-engine, pw-loadgen (in --build, default build/). Made once
 under --work (default build/vs-llama-cpp): the model directory, GGUF bf16 (llama.cpp's
 converter; the two edits this checkpoint needs are made in this process, not in LLAMA_DIR: an
 unknown pre-tokenizer hash is taken as gpt-2, and a key written twice with the same value is
-written once), Q4_K_M and Q8_0 (llama-quantize), and the any-precision store (`pw serve
+written once), Q4_K_M (or --quant4's type, e.g. MXFP4_MOE for gpt_oss) and Q8_0
+(llama-quantize), and the any-precision store (`pw serve
 --bits 4` builds it into --work/store).
 
 In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16) beside
 llama-bench tg (batch 1) and llama-batched-bench -fa (batch 8, 32); 4-bit experts with int8
-dense beside Q4_K_M at batch 1; prefill of one prompt of 64, 512 and 2048 tokens (bf16) beside
+dense beside Q4_K_M (--quant4) at batch 1; prefill of one prompt of 64, 512 and 2048 tokens (bf16) beside
 llama-bench pp. Served, each round: `pw serve --bits 16` / `--bits 4` beside `llama-server -t T
 -np 32 -cb` on the bf16 / Q4_K_M GGUF, each loaded by the same client (pw-loadgen --dataset-name
 random, 64 tokens in, 128 out, --ignore-eos, --request-rate inf, --max-concurrency 1/8/32,
@@ -61,7 +62,10 @@ sys.path.insert(0, llama_dir + "/gguf-py")
 sys.path.insert(0, llama_dir)
 import gguf
 import convert_hf_to_gguf as c
-base = getattr(c, "TextModel", None) or c.Model
+try:  # llama.cpp of 2026: the model classes live in its conversion package
+    from conversion.base import TextModel as base
+except ImportError:
+    base = getattr(c, "TextModel", None) or c.Model
 known_pre = base.get_vocab_base_pre
 def get_vocab_base_pre(self, tokenizer):
     try:
@@ -167,7 +171,7 @@ def ggufs(args, llama_build, mdir):
         run([args.python, "-c", CONVERT, os.path.abspath(args.llama_cpp), mdir, "--outtype", "bf16", "--outfile", tmp])
         os.rename(tmp, bf16)
     out["bf16"] = bf16
-    for q in ["Q4_K_M", "Q8_0"]:
+    for q in [args.quant4, "Q8_0"]:
         path = os.path.join(args.work, f"model-{q}.gguf")
         if not os.path.exists(path):
             run([os.path.join(llama_build, "bin", "llama-quantize"), bf16, path + ".part", q],
@@ -312,8 +316,8 @@ def decode_round(args, mdir, llama_build, g, store):
     r["decode batch 32, bf16 / bf16"] = (by_batch[32], lbb[32])
     if store:
         q = ours_engine(args, mdir, ["--store", store, "--bits", "4", "--dense", "int8", "--batches", "1"])
-        lq = llama_bench(args, llama_build, g["Q4_K_M"], "0", "32")
-        r["decode batch 1, 4-bit experts + int8 dense / Q4_K_M"] = (q[0][2], lq[(0, 32)])
+        lq = llama_bench(args, llama_build, g[args.quant4], "0", "32")
+        r[f"decode batch 1, 4-bit experts + int8 dense / {args.quant4}"] = (q[0][2], lq[(0, 32)])
         q8 = ours_engine(args, mdir, ["--store", store, "--bits", "8", "--dense", "int8", "--batches", "1"])
         l8 = llama_bench(args, llama_build, g["Q8_0"], "0", "32")
         r["decode batch 1, 8-bit experts + int8 dense / Q8_0"] = (q8[0][2], l8[(0, 32)])
@@ -381,6 +385,8 @@ def main():
     ap.add_argument("--work", default=None, help="model directory, GGUFs, store, results (default BUILD/vs-llama-cpp)")
     ap.add_argument("--parts", default="decode,prefill,served",
                     help="comma-separated: decode and prefill (in-process), served")
+    ap.add_argument("--quant4", default="Q4_K_M",
+                    help="llama-quantize type beside our 4-bit experts (MXFP4_MOE: gpt_oss's own)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds; ours and llama.cpp's alternate in each")
     ap.add_argument("--threads", type=int, default=2, help="threads of pw-bench-engine, llama-bench, llama-server")
     ap.add_argument("--streams", default="1,8,32", help="served concurrencies")
@@ -465,7 +471,7 @@ def main():
             ("ours-bf16", lambda port, f: start_ours(args, mdir, 16, port, f)),
             ("llama-bf16", lambda port, f: start_llama(args, llama_build, g["bf16"], port, f)),
             ("ours-4bit", lambda port, f: start_ours(args, mdir, 4, port, f)),
-            ("llama-Q4_K_M", lambda port, f: start_llama(args, llama_build, g["Q4_K_M"], port, f)),
+            ("llama-4bit", lambda port, f: start_llama(args, llama_build, g[args.quant4], port, f)),
         ]
         for i in range(args.rounds):
             la = loadavg()
@@ -479,7 +485,7 @@ def main():
         print(f"\nServed rounds {t0}–{time.strftime('%H:%M:%S', time.gmtime())} UTC, "
               f"load average per round: {'; '.join(loads)}")
         print_served_table(rounds, args.streams, {"bf16 / bf16": ("ours-bf16", "llama-bf16"),
-                                                  "4-bit / Q4_K_M": ("ours-4bit", "llama-Q4_K_M")})
+                                                  f"4-bit / {args.quant4}": ("ours-4bit", "llama-4bit")})
         if engine_b1 and 1 in args.streams:
             served = [r["ours-bf16"][1] for r in rounds]
             print(f"\nServed at one stream / the engine's own batch-1 decode (bf16, medians): "

@@ -34,6 +34,30 @@ inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const 
   }
 }
 
+// One product per head, all in one pool hand-off: for h < heads, the rows x cols bf16 matrix at
+// w + h * w_head times the head's input at x + h * x_head (T tokens, ldx apart) into
+// y + h * y_head (ldy apart). The range split over the pool is heads x rows, so a batch-1 step's
+// many small per-head products (MLA's absorbed W_UK and W_UV) share both threads instead of
+// each running alone under kMinParallelMacs.
+inline void HeadsLinear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, size_t heads,
+                        const float* x, size_t x_head, size_t ldx, size_t T, const uint16_t* w,
+                        size_t w_head, size_t rows, size_t cols, float* y, size_t y_head,
+                        size_t ldy) {
+  auto run = [&](size_t b, size_t e) {
+    while (b < e) {
+      const size_t h = b / rows, r0 = b % rows;
+      const size_t r1 = std::min(rows, r0 + (e - b));
+      k.matmul_bf16(x + h * x_head, ldx, T, w + h * w_head, cols, r0, r1, y + h * y_head, ldy);
+      b += r1 - r0;
+    }
+  };
+  if (pool == nullptr) {
+    run(0, heads * rows);
+  } else {
+    pool->ParallelFor(heads * rows, 16, MinRowsPerThread(cols, T), run);
+  }
+}
+
 // The int8 copy of a matrix (Model::QuantizeDenseInt8): x quantized once per call (chunks of
 // anyprec::kMaxTokens tokens), rows split over the pool as above. Aborts on a kernel error,
 // which only a broken invariant can cause (shapes come from the model).

@@ -232,10 +232,8 @@ void CpuRunner::MlaAttentionBlock(int layer, const LayerWeights& lw, size_t T) {
   }
   // Absorbed queries: per head W_UK^T q_nope (r values), then the rotated q_rope.
   mla_qabs_.resize(T * nh * L);
-  for (size_t hd = 0; hd < nh; ++hd) {
-    Linear(&threads_, k_, &mla_q_[hd * qk], nh * qk, T, w.uk_t.data + hd * r * nope, r, nope,
-           &mla_qabs_[hd * L], nh * L);
-  }
+  HeadsLinear(&threads_, k_, nh, mla_q_.data(), qk, nh * qk, T, w.uk_t.data, r * nope, r, nope,
+              mla_qabs_.data(), L, nh * L);
   for (size_t i = 0; i < T; ++i) {
     for (size_t hd = 0; hd < nh; ++hd) {
       std::memcpy(&mla_qabs_[(i * nh + hd) * L + r], &mla_q_[(i * nh + hd) * qk + nope],
@@ -262,10 +260,8 @@ void CpuRunner::MlaAttentionBlock(int layer, const LayerWeights& lw, size_t T) {
   });
   // Each head's value: W_UV (rows nope.. of the head's block of kv_b) times its latent.
   attn_.resize(T * nh * vd);
-  for (size_t hd = 0; hd < nh; ++hd) {
-    Linear(&threads_, k_, &mla_lat_[hd * r], nh * r, T, w.kv_b.data + (hd * (nope + vd) + nope) * r,
-           vd, r, &attn_[hd * vd], nh * vd);
-  }
+  HeadsLinear(&threads_, k_, nh, mla_lat_.data(), r, nh * r, T, w.kv_b.data + nope * r,
+              (nope + vd) * r, vd, r, attn_.data(), vd, nh * vd);
   Linear(&threads_, k_, attn_.data(), nh * vd, T, w.o, tmp_.data(), H);
   for (size_t i = 0; i < T; ++i) {
     if (!w.o_bias.empty()) k_.axpy(1.f, w.o_bias.data(), H, &tmp_[i * H]);
