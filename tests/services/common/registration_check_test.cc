@@ -99,6 +99,36 @@ class RegistrationCheckTest : public ::testing::Test {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find(field), std::string::npos) << st.message();
   }
+  // Serves the fixture model `name` (tests/fixtures/models/NAME) from here on.
+  void UseFixture(const std::string& name) {
+    auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + name +
+                             "/config.json");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    model_ = *c;
+    limits_.model = model_;
+  }
+  // The model's honest Register from a decode and from a prefill worker (`expect` looks at its
+  // layout first): accepted at this protocol, refused from a worker of protocol 1.(since - 1),
+  // the refusal naming both versions and `what`.
+  void ExpectHonestSince(uint16_t since, const std::string& what,
+                         const std::function<void(wire::Register::Builder)>& expect) {
+    for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
+      SCOPED_TRACE(role == wire::Role::DECODE ? "decode" : "prefill");
+      proto::OutMessage m;
+      auto r = m.body().initRegister();
+      FillHonest(r, role, model_);
+      expect(r);
+      Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      st = CheckRegistration(r.asReader(), limits_, static_cast<uint16_t>(since - 1));
+      ASSERT_FALSE(st.ok());
+      EXPECT_NE(st.message().find("speaks control protocol 1." + std::to_string(since - 1)),
+                std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("since protocol 1." + std::to_string(since)), std::string::npos)
+          << st.message();
+      EXPECT_NE(st.message().find(what), std::string::npos) << st.message();
+    }
+  }
   uint64_t HashFor(int block_size, memory::KvDtype dtype, int64_t hidden) const {
     memory::KvLayout l;
     l.num_layers = static_cast<int>(model_.num_layers);
@@ -288,24 +318,10 @@ TEST_F(RegistrationCheckTest, AWorkerBeforePagesPerBlockServesAnAttentionModel) 
 // qwen3_next's fixture: linear-attention layers 0 and 2 keep a recurrent state of 3200 bytes,
 // two 2048-byte pages of a bf16 block of 16 tokens, one page of 4096 bytes.
 TEST_F(RegistrationCheckTest, AHybridsWorkersCarryTheirStatePagesFromProtocol13On) {
-  auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/qwen3_next/config.json");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  model_ = *c;
-  limits_.model = model_;
-  for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
-    proto::OutMessage m;
-    auto r = m.body().initRegister();
-    FillHonest(r, role, model_);
+  UseFixture("qwen3_next");
+  ExpectHonestSince(3, "qwen3_next", [](auto r) {
     EXPECT_EQ(r.getKvLayout().getPagesPerBlock(), 2u + 2 * 2);
-    Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    // The same Register from a worker of protocol 1.2: refused, both versions named.
-    st = CheckRegistration(r.asReader(), limits_, 2);
-    ASSERT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("speaks control protocol 1.2"), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find("since protocol 1.3"), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find("qwen3_next"), std::string::npos) << st.message();
-  }
+  });
   EXPECT_TRUE(Decode([](auto) {}).ok());
   ExpectRefused("no pagesPerBlock", "pagesPerBlock", [](auto r) { r.getKvLayout().setPagesPerBlock(0); });
   ExpectRefused("a page short", "pagesPerBlock", [](auto r) { r.getKvLayout().setPagesPerBlock(5); });
@@ -337,27 +353,13 @@ TEST_F(RegistrationCheckTest, AHybridsWorkersCarryTheirStatePagesFromProtocol13O
 // Gemma-4-26B-A4B's 8 x 256 and 2 x 512): a bf16 block of 16 tokens takes 4096 bytes a sliding
 // layer, 2048 a full one, 12288 in all; pages of 4096 bytes.
 TEST_F(RegistrationCheckTest, LayersOfTheirOwnKvWidthRegisterFromProtocol15On) {
-  auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) +
-                           "/tests/fixtures/models/gemma4_global/config.json");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  model_ = *c;
-  limits_.model = model_;
-  for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
-    proto::OutMessage m;
-    auto r = m.body().initRegister();
-    FillHonest(r, role, model_);
+  UseFixture("gemma4_global");
+  ExpectHonestSince(5, "own KV width", [](auto r) {
     EXPECT_EQ(r.getKvLayout().getLayerBytes(), 4096u);
     EXPECT_EQ(r.getKvLayout().getBlockBytes(), 2u * 4096 + 2 * 2048);
     EXPECT_EQ(r.getKvLayout().getPageBytes(), 4096u);
     EXPECT_EQ(r.getKvLayout().getPagesPerBlock(), 4u);
-    Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    st = CheckRegistration(r.asReader(), limits_, 4);
-    ASSERT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("speaks control protocol 1.4"), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find("since protocol 1.5"), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find("own KV width"), std::string::npos) << st.message();
-  }
+  });
   EXPECT_TRUE(Decode([](auto) {}).ok());
   // Every layer counted at the widest one's bytes: not this model's block.
   ExpectRefused("numLayers x layerBytes", "blockBytes",
@@ -383,29 +385,13 @@ TEST_F(RegistrationCheckTest, LayersOfTheirOwnKvWidthRegisterFromProtocol15On) {
 TEST_F(RegistrationCheckTest, AnMlaModelsWorkersRegisterTheirLatentRowsFromProtocol14On) {
   for (const char* fixture : {"deepseek_v3", "kimi_k2"}) {
     SCOPED_TRACE(fixture);
-    auto c = LoadModelConfig(std::string(PW_SOURCE_DIR) + "/tests/fixtures/models/" + fixture +
-                             "/config.json");
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    model_ = *c;
-    limits_.model = model_;
-    for (wire::Role role : {wire::Role::DECODE, wire::Role::PREFILL}) {
-      proto::OutMessage m;
-      auto r = m.body().initRegister();
-      FillHonest(r, role, model_);
+    UseFixture(fixture);
+    ExpectHonestSince(4, "MLA latent", [](auto r) {
       EXPECT_EQ(r.getKvLayout().getLayerBytes(), 16u * 40 * 2);
       EXPECT_EQ(r.getKvLayout().getBlockBytes(), 3u * 16 * 40 * 2);
       EXPECT_EQ(r.getKvLayout().getPageBytes(), 1280u);
       EXPECT_EQ(r.getKvLayout().getPagesPerBlock(), 3u);
-      Status st = CheckRegistration(r.asReader(), limits_, proto::kProtocolMinor);
-      EXPECT_TRUE(st.ok()) << st.ToString();
-      // The same Register from a worker of protocol 1.3: refused, both versions named.
-      st = CheckRegistration(r.asReader(), limits_, 3);
-      ASSERT_FALSE(st.ok());
-      EXPECT_NE(st.message().find("speaks control protocol 1.3"), std::string::npos)
-          << st.message();
-      EXPECT_NE(st.message().find("since protocol 1.4"), std::string::npos) << st.message();
-      EXPECT_NE(st.message().find("MLA latent"), std::string::npos) << st.message();
-    }
+    });
     EXPECT_TRUE(Decode([](auto) {}).ok());
     // Pages larger than a layer (a decode worker's --page-bytes) hold the same block.
     EXPECT_TRUE(Decode([](auto r) {
