@@ -21,16 +21,15 @@ under --work (default build/vs-llama-cpp): the model directory, GGUF bf16 (llama
 converter; the two edits this checkpoint needs are made in this process, not in LLAMA_DIR: an
 unknown pre-tokenizer hash is taken as gpt-2, and a key written twice with the same value is
 written once), Q4_K_M (or --quant4's type, e.g. MXFP4_MOE for gpt_oss) and Q8_0
-(llama-quantize), and the any-precision store (`pw serve
---bits 4` builds it into --work/store).
+(llama-quantize), and the any-precision store (`pw serve --bits 4` builds it into --work/store).
 
 In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16) beside
 llama-bench tg (batch 1) and llama-batched-bench -fa (batch 8, 32); 4-bit experts with int8
-dense beside Q4_K_M (--quant4) at batch 1; prefill of one prompt of 64, 512 and 2048 tokens (bf16) beside
-llama-bench pp. Served, each round: `pw serve --bits 16` / `--bits 4` beside `llama-server -t T
--np 32 -cb` on the bf16 / Q4_K_M GGUF, each loaded by the same client (pw-loadgen --dataset-name
-random, 64 tokens in, 128 out, --ignore-eos, --request-rate inf, --max-concurrency 1/8/32,
---token-count auto). Ours and llama.cpp's alternate within every round (A B A B over the
+dense beside Q4_K_M (--quant4) and 8-bit beside Q8_0 at batch 1; prefill of one prompt of 64,
+512 and 2048 tokens (bf16) beside llama-bench pp. Served, each round: `pw serve --bits 16` /
+`--bits 4` beside `llama-server -t T -np 32 -cb` on the bf16 / Q4_K_M (--quant4) GGUF, each
+loaded by the same client (pw-loadgen --dataset-name random, 64 tokens in, 128 out,
+--ignore-eos, --request-rate inf, --max-concurrency 1/8/32, --token-count auto). Ours and llama.cpp's alternate within every round (A B A B over the
 rounds), so a shared machine's load falls on both. Each round's figures and each ratio's median,
 min and max are printed, with the CPU (lscpu) and the load average before and after each part.
 """

@@ -18,22 +18,6 @@ inline size_t MinRowsPerThread(size_t cols, size_t T) {
   return std::max<size_t>(16, kMinParallelMacs / std::max<size_t>(1, cols * T));
 }
 
-// y[t * ldy + n] = sum_k x[t * ldx + k] * W[n, k] for t < T and every row n of w, split over
-// the pool by output rows (blocks of 16). Products under kMinParallelMacs multiply-adds per
-// thread run on the calling thread: a pool hand-off costs microseconds (much more on a loaded
-// host), which small matrices do not repay.
-inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x,
-                   size_t ldx, size_t T, const uint16_t* w, size_t rows, size_t cols, float* y,
-                   size_t ldy) {
-  const size_t min_rows = MinRowsPerThread(cols, T);
-  auto run = [&](size_t b, size_t e) { k.matmul_bf16(x, ldx, T, w, cols, b, e, y, ldy); };
-  if (pool == nullptr) {
-    run(0, rows);
-  } else {
-    pool->ParallelFor(rows, 16, min_rows, run);
-  }
-}
-
 // One product per head, all in one pool hand-off: for h < heads, the rows x cols bf16 matrix at
 // w + h * w_head times the head's input at x + h * x_head (T tokens, ldx apart) into
 // y + h * y_head (ldy apart). The range split over the pool is heads x rows, so a batch-1 step's
@@ -56,6 +40,16 @@ inline void HeadsLinear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, s
   } else {
     pool->ParallelFor(heads * rows, 16, MinRowsPerThread(cols, T), run);
   }
+}
+
+// y[t * ldy + n] = sum_k x[t * ldx + k] * W[n, k] for t < T and every row n of w, split over
+// the pool by output rows (blocks of 16). Products under kMinParallelMacs multiply-adds per
+// thread run on the calling thread: a pool hand-off costs microseconds (much more on a loaded
+// host), which small matrices do not repay. One head of HeadsLinear.
+inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x,
+                   size_t ldx, size_t T, const uint16_t* w, size_t rows, size_t cols, float* y,
+                   size_t ldy) {
+  HeadsLinear(pool, k, 1, x, 0, ldx, T, w, 0, rows, cols, y, 0, ldy);
 }
 
 // The int8 copy of a matrix (Model::QuantizeDenseInt8): x quantized once per call (chunks of
