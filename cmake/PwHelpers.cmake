@@ -1,3 +1,11 @@
+# pw_tests_need(<label> <targets...>): the tests labelled <label> run these targets. The sanitizer
+# trees build only what they run: the targets unit-tests and tsan-tests (the top-level
+# CMakeLists.txt) depend on what was declared here for `unit` and `tsan` (pw_add_gtest declares
+# its own binary; a test that runs other binaries declares them too).
+function(pw_tests_need label)
+  set_property(GLOBAL APPEND PROPERTY PW_${label}_TEST_TARGETS ${ARGN})
+endfunction()
+
 # pw_add_gtest(<name> SOURCES <files...> LIBS <targets...> [LABELS <labels...>])
 # Builds a GoogleTest binary into build/bin and registers each test case with CTest.
 # Label `unit` marks tests that also run under ASan+UBSan (fast, single-process); `tsan` the
@@ -12,6 +20,11 @@ function(pw_add_gtest name)
     PW_SOURCE_DIR="${CMAKE_SOURCE_DIR}" PW_BINARY_DIR="${CMAKE_BINARY_DIR}")
   # gtest_discover_tests flattens a list-valued property, so several labels are joined into one
   # ("unit+tsan"); `ctest -L <regex>` matches a part of it (-L unit, -L tsan).
+  foreach(label unit tsan)
+    if(label IN_LIST ARG_LABELS)
+      pw_tests_need(${label} ${name})
+    endif()
+  endforeach()
   list(JOIN ARG_LABELS "+" labels)
   set(env_property)
   if(ARG_ENV)
