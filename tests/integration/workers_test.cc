@@ -1300,9 +1300,12 @@ TEST(Workers, LongDecodeStepsDoNotStopHeartbeats) {
                             std::to_string(kBlockTokens), "--max-batch-tokens", "8192",
                             "--threads", "1", "--heartbeat-ms", beat},
                            log_dir + "/LongDecodeSteps.decode.log"));
+  // The prefill worker beats at 50 ms: it drops its prompts when the router has been silent for
+  // 3 of its beats, and at 20 ms a test process descheduled for 60 ms on a loaded machine was
+  // enough; the router still hears it within its 200 ms. The decode worker's beats are the test.
   ASSERT_TRUE(prefill.Start({Bin("pw-prefill"), "--insecure", "--model", model, "--router", endpoint, "--id",
                              "prefill-0", "--block-size", std::to_string(kBlockTokens),
-                             "--heartbeat-ms", beat},
+                             "--heartbeat-ms", "50"},
                             log_dir + "/LongDecodeSteps.prefill.log"));
   auto logs = [&] { return "decode:\n" + decode.Log() + "\nprefill:\n" + prefill.Log(); };
 
