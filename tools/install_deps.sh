@@ -5,7 +5,9 @@
 #   tools/install_deps.sh image    also what `make image` and the podman tests need (mmdebstrap
 #                                  builds the root filesystem, podman imports and runs it with
 #                                  runc; only `make image` and .ci/run ask for these)
-#   tools/install_deps.sh sanitize also clang, which builds the ASan+UBSan tree (make test-asan)
+#   tools/install_deps.sh sanitize also clang, its sanitizer runtimes and llvm-symbolizer, which
+#                                  build the ASan+UBSan tree and name file:line in its reports
+#                                  (make test-asan)
 set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config ccache
@@ -25,7 +27,7 @@ PKGS=(
   libc6-dev linux-libc-dev libpython3.11-stdlib libpython3.11-minimal
 )
 if [ "${1:-}" = sanitize ]; then
-  PKGS+=(clang)
+  PKGS+=(clang libclang-rt-14-dev llvm)
 fi
 if [ "${1:-}" = image ]; then
   PKGS+=(mmdebstrap podman runc catatonit uidmap slirp4netns fuse-overlayfs containernetworking-plugins iptables)
