@@ -6,6 +6,14 @@ function(pw_tests_need label)
   set_property(GLOBAL APPEND PROPERTY PW_${label}_TEST_TARGETS ${ARGN})
 endfunction()
 
+# pw_compute_folder(): this folder does a model's arithmetic (kernels, engine, quantizer): in a
+# sanitizer tree its code keeps -O1 where the rest of the ASan+UBSan tree is -O0.
+function(pw_compute_folder)
+  if(PW_SANITIZE)
+    add_compile_options(-O1)
+  endif()
+endfunction()
+
 # pw_add_gtest(<name> SOURCES <files...> LIBS <targets...> [LABELS <labels...>])
 # Builds a GoogleTest binary into build/bin and registers each test case with CTest.
 # Label `unit` marks tests that also run under ASan+UBSan (fast, single-process); `tsan` the
