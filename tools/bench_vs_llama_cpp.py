@@ -291,9 +291,16 @@ def llama_bench(args, llama_build, gguf_path, p, n):
     return {(d["n_prompt"], d["n_gen"]): d["avg_ts"] for d in data}
 
 
+def flash_attn_args(binary):
+    """Flash attention on: a bare -fa before llama.cpp's 2025 releases, -fa on|off|auto after."""
+    usage = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
+    return ["-fa", "on"] if "[on|off|auto]" in usage else ["-fa"]
+
+
 def llama_batched(args, llama_build, gguf_path, npl):
-    cmd = [os.path.join(llama_build, "bin", "llama-batched-bench"), "-m", gguf_path, "-t", str(args.threads),
-           "-npp", "64", "-ntg", "16", "-npl", ",".join(map(str, npl)), "-c", "4096", "-fa",
+    binary = os.path.join(llama_build, "bin", "llama-batched-bench")
+    cmd = [binary, "-m", gguf_path, "-t", str(args.threads), "-npp", "64", "-ntg", "16",
+           "-npl", ",".join(map(str, npl)), "-c", "4096"] + flash_attn_args(binary) + [
            "--output-format", "jsonl"]
     res = {}
     for line in out_of(cmd).splitlines():
