@@ -95,16 +95,18 @@ venv:
 # tiny-next (docs/model-card.md): the qwen3_next-architecture model with 512 experts, trained
 # from scratch on tiny-moe's corpus with tiny-moe's tokenizer, then scored on the held-out text
 # by HF and by the engine (paired), then its any-precision store. Needs a Python with torch and
-# transformers >= 5 (TINY_NEXT_PY; `make venv-next` makes one); training is single-threaded.
+# transformers >= 5 (TINY_NEXT_PY; `make venv-next` makes one). Training saves its state every
+# 50 steps and a second `make tiny-next` continues from it.
 TINY_NEXT ?= $(BUILD)/tiny-next
 TINY_NEXT_PY ?= .venv-next/bin/python
-TINY_NEXT_STEPS ?= 1500
+TINY_NEXT_STEPS ?= 900
+TINY_NEXT_THREADS ?= 2
 tiny-next: deps eval-data $(BUILD)/build.ninja
 	$(PY) tools/corpus.py train --out corpus/train.txt
 	$(TINY_NEXT_PY) tools/train_tiny_moe.py check-moe --arch qwen3_next
 	$(TINY_NEXT_PY) tools/train_tiny_moe.py model --arch qwen3_next --tokenizer-from models/tiny-moe \
-	  --corpus corpus/train.txt --out $(TINY_NEXT) --seed 1234 --steps $(TINY_NEXT_STEPS) --threads 1 \
-	  --log-every 5 --log $(TINY_NEXT)/loss.csv
+	  --corpus corpus/train.txt --out $(TINY_NEXT) --seed 1234 --steps $(TINY_NEXT_STEPS) --threads $(TINY_NEXT_THREADS) \
+	  --log-every 5 --log $(TINY_NEXT)/loss.csv --resume
 	$(TINY_NEXT_PY) tools/train_tiny_moe.py heldout --out $(TINY_NEXT) --heldout $(BUILD)/eval/heldout.txt \
 	  --threads 1 --nll-out $(TINY_NEXT)/heldout-hf.nll
 	cmake --build $(BUILD) -j $(JOBS) --target pw-eval pw-quantize

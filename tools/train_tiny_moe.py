@@ -380,6 +380,56 @@ def TokenizeCorpus(corpus_path, tokenizer_path):
             pieces.append(np.zeros(1, dtype=np.int64))
     return torch.from_numpy(np.concatenate(pieces))
 
+# What must match between a run and the run it resumes: anything that changes the data order,
+# the model or the schedule.
+RESUME_KEYS = ("arch", "seed", "steps", "batch", "seq", "lr", "warmup", "weight_decay",
+               "moe_impl", "corpus")
+
+
+def SaveTrainState(path, args, model, opt, next_step, cursor, elapsed):
+    """Everything a resumed run needs to continue as if it had not stopped, written to a
+    temporary file and renamed, so a run killed while saving keeps the previous state."""
+    import torch
+
+    state = {"next_step": next_step, "cursor": cursor, "elapsed": elapsed,
+             "args": {k: getattr(args, k) for k in RESUME_KEYS},
+             "model": model.state_dict(), "optimizer": opt.state_dict(),
+             "rng": torch.get_rng_state()}
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def LoadTrainState(path, args, model, opt):
+    import torch
+
+    state = torch.load(path, weights_only=False)
+    saved = state["args"]
+    for k in RESUME_KEYS:
+        if saved.get(k) != getattr(args, k):
+            raise SystemExit(f"--resume: {path} was written with --{k.replace('_', '-')} "
+                             f"{saved.get(k)!r}, this run has {getattr(args, k)!r}")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    return state["next_step"], state["cursor"], state["elapsed"]
+
+
+def OpenLossLog(path, first_step):
+    """The loss CSV: a new file for a fresh run; for a resumed one, the rows before first_step
+    kept (a row after the last saved state was logged by the run that stopped) and appended to."""
+    header = "step,lm_loss,aux_loss,lr,elapsed_s\n"
+    if first_step == 0 or not os.path.exists(path):
+        log = open(path, "w", encoding="utf-8")
+        log.write(header)
+        return log
+    with open(path, "r", encoding="utf-8") as f:
+        rows = f.readlines()[1:]
+    kept = [r for r in rows if r.strip() and int(r.split(",")[0]) < first_step]
+    log = open(path, "w", encoding="utf-8")
+    log.write(header + "".join(kept))
+    return log
+
 
 def TrainModel(args):
     import numpy as np
@@ -424,12 +474,16 @@ def TrainModel(args):
         t = (step - warmup) / max(1, args.steps - warmup)
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
+    state_path = os.path.join(args.out, "train-state.pt")
+    first_step, cursor, elapsed_before = 0, 0, 0.0
+    if args.resume and os.path.exists(state_path):
+        first_step, cursor, elapsed_before = LoadTrainState(state_path, args, model, opt)
+        print(f"resumed from {state_path} at step {first_step} ({elapsed_before:.0f}s trained)",
+              flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
-    log = open(args.log, "w", encoding="utf-8")
-    log.write("step,lm_loss,aux_loss,lr,elapsed_s\n")
-    t_start = time.time()
-    cursor = 0
-    for step in range(args.steps):
+    log = OpenLossLog(args.log, first_step)
+    t_start = time.time() - elapsed_before
+    for step in range(first_step, args.steps):
         if cursor + args.batch > n_blocks:
             cursor = 0
         idx = order[cursor:cursor + args.batch]
@@ -451,9 +505,15 @@ def TrainModel(args):
             print(f"step {step} lm_loss {lm_loss.item():.4f} aux {out.aux_loss.item():.4f} "
                   f"lr {LrAt(step):.2e} {elapsed:.1f}s ({elapsed / (step + 1):.2f}s/step)",
                   flush=True)
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 \
+                and step + 1 < args.steps:
+            SaveTrainState(state_path, args, model, opt, step + 1, cursor,
+                           time.time() - t_start)
     log.close()
     wall = time.time() - t_start
     print(f"trained {args.steps} steps in {wall:.0f}s", flush=True)
+    if os.path.exists(state_path):
+        os.remove(state_path)
     if args.steps_only:
         return
     model.config.output_router_logits = False
@@ -531,6 +591,11 @@ def Main(argv):
                         help="heldout: the evaluation text (make eval-data)")
     parser.add_argument("--ctx", type=int, default=256, help="heldout: window length")
     parser.add_argument("--nll-out", default="", help="heldout: per-prediction NLL file")
+    parser.add_argument("--checkpoint-every", type=int, default=50,
+                        help="model: save the training state to OUT/train-state.pt every N "
+                             "steps (0: never); removed when the run ends")
+    parser.add_argument("--resume", action="store_true",
+                        help="model: continue from OUT/train-state.pt when it exists")
     parser.add_argument("--steps-only", action="store_true",
                         help="train and log but do not save (for timing)")
     args = parser.parse_args(argv)
