@@ -5,7 +5,7 @@
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
-//                   [--kernel-path fast|exact] [--dense bf16|int8] [--same-prompts]
+//                   [--kernel-path fast|exact] [--dense bf16|int8] [--same-prompts] [--block-times]
 //                   [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
 //                           [--lynx-keep K'] [--lynx-config FILE]]
@@ -40,13 +40,16 @@
 // loads (AVX-512, else AVX2), median of `bw-passes` passes per stream count; the best stream
 // count's rate on `threads` threads is the bandwidth every floor and ratio uses (the probe
 // prints which count won). For each decode step it counts the bytes the step cannot avoid
-// reading:
-//   per layer: q/k/v/o weights, router, the distinct experts the batch's tokens selected
-//     (counted from the router's actual choices), the shared expert, norms/biases, and the KV
-//     cache of every sequence up to its position (fp32);
+// moving (bench/decode_bytes.h, from the loaded model and its per-layer KV specs, so every
+// family is counted by what it holds):
+//   per layer: every non-expert matrix (attention of the layer's kind, router, shared expert,
+//     dense MLP), norms/biases, the distinct experts the batch's tokens selected (counted from
+//     the router's actual choices), and the KV of every sequence up to its position (the last
+//     `window` positions of a sliding layer, a latent per position for MLA) or, for a
+//     linear-attention layer, its recurrent state read and written once;
 //   once: lm_head, final norm, and B embedding rows.
-// q/k/v/o, lm_head and dense/shared MLP weights count 2 bytes each, or 1 with --dense int8
-// (the engine then reads their int8 copies, EngineOptions::dense_int8).
+// Matrices count 2 bytes a weight, or 1 where the engine reads an int8 copy (--dense int8,
+// EngineOptions::dense_int8); KV elements 4 bytes (fp32 KV).
 // A distinct expert counts 3 * H * I bf16 in the `floor` columns; with --store the `@ width`
 // columns count it at the width the provider runs each of its two blocks at: b planes of
 // rows * PlaneRowBytes(cols) bytes plus the block's LUT_b (rows * 2^b fp16), or bf16 at 16.
@@ -60,6 +63,11 @@
 // well under 100 means the threads waited for cores (a busy machine) or idled, and the figures
 // understate the engine.
 //
+// Block times. With --block-times the runner times each layer block of the prefill (attention
+// of the layer's kind, then its MLP: engine/runner/block_times.h) and a table gives, per kind,
+// the time per layer and prompt tokens per second per layer: a hybrid's linear-attention layers
+// against its full-attention ones at the --prompt-len given.
+//
 // LYNX. With --lynx every point runs twice, without and then with the remap rule the --lynx
 // flags name (tools/lynx_cli.h) as the engine's routing hook, on the same prompts; a last table
 // pairs them: distinct experts per MoE layer per decode step before (the router's choice) and
@@ -68,6 +76,7 @@
 // The tables above it then list the runs without the remap only.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -82,12 +91,14 @@
 #include <vector>
 
 #include "bench/bandwidth_probe.h"
+#include "bench/decode_bytes.h"
 #include "common/formats/apw_store.h"
 #include "common/logging.h"
 #include "common/formats/model_config.h"
 #include "kernels/anyprec/anyprec.h"
 #include "engine/experts/apw_expert_provider.h"
 #include "engine/engine.h"
+#include "engine/runner/block_times.h"
 #include "engine/hooks/lynx_routing_hook.h"
 #include "engine/models/model.h"
 #include "engine/layers/moe_layer.h"
@@ -237,38 +248,48 @@ struct Row {
   double floor_bytes_after = 0;      // floor_bytes with the experts after the hook
   double floor_bytes_width_after = 0;
   double remap_share = 0;            // hook time / decode time
+  StepBytes floor_parts;             // floor_bytes by part (experts as bf16)
+  engine::BlockTimes prefill_blocks; // with --block-times: the prefill's blocks, mean of the runs
+  std::array<int, engine::kNumBlockKinds> layers_of_kind{};  // the model's layers of each kind
 };
 
-// Bytes one decode step of `batch` sequences at mean context `ctx` must read (see top), with
-// the routed experts' bytes given: their mean per MoE layer per step.
-double DecodeStepBytes(const engine::Model& model, int batch, double expert_bytes_per_layer,
-                       double ctx) {
-  const ModelConfig& c = model.config();
-  const double H = static_cast<double>(c.hidden_size), D = static_cast<double>(c.head_dim);
-  const double nh = static_cast<double>(c.num_heads), nkv = static_cast<double>(c.num_kv_heads);
-  const double bf16 = 2, f32 = 4;
-  // Matrices the engine may hold as int8 (Model::QuantizeDenseInt8): 1 byte a weight (the row
-  // scales and padding add under 1 %).
-  const double dense = model.dense_int8() ? 1 : bf16;
-  double bytes = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    bytes += dense * (H * nh * D + 2 * H * nkv * D + nh * D * H);  // q, k, v, o
-    bytes += f32 * 2 * H;                                         // the two norms
-    if (c.qk_norm != QkNorm::kNone) bytes += f32 * 2 * nh * D;
-    bytes += f32 * batch * ctx * 2 * nkv * D;  // K and V of every position
-    if (c.IsMoeLayer(l)) {
-      bytes += bf16 * static_cast<double>(c.num_experts) * H;  // router
-      bytes += expert_bytes_per_layer;
-      if (c.shared_expert_intermediate_size > 0) {
-        bytes += dense * 3 * H * static_cast<double>(c.shared_expert_intermediate_size) + bf16 * H;
-      }
-    } else {
-      bytes += dense * 3 * H * static_cast<double>(c.intermediate_size);
+// Bytes one decode step of `batch` sequences at mean context `ctx` must move (see top and
+// bench/decode_bytes.h), with the routed experts' bytes given: their mean per MoE layer per step.
+StepBytes FloorParts(const engine::Engine& eng, int batch, double expert_bytes_per_layer,
+                     double ctx) {
+  const double kv_elem = eng.options().kv_dtype == memory::KvDtype::kBf16 ? 2 : 4;
+  return bench::DecodeStepBytes(eng.model(), batch, ctx, kv_elem, expert_bytes_per_layer);
+}
+double FloorBytes(const engine::Engine& eng, int batch, double expert_bytes_per_layer,
+                  double ctx) {
+  return FloorParts(eng, batch, expert_bytes_per_layer, ctx).total();
+}
+
+// --block-times: per model and batch, where the prefill went by block kind (wall time, mean
+// of the timed runs): the kind's layers, its time per layer, prompt tokens per second per layer
+// (batch x prompt over the time of one such layer), and its share of the prefill.
+void PrintBlockTimes(const std::vector<Row>& rows, int prompt_len) {
+  std::printf(
+      "\nPrefill by layer block (wall time inside each block kind, mean of the runs; tok/s per "
+      "layer = prompt tokens over one layer's time):\n\n"
+      "| model | experts | batch | prompt | block | layers | ms per layer | tok/s per layer "
+      "| share of blocks |\n|---|---|---:|---:|---|---:|---:|---:|---:|\n");
+  for (const auto& r : rows) {
+    if (r.lynx) continue;
+    double all = 0;
+    for (double s : r.prefill_blocks.seconds) all += s;
+    for (int k = 0; k < engine::kNumBlockKinds; ++k) {
+      if (r.prefill_blocks.blocks[k] == 0) continue;
+      const int layers = r.layers_of_kind[k];
+      if (layers == 0) continue;
+      const double per_layer = r.prefill_blocks.seconds[k] / layers;
+      std::printf("| %s | %s | %d | %d | %s | %d | %.2f | %.0f | %.1f %% |\n", r.model.c_str(),
+                  r.experts.c_str(), r.batch, prompt_len,
+                  engine::BlockKindName(static_cast<engine::BlockKind>(k)), layers,
+                  per_layer * 1e3, r.batch * prompt_len / per_layer,
+                  100 * r.prefill_blocks.seconds[k] / all);
     }
   }
-  bytes += dense * static_cast<double>(c.vocab_size) * H;  // lm_head
-  bytes += f32 * H + bf16 * batch * H;                    // final norm, embedding rows
-  return bytes;
 }
 
 // One set of expert weights to benchmark: bf16 from the checkpoint (no store), a uniform width
@@ -295,6 +316,7 @@ struct Options {
   std::vector<ExpertConfig> configs;  // with a store: one per --bits entry, then --bits-map
   anyprec::KernelPath kernel_path = anyprec::KernelPath::kFast;
   bool same_prompts = false;  // every sequence of a batch decodes the same prompt
+  bool block_times = false;   // time the prefill's layer blocks by kind (engine/runner/block_times.h)
 };
 
 // The store-backed provider for one configuration.
@@ -336,6 +358,7 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     double distinct_sum = 0, bf16_bytes_sum = 0, width_bytes_sum = 0;
     double after_distinct_sum = 0, after_bf16_sum = 0, after_width_sum = 0;
     int64_t distinct_calls = 0;
+    engine::BlockTimes run_blocks, prefill_blocks;
     for (int run = -o.warmups; run < o.runs; ++run) {
       engine::SamplingParams sp;
       sp.max_tokens = max_gen;
@@ -356,6 +379,8 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
         PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
       }
       // Prefill: until no sequence is still prefilling.
+      run_blocks.Reset();
+      if (o.block_times) eng.SetBlockTimes(&run_blocks);
       for (;;) {
         auto infos = eng.Sequences();
         bool prefilling = std::any_of(infos.begin(), infos.end(),
@@ -366,6 +391,7 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
       }
       auto t1 = Clock::now();
       const double cpu1 = ProcessCpuSeconds();
+      eng.SetBlockTimes(nullptr);
       counter.enabled_ = true;
       counter.Reset();
       timing.seconds_ = 0;
@@ -398,6 +424,10 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
       after_bf16_sum += counter.after_bf16_bytes_sum_;
       after_width_sum += counter.after_width_bytes_sum_;
       if (lynx) remap_share.push_back(lynx->stats().seconds / dec);
+      for (int k = 0; k < engine::kNumBlockKinds; ++k) {
+        prefill_blocks.seconds[k] += run_blocks.seconds[k] / o.runs;
+        prefill_blocks.blocks[k] += run_blocks.blocks[k];
+      }
     }
     Row r;
     r.model = model_name;
@@ -413,15 +443,24 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     const double calls = distinct_calls ? static_cast<double>(distinct_calls) : 1;
     r.distinct = distinct_sum / calls;
     const double mean_ctx = o.prompt_len + 0.5 * o.decode_steps;
-    r.floor_bytes = DecodeStepBytes(eng.model(), batch, bf16_bytes_sum / calls, mean_ctx);
-    r.floor_bytes_width = DecodeStepBytes(eng.model(), batch, width_bytes_sum / calls, mean_ctx);
+    r.floor_bytes = FloorBytes(eng, batch, bf16_bytes_sum / calls, mean_ctx);
+    r.floor_parts = FloorParts(eng, batch, bf16_bytes_sum / calls, mean_ctx);
+    r.prefill_blocks = prefill_blocks;
+    for (const engine::LayerWeights& w : eng.model().layers()) {
+      const engine::BlockKind kind = w.is_linear_attention ? engine::BlockKind::kLinearAttention
+                                     : w.is_mla            ? engine::BlockKind::kLatentAttention
+                                                           : engine::BlockKind::kFullAttention;
+      ++r.layers_of_kind[static_cast<int>(kind)];
+      ++r.layers_of_kind[static_cast<int>(engine::BlockKind::kMlp)];
+    }
+    r.floor_bytes_width = FloorBytes(eng, batch, width_bytes_sum / calls, mean_ctx);
     if (lynx) {
       r.lynx = true;
       r.rule = rule;
       r.distinct_after = after_distinct_sum / calls;
-      r.floor_bytes_after = DecodeStepBytes(eng.model(), batch, after_bf16_sum / calls, mean_ctx);
+      r.floor_bytes_after = FloorBytes(eng, batch, after_bf16_sum / calls, mean_ctx);
       r.floor_bytes_width_after =
-          DecodeStepBytes(eng.model(), batch, after_width_sum / calls, mean_ctx);
+          FloorBytes(eng, batch, after_width_sum / calls, mean_ctx);
       r.remap_share = Median(remap_share);
     }
     rows.push_back(r);
@@ -548,6 +587,9 @@ int Main(int argc, char** argv) {
   app.add_flag("--same-prompts", o.same_prompts,
                "every sequence of a batch gets the same prompt (identical routing, as "
                "llama-batched-bench decodes)");
+  app.add_flag("--block-times", o.block_times,
+               "time the prefill's layer blocks by kind (full, linear or latent attention, "
+               "MLP) and print where the prefill went");
   tools::AddLynxFlags(&app, &o.lynx);
   CLI11_PARSE(app, argc, argv);
   o.dense_int8 = dense == "int8";
@@ -692,6 +734,17 @@ int Main(int argc, char** argv) {
                   r.step_cpu_seconds / floor_s, 100 * r.expert_share);
     }
   }
+  std::printf(
+      "\nBytes of a decode step (bench/decode_bytes.h; experts as bf16, KV at the mean "
+      "context):\n\n| model | batch | weights MB | KV MB | recurrent state MB (read + write) "
+      "| experts MB | total MB |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& r : rows) {
+    if (r.lynx || r.experts != rows.front().experts) continue;
+    const StepBytes& p = r.floor_parts;
+    std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r.model.c_str(), r.batch,
+                p.weights / 1e6, p.kv / 1e6, p.state / 1e6, p.experts / 1e6, p.total() / 1e6);
+  }
+  if (o.block_times) PrintBlockTimes(rows, o.prompt_len);
   if (o.lynx.on) {
     std::printf(
         "\nRemap (off = the router's choice, on = the remap as routing hook; step CPU = decode "

@@ -77,6 +77,7 @@ int Engine::vocab_size() const { return static_cast<int>(model_->config().vocab_
 int Engine::max_context() const { return options_.max_context; }
 const Model& Engine::model() const { return *model_; }
 void Engine::SetMoeHooks(const MoeHooks& hooks) { runner_->SetHooks(hooks); }
+void Engine::SetBlockTimes(BlockTimes* times) { runner_->SetBlockTimes(times); }
 
 const std::vector<int32_t>& Engine::eos_token_ids() const { return eos_ids_; }
 

@@ -71,6 +71,7 @@ namespace pw::engine {
 
 class Model;
 class Runner;
+struct BlockTimes;
 class Scheduler;
 
 // The KV block vocabulary of the engine's callers (memory/kv_layout.h, memory/kv_blocks.h).
@@ -227,6 +228,9 @@ class Engine {
   // Pointers are borrowed and must outlive their use; null members select the defaults
   // (bf16 experts from the checkpoint, everything resident, router's choice, no recording).
   void SetMoeHooks(const MoeHooks& hooks);
+  // Where the runner adds each layer block's wall time from now on (block_times.h; borrowed,
+  // null to stop).
+  void SetBlockTimes(BlockTimes* times);
 
   // KV blocks outside sequences (header comment): n free blocks leased to the caller, all or
   // nothing (kResourceExhausted when fewer are free; contents unspecified), and given back

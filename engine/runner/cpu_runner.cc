@@ -1,6 +1,7 @@
 #include "engine/runner/cpu_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -25,16 +26,26 @@ void CpuRunner::SetHooks(const MoeHooks& hooks) { hooks_ = hooks; }
 Status CpuRunner::Forward(const Batch& batch, std::vector<float>* logits) {
   const size_t T = Prepare(batch.items);
   if (T == 0) return Status::Ok();
+  using Clock = std::chrono::steady_clock;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& w = model_.layers()[static_cast<size_t>(l)];
+    const Clock::time_point t0 = times_ != nullptr ? Clock::now() : Clock::time_point{};
+    BlockKind kind = BlockKind::kFullAttention;
     if (w.is_linear_attention) {
+      kind = BlockKind::kLinearAttention;
       LinearAttentionBlock(static_cast<int>(l), w, T, batch.items);
     } else if (w.is_mla) {
+      kind = BlockKind::kLatentAttention;
       MlaAttentionBlock(static_cast<int>(l), w, T);
     } else {
       AttentionBlock(static_cast<int>(l), w, T);
     }
+    const Clock::time_point t1 = times_ != nullptr ? Clock::now() : Clock::time_point{};
     PW_RETURN_IF_ERROR(MlpBlock(static_cast<int>(l), w, T, batch.pure_decode));
+    if (times_ != nullptr) {
+      times_->Add(kind, std::chrono::duration<double>(t1 - t0).count());
+      times_->Add(BlockKind::kMlp, std::chrono::duration<double>(Clock::now() - t1).count());
+    }
   }
   Logits(batch.items, logits);
   return Status::Ok();

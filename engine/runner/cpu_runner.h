@@ -27,6 +27,7 @@ class CpuRunner final : public Runner {
 
   Status Forward(const Batch& batch, std::vector<float>* logits) override;
   void SetHooks(const MoeHooks& hooks) override;
+  void SetBlockTimes(BlockTimes* times) override { times_ = times; }
 
  private:
   // Sizes the buffers for T tokens, fills the embeddings, per-token metadata and RoPE tables.
@@ -65,6 +66,7 @@ class CpuRunner final : public Runner {
   Bf16ExpertProvider bf16_provider_;
   AllResident all_resident_;
   MoeHooks hooks_;
+  BlockTimes* times_ = nullptr;  // borrowed; SetBlockTimes
 
   // Per-token metadata of the current batch.
   std::vector<uint64_t> tok_seq_;

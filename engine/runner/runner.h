@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "engine/experts/moe.h"
 #include "engine/runner/batch.h"
+#include "engine/runner/block_times.h"
 
 namespace pw::engine {
 
@@ -30,6 +31,10 @@ class Runner {
 
   // The MoE seams (moe.h) used by the next Forward calls; pointers borrowed.
   virtual void SetHooks(const MoeHooks& hooks) = 0;
+
+  // Where the next Forward calls add each layer block's wall time (borrowed; null: nowhere,
+  // no clock read).
+  virtual void SetBlockTimes(BlockTimes* times) = 0;
 };
 
 }  // namespace pw::engine
