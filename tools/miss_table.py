@@ -34,8 +34,8 @@ def Main(path):
           "| substituted / selected | fetches / token | admissions / token | pw-sim µs / token |")
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     base = rows[0]
-    print(f"| 100 % | all resident | — | {float(base['ppl']):.4f} | — | 0 | 0 | 0 | 0 | "
-          f"{rows[1]['sim_us_all_resident'] if len(rows) > 1 else ''} |")
+    sim_base = f"{float(rows[1]['sim_us_all_resident']):.1f}" if len(rows) > 1 else ""
+    print(f"| 100 % | all resident | — | {float(base['ppl']):.4f} | — | 0 | 0 | 0 | 0 | {sim_base} |")
     runs = rows[1:]
     for r in runs:
         print(f"| {float(r['residency']) * 100:.0f} % | {NAMES.get(r['preset'], r['preset'])} | "

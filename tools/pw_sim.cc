@@ -6,6 +6,8 @@
 //          [--base-us U --expert-us U --fetch-latency-us U --fetch-gbps G --expert-bytes B]
 //   pw-sim --trace FILE --sweep [--policies P1,P2..] [--evictions E1,E2..] [--residencies F1,F2..]
 //          [--csv FILE] [--json FILE] [--svg FILE]
+//   pw-sim --trace FILE --gate-ranks [--miss-threshold X]   each rank's mean gate weight and
+//          the share of its choices at or above the threshold rule's X (default 0.15)
 //   pw-sim --synthesize FILE [--layers 16 --experts 64 --top-k 8 --hidden 2048 --ffn 1024
 //          --steps N --tokens-per-step T --seed S]   writes a synthetic trace (synthetic_trace.h)
 // One run prints "key value" lines; a sweep prints its CSV (and writes the files asked for).
@@ -24,6 +26,7 @@
 #include <sstream>
 
 #include "common/formats/options.h"
+#include "policies/misses/gate_ranks.h"
 #include "policies/misses/miss_options.h"
 #include "policies/misses/synthetic_trace.h"
 #include "policies/misses/trace_replay.h"
@@ -88,9 +91,13 @@ int main(int argc, char** argv) {
   app.add_option("--fetch-gbps", cost.fetch_gbps, "modelled fetch bandwidth, GB/s")->check(CLI::PositiveNumber);
   app.add_option("--expert-bytes", cost.expert_bytes, "bytes of one expert (0: bf16 from the trace)");
   bool sweep = false;
+  bool gate_ranks = false;
   std::string policies = "fetch-every-miss,rule-0.15,first-choice,weight-blind,quality-first,speed-first";
   std::string evictions, residencies = "0.25,0.5", csv, json, svg;
   app.add_flag("--sweep", sweep, "one replay per (residency, policy, eviction)");
+  app.add_flag("--gate-ranks", gate_ranks,
+               "print each rank's mean gate weight and the share reaching the miss threshold, "
+               "then exit");
   app.add_option("--policies", policies, "sweep: presets");
   app.add_option("--evictions", evictions, "sweep: eviction rules crossed with the presets (default: each preset's)");
   app.add_option("--residencies", residencies, "sweep: residency fractions");
@@ -119,6 +126,19 @@ int main(int argc, char** argv) {
                  trace->tail.message.c_str());
   }
   const double bytes = cost.expert_bytes > 0 ? cost.expert_bytes : in.expert_bytes;
+
+  if (gate_ranks) {
+    auto cfg = pw::misses::ToMissConfig(miss.settings);
+    if (!cfg.ok()) return Fail(cfg.status());
+    const pw::misses::GateRanks g = pw::misses::GateWeightsByRank(*trace, cfg->threshold);
+    std::printf("selections %llu\nthreshold %.4f\n", static_cast<unsigned long long>(g.selections),
+                cfg->threshold);
+    for (size_t r = 0; r < g.mean.size(); ++r) {
+      std::printf("rank %zu mean_weight %.4f share_at_least_threshold %.4f\n", r + 1, g.mean[r],
+                  g.share_at_least[r]);
+    }
+    return 0;
+  }
 
   if (!sweep) {
     auto cfg = pw::misses::ToMissConfig(miss.settings);
