@@ -51,17 +51,18 @@ inline uint16_t ToBf16Bits(float f) {
 // The table of one CPU backend. Requires kernels::BackendSupported(isa) and isa not kCuda (aborts
 // otherwise: a broken invariant; CUDA's table is cuda::Kernels(), kernels/cuda/dense.cuh).
 // With `batch_invariant`, every kernel computes each token (row of x) in one summation order
-// whatever T is, so a token's result is the same bits however it is batched: the avx512 backend
-// then skips its few-token GEMV (whose order differs from its tiles'), and the amx backend
-// runs every token count on tiles with one column chunking. The other backends are invariant
-// already. Costs speed where a backend switches kernels by token count (docs/benchmarks.md).
+// whatever T is, so a token's result is the same bits however it is batched: the avx512 and
+// avx2 backends then skip their few-token GEMV (whose order differs from their tiles'), and the
+// amx backend runs every token count on tiles with one column chunking. The scalar backend is
+// invariant already. Costs speed where a backend switches kernels by token count (docs/benchmarks.md).
 //
 // With `bf16_activations`, matmul_bf16 rounds each activation to bf16 (nearest, ties to even)
 // before multiplying: the arithmetic of bf16 inference (llama.cpp's bf16 type, torch in bf16),
 // run on AVX512-BF16's vdpbf16ps where the CPU has it and isa is kAvx512 or kAmx (1.3-1.7x the
 // fp32 kernel at 8-16 tokens on an AMD Zen 4, the same at one token; denormal activations count
 // as 0 there), else the AVX2 table with its fp32 tile on the rounded values (the scalar table
-// for kScalar). These tables run one kernel at every token count, so they are batch-invariant.
+// for kScalar). vdpbf16ps and the scalar table run one kernel at every token count, so they are
+// batch-invariant; the AVX2 table's one token goes through its GEMV unless `batch_invariant`.
 // Kernels() runs them by default (KernelSettings::bf16_activations): about 3 significant bits
 // less per activation, no perplexity change measured (docs/quality.md); the engine's checks
 // against HF transformers' float32 logits (tests/engine) select the exact fp32 activations.
@@ -83,12 +84,14 @@ const kernels::DenseKernels& Kernels();
 // Per-backend tables, defined in dense_<isa>.cc. Use KernelsFor() instead.
 extern const kernels::DenseKernels kScalarKernels;
 extern const kernels::DenseKernels kAvx2Kernels;
+extern const kernels::DenseKernels kAvx2InvariantKernels;
 extern const kernels::DenseKernels kAvx512Kernels;
 extern const kernels::DenseKernels kAmxKernels;
 extern const kernels::DenseKernels kAvx512InvariantKernels;
 extern const kernels::DenseKernels kAmxInvariantKernels;
 extern const kernels::DenseKernels kScalarBf16ActsKernels;
 extern const kernels::DenseKernels kAvx2Bf16ActsKernels;
+extern const kernels::DenseKernels kAvx2Bf16ActsInvariantKernels;
 extern const kernels::DenseKernels kAvx512Bf16ActsKernels;
 
 }  // namespace pw::cpu

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/prefetch_distance.h"
 #include "kernels/cpu/simd_avx2.h"
 
 namespace pw::cpu {
@@ -91,8 +92,91 @@ void MatmulAvx2(const float* x, size_t ldx, size_t T, const W* w, size_t K, size
   }
 }
 
+// One-token bf16 GEMV over R rows read side by side (the AVX-512 backend's GemvBf16 on 32-byte
+// registers): 16 weights per row per step in one load, the even and odd weights widened in place
+// by a shift and a mask (no cross-lane shuffle on the weights), against the activations split
+// once per step into their even and odd columns (an in-lane shuffle and a 64-bit permute, shared
+// by the R rows); two accumulators per row. Each row's stream is prefetched PrefetchBytes()
+// ahead (none on AMD by default: prefetch_distance.h). A K tail of 8 goes through one widened
+// load against the contiguous activations, the rest scalar. Its summation order differs from the
+// tiles', so the batch-invariant tables do not use it.
+template <int R>
+inline void GemvBf16Avx2(const float* x, const uint16_t* const* w, size_t K, float* const* y) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const size_t ahead = PrefetchBytes();
+  size_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+    // In each 128-bit lane (x0's half, x1's half): the even columns, then the odd ones; the
+    // 64-bit pairs put back in column order.
+    const __m256 e = _mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m256 o = _mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m256 xe =
+        _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+    const __m256 xo =
+        _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+    for (int r = 0; r < R; ++r) {
+      if (ahead != 0 && k % 32 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + ahead, _MM_HINT_T0);
+      }
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+      acc[r][0] = _mm256_fmadd_ps(we, xe, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(wo, xo, acc[r][1]);
+    }
+  }
+  if (k + 8 <= K) {
+    const __m256 xv = _mm256_loadu_ps(x + k);
+    for (int r = 0; r < R; ++r) acc[r][0] = _mm256_fmadd_ps(avx2::Load8(w[r] + k), xv, acc[r][0]);
+    k += 8;
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = avx2::HSum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    for (size_t kk = k; kk < K; ++kk) s += x[kk] * avx2::ToF32(w[r][kk]);
+    *y[r] = s;
+  }
+}
+
+// One token: the thread's rows [n_begin, n_end) cut into kGemvStreams contiguous parts walked in
+// lockstep, one row of each part per pass, so the thread keeps that many long sequential streams
+// open (as the bandwidth probe reads fastest) instead of short runs of adjacent rows; the rows
+// left over go one at a time.
+constexpr int kGemvStreams = 4;
+
+void GemvBf16RowsAvx2(const float* x, const uint16_t* w, size_t K, size_t n_begin, size_t n_end,
+                      float* y) {
+  constexpr int S = kGemvStreams;
+  const size_t part = (n_end - n_begin) / S;
+  const uint16_t* rows[S];
+  float* outs[S];
+  for (size_t i = 0; i < part; ++i) {
+    for (int s = 0; s < S; ++s) {
+      const size_t n = n_begin + s * part + i;
+      rows[s] = w + n * K;
+      outs[s] = y + n;
+    }
+    GemvBf16Avx2<S>(x, rows, K, outs);
+  }
+  for (size_t n = n_begin + S * part; n < n_end; ++n) {
+    rows[0] = w + n * K;
+    outs[0] = y + n;
+    GemvBf16Avx2<1>(x, rows, K, outs);
+  }
+}
+
+// One token through the GEMV, more through the tiles.
 void MatmulBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                     size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  if (T == 1) return GemvBf16RowsAvx2(x, w, K, n_begin, n_end, y);
+  MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
+}
+
+// The tiles at every token count: each (row, token) summed in the same order whatever T is.
+void MatmulBf16TilesAvx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
+                         size_t n_begin, size_t n_end, float* y, size_t ldy) {
   MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
@@ -102,6 +186,9 @@ void MatmulBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, siz
 // (docs/benchmarks.md, "Serving on one machine"). The copy grows once per thread to
 // kTokenGroup x the longest K (a scratch buffer, as ggml's work buffer); each group re-reads
 // the row block's weights, which 64 tokens of products per weight pay for.
+// kInvariant: the tiles at every token count (batch-invariant); else one token goes through the
+// GEMV.
+template <bool kInvariant>
 void MatmulBf16ActsBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                             size_t n_begin, size_t n_end, float* y, size_t ldy) {
   constexpr size_t kTokenGroup = 64;
@@ -117,7 +204,11 @@ void MatmulBf16ActsBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t
       for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, RoundToBf16(_mm256_loadu_ps(src + k)));
       for (; k < K; ++k) dst[k] = Bf16Bits(ToBf16Bits(src[k]));
     }
-    MatmulAvx2<uint16_t>(rounded.data(), K, tn, w, K, n_begin, n_end, y + t0 * ldy, ldy);
+    if (!kInvariant && tn == 1) {
+      GemvBf16RowsAvx2(rounded.data(), w, K, n_begin, n_end, y + t0 * ldy);
+    } else {
+      MatmulAvx2<uint16_t>(rounded.data(), K, tn, w, K, n_begin, n_end, y + t0 * ldy, ldy);
+    }
   }
 }
 
@@ -207,8 +298,18 @@ const kernels::DenseKernels kAvx2Kernels = {
     MatmulBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
 };
 
+const kernels::DenseKernels kAvx2InvariantKernels = {
+    MatmulBf16TilesAvx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
+};
+
 const kernels::DenseKernels kAvx2Bf16ActsKernels = {
-    MatmulBf16ActsBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
+    MatmulBf16ActsBf16Avx2<false>, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2,
+    AxpyAvx2,
+};
+
+const kernels::DenseKernels kAvx2Bf16ActsInvariantKernels = {
+    MatmulBf16ActsBf16Avx2<true>, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2,
+    AxpyAvx2,
 };
 
 }  // namespace pw::cpu

@@ -134,9 +134,10 @@ const kernels::DenseKernels& KernelsFor(Backend isa, bool batch_invariant, bool 
     switch (isa) {
       case Backend::kAmx:
       case Backend::kAvx512:
-        return Avx512Bf16Usable() ? kAvx512Bf16ActsKernels : kAvx2Bf16ActsKernels;
+        if (Avx512Bf16Usable()) return kAvx512Bf16ActsKernels;
+        return batch_invariant ? kAvx2Bf16ActsInvariantKernels : kAvx2Bf16ActsKernels;
       case Backend::kAvx2:
-        return kAvx2Bf16ActsKernels;
+        return batch_invariant ? kAvx2Bf16ActsInvariantKernels : kAvx2Bf16ActsKernels;
       case Backend::kScalar:
       case Backend::kCuda:  // refused above
         break;
@@ -149,7 +150,7 @@ const kernels::DenseKernels& KernelsFor(Backend isa, bool batch_invariant, bool 
     case Backend::kAvx512:
       return batch_invariant ? kAvx512InvariantKernels : kAvx512Kernels;
     case Backend::kAvx2:
-      return kAvx2Kernels;
+      return batch_invariant ? kAvx2InvariantKernels : kAvx2Kernels;
     case Backend::kScalar:
     case Backend::kCuda:  // refused above
       break;
