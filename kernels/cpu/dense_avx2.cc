@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/prefetch_distance.h"
+#include "kernels/cpu/row_streams.h"
 #include "kernels/cpu/simd_avx2.h"
 
 namespace pw::cpu {
@@ -140,43 +141,21 @@ inline void GemvBf16Avx2(const float* x, const uint16_t* const* w, size_t K, flo
   }
 }
 
-// One token: the thread's rows [n_begin, n_end) cut into kGemvStreams contiguous parts walked in
-// lockstep, one row of each part per pass, so the thread keeps that many long sequential streams
-// open (as the bandwidth probe reads fastest) instead of short runs of adjacent rows; the rows
-// left over go one at a time.
-constexpr int kGemvStreams = 4;
-
+// One token, the rows walked as kGemvStreams long streams (row_streams.h).
 void GemvBf16RowsAvx2(const float* x, const uint16_t* w, size_t K, size_t n_begin, size_t n_end,
                       float* y) {
-  constexpr int S = kGemvStreams;
-  const size_t part = (n_end - n_begin) / S;
-  const uint16_t* rows[S];
-  float* outs[S];
-  for (size_t i = 0; i < part; ++i) {
-    for (int s = 0; s < S; ++s) {
-      const size_t n = n_begin + s * part + i;
-      rows[s] = w + n * K;
-      outs[s] = y + n;
-    }
-    GemvBf16Avx2<S>(x, rows, K, outs);
-  }
-  for (size_t n = n_begin + S * part; n < n_end; ++n) {
-    rows[0] = w + n * K;
-    outs[0] = y + n;
-    GemvBf16Avx2<1>(x, rows, K, outs);
-  }
+  WalkRowStreams<kGemvStreams>(
+      w, K, n_begin, n_end, y, [&](auto r, const uint16_t* const* rows, float* const* outs) {
+        GemvBf16Avx2<decltype(r)::value>(x, rows, K, outs);
+      });
 }
 
-// One token through the GEMV, more through the tiles.
+// kInvariant: the tiles at every token count, each (row, token) summed in the same order
+// whatever T is (batch-invariant); else one token goes through the GEMV.
+template <bool kInvariant>
 void MatmulBf16Avx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
                     size_t n_begin, size_t n_end, float* y, size_t ldy) {
-  if (T == 1) return GemvBf16RowsAvx2(x, w, K, n_begin, n_end, y);
-  MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
-}
-
-// The tiles at every token count: each (row, token) summed in the same order whatever T is.
-void MatmulBf16TilesAvx2(const float* x, size_t ldx, size_t T, const uint16_t* w, size_t K,
-                         size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  if (!kInvariant && T == 1) return GemvBf16RowsAvx2(x, w, K, n_begin, n_end, y);
   MatmulAvx2(x, ldx, T, w, K, n_begin, n_end, y, ldy);
 }
 
@@ -295,11 +274,11 @@ void SiluMulAvx2(const float* gate, const float* up, size_t n, float* out) {
 }
 
 const kernels::DenseKernels kAvx2Kernels = {
-    MatmulBf16Avx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
+    MatmulBf16Avx2<false>, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
 };
 
 const kernels::DenseKernels kAvx2InvariantKernels = {
-    MatmulBf16TilesAvx2, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
+    MatmulBf16Avx2<true>, MatmulF32Avx2, RmsNormAvx2, SoftmaxAvx2, SiluMulAvx2, DotAvx2, AxpyAvx2,
 };
 
 const kernels::DenseKernels kAvx2Bf16ActsKernels = {

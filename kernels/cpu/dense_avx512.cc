@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/prefetch_distance.h"
+#include "kernels/cpu/row_streams.h"
 #include "kernels/cpu/simd_avx2.h"
 
 namespace pw::cpu {
@@ -132,32 +133,14 @@ inline void GemvBf16(const float* x, size_t ldx, const uint16_t* const* w, size_
   }
 }
 
-// Up to kGemvMaxTokens tokens: the thread's rows [n_begin, n_end) cut into kGemvStreams
-// contiguous parts walked in lockstep, one row of each part per pass, so every thread keeps
-// that many long sequential streams open (the way the bandwidth probe reads fastest) instead
-// of short runs of adjacent rows that end every few KiB. The rows left over go one at a time.
-constexpr int kGemvStreams = 4;
-
+// Up to kGemvMaxTokens tokens, the rows walked as kGemvStreams long streams (row_streams.h).
 template <int TT>
 void GemvBf16Rows(const float* x, size_t ldx, const uint16_t* w, size_t K, size_t n_begin,
                   size_t n_end, float* y, size_t ldy) {
-  constexpr int S = kGemvStreams;
-  const size_t part = (n_end - n_begin) / S;
-  const uint16_t* rows[S];
-  float* outs[S];
-  for (size_t i = 0; i < part; ++i) {
-    for (int s = 0; s < S; ++s) {
-      const size_t n = n_begin + s * part + i;
-      rows[s] = w + n * K;
-      outs[s] = y + n;
-    }
-    GemvBf16<S, TT>(x, ldx, rows, K, outs, ldy);
-  }
-  for (size_t n = n_begin + S * part; n < n_end; ++n) {
-    rows[0] = w + n * K;
-    outs[0] = y + n;
-    GemvBf16<1, TT>(x, ldx, rows, K, outs, ldy);
-  }
+  WalkRowStreams<kGemvStreams>(
+      w, K, n_begin, n_end, y, [&](auto r, const uint16_t* const* rows, float* const* outs) {
+        GemvBf16<decltype(r)::value, TT>(x, ldx, rows, K, outs, ldy);
+      });
 }
 
 template <typename W>
