@@ -76,7 +76,6 @@
 // The tables above it then list the runs without the remap only.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -250,7 +249,6 @@ struct Row {
   double remap_share = 0;            // hook time / decode time
   StepBytes floor_parts;             // floor_bytes by part (experts as bf16)
   engine::BlockTimes prefill_blocks; // with --block-times: the prefill's blocks, mean of the runs
-  std::array<int, engine::kNumBlockKinds> layers_of_kind{};  // the model's layers of each kind
 };
 
 // Bytes one decode step of `batch` sequences at mean context `ctx` must move (see top and
@@ -279,13 +277,13 @@ void PrintBlockTimes(const std::vector<Row>& rows, int prompt_len) {
     double all = 0;
     for (double s : r.prefill_blocks.seconds) all += s;
     for (int k = 0; k < engine::kNumBlockKinds; ++k) {
-      if (r.prefill_blocks.blocks[k] == 0) continue;
-      const int layers = r.layers_of_kind[k];
+      const engine::BlockKind kind = static_cast<engine::BlockKind>(k);
+      const int64_t layers = r.prefill_blocks.Layers(kind);
       if (layers == 0) continue;
-      const double per_layer = r.prefill_blocks.seconds[k] / layers;
-      std::printf("| %s | %s | %d | %d | %s | %d | %.2f | %.0f | %.1f %% |\n", r.model.c_str(),
-                  r.experts.c_str(), r.batch, prompt_len,
-                  engine::BlockKindName(static_cast<engine::BlockKind>(k)), layers,
+      const double per_layer = r.prefill_blocks.seconds[k] / static_cast<double>(layers);
+      std::printf("| %s | %s | %d | %d | %s | %lld | %.2f | %.0f | %.1f %% |\n", r.model.c_str(),
+                  r.experts.c_str(), r.batch, prompt_len, engine::BlockKindName(kind),
+                  static_cast<long long>(layers),
                   per_layer * 1e3, r.batch * prompt_len / per_layer,
                   100 * r.prefill_blocks.seconds[k] / all);
     }
@@ -428,6 +426,7 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
         prefill_blocks.seconds[k] += run_blocks.seconds[k] / o.runs;
         prefill_blocks.blocks[k] += run_blocks.blocks[k];
       }
+      prefill_blocks.passes += run_blocks.passes;
     }
     Row r;
     r.model = model_name;
@@ -443,16 +442,9 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     const double calls = distinct_calls ? static_cast<double>(distinct_calls) : 1;
     r.distinct = distinct_sum / calls;
     const double mean_ctx = o.prompt_len + 0.5 * o.decode_steps;
-    r.floor_bytes = FloorBytes(eng, batch, bf16_bytes_sum / calls, mean_ctx);
     r.floor_parts = FloorParts(eng, batch, bf16_bytes_sum / calls, mean_ctx);
+    r.floor_bytes = r.floor_parts.total();
     r.prefill_blocks = prefill_blocks;
-    for (const engine::LayerWeights& w : eng.model().layers()) {
-      const engine::BlockKind kind = w.is_linear_attention ? engine::BlockKind::kLinearAttention
-                                     : w.is_mla            ? engine::BlockKind::kLatentAttention
-                                                           : engine::BlockKind::kFullAttention;
-      ++r.layers_of_kind[static_cast<int>(kind)];
-      ++r.layers_of_kind[static_cast<int>(engine::BlockKind::kMlp)];
-    }
     r.floor_bytes_width = FloorBytes(eng, batch, width_bytes_sum / calls, mean_ctx);
     if (lynx) {
       r.lynx = true;

@@ -21,6 +21,10 @@ const char* BlockKindName(BlockKind k);
 struct BlockTimes {
   std::array<double, kNumBlockKinds> seconds{};
   std::array<int64_t, kNumBlockKinds> blocks{};  // blocks run (layers x forward passes)
+  int64_t passes = 0;                            // forward passes timed
+
+  // Layers of kind k in the model: every pass runs each layer's blocks once.
+  int64_t Layers(BlockKind k) const { return passes > 0 ? blocks[static_cast<int>(k)] / passes : 0; }
 
   void Add(BlockKind k, double s) {
     seconds[static_cast<int>(k)] += s;

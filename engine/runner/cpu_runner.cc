@@ -27,6 +27,7 @@ Status CpuRunner::Forward(const Batch& batch, std::vector<float>* logits) {
   const size_t T = Prepare(batch.items);
   if (T == 0) return Status::Ok();
   using Clock = std::chrono::steady_clock;
+  if (times_ != nullptr) ++times_->passes;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& w = model_.layers()[static_cast<size_t>(l)];
     const Clock::time_point t0 = times_ != nullptr ? Clock::now() : Clock::time_point{};
