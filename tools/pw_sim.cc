@@ -115,18 +115,10 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   auto trace = pw::misses::RouterTrace::Read(trace_path);
   if (!trace.ok()) return Fail(trace.status());
-  const pw::misses::ReplayInput in = pw::misses::ReplayInput::From(*trace);
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const auto& h = in.header;
-  std::fprintf(stderr, "pw-sim: %s: %zu layer records, %llu tokens x %d MoE layers, %u experts top-%u (%.2f s to load)\n",
-               trace_path.c_str(), in.records.size(), static_cast<unsigned long long>(in.tokens()),
-               in.num_moe_layers, h.num_experts, h.top_k, load_s);
   if (!trace->tail.complete) {
     std::fprintf(stderr, "pw-sim: warning: %s; replaying the whole records\n",
                  trace->tail.message.c_str());
   }
-  const double bytes = cost.expert_bytes > 0 ? cost.expert_bytes : in.expert_bytes;
-
   if (gate_ranks) {
     auto cfg = pw::misses::ToMissConfig(miss.settings);
     if (!cfg.ok()) return Fail(cfg.status());
@@ -139,6 +131,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  const pw::misses::ReplayInput in = pw::misses::ReplayInput::From(*trace);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& h = in.header;
+  std::fprintf(stderr, "pw-sim: %s: %zu layer records, %llu tokens x %d MoE layers, %u experts top-%u (%.2f s to load)\n",
+               trace_path.c_str(), in.records.size(), static_cast<unsigned long long>(in.tokens()),
+               in.num_moe_layers, h.num_experts, h.top_k, load_s);
+  const double bytes = cost.expert_bytes > 0 ? cost.expert_bytes : in.expert_bytes;
 
   if (!sweep) {
     auto cfg = pw::misses::ToMissConfig(miss.settings);
