@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -28,13 +27,8 @@
 namespace pw::engine {
 namespace {
 
-// These tests compare a batch with each sequence alone (or lockstep with whole windows), which
-// holds to the bit only with the batch-invariant kernels (kernels/cpu/dense.h): the default ones
-// sum a lone token in the one-token GEMV's order, and the random-weight fixtures have near-tied
-// router choices that such a difference flips. The table is chosen once per process, at first
-// use, so the variable is set before any test runs.
-[[maybe_unused]] const bool kBatchInvariantKernels =
-    [] { return setenv("PW_BATCH_INVARIANT", "1", 1) == 0; }();
+// Batched runs are compared with each sequence alone (test_util.h).
+[[maybe_unused]] const bool kBatchInvariantKernels = testing::UseBatchInvariantKernels();
 
 using testing::FixtureModelDir;
 using testing::ReadRefLogits;

@@ -21,6 +21,14 @@ inline std::string FixtureModelDir(const std::string& type) {
 
 inline std::string TinyModelDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
 
+// Asks for the batch-invariant dense kernels (kernels/cpu/dense.h) in this process, for tests
+// that compare a batch with each sequence alone (or lockstep with whole windows): that holds to
+// the bit only with them, since the default kernels sum a lone token in the one-token GEMV's
+// order and the random-weight fixtures have near-tied router choices such a difference flips.
+// The table is chosen once per process, at first use: call this from a namespace-scope
+// initializer, before any test runs.
+inline bool UseBatchInvariantKernels() { return setenv("PW_BATCH_INVARIANT", "1", 1) == 0; }
+
 struct RefPrompt {
   std::vector<int32_t> ids;
   std::vector<float> logits;  // [ids.size(), vocab]

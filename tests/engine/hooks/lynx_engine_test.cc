@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -22,18 +21,14 @@
 #include "engine/models/model.h"
 #include "common/formats/synthetic_moe.h"
 #include "engine/eval/perplexity.h"
+#include "tests/engine/test_util.h"
 #include "tools/lockstep_perplexity.h"
 
 namespace pw::engine {
 namespace {
 
-// These tests compare a batch with each sequence alone (or lockstep with whole windows), which
-// holds to the bit only with the batch-invariant kernels (kernels/cpu/dense.h): the default ones
-// sum a lone token in the one-token GEMV's order, and the random-weight fixtures have near-tied
-// router choices that such a difference flips. The table is chosen once per process, at first
-// use, so the variable is set before any test runs.
-[[maybe_unused]] const bool kBatchInvariantKernels =
-    [] { return setenv("PW_BATCH_INVARIANT", "1", 1) == 0; }();
+// Lockstep scoring is compared with whole windows (tests/engine/test_util.h).
+[[maybe_unused]] const bool kBatchInvariantKernels = testing::UseBatchInvariantKernels();
 
 std::string TinyDir() { return std::string(PW_SOURCE_DIR) + "/models/tiny-moe"; }
 
