@@ -512,14 +512,14 @@ def TrainModel(args):
     log.close()
     wall = time.time() - t_start
     print(f"trained {args.steps} steps in {wall:.0f}s", flush=True)
+    if not args.steps_only:
+        model.config.output_router_logits = False
+        model = model.to(torch.bfloat16)
+        model.save_pretrained(args.out, safe_serialization=True)
+        print(f"saved to {args.out}", flush=True)
+    # Only now: a run killed while saving still resumes from its last state.
     if os.path.exists(state_path):
         os.remove(state_path)
-    if args.steps_only:
-        return
-    model.config.output_router_logits = False
-    model = model.to(torch.bfloat16)
-    model.save_pretrained(args.out, safe_serialization=True)
-    print(f"saved to {args.out}", flush=True)
 
 
 def HeldOut(args):
