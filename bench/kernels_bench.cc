@@ -8,6 +8,10 @@
 //                                           ("/cached": one block read over and over, in cache)
 //                                           activation quantization included; bytes per call =
 //                                           bits planes + the int8 LUT_bits and its row scales
+//   q8dense/<rows>x<cols>/t<tokens>         the int8 dense product (q8.h's DenseQ8Rows, the
+//                                           engine's --dense int8 attention and lm_head),
+//                                           activation quantization included; bytes = the int8
+//                                           rows (Q8ActStride(cols) each) and their row scales
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
 //                                           (expert shapes, and 2048x2048 / 50304x2048: an
 //                                           OLMoE-dimension attention projection and lm_head)
@@ -249,6 +253,44 @@ void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int toke
   state.SetLabel(BackendName(backend));
 }
 
+void BM_Q8Dense(benchmark::State& state, int rows, int cols, int tokens, int threads) {
+  const size_t per_call = Q8MatrixValueBytes(rows, cols) + sizeof(float) * rows;
+  const size_t value_bytes = Q8MatrixValueBytes(rows, cols);
+  const int n_blocks = static_cast<int>(std::min(kPoolBytes / value_bytes, (kWorkingSet + per_call - 1) / per_call));
+  // The pool's bytes as the int8 weights: their values set the products, not the speed.
+  const auto* pool = reinterpret_cast<const int8_t*>(WeightPool());
+  std::vector<float> scales(static_cast<size_t>(rows), 1.f / 4096);
+  const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 44);
+  std::vector<float> y(static_cast<size_t>(tokens) * rows);
+  Aligned acts_buf(Q8ActsBytes(tokens, cols));
+  std::vector<Status> status(static_cast<size_t>(threads));
+  cpu::ThreadPool* threads_pool = Pool(threads);
+  const kernels::Backend backend = BestQ8Backend();
+  int i = 0;
+  for (auto _ : state) {
+    Q8Acts acts;
+    Status qs = QuantizeActs(x.data(), cols, tokens, cols, {acts_buf.p, Q8ActsBytes(tokens, cols)}, &acts);
+    if (!qs.ok()) {
+      state.SkipWithError(qs.ToString().c_str());
+      break;
+    }
+    const Q8Matrix w{rows, cols, pool + static_cast<size_t>(i) * value_bytes, scales.data()};
+    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
+      status[t] = DenseQ8Rows(backend, w, acts, y.data(), rows, static_cast<int>(r0), static_cast<int>(r1));
+    });
+    if (const auto bad = std::find_if(status.begin(), status.end(), [](const Status& s) { return !s.ok(); });
+        bad != status.end()) {
+      state.SkipWithError(bad->ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(y.data());
+    if (++i == n_blocks) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
+  state.counters["blocks"] = n_blocks;
+  state.SetLabel(BackendName(backend));
+}
+
 void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int threads) {
   const size_t per_call = size_t{2} * rows * cols;
   const int n_blocks = static_cast<int>(std::min(kPoolBytes / per_call, (kWorkingSet + per_call - 1) / per_call));
@@ -396,8 +438,12 @@ void RegisterAll() {
         const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                                  "/t" + std::to_string(t) + suffix(threads);
         finish(benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t, threads), threads);
+        const std::string q8 = "q8dense/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                               "/t" + std::to_string(t) + suffix(threads);
+        finish(benchmark::RegisterBenchmark(q8.c_str(), BM_Q8Dense, s.rows, s.cols, t, threads), threads);
       }
       read_sizes.insert(size_t{2} * s.rows * s.cols);
+      read_sizes.insert(Q8MatrixValueBytes(s.rows, s.cols) + sizeof(float) * s.rows);
     }
   }
   // The fast path on one block that stays in the caches (2-3 MB at the OLMoE shapes), one thread,

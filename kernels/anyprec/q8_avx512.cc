@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "kernels/cpu/row_streams.h"
+
 #include "kernels/anyprec/q8_internal.h"
 
 namespace pw::anyprec::internal {
@@ -138,7 +140,8 @@ template <int B>
 constexpr int kSideBySide = 1;
 inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
 constexpr int kDenseSideBySide = 1;
-constexpr size_t kDenseAhead = kPrefetchBytes;
+inline size_t DenseAhead() { return kPrefetchBytes; }
+constexpr int kDenseStreams = 1;
 
 // One token at 5 and 6 bits: the codes by the GFNI bit transpose (BitTranspose8x8Gfni, 32 µops
 // per 512 weights against 48) against the token's activations permuted once per call into a

@@ -14,27 +14,37 @@ namespace pw::cpu {
 
 inline constexpr int kGemvStreams = 4;
 
+// Calls rows_fn(std::integral_constant<int, R>{}, n) with R row indices n[0..R-1]: R = S for a
+// row of each part, R = 1 for each row left over.
+template <int S, typename RowsFn>
+inline void ForRowStreams(size_t n_begin, size_t n_end, RowsFn&& rows_fn) {
+  const size_t part = (n_end - n_begin) / S;
+  size_t n[S];
+  for (size_t i = 0; i < part; ++i) {
+    for (int s = 0; s < S; ++s) n[s] = n_begin + s * part + i;
+    rows_fn(std::integral_constant<int, S>{}, n);
+  }
+  for (size_t r = n_begin + S * part; r < n_end; ++r) {
+    n[0] = r;
+    rows_fn(std::integral_constant<int, 1>{}, n);
+  }
+}
+
 // Calls gemv(std::integral_constant<int, R>{}, rows, outs) with R row pointers (w + n * K) and
-// their outputs (y + n): R = S for a row of each part, R = 1 for each row left over.
+// their outputs (y + n), rows as ForRowStreams walks them.
 template <int S, typename Gemv>
 inline void WalkRowStreams(const uint16_t* w, size_t K, size_t n_begin, size_t n_end, float* y,
                            Gemv&& gemv) {
-  const size_t part = (n_end - n_begin) / S;
-  const uint16_t* rows[S];
-  float* outs[S];
-  for (size_t i = 0; i < part; ++i) {
-    for (int s = 0; s < S; ++s) {
-      const size_t n = n_begin + s * part + i;
-      rows[s] = w + n * K;
-      outs[s] = y + n;
+  ForRowStreams<S>(n_begin, n_end, [&](auto r, const size_t* n) {
+    constexpr int R = decltype(r)::value;
+    const uint16_t* rows[R];
+    float* outs[R];
+    for (int s = 0; s < R; ++s) {
+      rows[s] = w + n[s] * K;
+      outs[s] = y + n[s];
     }
-    gemv(std::integral_constant<int, S>{}, rows, outs);
-  }
-  for (size_t n = n_begin + S * part; n < n_end; ++n) {
-    rows[0] = w + n * K;
-    outs[0] = y + n;
-    gemv(std::integral_constant<int, 1>{}, rows, outs);
-  }
+    gemv(r, rows, outs);
+  });
 }
 
 }  // namespace pw::cpu
