@@ -86,7 +86,8 @@ int64_t StoreBytes(const ModelConfig& c) {
 std::string MemoryPlan::Summary() const {
   std::ostringstream s;
   s << "memory " << FormatBytes(budget) << ": checkpoint " << FormatBytes(checkpoint) << ", store "
-    << FormatBytes(store) << ", prefill KV " << FormatBytes(prefill_kv) << ", processes " << FormatBytes(processes)
+    << FormatBytes(store) << (dense_int8 > 0 ? ", int8 dense copies " + FormatBytes(dense_int8) : std::string())
+    << ", prefill KV " << FormatBytes(prefill_kv) << ", processes " << FormatBytes(processes)
     << ", decode pool " << FormatBytes(pool) << " (experts at " << bits << " bits "
     << (bits == 16 ? std::string("from the checkpoint") : FormatBytes(experts)) << ", KV for " << kv_tokens
     << " tokens)";
@@ -94,7 +95,8 @@ std::string MemoryPlan::Summary() const {
 }
 
 Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, int64_t budget,
-                              const std::string& bits_text, const std::string& budget_text) {
+                              const std::string& bits_text, const std::string& budget_text,
+                              int64_t dense_int8_bytes) {
   MemoryPlan p;
   p.budget = budget;
   p.checkpoint = checkpoint_bytes;
@@ -118,7 +120,8 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
   const bool bf16 = bits_text == "16";
   p.store = bf16 ? 0 : StoreBytes(c);
   // Whole MiB: the node file gives the pool in MiB.
-  p.pool = budget - p.checkpoint - p.store - p.prefill_kv - p.processes;
+  p.dense_int8 = 2 * dense_int8_bytes;  // the prefill and the decode worker each
+  p.pool = budget - p.checkpoint - p.store - p.dense_int8 - p.prefill_kv - p.processes;
   if (p.pool > 0) p.pool = p.pool >> 20 << 20;
 
   const int64_t context = c.max_position_embeddings > 1 ? c.max_position_embeddings : 2048;
@@ -148,7 +151,9 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
     return ResourceExhausted(
         "--memory " + budget_text + " (" + FormatBytes(budget) + ") is too small: " + what + " needs a decode pool of " +
         FormatBytes(need_pool) + ", and " + FormatBytes(std::max<int64_t>(p.pool, 0)) + " is left after the checkpoint (" +
-        FormatBytes(p.checkpoint) + "), the store (" + FormatBytes(p.store) + "), the prefill KV (" +
+        FormatBytes(p.checkpoint) + "), the store (" + FormatBytes(p.store) + ")" +
+        (p.dense_int8 > 0 ? ", the workers' int8 dense copies (" + FormatBytes(p.dense_int8) + ")" : std::string()) +
+        ", the prefill KV (" +
         FormatBytes(p.prefill_kv) + ") and the processes (" + FormatBytes(p.processes) + "); give --memory " +
         std::to_string(((fixed + need_pool) >> 20) + 2) + "M or more");
   };

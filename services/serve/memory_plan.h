@@ -4,6 +4,8 @@
 //
 //   checkpoint   every safetensors file (the workers map them; the page cache holds one copy)
 //   store        the .apw store (the broker maps it; 0 with bits 16)
+//   dense int8   with --dense int8, the int8 copies of the dense matrices each of the two workers
+//                makes (ModelSource::dense_int8_bytes each); 0 with bf16 dense
 //   prefill KV   kPrefillKvBlocks blocks of the prefill worker
 //   processes    kProcessBytes for each of the four processes' own memory
 //   decode pool  the rest: one page pool for KV and the experts' bit-planes (DESIGN.md 4), at
@@ -43,7 +45,7 @@ Result<int64_t> MemAvailableBytes();
 
 struct MemoryPlan {
   int64_t budget = 0;
-  int64_t checkpoint = 0, store = 0, prefill_kv = 0, processes = 0;
+  int64_t checkpoint = 0, store = 0, dense_int8 = 0, prefill_kv = 0, processes = 0;
   int64_t pool = 0;       // decode pool bytes (budget minus the above)
   int64_t page_bytes = 0;  // the workers' default KV page: MinPageBytes of the model's KV specs
   int64_t block_bytes = 0;  // one KV block: every layer's pages (BlockPageOffsets)
@@ -54,10 +56,12 @@ struct MemoryPlan {
   std::string Summary() const;  // one line for the log
 };
 
-// `bits_text` is "auto", "3".."8" or "16". kResourceExhausted when the pool cannot hold the
-// smallest plan (or the given width), with the figures and the --memory that would do.
+// `bits_text` is "auto", "3".."8" or "16"; `dense_int8_bytes`: one worker's int8 copy of the
+// dense matrices, 0 with bf16 dense. kResourceExhausted when the pool cannot hold the smallest
+// plan (or the given width), with the figures and the --memory that would do.
 Result<MemoryPlan> PlanMemory(const ModelConfig& config, int64_t checkpoint_bytes, int64_t budget,
-                              const std::string& bits_text, const std::string& budget_text);
+                              const std::string& bits_text, const std::string& budget_text,
+                              int64_t dense_int8_bytes = 0);
 
 // Bytes of the .apw store of `config` (every expert block, page-aligned, plus its header).
 int64_t StoreBytes(const ModelConfig& config);

@@ -3,11 +3,42 @@
 #include <filesystem>
 
 #include "common/formats/safetensors.h"
+#include "kernels/anyprec/q8.h"
 #include "common/text/tokenizer.h"
 #include "services/common/model_name.h"
 #include "services/common/tokenizer_dir.h"
 
 namespace pw::serve {
+
+namespace {
+
+// ModelSource::dense_int8_bytes of `ckpt`.
+Result<uint64_t> DenseInt8Bytes(const Checkpoint& ckpt, const ModelConfig& config) {
+  auto int8_bytes = [](const std::vector<int64_t>& shape) -> uint64_t {
+    const int64_t rows = shape[0], cols = shape[1];
+    if (rows < 1 || cols < 1 || cols > (int64_t{1} << 30)) return 0;
+    return static_cast<uint64_t>(rows) * anyprec::Q8ActStride(static_cast<int>(cols)) +
+           sizeof(float) * static_cast<uint64_t>(rows);
+  };
+  uint64_t total = 0;
+  bool lm_head = false;
+  uint64_t embed = 0;
+  for (const std::string& name : ckpt.TensorNames()) {
+    PW_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name));
+    if (t.shape.size() != 2) continue;
+    if (name.find(".experts.") != std::string::npos) continue;  // routed experts: the store's
+    if (name.find("embed_tokens") != std::string::npos) {
+      embed += int8_bytes(t.shape);
+      continue;
+    }
+    if (name.find("lm_head") != std::string::npos) lm_head = true;
+    total += int8_bytes(t.shape);
+  }
+  if (!lm_head && config.tie_word_embeddings) total += embed;
+  return total;
+}
+
+}  // namespace
 
 namespace fs = std::filesystem;
 
@@ -59,6 +90,7 @@ Result<ModelSource> OpenModelSource(const std::string& model_dir, const std::str
                                             "file of model.safetensors.index.json again)");
   }
   m.checkpoint_bytes = (*ckpt)->total_bytes();
+  PW_ASSIGN_OR_RETURN(m.dense_int8_bytes, DenseInt8Bytes(**ckpt, m.config));
 
   PW_ASSIGN_OR_RETURN(m.tokenizer_dir, service::TokenizerDir(m.dir, tokenizer));
   const std::string tok_path = m.tokenizer_dir + "/tokenizer.json";

@@ -22,6 +22,11 @@ struct ModelSource {
   std::string default_name;  // "ORG/NAME" for a cache snapshot, else the directory's name
   ModelConfig config;
   uint64_t checkpoint_bytes = 0;  // every safetensors file (the workers map them)
+  // Bytes of one int8 copy of the dense matrices (--dense int8), at most: every 2-D tensor but
+  // the routed experts' and the embedding (counted once more where lm_head is tied to it), rows
+  // in the int8 layout (q8.h Q8MatrixValueBytes) and one fp32 scale per row. An upper bound:
+  // the router's gate and the few matrices the engine keeps in bf16 are counted too.
+  uint64_t dense_int8_bytes = 0;
   std::string tokenizer_dir;      // absolute: `dir`, or where --tokenizer points
   int32_t tokenizer_vocab = 0;    // one past the tokenizer's largest id
 };

@@ -73,6 +73,7 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   y += "run_dir: " + Quoted(p.run_dir) + "\n";
   y += "bin_dir: " + Quoted(p.bin_dir) + "\n";
   y += "kv_dtype: bf16\n";
+  y += "dense: " + o.dense + "\n";
   y += "\nrouter:\n";
   y += "  port: " + std::to_string(o.port) + "\n";
   y += "  control_port: " + std::to_string(p.router_control_port) + "\n";
@@ -103,7 +104,8 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir, o.tokenizer));
   PW_ASSIGN_OR_RETURN(int64_t budget, ParseMemory(o.memory));
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
-                      PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory));
+                      PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory,
+                                 o.dense == "int8" ? static_cast<int64_t>(src.dense_int8_bytes) : 0));
   PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
   std::string store_dir = o.store_dir;
   if (store_dir.empty()) {

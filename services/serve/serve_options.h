@@ -24,6 +24,8 @@ struct ServeOptions {
   std::string store_dir;          // "" = $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight
   std::string run_dir;            // "" = <store_dir>/run/<model hash>-<port>
   int64_t quantize_threads = 0;   // threads of a store build (0 = every core)
+  std::string dense = "bf16";     // dense matrices: "bf16" (the checkpoint's) or "int8" (copies
+                                  // made by each worker at start, counted in the memory plan)
 };
 
 void DeclareServeOptions(options::OptionSet* s, ServeOptions* o);

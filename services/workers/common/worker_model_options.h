@@ -1,6 +1,7 @@
 // The options every worker process (prefill, decode) has with the same key, flag and bounds: the
-// model, its control endpoints, its id, address, node and name, its KV pool and its threads. Declared once here
-// for both options tables (prefill/prefill_options.cc, decode/decode_options.cc), in this order.
+// model, its control endpoints, its id, address, node and name, its KV pool, its threads and
+// how it holds the dense weights. Declared once here for both options tables
+// (prefill/prefill_options.cc, decode/decode_options.cc), in this order.
 #pragma once
 
 #include <string>
@@ -51,6 +52,10 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
          "compute threads; 0: every core this process may run on (docs/architecture.md, "
          "\"One machine\")")
       .Range(0, 1024);
+  s->AddChoice("dense", &o->dense_int8, {{"bf16", false}, {"int8", true}},
+               "dense matrices (attention, dense and shared MLPs, lm_head): bf16 as the checkpoint "
+               "has them, or int8 copies with one scale per row made at start (llama.cpp's q8_0)")
+      .Shared();
   s->Add("no_mmap", &o->copy_weights,
          "read the checkpoint into this process's memory instead of mapping it (llama.cpp's "
          "--no-mmap)");

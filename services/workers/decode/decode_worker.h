@@ -98,6 +98,7 @@ struct DecodeWorkerOptions {
   int block_size = 16;
   int threads = 0;                 // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;       // the checkpoint read into the process (EngineOptions)
+  bool dense_int8 = false;         // int8 copies of the dense matrices (EngineOptions)
   int max_batch_tokens = 256;
   int max_batch = 64;              // running sequences the router may place here
   uint64_t heartbeat_ms = 500;

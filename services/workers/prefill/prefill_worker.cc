@@ -65,8 +65,10 @@ Status PrefillWorker::Setup() {
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.kv_dtype = options_.kv_dtype;
   eo.copy_weights = options_.copy_weights;
+  eo.dense_int8 = options_.dense_int8;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
-  PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads";
+  PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads, dense matrices "
+               << (engine_->model().dense_int8() ? "int8" : "bf16");
   const auto& cfg = engine_->model().config();
   prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),
                                                             static_cast<int>(cfg.num_experts));

@@ -81,6 +81,7 @@ struct PrefillWorkerOptions {
 
   int threads = 0;              // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;    // the checkpoint read into the process (EngineOptions)
+  bool dense_int8 = false;      // int8 copies of the dense matrices (EngineOptions)
   int max_batch_tokens = 256;  // prompt tokens per forward pass
   int max_batch_prompts = 32;  // prompts in flight (sharing passes) at once
   uint64_t heartbeat_ms = 500;

@@ -239,6 +239,27 @@ TEST(ClusterConfig, NoMmapReachesThatWorkerOnly) {
   EXPECT_NE(r.status().message().find("no_mmap"), std::string::npos) << r.status().ToString();
 }
 
+// `dense: int8` at the file's root reaches both workers (the router and broker accept the key);
+// a value that is neither bf16 nor int8 is refused naming the key.
+TEST(ClusterConfig, DenseAtTheRootReachesBothWorkers) {
+  auto path = WriteTemp("dense.yaml", "model_dir: m\ndense: int8\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ASSERT_TRUE(PrefillOf(path, "p").ok());
+  EXPECT_TRUE(PrefillOf(path, "p")->dense_int8);
+  ASSERT_TRUE(DecodeOf(path, "d").ok());
+  EXPECT_TRUE(DecodeOf(path, "d")->worker.dense_int8);
+  EXPECT_TRUE(BrokerOf(path).ok()) << BrokerOf(path).status().ToString();
+  auto plain = WriteTemp("dense_default.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
+  EXPECT_FALSE(PrefillOf(plain, "p")->dense_int8);
+  EXPECT_FALSE(DecodeOf(plain, "d")->worker.dense_int8);
+  auto bad = WriteTemp("dense_bad.yaml", "model_dir: m\ndense: int4\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
+  auto r = DecodeOf(bad, "d");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("dense"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("int4"), std::string::npos) << r.status().ToString();
+}
+
 TEST(ClusterConfig, DecodeMissesBlockReachesTheWorker) {
   auto path = WriteTemp("misses.yaml",
                         "model_dir: m\nprefill: [{id: p}]\n"

@@ -120,6 +120,49 @@ TEST(ServeMemory, AutoPicksTheWidestWidthThatFits) {
   EXPECT_EQ(bf16->experts, 0);
 }
 
+// --dense int8: each worker's int8 copy of the dense matrices comes out of the decode pool
+// (twice: prefill and decode), and a refusal names it.
+TEST(ServeMemory, Int8DenseCopiesComeOutOfThePool) {
+  const ModelConfig c = TinyMoe();
+  const int64_t ckpt = 15 << 20, copy = int64_t{3} << 20;
+  // The smallest budget with bf16 dense, from its refusal.
+  auto small = PlanMemory(c, ckpt, int64_t{20} << 20, "auto", "20M");
+  ASSERT_FALSE(small.ok());
+  const std::string& m = small.status().message();
+  const size_t at = m.find("give --memory ");
+  ASSERT_NE(at, std::string::npos) << m;
+  auto needed = ParseMemory(m.substr(at + 14, m.find(' ', at + 14) - at - 14));
+  ASSERT_TRUE(needed.ok()) << m;
+  const int64_t budget = *needed + (int64_t{16} << 20);
+  auto bf16 = PlanMemory(c, ckpt, budget, "auto", "B");
+  auto int8 = PlanMemory(c, ckpt, budget, "auto", "B", copy);
+  ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
+  ASSERT_TRUE(int8.ok()) << int8.status().ToString();
+  EXPECT_EQ(bf16->dense_int8, 0);
+  EXPECT_EQ(int8->dense_int8, 2 * copy);
+  EXPECT_EQ(int8->pool, bf16->pool - 2 * copy);
+  EXPECT_NE(int8->Summary().find("int8 dense copies 6.0 MiB"), std::string::npos) << int8->Summary();
+  // The smallest bf16 budget is too small once the copies are counted, and says why.
+  auto refused = PlanMemory(c, ckpt, *needed, "auto", "N", copy);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("the workers' int8 dense copies (6.0 MiB)"), std::string::npos)
+      << refused.status().message();
+}
+
+// The int8 copy counted for the embedded model: every attention projection and router gate of
+// its 4 layers and lm_head (its embedding is not tied), each row in the int8 layout (128
+// columns padded to 512) with a 4-byte scale.
+TEST(ServeModel, DenseInt8BytesCountTheDenseMatrices) {
+  auto src = OpenModelSource(std::string(PW_SOURCE_DIR) + "/models/tiny-moe");
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const ModelConfig& c = src->config;
+  ASSERT_FALSE(c.tie_word_embeddings);
+  const int64_t rows_per_layer = c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim +
+                                 c.hidden_size + c.num_experts;
+  const int64_t rows = c.num_layers * rows_per_layer + c.vocab_size;
+  EXPECT_EQ(static_cast<int64_t>(src->dense_int8_bytes), rows * (512 + 4));
+}
+
 // A store is found again only when both the checkpoint and the calibration text are the same:
 // a new calibration text (or another checkpoint) gets another path.
 TEST(ServeStoreCache, TheKeyChangesWithTheCheckpointAndTheCalibrationText) {
@@ -306,6 +349,14 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   EXPECT_EQ(cfg->run_dir, p.run_dir);
   ASSERT_EQ(cfg->processes.size(), 4u);  // broker, router, prefill-0, decode-0
   EXPECT_EQ(cfg->processes[0].argv[0], "/opt/pw/bin/pw-broker");
+  // --dense reaches the node file's root, where both workers read it.
+  EXPECT_NE(NodeFileText(o, p).find("\ndense: bf16\n"), std::string::npos) << NodeFileText(o, p);
+  o.dense = "int8";
+  EXPECT_NE(NodeFileText(o, p).find("\ndense: int8\n"), std::string::npos) << NodeFileText(o, p);
+  std::ofstream(path) << NodeFileText(o, p);
+  cfg = cluster::LoadClusterConfig(path, "/unused");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  o.dense = "bf16";
   // --tokenizer: the router's section names it (the router reads it there: router_options.cc).
   EXPECT_EQ(NodeFileText(o, p).find("tokenizer:"), std::string::npos);
   p.tokenizer_dir = "/tok/dir";
