@@ -27,8 +27,8 @@ In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16) 
 llama-bench tg (batch 1) and llama-batched-bench -fa (batch 8, 32); 4-bit experts with int8
 dense beside Q4_K_M (--quant4) and 8-bit beside Q8_0 at batch 1; prefill of one prompt of 64,
 512 and 2048 tokens (bf16) beside llama-bench pp. Served, each round: `pw serve --bits 16` /
-`--bits 4` beside `llama-server -t T -np 32 -cb` on the bf16 / Q4_K_M (--quant4) GGUF, each
-loaded by the same client (pw-loadgen --dataset-name random, 64 tokens in, 128 out,
+`--bits 4 --dense int8` (--served-dense) beside `llama-server -t T -np 32 -cb` on the bf16 /
+Q4_K_M (--quant4) GGUF, each loaded by the same client (pw-loadgen --dataset-name random, 64 tokens in, 128 out,
 --ignore-eos, --request-rate inf, --max-concurrency 1/8/32, --token-count auto). Ours and llama.cpp's alternate within every round (A B A B over the
 rounds), so a shared machine's load falls on both. Each round's figures and each ratio's median,
 min and max are printed, with the CPU (lscpu) and the load average before and after each part.
@@ -212,6 +212,8 @@ def start_ours(args, mdir, bits, port, logf):
     cmd = [os.path.join(args.build, "bin", "pw"), "serve", mdir, "--bits", str(bits), "--port", str(port),
            "--memory", args.memory, "--store-dir", os.path.join(args.work, "store"),
            "--served-model-name", "model"]
+    if bits < 16:
+        cmd += ["--dense", args.served_dense]
     log("+ " + " ".join(cmd))
     return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -401,6 +403,8 @@ def main():
     ap.add_argument("--prompts-min", type=int, default=8, help="requests at C > 1: max(C, this)")
     ap.add_argument("--token-max", type=int, default=4095, help="largest random prompt token id")
     ap.add_argument("--memory", default="8G", help="pw serve --memory")
+    ap.add_argument("--served-dense", default="int8", choices=["bf16", "int8"],
+                    help="pw serve --dense of the served 4-bit node (int8: as the in-process 4-bit row)")
     ap.add_argument("--port", type=int, default=18600, help="first of the ports the servers use")
     ap.add_argument("--start-timeout", type=int, default=1800, help="seconds a server (or a store build) may take")
     ap.add_argument("--no-build", action="store_true", help="use the binaries as they are")
