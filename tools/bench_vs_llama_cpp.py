@@ -27,7 +27,7 @@ In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16) 
 llama-bench tg (batch 1) and llama-batched-bench -fa (batch 8, 32); 4-bit experts with int8
 dense beside Q4_K_M (--quant4) and 8-bit beside Q8_0 at batch 1; prefill of one prompt of 64,
 512 and 2048 tokens (bf16) beside llama-bench pp. Served, each round: `pw serve --bits 16` /
-`--bits 4 --dense int8` (--served-dense) beside `llama-server -t T -np 32 -cb` on the bf16 /
+`--bits 4 --max-bits 4 --dense int8` (--served-dense) beside `llama-server -t T -np 32 -cb` on the bf16 /
 Q4_K_M (--quant4) GGUF, each loaded by the same client (pw-loadgen --dataset-name random, 64 tokens in, 128 out,
 --ignore-eos, --request-rate inf, --max-concurrency 1/8/32, --token-count auto). Ours and llama.cpp's alternate within every round (A B A B over the
 rounds), so a shared machine's load falls on both. Each round's figures and each ratio's median,
@@ -212,8 +212,8 @@ def start_ours(args, mdir, bits, port, logf):
     cmd = [os.path.join(args.build, "bin", "pw"), "serve", mdir, "--bits", str(bits), "--port", str(port),
            "--memory", args.memory, "--store-dir", os.path.join(args.work, "store"),
            "--served-model-name", "model"]
-    if bits < 16:
-        cmd += ["--dense", args.served_dense]
+    if bits < 16:  # the width held (the planner may not raise it: equal bits) and the dense weights
+        cmd += ["--max-bits", str(bits), "--dense", args.served_dense]
     log("+ " + " ".join(cmd))
     return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -403,6 +403,8 @@ def main():
     ap.add_argument("--prompts-min", type=int, default=8, help="requests at C > 1: max(C, this)")
     ap.add_argument("--token-max", type=int, default=4095, help="largest random prompt token id")
     ap.add_argument("--memory", default="8G", help="pw serve --memory")
+    ap.add_argument("--served-widths", default="bf16,4bit",
+                    help="served pairs: bf16 (bf16 / bf16) and/or 4bit (4-bit / --quant4)")
     ap.add_argument("--served-dense", default="int8", choices=["bf16", "int8"],
                     help="pw serve --dense of the served 4-bit node (int8: as the in-process 4-bit row)")
     ap.add_argument("--port", type=int, default=18600, help="first of the ports the servers use")
@@ -411,6 +413,9 @@ def main():
     args = ap.parse_args()
     args.work = args.work or os.path.join(args.build, "vs-llama-cpp")
     args.streams = [int(x) for x in args.streams.split(",")]
+    args.served_widths = set(args.served_widths.split(","))
+    if not args.served_widths or not args.served_widths <= {"bf16", "4bit"}:
+        sys.exit(f"bench_vs_llama_cpp: --served-widths: bf16 and/or 4bit")
     args.prefill = [int(x) for x in args.prefill.split(",")]
     parts = set(args.parts.split(","))
     if not parts or not parts <= {"decode", "prefill", "served"}:
@@ -483,6 +488,7 @@ def main():
             ("ours-4bit", lambda port, f: start_ours(args, mdir, 4, port, f)),
             ("llama-4bit", lambda port, f: start_llama(args, llama_build, g[args.quant4], port, f)),
         ]
+        servers = [s for s in servers if s[0].split("-")[1] in args.served_widths]
         for i in range(args.rounds):
             la = loadavg()
             r = {}
@@ -494,9 +500,10 @@ def main():
             loads.append(f"{la} -> {loadavg()}")
         print(f"\nServed rounds {t0}–{time.strftime('%H:%M:%S', time.gmtime())} UTC, "
               f"load average per round: {'; '.join(loads)}")
-        print_served_table(rounds, args.streams, {"bf16 / bf16": ("ours-bf16", "llama-bf16"),
-                                                  f"4-bit / {args.quant4}": ("ours-4bit", "llama-4bit")})
-        if engine_b1 and 1 in args.streams:
+        pairs = {"bf16 / bf16": ("ours-bf16", "llama-bf16"), f"4-bit / {args.quant4}": ("ours-4bit", "llama-4bit")}
+        print_served_table(rounds, args.streams,
+                           {t: k for t, k in pairs.items() if k[0].split("-")[1] in args.served_widths})
+        if engine_b1 and 1 in args.streams and "bf16" in args.served_widths:
             served = [r["ours-bf16"][1] for r in rounds]
             print(f"\nServed at one stream / the engine's own batch-1 decode (bf16, medians): "
                   f"{statistics.median(served):.1f} / {statistics.median(engine_b1):.1f} = "

@@ -56,6 +56,14 @@ bool AmxInt8Usable() {
 #endif
 }
 
+}  // namespace
+
+int FastWidthLimit(Backend backend) {
+  return backend == Backend::kAvx512 || backend == Backend::kAmx ? kMaxBits : 5;
+}
+
+namespace {
+
 internal::Q8RowsFn RowsFn(Backend backend) {
   switch (backend) {
     case Backend::kScalar: return internal::Q8RowsScalar;

@@ -104,6 +104,13 @@ bool Q8BackendAvailable(kernels::Backend backend);
 // scalar|avx2|avx512|amx overrides as for BestBackend()).
 kernels::Backend BestQ8Backend();
 
+// Widest width the fast path `backend` runs at least as fast as the bf16 GEMV at one token:
+// 8 with a byte permute of 64+ entries (AVX-512 VBMI, AMX); 5 on AVX2, where a 2^b-entry
+// lookup costs 2^(b-4) shuffles and as many blends (docs/benchmarks.md, "The AVX2 fast path at
+// 5-8 bits": 8 bits measured 0.41-0.49x bf16, 6 bits 0.9-1.2x). The scalar backend gets the
+// same 5 (not measured against bf16: no CPU of this project lacks AVX2).
+int FastWidthLimit(kernels::Backend backend);
+
 // Rows [row_begin, row_end) of y [acts.tokens][ldy] (other entries untouched):
 //   y[t][r] = the fast-path product above for block `view` at width `bits`.
 // Reads planes 0..bits-1 of the view and `lut` (the view's fp16 LUTs may be null); acts.cols

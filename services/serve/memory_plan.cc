@@ -96,7 +96,7 @@ std::string MemoryPlan::Summary() const {
 
 Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, int64_t budget,
                               const std::string& bits_text, const std::string& budget_text,
-                              int64_t dense_int8_bytes) {
+                              int64_t dense_int8_bytes, int auto_max_bits) {
   MemoryPlan p;
   p.budget = budget;
   p.checkpoint = checkpoint_bytes;
@@ -167,7 +167,7 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
     p.bits = 16;
   } else if (bits_text == "auto") {
     p.bits = 3;
-    for (int b = 8; b > 3; --b) {
+    for (int b = std::min(8, auto_max_bits); b > 3; --b) {
       PW_ASSIGN_OR_RETURN(int64_t e, experts_at(b));
       if (e + min_kv <= p.pool) {
         p.bits = b;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/formats/model_hash_cache.h"
+#include "kernels/anyprec/q8.h"
 #include "services/serve/model_source.h"
 #include "services/serve/store_cache.h"
 
@@ -85,7 +86,7 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
     y += "  store: " + Quoted(p.store) + "\n";
     if (!p.model_hash_cache.empty()) y += "  model_hash_cache: " + Quoted(p.model_hash_cache) + "\n";
     y += "  initial_bits: " + std::to_string(p.memory.bits) + "\n";
-    y += "  planner: {enabled: true}\n";
+    y += "  planner: {enabled: true, max_bits: " + std::to_string(p.max_bits) + "}\n";
   }
   y += "\nprefill:\n";
   y += "  - id: prefill-0\n";
@@ -99,13 +100,29 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   return y;
 }
 
+Result<int> PlannerMaxBits(const std::string& max_bits, const std::string& bits) {
+  if (max_bits == "auto") {
+    const int fast = anyprec::FastWidthLimit(anyprec::BestQ8Backend());
+    // A width given above what is fast here is the user's: the planner may keep it.
+    return bits == "auto" || bits == "16" ? fast : std::max(fast, std::stoi(bits));
+  }
+  const int m = std::stoi(max_bits);
+  if (bits != "auto" && bits != "16" && std::stoi(bits) > m) {
+    return InvalidArgument("--bits " + bits + " is above --max-bits " + max_bits +
+                           ": the planner could not keep the width it starts at (give --max-bits " + bits +
+                           " or more)");
+  }
+  return m;
+}
+
 Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   // 1. The directory and the memory, before anything is built.
   PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir, o.tokenizer));
   PW_ASSIGN_OR_RETURN(int64_t budget, ParseMemory(o.memory));
+  PW_ASSIGN_OR_RETURN(const int max_bits, PlannerMaxBits(o.max_bits, o.bits));
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
                       PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory,
-                                 o.dense == "int8" ? static_cast<int64_t>(src.dense_int8_bytes) : 0));
+                                 o.dense == "int8" ? static_cast<int64_t>(src.dense_int8_bytes) : 0, max_bits));
   PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
   std::string store_dir = o.store_dir;
   if (store_dir.empty()) {
@@ -124,6 +141,11 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
 
   // 2. The store.
   NodePlan plan;
+  plan.max_bits = std::max(max_bits, mem.bits == 16 ? 3 : mem.bits);
+  if (mem.bits != 16) {
+    std::fprintf(stderr, "pw serve: the planner raises experts up to %d bits (--max-bits %s; %s's fast path)\n",
+                 plan.max_bits, o.max_bits.c_str(), kernels::BackendName(anyprec::BestQ8Backend()));
+  }
   if (mem.bits != 16) {
     StoreBuild build;
     build.quantize_bin = bin_dir + "/pw-quantize";

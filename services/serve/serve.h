@@ -22,8 +22,14 @@ struct NodePlan {
   std::string tokenizer_dir;  // "" = the model directory's (the router's default)
   std::string model_hash_cache;  // the broker remembers the model hash here ("" = hashes at start)
   MemoryPlan memory;
+  int max_bits = 8;  // the planner's highest width (ServeOptions::max_bits resolved)
   int router_control_port = 0, broker_control_port = 0;
 };
+
+// The planner's highest width from --max-bits and --bits (ServeOptions): "auto" is
+// anyprec::FastWidthLimit of this CPU's fast path, raised to a --bits given above it; a --bits
+// above a given --max-bits is kInvalidArgument.
+Result<int> PlannerMaxBits(const std::string& max_bits, const std::string& bits);
 
 // The node file (YAML) of `plan`.
 std::string NodeFileText(const ServeOptions& o, const NodePlan& plan);

@@ -19,8 +19,14 @@ void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
   s->Add("served_model_name", &o->served_model_name,
          "the model id clients send (default: ORG/NAME of a cache snapshot, else the directory name)");
   s->Add("bits", &o->bits,
-         "experts' width: auto (the widest the memory allows), 3..8, or 16 (bf16, no store)")
+         "experts' starting width: auto (the widest the memory allows, at most --max-bits), 3..8, "
+         "or 16 (bf16, no store)")
       .OneOf({"auto", "3", "4", "5", "6", "7", "8", "16"});
+  s->Add("max_bits", &o->max_bits,
+         "the highest width the planner raises experts to: auto (the widest this CPU's "
+         "any-precision kernel runs at least as fast as bf16: 8 with AVX-512 VBMI, 5 on AVX2; "
+         "never below --bits), or 3..8")
+      .OneOf({"auto", "3", "4", "5", "6", "7", "8"});
   s->Add("store_dir", &o->store_dir,
          "cache of any-precision stores (default: $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight)");
   s->Add("run_dir", &o->run_dir, "the node file and per-process logs (default: <store-dir>/run/<model hash>-<port>)");

@@ -19,8 +19,11 @@ struct ServeOptions {
   std::string tokenizer;          // "" = the checkpoint's; else a directory or its tokenizer.json
                                   // (services/common/tokenizer_dir.h), as vLLM's --tokenizer
   std::string served_model_name;  // "" = ORG/NAME of a cache snapshot, else the directory's name
-  std::string bits = "auto";      // experts' width: auto (the widest that fits), 3..8, or 16
-                                  // (the checkpoint's bf16 experts, no store)
+  std::string bits = "auto";      // experts' width: auto (the widest that fits, at most
+                                  // max_bits), 3..8, or 16 (the checkpoint's bf16 experts, no store)
+  std::string max_bits = "auto";  // the planner's highest width: auto (the widest this CPU's fast
+                                  // path runs at least as fast as bf16, anyprec::FastWidthLimit:
+                                  // 8 with AVX-512 VBMI, 5 on AVX2; never below bits), or 3..8
   std::string store_dir;          // "" = $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight
   std::string run_dir;            // "" = <store_dir>/run/<model hash>-<port>
   int64_t quantize_threads = 0;   // threads of a store build (0 = every core)

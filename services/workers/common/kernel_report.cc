@@ -19,18 +19,8 @@ std::string KernelBackendsLine() {
   return line;
 }
 
-int FastWidthLimit(kernels::Backend backend) {
-  switch (backend) {
-    case kernels::Backend::kAvx512:
-    case kernels::Backend::kAmx:
-      return anyprec::kMaxBits;
-    default:
-      return 5;
-  }
-}
-
 std::string WideBlockWarning(kernels::Backend backend, int max_bits) {
-  const int limit = FastWidthLimit(backend);
+  const int limit = anyprec::FastWidthLimit(backend);
   if (max_bits <= limit) return "";
   return std::string("the any-precision fast path here is ") + kernels::BackendName(backend) +
          " (no AVX-512 VBMI byte permute, or no VNNI or GFNI beside it): expert blocks above " +

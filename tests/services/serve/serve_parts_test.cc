@@ -15,6 +15,7 @@
 
 #include "common/formats/checkpoint_experts.h"
 #include "common/formats/model_config.h"
+#include "kernels/anyprec/q8.h"
 #include "services/cluster/cluster_config.h"
 #include "services/serve/memory_plan.h"
 #include "common/formats/model_hash_cache.h"
@@ -147,6 +148,28 @@ TEST(ServeMemory, Int8DenseCopiesComeOutOfThePool) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("the workers' int8 dense copies (6.0 MiB)"), std::string::npos)
       << refused.status().message();
+}
+
+// The planner's ceiling: by default the widest width this CPU's fast path runs at least as fast
+// as bf16 (a --bits given above it is kept), and "auto" never starts above it; a --bits above a
+// given --max-bits is refused naming both.
+TEST(ServeMemory, ThePlannersCeilingFollowsTheFastPath) {
+  const int fast = anyprec::FastWidthLimit(anyprec::BestQ8Backend());
+  EXPECT_EQ(*PlannerMaxBits("auto", "auto"), fast);
+  EXPECT_EQ(*PlannerMaxBits("auto", "16"), fast);
+  EXPECT_EQ(*PlannerMaxBits("auto", "8"), 8);
+  EXPECT_EQ(*PlannerMaxBits("auto", "3"), fast);
+  EXPECT_EQ(*PlannerMaxBits("6", "4"), 6);
+  EXPECT_EQ(*PlannerMaxBits("4", "auto"), 4);
+  auto bad = PlannerMaxBits("4", "6");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--bits 6 is above --max-bits 4"), std::string::npos) << bad.status().message();
+  const ModelConfig c = TinyMoe();
+  for (int ceiling = 3; ceiling <= 8; ++ceiling) {
+    auto p = PlanMemory(c, 15 << 20, int64_t{4} << 30, "auto", "4G", 0, ceiling);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(p->bits, ceiling);  // 4 GiB holds every width: the ceiling decides
+  }
 }
 
 // The int8 copy counted for the embedded model: every attention projection and router gate of
@@ -349,6 +372,10 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   EXPECT_EQ(cfg->run_dir, p.run_dir);
   ASSERT_EQ(cfg->processes.size(), 4u);  // broker, router, prefill-0, decode-0
   EXPECT_EQ(cfg->processes[0].argv[0], "/opt/pw/bin/pw-broker");
+  // The planner's ceiling reaches the broker's planner.
+  p.max_bits = 5;
+  EXPECT_NE(NodeFileText(o, p).find("  planner: {enabled: true, max_bits: 5}\n"), std::string::npos)
+      << NodeFileText(o, p);
   // --dense reaches the node file's root, where both workers read it.
   EXPECT_NE(NodeFileText(o, p).find("\ndense: bf16\n"), std::string::npos) << NodeFileText(o, p);
   o.dense = "int8";

@@ -24,10 +24,10 @@ TEST(KernelReport, TheLineNamesEveryBackendThisProcessRuns) {
 }
 
 TEST(KernelReport, OnlyAByteShuffleFastPathLimitsTheWidth) {
-  EXPECT_EQ(FastWidthLimit(kernels::Backend::kAvx512), 8);
-  EXPECT_EQ(FastWidthLimit(kernels::Backend::kAmx), 8);
-  EXPECT_EQ(FastWidthLimit(kernels::Backend::kAvx2), 5);
-  EXPECT_EQ(FastWidthLimit(kernels::Backend::kScalar), 5);
+  EXPECT_EQ(anyprec::FastWidthLimit(kernels::Backend::kAvx512), 8);
+  EXPECT_EQ(anyprec::FastWidthLimit(kernels::Backend::kAmx), 8);
+  EXPECT_EQ(anyprec::FastWidthLimit(kernels::Backend::kAvx2), 5);
+  EXPECT_EQ(anyprec::FastWidthLimit(kernels::Backend::kScalar), 5);
 }
 
 TEST(KernelReport, AWarningOnlyWhenThePlannerMayRaiseAboveTheLimit) {
