@@ -204,6 +204,35 @@ size_t Q8BytesPerCall(int rows, int cols, int bits) {
   return bits * PlaneBytes(rows, cols) + Q8LutValueBytes(rows, bits) + sizeof(float) * rows;
 }
 
+// The timed loop of an integer fast-path case: the activations x [tokens][cols] quantized in
+// every iteration (as the engine does per call), then rows_fn(acts, r0, r1) -> Status on each
+// thread's share of `rows`; next() after each iteration moves to the case's next block.
+template <typename RowsFn, typename Next>
+void TimeQ8Calls(benchmark::State& state, int rows, int cols, int tokens, int threads,
+                 const std::vector<float>& x, const float* y, RowsFn&& rows_fn, Next&& next) {
+  Aligned acts_buf(Q8ActsBytes(tokens, cols));
+  std::vector<Status> status(static_cast<size_t>(threads));
+  cpu::ThreadPool* threads_pool = Pool(threads);
+  for (auto _ : state) {
+    Q8Acts acts;
+    Status qs = QuantizeActs(x.data(), cols, tokens, cols, {acts_buf.p, Q8ActsBytes(tokens, cols)}, &acts);
+    if (!qs.ok()) {
+      state.SkipWithError(qs.ToString().c_str());
+      break;
+    }
+    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
+      status[t] = rows_fn(acts, static_cast<int>(r0), static_cast<int>(r1));
+    });
+    if (const auto bad = std::find_if(status.begin(), status.end(), [](const Status& s) { return !s.ok(); });
+        bad != status.end()) {
+      state.SkipWithError(bad->ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(y);
+    next();
+  }
+}
+
 // `cached`: every call reads the same block (it stays in the caches), so the case measures the
 // kernel's own rate, not memory's.
 void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int tokens, int threads,
@@ -222,30 +251,16 @@ void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int toke
   }
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 42);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
-  Aligned acts_buf(Q8ActsBytes(tokens, cols));
-  std::vector<Status> status(static_cast<size_t>(threads));
-  cpu::ThreadPool* threads_pool = Pool(threads);
   const kernels::Backend backend = BestQ8Backend();
   int i = 0;
-  for (auto _ : state) {
-    Q8Acts acts;
-    Status qs = QuantizeActs(x.data(), cols, tokens, cols, {acts_buf.p, Q8ActsBytes(tokens, cols)}, &acts);
-    if (!qs.ok()) {
-      state.SkipWithError(qs.ToString().c_str());
-      break;
-    }
-    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
-      status[t] = ApGemmQ8Rows(backend, blocks[i]->view(), bits, luts[i], acts, y.data(), rows,
-                               static_cast<int>(r0), static_cast<int>(r1));
-    });
-    if (const auto bad = std::find_if(status.begin(), status.end(), [](const Status& s) { return !s.ok(); });
-        bad != status.end()) {
-      state.SkipWithError(bad->ToString().c_str());
-      break;
-    }
-    benchmark::DoNotOptimize(y.data());
-    if (!cached && ++i == n_blocks) i = 0;
-  }
+  TimeQ8Calls(
+      state, rows, cols, tokens, threads, x, y.data(),
+      [&](const Q8Acts& acts, int r0, int r1) {
+        return ApGemmQ8Rows(backend, blocks[i]->view(), bits, luts[i], acts, y.data(), rows, r0, r1);
+      },
+      [&] {
+        if (!cached && ++i == n_blocks) i = 0;
+      });
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
   state.counters["blocks"] = cached ? 1 : n_blocks;
   state.counters["weights_per_s"] = benchmark::Counter(
@@ -262,30 +277,17 @@ void BM_Q8Dense(benchmark::State& state, int rows, int cols, int tokens, int thr
   std::vector<float> scales(static_cast<size_t>(rows), 1.f / 4096);
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 44);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
-  Aligned acts_buf(Q8ActsBytes(tokens, cols));
-  std::vector<Status> status(static_cast<size_t>(threads));
-  cpu::ThreadPool* threads_pool = Pool(threads);
   const kernels::Backend backend = BestQ8Backend();
   int i = 0;
-  for (auto _ : state) {
-    Q8Acts acts;
-    Status qs = QuantizeActs(x.data(), cols, tokens, cols, {acts_buf.p, Q8ActsBytes(tokens, cols)}, &acts);
-    if (!qs.ok()) {
-      state.SkipWithError(qs.ToString().c_str());
-      break;
-    }
-    const Q8Matrix w{rows, cols, pool + static_cast<size_t>(i) * value_bytes, scales.data()};
-    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int t, size_t r0, size_t r1) {
-      status[t] = DenseQ8Rows(backend, w, acts, y.data(), rows, static_cast<int>(r0), static_cast<int>(r1));
-    });
-    if (const auto bad = std::find_if(status.begin(), status.end(), [](const Status& s) { return !s.ok(); });
-        bad != status.end()) {
-      state.SkipWithError(bad->ToString().c_str());
-      break;
-    }
-    benchmark::DoNotOptimize(y.data());
-    if (++i == n_blocks) i = 0;
-  }
+  TimeQ8Calls(
+      state, rows, cols, tokens, threads, x, y.data(),
+      [&](const Q8Acts& acts, int r0, int r1) {
+        const Q8Matrix w{rows, cols, pool + static_cast<size_t>(i) * value_bytes, scales.data()};
+        return DenseQ8Rows(backend, w, acts, y.data(), rows, r0, r1);
+      },
+      [&] {
+        if (++i == n_blocks) i = 0;
+      });
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
   state.counters["blocks"] = n_blocks;
   state.SetLabel(BackendName(backend));
