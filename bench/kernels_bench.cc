@@ -204,6 +204,11 @@ size_t Q8BytesPerCall(int rows, int cols, int bits) {
   return bits * PlaneBytes(rows, cols) + Q8LutValueBytes(rows, bits) + sizeof(float) * rows;
 }
 
+// Bytes of a dense int8 matrix: its rows in the activation layout and their row scales.
+size_t Q8DenseBytesPerCall(int rows, int cols) {
+  return Q8MatrixValueBytes(rows, cols) + sizeof(float) * rows;
+}
+
 // The timed loop of an integer fast-path case: the activations x [tokens][cols] quantized in
 // every iteration (as the engine does per call), then rows_fn(acts, r0, r1) -> Status on each
 // thread's share of `rows`; next() after each iteration moves to the case's next block.
@@ -269,7 +274,7 @@ void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int toke
 }
 
 void BM_Q8Dense(benchmark::State& state, int rows, int cols, int tokens, int threads) {
-  const size_t per_call = Q8MatrixValueBytes(rows, cols) + sizeof(float) * rows;
+  const size_t per_call = Q8DenseBytesPerCall(rows, cols);
   const size_t value_bytes = Q8MatrixValueBytes(rows, cols);
   const int n_blocks = static_cast<int>(std::min(kPoolBytes / value_bytes, (kWorkingSet + per_call - 1) / per_call));
   // The pool's bytes as the int8 weights: their values set the products, not the speed.
@@ -445,7 +450,7 @@ void RegisterAll() {
         finish(benchmark::RegisterBenchmark(q8.c_str(), BM_Q8Dense, s.rows, s.cols, t, threads), threads);
       }
       read_sizes.insert(size_t{2} * s.rows * s.cols);
-      read_sizes.insert(Q8MatrixValueBytes(s.rows, s.cols) + sizeof(float) * s.rows);
+      read_sizes.insert(Q8DenseBytesPerCall(s.rows, s.cols));
     }
   }
   // The fast path on one block that stays in the caches (2-3 MB at the OLMoE shapes), one thread,

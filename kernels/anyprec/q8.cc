@@ -56,14 +56,6 @@ bool AmxInt8Usable() {
 #endif
 }
 
-}  // namespace
-
-int FastWidthLimit(Backend backend) {
-  return backend == Backend::kAvx512 || backend == Backend::kAmx ? kMaxBits : 5;
-}
-
-namespace {
-
 internal::Q8RowsFn RowsFn(Backend backend) {
   switch (backend) {
     case Backend::kScalar: return internal::Q8RowsScalar;
@@ -284,6 +276,10 @@ Backend BestQ8Backend() {
     return Backend::kScalar;
   }();
   return best;
+}
+
+int FastWidthLimit(Backend backend) {
+  return backend == Backend::kAvx512 || backend == Backend::kAmx ? kMaxBits : 5;
 }
 
 Status ApGemmQ8Rows(Backend backend, const BlockView& view, int bits, const Q8Lut& lut,

@@ -248,7 +248,6 @@ inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
 // two, against the adjacent rows prefetched 2 KiB ahead (docs/benchmarks.md, "The int8 dense
 // GEMV as four streams").
 inline size_t DenseAhead() { return cpu::PrefetchBytes(); }
-constexpr int kDenseSideBySide = 1;
 constexpr int kDenseStreams = cpu::kGemvStreams;
 // No one-token loop of its own (q8_rows.inc's OneToken for every width).
 template <int B>

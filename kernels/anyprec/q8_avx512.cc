@@ -20,9 +20,8 @@
 #include <cstdint>
 #include <utility>
 
-#include "kernels/cpu/row_streams.h"
-
 #include "kernels/anyprec/q8_internal.h"
+#include "kernels/cpu/row_streams.h"
 
 namespace pw::anyprec::internal {
 namespace avx512q8 {
@@ -135,11 +134,11 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
 // activation load) at every shape measured: 4b or 2b interleaved streams of short row
 // segments read slower than b long ones (4096x14336, 4 bits: 15.5 GB/s against 12.7 with 4
 // rows; 14336x4096: 16.4 against 14.4; 8 bits: 14.4 against 11.1 and 14.0 against 13.7).
-// Dense int8 rows: the same (4 rows side by side measured equal in the engine).
+// Dense int8 rows: the same, one row after the next (4 rows side by side measured equal in the
+// engine).
 template <int B>
 constexpr int kSideBySide = 1;
 inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
-constexpr int kDenseSideBySide = 1;
 inline size_t DenseAhead() { return kPrefetchBytes; }
 constexpr int kDenseStreams = 1;
 

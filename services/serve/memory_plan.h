@@ -57,8 +57,9 @@ struct MemoryPlan {
 };
 
 // `bits_text` is "auto", "3".."8" or "16" ("auto" picks at most `auto_max_bits`);
-// `dense_int8_bytes`: one worker's int8 copy of the dense matrices, 0 with bf16 dense. kResourceExhausted when the pool cannot hold the smallest
-// plan (or the given width), with the figures and the --memory that would do.
+// `dense_int8_bytes`: one worker's int8 copy of the dense matrices, 0 with bf16 dense.
+// kResourceExhausted when the pool cannot hold the smallest plan (or the given width), with the
+// figures and the --memory that would do.
 Result<MemoryPlan> PlanMemory(const ModelConfig& config, int64_t checkpoint_bytes, int64_t budget,
                               const std::string& bits_text, const std::string& budget_text,
                               int64_t dense_int8_bytes = 0, int auto_max_bits = 8);

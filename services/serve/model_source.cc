@@ -3,8 +3,8 @@
 #include <filesystem>
 
 #include "common/formats/safetensors.h"
-#include "kernels/anyprec/q8.h"
 #include "common/text/tokenizer.h"
+#include "kernels/anyprec/q8.h"
 #include "services/common/model_name.h"
 #include "services/common/tokenizer_dir.h"
 

@@ -101,13 +101,11 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
 }
 
 Result<int> PlannerMaxBits(const std::string& max_bits, const std::string& bits) {
-  if (max_bits == "auto") {
-    const int fast = anyprec::FastWidthLimit(anyprec::BestQ8Backend());
-    // A width given above what is fast here is the user's: the planner may keep it.
-    return bits == "auto" || bits == "16" ? fast : std::max(fast, std::stoi(bits));
-  }
+  const int given = bits == "auto" || bits == "16" ? 0 : std::stoi(bits);  // 0: no width given
+  // A width given above what is fast here is the user's: the planner may keep it.
+  if (max_bits == "auto") return std::max(anyprec::FastWidthLimit(anyprec::BestQ8Backend()), given);
   const int m = std::stoi(max_bits);
-  if (bits != "auto" && bits != "16" && std::stoi(bits) > m) {
+  if (given > m) {
     return InvalidArgument("--bits " + bits + " is above --max-bits " + max_bits +
                            ": the planner could not keep the width it starts at (give --max-bits " + bits +
                            " or more)");
@@ -141,12 +139,10 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
 
   // 2. The store.
   NodePlan plan;
-  plan.max_bits = std::max(max_bits, mem.bits == 16 ? 3 : mem.bits);
+  plan.max_bits = max_bits;  // never below mem.bits: PlannerMaxBits and PlanMemory see to it
   if (mem.bits != 16) {
     std::fprintf(stderr, "pw serve: the planner raises experts up to %d bits (--max-bits %s; %s's fast path)\n",
                  plan.max_bits, o.max_bits.c_str(), kernels::BackendName(anyprec::BestQ8Backend()));
-  }
-  if (mem.bits != 16) {
     StoreBuild build;
     build.quantize_bin = bin_dir + "/pw-quantize";
     build.model_dir = src.dir;

@@ -14,8 +14,7 @@ namespace pw::workers {
 std::string KernelBackendsLine();
 
 // A warning for the log when blocks may be raised above anyprec::FastWidthLimit(backend)
-// (max_bits is
-// the planner's ceiling); empty when they may not.
+// (max_bits is the planner's ceiling); empty when they may not.
 std::string WideBlockWarning(kernels::Backend backend, int max_bits);
 
 }  // namespace pw::workers
