@@ -118,12 +118,12 @@ Status QuantizeLut(const uint16_t* lut_f16, int rows, int bits, int8_t* values, 
       }
       amax = std::max(amax, std::fabs(v));
     }
-    const float scale = amax / 127.f;
-    scales[r] = scale;
+    const float most = static_cast<float>(Q8LutMax(bits));
+    scales[r] = amax / most;
     int8_t* dst = values + static_cast<size_t>(r) * entries;
     for (int i = 0; i < entries; ++i) {
       const float v = F16ToF32(src[i]);
-      dst[i] = amax > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(v * (127.f / amax)), -127.f, 127.f)) : 0;
+      dst[i] = amax > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(v * (most / amax)), -most, most)) : 0;
     }
   }
   return Status::Ok();

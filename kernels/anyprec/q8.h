@@ -1,7 +1,7 @@
 // The integer fast path of the any-precision kernels: the same bit-planes as anyprec.h, with
 // an int8 copy of each row's LUT and int8 activations, multiplied with integer dot products.
 //
-//   weight(r, c)  ~= lut_scale[r] * lut_q8[r][code_b(r, c)]       (int8 in [-127, 127])
+//   weight(r, c)  ~= lut_scale[r] * lut_q8[r][code_b(r, c)]       (int8 in [-L, L], Q8LutMax)
 //   x(t, c)       ~= act_scale[t][g] * xq[t][c],  g = c / 256      (int8 in [-127, 127])
 //   y[t, r] = lut_scale[r] * sum_g act_scale[t][g] * sum_{c in g} lut_q8[r][code] * xq[t][c]
 //
@@ -34,6 +34,14 @@ namespace pw::anyprec {
 // Columns per activation scale (one packing group).
 inline constexpr int kActGroupCols = kGroupCols;
 
+// Largest |value| of a width's int8 LUT: 63 up to kQ8PairedMaxBits bits, 127 above. At 3 and 4
+// bits (8 and 16 centroids) the halved range costs no measurable perplexity (docs/quality.md,
+// "Fast path vs exact path"), and it bounds one vpmaddubsw pair sum by 2 * 63 * 127, so an
+// AVX2 kernel adds two of them in int16 before widening: one vpmaddwd per 64 products instead
+// of per 32 (q8_avx2.cc). Above 4 bits the table keeps the full int8 range.
+inline constexpr int kQ8PairedMaxBits = 4;
+constexpr int Q8LutMax(int bits) { return bits <= kQ8PairedMaxBits ? 63 : 127; }
+
 // int8 LUT of one block at one width: values [rows][2^bits], scales [rows]. The values are
 // either one contiguous array (`values`) or, when `pages` is set, row tiles: page i holds rows
 // [i * tile_rows, min(rows, (i + 1) * tile_rows)) contiguously (pages of a paged pool).
@@ -54,7 +62,7 @@ inline const int8_t* Q8LutRow(const Q8Lut& lut, int r, int bits) {
 // Bytes of the int8 LUT values of a block (rows x 2^bits) and of its scales (rows floats).
 constexpr size_t Q8LutValueBytes(int rows, int bits) { return static_cast<size_t>(rows) << bits; }
 
-// From the exact fp16 LUT [rows][2^bits]: scales[r] = max_i |lut[r][i]| / 127 and
+// From the exact fp16 LUT [rows][2^bits]: scales[r] = max_i |lut[r][i]| / Q8LutMax(bits) and
 // values[r][i] = round(lut[r][i] / scales[r]) (0 where the row is all zero). Non-finite
 // centroids are an error.
 Status QuantizeLut(const uint16_t* lut_f16, int rows, int bits, int8_t* values, float* scales);

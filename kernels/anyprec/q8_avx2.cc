@@ -6,7 +6,8 @@
 // registers), looked up in the row's signed int8 LUT with vpshufb (b <= 4: one 16-entry table;
 // b >= 5: one shuffle per 16-entry part, merged by a tree of byte blends on code bits 4..b-1),
 // and multiplied with the activations by vpmaddubsw on |w| and sign(x, w) (no saturation:
-// |w|, |x| <= 127), then vpmaddwd into int32. One fp32 multiply-add per group and row.
+// |w|, |x| <= 127), then vpmaddwd into int32; at 3-4 bits (|w| <= 63, Q8LutMax) two slices'
+// vpmaddubsw sums are added in int16 first, one vpmaddwd for both. One fp32 multiply-add per group and row.
 // One token: one row at a time, its planes prefetched 2 KiB ahead; a dense int8 matrix's rows
 // as four long streams (DenseAhead below).
 #include <immintrin.h>
@@ -116,6 +117,8 @@ struct Tables {
 
 template <int B>
 struct Row {
+  // The LUT's values lie in [-63, 63] (Q8LutMax): two slices' products add in int16.
+  static constexpr bool kPaired = B <= kQ8PairedMaxBits;
   const uint8_t* pl[B];
   Tables<B> tab;
   float scale;
@@ -158,10 +161,23 @@ struct Row {
   }
 };
 
-// Adds the 32 products w * x to 8 int32 lanes of acc.
-inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
-  const __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+// The 32 products w * x summed in adjacent pairs: 16 int16 lanes, each within 2 * |w| * 127.
+inline __m256i Products(__m256i w, __m256i x) {
+  return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
+// Adds 16 int16 pair sums to 8 int32 lanes of acc.
+inline __m256i Widen(__m256i acc, __m256i p16) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+// Adds the 32 products w * x to 8 int32 lanes of acc.
+inline __m256i Dot(__m256i acc, __m256i w, __m256i x) { return Widen(acc, Products(w, x)); }
+
+// Adds the 64 products of two slices to acc; |w| <= 63 in both (a Row with kPaired), so the two
+// int16 pair sums add without overflow (2 * 2 * 63 * 127 < 32768) and one widening serves both.
+inline __m256i DotPair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, __m256i x1) {
+  return Widen(acc, _mm256_add_epi16(Products(w0, x0), Products(w1, x1)));
 }
 
 inline float Sum8(__m256 v) {
@@ -177,6 +193,7 @@ inline const __m256i* XSlice(const int8_t* xq, int g, int k) {
 
 // A row of a dense int8 matrix (Q8Matrix): 32 signed weights per slice of a group.
 struct DenseRow {
+  static constexpr bool kPaired = false;
   const int8_t* w;
   float scale;
 
@@ -204,9 +221,25 @@ void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t ahea
     __m256i acc[NR];
     for (auto& c : acc) c = _mm256_setzero_si256();
     for (int i = 0; i < NR; ++i) {
-      rows[i].DecodeGroup(g, [&](int k, __m256i w) {
-        acc[i] = Dot(acc[i], w, _mm256_loadu_si256(XSlice(a.q, g, k)));
-      }, ahead);
+      if constexpr (RowT::kPaired) {
+        // Slices taken two at a time in the order DecodeGroup gives them.
+        __m256i first_w = _mm256_setzero_si256(), first_x = first_w;
+        bool have_first = false;
+        rows[i].DecodeGroup(g, [&](int k, __m256i w) {
+          const __m256i x = _mm256_loadu_si256(XSlice(a.q, g, k));
+          if (!have_first) {
+            first_w = w;
+            first_x = x;
+          } else {
+            acc[i] = DotPair(acc[i], first_w, first_x, w, x);
+          }
+          have_first = !have_first;
+        }, ahead);
+      } else {
+        rows[i].DecodeGroup(g, [&](int k, __m256i w) {
+          acc[i] = Dot(acc[i], w, _mm256_loadu_si256(XSlice(a.q, g, k)));
+        }, ahead);
+      }
     }
     const __m256 s = _mm256_set1_ps(a.scales[g]);
     for (int i = 0; i < NR; ++i) accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), s, accf[i]);
@@ -228,7 +261,14 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
     for (int t = 0; t < T; ++t) {
       const int8_t* xq = a.q + static_cast<size_t>(t) * stride;
       __m256i c = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) c = Dot(c, w[k], _mm256_loadu_si256(XSlice(xq, g, k)));
+      if constexpr (RowT::kPaired) {
+        for (int k = 0; k < 8; k += 2) {
+          c = DotPair(c, w[k], _mm256_loadu_si256(XSlice(xq, g, k)), w[k + 1],
+                      _mm256_loadu_si256(XSlice(xq, g, k + 1)));
+        }
+      } else {
+        for (int k = 0; k < 8; ++k) c = Dot(c, w[k], _mm256_loadu_si256(XSlice(xq, g, k)));
+      }
       accf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c),
                                 _mm256_set1_ps(a.scales[static_cast<size_t>(t) * ngroups + g]), accf[t]);
     }
