@@ -23,10 +23,10 @@ unknown pre-tokenizer hash is taken as gpt-2, and a key written twice with the s
 written once), Q4_K_M (or --quant4's type, e.g. MXFP4_MOE for gpt_oss) and Q8_0
 (llama-quantize), and the any-precision store (`pw serve --bits 4` builds it into --work/store).
 
-In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16) beside
-llama-bench tg (batch 1) and llama-batched-bench -fa (batch 8, 32); 4-bit experts with int8
-dense beside Q4_K_M (--quant4) and 8-bit beside Q8_0 at batch 1; prefill of one prompt of 64,
-512 and 2048 tokens (bf16) beside llama-bench pp. Served, each round: `pw serve --bits 16` /
+In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16, and 4-bit
+experts with int8 dense beside Q4_K_M or --quant4) beside llama-bench tg (batch 1) and
+llama-batched-bench -fa (batch 8, 32); 8-bit beside Q8_0 at batch 1; prefill of one prompt of
+64, 512 and 2048 tokens (bf16, and 4-bit beside --quant4) beside llama-bench pp. Served, each round: `pw serve --bits 16` /
 `--bits 4 --max-bits 4 --dense int8` (--served-dense) beside `llama-server -t T -np 32 -cb` on the bf16 /
 Q4_K_M (--quant4) GGUF, each loaded by the same client (pw-loadgen --dataset-name random, 64 tokens in, 128 out,
 --ignore-eos, --request-rate inf, --max-concurrency 1/8/32, --token-count auto). Ours and llama.cpp's alternate within every round (A B A B over the
@@ -323,24 +323,36 @@ def decode_round(args, mdir, llama_build, g, store):
     r["decode batch 8, bf16 / bf16"] = (by_batch[8], lbb[8])
     r["decode batch 32, bf16 / bf16"] = (by_batch[32], lbb[32])
     if store:
-        q = ours_engine(args, mdir, ["--store", store, "--bits", "4", "--dense", "int8", "--batches", "1"])
+        q = ours_engine(args, mdir, ["--store", store, "--bits", "4", "--dense", "int8", "--same-prompts",
+                                     "--batches", "1,8,32", "--prompt-len", "64"])
         lq = llama_bench(args, llama_build, g[args.quant4], "0", "32")
-        r[f"decode batch 1, 4-bit experts + int8 dense / {args.quant4}"] = (q[0][2], lq[(0, 32)])
+        lqb = llama_batched(args, llama_build, g[args.quant4], [8, 32])
+        q_by_batch = {b: d for b, _, d in q}
+        r[f"decode batch 1, 4-bit experts + int8 dense / {args.quant4}"] = (q_by_batch[1], lq[(0, 32)])
+        r[f"decode batch 8, 4-bit experts + int8 dense / {args.quant4}"] = (q_by_batch[8], lqb[8])
+        r[f"decode batch 32, 4-bit experts + int8 dense / {args.quant4}"] = (q_by_batch[32], lqb[32])
         q8 = ours_engine(args, mdir, ["--store", store, "--bits", "8", "--dense", "int8", "--batches", "1"])
         l8 = llama_bench(args, llama_build, g["Q8_0"], "0", "32")
         r["decode batch 1, 8-bit experts + int8 dense / Q8_0"] = (q8[0][2], l8[(0, 32)])
     return r
 
 
-def prefill_round(args, mdir, llama_build, g):
-    """One round of prefill (one prompt of each length), ours then llama.cpp's."""
-    r, pre = {}, {}
-    for n in args.prefill:
-        rows = ours_engine(args, mdir, ["--batches", "1", "--prompt-len", str(n), "--decode-steps", "1"])
-        pre[n] = rows[0][1]
-    lp = llama_bench(args, llama_build, g["bf16"], ",".join(map(str, args.prefill)), "0")
-    for n in args.prefill:
-        r[f"prefill {n} tokens, bf16 / bf16"] = (pre[n], lp[(n, 0)])
+def prefill_round(args, mdir, llama_build, g, store):
+    """One round of prefill (one prompt of each length), ours then llama.cpp's: bf16, and 4-bit
+    experts + int8 dense beside --quant4 where there is a store."""
+    r = {}
+    widths = [("bf16", [], "bf16")]
+    if store:
+        widths.append(("4-bit experts + int8 dense", ["--store", store, "--bits", "4", "--dense", "int8"],
+                       args.quant4))
+    for name, extra, gguf in widths:
+        pre = {}
+        for n in args.prefill:
+            rows = ours_engine(args, mdir, extra + ["--batches", "1", "--prompt-len", str(n), "--decode-steps", "1"])
+            pre[n] = rows[0][1]
+        lp = llama_bench(args, llama_build, g[gguf], ",".join(map(str, args.prefill)), "0")
+        for n in args.prefill:
+            r[f"prefill {n} tokens, {name} / {gguf}"] = (pre[n], lp[(n, 0)])
     return r
 
 
@@ -468,7 +480,7 @@ def main():
             if "decode" in parts:
                 r.update(decode_round(args, mdir, llama_build, g, store))
             if "prefill" in parts:
-                r.update(prefill_round(args, mdir, llama_build, g))
+                r.update(prefill_round(args, mdir, llama_build, g, store))
             rounds.append(r)
             loads.append(f"{la} -> {loadavg()}")
             print(f"in-process round {i + 1} (load {loads[-1]}): " +
