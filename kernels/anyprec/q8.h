@@ -34,13 +34,16 @@ namespace pw::anyprec {
 // Columns per activation scale (one packing group).
 inline constexpr int kActGroupCols = kGroupCols;
 
-// Largest |value| of a width's int8 LUT: 63 up to kQ8PairedMaxBits bits, 127 above. At 3 and 4
-// bits (8 and 16 centroids) the halved range costs no measurable perplexity (docs/quality.md,
-// "Fast path vs exact path"), and it bounds one vpmaddubsw pair sum by 2 * 63 * 127, so an
-// AVX2 kernel adds two of them in int16 before widening: one vpmaddwd per 64 products instead
-// of per 32 (q8_avx2.cc). Above 4 bits the table keeps the full int8 range.
-inline constexpr int kQ8PairedMaxBits = 4;
-constexpr int Q8LutMax(int bits) { return bits <= kQ8PairedMaxBits ? 63 : 127; }
+// Largest |value| of a width's int8 LUT: kQ8LutBias - 1 = 31 up to kQ8BiasedMaxBits bits, 127
+// above. At 3 and 4 bits (8 and 16 centroids) the narrower range costs no measurable perplexity
+// (docs/quality.md, "Fast path vs exact path"), and a value plus kQ8LutBias is then an unsigned
+// byte of at most 63: the AVX2 kernel (q8_avx2.cc) looks the biased value up and multiplies it
+// with vpmaddubsw as it is (no sign trick), adds two slices' int16 pair sums (each within
+// 2 * 63 * 127) before widening them, and takes the bias's share off at the end with
+// Q8Acts::offsets. Above 4 bits the table keeps the full int8 range.
+inline constexpr int kQ8BiasedMaxBits = 4;
+inline constexpr int kQ8LutBias = 32;
+constexpr int Q8LutMax(int bits) { return bits <= kQ8BiasedMaxBits ? kQ8LutBias - 1 : 127; }
 
 // int8 LUT of one block at one width: values [rows][2^bits], scales [rows]. The values are
 // either one contiguous array (`values`) or, when `pages` is set, row tiles: page i holds rows

@@ -6,8 +6,9 @@
 // registers), looked up in the row's signed int8 LUT with vpshufb (b <= 4: one 16-entry table;
 // b >= 5: one shuffle per 16-entry part, merged by a tree of byte blends on code bits 4..b-1),
 // and multiplied with the activations by vpmaddubsw on |w| and sign(x, w) (no saturation:
-// |w|, |x| <= 127), then vpmaddwd into int32; at 3-4 bits (|w| <= 63, Q8LutMax) two slices'
-// vpmaddubsw sums are added in int16 first, one vpmaddwd for both. One fp32 multiply-add per group and row.
+// |w|, |x| <= 127), then vpmaddwd into int32. At 3-4 bits the table is biased to unsigned
+// (w + 32 in [1, 63], Q8LutMax): vpmaddubsw takes it as it is, two slices' sums are added in
+// int16 first, one vpmaddwd for both, and the bias's share (Q8Acts::offsets) comes off at the end. One fp32 multiply-add per group and row.
 // One token: one row at a time, its planes prefetched 2 KiB ahead; a dense int8 matrix's rows
 // as four long streams (DenseAhead below).
 #include <immintrin.h>
@@ -117,8 +118,10 @@ struct Tables {
 
 template <int B>
 struct Row {
-  // The LUT's values lie in [-63, 63] (Q8LutMax): two slices' products add in int16.
-  static constexpr bool kPaired = B <= kQ8PairedMaxBits;
+  // At 3-4 bits the table holds each value plus kQ8LutBias, in [1, 2 * kQ8LutBias - 1]
+  // (Q8LutMax): DecodeGroup gives vpmaddubsw's unsigned operand itself (no sign trick), two
+  // slices' products add in int16, and the bias's share comes off once per output (Biased).
+  static constexpr bool kBiased = B <= kQ8BiasedMaxBits;
   const uint8_t* pl[B];
   Tables<B> tab;
   float scale;
@@ -126,6 +129,9 @@ struct Row {
   void Init(const BlockAndLut& s, int r) {
     for (int p = 0; p < B; ++p) pl[p] = s.view.PlaneRow(p, r);
     tab.Load(Q8LutRow(s.lut, r, B));
+    if constexpr (kBiased) {
+      for (auto& t : tab.t) t = _mm256_add_epi8(t, _mm256_set1_epi8(static_cast<char>(kQ8LutBias)));
+    }
     scale = s.lut.scales[r];
   }
 
@@ -174,16 +180,29 @@ inline __m256i Widen(__m256i acc, __m256i p16) {
 // Adds the 32 products w * x to 8 int32 lanes of acc.
 inline __m256i Dot(__m256i acc, __m256i w, __m256i x) { return Widen(acc, Products(w, x)); }
 
-// Adds the 64 products of two slices to acc; |w| <= 63 in both (a Row with kPaired), so the two
-// int16 pair sums add without overflow (2 * 2 * 63 * 127 < 32768) and one widening serves both.
-inline __m256i DotPair(__m256i acc, __m256i w0, __m256i x0, __m256i w1, __m256i x1) {
-  return Widen(acc, _mm256_add_epi16(Products(w0, x0), Products(w1, x1)));
+// Adds the 64 products of two slices of biased weights (a Row with kBiased: u = w + kQ8LutBias,
+// unsigned, at most 2 * kQ8LutBias - 1 = 63) to acc: each int16 pair sum is within 2 * 63 * 127,
+// so the two slices' sums add without overflow and one widening serves both.
+inline __m256i DotPairBiased(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+  return Widen(acc, _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1)));
 }
+
 
 inline float Sum8(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+// y = row scale * (the row's scaled group sums, less the bias's share for biased rows:
+// kQ8LutBias * sum_g act_scale[g] * sum_{c in g} xq[c] = Q8Acts::offsets * kQ8LutBias / 128).
+template <class RowT>
+inline float Output(const RowT& row, __m256 accf, const Q8Acts& a, int t) {
+  if constexpr (RowT::kBiased) {
+    return row.scale * (Sum8(accf) - a.offsets[t] * (static_cast<float>(kQ8LutBias) / 128.f));
+  } else {
+    return row.scale * Sum8(accf);
+  }
 }
 
 // Slice k of group g inside a token's activation row.
@@ -193,7 +212,7 @@ inline const __m256i* XSlice(const int8_t* xq, int g, int k) {
 
 // A row of a dense int8 matrix (Q8Matrix): 32 signed weights per slice of a group.
 struct DenseRow {
-  static constexpr bool kPaired = false;
+  static constexpr bool kBiased = false;
   const int8_t* w;
   float scale;
 
@@ -221,17 +240,17 @@ void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t ahea
     __m256i acc[NR];
     for (auto& c : acc) c = _mm256_setzero_si256();
     for (int i = 0; i < NR; ++i) {
-      if constexpr (RowT::kPaired) {
+      if constexpr (RowT::kBiased) {
         // Slices taken two at a time in the order DecodeGroup gives them.
-        __m256i first_w = _mm256_setzero_si256(), first_x = first_w;
+        __m256i first_u = _mm256_setzero_si256(), first_x = first_u;
         bool have_first = false;
-        rows[i].DecodeGroup(g, [&](int k, __m256i w) {
+        rows[i].DecodeGroup(g, [&](int k, __m256i u) {
           const __m256i x = _mm256_loadu_si256(XSlice(a.q, g, k));
           if (!have_first) {
-            first_w = w;
+            first_u = u;
             first_x = x;
           } else {
-            acc[i] = DotPair(acc[i], first_w, first_x, w, x);
+            acc[i] = DotPairBiased(acc[i], first_u, first_x, u, x);
           }
           have_first = !have_first;
         }, ahead);
@@ -244,7 +263,7 @@ void GemvRows(const RowT* rows, int cols, const Q8Acts& a, float* y, size_t ahea
     const __m256 s = _mm256_set1_ps(a.scales[g]);
     for (int i = 0; i < NR; ++i) accf[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), s, accf[i]);
   }
-  for (int i = 0; i < NR; ++i) y[i] = rows[i].scale * Sum8(accf[i]);
+  for (int i = 0; i < NR; ++i) y[i] = Output(rows[i], accf[i], a, 0);
 }
 
 // One initialised row for every token, y[t * ldy] for token t.
@@ -261,10 +280,10 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
     for (int t = 0; t < T; ++t) {
       const int8_t* xq = a.q + static_cast<size_t>(t) * stride;
       __m256i c = _mm256_setzero_si256();
-      if constexpr (RowT::kPaired) {
+      if constexpr (RowT::kBiased) {
         for (int k = 0; k < 8; k += 2) {
-          c = DotPair(c, w[k], _mm256_loadu_si256(XSlice(xq, g, k)), w[k + 1],
-                      _mm256_loadu_si256(XSlice(xq, g, k + 1)));
+          c = DotPairBiased(c, w[k], _mm256_loadu_si256(XSlice(xq, g, k)), w[k + 1],
+                            _mm256_loadu_si256(XSlice(xq, g, k + 1)));
         }
       } else {
         for (int k = 0; k < 8; ++k) c = Dot(c, w[k], _mm256_loadu_si256(XSlice(xq, g, k)));
@@ -273,7 +292,7 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
                                 _mm256_set1_ps(a.scales[static_cast<size_t>(t) * ngroups + g]), accf[t]);
     }
   }
-  for (int t = 0; t < T; ++t) y[static_cast<size_t>(t) * ldy] = row.scale * Sum8(accf[t]);
+  for (int t = 0; t < T; ++t) y[static_cast<size_t>(t) * ldy] = Output(row, accf[t], a, t);
 }
 
 // Rows decoded side by side at one token (one: as on AVX-512, one row's b streams read faster

@@ -93,7 +93,7 @@ TEST(Q8Lut, QuantizesEachRowToItsWidthsMaximum) {
         EXPECT_LE(std::fabs(q * s[r] - want), 0.5f * s[r] * (1 + 1e-5f)) << "b" << bits << " r" << r;
         most = std::max(most, std::abs(q));
       }
-      EXPECT_EQ(most, Q8LutMax(bits)) << "b" << bits;  // 63 at 3-4 bits, 127 above
+      EXPECT_EQ(most, Q8LutMax(bits)) << "b" << bits;  // 31 at 3-4 bits, 127 above
     }
   }
   // A row of zeros gets scale 0 and zero values; a non-finite centroid is refused.
@@ -262,43 +262,42 @@ TEST(Q8Backends, MatchReferenceOnAwkwardShapes) {
   }
 }
 
-// At 3 and 4 bits the AVX2 kernel adds two slices' int16 pair sums before widening them, which
-// holds only while every LUT value is within Q8LutMax (63). Here every product is as large as
-// it can be: each centroid is +-1 (so +-63 in int8), each activation +-1 (so +-127) with the sign
-// of its column's weight (then against it), so every int16 sum reaches +-2 * 2 * 63 * 127. Every
-// backend must still give the reference's result, at one token and at several.
+// At 3 and 4 bits the AVX2 kernel multiplies the LUT biased to unsigned (value + kQ8LutBias)
+// and adds two slices' int16 pair sums before widening them, which holds only while every LUT
+// value is within Q8LutMax. Here every product is as large as it can be: every centroid of a
+// row is the same +-1 (so +-31 in int8, 63 or 1 biased) and every activation +-1 (so +-127),
+// so with centroids +1 every int16 sum reaches +-2 * 2 * 63 * 127. Every backend must still
+// give the reference's result, at one token and at several.
 TEST(Q8Backends, LargestProductsAtThreeAndFourBitsMatchReference) {
   std::vector<Backend> backends = Q8SimdBackends();
   if (backends.empty()) GTEST_SKIP() << "no SIMD fast path on this CPU";
   std::mt19937 rng(21);
   const int rows = 5, cols = 1000;
   RandomBlock rb = MakeRandomBlock(rows, cols, rng);
-  for (int c = 0; c < cols; ++c) {
-    for (int r = 1; r < rows; ++r) rb.codes[static_cast<size_t>(r) * cols + c] = rb.codes[c];
-  }
-  PackCodes(rb.codes.data(), rows, cols, rb.block.planes.data());
-  for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
-    for (int i = 0; i < (rows << bits); ++i) rb.block.luts[bits][i] = F32ToF16((i & 1) == 0 ? 1.f : -1.f);
-  }
-  const Q8Luts luts = MakeQ8Luts(rb.block);
   PageLists pages = rb.block.Pages(rows);
-  for (int bits : {3, 4}) {
-    for (float sign : {1.f, -1.f}) {
-      for (int tokens : {1, 8}) {
-        std::vector<float> x(static_cast<size_t>(tokens) * cols);
-        for (int t = 0; t < tokens; ++t) {
-          for (int c = 0; c < cols; ++c) x[t * cols + c] = (Code(rb, 0, c, bits) & 1) == 0 ? sign : -sign;
-        }
-        Acts a(x, tokens, cols);
-        std::vector<float> want(static_cast<size_t>(tokens) * rows, kNaN);
-        ASSERT_TRUE(ApGemmQ8Rows(Backend::kScalar, pages.view(), bits, luts.At(bits), a.acts, want.data(), rows,
-                                 0, rows).ok());
-        EXPECT_NEAR(want[0], sign * cols, 1e-3 * cols);  // every product +-1
-        for (Backend be : backends) {
-          std::vector<float> y(want.size(), kNaN);
-          ASSERT_TRUE(ApGemmQ8Rows(be, pages.view(), bits, luts.At(bits), a.acts, y.data(), rows, 0, rows).ok());
-          for (size_t i = 0; i < y.size(); ++i) {
-            EXPECT_NEAR(y[i], want[i], 1e-5 * cols) << BackendName(be) << " b" << bits << " t" << tokens << " i" << i;
+  for (float centroid : {1.f, -1.f}) {
+    for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
+      for (auto& v : rb.block.luts[bits]) v = F32ToF16(centroid);
+    }
+    const Q8Luts luts = MakeQ8Luts(rb.block);
+    for (int bits : {3, 4}) {
+      EXPECT_EQ(luts.values[bits][0], centroid * Q8LutMax(bits));
+      for (float sign : {1.f, -1.f}) {
+        for (int tokens : {1, 8}) {
+          std::vector<float> x(static_cast<size_t>(tokens) * cols, sign);
+          Acts a(x, tokens, cols);
+          std::vector<float> want(static_cast<size_t>(tokens) * rows, kNaN);
+          ASSERT_TRUE(ApGemmQ8Rows(Backend::kScalar, pages.view(), bits, luts.At(bits), a.acts, want.data(),
+                                   rows, 0, rows).ok());
+          EXPECT_NEAR(want[0], centroid * sign * cols, 1e-3 * cols);
+          for (Backend be : backends) {
+            std::vector<float> y(want.size(), kNaN);
+            ASSERT_TRUE(
+                ApGemmQ8Rows(be, pages.view(), bits, luts.At(bits), a.acts, y.data(), rows, 0, rows).ok());
+            for (size_t i = 0; i < y.size(); ++i) {
+              EXPECT_NEAR(y[i], want[i], 1e-5 * cols)
+                  << BackendName(be) << " b" << bits << " t" << tokens << " i" << i;
+            }
           }
         }
       }
