@@ -100,6 +100,22 @@ void SetLogProcessTag(std::string tag) {
   State().tag = std::move(tag);
 }
 
+std::string LogSafe(std::string_view bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size());
+  for (unsigned char c : bytes) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
 void SetLogSink(std::function<void(std::string_view)> sink) {
   std::lock_guard<std::mutex> lock(LogMutex());
   State().sink = std::move(sink);

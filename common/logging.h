@@ -45,6 +45,10 @@ void SetLogProcessTag(std::string tag);
 // including its trailing '\n'; an empty function restores stderr. Called under the log mutex:
 // the sink must not log. Meant for tests.
 void SetLogSink(std::function<void(std::string_view line)> sink);
+// Bytes from outside (a peer's routing id, a name in a message) as they may appear in a line:
+// printable ASCII as it is, a backslash and every other byte as \xNN, so the text can
+// neither break the line nor forge another.
+std::string LogSafe(std::string_view bytes);
 
 namespace log_internal {
 // Minimum level as an int; -1 until initialised from the environment.

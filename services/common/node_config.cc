@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/peer_id.h"
+
 namespace pw::service {
 
 using config::ConfigValue;
@@ -126,7 +128,11 @@ Schema NodeSchema(const NodeTables& t) {
   }
   for (auto [name, table] : {std::pair{"prefill", t.prefill}, std::pair{"decode", t.decode}}) {
     std::vector<std::pair<std::string, Schema>> wiring = {{"metrics_port", OptPort()}};
-    if (table == nullptr) wiring.emplace_back("id", Schema::String().NonEmpty());
+    if (table == nullptr) {
+      wiring.emplace_back("id", Schema::String().NonEmpty().Check([](const ConfigValue& v) {
+        return PeerIdProblem(v.AsString());
+      }));
+    }
     root.emplace_back(name, Schema::List(Section(table, std::move(wiring)).Check(NeedsId)).Size(1, 64).Required());
   }
   return ls.SectionSchema(std::move(root));

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/logging.h"
+#include "common/peer_id.h"
 
 namespace pw::transport {
 
@@ -176,11 +177,15 @@ void ControlServer::HandleRegister(const std::string& peer,
   ack.setServerInstance(instance_);
   ack.setHeartbeatIntervalMs(static_cast<uint32_t>(options_.heartbeat_ms));
   bool accepted_new = false;  // a new registration (not a repeat), if st is Ok
-  Status st = proto::GuardWire("register from '" + peer + "'", [&]() -> Status {
+  const std::string shown = LogSafe(peer);
+  Status st = proto::GuardWire("register from '" + shown + "'", [&]() -> Status {
+    if (std::string problem = PeerIdProblem(peer); !problem.empty()) {
+      return InvalidArgument("routing id: " + problem);
+    }
     auto reg = msg->body().getRegister();
     std::string claimed = proto::ToString(reg.getWorkerId());
     if (claimed != peer) {
-      return InvalidArgument("workerId '" + claimed + "' differs from routing id '" + peer + "'");
+      return InvalidArgument("workerId '" + LogSafe(claimed) + "' differs from routing id '" + shown + "'");
     }
     auto it = peers_.find(peer);
     if (it != peers_.end() && it->second.pid == reg.getPid() && it->second.frames == 0 &&
@@ -229,11 +234,11 @@ void ControlServer::HandleRegister(const std::string& peer,
   ack.setAccepted(st.ok());
   if (!st.ok()) {
     ack.setReason(st.message());
-    PW_LOG(WARNING) << "refused registration of '" << peer << "': " << st.message();
+    PW_LOG(WARNING) << "refused registration of '" << shown << "': " << st.message();
   }
   uint64_t ack_seq = 0;
   Status sst = Send(peer, ack_msg, &ack_seq);
-  if (!sst.ok()) PW_LOG(WARNING) << "register ack to '" << peer << "': " << sst.ToString();
+  if (!sst.ok()) PW_LOG(WARNING) << "register ack to '" << shown << "': " << sst.ToString();
   if (st.ok() && accepted_new) {
     auto it = peers_.find(peer);
     if (it != peers_.end()) it->second.register_ack_seq = ack_seq;
@@ -242,7 +247,8 @@ void ControlServer::HandleRegister(const std::string& peer,
 
 void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
   const std::string peer = frame.peer;
-  auto msg = ParseOrDrop(frame, peer, &counters_);
+  // The routing id is the peer's choice until it registers: logged through LogSafe.
+  auto msg = ParseOrDrop(frame, LogSafe(peer), &counters_);
   if (!msg) return;
   if (msg->which() == proto::Body::REGISTER) {
     HandleRegister(peer, std::move(msg));
@@ -252,7 +258,7 @@ void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
   if (it == peers_.end()) {
     ++counters_.unregistered;
     PW_LOG(INFO) << "frame '" << proto::BodyName(msg->which()) << "' from unregistered peer '"
-                 << peer << "': asking it to register";
+                 << LogSafe(peer) << "': asking it to register";
     proto::OutMessage m;
     m.body().initNotRegistered().setReason("register first");
     (void)Send(peer, m);

@@ -79,6 +79,20 @@ TEST_F(LoggingTest, ConcurrentLinesNeverInterleave) {
   for (const auto& l : lines_) ASSERT_TRUE(std::regex_match(l, re)) << l;
 }
 
+TEST(LogSafe, KeepsPrintableAsciiAndEscapesEveryOtherByte) {
+  EXPECT_EQ(LogSafe("decode-0"), "decode-0");
+  EXPECT_EQ(LogSafe(std::string("a\nb\x00" "c\x7f\xe9'", 8)), "a\\x0ab\\x00c\\x7f\\xe9'");
+  EXPECT_EQ(LogSafe("back\\slash"), "back\\x5cslash");  // no '\' left to read as an escape
+  EXPECT_EQ(LogSafe(""), "");
+}
+
+TEST_F(LoggingTest, AForgedLineBreakStaysInsideItsLine) {
+  SetLogLevel(LogLevel::kInfo);
+  PW_LOG(INFO) << "peer '" << LogSafe("x\n2026-01-01T00:00:00.000000Z E router 1:1 a.cc:1] forged") << "'";
+  ASSERT_EQ(lines_.size(), 1u);
+  EXPECT_EQ(lines_[0].find('\n'), lines_[0].size() - 1) << lines_[0];
+}
+
 TEST(LogLevelParse, AcceptsKnownNamesOnly) {
   LogLevel l;
   EXPECT_TRUE(ParseLogLevel("DEBUG", &l));

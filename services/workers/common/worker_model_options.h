@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/formats/options.h"
+#include "common/peer_id.h"
 #include "memory/kv_layout.h"
 
 namespace pw::workers {
@@ -31,7 +32,9 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
          "is a router (router pods behind a headless Service), resolved again this often")
       .Range(0, 3600000);
   s->Add("broker", &o->broker_endpoint, std::string(broker_help)).NoKey();
-  s->Add("id", &o->id, "worker id (default " + role + "-<pid>)").NonEmpty();
+  s->Add("id", &o->id, "worker id (default " + role + "-<pid>): printable ASCII without spaces, quotes or backslashes")
+      .NonEmpty()
+      .Check([](const config::ConfigValue& v) { return PeerIdProblem(v.AsString()); });
   // In a pod the router endpoint is a Service name, not an address of this host: the pod IP
   // (the downward API's status.podIP) is given here instead.
   s->Add("advertise_host", &o->advertise_host,

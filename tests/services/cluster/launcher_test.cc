@@ -414,6 +414,8 @@ TEST(ClusterConfig, BadFilesNameTheProblem) {
       {"model_dir: m\nprefill: []\ndecode: [{id: d}]\n", "prefill"},
       {"model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\nroutr: {}\n", "routr"},
       {"model_dir: m\nprefill: [{kv_blocks: 2}]\ndecode: [{id: d}]\n", "prefill[0]: id: required key is missing"},
+      {"model_dir: m\nprefill: [{id: p}]\ndecode: [{id: 'decode 0'}]\n", "has ' ' at byte 6"},
+      {"model_dir: m\nprefill: [{id: \"p\\x01\"}]\ndecode: [{id: d}]\n", "has '\\x01' at byte 1"},
       {"model_dir: [unclosed\n", "local"},
   };
   int i = 0;

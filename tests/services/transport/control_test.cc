@@ -6,7 +6,9 @@
 
 #include <deque>
 #include <memory>
+#include <mutex>
 
+#include "common/logging.h"
 #include "services/transport/control.h"
 #include "services/transport/fault_transport.h"
 #include "services/transport/zmq_transport.h"
@@ -514,6 +516,55 @@ TEST(Control, RegistrationWithMismatchedIdIsRefused) {
   }
   EXPECT_TRUE(refused);
   EXPECT_EQ(p.server->FindPeer("liar"), nullptr);
+}
+
+// A peer whose routing id is not an id (a line break in it) is refused at Register, and every
+// line the server logs about it, before and at the refusal, shows the id escaped: no byte of it
+// can start a forged log line.
+TEST(Control, RegistrationFromAnUnprintableRoutingIdIsRefusedAndLoggedEscaped) {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  SetLogSink([&](std::string_view line) {
+    std::lock_guard<std::mutex> lock(mu);
+    lines.emplace_back(line);
+  });
+  Pair p;
+  MakePair(&p);
+  const std::string id = "evil\n2026-01-01T00:00:00.000000Z E router 1:1 x.cc:1] forged";
+  auto raw = ZmqDealerTransport::Connect(p.endpoint, id);
+  ASSERT_TRUE(raw.ok());
+  proto::OutMessage chunk;
+  chunk.body().initTokenChunk().setRequestId(1);
+  ASSERT_TRUE((*raw)->Send("", proto::Encode(chunk, 1, id, 0)).ok());
+  proto::OutMessage m;
+  m.body().initRegister().setWorkerId(id);
+  ASSERT_TRUE((*raw)->Send("", proto::Encode(m, 2, id, 0)).ok());
+  bool refused = false;
+  std::string reason;
+  for (int i = 0; i < 200 && !refused; ++i) {
+    p.server->Poll(5, nullptr);
+    auto r = (*raw)->Recv(5);
+    ASSERT_TRUE(r.ok());
+    if (r->has_value()) {
+      auto in = proto::InMessage::Parse((*r)->bytes);
+      if (in.ok() && (*in)->which() == proto::Body::REGISTER_ACK &&
+          !(*in)->body().getRegisterAck().getAccepted()) {
+        refused = true;
+        reason = proto::ToString((*in)->body().getRegisterAck().getReason());
+      }
+    }
+  }
+  SetLogSink(nullptr);
+  EXPECT_TRUE(refused);
+  EXPECT_NE(reason.find("routing id"), std::string::npos) << reason;
+  EXPECT_EQ(p.server->FindPeer(id), nullptr);
+  EXPECT_EQ(p.server->counters().unregistered, 1u);
+  int escaped = 0;
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.find('\n'), line.size() - 1) << line;
+    if (line.find("evil\\x0a2026-01-01") != std::string::npos) ++escaped;
+  }
+  EXPECT_GE(escaped, 2) << "the unregistered frame and the refusal, each with the id escaped";
 }
 
 // ---- fault injection over an in-memory transport ----
