@@ -10,9 +10,9 @@
 // llama.cpp's Q8_K: the group's 256 products stay in int32 before one float multiply-add.
 //
 // Backends: scalar (the reference: int64 group sums, fp64 accumulation); AVX2 (byte shuffles
-// into the int8 LUT, vpmaddubsw with the sign trick; at 3-4 bits on the LUT biased to unsigned); AVX-512 with VNNI, VBMI and GFNI (vpermb
-// / vpermi2b lookups, vpdpbusd on the LUT offset to unsigned, 5-6-bit codes of one token by
-// vgf2p8affineqb bit transposes); AMX (the AVX-512 backend, with
+// into the int8 LUT, vpmaddubsw with the sign trick; at 3-4 bits on the LUT biased to
+// unsigned); AVX-512 with VNNI, VBMI and GFNI (vpermb / vpermi2b lookups, vpdpbusd on the LUT
+// offset to unsigned, 5-6-bit codes of one token by vgf2p8affineqb bit transposes); AMX (the AVX-512 backend, with
 // rows of up to 16384 columns at 8 tokens and more (3-4 bits; 3 bits past 4096 columns) or 12
 // and more (the other widths) on AMX-INT8 tiles: the same codes and lookups in the signed LUT stored
 // as A tiles, TDPBSSD per 256-column group, q8_amx.cc). The planes and the exact fp16 LUT

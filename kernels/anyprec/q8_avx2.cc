@@ -8,7 +8,8 @@
 // and multiplied with the activations by vpmaddubsw on |w| and sign(x, w) (no saturation:
 // |w|, |x| <= 127), then vpmaddwd into int32. At 3-4 bits the table is biased to unsigned
 // (w + 32 in [1, 63], Q8LutMax): vpmaddubsw takes it as it is, two slices' sums are added in
-// int16 first, one vpmaddwd for both, and the bias's share (Q8Acts::offsets) comes off at the end. One fp32 multiply-add per group and row.
+// int16 first, one vpmaddwd for both, and the bias's share (Q8Acts::offsets) comes off at the
+// end. One fp32 multiply-add per group and row.
 // One token: one row at a time, its planes prefetched 2 KiB ahead; a dense int8 matrix's rows
 // as four long streams (DenseAhead below).
 #include <immintrin.h>
@@ -167,18 +168,15 @@ struct Row {
   }
 };
 
-// The 32 products w * x summed in adjacent pairs: 16 int16 lanes, each within 2 * |w| * 127.
-inline __m256i Products(__m256i w, __m256i x) {
-  return _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-}
-
 // Adds 16 int16 pair sums to 8 int32 lanes of acc.
 inline __m256i Widen(__m256i acc, __m256i p16) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
 // Adds the 32 products w * x to 8 int32 lanes of acc.
-inline __m256i Dot(__m256i acc, __m256i w, __m256i x) { return Widen(acc, Products(w, x)); }
+inline __m256i Dot(__m256i acc, __m256i w, __m256i x) {
+  return Widen(acc, _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)));
+}
 
 // Adds the 64 products of two slices of biased weights (a Row with kBiased: u = w + kQ8LutBias,
 // unsigned, at most 2 * kQ8LutBias - 1 = 63) to acc: each int16 pair sum is within 2 * 63 * 127,
@@ -186,7 +184,6 @@ inline __m256i Dot(__m256i acc, __m256i w, __m256i x) { return Widen(acc, Produc
 inline __m256i DotPairBiased(__m256i acc, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
   return Widen(acc, _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1)));
 }
-
 
 inline float Sum8(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -19,16 +19,18 @@ uint64_t RandomInstance() {
 }
 
 // Validates a frame; logs and counts a refusal. Returns null when dropped.
+// `from`: the sender's routing id, the peer's own choice until it registers (logged through
+// LogSafe).
 std::shared_ptr<proto::InMessage> ParseOrDrop(const Frame& frame, const std::string& from,
                                               ControlCounters* counters) {
   auto parsed = proto::InMessage::Parse(frame.bytes);
   if (!parsed.ok()) {
     if (parsed.status().code() == StatusCode::kUnsupported) {
       ++counters->wrong_version;
-      PW_LOG(WARNING) << "refused frame from '" << from << "': " << parsed.status().message();
+      PW_LOG(WARNING) << "refused frame from '" << LogSafe(from) << "': " << parsed.status().message();
     } else {
       ++counters->malformed;
-      PW_LOG(WARNING) << "dropped malformed frame from '" << from << "' (" << frame.bytes.size()
+      PW_LOG(WARNING) << "dropped malformed frame from '" << LogSafe(from) << "' (" << frame.bytes.size()
                       << " bytes): " << parsed.status().ToString();
     }
     return nullptr;
@@ -247,8 +249,7 @@ void ControlServer::HandleRegister(const std::string& peer,
 
 void ControlServer::HandleFrame(Frame frame, const MessageHandler& handler) {
   const std::string peer = frame.peer;
-  // The routing id is the peer's choice until it registers: logged through LogSafe.
-  auto msg = ParseOrDrop(frame, LogSafe(peer), &counters_);
+  auto msg = ParseOrDrop(frame, peer, &counters_);
   if (!msg) return;
   if (msg->which() == proto::Body::REGISTER) {
     HandleRegister(peer, std::move(msg));

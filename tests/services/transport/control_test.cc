@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "common/logging.h"
 #include "services/transport/control.h"
@@ -495,6 +496,23 @@ TEST(Control, MalformedWrongVersionAndUnregisteredFramesAreDropped) {
   ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }, sh));
 }
 
+// Polls the server (up to 200 rounds of 5 ms) until `raw` receives a RegisterAck that refuses
+// it: that ack's reason, or nullopt when none came (or a receive failed).
+std::optional<std::string> AwaitRefusal(Pair* p, ZmqDealerTransport* raw) {
+  for (int i = 0; i < 200; ++i) {
+    p->server->Poll(5, nullptr);
+    auto r = raw->Recv(5);
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) return std::nullopt;
+    if (!r->has_value()) continue;
+    auto in = proto::InMessage::Parse((*r)->bytes);
+    if (in.ok() && (*in)->which() == proto::Body::REGISTER_ACK && !(*in)->body().getRegisterAck().getAccepted()) {
+      return proto::ToString((*in)->body().getRegisterAck().getReason());
+    }
+  }
+  return std::nullopt;
+}
+
 TEST(Control, RegistrationWithMismatchedIdIsRefused) {
   Pair p;
   MakePair(&p);
@@ -503,18 +521,7 @@ TEST(Control, RegistrationWithMismatchedIdIsRefused) {
   proto::OutMessage m;
   m.body().initRegister().setWorkerId("someone-else");
   ASSERT_TRUE((*raw)->Send("", proto::Encode(m, 1, "liar", 0)).ok());
-  bool refused = false;
-  for (int i = 0; i < 200 && !refused; ++i) {
-    p.server->Poll(5, nullptr);
-    auto r = (*raw)->Recv(5);
-    ASSERT_TRUE(r.ok());
-    if (r->has_value()) {
-      auto in = proto::InMessage::Parse((*r)->bytes);
-      refused = in.ok() && (*in)->which() == proto::Body::REGISTER_ACK &&
-                !(*in)->body().getRegisterAck().getAccepted();
-    }
-  }
-  EXPECT_TRUE(refused);
+  EXPECT_TRUE(AwaitRefusal(&p, raw->get()).has_value());
   EXPECT_EQ(p.server->FindPeer("liar"), nullptr);
 }
 
@@ -539,24 +546,10 @@ TEST(Control, RegistrationFromAnUnprintableRoutingIdIsRefusedAndLoggedEscaped) {
   proto::OutMessage m;
   m.body().initRegister().setWorkerId(id);
   ASSERT_TRUE((*raw)->Send("", proto::Encode(m, 2, id, 0)).ok());
-  bool refused = false;
-  std::string reason;
-  for (int i = 0; i < 200 && !refused; ++i) {
-    p.server->Poll(5, nullptr);
-    auto r = (*raw)->Recv(5);
-    ASSERT_TRUE(r.ok());
-    if (r->has_value()) {
-      auto in = proto::InMessage::Parse((*r)->bytes);
-      if (in.ok() && (*in)->which() == proto::Body::REGISTER_ACK &&
-          !(*in)->body().getRegisterAck().getAccepted()) {
-        refused = true;
-        reason = proto::ToString((*in)->body().getRegisterAck().getReason());
-      }
-    }
-  }
+  const std::optional<std::string> reason = AwaitRefusal(&p, raw->get());
   SetLogSink(nullptr);
-  EXPECT_TRUE(refused);
-  EXPECT_NE(reason.find("routing id"), std::string::npos) << reason;
+  ASSERT_TRUE(reason.has_value());
+  EXPECT_NE(reason->find("routing id"), std::string::npos) << *reason;
   EXPECT_EQ(p.server->FindPeer(id), nullptr);
   EXPECT_EQ(p.server->counters().unregistered, 1u);
   int escaped = 0;
