@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/formats/apw_store.h"
+#include "kernels/anyprec/q8.h"
 #include "memory/kv_layout.h"
 #include "memory/kv_spec.h"
 #include "memory/weight_page_table.h"
@@ -83,11 +84,24 @@ int64_t StoreBytes(const ModelConfig& c) {
   return static_cast<int64_t>(apw::kDataAlign + per_expert * moe_layers * c.num_experts + blocks * 128);
 }
 
+int64_t PrefillLutBytes(const ModelConfig& c, int bits) {
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  // Rows of one expert: gate_up's 2 x ffn and down's hidden.
+  const int64_t rows = 2 * c.moe_intermediate_size + c.hidden_size;
+  const auto per_row = static_cast<int64_t>(anyprec::Q8LutValueBytes(1, bits) + sizeof(float));
+  return moe_layers * c.num_experts * rows * per_row;
+}
+
 std::string MemoryPlan::Summary() const {
   std::ostringstream s;
   s << "memory " << FormatBytes(budget) << ": checkpoint " << FormatBytes(checkpoint) << ", store "
     << FormatBytes(store) << (dense_int8 > 0 ? ", int8 dense copies " + FormatBytes(dense_int8) : std::string())
-    << ", prefill KV " << FormatBytes(prefill_kv) << ", processes " << FormatBytes(processes)
+    << ", prefill KV " << FormatBytes(prefill_kv)
+    << (prefill_luts > 0 ? ", prefill experts at " + std::to_string(prefill_bits) + " bits (LUTs " +
+                               FormatBytes(prefill_luts) + ")"
+                         : std::string())
+    << ", processes " << FormatBytes(processes)
     << ", decode pool " << FormatBytes(pool) << " (experts at " << bits << " bits "
     << (bits == 16 ? std::string("from the checkpoint") : FormatBytes(experts)) << ", KV for " << kv_tokens
     << " tokens)";
@@ -96,7 +110,7 @@ std::string MemoryPlan::Summary() const {
 
 Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, int64_t budget,
                               const std::string& bits_text, const std::string& budget_text,
-                              int64_t dense_int8_bytes, int auto_max_bits) {
+                              int64_t dense_int8_bytes, int auto_max_bits, int prefill_max_bits) {
   MemoryPlan p;
   p.budget = budget;
   p.checkpoint = checkpoint_bytes;
@@ -141,11 +155,22 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
     }
     return static_cast<int64_t>(g + d) * moe_layers * c.num_experts * p.page_bytes;
   };
+  // The prefill worker's int8 LUTs when it reads the store at `bits` (whole MiB, as the pool):
+  // out of the budget beside the pool, so a width must fit with them.
+  auto prefill_luts_at = [&](int bits) -> int64_t {
+    if (bf16 || bits > prefill_max_bits) return 0;
+    return (PrefillLutBytes(c, bits) + (1 << 20) - 1) >> 20 << 20;
+  };
+  auto luts_text = [&](int bits) {
+    const int64_t l = prefill_luts_at(bits);
+    return l > 0 ? " and the prefill worker's LUTs at " + std::to_string(bits) + " bits (" + FormatBytes(l) + ")"
+                 : std::string();
+  };
   int64_t experts_min = 0;
   if (!bf16) {
     PW_ASSIGN_OR_RETURN(experts_min, experts_at(3));
   }
-  p.smallest = experts_min + min_kv;
+  p.smallest = experts_min + prefill_luts_at(3) + min_kv;
   const int64_t fixed = budget - p.pool;
   auto refuse = [&](const std::string& what, int64_t need_pool) {
     return ResourceExhausted(
@@ -159,8 +184,8 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
   };
   if (p.pool < p.smallest) {
     return refuse(bf16 ? "the KV of one " + std::to_string(min_tokens) + "-token request"
-                       : "the smallest plan (every expert at 3 bits, " + FormatBytes(experts_min) + ", plus the KV of one " +
-                             std::to_string(min_tokens) + "-token request)",
+                       : "the smallest plan (every expert at 3 bits, " + FormatBytes(experts_min) + luts_text(3) +
+                             ", plus the KV of one " + std::to_string(min_tokens) + "-token request)",
                   p.smallest);
   }
   if (bf16) {
@@ -169,7 +194,7 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
     p.bits = 3;
     for (int b = std::min(8, auto_max_bits); b > 3; --b) {
       PW_ASSIGN_OR_RETURN(int64_t e, experts_at(b));
-      if (e + min_kv <= p.pool) {
+      if (e + prefill_luts_at(b) + min_kv <= p.pool) {
         p.bits = b;
         break;
       }
@@ -177,14 +202,20 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
   } else {
     p.bits = std::stoi(bits_text);
     PW_ASSIGN_OR_RETURN(int64_t e, experts_at(p.bits));
-    if (e + min_kv > p.pool) {
-      return refuse("every expert at " + bits_text + " bits (" + FormatBytes(e) + ") plus the KV of one " +
-                        std::to_string(min_tokens) + "-token request",
-                    e + min_kv);
+    const int64_t luts = prefill_luts_at(p.bits);
+    if (e + luts + min_kv > p.pool) {
+      return refuse("every expert at " + bits_text + " bits (" + FormatBytes(e) + ")" + luts_text(p.bits) +
+                        " plus the KV of one " + std::to_string(min_tokens) + "-token request",
+                    e + luts + min_kv);
     }
   }
   if (!bf16) {
     PW_ASSIGN_OR_RETURN(p.experts, experts_at(p.bits));
+  }
+  p.prefill_luts = prefill_luts_at(p.bits);
+  if (p.prefill_luts > 0) {
+    p.prefill_bits = p.bits;
+    p.pool -= p.prefill_luts;
   }
   int64_t experts_max = 0;
   if (!bf16) {

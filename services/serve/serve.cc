@@ -92,6 +92,11 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   y += "  - id: prefill-0\n";
   y += "    kv_blocks: " + std::to_string(kPrefillKvBlocks) + "\n";
   y += "    block_size: " + std::to_string(kKvBlockSize) + "\n";
+  if (store && p.memory.prefill_bits != 16) {
+    y += "    store: " + Quoted(p.store) + "\n";
+    y += "    expert_bits: " + std::to_string(p.memory.prefill_bits) + "\n";
+    if (!p.model_hash_cache.empty()) y += "    model_hash_cache: " + Quoted(p.model_hash_cache) + "\n";
+  }
   y += "\ndecode:\n";
   y += "  - id: decode-0\n";
   y += "    pool_mb: " + std::to_string(p.memory.pool >> 20) + "\n";
@@ -120,7 +125,8 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   PW_ASSIGN_OR_RETURN(const int max_bits, PlannerMaxBits(o.max_bits, o.bits));
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
                       PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory,
-                                 o.dense == "int8" ? static_cast<int64_t>(src.dense_int8_bytes) : 0, max_bits));
+                                 o.dense == "int8" ? static_cast<int64_t>(src.dense_int8_bytes) : 0, max_bits,
+                                 o.prefill_bits == "16" ? 0 : anyprec::FastWidthLimit(anyprec::BestQ8Backend())));
   PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
   std::string store_dir = o.store_dir;
   if (store_dir.empty()) {

@@ -27,6 +27,11 @@ void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
          "any-precision kernel runs at least as fast as bf16: 8 with AVX-512 VBMI, 5 on AVX2; "
          "never below --bits), or 3..8")
       .OneOf({"auto", "3", "4", "5", "6", "7", "8"});
+  s->Add("prefill_bits", &o->prefill_bits,
+         "the prefill worker's experts: auto (the store at the node's starting width when this "
+         "CPU's any-precision kernel runs it at least as fast as bf16, as for --max-bits; else "
+         "the checkpoint's bf16) or 16 (the checkpoint's bf16 always)")
+      .OneOf({"auto", "16"});
   s->Add("store_dir", &o->store_dir,
          "cache of any-precision stores (default: $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight)");
   s->Add("run_dir", &o->run_dir, "the node file and per-process logs (default: <store-dir>/run/<model hash>-<port>)");

@@ -24,6 +24,9 @@ struct ServeOptions {
   std::string max_bits = "auto";  // the planner's highest width: auto (the widest this CPU's fast
                                   // path runs at least as fast as bf16, anyprec::FastWidthLimit:
                                   // 8 with AVX-512 VBMI, 5 on AVX2; never below bits), or 3..8
+  std::string prefill_bits = "auto";  // the prefill worker's experts: auto (the store at the
+                                     // node's width when that is at most FastWidthLimit, else
+                                     // the checkpoint's bf16) or 16 (always bf16)
   std::string store_dir;          // "" = $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight
   std::string run_dir;            // "" = <store_dir>/run/<model hash>-<port>
   int64_t quantize_threads = 0;   // threads of a store build (0 = every core)

@@ -53,6 +53,8 @@ struct PagedNodeConfig {
   std::string router_extra;    // more router fields, e.g. ", max_waiting: 1024"
   std::string broker_extra;    // more broker fields, e.g. ", planner: {enabled: true}"
   int prefill_kv_blocks = 256;
+  std::string prefill_extra;   // more prefill fields, e.g. ", expert_bits: 4" (with store_for_prefill)
+  bool store_for_prefill = false;  // the prefill entry names the broker's store
   std::string decode_fields = "kv_blocks: 512";  // the decode worker's fields besides id and ports
 };
 
@@ -83,7 +85,9 @@ class PagedNode {
                         << "broker: {control_port: " << broker_port_
                         << ", metrics_port: " << broker_metrics_ << ", store: " << TinyStorePath()
                         << ", initial_bits: " << c.initial_bits << c.broker_extra << "}\n"
-                        << "prefill: [{id: prefill-0, kv_blocks: " << c.prefill_kv_blocks << "}]\n"
+                        << "prefill: [{id: prefill-0, kv_blocks: " << c.prefill_kv_blocks
+                        << (c.store_for_prefill ? ", store: " + TinyStorePath() : std::string()) << c.prefill_extra
+                        << "}]\n"
                         << "decode: [{id: decode-0, " << c.decode_fields
                         << ", metrics_port: " << decode_metrics_ << "}]\n"
                         << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";

@@ -42,9 +42,11 @@ class PagedServing : public ::testing::Test {
     testing::UseBatchInvariantKernels();
     testing::PagedNodeConfig c;
     c.name = std::string("paged-") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    Configure(&c);
     ASSERT_NO_FATAL_FAILURE(node_.Start(c));
     store_ = std::shared_ptr<const apw::ApwStore>(apw::ApwStore::Open(testing::TinyStorePath()).value().release());
   }
+  virtual void Configure(testing::PagedNodeConfig*) {}
   // Runs a pw-ctl change and waits until the decode worker has committed its plan epoch.
   void ChangeAndWait(const std::string& args) {
     auto [rc, out] = node_.Ctl(args);
@@ -67,10 +69,12 @@ class PagedServing : public ::testing::Test {
     return testing::SnippetPrompts(*tok, n, seed);
   }
   // The in-process engines as the cluster splits the work: the prompt on a prefill engine with
-  // the checkpoint's bf16 experts (prefill keeps full precision), its KV pages copied to a
-  // decode engine whose experts come from the same store at `widths`; bf16 KV on both.
+  // the checkpoint's bf16 experts (the default), or with `prefill_widths` the same store at
+  // those widths; its KV pages copied to a decode engine whose experts come from the store at
+  // `widths`; bf16 KV on both.
   std::vector<std::string> Reference(const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                                     const anyprec::WidthMap& widths) {
+                                     const anyprec::WidthMap& widths,
+                                     const anyprec::WidthMap* prefill_widths = nullptr) {
     auto tok = Tokenizer::FromModelDir(testing::TinyModelDir()).value();
     engine::EngineOptions eo;
     eo.kv_dtype = engine::KvDtype::kBf16;
@@ -80,14 +84,23 @@ class PagedServing : public ::testing::Test {
     engine::MoeHooks hooks;
     hooks.provider = provider.get();
     dec->SetMoeHooks(hooks);
+    std::unique_ptr<anyprec::ApwExpertProvider> pre_provider;
+    if (prefill_widths != nullptr) {
+      pre_provider = anyprec::ApwExpertProvider::Create(store_, pre->model(), *prefill_widths).value();
+      engine::MoeHooks pre_hooks;
+      pre_hooks.provider = pre_provider.get();
+      pre->SetMoeHooks(pre_hooks);
+    }
     auto out = testing::SplitGreedy(*pre, *dec, *tok, prompts, max_tokens, /*one_at_a_time=*/false);
     dec->SetMoeHooks({});
+    pre->SetMoeHooks({});
     return out;
   }
-  void ExpectServedEqualsReference(const anyprec::WidthMap& widths, const char* what) {
+  void ExpectServedEqualsReference(const anyprec::WidthMap& widths, const char* what,
+                                   const anyprec::WidthMap* prefill_widths = nullptr) {
     const int kMax = 20;
     auto prompts = Prompts(12, 99);
-    auto ref = Reference(prompts, kMax, widths);
+    auto ref = Reference(prompts, kMax, widths, prefill_widths);
     std::vector<std::future<std::string>> got;
     for (const auto& p : prompts) got.push_back(std::async(std::launch::async, [&, p] { return node_.Complete(p, kMax); }));
     for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i].get(), ref[i]) << what << ", prompt " << i;
@@ -124,6 +137,29 @@ TEST_F(PagedServing, GreedyOutputsEqualTheEngineAtTheCommittedWidths) {
   EXPECT_EQ(rc, 0);
   EXPECT_NE(out.find("decode-0"), std::string::npos) << out;
   EXPECT_EQ(node_.Metric("pagedweight_sync_fetches_total{"), 0);
+}
+
+// A node whose prefill worker reads the broker's store at 4 bits (what pw serve writes for a
+// 4-bit node on a CPU whose fast path runs 4 bits): served greedy outputs equal the engines
+// prefilling at 4 bits, and differ from the bf16-prefill reference on some prompt; a plan the
+// decode worker commits leaves the prefill width where it is.
+class PagedServingPrefillFromStore : public PagedServing {
+ protected:
+  void Configure(testing::PagedNodeConfig* c) override {
+    c->store_for_prefill = true;
+    c->prefill_extra = ", expert_bits: 4";
+  }
+};
+
+TEST_F(PagedServingPrefillFromStore, GreedyOutputsEqualTheEnginePrefillingAtTheStoresWidth) {
+  const int L = static_cast<int>(store_->info().num_layers), E = static_cast<int>(store_->info().num_experts);
+  const anyprec::WidthMap four = anyprec::WidthMap::Uniform(4, L, E).value();
+  ExpectServedEqualsReference(four, "4-bit decode, 4-bit prefill", &four);
+  ChangeAndWait("set-bits 8 --all");
+  ExpectServedEqualsReference(anyprec::WidthMap::Uniform(8, L, E).value(), "8-bit decode, 4-bit prefill", &four);
+  // The option is not a no-op: prefilling at 4 bits changes some continuation here.
+  const auto prompts = Prompts(12, 99);
+  EXPECT_NE(Reference(prompts, 20, four, &four), Reference(prompts, 20, four));
 }
 
 TEST_F(PagedServing, PwCtlRefusesBadInputAndChangesNothing) {

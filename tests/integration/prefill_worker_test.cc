@@ -17,11 +17,15 @@
 #include <random>
 #include <tuple>
 
+#include "common/formats/width_map.h"
 #include "engine/engine.h"
+#include "engine/experts/apw_expert_provider.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
 #include "services/transport/pipe_io.h"
 #include "services/transport/zmq_transport.h"
+#include "tests/common/run_command.h"
+#include "tests/integration/paged_node.h"
 #include "tests/support/batch_invariance.h"
 #include "tests/support/process_util.h"
 
@@ -703,6 +707,79 @@ TEST(PrefillWorker, DecodeKilledMidTransferHitsThePutDeadline) {
   EXPECT_TRUE(h.prefill.running()) << h.prefill.Log();
   h.prefill.Kill(SIGTERM);
   EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
+}
+
+// --store/--expert-bits: the prompts run every expert block from the node's store at that
+// width (as the decode worker at the same uniform width), so the KV and the first token equal
+// the in-process engine with the store's provider at that width, and differ from the
+// checkpoint's bf16 experts. A width without a store, a store without a width and a store made
+// for another checkpoint are refused at start, naming the option or the file.
+TEST(PrefillWorker, ExpertsFromTheStoreAtOneWidthEqualTheEngineAtThatWidth) {
+  if (const std::string why = testing::PagedNodeMissing(); !why.empty()) GTEST_SKIP() << why;
+  Harness h(TinyModel(), 256);
+  ASSERT_TRUE(h.Start({"--store", testing::TinyStorePath(), "--expert-bits", "4", "--heartbeat-ms", "100"}))
+      << h.prefill.Log();
+  EXPECT_NE(h.prefill.Log().find("experts 4-bit from " + testing::TinyStorePath()), std::string::npos)
+      << h.prefill.Log();
+  auto ref = Reference(TinyModel(), static_cast<int>(h.block_tokens()));
+  auto bf16 = Reference(TinyModel(), static_cast<int>(h.block_tokens()));
+  ASSERT_TRUE(ref && bf16);
+  std::shared_ptr<const apw::ApwStore> store(apw::ApwStore::Open(testing::TinyStorePath()).value().release());
+  const int layers = static_cast<int>(store->info().num_layers), experts = static_cast<int>(store->info().num_experts);
+  auto provider = anyprec::ApwExpertProvider::Create(store, ref->model(),
+                                                     anyprec::WidthMap::Uniform(4, layers, experts).value());
+  ASSERT_TRUE(provider.ok()) << provider.status().ToString();
+  engine::MoeHooks hooks;
+  hooks.provider = provider->get();
+  ref->SetMoeHooks(hooks);
+
+  auto prompts = RandomPrompts(6, 31, 20, 120, ref->vocab_size());
+  engine::SamplingParams sp;
+  sp.max_tokens = 4;
+  std::vector<std::vector<uint32_t>> dst(prompts.size());
+  uint32_t next = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int nb = engine::BlocksForTokens(static_cast<int>(prompts[i].size()), static_cast<int>(h.block_tokens()));
+    for (int b = 0; b < nb; ++b) dst[i].push_back(next++);
+  }
+  ASSERT_LT(next, 256u);
+  for (size_t i = 0; i < prompts.size(); ++i) h.Submit(i + 1, prompts[i], dst[i], sp);
+  ASSERT_TRUE(h.WaitAll(120000)) << h.prefill.Log();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    const Result1& r = h.results[i + 1];
+    ASSERT_TRUE(r.ok) << r.error;
+    for (engine::Engine* e : {ref.get(), bf16.get()}) {
+      auto own = e->LeaseKvBlocks(static_cast<int>(dst[i].size()));
+      ASSERT_TRUE(own.ok());
+      auto alone = e->Prefill(prompts[i], *own, sp);
+      ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+      const double worst = WorstKvDiff(h, dst[i], *e, *own, prompts[i].size());
+      if (e == ref.get()) {
+        EXPECT_EQ(r.first_token, alone->first_token);
+        EXPECT_LE(worst, 1e-5);
+      } else {
+        EXPECT_GT(worst, 1e-3);  // the 4-bit experts are not the checkpoint's
+      }
+      ASSERT_TRUE(e->ReturnKvBlocks(*own).ok());
+    }
+  }
+  h.prefill.Kill(SIGTERM);
+  EXPECT_EQ(h.prefill.Wait(30000), 0) << h.prefill.Log();
+
+  const std::string base = Bin("pw-prefill") + " --insecure --router tcp://127.0.0.1:1 --id prefill-x ";
+  struct Bad {
+    std::string args, says;
+  };
+  for (const Bad& b : {Bad{"--model " + TinyModel() + " --expert-bits 4", "expert_bits 4 needs a store"},
+                       Bad{"--model " + TinyModel() + " --store " + testing::TinyStorePath(), "with store"},
+                       Bad{"--model " + TinyModel() + " --store /nonexistent.apw --expert-bits 4", "/nonexistent.apw"},
+                       Bad{"--model " + FixtureModel() + " --store " + testing::TinyStorePath() + " --expert-bits 4",
+                           "store was made for another model"}}) {
+    const testing::CommandResult r = testing::RunCommand(base + b.args + " 2>&1");
+    EXPECT_NE(r.status, 0) << b.args;
+    EXPECT_NE(r.output.find(b.says), std::string::npos) << b.args << ": " << r.output;
+  }
 }
 
 }  // namespace

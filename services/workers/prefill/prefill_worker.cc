@@ -6,6 +6,9 @@
 #include <chrono>
 #include <set>
 
+#include "common/formats/checkpoint_experts.h"
+#include "common/formats/model_hash_cache.h"
+#include "common/formats/width_map.h"
 #include "common/logging.h"
 #include "common/sampling_check.h"
 #include "engine/models/model.h"
@@ -57,6 +60,38 @@ Result<std::unique_ptr<PrefillWorker>> PrefillWorker::Create(PrefillWorkerOption
   return w;
 }
 
+Status PrefillWorker::OpenStoreExperts() {
+  const bool from_store = options_.expert_bits != anyprec::kBf16Bits;
+  if (options_.store_path.empty() != !from_store) {
+    return InvalidArgument("prefill worker: expert_bits " + std::to_string(options_.expert_bits) +
+                           (from_store ? " needs a store" : " with store " + options_.store_path) +
+                           ": give both store and expert_bits 3..8, or neither");
+  }
+  if (!from_store) return Status::Ok();
+  if (options_.expert_bits < anyprec::kMinBits || options_.expert_bits > anyprec::kMaxBits) {
+    return InvalidArgument("prefill worker: expert_bits " + std::to_string(options_.expert_bits) +
+                           " outside 3..8 (16: the checkpoint's bf16 experts)");
+  }
+  // The hash of the checkpoint the store must have been made for: remembered beside pw serve's
+  // store cache, or read from every expert byte.
+  apw::ApwStore::Options so;
+  if (options_.model_hash_cache.empty()) {
+    PW_ASSIGN_OR_RETURN(so.expected_model_hash, ModelHash(options_.model_dir));
+  } else {
+    PW_ASSIGN_OR_RETURN(CachedModelHash cached, ModelHashCached(options_.model_dir, options_.model_hash_cache));
+    so.expected_model_hash = cached.hash;
+  }
+  PW_ASSIGN_OR_RETURN(std::unique_ptr<apw::ApwStore> store, apw::ApwStore::Open(options_.store_path, so));
+  store_ = std::move(store);
+  const apw::StoreInfo& info = store_->info();
+  PW_ASSIGN_OR_RETURN(anyprec::WidthMap widths,
+                      anyprec::WidthMap::Uniform(options_.expert_bits, static_cast<int>(info.num_layers),
+                                                 static_cast<int>(info.num_experts)));
+  PW_ASSIGN_OR_RETURN(store_experts_, anyprec::ApwExpertProvider::Create(store_, engine_->model(), std::move(widths),
+                                                                         /*check_hash=*/false));
+  return Status::Ok();
+}
+
 Status PrefillWorker::Setup() {
   engine::EngineOptions eo;
   eo.num_kv_blocks = options_.num_kv_blocks;
@@ -67,14 +102,18 @@ Status PrefillWorker::Setup() {
   eo.copy_weights = options_.copy_weights;
   eo.dense_int8 = options_.dense_int8;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
+  PW_RETURN_IF_ERROR(OpenStoreExperts());
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads, dense matrices "
-               << (engine_->model().dense_int8() ? "int8" : "bf16");
+               << (engine_->model().dense_int8() ? "int8" : "bf16") << ", experts "
+               << (store_experts_ ? std::to_string(options_.expert_bits) + "-bit from " + options_.store_path
+                                  : std::string("bf16 from the checkpoint"));
   const auto& cfg = engine_->model().config();
   prompt_routing_ = std::make_unique<PromptRoutingRecorder>(static_cast<int>(cfg.num_layers),
                                                             static_cast<int>(cfg.num_experts));
   {
     engine::MoeHooks hooks;
     hooks.recorder = prompt_routing_.get();
+    hooks.provider = store_experts_.get();  // null: the checkpoint's bf16 experts
     engine_->SetMoeHooks(hooks);
   }
   layout_hash_ =

@@ -35,6 +35,11 @@
 // them). Either way the request gets its own first token (its own seed and draw number), and
 // the same KV is put into its own reserved blocks.
 //
+// Experts: the checkpoint's bf16 (the default), or with `store_path` the node's any-precision
+// store at one width for every block (`expert_bits`, 3..8), as a llama.cpp server prefills at
+// its file's quantization: a 4-bit node then computes its prompts with the same 4-bit int8
+// kernels its decode worker runs (docs/architecture.md, "Prefill at the store's width").
+//
 // Everything a request names (layout, block ids, region bounds) is checked before use; a bad
 // request gets KvReady{ok = false, error}. A cancelled request gets no KvReady.
 #pragma once
@@ -52,8 +57,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/formats/apw_store.h"
 #include "common/status.h"
 #include "engine/engine.h"
+#include "engine/experts/apw_expert_provider.h"
 #include "common/clock.h"
 #include "services/transport/control.h"
 #include "services/transport/ucx.h"
@@ -82,6 +89,13 @@ struct PrefillWorkerOptions {
   int threads = 0;              // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;    // the checkpoint read into the process (EngineOptions)
   bool dense_int8 = false;      // int8 copies of the dense matrices (EngineOptions)
+  // Experts from this .apw store at expert_bits (3..8) for every block; empty: the
+  // checkpoint's bf16 experts (expert_bits 16).
+  std::string store_path;
+  int expert_bits = 16;
+  // Where the checkpoint's hash is remembered between starts (common/formats/model_hash_cache.h);
+  // empty: hashed at start when a store is given.
+  std::string model_hash_cache;
   int max_batch_tokens = 256;  // prompt tokens per forward pass
   int max_batch_prompts = 32;  // prompts in flight (sharing passes) at once
   uint64_t heartbeat_ms = 500;
@@ -159,6 +173,9 @@ class PrefillWorker {
 
   explicit PrefillWorker(PrefillWorkerOptions options, const Clock* clock);
   Status Setup();
+  // With store_path: opens the store (refusing one made for another checkpoint) and makes
+  // store_experts_ at expert_bits; checks the two options agree.
+  Status OpenStoreExperts();
   // Control thread.
   void SendOutcomes();
   void SendKvReady(const Outcome& o);
@@ -196,6 +213,10 @@ class PrefillWorker {
   // The engine's recorder (compute thread); outlives the engine, which points at it.
   std::unique_ptr<PromptRoutingRecorder> prompt_routing_;
   std::unique_ptr<engine::Engine> engine_;
+  // With store_path: the store and the provider the engine's MoE hooks point at. The provider
+  // reads the engine's model, so it is declared after engine_ (destroyed before it).
+  std::shared_ptr<const apw::ApwStore> store_;
+  std::unique_ptr<anyprec::ApwExpertProvider> store_experts_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
   RouterLinks routers_;
   std::unique_ptr<transport::ControlClient> broker_;

@@ -239,6 +239,40 @@ TEST(ClusterConfig, NoMmapReachesThatWorkerOnly) {
   EXPECT_NE(r.status().message().find("no_mmap"), std::string::npos) << r.status().ToString();
 }
 
+// A prefill entry's store and expert_bits (pw serve writes them when the prefill worker reads
+// the node's store) reach that worker only; one without the other, or a width that is neither
+// 3..8 nor 16, is refused naming the keys.
+TEST(ClusterConfig, PrefillStoreAndWidthReachThatWorker) {
+  auto path = WriteTemp("prefill_store.yaml",
+                        "model_dir: m\nprefill: [{id: p, store: /s.apw, expert_bits: 4, model_hash_cache: /c}, {id: q}]\n"
+                        "decode: [{id: d}]\n");
+  auto cfg = LoadClusterConfig(path, "/bin");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto p = PrefillOf(path, "p");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->store_path, "/s.apw");
+  EXPECT_EQ(p->expert_bits, 4);
+  EXPECT_EQ(p->model_hash_cache, "/c");
+  auto q = PrefillOf(path, "q");
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_TRUE(q->store_path.empty());
+  EXPECT_EQ(q->expert_bits, 16);
+  struct Bad {
+    const char* entry;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"{id: p, expert_bits: 4}", "store and expert_bits 3..8 go together"},
+                       Bad{"{id: p, store: /s.apw}", "store and expert_bits 3..8 go together"},
+                       Bad{"{id: p, store: /s.apw, expert_bits: 12}", "expert_bits 12: 3..8, or 16"},
+                       Bad{"{id: p, store: /s.apw, expert_bits: 2}", "expert_bits"}}) {
+    auto bad = WriteTemp("prefill_store_bad.yaml", std::string("model_dir: m\nprefill: [") + b.entry +
+                                                       "]\ndecode: [{id: d}]\n");
+    auto r = PrefillOf(bad, "p");
+    ASSERT_FALSE(r.ok()) << b.entry;
+    EXPECT_NE(r.status().message().find(b.says), std::string::npos) << b.entry << ": " << r.status().ToString();
+  }
+}
+
 // `dense: int8` at the file's root reaches both workers (the router and broker accept the key);
 // a value that is neither bf16 nor int8 is refused naming the key.
 TEST(ClusterConfig, DenseAtTheRootReachesBothWorkers) {

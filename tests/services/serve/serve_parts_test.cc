@@ -172,6 +172,58 @@ TEST(ServeMemory, ThePlannersCeilingFollowsTheFastPath) {
   }
 }
 
+// The prefill worker reads the store at the node's width when that is at most
+// prefill_max_bits: its int8 LUTs (2^bits values and a float scale per expert row, whole MiB)
+// come out of the budget beside the pool, a wider node prefills from the checkpoint (nothing
+// counted), and the smallest plan's refusal names them.
+TEST(ServeMemory, ThePrefillWorkersLutsComeOutOfThePool) {
+  const ModelConfig c = TinyMoe();
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  const int64_t rows = moe_layers * c.num_experts * (2 * c.moe_intermediate_size + c.hidden_size);
+  EXPECT_EQ(PrefillLutBytes(c, 4), rows * (16 + 4));
+  EXPECT_EQ(PrefillLutBytes(c, 8), rows * (256 + 4));
+  const int64_t ckpt = 15 << 20;
+  auto small = PlanMemory(c, ckpt, int64_t{20} << 20, "auto", "20M");
+  ASSERT_FALSE(small.ok());
+  const std::string& m = small.status().message();
+  const size_t at = m.find("give --memory ");
+  ASSERT_NE(at, std::string::npos) << m;
+  auto needed = ParseMemory(m.substr(at + 14, m.find(' ', at + 14) - at - 14));
+  ASSERT_TRUE(needed.ok()) << m;
+  const int64_t budget = *needed + (int64_t{32} << 20);  // beyond the smallest, below the pool's cap
+  const int64_t luts4 = (PrefillLutBytes(c, 4) + (1 << 20) - 1) >> 20 << 20;
+  auto bf16_prefill = PlanMemory(c, ckpt, budget, "4", "B", 0, 8, 0);
+  auto store_prefill = PlanMemory(c, ckpt, budget, "4", "B", 0, 8, 5);
+  ASSERT_TRUE(bf16_prefill.ok()) << bf16_prefill.status().ToString();
+  ASSERT_TRUE(store_prefill.ok()) << store_prefill.status().ToString();
+  EXPECT_EQ(bf16_prefill->prefill_bits, 16);
+  EXPECT_EQ(bf16_prefill->prefill_luts, 0);
+  EXPECT_EQ(store_prefill->prefill_bits, 4);
+  EXPECT_EQ(store_prefill->prefill_luts, luts4);
+  EXPECT_EQ(store_prefill->pool, bf16_prefill->pool - luts4);
+  EXPECT_NE(store_prefill->Summary().find("prefill experts at 4 bits (LUTs "), std::string::npos)
+      << store_prefill->Summary();
+  // A node wider than the prefill limit prefills from the checkpoint.
+  auto wide = PlanMemory(c, ckpt, int64_t{4} << 30, "8", "4G", 0, 8, 5);
+  ASSERT_TRUE(wide.ok()) << wide.status().ToString();
+  EXPECT_EQ(wide->prefill_bits, 16);
+  EXPECT_EQ(wide->prefill_luts, 0);
+  // The smallest budget for every expert at 8 bits is too small once the 8-bit LUTs (12.2 MiB
+  // here, 13 in whole MiB) are counted, and says why.
+  auto small8 = PlanMemory(c, ckpt, *needed, "8", "N");  // holds the smallest plan, not 8 bits
+  ASSERT_FALSE(small8.ok());
+  const std::string& m8 = small8.status().message();
+  auto needed8 = ParseMemory(m8.substr(m8.find("give --memory ") + 14, m8.find(' ', m8.find("give --memory ") + 14) -
+                                                                           m8.find("give --memory ") - 14));
+  ASSERT_TRUE(needed8.ok()) << m8;
+  ASSERT_TRUE(PlanMemory(c, ckpt, *needed8, "8", "N", 0, 8, 5).ok());
+  auto refused = PlanMemory(c, ckpt, *needed8, "8", "N", 0, 8, 8);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("the prefill worker's LUTs at 8 bits (13.0 MiB)"), std::string::npos)
+      << refused.status().message();
+}
+
 // The int8 copy counted for the embedded model: every attention projection and router gate of
 // its 4 layers and lm_head (its embedding is not tied), each row in the int8 layout (128
 // columns padded to 512) with a 4-byte scale.
@@ -407,6 +459,21 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   std::ofstream(path) << with_cache;
   cfg = cluster::LoadClusterConfig(path, "/unused");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  // A prefill worker reading the store: its section names the store, the width and the hash
+  // cache, and the launcher loads it (the prefill's own section check: launcher_test).
+  p.model_hash_cache = "/cache/stores";
+  p.memory.prefill_bits = 4;
+  const std::string with_prefill = NodeFileText(o, p);
+  const size_t prefill_at = with_prefill.find("\nprefill:\n"), decode_at = with_prefill.find("\ndecode:\n");
+  const size_t store_key = with_prefill.find("    store: \"/cache/stores/0123456789abcdef.apw\"\n", prefill_at);
+  const size_t bits_key = with_prefill.find("    expert_bits: 4\n", prefill_at);
+  const size_t hash_key = with_prefill.find("    model_hash_cache: \"/cache/stores\"\n", prefill_at);
+  EXPECT_TRUE(store_key < decode_at && bits_key < decode_at && hash_key < decode_at) << with_prefill;
+  std::ofstream(path) << with_prefill;
+  cfg = cluster::LoadClusterConfig(path, "/unused");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  p.memory.prefill_bits = 16;
+  EXPECT_EQ(NodeFileText(o, p).find("expert_bits"), std::string::npos);
   p.model_hash_cache.clear();
   // bf16 experts: no broker.
   p.store.clear();
