@@ -8,8 +8,9 @@
 //                                           ("/cached": one block read over and over, in cache)
 //                                           activation quantization included; bytes per call =
 //                                           bits planes + the int8 LUT_bits and its row scales
-//   q8dense/<rows>x<cols>/t<tokens>         the int8 dense product (q8.h's DenseQ8Rows, the
-//                                           engine's --dense int8 attention and lm_head),
+//   q8dense/<rows>x<cols>/t<tokens>[/r63]   the int8 dense product (q8.h's DenseQ8Rows, the
+//                                           engine's --dense int8 attention and lm_head), values
+//                                           within 127 (/r63: within 63, the range AVX2 pairs),
 //                                           activation quantization included; bytes = the int8
 //                                           rows (Q8ActStride(cols) each) and their row scales
 //   bf16gemv/<rows>x<cols>/t<tokens>        the engine's dense bf16 matmul; bytes = 2*rows*cols
@@ -36,7 +37,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -273,12 +276,29 @@ void BM_ApQ8Gemv(benchmark::State& state, int rows, int cols, int bits, int toke
   state.SetLabel(BackendName(backend));
 }
 
-void BM_Q8Dense(benchmark::State& state, int rows, int cols, int tokens, int threads) {
+// The weight pool's bytes as int8 values within `range` (127 or kDenseQ8PairMax), made once
+// per range.
+const int8_t* DenseQ8Pool(int range) {
+  static std::mutex mu;
+  static std::map<int, int8_t*> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  int8_t*& p = pools[range];
+  if (p == nullptr) {
+    p = static_cast<int8_t*>(std::aligned_alloc(size_t{2} << 20, kPoolBytes));
+    madvise(p, kPoolBytes, MADV_HUGEPAGE);
+    const auto* src = reinterpret_cast<const int8_t*>(WeightPool());
+    for (size_t i = 0; i < kPoolBytes; ++i) p[i] = static_cast<int8_t>(std::clamp<int>(src[i], -range, range));
+  }
+  return p;
+}
+
+void BM_Q8Dense(benchmark::State& state, int rows, int cols, int tokens, int threads, int range) {
   const size_t per_call = Q8DenseBytesPerCall(rows, cols);
   const size_t value_bytes = Q8MatrixValueBytes(rows, cols);
   const int n_blocks = static_cast<int>(std::min(kPoolBytes / value_bytes, (kWorkingSet + per_call - 1) / per_call));
-  // The pool's bytes as the int8 weights: their values set the products, not the speed.
-  const auto* pool = reinterpret_cast<const int8_t*>(WeightPool());
+  // The pool's bytes within the range as the int8 weights: their values set the products, not
+  // the speed.
+  const int8_t* pool = DenseQ8Pool(range);
   std::vector<float> scales(static_cast<size_t>(rows), 1.f / 4096);
   const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 44);
   std::vector<float> y(static_cast<size_t>(tokens) * rows);
@@ -287,7 +307,7 @@ void BM_Q8Dense(benchmark::State& state, int rows, int cols, int tokens, int thr
   TimeQ8Calls(
       state, rows, cols, tokens, threads, x, y.data(),
       [&](const Q8Acts& acts, int r0, int r1) {
-        const Q8Matrix w{rows, cols, pool + static_cast<size_t>(i) * value_bytes, scales.data()};
+        const Q8Matrix w{rows, cols, pool + static_cast<size_t>(i) * value_bytes, scales.data(), range};
         return DenseQ8Rows(backend, w, acts, y.data(), rows, r0, r1);
       },
       [&] {
@@ -445,9 +465,12 @@ void RegisterAll() {
         const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                                  "/t" + std::to_string(t) + suffix(threads);
         finish(benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t, threads), threads);
-        const std::string q8 = "q8dense/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
-                               "/t" + std::to_string(t) + suffix(threads);
-        finish(benchmark::RegisterBenchmark(q8.c_str(), BM_Q8Dense, s.rows, s.cols, t, threads), threads);
+        for (int range : {127, kDenseQ8PairMax}) {
+          const std::string q8 = "q8dense/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) + "/t" +
+                                 std::to_string(t) + (range == 127 ? "" : "/r" + std::to_string(range)) +
+                                 suffix(threads);
+          finish(benchmark::RegisterBenchmark(q8.c_str(), BM_Q8Dense, s.rows, s.cols, t, threads, range), threads);
+        }
       }
       read_sizes.insert(size_t{2} * s.rows * s.cols);
       read_sizes.insert(Q8DenseBytesPerCall(s.rows, s.cols));

@@ -391,15 +391,18 @@ Status Model::LoadTensors() {
 
 Status Model::QuantizeDenseInt8() {
   if (!q8_.empty()) return Status::Ok();
+  // The range the kernels of this CPU multiply fastest (63 on AVX2: kernels/anyprec/q8.h), or
+  // the kernels.dense_q8_max knob's.
+  PW_ASSIGN_OR_RETURN(const int range, anyprec::DenseQ8Range());
   auto convert = [&](Bf16Matrix& w, const std::string& name) -> Status {
     if (w.data == nullptr || w.rows < 1) return Status::Ok();
     auto c = std::make_unique<Q8Copy>();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     c->values.resize(anyprec::Q8MatrixValueBytes(rows, cols));
     c->scales.resize(rows);
-    Status s = anyprec::QuantizeBf16Rows(w.data, rows, cols, c->values.data(), c->scales.data());
+    Status s = anyprec::QuantizeBf16Rows(w.data, rows, cols, c->values.data(), c->scales.data(), range);
     if (!s.ok()) return s.WithContext(dir_ + ": " + name);
-    c->m = {rows, cols, c->values.data(), c->scales.data()};
+    c->m = {rows, cols, c->values.data(), c->scales.data(), range};
     w.q8 = &c->m;
     q8_.push_back(std::move(c));
     return Status::Ok();

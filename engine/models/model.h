@@ -188,7 +188,8 @@ class Model {
   // and the routed experts (their own providers) stay as they are, and so do a hybrid's
   // linear-attention projections: int8 rows there moved the fixtures' logits by 0.27-0.30
   // relative (attention's q/k/v/o by 0.01-0.05 each), the delta rule's L2-normalised keys and
-  // its recurrence amplifying the rounding. Idempotent.
+  // its recurrence amplifying the rounding. The values span anyprec::DenseQ8Range (63 on AVX2,
+  // 127 with AVX-512, or the kernels.dense_q8_max knob's). Idempotent.
   Status QuantizeDenseInt8();
   bool dense_int8() const { return !q8_.empty(); }
 

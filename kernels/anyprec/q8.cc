@@ -129,11 +129,31 @@ Status QuantizeLut(const uint16_t* lut_f16, int rows, int bits, int8_t* values, 
   return Status::Ok();
 }
 
-Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, float* scales) {
+int DenseQ8Max(Backend backend) {
+  return backend == Backend::kAvx512 || backend == Backend::kAmx ? 127 : kDenseQ8PairMax;
+}
+
+Result<int> DenseQ8Range() {
+  const char* knob = cpu::KernelKnob("PW_DENSE_Q8_MAX");
+  if (knob == nullptr || *knob == '\0') return DenseQ8Max(BestQ8Backend());
+  char* end = nullptr;
+  const long n = std::strtol(knob, &end, 10);
+  if (*end != '\0' || n < 1 || n > 127) {
+    return InvalidArgument(std::string("PW_DENSE_Q8_MAX '") + knob + "': the int8 dense range is 1..127");
+  }
+  return static_cast<int>(n);
+}
+
+Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, float* scales,
+                        int max_value) {
   if (rows < 0 || cols < 1) {
     return InvalidArgument("anyprec q8: dense matrix of " + std::to_string(rows) + " x " +
                            std::to_string(cols));
   }
+  if (max_value < 1 || max_value > 127) {
+    return InvalidArgument("anyprec q8: dense range " + std::to_string(max_value) + " outside 1..127");
+  }
+  const float most = static_cast<float>(max_value);
   const int stride = Q8ActStride(cols);
   for (int r = 0; r < rows; ++r) {
     const uint16_t* src = w + static_cast<size_t>(r) * cols;
@@ -148,15 +168,15 @@ Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, f
       }
       amax = std::max(amax, std::fabs(v));
     }
-    scales[r] = amax / 127.f;
+    scales[r] = amax / most;
     int8_t* dst = values + static_cast<size_t>(r) * stride;
     std::memset(dst, 0, stride);
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    const float inv = amax > 0.f ? most / amax : 0.f;
     for (int c = 0; c < cols; ++c) {
       uint32_t u = static_cast<uint32_t>(src[c]) << 16;
       float v;
       std::memcpy(&v, &u, sizeof v);
-      dst[Q8ActIndex(c)] = static_cast<int8_t>(std::clamp(std::nearbyint(v * inv), -127.f, 127.f));
+      dst[Q8ActIndex(c)] = static_cast<int8_t>(std::clamp(std::nearbyint(v * inv), -most, most));
     }
   }
   return Status::Ok();
@@ -170,6 +190,9 @@ Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float
   }
   if (w.values == nullptr || w.scales == nullptr || w.rows < 1 || w.cols < 1) {
     return InvalidArgument("anyprec q8: empty dense matrix");
+  }
+  if (w.max_value < 1 || w.max_value > 127) {
+    return InvalidArgument("anyprec q8: dense range " + std::to_string(w.max_value) + " outside 1..127");
   }
   PW_RETURN_IF_ERROR(CheckActsAndRows(acts, w.cols, w.rows, y, ldy, row_begin, row_end));
   if (row_begin == row_end) return Status::Ok();

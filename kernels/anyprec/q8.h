@@ -11,7 +11,7 @@
 //
 // Backends: scalar (the reference: int64 group sums, fp64 accumulation); AVX2 (byte shuffles
 // into the int8 LUT, vpmaddubsw with the sign trick; at 3-4 bits on the LUT biased to
-// unsigned); AVX-512 with VNNI, VBMI and GFNI (vpermb / vpermi2b lookups, vpdpbusd on the LUT
+// unsigned; dense matrices within kDenseQ8PairMax two slices per widening); AVX-512 with VNNI, VBMI and GFNI (vpermb / vpermi2b lookups, vpdpbusd on the LUT
 // offset to unsigned, 5-6-bit codes of one token by vgf2p8affineqb bit transposes); AMX (the AVX-512 backend, with
 // rows of up to 16384 columns at 8 tokens and more (3-4 bits; 3 bits past 4096 columns) or 12
 // and more (the other widths) on AMX-INT8 tiles: the same codes and lookups in the signed LUT stored
@@ -132,21 +132,40 @@ Status ApGemmQ8Rows(kernels::Backend backend, const BlockView& view, int bits, c
 // ---- Dense int8 matrices ------------------------------------------------------------------
 // The same integer product for a plain dense matrix (attention projections, lm_head), as
 // llama.cpp's q8_0 weights: W[r][c] ~= scales[r] * values[r][Q8ActIndex(c)], values in
-// [-127, 127], each row Q8ActStride(cols) bytes in the activation layout (padding zero), so
-// one 64-byte load of weights meets one 64-byte load of activations.
+// [-max_value, max_value], each row Q8ActStride(cols) bytes in the activation layout (padding
+// zero), so one 64-byte load of weights meets one 64-byte load of activations.
 struct Q8Matrix {
   int rows = 0;
   int cols = 0;
   const int8_t* values = nullptr;
   const float* scales = nullptr;
+  // Largest |value| (1..127): at most kDenseQ8PairMax lets the AVX2 kernel add two slices'
+  // int16 pair sums before widening them; a larger one (or a value beyond it) is the
+  // caller's promise broken, which no kernel checks.
+  int max_value = 127;
 };
 constexpr size_t Q8MatrixValueBytes(int rows, int cols) {
   return static_cast<size_t>(rows) * Q8ActStride(cols);
 }
-// From bf16 w [rows][cols] (row-major, raw bits): per row scale = max |w| / 127, values =
+// Weights of at most 63 in magnitude: vpmaddubsw's int16 pair sums of |w| and sign(x, w) are
+// then within 2 * 63 * 127 = 16002, two slices' add without overflow and one vpmaddwd widens
+// both (q8_avx2.cc), as for the 3-4-bit LUT: 3 multiply µops per 32 products instead of 4, on
+// AMD Zen 1's single 128-bit integer multiply pipe the bound of batched decode and prefill.
+inline constexpr int kDenseQ8PairMax = 63;
+// The range QuantizeBf16Rows gives a dense matrix that `backend` will multiply: kDenseQ8PairMax
+// on AVX2 (and the scalar reference, so that the two agree on a CPU without AVX-512), 127 on
+// AVX-512 and AMX, whose vpdpbusd has no int16 step to save (docs/quality.md, "Int8 dense
+// weights": the narrower range's perplexity).
+int DenseQ8Max(kernels::Backend backend);
+// The range a process quantizes its dense matrices to: the knob PW_DENSE_Q8_MAX
+// (KernelSettings::dense_q8_max) when set, else DenseQ8Max(BestQ8Backend()). kInvalidArgument
+// for a knob outside 1..127.
+Result<int> DenseQ8Range();
+// From bf16 w [rows][cols] (row-major, raw bits): per row scale = max |w| / max_value, values =
 // round(w / scale) placed at Q8ActIndex(c). values: Q8MatrixValueBytes, scales: rows floats.
-// Non-finite weights are an error.
-Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, float* scales);
+// Non-finite weights, or max_value outside 1..127, are an error.
+Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, float* scales,
+                        int max_value = 127);
 // Rows [row_begin, row_end) of y [acts.tokens][ldy]:
 //   y[t][r] = scales[r] * sum_g act_scale[t][g] * sum_{c in g} values[r][c] * xq[t][c].
 Status DenseQ8Rows(kernels::Backend backend, const Q8Matrix& w, const Q8Acts& acts, float* y,

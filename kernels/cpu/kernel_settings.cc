@@ -18,6 +18,7 @@ void WriteKnobs(const KernelSettings& s, std::map<std::string, std::string>* k) 
   (*k)["PW_ANYPREC_BACKEND"] = s.anyprec_backend;
   (*k)["PW_PREFETCH_BYTES"] = s.prefetch_bytes >= 0 ? std::to_string(s.prefetch_bytes) : "";
   (*k)["PW_POOL_SPIN_US"] = s.pool_spin_us >= 0 ? std::to_string(s.pool_spin_us) : "";
+  (*k)["PW_DENSE_Q8_MAX"] = s.dense_q8_max >= 0 ? std::to_string(s.dense_q8_max) : "";
 }
 
 // The settings in the variables' form, by variable, the defaults until SetKernelSettings;
@@ -64,6 +65,7 @@ KernelSettings EffectiveKernelSettings() {
   s.anyprec_backend = str("PW_ANYPREC_BACKEND");
   s.prefetch_bytes = num("PW_PREFETCH_BYTES");
   s.pool_spin_us = num("PW_POOL_SPIN_US");
+  s.dense_q8_max = num("PW_DENSE_Q8_MAX");
   return s;
 }
 

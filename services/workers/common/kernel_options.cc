@@ -23,6 +23,10 @@ void DeclareKernelOptions(options::OptionSet* s, cpu::KernelSettings* k) {
   s->Add("kernels.pool_spin_us", &k->pool_spin_us,
          "thread pool's polling window in us, -1: its default (PW_POOL_SPIN_US overrides)")
       .Shared().Range(-1, 1000000);
+  s->Add("kernels.dense_q8_max", &k->dense_q8_max,
+         "range of the int8 dense matrices (dense: int8), 1..127; -1: the fast path's (63 on "
+         "AVX2, 127 with AVX-512; PW_DENSE_Q8_MAX overrides)")
+      .Shared().Range(-1, 127);
 }
 
 cpu::KernelSettings ApplyKernelOptions(const cpu::KernelSettings& k) {
