@@ -131,7 +131,7 @@ Status ControlServer::Send(const std::string& peer, proto::OutMessage& msg, uint
   if (it != peers_.end()) {
     seq = it->second.next_seq_out++;
   } else {
-    seq = ++unregistered_seq_out_[peer];
+    seq = ++unregistered_seq_out_;
   }
   if (seq_out) *seq_out = seq;
   std::string bytes = proto::Encode(msg, seq, options_.id, clock_->NowMs());
@@ -223,11 +223,7 @@ void ControlServer::HandleRegister(const std::string& peer,
     info.acked_seq = 0;
     info.frames = 0;
     if (fresh) {
-      auto u = unregistered_seq_out_.find(peer);
-      if (u != unregistered_seq_out_.end()) {
-        info.next_seq_out = u->second + 1;
-        unregistered_seq_out_.erase(u);
-      }
+      info.next_seq_out = unregistered_seq_out_ + 1;
       PW_LOG(INFO) << "peer '" << peer << "' registered (pid " << info.pid << ")";
     }
     liveness_.Touch(peer);

@@ -134,7 +134,11 @@ class ControlServer {
   uint64_t instance_;
   PeerLiveness liveness_;
   std::map<std::string, PeerInfo> peers_;
-  std::map<std::string, uint64_t> unregistered_seq_out_;
+  // Frames to peers that have not registered (NotRegistered, refused RegisterAcks) are numbered
+  // from one counter for all of them: no state is kept per routing id that never registers, and
+  // a peer that registers is numbered on from it (above anything it was sent before; its
+  // client takes the RegisterAck's seq as the last seen).
+  uint64_t unregistered_seq_out_ = 0;
   uint64_t next_heartbeat_ms_ = 0;
   uint64_t next_epoch_ = 1;
   ControlCounters counters_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "common/logging.h"
 #include "services/transport/control.h"
@@ -494,6 +495,46 @@ TEST(Control, MalformedWrongVersionAndUnregisteredFramesAreDropped) {
   // The server still serves well-behaved peers.
   ASSERT_TRUE(p.client->Start().ok());
   ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }, sh));
+}
+
+// Frames to peers that never registered are numbered from one counter (no state per routing
+// id: a stream of ids that never register costs the server nothing that grows), and a peer that
+// then registers is numbered on above anything it was sent before.
+TEST(Control, UnregisteredPeersShareOneNumberingAndARegistrationContinuesAboveIt) {
+  Pair p;
+  MakePair(&p);
+  // The next frame of `which` that `raw` receives, by its seq (0: none within 200 rounds).
+  auto next_seq = [&](ZmqDealerTransport* raw, proto::Body::Which which) -> uint64_t {
+    for (int i = 0; i < 200; ++i) {
+      p.server->Poll(5, nullptr);
+      auto r = raw->Recv(5);
+      if (!r.ok() || !r->has_value()) continue;
+      auto in = proto::InMessage::Parse((*r)->bytes);
+      if (in.ok() && (*in)->which() == which) return (*in)->seq();
+    }
+    return 0;
+  };
+  std::vector<std::unique_ptr<ZmqDealerTransport>> raws;
+  uint64_t last = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "stranger-" + std::to_string(i);
+    auto raw = ZmqDealerTransport::Connect(p.endpoint, id);
+    ASSERT_TRUE(raw.ok());
+    proto::OutMessage tc;
+    tc.body().initTokenChunk().setRequestId(1);
+    ASSERT_TRUE((*raw)->Send("", proto::Encode(tc, 1, id, 0)).ok());
+    const uint64_t seq = next_seq(raw->get(), proto::Body::NOT_REGISTERED);
+    ASSERT_GT(seq, last) << id;
+    last = seq;
+    raws.push_back(std::move(raw).value());
+  }
+  // The first stranger registers: its RegisterAck is numbered above every frame sent so far.
+  proto::OutMessage reg;
+  reg.body().initRegister().setWorkerId("stranger-0");
+  ASSERT_TRUE(raws[0]->Send("", proto::Encode(reg, 2, "stranger-0", 0)).ok());
+  const uint64_t ack = next_seq(raws[0].get(), proto::Body::REGISTER_ACK);
+  EXPECT_GT(ack, last);
+  ASSERT_NE(p.server->FindPeer("stranger-0"), nullptr);
 }
 
 // Polls the server (up to 200 rounds of 5 ms) until `raw` receives a RegisterAck that refuses
