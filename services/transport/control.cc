@@ -148,11 +148,12 @@ int ControlServer::Poll(int timeout_ms, const MessageHandler& handler) {
 
 void ControlServer::RunTimers(bool sweep) {
   const uint64_t now = clock_->NowMs();
-  for (const std::string& dead : sweep ? liveness_.TakeDead() : std::vector<std::string>{}) {
+  for (const PeerLiveness::Dead& d : sweep ? liveness_.TakeDead() : std::vector<PeerLiveness::Dead>{}) {
+    const std::string& dead = d.peer;
     auto it = peers_.find(dead);
     if (it == peers_.end()) continue;
-    PW_LOG(WARNING) << "peer '" << dead << "' silent for " << liveness_.timeout_ms()
-                    << " ms (" << options_.dead_after_beats << " heartbeats): declared dead";
+    PW_LOG(WARNING) << "peer '" << dead << "' silent for " << d.timeout_ms << " ms ("
+                    << options_.dead_after_beats << " heartbeats of the longer interval): declared dead";
     PeerInfo info = std::move(it->second);
     peers_.erase(it);
     if (on_peer_dead) on_peer_dead(dead, info);
@@ -227,6 +228,7 @@ void ControlServer::HandleRegister(const std::string& peer,
       PW_LOG(INFO) << "peer '" << peer << "' registered (pid " << info.pid << ")";
     }
     liveness_.Touch(peer);
+    liveness_.SetPeerInterval(peer, reg.getHeartbeatIntervalMs());
     return Status::Ok();
   });
   ack.setAccepted(st.ok());
@@ -381,12 +383,14 @@ void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
   if (which == proto::Body::REGISTER_ACK || which == proto::Body::HEARTBEAT) {
     uint64_t inst = 0;
     bool accepted = true;
+    uint64_t server_heartbeat_ms = 0;
     std::string reason;
     Status st = proto::GuardWire("server frame", [&]() -> Status {
       if (which == proto::Body::REGISTER_ACK) {
         auto ack = msg->body().getRegisterAck();
         inst = ack.getServerInstance();
         accepted = ack.getAccepted();
+        server_heartbeat_ms = ack.getHeartbeatIntervalMs();
         reason = proto::ToString(ack.getReason());
       } else {
         inst = msg->body().getHeartbeat().getServerInstance();
@@ -425,6 +429,7 @@ void ControlClient::HandleFrame(Frame frame, const MessageHandler& handler) {
         return;
       }
       last_ack_seq_ = msg->seq();
+      liveness_.SetPeerInterval("server", server_heartbeat_ms);
       if (!registered_) {
         registered_ = true;
         PW_LOG(INFO) << options_.id << ": registered with " << transport_->Describe();

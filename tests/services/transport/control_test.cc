@@ -28,7 +28,8 @@ struct Pair {
 };
 
 std::unique_ptr<ControlClient> MakeClient(const std::string& endpoint, const std::string& id,
-                                          const Clock* clock, FaultConfig* faults = nullptr) {
+                                          const Clock* clock, FaultConfig* faults = nullptr,
+                                          uint64_t beat_ms = kBeatMs) {
   auto dealer = ZmqDealerTransport::Connect(endpoint, id);
   EXPECT_TRUE(dealer.ok()) << dealer.status().ToString();
   std::unique_ptr<Transport> t = std::move(dealer).value();
@@ -36,19 +37,21 @@ std::unique_ptr<ControlClient> MakeClient(const std::string& endpoint, const std
   ControlClient::Options o;
   o.id = id;
   o.role = wire::Role::DECODE;
-  o.heartbeat_ms = kBeatMs;
+  o.heartbeat_ms = beat_ms;
   return std::make_unique<ControlClient>(std::move(t), clock, o);
 }
 
-void MakePair(Pair* p, FaultConfig* client_faults = nullptr) {
+// `server_beat_ms` / `client_beat_ms`: each side's heartbeat interval.
+void MakePair(Pair* p, FaultConfig* client_faults = nullptr, uint64_t server_beat_ms = kBeatMs,
+              uint64_t client_beat_ms = kBeatMs) {
   auto router = ZmqRouterTransport::Bind("tcp://127.0.0.1:0");
   ASSERT_TRUE(router.ok()) << router.status().ToString();
   p->endpoint = (*router)->endpoint();
   ControlServer::Options so;
   so.id = "router";
-  so.heartbeat_ms = kBeatMs;
+  so.heartbeat_ms = server_beat_ms;
   p->server = std::make_unique<ControlServer>(std::move(router).value(), &p->clock, so);
-  p->client = MakeClient(p->endpoint, "decode-0", &p->clock, client_faults);
+  p->client = MakeClient(p->endpoint, "decode-0", &p->clock, client_faults, client_beat_ms);
 }
 
 // Polls both sides until `done` or ~5 s of real time pass.
@@ -201,6 +204,65 @@ TEST(Control, PeerSilentForThreeHeartbeatsIsDead) {
   ASSERT_EQ(dead.size(), 1u);
   EXPECT_EQ(dead[0], "decode-0");
   EXPECT_EQ(p.server->FindPeer("decode-0"), nullptr);
+}
+
+// Each side judges the other's silence by the longer of the two intervals (the peer's as it
+// declares it in Register / RegisterAck): a server beating every 4 intervals of its client's,
+// or a client beating every 4 of its server's, stays alive; a side that stops is still found
+// dead after 3 of its own intervals; a declared interval is taken at most at 60 s.
+TEST(Control, SilenceIsJudgedByTheLongerOfTheTwoIntervals) {
+  for (bool slow_server : {true, false}) {
+    SCOPED_TRACE(slow_server ? "server beats every 400 ms" : "client beats every 400 ms");
+    Pair p;
+    const uint64_t slow = 4 * kBeatMs;
+    MakePair(&p, nullptr, slow_server ? slow : kBeatMs, slow_server ? kBeatMs : slow);
+    int lost = 0;
+    std::vector<std::string> dead;
+    p.client->on_server_lost = [&] { ++lost; };
+    p.server->on_peer_dead = [&](const std::string& id, const PeerInfo&) { dead.push_back(id); };
+    ASSERT_TRUE(p.client->Start().ok());
+    ASSERT_TRUE(PumpUntil(p, [&] { return p.client->registered(); }));
+    // Ten slow intervals, both sides polling after each: every heartbeat arrives 400 ms after
+    // the last, beyond the fast side's own 3 x 100 ms.
+    for (int beat = 0; beat < 10; ++beat) {
+      p.clock.Advance(slow);
+      const uint64_t s0 = p.server->counters().received, c0 = p.client->counters().received;
+      ASSERT_TRUE(PumpUntil(p, [&] {
+        return slow_server ? p.client->counters().received > c0 : p.server->counters().received > s0;
+      }));
+    }
+    EXPECT_EQ(lost, 0);
+    EXPECT_TRUE(dead.empty());
+    EXPECT_TRUE(p.client->registered());
+    // The slow side stops: 3 of its intervals is not yet dead, just past it is.
+    p.clock.Advance(3 * slow);
+    if (slow_server) {
+      p.client->Poll(0, nullptr);
+      EXPECT_EQ(lost, 0);
+      p.clock.Advance(1);
+      p.client->Poll(0, nullptr);
+      EXPECT_EQ(lost, 1);
+    } else {
+      p.server->Poll(0, nullptr);
+      EXPECT_TRUE(dead.empty());
+      p.clock.Advance(1);
+      p.server->Poll(0, nullptr);
+      EXPECT_EQ(dead.size(), 1u);
+    }
+  }
+  // A client declaring 10 minutes is judged at 60 s.
+  Pair p;
+  MakePair(&p, nullptr, kBeatMs, 600000);
+  std::vector<std::string> dead;
+  p.server->on_peer_dead = [&](const std::string& id, const PeerInfo&) { dead.push_back(id); };
+  ASSERT_TRUE(p.client->Start().ok());
+  ASSERT_TRUE(PumpUntil(p, [&] { return p.server->FindPeer("decode-0") != nullptr; }));
+  p.clock.Advance(3 * kMaxPeerHeartbeatMs);
+  p.server->Poll(0, nullptr);
+  EXPECT_TRUE(dead.empty());
+  p.clock.Advance(1);
+  p.server->Poll(0, nullptr);
+  EXPECT_EQ(dead.size(), 1u);
 }
 
 TEST(Control, ClientNoticesSilentServerAndReregisters) {
