@@ -23,24 +23,48 @@ void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
   const size_t group = nh / static_cast<size_t>(kv.num_kv_heads);
   const size_t qd = nh * D;
   const int32_t bs = kv.block_size;
-  for (size_t job = job_begin; job < job_end; ++job) {
-    const size_t t = job / nh, hd = job % nh;
+  if (job_begin >= job_end) return;
+  // Per head, the tokens whose job is in range: [t_lo, t_hi) with t * nh + hd in it.
+  for (size_t hd = 0; hd < nh; ++hd) {
+    const size_t t_lo = job_begin > hd ? (job_begin - hd + nh - 1) / nh : 0;
+    const size_t t_hi = job_end > hd ? (job_end - hd - 1) / nh + 1 : 0;
     const int kvh = static_cast<int>(hd / group);
-    const float* q = qs.q + t * qd + hd * D;
-    float* o = out + t * qd + hd * D;
-    const int32_t n = qs.positions[t] + 1;
-    const int32_t* blocks = qs.block_tables[t];
-    for (int32_t j0 = 0; j0 < n; j0 += bs) {
-      const int32_t jn = std::min(n - j0, bs);
-      const float* kb = KvSlab(kv, blocks[j0 / bs], 0, kvh, jn, widen);
-      for (int32_t s = 0; s < jn; ++s) scores[j0 + s] = k.dot(q, kb + s * D, D) * qs.scale;
-    }
-    k.softmax(scores, static_cast<size_t>(n));
-    std::memset(o, 0, D * sizeof(float));
-    for (int32_t j0 = 0; j0 < n; j0 += bs) {
-      const int32_t jn = std::min(n - j0, bs);
-      const float* vb = KvSlab(kv, blocks[j0 / bs], 1, kvh, jn, widen);
-      for (int32_t s = 0; s < jn; ++s) k.axpy(scores[j0 + s], vb + s * D, D, o);
+    for (size_t t0 = t_lo; t0 < t_hi;) {
+      // A tile: consecutive tokens of one block table.
+      const int32_t* blocks = qs.block_tables[t0];
+      size_t t1 = t0 + 1;
+      while (t1 < t_hi && t1 - t0 < kAttentionQueryTile && qs.block_tables[t1] == blocks) ++t1;
+      const size_t nq = t1 - t0;
+      int32_t n_max = 0;
+      for (size_t i = 0; i < nq; ++i) n_max = std::max(n_max, qs.positions[t0 + i] + 1);
+      const size_t row = static_cast<size_t>(n_max);
+      for (int32_t j0 = 0; j0 < n_max; j0 += bs) {
+        const float* kb = KvSlab(kv, blocks[j0 / bs], 0, kvh, std::min(n_max - j0, bs), widen);
+        for (size_t i = 0; i < nq; ++i) {
+          const int32_t n = qs.positions[t0 + i] + 1;
+          if (j0 >= n) continue;
+          const float* q = qs.q + (t0 + i) * qd + hd * D;
+          float* sc = scores + i * row;
+          const int32_t jn = std::min(n - j0, bs);
+          for (int32_t s = 0; s < jn; ++s) sc[j0 + s] = k.dot(q, kb + s * D, D) * qs.scale;
+        }
+      }
+      for (size_t i = 0; i < nq; ++i) {
+        k.softmax(scores + i * row, static_cast<size_t>(qs.positions[t0 + i] + 1));
+        std::memset(out + (t0 + i) * qd + hd * D, 0, D * sizeof(float));
+      }
+      for (int32_t j0 = 0; j0 < n_max; j0 += bs) {
+        const float* vb = KvSlab(kv, blocks[j0 / bs], 1, kvh, std::min(n_max - j0, bs), widen);
+        for (size_t i = 0; i < nq; ++i) {
+          const int32_t n = qs.positions[t0 + i] + 1;
+          if (j0 >= n) continue;
+          const float* sc = scores + i * row;
+          float* o = out + (t0 + i) * qd + hd * D;
+          const int32_t jn = std::min(n - j0, bs);
+          for (int32_t s = 0; s < jn; ++s) k.axpy(sc[j0 + s], vb + s * D, D, o);
+        }
+      }
+      t0 = t1;
     }
   }
 }

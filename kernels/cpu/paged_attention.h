@@ -47,9 +47,14 @@ struct AttentionQueries {
 // (PagedAttentionWidenFloats(kv) floats). Shared by the attention kernels over this view.
 const float* KvSlab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n, float* widen);
 
-// Scratch one caller of PagedAttention needs (never allocated by the kernel).
+// Queries PagedAttention takes together: up to this many consecutive tokens of one head that
+// share a block table (one sequence's prompt chunk) read each K and V slab once, widened once.
+inline constexpr size_t kAttentionQueryTile = 16;
+
+// Scratch one caller of PagedAttention needs (never allocated by the kernel): a score row of
+// every position for each query of a tile.
 inline size_t PagedAttentionScoreFloats(int32_t max_position) {
-  return static_cast<size_t>(max_position) + 1;
+  return kAttentionQueryTile * (static_cast<size_t>(max_position) + 1);
 }
 inline size_t PagedAttentionWidenFloats(const PagedKvView& kv) {
   return kv.element == KvElement::kBf16 ? static_cast<size_t>(kv.block_size) * kv.head_dim : 0;
@@ -57,7 +62,9 @@ inline size_t PagedAttentionWidenFloats(const PagedKvView& kv) {
 
 // out[t * num_heads * head_dim + h * head_dim + d] for the jobs j in [job_begin, job_end), job
 // j = (token j / num_heads, head j % num_heads): softmax over positions of (q . k) * scale,
-// then the weighted sum of V. Threads may split jobs. `scores`: PagedAttentionScoreFloats(the
+// then the weighted sum of V. Threads may split jobs. The jobs of one head run in tiles
+// (kAttentionQueryTile); each query's arithmetic is the same dots, softmax and axpys in the
+// same order as alone, so a result does not depend on the tiling. `scores`: PagedAttentionScoreFloats(the
 // largest position of the batch) floats; `widen`: PagedAttentionWidenFloats(kv) floats.
 void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
                     const AttentionQueries& qs, size_t job_begin, size_t job_end, float* scores,
