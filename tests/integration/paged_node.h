@@ -66,8 +66,19 @@ class PagedNode {
   ~PagedNode() { Stop(); }
 
   // Writes the node's YAML, starts pw-cluster and waits until it serves a completion. Call
-  // through ASSERT_NO_FATAL_FAILURE.
+  // through ASSERT_NO_FATAL_FAILURE. A port picked free can be taken by another test's process
+  // before the node binds it (ctest -j): a node that stops at start on "Address already in use"
+  // is started again on new ports, at most three times.
   void Start(const PagedNodeConfig& c) {
+    for (int attempt = 1;; ++attempt) {
+      ASSERT_NO_FATAL_FAILURE(StartOnce(c));
+      if (WaitServingOrStopped(120)) return;
+      const bool port_taken = !cluster_.running() && Logs().find("Address already in use") != std::string::npos;
+      ASSERT_TRUE(port_taken && attempt < 3) << Logs();
+      Stop();
+    }
+  }
+  void StartOnce(const PagedNodeConfig& c) {
     http_port_ = FreePort();
     ctl_port_ = FreePort();
     broker_port_ = FreePort();
@@ -93,7 +104,16 @@ class PagedNode {
                         << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
     ASSERT_TRUE(cluster_.Start({BinPath("pw-cluster"), "up", "--config", yaml},
                                run_dir_ + "/pw-cluster.out"));
-    ASSERT_TRUE(WaitServing(http_port_, 120)) << Logs();
+  }
+  // WaitServing, giving up early when pw-cluster has exited (it stops the node when a process
+  // keeps exiting at start).
+  bool WaitServingOrStopped(int timeout_s) {
+    for (int waited = 0; waited < timeout_s; ++waited) {
+      if (WaitServing(http_port_, 1)) return true;
+      (void)cluster_.Wait(0);  // reaps an exited pw-cluster: running() turns false
+      if (!cluster_.running()) return false;
+    }
+    return false;
   }
   // SIGTERM to pw-cluster (every process drains and stops); its exit code (ChildProcess::Wait).
   int Terminate(int timeout_ms) {
