@@ -100,6 +100,12 @@ Status CheckActsAndRows(const Q8Acts& acts, int cols, int rows, const float* y, 
 
 size_t AlignUp(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
+// A dense matrix's range (Q8Matrix::max_value) must be 1..127.
+Status CheckDenseRange(int max_value) {
+  if (max_value >= 1 && max_value <= 127) return Status::Ok();
+  return InvalidArgument("anyprec q8: dense range " + std::to_string(max_value) + " outside 1..127");
+}
+
 }  // namespace
 
 Status QuantizeLut(const uint16_t* lut_f16, int rows, int bits, int8_t* values, float* scales) {
@@ -150,9 +156,7 @@ Status QuantizeBf16Rows(const uint16_t* w, int rows, int cols, int8_t* values, f
     return InvalidArgument("anyprec q8: dense matrix of " + std::to_string(rows) + " x " +
                            std::to_string(cols));
   }
-  if (max_value < 1 || max_value > 127) {
-    return InvalidArgument("anyprec q8: dense range " + std::to_string(max_value) + " outside 1..127");
-  }
+  PW_RETURN_IF_ERROR(CheckDenseRange(max_value));
   const float most = static_cast<float>(max_value);
   const int stride = Q8ActStride(cols);
   for (int r = 0; r < rows; ++r) {
@@ -191,9 +195,7 @@ Status DenseQ8Rows(Backend backend, const Q8Matrix& w, const Q8Acts& acts, float
   if (w.values == nullptr || w.scales == nullptr || w.rows < 1 || w.cols < 1) {
     return InvalidArgument("anyprec q8: empty dense matrix");
   }
-  if (w.max_value < 1 || w.max_value > 127) {
-    return InvalidArgument("anyprec q8: dense range " + std::to_string(w.max_value) + " outside 1..127");
-  }
+  PW_RETURN_IF_ERROR(CheckDenseRange(w.max_value));
   PW_RETURN_IF_ERROR(CheckActsAndRows(acts, w.cols, w.rows, y, ldy, row_begin, row_end));
   if (row_begin == row_end) return Status::Ok();
   switch (backend) {

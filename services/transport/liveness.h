@@ -48,13 +48,8 @@ class PeerLiveness {
     uint64_t timeout_ms;
   };
   std::vector<Dead> TakeDead();
-  // This side's own timeout (dead_after_beats of its interval), and `peer`'s (this side's
-  // when unknown).
+  // This side's own timeout (dead_after_beats of its interval): a peer's until it declares one.
   uint64_t timeout_ms() const { return dead_after_beats_ * heartbeat_ms_; }
-  uint64_t TimeoutMs(const std::string& peer) const {
-    auto it = peers_.find(peer);
-    return it == peers_.end() ? timeout_ms() : it->second.timeout_ms;
-  }
   size_t size() const { return peers_.size(); }
 
  private:

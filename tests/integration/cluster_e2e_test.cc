@@ -67,9 +67,9 @@ class ClusterE2E : public ::testing::Test {
     // new ports, at most three times.
     for (int attempt = 1;; ++attempt) {
       ASSERT_NO_FATAL_FAILURE(StartNode());
-      if (WaitServingOrStopped(120)) return;
-      const bool port_taken = !cluster_.running() && Logs().find("Address already in use") != std::string::npos;
-      ASSERT_TRUE(port_taken && attempt < 3) << Logs();
+      const auto start = testing::WaitNodeStart(cluster_, http_port_, 120, model_name(), [&] { return Logs(); });
+      if (start == testing::NodeStart::kServing) return;
+      ASSERT_TRUE(start == testing::NodeStart::kPortTaken && attempt < 3) << Logs();
       KillStragglers();
     }
   }
@@ -109,16 +109,6 @@ class ClusterE2E : public ::testing::Test {
 
   // The cluster has serving capacity once a completion succeeds.
   bool WaitServing(int timeout_s) { return testing::WaitServing(http_port_, timeout_s, model_name()); }
-  // WaitServing, giving up early when pw-cluster has exited (it stops the node when a process
-  // keeps exiting at start).
-  bool WaitServingOrStopped(int timeout_s) {
-    for (int waited = 0; waited < timeout_s; ++waited) {
-      if (WaitServing(1)) return true;
-      (void)cluster_.Wait(0);  // reaps an exited pw-cluster: running() turns false
-      if (!cluster_.running()) return false;
-    }
-    return false;
-  }
   void KillStragglers() {
     testing::KillNodeProcesses({ctl_port_, broker_port_});
     testing::KillConfigProcesses(Yaml());

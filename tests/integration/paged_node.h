@@ -72,9 +72,9 @@ class PagedNode {
   void Start(const PagedNodeConfig& c) {
     for (int attempt = 1;; ++attempt) {
       ASSERT_NO_FATAL_FAILURE(StartOnce(c));
-      if (WaitServingOrStopped(120)) return;
-      const bool port_taken = !cluster_.running() && Logs().find("Address already in use") != std::string::npos;
-      ASSERT_TRUE(port_taken && attempt < 3) << Logs();
+      const NodeStart start = WaitNodeStart(cluster_, http_port_, 120, "tiny-moe", [&] { return Logs(); });
+      if (start == NodeStart::kServing) return;
+      ASSERT_TRUE(start == NodeStart::kPortTaken && attempt < 3) << Logs();
       Stop();
     }
   }
@@ -104,16 +104,6 @@ class PagedNode {
                         << "restart: {initial_backoff_ms: 200, max_backoff_ms: 2000}\n";
     ASSERT_TRUE(cluster_.Start({BinPath("pw-cluster"), "up", "--config", yaml},
                                run_dir_ + "/pw-cluster.out"));
-  }
-  // WaitServing, giving up early when pw-cluster has exited (it stops the node when a process
-  // keeps exiting at start).
-  bool WaitServingOrStopped(int timeout_s) {
-    for (int waited = 0; waited < timeout_s; ++waited) {
-      if (WaitServing(http_port_, 1)) return true;
-      (void)cluster_.Wait(0);  // reaps an exited pw-cluster: running() turns false
-      if (!cluster_.running()) return false;
-    }
-    return false;
   }
   // SIGTERM to pw-cluster (every process drains and stops); its exit code (ChildProcess::Wait).
   int Terminate(int timeout_ms) {

@@ -109,27 +109,18 @@ struct PagedCase {
     return {q.data(), positions.size(), heads, positions.data(), token_tables.data(),
             1.f / std::sqrt(static_cast<float>(D))};
   }
-  std::vector<float> Run(const kernels::DenseKernels& k) const {
+  // The jobs in calls of `per_call` jobs each; 0: two calls over halves, as two threads would
+  // split them (1: no tile holds more than one query).
+  std::vector<float> Run(const kernels::DenseKernels& k, size_t per_call = 0) const {
     const auto qs = Queries();
     const auto kv = View();
     std::vector<float> out(qs.T * heads * D, kNaN);
     std::vector<float> scores(cpu::PagedAttentionScoreFloats(12));
     std::vector<float> widen(cpu::PagedAttentionWidenFloats(kv) + 1);
-    // Two calls over halves of the jobs, as two threads would split them.
     const size_t jobs = qs.T * heads;
-    cpu::PagedAttention(k, kv, qs, 0, jobs / 2, scores.data(), widen.data(), out.data());
-    cpu::PagedAttention(k, kv, qs, jobs / 2, jobs, scores.data(), widen.data(), out.data());
-    return out;
-  }
-  // Every job in a call of its own: no tile holds more than one query.
-  std::vector<float> RunJobByJob(const kernels::DenseKernels& k) const {
-    const auto qs = Queries();
-    const auto kv = View();
-    std::vector<float> out(qs.T * heads * D, kNaN);
-    std::vector<float> scores(cpu::PagedAttentionScoreFloats(12));
-    std::vector<float> widen(cpu::PagedAttentionWidenFloats(kv) + 1);
-    for (size_t j = 0; j < qs.T * heads; ++j) {
-      cpu::PagedAttention(k, kv, qs, j, j + 1, scores.data(), widen.data(), out.data());
+    if (per_call == 0) per_call = (jobs + 1) / 2;
+    for (size_t j = 0; j < jobs; j += per_call) {
+      cpu::PagedAttention(k, kv, qs, j, std::min(jobs, j + per_call), scores.data(), widen.data(), out.data());
     }
     return out;
   }
@@ -173,7 +164,7 @@ TableCheck PagedAttentionCheck(cpu::KvElement e) {
     ExpectClose(got, want, tol, "paged_attention");
     // The prompt chunk's four queries run as one tile per head in Run, one by one here: the
     // same arithmetic, bit for bit.
-    const auto alone = c.RunJobByJob(k);
+    const auto alone = c.Run(k, 1);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], alone[i]) << "paged_attention tile, element " << i;
   };
 }

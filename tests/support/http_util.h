@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/process_util.h"
+
 namespace pw::testing {
 
 // Minimal HTTP/1.1 client (Connection: close). Returns {status, body}; status 0 on I/O error.
@@ -111,6 +113,24 @@ inline bool WaitServing(int http_port, int timeout_s, const std::string& model =
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return false;
+}
+
+// What became of a node started as `node` (pw-cluster) on `http_port` within `timeout_s`.
+enum class NodeStart { kServing, kPortTaken, kFailed };
+// WaitServing, giving up early when pw-cluster has exited (it stops the node when a process keeps
+// exiting at start). kPortTaken: it exited and `logs` (its run directory's, read then) say a
+// listener found its port in use: a port picked free was taken by another process before the
+// node bound it (ctest -j), and the node may be started again on new ports.
+template <typename Logs>
+inline NodeStart WaitNodeStart(ChildProcess& node, int http_port, int timeout_s, const std::string& model,
+                               Logs&& logs) {
+  for (int waited = 0; waited < timeout_s; ++waited) {
+    if (WaitServing(http_port, 1, model)) return NodeStart::kServing;
+    (void)node.Wait(0);  // reaps an exited pw-cluster: running() turns false
+    if (!node.running()) break;
+  }
+  if (node.running()) return NodeStart::kFailed;
+  return logs().find("Address already in use") != std::string::npos ? NodeStart::kPortTaken : NodeStart::kFailed;
 }
 
 // The last 3000 bytes of each of a run directory's logs, for a failure message.

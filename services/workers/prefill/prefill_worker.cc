@@ -81,14 +81,13 @@ Status PrefillWorker::OpenStoreExperts() {
     PW_ASSIGN_OR_RETURN(CachedModelHash cached, ModelHashCached(options_.model_dir, options_.model_hash_cache));
     so.expected_model_hash = cached.hash;
   }
-  PW_ASSIGN_OR_RETURN(std::unique_ptr<apw::ApwStore> store, apw::ApwStore::Open(options_.store_path, so));
-  store_ = std::move(store);
-  const apw::StoreInfo& info = store_->info();
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<const apw::ApwStore> store, apw::ApwStore::Open(options_.store_path, so));
+  const apw::StoreInfo& info = store->info();
   PW_ASSIGN_OR_RETURN(anyprec::WidthMap widths,
                       anyprec::WidthMap::Uniform(options_.expert_bits, static_cast<int>(info.num_layers),
                                                  static_cast<int>(info.num_experts)));
-  PW_ASSIGN_OR_RETURN(store_experts_, anyprec::ApwExpertProvider::Create(store_, engine_->model(), std::move(widths),
-                                                                         /*check_hash=*/false));
+  PW_ASSIGN_OR_RETURN(store_experts_, anyprec::ApwExpertProvider::Create(std::move(store), engine_->model(),
+                                                                         std::move(widths), /*check_hash=*/false));
   return Status::Ok();
 }
 

@@ -57,7 +57,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/formats/apw_store.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "engine/experts/apw_expert_provider.h"
@@ -213,9 +212,8 @@ class PrefillWorker {
   // The engine's recorder (compute thread); outlives the engine, which points at it.
   std::unique_ptr<PromptRoutingRecorder> prompt_routing_;
   std::unique_ptr<engine::Engine> engine_;
-  // With store_path: the store and the provider the engine's MoE hooks point at. The provider
+  // With store_path: the provider the engine's MoE hooks point at (it holds the store). It
   // reads the engine's model, so it is declared after engine_ (destroyed before it).
-  std::shared_ptr<const apw::ApwStore> store_;
   std::unique_ptr<anyprec::ApwExpertProvider> store_experts_;
   std::unique_ptr<transport::ucx::Context> ucx_ctx_;
   RouterLinks routers_;
