@@ -75,7 +75,10 @@ class LocalCluster:
         self.common_args = list(common_args)  # given to every process (router, broker, workers)
         self.kv_dtype = kv_dtype  # None: the workers' default (bf16)
         # An .apw store: a broker serves it and the decode workers read their experts from it
-        # (pool pages, any-precision widths); None: every worker reads the checkpoint's bf16.
+        # (pool pages, any-precision widths), the prefill workers every block at initial_bits
+        # (a prompt's KV then comes from the experts its decode steps run, so a request moved
+        # to another node, whose prefill recomputes what it had streamed, keeps its text);
+        # None: every worker reads the checkpoint's bf16.
         self.store = store
         self.initial_bits = initial_bits
         self.broker_port = free_port() if store else None
@@ -141,6 +144,8 @@ class LocalCluster:
             argv += ["--max-batch", str(self.max_batch)] + self.decode_args
             if self.store:
                 argv += ["--broker", f"tcp://127.0.0.1:{broker_port or self.broker_port}"]
+        elif self.store:
+            argv += ["--store", self.store, "--expert-bits", str(self.initial_bits)]
         self._start(name, argv)
 
     def __enter__(self):
