@@ -220,6 +220,63 @@ void AxpyAvx2(float alpha, const float* x, size_t n, float* y) {
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+namespace {
+
+// QI queries x SJ keys of DotAvx2 at once: per pair its two accumulators (the low and high
+// 8 of each 16 columns), the same FMAs in the same order, the same reduction. D % 16 == 0.
+template <int QI, int SJ>
+void DotTile(const float* q, size_t ldq, const float* keys, size_t D, float scale, float* scores,
+             size_t lds) {
+  __m256 lo[QI][SJ], hi[QI][SJ];
+  for (int i = 0; i < QI; ++i)
+    for (int j = 0; j < SJ; ++j) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+  for (size_t c = 0; c < D; c += 16) {
+    for (int i = 0; i < QI; ++i) {
+      const __m256 q0 = _mm256_loadu_ps(q + i * ldq + c), q1 = _mm256_loadu_ps(q + i * ldq + c + 8);
+      for (int j = 0; j < SJ; ++j) {
+        lo[i][j] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(keys + j * D + c), lo[i][j]);
+        hi[i][j] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(keys + j * D + c + 8), hi[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < QI; ++i)
+    for (int j = 0; j < SJ; ++j) scores[i * lds + j] = avx2::HSum(_mm256_add_ps(lo[i][j], hi[i][j])) * scale;
+}
+
+}  // namespace
+
+void DotRowsAvx2(const float* q, size_t ldq, size_t nq, const float* keys, size_t ns, size_t D,
+                 float scale, float* scores, size_t lds) {
+  size_t i = 0;
+  for (; i + 2 <= nq; i += 2) {
+    size_t s = 0;
+    for (; s + 3 <= ns; s += 3) DotTile<2, 3>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+    for (; s < ns; ++s) DotTile<2, 1>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+  }
+  for (; i < nq; ++i) {
+    size_t s = 0;
+    for (; s + 3 <= ns; s += 3) DotTile<1, 3>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+    for (; s < ns; ++s) DotTile<1, 1>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+  }
+}
+
+// AxpyAvx2 over ns rows in order, the output held in registers (up to 64 columns at a time):
+// each element sees the same FMAs in the same order. D % 16 == 0.
+void AxpyRowsAvx2(const float* a, size_t ns, const float* values, size_t D, float* out) {
+  constexpr size_t kRegs = 8;
+  for (size_t c0 = 0; c0 < D; c0 += 8 * kRegs) {
+    const size_t nr = (D - c0) / 8 < kRegs ? (D - c0) / 8 : kRegs;
+    __m256 o[kRegs];
+    for (size_t r = 0; r < nr; ++r) o[r] = _mm256_loadu_ps(out + c0 + 8 * r);
+    for (size_t s = 0; s < ns; ++s) {
+      const __m256 av = _mm256_set1_ps(a[s]);
+      const float* v = values + s * D + c0;
+      for (size_t r = 0; r < nr; ++r) o[r] = _mm256_fmadd_ps(av, _mm256_loadu_ps(v + 8 * r), o[r]);
+    }
+    for (size_t r = 0; r < nr; ++r) _mm256_storeu_ps(out + c0 + 8 * r, o[r]);
+  }
+}
+
 void RmsNormAvx2(const float* x, const float* w, size_t dim, float eps, float* y) {
   const float ss = DotAvx2(x, x, dim);
   const float r = 1.f / std::sqrt(ss / static_cast<float>(dim) + eps);

@@ -209,6 +209,63 @@ void AxpyAvx512(float alpha, const float* x, size_t n, float* y) {
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+namespace {
+
+// QI queries x SJ keys of DotAvx512 at once: one accumulator per pair, the same FMAs in the
+// same order, the same reduction. D % 16 == 0.
+template <int QI, int SJ>
+void DotTile(const float* q, size_t ldq, const float* keys, size_t D, float scale, float* scores,
+             size_t lds) {
+  __m512 acc[QI][SJ];
+  for (int i = 0; i < QI; ++i)
+    for (int j = 0; j < SJ; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (size_t c = 0; c < D; c += 16) {
+    __m512 kv[SJ];
+    for (int j = 0; j < SJ; ++j) kv[j] = _mm512_loadu_ps(keys + j * D + c);
+    for (int i = 0; i < QI; ++i) {
+      const __m512 qv = _mm512_loadu_ps(q + i * ldq + c);
+      for (int j = 0; j < SJ; ++j) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < QI; ++i)
+    for (int j = 0; j < SJ; ++j) scores[i * lds + j] = _mm512_reduce_add_ps(acc[i][j]) * scale;
+}
+
+}  // namespace
+
+void DotRowsAvx512(const float* q, size_t ldq, size_t nq, const float* keys, size_t ns, size_t D,
+                   float scale, float* scores, size_t lds) {
+  size_t i = 0;
+  for (; i + 4 <= nq; i += 4) {
+    size_t s = 0;
+    for (; s + 4 <= ns; s += 4) DotTile<4, 4>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+    for (; s < ns; ++s) DotTile<4, 1>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+  }
+  for (; i < nq; ++i) {
+    size_t s = 0;
+    for (; s + 4 <= ns; s += 4) DotTile<1, 4>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+    for (; s < ns; ++s) DotTile<1, 1>(q + i * ldq, ldq, keys + s * D, D, scale, scores + i * lds + s, lds);
+  }
+}
+
+// AxpyAvx512 over ns rows in order, the output held in registers (up to 128 columns at a time)
+// instead of loaded and stored per row: each element sees the same FMAs in the same order.
+// D % 16 == 0.
+void AxpyRowsAvx512(const float* a, size_t ns, const float* values, size_t D, float* out) {
+  constexpr size_t kRegs = 8;
+  for (size_t c0 = 0; c0 < D; c0 += 16 * kRegs) {
+    const size_t nr = (D - c0) / 16 < kRegs ? (D - c0) / 16 : kRegs;
+    __m512 o[kRegs];
+    for (size_t r = 0; r < nr; ++r) o[r] = _mm512_loadu_ps(out + c0 + 16 * r);
+    for (size_t s = 0; s < ns; ++s) {
+      const __m512 av = _mm512_set1_ps(a[s]);
+      const float* v = values + s * D + c0;
+      for (size_t r = 0; r < nr; ++r) o[r] = _mm512_fmadd_ps(av, _mm512_loadu_ps(v + 16 * r), o[r]);
+    }
+    for (size_t r = 0; r < nr; ++r) _mm512_storeu_ps(out + c0 + 16 * r, o[r]);
+  }
+}
+
 void RmsNormAvx512(const float* x, const float* w, size_t dim, float eps, float* y) {
   const float ss = DotAvx512(x, x, dim);
   const float r = 1.f / std::sqrt(ss / static_cast<float>(dim) + eps);

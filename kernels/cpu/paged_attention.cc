@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/attention_tiles.h"
+
 namespace pw::cpu {
 const float* KvSlab(const PagedKvView& kv, int32_t block, int c, int h, int32_t n, float* widen) {
   const uint8_t* page = kv.pages[static_cast<size_t>(block) * kv.page_stride];
@@ -39,15 +41,12 @@ void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
       for (size_t i = 0; i < nq; ++i) n_max = std::max(n_max, qs.positions[t0 + i] + 1);
       const size_t row = static_cast<size_t>(n_max);
       for (int32_t j0 = 0; j0 < n_max; j0 += bs) {
-        const float* kb = KvSlab(kv, blocks[j0 / bs], 0, kvh, std::min(n_max - j0, bs), widen);
-        for (size_t i = 0; i < nq; ++i) {
-          const int32_t n = qs.positions[t0 + i] + 1;
-          if (j0 >= n) continue;
-          const float* q = qs.q + (t0 + i) * qd + hd * D;
-          float* sc = scores + i * row;
-          const int32_t jn = std::min(n - j0, bs);
-          for (int32_t s = 0; s < jn; ++s) sc[j0 + s] = k.dot(q, kb + s * D, D) * qs.scale;
-        }
+        // Every query of the tile against the block's keys up to the tile's last position: a
+        // query's scores past its own position are written (inside its row) and never read.
+        const int32_t jn = std::min(n_max - j0, bs);
+        const float* kb = KvSlab(kv, blocks[j0 / bs], 0, kvh, jn, widen);
+        AttentionDots(k, qs.q + t0 * qd + hd * D, qd, nq, kb, static_cast<size_t>(jn), D, qs.scale,
+                      scores + j0, row);
       }
       for (size_t i = 0; i < nq; ++i) {
         k.softmax(scores + i * row, static_cast<size_t>(qs.positions[t0 + i] + 1));
@@ -60,8 +59,7 @@ void PagedAttention(const kernels::DenseKernels& k, const PagedKvView& kv,
           if (j0 >= n) continue;
           const float* sc = scores + i * row;
           float* o = out + (t0 + i) * qd + hd * D;
-          const int32_t jn = std::min(n - j0, bs);
-          for (int32_t s = 0; s < jn; ++s) k.axpy(sc[j0 + s], vb + s * D, D, o);
+          AttentionAxpys(k, sc + j0, static_cast<size_t>(std::min(n - j0, bs)), vb, D, o);
         }
       }
       t0 = t1;

@@ -67,7 +67,7 @@ struct PagedCase {
   // Contiguous copy for the double reference: [seq][c][h][pos][d], as the kernel reads it.
   std::vector<std::vector<float>> flat;
 
-  PagedCase(cpu::KvElement e, std::mt19937& rng) : element(e) {
+  PagedCase(cpu::KvElement e, int head_dim, std::mt19937& rng) : D(head_dim), element(e) {
     const int seq_len[2] = {13, 7};
     const int num_blocks = 6;
     const size_t elem = e == cpu::KvElement::kF32 ? 4 : 2;
@@ -154,9 +154,11 @@ struct PagedCase {
   }
 };
 
-TableCheck PagedAttentionCheck(cpu::KvElement e) {
-  return [e](const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
-    const PagedCase c(e, rng);
+// head_dim 24 runs one dot and one axpy per pair on every table; 64 (a multiple of 16) the
+// tiled inner products of the AVX2 and AVX-512 tables (kernels/cpu/attention_tiles.h).
+TableCheck PagedAttentionCheck(cpu::KvElement e, int head_dim) {
+  return [e, head_dim](const kernels::DenseKernels& k, const kernels::DenseKernels& ref, std::mt19937& rng) {
+    const PagedCase c(e, head_dim, rng);
     const auto want = c.Run(ref);
     std::vector<double> tol(want.size(), 2e-5);
     ExpectClose(want, c.Exact(), tol, "paged_attention reference vs double");
@@ -281,8 +283,10 @@ std::vector<OpCase> AllCases() {
   static op_cases::HostMemory host;  // the CPU backends' memory
   const std::vector<op_cases::DenseOp> dense = op_cases::DenseOps();
   const std::vector<std::pair<const char*, TableCheck>> cpu_only = {
-      {"paged_attention_f32", PagedAttentionCheck(cpu::KvElement::kF32)},
-      {"paged_attention_bf16", PagedAttentionCheck(cpu::KvElement::kBf16)},
+      {"paged_attention_f32", PagedAttentionCheck(cpu::KvElement::kF32, 24)},
+      {"paged_attention_bf16", PagedAttentionCheck(cpu::KvElement::kBf16, 24)},
+      {"paged_attention_f32_d64", PagedAttentionCheck(cpu::KvElement::kF32, 64)},
+      {"paged_attention_bf16_d64", PagedAttentionCheck(cpu::KvElement::kBf16, 64)},
   };
   std::vector<std::string> dense_names, cpu_names;
   for (const auto& op : dense) dense_names.push_back(op.name);
