@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <map>
@@ -63,6 +64,44 @@ TEST(Sampler, TopKAndTopPKeepTheRightSet) {
   double z = 0;
   for (float x : {0.05f, 0.4f, 0.1f, 0.3f, 0.15f}) z += std::sqrt(x);
   EXPECT_NEAR(flat[0].second, std::sqrt(0.4) / z, 1e-6);
+}
+
+// Without top-k the whole vocabulary is ordered (by a radix sort): the order of the
+// comparison sort (probability descending, equal logits by id), with many ties, -inf logits,
+// values of both signs around the largest, and a vocabulary of 50 304 ids; the probabilities
+// summed in that order. Top-p then cuts that same order.
+TEST(Sampler, TheWholeVocabularyIsOrderedAsTheComparisonSortOrdersIt) {
+  const int vocab = 50304;
+  std::vector<float> l(vocab);
+  uint32_t x = 12345;
+  for (int i = 0; i < vocab; ++i) {
+    x = x * 1664525u + 1013904223u;
+    const int r = static_cast<int>(x >> 8);
+    l[i] = r % 97 == 0 ? -INFINITY : (r % 3 == 0 ? static_cast<float>(r % 41) * 0.25f - 5.f
+                                                 : static_cast<float>(r % 100003) * 1e-4f - 7.f);
+  }
+  for (float t : {1.f, 0.7f, 3.f}) {
+    for (float top_p : {1.f, 0.5f}) {
+      SamplingParams p;
+      p.temperature = t;
+      p.top_p = top_p;
+      const auto got = SamplingDistribution(l.data(), vocab, p);
+      const float top = *std::max_element(l.begin(), l.end());
+      std::vector<std::pair<float, int32_t>> c(vocab);
+      for (int i = 0; i < vocab; ++i) c[i] = {(l[i] - top) * (1.f / t), i};
+      std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
+      ASSERT_LE(got.size(), c.size());
+      if (top_p == 1.f) ASSERT_EQ(got.size(), c.size());
+      double sum = 0;
+      for (const auto& e : c) sum += std::exp(double(e.first) - c[0].first);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].first, c[i].second) << "position " << i << " temperature " << t;
+        if (top_p == 1.f) ASSERT_EQ(got[i].second, std::exp(double(c[i].first) - c[0].first) / sum);
+      }
+    }
+  }
 }
 
 TEST(Sampler, SeededDrawsAreDeterministicAndFollowTheDistribution) {
