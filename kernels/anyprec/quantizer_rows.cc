@@ -1,56 +1,16 @@
 #include "kernels/anyprec/quantizer_rows.h"
 
-#include <cstring>
-#include <utility>
+#include "common/radix_sort.h"
 
 namespace pw::anyprec::internal {
-namespace {
-
-// Order-preserving unsigned key of a finite float; -0 and +0 share the key of +0 (they
-// compare equal, so the index decides, as in the comparison sort).
-uint32_t SortKey(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  const uint32_t mag = u & 0x7FFFFFFFu;
-  return (u >> 31) != 0 ? 0x80000000u - mag : 0x80000000u + mag;
-}
-
-}  // namespace
 
 void SortOrder(const float* w, int n, int* order, uint32_t* keys, int* tmp_order, uint32_t* tmp_keys) {
-  uint32_t count[4][256] = {};
   for (int i = 0; i < n; ++i) {
-    const uint32_t k = SortKey(w[i]);
-    keys[i] = k;
+    keys[i] = AscendingFloatKey(w[i]);
     order[i] = i;
-    ++count[0][k & 0xFF];
-    ++count[1][(k >> 8) & 0xFF];
-    ++count[2][(k >> 16) & 0xFF];
-    ++count[3][k >> 24];
   }
-  int* src_o = order;
-  uint32_t* src_k = keys;
-  int* dst_o = tmp_order;
-  uint32_t* dst_k = tmp_keys;
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 8 * pass;
-    uint32_t* c = count[pass];
-    if (c[(src_k[0] >> shift) & 0xFF] == static_cast<uint32_t>(n)) continue;  // one byte value
-    uint32_t at = 0;
-    for (int v = 0; v < 256; ++v) {
-      const uint32_t k = c[v];
-      c[v] = at;
-      at += k;
-    }
-    for (int i = 0; i < n; ++i) {  // stable: equal keys keep their order, hence index order
-      const uint32_t pos = c[(src_k[i] >> shift) & 0xFF]++;
-      dst_o[pos] = src_o[i];
-      dst_k[pos] = src_k[i];
-    }
-    std::swap(src_o, dst_o);
-    std::swap(src_k, dst_k);
-  }
-  if (src_o != order) std::memcpy(order, src_o, sizeof(int) * static_cast<size_t>(n));
+  // Stable: equal keys keep their order, hence index order.
+  RadixSortByKey(keys, order, static_cast<size_t>(n), tmp_keys, tmp_order);
 }
 
 int BestCutScalar(const double* sv, const double* s0, const double* s1, int a, int b) {
