@@ -2,8 +2,8 @@
 // bits whatever T it was computed with and wherever it sits in the batch, for every backend
 // the CPU has, on random inputs and awkward shapes (K not a multiple of 32, K past one column
 // chunk, row counts not multiples of 16, 1..37 tokens), and within the dense tests' tolerance of
-// the exact product. Also that the default amx table is
-// not (so the invariant one is what makes the difference here).
+// the exact product; the bf16-activation tables likewise (bits only). Also that the default amx
+// table is not (so the invariant one is what makes the difference here).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,6 +82,34 @@ TEST(BatchInvariance, EveryTokenGetsTheSameBitsAtEveryBatchSize) {
         }
         for (size_t T : {1, 2, 3, 4, 5, 16, 17, 33}) {
           for (size_t t0 : {size_t{0}, kTokens - T}) {
+            const std::vector<float> part = Matmul(k, c, t0, T);
+            for (size_t t = 0; t < T; ++t) {
+              ASSERT_TRUE(SameBits(part.data() + t * ldy, all.data() + (t0 + t) * ldy, N))
+                  << "token " << t0 + t << " computed in a batch of " << T;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The bf16-activation tables asked for invariance (vdpbf16ps where the CPU has AVX512-BF16, one
+// kernel at every token count; the AVX2 and scalar ones otherwise): the same bits for a token
+// whatever the batch. Their accuracy is op_backend_test's.
+TEST(BatchInvariance, Bf16ActivationTablesGiveEveryTokenTheSameBits) {
+  constexpr size_t kTokens = 37;
+  for (Backend isa : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
+    if (!BackendSupported(isa)) continue;
+    const DenseKernels& k = KernelsFor(isa, /*batch_invariant=*/true, /*bf16_activations=*/true);
+    for (size_t K : {31, 64, 1057, 2100}) {
+      for (size_t N : {15, 33, 100}) {
+        SCOPED_TRACE(testing::Message() << BackendName(isa) << " K=" << K << " N=" << N);
+        const Case c = MakeCase(kTokens, K, N, static_cast<uint32_t>(K * 137 + N));
+        const size_t ldy = N + 3;
+        const std::vector<float> all = Matmul(k, c, 0, kTokens);
+        for (size_t T : {1, 2, 3, 4, 5, 7, 8, 16, 17, 33}) {
+          for (size_t t0 : {size_t{0}, size_t{1}, kTokens - T}) {
             const std::vector<float> part = Matmul(k, c, t0, T);
             for (size_t t = 0; t < T; ++t) {
               ASSERT_TRUE(SameBits(part.data() + t * ldy, all.data() + (t0 + t) * ldy, N))
