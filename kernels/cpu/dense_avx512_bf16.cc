@@ -50,6 +50,13 @@ void ToBf16Rows(const float* x, size_t ldx, size_t n, size_t K, size_t Kp, uint1
   }
 }
 
+// How far ahead along each weight row a full 4 x 4 tile asks for the row into L2 (values:
+// 16 KB; the rows of a range are contiguous, so past a row's end this is the rows after it).
+// Without it a tile's weight reads and products did not overlap: on an AMD Zen 4 at 8 tokens
+// 2048x1024 took 234 µs on two threads, 116 µs with it; 1, 2 and 3 tokens (bandwidth-bound)
+// do not prefetch (docs/benchmarks.md, "The bf16-activation tile's weights prefetched").
+constexpr size_t kTilePrefetchValues = 8192;
+
 // RR weight rows w[r] x TT tokens (bf16 activations xb, rows of Kp) into y[r][t * ldy], 32
 // columns per step, the weights' K tail through a mask. Each (row, token) has its own
 // accumulator summed in one order whatever RR, TT, the rows beside it and the token grouping
@@ -62,6 +69,11 @@ inline void TileDp(const uint16_t* xb, size_t Kp, const uint16_t* const* w, size
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
   size_t k = 0;
   for (; k + 32 <= K; k += 32) {
+    if constexpr (RR == 4 && TT == 4) {
+      for (int r = 0; r < RR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k + kTilePrefetchValues), _MM_HINT_T2);
+      }
+    }
     __m512i xv[TT];
     for (int t = 0; t < TT; ++t) xv[t] = _mm512_loadu_si512(xb + t * Kp + k);
     for (int r = 0; r < RR; ++r) {
