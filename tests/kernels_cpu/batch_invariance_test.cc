@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
@@ -57,6 +58,23 @@ bool SameBits(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
+// Each token of `all` (every token of the case in one call) has the same bits when computed
+// in a batch of T starting at t0, for each T and t0 given (t0 = -1: the last T tokens).
+void ExpectSameBitsInEveryBatch(const DenseKernels& k, const Case& c, const std::vector<float>& all,
+                                std::initializer_list<size_t> batches, std::initializer_list<int> starts) {
+  const size_t tokens = c.x.size() / c.ldx, ldy = c.N + 3;
+  for (size_t T : batches) {
+    for (int start : starts) {
+      const size_t t0 = start < 0 ? tokens - T : static_cast<size_t>(start);
+      const std::vector<float> part = Matmul(k, c, t0, T);
+      for (size_t t = 0; t < T; ++t) {
+        ASSERT_TRUE(SameBits(part.data() + t * ldy, all.data() + (t0 + t) * ldy, c.N))
+            << "token " << t0 + t << " computed in a batch of " << T;
+      }
+    }
+  }
+}
+
 TEST(BatchInvariance, EveryTokenGetsTheSameBitsAtEveryBatchSize) {
   constexpr size_t kTokens = 37;
   for (Backend isa : {Backend::kScalar, Backend::kAvx2, Backend::kAvx512, Backend::kAmx}) {
@@ -80,15 +98,7 @@ TEST(BatchInvariance, EveryTokenGetsTheSameBitsAtEveryBatchSize) {
             ASSERT_LE(std::fabs(all[t * ldy + n] - exact), 1e-5 * mag + 1e-6) << "t=" << t << " n=" << n;
           }
         }
-        for (size_t T : {1, 2, 3, 4, 5, 16, 17, 33}) {
-          for (size_t t0 : {size_t{0}, kTokens - T}) {
-            const std::vector<float> part = Matmul(k, c, t0, T);
-            for (size_t t = 0; t < T; ++t) {
-              ASSERT_TRUE(SameBits(part.data() + t * ldy, all.data() + (t0 + t) * ldy, N))
-                  << "token " << t0 + t << " computed in a batch of " << T;
-            }
-          }
-        }
+        ExpectSameBitsInEveryBatch(k, c, all, {1, 2, 3, 4, 5, 16, 17, 33}, {0, -1});
       }
     }
   }
@@ -106,17 +116,8 @@ TEST(BatchInvariance, Bf16ActivationTablesGiveEveryTokenTheSameBits) {
       for (size_t N : {15, 33, 100}) {
         SCOPED_TRACE(testing::Message() << BackendName(isa) << " K=" << K << " N=" << N);
         const Case c = MakeCase(kTokens, K, N, static_cast<uint32_t>(K * 137 + N));
-        const size_t ldy = N + 3;
         const std::vector<float> all = Matmul(k, c, 0, kTokens);
-        for (size_t T : {1, 2, 3, 4, 5, 7, 8, 16, 17, 33}) {
-          for (size_t t0 : {size_t{0}, size_t{1}, kTokens - T}) {
-            const std::vector<float> part = Matmul(k, c, t0, T);
-            for (size_t t = 0; t < T; ++t) {
-              ASSERT_TRUE(SameBits(part.data() + t * ldy, all.data() + (t0 + t) * ldy, N))
-                  << "token " << t0 + t << " computed in a batch of " << T;
-            }
-          }
-        }
+        ExpectSameBitsInEveryBatch(k, c, all, {1, 2, 3, 4, 5, 7, 8, 16, 17, 33}, {0, 1, -1});
       }
     }
   }

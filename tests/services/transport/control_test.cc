@@ -65,6 +65,18 @@ bool PumpUntil(Pair& p, F done, const MessageHandler& sh = nullptr,
   return done();
 }
 
+// A silent peer at its deadline: `silence_ms` from now `poll` has not yet found it dead
+// (`deaths()` 0); one millisecond later it has (1).
+template <typename Poll, typename Deaths>
+void ExpectDeadJustPast(Pair& p, uint64_t silence_ms, Poll poll, Deaths deaths) {
+  p.clock.Advance(silence_ms);
+  poll();
+  EXPECT_EQ(deaths(), 0u);
+  p.clock.Advance(1);
+  poll();
+  EXPECT_EQ(deaths(), 1u);
+}
+
 TEST(Control, RegistersAndExchangesMessages) {
   Pair p;
   MakePair(&p);
@@ -196,11 +208,7 @@ TEST(Control, PeerSilentForThreeHeartbeatsIsDead) {
   EXPECT_TRUE(dead.empty());
   ASSERT_NE(p.server->FindPeer("decode-0"), nullptr);
   // The client goes silent. Exactly 3 beats is not yet dead; just past it is.
-  p.clock.Advance(3 * kBeatMs);
-  p.server->Poll(0, nullptr);
-  EXPECT_TRUE(dead.empty());
-  p.clock.Advance(1);
-  p.server->Poll(0, nullptr);
+  ExpectDeadJustPast(p, 3 * kBeatMs, [&] { p.server->Poll(0, nullptr); }, [&] { return dead.size(); });
   ASSERT_EQ(dead.size(), 1u);
   EXPECT_EQ(dead[0], "decode-0");
   EXPECT_EQ(p.server->FindPeer("decode-0"), nullptr);
@@ -235,19 +243,11 @@ TEST(Control, SilenceIsJudgedByTheLongerOfTheTwoIntervals) {
     EXPECT_TRUE(dead.empty());
     EXPECT_TRUE(p.client->registered());
     // The slow side stops: 3 of its intervals is not yet dead, just past it is.
-    p.clock.Advance(3 * slow);
     if (slow_server) {
-      p.client->Poll(0, nullptr);
-      EXPECT_EQ(lost, 0);
-      p.clock.Advance(1);
-      p.client->Poll(0, nullptr);
-      EXPECT_EQ(lost, 1);
+      ExpectDeadJustPast(p, 3 * slow, [&] { p.client->Poll(0, nullptr); },
+                         [&] { return static_cast<size_t>(lost); });
     } else {
-      p.server->Poll(0, nullptr);
-      EXPECT_TRUE(dead.empty());
-      p.clock.Advance(1);
-      p.server->Poll(0, nullptr);
-      EXPECT_EQ(dead.size(), 1u);
+      ExpectDeadJustPast(p, 3 * slow, [&] { p.server->Poll(0, nullptr); }, [&] { return dead.size(); });
     }
   }
   // A client declaring 10 minutes is judged at 60 s.
@@ -257,12 +257,8 @@ TEST(Control, SilenceIsJudgedByTheLongerOfTheTwoIntervals) {
   p.server->on_peer_dead = [&](const std::string& id, const PeerInfo&) { dead.push_back(id); };
   ASSERT_TRUE(p.client->Start().ok());
   ASSERT_TRUE(PumpUntil(p, [&] { return p.server->FindPeer("decode-0") != nullptr; }));
-  p.clock.Advance(3 * kMaxPeerHeartbeatMs);
-  p.server->Poll(0, nullptr);
-  EXPECT_TRUE(dead.empty());
-  p.clock.Advance(1);
-  p.server->Poll(0, nullptr);
-  EXPECT_EQ(dead.size(), 1u);
+  ExpectDeadJustPast(p, 3 * kMaxPeerHeartbeatMs, [&] { p.server->Poll(0, nullptr); },
+                     [&] { return dead.size(); });
 }
 
 TEST(Control, ClientNoticesSilentServerAndReregisters) {
