@@ -25,8 +25,8 @@ int32_t Argmax(const float* logits, int vocab) {
 
 // Sorts c (value, id) by value descending, equal values (and -0 / +0) by id ascending, when c
 // is in id order: the order of the comparison sort in Candidates, by a stable radix sort over
-// order-reversing keys of the values. A vocabulary's sort is about a tenth of the comparison
-// sort's time.
+// order-reversing keys of the values (a served step at temperature 1 with a 50 304-token
+// vocabulary: 11.4 ms with std::sort, 7.6 ms with this; docs/benchmarks.md).
 void SortDescendingById(std::vector<std::pair<float, int32_t>>* c) {
   const size_t n = c->size();
   thread_local std::vector<uint32_t> keys, tmp_keys;
