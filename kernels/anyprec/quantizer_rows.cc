@@ -14,15 +14,15 @@ void SortOrder(const float* w, int n, int* order, uint32_t* keys, int* tmp_order
 }
 
 int BestCutScalar(const double* sv, const double* s0, const double* s1, int a, int b) {
-  const double m = s0[b] - s0[a], q = s1[b] - s1[a];
+  const double m = s0[b] - s0[a], mu = (s1[b] - s1[a]) / m;
   double best = -1;
   int cut = b;
   for (int i = a + 1; i < b; ++i) {
     if (sv[i] == sv[i - 1]) continue;
     const double ml = s0[i] - s0[a], ql = s1[i] - s1[a];
-    const double mr = m - ml, qr = q - ql;
+    const double mr = m - ml, cl = ql - ml * mu;
     if (ml <= 0 || mr <= 0) continue;
-    const double score = ql * ql / ml + qr * qr / mr;  // = const - (SSE_L + SSE_R)
+    const double score = cl * cl / (ml * mr);  // = (SSE - SSE_L - SSE_R) / m
     if (score > best) {
       best = score;
       cut = i;

@@ -17,9 +17,13 @@ namespace pw::anyprec::internal {
 void SortOrder(const float* w, int n, int* order, uint32_t* keys, int* tmp_order, uint32_t* tmp_keys);
 
 // The optimal weighted 2-means cut of the sorted interval [a, b) (b - a >= 2): the first i in
-// (a, b) maximizing ql^2/ml + qr^2/mr (ml = s0[i] - s0[a], ql = s1[i] - s1[a], mr = m - ml,
-// qr = q - ql, m = s0[b] - s0[a], q = s1[b] - s1[a]), skipping i with sv[i] == sv[i-1] (equal
-// weights share a code) and cuts leaving a side without mass; b when there is none.
+// (a, b) maximizing cl^2 / (ml mr) (ml = s0[i] - s0[a], mr = m - ml, cl = s1[i] - s1[a] - ml mu,
+// m = s0[b] - s0[a], mu = (s1[b] - s1[a]) / m: the left side's moment about the interval's
+// mean), skipping i with sv[i] == sv[i-1] (equal weights share a code) and cuts leaving a side
+// without mass; b when there is none. cl^2 m / (ml mr) is what the cut removes from the
+// interval's weighted squared error, so this is the cut of least error; one division a
+// candidate, and the score is about the candidates' differences, not the interval's offset
+// from zero (ql^2/ml + qr^2/mr, the same cut in exact arithmetic, is q^2/m plus this).
 // s0, s1: prefix sums of the sensitivities and of sensitivity * value over the sorted row.
 using BestCutFn = int (*)(const double* sv, const double* s0, const double* s1, int a, int b);
 int BestCutScalar(const double* sv, const double* s0, const double* s1, int a, int b);

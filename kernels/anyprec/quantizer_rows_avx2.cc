@@ -8,56 +8,45 @@
 namespace pw::anyprec::internal {
 
 int BestCutAvx2(const double* sv, const double* s0, const double* s1, int a, int b) {
-  const double m = s0[b] - s0[a], q = s1[b] - s1[a];
-  const __m256d vm = _mm256_set1_pd(m), vq = _mm256_set1_pd(q);
+  if (b - a - 1 < 4) return BestCutScalar(sv, s0, s1, a, b);
+  const double m = s0[b] - s0[a], mu = (s1[b] - s1[a]) / m;
+  const __m256d vm = _mm256_set1_pd(m), vmu = _mm256_set1_pd(mu);
   const __m256d base0 = _mm256_set1_pd(s0[a]), base1 = _mm256_set1_pd(s1[a]);
-  const __m256d zero = _mm256_setzero_pd(), four = _mm256_set1_pd(4.0);
-  // Per lane: the best score so far and the first index reaching it (as a double: exact).
-  __m256d best = _mm256_set1_pd(-1.0);
+  const __m256d zero = _mm256_setzero_pd(), minus_one = _mm256_set1_pd(-1.0);
+  // Per lane: the best score so far and the first index reaching it (as a double: exact). The
+  // best follows by vmaxpd, so the loop's chain is one max; the index by a blend beside it.
+  __m256d best = minus_one;
   __m256d cut = _mm256_set1_pd(static_cast<double>(b));
-  int i = a + 1;
-  __m256d idx = _mm256_setr_pd(i, i + 1.0, i + 2.0, i + 3.0);
-  for (; i + 4 <= b; i += 4) {
+  auto step = [&](int i, __m256d idx) {
     const __m256d x = _mm256_loadu_pd(sv + i), prev = _mm256_loadu_pd(sv + i - 1);
     const __m256d ml = _mm256_sub_pd(_mm256_loadu_pd(s0 + i), base0);
     const __m256d ql = _mm256_sub_pd(_mm256_loadu_pd(s1 + i), base1);
-    const __m256d mr = _mm256_sub_pd(vm, ml), qr = _mm256_sub_pd(vq, ql);
-    const __m256d score = _mm256_add_pd(_mm256_div_pd(_mm256_mul_pd(ql, ql), ml),
-                                        _mm256_div_pd(_mm256_mul_pd(qr, qr), mr));
+    const __m256d mr = _mm256_sub_pd(vm, ml), cl = _mm256_sub_pd(ql, _mm256_mul_pd(ml, vmu));
     const __m256d valid = _mm256_and_pd(_mm256_cmp_pd(x, prev, _CMP_NEQ_UQ),
                                         _mm256_and_pd(_mm256_cmp_pd(ml, zero, _CMP_NLE_UQ),
                                                       _mm256_cmp_pd(mr, zero, _CMP_NLE_UQ)));
-    const __m256d take = _mm256_and_pd(valid, _mm256_cmp_pd(score, best, _CMP_GT_OQ));
-    best = _mm256_blendv_pd(best, score, take);
-    cut = _mm256_blendv_pd(cut, idx, take);
-    idx = _mm256_add_pd(idx, four);
-  }
-  // The first index of the largest score over the lanes, then the tail in order (strictly
-  // greater wins, as in the scalar loop).
-  alignas(32) double lb[4], lc[4];
-  _mm256_store_pd(lb, best);
-  _mm256_store_pd(lc, cut);
-  double top = -1;
-  int at = b;
-  for (int l = 0; l < 4; ++l) {
-    const int c = static_cast<int>(lc[l]);
-    if (lb[l] > top || (lb[l] == top && lb[l] > -1 && c < at)) {
-      top = lb[l];
-      at = c;
-    }
-  }
-  for (; i < b; ++i) {
-    if (sv[i] == sv[i - 1]) continue;
-    const double ml = s0[i] - s0[a], ql = s1[i] - s1[a];
-    const double mr = m - ml, qr = q - ql;
-    if (ml <= 0 || mr <= 0) continue;
-    const double score = ql * ql / ml + qr * qr / mr;
-    if (score > top) {
-      top = score;
-      at = i;
-    }
-  }
-  return at;
+    // An invalid candidate scores -1: never above a lane's best.
+    const __m256d score =
+        _mm256_blendv_pd(minus_one, _mm256_div_pd(_mm256_mul_pd(cl, cl), _mm256_mul_pd(ml, mr)), valid);
+    cut = _mm256_blendv_pd(cut, idx, _mm256_cmp_pd(score, best, _CMP_GT_OQ));
+    best = _mm256_max_pd(best, score);
+  };
+  int i = a + 1;
+  const __m256d four = _mm256_set1_pd(4.0);
+  __m256d idx = _mm256_add_pd(_mm256_set1_pd(static_cast<double>(i)), _mm256_setr_pd(0, 1, 2, 3));
+  for (; i + 4 <= b; i += 4, idx = _mm256_add_pd(idx, four)) step(i, idx);
+  // The last candidates as the four ending at b, overlapping ones already seen: a candidate
+  // seen twice has the same score, and a lane keeps its index unless strictly beaten.
+  if (i < b) step(b - 4, _mm256_add_pd(_mm256_set1_pd(static_cast<double>(b - 4)), _mm256_setr_pd(0, 1, 2, 3)));
+  // The first index of the largest score over the lanes: the largest score, then the least
+  // index among the lanes holding it (b when every lane holds -1, so no candidate was valid).
+  __m256d top = _mm256_max_pd(best, _mm256_permute2f128_pd(best, best, 1));
+  top = _mm256_max_pd(top, _mm256_permute_pd(top, 0b0101));
+  const __m256d none = _mm256_set1_pd(static_cast<double>(b));
+  __m256d at = _mm256_blendv_pd(none, cut, _mm256_cmp_pd(best, top, _CMP_EQ_OQ));
+  at = _mm256_min_pd(at, _mm256_permute2f128_pd(at, at, 1));
+  at = _mm256_min_pd(at, _mm256_permute_pd(at, 0b0101));
+  return static_cast<int>(_mm256_cvtsd_f64(at));
 }
 
 void RowDamageAvx2(const double* sv, const double* sh, const uint8_t* leaf, int n, const RowLuts& luts,
