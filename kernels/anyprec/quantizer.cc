@@ -26,13 +26,14 @@ struct RowScratch {
   std::vector<uint32_t> keys, keys_tmp;      // radix sort scratch
   std::vector<double> sv, sh, s0, s1;        // sorted values, sensitivities, prefix sums
   std::vector<uint8_t> leaf;                 // [sorted idx] 8-bit code
+  std::vector<uint8_t> starts;               // [sorted idx, n] leaves starting there (255 at most)
   std::vector<uint8_t> codes;                // [col] 8-bit code
   std::vector<int> bounds[kMaxBits + 1];     // [level][2^level + 1] interval bounds (sorted idx)
   std::vector<double> mu[kMaxBits + 1];      // [level][2^level] weighted means
   std::vector<double> lut[kMaxBits + 1];     // [level][2^level] fp16-rounded means, as doubles
 
   explicit RowScratch(int n)
-      : order(n), order_tmp(n), keys(n), keys_tmp(n), sv(n), sh(n), s0(n + 1), s1(n + 1), leaf(n), codes(n) {
+      : order(n), order_tmp(n), keys(n), keys_tmp(n), sv(n), sh(n), s0(n + 1), s1(n + 1), leaf(n), starts(n + 1), codes(n) {
     for (int l = 0; l <= kMaxBits; ++l) {
       bounds[l].resize((1u << l) + 1);
       mu[l].resize(1u << l);
@@ -125,21 +126,20 @@ void QuantizeRow(const float* w, const float* h, int n, const QuantizeOptions& o
     }
     totals->split_gain[l + 1] += gain_sum;
   }
-  // Parent codes, LUTs, damages.
+  // Parent codes: sorted position i's code is the number of leaf bounds 1..255 at or before i
+  // (an empty leaf's bound counts with the next one's), summed from a count per position.
   const std::vector<int>& leaf = s.bounds[kMaxBits];
-  for (int c = 0; c < (1 << kMaxBits); ++c) {
-    for (int i = leaf[c]; i < leaf[c + 1]; ++i) {
-      s.leaf[i] = static_cast<uint8_t>(c);
-      s.codes[s.order[i]] = static_cast<uint8_t>(c);
-    }
+  std::fill(s.starts.begin(), s.starts.end(), 0);
+  for (int c = 1; c < (1 << kMaxBits); ++c) ++s.starts[leaf[c]];
+  uint8_t code = 0;
+  for (int i = 0; i < n; ++i) {
+    code = static_cast<uint8_t>(code + s.starts[i]);
+    s.leaf[i] = code;
+    s.codes[s.order[i]] = code;
   }
   internal::RowLuts row_luts{};
   for (int l = kMinBits; l <= kMaxBits; ++l) {
-    for (int c = 0; c < (1 << l); ++c) {
-      const uint16_t half = F32ToF16(static_cast<float>(s.mu[l][c]));
-      luts[l][c] = half;
-      s.lut[l][c] = F16ToF32(half);
-    }
+    fns.half_lut(s.mu[l].data(), 1 << l, luts[l], s.lut[l].data());
     row_luts.lut[l] = s.lut[l].data();
     row_luts.lut64[l] = s.mu[l].data();
   }

@@ -1,5 +1,6 @@
 #include "kernels/anyprec/quantizer_rows.h"
 
+#include "common/dtype.h"
 #include "common/radix_sort.h"
 
 namespace pw::anyprec::internal {
@@ -50,10 +51,17 @@ void RowDamageScalar(const double* sv, const double* sh, const uint8_t* leaf, in
   }
 }
 
+void HalfLutScalar(const double* mu, int count, uint16_t* half, double* back) {
+  for (int c = 0; c < count; ++c) {
+    half[c] = F32ToF16(static_cast<float>(mu[c]));
+    back[c] = F16ToF32(half[c]);
+  }
+}
+
 QuantizerRowFns BestQuantizerRowFns() {
   // PW_ANYPREC_BACKEND=scalar (BestBackend) runs the references here too.
-  if (BestBackend() != kernels::Backend::kScalar) return {BestCutAvx2, RowDamageAvx2};
-  return {BestCutScalar, RowDamageScalar};
+  if (BestBackend() != kernels::Backend::kScalar) return {BestCutAvx2, RowDamageAvx2, HalfLutAvx2};
+  return {BestCutScalar, RowDamageScalar, HalfLutScalar};
 }
 
 }  // namespace pw::anyprec::internal

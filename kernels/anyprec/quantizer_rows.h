@@ -44,10 +44,18 @@ void RowDamageScalar(const double* sv, const double* sh, const uint8_t* leaf, in
 void RowDamageAvx2(const double* sv, const double* sh, const uint8_t* leaf, int n, const RowLuts& luts,
                    double* d, double* d64);
 
+// One width's LUT from its centroids: half[c] = F32ToF16(float(mu[c])) and back[c] =
+// F16ToF32(half[c]) for c in [0, count); count a multiple of 8. The AVX2 backend converts with
+// F16C (round to nearest even, as F32ToF16).
+using HalfLutFn = void (*)(const double* mu, int count, uint16_t* half, double* back);
+void HalfLutScalar(const double* mu, int count, uint16_t* half, double* back);
+void HalfLutAvx2(const double* mu, int count, uint16_t* half, double* back);
+
 // The backends this CPU runs: AVX2 when BestBackend() is a SIMD one, else the scalar references.
 struct QuantizerRowFns {
   BestCutFn best_cut;
   RowDamageFn row_damage;
+  HalfLutFn half_lut;
 };
 QuantizerRowFns BestQuantizerRowFns();
 

@@ -95,4 +95,17 @@ void RowDamageAvx2(const double* sv, const double* sh, const uint8_t* leaf, int 
   d64[0] = d0;
 }
 
+void HalfLutAvx2(const double* mu, int count, uint16_t* half, double* back) {
+  for (int c = 0; c < count; c += 8) {
+    // double -> float rounds to nearest even (MXCSR's default, as static_cast), then F16C.
+    const __m256 f = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(mu + c + 4)),
+                                     _mm256_cvtpd_ps(_mm256_loadu_pd(mu + c)));
+    const __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(half + c), h);
+    const __m256 g = _mm256_cvtph_ps(h);
+    _mm256_storeu_pd(back + c, _mm256_cvtps_pd(_mm256_castps256_ps128(g)));
+    _mm256_storeu_pd(back + c + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1)));
+  }
+}
+
 }  // namespace pw::anyprec::internal

@@ -154,6 +154,31 @@ void ReferencePack(const uint8_t* codes, int rows, int cols, uint8_t* planes) {
   }
 }
 
+TEST(QuantizerRows, Avx2HalfLutIsTheScalarHalfLut) {
+  if (!BackendAvailable(kernels::Backend::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  // Centroids at every scale: half subnormals (below 2^-14) and their ties, values exactly
+  // between two halves, the largest half and past it (to infinity), signed zeros.
+  std::vector<double> mu = {0.0, -0.0, 5.960464477539063e-8, 2.98023223876953125e-8, 8.940696716308594e-8,
+                            -6.1e-5, 6.103515625e-5, 1.0009765625 / 2 + 1.0 / 4096, 1.00048828125,
+                            1.00146484375, 65504.0, 65519.99, 65520.0, -70000.0, 1e-300, 3.0e38,
+                            0.1, -0.333333333333, 1234.5678};
+  std::mt19937 rng(13);
+  for (double scale : {1e-8, 1e-6, 1e-4, 0.02, 1.0, 300.0, 60000.0}) {
+    std::normal_distribution<double> nd(0.0, scale);
+    for (int i = 0; i < 64; ++i) mu.push_back(nd(rng));
+  }
+  while (mu.size() % 8 != 0) mu.push_back(0.5);
+  const int n = static_cast<int>(mu.size());
+  std::vector<uint16_t> h_ref(n), h_avx(n);
+  std::vector<double> b_ref(n), b_avx(n);
+  internal::HalfLutScalar(mu.data(), n, h_ref.data(), b_ref.data());
+  internal::HalfLutAvx2(mu.data(), n, h_avx.data(), b_avx.data());
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(h_avx[i], h_ref[i]) << "mu " << mu[i];
+    EXPECT_EQ(std::memcmp(&b_avx[i], &b_ref[i], sizeof(double)), 0) << "mu " << mu[i];
+  }
+}
+
 TEST(QuantizerRows, PackedRowsAreTheBitByBitLayout) {
   std::mt19937 rng(17);
   std::uniform_int_distribution<int> code(0, 255);
