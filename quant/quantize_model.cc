@@ -191,7 +191,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   qo.seed_bits = o.seed_bits;
   qo.max_bits = o.max_bits;
   qo.threads = o.threads;
-  std::vector<float> w, h;
+  std::vector<float> h;
   // The writes run behind the fit (block_write_queue.h): a block's emit runs on the queue's
   // thread, in block order, with the fitted block it owns.
   double copy_seconds = 0;  // reused parts copied into the store, on the write queue's thread
@@ -228,16 +228,16 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         }
         const engine::MlpWeights& mw = model.layers()[l].experts[e];
         const int rows = proj == engine::ExpertProj::kGateUp ? 2 * I : H;
-        w.resize(static_cast<size_t>(rows) * cols);
-        if (proj == engine::ExpertProj::kGateUp) {
-          for (size_t i = 0; i < static_cast<size_t>(I) * H; ++i) w[i] = Bf16ToF32(mw.gate.data[i]);
-          for (size_t i = 0; i < static_cast<size_t>(I) * H; ++i) w[static_cast<size_t>(I) * H + i] = Bf16ToF32(mw.up.data[i]);
-        } else {
-          for (size_t i = 0; i < static_cast<size_t>(H) * I; ++i) w[i] = Bf16ToF32(mw.down.data[i]);
-        }
+        // gate_up: the gate's I rows, then the up's; each row converted on the thread fitting it.
+        auto row_of = [&mw, proj, I, cols](int r, float* out) {
+          const uint16_t* src = proj == engine::ExpertProj::kDown ? mw.down.data + static_cast<size_t>(r) * cols
+                                : r < I ? mw.gate.data + static_cast<size_t>(r) * cols
+                                        : mw.up.data + static_cast<size_t>(r - I) * cols;
+          for (int j = 0; j < cols; ++j) out[j] = Bf16ToF32(src[j]);
+        };
         const auto t_fit = Clock::now();
         report.prepare_seconds += Seconds(t_prepare, t_fit);
-        auto q = QuantizeBlock(w.data(), rows, cols, h.data(), qo);
+        auto q = QuantizeBlock(row_of, rows, cols, h.data(), qo);
         report.fit_seconds += Seconds(t_fit, Clock::now());
         if (!q.ok()) {
           return q.status().WithContext("layer " + std::to_string(l) + ", expert " + std::to_string(e) +

@@ -60,8 +60,8 @@ struct QuantizeModelReport {
   bool hash_remembered = false;     // model_hash_cache held the model hash: no expert byte hashed
   // Where the time went (wall seconds; pw-quantize --verbose prints them): loading the model
   // (weights mapped, dense matrices prepared), its hash (every expert byte read), the
-  // calibration tokens (tokenizing), the forward passes, the blocks' fp32 weights and
-  // sensitivities, the per-row fit (QuantizeBlock), writing blocks (CRC, pwrite; with
+  // calibration tokens (tokenizing), the forward passes, the blocks' sensitivities, the per-row
+  // fit (QuantizeBlock, which converts each row's bf16 weights), writing blocks (CRC, pwrite; with
   // resume_dir both the layer's part and the store), and with resume_dir copying reused parts
   // into the store, publishing it and removing the parts.
   double load_seconds = 0, hash_seconds = 0, tokens_seconds = 0, forward_seconds = 0;

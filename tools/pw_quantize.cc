@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
   if (verbose) {
     std::fprintf(stderr,
                  "pw-quantize: time by phase (s): load %.2f, model hash %.2f, calibration tokens %.2f, "
-                 "forward passes %.2f, weights + sensitivities %.2f, per-row fit %.2f, write %.2f, "
+                 "forward passes %.2f, sensitivities %.2f, per-row fit %.2f, write %.2f, "
                  "assemble %.2f\n",
                  r->load_seconds, r->hash_seconds, r->tokens_seconds, r->forward_seconds, r->prepare_seconds,
                  r->fit_seconds, r->write_seconds, r->assemble_seconds);

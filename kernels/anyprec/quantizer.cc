@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -157,6 +158,13 @@ void QuantizeRow(const float* w, const float* h, int n, const QuantizeOptions& o
 
 Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const float* h,
                                      const QuantizeOptions& opt) {
+  const size_t n = cols > 0 ? static_cast<size_t>(cols) : 0;
+  return QuantizeBlock([w, n](int r, float* out) { std::memcpy(out, w + r * n, n * sizeof(float)); }, rows,
+                       cols, h, opt);
+}
+
+Result<QuantizedBlock> QuantizeBlock(const WeightRowFn& row_of, int rows, int cols, const float* h,
+                                     const QuantizeOptions& opt) {
   if (rows < 1 || cols < 1) {
     return InvalidArgument("quantize: block shape " + std::to_string(rows) + "x" + std::to_string(cols));
   }
@@ -171,12 +179,6 @@ Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const f
                              " is not a finite positive number");
     }
   }
-  for (size_t i = 0; i < static_cast<size_t>(rows) * cols; ++i) {
-    if (!std::isfinite(w[i])) {
-      return InvalidArgument("quantize: weight (" + std::to_string(i / cols) + ", " +
-                             std::to_string(i % cols) + ") is not finite");
-    }
-  }
   QuantizedBlock out;
   out.block.rows = rows;
   out.block.cols = cols;
@@ -185,13 +187,27 @@ Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const f
   const size_t plane_bytes = PlaneBytes(rows, cols), row_bytes = PlaneRowBytes(cols);
   std::vector<RowTotals> per_row(rows);
   const internal::QuantizerRowFns fns = internal::BestQuantizerRowFns();
+  // The first non-finite weight in row-major order: the least (row, col) any thread found.
+  const int64_t kNone = static_cast<int64_t>(rows) * cols;
+  std::atomic<int64_t> first_bad{kNone};
   std::atomic<int> next{0};
   auto worker = [&] {
     RowScratch scratch(cols);
+    std::vector<float> w(cols);
     for (int r = next.fetch_add(1); r < rows; r = next.fetch_add(1)) {
+      row_of(r, w.data());
+      int bad = 0;
+      while (bad < cols && std::isfinite(w[bad])) ++bad;
+      if (bad < cols) {
+        const int64_t at = static_cast<int64_t>(r) * cols + bad;
+        int64_t seen = first_bad.load();
+        while (at < seen && !first_bad.compare_exchange_weak(seen, at)) {
+        }
+        continue;
+      }
       uint16_t* luts[kMaxBits + 1] = {};
       for (int b = kMinBits; b <= kMaxBits; ++b) luts[b] = out.block.luts[b].data() + (static_cast<size_t>(r) << b);
-      QuantizeRow(w + static_cast<size_t>(r) * cols, h, cols, opt, fns, scratch, luts, &per_row[r]);
+      QuantizeRow(w.data(), h, cols, opt, fns, scratch, luts, &per_row[r]);
       PackCodeRow(scratch.codes.data(), cols, out.block.planes.data() + r * row_bytes, plane_bytes);
     }
   };
@@ -200,6 +216,10 @@ Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const f
   for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (auto& t : pool) t.join();
+  if (const int64_t at = first_bad.load(); at != kNone) {
+    return InvalidArgument("quantize: weight (" + std::to_string(at / cols) + ", " + std::to_string(at % cols) +
+                           ") is not finite");
+  }
   for (const RowTotals& rt : per_row) {  // row order: deterministic whatever the threads
     for (int b = 0; b <= kMaxBits; ++b) {
       out.damage[b] += rt.damage[b];

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/status.h"
@@ -44,6 +45,14 @@ struct QuantizedBlock {
 // w: [rows][cols] row-major fp32 weights (finite); h: [cols] sensitivities (finite, > 0),
 // the same for every row (diagonal Hessian E[x_c^2] of the block's input).
 Result<QuantizedBlock> QuantizeBlock(const float* w, int rows, int cols, const float* h,
+                                     const QuantizeOptions& options);
+
+// The same with the weights given a row at a time: row_of(r, out) writes row r's cols fp32
+// weights to out. It is called once per row from the quantizer's threads, rows in any order
+// (a checkpoint's bf16 rows are converted there, in parallel, not into a block-sized copy
+// first). A non-finite weight is an error naming the first one in row-major order.
+using WeightRowFn = std::function<void(int row, float* out)>;
+Result<QuantizedBlock> QuantizeBlock(const WeightRowFn& row_of, int rows, int cols, const float* h,
                                      const QuantizeOptions& options);
 
 }  // namespace pw::anyprec

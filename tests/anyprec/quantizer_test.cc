@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -138,6 +139,17 @@ TEST(Quantizer, RejectsBadInputs) {
   in.h[3] = 1;
   in.w[5] = std::nanf("");
   EXPECT_FALSE(QuantizeBlock(in.w.data(), 2, 10, in.h.data(), {}).ok());
+  // Rows are fitted on several threads; the error names the first non-finite weight in
+  // row-major order whichever thread met which first.
+  in.w[17] = INFINITY;
+  QuantizeOptions two;
+  two.threads = 2;
+  for (int t = 0; t < 20; ++t) {
+    auto r = QuantizeBlock(in.w.data(), 2, 10, in.h.data(), two);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("weight (0, 5) is not finite"), std::string::npos) << r.status().ToString();
+  }
+  in.w[17] = 0;
   in.w[5] = 0;
   QuantizeOptions bad;
   bad.seed_bits = 2;
