@@ -58,6 +58,7 @@ struct QuantizeModelReport {
   bool calibration_reused = false;  // resume_dir held the calibration statistics
   int layers_reused = 0;            // layers resume_dir already held
   bool hash_remembered = false;     // model_hash_cache held the model hash: no expert byte hashed
+  bool hash_beside_forward = false; // the hash ran on its own thread during the forward passes
   // Where the time went (wall seconds; pw-quantize --verbose prints them): loading the model
   // (weights mapped, dense matrices prepared), its hash (every expert byte read), the
   // calibration tokens (tokenizing), the forward passes, the blocks' sensitivities, the per-row

@@ -87,6 +87,11 @@ std::string StoreBuildDir::LayerPath(int layer) const {
   return dir_ + "/" + name;
 }
 
+bool StoreBuildDir::MayHoldCalibration(const std::string& dir) {
+  std::error_code ec;
+  return !dir.empty() && fs::exists(dir + "/calibration.bin", ec);
+}
+
 Status StoreBuildDir::SaveCalibration(const CalibrationStats& s) const {
   std::string out(kCalibMagic, sizeof(kCalibMagic));
   for (int v : {s.num_layers, s.num_experts, s.hidden, s.ffn}) Append(&out, static_cast<uint32_t>(v));

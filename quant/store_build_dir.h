@@ -35,6 +35,10 @@ class StoreBuildDir {
   // made for another build (or with no build.txt) has its parts removed first.
   static Result<StoreBuildDir> Open(const std::string& dir, const std::string& build);
 
+  // Whether `dir` holds saved calibration statistics (of this build or another): false for an
+  // empty path or a directory without them. Needs no build description.
+  static bool MayHoldCalibration(const std::string& dir);
+
   const std::string& dir() const { return dir_; }
   bool reused() const { return reused_; }
 

@@ -162,10 +162,11 @@ int main(int argc, char** argv) {
                r->layers_reused, r->total_seconds, o.out_path.c_str());
   if (verbose) {
     std::fprintf(stderr,
-                 "pw-quantize: time by phase (s): load %.2f, model hash %.2f, calibration tokens %.2f, "
+                 "pw-quantize: time by phase (s): load %.2f, model hash %.2f%s, calibration tokens %.2f, "
                  "forward passes %.2f, sensitivities %.2f, per-row fit %.2f, write %.2f, "
                  "assemble %.2f\n",
-                 r->load_seconds, r->hash_seconds, r->tokens_seconds, r->forward_seconds, r->prepare_seconds,
+                 r->load_seconds, r->hash_seconds, r->hash_beside_forward ? " (beside the forward passes)" : "",
+                 r->tokens_seconds, r->forward_seconds, r->prepare_seconds,
                  r->fit_seconds, r->write_seconds, r->assemble_seconds);
   }
   return 0;
