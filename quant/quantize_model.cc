@@ -67,7 +67,7 @@ class Progress {
 std::string BuildDescription(const QuantizeModelOptions& o, const CalibrationSource& calib, uint64_t model_hash) {
   char line[512];
   std::snprintf(line, sizeof(line),
-                "pagedweight store build 1\nmodel_hash %016llx\nseed_bits %d\nmax_bits %d\nthreads %d\nctx %d\n"
+                "pagedweight store build 2\nmodel_hash %016llx\nseed_bits %d\nmax_bits %d\nthreads %d\nctx %d\n"
                 "max_calib_tokens %lld\nprior_tokens %d\nfloor_rel %.17g\n",
                 static_cast<unsigned long long>(model_hash), o.seed_bits, o.max_bits, o.threads, o.ctx,
                 static_cast<long long>(o.max_calib_tokens), o.prior_tokens, o.floor_rel);
@@ -212,7 +212,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   std::vector<float> h;
   // The writes run behind the fit (block_write_queue.h): a block's emit runs on the queue's
   // thread, in block order, with the fitted block it owns.
-  double copy_seconds = 0;  // reused parts copied into the store, on the write queue's thread
+  double check_seconds = 0;  // an earlier build's blocks checked before they are kept
   BlockWriteQueue writes(/*capacity=*/2);
   using Emit = std::function<Status(const apw::BlockData&)>;
   auto quantize_layer = [&](int l, const Emit& emit, const std::function<void(double)>& on_block) -> Status {
@@ -301,59 +301,41 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     PW_RETURN_IF_ERROR(writes.Drain());
     PW_RETURN_IF_ERROR(writer->Finish());
   } else {
-    // Each layer as a one-layer store in the resume directory (skipped when a valid one is
-    // there), its blocks also added to the store as they come (a reused layer's copied from
-    // its part), so the store is complete when the last layer is. A killed build leaves the
-    // store's .tmp beside it, replaced by the next build.
-    apw::StoreInfo one = info;
-    one.num_layers = 1;
-    one.layers.clear();
-    apw::ApwStore::Options check;
-    check.expected_model_hash = hash;
-    PW_ASSIGN_OR_RETURN(std::shared_ptr<apw::ApwWriter> store, apw::ApwWriter::Create(o.out_path, info));
+    // The store is written once, to its .tmp; after each layer the .tmp is flushed and the
+    // resume directory's progress lists its blocks (on the write queue's thread, behind the
+    // fit), so a killed build continues the .tmp after the last layer listed. A progress that
+    // does not check out (another --out, a damaged .tmp) starts the store over, saying why.
+    std::shared_ptr<apw::ApwWriter> store;
+    PW_ASSIGN_OR_RETURN(std::optional<apw::ApwWriter::Progress> saved, parts->LoadStoreProgress());
+    if (saved) {
+      const auto t_check = Clock::now();
+      auto resumed = apw::ApwWriter::Resume(o.out_path, info, *saved);
+      check_seconds += Seconds(t_check, Clock::now());
+      if (resumed.ok()) {
+        store = std::move(*resumed);
+      } else {
+        std::fprintf(stderr, "quantize: starting the store over: %s\n", resumed.status().message().c_str());
+      }
+    }
+    if (!store) {
+      PW_ASSIGN_OR_RETURN(store, apw::ApwWriter::Create(o.out_path, info, /*keep_unfinished=*/true));
+    }
+    const StoreBuildDir dir = *parts;
     for (int k = 0; k < moe_count; ++k) {
       const int l = static_cast<int>(moe_layers[k]);
-      const std::string path = parts->LayerPath(l);
-      if (std::filesystem::exists(path)) {
-        auto have = apw::ApwStore::Open(path, check);
-        if (have.ok() && (*have)->info().num_layers == 1 && (*have)->info().num_experts == one.num_experts &&
-            (*have)->info().hidden == one.hidden && (*have)->info().ffn == one.ffn) {
-          std::shared_ptr<apw::ApwStore> part = std::move(*have);
-          PW_RETURN_IF_ERROR(writes.Push([part, store, path, l, E, &copy_seconds]() -> Status {
-            const auto t_copy = Clock::now();
-            for (auto kind : {apw::BlockKind::kGateUp, apw::BlockKind::kDown}) {
-              for (int e = 0; e < E; ++e) {
-                const apw::BlockData* b = part->Find(0, static_cast<uint32_t>(e), kind);
-                if (b == nullptr) return Corrupt(path + ": lacks expert " + std::to_string(e));
-                apw::BlockData in_model = *b;
-                in_model.layer = static_cast<uint32_t>(l);
-                PW_RETURN_IF_ERROR(store->Add(in_model));
-              }
-            }
-            copy_seconds += Seconds(t_copy, Clock::now());  // read after Drain
-            return Status::Ok();
-          }));
-          ++report.layers_reused;
-          continue;
-        }
-        std::fprintf(stderr, "quantize: layer %d (%d/%d): redoing %s (%s)\n", l, k + 1, moe_count, path.c_str(),
-                     have.ok() ? "another shape" : have.status().message().c_str());
+      if (store->LayerComplete(static_cast<uint32_t>(l))) {
+        ++report.layers_reused;
+        continue;
       }
       const auto t_layer = Clock::now();
-      PW_ASSIGN_OR_RETURN(std::shared_ptr<apw::ApwWriter> writer, apw::ApwWriter::Create(path, one));
       PW_RETURN_IF_ERROR(quantize_layer(
-          l,
-          [store, writer](const apw::BlockData& b) {
-            PW_RETURN_IF_ERROR(store->Add(b));
-            apw::BlockData in_layer = b;
-            in_layer.layer = 0;
-            return writer->Add(in_layer);
-          },
-          [](double) {}));
-      // The part is published (and the progress line printed) once its last block is written.
+          l, [store](const apw::BlockData& b) { return store->Add(b); }, [](double) {}));
+      // The layer is recorded (and the progress line printed) once its last block is written.
       const int reused = report.layers_reused;
-      PW_RETURN_IF_ERROR(writes.Push([writer, t_layer, t_calib, l, k, moe_count, reused, progress = o.progress]() -> Status {
-        PW_RETURN_IF_ERROR(writer->Finish());
+      PW_RETURN_IF_ERROR(writes.Push([store, dir, t_layer, t_calib, l, k, moe_count, reused,
+                                      progress = o.progress]() -> Status {
+        PW_ASSIGN_OR_RETURN(apw::ApwWriter::Progress p, store->Flush());
+        PW_RETURN_IF_ERROR(dir.SaveStoreProgress(p));
         if (progress) {
           const double elapsed = Seconds(t_calib, Clock::now());
           const int done_now = k + 1 - reused;
@@ -365,13 +347,13 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
       }));
     }
     PW_RETURN_IF_ERROR(writes.Drain());
-    report.assemble_seconds += copy_seconds;
+    report.assemble_seconds += check_seconds;
     const auto t_publish = Clock::now();
     PW_RETURN_IF_ERROR(store->Finish());
     PW_RETURN_IF_ERROR(parts->Remove());
     report.assemble_seconds += Seconds(t_publish, Clock::now());
   }
-  report.write_seconds = writes.busy_seconds() - copy_seconds;
+  report.write_seconds = writes.busy_seconds();
   report.num_blocks = moe_count * E * kProjsPerExpert;  // reused layers' blocks included
   const auto t_end = Clock::now();
   report.quantize_seconds = Seconds(t_calib, t_end);

@@ -14,9 +14,10 @@
 //   3. every block quantized (quantizer.h) and written with its damage table and token count.
 // Deterministic: same model, text (or random-token count and seed) and options give the same
 // bytes, with or without resume_dir, and whether or not the build was interrupted.
-// With resume_dir the finished parts are kept there (quant/store_build_dir.h): a build killed
-// part-way and started again reuses the calibration statistics and every layer already
-// quantized, then publishes the store and removes the directory.
+// With resume_dir the build's progress is kept there (quant/store_build_dir.h): a build killed
+// part-way and started again reuses the calibration statistics and continues the store's .tmp
+// after the last layer recorded, then publishes the store and removes the directory. The
+// store's bytes are written once either way.
 #pragma once
 
 #include <cstdint>
@@ -56,15 +57,15 @@ struct QuantizeModelReport {
   double total_seconds = 0;
   std::string calibration;           // what the calibration ids came from (DescribeCalibration)
   bool calibration_reused = false;  // resume_dir held the calibration statistics
-  int layers_reused = 0;            // layers resume_dir already held
+  int layers_reused = 0;            // layers an earlier build had written (resume_dir)
   bool hash_remembered = false;     // model_hash_cache held the model hash: no expert byte hashed
   bool hash_beside_forward = false; // the hash ran on its own thread during the forward passes
   // Where the time went (wall seconds; pw-quantize --verbose prints them): loading the model
   // (weights mapped, dense matrices prepared), its hash (every expert byte read), the
   // calibration tokens (tokenizing), the forward passes, the blocks' sensitivities, the per-row
   // fit (QuantizeBlock, which converts each row's bf16 weights), writing blocks (CRC, pwrite; with
-  // resume_dir both the layer's part and the store), and with resume_dir copying reused parts
-  // into the store, publishing it and removing the parts.
+  // resume_dir also flushing each layer and recording it), and assembling: with resume_dir
+  // checking an earlier build's blocks, then the table, header, fsync and rename.
   double load_seconds = 0, hash_seconds = 0, tokens_seconds = 0, forward_seconds = 0;
   double prepare_seconds = 0, fit_seconds = 0, write_seconds = 0, assemble_seconds = 0;
 };

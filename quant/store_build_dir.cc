@@ -19,6 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kCalibMagic[8] = {'P', 'W', 'C', 'A', 'L', 'I', 'B', '1'};
+constexpr char kProgressMagic[8] = {'P', 'W', 'S', 'T', 'P', 'R', 'G', '1'};
+constexpr char kProgressFile[] = "store-progress.bin";
 
 Result<std::string> ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -81,10 +83,33 @@ Result<StoreBuildDir> StoreBuildDir::Open(const std::string& dir, const std::str
   return d;
 }
 
-std::string StoreBuildDir::LayerPath(int layer) const {
-  char name[32];
-  std::snprintf(name, sizeof(name), "layer-%05d.apw", layer);
-  return dir_ + "/" + name;
+Status StoreBuildDir::SaveStoreProgress(const apw::ApwWriter::Progress& p) const {
+  std::string out(kProgressMagic, sizeof(kProgressMagic));
+  Append(&out, p.end);
+  Append(&out, static_cast<uint64_t>(p.table.size()));
+  out.append(reinterpret_cast<const char*>(p.table.data()), p.table.size());
+  Append(&out, Crc32(out.data(), out.size()));
+  return WriteFileAtomically(dir_ + "/" + kProgressFile, out);
+}
+
+Result<std::optional<apw::ApwWriter::Progress>> StoreBuildDir::LoadStoreProgress() const {
+  const std::string path = dir_ + "/" + kProgressFile;
+  if (!fs::exists(path)) return std::optional<apw::ApwWriter::Progress>();
+  PW_ASSIGN_OR_RETURN(std::string bytes, ReadAll(path));
+  const size_t head = sizeof(kProgressMagic) + 2 * sizeof(uint64_t), tail = sizeof(uint32_t);
+  apw::ApwWriter::Progress p;
+  uint64_t table_bytes = 0;
+  if (bytes.size() >= head + tail) std::memcpy(&table_bytes, bytes.data() + sizeof(kProgressMagic) + 8, 8);
+  if (bytes.size() < head + tail || std::memcmp(bytes.data(), kProgressMagic, sizeof(kProgressMagic)) != 0 ||
+      table_bytes != bytes.size() - head - tail) {
+    return Corrupt(path + ": not a store build's progress");
+  }
+  uint32_t crc;
+  std::memcpy(&crc, bytes.data() + bytes.size() - tail, tail);
+  if (crc != Crc32(bytes.data(), bytes.size() - tail)) return Corrupt(path + ": checksum mismatch");
+  std::memcpy(&p.end, bytes.data() + sizeof(kProgressMagic), 8);
+  p.table.assign(bytes.begin() + static_cast<std::ptrdiff_t>(head), bytes.end() - static_cast<std::ptrdiff_t>(tail));
+  return std::optional<apw::ApwWriter::Progress>(std::move(p));
 }
 
 bool StoreBuildDir::MayHoldCalibration(const std::string& dir) {

@@ -1,15 +1,18 @@
 // The parts of an .apw store build kept on disk so that a build killed part-way (SIGKILL, power
 // loss) resumes where it stopped instead of starting over (pw-quantize --resume-dir, pw serve):
 //
-//   <dir>/build.txt        what the parts are of: the model hash and every option that changes
-//                          the bytes (a directory holding another build's parts is emptied)
-//   <dir>/calibration.bin  the calibration statistics (per expert block: routed tokens, then
-//                          sum_t x_tj^2 over its input columns), with a CRC-32
-//   <dir>/layer-00003.apw  MoE layer 3 quantized: a one-layer .apw store (its blocks numbered
-//                          layer 0), checked like any store when reused
+//   <dir>/build.txt           what the parts are of: the model hash and every option that
+//                             changes the bytes (a directory holding another build's parts is
+//                             emptied)
+//   <dir>/calibration.bin     the calibration statistics (per expert block: routed tokens, then
+//                             sum_t x_tj^2 over its input columns), with a CRC-32
+//   <dir>/store-progress.bin  the store's blocks written so far (apw::ApwWriter::Progress: the
+//                             bytes of the store's .tmp in use and their table entries), with a
+//                             CRC-32, rewritten after each MoE layer once the .tmp is flushed
 // Every file appears whole or not at all (written to a temporary name, flushed, renamed), so a
-// part present is a part done. QuantizeModel assembles the layers into the final store (itself
-// written atomically) and then removes the directory.
+// file present is a step done. The store itself is written once, to its own .tmp beside its
+// final name (ApwWriter::Resume continues it, checking every listed block); QuantizeModel
+// publishes it when the last layer is in and then removes the directory.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/formats/apw_store.h"
 #include "common/status.h"
 
 namespace pw::anyprec {
@@ -48,8 +52,10 @@ class StoreBuildDir {
                                                           int ffn) const;
   Status SaveCalibration(const CalibrationStats& stats) const;
 
-  // Where MoE layer `layer`'s one-layer store goes.
-  std::string LayerPath(int layer) const;
+  // The store's progress (see above): nullopt when none was saved; a file present but damaged
+  // is kCorrupt naming it.
+  Status SaveStoreProgress(const apw::ApwWriter::Progress& progress) const;
+  Result<std::optional<apw::ApwWriter::Progress>> LoadStoreProgress() const;
 
   // Removes the parts and the directory.
   Status Remove() const;

@@ -3,7 +3,7 @@
 //   pw-quantize --model DIR --out STORE [--seed-bits 3] [--max-bits 8] [--threads N] [--verbose]
 //   pw-quantize --model DIR --calib FILE --out STORE [...]
 //   pw-quantize --model DIR --calib-random-tokens N [--calib-seed S] --out STORE [...]
-//   pw-quantize ... --resume-dir DIR   (keep finished parts there: a killed build resumes)
+//   pw-quantize ... --resume-dir DIR   (keep the build's progress there: a killed build resumes)
 //   pw-quantize plan --store STORE --avg-bits B --out MAP.json [--random-seed S] [--min-bits 3]
 //   pw-quantize residuals --model DIR --store STORE (--calib FILE | --calib-random-tokens N)
 //               --out HEADS.pwrh [--prompt-tokens 64] [--max-prompts N] [--ridge R]
@@ -84,8 +84,8 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", quiet, "no progress bar");
   app.add_flag("--verbose", verbose, "print where the time went, phase by phase");
   app.add_option("--resume-dir", o.resume_dir,
-                 "keep the calibration statistics and each quantized layer here, so that a killed build "
-                 "started again with the same options resumes; removed once the store is written");
+                 "keep the calibration statistics and the layers written to OUT.tmp here, so that a killed "
+                 "build started again with the same options and OUT resumes; removed once the store is written");
   app.add_option("--model-hash-cache", o.model_hash_cache,
                  "directory where the checkpoint's hash is remembered between runs (pw serve's store cache); "
                  "default: every expert byte is hashed");

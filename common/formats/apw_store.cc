@@ -113,10 +113,10 @@ ApwWriter::ApwWriter(std::string path, const StoreInfo& info, int fd)
 
 ApwWriter::~ApwWriter() {
   if (fd_ >= 0) ::close(fd_);
-  if (!finished_) ::unlink(tmp_path_.c_str());
+  if (!finished_ && !keep_unfinished_) ::unlink(tmp_path_.c_str());
 }
 
-Result<std::unique_ptr<ApwWriter>> ApwWriter::Create(const std::string& path, const StoreInfo& given) {
+Result<StoreInfo> ApwWriter::CheckedInfo(const std::string& path, const StoreInfo& given) {
   if (given.num_layers == 0 || given.num_experts == 0 || given.hidden == 0 || given.ffn == 0) {
     return InvalidArgument(path + ": store info has a zero dimension");
   }
@@ -128,10 +128,103 @@ Result<std::unique_ptr<ApwWriter>> ApwWriter::Create(const std::string& path, co
                              " are not ascending layers of a " + std::to_string(info.num_layers) + "-layer model");
     }
   }
+  return info;
+}
+
+Result<std::unique_ptr<ApwWriter>> ApwWriter::Create(const std::string& path, const StoreInfo& given,
+                                                     bool keep_unfinished) {
+  PW_ASSIGN_OR_RETURN(StoreInfo info, CheckedInfo(path, given));
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
   if (fd < 0) return IoError(tmp + ": cannot create: " + std::strerror(errno));
-  return std::unique_ptr<ApwWriter>(new ApwWriter(path, info, fd));
+  std::unique_ptr<ApwWriter> w(new ApwWriter(path, info, fd));
+  w->keep_unfinished_ = keep_unfinished;
+  return w;
+}
+
+Result<ApwWriter::Progress> ApwWriter::Flush() {
+  if (finished_ || fd_ < 0) return Internal(path_ + ": Flush after Finish");
+  if (::fdatasync(fd_) != 0) return IoError(tmp_path_ + ": cannot flush: " + std::strerror(errno));
+  return Progress{end_, table_};
+}
+
+bool ApwWriter::LayerComplete(uint32_t layer) const {
+  if (layer >= info_.num_layers || !info_.HasLayer(layer)) return false;
+  for (uint32_t e = 0; e < info_.num_experts; ++e) {
+    for (auto kind : {BlockKind::kGateUp, BlockKind::kDown}) {
+      if (!seen_[ExpertBlockIndex(layer, e, kind, info_.num_experts)]) return false;
+    }
+  }
+  return true;
+}
+
+Result<std::unique_ptr<ApwWriter>> ApwWriter::Resume(const std::string& path, const StoreInfo& given,
+                                                     const Progress& progress) {
+  PW_ASSIGN_OR_RETURN(StoreInfo info, CheckedInfo(path, given));
+  const std::string tmp = path + ".tmp";
+  if (progress.table.size() % kEntryBytes != 0) {
+    return Corrupt(tmp + ": the progress holds " + std::to_string(progress.table.size()) +
+                   " table bytes, not whole entries");
+  }
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return IoError(tmp + ": cannot reopen to resume: " + std::strerror(errno));
+  std::unique_ptr<ApwWriter> w(new ApwWriter(path, info, fd));
+  w->keep_unfinished_ = true;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return IoError(tmp + ": cannot stat: " + std::strerror(errno));
+  if (static_cast<uint64_t>(st.st_size) < progress.end) {
+    return Corrupt(tmp + ": " + std::to_string(st.st_size) + " bytes, the progress needs " +
+                   std::to_string(progress.end));
+  }
+  std::vector<uint8_t> data;
+  uint64_t end = kDataAlign;
+  const size_t n = progress.table.size() / kEntryBytes;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* e = progress.table.data() + i * kEntryBytes;
+    const std::string where = tmp + ": block " + std::to_string(i) + " of the progress";
+    if (Get<uint32_t>(e, 124) != Crc32(e, 124)) return Corrupt(where + ": table entry checksum mismatch");
+    const auto layer = Get<uint32_t>(e, 0), expert = Get<uint32_t>(e, 4), kind = Get<uint32_t>(e, 8);
+    if (layer >= info.num_layers || expert >= info.num_experts || kind > 1 || !info.HasLayer(layer)) {
+      return Corrupt(where + ": (layer " + std::to_string(layer) + ", expert " + std::to_string(expert) +
+                     ", kind " + std::to_string(kind) + ") is not a block of this store");
+    }
+    const std::string name = where + " (" + Describe(layer, expert, static_cast<BlockKind>(kind)) + ")";
+    uint8_t& seen = w->seen_[ExpertBlockIndex(layer, expert, static_cast<BlockKind>(kind), info.num_experts)];
+    if (seen) return Corrupt(name + ": listed twice");
+    seen = 1;
+    uint32_t rows, cols;
+    ExpectedShape(info, static_cast<BlockKind>(kind), &rows, &cols);
+    const auto offset = Get<uint64_t>(e, 24), bytes = Get<uint64_t>(e, 32);
+    if (Get<uint32_t>(e, 12) != rows || Get<uint32_t>(e, 16) != cols ||
+        Get<uint32_t>(e, 20) != anyprec::PlaneRowBytes(static_cast<int>(cols)) || bytes != BlockDataBytes(rows, cols) ||
+        offset != AlignUp(end, kDataAlign) || offset + bytes > progress.end) {
+      return Corrupt(name + ": shape or data region [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+                     ") is not where this writer puts it");
+    }
+    for (int sl = 0; sl < kDamageSlots; ++sl) {
+      const double d = Get<double>(e, 48 + 8 * sl);
+      if (!std::isfinite(d) || d < 0) return Corrupt(name + ": damage is not a finite non-negative number");
+    }
+    data.resize(bytes);
+    for (uint64_t at = 0; at < bytes;) {
+      const ssize_t r = ::pread(fd, data.data() + at, bytes - at, static_cast<off_t>(offset + at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return IoError(name + ": cannot read its data: " + (r < 0 ? std::strerror(errno) : "end of file"));
+      at += static_cast<uint64_t>(r);
+    }
+    if (Crc32(data.data(), data.size()) != Get<uint32_t>(e, 104)) return Corrupt(name + ": data checksum mismatch");
+    end = offset + bytes;
+  }
+  if (end != progress.end) {
+    return Corrupt(tmp + ": the progress ends at " + std::to_string(progress.end) + ", its blocks at " +
+                   std::to_string(end));
+  }
+  if (::ftruncate(fd, static_cast<off_t>(progress.end)) != 0) {
+    return IoError(tmp + ": cannot cut off what followed the progress: " + std::strerror(errno));
+  }
+  w->end_ = progress.end;
+  w->table_ = progress.table;
+  return w;
 }
 
 Status ApwWriter::Write(const void* data, size_t n, uint64_t offset) {

@@ -92,10 +92,14 @@ struct BlockData {
 };
 
 // Streams blocks to `path`.tmp, then Finish() writes the table and header, fsyncs and renames
-// to `path`. A writer destroyed before Finish() removes its temporary file.
+// to `path`. A writer destroyed before Finish() removes its temporary file, unless it was
+// created to be resumed (keep_unfinished, or by Resume): a resumable build (pw-quantize
+// --resume-dir) writes the store once, records a Flush() after each layer, and a later process
+// continues the same .tmp with Resume().
 class ApwWriter {
  public:
-  static Result<std::unique_ptr<ApwWriter>> Create(const std::string& path, const StoreInfo& info);
+  static Result<std::unique_ptr<ApwWriter>> Create(const std::string& path, const StoreInfo& info,
+                                                   bool keep_unfinished = false);
   ~ApwWriter();
   ApwWriter(const ApwWriter&) = delete;
   ApwWriter& operator=(const ApwWriter&) = delete;
@@ -105,8 +109,26 @@ class ApwWriter {
   // Requires every (layer, expert, kind) of the store's layers to have been added.
   Status Finish();
 
+  // The blocks written so far: the bytes of the .tmp in use and their table entries (the
+  // store's own 128-byte entries, each with its data checksum), in the order written.
+  struct Progress {
+    uint64_t end = 0;
+    std::vector<uint8_t> table;
+  };
+  // Makes the blocks written so far durable (fdatasync) and returns them.
+  Result<Progress> Flush();
+  // Continues `path`.tmp, left by a writer of the same StoreInfo whose Flush() gave `progress`:
+  // every entry is checked as a reader checks it (in the order written, regions back to back)
+  // and every block's data against its checksum; bytes past progress.end (a block being
+  // written when the build stopped) are cut off. Errors name the file and the block.
+  static Result<std::unique_ptr<ApwWriter>> Resume(const std::string& path, const StoreInfo& info,
+                                                   const Progress& progress);
+  // Whether every block of `layer` has been added.
+  bool LayerComplete(uint32_t layer) const;
+
  private:
   ApwWriter(std::string path, const StoreInfo& info, int fd);
+  static Result<StoreInfo> CheckedInfo(const std::string& path, const StoreInfo& given);
   Status Write(const void* data, size_t n, uint64_t offset);
 
   std::string path_;
@@ -115,6 +137,7 @@ class ApwWriter {
   int fd_ = -1;
   uint64_t end_ = 0;
   bool finished_ = false;
+  bool keep_unfinished_ = false;
   std::vector<uint8_t> table_;  // serialized block entries
   std::vector<uint8_t> seen_;   // [layer][expert][kind]
 };

@@ -133,7 +133,8 @@ Result<bool> EnsureStore(const StorePaths& paths, const StoreBuild& build) {
   if (!rc.ok()) return rc.status();
   if (*rc != 0 || !fs::exists(paths.store, ec)) {
     return Internal("building the store failed (" + build.quantize_bin + " exited with " + std::to_string(*rc) +
-                    "); the parts done are kept in " + paths.partial + " and reused by the next start");
+                    "); what was done is kept in " + paths.partial + " and " + paths.store +
+                    ".tmp and reused by the next start");
   }
   return true;
 }

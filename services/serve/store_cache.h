@@ -5,8 +5,10 @@
 // and a changed checkpoint, calibration text or tokenizer gets a new store:
 //
 //   <store_dir>/stores/<hash>.apw       the store, published by an atomic rename
-//   <store_dir>/stores/<hash>.partial/  a build in progress, or killed: the next start resumes
-//                                       it (quant/store_build_dir.h) and removes it when done
+//   <store_dir>/stores/<hash>.apw.tmp   the store being written (its only copy until published)
+//   <store_dir>/stores/<hash>.partial/  a build in progress, or killed: its calibration and the
+//                                       layers written to the .tmp; the next start resumes it
+//                                       (quant/store_build_dir.h) and removes it when done
 //   <store_dir>/stores/<hash>.lock      held (flock) by the process building it
 // <hash> is the 64-bit StoreKey in 16 hex digits. store_dir defaults to $XDG_CACHE_HOME/pagedweight,
 // else ~/.cache/pagedweight. Nothing is evicted automatically (docs/architecture.md, "pw serve").

@@ -116,6 +116,89 @@ TEST(ApwStore, RoundTripsEveryField) {
   std::remove(path.c_str());
 }
 
+// A resumable writer flushed after layer 0 and dropped (a killed build), then resumed in a new
+// writer that adds layer 1: the store is byte for byte the one written straight through, and
+// what the first writer wrote after its flush (a block being written) is cut off.
+TEST(ApwStore, AResumedWriterGivesTheStraightThroughBytes) {
+  const auto blocks = MakeBlocks(9);
+  const std::string straight = TempPath("straight"), resumed = TempPath("resumed");
+  {
+    auto w = ApwWriter::Create(straight, kInfo);
+    ASSERT_TRUE(w.ok());
+    for (const FakeBlock& f : blocks) ASSERT_TRUE((*w)->Add(f.data).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  const size_t per_layer = kInfo.num_experts * 2;
+  ApwWriter::Progress progress;
+  {
+    auto w = ApwWriter::Create(resumed, kInfo, /*keep_unfinished=*/true);
+    ASSERT_TRUE(w.ok());
+    for (size_t i = 0; i < per_layer; ++i) ASSERT_TRUE((*w)->Add(blocks[i].data).ok());
+    EXPECT_TRUE((*w)->LayerComplete(0));
+    EXPECT_FALSE((*w)->LayerComplete(1));
+    auto p = (*w)->Flush();
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    progress = *p;
+    ASSERT_TRUE((*w)->Add(blocks[per_layer].data).ok());  // past the flush: to be cut off
+  }
+  ASSERT_TRUE(std::ifstream(resumed + ".tmp").good()) << "a resumable writer keeps its .tmp";
+  auto w = ApwWriter::Resume(resumed, kInfo, progress);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE((*w)->LayerComplete(0));
+  EXPECT_FALSE((*w)->LayerComplete(1));
+  EXPECT_FALSE((*w)->Add(blocks[0].data).ok()) << "a block the progress lists is not added twice";
+  for (size_t i = per_layer; i < blocks.size(); ++i) ASSERT_TRUE((*w)->Add(blocks[i].data).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  EXPECT_EQ(ReadAll(resumed), ReadAll(straight));
+  std::remove(straight.c_str());
+  std::remove(resumed.c_str());
+}
+
+// What Resume refuses, each by name: a listed block whose data changed, a progress entry
+// damaged, a .tmp shorter than the progress, a .tmp that is gone.
+TEST(ApwStore, ResumeRefusesADamagedOrShortTmpByName) {
+  const auto blocks = MakeBlocks(10);
+  const std::string path = TempPath("resume_bad"), tmp = path + ".tmp";
+  ApwWriter::Progress progress;
+  {
+    auto w = ApwWriter::Create(path, kInfo, true);
+    ASSERT_TRUE(w.ok());
+    for (size_t i = 0; i < kInfo.num_experts * 2; ++i) ASSERT_TRUE((*w)->Add(blocks[i].data).ok());
+    progress = *(*w)->Flush();
+  }
+  const std::vector<uint8_t> good = ReadAll(tmp);
+  ASSERT_EQ(good.size(), progress.end);
+  ASSERT_TRUE(ApwWriter::Resume(path, kInfo, progress).ok());
+  WriteAll(tmp, good);
+
+  std::vector<uint8_t> flipped = good;
+  flipped[progress.end - 100] ^= 0x10;  // inside the last block's LUTs
+  WriteAll(tmp, flipped);
+  auto r = ApwWriter::Resume(path, kInfo, progress);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(r.status().message().find("data checksum mismatch"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("expert 2, down"), std::string::npos) << r.status().ToString();
+
+  WriteAll(tmp, good);
+  ApwWriter::Progress bad_entry = progress;
+  bad_entry.table[3 * 128 + 40] ^= 1;  // block 3's calibration count
+  r = ApwWriter::Resume(path, kInfo, bad_entry);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("block 3 of the progress: table entry checksum mismatch"), std::string::npos)
+      << r.status().ToString();
+
+  WriteAll(tmp, std::vector<uint8_t>(good.begin(), good.end() - 1));
+  r = ApwWriter::Resume(path, kInfo, progress);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the progress needs"), std::string::npos) << r.status().ToString();
+
+  std::remove(tmp.c_str());
+  r = ApwWriter::Resume(path, kInfo, progress);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot reopen to resume"), std::string::npos) << r.status().ToString();
+}
+
 TEST(ApwStore, SameInputsSameBytes) {
   const auto blocks = MakeBlocks(2);
   const std::string a = TempPath("det_a"), b = TempPath("det_b");

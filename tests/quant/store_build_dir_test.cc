@@ -1,6 +1,6 @@
 // The resume directory of a store build (quant/store_build_dir.h): its parts are kept for the
-// same build only, the calibration statistics come back bit for bit, and a damaged or foreign
-// statistics file is refused with its name instead of being used.
+// same build only, the calibration statistics and the store's progress come back bit for bit,
+// and a damaged or foreign file is refused with its name instead of being used.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -38,16 +38,19 @@ TEST(StoreBuildDir, KeepsItsPartsForTheSameBuildOnly) {
   auto a = StoreBuildDir::Open(dir, "build A\n");
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_FALSE(a->reused());
-  std::ofstream(a->LayerPath(0)) << "layer";
+  ASSERT_TRUE(a->SaveStoreProgress({4096, std::vector<uint8_t>(128, 7)}).ok());
   auto again = StoreBuildDir::Open(dir, "build A\n");
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->reused());
-  EXPECT_TRUE(fs::exists(again->LayerPath(0)));
+  auto kept = again->LoadStoreProgress();
+  ASSERT_TRUE(kept.ok() && kept->has_value()) << kept.status().ToString();
   // Another build (other options, another model) starts from an empty directory.
   auto b = StoreBuildDir::Open(dir, "build B\n");
   ASSERT_TRUE(b.ok());
   EXPECT_FALSE(b->reused());
-  EXPECT_FALSE(fs::exists(b->LayerPath(0)));
+  auto gone = b->LoadStoreProgress();
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value());
   ASSERT_TRUE(b->Remove().ok());
   EXPECT_FALSE(fs::exists(dir));
 }
@@ -86,6 +89,33 @@ TEST(StoreBuildDir, DamagedOrForeignStatisticsAreRefusedByName) {
   auto flipped = d->LoadCalibration(2, 3, 8, 4);
   ASSERT_FALSE(flipped.ok());
   EXPECT_NE(flipped.status().message().find("checksum"), std::string::npos) << flipped.status().message();
+}
+
+// The store's progress comes back exactly; a damaged one is refused by name, not used.
+TEST(StoreBuildDir, StoreProgressRoundTripsAndDamageIsNamed) {
+  auto d = StoreBuildDir::Open(FreshDir("progress"), "build\n");
+  ASSERT_TRUE(d.ok());
+  apw::ApwWriter::Progress p{123456789, {}};
+  for (int i = 0; i < 3 * 128; ++i) p.table.push_back(static_cast<uint8_t>(i * 31));
+  ASSERT_TRUE(d->SaveStoreProgress(p).ok());
+  auto back = d->LoadStoreProgress();
+  ASSERT_TRUE(back.ok() && back->has_value()) << back.status().ToString();
+  EXPECT_EQ((*back)->end, p.end);
+  EXPECT_EQ((*back)->table, p.table);
+  const std::string path = d->dir() + "/store-progress.bin";
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(30);
+    f.put('\x5a');
+  }
+  auto bad = d->LoadStoreProgress();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(bad.status().message().find(path), std::string::npos) << bad.status().ToString();
+  fs::resize_file(path, 10);
+  bad = d->LoadStoreProgress();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not a store build's progress"), std::string::npos);
 }
 
 }  // namespace
