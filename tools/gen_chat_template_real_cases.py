@@ -166,6 +166,16 @@ n={{ ns.n }} roles={{ ns.roles | unique | join(',') }} {{ ns.roles | length is d
 {{ (1, 'two') | list }} {{ (messages | first).role.startswith(('us', 'sy')) }} {{ 7 is odd }} {{ none is none }} {{ add_generation_prompt | string | lower }}
 {%- if enable_thinking is defined %} thinking={{ enable_thinking }}{% endif %}
 """,
+    "features_sort_format": """{%- set roles = messages | map(attribute='role') | list -%}
+{{ roles | sort | join(',') }} {{ roles | sort(reverse=true) | join(',') }} {{ ['b', 'A', 'a', 'B'] | sort | join }} {{ ['b', 'A', 'a', 'B'] | sort(case_sensitive=true) | join }}
+{{ messages | sort(attribute='role') | map(attribute='role') | join(',') }} {{ [{'a': 2, 'b': 'x'}, {'a': 1, 'b': 'y'}, {'a': 2, 'b': 'a'}] | sort(attribute='a,b') | map(attribute='b') | join }}
+{{ [3, 1, 2] | min }} {{ [3, 1, 2] | max }} {{ ['b', 'A', 'c'] | min }} {{ ['b', 'A', 'c'] | max(case_sensitive=true) }} {{ messages | max(attribute='role') | tojson }} {{ [] | min is undefined }}
+{{ '{}-{}'.format(roles | length, 'x') }} {{ '{1}{0}{1}'.format('a', 'b') }} {{ '<{name}|{{literal}}>'.format(name=roles[0]) }} {{ '{}'.format(none) }} {{ '{}{}'.format(true, 1.5) }}
+{%- if roles | length > 3 %} many: {{ roles[-1] | from_json }}{% endif %}
+{{ (roles | no_such_filter) if false else 'inline-if' }}
+{%- if roles | length == 2 %}{% set seen = [] %}{% set _ = seen.append(roles[0]) %}{% endif %}
+{%- if false %}{{ roles is no_such_test }}{% endif %} end
+""",
 }
 
 # Conversations that use tools get the tool list; #1 also gets it without using it.

@@ -475,6 +475,10 @@ struct Expr {
   Value literal;        // kLiteral
   std::string name;     // kName / kAttr / kFilter / kTest / kBinary operator
   bool negate = false;  // kTest: `is not`
+  // kFilter/kTest: a name Jinja itself does not define (no builtin of jinja2 or of HF's
+  // environment). Allowed only where Jinja checks it at run time (an if's test and branches, an
+  // inline if: Parser::CheckUnknownNames); evaluating it is an error, as there.
+  bool unknown = false;
   // kAttr/kItem/kFilter/kTest/kNot/kNeg: args[0] is the operand (kItem: args[1] the index);
   // kSlice: object, start, stop, step (null when omitted); kCall: callee then arguments;
   // kBinary/kAnd/kOr: left, right; kIfElse: value, condition, else value (may be null);
@@ -674,7 +678,40 @@ const std::set<std::string>& Filters() {
       "string", "first",     "last",       "join",     "default",   "d",          "tojson",
       "list",  "items",      "dictsort",   "unique",   "replace",   "indent",     "wordcount",
       "int",   "float",      "abs",        "round",    "safe",      "select",     "reject",
-      "selectattr", "rejectattr", "map"};
+      "selectattr", "rejectattr", "map", "sort",     "min",       "max"};
+  return k;
+}
+// Every filter and test jinja2 defines (with HF's tojson): one of these that this engine lacks
+// is unsupported (the template is refused at load); any other name is unknown to Jinja too.
+const std::set<std::string>& Jinja2Filters() {
+  static const std::set<std::string> k = {
+      "abs",      "attr",    "batch",  "capitalize", "center",     "count",     "d",          "default",
+      "dictsort", "e",       "escape", "filesizeformat", "first",  "float",     "forceescape", "format",
+      "groupby",  "indent",  "int",    "items",      "join",       "last",      "length",     "list",
+      "lower",    "map",     "max",    "min",        "pprint",     "random",    "reject",     "rejectattr",
+      "replace",  "reverse", "round",  "safe",       "select",     "selectattr", "slice",     "sort",
+      "string",   "striptags", "sum",  "title",      "tojson",     "trim",      "truncate",   "unique",
+      "upper",    "urlencode", "urlize", "wordcount", "wordwrap",  "xmlattr"};
+  return k;
+}
+const std::set<std::string>& Jinja2Tests() {
+  static const std::set<std::string> k = {
+      "!=",       "<",        "<=",      "==",     ">",       ">=",       "boolean",     "callable",
+      "defined",  "divisibleby", "eq",   "equalto", "escaped", "even",    "false",       "filter",
+      "float",    "ge",       "greaterthan", "gt", "in",      "integer",  "iterable",    "le",
+      "lessthan", "lower",    "lt",      "mapping", "ne",     "none",     "number",      "odd",
+      "sameas",   "sequence", "string",  "test",   "true",    "undefined", "upper"};
+  return k;
+}
+// The methods of Python's list and dict that modify them: jinja2's immutable sandbox (HF's)
+// refuses to call them (SecurityError), and so does the renderer, when the call is reached.
+const std::set<std::string>& ListMutators() {
+  static const std::set<std::string> k = {"append", "clear", "pop",  "reverse",
+                                          "insert", "sort",  "extend", "remove"};
+  return k;
+}
+const std::set<std::string>& DictMutators() {
+  static const std::set<std::string> k = {"clear", "pop", "popitem", "setdefault", "update"};
   return k;
 }
 const std::set<std::string>& Tests() {
@@ -689,7 +726,9 @@ const std::set<std::string>& Tests() {
 const std::set<std::string>& Methods() {
   static const std::set<std::string> k = {
       "strip", "lstrip", "rstrip", "upper",  "lower", "startswith", "endswith", "replace",
-      "split", "title",  "capitalize", "get", "keys", "values",     "items",    "cycle"};
+      "split", "title",  "capitalize", "get", "keys", "values",     "items",    "cycle",
+      "format", "append", "clear", "pop", "reverse", "insert", "sort", "extend", "remove",
+      "popitem", "setdefault", "update"};
   return k;
 }
 const std::set<std::string>& Functions() {
@@ -922,7 +961,10 @@ class ExprParser {
           e->negate = true;
         }
         PW_ASSIGN_OR_RETURN(e->name, ExpectName());
-        if (!Tests().count(e->name)) return Err(pos, "unsupported test '" + e->name + "'", true);
+        if (!Tests().count(e->name)) {
+          if (Jinja2Tests().count(e->name)) return Err(pos, "unsupported test '" + e->name + "'", true);
+          e->unknown = true;
+        }
         e->args.push_back(std::move(left));
         if (IsOp("(")) {
           PW_RETURN_IF_ERROR(ParseCallArgs(e.get()));
@@ -1098,8 +1140,10 @@ class ExprParser {
         const size_t pos = Next().pos;
         auto f = Make(Expr::Op::kFilter, pos);
         PW_ASSIGN_OR_RETURN(f->name, ExpectName());
-        if (!Filters().count(f->name))
-          return Err(pos, "unsupported filter '" + f->name + "'", true);
+        if (!Filters().count(f->name)) {
+          if (Jinja2Filters().count(f->name)) return Err(pos, "unsupported filter '" + f->name + "'", true);
+          f->unknown = true;
+        }
         f->args.push_back(std::move(e));
         if (IsOp("(")) PW_RETURN_IF_ERROR(ParseCallArgs(f.get()));
         e = std::move(f);
@@ -1222,7 +1266,49 @@ class Parser {
     for (const auto& [name, pos] : called_) {
       if (!macros_.count(name)) return Err(pos, "unsupported function '" + name + "'", true);
     }
+    PW_RETURN_IF_ERROR(CheckUnknownNames(*block, false));
     return block;
+  }
+
+  // jinja2 refuses a filter or test it does not define when it compiles the template, except
+  // in a "soft" frame (an if's test and branches, an inline if), where the error waits until
+  // the filter is reached: templates guard `args | from_json` with `if args is string`. A for
+  // loop's body and filter, a macro, a set block and a filter block start a frame that is not
+  // soft again; a for's iterable is in the enclosing one.
+  Status CheckUnknownNames(const Node& n, bool soft) const {
+    switch (n.kind) {
+      case Node::Kind::kIf:
+        for (const auto& c : n.conds) PW_RETURN_IF_ERROR(CheckUnknownNames(c.get(), true));
+        for (const auto& c : n.children) PW_RETURN_IF_ERROR(CheckUnknownNames(*c, true));
+        return Status::Ok();
+      case Node::Kind::kFor:
+        PW_RETURN_IF_ERROR(CheckUnknownNames(n.expr.get(), soft));
+        for (const auto& c : n.conds) PW_RETURN_IF_ERROR(CheckUnknownNames(c.get(), false));
+        for (const auto& c : n.children) PW_RETURN_IF_ERROR(CheckUnknownNames(*c, false));
+        return Status::Ok();
+      case Node::Kind::kMacro:
+      case Node::Kind::kSetBlock:
+      case Node::Kind::kFilterBlock:
+        soft = false;
+        break;
+      default:
+        break;
+    }
+    PW_RETURN_IF_ERROR(CheckUnknownNames(n.expr.get(), soft));
+    for (const auto& c : n.conds) PW_RETURN_IF_ERROR(CheckUnknownNames(c.get(), soft));
+    for (const auto& c : n.children) PW_RETURN_IF_ERROR(CheckUnknownNames(*c, soft));
+    return Status::Ok();
+  }
+  Status CheckUnknownNames(const Expr* e, bool soft) const {
+    if (e == nullptr) return Status::Ok();
+    if (e->unknown && !soft) {
+      return Err(e->pos, std::string("no ") + (e->op == Expr::Op::kTest ? "test" : "filter") + " named '" + e->name +
+                             "' (Jinja defines none)",
+                 true);
+    }
+    soft = soft || e->op == Expr::Op::kIfElse;
+    for (const auto& a : e->args) PW_RETURN_IF_ERROR(CheckUnknownNames(a.get(), soft));
+    return Status::Ok();
   }
 
  private:
@@ -1725,11 +1811,13 @@ class Renderer {
       case Expr::Op::kFilter: {
         PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         PW_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
+        if (e.unknown) return Err(e.pos, "No filter named '" + e.name + "' found.");
         return ApplyFilter(e.name, v, args, e.pos);
       }
       case Expr::Op::kTest: {
         PW_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         PW_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
+        if (e.unknown) return Err(e.pos, "No test named '" + e.name + "' found.");
         PW_ASSIGN_OR_RETURN(bool r, RunTest(e.name, v, args.pos, e.pos));
         return Value::Bool(r != e.negate);
       }
@@ -2148,6 +2236,12 @@ class Renderer {
   }
 
   Result<Value> CallMethod(const Value& self, const std::string& m, const Args& args, size_t pos) {
+    if ((self.kind == Value::Kind::kList && ListMutators().count(m)) ||
+        (self.kind == Value::Kind::kDict && DictMutators().count(m))) {
+      return Err(pos, "SecurityError: access to attribute '" + m + "' of '" +
+                          (self.kind == Value::Kind::kList ? "list" : "dict") + "' object is unsafe.");
+    }
+    if (self.kind == Value::Kind::kString && m == "format") return FormatString(self.s, args, pos);
     if (!args.kw.empty()) {
       return Err(pos, "method '" + m + "' takes no keyword argument '" + args.kw[0].first + "'");
     }
@@ -2257,6 +2351,65 @@ class Renderer {
     }
     if (self.kind == Value::Kind::kUndefined) return Err(pos, "'" + m + "' of an undefined value");
     return Err(pos, std::string("'") + KindName(self.kind) + "' object has no method '" + m + "'");
+  }
+
+  // Python's str.format for plain fields: {} (numbered automatically), {0}, {name}, and {{ }}.
+  // A field with a conversion (!r), a format spec (:>8) or an attribute or index ({0.x}) is
+  // refused by name rather than rendered differently.
+  Result<Value> FormatString(const std::string& fmt, const Args& args, size_t pos) {
+    std::string out;
+    size_t next_auto = 0;
+    bool automatic = false, manual = false;
+    for (size_t i = 0; i < fmt.size(); ++i) {
+      const char c = fmt[i];
+      if (c == '}') {
+        if (i + 1 < fmt.size() && fmt[i + 1] == '}') {
+          out += '}';
+          ++i;
+          continue;
+        }
+        return Err(pos, "format(): Single '}' encountered in format string");
+      }
+      if (c != '{') {
+        out += c;
+        continue;
+      }
+      if (i + 1 < fmt.size() && fmt[i + 1] == '{') {
+        out += '{';
+        ++i;
+        continue;
+      }
+      const size_t close = fmt.find('}', i);
+      if (close == std::string::npos) return Err(pos, "format(): Single '{' encountered in format string");
+      const std::string field = fmt.substr(i + 1, close - i - 1);
+      if (field.find_first_of(":!.[{") != std::string::npos) {
+        return Err(pos, "format(): the field '{" + field + "}' (a conversion, format spec, attribute or index) is not supported");
+      }
+      const Value* v = nullptr;
+      if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+        size_t index;
+        if (field.empty()) {
+          if (manual) return Err(pos, "format(): cannot switch from manual field specification to automatic field numbering");
+          automatic = true;
+          index = next_auto++;
+        } else {
+          if (automatic) return Err(pos, "format(): cannot switch from automatic field numbering to manual field specification");
+          manual = true;
+          index = field.size() > 9 ? args.pos.size() : std::stoul(field);
+        }
+        if (index >= args.pos.size()) {
+          return Err(pos, "format(): Replacement index " + std::to_string(index) + " out of range for positional args tuple");
+        }
+        v = &args.pos[index];
+      } else {
+        v = args.Kw(field);
+        if (v == nullptr) return Err(pos, "format(): KeyError: '" + field + "'");
+      }
+      out += ToString(*v);
+      if (out.size() > kMaxOutput) return Err(pos, "format() result too large");
+      i = close;
+    }
+    return Value::Str(std::move(out));
   }
 
   // Applies the filter chain `e` (a {% filter %} tag's) to `v` in place of its placeholder.
@@ -2419,6 +2572,83 @@ class Renderer {
       });
       PW_RETURN_IF_ERROR(st);
       return Value::MakeList(std::move(items));
+    }
+    if (f == "sort") {
+      // sort(reverse=False, case_sensitive=False, attribute=None): a stable sort; attribute may
+      // name several, comma-separated, compared in turn.
+      PW_RETURN_IF_ERROR(need(0, 3));
+      const bool rev = Truthy(kw_or("reverse", 0, Value::Bool(false)));
+      const bool cs = Truthy(kw_or("case_sensitive", 1, Value::Bool(false)));
+      const Value attr = kw_or("attribute", 2, Value::None());
+      PW_ASSIGN_OR_RETURN(List items, Iterate(v, pos));
+      std::vector<std::string> paths;
+      if (attr.kind == Value::Kind::kString) {
+        for (size_t p = 0;;) {
+          const size_t comma = attr.s.find(',', p);
+          paths.push_back(attr.s.substr(p, comma == std::string::npos ? std::string::npos : comma - p));
+          if (comma == std::string::npos) break;
+          p = comma + 1;
+        }
+      } else if (attr.kind != Value::Kind::kNone && attr.kind != Value::Kind::kUndefined) {
+        return Err(pos, "sort: attribute must be a string");
+      }
+      std::vector<std::pair<List, Value>> keyed;  // (keys, item)
+      for (const Value& item : items) {
+        List keys;
+        for (const std::string& path : paths) {
+          PW_ASSIGN_OR_RETURN(Value k, Attribute(item, path, pos));
+          keys.push_back(std::move(k));
+        }
+        if (paths.empty()) keys.push_back(item);
+        for (Value& k : keys) {
+          if (!cs && k.kind == Value::Kind::kString) k.s = Lower(k.s);
+        }
+        keyed.emplace_back(std::move(keys), item);
+      }
+      Status st;
+      std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+        for (size_t k = 0; k < a.first.size() && st.ok(); ++k) {
+          auto c = Compare(a.first[k], b.first[k], pos);
+          if (!c.ok()) {
+            st = c.status();
+            return false;
+          }
+          if (*c != 0) return rev ? *c > 0 : *c < 0;
+        }
+        return false;
+      });
+      PW_RETURN_IF_ERROR(st);
+      List out;
+      for (auto& [keys, item] : keyed) out.push_back(std::move(item));
+      return Value::MakeList(std::move(out));
+    }
+    if (f == "min" || f == "max") {
+      // min/max(case_sensitive=False, attribute=None): the first least (greatest) item; an
+      // empty sequence gives an undefined value.
+      PW_RETURN_IF_ERROR(need(0, 2));
+      const bool cs = Truthy(kw_or("case_sensitive", 0, Value::Bool(false)));
+      const Value attr = kw_or("attribute", 1, Value::None());
+      PW_ASSIGN_OR_RETURN(List items, Iterate(v, pos));
+      if (items.empty()) return Value();
+      auto key_of = [&](const Value& item) -> Result<Value> {
+        Value k = item;
+        if (attr.kind == Value::Kind::kString) {
+          PW_ASSIGN_OR_RETURN(k, Attribute(item, attr.s, pos));
+        }
+        if (!cs && k.kind == Value::Kind::kString) k.s = Lower(k.s);
+        return k;
+      };
+      size_t best = 0;
+      PW_ASSIGN_OR_RETURN(Value best_key, key_of(items[0]));
+      for (size_t k = 1; k < items.size(); ++k) {
+        PW_ASSIGN_OR_RETURN(Value key, key_of(items[k]));
+        PW_ASSIGN_OR_RETURN(int c, Compare(key, best_key, pos));
+        if (f == "min" ? c < 0 : c > 0) {
+          best = k;
+          best_key = std::move(key);
+        }
+      }
+      return items[best];
     }
     if (f == "unique") {
       // unique(case_sensitive=False, attribute=None): first occurrences, in order.

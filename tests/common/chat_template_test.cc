@@ -166,7 +166,10 @@ TEST(ChatTemplate, RenderErrors) {
 
   for (const char* bad :
        {"{{ 'a' + 1 }}", "{{ messages + 'x' }}", "{{ 1 // 0 }}", "{{ undefined_var.x }}",
-        "{% for m in 5 %}{% endfor %}", "{{ bos_missing + 'x' }}"}) {
+        "{% for m in 5 %}{% endfor %}", "{{ bos_missing + 'x' }}", "{{ '{:>5}'.format(1) }}",
+        "{{ '{0.role}'.format(messages[0]) }}", "{{ '{}{}'.format(1) }}", "{{ '{0}{}'.format(1, 2) }}",
+        "{{ '{x}'.format(y=1) }}", "{{ 'a}'.format() }}", "{{ [1].append(2) }}", "{{ {'a': 1}.pop('a') }}",
+        "{% if true %}{{ 1 | from_json }}{% endif %}", "{{ 1 is nosuch if true else 2 }}"}) {
     auto p = ChatTemplate::Parse(bad);
     ASSERT_TRUE(p.ok()) << bad << ": " << p.status().ToString();
     auto r = p->Render(in);
@@ -175,6 +178,11 @@ TEST(ChatTemplate, RenderErrors) {
       EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
     }
   }
+  // A filter Jinja does not define, in an if's branch that is not taken, renders (as jinja2,
+  // which checks it only when it is reached); so does str.format with plain fields.
+  EXPECT_EQ(Render("{% if messages | length > 5 %}{{ x | from_json }}{% endif %}ok", in), "ok");
+  EXPECT_EQ(Render("{{ '{}-{{}}-{0}'.format(1) if false else '{1}{0}{n}'.format('a', 'b', n=none) }}", in),
+            "baNone");
   // An undefined bos_token prints as nothing but cannot be concatenated (as in Jinja).
   ChatTemplateInputs no_bos = in;
   no_bos.bos_token.reset();
@@ -202,7 +210,16 @@ TEST(ChatTemplate, UnsupportedAndMalformedSyntaxNamePosition) {
       {"ok\n{% include 'x' %}", StatusCode::kUnsupported, "line 2, column 4"},
       {"{{ x | batch(2) }}", StatusCode::kUnsupported, "unsupported filter 'batch'"},
       {"{{ x is sameas none }}", StatusCode::kUnsupported, "unsupported test"},
-      {"{{ x.format(1) }}", StatusCode::kUnsupported, "unsupported method 'format'"},
+      {"{{ x.zfill(3) }}", StatusCode::kUnsupported, "unsupported method 'zfill'"},
+      // A filter or test Jinja does not define either: refused where jinja2 refuses it when it
+      // compiles the template (outside an if, or in a loop's body inside one) ...
+      {"{{ x | from_json }}", StatusCode::kUnsupported, "column 6: no filter named 'from_json'"},
+      {"{% if x %}{% for m in messages %}{{ m | from_json }}{% endfor %}{% endif %}",
+       StatusCode::kUnsupported, "no filter named 'from_json'"},
+      {"{% for m in messages if m is nosuch %}{% endfor %}", StatusCode::kUnsupported,
+       "no test named 'nosuch'"},
+      // ... and one jinja2 has but this engine lacks is refused wherever it is.
+      {"{% if x %}{{ x | batch(2) }}{% endif %}", StatusCode::kUnsupported, "unsupported filter 'batch'"},
       {"{% macro m() %}{% endmacro %}{{ m() }}{{ n(1) }}", StatusCode::kUnsupported,
        "column 42: unsupported function 'n'"},
       {"{% set a, b = 1, 2 %}", StatusCode::kUnsupported, "several names"},
