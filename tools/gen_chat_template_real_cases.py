@@ -7,7 +7,7 @@ add_generation_prompt on and off, continue_final_message, chat_template_kwargs).
 tests/common/chat_template_real_test.cc renders the same inputs with common/text/chat_template
 and compares byte for byte. Also writes tests/fixtures/chat_tokenize_cases.json: requests for
 the router's /tokenize with `messages` and the ids HF's apply_chat_template(..., tokenize=True)
-gives with the embedded model's tokenizer and template.
+gives with the embedded model's tokenizer, under its own template and under real ones.
 
 transformers renders with jinja2's ImmutableSandboxedEnvironment (trim_blocks, lstrip_blocks,
 loopcontrols), tojson = json.dumps(ensure_ascii=False), raise_exception and strftime_now; the
@@ -191,11 +191,29 @@ def render(tok, tpl, conv, tools, gen, cont, kwargs):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+# Real templates /tokenize is also checked with (the embedded model's tokenizer, the template
+# given as the checkpoint's chat_template.jinja): ones that need no bos/eos token or clock.
+TOKENIZE_TEMPLATES = [None, "llama.cpp-Qwen-Qwen2.5-7B-Instruct", "llama.cpp-Qwen-Qwen3-0.6B",
+                      "llama.cpp-moonshotai-Kimi-K2"]
+
+
 def tokenize_cases(model_dir):
     """HF's apply_chat_template(..., tokenize=True) ids with the model's own tokenizer and
-    template, for the router's /tokenize with messages (tests/services/router)."""
+    its template (template null) or a real one (TOKENIZE_TEMPLATES), for the router's
+    /tokenize with messages (tests/services/router)."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir)
+    cases = []
+    for name in TOKENIZE_TEMPLATES:
+        source = None
+        if name is not None:
+            with open(os.path.join(ROOT, TEMPLATE_DIR, name + ".jinja"), encoding="utf-8") as f:
+                source = f.read()
+        cases += tokenize_cases_of(tok, name, source)
+    return cases
+
+
+def tokenize_cases_of(tok, name, source):
     cases = []
     for ci in (0, 2, 3, 5, 7, 8):
         for gen, cont in ((True, False), (False, False), (False, True)):
@@ -203,6 +221,7 @@ def tokenize_cases(model_dir):
                 continue
             tools = TOOLS[0] if ci == 5 else None
             request = {"messages": CONVERSATIONS[ci], "add_generation_prompt": gen}
+            case = {"template": name}
             if cont:
                 request["continue_final_message"] = True
             if tools is not None:
@@ -210,11 +229,12 @@ def tokenize_cases(model_dir):
             try:
                 out = tok.apply_chat_template(CONVERSATIONS[ci], tools=tools, tokenize=True,
                                               add_generation_prompt=gen,
-                                              continue_final_message=cont)
+                                              continue_final_message=cont, chat_template=source)
                 ids = out["input_ids"] if hasattr(out, "keys") else out
-                cases.append({"request": request, "tokens": list(ids)})
+                case.update({"request": request, "tokens": list(ids)})
             except Exception as e:  # e.g. content parts the template concatenates as text
-                cases.append({"request": request, "error": f"{type(e).__name__}: {e}"})
+                case.update({"request": request, "error": f"{type(e).__name__}: {e}"})
+            cases.append(case)
     return cases
 
 

@@ -1308,7 +1308,8 @@ TEST_F(RouterHttpTest, TokenizerEndpoints) {
 }
 
 // /tokenize with messages gives HF's apply_chat_template(..., tokenize=True) ids
-// (tests/fixtures/chat_tokenize_cases.json, tools/gen_chat_template_real_cases.py), as vLLM's.
+// (tests/fixtures/chat_tokenize_cases.json, tools/gen_chat_template_real_cases.py), as vLLM's:
+// under the embedded model's template and under real ones (Qwen2.5, Qwen3, Kimi-K2).
 TEST_F(RouterHttpTest, TokenizeMessagesIsHfApplyChatTemplate) {
   using ojson = nlohmann::ordered_json;
   std::ifstream in(PW_SOURCE_DIR "/tests/fixtures/chat_tokenize_cases.json");
@@ -1316,14 +1317,36 @@ TEST_F(RouterHttpTest, TokenizeMessagesIsHfApplyChatTemplate) {
   const ojson fixture = ojson::parse(in);
   ASSERT_EQ(fixture["model_dir"], "models/tiny-moe");
   size_t ok = 0, refused = 0, joined = 0;
+  std::set<std::string> real;  // the real templates the cases were checked under
+  // Cases under the model's own template (template null), then under real ones, each given to
+  // the router as the checkpoint's chat_template.jinja.
+  const std::string dir = ::testing::TempDir() + "/tokenize_real_" + std::to_string(getpid());
+  std::string built_for;
+  bool takes_parts = false;  // the embedded model's ChatML template adds content to a string
   for (const ojson& c : fixture["cases"]) {
+    const std::string name = c["template"].is_null() ? "" : c["template"].get<std::string>();
+    if (name != built_for) {
+      std::filesystem::create_directories(dir);
+      std::filesystem::copy_file(PW_SOURCE_DIR "/tests/fixtures/chat_templates/" + name + ".jinja",
+                                 dir + "/chat_template.jinja", std::filesystem::copy_options::overwrite_existing);
+      Teardown();
+      chat_template_dir_ = dir;
+      Build(RouterOptions{}, HttpServerOptions{});
+      built_for = name;
+      real.insert(name);
+      std::ifstream src_in(dir + "/chat_template.jinja");
+      takes_parts = ChatTemplateTakesContentParts(
+          std::string((std::istreambuf_iterator<char>(src_in)), std::istreambuf_iterator<char>()));
+    }
+    SCOPED_TRACE(name.empty() ? "the model's own template" : name);
     const std::string request = c["request"].dump();
     auto r = Post("/tokenize", request);
     bool parts = false;
     for (const ojson& m : c["request"]["messages"]) parts = parts || (m.contains("content") && m["content"].is_array());
-    if (c.contains("error") && parts) {
-      // HF raised on a list of parts the embedded ChatML template adds to a string; the router
-      // joins the texts into one string first (vLLM's "string" content format), so it renders.
+    if (c.contains("error") && parts && !takes_parts) {
+      // HF raised on a list of parts a template adds to a string (the embedded ChatML one,
+      // Qwen2.5's); the router joins the texts into one string first (vLLM's "string" content
+      // format), so it renders.
       ASSERT_EQ(r.status, 200) << request << ": " << r.body;
       ++joined;
       continue;
@@ -1342,10 +1365,15 @@ TEST_F(RouterHttpTest, TokenizeMessagesIsHfApplyChatTemplate) {
     EXPECT_EQ(j["max_model_len"], 64);
     ++ok;
   }
-  EXPECT_GE(ok, 10u);
-  // The fixture's refusals by HF are all lists of parts for the ChatML template, which the
-  // router joins (above); a refusal of another kind would still be a 400.
+  EXPECT_GE(ok, 40u);
+  EXPECT_GE(real.size(), 3u);
+  // The fixture's refusals by HF are all lists of parts for templates that add content to a
+  // string, which the router joins (above); a refusal of another kind would still be a 400.
   EXPECT_GE(joined + refused, 1u);
+  std::filesystem::remove_all(dir);
+  Teardown();
+  chat_template_dir_.clear();
+  Build(RouterOptions{}, HttpServerOptions{});
   // Text parts for a template that does not take them are the texts joined by "\n".
   auto as_parts = Post("/tokenize", R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hello"},{"type":"text","text":"world"}]}]})");
   auto as_string = Post("/tokenize", R"({"messages":[{"role":"user","content":"Hello\nworld"}]})");
