@@ -3,19 +3,21 @@
 The checkpoint is the embedded model rewritten as a sharded Hugging Face cache snapshot
 (<tmp>/hub/models--pwtest--tiny-sharded/snapshots/rev0: model.safetensors split in two shards
 with model.safetensors.index.json, files linked from ../../blobs like the hub's cache, the
-tokenizer and its ChatML template copied), served with nothing but `pw serve DIR` and a cache
-directory and port of the test's own:
+tokenizer copied and the Qwen3 family's real chat template as chat_template.jinja), served with
+nothing but `pw serve DIR` and a cache directory and port of the test's own:
 
   1. the first start is SIGKILLed as soon as its progress shows a layer of the store built;
      the calibration, the store's .tmp and its progress are kept, no store is published;
   2. the second start resumes (the calibration and the layers done are reused), publishes a
      store byte-identical to an uninterrupted `pw-quantize` build, and serves: /v1/models
-     lists the default name pwtest/tiny-sharded, a completion and a chat completion answer;
+     lists the default name pwtest/tiny-sharded, a completion and a chat completion answer, a
+     chat is rendered by the snapshot's Qwen3 template (/tokenize then /detokenize);
   3. the third start finds the store in the cache (not rebuilt: same inode and mtime) and
      serves again; its time from start to a served completion is printed; a fourth, its options
      from a --config file, serves the bf16 experts (--bits 16: no store, no broker) under
      another name;
-  4. bad directories and budgets exit non-zero with a message naming the file and the fix:
+  4. bad directories and budgets exit non-zero within seconds (REFUSE_S) with a message naming
+     the file and the fix:
      no config.json, an unknown model_type, a missing shard, a tokenizer with more ids than
      config.json's vocab_size, a memory budget below the smallest plan, no tokenizer.json (the
      message names --tokenizer), a --tokenizer path that does not exist;
@@ -86,8 +88,17 @@ def split_safetensors(src, out_dir, names):
         json.dump({"metadata": {"total_size": sum(len(x) for x in [data])}, "weight_map": weight_map}, f)
 
 
+REFUSE_S = 10  # a bad directory or budget is refused within this many seconds
+
+# The Qwen3 family's own chat template (the embedded model is a qwen3_moe): the snapshot ships
+# it as chat_template.jinja, as checkpoints saved by transformers 5 do.
+QWEN3_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "chat_templates",
+                              "llama.cpp-Qwen-Qwen3-0.6B.jinja")
+
+
 def make_snapshot(model_dir, hub):
-    """The embedded model as a sharded hub cache snapshot; returns the snapshot directory."""
+    """The embedded model as a sharded hub cache snapshot with Qwen3's chat template; returns
+    the snapshot directory."""
     repo = os.path.join(hub, "models--pwtest--tiny-sharded")
     blobs, snap = os.path.join(repo, "blobs"), os.path.join(repo, "snapshots", "rev0")
     os.makedirs(blobs)
@@ -98,6 +109,7 @@ def make_snapshot(model_dir, hub):
     for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
         if os.path.exists(os.path.join(model_dir, name)):
             shutil.copy(os.path.join(model_dir, name), staging)
+    shutil.copy(QWEN3_TEMPLATE, os.path.join(staging, "chat_template.jinja"))
     for name in sorted(os.listdir(staging)):
         with open(os.path.join(staging, name), "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
@@ -299,7 +311,17 @@ def main():
                                                          "messages": [{"role": "user", "content": "Hello"}]})
         if code != 200 or chat["choices"][0]["message"]["role"] != "assistant" or chat["usage"]["completion_tokens"] < 1:
             fail(f"chat completion: {code} {chat}")
-        print(f"served: completion {body['choices'][0]['text']!r}, chat {chat['choices'][0]['message']['content']!r}")
+        # The chat is rendered with the snapshot's own template (Qwen3's, its thinking switch
+        # off through chat_template_kwargs), not a default one.
+        messages = [{"role": "user", "content": "Hello"}]
+        code_t, tok = post(url + "/tokenize", {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}})
+        code_d, text = post(url + "/detokenize", {"tokens": tok.get("tokens", [])})
+        want = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        if code_t != 200 or code_d != 200 or text["prompt"] != want:
+            s.stop()
+            fail(f"the chat prompt is not Qwen3's template's: {code_t} {tok}, {code_d} {text}")
+        print(f"served: completion {body['choices'][0]['text']!r}, chat {chat['choices'][0]['message']['content']!r}, "
+              f"Qwen3's template ({tok['count']} prompt tokens)")
         rc = s.stop()
         if rc != 0:
             fail(f"pw serve (pw-cluster) exited {rc} on SIGTERM")
@@ -373,9 +395,14 @@ def main():
             r = subprocess.run([pw, "serve", target, "--store-dir", cache, "--port", str(free_port())] + list(extra),
                                capture_output=True, text=True, timeout=DEADLINE_S)
             out = r.stdout + r.stderr
+            took = time.time() - t
             if r.returncode == 0 or not re.search(pattern, out):
                 fail(f"{name}: exit {r.returncode}, expected a message matching {pattern!r}:\n{out}")
-            print(f"{name}: exit {r.returncode} after {time.time() - t:.2f}s: {out.strip().splitlines()[-1]}")
+            # Within seconds: the checks read the directory's small files, no weights are
+            # hashed and nothing is built (a generous bound for a loaded CI machine).
+            if took > REFUSE_S:
+                fail(f"{name}: refused after {took:.1f}s, more than {REFUSE_S}s")
+            print(f"{name}: exit {r.returncode} after {took:.2f}s: {out.strip().splitlines()[-1]}")
 
         def variant(name):
             d = os.path.join(tmp, "bad", name)
