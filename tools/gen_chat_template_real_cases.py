@@ -175,6 +175,12 @@ n={{ ns.n }} roles={{ ns.roles | unique | join(',') }} {{ ns.roles | length is d
 {{ (roles | no_such_filter) if false else 'inline-if' }}
 {%- if roles | length == 2 %}{% set seen = [] %}{% set _ = seen.append(roles[0]) %}{% endif %}
 {%- if false %}{{ roles is no_such_test }}{% endif %} end
+{%- macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}
+{%- macro each(xs) %}{% for x in xs %}{{ caller(x, loop.index) }}{% endfor %}{% endmacro %}
+{%- set outer = 'o' %}
+{% call wrap('b') %}{{ outer }}{{ roles | length }}{% call wrap('i') %}{{ outer }}{% endcall %}{% endcall %} {% call(r, i) each(roles) %}{{ i }}={{ r }};{% endcall %}
+{{ '%s|%r|%d|%i|%%' | format('a', 'b', 3.9, true) }} {{ '%(n)s-%(n)r' | format(n=roles) }}
+{{ none is sameas none }} {{ false is sameas false }} {{ 0 is sameas false }} {{ roles is sameas none }} {{ missing is iterable }} {{ missing is sequence }}
 """,
 }
 

@@ -501,6 +501,8 @@ struct Node {
     kSetBlock,     // set name %}...{% endset: vars = {name}, children = {body}
     kMacro,        // vars = {name, params...}, conds = default per param (null: none)
     kFilterBlock,  // expr: the filter chain applied to a kLiteral placeholder; children = {body}
+    kCallBlock,    // {% call(params) m(args) %}body{% endcall %}: expr = the macro call, vars =
+                   // the caller's parameters, children = {body} (what caller() renders)
     kBreak,
     kContinue
   };
@@ -678,7 +680,7 @@ const std::set<std::string>& Filters() {
       "string", "first",     "last",       "join",     "default",   "d",          "tojson",
       "list",  "items",      "dictsort",   "unique",   "replace",   "indent",     "wordcount",
       "int",   "float",      "abs",        "round",    "safe",      "select",     "reject",
-      "selectattr", "rejectattr", "map", "sort",     "min",       "max"};
+      "selectattr", "rejectattr", "map", "sort",     "min",       "max",       "format"};
   return k;
 }
 // Every filter and test jinja2 defines (with HF's tojson): one of these that this engine lacks
@@ -718,7 +720,7 @@ const std::set<std::string>& Tests() {
   static const std::set<std::string> k = {
       "defined", "undefined", "none",  "string",  "number", "integer",     "float", "boolean",
       "sequence", "mapping",  "true",  "false",   "iterable", "callable",  "odd",   "even",
-      "divisibleby", "lower", "upper", "equalto", "eq",     "==",          "ne",    "!=",
+      "divisibleby", "lower", "upper", "equalto", "eq",     "==",          "ne",    "!=", "sameas",
       "lt",      "<",         "le",    "<=",      "gt",     ">",           "ge",    ">=",
       "in"};
   return k;
@@ -733,7 +735,7 @@ const std::set<std::string>& Methods() {
 }
 const std::set<std::string>& Functions() {
   static const std::set<std::string> k = {"raise_exception", "range", "namespace", "strftime_now",
-                                          "dict"};
+                                          "dict", "caller"};
   return k;
 }
 
@@ -1289,6 +1291,7 @@ class Parser {
       case Node::Kind::kMacro:
       case Node::Kind::kSetBlock:
       case Node::Kind::kFilterBlock:
+      case Node::Kind::kCallBlock:
         soft = false;
         break;
       default:
@@ -1520,6 +1523,37 @@ class Parser {
         n->children.push_back(std::move(*body));
         macros_.insert(name);
         block->children.push_back(std::move(n));
+      } else if (kw == "call") {
+        auto n = std::make_unique<Node>();
+        n->kind = Node::Kind::kCallBlock;
+        n->pos = kw_pos;
+        if (ep->IsOp("(")) {  // the caller's parameters
+          ep->Next();
+          while (!ep->IsOp(")")) {
+            PW_ASSIGN_OR_RETURN(std::string param, ep->ExpectName());
+            if (ep->IsOp("=")) return Err(ep->Peek().pos, "a default for a caller parameter", true);
+            n->vars.push_back(param);
+            if (!ep->IsOp(",")) break;
+            ep->Next();
+          }
+          PW_RETURN_IF_ERROR(ep->Expect(")"));
+        }
+        const size_t call_pos = ep->Peek().pos;
+        PW_ASSIGN_OR_RETURN(n->expr, ep->ParseExpr());
+        PW_RETURN_IF_ERROR(ep->ExpectEnd());
+        if (n->expr->op != Expr::Op::kCall || n->expr->args[0]->op != Expr::Op::kName) {
+          return Err(call_pos, "'call' needs a macro call", true);
+        }
+        std::string got;
+        const int loops = loops_;
+        loops_ = 0;  // break/continue do not cross a call block
+        auto body = ParseBlock({"endcall"}, &got);
+        loops_ = loops;
+        if (!body.ok()) return body.status();
+        if (got.empty()) return Err(kw_pos, "'call' without 'endcall'", false);
+        PW_RETURN_IF_ERROR(FinishEndTag());
+        n->children.push_back(std::move(*body));
+        block->children.push_back(std::move(n));
       } else if (kw == "filter") {
         auto n = std::make_unique<Node>();
         n->kind = Node::Kind::kFilterBlock;
@@ -1548,7 +1582,7 @@ class Parser {
         block->children.push_back(std::move(n));
       } else if (kw == "endfor" || kw == "endif" || kw == "elif" || kw == "else" ||
                  kw == "endset" || kw == "endmacro" || kw == "endfilter" ||
-                 kw == "endgeneration") {
+                 kw == "endgeneration" || kw == "endcall") {
         return Err(kw_pos, "unexpected '" + kw + "'", false);
       } else {
         return Err(kw_pos, "unsupported statement '" + kw + "'", true);
@@ -1648,6 +1682,19 @@ class Renderer {
         m.macro = &n;
         scopes_.back()[n.vars[0]] = std::move(m);
         return Status::Ok();
+      }
+      case Node::Kind::kCallBlock: {
+        // The macro runs with `caller` defined: caller(...) renders the body where the call
+        // block stands (its variables, not the macro's), in a frame of its own.
+        const Expr& call = *n.expr;
+        const Value f = Lookup(call.args[0]->name);
+        if (!f.macro) return Err(call.pos, "'" + call.args[0]->name + "' is not a macro");
+        PW_ASSIGN_OR_RETURN(Args args, EvalArgs(call, 1));
+        callers_.push_back({&n, scopes_.size(), frame_base_});
+        auto v = CallMacro(*f.macro, args, call.pos, /*with_caller=*/true);
+        callers_.pop_back();
+        PW_RETURN_IF_ERROR(v.status());
+        return Append(ToString(*v), n.pos, out);
       }
       case Node::Kind::kFilterBlock: {
         std::string body;
@@ -2123,6 +2170,7 @@ class Renderer {
       PW_RETURN_IF_ERROR(NeedArgs(args, 1, 1, name, pos));
       return InvalidArgument("chat template raised: " + ToString(args.pos[0]));
     }
+    if (name == "caller") return RenderCaller(args, pos);
     if (name == "cycle") {
       if (args.pos.empty()) return Err(pos, "no items for cycling given");
       return args.pos[static_cast<size_t>(f.i) % args.pos.size()];
@@ -2193,7 +2241,7 @@ class Renderer {
 
   // A macro call renders the body in a new frame that sees the template's top level and the
   // arguments; what it sets stays inside (a namespace it changes is shared, as in Jinja).
-  Result<Value> CallMacro(const Node& m, const Args& args, size_t pos) {
+  Result<Value> CallMacro(const Node& m, const Args& args, size_t pos, bool with_caller = false) {
     const std::string& name = m.vars[0];
     const size_t nparams = m.vars.size() - 1;
     if (args.pos.size() > nparams) {
@@ -2201,6 +2249,7 @@ class Renderer {
                           " argument(s)");
     }
     std::map<std::string, Value> frame;
+    if (with_caller) frame["caller"] = Value::Builtin("caller");
     for (size_t k = 0; k < args.pos.size(); ++k) frame[m.vars[k + 1]] = args.pos[k];
     for (const auto& [k, v] : args.kw) {
       bool known = false;
@@ -2231,6 +2280,45 @@ class Renderer {
     scopes_.pop_back();
     frame_base_ = saved_base;
     --macro_depth_;
+    PW_RETURN_IF_ERROR(st);
+    return Value::Str(std::move(out));
+  }
+
+  // caller(...) inside a macro a call block runs: the block's body, rendered with the scopes
+  // the block saw (those of the macro and anything above them set aside meanwhile) and its
+  // parameters bound in a frame of its own.
+  Result<Value> RenderCaller(const Args& args, size_t pos) {
+    if (callers_.empty()) return Err(pos, "'caller' is undefined");
+    const Caller c = callers_.back();
+    const Node& block = *c.node;
+    if (args.pos.size() > block.vars.size()) {
+      return Err(pos, "caller takes not more than " + std::to_string(block.vars.size()) + " argument(s)");
+    }
+    std::map<std::string, Value> frame;
+    for (const std::string& p : block.vars) frame[p] = Value();
+    for (size_t k = 0; k < args.pos.size(); ++k) frame[block.vars[k]] = args.pos[k];
+    for (const auto& [k, v] : args.kw) {
+      if (!frame.count(k)) return Err(pos, "caller takes no keyword argument '" + k + "'");
+      frame[k] = v;
+    }
+    if (macro_depth_ >= kMaxMacroDepth) {
+      return Err(pos, "macro calls nested deeper than " + std::to_string(kMaxMacroDepth));
+    }
+    std::vector<std::map<std::string, Value>> aside(std::make_move_iterator(scopes_.begin() + c.scopes),
+                                                    std::make_move_iterator(scopes_.end()));
+    scopes_.resize(c.scopes);
+    const size_t saved_base = frame_base_;
+    frame_base_ = c.frame_base;
+    callers_.pop_back();  // inside the body, caller is the enclosing block's
+    ++macro_depth_;
+    scopes_.push_back(std::move(frame));
+    std::string out;
+    const Status st = Render(*block.children[0], &out);
+    scopes_.pop_back();
+    --macro_depth_;
+    callers_.push_back(c);
+    frame_base_ = saved_base;
+    for (auto& scope : aside) scopes_.push_back(std::move(scope));
     PW_RETURN_IF_ERROR(st);
     return Value::Str(std::move(out));
   }
@@ -2572,6 +2660,62 @@ class Renderer {
       });
       PW_RETURN_IF_ERROR(st);
       return Value::MakeList(std::move(items));
+    }
+    if (f == "format") {
+      // Python's printf-style `value % args` (jinja2's format filter): %s, %r, %d, %i and %%,
+      // the arguments positional, or named as %(name)s with keyword arguments.
+      if (!args.pos.empty() && !args.kw.empty()) {
+        return Err(pos, "format: can't handle positional and keyword arguments at the same time");
+      }
+      const std::string fmt = ToString(v);
+      std::string out;
+      size_t next = 0;
+      for (size_t i = 0; i < fmt.size(); ++i) {
+        if (fmt[i] != '%') {
+          out += fmt[i];
+          continue;
+        }
+        if (++i >= fmt.size()) return Err(pos, "format: incomplete format");
+        if (fmt[i] == '%') {
+          out += '%';
+          continue;
+        }
+        const Value* arg = nullptr;
+        if (fmt[i] == '(') {
+          const size_t close = fmt.find(')', i);
+          if (close == std::string::npos) return Err(pos, "format: incomplete format key");
+          arg = args.Kw(fmt.substr(i + 1, close - i - 1));
+          if (arg == nullptr) return Err(pos, "format: KeyError: '" + fmt.substr(i + 1, close - i - 1) + "'");
+          i = close + 1;
+          if (i >= fmt.size()) return Err(pos, "format: incomplete format");
+        } else {
+          if (!args.kw.empty()) return Err(pos, "format: format requires a mapping");
+          if (next >= args.pos.size()) return Err(pos, "format: not enough arguments for format string");
+          arg = &args.pos[next++];
+        }
+        const char conv = fmt[i];
+        if (conv == 's') {
+          out += ToString(*arg);
+        } else if (conv == 'r') {
+          out += Repr(*arg);
+        } else if (conv == 'd' || conv == 'i') {
+          if (arg->kind == Value::Kind::kInt || arg->kind == Value::Kind::kBool) {
+            out += std::to_string(arg->kind == Value::Kind::kInt ? arg->i : static_cast<int64_t>(arg->b));
+          } else if (arg->kind == Value::Kind::kFloat && std::isfinite(arg->f) && std::fabs(arg->f) < 9e18) {
+            out += std::to_string(static_cast<int64_t>(arg->f));
+          } else {
+            return Err(pos, std::string("format: %") + conv + " format: a real number is required, not " +
+                                KindName(arg->kind));
+          }
+        } else {
+          return Err(pos, std::string("format: the conversion '%") + conv + "' is not supported");
+        }
+        if (out.size() > kMaxOutput) return Err(pos, "format() result too large");
+      }
+      if (args.kw.empty() && next < args.pos.size()) {
+        return Err(pos, "format: not all arguments converted during string formatting");
+      }
+      return Value::Str(std::move(out));
     }
     if (f == "sort") {
       // sort(reverse=False, case_sensitive=False, attribute=None): a stable sort; attribute may
@@ -2919,6 +3063,17 @@ class Renderer {
       PW_RETURN_IF_ERROR(need(1));
       return Contains(args[0], v, pos);
     }
+    if (t == "sameas") {
+      // Python's `is`: the same object. Only none, true and false are one object each whatever
+      // made them; for other values identity depends on the interpreter, so it is refused.
+      if (args.size() != 1) return Err(pos, "test 'sameas' takes one argument");
+      const Value& o = args[0];
+      auto singleton = [](const Value& x) { return x.kind == K::kNone || x.kind == K::kBool; };
+      if (singleton(v) || singleton(o)) {
+        return v.kind == o.kind && (v.kind != K::kBool || v.b == o.b);
+      }
+      return Err(pos, "test 'sameas' compares a value with none, true or false only");
+    }
     if (t == "divisibleby") {
       PW_RETURN_IF_ERROR(need(1));
       if (v.kind != K::kInt || args[0].kind != K::kInt) return Err(pos, "divisibleby takes integers");
@@ -2935,7 +3090,8 @@ class Renderer {
     if (t == "float") return v.kind == K::kFloat;
     if (t == "boolean") return v.kind == K::kBool;
     if (t == "sequence" || t == "iterable") {
-      return v.kind == K::kList || v.kind == K::kString || v.kind == K::kDict;
+      // jinja2's Undefined has a length and iterates as empty: it is both.
+      return v.kind == K::kList || v.kind == K::kString || v.kind == K::kDict || v.kind == K::kUndefined;
     }
     if (t == "mapping") return v.kind == K::kDict;
     if (t == "callable") return v.kind == K::kCallable;
@@ -3077,6 +3233,13 @@ class Renderer {
   int64_t now_unix_;
   std::vector<std::map<std::string, Value>> scopes_;
   size_t frame_base_ = 0;  // first scope of the current macro frame (0: the top level)
+  // The call blocks whose macros are running, innermost last: where caller() renders.
+  struct Caller {
+    const Node* node;
+    size_t scopes;      // scopes_.size() when the block ran
+    size_t frame_base;  // frame_base_ then
+  };
+  std::vector<Caller> callers_;
   LoopCtl loop_ctl_ = LoopCtl::kNone;
   int macro_depth_ = 0;
 };

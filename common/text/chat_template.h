@@ -20,25 +20,36 @@
 //   {% break %} / {% continue %}; {% if %} / {% elif %} / {% else %} / {% endif %};
 //   {% set name = expr %}, {% set ns.attr = expr %} on a namespace(), {% set name %}...{% endset %};
 //   {% macro name(arg, arg=default) %}...{% endmacro %} and calls with positional and keyword
-//   arguments; {% filter name(args) %}...{% endfilter %}; {% generation %}...{% endgeneration %};
+//   arguments; {% call[(params)] macro(args) %}...{% endcall %}, the body rendered by caller(...)
+//   where the block stands; {% filter name(args) %}...{% endfilter %};
+//   {% generation %}...{% endgeneration %};
 //   expressions: string/integer/float/true/false/none literals, list, tuple and dict literals,
 //   names, x.attr, x['key'], x[i], x[a:b:c] (strings by code point, as Python), + - * / // % ~,
 //   == != < <= > >=, in / not in, and / or / not, `a if cond else b`;
 //   tests `is [not]` defined, undefined, none, string, number, integer, float, boolean, sequence,
 //   iterable, mapping, callable, true, false, odd, even, divisibleby, lower, upper, equalto/eq/==,
-//   ne/!=, lt/<, le/<=, gt/>, ge/>=, in;
+//   ne/!=, lt/<, le/<=, gt/>, ge/>=, in, sameas (with none, true or false);
 //   filters trim, length, count, upper, lower, capitalize, title, string, first, last, join,
 //   default/d, tojson(indent=, ensure_ascii=, sort_keys=), list, items, dictsort, unique,
 //   replace, indent(width, first=, blank=), wordcount, int, float, abs, round, safe, select,
-//   reject, selectattr, rejectattr, map(filter or attribute=);
+//   reject, selectattr, rejectattr, map(filter or attribute=), sort(reverse=, case_sensitive=,
+//   attribute= one or several, comma-separated), min and max(case_sensitive=, attribute=),
+//   format (printf-style: %s %r %d %i %%, %(name)s);
 //   string methods strip, lstrip, rstrip, upper, lower, startswith, endswith, replace, split,
-//   title, capitalize; dict methods get, keys, values, items. Case changes (upper, lower, title,
-//   capitalize, tests lower/upper) are Python's on all of Unicode (common/text/unicode_case.h),
-//   the `title` filter jinja2's own (words split at '-', brackets and whitespace).
-// Anything else (include, import, extends, call blocks, other filters, tests or functions) is
-// refused at parse time with kUnsupported naming the line and column; malformed templates with
-// kInvalidArgument and the position. Rendering errors (raise_exception, type errors) are
-// kInvalidArgument.
+//   title, capitalize, format (plain fields: {}, {0}, {name}, {{ }}); dict methods get, keys,
+//   values, items. The methods that modify a list or dict (append, pop, update, ...) parse and
+//   fail when called, as under HF's immutable sandbox (SecurityError). Case changes (upper,
+//   lower, title, capitalize, tests lower/upper) are Python's on all of Unicode
+//   (common/text/unicode_case.h), the `title` filter jinja2's own (words split at '-', brackets
+//   and whitespace).
+// A filter or test jinja2 itself does not define (DeepSeek-V3.2's `from_json`) is refused at
+// parse time, except where jinja2 defers the check to the moment it is reached (an if's test
+// and branches, an inline if, outside any loop, macro or block nested there): there rendering
+// fails only if it is reached, as under HF.
+// Anything else (include, import, extends, recursive loops, jinja2's other filters, tests or
+// functions) is refused at parse time with kUnsupported naming the line and column; malformed
+// templates with kInvalidArgument and the position. Rendering errors (raise_exception, type
+// errors) are kInvalidArgument.
 #pragma once
 
 #include <memory>

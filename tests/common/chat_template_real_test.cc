@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -67,9 +68,25 @@ TEST(ChatTemplateRealTemplates, RenderLikeJinja2) {
   for (const auto& [name, src] : fixture["inline_templates"].items()) {
     sources[name] = src.get<std::string>();
   }
+  // jinja2 refuses to compile a few templates as they were published (a syntax error, a filter
+  // no Jinja defines outside an if): HF raises for every conversation. The engine must refuse
+  // those at parse time too, and parse every other.
+  std::set<std::string> uncompilable;
+  for (const json& c : fixture["cases"]) {
+    const std::string e = c.value("error", "");
+    if (e.rfind("TemplateSyntaxError", 0) == 0 || e.rfind("TemplateAssertionError", 0) == 0) {
+      uncompilable.insert(c["template"].get<std::string>());
+    }
+  }
   std::map<std::string, ChatTemplate> templates;
+  std::set<std::string> refused;  // uncompilable ones the engine refused as well
   for (const auto& [name, src] : sources) {
     auto t = ChatTemplate::Parse(src);
+    if (uncompilable.count(name)) {
+      EXPECT_FALSE(t.ok()) << name << ": jinja2 cannot compile it, the engine parsed it";
+      if (!t.ok()) refused.insert(name);
+      continue;
+    }
     EXPECT_TRUE(t.ok()) << name << ": " << t.status().ToString();
     if (t.ok()) templates.emplace(name, std::move(t).value());
   }
@@ -79,6 +96,11 @@ TEST(ChatTemplateRealTemplates, RenderLikeJinja2) {
     const std::string name = c["template"].get<std::string>();
     auto& [same, total] = identical[name];
     ++total;
+    if (refused.count(name)) {
+      EXPECT_TRUE(c.contains("error")) << name << ": HF rendered a case of a template it cannot compile";
+      if (c.contains("error")) ++same;
+      continue;
+    }
     auto t = templates.find(name);
     if (t == templates.end()) continue;
     ChatTemplateInputs in;
@@ -122,8 +144,9 @@ TEST(ChatTemplateRealTemplates, RenderLikeJinja2) {
     real_identical += ok && fixture["templates"].contains(name);
     std::printf("%-60s %3d/%3d\n", name.c_str(), counts.first, counts.second);
   }
-  std::printf("real templates rendering every case like jinja2: %zu of %zu\n", real_identical,
-              real);
+  std::printf("real templates rendering every case like jinja2: %zu of %zu (%zu of them refused at "
+              "load, as jinja2 refuses to compile them)\n",
+              real_identical, real, refused.size());
   EXPECT_EQ(all_identical, sources.size());
   EXPECT_GT(errors, 0u);
 }

@@ -169,7 +169,11 @@ TEST(ChatTemplate, RenderErrors) {
         "{% for m in 5 %}{% endfor %}", "{{ bos_missing + 'x' }}", "{{ '{:>5}'.format(1) }}",
         "{{ '{0.role}'.format(messages[0]) }}", "{{ '{}{}'.format(1) }}", "{{ '{0}{}'.format(1, 2) }}",
         "{{ '{x}'.format(y=1) }}", "{{ 'a}'.format() }}", "{{ [1].append(2) }}", "{{ {'a': 1}.pop('a') }}",
-        "{% if true %}{{ 1 | from_json }}{% endif %}", "{{ 1 is nosuch if true else 2 }}"}) {
+        "{% if true %}{{ 1 | from_json }}{% endif %}", "{{ 1 is nosuch if true else 2 }}",
+        "{{ 1 is sameas 1 }}", "{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}",
+        "{% macro m() %}{{ caller(1, 2) }}{% endmacro %}{% call(a) m() %}{% endcall %}",
+        "{{ '%s %s' | format(1) }}", "{{ '%s' | format(1, 2) }}", "{{ '%x' | format(1) }}",
+        "{{ '%d' | format('a') }}", "{{ '%(a)s' | format(b=1) }}", "{{ '%s' | format(1, a=2) }}"}) {
     auto p = ChatTemplate::Parse(bad);
     ASSERT_TRUE(p.ok()) << bad << ": " << p.status().ToString();
     auto r = p->Render(in);
@@ -206,10 +210,16 @@ TEST(ChatTemplate, UnsupportedAndMalformedSyntaxNamePosition) {
     const char* in_message;
   };
   const std::vector<Case> cases = {
-      {"{% call m() %}{% endcall %}", StatusCode::kUnsupported, "line 1, column 4"},
+      {"{% call m() %}{% endcall %}", StatusCode::kUnsupported, "line 1, column 9: unsupported function 'm'"},
+      {"{% macro m() %}{% endmacro %}{% call m %}{% endcall %}", StatusCode::kUnsupported,
+       "'call' needs a macro call"},
+      {"{% macro m() %}{% endmacro %}{% call(a=1) m() %}{% endcall %}", StatusCode::kUnsupported,
+       "a default for a caller parameter"},
+      {"{% macro m() %}{% endmacro %}{% call m() %}x", StatusCode::kInvalidArgument, "without 'endcall'"},
+      {"{% endcall %}", StatusCode::kInvalidArgument, "unexpected 'endcall'"},
       {"ok\n{% include 'x' %}", StatusCode::kUnsupported, "line 2, column 4"},
       {"{{ x | batch(2) }}", StatusCode::kUnsupported, "unsupported filter 'batch'"},
-      {"{{ x is sameas none }}", StatusCode::kUnsupported, "unsupported test"},
+      {"{{ x is escaped }}", StatusCode::kUnsupported, "unsupported test 'escaped'"},
       {"{{ x.zfill(3) }}", StatusCode::kUnsupported, "unsupported method 'zfill'"},
       // A filter or test Jinja does not define either: refused where jinja2 refuses it when it
       // compiles the template (outside an if, or in a loop's body inside one) ...
