@@ -169,6 +169,45 @@ TEST(ModelFamily, Glm4MoeShardedCheckpointLoadsAndAMissingShardIsNamed) {
   EXPECT_NE(missing.status().message().find("model.safetensors.index.json"), std::string::npos);
 }
 
+// glm4_moe's config.json as transformers 5 itself writes it (Glm4MoeConfig's own to_dict:
+// rope_theta and partial_rotary_factor inside rope_parameters, no top-level rope fields; the
+// fixture's is in the released GLM-4.5 layout): the same model, the same logits bit for bit,
+// so HF's references hold for it too.
+TEST(ModelFamily, Glm4MoeConfigAsTransformers5WritesItGivesTheSameLogits) {
+  pw::testing::TempDir tmp;
+  WriteFixtureCopy("glm4_moe", tmp.path(), "", [](nlohmann::json& c) {
+    const double theta = c["rope_theta"].get<double>(), partial = c["partial_rotary_factor"].get<double>();
+    c.erase("rope_theta");
+    c.erase("partial_rotary_factor");
+    c.erase("rope_scaling");
+    c["rope_parameters"] = {{"rope_theta", theta}, {"partial_rotary_factor", partial}, {"rope_type", "default"}};
+  });
+  auto released = Engine::Create(testing::FixtureModelDir("glm4_moe"), {});
+  auto v5 = Engine::Create(tmp.path(), {});
+  ASSERT_TRUE(released.ok() && v5.ok()) << v5.status().ToString();
+  const std::vector<int32_t> ids = {5, 900, 17, 3000, 42, 7, 1, 77};
+  auto a = (*released)->ForwardLogits(ids);
+  auto b = (*v5)->ForwardLogits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
+  // The rotary fraction is read from rope_parameters, not defaulted: a full rotary gives
+  // other logits.
+  pw::testing::TempDir full;
+  WriteFixtureCopy("glm4_moe", full.path(), "", [](nlohmann::json& c) {
+    const double theta = c["rope_theta"].get<double>();
+    c.erase("rope_theta");
+    c.erase("partial_rotary_factor");
+    c.erase("rope_scaling");
+    c["rope_parameters"] = {{"rope_theta", theta}, {"partial_rotary_factor", 1.0}, {"rope_type", "default"}};
+  });
+  auto other = Engine::Create(full.path(), {});
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto c = (*other)->ForwardLogits(ids);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(std::memcmp(a->data(), c->data(), a->size() * sizeof(float)), 0);
+}
+
 // The selection bias is required: without it the routing would silently differ from the
 // model's, so its absence is an error naming the tensor.
 TEST(ModelFamily, Glm4MoeWithoutTheSelectionBiasIsRefusedNamingIt) {
