@@ -66,10 +66,16 @@ int main(int argc, char** argv) {
        }},
       {"fnv1a64", [](const uint8_t* p, size_t n) { return pw::Fnv1a64Of(p, n); }},
       {"crc32 (slicing-by-8)",
-       [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32(p, n)}; }},
+       [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32Scalar(p, n)}; }},
       {"crc32c scalar (slicing-by-8)",
        [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32cScalar(p, n)}; }},
   };
+  if (pw::Crc32ClmulAvailable()) {
+    fns.push_back({"crc32 pclmul (4 folds)",
+                   [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32Clmul(p, n)}; }});
+  } else {
+    std::printf("no PCLMULQDQ: crc32 pclmul not measured\n");
+  }
   if (pw::Crc32cHardwareAvailable()) {
     fns.push_back({"crc32c sse4.2 (3 lanes)",
                    [](const uint8_t* p, size_t n) { return uint64_t{pw::Crc32cHardware(p, n)}; }});

@@ -1,6 +1,7 @@
 #include "common/hash.h"
 
 #include <nmmintrin.h>
+#include <wmmintrin.h>
 
 #include <array>
 #include <cstring>
@@ -85,11 +86,74 @@ struct LaneShifts {
   uint32_t one = XPow8n(kLane), two = XPow8n(2 * kLane);
 };
 
+const CrcTables& Crc32Tables() {
+  static const CrcTables t = MakeCrcTables(kCrc32Poly);
+  return t;
+}
+
 }  // namespace
 
+namespace {
+
+// A 16-byte block folded forward by the distance of the constants `k` (Crc32Clmul).
+__attribute__((target("pclmul,sse4.1"))) inline __m128i Fold(__m128i x, __m128i k) {
+  return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
+}
+__attribute__((target("pclmul,sse4.1"))) inline __m128i Load128(const uint8_t* q) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+}
+
+}  // namespace
+
+uint32_t Crc32Scalar(const void* data, size_t n, uint32_t crc) {
+  return ~SliceBy8(Crc32Tables(), static_cast<const uint8_t*>(data), n, ~crc);
+}
+
+// The register is the remainder of the message polynomial, so 16 message bytes X followed by D
+// more bits leave what X * x^D mod P leaves: a block is folded forward over the next block(s) by
+// two carry-less products, its low 64 bits (the earlier ones, the CRC being reflected) times
+// (x^(D+32) mod P) and its high 64 bits times (x^(D-32) mod P), both bit-reflected and shifted
+// left by one, as PCLMULQDQ wants them. D = 512 folds four blocks at a time (four independent
+// chains), D = 128 one. The last block's register comes from the tables, from zero: the
+// initial register was xored into the first block.
+__attribute__((target("pclmul,sse4.1"))) uint32_t Crc32Clmul(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t c = ~crc;
+  if (n >= 64) {
+    const __m128i fold4 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);  // x^480, x^544 mod P
+    const __m128i fold1 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);  // x^96, x^160 mod P
+    __m128i x0 = _mm_xor_si128(Load128(p), _mm_cvtsi32_si128(static_cast<int>(c)));
+    __m128i x1 = Load128(p + 16), x2 = Load128(p + 32), x3 = Load128(p + 48);
+    p += 64;
+    n -= 64;
+    for (; n >= 64; p += 64, n -= 64) {
+      x0 = _mm_xor_si128(Fold(x0, fold4), Load128(p));
+      x1 = _mm_xor_si128(Fold(x1, fold4), Load128(p + 16));
+      x2 = _mm_xor_si128(Fold(x2, fold4), Load128(p + 32));
+      x3 = _mm_xor_si128(Fold(x3, fold4), Load128(p + 48));
+    }
+    __m128i x = _mm_xor_si128(Fold(x0, fold1), x1);
+    x = _mm_xor_si128(Fold(x, fold1), x2);
+    x = _mm_xor_si128(Fold(x, fold1), x3);
+    for (; n >= 16; p += 16, n -= 16) x = _mm_xor_si128(Fold(x, fold1), Load128(p));
+    alignas(16) uint8_t last[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(last), x);
+    c = SliceBy8(Crc32Tables(), last, 16, 0);
+  }
+  return ~SliceBy8(Crc32Tables(), p, n, c);
+}
+
+bool Crc32ClmulAvailable() {
+  static const bool available = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("pclmul") != 0 && __builtin_cpu_supports("sse4.1") != 0;
+  }();
+  return available;
+}
+
 uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
-  static const CrcTables t = MakeCrcTables(kCrc32Poly);
-  return ~SliceBy8(t, static_cast<const uint8_t*>(data), n, ~crc);
+  static const auto fn = Crc32ClmulAvailable() ? &Crc32Clmul : &Crc32Scalar;
+  return fn(data, n, crc);
 }
 
 uint32_t Crc32cScalar(const void* data, size_t n, uint32_t crc) {

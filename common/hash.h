@@ -1,6 +1,6 @@
 // The project's hashes: FNV-1a 64-bit (model hashes, name seeds), CRC-32 (store sections,
 // trace records) and CRC-32C (expert parts fetched from the broker). One implementation each;
-// CRC-32C has a scalar reference and a hardware path (SSE4.2), chosen at run time.
+// the CRCs have a scalar reference and a hardware path (PCLMULQDQ, SSE4.2), chosen at run time.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +31,14 @@ inline uint64_t Fnv1a64Of(const void* data, size_t n) {
 }
 
 // CRC-32 (IEEE 802.3 polynomial, reflected, as zlib's crc32); `crc` chains calls (start at 0).
+// By carry-less multiplication where the CPU has PCLMULQDQ (every x86-64 CPU this project
+// runs on), else by tables.
 uint32_t Crc32(const void* data, size_t n, uint32_t crc = 0);
+// The two backends behind Crc32, for tests and benchmarks: slicing-by-8 tables (any CPU;
+// defines correct), and 16-byte blocks folded by PCLMULQDQ, four chains at a time.
+uint32_t Crc32Scalar(const void* data, size_t n, uint32_t crc = 0);
+uint32_t Crc32Clmul(const void* data, size_t n, uint32_t crc = 0);  // needs PCLMULQDQ, SSE4.1
+bool Crc32ClmulAvailable();
 
 // CRC-32C (Castagnoli polynomial 0x1EDC6F41, reflected; iSCSI, ext4, SSE4.2's crc32), at
 // memory speed where the CPU has SSE4.2: `crc` chains calls (start at 0), so a part hashed page
