@@ -421,7 +421,7 @@ void RegisterAll() {
   // The fast path also at 8 and 32 tokens (where the AMX backend takes over from AVX-512).
   const int q8_token_counts[] = {1, 4, 8, 12, 16, 32};
   // The dense kernel also at the token counts of batch-2/8/32 decode steps.
-  const int bf16_token_counts[] = {1, 2, 4, 8, 16, 32};
+  const int bf16_token_counts[] = {1, 2, 4, 5, 7, 8, 16, 32};  // 5, 7: 1 and 3 tokens past a 4-token tile
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   // Single-thread cases keep their plain names; threaded ones get "/threads<n>" and wall time.
   auto finish = [](benchmark::internal::Benchmark* b, int threads) {
