@@ -197,6 +197,17 @@ def render(tok, tpl, conv, tools, gen, cont, kwargs):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+DOCUMENTS = [{"title": "Tides", "text": "The moon pulls the sea twice a day."},
+             {"title": "Paris", "text": "Paris is the capital of France."}]
+COHERE_TOOLS = [{"name": "internet_search", "description": "Returns a list of relevant document snippets.",
+                 "parameter_definitions": {"query": {"description": "Query to search the internet with",
+                                                     "type": "str", "required": True}}},
+                {"name": "directly_answer", "description": "Answers without any tool.",
+                 "parameter_definitions": {}}]
+
+TOOLS.append(COHERE_TOOLS)
+COHERE_TOOLS_INDEX = len(TOOLS) - 1
+
 # Real templates /tokenize is also checked with (the embedded model's tokenizer, the template
 # given as the checkpoint's chat_template.jinja): ones that need no bos/eos token or clock.
 TOKENIZE_TEMPLATES = [None, "llama.cpp-Qwen-Qwen2.5-7B-Instruct", "llama.cpp-Qwen-Qwen3-0.6B",
@@ -266,8 +277,17 @@ def main():
         variants = [{}]
         if "enable_thinking" in tpl:
             variants.append({"enable_thinking": False})
+        # Variables some templates need besides messages and tools, given as extra variables
+        # (chat_template_kwargs): RAG documents, firefunction's `functions` string and date;
+        # templates of Cohere's own tool format also get tools in that format (below).
+        if "documents" in tpl:
+            variants.append({"documents": DOCUMENTS})
+        if "+ functions" in tpl:
+            variants.append({"functions": json.dumps([WEATHER["function"]], indent=2), "datetime": "2025-07-26"})
         for ci, conv in enumerate(CONVERSATIONS):
             tool_sets = [None] + ([WITH_TOOLS[ci]] if ci in WITH_TOOLS else [])
+            if "parameter_definitions" in tpl and ci in WITH_TOOLS:
+                tool_sets.append(COHERE_TOOLS_INDEX)  # Cohere's own tool format
             for ti in tool_sets:
                 tools = TOOLS[ti] if ti is not None else None
                 runs = [(False, False), (True, False)]

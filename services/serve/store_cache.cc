@@ -114,7 +114,7 @@ Result<bool> EnsureStore(const StorePaths& paths, const StoreBuild& build) {
     return false;
   }
   const bool resuming = fs::exists(paths.partial, ec);
-  std::fprintf(stderr, "pw serve: %s the any-precision store %s (%d threads; parts kept in %s)\n",
+  std::fprintf(stderr, "pw serve: %s the any-precision store %s (%d threads; progress kept in %s)\n",
                resuming ? "resuming the build of" : "building", paths.store.c_str(), build.threads,
                paths.partial.c_str());
   std::fflush(stderr);

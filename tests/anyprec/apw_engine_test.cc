@@ -594,7 +594,8 @@ TEST(ApwGlm4Moe, DenseFirstLayersHaveNoBlocks) {
   EXPECT_EQ(info.layers, (std::vector<uint32_t>{1, 2}));
   EXPECT_EQ((*opened)->Find(0, 0, apw::BlockKind::kGateUp), nullptr);
   EXPECT_NE((*opened)->Find(1, 15, apw::BlockKind::kDown), nullptr);
-  // A build through a resume directory (one part per MoE layer) writes the same bytes.
+  // A build through a resume directory (the store's progress recorded after each MoE layer)
+  // writes the same bytes.
   {
     auto read = [](const std::string& p) {
       std::ifstream f(p, std::ios::binary);
