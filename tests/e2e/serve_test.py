@@ -1,10 +1,11 @@
 """`pw serve MODEL_DIR` end to end, with real processes on loopback.
 
-The checkpoint is the embedded model rewritten as a sharded Hugging Face cache snapshot
+The checkpoint is not the embedded model: a synthetic qwen3_moe (make_synthetic_moe, random
+weights) written as a sharded Hugging Face cache snapshot
 (<tmp>/hub/models--pwtest--tiny-sharded/snapshots/rev0: model.safetensors split in two shards
 with model.safetensors.index.json, files linked from ../../blobs like the hub's cache, the
-tokenizer copied and the Qwen3 family's real chat template as chat_template.jinja), served with
-nothing but `pw serve DIR` and a cache directory and port of the test's own:
+embedded model's tokenizer and the Qwen3 family's real chat template as chat_template.jinja),
+served with nothing but `pw serve DIR` and a cache directory and port of the test's own:
 
   1. the first start is SIGKILLed as soon as its progress shows a layer of the store built;
      the calibration, the store's .tmp and its progress are kept, no store is published;
@@ -96,19 +97,26 @@ QWEN3_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", 
                               "llama.cpp-Qwen-Qwen3-0.6B.jinja")
 
 
-def make_snapshot(model_dir, hub):
-    """The embedded model as a sharded hub cache snapshot with Qwen3's chat template; returns
+def make_snapshot(bindir, model_dir, hub):
+    """A checkpoint that is not the embedded model as a sharded hub cache snapshot: a synthetic
+    qwen3_moe (make_synthetic_moe: 4 layers, 16 experts top-8, hidden 128, random weights) with
+    the embedded model's tokenizer (its vocabulary: 4096 ids) and Qwen3's chat template; returns
     the snapshot directory."""
     repo = os.path.join(hub, "models--pwtest--tiny-sharded")
     blobs, snap = os.path.join(repo, "blobs"), os.path.join(repo, "snapshots", "rev0")
     os.makedirs(blobs)
     os.makedirs(snap)
     staging = tempfile.mkdtemp(dir=hub)
+    synthetic = tempfile.mkdtemp(dir=hub)
+    subprocess.run([os.path.join(bindir, "make_synthetic_moe"), "--type", "qwen3_moe", "--layers", "4",
+                    "--experts", "16", "--vocab", "4096", "--hidden", "128", "--expert-ffn", "64",
+                    "--seed", "7", "--out", synthetic], check=True, capture_output=True)
     shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    split_safetensors(os.path.join(model_dir, "model.safetensors"), staging, shards)
-    for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
-        if os.path.exists(os.path.join(model_dir, name)):
-            shutil.copy(os.path.join(model_dir, name), staging)
+    split_safetensors(os.path.join(synthetic, "model.safetensors"), staging, shards)
+    shutil.copy(os.path.join(synthetic, "config.json"), staging)
+    shutil.rmtree(synthetic)
+    for name in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(os.path.join(model_dir, name), staging)
     shutil.copy(QWEN3_TEMPLATE, os.path.join(staging, "chat_template.jinja"))
     for name in sorted(os.listdir(staging)):
         with open(os.path.join(staging, name), "rb") as f:
@@ -234,7 +242,7 @@ def main():
     pw = os.path.join(bindir, "pw")
     tmp = tempfile.mkdtemp(prefix="pw-serve-test-")
     try:
-        snap = make_snapshot(model, os.path.join(tmp, "hub"))
+        snap = make_snapshot(bindir, model, os.path.join(tmp, "hub"))
         cache = os.path.join(tmp, "cache")
         port = free_port()
         common = ["--store-dir", cache, "--port", str(port), "--memory", "2G", "--quantize-threads", THREADS]
