@@ -103,6 +103,64 @@ uint64_t BlockDataBytes(uint32_t rows, uint32_t cols) {
   return LutOffset(rows, cols, kMaxBits + 1);
 }
 
+namespace {
+
+// One block table entry, checked as far as it goes on its own: its checksum, a block of `info`'s
+// layers, the model's shape, the data size of that shape, finite non-negative damages. Where its
+// data lies, and whether it repeats another entry, is the caller's to check (a reader and a
+// resumed writer place regions by different rules). `where` names the entry in errors.
+struct CheckedEntry {
+  uint32_t layer, expert;
+  BlockKind kind;
+  uint32_t rows, cols, data_crc;
+  uint64_t offset, bytes, calib_tokens;
+  double damage[kDamageSlots];
+  std::string name;  // `where` and the block's (layer, expert, kind)
+};
+
+Result<CheckedEntry> CheckEntry(const uint8_t* e, const StoreInfo& info, const std::string& where) {
+  if (Get<uint32_t>(e, 124) != Crc32(e, 124)) return Corrupt(where + ": table entry checksum mismatch");
+  CheckedEntry c;
+  c.layer = Get<uint32_t>(e, 0);
+  c.expert = Get<uint32_t>(e, 4);
+  const auto kind = Get<uint32_t>(e, 8);
+  if (c.layer >= info.num_layers || c.expert >= info.num_experts || kind > 1) {
+    return Corrupt(where + ": (layer " + std::to_string(c.layer) + ", expert " + std::to_string(c.expert) +
+                   ", kind " + std::to_string(kind) + ") out of range");
+  }
+  if (!info.HasLayer(c.layer)) {
+    return Corrupt(where + ": layer " + std::to_string(c.layer) + " is not in the store's layers " +
+                   LayerListString(info.layers));
+  }
+  c.kind = static_cast<BlockKind>(kind);
+  c.name = where + " (" + Describe(c.layer, c.expert, c.kind) + ")";
+  c.rows = Get<uint32_t>(e, 12);
+  c.cols = Get<uint32_t>(e, 16);
+  uint32_t rows, cols;
+  ExpectedShape(info, c.kind, &rows, &cols);
+  if (c.rows != rows || c.cols != cols || Get<uint32_t>(e, 20) != anyprec::PlaneRowBytes(static_cast<int>(cols))) {
+    return Corrupt(c.name + ": shape " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+                   " does not match the model's " + std::to_string(rows) + "x" + std::to_string(cols));
+  }
+  c.offset = Get<uint64_t>(e, 24);
+  c.bytes = Get<uint64_t>(e, 32);
+  if (c.bytes != BlockDataBytes(rows, cols)) {
+    return Corrupt(c.name + ": data region [" + std::to_string(c.offset) + ", +" + std::to_string(c.bytes) +
+                   ") out of bounds or misaligned");
+  }
+  c.calib_tokens = Get<uint64_t>(e, 40);
+  for (int sl = 0; sl < kDamageSlots; ++sl) {
+    c.damage[sl] = Get<double>(e, 48 + 8 * sl);
+    if (!std::isfinite(c.damage[sl]) || c.damage[sl] < 0) {
+      return Corrupt(c.name + ": damage[" + std::to_string(kDamageBits[sl]) + "] is not a finite non-negative number");
+    }
+  }
+  c.data_crc = Get<uint32_t>(e, 104);
+  return c;
+}
+
+}  // namespace
+
 // ---- Writer -------------------------------------------------------------------------------
 
 ApwWriter::ApwWriter(std::string path, const StoreInfo& info, int fd)
@@ -180,30 +238,16 @@ Result<std::unique_ptr<ApwWriter>> ApwWriter::Resume(const std::string& path, co
   uint64_t end = kDataAlign;
   const size_t n = progress.table.size() / kEntryBytes;
   for (size_t i = 0; i < n; ++i) {
-    const uint8_t* e = progress.table.data() + i * kEntryBytes;
     const std::string where = tmp + ": block " + std::to_string(i) + " of the progress";
-    if (Get<uint32_t>(e, 124) != Crc32(e, 124)) return Corrupt(where + ": table entry checksum mismatch");
-    const auto layer = Get<uint32_t>(e, 0), expert = Get<uint32_t>(e, 4), kind = Get<uint32_t>(e, 8);
-    if (layer >= info.num_layers || expert >= info.num_experts || kind > 1 || !info.HasLayer(layer)) {
-      return Corrupt(where + ": (layer " + std::to_string(layer) + ", expert " + std::to_string(expert) +
-                     ", kind " + std::to_string(kind) + ") is not a block of this store");
-    }
-    const std::string name = where + " (" + Describe(layer, expert, static_cast<BlockKind>(kind)) + ")";
-    uint8_t& seen = w->seen_[ExpertBlockIndex(layer, expert, static_cast<BlockKind>(kind), info.num_experts)];
+    PW_ASSIGN_OR_RETURN(CheckedEntry c, CheckEntry(progress.table.data() + i * kEntryBytes, info, where));
+    const std::string& name = c.name;
+    uint8_t& seen = w->seen_[ExpertBlockIndex(c.layer, c.expert, c.kind, info.num_experts)];
     if (seen) return Corrupt(name + ": listed twice");
     seen = 1;
-    uint32_t rows, cols;
-    ExpectedShape(info, static_cast<BlockKind>(kind), &rows, &cols);
-    const auto offset = Get<uint64_t>(e, 24), bytes = Get<uint64_t>(e, 32);
-    if (Get<uint32_t>(e, 12) != rows || Get<uint32_t>(e, 16) != cols ||
-        Get<uint32_t>(e, 20) != anyprec::PlaneRowBytes(static_cast<int>(cols)) || bytes != BlockDataBytes(rows, cols) ||
-        offset != AlignUp(end, kDataAlign) || offset + bytes > progress.end) {
-      return Corrupt(name + ": shape or data region [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+    const uint64_t offset = c.offset, bytes = c.bytes;
+    if (offset != AlignUp(end, kDataAlign) || offset + bytes > progress.end) {
+      return Corrupt(name + ": data region [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
                      ") is not where this writer puts it");
-    }
-    for (int sl = 0; sl < kDamageSlots; ++sl) {
-      const double d = Get<double>(e, 48 + 8 * sl);
-      if (!std::isfinite(d) || d < 0) return Corrupt(name + ": damage is not a finite non-negative number");
     }
     data.resize(bytes);
     for (uint64_t at = 0; at < bytes;) {
@@ -212,7 +256,7 @@ Result<std::unique_ptr<ApwWriter>> ApwWriter::Resume(const std::string& path, co
       if (r <= 0) return IoError(name + ": cannot read its data: " + (r < 0 ? std::strerror(errno) : "end of file"));
       at += static_cast<uint64_t>(r);
     }
-    if (Crc32(data.data(), data.size()) != Get<uint32_t>(e, 104)) return Corrupt(name + ": data checksum mismatch");
+    if (Crc32(data.data(), data.size()) != c.data_crc) return Corrupt(name + ": data checksum mismatch");
     end = offset + bytes;
   }
   if (end != progress.end) {
@@ -497,53 +541,28 @@ Result<std::unique_ptr<ApwStore>> ApwStore::Open(const std::string& path, const 
   s->data_bytes_.resize(num_blocks);
   s->index_.assign(static_cast<size_t>(info.num_layers) * info.num_experts * 2, -1);
   for (uint32_t i = 0; i < num_blocks; ++i) {
-    const uint8_t* e = table + i * kEntryBytes;
-    const std::string where = path + ": block " + std::to_string(i);
-    if (Get<uint32_t>(e, 124) != Crc32(e, 124)) return Corrupt(where + ": table entry checksum mismatch");
-    BlockData& b = s->blocks_[i];
-    b.layer = Get<uint32_t>(e, 0);
-    b.expert = Get<uint32_t>(e, 4);
-    const auto kind = Get<uint32_t>(e, 8);
-    if (b.layer >= info.num_layers || b.expert >= info.num_experts || kind > 1) {
-      return Corrupt(where + ": (layer " + std::to_string(b.layer) + ", expert " +
-                     std::to_string(b.expert) + ", kind " + std::to_string(kind) + ") out of range");
-    }
-    if (!info.HasLayer(b.layer)) {
-      return Corrupt(where + ": layer " + std::to_string(b.layer) + " is not in the store's layers " +
-                     LayerListString(info.layers));
-    }
-    b.kind = static_cast<BlockKind>(kind);
-    const std::string name = where + " (" + Describe(b.layer, b.expert, b.kind) + ")";
-    int32_t& slot = s->index_[ExpertBlockIndex(b.layer, b.expert, b.kind, info.num_experts)];
+    PW_ASSIGN_OR_RETURN(CheckedEntry c, CheckEntry(table + i * kEntryBytes, info, path + ": block " + std::to_string(i)));
+    const std::string& name = c.name;
+    int32_t& slot = s->index_[ExpertBlockIndex(c.layer, c.expert, c.kind, info.num_experts)];
     if (slot >= 0) return Corrupt(name + ": duplicate of block " + std::to_string(slot));
     slot = static_cast<int32_t>(i);
-    b.rows = Get<uint32_t>(e, 12);
-    b.cols = Get<uint32_t>(e, 16);
-    uint32_t rows, cols;
-    ExpectedShape(info, b.kind, &rows, &cols);
-    if (b.rows != rows || b.cols != cols ||
-        Get<uint32_t>(e, 20) != anyprec::PlaneRowBytes(static_cast<int>(cols))) {
-      return Corrupt(name + ": shape " + std::to_string(b.rows) + "x" + std::to_string(b.cols) +
-                     " does not match the model's " + std::to_string(rows) + "x" + std::to_string(cols));
-    }
-    const auto offset = Get<uint64_t>(e, 24);
-    const auto bytes = Get<uint64_t>(e, 32);
-    if (bytes != BlockDataBytes(rows, cols) || offset % kDataAlign != 0 || offset < kHeaderBytes ||
-        offset > table_offset || table_offset - offset < bytes) {
+    const uint64_t offset = c.offset, bytes = c.bytes;
+    if (offset % kDataAlign != 0 || offset < kHeaderBytes || offset > table_offset || table_offset - offset < bytes) {
       return Corrupt(name + ": data region [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
                      ") out of bounds or misaligned");
     }
-    b.calib_tokens = Get<uint64_t>(e, 40);
-    for (int sl = 0; sl < kDamageSlots; ++sl) {
-      const double d = Get<double>(e, 48 + 8 * sl);
-      if (!std::isfinite(d) || d < 0) {
-        return Corrupt(name + ": damage[" + std::to_string(kDamageBits[sl]) + "] is not a finite non-negative number");
-      }
-      b.damage[kDamageBits[sl]] = d;
-    }
+    BlockData& b = s->blocks_[i];
+    b.layer = c.layer;
+    b.expert = c.expert;
+    b.kind = c.kind;
+    b.rows = c.rows;
+    b.cols = c.cols;
+    b.calib_tokens = c.calib_tokens;
+    for (int sl = 0; sl < kDamageSlots; ++sl) b.damage[kDamageBits[sl]] = c.damage[sl];
     s->data_offset_[i] = offset;
     s->data_bytes_[i] = bytes;
-    s->data_crc_[i] = Get<uint32_t>(e, 104);
+    s->data_crc_[i] = c.data_crc;
+    const uint32_t rows = c.rows, cols = c.cols;
     const uint8_t* data = h + offset;
     for (int p = 0; p < kPlanes; ++p) b.planes[p] = data + p * PlaneStride(rows, cols);
     for (int bits = kMinBits; bits <= kMaxBits; ++bits) {
