@@ -204,18 +204,18 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
   report.calib_seconds = Seconds(t_start, t_calib);
 
   // 2 + 3. Sensitivities, quantization, store: layer l's blocks, gate_up of every expert then
-  // down of every expert, handed to `emit`.
+  // down of every expert, added to `writer`.
   QuantizeOptions qo;
   qo.seed_bits = o.seed_bits;
   qo.max_bits = o.max_bits;
   qo.threads = o.threads;
   std::vector<float> h;
-  // The writes run behind the fit (block_write_queue.h): a block's emit runs on the queue's
+  // The writes run behind the fit (block_write_queue.h): a block's Add runs on the queue's
   // thread, in block order, with the fitted block it owns.
   double check_seconds = 0;  // an earlier build's blocks checked before they are kept
   BlockWriteQueue writes(/*capacity=*/2);
-  using Emit = std::function<Status(const apw::BlockData&)>;
-  auto quantize_layer = [&](int l, const Emit& emit, const std::function<void(double)>& on_block) -> Status {
+  auto quantize_layer = [&](int l, const std::shared_ptr<apw::ApwWriter>& writer,
+                            const std::function<void(double)>& on_block) -> Status {
     for (auto proj : {engine::ExpertProj::kGateUp, engine::ExpertProj::kDown}) {
       const int cols = proj == engine::ExpertProj::kGateUp ? H : I;
       // The layer's mean input statistics over every routed token of this projection.
@@ -263,7 +263,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         }
         auto fitted = std::make_shared<QuantizedBlock>(std::move(*q));
         const apw::BlockKind kind = proj == engine::ExpertProj::kGateUp ? apw::BlockKind::kGateUp : apw::BlockKind::kDown;
-        PW_RETURN_IF_ERROR(writes.Push([fitted, emit, l, e, kind, rows, cols, tokens]() -> Status {
+        PW_RETURN_IF_ERROR(writes.Push([fitted, writer, l, e, kind, rows, cols, tokens]() -> Status {
           apw::BlockData b;
           b.layer = static_cast<uint32_t>(l);
           b.expert = static_cast<uint32_t>(e);
@@ -277,7 +277,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
           }
           b.damage[0] = fitted->damage[0];
           b.calib_tokens = tokens;
-          return emit(b);
+          return writer->Add(b);
         }));
         ++report.num_blocks;
         on_block(proj == engine::ExpertProj::kGateUp ? 2 : 1);
@@ -294,9 +294,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
     double done = 0;
     for (const uint32_t ml : moe_layers) {
       const int l = static_cast<int>(ml);
-      PW_RETURN_IF_ERROR(quantize_layer(
-          l, [writer](const apw::BlockData& b) { return writer->Add(b); },
-          [&](double units) { bar.Update(done += units); }));
+      PW_RETURN_IF_ERROR(quantize_layer(l, writer, [&](double units) { bar.Update(done += units); }));
     }
     PW_RETURN_IF_ERROR(writes.Drain());
     PW_RETURN_IF_ERROR(writer->Finish());
@@ -328,8 +326,7 @@ Result<QuantizeModelReport> QuantizeModel(const QuantizeModelOptions& o) {
         continue;
       }
       const auto t_layer = Clock::now();
-      PW_RETURN_IF_ERROR(quantize_layer(
-          l, [store](const apw::BlockData& b) { return store->Add(b); }, [](double) {}));
+      PW_RETURN_IF_ERROR(quantize_layer(l, store, [](double) {}));
       // The layer is recorded (and the progress line printed) once its last block is written.
       const int reused = report.layers_reused;
       PW_RETURN_IF_ERROR(writes.Push([store, dir, t_layer, t_calib, l, k, moe_count, reused,
