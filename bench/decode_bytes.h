@@ -4,7 +4,7 @@
 // formula of one architecture: every non-expert matrix of every layer (attention of any kind:
 // q/k/v/o, a hybrid's linear-attention projections, MLA's projections; the router, the shared
 // expert and its gate, a dense MLP) at the bytes the engine reads it at (1 for an int8 copy,
-// Model::QuantizeDenseInt8, else 2), every norm, bias and small tensor as fp32, lm_head, the
+// the planes and int8 table of an any-precision one: Model::QuantizeDense; else 2), every norm, bias and small tensor as fp32, lm_head, the
 // final norm and one embedding row per sequence; plus what each layer's KV spec keeps
 // (memory/kv_spec.h): K and V of every position for full attention, of the last `window` for a
 // sliding layer, one latent per position for MLA, and for a recurrent state its bytes twice per

@@ -5,7 +5,7 @@
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
-//                   [--kernel-path fast|exact] [--dense bf16|int8] [--same-prompts] [--block-times]
+//                   [--kernel-path fast|exact] [--dense bf16|int8|ap3..ap8] [--lm-head FORMAT] [--same-prompts] [--block-times]
 //                   [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
 //                           [--lynx-keep K'] [--lynx-config FILE]]
@@ -48,8 +48,8 @@
 //     `window` positions of a sliding layer, a latent per position for MLA) or, for a
 //     linear-attention layer, its recurrent state read and written once;
 //   once: lm_head, final norm, and B embedding rows.
-// Matrices count 2 bytes a weight, or 1 where the engine reads an int8 copy (--dense int8,
-// EngineOptions::dense_int8); KV elements 4 bytes (fp32 KV).
+// Matrices count 2 bytes a weight, or what the engine's copy reads (--dense, --lm-head: 1 a
+// weight for int8, bits/8 plus the int8 table for ap3..ap8); KV elements 4 bytes (fp32 KV).
 // A distinct expert counts 3 * H * I bf16 in the `floor` columns; with --store the `@ width`
 // columns count it at the width the provider runs each of its two blocks at: b planes of
 // rows * PlaneRowBytes(cols) bytes plus the block's LUT_b (rows * 2^b fp16), or bf16 at 16.
@@ -74,6 +74,7 @@
 // after the remap, decode step time off and on (wall and CPU / threads), the floor of each
 // (experts counted after the remap), and the remap's own time as a share of the decode step.
 // The tables above it then list the runs without the remap only.
+#include <map>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -302,7 +303,9 @@ struct Options {
   tools::LynxFlags lynx;
   std::vector<std::string> models;
   int threads = 2;
-  bool dense_int8 = false;  // --dense int8: attention, lm_head and dense MLPs as int8
+  // --dense / --lm-head: how attention, lm_head and dense MLPs are held (EngineOptions).
+  engine::DenseFormat dense = engine::DenseFormat::kBf16;
+  engine::DenseFormat lm_head = engine::DenseFormat::kAsDense;
   bool no_mmap = false;     // --no-mmap: the checkpoint copied into the process (EngineOptions)
   int runs = 5;
   int warmups = 0;
@@ -466,7 +469,8 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   engine::EngineOptions eo;
   eo.num_threads = o.threads;
-  eo.dense_int8 = o.dense_int8;
+  eo.dense = o.dense;
+  eo.lm_head = o.lm_head;
   eo.copy_weights = o.no_mmap;
   eo.block_size = 16;
   // Room for the prompt, the timed steps and any tokens decoded while other prompts prefill.
@@ -571,9 +575,14 @@ int Main(int argc, char** argv) {
   app.add_option("--bits-map", bits_map, "with --store: a width map file (pw-quantize plan)");
   app.add_option("--kernel-path", kernel_path, "any-precision kernels: fast (int8, default) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"exact", "fast"}));
-  std::string dense = "bf16";
-  app.add_option("--dense", dense, "dense weights (attention, lm_head, dense MLPs): bf16 or int8")
-      ->check(CLI::IsMember({"bf16", "int8"}));
+  const auto dense_choices = engine::DenseFormatChoices();
+  const auto lm_head_choices = engine::LmHeadFormatChoices();
+  app.add_option("--dense", o.dense, "dense weights (attention, lm_head, dense MLPs): bf16, int8 or ap3..ap8")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, engine::DenseFormat>(dense_choices.begin(), dense_choices.end())));
+  app.add_option("--lm-head", o.lm_head, "the lm_head's own format: one of --dense's, or dense (the same)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, engine::DenseFormat>(lm_head_choices.begin(), lm_head_choices.end())));
   app.add_flag("--no-mmap", o.no_mmap,
                "read the checkpoint into the process's memory instead of mapping it (llama.cpp's --no-mmap)");
   app.add_flag("--same-prompts", o.same_prompts,
@@ -584,7 +593,6 @@ int Main(int argc, char** argv) {
                "MLP) and print where the prefill went");
   tools::AddLynxFlags(&app, &o.lynx);
   CLI11_PARSE(app, argc, argv);
-  o.dense_int8 = dense == "int8";
   auto usage = [](const std::string& msg) {
     std::fprintf(stderr, "pw-bench-engine: %s\n", msg.c_str());
     return 2;

@@ -62,6 +62,7 @@
 
 #include "common/status.h"
 #include "engine/experts/moe.h"
+#include "engine/models/dense_format.h"
 #include "engine/sampler/sampler.h"
 #include "engine/scheduler/prefill_job.h"
 #include "engine/scheduler/sequence.h"
@@ -98,10 +99,12 @@ struct EngineOptions {
   // When true, Step() also returns the logits each new token was sampled from (tests,
   // logprobs). Costs a [vocab] copy per token.
   bool return_logits = false;
-  // When true, the dense matrices read once per token (attention, lm_head, dense and shared
-  // MLPs) run from int8 copies with one scale per row against int8 activations
-  // (Model::QuantizeDenseInt8, as llama.cpp's q8_0); false keeps them bf16 (HF parity).
-  bool dense_int8 = false;
+  // How the dense matrices read once per token (attention, lm_head, dense and shared MLPs) are
+  // held (engine/models/dense_format.h, Model::QuantizeDense): bf16 as the checkpoint (HF
+  // parity), int8 copies with one scale per row (llama.cpp's q8_0), or any-precision codes at
+  // 3..8 bits, multiplied against int8 activations; the lm_head's own format (kAsDense: the same).
+  DenseFormat dense = DenseFormat::kBf16;
+  DenseFormat lm_head = DenseFormat::kAsDense;
   // When true the checkpoint is read into the process's own memory at start instead of mapped
   // from the page cache (llama.cpp's --no-mmap): a copy per process, read once; decode read it
   // faster on an AMD Zen 4 host (docs/benchmarks.md, "Weights copied into the process").

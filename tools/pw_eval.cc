@@ -1,7 +1,7 @@
 // pw-eval: model evaluation.
 //   pw-eval ppl --model DIR --text FILE [--ctx N] [--threads T]
 //               [--store STORE.apw (--bits B | --bits-map MAP.json) [--kernel-path fast|exact]]
-//               [--dense bf16|int8] [--nll-out FILE]
+//               [--dense bf16|int8|ap3..ap8] [--lm-head FORMAT] [--nll-out FILE]
 //               [--batch B [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
 //                           [--lynx-keep K'] [--lynx-config FILE]]]
@@ -35,6 +35,7 @@
 // first, then the miss policy. It prints the policy's counts (misses_* lines).
 // --record-trace writes the router's logits and selection of every MoE layer to FILE for
 // pw-sim (with a miss policy: the logits of the emulated run).
+#include <map>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -76,7 +77,8 @@ struct ApwFlags {
   int bits = 0;
   std::string bits_map;
   std::string kernel_path = "fast";
-  bool dense_int8 = false;
+  pw::engine::DenseFormat dense = pw::engine::DenseFormat::kBf16;
+  pw::engine::DenseFormat lm_head = pw::engine::DenseFormat::kAsDense;
 };
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
@@ -94,7 +96,8 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   if (!ids.ok()) return Fail(ids.status().WithContext(text_path));
   pw::engine::EngineOptions opt;
   opt.num_threads = threads;
-  opt.dense_int8 = apw.dense_int8;
+  opt.dense = apw.dense;
+  opt.lm_head = apw.lm_head;
   opt.block_size = 16;
   opt.num_kv_blocks = std::max(batch, 1) * pw::engine::BlocksForTokens(ctx, opt.block_size) + 1;
   opt.max_batch_tokens = std::min(ctx, 512);
@@ -354,9 +357,14 @@ int main(int argc, char** argv) {
   bits_opt->excludes(map_opt);
   ppl->add_option("--kernel-path", apw.kernel_path, "with --store: fast (int8 LUT and activations) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"fast", "exact"}));
-  std::string dense = "bf16";
-  ppl->add_option("--dense", dense, "dense weights (attention, lm_head, dense MLPs): bf16 or int8")
-      ->check(CLI::IsMember({"bf16", "int8"}));
+  const auto dense_choices = pw::engine::DenseFormatChoices();
+  const auto lm_head_choices = pw::engine::LmHeadFormatChoices();
+  ppl->add_option("--dense", apw.dense, "dense weights (attention, lm_head, dense MLPs): bf16, int8 or ap3..ap8")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::engine::DenseFormat>(
+          dense_choices.begin(), dense_choices.end())));
+  ppl->add_option("--lm-head", apw.lm_head, "the lm_head's own format: one of --dense's, or dense (the same)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::engine::DenseFormat>(
+          lm_head_choices.begin(), lm_head_choices.end())));
   std::string nll_out;
   ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");
   int batch = 0;
@@ -386,7 +394,6 @@ int main(int argc, char** argv) {
   if (apw.store.empty() && (apw.bits != 0 || !apw.bits_map.empty())) {
     return Fail(pw::InvalidArgument("--bits and --bits-map need --store"));
   }
-  apw.dense_int8 = dense == "int8";
   if (auto s = pw::misses::LoadMissToolOptions(&miss_options, &miss); !s.ok()) return Fail(s);
   if (auto s = pw::misses::CheckTraceOptions(trace); !s.ok()) return Fail(s);
   if (ppl->parsed()) return RunPpl(model, text, ctx, threads, apw, nll_out, batch, lynx, miss.settings, trace);

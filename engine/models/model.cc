@@ -389,46 +389,56 @@ Status Model::LoadTensors() {
   return Status::Ok();
 }
 
-Status Model::QuantizeDenseInt8() {
-  if (!q8_.empty()) return Status::Ok();
+Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads) {
+  if (dense_done_) return Internal(dir_ + ": the dense matrices were converted already");
+  if (dense == DenseFormat::kAsDense) return InvalidArgument("dense format 'dense' names only the lm_head's");
+  if (lm_head == DenseFormat::kAsDense) lm_head = dense;
+  dense_done_ = true;
+  dense_format_ = dense;
+  lm_head_format_ = lm_head;
   // The range the kernels of this CPU multiply fastest (63 on AVX2: kernels/anyprec/q8.h), or
   // the kernels.dense_q8_max knob's.
-  PW_ASSIGN_OR_RETURN(const int range, anyprec::DenseQ8Range());
-  auto convert = [&](Bf16Matrix& w, const std::string& name) -> Status {
-    if (w.data == nullptr || w.rows < 1) return Status::Ok();
-    auto c = std::make_unique<Q8Copy>();
+  int range = 127;
+  if (dense == DenseFormat::kInt8 || lm_head == DenseFormat::kInt8) {
+    PW_ASSIGN_OR_RETURN(range, anyprec::DenseQ8Range());
+  }
+  auto convert = [&](Bf16Matrix& w, const std::string& name, DenseFormat f) -> Status {
+    if (w.data == nullptr || w.rows < 1 || f == DenseFormat::kBf16) return Status::Ok();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
-    c->values.resize(anyprec::Q8MatrixValueBytes(rows, cols));
-    c->scales.resize(rows);
-    Status s = anyprec::QuantizeBf16Rows(w.data, rows, cols, c->values.data(), c->scales.data(), range);
-    if (!s.ok()) return s.WithContext(dir_ + ": " + name);
-    c->m = {rows, cols, c->values.data(), c->scales.data(), range};
-    w.q8 = &c->m;
-    q8_.push_back(std::move(c));
+    if (f == DenseFormat::kInt8) {
+      auto c = std::make_unique<Q8Copy>();
+      c->values.resize(anyprec::Q8MatrixValueBytes(rows, cols));
+      c->scales.resize(rows);
+      Status s = anyprec::QuantizeBf16Rows(w.data, rows, cols, c->values.data(), c->scales.data(), range);
+      if (!s.ok()) return s.WithContext(dir_ + ": " + name);
+      c->m = {rows, cols, c->values.data(), c->scales.data(), range};
+      w.q8 = &c->m;
+      q8_.push_back(std::move(c));
+      return Status::Ok();
+    }
+    auto m = anyprec::QuantizeDenseAp(w.data, rows, cols, DenseApBits(f), threads);
+    if (!m.ok()) return m.status().WithContext(dir_ + ": " + name);
+    w.ap = m->get();
+    ap_.push_back(std::move(*m));
     return Status::Ok();
   };
   for (size_t l = 0; l < layers_.size(); ++l) {
     LayerWeights& L = layers_[l];
     const std::string at = "layer " + std::to_string(l) + " ";
-    PW_RETURN_IF_ERROR(convert(L.q, at + "q_proj"));
-    PW_RETURN_IF_ERROR(convert(L.k, at + "k_proj"));
-    PW_RETURN_IF_ERROR(convert(L.v, at + "v_proj"));
-    PW_RETURN_IF_ERROR(convert(L.o, at + "o_proj"));
-    // MLA: the projections from and to the hidden state; kv_b (absorbed per head) stays bf16.
-    PW_RETURN_IF_ERROR(convert(L.mla.q, at + "q_proj"));
-    PW_RETURN_IF_ERROR(convert(L.mla.q_a, at + "q_a_proj"));
-    PW_RETURN_IF_ERROR(convert(L.mla.q_b, at + "q_b_proj"));
-    PW_RETURN_IF_ERROR(convert(L.mla.kv_a, at + "kv_a_proj_with_mqa"));
-    PW_RETURN_IF_ERROR(convert(L.mla.o, at + "o_proj"));
+    for (auto [w, name] : {std::pair{&L.q, "q_proj"}, {&L.k, "k_proj"}, {&L.v, "v_proj"},
+                           {&L.o, "o_proj"}, {&L.mla.q, "q_proj"}, {&L.mla.q_a, "q_a_proj"},
+                           {&L.mla.q_b, "q_b_proj"}, {&L.mla.kv_a, "kv_a_proj_with_mqa"},
+                           {&L.mla.o, "o_proj"}}) {
+      PW_RETURN_IF_ERROR(convert(*w, at + name, dense));
+    }
     for (MlpWeights* m : {&L.mlp, &L.shared_expert}) {
-      PW_RETURN_IF_ERROR(convert(m->gate, at + "mlp gate"));
-      PW_RETURN_IF_ERROR(convert(m->up, at + "mlp up"));
-      PW_RETURN_IF_ERROR(convert(m->down, at + "mlp down"));
+      PW_RETURN_IF_ERROR(convert(m->gate, at + "mlp gate", dense));
+      PW_RETURN_IF_ERROR(convert(m->up, at + "mlp up", dense));
+      PW_RETURN_IF_ERROR(convert(m->down, at + "mlp down", dense));
     }
   }
-  const bool tied = lm_head_.data == embed_.data;
-  PW_RETURN_IF_ERROR(convert(lm_head_, "lm_head"));
-  if (tied) embed_.q8 = nullptr;  // embeddings are looked up, never multiplied
+  // A tied lm_head is a copy of the embeddings' view: they stay bf16 (looked up, never multiplied).
+  PW_RETURN_IF_ERROR(convert(lm_head_, "lm_head", lm_head));
   return Status::Ok();
 }
 

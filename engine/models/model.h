@@ -61,6 +61,8 @@
 #include "engine/models/rope.h"
 #include "engine/models/family.h"
 #include "engine/models/moe_kinds.h"
+#include "engine/models/dense_format.h"
+#include "kernels/anyprec/dense_ap.h"
 #include "kernels/anyprec/q8.h"
 
 namespace pw::engine {
@@ -71,9 +73,10 @@ struct Bf16Matrix {
   const uint16_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  // With int8 dense weights (Model::QuantizeDenseInt8): the int8 copy the forward pass reads
-  // instead of `data`.
+  // With int8 or any-precision dense weights (Model::QuantizeDense): the copy the forward pass
+  // reads instead of `data` (at most one is set).
   const anyprec::Q8Matrix* q8 = nullptr;
+  const anyprec::DenseApMatrix* ap = nullptr;
 };
 
 // A SwiGLU MLP: down(silu(gate x) * up x).
@@ -183,15 +186,20 @@ class Model {
   const RopeTable& sliding_rope() const { return sliding_rope_; }
 
   // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
-  // lm_head, dense and shared-expert MLPs) an int8 copy with one scale per row
-  // (kernels/anyprec/q8.h), used from then on instead of bf16. The router, the embeddings
-  // and the routed experts (their own providers) stay as they are, and so do a hybrid's
+  // lm_head, dense and shared-expert MLPs) a copy in `dense` (engine/models/dense_format.h),
+  // the lm_head one in `lm_head` (kAsDense: the same), used from then on instead of bf16: int8
+  // with one scale per row (kernels/anyprec/q8.h), or any-precision codes at one width fitted
+  // on `threads` threads (kernels/anyprec/dense_ap.h). The router, the embeddings and the
+  // routed experts (their own providers) stay as they are, and so do a hybrid's
   // linear-attention projections: int8 rows there moved the fixtures' logits by 0.27-0.30
   // relative (attention's q/k/v/o by 0.01-0.05 each), the delta rule's L2-normalised keys and
-  // its recurrence amplifying the rounding. The values span anyprec::DenseQ8Range (63 on AVX2,
-  // 127 with AVX-512, or the kernels.dense_q8_max knob's). Idempotent.
-  Status QuantizeDenseInt8();
-  bool dense_int8() const { return !q8_.empty(); }
+  // its recurrence amplifying the rounding. MLA's kv_b (absorbed per head) stays bf16. int8
+  // values span anyprec::DenseQ8Range (63 on AVX2, 127 with AVX-512, or the
+  // kernels.dense_q8_max knob's). Called once; a second call is an error.
+  Status QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads);
+  // The formats QuantizeDense gave (kBf16 before it).
+  DenseFormat dense_format() const { return dense_format_; }
+  DenseFormat lm_head_format() const { return lm_head_format_; }
 
  private:
   Model() = default;
@@ -228,6 +236,10 @@ class Model {
     anyprec::Q8Matrix m;
   };
   std::vector<std::unique_ptr<Q8Copy>> q8_;
+  std::vector<std::unique_ptr<anyprec::DenseApMatrix>> ap_;
+  DenseFormat dense_format_ = DenseFormat::kBf16;
+  DenseFormat lm_head_format_ = DenseFormat::kBf16;
+  bool dense_done_ = false;
 };
 
 }  // namespace pw::engine

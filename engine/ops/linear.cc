@@ -24,8 +24,31 @@ anyprec::Workspace ActsBuffer(size_t bytes) {
 
 void Check(const Status& s) {
   if (!s.ok()) {
-    std::fprintf(stderr, "LinearQ8: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "dense int8 product: %s\n", s.ToString().c_str());
     std::abort();
+  }
+}
+
+// x quantized once per chunk of anyprec::kMaxTokens tokens, then rows(acts, yt, b, e) for row
+// ranges split over the pool.
+template <typename RowsFn>
+void LinearInt(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, int rows, int cols,
+               float* y, size_t ldy, const RowsFn& rows_fn) {
+  for (size_t t0 = 0; t0 < T; t0 += anyprec::kMaxTokens) {
+    const int n = static_cast<int>(std::min<size_t>(anyprec::kMaxTokens, T - t0));
+    const anyprec::Workspace ws = ActsBuffer(anyprec::Q8ActsBytes(n, cols));
+    anyprec::Q8Acts acts;
+    Check(anyprec::QuantizeActs(x + t0 * ldx, ldx, n, cols, ws, &acts));
+    float* yt = y + t0 * ldy;
+    const size_t min_rows = MinRowsPerThread(static_cast<size_t>(cols), static_cast<size_t>(n));
+    auto run = [&](size_t b, size_t e) {
+      Check(rows_fn(acts, yt, static_cast<int>(b), static_cast<int>(e)));
+    };
+    if (pool == nullptr) {
+      run(0, static_cast<size_t>(rows));
+    } else {
+      pool->ParallelFor(static_cast<size_t>(rows), 16, min_rows, run);
+    }
   }
 }
 
@@ -34,23 +57,20 @@ void Check(const Status& s) {
 void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const anyprec::Q8Matrix& w,
               float* y, size_t ldy) {
   static const kernels::Backend backend = anyprec::BestQ8Backend();
-  const size_t rows = static_cast<size_t>(w.rows);
-  for (size_t t0 = 0; t0 < T; t0 += anyprec::kMaxTokens) {
-    const int n = static_cast<int>(std::min<size_t>(anyprec::kMaxTokens, T - t0));
-    const anyprec::Workspace ws = ActsBuffer(anyprec::Q8ActsBytes(n, w.cols));
-    anyprec::Q8Acts acts;
-    Check(anyprec::QuantizeActs(x + t0 * ldx, ldx, n, w.cols, ws, &acts));
-    float* yt = y + t0 * ldy;
-    const size_t min_rows = MinRowsPerThread(static_cast<size_t>(w.cols), static_cast<size_t>(n));
-    auto run = [&](size_t b, size_t e) {
-      Check(anyprec::DenseQ8Rows(backend, w, acts, yt, ldy, static_cast<int>(b), static_cast<int>(e)));
-    };
-    if (pool == nullptr) {
-      run(0, rows);
-    } else {
-      pool->ParallelFor(rows, 16, min_rows, run);
-    }
-  }
+  LinearInt(pool, x, ldx, T, w.rows, w.cols, y, ldy,
+            [&](const anyprec::Q8Acts& acts, float* yt, int b, int e) {
+              return anyprec::DenseQ8Rows(backend, w, acts, yt, ldy, b, e);
+            });
+}
+
+void LinearAp(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T,
+              const anyprec::DenseApMatrix& w, float* y, size_t ldy) {
+  static const kernels::Backend backend = anyprec::BestQ8Backend();
+  const anyprec::BlockView& v = w.view();
+  LinearInt(pool, x, ldx, T, v.rows, v.cols, y, ldy,
+            [&](const anyprec::Q8Acts& acts, float* yt, int b, int e) {
+              return anyprec::ApGemmQ8Rows(backend, v, w.bits, w.lut, acts, yt, ldy, b, e);
+            });
 }
 
 }  // namespace pw::engine

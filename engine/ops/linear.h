@@ -52,16 +52,24 @@ inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const 
   HeadsLinear(pool, k, 1, x, 0, ldx, T, w, 0, rows, cols, y, 0, ldy);
 }
 
-// The int8 copy of a matrix (Model::QuantizeDenseInt8): x quantized once per call (chunks of
+// The int8 copy of a matrix (Model::QuantizeDense): x quantized once per call (chunks of
 // anyprec::kMaxTokens tokens), rows split over the pool as above. Aborts on a kernel error,
 // which only a broken invariant can cause (shapes come from the model).
 void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const anyprec::Q8Matrix& w,
               float* y, size_t ldy);
 
+// The any-precision copy of a matrix (Model::QuantizeDense), as LinearQ8 with the block kernel.
+void LinearAp(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T,
+              const anyprec::DenseApMatrix& w, float* y, size_t ldy);
+
 inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x,
                    size_t ldx, size_t T, const Bf16Matrix& w, float* y, size_t ldy) {
   if (w.q8 != nullptr) {
     LinearQ8(pool, x, ldx, T, *w.q8, y, ldy);
+    return;
+  }
+  if (w.ap != nullptr) {
+    LinearAp(pool, x, ldx, T, *w.ap, y, ldy);
     return;
   }
   Linear(pool, k, x, ldx, T, w.data, static_cast<size_t>(w.rows), static_cast<size_t>(w.cols), y,

@@ -44,7 +44,8 @@ const char* RoleName(Role r);  // "router", "broker", "prefill", "decode"
 // that every process accepts the key even when it does not read it).
 // A dotted key ("kernels.cpu_isa") is under its first part.
 inline constexpr const char* kSharedKeys[] = {"model_dir", "model_name",       "host",    "heartbeat_ms",
-                                              "kv_dtype",  "drain_timeout_ms", "kernels", "dense"};
+                                              "kv_dtype",  "drain_timeout_ms", "kernels", "dense",
+                                              "lm_head"};
 
 // --config FILE, --section NAME, --print-config: the flags every process adds.
 struct ConfigFlags {

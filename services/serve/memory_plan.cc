@@ -96,7 +96,7 @@ int64_t PrefillLutBytes(const ModelConfig& c, int bits) {
 std::string MemoryPlan::Summary() const {
   std::ostringstream s;
   s << "memory " << FormatBytes(budget) << ": checkpoint " << FormatBytes(checkpoint) << ", store "
-    << FormatBytes(store) << (dense_int8 > 0 ? ", int8 dense copies " + FormatBytes(dense_int8) : std::string())
+    << FormatBytes(store) << (dense_copies > 0 ? ", dense copies " + FormatBytes(dense_copies) : std::string())
     << ", prefill KV " << FormatBytes(prefill_kv)
     << (prefill_luts > 0 ? ", prefill experts at " + std::to_string(prefill_bits) + " bits (LUTs " +
                                FormatBytes(prefill_luts) + ")"
@@ -110,7 +110,7 @@ std::string MemoryPlan::Summary() const {
 
 Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, int64_t budget,
                               const std::string& bits_text, const std::string& budget_text,
-                              int64_t dense_int8_bytes, int auto_max_bits, int prefill_max_bits) {
+                              int64_t dense_copy_bytes, int auto_max_bits, int prefill_max_bits) {
   MemoryPlan p;
   p.budget = budget;
   p.checkpoint = checkpoint_bytes;
@@ -134,8 +134,8 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
   const bool bf16 = bits_text == "16";
   p.store = bf16 ? 0 : StoreBytes(c);
   // Whole MiB: the node file gives the pool in MiB.
-  p.dense_int8 = 2 * dense_int8_bytes;  // the prefill and the decode worker each
-  p.pool = budget - p.checkpoint - p.store - p.dense_int8 - p.prefill_kv - p.processes;
+  p.dense_copies = 2 * dense_copy_bytes;  // the prefill and the decode worker each
+  p.pool = budget - p.checkpoint - p.store - p.dense_copies - p.prefill_kv - p.processes;
   if (p.pool > 0) p.pool = p.pool >> 20 << 20;
 
   const int64_t context = c.max_position_embeddings > 1 ? c.max_position_embeddings : 2048;
@@ -177,7 +177,7 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
         "--memory " + budget_text + " (" + FormatBytes(budget) + ") is too small: " + what + " needs a decode pool of " +
         FormatBytes(need_pool) + ", and " + FormatBytes(std::max<int64_t>(p.pool, 0)) + " is left after the checkpoint (" +
         FormatBytes(p.checkpoint) + "), the store (" + FormatBytes(p.store) + ")" +
-        (p.dense_int8 > 0 ? ", the workers' int8 dense copies (" + FormatBytes(p.dense_int8) + ")" : std::string()) +
+        (p.dense_copies > 0 ? ", the workers' dense copies (" + FormatBytes(p.dense_copies) + ")" : std::string()) +
         ", the prefill KV (" +
         FormatBytes(p.prefill_kv) + ") and the processes (" + FormatBytes(p.processes) + "); give --memory " +
         std::to_string(((fixed + need_pool) >> 20) + 2) + "M or more");

@@ -4,8 +4,8 @@
 //
 //   checkpoint   every safetensors file (the workers map them; the page cache holds one copy)
 //   store        the .apw store (the broker maps it; 0 with bits 16)
-//   dense int8   with --dense int8, the int8 copies of the dense matrices each of the two workers
-//                makes (ModelSource::dense_int8_bytes each); 0 with bf16 dense
+//   dense copies with --dense int8 or ap3..ap8 (or an --lm-head format), the copies of the dense
+//                matrices each of the two workers makes (DenseCopyBytes each); 0 with bf16
 //   prefill KV   kPrefillKvBlocks blocks of the prefill worker
 //   prefill LUTs when the prefill worker reads the store (the width is at most
 //                prefill_max_bits): its int8 LUT of every expert block at that width
@@ -48,7 +48,7 @@ Result<int64_t> MemAvailableBytes();
 
 struct MemoryPlan {
   int64_t budget = 0;
-  int64_t checkpoint = 0, store = 0, dense_int8 = 0, prefill_kv = 0, prefill_luts = 0, processes = 0;
+  int64_t checkpoint = 0, store = 0, dense_copies = 0, prefill_kv = 0, prefill_luts = 0, processes = 0;
   int64_t pool = 0;       // decode pool bytes (budget minus the above)
   int64_t page_bytes = 0;  // the workers' default KV page: MinPageBytes of the model's KV specs
   int64_t block_bytes = 0;  // one KV block: every layer's pages (BlockPageOffsets)
@@ -61,14 +61,14 @@ struct MemoryPlan {
 };
 
 // `bits_text` is "auto", "3".."8" or "16" ("auto" picks at most `auto_max_bits`);
-// `dense_int8_bytes`: one worker's int8 copy of the dense matrices, 0 with bf16 dense.
+// `dense_copy_bytes`: one worker's copies of the dense matrices (DenseCopyBytes), 0 with bf16.
 // `prefill_max_bits`: the widest width the prefill worker reads from the store (a node at a
 // wider width, or 0, prefills from the checkpoint's bf16 experts).
 // kResourceExhausted when the pool cannot hold the smallest plan (or the given width), with the
 // figures and the --memory that would do.
 Result<MemoryPlan> PlanMemory(const ModelConfig& config, int64_t checkpoint_bytes, int64_t budget,
                               const std::string& bits_text, const std::string& budget_text,
-                              int64_t dense_int8_bytes = 0, int auto_max_bits = 8, int prefill_max_bits = 0);
+                              int64_t dense_copy_bytes = 0, int auto_max_bits = 8, int prefill_max_bits = 0);
 
 // Bytes of the int8 LUTs a worker running every expert block of `config` at `bits` from the
 // store makes (engine/experts/apw_expert_provider.h): 2^bits values and one float scale per row.

@@ -4,6 +4,7 @@
 
 #include "common/formats/safetensors.h"
 #include "common/text/tokenizer.h"
+#include "kernels/anyprec/dense_ap.h"
 #include "kernels/anyprec/q8.h"
 #include "services/common/model_name.h"
 #include "services/common/tokenizer_dir.h"
@@ -12,33 +13,45 @@ namespace pw::serve {
 
 namespace {
 
-// ModelSource::dense_int8_bytes of `ckpt`.
-Result<uint64_t> DenseInt8Bytes(const Checkpoint& ckpt, const ModelConfig& config) {
-  auto int8_bytes = [](const std::vector<int64_t>& shape) -> uint64_t {
-    const int64_t rows = shape[0], cols = shape[1];
-    if (rows < 1 || cols < 1 || cols > (int64_t{1} << 30)) return 0;
-    return static_cast<uint64_t>(rows) * anyprec::Q8ActStride(static_cast<int>(cols)) +
-           sizeof(float) * static_cast<uint64_t>(rows);
-  };
-  uint64_t total = 0;
+// ModelSource::dense_matrices of `ckpt`.
+Result<std::vector<DenseShape>> DenseMatrices(const Checkpoint& ckpt, const ModelConfig& config) {
+  std::vector<DenseShape> out;
   bool lm_head = false;
-  uint64_t embed = 0;
+  std::vector<DenseShape> embed;
   for (const std::string& name : ckpt.TensorNames()) {
     PW_ASSIGN_OR_RETURN(TensorView t, ckpt.Get(name));
     if (t.shape.size() != 2) continue;
     if (name.find(".experts.") != std::string::npos) continue;  // routed experts: the store's
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    if (rows < 1 || cols < 1 || cols > (int64_t{1} << 30) || rows > (int64_t{1} << 30)) continue;
     if (name.find("embed_tokens") != std::string::npos) {
-      embed += int8_bytes(t.shape);
+      embed.push_back({rows, cols, true});
       continue;
     }
-    if (name.find("lm_head") != std::string::npos) lm_head = true;
-    total += int8_bytes(t.shape);
+    const bool head = name.find("lm_head") != std::string::npos;
+    lm_head = lm_head || head;
+    out.push_back({rows, cols, head});
   }
-  if (!lm_head && config.tie_word_embeddings) total += embed;
-  return total;
+  if (!lm_head && config.tie_word_embeddings) out.insert(out.end(), embed.begin(), embed.end());
+  return out;
 }
 
 }  // namespace
+
+uint64_t DenseCopyBytes(const ModelSource& m, engine::DenseFormat dense, engine::DenseFormat lm_head) {
+  if (lm_head == engine::DenseFormat::kAsDense) lm_head = dense;
+  uint64_t total = 0;
+  for (const DenseShape& d : m.dense_matrices) {
+    const engine::DenseFormat f = d.lm_head ? lm_head : dense;
+    const int rows = static_cast<int>(d.rows), cols = static_cast<int>(d.cols);
+    if (f == engine::DenseFormat::kInt8) {
+      total += anyprec::Q8MatrixValueBytes(rows, cols) + sizeof(float) * static_cast<uint64_t>(rows);
+    } else if (engine::DenseApBits(f) > 0) {
+      total += anyprec::DenseApBytes(rows, cols, engine::DenseApBits(f));
+    }
+  }
+  return total;
+}
 
 namespace fs = std::filesystem;
 
@@ -90,7 +103,7 @@ Result<ModelSource> OpenModelSource(const std::string& model_dir, const std::str
                                             "file of model.safetensors.index.json again)");
   }
   m.checkpoint_bytes = (*ckpt)->total_bytes();
-  PW_ASSIGN_OR_RETURN(m.dense_int8_bytes, DenseInt8Bytes(**ckpt, m.config));
+  PW_ASSIGN_OR_RETURN(m.dense_matrices, DenseMatrices(**ckpt, m.config));
 
   PW_ASSIGN_OR_RETURN(m.tokenizer_dir, service::TokenizerDir(m.dir, tokenizer));
   const std::string tok_path = m.tokenizer_dir + "/tokenizer.json";

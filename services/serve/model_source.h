@@ -11,25 +11,35 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/formats/model_config.h"
 #include "common/status.h"
+#include "engine/models/dense_format.h"
 
 namespace pw::serve {
+
+struct DenseShape {
+  int64_t rows = 0, cols = 0;
+  bool lm_head = false;
+};
 
 struct ModelSource {
   std::string dir;           // absolute
   std::string default_name;  // "ORG/NAME" for a cache snapshot, else the directory's name
   ModelConfig config;
   uint64_t checkpoint_bytes = 0;  // every safetensors file (the workers map them)
-  // Bytes of one int8 copy of the dense matrices (--dense int8), at most: every 2-D tensor but
-  // the routed experts' and the embedding (counted once more where lm_head is tied to it), rows
-  // in the int8 layout (q8.h Q8MatrixValueBytes) and one fp32 scale per row. An upper bound:
-  // the router's gate and the few matrices the engine keeps in bf16 are counted too.
-  uint64_t dense_int8_bytes = 0;
+  // The dense matrices a worker may copy (--dense, --lm-head): every 2-D tensor but the routed
+  // experts' and the embedding (listed as the lm_head where that is tied to it). An upper
+  // bound: the router's gate and the few matrices the engine keeps in bf16 are listed too.
+  std::vector<DenseShape> dense_matrices;
   std::string tokenizer_dir;      // absolute: `dir`, or where --tokenizer points
   int32_t tokenizer_vocab = 0;    // one past the tokenizer's largest id
 };
+
+// Bytes of one worker's copies of `m`'s dense matrices in `dense` (the lm_head in `lm_head`,
+// kAsDense: the same); 0 for bf16, which the worker reads from the checkpoint.
+uint64_t DenseCopyBytes(const ModelSource& m, engine::DenseFormat dense, engine::DenseFormat lm_head);
 
 // Checks `model_dir` as above, its tokenizer in `tokenizer` when that is not "" (a directory or
 // a tokenizer.json: services/common/tokenizer_dir.h); errors are kInvalidArgument / kNotFound /

@@ -74,7 +74,8 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   y += "run_dir: " + Quoted(p.run_dir) + "\n";
   y += "bin_dir: " + Quoted(p.bin_dir) + "\n";
   y += "kv_dtype: bf16\n";
-  y += "dense: " + o.dense + "\n";
+  y += std::string("dense: ") + engine::DenseFormatName(o.dense) + "\n";
+  y += std::string("lm_head: ") + engine::DenseFormatName(o.lm_head) + "\n";
   y += "\nrouter:\n";
   y += "  port: " + std::to_string(o.port) + "\n";
   y += "  control_port: " + std::to_string(p.router_control_port) + "\n";
@@ -125,7 +126,7 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   PW_ASSIGN_OR_RETURN(const int max_bits, PlannerMaxBits(o.max_bits, o.bits));
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
                       PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory,
-                                 o.dense == "int8" ? static_cast<int64_t>(src.dense_int8_bytes) : 0, max_bits,
+                                 static_cast<int64_t>(DenseCopyBytes(src, o.dense, o.lm_head)), max_bits,
                                  o.prefill_bits == "16" ? 0 : anyprec::FastWidthLimit(anyprec::BestQ8Backend())));
   PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
   std::string store_dir = o.store_dir;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/formats/options.h"
+#include "engine/models/dense_format.h"
 
 namespace pw::serve {
 
@@ -30,8 +31,10 @@ struct ServeOptions {
   std::string store_dir;          // "" = $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight
   std::string run_dir;            // "" = <store_dir>/run/<model hash>-<port>
   int64_t quantize_threads = 0;   // threads of a store build (0 = every core)
-  std::string dense = "bf16";     // dense matrices: "bf16" (the checkpoint's) or "int8" (copies
-                                  // made by each worker at start, counted in the memory plan)
+  // The dense matrices' and the lm_head's formats (engine/models/dense_format.h): copies made
+  // by each worker at start, counted in the memory plan.
+  engine::DenseFormat dense = engine::DenseFormat::kBf16;
+  engine::DenseFormat lm_head = engine::DenseFormat::kAsDense;
 };
 
 void DeclareServeOptions(options::OptionSet* s, ServeOptions* o);

@@ -396,7 +396,7 @@ TEST(ApwRandomCalibration, StoreWithoutTokenizerIsValidAndDeterministic) {
 }
 
 // glm4_moe through the store: only the routed experts (ExpertNaming) become paged blocks; the
-// shared experts are dense weights the engine reads from the checkpoint (int8 with dense_int8),
+// shared experts are dense weights the engine reads from the checkpoint (int8 with dense int8),
 // so the store at bf16 width gives the checkpoint's logits bit for bit and at 8 bits stays close.
 TEST(ApwGlm4Moe, RoutedExpertsAreBlocksSharedExpertsStayDense) {
   pw::testing::TempDir dir;
@@ -456,10 +456,10 @@ TEST(ApwGlm4Moe, RoutedExpertsAreBlocksSharedExpertsStayDense) {
     }
   }
 
-  // dense_int8: the shared experts get int8 copies like every dense matrix; the router and the
+  // dense int8: the shared experts get int8 copies like every dense matrix; the router and the
   // routed experts do not.
   engine::EngineOptions eo;
-  eo.dense_int8 = true;
+  eo.dense = engine::DenseFormat::kInt8;
   auto q8 = engine::Engine::Create(dir.path(), eo);
   ASSERT_TRUE(q8.ok()) << q8.status().ToString();
   for (const engine::LayerWeights& w : (*q8)->model().layers()) {
@@ -478,7 +478,7 @@ TEST(ApwGlm4Moe, RoutedExpertsAreBlocksSharedExpertsStayDense) {
 // The hybrids through the store: a synthetic qwen3_next (make_synthetic_moe's layout) and the
 // Qwen3.5-MoE fixture (multimodal, experts under model.language_model.): the routed experts
 // become blocks, the store at bf16 width gives the checkpoint's logits bit for bit and at 8 bits
-// stays close; dense_int8 leaves the linear-attention projections bf16 (model.h says why).
+// stays close; dense int8 leaves the linear-attention projections bf16 (model.h says why).
 TEST(ApwHybrids, RoutedExpertsAreBlocksAndTheLinearLayersStayBf16) {
   pw::testing::TempDir dir;
   SyntheticMoeSpec spec;
@@ -539,7 +539,7 @@ TEST(ApwHybrids, RoutedExpertsAreBlocksAndTheLinearLayersStayBf16) {
       }
     }
     engine::EngineOptions eo;
-    eo.dense_int8 = true;
+    eo.dense = engine::DenseFormat::kInt8;
     auto q8 = engine::Engine::Create(model, eo);
     ASSERT_TRUE(q8.ok()) << q8.status().ToString();
     int linear = 0;

@@ -199,7 +199,7 @@ TEST(DeepseekV3, Int8DenseWeightsStayCloseToReference) {
   for (const char* type : {"deepseek_v3", "deepseek_v3_direct"}) {
     SCOPED_TRACE(type);
     const std::string dir = testing::FixtureModelDir(type);
-    auto e = Engine::Create(dir, {.dense_int8 = true});
+    auto e = Engine::Create(dir, {.dense = DenseFormat::kInt8});
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     ASSERT_NE((*e)->model().layers()[1].mla.kv_a.q8, nullptr);
     EXPECT_EQ((*e)->model().layers()[1].mla.kv_b.q8, nullptr);

@@ -86,18 +86,20 @@ Closeness CloseToReference(Engine& engine) {
   return c;
 }
 
-// With int8 dense weights (EngineOptions::dense_int8: attention and lm_head from int8 copies,
+// With int8 dense weights (EngineOptions::dense: attention and lm_head from int8 copies,
 // int8 activations) the logits stay close to HF's bf16 reference: relative L2 error below
 // 3 % over all positions (1.9 % measured with values within 127, 2.1 % within 63) and the same
 // argmax at >= 95 % of them (97.7 %, 98.0 %); and the path did run (the logits are not the bf16
 // path's). Held-out perplexity: docs/quality.md, "Int8 dense weights".
 TEST(TinyModel, Int8DenseWeightsStayCloseToReference) {
   SKIP_WITHOUT_TINY_MODEL();
-  auto engine = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64, .dense_int8 = true});
+  auto engine = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64, .dense = DenseFormat::kInt8});
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_TRUE((*engine)->model().dense_int8());
+  ASSERT_EQ((*engine)->model().dense_format(), DenseFormat::kInt8);
+  ASSERT_EQ((*engine)->model().lm_head_format(), DenseFormat::kInt8);
   // The values span this CPU's range (63 on AVX2, 127 with AVX-512: kernels/anyprec/q8.h).
   ASSERT_NE((*engine)->model().layers()[0].q.q8, nullptr);
+  EXPECT_EQ((*engine)->model().layers()[0].q.ap, nullptr);
   EXPECT_EQ((*engine)->model().layers()[0].q.q8->max_value, *anyprec::DenseQ8Range());
   const Closeness c = CloseToReference(**engine);
   std::printf("int8 dense: relative L2 error %.4f, argmax agrees at %d of %d positions\n", c.rel,
@@ -105,6 +107,63 @@ TEST(TinyModel, Int8DenseWeightsStayCloseToReference) {
   EXPECT_GT(c.rel, 1e-5) << "the int8 path did not run";
   EXPECT_LT(c.rel, 0.03);
   EXPECT_GE(c.same_argmax, 0.95 * c.positions);
+}
+
+// Any-precision dense weights (kernels/anyprec/dense_ap.h): the error against HF's bf16
+// reference shrinks as the width grows (ap3 > ap4 > ap6 > ap8, each at least 1.2x the next),
+// ap8 is as close as int8 (a per-row 256-centroid fit holds at least a uniform grid's
+// accuracy; 1.1x allowed), and the lm_head's own format is the one it runs (ap4 with an ap6
+// lm_head lies between ap4 and ap6 alone). Held-out perplexity: docs/quality.md, "Dense matrices
+// below 8 bits".
+TEST(TinyModel, AnyPrecisionDenseWeightsApproachTheReferenceAsTheyWiden) {
+  SKIP_WITHOUT_TINY_MODEL();
+  auto rel_of = [](DenseFormat dense, DenseFormat lm_head) {
+    auto e = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64, .dense = dense, .lm_head = lm_head});
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return 1.0;
+    const Model& m = (*e)->model();
+    const int bits = DenseApBits(dense);
+    EXPECT_EQ(m.layers()[0].q.q8, nullptr);
+    EXPECT_NE(m.layers()[0].q.ap, nullptr);
+    if (m.layers()[0].q.ap != nullptr) EXPECT_EQ(m.layers()[0].q.ap->bits, bits);
+    const int head_bits = DenseApBits(lm_head == DenseFormat::kAsDense ? dense : lm_head);
+    EXPECT_NE(m.lm_head().ap, nullptr);
+    if (m.lm_head().ap != nullptr) EXPECT_EQ(m.lm_head().ap->bits, head_bits);
+    const Closeness c = CloseToReference(**e);
+    std::printf("dense %s, lm_head %s: relative L2 error %.4f, argmax agrees at %d of %d positions\n",
+                DenseFormatName(dense), DenseFormatName(lm_head), c.rel, c.same_argmax, c.positions);
+    return c.rel;
+  };
+  const double ap3 = rel_of(DenseFormat::kAp3, DenseFormat::kAsDense);
+  const double ap4 = rel_of(DenseFormat::kAp4, DenseFormat::kAsDense);
+  const double ap4_6 = rel_of(DenseFormat::kAp4, DenseFormat::kAp6);
+  const double ap6 = rel_of(DenseFormat::kAp6, DenseFormat::kAsDense);
+  const double ap8 = rel_of(DenseFormat::kAp8, DenseFormat::kAsDense);
+  auto int8 = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64, .dense = DenseFormat::kInt8});
+  ASSERT_TRUE(int8.ok());
+  const double q8 = CloseToReference(**int8).rel;
+  EXPECT_GT(ap3, 1.2 * ap4);
+  EXPECT_GT(ap4, 1.2 * ap6);
+  EXPECT_GT(ap6, 1.2 * ap8);
+  EXPECT_GT(ap8, 1e-5) << "the any-precision path did not run";
+  EXPECT_LT(ap8, 1.1 * q8);
+  EXPECT_LT(ap4_6, ap4);
+  EXPECT_GT(ap4_6, ap6);
+}
+
+// The dense matrices are converted once: a second QuantizeDense is refused, and `dense` may
+// not be kAsDense (only the lm_head follows another format).
+TEST(TinyModel, DenseFormatsAreGivenOnce) {
+  SKIP_WITHOUT_TINY_MODEL();
+  auto m = Model::Load(TinyModelDir());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE((*m)->QuantizeDense(DenseFormat::kInt8, DenseFormat::kAsDense, 1).ok());
+  EXPECT_FALSE((*m)->QuantizeDense(DenseFormat::kAp4, DenseFormat::kAsDense, 1).ok());
+  EXPECT_NE((*m)->layers()[0].q.q8, nullptr);
+  EXPECT_EQ((*m)->layers()[0].q.ap, nullptr);
+  auto bad = Engine::Create(TinyModelDir(), {.dense = DenseFormat::kAsDense});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("lm_head"), std::string::npos) << bad.status().ToString();
 }
 
 // With bf16 activations (PW_BF16_ACTIVATIONS=1: every bf16 matmul rounds its activations to

@@ -103,10 +103,12 @@ Status DecodeWorker::Setup() {
   eo.kv_dtype = options_.kv_dtype;
   eo.kv_pages = pool_.get();
   eo.copy_weights = options_.copy_weights;
-  eo.dense_int8 = options_.dense_int8;
+  eo.dense = options_.dense;
+  eo.lm_head = options_.lm_head;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads, dense matrices "
-               << (engine_->model().dense_int8() ? "int8" : "bf16");
+               << engine::DenseFormatName(engine_->model().dense_format()) << ", lm_head "
+               << engine::DenseFormatName(engine_->model().lm_head_format());
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);

@@ -98,7 +98,9 @@ struct DecodeWorkerOptions {
   int block_size = 16;
   int threads = 0;                 // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;       // the checkpoint read into the process (EngineOptions)
-  bool dense_int8 = false;         // int8 copies of the dense matrices (EngineOptions)
+  // The dense matrices' and the lm_head's formats (EngineOptions::dense, ::lm_head).
+  engine::DenseFormat dense = engine::DenseFormat::kBf16;
+  engine::DenseFormat lm_head = engine::DenseFormat::kAsDense;
   int max_batch_tokens = 256;
   int max_batch = 64;              // running sequences the router may place here
   uint64_t heartbeat_ms = 500;

@@ -99,11 +99,13 @@ Status PrefillWorker::Setup() {
   eo.max_batch_tokens = options_.max_batch_tokens;
   eo.kv_dtype = options_.kv_dtype;
   eo.copy_weights = options_.copy_weights;
-  eo.dense_int8 = options_.dense_int8;
+  eo.dense = options_.dense;
+  eo.lm_head = options_.lm_head;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   PW_RETURN_IF_ERROR(OpenStoreExperts());
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads, dense matrices "
-               << (engine_->model().dense_int8() ? "int8" : "bf16") << ", experts "
+               << engine::DenseFormatName(engine_->model().dense_format()) << ", lm_head "
+               << engine::DenseFormatName(engine_->model().lm_head_format()) << ", experts "
                << (store_experts_ ? std::to_string(options_.expert_bits) + "-bit from " + options_.store_path
                                   : std::string("bf16 from the checkpoint"));
   const auto& cfg = engine_->model().config();

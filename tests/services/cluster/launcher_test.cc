@@ -273,25 +273,39 @@ TEST(ClusterConfig, PrefillStoreAndWidthReachThatWorker) {
   }
 }
 
-// `dense: int8` at the file's root reaches both workers (the router and broker accept the key);
-// a value that is neither bf16 nor int8 is refused naming the key.
+// `dense: int8` at the file's root reaches both workers (the router and broker accept the key),
+// and so does `lm_head: ap6`; a value that is none of the formats is refused naming the key.
 TEST(ClusterConfig, DenseAtTheRootReachesBothWorkers) {
+  using engine::DenseFormat;
   auto path = WriteTemp("dense.yaml", "model_dir: m\ndense: int8\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   ASSERT_TRUE(PrefillOf(path, "p").ok());
-  EXPECT_TRUE(PrefillOf(path, "p")->dense_int8);
+  EXPECT_EQ(PrefillOf(path, "p")->dense, DenseFormat::kInt8);
+  EXPECT_EQ(PrefillOf(path, "p")->lm_head, DenseFormat::kAsDense);
   ASSERT_TRUE(DecodeOf(path, "d").ok());
-  EXPECT_TRUE(DecodeOf(path, "d")->worker.dense_int8);
+  EXPECT_EQ(DecodeOf(path, "d")->worker.dense, DenseFormat::kInt8);
   EXPECT_TRUE(BrokerOf(path).ok()) << BrokerOf(path).status().ToString();
+  auto ap = WriteTemp("dense_ap.yaml",
+                      "model_dir: m\ndense: ap4\nlm_head: ap6\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
+  ASSERT_TRUE(LoadClusterConfig(ap, "/bin").ok());
+  EXPECT_EQ(PrefillOf(ap, "p")->dense, DenseFormat::kAp4);
+  EXPECT_EQ(PrefillOf(ap, "p")->lm_head, DenseFormat::kAp6);
+  EXPECT_EQ(DecodeOf(ap, "d")->worker.dense, DenseFormat::kAp4);
+  EXPECT_EQ(DecodeOf(ap, "d")->worker.lm_head, DenseFormat::kAp6);
+  EXPECT_TRUE(BrokerOf(ap).ok()) << BrokerOf(ap).status().ToString();
   auto plain = WriteTemp("dense_default.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
-  EXPECT_FALSE(PrefillOf(plain, "p")->dense_int8);
-  EXPECT_FALSE(DecodeOf(plain, "d")->worker.dense_int8);
-  auto bad = WriteTemp("dense_bad.yaml", "model_dir: m\ndense: int4\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
-  auto r = DecodeOf(bad, "d");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("dense"), std::string::npos) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("int4"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(PrefillOf(plain, "p")->dense, DenseFormat::kBf16);
+  EXPECT_EQ(DecodeOf(plain, "d")->worker.dense, DenseFormat::kBf16);
+  for (const char* bad_text : {"model_dir: m\ndense: int4\nprefill: [{id: p}]\ndecode: [{id: d}]\n",
+                               "model_dir: m\nlm_head: int4\nprefill: [{id: p}]\ndecode: [{id: d}]\n",
+                               "model_dir: m\ndense: dense\nprefill: [{id: p}]\ndecode: [{id: d}]\n"}) {
+    auto bad = WriteTemp("dense_bad.yaml", bad_text);
+    auto r = DecodeOf(bad, "d");
+    ASSERT_FALSE(r.ok()) << bad_text;
+    const std::string key = std::string(bad_text).find("lm_head") != std::string::npos ? "lm_head" : "dense";
+    EXPECT_NE(r.status().message().find(key), std::string::npos) << r.status().ToString();
+  }
 }
 
 TEST(ClusterConfig, DecodeMissesBlockReachesTheWorker) {

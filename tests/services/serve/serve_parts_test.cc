@@ -133,7 +133,7 @@ TEST(ServeMemory, AutoPicksTheWidestWidthThatFits) {
   EXPECT_EQ(bf16->experts, 0);
 }
 
-// --dense int8: each worker's int8 copy of the dense matrices comes out of the decode pool
+// --dense int8 (or ap3..ap8): each worker's copy of the dense matrices comes out of the decode pool
 // (twice: prefill and decode), and a refusal names it.
 TEST(ServeMemory, Int8DenseCopiesComeOutOfThePool) {
   const ModelConfig c = TinyMoe();
@@ -148,14 +148,14 @@ TEST(ServeMemory, Int8DenseCopiesComeOutOfThePool) {
   auto int8 = PlanMemory(c, ckpt, budget, "auto", "B", copy);
   ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
   ASSERT_TRUE(int8.ok()) << int8.status().ToString();
-  EXPECT_EQ(bf16->dense_int8, 0);
-  EXPECT_EQ(int8->dense_int8, 2 * copy);
+  EXPECT_EQ(bf16->dense_copies, 0);
+  EXPECT_EQ(int8->dense_copies, 2 * copy);
   EXPECT_EQ(int8->pool, bf16->pool - 2 * copy);
-  EXPECT_NE(int8->Summary().find("int8 dense copies 6.0 MiB"), std::string::npos) << int8->Summary();
+  EXPECT_NE(int8->Summary().find("dense copies 6.0 MiB"), std::string::npos) << int8->Summary();
   // The smallest bf16 budget is too small once the copies are counted, and says why.
   auto refused = PlanMemory(c, ckpt, needed, "auto", "N", copy);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("the workers' int8 dense copies (6.0 MiB)"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("the workers' dense copies (6.0 MiB)"), std::string::npos)
       << refused.status().message();
 }
 
@@ -231,15 +231,28 @@ TEST(ServeMemory, ThePrefillWorkersLutsComeOutOfThePool) {
 // The int8 copy counted for the embedded model: every attention projection and router gate of
 // its 4 layers and lm_head (its embedding is not tied), each row in the int8 layout (128
 // columns padded to 512) with a 4-byte scale.
-TEST(ServeModel, DenseInt8BytesCountTheDenseMatrices) {
+TEST(ServeModel, DenseCopyBytesCountTheDenseMatrices) {
   auto src = OpenModelSource(std::string(PW_SOURCE_DIR) + "/models/tiny-moe");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   const ModelConfig& c = src->config;
   ASSERT_FALSE(c.tie_word_embeddings);
+  ASSERT_EQ(c.hidden_size, 128);
   const int64_t rows_per_layer = c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim +
                                  c.hidden_size + c.num_experts;
   const int64_t rows = c.num_layers * rows_per_layer + c.vocab_size;
-  EXPECT_EQ(static_cast<int64_t>(src->dense_int8_bytes), rows * (512 + 4));
+  using engine::DenseFormat;
+  EXPECT_EQ(DenseCopyBytes(*src, DenseFormat::kBf16, DenseFormat::kAsDense), 0u);
+  EXPECT_EQ(static_cast<int64_t>(DenseCopyBytes(*src, DenseFormat::kInt8, DenseFormat::kAsDense)),
+            rows * (512 + 4));
+  // ap4: four planes of one 32-byte group per 128-column row, 16 table entries, a 4-byte scale;
+  // the lm_head at ap6 instead: six planes and 64 entries for its vocab rows.
+  const int64_t ap4_row = 4 * 32 + 16 + 4, ap6_row = 6 * 32 + 64 + 4;
+  EXPECT_EQ(static_cast<int64_t>(DenseCopyBytes(*src, DenseFormat::kAp4, DenseFormat::kAsDense)),
+            rows * ap4_row);
+  EXPECT_EQ(static_cast<int64_t>(DenseCopyBytes(*src, DenseFormat::kAp4, DenseFormat::kAp6)),
+            (rows - c.vocab_size) * ap4_row + c.vocab_size * ap6_row);
+  EXPECT_EQ(static_cast<int64_t>(DenseCopyBytes(*src, DenseFormat::kBf16, DenseFormat::kInt8)),
+            c.vocab_size * (512 + 4));
 }
 
 // A store is found again only when both the checkpoint and the calibration text are the same:
@@ -434,12 +447,15 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
       << NodeFileText(o, p);
   // --dense reaches the node file's root, where both workers read it.
   EXPECT_NE(NodeFileText(o, p).find("\ndense: bf16\n"), std::string::npos) << NodeFileText(o, p);
-  o.dense = "int8";
-  EXPECT_NE(NodeFileText(o, p).find("\ndense: int8\n"), std::string::npos) << NodeFileText(o, p);
+  EXPECT_NE(NodeFileText(o, p).find("\nlm_head: dense\n"), std::string::npos) << NodeFileText(o, p);
+  o.dense = engine::DenseFormat::kAp4;
+  o.lm_head = engine::DenseFormat::kAp6;
+  EXPECT_NE(NodeFileText(o, p).find("\ndense: ap4\nlm_head: ap6\n"), std::string::npos) << NodeFileText(o, p);
   std::ofstream(path) << NodeFileText(o, p);
   cfg = cluster::LoadClusterConfig(path, "/unused");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  o.dense = "bf16";
+  o.dense = engine::DenseFormat::kBf16;
+  o.lm_head = engine::DenseFormat::kAsDense;
   // --tokenizer: the router's section names it (the router reads it there: router_options.cc).
   EXPECT_EQ(NodeFileText(o, p).find("tokenizer:"), std::string::npos);
   p.tokenizer_dir = "/tok/dir";
