@@ -24,10 +24,11 @@ written once), Q4_K_M (or --quant4's type, e.g. MXFP4_MOE for gpt_oss) and Q8_0
 (llama-quantize), and the any-precision store (`pw serve --bits 4` builds it into --work/store).
 
 In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16, and 4-bit
-experts with int8 dense beside Q4_K_M or --quant4) beside llama-bench tg (batch 1) and
+experts with the dense matrices of --dense4, by default ap4 with an ap6 lm_head as Q4_K_M holds
+Q4_K attention and a Q6_K output, beside Q4_K_M or --quant4) beside llama-bench tg (batch 1) and
 llama-batched-bench -fa (batch 8, 32); 8-bit beside Q8_0 at batch 1; prefill of one prompt of
 64, 512 and 2048 tokens (bf16, and 4-bit beside --quant4) beside llama-bench pp. Served, each round: `pw serve --bits 16` /
-`--bits 4 --max-bits 4 --dense int8` (--served-dense) beside `llama-server -t T -np 32 -cb` on the bf16 /
+`--bits 4 --max-bits 4 --dense ap4 --lm-head ap6` (--dense4) beside `llama-server -t T -np 32 -cb` on the bf16 /
 Q4_K_M (--quant4) GGUF, each loaded by the same client (pw-loadgen --dataset-name random, 64 tokens in, 128 out,
 --ignore-eos, --request-rate inf, --max-concurrency 1/8/32, --token-count auto). Ours and llama.cpp's alternate within every round (A B A B over the
 rounds), so a shared machine's load falls on both. Each round's figures and each ratio's median,
@@ -208,12 +209,24 @@ def stop(proc):
             proc.wait()
 
 
+def dense4(args):
+    """(--dense, --lm-head) of the 4-bit rows from --dense4 DENSE[:LM_HEAD]."""
+    dense, _, lm_head = args.dense4.partition(":")
+    return dense, lm_head or "dense"
+
+
+def dense4_name(args):
+    dense, lm_head = dense4(args)
+    return f"{dense} dense" + ("" if lm_head == "dense" else f" + {lm_head} lm_head")
+
+
 def start_ours(args, mdir, bits, port, logf):
     cmd = [os.path.join(args.build, "bin", "pw"), "serve", mdir, "--bits", str(bits), "--port", str(port),
            "--memory", args.memory, "--store-dir", os.path.join(args.work, "store"),
            "--served-model-name", "model"]
     if bits < 16:  # the width held (the planner may not raise it: equal bits) and the dense weights
-        cmd += ["--max-bits", str(bits), "--dense", args.served_dense]
+        dense, lm_head = dense4(args)
+        cmd += ["--max-bits", str(bits), "--dense", dense, "--lm-head", lm_head]
     log("+ " + " ".join(cmd))
     return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -323,14 +336,16 @@ def decode_round(args, mdir, llama_build, g, store):
     r["decode batch 8, bf16 / bf16"] = (by_batch[8], lbb[8])
     r["decode batch 32, bf16 / bf16"] = (by_batch[32], lbb[32])
     if store:
-        q = ours_engine(args, mdir, ["--store", store, "--bits", "4", "--dense", "int8", "--same-prompts",
+        dense, lm_head = dense4(args)
+        q = ours_engine(args, mdir, ["--store", store, "--bits", "4", "--dense", dense, "--lm-head", lm_head, "--same-prompts",
                                      "--batches", "1,8,32", "--prompt-len", "64"])
         lq = llama_bench(args, llama_build, g[args.quant4], "0", "32")
         lqb = llama_batched(args, llama_build, g[args.quant4], [8, 32])
         q_by_batch = {b: d for b, _, d in q}
-        r[f"decode batch 1, 4-bit experts + int8 dense / {args.quant4}"] = (q_by_batch[1], lq[(0, 32)])
-        r[f"decode batch 8, 4-bit experts + int8 dense / {args.quant4}"] = (q_by_batch[8], lqb[8])
-        r[f"decode batch 32, 4-bit experts + int8 dense / {args.quant4}"] = (q_by_batch[32], lqb[32])
+        name = "4-bit experts + " + dense4_name(args)
+        r[f"decode batch 1, {name} / {args.quant4}"] = (q_by_batch[1], lq[(0, 32)])
+        r[f"decode batch 8, {name} / {args.quant4}"] = (q_by_batch[8], lqb[8])
+        r[f"decode batch 32, {name} / {args.quant4}"] = (q_by_batch[32], lqb[32])
         q8 = ours_engine(args, mdir, ["--store", store, "--bits", "8", "--dense", "int8", "--batches", "1"])
         l8 = llama_bench(args, llama_build, g["Q8_0"], "0", "32")
         r["decode batch 1, 8-bit experts + int8 dense / Q8_0"] = (q8[0][2], l8[(0, 32)])
@@ -339,12 +354,13 @@ def decode_round(args, mdir, llama_build, g, store):
 
 def prefill_round(args, mdir, llama_build, g, store):
     """One round of prefill (one prompt of each length), ours then llama.cpp's: bf16, and 4-bit
-    experts + int8 dense beside --quant4 where there is a store."""
+    experts + --dense4's dense matrices beside --quant4 where there is a store."""
     r = {}
     widths = [("bf16", [], "bf16")]
     if store:
-        widths.append(("4-bit experts + int8 dense", ["--store", store, "--bits", "4", "--dense", "int8"],
-                       args.quant4))
+        dense, lm_head = dense4(args)
+        widths.append(("4-bit experts + " + dense4_name(args),
+                       ["--store", store, "--bits", "4", "--dense", dense, "--lm-head", lm_head], args.quant4))
     for name, extra, gguf in widths:
         pre = {}
         for n in args.prefill:
@@ -417,8 +433,9 @@ def main():
     ap.add_argument("--memory", default="8G", help="pw serve --memory")
     ap.add_argument("--served-widths", default="bf16,4bit",
                     help="served pairs: bf16 (bf16 / bf16) and/or 4bit (4-bit / --quant4)")
-    ap.add_argument("--served-dense", default="int8", choices=["bf16", "int8"],
-                    help="pw serve --dense of the served 4-bit node (int8: as the in-process 4-bit row)")
+    ap.add_argument("--dense4", default="ap4:ap6",
+                    help="DENSE[:LM_HEAD] of the 4-bit rows, in-process and served (--dense, --lm-head: bf16, "
+                         "int8, ap3..ap8); the default holds attention at 4 bits and lm_head at 6, as Q4_K_M does")
     ap.add_argument("--port", type=int, default=18600, help="first of the ports the servers use")
     ap.add_argument("--start-timeout", type=int, default=1800, help="seconds a server (or a store build) may take")
     ap.add_argument("--no-build", action="store_true", help="use the binaries as they are")

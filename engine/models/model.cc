@@ -1,5 +1,6 @@
 #include "engine/models/model.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -396,6 +397,8 @@ Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads)
   dense_done_ = true;
   dense_format_ = dense;
   lm_head_format_ = lm_head;
+  if (dense == DenseFormat::kBf16 && lm_head == DenseFormat::kBf16) return Status::Ok();
+  const auto start = std::chrono::steady_clock::now();
   // The range the kernels of this CPU multiply fastest (63 on AVX2: kernels/anyprec/q8.h), or
   // the kernels.dense_q8_max knob's.
   int range = 127;
@@ -439,6 +442,12 @@ Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads)
   }
   // A tied lm_head is a copy of the embeddings' view: they stay bf16 (looked up, never multiplied).
   PW_RETURN_IF_ERROR(convert(lm_head_, "lm_head", lm_head));
+  if (DenseApBits(dense) > 0 || DenseApBits(lm_head) > 0) {  // the fit takes seconds on large models
+    PW_LOG(INFO) << dir_ << ": dense matrices " << DenseFormatName(dense) << ", lm_head "
+                 << DenseFormatName(lm_head) << ", made in "
+                 << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s on "
+                 << threads << " threads";
+  }
   return Status::Ok();
 }
 
