@@ -375,14 +375,14 @@ def main():
         conf = os.path.join(tmp, "serve.yaml")
         with open(conf, "w") as f:
             f.write(f"model_dir: {snap}\nbits: 16\nmemory: 1G\nport: {port}\nserved_model_name: tiny-bf16\n"
-                    f"run_dir: {tmp}/run-bf16\ndense: int8\n")
+                    f"run_dir: {tmp}/run-bf16\ndense: ap4\nlm_head: ap6\n")
         s = Serve(pw, ["--config", conf, "--store-dir", cache], os.path.join(tmp, "serve4.log"))
         wait_served(url, "tiny-bf16")
         code, body = post(url + "/v1/completions", {"model": "tiny-bf16", "prompt": "The Lord said",
                                                     "max_tokens": 8, "temperature": 0})
         if code != 200 or body["usage"]["completion_tokens"] < 1:
             s.stop()
-            fail(f"completion with dense int8: {code} {body}")
+            fail(f"completion with dense ap4, lm_head ap6: {code} {body}")
         s.stop()
         with open(os.path.join(tmp, "run-bf16", "node.yaml")) as f:
             node = f.read()
@@ -390,12 +390,12 @@ def main():
             fail("--bits 16 still used a store:\n" + node + s.text())
         if os.path.exists(os.path.join(tmp, "run-bf16", "broker.log")):
             fail("--bits 16 started a broker")
-        # dense: int8 from the file reached both workers.
+        # dense: ap4 and lm_head: ap6 from the file reached both workers.
         for w in ("prefill-0", "decode-0"):
             with open(os.path.join(tmp, "run-bf16", w + ".log")) as f:
-                if "dense matrices int8" not in f.read():
-                    fail(f"dense: int8 did not reach {w}:\n" + node)
-        print("served with --bits 16, dense int8 and --config: no store, no broker")
+                if "dense matrices ap4, lm_head ap6" not in f.read():
+                    fail(f"dense: ap4 / lm_head: ap6 did not reach {w}:\n" + node)
+        print("served with --bits 16, dense ap4, lm_head ap6 and --config: no store, no broker")
 
         # 4. Refusals.
         def refused(name, target, pattern, extra=()):
