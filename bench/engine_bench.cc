@@ -304,8 +304,8 @@ struct Options {
   std::vector<std::string> models;
   int threads = 2;
   // --dense / --lm-head: how attention, lm_head and dense MLPs are held (EngineOptions).
-  engine::DenseFormat dense = engine::DenseFormat::kBf16;
-  engine::DenseFormat lm_head = engine::DenseFormat::kAsDense;
+  DenseFormat dense = DenseFormat::kBf16;
+  DenseFormat lm_head = DenseFormat::kAsDense;
   bool no_mmap = false;     // --no-mmap: the checkpoint copied into the process (EngineOptions)
   int runs = 5;
   int warmups = 0;
@@ -575,14 +575,14 @@ int Main(int argc, char** argv) {
   app.add_option("--bits-map", bits_map, "with --store: a width map file (pw-quantize plan)");
   app.add_option("--kernel-path", kernel_path, "any-precision kernels: fast (int8, default) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"exact", "fast"}));
-  const auto dense_choices = engine::DenseFormatChoices();
-  const auto lm_head_choices = engine::LmHeadFormatChoices();
+  const auto dense_choices = DenseFormatChoices();
+  const auto lm_head_choices = LmHeadFormatChoices();
   app.add_option("--dense", o.dense, "dense weights (attention, lm_head, dense MLPs): bf16, int8 or ap3..ap8")
       ->transform(CLI::CheckedTransformer(
-          std::map<std::string, engine::DenseFormat>(dense_choices.begin(), dense_choices.end())));
+          std::map<std::string, DenseFormat>(dense_choices.begin(), dense_choices.end())));
   app.add_option("--lm-head", o.lm_head, "the lm_head's own format: one of --dense's, or dense (the same)")
       ->transform(CLI::CheckedTransformer(
-          std::map<std::string, engine::DenseFormat>(lm_head_choices.begin(), lm_head_choices.end())));
+          std::map<std::string, DenseFormat>(lm_head_choices.begin(), lm_head_choices.end())));
   app.add_flag("--no-mmap", o.no_mmap,
                "read the checkpoint into the process's memory instead of mapping it (llama.cpp's --no-mmap)");
   app.add_flag("--same-prompts", o.same_prompts,

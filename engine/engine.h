@@ -62,7 +62,7 @@
 
 #include "common/status.h"
 #include "engine/experts/moe.h"
-#include "engine/models/dense_format.h"
+#include "common/dense_format.h"
 #include "engine/sampler/sampler.h"
 #include "engine/scheduler/prefill_job.h"
 #include "engine/scheduler/sequence.h"
@@ -100,7 +100,7 @@ struct EngineOptions {
   // logprobs). Costs a [vocab] copy per token.
   bool return_logits = false;
   // How the dense matrices read once per token (attention, lm_head, dense and shared MLPs) are
-  // held (engine/models/dense_format.h, Model::QuantizeDense): bf16 as the checkpoint (HF
+  // held (common/dense_format.h, Model::QuantizeDense): bf16 as the checkpoint (HF
   // parity), int8 copies with one scale per row (llama.cpp's q8_0), or any-precision codes at
   // 3..8 bits, multiplied against int8 activations; the lm_head's own format (kAsDense: the same).
   DenseFormat dense = DenseFormat::kBf16;

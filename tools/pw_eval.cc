@@ -77,8 +77,8 @@ struct ApwFlags {
   int bits = 0;
   std::string bits_map;
   std::string kernel_path = "fast";
-  pw::engine::DenseFormat dense = pw::engine::DenseFormat::kBf16;
-  pw::engine::DenseFormat lm_head = pw::engine::DenseFormat::kAsDense;
+  pw::DenseFormat dense = pw::DenseFormat::kBf16;
+  pw::DenseFormat lm_head = pw::DenseFormat::kAsDense;
 };
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
@@ -357,13 +357,13 @@ int main(int argc, char** argv) {
   bits_opt->excludes(map_opt);
   ppl->add_option("--kernel-path", apw.kernel_path, "with --store: fast (int8 LUT and activations) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"fast", "exact"}));
-  const auto dense_choices = pw::engine::DenseFormatChoices();
-  const auto lm_head_choices = pw::engine::LmHeadFormatChoices();
+  const auto dense_choices = pw::DenseFormatChoices();
+  const auto lm_head_choices = pw::LmHeadFormatChoices();
   ppl->add_option("--dense", apw.dense, "dense weights (attention, lm_head, dense MLPs): bf16, int8 or ap3..ap8")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::engine::DenseFormat>(
+      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::DenseFormat>(
           dense_choices.begin(), dense_choices.end())));
   ppl->add_option("--lm-head", apw.lm_head, "the lm_head's own format: one of --dense's, or dense (the same)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::engine::DenseFormat>(
+      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::DenseFormat>(
           lm_head_choices.begin(), lm_head_choices.end())));
   std::string nll_out;
   ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");

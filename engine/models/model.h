@@ -61,7 +61,7 @@
 #include "engine/models/rope.h"
 #include "engine/models/family.h"
 #include "engine/models/moe_kinds.h"
-#include "engine/models/dense_format.h"
+#include "common/dense_format.h"
 #include "kernels/anyprec/dense_ap.h"
 #include "kernels/anyprec/q8.h"
 
@@ -186,7 +186,7 @@ class Model {
   const RopeTable& sliding_rope() const { return sliding_rope_; }
 
   // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
-  // lm_head, dense and shared-expert MLPs) a copy in `dense` (engine/models/dense_format.h),
+  // lm_head, dense and shared-expert MLPs) a copy in `dense` (common/dense_format.h),
   // the lm_head one in `lm_head` (kAsDense: the same), used from then on instead of bf16: int8
   // with one scale per row (kernels/anyprec/q8.h), or any-precision codes at one width fitted
   // on `threads` threads (kernels/anyprec/dense_ap.h). The router, the embeddings and the

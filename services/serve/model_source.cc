@@ -38,16 +38,16 @@ Result<std::vector<DenseShape>> DenseMatrices(const Checkpoint& ckpt, const Mode
 
 }  // namespace
 
-uint64_t DenseCopyBytes(const ModelSource& m, engine::DenseFormat dense, engine::DenseFormat lm_head) {
-  if (lm_head == engine::DenseFormat::kAsDense) lm_head = dense;
+uint64_t DenseCopyBytes(const ModelSource& m, DenseFormat dense, DenseFormat lm_head) {
+  if (lm_head == DenseFormat::kAsDense) lm_head = dense;
   uint64_t total = 0;
   for (const DenseShape& d : m.dense_matrices) {
-    const engine::DenseFormat f = d.lm_head ? lm_head : dense;
+    const DenseFormat f = d.lm_head ? lm_head : dense;
     const int rows = static_cast<int>(d.rows), cols = static_cast<int>(d.cols);
-    if (f == engine::DenseFormat::kInt8) {
+    if (f == DenseFormat::kInt8) {
       total += anyprec::Q8MatrixValueBytes(rows, cols) + sizeof(float) * static_cast<uint64_t>(rows);
-    } else if (engine::DenseApBits(f) > 0) {
-      total += anyprec::DenseApBytes(rows, cols, engine::DenseApBits(f));
+    } else if (DenseApBits(f) > 0) {
+      total += anyprec::DenseApBytes(rows, cols, DenseApBits(f));
     }
   }
   return total;

@@ -15,7 +15,7 @@
 
 #include "common/formats/model_config.h"
 #include "common/status.h"
-#include "engine/models/dense_format.h"
+#include "common/dense_format.h"
 
 namespace pw::serve {
 
@@ -39,7 +39,7 @@ struct ModelSource {
 
 // Bytes of one worker's copies of `m`'s dense matrices in `dense` (the lm_head in `lm_head`,
 // kAsDense: the same); 0 for bf16, which the worker reads from the checkpoint.
-uint64_t DenseCopyBytes(const ModelSource& m, engine::DenseFormat dense, engine::DenseFormat lm_head);
+uint64_t DenseCopyBytes(const ModelSource& m, DenseFormat dense, DenseFormat lm_head);
 
 // Checks `model_dir` as above, its tokenizer in `tokenizer` when that is not "" (a directory or
 // a tokenizer.json: services/common/tokenizer_dir.h); errors are kInvalidArgument / kNotFound /

@@ -74,8 +74,8 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   y += "run_dir: " + Quoted(p.run_dir) + "\n";
   y += "bin_dir: " + Quoted(p.bin_dir) + "\n";
   y += "kv_dtype: bf16\n";
-  y += std::string("dense: ") + engine::DenseFormatName(o.dense) + "\n";
-  y += std::string("lm_head: ") + engine::DenseFormatName(o.lm_head) + "\n";
+  y += std::string("dense: ") + DenseFormatName(o.dense) + "\n";
+  y += std::string("lm_head: ") + DenseFormatName(o.lm_head) + "\n";
   y += "\nrouter:\n";
   y += "  port: " + std::to_string(o.port) + "\n";
   y += "  control_port: " + std::to_string(p.router_control_port) + "\n";

@@ -37,12 +37,12 @@ void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
   s->Add("run_dir", &o->run_dir, "the node file and per-process logs (default: <store-dir>/run/<model hash>-<port>)");
   s->Add("quantize_threads", &o->quantize_threads, "threads of a store build (0: every core)")
       .Range(0, 1024);
-  s->AddChoice("dense", &o->dense, engine::DenseFormatChoices(),
+  s->AddChoice("dense", &o->dense, DenseFormatChoices(),
                "dense matrices (attention, dense and shared MLPs, lm_head): bf16 as the checkpoint "
                "has them, int8 copies with one scale per row (llama.cpp's q8_0), or ap3..ap8 "
                "(any-precision codes at that many bits, a 2^bits-entry table per row), made by "
                "each worker at start and counted in the memory plan");
-  s->AddChoice("lm_head", &o->lm_head, engine::LmHeadFormatChoices(),
+  s->AddChoice("lm_head", &o->lm_head, LmHeadFormatChoices(),
                "the lm_head's own format, one of dense's or 'dense' (the same as the others)");
 }
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/formats/options.h"
-#include "engine/models/dense_format.h"
+#include "common/dense_format.h"
 
 namespace pw::serve {
 
@@ -31,10 +31,10 @@ struct ServeOptions {
   std::string store_dir;          // "" = $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight
   std::string run_dir;            // "" = <store_dir>/run/<model hash>-<port>
   int64_t quantize_threads = 0;   // threads of a store build (0 = every core)
-  // The dense matrices' and the lm_head's formats (engine/models/dense_format.h): copies made
+  // The dense matrices' and the lm_head's formats (common/dense_format.h): copies made
   // by each worker at start, counted in the memory plan.
-  engine::DenseFormat dense = engine::DenseFormat::kBf16;
-  engine::DenseFormat lm_head = engine::DenseFormat::kAsDense;
+  DenseFormat dense = DenseFormat::kBf16;
+  DenseFormat lm_head = DenseFormat::kAsDense;
 };
 
 void DeclareServeOptions(options::OptionSet* s, ServeOptions* o);

@@ -459,7 +459,7 @@ TEST(ApwGlm4Moe, RoutedExpertsAreBlocksSharedExpertsStayDense) {
   // dense int8: the shared experts get int8 copies like every dense matrix; the router and the
   // routed experts do not.
   engine::EngineOptions eo;
-  eo.dense = engine::DenseFormat::kInt8;
+  eo.dense = DenseFormat::kInt8;
   auto q8 = engine::Engine::Create(dir.path(), eo);
   ASSERT_TRUE(q8.ok()) << q8.status().ToString();
   for (const engine::LayerWeights& w : (*q8)->model().layers()) {
@@ -539,7 +539,7 @@ TEST(ApwHybrids, RoutedExpertsAreBlocksAndTheLinearLayersStayBf16) {
       }
     }
     engine::EngineOptions eo;
-    eo.dense = engine::DenseFormat::kInt8;
+    eo.dense = DenseFormat::kInt8;
     auto q8 = engine::Engine::Create(model, eo);
     ASSERT_TRUE(q8.ok()) << q8.status().ToString();
     int linear = 0;

@@ -81,7 +81,7 @@ TEST(DecodeBytes, Int8CopiesCountOneByteAWeight) {
   auto model = Load(dir);
   ASSERT_NE(model, nullptr);
   const double bf16 = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
-  ASSERT_TRUE(model->QuantizeDense(engine::DenseFormat::kInt8, engine::DenseFormat::kAsDense, 1).ok());
+  ASSERT_TRUE(model->QuantizeDense(DenseFormat::kInt8, DenseFormat::kAsDense, 1).ok());
   const double int8 = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
   // tiny-moe's int8 matrices: q, k, v, o of every layer and lm_head (no dense or shared MLP).
   const ModelConfig& c = model->config();
@@ -96,7 +96,7 @@ TEST(DecodeBytes, AnyPrecisionCopiesCountTheirPlanesAndTables) {
   auto model = Load(dir);
   ASSERT_NE(model, nullptr);
   const double bf16 = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
-  ASSERT_TRUE(model->QuantizeDense(engine::DenseFormat::kAp4, engine::DenseFormat::kAp6, 1).ok());
+  ASSERT_TRUE(model->QuantizeDense(DenseFormat::kAp4, DenseFormat::kAp6, 1).ok());
   const double ap = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
   const ModelConfig& c = model->config();
   const int H = static_cast<int>(c.hidden_size), q = static_cast<int>(c.num_heads * c.head_dim),

@@ -4,12 +4,22 @@ bind, the resident memory of a process. Standard library only."""
 import socket
 
 
+_handed_out = set()
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick; two calls may
-    return the same port once the first is given up)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick), never one this
+    process was given before: the kernel may pick a port again once the first caller gave it
+    up, and a cluster's processes bind theirs only later (a broker's control port and a
+    worker's metrics port were once the same)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("free_port: the kernel offered only ports handed out already")
 
 
 def rss_kib(pid):

@@ -8,7 +8,7 @@
 
 #include "common/formats/options.h"
 #include "common/peer_id.h"
-#include "engine/models/dense_format.h"
+#include "common/dense_format.h"
 #include "memory/kv_layout.h"
 
 namespace pw::workers {
@@ -56,13 +56,13 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
          "compute threads; 0: every core this process may run on (docs/architecture.md, "
          "\"One machine\")")
       .Range(0, 1024);
-  s->AddChoice("dense", &o->dense, engine::DenseFormatChoices(),
+  s->AddChoice("dense", &o->dense, DenseFormatChoices(),
                "dense matrices (attention, dense and shared MLPs, lm_head): bf16 as the checkpoint "
                "has them, int8 copies with one scale per row made at start (llama.cpp's q8_0), or "
                "ap3..ap8: any-precision codes at that many bits with a 2^bits-entry table per row, "
                "fitted at start (docs/quality.md, \"Dense matrices below 8 bits\")")
       .Shared();
-  s->AddChoice("lm_head", &o->lm_head, engine::LmHeadFormatChoices(),
+  s->AddChoice("lm_head", &o->lm_head, LmHeadFormatChoices(),
                "the lm_head's own format, one of dense's or 'dense' (the same as the others); "
                "llama.cpp's Q4_K_M keeps its output matrix at 6 bits")
       .Shared();

@@ -107,8 +107,8 @@ Status DecodeWorker::Setup() {
   eo.lm_head = options_.lm_head;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads, dense matrices "
-               << engine::DenseFormatName(engine_->model().dense_format()) << ", lm_head "
-               << engine::DenseFormatName(engine_->model().lm_head_format());
+               << DenseFormatName(engine_->model().dense_format()) << ", lm_head "
+               << DenseFormatName(engine_->model().lm_head_format());
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);

@@ -99,8 +99,8 @@ struct DecodeWorkerOptions {
   int threads = 0;                 // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;       // the checkpoint read into the process (EngineOptions)
   // The dense matrices' and the lm_head's formats (EngineOptions::dense, ::lm_head).
-  engine::DenseFormat dense = engine::DenseFormat::kBf16;
-  engine::DenseFormat lm_head = engine::DenseFormat::kAsDense;
+  DenseFormat dense = DenseFormat::kBf16;
+  DenseFormat lm_head = DenseFormat::kAsDense;
   int max_batch_tokens = 256;
   int max_batch = 64;              // running sequences the router may place here
   uint64_t heartbeat_ms = 500;

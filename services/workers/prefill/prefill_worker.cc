@@ -104,8 +104,8 @@ Status PrefillWorker::Setup() {
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   PW_RETURN_IF_ERROR(OpenStoreExperts());
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads, dense matrices "
-               << engine::DenseFormatName(engine_->model().dense_format()) << ", lm_head "
-               << engine::DenseFormatName(engine_->model().lm_head_format()) << ", experts "
+               << DenseFormatName(engine_->model().dense_format()) << ", lm_head "
+               << DenseFormatName(engine_->model().lm_head_format()) << ", experts "
                << (store_experts_ ? std::to_string(options_.expert_bits) + "-bit from " + options_.store_path
                                   : std::string("bf16 from the checkpoint"));
   const auto& cfg = engine_->model().config();

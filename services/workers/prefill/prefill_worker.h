@@ -88,8 +88,8 @@ struct PrefillWorkerOptions {
   int threads = 0;              // compute threads; 0: every core (cpu::AvailableCores())
   bool copy_weights = false;    // the checkpoint read into the process (EngineOptions)
   // The dense matrices' and the lm_head's formats (EngineOptions::dense, ::lm_head).
-  engine::DenseFormat dense = engine::DenseFormat::kBf16;
-  engine::DenseFormat lm_head = engine::DenseFormat::kAsDense;
+  DenseFormat dense = DenseFormat::kBf16;
+  DenseFormat lm_head = DenseFormat::kAsDense;
   // Experts from this .apw store at expert_bits (3..8) for every block; empty: the
   // checkpoint's bf16 experts (expert_bits 16).
   std::string store_path;

@@ -276,7 +276,7 @@ TEST(ClusterConfig, PrefillStoreAndWidthReachThatWorker) {
 // `dense: int8` at the file's root reaches both workers (the router and broker accept the key),
 // and so does `lm_head: ap6`; a value that is none of the formats is refused naming the key.
 TEST(ClusterConfig, DenseAtTheRootReachesBothWorkers) {
-  using engine::DenseFormat;
+  using pw::DenseFormat;
   auto path = WriteTemp("dense.yaml", "model_dir: m\ndense: int8\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
   auto cfg = LoadClusterConfig(path, "/bin");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();

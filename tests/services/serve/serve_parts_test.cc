@@ -240,7 +240,7 @@ TEST(ServeModel, DenseCopyBytesCountTheDenseMatrices) {
   const int64_t rows_per_layer = c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim +
                                  c.hidden_size + c.num_experts;
   const int64_t rows = c.num_layers * rows_per_layer + c.vocab_size;
-  using engine::DenseFormat;
+  using pw::DenseFormat;
   EXPECT_EQ(DenseCopyBytes(*src, DenseFormat::kBf16, DenseFormat::kAsDense), 0u);
   EXPECT_EQ(static_cast<int64_t>(DenseCopyBytes(*src, DenseFormat::kInt8, DenseFormat::kAsDense)),
             rows * (512 + 4));
@@ -448,14 +448,14 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   // --dense reaches the node file's root, where both workers read it.
   EXPECT_NE(NodeFileText(o, p).find("\ndense: bf16\n"), std::string::npos) << NodeFileText(o, p);
   EXPECT_NE(NodeFileText(o, p).find("\nlm_head: dense\n"), std::string::npos) << NodeFileText(o, p);
-  o.dense = engine::DenseFormat::kAp4;
-  o.lm_head = engine::DenseFormat::kAp6;
+  o.dense = DenseFormat::kAp4;
+  o.lm_head = DenseFormat::kAp6;
   EXPECT_NE(NodeFileText(o, p).find("\ndense: ap4\nlm_head: ap6\n"), std::string::npos) << NodeFileText(o, p);
   std::ofstream(path) << NodeFileText(o, p);
   cfg = cluster::LoadClusterConfig(path, "/unused");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  o.dense = engine::DenseFormat::kBf16;
-  o.lm_head = engine::DenseFormat::kAsDense;
+  o.dense = DenseFormat::kBf16;
+  o.lm_head = DenseFormat::kAsDense;
   // --tokenizer: the router's section names it (the router reads it there: router_options.cc).
   EXPECT_EQ(NodeFileText(o, p).find("tokenizer:"), std::string::npos);
   p.tokenizer_dir = "/tok/dir";

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace pw::engine {
+namespace pw {
 
 enum class DenseFormat {
   kBf16,
@@ -26,8 +26,8 @@ enum class DenseFormat {
 // DenseApBits: the any-precision width of `f` (3..8), or 0 for bf16, int8 and kAsDense.
 // DenseFormatName: "bf16", "int8", "ap3".."ap8", "dense".
 // DenseFormatChoices / LmHeadFormatChoices: the choices of the `dense` option (bf16, int8,
-// ap3..ap8) and of `lm_head` (those and "dense"). Header-only: the launcher and the workers'
-// option tables use them without the engine library.
+// ap3..ap8) and of `lm_head` (those and "dense"). In common/ and header-only: `pw serve`'s
+// options and memory plan name the formats without linking the engine.
 inline int DenseApBits(DenseFormat f) {
   switch (f) {
     case DenseFormat::kAp3: return 3;
@@ -70,4 +70,4 @@ inline std::vector<std::pair<std::string, DenseFormat>> LmHeadFormatChoices() {
   return c;
 }
 
-}  // namespace pw::engine
+}  // namespace pw
