@@ -25,7 +25,7 @@ written once), Q4_K_M (or --quant4's type, e.g. MXFP4_MOE for gpt_oss) and Q8_0
 
 In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16, and 4-bit
 experts with the dense matrices of --dense4, by default ap4 with an ap6 lm_head as Q4_K_M holds
-Q4_K attention and a Q6_K output, beside Q4_K_M or --quant4) beside llama-bench tg (batch 1) and
+Q4_K attention and a Q6_K output (an int8 lm_head without AVX-512 VBMI), beside Q4_K_M or --quant4) beside llama-bench tg (batch 1) and
 llama-batched-bench -fa (batch 8, 32); 8-bit beside Q8_0 at batch 1; prefill of one prompt of
 64, 512 and 2048 tokens (bf16, and 4-bit beside --quant4) beside llama-bench pp. Served, each round: `pw serve --bits 16` /
 `--bits 4 --max-bits 4 --dense ap4 --lm-head ap6` (--dense4) beside `llama-server -t T -np 32 -cb` on the bf16 /
@@ -210,7 +210,17 @@ def stop(proc):
 
 
 def dense4(args):
-    """(--dense, --lm-head) of the 4-bit rows from --dense4 DENSE[:LM_HEAD]."""
+    """(--dense, --lm-head) of the 4-bit rows from --dense4 DENSE[:LM_HEAD]. auto: ap4 with an ap6
+    lm_head where the any-precision fast path runs 6 bits at speed (AVX-512 with VNNI, VBMI and
+    GFNI), else ap4 with an int8 lm_head (on AVX2 a 6-bit lookup costs more shuffles than the
+    bytes it saves: docs/benchmarks.md, "Dense matrices below 8 bits")."""
+    if args.dense4 == "auto":
+        flags = set()
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Flags:"):
+                flags = set(line.split(":", 1)[1].split())
+        fast6 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "gfni"} <= flags
+        return ("ap4", "ap6") if fast6 else ("ap4", "int8")
     dense, _, lm_head = args.dense4.partition(":")
     return dense, lm_head or "dense"
 
@@ -433,9 +443,10 @@ def main():
     ap.add_argument("--memory", default="8G", help="pw serve --memory")
     ap.add_argument("--served-widths", default="bf16,4bit",
                     help="served pairs: bf16 (bf16 / bf16) and/or 4bit (4-bit / --quant4)")
-    ap.add_argument("--dense4", default="ap4:ap6",
+    ap.add_argument("--dense4", default="auto",
                     help="DENSE[:LM_HEAD] of the 4-bit rows, in-process and served (--dense, --lm-head: bf16, "
-                         "int8, ap3..ap8); the default holds attention at 4 bits and lm_head at 6, as Q4_K_M does")
+                         "int8, ap3..ap8); auto: ap4:ap6 with AVX-512 VBMI (attention at 4 bits and lm_head at "
+                         "6, as Q4_K_M), else ap4:int8")
     ap.add_argument("--port", type=int, default=18600, help="first of the ports the servers use")
     ap.add_argument("--start-timeout", type=int, default=1800, help="seconds a server (or a store build) may take")
     ap.add_argument("--no-build", action="store_true", help="use the binaries as they are")
