@@ -74,8 +74,8 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   y += "run_dir: " + Quoted(p.run_dir) + "\n";
   y += "bin_dir: " + Quoted(p.bin_dir) + "\n";
   y += "kv_dtype: bf16\n";
-  y += std::string("dense: ") + DenseFormatName(o.dense) + "\n";
-  y += std::string("lm_head: ") + DenseFormatName(o.lm_head) + "\n";
+  y += std::string("dense: ") + DenseFormatName(p.dense) + "\n";
+  y += std::string("lm_head: ") + DenseFormatName(p.lm_head) + "\n";
   y += "\nrouter:\n";
   y += "  port: " + std::to_string(o.port) + "\n";
   y += "  control_port: " + std::to_string(p.router_control_port) + "\n";
@@ -106,6 +106,28 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
   return y;
 }
 
+Result<DenseChoice> ServeDense(const std::string& dense, DenseFormat lm_head, bool bf16_experts, int max_bits,
+                               int fast_width) {
+  DenseChoice c;
+  if (dense == "auto") {
+    if (bf16_experts) {
+      c = {DenseFormat::kBf16, DenseFormat::kBf16};
+    } else if (max_bits <= 4) {
+      c = {DenseFormat::kAp4, fast_width >= 6 ? DenseFormat::kAp6 : DenseFormat::kInt8};
+    } else {
+      c = {DenseFormat::kInt8, DenseFormat::kInt8};
+    }
+  } else {
+    bool found = false;
+    for (const auto& [name, f] : DenseFormatChoices()) {
+      if (name == dense) c = {f, f}, found = true;
+    }
+    if (!found) return InvalidArgument("--dense " + dense + ": not auto or one of bf16, int8, ap3..ap8");
+  }
+  if (lm_head != DenseFormat::kAsDense) c.lm_head = lm_head;
+  return c;
+}
+
 Result<int> PlannerMaxBits(const std::string& max_bits, const std::string& bits) {
   const int given = bits == "auto" || bits == "16" ? 0 : std::stoi(bits);  // 0: no width given
   // A width given above what is fast here is the user's: the planner may keep it.
@@ -124,9 +146,11 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir, o.tokenizer));
   PW_ASSIGN_OR_RETURN(int64_t budget, ParseMemory(o.memory));
   PW_ASSIGN_OR_RETURN(const int max_bits, PlannerMaxBits(o.max_bits, o.bits));
+  PW_ASSIGN_OR_RETURN(const DenseChoice dense, ServeDense(o.dense, o.lm_head, o.bits == "16", max_bits,
+                                                          anyprec::FastWidthLimit(anyprec::BestQ8Backend())));
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
                       PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory,
-                                 static_cast<int64_t>(DenseCopyBytes(src, o.dense, o.lm_head)), max_bits,
+                                 static_cast<int64_t>(DenseCopyBytes(src, dense.dense, dense.lm_head)), max_bits,
                                  o.prefill_bits == "16" ? 0 : anyprec::FastWidthLimit(anyprec::BestQ8Backend())));
   PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
   std::string store_dir = o.store_dir;
@@ -147,6 +171,10 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   // 2. The store.
   NodePlan plan;
   plan.max_bits = max_bits;  // never below mem.bits: PlannerMaxBits and PlanMemory see to it
+  plan.dense = dense.dense;
+  plan.lm_head = dense.lm_head;
+  std::fprintf(stderr, "pw serve: dense matrices %s, lm_head %s (--dense %s)\n", DenseFormatName(plan.dense),
+               DenseFormatName(plan.lm_head), o.dense.c_str());
   if (mem.bits != 16) {
     std::fprintf(stderr, "pw serve: the planner raises experts up to %d bits (--max-bits %s; %s's fast path)\n",
                  plan.max_bits, o.max_bits.c_str(), kernels::BackendName(anyprec::BestQ8Backend()));

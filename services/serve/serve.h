@@ -23,6 +23,8 @@ struct NodePlan {
   std::string model_hash_cache;  // the broker remembers the model hash here ("" = hashes at start)
   MemoryPlan memory;
   int max_bits = 8;  // the planner's highest width (ServeOptions::max_bits resolved)
+  DenseFormat dense = DenseFormat::kBf16;     // ServeOptions::dense resolved (ServeDense)
+  DenseFormat lm_head = DenseFormat::kBf16;   // and the lm_head's
   int router_control_port = 0, broker_control_port = 0;
 };
 
@@ -30,6 +32,20 @@ struct NodePlan {
 // anyprec::FastWidthLimit of this CPU's fast path, raised to a --bits given above it; a --bits
 // above a given --max-bits is kInvalidArgument.
 Result<int> PlannerMaxBits(const std::string& max_bits, const std::string& bits);
+
+// The dense matrices' and the lm_head's formats of a node from --dense (`dense`: "auto" or a
+// format's name) and --lm-head (kAsDense: what --dense gives it). auto: bf16 when the experts
+// are bf16 (`bf16_experts`, --bits 16: the checkpoint served as it is); when the experts never
+// exceed 4 bits (`max_bits`, the planner's ceiling) ap4, with an ap6 lm_head where the fast
+// path runs 6 bits at speed (`fast_width` = anyprec::FastWidthLimit >= 6: AVX-512 VBMI) and an
+// int8 one otherwise (docs/quality.md, "Dense matrices below 8 bits": +0.2 % perplexity); else
+// int8 (no measurable perplexity change, half the bytes of bf16).
+struct DenseChoice {
+  DenseFormat dense = DenseFormat::kBf16;
+  DenseFormat lm_head = DenseFormat::kBf16;
+};
+Result<DenseChoice> ServeDense(const std::string& dense, DenseFormat lm_head, bool bf16_experts, int max_bits,
+                               int fast_width);
 
 // The node file (YAML) of `plan`.
 std::string NodeFileText(const ServeOptions& o, const NodePlan& plan);

@@ -1,5 +1,8 @@
 #include "services/serve/serve_options.h"
 
+#include <string>
+#include <vector>
+
 namespace pw::serve {
 
 void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
@@ -37,11 +40,16 @@ void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
   s->Add("run_dir", &o->run_dir, "the node file and per-process logs (default: <store-dir>/run/<model hash>-<port>)");
   s->Add("quantize_threads", &o->quantize_threads, "threads of a store build (0: every core)")
       .Range(0, 1024);
-  s->AddChoice("dense", &o->dense, DenseFormatChoices(),
-               "dense matrices (attention, dense and shared MLPs, lm_head): bf16 as the checkpoint "
-               "has them, int8 copies with one scale per row (llama.cpp's q8_0), or ap3..ap8 "
-               "(any-precision codes at that many bits, a 2^bits-entry table per row), made by "
-               "each worker at start and counted in the memory plan");
+  std::vector<std::string> dense_names = {"auto"};
+  for (const auto& [name, f] : DenseFormatChoices()) dense_names.push_back(name);
+  s->Add("dense", &o->dense,
+         "dense matrices (attention, dense and shared MLPs, lm_head): bf16 as the checkpoint has "
+         "them, int8 copies with one scale per row (llama.cpp's q8_0), or ap3..ap8 (any-precision "
+         "codes at that many bits, a 2^bits-entry table per row), made by each worker at start "
+         "and counted in the memory plan; auto: bf16 with bf16 experts, ap4 (lm_head ap6 where "
+         "this CPU's fast path runs 6 bits at speed, else int8) when the experts never exceed 4 "
+         "bits (--max-bits 4 or less), int8 otherwise")
+      .OneOf(dense_names);
   s->AddChoice("lm_head", &o->lm_head, LmHeadFormatChoices(),
                "the lm_head's own format, one of dense's or 'dense' (the same as the others)");
 }

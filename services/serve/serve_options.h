@@ -31,9 +31,10 @@ struct ServeOptions {
   std::string store_dir;          // "" = $XDG_CACHE_HOME/pagedweight, else ~/.cache/pagedweight
   std::string run_dir;            // "" = <store_dir>/run/<model hash>-<port>
   int64_t quantize_threads = 0;   // threads of a store build (0 = every core)
-  // The dense matrices' and the lm_head's formats (common/dense_format.h): copies made
-  // by each worker at start, counted in the memory plan.
-  DenseFormat dense = DenseFormat::kBf16;
+  // The dense matrices' format: "auto" (ServeDense) or one of common/dense_format.h's names;
+  // the lm_head's (kAsDense: what `dense` gives it). Copies made by each worker at start,
+  // counted in the memory plan.
+  std::string dense = "auto";
   DenseFormat lm_head = DenseFormat::kAsDense;
 };
 

@@ -228,6 +228,29 @@ TEST(ServeMemory, ThePrefillWorkersLutsComeOutOfThePool) {
       << refused.status().message();
 }
 
+// --dense auto follows the experts: bf16 with bf16 experts, ap4 (lm_head ap6 with a fast 6-bit
+// path, else int8) when they never exceed 4 bits, int8 otherwise; a named format is taken as it
+// is, --lm-head overrides either, and an unknown name is refused.
+TEST(ServeDense, AutoFollowsTheExpertsCeiling) {
+  auto pick = [](const std::string& dense, DenseFormat lm_head, bool bf16, int max_bits, int fast) {
+    auto c = ServeDense(dense, lm_head, bf16, max_bits, fast);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::string(DenseFormatName(c->dense)) + "/" + DenseFormatName(c->lm_head) : std::string();
+  };
+  EXPECT_EQ(pick("auto", DenseFormat::kAsDense, true, 8, 8), "bf16/bf16");
+  EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 8, 8), "int8/int8");
+  EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 5, 5), "int8/int8");
+  EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 4, 8), "ap4/ap6");
+  EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 3, 5), "ap4/int8");
+  EXPECT_EQ(pick("auto", DenseFormat::kAp8, false, 4, 8), "ap4/ap8");
+  EXPECT_EQ(pick("bf16", DenseFormat::kAsDense, false, 4, 8), "bf16/bf16");
+  EXPECT_EQ(pick("ap5", DenseFormat::kAsDense, true, 8, 8), "ap5/ap5");
+  EXPECT_EQ(pick("int8", DenseFormat::kAp6, false, 8, 8), "int8/ap6");
+  auto bad = ServeDense("int4", DenseFormat::kAsDense, false, 8, 8);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--dense int4"), std::string::npos) << bad.status().ToString();
+}
+
 // The int8 copy counted for the embedded model: every attention projection and router gate of
 // its 4 layers and lm_head (its embedding is not tied), each row in the int8 layout (128
 // columns padded to 512) with a 4-byte scale.
@@ -445,17 +468,15 @@ TEST(ServeNodeFile, TheLauncherLoadsItWithTheServedName) {
   p.max_bits = 5;
   EXPECT_NE(NodeFileText(o, p).find("  planner: {enabled: true, max_bits: 5}\n"), std::string::npos)
       << NodeFileText(o, p);
-  // --dense reaches the node file's root, where both workers read it.
-  EXPECT_NE(NodeFileText(o, p).find("\ndense: bf16\n"), std::string::npos) << NodeFileText(o, p);
-  EXPECT_NE(NodeFileText(o, p).find("\nlm_head: dense\n"), std::string::npos) << NodeFileText(o, p);
-  o.dense = DenseFormat::kAp4;
-  o.lm_head = DenseFormat::kAp6;
+  // The resolved dense formats (ServeDense) reach the node file's root, where both workers read them.
+  EXPECT_NE(NodeFileText(o, p).find("\ndense: bf16\nlm_head: bf16\n"), std::string::npos) << NodeFileText(o, p);
+  p.dense = DenseFormat::kAp4;
+  p.lm_head = DenseFormat::kAp6;
   EXPECT_NE(NodeFileText(o, p).find("\ndense: ap4\nlm_head: ap6\n"), std::string::npos) << NodeFileText(o, p);
   std::ofstream(path) << NodeFileText(o, p);
   cfg = cluster::LoadClusterConfig(path, "/unused");
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  o.dense = DenseFormat::kBf16;
-  o.lm_head = DenseFormat::kAsDense;
+  p.dense = p.lm_head = DenseFormat::kBf16;
   // --tokenizer: the router's section names it (the router reads it there: router_options.cc).
   EXPECT_EQ(NodeFileText(o, p).find("tokenizer:"), std::string::npos);
   p.tokenizer_dir = "/tok/dir";
