@@ -323,6 +323,8 @@ inline size_t BlockAhead(int, size_t) { return kPrefetchBytes; }
 // GEMV as four streams").
 inline size_t DenseAhead() { return cpu::PrefetchBytes(); }
 constexpr int kDenseStreams = cpu::kGemvStreams;
+// Many tokens: one row at a time (GemmRow; no GemmRowPair here).
+constexpr bool kGemmRowPairs = false;
 // No one-token loop of its own (q8_rows.inc's OneToken for every width).
 template <int B>
 bool OneTokenFast(const BlockAndLut&, int, const Q8Acts&, float*, int, int) { return false; }

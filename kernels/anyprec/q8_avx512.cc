@@ -129,6 +129,46 @@ void GemmRow(const RowT& row, int cols, const Q8Acts& a, float* y, size_t ldy) {
   }
 }
 
+// Two rows for every token: each group pair of both rows decoded once, and each activation
+// load feeding both rows' products, so the tokens' activations (64 tokens x 2048 columns are
+// 128 KB: L2, not L1) are read once per two rows. Per row the operations and their order are
+// GemmRow's: the same bits.
+template <class RowT>
+void GemmRowPair(const RowT& r0, const RowT& r1, int cols, const Q8Acts& a, float* y0, float* y1, size_t ldy) {
+  const int groups = (cols + kGroupCols - 1) / kGroupCols;
+  const int pairs = (groups + 1) / 2;
+  const bool odd = groups % 2 != 0;
+  const int stride = Q8ActStride(cols), ngroups = Q8ActGroups(cols);
+  const size_t ahead = kPrefetchBytes;
+  __m512 acc0[kMaxTokens], acc1[kMaxTokens];
+  const int T = a.tokens;
+  for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+  __m512i w0[8], w1[8];
+  for (int P = 0; P < pairs; ++P) {
+    const bool half = odd && P == pairs - 1;
+    r0.DecodePair(P, half, [&](int k, __m512i wk) { w0[k] = wk; }, ahead);
+    r1.DecodePair(P, half, [&](int k, __m512i wk) { w1[k] = wk; }, ahead);
+    const int8_t* xp = a.q + 512 * P;
+    for (int t = 0; t < T; ++t) {
+      const int8_t* x = xp + static_cast<size_t>(t) * stride;
+      __m512i c0 = _mm512_setzero_si512(), c1 = _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {
+        const __m512i xk = _mm512_loadu_si512(x + 64 * k);
+        c0 = _mm512_dpbusd_epi32(c0, w0[k], xk);
+        c1 = _mm512_dpbusd_epi32(c1, w1[k], xk);
+      }
+      const __m512 s = PairScales(a.scales + static_cast<size_t>(t) * ngroups, P);
+      acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), s, acc0[t]);
+      acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), s, acc1[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    y0[static_cast<size_t>(t) * ldy] = r0.scale * (_mm512_reduce_add_ps(acc0[t]) - a.offsets[t]);
+    y1[static_cast<size_t>(t) * ldy] = r1.scale * (_mm512_reduce_add_ps(acc1[t]) - a.offsets[t]);
+  }
+}
+constexpr bool kGemmRowPairs = true;
+
 // Rows decoded side by side at one token, and the prefetch distances. One row at a time with
 // its b plane streams prefetched 2 KiB ahead beat 2 and 4 rows side by side (sharing each
 // activation load) at every shape measured: 4b or 2b interleaved streams of short row
