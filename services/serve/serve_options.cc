@@ -51,7 +51,8 @@ void DeclareServeOptions(options::OptionSet* s, ServeOptions* o) {
          "bits (--max-bits 4 or less), int8 otherwise")
       .OneOf(dense_names);
   s->AddChoice("lm_head", &o->lm_head, LmHeadFormatChoices(),
-               "the lm_head's own format, one of dense's or 'dense' (the same as the others)");
+               "the lm_head's own format, one of dense's, or 'dense' (the default): what --dense "
+               "gives it (auto's pick, or the same format)");
 }
 
 }  // namespace pw::serve
