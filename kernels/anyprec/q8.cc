@@ -22,21 +22,8 @@ using kernels::Backend;
 
 namespace {
 
-// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 knows no "f16c" for
-// __builtin_cpu_supports, and `make fuzz` builds with clang. Asked once: every kernel call
-// checks its backend, and in a virtual machine CPUID traps to the hypervisor (6.6 % of a
-// batch-1 decode's samples on a KVM guest before this was cached).
-bool CpuHasF16c() {
-  static const bool has = [] {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1) != 0;
-  }();
-  return has;
-}
-
-bool CpuHasAvx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
-}
+// AVX2, FMA and F16C: anyprec.cc's check for its AVX2 backend (F16C asked of CPUID once).
+bool CpuHasAvx2() { return BackendAvailable(Backend::kAvx2); }
 bool CpuHasAvx512Q8() {
   return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
