@@ -74,7 +74,6 @@
 // after the remap, decode step time off and on (wall and CPU / threads), the floor of each
 // (experts counted after the remap), and the remap's own time as a share of the decode step.
 // The tables above it then list the runs without the remap only.
-#include <map>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -102,6 +101,7 @@
 #include "engine/hooks/lynx_routing_hook.h"
 #include "engine/models/model.h"
 #include "engine/layers/moe_layer.h"
+#include "tools/dense_cli.h"
 #include "tools/lynx_cli.h"
 #include "engine/experts/kernel_path.h"
 #include "engine/experts/bf16_expert_provider.h"
@@ -575,14 +575,7 @@ int Main(int argc, char** argv) {
   app.add_option("--bits-map", bits_map, "with --store: a width map file (pw-quantize plan)");
   app.add_option("--kernel-path", kernel_path, "any-precision kernels: fast (int8, default) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"exact", "fast"}));
-  const auto dense_choices = DenseFormatChoices();
-  const auto lm_head_choices = LmHeadFormatChoices();
-  app.add_option("--dense", o.dense, "dense weights (attention, lm_head, dense MLPs): bf16, int8 or ap3..ap8")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, DenseFormat>(dense_choices.begin(), dense_choices.end())));
-  app.add_option("--lm-head", o.lm_head, "the lm_head's own format: one of --dense's, or dense (the same)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, DenseFormat>(lm_head_choices.begin(), lm_head_choices.end())));
+  tools::AddDenseFlags(&app, &o.dense, &o.lm_head);
   app.add_flag("--no-mmap", o.no_mmap,
                "read the checkpoint into the process's memory instead of mapping it (llama.cpp's --no-mmap)");
   app.add_flag("--same-prompts", o.same_prompts,

@@ -35,7 +35,6 @@
 // first, then the miss policy. It prints the policy's counts (misses_* lines).
 // --record-trace writes the router's logits and selection of every MoE layer to FILE for
 // pw-sim (with a miss policy: the logits of the emulated run).
-#include <map>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -57,6 +56,7 @@
 #include "engine/models/model.h"
 #include "engine/eval/perplexity.h"
 #include "tools/lockstep_perplexity.h"
+#include "tools/dense_cli.h"
 #include "tools/lynx_cli.h"
 #include "policies/misses/miss_options.h"
 #include "policies/misses/router_trace.h"
@@ -357,14 +357,7 @@ int main(int argc, char** argv) {
   bits_opt->excludes(map_opt);
   ppl->add_option("--kernel-path", apw.kernel_path, "with --store: fast (int8 LUT and activations) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"fast", "exact"}));
-  const auto dense_choices = pw::DenseFormatChoices();
-  const auto lm_head_choices = pw::LmHeadFormatChoices();
-  ppl->add_option("--dense", apw.dense, "dense weights (attention, lm_head, dense MLPs): bf16, int8 or ap3..ap8")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::DenseFormat>(
-          dense_choices.begin(), dense_choices.end())));
-  ppl->add_option("--lm-head", apw.lm_head, "the lm_head's own format: one of --dense's, or dense (the same)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, pw::DenseFormat>(
-          lm_head_choices.begin(), lm_head_choices.end())));
+  pw::tools::AddDenseFlags(ppl, &apw.dense, &apw.lm_head);
   std::string nll_out;
   ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");
   int batch = 0;
