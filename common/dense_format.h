@@ -28,6 +28,11 @@ enum class DenseFormat {
 // DenseFormatChoices / LmHeadFormatChoices: the choices of the `dense` option (bf16, int8,
 // ap3..ap8) and of `lm_head` (those and "dense"). In common/ and header-only: `pw serve`'s
 // options and memory plan name the formats without linking the engine.
+// The lm_head's format given the others' (`dense`) and its own (kAsDense: the same).
+inline DenseFormat LmHeadFormat(DenseFormat dense, DenseFormat lm_head) {
+  return lm_head == DenseFormat::kAsDense ? dense : lm_head;
+}
+
 inline int DenseApBits(DenseFormat f) {
   switch (f) {
     case DenseFormat::kAp3: return 3;

@@ -393,7 +393,7 @@ Status Model::LoadTensors() {
 Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads) {
   if (dense_done_) return Internal(dir_ + ": the dense matrices were converted already");
   if (dense == DenseFormat::kAsDense) return InvalidArgument("dense format 'dense' names only the lm_head's");
-  if (lm_head == DenseFormat::kAsDense) lm_head = dense;
+  lm_head = LmHeadFormat(dense, lm_head);
   dense_done_ = true;
   dense_format_ = dense;
   lm_head_format_ = lm_head;

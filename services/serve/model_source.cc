@@ -39,7 +39,7 @@ Result<std::vector<DenseShape>> DenseMatrices(const Checkpoint& ckpt, const Mode
 }  // namespace
 
 uint64_t DenseCopyBytes(const ModelSource& m, DenseFormat dense, DenseFormat lm_head) {
-  if (lm_head == DenseFormat::kAsDense) lm_head = dense;
+  lm_head = LmHeadFormat(dense, lm_head);
   uint64_t total = 0;
   for (const DenseShape& d : m.dense_matrices) {
     const DenseFormat f = d.lm_head ? lm_head : dense;

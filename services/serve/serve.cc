@@ -124,7 +124,7 @@ Result<DenseChoice> ServeDense(const std::string& dense, DenseFormat lm_head, bo
     }
     if (!found) return InvalidArgument("--dense " + dense + ": not auto or one of bf16, int8, ap3..ap8");
   }
-  if (lm_head != DenseFormat::kAsDense) c.lm_head = lm_head;
+  c.lm_head = LmHeadFormat(c.lm_head, lm_head);
   return c;
 }
 

@@ -126,7 +126,7 @@ TEST(TinyModel, AnyPrecisionDenseWeightsApproachTheReferenceAsTheyWiden) {
     EXPECT_EQ(m.layers()[0].q.q8, nullptr);
     EXPECT_NE(m.layers()[0].q.ap, nullptr);
     if (m.layers()[0].q.ap != nullptr) EXPECT_EQ(m.layers()[0].q.ap->bits, bits);
-    const int head_bits = DenseApBits(lm_head == DenseFormat::kAsDense ? dense : lm_head);
+    const int head_bits = DenseApBits(LmHeadFormat(dense, lm_head));
     EXPECT_NE(m.lm_head().ap, nullptr);
     if (m.lm_head().ap != nullptr) EXPECT_EQ(m.lm_head().ap->bits, head_bits);
     const Closeness c = CloseToReference(**e);
