@@ -107,11 +107,17 @@ def out_of(cmd, env=None):
     return p.stdout + p.stderr
 
 
-def cpu_description():
+def lscpu():
+    """lscpu's fields, by name."""
     info = {}
     for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
         k, _, v = line.partition(":")
         info[k.strip()] = v.strip()
+    return info
+
+
+def cpu_description():
+    info = lscpu()
     flags = set(info.get("Flags", "").split())
     simd = [f for f in ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512vbmi",
                         "amx_bf16", "amx_int8", "avx_vnni"] if f in flags]
@@ -215,10 +221,7 @@ def dense4(args):
     GFNI), else ap4 with an int8 lm_head (on AVX2 a 6-bit lookup costs more shuffles than the
     bytes it saves: docs/benchmarks.md, "Dense matrices below 8 bits")."""
     if args.dense4 == "auto":
-        flags = set()
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Flags:"):
-                flags = set(line.split(":", 1)[1].split())
+        flags = set(lscpu().get("Flags", "").split())
         fast6 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi", "gfni"} <= flags
         return ("ap4", "ap6") if fast6 else ("ap4", "int8")
     dense, _, lm_head = args.dense4.partition(":")

@@ -76,29 +76,31 @@ TEST(DecodeBytes, HybridCountsItsStateTwiceAndKvOfFullLayersOnly) {
   EXPECT_DOUBLE_EQ(s.total(), s.weights + s.kv + s.state + s.experts);
 }
 
-TEST(DecodeBytes, Int8CopiesCountOneByteAWeight) {
-  const std::string dir = TinyModelDir();
-  auto model = Load(dir);
-  ASSERT_NE(model, nullptr);
+// The embedded model's step weight bytes as bf16 less those with its dense matrices in `dense`
+// (the lm_head in `lm_head`); its config through *c.
+double BytesSavedByDenseCopies(DenseFormat dense, DenseFormat lm_head, ModelConfig* c) {
+  auto model = Load(TinyModelDir());
+  EXPECT_NE(model, nullptr);
+  if (model == nullptr) return 0;
+  *c = model->config();
   const double bf16 = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
-  ASSERT_TRUE(model->QuantizeDense(DenseFormat::kInt8, DenseFormat::kAsDense, 1).ok());
-  const double int8 = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
+  EXPECT_TRUE(model->QuantizeDense(dense, lm_head, 1).ok());
+  return bf16 - DecodeStepBytes(*model, 1, 8, 4, 0).weights;
+}
+
+TEST(DecodeBytes, Int8CopiesCountOneByteAWeight) {
+  ModelConfig c;
+  const double saved = BytesSavedByDenseCopies(DenseFormat::kInt8, DenseFormat::kAsDense, &c);
   // tiny-moe's int8 matrices: q, k, v, o of every layer and lm_head (no dense or shared MLP).
-  const ModelConfig& c = model->config();
   const double H = static_cast<double>(c.hidden_size);
   const double qkvo = H * c.num_heads * c.head_dim * 2 + H * c.num_kv_heads * c.head_dim * 2;
-  EXPECT_DOUBLE_EQ(bf16 - int8, c.num_layers * qkvo + static_cast<double>(c.vocab_size) * H);
+  EXPECT_DOUBLE_EQ(saved, c.num_layers * qkvo + static_cast<double>(c.vocab_size) * H);
 }
 
 // An any-precision copy counts its planes and int8 table (DenseApBytes), not 2 bytes a weight.
 TEST(DecodeBytes, AnyPrecisionCopiesCountTheirPlanesAndTables) {
-  const std::string dir = TinyModelDir();
-  auto model = Load(dir);
-  ASSERT_NE(model, nullptr);
-  const double bf16 = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
-  ASSERT_TRUE(model->QuantizeDense(DenseFormat::kAp4, DenseFormat::kAp6, 1).ok());
-  const double ap = DecodeStepBytes(*model, 1, 8, 4, 0).weights;
-  const ModelConfig& c = model->config();
+  ModelConfig c;
+  const double saved = BytesSavedByDenseCopies(DenseFormat::kAp4, DenseFormat::kAp6, &c);
   const int H = static_cast<int>(c.hidden_size), q = static_cast<int>(c.num_heads * c.head_dim),
             kv = static_cast<int>(c.num_kv_heads * c.head_dim), V = static_cast<int>(c.vocab_size);
   const double bf16_bytes = 2.0 * H * (2 * q + 2 * kv) * c.num_layers + 2.0 * V * H;
@@ -107,7 +109,7 @@ TEST(DecodeBytes, AnyPrecisionCopiesCountTheirPlanesAndTables) {
           static_cast<double>(anyprec::DenseApBytes(q, H, 4) + 2 * anyprec::DenseApBytes(kv, H, 4) +
                               anyprec::DenseApBytes(H, q, 4)) +
       static_cast<double>(anyprec::DenseApBytes(V, H, 6));
-  EXPECT_DOUBLE_EQ(bf16 - ap, bf16_bytes - ap_bytes);
+  EXPECT_DOUBLE_EQ(saved, bf16_bytes - ap_bytes);
 }
 
 }  // namespace
