@@ -185,11 +185,13 @@ struct Buffer {
   size_t bytes;
 };
 
-// One pass: `threads` threads each read their 64-byte aligned share with `streams` streams.
-// Returns wall seconds; *cpu_seconds = the sum of the threads' CPU seconds.
+// One pass: `threads` threads each read their 64-byte aligned share of the buffer's first
+// `bytes` (all of it by default) with `streams` streams. Returns wall seconds; *cpu_seconds =
+// the sum of the threads' CPU seconds.
 double Pass(const Buffer& buf, int threads, int streams, std::atomic<uint64_t>* sink,
-            double* cpu_seconds) {
-  const size_t lines = buf.bytes / 64;
+            double* cpu_seconds, size_t bytes = 0) {
+  const size_t n = bytes == 0 || bytes > buf.bytes ? buf.bytes : bytes / 64 * 64;
+  const size_t lines = n / 64;
   std::vector<double> cpu(static_cast<size_t>(threads));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> ts;
@@ -197,7 +199,7 @@ double Pass(const Buffer& buf, int threads, int streams, std::atomic<uint64_t>* 
     ts.emplace_back([&, t] {
       const double c0 = ThreadCpuSeconds();
       const size_t b = lines * t / threads * 64;
-      const size_t e = t + 1 == threads ? buf.bytes : lines * (t + 1) / threads * 64;
+      const size_t e = t + 1 == threads ? n : lines * (t + 1) / threads * 64;
       *sink += ReadStreams(buf.p + b, e - b, streams);
       cpu[static_cast<size_t>(t)] = ThreadCpuSeconds() - c0;
     });
@@ -259,6 +261,32 @@ std::vector<ThreadsRate> ProbeReadBandwidth(const ProbeOptions& o, const std::ve
   }
   if (sink.load() == 42) std::fprintf(stderr, " ");  // keep the sums alive
   return out;
+}
+
+struct ReadTimer::Impl {
+  Impl(size_t bytes, int threads, int streams)
+      : buf(bytes / 64 * 64), threads(threads), streams(streams) {}
+  Buffer buf;
+  int threads;
+  int streams;
+  std::atomic<uint64_t> sink{0};
+};
+
+ReadTimer::ReadTimer(size_t bytes, int threads, int streams) {
+  if (threads < 1 || !IsProbeStreamCount(streams) || bytes < 64) {
+    Die("a read timer needs 1 or more threads, a stream count of 1, 2, 4, 8 or 16 and 64 bytes");
+  }
+  impl_ = std::make_unique<Impl>(bytes, threads, streams);
+}
+
+ReadTimer::~ReadTimer() {
+  if (impl_->sink.load() == 42) std::fprintf(stderr, " ");  // keep the sums alive
+}
+
+double ReadTimer::ReadSeconds(size_t bytes) {
+  double cpu = 0;
+  return Pass(impl_->buf, impl_->threads, impl_->streams, &impl_->sink, &cpu,
+              bytes < 64 ? 64 : bytes);
 }
 
 std::string DescribeRate(const ThreadsRate& r) {

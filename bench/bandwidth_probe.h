@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,26 @@ struct ThreadsRate {
 // a buffer that cannot be allocated) end the process with a message: this is a benchmark.
 std::vector<ThreadsRate> ProbeReadBandwidth(const ProbeOptions& options,
                                             const std::vector<int>& threads);
+
+// Times reads of the first bytes of a buffer of its own, one at a time, for a floor measured
+// beside the work it bounds (pw-bench-engine --floor-pairs: a decode step, then a read of the
+// step's bytes, alternated, so a host whose memory rate moves from one second to the next moves
+// both halves of each pair alike). The buffer is allocated, advised for huge pages and written
+// once; each read runs `threads` threads of `streams` interleaved streams, as a probe pass does.
+class ReadTimer {
+ public:
+  ReadTimer(size_t bytes, int threads, int streams);  // ends the process if it cannot allocate
+  ~ReadTimer();
+  ReadTimer(const ReadTimer&) = delete;
+  ReadTimer& operator=(const ReadTimer&) = delete;
+
+  // Wall seconds to read the buffer's first `bytes` (at most its size, rounded down to 64).
+  double ReadSeconds(size_t bytes);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // "2 threads: 1 stream 18.4, 2 streams 25.0, ... GB/s wall; best 16 streams: 33.1 GB/s wall
 // (34.0 GB/s per CPU second, best at 16)" — one line, no newline.

@@ -6,6 +6,7 @@
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
 //                   [--kernel-path fast|exact] [--dense bf16|int8|ap3..ap8] [--lm-head FORMAT] [--same-prompts] [--block-times]
+//                   [--floor-pairs N]
 //                   [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
 //                           [--lynx-keep K'] [--lynx-config FILE]]
@@ -54,7 +55,11 @@
 // columns count it at the width the provider runs each of its two blocks at: b planes of
 // rows * PlaneRowBytes(cols) bytes plus the block's LUT_b (rows * 2^b fp16), or bf16 at 16.
 // floor time = bytes / bandwidth; floor tok/s = B / floor time; ratio = decode time per step /
-// floor time (1.0 = bandwidth-bound, at the floor). On a machine shared with other jobs wall
+// floor time (1.0 = bandwidth-bound, at the floor). --floor-pairs N measures the same ratio
+// where the memory rate moves within seconds: after a point's runs, N more decode steps, each
+// followed at once by a timed read of the bytes it moved (bench/bandwidth_probe.h ReadTimer,
+// the probe's best stream count), so each pair's two times see the same rate; reported per
+// point: the median step / read ratio with its spread. On a machine shared with other jobs wall
 // times measure the other jobs too, so a second table normalises by CPU time: the decode step
 // as CPU seconds / threads, the bandwidth as bytes per (CPU seconds / threads) of the reading
 // threads; time spent spinning counts as CPU, so these figures err on the slow side.
@@ -250,6 +255,10 @@ struct Row {
   double remap_share = 0;            // hook time / decode time
   StepBytes floor_parts;             // floor_bytes by part (experts as bf16)
   engine::BlockTimes prefill_blocks; // with --block-times: the prefill's blocks, mean of the runs
+  // With --floor-pairs: each decode step's wall time over the wall time of a read of its bytes
+  // (floor_bytes_width) right after it, and the medians of the two times.
+  std::vector<double> pair_ratios;
+  double pair_step_seconds = 0, pair_read_seconds = 0;
 };
 
 // Bytes one decode step of `batch` sequences at mean context `ctx` must move (see top and
@@ -318,7 +327,12 @@ struct Options {
   anyprec::KernelPath kernel_path = anyprec::KernelPath::kFast;
   bool same_prompts = false;  // every sequence of a batch decodes the same prompt
   bool block_times = false;   // time the prefill's layer blocks by kind (engine/runner/block_times.h)
+  int floor_pairs = 0;        // decode steps each timed beside a read of its bytes (0: none)
+  int floor_streams = 1;      // the probe's best stream count on `threads` threads (wall)
 };
+
+// Decode steps (and sequences) one run of the options needs room for.
+int MaxGenerated(const Options& o) { return std::max(o.decode_steps, o.floor_pairs) + 64; }
 
 // The store-backed provider for one configuration.
 Result<std::unique_ptr<anyprec::ApwExpertProvider>> MakeApwProvider(
@@ -349,8 +363,13 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     ~Unhook() { e.SetMoeHooks({}); }
   } unhook{eng};
   const int vocab = eng.vocab_size();
-  const int max_gen = o.decode_steps + 64;
+  const int max_gen = MaxGenerated(o);
   std::mt19937 rng(1234);  // the same prompts for every set of experts
+  auto random_prompt = [&] {
+    std::vector<int32_t> prompt(o.prompt_len);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+    return prompt;
+  };
 
   std::vector<Row> rows;
   for (int batch : o.batches) {
@@ -369,13 +388,8 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
       const double cpu0 = ProcessCpuSeconds();
       std::vector<int32_t> first;
       for (int b = 0; b < batch; ++b) {
-        std::vector<int32_t> prompt(o.prompt_len);
-        if (o.same_prompts && b > 0) {
-          prompt = first;
-        } else {
-          for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
-          first = prompt;
-        }
+        std::vector<int32_t> prompt = o.same_prompts && b > 0 ? first : random_prompt();
+        first = prompt;
         ids.push_back(*next_id);
         PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
       }
@@ -458,6 +472,49 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
           FloorBytes(eng, batch, after_width_sum / calls, mean_ctx);
       r.remap_share = Median(remap_share);
     }
+    if (o.floor_pairs > 0) {
+      // New sequences, prefilled, then each decode step followed by a read of its bytes.
+      engine::SamplingParams sp;
+      sp.max_tokens = max_gen;
+      sp.ignore_eos = true;
+      std::vector<uint64_t> ids;
+      std::vector<int32_t> first;
+      for (int b = 0; b < batch; ++b) {
+        std::vector<int32_t> prompt = o.same_prompts && b > 0 ? first : random_prompt();
+        first = prompt;
+        ids.push_back(*next_id);
+        PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
+      }
+      for (;;) {
+        auto infos = eng.Sequences();
+        if (std::none_of(infos.begin(), infos.end(),
+                         [](const engine::SequenceInfo& i) { return i.prefilling; })) {
+          break;
+        }
+        PW_ASSIGN_OR_RETURN(auto step, eng.Step());
+        (void)step;
+      }
+      const auto bytes = static_cast<size_t>(r.floor_bytes_width);
+      bench::ReadTimer reader(bytes, o.threads, o.floor_streams);
+      reader.ReadSeconds(bytes);  // first touch of the timer's threads and pages
+      std::vector<double> steps, reads;
+      for (int i = 0; i < o.floor_pairs; ++i) {
+        const auto t0 = Clock::now();
+        PW_ASSIGN_OR_RETURN(auto step, eng.Step());
+        const double dt = Seconds(t0, Clock::now());
+        if (step.num_decode_tokens != batch) {
+          return Internal("paired decode step ran " + std::to_string(step.num_decode_tokens) +
+                          " tokens, expected " + std::to_string(batch));
+        }
+        const double rt = reader.ReadSeconds(bytes);
+        steps.push_back(dt);
+        reads.push_back(rt);
+        r.pair_ratios.push_back(dt / rt);
+      }
+      for (uint64_t id : ids) (void)eng.RemoveSequence(id);
+      r.pair_step_seconds = Median(steps);
+      r.pair_read_seconds = Median(reads);
+    }
     rows.push_back(r);
     std::fprintf(stderr, "  %s %s%s batch %d done (decode step %.2f ms)\n", r.model.c_str(),
                  r.experts.c_str(), lynx ? " +remap" : "", batch, r.step_seconds * 1e3);
@@ -474,7 +531,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   eo.copy_weights = o.no_mmap;
   eo.block_size = 16;
   // Room for the prompt, the timed steps and any tokens decoded while other prompts prefill.
-  const int max_gen = o.decode_steps + 64;
+  const int max_gen = MaxGenerated(o);
   const int per_seq = (o.prompt_len + max_gen + eo.block_size - 1) / eo.block_size;
   eo.num_kv_blocks = max_batch * per_seq + 16;
   // Every prompt of the batch fits one step, so prefill is measured without decode mixed in.
@@ -549,6 +606,28 @@ bool ParseList(const std::string& s, std::vector<int>* out) {
   return true;
 }
 
+// --floor-pairs: per model, experts and batch, the decode steps each timed beside a read of the
+// bytes it moves (the `@ width` bytes with --store, else the bf16-expert bytes), taken right
+// after it with the probe's best stream count on the engine's threads.
+void PrintPairedFloor(const std::vector<Row>& rows, const Options& o, bool widths) {
+  std::printf(
+      "\nEach decode step beside a read of its bytes right after it (%d pairs, %d thread%s, %d "
+      "stream%s; bytes%s):\n\n",
+      o.floor_pairs, o.threads, o.threads == 1 ? "" : "s", o.floor_streams,
+      o.floor_streams == 1 ? "" : "s", widths ? " at the experts' widths" : " with experts as bf16");
+  std::printf(
+      "| model | experts | batch | bytes/step MB | step ms | read ms | read GB/s "
+      "| step / read: median (min-max) |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const Row& r : rows) {
+    if (r.pair_ratios.empty()) continue;
+    const auto [lo, hi] = std::minmax_element(r.pair_ratios.begin(), r.pair_ratios.end());
+    std::printf("| %s | %s%s | %d | %.1f | %.2f | %.2f | %.1f | %.2f (%.2f-%.2f) |\n",
+                r.model.c_str(), r.experts.c_str(), r.lynx ? " +remap" : "", r.batch,
+                r.floor_bytes_width / 1e6, r.pair_step_seconds * 1e3, r.pair_read_seconds * 1e3,
+                r.floor_bytes_width / r.pair_read_seconds / 1e9, Median(r.pair_ratios), *lo, *hi);
+  }
+}
+
 int Main(int argc, char** argv) {
   SetLogProcessTag("pw-bench-engine");
   CLI::App app{"Engine prefill/decode throughput and the memory-bandwidth floor"};
@@ -584,6 +663,10 @@ int Main(int argc, char** argv) {
   app.add_flag("--block-times", o.block_times,
                "time the prefill's layer blocks by kind (full, linear or latent attention, "
                "MLP) and print where the prefill went");
+  app.add_option("--floor-pairs", o.floor_pairs,
+                 "after each point's runs, N decode steps each followed by a read of its bytes "
+                 "(the floor measured beside the step it bounds)")
+      ->check(CLI::Range(0, 4096));
   tools::AddLynxFlags(&app, &o.lynx);
   CLI11_PARSE(app, argc, argv);
   auto usage = [](const std::string& msg) {
@@ -634,6 +717,7 @@ int Main(int argc, char** argv) {
   const std::vector<bench::ThreadsRate> probe = bench::ProbeReadBandwidth(o.probe, probe_threads);
   for (const auto& r : probe) std::fprintf(stderr, "  %s\n", bench::DescribeRate(r).c_str());
   const bench::ThreadsRate& bw = probe.back();  // the engine's thread count
+  o.floor_streams = bw.best_streams;
 
   std::vector<Row> rows;
   for (const auto& dir : o.models) {
@@ -738,6 +822,7 @@ int Main(int argc, char** argv) {
                 p.weights / 1e6, p.kv / 1e6, p.state / 1e6, p.experts / 1e6, p.total() / 1e6);
   }
   if (o.block_times) PrintBlockTimes(rows, o.prompt_len);
+  if (o.floor_pairs > 0) PrintPairedFloor(rows, o, widths);
   if (o.lynx.on) {
     std::printf(
         "\nRemap (off = the router's choice, on = the remap as routing hook; step CPU = decode "
