@@ -33,6 +33,13 @@ Q4_K_M (--quant4) GGUF, each loaded by the same client (pw-loadgen --dataset-nam
 --ignore-eos, --request-rate inf, --max-concurrency 1/8/32, --token-count auto). Ours and llama.cpp's alternate within every round (A B A B over the
 rounds), so a shared machine's load falls on both. Each round's figures and each ratio's median,
 min and max are printed, with the CPU (lscpu) and the load average before and after each part.
+
+Before the rounds every file either side maps (the checkpoint's safetensors, the GGUFs, the
+store) is dropped from the page cache and read back once (--keep-page-cache: not), so both
+sides map the same kind of pages: a file cached as it was written is held in 4 KiB pages, one
+read back is held in large folios (2 MiB where the kernel's readahead makes them), and the same
+engine's prefill moved by ~10 % between the two (docs/benchmarks.md, "Page-cache state").
+/proc/meminfo's FileHugePages before and after is printed.
 """
 import argparse
 import glob
@@ -133,6 +140,28 @@ def cpu_description():
 
 
 # ---- builds and conversions (each skipped when its output exists) ----
+
+def file_huge_pages_kib():
+    for line in open("/proc/meminfo"):
+        if line.startswith("FileHugePages:"):
+            return int(line.split()[1])
+    return -1
+
+
+def refresh_page_cache(paths):
+    """Drops each file's clean pages from the page cache and reads it back sequentially."""
+    before = file_huge_pages_kib()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            while os.read(fd, 8 << 20):
+                pass
+        finally:
+            os.close(fd)
+    log(f"page cache: {len(paths)} files dropped and read back; FileHugePages {before} -> "
+        f"{file_huge_pages_kib()} KiB")
+
 
 def build_project(build):
     if not os.path.exists(os.path.join(build, "CMakeCache.txt")):
@@ -453,6 +482,8 @@ def main():
     ap.add_argument("--port", type=int, default=18600, help="first of the ports the servers use")
     ap.add_argument("--start-timeout", type=int, default=1800, help="seconds a server (or a store build) may take")
     ap.add_argument("--no-build", action="store_true", help="use the binaries as they are")
+    ap.add_argument("--keep-page-cache", action="store_true",
+                    help="leave the files' pages as they are cached (default: dropped and read back)")
     args = ap.parse_args()
     args.work = args.work or os.path.join(args.build, "vs-llama-cpp")
     args.streams = [int(x) for x in args.streams.split(",")]
@@ -484,6 +515,10 @@ def main():
         stop(proc)
         stores = glob.glob(os.path.join(args.work, "store", "**", "*.apw"), recursive=True)
     store = stores[0] if stores else None
+    if not args.keep_page_cache:
+        mapped = sorted({os.path.realpath(p) for p in glob.glob(os.path.join(mdir, "*.safetensors"))} |
+                        set(g.values()) | ({store} if store else set()))
+        refresh_page_cache(mapped)
 
     commit = "?"
     if os.path.exists(os.path.join(args.llama_cpp, ".git")):
