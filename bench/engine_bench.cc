@@ -57,9 +57,10 @@
 // floor time = bytes / bandwidth; floor tok/s = B / floor time; ratio = decode time per step /
 // floor time (1.0 = bandwidth-bound, at the floor). --floor-pairs N measures the same ratio
 // where the memory rate moves within seconds: after a point's runs, N more decode steps, each
-// followed at once by a timed read of the bytes it moved (bench/bandwidth_probe.h ReadTimer,
-// the probe's best stream count), so each pair's two times see the same rate; reported per
-// point: the median step / read ratio with its spread. On a machine shared with other jobs wall
+// followed, once the pool's workers have stopped polling (about a millisecond), by a timed read
+// of the bytes it moved (bench/bandwidth_probe.h ReadTimer, the probe's best stream count), so
+// each pair's two times see the same rate; reported per point: the median step / read ratio
+// with its spread. On a machine shared with other jobs wall
 // times measure the other jobs too, so a second table normalises by CPU time: the decode step
 // as CPU seconds / threads, the bandwidth as bytes per (CPU seconds / threads) of the reading
 // threads; time spent spinning counts as CPU, so these figures err on the slow side.
@@ -92,6 +93,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bandwidth_probe.h"
@@ -103,6 +105,7 @@
 #include "engine/experts/apw_expert_provider.h"
 #include "engine/engine.h"
 #include "engine/runner/block_times.h"
+#include "kernels/cpu/thread_pool.h"
 #include "engine/hooks/lynx_routing_hook.h"
 #include "engine/models/model.h"
 #include "engine/layers/moe_layer.h"
@@ -506,6 +509,10 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
           return Internal("paired decode step ran " + std::to_string(step.num_decode_tokens) +
                           " tokens, expected " + std::to_string(batch));
         }
+        // The pool's workers poll for a next job after the step: a read beside them shares
+        // their cores (read 10 % slower at the default 500 us on an AMD Zen 4). The step after
+        // this wait may pay their wake-up (tens of microseconds): it errs on the slow side.
+        std::this_thread::sleep_for(std::chrono::microseconds(cpu::ThreadPool::SpinMicros() + 1000));
         const double rt = reader.ReadSeconds(bytes);
         steps.push_back(dt);
         reads.push_back(rt);

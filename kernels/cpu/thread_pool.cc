@@ -44,6 +44,10 @@ bool Spin(F&& done) {
 
 }  // namespace
 
+long ThreadPool::SpinMicros() {
+  return static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(SpinTime()).count());
+}
+
 ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }

@@ -44,6 +44,9 @@ class ThreadPool {
   // decode of the OLMoE-dimension model was 1.13-1.22x slower, docs/benchmarks.md).
   // PW_POOL_SPIN_US overrides it (0 to 1000000).
   static constexpr int kDefaultSpinMicros = 500;
+  // The polling time in force (kDefaultSpinMicros or PW_POOL_SPIN_US), microseconds: how long
+  // after its last job a worker may still hold a core.
+  static long SpinMicros();
 
   // Calls fn(begin, end) on disjoint ranges covering [0, n), at most kChunksPerThread x
   // num_threads() of them, from any of the pool's threads. Range boundaries are multiples of
