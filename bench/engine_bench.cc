@@ -373,6 +373,32 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
     return prompt;
   };
+  // Adds `batch` sequences (one prompt for all with --same-prompts), their ids to *ids.
+  auto add_batch = [&](int batch, std::vector<uint64_t>* ids) -> Status {
+    engine::SamplingParams sp;
+    sp.max_tokens = max_gen;
+    sp.ignore_eos = true;
+    std::vector<int32_t> first;
+    for (int b = 0; b < batch; ++b) {
+      std::vector<int32_t> prompt = o.same_prompts && b > 0 ? first : random_prompt();
+      first = prompt;
+      ids->push_back(*next_id);
+      PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
+    }
+    return Status::Ok();
+  };
+  // Steps the engine until no sequence is still prefilling.
+  auto prefill_all = [&]() -> Status {
+    for (;;) {
+      auto infos = eng.Sequences();
+      if (std::none_of(infos.begin(), infos.end(),
+                       [](const engine::SequenceInfo& i) { return i.prefilling; })) {
+        return Status::Ok();
+      }
+      PW_ASSIGN_OR_RETURN(auto step, eng.Step());
+      (void)step;
+    }
+  };
 
   std::vector<Row> rows;
   for (int batch : o.batches) {
@@ -383,30 +409,13 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     int64_t distinct_calls = 0;
     engine::BlockTimes run_blocks, prefill_blocks;
     for (int run = -o.warmups; run < o.runs; ++run) {
-      engine::SamplingParams sp;
-      sp.max_tokens = max_gen;
-      sp.ignore_eos = true;
       std::vector<uint64_t> ids;
       auto t0 = Clock::now();
       const double cpu0 = ProcessCpuSeconds();
-      std::vector<int32_t> first;
-      for (int b = 0; b < batch; ++b) {
-        std::vector<int32_t> prompt = o.same_prompts && b > 0 ? first : random_prompt();
-        first = prompt;
-        ids.push_back(*next_id);
-        PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
-      }
-      // Prefill: until no sequence is still prefilling.
+      PW_RETURN_IF_ERROR(add_batch(batch, &ids));
       run_blocks.Reset();
       if (o.block_times) eng.SetBlockTimes(&run_blocks);
-      for (;;) {
-        auto infos = eng.Sequences();
-        bool prefilling = std::any_of(infos.begin(), infos.end(),
-                                      [](const engine::SequenceInfo& i) { return i.prefilling; });
-        if (!prefilling) break;
-        PW_ASSIGN_OR_RETURN(auto step, eng.Step());
-        (void)step;
-      }
+      PW_RETURN_IF_ERROR(prefill_all());
       auto t1 = Clock::now();
       const double cpu1 = ProcessCpuSeconds();
       eng.SetBlockTimes(nullptr);
@@ -477,26 +486,9 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     }
     if (o.floor_pairs > 0) {
       // New sequences, prefilled, then each decode step followed by a read of its bytes.
-      engine::SamplingParams sp;
-      sp.max_tokens = max_gen;
-      sp.ignore_eos = true;
       std::vector<uint64_t> ids;
-      std::vector<int32_t> first;
-      for (int b = 0; b < batch; ++b) {
-        std::vector<int32_t> prompt = o.same_prompts && b > 0 ? first : random_prompt();
-        first = prompt;
-        ids.push_back(*next_id);
-        PW_RETURN_IF_ERROR(eng.AddSequence((*next_id)++, std::move(prompt), sp));
-      }
-      for (;;) {
-        auto infos = eng.Sequences();
-        if (std::none_of(infos.begin(), infos.end(),
-                         [](const engine::SequenceInfo& i) { return i.prefilling; })) {
-          break;
-        }
-        PW_ASSIGN_OR_RETURN(auto step, eng.Step());
-        (void)step;
-      }
+      PW_RETURN_IF_ERROR(add_batch(batch, &ids));
+      PW_RETURN_IF_ERROR(prefill_all());
       const auto bytes = static_cast<size_t>(r.floor_bytes_width);
       bench::ReadTimer reader(bytes, o.threads, o.floor_streams);
       reader.ReadSeconds(bytes);  // first touch of the timer's threads and pages
