@@ -39,9 +39,15 @@ inline size_t DenseApBytes(int rows, int cols, int bits) {
          4 * static_cast<size_t>(rows);
 }
 
+// Rows the fit takes at a time by default: its transient memory is about (1 KB + cols bytes)
+// a row of a piece (8.4 MB at 2048 columns), whatever the matrix's row count.
+inline constexpr int kDenseFitRows = 2048;
+
 // From bf16 w [rows][cols] (row-major, raw bits) at `bits` in 3..8, fitted on `threads`
-// threads (the same bytes for any count). Non-finite weights are an error naming the first.
+// threads `fit_rows` rows at a time (the same bytes for any thread count and any fit_rows).
+// Non-finite weights are an error naming the first.
 Result<std::unique_ptr<DenseApMatrix>> QuantizeDenseAp(const uint16_t* w, int rows, int cols,
-                                                       int bits, int threads);
+                                                       int bits, int threads,
+                                                       int fit_rows = kDenseFitRows);
 
 }  // namespace pw::anyprec

@@ -130,16 +130,22 @@ TEST(DenseAp, EveryBackendMultipliesItAsTheReference) {
   }
 }
 
-TEST(DenseAp, TheBytesDoNotDependOnTheThreadCount) {
+TEST(DenseAp, TheBytesDoNotDependOnTheThreadCountOrThePiecesOfTheFit) {
   std::mt19937 rng(3);
   const int rows = 70, cols = 300;
   const auto w = RandomBf16(rows, cols, rng);
-  auto one = QuantizeDenseAp(w.data(), rows, cols, 5, 1);
-  auto two = QuantizeDenseAp(w.data(), rows, cols, 5, 2);
-  ASSERT_TRUE(one.ok() && two.ok());
-  EXPECT_EQ((*one)->planes, (*two)->planes);
-  EXPECT_EQ((*one)->lut_values, (*two)->lut_values);
-  EXPECT_EQ((*one)->lut_scales, (*two)->lut_scales);
+  auto one = QuantizeDenseAp(w.data(), rows, cols, 5, 1, rows);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  // Two threads, and pieces of 1 row, 16 (four and a tail of 6), 69 (a tail of 1) and more
+  // than the matrix: every plane row and table where the whole fit puts it.
+  for (auto [threads, fit_rows] : {std::pair{2, rows}, {1, 1}, {2, 16}, {1, 69}, {2, 1000}}) {
+    auto other = QuantizeDenseAp(w.data(), rows, cols, 5, threads, fit_rows);
+    ASSERT_TRUE(other.ok()) << other.status().ToString();
+    EXPECT_EQ((*one)->planes, (*other)->planes) << threads << " threads, pieces of " << fit_rows;
+    EXPECT_EQ((*one)->lut_values, (*other)->lut_values) << fit_rows;
+    EXPECT_EQ((*one)->lut_scales, (*other)->lut_scales) << fit_rows;
+  }
+  EXPECT_FALSE(QuantizeDenseAp(w.data(), rows, cols, 5, 1, 0).ok());
 }
 
 TEST(DenseAp, RefusesBadWidthsShapesAndNonFiniteWeights) {
@@ -154,6 +160,10 @@ TEST(DenseAp, RefusesBadWidthsShapesAndNonFiniteWeights) {
   EXPECT_FALSE(QuantizeDenseAp(w.data(), 4, 0, 4, 1).ok());
   w[2 * 64 + 9] = F32ToBf16(std::numeric_limits<float>::quiet_NaN());
   auto m = QuantizeDenseAp(w.data(), 4, 64, 4, 2);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("(2, 9)"), std::string::npos) << m.status().ToString();
+  // Fitted a row at a time, the weight is named by its row in the matrix, not in its piece.
+  m = QuantizeDenseAp(w.data(), 4, 64, 4, 1, 1);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("(2, 9)"), std::string::npos) << m.status().ToString();
 }
