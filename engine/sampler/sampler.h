@@ -67,7 +67,9 @@ double UniformDraw(uint64_t seed, uint64_t index);
 // Samples one token from logits[0..vocab). `draw_index` is the number of tokens the request
 // has generated before this one. `scratch` is reused between calls to avoid allocation.
 // Top-k and top-p are applied to the temperature-scaled distribution, in that order, and the
-// kept probabilities are renormalised before drawing.
+// kept probabilities are renormalised before drawing. Probabilities are float (the kernels'
+// softmax). The draw walks the kept tokens most likely first under top-k or top-p, and in id
+// order without either (the same distribution, without ordering the vocabulary).
 int32_t SampleToken(const float* logits, int vocab_size, const SamplingParams& p,
                     uint64_t draw_index, std::vector<std::pair<float, int32_t>>* scratch);
 

@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <map>
+#include <set>
 #include <vector>
 
 namespace pw::engine {
@@ -98,10 +99,67 @@ TEST(Sampler, TheWholeVocabularyIsOrderedAsTheComparisonSortOrdersIt) {
       for (const auto& e : c) sum += std::exp(double(e.first) - c[0].first);
       for (size_t i = 0; i < got.size(); ++i) {
         ASSERT_EQ(got[i].first, c[i].second) << "position " << i << " temperature " << t;
-        if (top_p == 1.f) ASSERT_EQ(got[i].second, std::exp(double(c[i].first) - c[0].first) / sum);
+        if (top_p == 1.f) {  // float probabilities (the kernels' softmax)
+          const double want = std::exp(double(c[i].first) - c[0].first) / sum;
+          ASSERT_NEAR(got[i].second, want, 1e-5 * want + 1e-30) << "position " << i;
+        }
       }
     }
   }
+}
+
+// Top-p over a vocabulary of 151,936 whose nucleus is one token, about 4,900 (sorted on its
+// own) or most of the vocabulary (the radix sort over all): the kept set is the comparison
+// sort's prefix that first reaches top_p, and every draw falls in it. Without top-p the draw
+// walks the vocabulary in id order and follows the distribution.
+TEST(Sampler, TopPFindsNucleiOfEverySizeAndDrawsFollowTheDistribution) {
+  const int vocab = 151936;
+  std::vector<float> l(vocab);
+  uint32_t x = 777;
+  for (int i = 0; i < vocab; ++i) {
+    x = x * 1664525u + 1013904223u;
+    l[i] = static_cast<float>(x >> 8) * (1.f / 16777216.f);  // nearly flat: large nuclei
+  }
+  l[5] = 12.f;  // about 0.38 of the mass at temperature 1, nearly all at 0.5
+  l[7] = -INFINITY;
+  for (auto [t, top_p] : {std::pair{1.f, 0.3f}, {1.f, 0.4f}, {1.f, 0.9f}, {0.5f, 0.9f}}) {
+    SamplingParams p;
+    p.temperature = t;
+    p.top_p = top_p;
+    const auto got = SamplingDistribution(l.data(), vocab, p);
+    std::vector<std::pair<double, int32_t>> c(vocab);
+    for (int i = 0; i < vocab; ++i) c[i] = {(l[i] - 12.f) * (1.f / t), i};  // the sampler's floats
+    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    double sum = 0;
+    for (const auto& e : c) sum += std::exp(e.first);
+    size_t n = 0;
+    for (double cum = 0; n < c.size() && cum < top_p;) cum += std::exp(c[n++].first) / sum;
+    // The float sums may end the nucleus a token either side of the double reference.
+    ASSERT_NEAR(static_cast<double>(got.size()), static_cast<double>(n), 1.0) << t << " " << top_p;
+    for (size_t i = 0; i < std::min(got.size(), n); ++i) ASSERT_EQ(got[i].first, c[i].second) << i;
+    std::vector<std::pair<float, int32_t>> scratch;
+    std::set<int32_t> kept;
+    for (const auto& e : got) kept.insert(e.first);
+    for (int d = 0; d < 20; ++d) ASSERT_EQ(kept.count(SampleToken(l.data(), vocab, p, d, &scratch)), 1u);
+  }
+  // No top-p: token 5's share of the draws is its probability, and the -inf token never comes.
+  SamplingParams p;
+  p.temperature = 1.f;
+  p.seed = 9;
+  const auto dist = SamplingDistribution(l.data(), vocab, p);
+  ASSERT_EQ(dist[0].first, 5);
+  ASSERT_GT(dist[0].second, 0.3);
+  std::vector<std::pair<float, int32_t>> scratch;
+  int hits = 0;
+  const int n = 2000;
+  for (int d = 0; d < n; ++d) {
+    const int32_t tok = SampleToken(l.data(), vocab, p, d, &scratch);
+    ASSERT_NE(tok, 7);
+    hits += tok == 5;
+  }
+  EXPECT_NEAR(hits / double(n), dist[0].second, 0.04);
 }
 
 TEST(Sampler, SeededDrawsAreDeterministicAndFollowTheDistribution) {
