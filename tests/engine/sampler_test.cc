@@ -12,6 +12,28 @@
 namespace pw::engine {
 namespace {
 
+// `vocab` logits, value(r) of successive 24-bit draws r of a linear congruential sequence.
+template <typename F>
+std::vector<float> LcgLogits(int vocab, uint32_t seed, F value) {
+  std::vector<float> l(static_cast<size_t>(vocab));
+  for (float& v : l) {
+    seed = seed * 1664525u + 1013904223u;
+    v = value(static_cast<int>(seed >> 8));
+  }
+  return l;
+}
+
+// (logit - top) / t as the sampler scales them (float), with their ids, in the comparison
+// sort's order: value descending, equal values by id.
+std::vector<std::pair<float, int32_t>> ReferenceOrder(const std::vector<float>& l, float top, float t) {
+  std::vector<std::pair<float, int32_t>> c(l.size());
+  for (size_t i = 0; i < l.size(); ++i) c[i] = {(l[i] - top) * (1.f / t), static_cast<int32_t>(i)};
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  return c;
+}
+
 // logits = log(p) for p = {0.05, 0.4, 0.1, 0.3, 0.15}: sorted ids by probability 1, 3, 4, 2, 0.
 std::vector<float> Known() {
   std::vector<float> p = {0.05f, 0.4f, 0.1f, 0.3f, 0.15f};
@@ -73,26 +95,17 @@ TEST(Sampler, TopKAndTopPKeepTheRightSet) {
 // summed in that order. Top-p then cuts that same order.
 TEST(Sampler, TheWholeVocabularyIsOrderedAsTheComparisonSortOrdersIt) {
   const int vocab = 50304;
-  std::vector<float> l(vocab);
-  uint32_t x = 12345;
-  for (int i = 0; i < vocab; ++i) {
-    x = x * 1664525u + 1013904223u;
-    const int r = static_cast<int>(x >> 8);
-    l[i] = r % 97 == 0 ? -INFINITY : (r % 3 == 0 ? static_cast<float>(r % 41) * 0.25f - 5.f
+  const std::vector<float> l = LcgLogits(vocab, 12345, [](int r) {
+    return r % 97 == 0 ? -INFINITY : (r % 3 == 0 ? static_cast<float>(r % 41) * 0.25f - 5.f
                                                  : static_cast<float>(r % 100003) * 1e-4f - 7.f);
-  }
+  });
   for (float t : {1.f, 0.7f, 3.f}) {
     for (float top_p : {1.f, 0.5f}) {
       SamplingParams p;
       p.temperature = t;
       p.top_p = top_p;
       const auto got = SamplingDistribution(l.data(), vocab, p);
-      const float top = *std::max_element(l.begin(), l.end());
-      std::vector<std::pair<float, int32_t>> c(vocab);
-      for (int i = 0; i < vocab; ++i) c[i] = {(l[i] - top) * (1.f / t), i};
-      std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-      });
+      const auto c = ReferenceOrder(l, *std::max_element(l.begin(), l.end()), t);
       ASSERT_LE(got.size(), c.size());
       if (top_p == 1.f) ASSERT_EQ(got.size(), c.size());
       double sum = 0;
@@ -114,12 +127,9 @@ TEST(Sampler, TheWholeVocabularyIsOrderedAsTheComparisonSortOrdersIt) {
 // walks the vocabulary in id order and follows the distribution.
 TEST(Sampler, TopPFindsNucleiOfEverySizeAndDrawsFollowTheDistribution) {
   const int vocab = 151936;
-  std::vector<float> l(vocab);
-  uint32_t x = 777;
-  for (int i = 0; i < vocab; ++i) {
-    x = x * 1664525u + 1013904223u;
-    l[i] = static_cast<float>(x >> 8) * (1.f / 16777216.f);  // nearly flat: large nuclei
-  }
+  std::vector<float> l = LcgLogits(vocab, 777, [](int r) {
+    return static_cast<float>(r) * (1.f / 16777216.f);  // nearly flat: large nuclei
+  });
   l[5] = 12.f;  // about 0.38 of the mass at temperature 1, nearly all at 0.5
   l[7] = -INFINITY;
   for (auto [t, top_p] : {std::pair{1.f, 0.3f}, {1.f, 0.4f}, {1.f, 0.9f}, {0.5f, 0.9f}}) {
@@ -127,15 +137,11 @@ TEST(Sampler, TopPFindsNucleiOfEverySizeAndDrawsFollowTheDistribution) {
     p.temperature = t;
     p.top_p = top_p;
     const auto got = SamplingDistribution(l.data(), vocab, p);
-    std::vector<std::pair<double, int32_t>> c(vocab);
-    for (int i = 0; i < vocab; ++i) c[i] = {(l[i] - 12.f) * (1.f / t), i};  // the sampler's floats
-    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    });
+    const auto c = ReferenceOrder(l, 12.f, t);
     double sum = 0;
-    for (const auto& e : c) sum += std::exp(e.first);
+    for (const auto& e : c) sum += std::exp(double(e.first));
     size_t n = 0;
-    for (double cum = 0; n < c.size() && cum < top_p;) cum += std::exp(c[n++].first) / sum;
+    for (double cum = 0; n < c.size() && cum < top_p;) cum += std::exp(double(c[n++].first)) / sum;
     // The float sums may end the nucleus a token either side of the double reference.
     ASSERT_NEAR(static_cast<double>(got.size()), static_cast<double>(n), 1.0) << t << " " << top_p;
     for (size_t i = 0; i < std::min(got.size(), n); ++i) ASSERT_EQ(got[i].first, c[i].second) << i;
