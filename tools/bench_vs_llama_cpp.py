@@ -38,7 +38,7 @@ Before the rounds every file either side maps (the checkpoint's safetensors, the
 store) is dropped from the page cache and read back once (--keep-page-cache: not), so both
 sides map the same kind of pages: a file cached as it was written is held in 4 KiB pages, one
 read back is held in large folios (2 MiB where the kernel's readahead makes them), and the same
-engine's prefill moved by ~10 % between the two (docs/benchmarks.md, "Page-cache state").
+engine's prefill moved by about 7 % between the two (docs/benchmarks.md, "Page-cache state").
 /proc/meminfo's FileHugePages before and after is printed.
 """
 import argparse
