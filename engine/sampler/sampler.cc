@@ -83,14 +83,14 @@ double Candidates(const float* logits, int vocab, const SamplingParams& p, bool 
     // the most likely first. probs is indexed by id until the end.
     thread_local std::vector<float> by_id;
     by_id.swap(*probs);
-    in_id_order();
     size_t hi = keep;
+    bool nucleus_alone = false;  // c holds the nucleus and a few more, in id order
     if (cut && !sorted) {
       // The nucleus is every token above some scaled logit. A histogram of the scaled logits
       // (kBuckets steps of kBucketWidth below the largest, 0; the last holds everything lower)
       // with each bucket's probability gives the highest bucket by which the mass reaches
       // top_p: the tokens of it and of the buckets above are the nucleus and a few more, a
-      // prefix of the descending order, sorted on their own.
+      // prefix of the descending order, gathered and sorted on their own.
       constexpr int kBuckets = 512;
       constexpr float kBucketWidth = 0.125f;
       thread_local std::vector<uint16_t> bucket;
@@ -98,7 +98,7 @@ double Candidates(const float* logits, int vocab, const SamplingParams& p, bool 
       double mass[kBuckets] = {};
       size_t count[kBuckets] = {};
       for (size_t i = 0; i < keep; ++i) {
-        const float steps = -(*c)[i].first * (1.f / kBucketWidth);  // >= 0, or +inf, or NaN
+        const float steps = -(logits[i] - top) * inv_t * (1.f / kBucketWidth);  // >= 0, +inf or NaN
         const int b = steps < static_cast<float>(kBuckets - 1) ? static_cast<int>(steps) : kBuckets - 1;
         bucket[i] = static_cast<uint16_t>(b);
         mass[b] += by_id[i];
@@ -114,17 +114,20 @@ double Candidates(const float* logits, int vocab, const SamplingParams& p, bool 
         if (acc >= target) break;
       }
       if (last < kBuckets - 1 && n * 4 <= keep) {
+        c->resize(n);
         size_t j = 0;
-        for (size_t i = 0; i < keep; ++i) {
-          if (bucket[i] <= last) (*c)[j++] = (*c)[i];  // j <= i: c stays readable ahead
+        for (int32_t i = 0; i < vocab; ++i) {
+          if (bucket[static_cast<size_t>(i)] <= last) (*c)[j++] = {(logits[i] - top) * inv_t, i};
         }
-        hi = j;
+        hi = n;
+        nucleus_alone = true;
       }
     }
-    if (hi * 4 > keep) {  // most of the vocabulary: the radix sort over all of it
-      SortDescendingById(c);  // c is in id order here
-    } else {
-      std::sort(c->begin(), c->begin() + static_cast<ptrdiff_t>(hi), desc);
+    if (nucleus_alone) {
+      std::sort(c->begin(), c->end(), desc);
+    } else {  // the whole vocabulary (`sorted`, or a nucleus of more than a quarter of it)
+      in_id_order();
+      SortDescendingById(c);
     }
     c->resize(hi);
     probs->resize(hi);
