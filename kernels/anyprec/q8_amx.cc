@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "kernels/anyprec/q8_internal.h"
+#include "kernels/cpu/prefetch_distance.h"
 #include "kernels/cpu/amx_tile_config.h"
 
 namespace pw::anyprec::internal {
@@ -226,7 +227,7 @@ void TileRows(const BlockView& v, const Q8Lut& lut, const Q8Acts& a, float* y, s
     uint8_t* at = atiles[k & 1];
     if (s.M < kTileRows) std::memset(at, 0, sizeof atiles[0]);
     for (int m = 0; m < s.M; ++m) {
-      Row<B, false> row;
+      Row<B, cpu::PrefetchLevel::kL1, false> row;
       row.Init(src, s.rb + m);
       for (int p = 0; p < s.np; ++p) {
         uint8_t* base = at + p * kPairTiles * kTileBytes + 64 * m;

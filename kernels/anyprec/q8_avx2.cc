@@ -118,7 +118,8 @@ struct Tables {
   }
 };
 
-template <int B>
+// kLevel: the cache level the plane streams are prefetched into (prefetch_distance.h).
+template <int B, cpu::PrefetchLevel kLevel = cpu::PrefetchLevel::kL1>
 struct Row {
   // At 3-4 bits the table holds each value plus kQ8LutBias, in [1, 2 * kQ8LutBias - 1]
   // (Q8LutMax): DecodeGroup gives vpmaddubsw's unsigned operand itself (no sign trick), two
@@ -144,7 +145,7 @@ struct Row {
   inline void DecodeGroup(int g, F&& use, size_t ahead) const {
     __m256i planes[B];
     for (int p = 0; p < B; ++p) {
-      if (ahead != 0 && g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(pl[p] + 32 * g + ahead), _MM_HINT_T0);
+      if (ahead != 0 && g % 2 == 0) cpu::PrefetchLine<kLevel>(pl[p] + 32 * g + ahead);
       planes[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pl[p] + 32 * g));
     }
     if constexpr (B <= 4) {
@@ -326,7 +327,7 @@ constexpr int kDenseStreams = cpu::kGemvStreams;
 // Many tokens: one row at a time (GemmRow; no GemmRowPair here).
 constexpr bool kGemmRowPairs = false;
 // No one-token loop of its own (q8_rows.inc's OneToken for every width).
-template <int B>
+template <int B, cpu::PrefetchLevel>
 bool OneTokenFast(const BlockAndLut&, int, const Q8Acts&, float*, int, int) { return false; }
 
 #include "kernels/anyprec/q8_rows.inc"

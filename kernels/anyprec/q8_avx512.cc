@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "kernels/anyprec/q8_internal.h"
+#include "kernels/cpu/prefetch_distance.h"
 #include "kernels/cpu/row_streams.h"
 
 namespace pw::anyprec::internal {
@@ -191,7 +192,7 @@ constexpr int kDenseStreams = 1;
 constexpr int kPermutedMaxStride = 16384;
 constexpr int kPermutedMaxBits = 6;
 
-template <int B>
+template <int B, cpu::PrefetchLevel L>
 bool OneTokenFast(const BlockAndLut& src, int cols, const Q8Acts& a, float* y, int r0, int r1) {
   if constexpr (B < kTransposeFrom || B > kPermutedMaxBits) {
     return false;
@@ -202,10 +203,10 @@ bool OneTokenFast(const BlockAndLut& src, int cols, const Q8Acts& a, float* y, i
     PermuteActs(a.q, stride, xq);
     Q8Acts permuted = a;
     permuted.q = xq;
-    Row<B> row;
+    Row<B, L> row;
     for (int r = r0; r < r1; ++r) {
       row.Init(src, r);
-      GemvRows<Row<B>, 1, true>(&row, cols, permuted, y + r, kPrefetchBytes);
+      GemvRows<Row<B, L>, 1, true>(&row, cols, permuted, y + r, kPrefetchBytes);
     }
     return true;
   }

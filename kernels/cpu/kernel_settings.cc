@@ -17,6 +17,7 @@ void WriteKnobs(const KernelSettings& s, std::map<std::string, std::string>* k) 
   (*k)["PW_BF16_ACTIVATIONS"] = s.bf16_activations ? "1" : "0";
   (*k)["PW_ANYPREC_BACKEND"] = s.anyprec_backend;
   (*k)["PW_PREFETCH_BYTES"] = s.prefetch_bytes >= 0 ? std::to_string(s.prefetch_bytes) : "";
+  (*k)["PW_PREFETCH_LEVEL"] = s.prefetch_level;
   (*k)["PW_POOL_SPIN_US"] = s.pool_spin_us >= 0 ? std::to_string(s.pool_spin_us) : "";
   (*k)["PW_DENSE_Q8_MAX"] = s.dense_q8_max >= 0 ? std::to_string(s.dense_q8_max) : "";
 }
@@ -64,6 +65,7 @@ KernelSettings EffectiveKernelSettings() {
   s.bf16_activations = str("PW_BF16_ACTIVATIONS") == "1";
   s.anyprec_backend = str("PW_ANYPREC_BACKEND");
   s.prefetch_bytes = num("PW_PREFETCH_BYTES");
+  s.prefetch_level = str("PW_PREFETCH_LEVEL");
   s.pool_spin_us = num("PW_POOL_SPIN_US");
   s.dense_q8_max = num("PW_DENSE_Q8_MAX");
   return s;

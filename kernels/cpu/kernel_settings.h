@@ -22,6 +22,8 @@ struct KernelSettings {
   std::string anyprec_backend;    // PW_ANYPREC_BACKEND: scalar | avx2 | avx512 | amx
                                   // (kernels/anyprec); "" = the best
   int64_t prefetch_bytes = -1;    // PW_PREFETCH_BYTES (prefetch_distance.h); -1 = by the CPU
+  std::string prefetch_level;     // PW_PREFETCH_LEVEL: l1 | l2, the any-precision streams'
+                                  // prefetch level (prefetch_distance.h); "" = by the CPU
   int64_t pool_spin_us = -1;      // PW_POOL_SPIN_US (thread_pool.h); -1 = kDefaultSpinMicros
   int64_t dense_q8_max = -1;      // PW_DENSE_Q8_MAX: the int8 dense matrices' range, 1..127
                                   // (kernels/anyprec/q8.h DenseQ8Range); -1 = the backend's

@@ -9,8 +9,10 @@
 //     (docs/benchmarks.md, "Software prefetch on AMD Zen 4").
 // The any-precision fast path keeps its 2 KiB on every CPU (q8_avx512_decode.inc): its b plane
 // streams measured mixed without prefetches on Zen 4 (1.04-1.12x at 6-8 bits, 0.71x at 3 bits
-// on 14336-column rows).
-// PW_PREFETCH_BYTES=N (0..65536) overrides the choice, for tuning on another CPU.
+// on 14336-column rows). Into which cache level it prefetches is chosen per CPU too
+// (StreamPrefetchLevel below).
+// PW_PREFETCH_BYTES=N (0..65536) overrides the distance, PW_PREFETCH_LEVEL=l1|l2 the level, for
+// tuning on another CPU.
 #pragma once
 
 #include <cstddef>
@@ -28,9 +30,8 @@ namespace pw::cpu {
 
 inline constexpr size_t kMaxPrefetchBytes = 65536;
 
-// The distance for this CPU, or PW_PREFETCH_BYTES's (a bad value is reported on stderr and
-// ignored). PrefetchBytes() asks once per process.
-inline size_t DefaultPrefetchBytes() {
+// Whether the CPU's vendor string is AMD's.
+inline bool IsAmdCpu() {
   bool amd = false;
 #if defined(__x86_64__)
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -43,7 +44,13 @@ inline size_t DefaultPrefetchBytes() {
     amd = std::strcmp(vendor, "AuthenticAMD") == 0;
   }
 #endif
-  const size_t chosen = amd ? 0 : 2048;
+  return amd;
+}
+
+// The distance for this CPU, or PW_PREFETCH_BYTES's (a bad value is reported on stderr and
+// ignored). PrefetchBytes() asks once per process.
+inline size_t DefaultPrefetchBytes() {
+  const size_t chosen = IsAmdCpu() ? 0 : 2048;
   const char* env = KernelKnob("PW_PREFETCH_BYTES");
   if (env == nullptr || *env == '\0') return chosen;
   char* end = nullptr;
@@ -59,6 +66,43 @@ inline size_t DefaultPrefetchBytes() {
 inline size_t PrefetchBytes() {
   static const size_t bytes = DefaultPrefetchBytes();
   return bytes;
+}
+
+// The cache level the any-precision fast path's plane and LUT streams are prefetched into
+// (q8_avx512_decode.inc, q8_avx2.cc):
+//   - AMD (measured on Zen 4): L2 (PREFETCHT1). One token, two threads, rows read from DRAM:
+//     4, 6 and 8 bits at 14336x4096 0.91x, 0.83x and 0.79x the time of L1 prefetches
+//     (PREFETCHT0) at the same 2 KiB, many tokens unchanged (docs/benchmarks.md, "The plane
+//     streams prefetched into L2 on AMD"). Hypothesis, not measured (no PMU here): an L1
+//     prefetch holds one of the core's few L1 miss buffers until its line arrives, and 4-8
+//     streams 2 KiB ahead ask for more lines than there are buffers; an L2 prefetch does not.
+//   - elsewhere: L1, as tuned on the Xeon (an L2 prefetch there is not measured).
+enum class PrefetchLevel { kL1, kL2 };
+
+// The level for this CPU, or PW_PREFETCH_LEVEL's ("l1" or "l2"; anything else is reported on
+// stderr and ignored). StreamPrefetchLevel() asks once per process.
+inline PrefetchLevel DefaultStreamPrefetchLevel() {
+  const PrefetchLevel chosen = IsAmdCpu() ? PrefetchLevel::kL2 : PrefetchLevel::kL1;
+  const char* env = KernelKnob("PW_PREFETCH_LEVEL");
+  if (env == nullptr || *env == '\0') return chosen;
+  if (std::strcmp(env, "l1") == 0) return PrefetchLevel::kL1;
+  if (std::strcmp(env, "l2") == 0) return PrefetchLevel::kL2;
+  std::fprintf(stderr, "PW_PREFETCH_LEVEL=%s is not l1 or l2; using %s\n", env,
+               chosen == PrefetchLevel::kL2 ? "l2" : "l1");
+  return chosen;
+}
+
+inline PrefetchLevel StreamPrefetchLevel() {
+  static const PrefetchLevel level = DefaultStreamPrefetchLevel();
+  return level;
+}
+
+// Prefetches the line at p into level L (PREFETCHT0 or PREFETCHT1 on x86). The level is a
+// template argument: the kernels are instantiated per level and one is picked per call, since
+// a test of a run-time level at every prefetch cost 7-17 % of the one-token 4-bit rows.
+template <PrefetchLevel L>
+inline void PrefetchLine(const void* p) {
+  __builtin_prefetch(p, 0, L == PrefetchLevel::kL2 ? 2 : 3);
 }
 
 }  // namespace pw::cpu

@@ -100,7 +100,7 @@ TEST(NodeConfig, EveryProcessComesUpFromTheFileAlone) {
 TEST(NodeConfig, TheKernelsSectionReachesTheKernelsAndTheEnvironmentWins) {
   const std::string dir = TempDir();
   const std::string yaml =
-      Write(dir + "/node.yaml", "model_dir: " + ModelDir() + "\nkernels: {cpu_isa: scalar, anyprec_backend: scalar}\n"
+      Write(dir + "/node.yaml", "model_dir: " + ModelDir() + "\nkernels: {cpu_isa: scalar, anyprec_backend: scalar, prefetch_level: l1}\n"
                                 "router: {control_port: " + std::to_string(testing::FreePort()) + "}\n"
                                 "prefill: [{id: p}]\ndecode: [{id: d}]\n");
   // The line every worker logs at its start, before it reaches the router.
@@ -128,6 +128,7 @@ TEST(NodeConfig, TheKernelsSectionReachesTheKernelsAndTheEnvironmentWins) {
   for (const char* binary : {"pw-prefill", "pw-decode"}) {
     const std::string line = kernels_line(binary, nullptr);
     EXPECT_EQ(line.rfind("kernels: dense scalar, any-precision fast path scalar", 0), 0u) << binary << ": " << line;
+    EXPECT_NE(line.find(", any-precision prefetch into L1"), std::string::npos) << binary << ": " << line;
   }
   if (!std::string(RunCommand("grep -qw avx2 /proc/cpuinfo && echo yes").output).empty()) {
     const std::string line = kernels_line("pw-decode", "avx2");
@@ -139,6 +140,7 @@ TEST(NodeConfig, TheKernelsSectionReachesTheKernelsAndTheEnvironmentWins) {
   unsetenv("PW_POOL_SPIN_US");
   EXPECT_NE(r.output.find("kernels:\n  cpu_isa: scalar\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("  pool_spin_us: 7\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  prefetch_level: l1\n"), std::string::npos) << r.output;
   // A bad knob in the file, with its position.
   const std::string bad = Write(dir + "/bad.yaml", "model_dir: m\nkernels: {cpu_isa: sse}\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
   auto b = RunCommand(Bin("pw-prefill") + " --config " + bad + " --print-config");
@@ -146,6 +148,13 @@ TEST(NodeConfig, TheKernelsSectionReachesTheKernelsAndTheEnvironmentWins) {
   EXPECT_NE(b.output.find(bad + ":2:20: kernels.cpu_isa: 'sse' is not one of: scalar, avx2, avx512, amx"),
             std::string::npos)
       << b.output;
+  const std::string bad_level =
+      Write(dir + "/bad-level.yaml", "model_dir: m\nkernels: {prefetch_level: l3}\nprefill: [{id: p}]\ndecode: [{id: d}]\n");
+  auto bl = RunCommand(Bin("pw-decode") + " --config " + bad_level + " --print-config");
+  EXPECT_EQ(bl.status, 2) << bl.output;
+  EXPECT_NE(bl.output.find(bad_level + ":2:27: kernels.prefetch_level: 'l3' is not one of: l1, l2"),
+            std::string::npos)
+      << bl.output;
 }
 
 // On one machine every worker sizes its pool to every core it may run on unless the file says

@@ -1,4 +1,5 @@
-// The software prefetch distance: the CPU's choice and the PW_PREFETCH_BYTES override.
+// The software prefetch distance and level: the CPU's choices and the PW_PREFETCH_BYTES and
+// PW_PREFETCH_LEVEL overrides.
 #include "kernels/cpu/prefetch_distance.h"
 
 #include <gtest/gtest.h>
@@ -9,26 +10,28 @@
 namespace pw::cpu {
 namespace {
 
-// Sets PW_PREFETCH_BYTES for one scope and restores what was there.
+// Sets an environment variable (PW_PREFETCH_BYTES unless named) for one scope and restores what
+// was there.
 class ScopedEnv {
  public:
-  explicit ScopedEnv(const char* value) {
-    if (const char* old = getenv("PW_PREFETCH_BYTES")) old_ = old, had_ = true;
+  explicit ScopedEnv(const char* value, const char* name = "PW_PREFETCH_BYTES") : name_(name) {
+    if (const char* old = getenv(name_)) old_ = old, had_ = true;
     if (value != nullptr) {
-      setenv("PW_PREFETCH_BYTES", value, 1);
+      setenv(name_, value, 1);
     } else {
-      unsetenv("PW_PREFETCH_BYTES");
+      unsetenv(name_);
     }
   }
   ~ScopedEnv() {
     if (had_) {
-      setenv("PW_PREFETCH_BYTES", old_.c_str(), 1);
+      setenv(name_, old_.c_str(), 1);
     } else {
-      unsetenv("PW_PREFETCH_BYTES");
+      unsetenv(name_);
     }
   }
 
  private:
+  const char* name_;
   std::string old_;
   bool had_ = false;
 };
@@ -59,6 +62,31 @@ TEST(PrefetchDistance, ABadOverrideFallsBackToTheCpusChoice) {
   for (const char* bad : {"-1", "12kb", "99999999999999999999", "65537", " 64"}) {
     ScopedEnv env(bad);
     EXPECT_EQ(DefaultPrefetchBytes(), chosen) << bad;
+  }
+}
+
+TEST(PrefetchLevel, TheCpusChoiceIsL2OnAmdAndL1Elsewhere) {
+  ScopedEnv env(nullptr, "PW_PREFETCH_LEVEL");
+  EXPECT_EQ(DefaultStreamPrefetchLevel(), IsAmdCpu() ? PrefetchLevel::kL2 : PrefetchLevel::kL1);
+}
+
+TEST(PrefetchLevel, TheOverrideIsTakenWhenValidAndABadOneFallsBack) {
+  PrefetchLevel chosen;
+  {
+    ScopedEnv env(nullptr, "PW_PREFETCH_LEVEL");
+    chosen = DefaultStreamPrefetchLevel();
+  }
+  {
+    ScopedEnv env("l1", "PW_PREFETCH_LEVEL");
+    EXPECT_EQ(DefaultStreamPrefetchLevel(), PrefetchLevel::kL1);
+  }
+  {
+    ScopedEnv env("l2", "PW_PREFETCH_LEVEL");
+    EXPECT_EQ(DefaultStreamPrefetchLevel(), PrefetchLevel::kL2);
+  }
+  for (const char* bad : {"L2", "l3", "2", " l1", "l1 "}) {
+    ScopedEnv env(bad, "PW_PREFETCH_LEVEL");
+    EXPECT_EQ(DefaultStreamPrefetchLevel(), chosen) << bad;
   }
 }
 

@@ -20,6 +20,10 @@ void DeclareKernelOptions(options::OptionSet* s, cpu::KernelSettings* k) {
   s->Add("kernels.prefetch_bytes", &k->prefetch_bytes,
          "dense kernels' software prefetch distance, -1: by the CPU (PW_PREFETCH_BYTES overrides)")
       .Shared().Range(-1, static_cast<double>(cpu::kMaxPrefetchBytes));
+  s->Add("kernels.prefetch_level", &k->prefetch_level,
+         "cache level the any-precision kernels prefetch their plane streams into, l1 or l2; "
+         "by the CPU when not set (PW_PREFETCH_LEVEL overrides)")
+      .Shared().NonEmpty().OneOf({"l1", "l2"});
   s->Add("kernels.pool_spin_us", &k->pool_spin_us,
          "thread pool's polling window in us, -1: its default (PW_POOL_SPIN_US overrides)")
       .Shared().Range(-1, 1000000);

@@ -9,6 +9,7 @@
 //                               # --kernels-exact-activations): exact fp32 activations
 //     anyprec_backend: avx2     # PW_ANYPREC_BACKEND: scalar | avx2 | avx512 | amx
 //     prefetch_bytes: 0         # PW_PREFETCH_BYTES (-1: by the CPU)
+//     prefetch_level: l2        # PW_PREFETCH_LEVEL: l1 | l2 (not set: by the CPU)
 //     pool_spin_us: 500         # PW_POOL_SPIN_US (-1: the pool's default)
 #pragma once
 

@@ -9,7 +9,9 @@ namespace pw::workers {
 std::string KernelBackendsLine() {
   std::string line = std::string("kernels: dense ") + kernels::BackendName(cpu::BestIsa()) +
                      ", any-precision fast path " + kernels::BackendName(anyprec::BestQ8Backend()) +
-                     ", dense prefetch " + std::to_string(cpu::PrefetchBytes()) + " B";
+                     ", dense prefetch " + std::to_string(cpu::PrefetchBytes()) +
+                     " B, any-precision prefetch into " +
+                     (cpu::StreamPrefetchLevel() == cpu::PrefetchLevel::kL2 ? "L2" : "L1");
   if (cpu::Bf16ActivationsRequested()) {
     line += cpu::UsesAvx512Bf16(cpu::Kernels()) ? ", bf16 activations (avx512-bf16 dot products)"
                                                 : ", bf16 activations (rounded, fp32 products)";
