@@ -34,6 +34,13 @@ Q4_K_M (--quant4) GGUF, each loaded by the same client (pw-loadgen --dataset-nam
 rounds), so a shared machine's load falls on both. Each round's figures and each ratio's median,
 min and max are printed, with the CPU (lscpu) and the load average before and after each part.
 
+Served in pairs (--parts served-pairs): a one-stream figure taken minutes apart compares two
+moments of a host whose memory rate moves (docs/benchmarks.md, "Decode steps beside a read of
+their bytes"), so here both servers of a width are up at once, idle between requests, and
+--pairs times one request of 64 tokens in and 128 out goes to each in turn (the order swapped
+every pair, each server warmed by one request first); the table gives each pair's ratio, its
+median, min and max, and each side's median output tok/s.
+
 Before the rounds every file either side maps (the checkpoint's safetensors, the GGUFs, the
 store) is dropped from the page cache and read back once (--keep-page-cache: not), so both
 sides map the same kind of pages: a file cached as it was written is held in 4 KiB pages, one
@@ -313,6 +320,51 @@ def served_point(args, label, starter, port, rdir):
         logf.close()
 
 
+def one_request(args, port, result_dir, name, warmups):
+    """Output tok/s of one request of 64 tokens in and 128 out (after `warmups` others)."""
+    cmd = [os.path.join(args.build, "bin", "pw-loadgen"), "--base-url", f"http://127.0.0.1:{port}",
+           "--model", "model", "--dataset-name", "random", "--random-input-len", "64",
+           "--random-output-len", "128", "--random-token-max", str(args.token_max), "--ignore-eos",
+           "--request-rate", "inf", "--max-concurrency", "1", "--num-prompts", "1",
+           "--num-warmups", str(warmups), "--token-count", "auto", "--quiet", "--save-result",
+           "--result-dir", result_dir, "--result-filename", name]
+    out_of(cmd)
+    r = json.load(open(os.path.join(result_dir, name)))
+    if r.get("completed", 1) != 1:
+        sys.exit(f"bench_vs_llama_cpp: {name}: the request did not complete")
+    return r["output_throughput"]
+
+
+def served_pairs(args, width, ours_starter, llama_starter, rdir):
+    """Both servers of a width up at once; --pairs one-stream requests to each in turn, the order
+    swapped every pair: [(ours tok/s, llama-server tok/s)]."""
+    procs, pairs = [], []
+    try:
+        for k, (label, starter) in enumerate([(f"pairs-ours-{width}", ours_starter),
+                                              (f"pairs-llama-{width}", llama_starter)]):
+            logf = open(os.path.join(rdir, f"{label}.log"), "w")
+            proc = starter(args.port + 10 + k, logf)
+            procs.append((proc, logf))
+            wait_healthy(args.port + 10 + k, proc, label, args.start_timeout)
+        ours_port, llama_port = args.port + 10, args.port + 11
+        for port, side in ((ours_port, "ours"), (llama_port, "llama")):
+            one_request(args, port, rdir, f"pairs-{side}-{width}-warmup.json", 1)
+        for i in range(args.pairs):
+            order = [("ours", ours_port), ("llama", llama_port)]
+            if i % 2:
+                order.reverse()
+            got = {side: one_request(args, port, rdir, f"pairs-{side}-{width}-{i}.json", 0)
+                   for side, port in order}
+            pairs.append((got["ours"], got["llama"]))
+            log(f"  pair {i + 1} {width}: {got['ours']:.1f} / {got['llama']:.1f} output tok/s "
+                f"(load {loadavg()})")
+        return pairs
+    finally:
+        for proc, logf in procs:
+            stop(proc)
+            logf.close()
+
+
 # ---- in-process ----
 
 def engine_rows(text):
@@ -470,6 +522,7 @@ def main():
     ap.add_argument("--streams", default="1,8,32", help="served concurrencies")
     ap.add_argument("--prefill", default="64,512,2048", help="prefill prompt lengths")
     ap.add_argument("--prompts-c1", type=int, default=3, help="requests at one stream")
+    ap.add_argument("--pairs", type=int, default=20, help="served-pairs: one-stream request pairs per width")
     ap.add_argument("--prompts-min", type=int, default=8, help="requests at C > 1: max(C, this)")
     ap.add_argument("--token-max", type=int, default=4095, help="largest random prompt token id")
     ap.add_argument("--memory", default="8G", help="pw serve --memory")
@@ -492,8 +545,10 @@ def main():
         sys.exit(f"bench_vs_llama_cpp: --served-widths: bf16 and/or 4bit")
     args.prefill = [int(x) for x in args.prefill.split(",")]
     parts = set(args.parts.split(","))
-    if not parts or not parts <= {"decode", "prefill", "served"}:
-        sys.exit(f"bench_vs_llama_cpp: --parts {args.parts}: decode, prefill and/or served")
+    if not parts or not parts <= {"decode", "prefill", "served", "served-pairs"}:
+        sys.exit(f"bench_vs_llama_cpp: --parts {args.parts}: decode, prefill, served and/or served-pairs")
+    if args.pairs < 1:
+        sys.exit("bench_vs_llama_cpp: --pairs: at least 1")
     llama_build = args.llama_build or os.path.join(args.llama_cpp, "build")
     if not os.path.exists(os.path.join(args.llama_cpp, "convert_hf_to_gguf.py")):
         sys.exit(f"bench_vs_llama_cpp: {args.llama_cpp}: no convert_hf_to_gguf.py (a llama.cpp source tree?)")
@@ -586,6 +641,26 @@ def main():
             print(f"\nServed at one stream / the engine's own batch-1 decode (bf16, medians): "
                   f"{statistics.median(served):.1f} / {statistics.median(engine_b1):.1f} = "
                   f"{statistics.median(served) / statistics.median(engine_b1):.2f} (target >= 0.90)")
+    if "served-pairs" in parts:
+        t0 = time.strftime("%H:%M:%S", time.gmtime())
+        la = loadavg()
+        starters = {
+            "bf16": (lambda port, f: start_ours(args, mdir, 16, port, f),
+                     lambda port, f: start_llama(args, llama_build, g["bf16"], port, f)),
+            "4bit": (lambda port, f: start_ours(args, mdir, 4, port, f),
+                     lambda port, f: start_llama(args, llama_build, g[args.quant4], port, f)),
+        }
+        results = {w: served_pairs(args, w, *starters[w], rdir)
+                   for w in ("bf16", "4bit") if w in args.served_widths}
+        print(f"\nServed in pairs {t0}–{time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
+              f"{la} -> {loadavg()}: one stream, one request (64 in, 128 out) to each server in turn, "
+              f"{args.pairs} pairs a width, both servers up:\n")
+        print("| width | ours, median tok/s | llama-server, median tok/s | ours / llama-server a pair: median (min–max) |")
+        print("|---|---:|---:|---:|")
+        names = {"bf16": "bf16 / bf16", "4bit": f"4-bit / {args.quant4}"}
+        for w, ps in results.items():
+            print(f"| {names[w]} | {statistics.median(a for a, _ in ps):.1f} | "
+                  f"{statistics.median(b for _, b in ps):.1f} | {ratio_cell(ps)} |")
     print(f"\nraw results: {rdir}")
 
 
