@@ -187,19 +187,29 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
   };
   proto::PartChecksum h(options_.checksum_kind);
   if (!part.lut) {
-    // A plane: row tiles straight into the pages.
+    // A plane: row tiles straight into the pages, posted options_.get_chunk_bytes at a time and
+    // waited for together; a hold or the pacing takes effect between chunks.
+    std::vector<transport::ucx::RemoteRegion::GetSegment> segs;
     uint64_t off = 0;
-    for (size_t k = 0; k < part.pages.size(); ++k) {
-      const int r0 = static_cast<int>(k) * part.tile_rows;
-      const int n = std::min(part.tile_rows, part.rows - r0);
-      const size_t len = static_cast<size_t>(n) * part.row_bytes;
-      if (off + len > part.bytes) return Corrupt("plane transfer: pages overrun the part");
+    size_t k = 0;
+    while (k < part.pages.size()) {
+      segs.clear();
+      size_t chunk = 0;
+      const size_t first = k;
+      for (; k < part.pages.size() && (segs.empty() || chunk < options_.get_chunk_bytes); ++k) {
+        const int r0 = static_cast<int>(k) * part.tile_rows;
+        const int n = std::min(part.tile_rows, part.rows - r0);
+        const size_t len = static_cast<size_t>(n) * part.row_bytes;
+        if (off + len > part.bytes) return Corrupt("plane transfer: pages overrun the part");
+        segs.push_back({part.remote_offset + off, part.pages[k], len});
+        off += len;
+        chunk += len;
+      }
       if (cancel != nullptr) WaitWhileHeld();
-      PW_RETURN_IF_ERROR(region.Get(part.remote_offset + off, part.pages[k], len, options_.timeout_ms, cancel));
-      h.Update(part.pages[k], len);
-      off += len;
-      *bytes += len;
-      throttle(len);
+      PW_RETURN_IF_ERROR(region.GetAll(segs, options_.timeout_ms, cancel));
+      for (size_t i = 0; i < segs.size(); ++i) h.Update(part.pages[first + i], segs[i].bytes);
+      *bytes += chunk;
+      throttle(chunk);
     }
     if (off != part.bytes) return Corrupt("plane transfer: pages cover " + std::to_string(off) + " of " + std::to_string(part.bytes) + " bytes");
   } else {

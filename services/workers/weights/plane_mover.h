@@ -80,14 +80,21 @@ class PlaneMover {
     uint64_t max_bytes_per_s = 0;  // 0 = unlimited
     int timeout_ms = 10000;        // per get
     bool yield_to_fetches = true;  // the background thread waits while a FetchNow runs
-    uint32_t max_held_us = 5000;   // a held background thread posts its next get after this
+    uint32_t max_held_us = 5000;   // a held background thread posts its next gets after this
+    // A plane's pages are posted this many bytes at a time (at least one page) and waited for
+    // together; a hold or the rate limit takes effect between such chunks. One get waited for
+    // at a time, each wait ending in the endpoint's backoff sleep, moved 18 KiB pages at
+    // 16 MB/s: 64 blocks of DeepSeek-V3's expert shape at 4 bits (726 MB) loaded in 43.9 s;
+    // chunks of 1, 4 and 8 MiB took 4.6, 3.1 and 2.6 s (docs/benchmarks.md, "Loading experts
+    // from the broker in chunks"). 4 MiB holds one such 4-bit plane.
+    size_t get_chunk_bytes = size_t{4} << 20;
     // How every part's checksum is computed (the manifest's checksumKind; one the worker
     // accepts, services/proto/part_checksum.h).
     wire::ChecksumKind checksum_kind = proto::kPartChecksumKind;
   };
   // The background thread's pacing so far (it may read them while the mover runs).
   struct PacingStats {
-    uint64_t waits = 0;     // gets the background thread held back
+    uint64_t waits = 0;     // chunks of gets the background thread held back
     uint64_t wait_us = 0;   // time it spent held
   };
   // Connects to the broker's UCX worker and opens its store region, twice (the background

@@ -127,22 +127,29 @@ TEST_F(PlaneMoverTest, AHeldMoverStartsNoGetUntilTheLastHoldIsReleased) {
 }
 
 TEST_F(PlaneMoverTest, AHoldThatNeverEndsSlowsTheMoverButDoesNotStopIt) {
-  PlaneMover::Options o;
-  o.max_held_us = 20'000;
-  Start(o);
-  std::vector<std::vector<uint8_t>> pages;
-  MoveJob job = OnePartJob(8192, 4 * kTileRows, &pages);  // 4 pages: 4 gets
-  mover_->Hold();
-  const auto t0 = std::chrono::steady_clock::now();
-  mover_->Submit(job);
-  auto done = WaitDone(std::chrono::seconds(20));
-  const auto took = std::chrono::steady_clock::now() - t0;
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_TRUE(done[0].status.ok()) << done[0].status.ToString();
-  EXPECT_TRUE(Holds(pages, 8192));
-  EXPECT_EQ(mover_->pacing().waits, 4u);  // one bounded wait before each get
-  EXPECT_GE(took, std::chrono::milliseconds(4 * 20));
-  mover_->Release();
+  // One bounded wait before each chunk of gets: chunks of one page (4 waits), of two pages
+  // (2), of every page (1: the default chunk holds a whole 4 KiB plane).
+  for (const auto& [chunk_bytes, waits] : {std::pair<size_t, uint64_t>{1, 4}, {2048, 2}, {size_t{1} << 20, 1}}) {
+    SCOPED_TRACE(chunk_bytes);
+    PlaneMover::Options o;
+    o.max_held_us = 20'000;
+    o.get_chunk_bytes = chunk_bytes;
+    Start(o);
+    std::vector<std::vector<uint8_t>> pages;
+    MoveJob job = OnePartJob(8192, 4 * kTileRows, &pages);  // 4 pages of 1 KiB
+    mover_->Hold();
+    const auto t0 = std::chrono::steady_clock::now();
+    mover_->Submit(job);
+    auto done = WaitDone(std::chrono::seconds(20));
+    const auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+    EXPECT_TRUE(Holds(pages, 8192));
+    EXPECT_EQ(mover_->pacing().waits, waits);
+    EXPECT_GE(took, std::chrono::milliseconds(static_cast<int>(waits) * 20));
+    mover_->Release();
+    mover_.reset();
+  }
 }
 
 TEST_F(PlaneMoverTest, CancelEndsAHeldWait) {
