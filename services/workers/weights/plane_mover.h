@@ -78,7 +78,7 @@ class PlaneMover {
  public:
   struct Options {
     uint64_t max_bytes_per_s = 0;  // 0 = unlimited
-    int timeout_ms = 10000;        // per get
+    int timeout_ms = 10000;        // per chunk of gets (get_chunk_bytes) or LUT get
     bool yield_to_fetches = true;  // the background thread waits while a FetchNow runs
     uint32_t max_held_us = 5000;   // a held background thread posts its next gets after this
     // A plane's pages are posted this many bytes at a time (at least one page) and waited for
