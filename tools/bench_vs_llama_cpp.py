@@ -287,14 +287,16 @@ def start_llama(args, llama_build, gguf_path, port, logf):
     return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def loadgen(args, port, c, result_dir, name):
-    n = args.prompts_c1 if c == 1 else max(c, args.prompts_min)
+def loadgen(args, port, c, result_dir, name, prompts=None, warmups=1):
+    """Output tok/s of pw-loadgen at concurrency c (64 tokens in, 128 out): `prompts` requests
+    (default: --prompts-c1 at one stream, else max(c, --prompts-min)) after `warmups` others."""
+    n = prompts or (args.prompts_c1 if c == 1 else max(c, args.prompts_min))
     cmd = [os.path.join(args.build, "bin", "pw-loadgen"), "--base-url", f"http://127.0.0.1:{port}",
            "--model", "model", "--dataset-name", "random", "--random-input-len", "64",
            "--random-output-len", "128", "--random-token-max", str(args.token_max), "--ignore-eos",
-           "--request-rate", "inf", "--max-concurrency", str(c), "--num-prompts", str(n), "--num-warmups", "1",
-           "--token-count", "auto", "--quiet", "--save-result", "--result-dir", result_dir,
-           "--result-filename", name]
+           "--request-rate", "inf", "--max-concurrency", str(c), "--num-prompts", str(n),
+           "--num-warmups", str(warmups), "--token-count", "auto", "--quiet", "--save-result",
+           "--result-dir", result_dir, "--result-filename", name]
     out_of(cmd)
     r = json.load(open(os.path.join(result_dir, name)))
     if r.get("completed", n) != n:
@@ -320,21 +322,6 @@ def served_point(args, label, starter, port, rdir):
         logf.close()
 
 
-def one_request(args, port, result_dir, name, warmups):
-    """Output tok/s of one request of 64 tokens in and 128 out (after `warmups` others)."""
-    cmd = [os.path.join(args.build, "bin", "pw-loadgen"), "--base-url", f"http://127.0.0.1:{port}",
-           "--model", "model", "--dataset-name", "random", "--random-input-len", "64",
-           "--random-output-len", "128", "--random-token-max", str(args.token_max), "--ignore-eos",
-           "--request-rate", "inf", "--max-concurrency", "1", "--num-prompts", "1",
-           "--num-warmups", str(warmups), "--token-count", "auto", "--quiet", "--save-result",
-           "--result-dir", result_dir, "--result-filename", name]
-    out_of(cmd)
-    r = json.load(open(os.path.join(result_dir, name)))
-    if r.get("completed", 1) != 1:
-        sys.exit(f"bench_vs_llama_cpp: {name}: the request did not complete")
-    return r["output_throughput"]
-
-
 def served_pairs(args, width, ours_starter, llama_starter, rdir):
     """Both servers of a width up at once; --pairs one-stream requests to each in turn, the order
     swapped every pair: [(ours tok/s, llama-server tok/s)]."""
@@ -348,12 +335,12 @@ def served_pairs(args, width, ours_starter, llama_starter, rdir):
             wait_healthy(args.port + 10 + k, proc, label, args.start_timeout)
         ours_port, llama_port = args.port + 10, args.port + 11
         for port, side in ((ours_port, "ours"), (llama_port, "llama")):
-            one_request(args, port, rdir, f"pairs-{side}-{width}-warmup.json", 1)
+            loadgen(args, port, 1, rdir, f"pairs-{side}-{width}-warmup.json", prompts=1, warmups=1)
         for i in range(args.pairs):
             order = [("ours", ours_port), ("llama", llama_port)]
             if i % 2:
                 order.reverse()
-            got = {side: one_request(args, port, rdir, f"pairs-{side}-{width}-{i}.json", 0)
+            got = {side: loadgen(args, port, 1, rdir, f"pairs-{side}-{width}-{i}.json", prompts=1, warmups=0)
                    for side, port in order}
             pairs.append((got["ours"], got["llama"]))
             log(f"  pair {i + 1} {width}: {got['ours']:.1f} / {got['llama']:.1f} output tok/s "

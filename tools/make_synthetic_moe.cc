@@ -63,15 +63,7 @@ int main(int argc, char** argv) {
     if (app.count("--experts") > 0) shaped.experts = spec.experts;
     if (app.count("--vocab") > 0) shaped.vocab = spec.vocab;
     if (app.count("--hidden") > 0) shaped.hidden = spec.hidden;
-    if (app.count("--expert-ffn") > 0) {
-      // deepseek_v3 and glm4_moe hold n_shared_experts experts of the routed width: as many
-      // at the new width.
-      const bool counted = shaped.type == pw::ModelType::kDeepseekV3 || shaped.type == pw::ModelType::kGlm4Moe;
-      if (counted && shaped.expert_ffn > 0 && shaped.shared_ffn % shaped.expert_ffn == 0) {
-        shaped.shared_ffn = shaped.shared_ffn / shaped.expert_ffn * spec.expert_ffn;
-      }
-      shaped.expert_ffn = spec.expert_ffn;
-    }
+    if (app.count("--expert-ffn") > 0) shaped = pw::WithExpertFfn(shaped, spec.expert_ffn);
     if (app.count("--linear-key-heads") > 0) shaped.linear_key_heads = spec.linear_key_heads;
     if (app.count("--linear-value-heads") > 0) shaped.linear_value_heads = spec.linear_value_heads;
     if (app.count("--linear-head-dim") > 0) shaped.linear_head_dim = spec.linear_head_dim;

@@ -322,6 +322,15 @@ SyntheticMoeSpec Glm4MoeAirHalfSpec() {
   return s;
 }
 
+SyntheticMoeSpec WithExpertFfn(SyntheticMoeSpec spec, int64_t expert_ffn) {
+  const bool counted = spec.type == ModelType::kGlm4Moe || spec.type == ModelType::kDeepseekV3;
+  if (counted && spec.expert_ffn > 0 && spec.shared_ffn % spec.expert_ffn == 0) {
+    spec.shared_ffn = spec.shared_ffn / spec.expert_ffn * expert_ffn;
+  }
+  spec.expert_ffn = expert_ffn;
+  return spec;
+}
+
 SyntheticMoeSpec DeepseekV3QuarterSpec() {
   SyntheticMoeSpec s;
   s.type = ModelType::kDeepseekV3;

@@ -92,6 +92,11 @@ SyntheticMoeSpec Qwen3NextQuarterSpec();
 // dense FFN 2048; about 2.8 GB of bf16.
 SyntheticMoeSpec Gemma4MoeSpec();
 
+// `spec` with routed experts of width `expert_ffn`. glm4_moe and deepseek_v3 hold
+// n_shared_experts = shared_ffn / expert_ffn shared experts of the routed width: as many of the
+// new width.
+SyntheticMoeSpec WithExpertFfn(SyntheticMoeSpec spec, int64_t expert_ffn);
+
 // Total bytes of tensor data the spec produces (bf16).
 uint64_t SyntheticMoeBytes(const SyntheticMoeSpec& spec);
 

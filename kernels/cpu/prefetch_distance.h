@@ -71,8 +71,8 @@ inline size_t PrefetchBytes() {
 // The cache level the any-precision fast path's plane and LUT streams are prefetched into
 // (q8_avx512_decode.inc, q8_avx2.cc):
 //   - AMD (measured on Zen 4): L2 (PREFETCHT1). One token, two threads, rows read from DRAM:
-//     4, 6 and 8 bits at 14336x4096 0.91x, 0.83x and 0.79x the time of L1 prefetches
-//     (PREFETCHT0) at the same 2 KiB, many tokens unchanged (docs/benchmarks.md, "The plane
+//     4, 6 and 8 bits at 14336x4096 0.86x, 0.91x and 0.90x the time of L1 prefetches
+//     (PREFETCHT0) at the same 2 KiB, 16 tokens unchanged (docs/benchmarks.md, "The plane
 //     streams prefetched into L2 on AMD"). Hypothesis, not measured (no PMU here): an L1
 //     prefetch holds one of the core's few L1 miss buffers until its line arrives, and 4-8
 //     streams 2 KiB ahead ask for more lines than there are buffers; an L2 prefetch does not.
