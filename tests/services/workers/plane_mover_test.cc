@@ -170,13 +170,15 @@ TEST_F(PlaneMoverTest, CancelEndsAHeldWait) {
 
 // A background job slowed by the rate limit (1 KiB pages at 4 MB/s) runs while the caller
 // fetches synchronously; yield_to_fetches decides whether the background thread is held
-// meanwhile.
+// meanwhile. Its pages go one per chunk of gets, so the hold is checked before each (at the
+// default 4 MiB the whole 600 KiB plane is one chunk: one check, at its start).
 TEST_F(PlaneMoverTest, SynchronousFetchesHoldTheBackgroundThreadOnlyWhenAsked) {
   for (bool yield : {true, false}) {
     SCOPED_TRACE(yield ? "yield_to_fetches" : "free");
     PlaneMover::Options o;
     o.yield_to_fetches = yield;
     o.max_bytes_per_s = 4'000'000;
+    o.get_chunk_bytes = 1;
     Start(o);
     std::vector<std::vector<uint8_t>> bg_pages, fg_pages;
     MoveJob job = OnePartJob(1 << 20, 8 * 600, &bg_pages);  // 600 pages, ~0.15 s
