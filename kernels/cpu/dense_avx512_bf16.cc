@@ -8,9 +8,12 @@
 // AVX-512 backend's.
 #include <immintrin.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/packed_bf16.h"
 
 namespace pw::cpu {
 
@@ -29,6 +32,7 @@ namespace {
 // buffer on the stack (kernels never allocate), kStackActs bf16 values: 4 tokens of the
 // longest rows (14336 columns) and more.
 constexpr size_t kStackActs = size_t{64} << 10;
+static_assert(kStackActs == kPackedFusedActs, "packed_bf16.h's fused product uses this buffer");
 
 // Tokens [0, n) of x (stride ldx, K columns) as bf16, nearest even, rows of Kp (K rounded up to
 // 32) with the padding 0.
@@ -188,6 +192,70 @@ void MatmulBf16ActsBf16Avx512(const float* x, size_t ldx, size_t T, const uint16
   }
 }
 
+// RR packed rows (packed_bf16.h) x TT tokens: each chunk's 64 columns decoded in registers (its
+// codes' nibbles through the row's table of high bytes, interleaved with its low bytes: columns
+// 0..31 and 32..63 in order) and multiplied as TileDp multiplies the plain rows, 32 columns a
+// step in the same order, so a row without exceptions gives TileDp's bits. A row's exceptions
+// (decoded as +0) add their products after its sum.
+template <int RR, int TT>
+inline void PackedTileDp(const uint16_t* xb, size_t Kp, const PackedBf16View& w,
+                         const size_t* rows, float* const* y, size_t ldy) {
+  const size_t chunks = w.ChunksPerRow();
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  __m512 acc[RR][TT];
+  __m512i tbl[RR];
+  const uint8_t* p[RR];
+  for (int r = 0; r < RR; ++r) {
+    tbl[r] = _mm512_broadcast_i32x4(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.tables + rows[r] * kPackedTableBytes)));
+    p[r] = w.Row(rows[r]);
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  for (size_t c = 0; c < chunks; ++c) {
+    __m512i x0[TT], x1[TT];
+    for (int t = 0; t < TT; ++t) {
+      x0[t] = _mm512_loadu_si512(xb + t * Kp + c * kPackedChunkColumns);
+      x1[t] = _mm512_loadu_si512(xb + t * Kp + c * kPackedChunkColumns + 32);
+    }
+    for (int r = 0; r < RR; ++r) {
+      const uint8_t* q = p[r] + c * kPackedChunkBytes;
+      const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      const __m512i e = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_and_si256(codes, nib)),
+          _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib), 1);
+      const __m512i h = _mm512_shuffle_epi8(tbl[r], e);
+      const __m512i l = _mm512_loadu_si512(q + 32);
+      const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(l, h);
+      const __m512bh w1 = (__m512bh)_mm512_unpackhi_epi8(l, h);
+      for (int t = 0; t < TT; ++t) {
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)x0[t], w0);
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)x1[t], w1);
+      }
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    for (int t = 0; t < TT; ++t) {
+      float s = _mm512_reduce_add_ps(acc[r][t]);
+      for (uint32_t i = w.exc_begin[rows[r]]; i < w.exc_begin[rows[r] + 1]; ++i) {
+        s += Bf16Bits(xb[t * Kp + w.exc_col[i]]) * Bf16Bits(w.exc_bits[i]);
+      }
+      y[r][t * ldy] = s;
+    }
+  }
+}
+
+template <int RR>
+inline void PackedTokensDp(const uint16_t* xb, size_t Kp, size_t T, const PackedBf16View& w,
+                           const size_t* rows, float* const* y, size_t ldy) {
+  switch (T) {
+    case 4: PackedTileDp<RR, 4>(xb, Kp, w, rows, y, ldy); break;
+    case 3: PackedTileDp<RR, 3>(xb, Kp, w, rows, y, ldy); break;
+    case 2: PackedTileDp<RR, 2>(xb, Kp, w, rows, y, ldy); break;
+    case 1: PackedTileDp<RR, 1>(xb, Kp, w, rows, y, ldy); break;
+    default: break;
+  }
+}
+
 }  // namespace
 
 const kernels::DenseKernels kAvx512Bf16ActsKernels = {
@@ -199,5 +267,33 @@ const kernels::DenseKernels kAvx512Bf16ActsKernels = {
     DotAvx512,
     AxpyAvx512,
 };
+
+// The packed product of packed_bf16.h for 1-4 tokens: the rows as 4 streams from 4 parts of
+// the range, as MatmulBf16ActsBf16Avx512 reads plain rows at these token counts.
+void MatmulPackedBf16Avx512Bf16(const float* x, size_t ldx, size_t T, const PackedBf16View& w,
+                                size_t n_begin, size_t n_end, float* y, size_t ldy) {
+  const size_t Kp = w.ChunksPerRow() * kPackedChunkColumns;
+  if (T == 0 || T > kPackedFusedTokens || T * Kp > kStackActs) {
+    std::fprintf(stderr, "MatmulPackedBf16Avx512Bf16: %zu tokens of %zu columns\n", T, w.cols);
+    std::abort();
+  }
+  alignas(64) uint16_t xb[kStackActs];
+  ToBf16Rows(x, ldx, T, w.cols, Kp, xb);
+  size_t rows[4];
+  float* outs[4];
+  const size_t part = (n_end - n_begin) / 4;
+  for (size_t i = 0; i < part; ++i) {
+    for (int s = 0; s < 4; ++s) {
+      rows[s] = n_begin + s * part + i;
+      outs[s] = y + rows[s];
+    }
+    PackedTokensDp<4>(xb, Kp, T, w, rows, outs, ldy);
+  }
+  for (size_t n = n_begin + 4 * part; n < n_end; ++n) {
+    rows[0] = n;
+    outs[0] = y + n;
+    PackedTokensDp<1>(xb, Kp, T, w, rows, outs, ldy);
+  }
+}
 
 }  // namespace pw::cpu
