@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <random>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -52,6 +53,7 @@
 #include "kernels/anyprec/q8.h"
 #include "kernels/anyprec/quantizer.h"
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/packed_bf16.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace pw::anyprec {
@@ -340,6 +342,47 @@ void BM_Bf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int th
   state.SetLabel(kernels::BackendName(cpu::BestIsa()));
 }
 
+// The same product over packed bf16 rows (kernels/cpu/packed_bf16.h): one normal matrix of the
+// shape (standard deviation 0.02, a weight's), packed once and copied to a working set past the
+// caches, as the bf16 case reads its pool.
+void BM_PackedBf16Gemv(benchmark::State& state, int rows, int cols, int tokens, int threads) {
+  static std::map<std::pair<int, int>, std::vector<cpu::PackedBf16Matrix>> cache;
+  static std::mutex mu;
+  std::vector<cpu::PackedBf16Matrix>* blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    blocks = &cache[{rows, cols}];
+    if (blocks->empty()) {
+      std::mt19937 rng(45);
+      std::normal_distribution<float> d(0.f, 0.02f);
+      std::vector<uint16_t> w(static_cast<size_t>(rows) * cols);
+      for (auto& v : w) v = cpu::ToBf16Bits(d(rng));
+      const cpu::PackedBf16Matrix m = cpu::PackBf16(w.data(), rows, cols);
+      const size_t n = std::max<size_t>(1, (kWorkingSet + m.Bytes() - 1) / m.Bytes());
+      blocks->assign(n, m);
+    }
+  }
+  const size_t per_call = (*blocks)[0].Bytes();
+  const auto x = RandomFloats(static_cast<size_t>(tokens) * cols, 43);
+  std::vector<float> y(static_cast<size_t>(tokens) * rows);
+  const kernels::DenseKernels& k = cpu::Kernels();
+  cpu::ThreadPool* threads_pool = Pool(threads);
+  size_t i = 0;
+  for (auto _ : state) {
+    const cpu::PackedBf16View v = (*blocks)[i].view();
+    SplitRange(threads_pool, static_cast<size_t>(rows), threads, [&](int, size_t r0, size_t r1) {
+      thread_local std::vector<uint16_t> scratch(size_t{128} << 10);
+      cpu::MatmulPackedBf16(k, x.data(), cols, tokens, v, r0, r1, y.data(), rows, scratch.data(),
+                            scratch.size());
+    });
+    benchmark::DoNotOptimize(y.data());
+    if (++i == blocks->size()) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * per_call));
+  state.counters["blocks"] = static_cast<double>(blocks->size());
+  state.SetLabel(kernels::BackendName(cpu::BestIsa()));
+}
+
 // The stream count the shared bandwidth probe (bench/bandwidth_probe.h) reads fastest with on
 // `threads` threads. Probed once, when the first memread case runs (untimed), on 1 thread and
 // on the machine's cores; the table goes to stderr.
@@ -465,6 +508,10 @@ void RegisterAll() {
         const std::string name = "bf16gemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                                  "/t" + std::to_string(t) + suffix(threads);
         finish(benchmark::RegisterBenchmark(name.c_str(), BM_Bf16Gemv, s.rows, s.cols, t, threads), threads);
+        const std::string packed = "bf16packedgemv/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                                   "/t" + std::to_string(t) + suffix(threads);
+        finish(benchmark::RegisterBenchmark(packed.c_str(), BM_PackedBf16Gemv, s.rows, s.cols, t, threads),
+               threads);
         for (int range : {127, kDenseQ8PairMax}) {
           const std::string q8 = "q8dense/" + std::to_string(s.rows) + "x" + std::to_string(s.cols) + "/t" +
                                  std::to_string(t) + (range == 127 ? "" : "/r" + std::to_string(range)) +

@@ -8,6 +8,7 @@
 // AVX-512 backend's.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -199,7 +200,7 @@ void MatmulBf16ActsBf16Avx512(const float* x, size_t ldx, size_t T, const uint16
 // (decoded as +0) add their products after its sum.
 template <int RR, int TT>
 inline void PackedTileDp(const uint16_t* xb, size_t Kp, const PackedBf16View& w,
-                         const size_t* rows, float* const* y, size_t ldy) {
+                         const size_t* rows, float* const* y, size_t ldy, int live = TT) {
   const size_t chunks = w.ChunksPerRow();
   const __m256i nib = _mm256_set1_epi8(0x0F);
   __m512 acc[RR][TT];
@@ -234,7 +235,7 @@ inline void PackedTileDp(const uint16_t* xb, size_t Kp, const PackedBf16View& w,
     }
   }
   for (int r = 0; r < RR; ++r) {
-    for (int t = 0; t < TT; ++t) {
+    for (int t = 0; t < live; ++t) {
       float s = _mm512_reduce_add_ps(acc[r][t]);
       for (uint32_t i = w.exc_begin[rows[r]]; i < w.exc_begin[rows[r] + 1]; ++i) {
         s += Bf16Bits(xb[t * Kp + w.exc_col[i]]) * Bf16Bits(w.exc_bits[i]);
@@ -256,6 +257,41 @@ inline void PackedTokensDp(const uint16_t* xb, size_t Kp, size_t T, const Packed
   }
 }
 
+// Packed rows [r0, r1) of w decoded into wb (rows of stride Kp; exceptions restored): the bits
+// they were packed from, for TileDp to multiply as plain rows. The lines `ahead` bytes past each
+// chunk are asked for into L2 (0: none).
+void DecodePackedRows(const PackedBf16View& w, size_t r0, size_t r1, size_t Kp, uint16_t* wb,
+                      size_t ahead) {
+  const size_t chunks = w.ChunksPerRow();
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (size_t r = r0; r < r1; ++r) {
+    const __m512i tbl = _mm512_broadcast_i32x4(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.tables + r * kPackedTableBytes)));
+    const uint8_t* p = w.Row(r);
+    uint16_t* o = wb + (r - r0) * Kp;
+    for (size_t c = 0; c < chunks; ++c) {
+      const uint8_t* q = p + c * kPackedChunkBytes;
+      if (ahead != 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(q + ahead), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(q + ahead + 64), _MM_HINT_T1);
+      }
+      const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      const __m512i e = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_and_si256(codes, nib)),
+          _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib), 1);
+      const __m512i h = _mm512_shuffle_epi8(tbl, e);
+      const __m512i l = _mm512_loadu_si512(q + 32);
+      _mm512_storeu_si512(o + c * kPackedChunkColumns, _mm512_unpacklo_epi8(l, h));
+      _mm512_storeu_si512(o + c * kPackedChunkColumns + 32, _mm512_unpackhi_epi8(l, h));
+    }
+    for (uint32_t i = w.exc_begin[r]; i < w.exc_begin[r + 1]; ++i) o[w.exc_col[i]] = w.exc_bits[i];
+  }
+}
+
+// Decoded rows for 5 tokens and more: 4 rows of up to 4096 columns (32 KB, L1's size on an AMD
+// Zen 4), fewer of longer ones.
+constexpr size_t kDecodedValues = size_t{16} << 10;
+
 }  // namespace
 
 const kernels::DenseKernels kAvx512Bf16ActsKernels = {
@@ -268,31 +304,62 @@ const kernels::DenseKernels kAvx512Bf16ActsKernels = {
     AxpyAvx512,
 };
 
-// The packed product of packed_bf16.h for 1-4 tokens: the rows as 4 streams from 4 parts of
-// the range, as MatmulBf16ActsBf16Avx512 reads plain rows at these token counts.
+// The packed product of packed_bf16.h. 1-4 tokens: the rows as 4 streams from 4 parts of the
+// range, as MatmulBf16ActsBf16Avx512 reads plain rows at these token counts, each chunk decoded
+// in registers. 5 tokens and more: 4 rows at a time decoded into a buffer on the stack (L1) and
+// multiplied by the plain kernel's token tiles (TokensDp), so the results are its bits.
 void MatmulPackedBf16Avx512Bf16(const float* x, size_t ldx, size_t T, const PackedBf16View& w,
                                 size_t n_begin, size_t n_end, float* y, size_t ldy) {
   const size_t Kp = w.ChunksPerRow() * kPackedChunkColumns;
-  if (T == 0 || T > kPackedFusedTokens || T * Kp > kStackActs) {
+  if (T == 0 || Kp == 0 || Kp > kPackedFusedMaxColumns) {
     std::fprintf(stderr, "MatmulPackedBf16Avx512Bf16: %zu tokens of %zu columns\n", T, w.cols);
     std::abort();
   }
   alignas(64) uint16_t xb[kStackActs];
-  ToBf16Rows(x, ldx, T, w.cols, Kp, xb);
   size_t rows[4];
   float* outs[4];
-  const size_t part = (n_end - n_begin) / 4;
-  for (size_t i = 0; i < part; ++i) {
-    for (int s = 0; s < 4; ++s) {
-      rows[s] = n_begin + s * part + i;
-      outs[s] = y + rows[s];
+  if (T <= kPackedFusedTokens) {
+    ToBf16Rows(x, ldx, T, w.cols, Kp, xb);
+    const size_t part = (n_end - n_begin) / 4;
+    for (size_t i = 0; i < part; ++i) {
+      for (int s = 0; s < 4; ++s) {
+        rows[s] = n_begin + s * part + i;
+        outs[s] = y + rows[s];
+      }
+      PackedTokensDp<4>(xb, Kp, T, w, rows, outs, ldy);
     }
-    PackedTokensDp<4>(xb, Kp, T, w, rows, outs, ldy);
+    for (size_t n = n_begin + 4 * part; n < n_end; ++n) {
+      rows[0] = n;
+      outs[0] = y + n;
+      PackedTokensDp<1>(xb, Kp, T, w, rows, outs, ldy);
+    }
+    return;
   }
-  for (size_t n = n_begin + 4 * part; n < n_end; ++n) {
-    rows[0] = n;
-    outs[0] = y + n;
-    PackedTokensDp<1>(xb, Kp, T, w, rows, outs, ldy);
+  alignas(64) uint16_t wb[kDecodedValues];
+  const size_t block = std::max<size_t>(1, std::min<size_t>(4, kDecodedValues / Kp));
+  const uint16_t* wrows[4];
+  const size_t group = kStackActs / Kp;
+  for (size_t t0 = 0; t0 < T; t0 += group) {
+    const size_t nt = T - t0 < group ? T - t0 : group;
+    ToBf16Rows(x + t0 * ldx, ldx, nt, w.cols, Kp, xb);
+    const size_t padded_nt = (nt + 3) / 4 * 4;
+    const bool padded = nt > 4 && padded_nt <= group;
+    if (padded) std::memset(xb + nt * Kp, 0, (padded_nt - nt) * Kp * sizeof(uint16_t));
+    float* yt = y + t0 * ldy;
+    for (size_t n0 = n_begin; n0 < n_end; n0 += block) {
+      const size_t n1 = std::min(n_end, n0 + block);
+      // The next block's rows are asked for into L2 while this one is multiplied.
+      DecodePackedRows(w, n0, n1, Kp, wb, n1 < n_end ? (n1 - n0) * w.ChunksPerRow() * kPackedChunkBytes : 0);
+      for (size_t n = n0; n < n1; ++n) {
+        wrows[n - n0] = wb + (n - n0) * Kp;
+        outs[n - n0] = yt + n;
+      }
+      if (n1 - n0 == 4) {
+        TokensDp<4>(xb, Kp, nt, wrows, w.cols, outs, ldy, padded);
+      } else {
+        for (size_t i = 0; i < n1 - n0; ++i) TokensDp<1>(xb, Kp, nt, wrows + i, w.cols, outs + i, ldy, padded);
+      }
+    }
   }
 }
 

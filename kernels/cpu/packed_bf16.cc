@@ -133,8 +133,8 @@ void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx
                       const PackedBf16View& w, size_t n_begin, size_t n_end, float* y, size_t ldy,
                       uint16_t* scratch, size_t scratch_values) {
   if (n_begin >= n_end || T == 0) return;
-  if (T <= kPackedFusedTokens && w.cols > 0 &&
-      T * w.ChunksPerRow() * kPackedChunkColumns <= kPackedFusedActs && UsesAvx512Bf16(k)) {
+  if (w.cols > 0 && w.ChunksPerRow() * kPackedChunkColumns <= kPackedFusedMaxColumns &&
+      UsesAvx512Bf16(k)) {
     MatmulPackedBf16Avx512Bf16(x, ldx, T, w, n_begin, n_end, y, ldy);
     return;
   }

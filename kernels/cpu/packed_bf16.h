@@ -81,20 +81,23 @@ void UnpackBf16Rows(const PackedBf16View& w, size_t r0, size_t r1, uint16_t* out
 
 // k.matmul_bf16's product (kernels/dense_ops.h) over the packed rows [n_begin, n_end) of w:
 // y[t*ldy + n] = sum_k x[t*ldx + k] * W[n, k]. Where k is the bf16-activation table on
-// AVX512-BF16 (UsesAvx512Bf16) and T <= kPackedFusedTokens, each chunk is decoded in registers
-// and multiplied there, in the same order as that table's kernel (the same bits, but for the
-// rows with exceptions, whose products are added after the row's sum); otherwise the rows are
-// unpacked `scratch_values / cols` at a time into scratch (at least one row's worth: aborts
-// otherwise) and multiplied by k.matmul_bf16, so the results are that kernel's bits.
+// AVX512-BF16 (UsesAvx512Bf16) and a row is at most kPackedFusedMaxColumns: up to
+// kPackedFusedTokens tokens, each chunk is decoded in registers and multiplied there, in the
+// order of that table's kernel (the same bits, but for the rows with exceptions, whose products
+// are added after the row's sum); more tokens, blocks of rows are decoded into a buffer on the
+// stack and multiplied by that kernel's tiles (its bits). Otherwise the rows are unpacked
+// `scratch_values / cols` at a time into scratch (at least one row's worth: aborts otherwise)
+// and multiplied by k.matmul_bf16, so the results are that kernel's bits.
 inline constexpr size_t kPackedFusedTokens = 4;
-// The fused product's activations (T x the row padded to chunks) sit on its stack: at most this
-// many values, else the unpacking path runs.
+// The AVX512-BF16 product keeps a group of tokens' activations (the row padded to chunks each)
+// on its stack, kPackedFusedActs values: at least one token's.
 inline constexpr size_t kPackedFusedActs = size_t{64} << 10;
+inline constexpr size_t kPackedFusedMaxColumns = size_t{16} << 10;
 void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx, size_t T,
                       const PackedBf16View& w, size_t n_begin, size_t n_end, float* y, size_t ldy,
                       uint16_t* scratch, size_t scratch_values);
 
-// Defined with the AVX512-BF16 table (dense_avx512_bf16.cc): the fused product above, T <= 4.
+// Defined with the AVX512-BF16 table (dense_avx512_bf16.cc): the product above on that table.
 void MatmulPackedBf16Avx512Bf16(const float* x, size_t ldx, size_t T, const PackedBf16View& w,
                                 size_t n_begin, size_t n_end, float* y, size_t ldy);
 // Defined in packed_bf16_avx2.cc: UnpackBf16Rows on AVX2.

@@ -141,13 +141,14 @@ void ExpectSameProduct(const kernels::DenseKernels& k, const char* name, const s
 TEST(PackedBf16, ProductIsThePlainProduct) {
   for (const Table& tb : Tables()) {
     const bool fused = UsesAvx512Bf16(*tb.k);
-    for (size_t K : {40, 64, 100, 2048}) {
+    for (size_t K : {40, 64, 100, 2048, 9000, 16400}) {  // 16400: unpacked
       const size_t N = 37;
       const std::vector<uint16_t> w = Gaussian(N, K, 0.05f, static_cast<uint32_t>(K));
       const bool no_exceptions = PackBf16(w.data(), N, K).exceptions() == 0;
-      for (size_t T : {1, 2, 3, 4, 5, 9}) {
-        // The fused path keeps the table's bits for rows without exceptions.
-        const bool bits = !(fused && T <= kPackedFusedTokens) || no_exceptions;
+      for (size_t T : {1, 2, 3, 4, 5, 9, 16, 37}) {
+        // Decoded in registers (1-4 tokens on AVX512-BF16), rows with exceptions add theirs last.
+        const bool in_registers = fused && K <= kPackedFusedMaxColumns && T <= kPackedFusedTokens;
+        const bool bits = !in_registers || no_exceptions;
         ExpectSameProduct(*tb.k, tb.name, w, N, K, T, 0, N, 4 * K, bits);
         ExpectSameProduct(*tb.k, tb.name, w, N, K, T, 5, 30, K, bits);
       }
