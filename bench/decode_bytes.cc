@@ -15,6 +15,7 @@ using engine::MlpWeights;
 double Matrix(const Bf16Matrix& m) {
   if (m.data == nullptr) return 0;
   if (m.ap != nullptr) return static_cast<double>(m.ap->Bytes());
+  if (m.packed != nullptr) return static_cast<double>(m.packed->Bytes());
   return static_cast<double>(m.rows) * static_cast<double>(m.cols) * (m.q8 != nullptr ? 1 : 2);
 }
 

@@ -5,7 +5,7 @@
 //                   [--decode-steps 16] [--batches 1,8,32] [--bw-gib 1.5]
 //                   [--bw-streams 1,2,4,8,16] [--bw-passes 5]
 //                   [--store STORE.apw [--bits 3,4,8,16] [--bits-map MAP.json]]
-//                   [--kernel-path fast|exact] [--dense bf16|int8|ap3..ap8] [--lm-head FORMAT] [--same-prompts] [--block-times]
+//                   [--kernel-path fast|exact] [--dense bf16|bf16-packed|int8|ap3..ap8] [--bf16-experts plain|packed|auto] [--lm-head FORMAT] [--same-prompts] [--block-times]
 //                   [--floor-pairs N]
 //                   [--lynx [--lynx-rule lynx|piggyback] [--lynx-alpha A --lynx-beta B]
 //                           [--lynx-gate-weights renorm|mass] [--lynx-exempt L,..]
@@ -94,6 +94,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench/bandwidth_probe.h"
@@ -181,9 +182,7 @@ class DistinctExpertCounter final : public engine::RouterLogitsRecorder {
     for (int32_t e : experts) {
       bf16_bytes_sum_ += BlockBytes(2 * ffn_, hidden_, anyprec::kBf16Bits) +
                          BlockBytes(hidden_, ffn_, anyprec::kBf16Bits);
-      width_bytes_sum_ +=
-          BlockBytes(2 * ffn_, hidden_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kGateUp)) +
-          BlockBytes(hidden_, ffn_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kDown));
+      width_bytes_sum_ += WidthBytes(ctx.layer, e);
     }
     ++layer_calls_;
   }
@@ -197,10 +196,18 @@ class DistinctExpertCounter final : public engine::RouterLogitsRecorder {
     for (int32_t e : experts) {
       after_bf16_bytes_sum_ += BlockBytes(2 * ffn_, hidden_, anyprec::kBf16Bits) +
                                BlockBytes(hidden_, ffn_, anyprec::kBf16Bits);
-      after_width_bytes_sum_ +=
-          BlockBytes(2 * ffn_, hidden_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kGateUp)) +
-          BlockBytes(hidden_, ffn_, widths_->Bits(ctx.layer, e, engine::ExpertProj::kDown));
+      after_width_bytes_sum_ += WidthBytes(ctx.layer, e);
     }
+  }
+  // An expert's bytes at the provider's widths, a bf16 block's scaled by bf16_scale_.
+  double WidthBytes(int layer, int32_t e) const {
+    double b = 0;
+    for (auto [rows, cols, proj] : {std::tuple{2 * ffn_, hidden_, engine::ExpertProj::kGateUp},
+                                    std::tuple{hidden_, ffn_, engine::ExpertProj::kDown}}) {
+      const int bits = widths_->Bits(layer, e, proj);
+      b += BlockBytes(rows, cols, bits) * (bits >= anyprec::kBf16Bits ? bf16_scale_ : 1.0);
+    }
+    return b;
   }
   void Reset() {
     distinct_sum_ = bf16_bytes_sum_ = width_bytes_sum_ = 0;
@@ -208,6 +215,8 @@ class DistinctExpertCounter final : public engine::RouterLogitsRecorder {
     layer_calls_ = 0;
   }
   bool enabled_ = false;
+  // The packed experts' bytes over their bf16 bytes (Model::PackExperts), 1 when not packed.
+  double bf16_scale_ = 1;
   double distinct_sum_ = 0;     // sum over (decode step, layer) of distinct experts
   double bf16_bytes_sum_ = 0;   // ... of their bytes as bf16
   double width_bytes_sum_ = 0;  // ... of their bytes at the provider's widths
@@ -318,6 +327,7 @@ struct Options {
   // --dense / --lm-head: how attention, lm_head and dense MLPs are held (EngineOptions).
   DenseFormat dense = DenseFormat::kBf16;
   DenseFormat lm_head = DenseFormat::kAsDense;
+  engine::Bf16ExpertForm bf16_experts = engine::Bf16ExpertForm::kPlain;  // --bf16-experts
   bool no_mmap = false;     // --no-mmap: the checkpoint copied into the process (EngineOptions)
   int runs = 5;
   int warmups = 0;
@@ -356,6 +366,17 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
                                       const std::string& rule = "") {
   TimingProvider timing(provider);
   DistinctExpertCounter counter(eng.model().config(), provider);
+  if (eng.model().packed_expert_bytes() > 0) {
+    double plain = 0;
+    for (const engine::LayerWeights& w : eng.model().layers()) {
+      for (const engine::MlpWeights& e : w.experts) {
+        for (const engine::Bf16Matrix* m : {&e.gate, &e.up, &e.down}) {
+          if (m->packed != nullptr) plain += 2.0 * static_cast<double>(m->rows) * static_cast<double>(m->cols);
+        }
+      }
+    }
+    counter.bf16_scale_ = static_cast<double>(eng.model().packed_expert_bytes()) / plain;
+  }
   CountingHook counting(lynx, &counter);
   eng.SetMoeHooks({.provider = &timing,
                    .residency = nullptr,
@@ -527,6 +548,7 @@ Result<std::vector<Row>> BenchModel(const std::string& dir, const Options& o) {
   eo.num_threads = o.threads;
   eo.dense = o.dense;
   eo.lm_head = o.lm_head;
+  eo.bf16_experts = o.bf16_experts;
   eo.copy_weights = o.no_mmap;
   eo.block_size = 16;
   // Room for the prompt, the timed steps and any tokens decoded while other prompts prefill.
@@ -654,6 +676,7 @@ int Main(int argc, char** argv) {
   app.add_option("--kernel-path", kernel_path, "any-precision kernels: fast (int8, default) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"exact", "fast"}));
   tools::AddDenseFlags(&app, &o.dense, &o.lm_head);
+  tools::AddBf16ExpertsFlag(&app, &o.bf16_experts);
   app.add_flag("--no-mmap", o.no_mmap,
                "read the checkpoint into the process's memory instead of mapping it (llama.cpp's --no-mmap)");
   app.add_flag("--same-prompts", o.same_prompts,

@@ -13,6 +13,7 @@ namespace pw {
 
 enum class DenseFormat {
   kBf16,
+  kBf16Packed,  // the same bf16 values, packed losslessly in ~12 bits (kernels/cpu/packed_bf16.h)
   kInt8,
   kAp3,
   kAp4,
@@ -24,9 +25,9 @@ enum class DenseFormat {
 };
 
 // DenseApBits: the any-precision width of `f` (3..8), or 0 for bf16, int8 and kAsDense.
-// DenseFormatName: "bf16", "int8", "ap3".."ap8", "dense".
-// DenseFormatChoices / LmHeadFormatChoices: the choices of the `dense` option (bf16, int8,
-// ap3..ap8) and of `lm_head` (those and "dense"). In common/ and header-only: `pw serve`'s
+// DenseFormatName: "bf16", "bf16-packed", "int8", "ap3".."ap8", "dense".
+// DenseFormatChoices / LmHeadFormatChoices: the choices of the `dense` option (bf16,
+// bf16-packed, int8, ap3..ap8) and of `lm_head` (those and "dense"). In common/ and header-only: `pw serve`'s
 // options and memory plan name the formats without linking the engine.
 // The lm_head's format given the others' (`dense`) and its own (kAsDense: the same).
 inline DenseFormat LmHeadFormat(DenseFormat dense, DenseFormat lm_head) {
@@ -48,6 +49,7 @@ inline int DenseApBits(DenseFormat f) {
 inline const char* DenseFormatName(DenseFormat f) {
   switch (f) {
     case DenseFormat::kBf16: return "bf16";
+    case DenseFormat::kBf16Packed: return "bf16-packed";
     case DenseFormat::kInt8: return "int8";
     case DenseFormat::kAp3: return "ap3";
     case DenseFormat::kAp4: return "ap4";
@@ -62,7 +64,7 @@ inline const char* DenseFormatName(DenseFormat f) {
 
 inline std::vector<std::pair<std::string, DenseFormat>> DenseFormatChoices() {
   std::vector<std::pair<std::string, DenseFormat>> c;
-  for (DenseFormat f : {DenseFormat::kBf16, DenseFormat::kInt8, DenseFormat::kAp3, DenseFormat::kAp4,
+  for (DenseFormat f : {DenseFormat::kBf16, DenseFormat::kBf16Packed, DenseFormat::kInt8, DenseFormat::kAp3, DenseFormat::kAp4,
                         DenseFormat::kAp5, DenseFormat::kAp6, DenseFormat::kAp7, DenseFormat::kAp8}) {
     c.emplace_back(DenseFormatName(f), f);
   }

@@ -28,6 +28,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const std::string& model_dir,
   PW_ASSIGN_OR_RETURN(
       e->model_, Model::Load(model_dir, options.copy_weights ? FileLoad::kCopy : FileLoad::kMap));
   PW_RETURN_IF_ERROR(e->model_->QuantizeDense(options.dense, options.lm_head, options.num_threads));
+  if (PackBf16Experts(options.bf16_experts)) PW_RETURN_IF_ERROR(e->model_->PackExperts(options.num_threads));
   const ModelConfig& c = e->model_->config();
   if (e->options_.max_context == 0) {
     e->options_.max_context =

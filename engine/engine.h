@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/experts/bf16_experts.h"
 #include "engine/experts/moe.h"
 #include "common/dense_format.h"
 #include "engine/sampler/sampler.h"
@@ -105,6 +106,10 @@ struct EngineOptions {
   // 3..8 bits, multiplied against int8 activations; the lm_head's own format (kAsDense: the same).
   DenseFormat dense = DenseFormat::kBf16;
   DenseFormat lm_head = DenseFormat::kAsDense;
+  // How the checkpoint's routed experts are held (engine/experts/bf16_experts.h): as they are,
+  // packed losslessly (Model::PackExperts), or auto (packed where the packed product runs in
+  // registers). Experts a hook's provider serves (a store, the broker) are that provider's.
+  Bf16ExpertForm bf16_experts = Bf16ExpertForm::kPlain;
   // When true the checkpoint is read into the process's own memory at start instead of mapped
   // from the page cache (llama.cpp's --no-mmap): a copy per process, read once; decode read it
   // faster on an AMD Zen 4 host (docs/benchmarks.md, "Weights copied into the process").

@@ -264,6 +264,15 @@ def dense4(args):
     return dense, lm_head or "dense"
 
 
+def dense16(args):
+    """--dense of the bf16 rows: --dense16, or for auto what `pw serve --bits 16` picks (bf16-packed
+    where the CPU has AVX512-BF16, services/serve/serve.h ServeDense; bf16 otherwise)."""
+    if args.dense16 != "auto":
+        return args.dense16
+    with open("/proc/cpuinfo") as f:
+        return "bf16-packed" if " avx512_bf16" in f.read() else "bf16"
+
+
 def dense4_name(args):
     dense, lm_head = dense4(args)
     return f"{dense} dense" + ("" if lm_head == "dense" else f" + {lm_head} lm_head")
@@ -276,6 +285,8 @@ def start_ours(args, mdir, bits, port, logf):
     if bits < 16:  # the width held (the planner may not raise it: equal bits) and the dense weights
         dense, lm_head = dense4(args)
         cmd += ["--max-bits", str(bits), "--dense", dense, "--lm-head", lm_head]
+    else:
+        cmd += ["--dense", dense16(args)]
     log("+ " + " ".join(cmd))
     return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -409,7 +420,8 @@ def llama_batched(args, llama_build, gguf_path, npl):
 def decode_round(args, mdir, llama_build, g, store):
     """One round of decode, ours then llama.cpp's for each pair: {row name: (ours, llama.cpp)}."""
     r = {}
-    ours = ours_engine(args, mdir, ["--same-prompts", "--batches", "1,8,32", "--prompt-len", "64"])
+    ours = ours_engine(args, mdir, ["--same-prompts", "--batches", "1,8,32", "--prompt-len", "64",
+                                    "--dense", dense16(args)])
     lb = llama_bench(args, llama_build, g["bf16"], "0", "32")
     lbb = llama_batched(args, llama_build, g["bf16"], [8, 32])
     by_batch = {b: d for b, _, d in ours}
@@ -437,7 +449,7 @@ def prefill_round(args, mdir, llama_build, g, store):
     """One round of prefill (one prompt of each length), ours then llama.cpp's: bf16, and 4-bit
     experts + --dense4's dense matrices beside --quant4 where there is a store."""
     r = {}
-    widths = [("bf16", [], "bf16")]
+    widths = [("bf16", ["--dense", dense16(args)], "bf16")]
     if store:
         dense, lm_head = dense4(args)
         widths.append(("4-bit experts + " + dense4_name(args),
@@ -515,6 +527,9 @@ def main():
     ap.add_argument("--memory", default="8G", help="pw serve --memory")
     ap.add_argument("--served-widths", default="bf16,4bit",
                     help="served pairs: bf16 (bf16 / bf16) and/or 4bit (4-bit / --quant4)")
+    ap.add_argument("--dense16", default="auto", choices=["auto", "bf16", "bf16-packed"],
+                    help="--dense of the bf16 rows, in-process and served; auto: what pw serve --bits 16 picks "
+                         "(bf16-packed, the same values packed losslessly, where the CPU has AVX512-BF16)")
     ap.add_argument("--dense4", default="auto",
                     help="DENSE[:LM_HEAD] of the 4-bit rows, in-process and served (--dense, --lm-head: bf16, "
                          "int8, ap3..ap8); auto: ap4:ap6 with AVX-512 VBMI (attention at 4 bits and lm_head at "

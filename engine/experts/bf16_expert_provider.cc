@@ -38,7 +38,7 @@ Status Bf16ExpertProvider::RunExperts(const ExpertLayerCall& call) {
   for (size_t g = 0; g < call.groups.size(); ++g) {
     PW_RETURN_IF_ERROR(CheckExpert(call.layer, call.groups[g].expert));
     const MlpWeights& w = model_.layers()[call.layer].experts[call.groups[g].expert];
-    experts[g] = {w.gate.data, w.up.data, w.down.data};
+    experts[g] = {w.gate.data, w.up.data, w.down.data, w.gate.packed, w.up.packed, w.down.packed};
   }
   return RunBf16Experts(call, experts, cpu::Kernels());
 }

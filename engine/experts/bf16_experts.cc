@@ -10,6 +10,11 @@
 
 namespace pw::engine {
 
+bool PackBf16Experts(Bf16ExpertForm form) {
+  return form == Bf16ExpertForm::kPacked ||
+         (form == Bf16ExpertForm::kAuto && cpu::UsesAvx512Bf16(cpu::Kernels()));
+}
+
 Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
                       const kernels::DenseKernels& k) {
   const size_t H = call.hidden, I = call.ffn, R = call.rows.size();
@@ -36,7 +41,12 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
     const float* x = xe + static_cast<size_t>(t.row0) * H;
     float* y = gate_up + static_cast<size_t>(t.row0) * 2 * I;
     const auto tokens = static_cast<size_t>(t.tokens);
-    if (static_cast<size_t>(t.r0) < I) {
+    if (static_cast<size_t>(t.r0) < I && w.gate_packed != nullptr) {
+      MatmulPacked(k, x, H, tokens, w.gate_packed->view(), static_cast<size_t>(t.r0),
+                   static_cast<size_t>(t.r1), y, 2 * I);
+    } else if (static_cast<size_t>(t.r0) >= I && w.up_packed != nullptr) {
+      MatmulPacked(k, x, H, tokens, w.up_packed->view(), t.r0 - I, t.r1 - I, y + I, 2 * I);
+    } else if (static_cast<size_t>(t.r0) < I) {
       k.matmul_bf16(x, H, tokens, w.gate, H, static_cast<size_t>(t.r0), static_cast<size_t>(t.r1), y, 2 * I);
     } else {
       k.matmul_bf16(x, H, tokens, w.up, H, t.r0 - I, t.r1 - I, y + I, 2 * I);
@@ -58,9 +68,15 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
     AppendExpertTiles(static_cast<int32_t>(g), e.begin, e.size(), static_cast<int32_t>(H), 0, &tiles);
   }
   PW_RETURN_IF_ERROR(RunExpertTiles(call.pool, tiles, I, kMinParallelMacs, [&](const ExpertTile& t) {
-    k.matmul_bf16(act + static_cast<size_t>(t.row0) * I, I, static_cast<size_t>(t.tokens),
-                  experts[t.group].down, I, static_cast<size_t>(t.r0), static_cast<size_t>(t.r1),
-                  ye + static_cast<size_t>(t.row0) * H, H);
+    const float* a = act + static_cast<size_t>(t.row0) * I;
+    float* y = ye + static_cast<size_t>(t.row0) * H;
+    if (experts[t.group].down_packed != nullptr) {
+      MatmulPacked(k, a, I, static_cast<size_t>(t.tokens), experts[t.group].down_packed->view(),
+                   static_cast<size_t>(t.r0), static_cast<size_t>(t.r1), y, H);
+      return Status::Ok();
+    }
+    k.matmul_bf16(a, I, static_cast<size_t>(t.tokens), experts[t.group].down, I, static_cast<size_t>(t.r0),
+                  static_cast<size_t>(t.r1), y, H);
     return Status::Ok();
   }, TileCalls::kCoalesce));
   for (const ExpertGroup& e : call.groups) {

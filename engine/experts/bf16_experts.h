@@ -15,16 +15,30 @@
 
 #include "common/status.h"
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/packed_bf16.h"
 #include "engine/experts/expert_layer_call.h"
 
 namespace pw::engine {
 
-// One expert's matrices, row-major bf16 bits: gate and up [I, H], down [H, I].
+// One expert's matrices, row-major bf16 bits: gate and up [I, H], down [H, I]. A matrix whose
+// packed copy is given (kernels/cpu/packed_bf16.h) is multiplied from it by
+// cpu::MatmulPackedBf16 (the same values; the plain kernel's bits but for rows with exceptions
+// at 1-4 tokens, packed_bf16.h).
 struct Bf16Expert {
   const uint16_t* gate = nullptr;
   const uint16_t* up = nullptr;
   const uint16_t* down = nullptr;
+  const cpu::PackedBf16Matrix* gate_packed = nullptr;
+  const cpu::PackedBf16Matrix* up_packed = nullptr;
+  const cpu::PackedBf16Matrix* down_packed = nullptr;
 };
+
+// How bf16 experts are held: as the checkpoint (or the broker) has them, packed losslessly
+// (kernels/cpu/packed_bf16.h: the same values in ~0.75x the bytes a step reads), or auto:
+// packed where the packed product is decoded in registers (AVX512-BF16 with bf16 activations,
+// cpu::UsesAvx512Bf16 of cpu::Kernels()). PackBf16Experts resolves auto.
+enum class Bf16ExpertForm { kAuto, kPlain, kPacked };
+bool PackBf16Experts(Bf16ExpertForm form);
 
 // experts[g] holds the matrices of call.groups[g].expert.
 Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,

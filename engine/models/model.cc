@@ -1,10 +1,12 @@
 #include "engine/models/model.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "common/dtype.h"
 #include "common/formats/bf16_tensor.h"
@@ -405,9 +407,23 @@ Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads)
   if (dense == DenseFormat::kInt8 || lm_head == DenseFormat::kInt8) {
     PW_ASSIGN_OR_RETURN(range, anyprec::DenseQ8Range());
   }
+  double packed_bytes[2] = {0, 0};  // the packed matrices' bf16 bytes, and what they take now
   auto convert = [&](Bf16Matrix& w, const std::string& name, DenseFormat f) -> Status {
     if (w.data == nullptr || w.rows < 1 || f == DenseFormat::kBf16) return Status::Ok();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    if (f == DenseFormat::kBf16Packed) {
+      auto m = std::make_unique<cpu::PackedBf16Matrix>(
+          cpu::PackBf16(w.data, static_cast<size_t>(rows), static_cast<size_t>(cols)));
+      packed_bytes[0] += 2.0 * rows * cols;
+      if (m->Bytes() >= size_t{2} * rows * cols) {  // values of many binades: the plain rows are smaller
+        packed_bytes[1] += 2.0 * rows * cols;
+        return Status::Ok();
+      }
+      packed_bytes[1] += static_cast<double>(m->Bytes());
+      w.packed = m.get();
+      packed_.push_back(std::move(m));
+      return Status::Ok();
+    }
     if (f == DenseFormat::kInt8) {
       auto c = std::make_unique<Q8Copy>();
       c->values.resize(anyprec::Q8MatrixValueBytes(rows, cols));
@@ -442,12 +458,59 @@ Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads)
   }
   // A tied lm_head is a copy of the embeddings' view: they stay bf16 (looked up, never multiplied).
   PW_RETURN_IF_ERROR(convert(lm_head_, "lm_head", lm_head));
+  if (packed_bytes[0] > 0) {
+    PW_LOG(INFO) << dir_ << ": dense matrices " << DenseFormatName(dense) << ", lm_head "
+                 << DenseFormatName(lm_head) << ": " << packed_bytes[0] / 1e6 << " MB of bf16 in "
+                 << packed_bytes[1] / 1e6 << " MB, packed in "
+                 << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s";
+  }
   if (DenseApBits(dense) > 0 || DenseApBits(lm_head) > 0) {  // the fit takes seconds on large models
     PW_LOG(INFO) << dir_ << ": dense matrices " << DenseFormatName(dense) << ", lm_head "
                  << DenseFormatName(lm_head) << ", made in "
                  << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s on "
                  << threads << " threads";
   }
+  return Status::Ok();
+}
+
+Status Model::PackExperts(int threads) {
+  if (!packed_experts_.empty()) return Internal(dir_ + ": the experts were packed already");
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Bf16Matrix*> todo;
+  for (LayerWeights& L : layers_) {
+    for (MlpWeights& e : L.experts) {
+      for (Bf16Matrix* w : {&e.gate, &e.up, &e.down}) {
+        if (w->data != nullptr && w->rows > 0) todo.push_back(w);
+      }
+    }
+  }
+  std::vector<std::unique_ptr<cpu::PackedBf16Matrix>> made(todo.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+      const Bf16Matrix& w = *todo[i];
+      made[i] = std::make_unique<cpu::PackedBf16Matrix>(
+          cpu::PackBf16(w.data, static_cast<size_t>(w.rows), static_cast<size_t>(w.cols)));
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  double plain = 0;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    Bf16Matrix& w = *todo[i];
+    plain += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols);
+    if (made[i]->Bytes() >= size_t{2} * static_cast<size_t>(w.rows) * static_cast<size_t>(w.cols)) continue;
+    packed_expert_bytes_ += made[i]->Bytes();
+    w.packed = made[i].get();
+    packed_experts_.push_back(std::move(made[i]));
+  }
+  PW_LOG(INFO) << dir_ << ": " << packed_experts_.size() << " of " << todo.size() << " expert matrices packed, "
+               << plain / 1e6 << " MB of bf16 in " << static_cast<double>(packed_expert_bytes_) / 1e6
+               << " MB (those left bf16 not counted), in "
+               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s on "
+               << std::max(1, threads) << " threads";
   return Status::Ok();
 }
 

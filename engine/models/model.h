@@ -64,6 +64,7 @@
 #include "common/dense_format.h"
 #include "kernels/anyprec/dense_ap.h"
 #include "kernels/anyprec/q8.h"
+#include "kernels/cpu/packed_bf16.h"
 
 namespace pw::engine {
 
@@ -73,10 +74,11 @@ struct Bf16Matrix {
   const uint16_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  // With int8 or any-precision dense weights (Model::QuantizeDense): the copy the forward pass
-  // reads instead of `data` (at most one is set).
+  // With int8, any-precision or packed bf16 dense weights (Model::QuantizeDense): the copy the
+  // forward pass reads instead of `data` (at most one is set).
   const anyprec::Q8Matrix* q8 = nullptr;
   const anyprec::DenseApMatrix* ap = nullptr;
+  const cpu::PackedBf16Matrix* packed = nullptr;
 };
 
 // A SwiGLU MLP: down(silu(gate x) * up x).
@@ -188,8 +190,9 @@ class Model {
   // Gives the dense matrices the forward pass reads once per token (attention q/k/v/o,
   // lm_head, dense and shared-expert MLPs) a copy in `dense` (common/dense_format.h),
   // the lm_head one in `lm_head` (kAsDense: the same), used from then on instead of bf16: int8
-  // with one scale per row (kernels/anyprec/q8.h), or any-precision codes at one width fitted
-  // on `threads` threads (kernels/anyprec/dense_ap.h). The router, the embeddings and the
+  // with one scale per row (kernels/anyprec/q8.h), any-precision codes at one width fitted
+  // on `threads` threads (kernels/anyprec/dense_ap.h), or the bf16 values packed losslessly
+  // (kernels/cpu/packed_bf16.h; a matrix whose packed form would not be smaller stays bf16). The router, the embeddings and the
   // routed experts (their own providers) stay as they are, and so do a hybrid's
   // linear-attention projections: int8 rows there moved the fixtures' logits by 0.27-0.30
   // relative (attention's q/k/v/o by 0.01-0.05 each), the delta rule's L2-normalised keys and
@@ -197,6 +200,13 @@ class Model {
   // values span anyprec::DenseQ8Range (63 on AVX2, 127 with AVX-512, or the
   // kernels.dense_q8_max knob's). Called once; a second call is an error.
   Status QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads);
+  // Gives every routed expert's gate, up and down a packed copy of its bf16 values
+  // (kernels/cpu/packed_bf16.h: lossless, ~0.75x the bytes), made on `threads` threads; the
+  // checkpoint's provider (engine/experts/bf16_expert_provider.h) multiplies those from then
+  // on. Called at most once; a matrix whose packed form would not be smaller stays bf16.
+  Status PackExperts(int threads);
+  // The bytes the packed experts take (0 before PackExperts).
+  uint64_t packed_expert_bytes() const { return packed_expert_bytes_; }
   // The formats QuantizeDense gave (kBf16 before it).
   DenseFormat dense_format() const { return dense_format_; }
   DenseFormat lm_head_format() const { return lm_head_format_; }
@@ -237,9 +247,12 @@ class Model {
   };
   std::vector<std::unique_ptr<Q8Copy>> q8_;
   std::vector<std::unique_ptr<anyprec::DenseApMatrix>> ap_;
+  std::vector<std::unique_ptr<cpu::PackedBf16Matrix>> packed_;
   DenseFormat dense_format_ = DenseFormat::kBf16;
   DenseFormat lm_head_format_ = DenseFormat::kBf16;
   bool dense_done_ = false;
+  std::vector<std::unique_ptr<cpu::PackedBf16Matrix>> packed_experts_;
+  uint64_t packed_expert_bytes_ = 0;
 };
 
 }  // namespace pw::engine

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 namespace pw::engine {
 namespace {
@@ -53,6 +54,25 @@ void LinearInt(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, int 
 }
 
 }  // namespace
+
+void MatmulPacked(const kernels::DenseKernels& k, const float* x, size_t ldx, size_t T,
+                  const cpu::PackedBf16View& w, size_t r0, size_t r1, float* y, size_t ldy) {
+  thread_local std::vector<uint16_t> scratch;
+  const size_t values = std::max<size_t>(size_t{128} << 10, w.cols);
+  if (scratch.size() < values) scratch.resize(values);
+  cpu::MatmulPackedBf16(k, x, ldx, T, w, r0, r1, y, ldy, scratch.data(), scratch.size());
+}
+
+void LinearPacked(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x, size_t ldx,
+                  size_t T, const cpu::PackedBf16Matrix& w, float* y, size_t ldy) {
+  const cpu::PackedBf16View v = w.view();
+  auto run = [&](size_t b, size_t e) { MatmulPacked(k, x, ldx, T, v, b, e, y, ldy); };
+  if (pool == nullptr) {
+    run(0, v.rows);
+  } else {
+    pool->ParallelFor(v.rows, 16, MinRowsPerThread(v.cols, T), run);
+  }
+}
 
 void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const anyprec::Q8Matrix& w,
               float* y, size_t ldy) {

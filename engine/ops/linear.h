@@ -62,8 +62,22 @@ void LinearQ8(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T, const
 void LinearAp(cpu::ThreadPool* pool, const float* x, size_t ldx, size_t T,
               const anyprec::DenseApMatrix& w, float* y, size_t ldy);
 
+// cpu::MatmulPackedBf16 over rows [r0, r1) of w with the calling thread's unpacking buffer
+// (256 KB, or a row where rows are longer).
+void MatmulPacked(const kernels::DenseKernels& k, const float* x, size_t ldx, size_t T,
+                  const cpu::PackedBf16View& w, size_t r0, size_t r1, float* y, size_t ldy);
+
+// The packed bf16 copy of a matrix (Model::QuantizeDense, kernels/cpu/packed_bf16.h), split
+// over the pool as Linear.
+void LinearPacked(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x, size_t ldx,
+                  size_t T, const cpu::PackedBf16Matrix& w, float* y, size_t ldy);
+
 inline void Linear(cpu::ThreadPool* pool, const kernels::DenseKernels& k, const float* x,
                    size_t ldx, size_t T, const Bf16Matrix& w, float* y, size_t ldy) {
+  if (w.packed != nullptr) {
+    LinearPacked(pool, k, x, ldx, T, *w.packed, y, ldy);
+    return;
+  }
   if (w.q8 != nullptr) {
     LinearQ8(pool, x, ldx, T, *w.q8, y, ldy);
     return;

@@ -53,6 +53,14 @@ struct PackedBf16View {
   const uint8_t* Row(size_t r) const { return chunks + r * ChunksPerRow() * kPackedChunkBytes; }
 };
 
+// Bytes of a packed [rows, cols] matrix without exceptions (each adds 6): chunks, tables and
+// the exceptions' row index.
+constexpr size_t PackedBf16Bytes(size_t rows, size_t cols) {
+  return rows * ((cols + kPackedChunkColumns - 1) / kPackedChunkColumns * kPackedChunkBytes +
+                 kPackedTableBytes) +
+         (rows + 1) * sizeof(uint32_t);
+}
+
 class PackedBf16Matrix {
  public:
   PackedBf16View view() const;

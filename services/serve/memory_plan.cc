@@ -8,6 +8,7 @@
 
 #include "common/formats/apw_store.h"
 #include "kernels/anyprec/q8.h"
+#include "kernels/cpu/packed_bf16.h"
 #include "memory/kv_layout.h"
 #include "memory/kv_spec.h"
 #include "memory/weight_page_table.h"
@@ -84,6 +85,14 @@ int64_t StoreBytes(const ModelConfig& c) {
   return static_cast<int64_t>(apw::kDataAlign + per_expert * moe_layers * c.num_experts + blocks * 128);
 }
 
+int64_t PackedExpertBytes(const ModelConfig& c) {
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
+  const auto H = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(c.moe_intermediate_size);
+  const auto one = static_cast<int64_t>(2 * cpu::PackedBf16Bytes(I, H) + cpu::PackedBf16Bytes(H, I));
+  return moe_layers * c.num_experts * one;
+}
+
 int64_t PrefillLutBytes(const ModelConfig& c, int bits) {
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.IsMoeLayer(l) ? 1 : 0;
@@ -97,6 +106,7 @@ std::string MemoryPlan::Summary() const {
   std::ostringstream s;
   s << "memory " << FormatBytes(budget) << ": checkpoint " << FormatBytes(checkpoint) << ", store "
     << FormatBytes(store) << (dense_copies > 0 ? ", dense copies " + FormatBytes(dense_copies) : std::string())
+    << (expert_copy > 0 ? ", packed experts " + FormatBytes(expert_copy) : std::string())
     << ", prefill KV " << FormatBytes(prefill_kv)
     << (prefill_luts > 0 ? ", prefill experts at " + std::to_string(prefill_bits) + " bits (LUTs " +
                                FormatBytes(prefill_luts) + ")"
@@ -110,7 +120,8 @@ std::string MemoryPlan::Summary() const {
 
 Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, int64_t budget,
                               const std::string& bits_text, const std::string& budget_text,
-                              int64_t dense_copy_bytes, int auto_max_bits, int prefill_max_bits) {
+                              int64_t dense_copy_bytes, int auto_max_bits, int prefill_max_bits,
+                              int64_t expert_copy_bytes) {
   MemoryPlan p;
   p.budget = budget;
   p.checkpoint = checkpoint_bytes;
@@ -135,7 +146,8 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
   p.store = bf16 ? 0 : StoreBytes(c);
   // Whole MiB: the node file gives the pool in MiB.
   p.dense_copies = 2 * dense_copy_bytes;  // the prefill and the decode worker each
-  p.pool = budget - p.checkpoint - p.store - p.dense_copies - p.prefill_kv - p.processes;
+  p.expert_copy = bf16 ? expert_copy_bytes : 0;
+  p.pool = budget - p.checkpoint - p.store - p.dense_copies - p.expert_copy - p.prefill_kv - p.processes;
   if (p.pool > 0) p.pool = p.pool >> 20 << 20;
 
   const int64_t context = c.max_position_embeddings > 1 ? c.max_position_embeddings : 2048;
@@ -178,6 +190,8 @@ Result<MemoryPlan> PlanMemory(const ModelConfig& c, int64_t checkpoint_bytes, in
         FormatBytes(need_pool) + ", and " + FormatBytes(std::max<int64_t>(p.pool, 0)) + " is left after the checkpoint (" +
         FormatBytes(p.checkpoint) + "), the store (" + FormatBytes(p.store) + ")" +
         (p.dense_copies > 0 ? ", the workers' dense copies (" + FormatBytes(p.dense_copies) + ")" : std::string()) +
+        (p.expert_copy > 0 ? ", the decode worker's packed experts (" + FormatBytes(p.expert_copy) + ")"
+                           : std::string()) +
         ", the prefill KV (" +
         FormatBytes(p.prefill_kv) + ") and the processes (" + FormatBytes(p.processes) + "); give --memory " +
         std::to_string(((fixed + need_pool) >> 20) + 2) + "M or more");

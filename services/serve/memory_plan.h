@@ -49,6 +49,7 @@ Result<int64_t> MemAvailableBytes();
 struct MemoryPlan {
   int64_t budget = 0;
   int64_t checkpoint = 0, store = 0, dense_copies = 0, prefill_kv = 0, prefill_luts = 0, processes = 0;
+  int64_t expert_copy = 0;  // the decode worker's packed copy of the checkpoint's bf16 experts
   int64_t pool = 0;       // decode pool bytes (budget minus the above)
   int64_t page_bytes = 0;  // the workers' default KV page: MinPageBytes of the model's KV specs
   int64_t block_bytes = 0;  // one KV block: every layer's pages (BlockPageOffsets)
@@ -63,12 +64,18 @@ struct MemoryPlan {
 // `bits_text` is "auto", "3".."8" or "16" ("auto" picks at most `auto_max_bits`);
 // `dense_copy_bytes`: one worker's copies of the dense matrices (DenseCopyBytes), 0 with bf16.
 // `prefill_max_bits`: the widest width the prefill worker reads from the store (a node at a
-// wider width, or 0, prefills from the checkpoint's bf16 experts).
+// wider width, or 0, prefills from the checkpoint's bf16 experts). `expert_copy_bytes`: the
+// decode worker's packed copy of the bf16 experts at bits 16 (PackedExpertBytes; 0: none).
 // kResourceExhausted when the pool cannot hold the smallest plan (or the given width), with the
 // figures and the --memory that would do.
 Result<MemoryPlan> PlanMemory(const ModelConfig& config, int64_t checkpoint_bytes, int64_t budget,
                               const std::string& bits_text, const std::string& budget_text,
-                              int64_t dense_copy_bytes = 0, int auto_max_bits = 8, int prefill_max_bits = 0);
+                              int64_t dense_copy_bytes = 0, int auto_max_bits = 8, int prefill_max_bits = 0,
+                              int64_t expert_copy_bytes = 0);
+
+// Bytes of every routed expert of `config` packed (kernels/cpu/packed_bf16.h, no exceptions
+// counted): the decode worker's copy with bf16 experts packed.
+int64_t PackedExpertBytes(const ModelConfig& config);
 
 // Bytes of the int8 LUTs a worker running every expert block of `config` at `bits` from the
 // store makes (engine/experts/apw_expert_provider.h): 2^bits values and one float scale per row.

@@ -6,6 +6,7 @@
 #include "common/text/tokenizer.h"
 #include "kernels/anyprec/dense_ap.h"
 #include "kernels/anyprec/q8.h"
+#include "kernels/cpu/packed_bf16.h"
 #include "services/common/model_name.h"
 #include "services/common/tokenizer_dir.h"
 
@@ -46,6 +47,8 @@ uint64_t DenseCopyBytes(const ModelSource& m, DenseFormat dense, DenseFormat lm_
     const int rows = static_cast<int>(d.rows), cols = static_cast<int>(d.cols);
     if (f == DenseFormat::kInt8) {
       total += anyprec::Q8MatrixValueBytes(rows, cols) + sizeof(float) * static_cast<uint64_t>(rows);
+    } else if (f == DenseFormat::kBf16Packed) {
+      total += cpu::PackedBf16Bytes(d.rows, d.cols);
     } else if (DenseApBits(f) > 0) {
       total += anyprec::DenseApBytes(rows, cols, DenseApBits(f));
     }

@@ -16,6 +16,7 @@
 
 #include "common/formats/model_hash_cache.h"
 #include "kernels/anyprec/q8.h"
+#include "kernels/cpu/dense.h"
 #include "services/serve/model_source.h"
 #include "services/serve/store_cache.h"
 
@@ -107,11 +108,12 @@ std::string NodeFileText(const ServeOptions& o, const NodePlan& p) {
 }
 
 Result<DenseChoice> ServeDense(const std::string& dense, DenseFormat lm_head, bool bf16_experts, int max_bits,
-                               int fast_width) {
+                               int fast_width, bool packed_fast) {
   DenseChoice c;
   if (dense == "auto") {
     if (bf16_experts) {
-      c = {DenseFormat::kBf16, DenseFormat::kBf16};
+      const DenseFormat f = packed_fast ? DenseFormat::kBf16Packed : DenseFormat::kBf16;
+      c = {f, f};
     } else if (max_bits <= 4) {
       c = {DenseFormat::kAp4, fast_width >= 6 ? DenseFormat::kAp6 : DenseFormat::kInt8};
     } else {
@@ -122,7 +124,7 @@ Result<DenseChoice> ServeDense(const std::string& dense, DenseFormat lm_head, bo
     for (const auto& [name, f] : DenseFormatChoices()) {
       if (name == dense) c = {f, f}, found = true;
     }
-    if (!found) return InvalidArgument("--dense " + dense + ": not auto or one of bf16, int8, ap3..ap8");
+    if (!found) return InvalidArgument("--dense " + dense + ": not auto or one of bf16, bf16-packed, int8, ap3..ap8");
   }
   c.lm_head = LmHeadFormat(c.lm_head, lm_head);
   return c;
@@ -146,12 +148,18 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir, o.tokenizer));
   PW_ASSIGN_OR_RETURN(int64_t budget, ParseMemory(o.memory));
   PW_ASSIGN_OR_RETURN(const int max_bits, PlannerMaxBits(o.max_bits, o.bits));
-  PW_ASSIGN_OR_RETURN(const DenseChoice dense, ServeDense(o.dense, o.lm_head, o.bits == "16", max_bits,
-                                                          anyprec::FastWidthLimit(anyprec::BestQ8Backend())));
+  PW_ASSIGN_OR_RETURN(const DenseChoice dense,
+                      ServeDense(o.dense, o.lm_head, o.bits == "16", max_bits,
+                                 anyprec::FastWidthLimit(anyprec::BestQ8Backend()),
+                                 cpu::UsesAvx512Bf16(cpu::Kernels())));
+  // The decode worker packs the checkpoint's bf16 experts where it multiplies them packed in
+  // registers (its bf16_experts: auto, engine/experts/bf16_experts.h).
+  const bool packed_experts = cpu::UsesAvx512Bf16(cpu::Kernels());
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
                       PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory,
                                  static_cast<int64_t>(DenseCopyBytes(src, dense.dense, dense.lm_head)), max_bits,
-                                 o.prefill_bits == "16" ? 0 : anyprec::FastWidthLimit(anyprec::BestQ8Backend())));
+                                 o.prefill_bits == "16" ? 0 : anyprec::FastWidthLimit(anyprec::BestQ8Backend()),
+                                 packed_experts ? PackedExpertBytes(src.config) : 0));
   PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
   std::string store_dir = o.store_dir;
   if (store_dir.empty()) {

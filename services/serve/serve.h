@@ -35,7 +35,9 @@ Result<int> PlannerMaxBits(const std::string& max_bits, const std::string& bits)
 
 // The dense matrices' and the lm_head's formats of a node from --dense (`dense`: "auto" or a
 // format's name) and --lm-head (kAsDense: what --dense gives it). auto: bf16 when the experts
-// are bf16 (`bf16_experts`, --bits 16: the checkpoint served as it is); when the experts never
+// are bf16 (`bf16_experts`, --bits 16: the checkpoint served as it is), packed losslessly
+// (bf16-packed, the same values in 0.75x the bytes) where its product is decoded in registers
+// (`packed_fast`: AVX512-BF16 with bf16 activations, cpu::UsesAvx512Bf16); when the experts never
 // exceed 4 bits (`max_bits`, the planner's ceiling) ap4, with an ap6 lm_head where the fast
 // path runs 6 bits at speed (`fast_width` = anyprec::FastWidthLimit >= 6: AVX-512 VBMI) and an
 // int8 one otherwise (docs/quality.md, "Dense matrices below 8 bits": +0.2 % perplexity); else
@@ -45,7 +47,7 @@ struct DenseChoice {
   DenseFormat lm_head = DenseFormat::kBf16;
 };
 Result<DenseChoice> ServeDense(const std::string& dense, DenseFormat lm_head, bool bf16_experts, int max_bits,
-                               int fast_width);
+                               int fast_width, bool packed_fast);
 
 // The node file (YAML) of `plan`.
 std::string NodeFileText(const ServeOptions& o, const NodePlan& plan);

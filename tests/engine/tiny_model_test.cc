@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -149,6 +150,49 @@ TEST(TinyModel, AnyPrecisionDenseWeightsApproachTheReferenceAsTheyWiden) {
   EXPECT_LT(ap8, 1.1 * q8);
   EXPECT_LT(ap4_6, ap4);
   EXPECT_GT(ap4_6, ap6);
+}
+
+// Packed bf16 dense weights and experts (kernels/cpu/packed_bf16.h) hold the checkpoint's values: with the
+// exact activations every logit is the bf16 path's, bit for bit (their products unpack the rows
+// and run the same kernel); with bf16 activations (the ctest entry TinyModel.Bf16Activations)
+// the products of 1-4 tokens add the rows' exceptions after their sums, so the logits agree to
+// fp32 rounding and have the same argmax; greedy continuations are HF's either way.
+TEST(TinyModel, PackedBf16DenseWeightsGiveTheBf16Logits) {
+  SKIP_WITHOUT_TINY_MODEL();
+  auto plain = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64});
+  auto packed = Engine::Create(TinyModelDir(), {.max_batch_tokens = 64,
+                                                .dense = DenseFormat::kBf16Packed,
+                                                .bf16_experts = Bf16ExpertForm::kPacked});
+  ASSERT_TRUE(plain.ok() && packed.ok()) << packed.status().ToString();
+  const Model& m = (*packed)->model();
+  ASSERT_EQ(m.dense_format(), DenseFormat::kBf16Packed);
+  ASSERT_NE(m.layers()[0].q.packed, nullptr);
+  ASSERT_NE(m.lm_head().packed, nullptr);
+  EXPECT_EQ(m.layers()[0].router.packed, nullptr);  // the router stays as it is
+  ASSERT_TRUE(m.layers()[0].is_moe);
+  ASSERT_NE(m.layers()[0].experts[0].down.packed, nullptr);  // and the routed experts are packed
+  EXPECT_GT(m.packed_expert_bytes(), 0u);
+  EXPECT_EQ((*plain)->model().packed_expert_bytes(), 0u);
+  const size_t V = static_cast<size_t>((*plain)->vocab_size());
+  auto refs = testing::ReadRefLogits(
+      std::string(PW_SOURCE_DIR) + "/tests/fixtures/tiny_logits.safetensors", V);
+  ASSERT_FALSE(refs.empty());
+  const bool exact = !cpu::Bf16ActivationsRequested();
+  for (size_t p = 0; p < refs.size(); ++p) {
+    auto a = (*plain)->ForwardLogits(refs[p].ids);
+    auto b = (*packed)->ForwardLogits(refs[p].ids);
+    ASSERT_TRUE(a.ok() && b.ok());
+    if (exact) {
+      ASSERT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << "prompt " << p;
+      continue;
+    }
+    for (size_t t = 0; t < refs[p].ids.size(); ++t) {
+      const float* x = a->data() + t * V;
+      const float* y = b->data() + t * V;
+      for (size_t v = 0; v < V; ++v) ASSERT_NEAR(x[v], y[v], 1e-3f * (1.f + std::fabs(x[v])));
+      EXPECT_EQ(std::max_element(x, x + V) - x, std::max_element(y, y + V) - y);
+    }
+  }
 }
 
 // The dense matrices are converted once: a second QuantizeDense is refused, and `dense` may

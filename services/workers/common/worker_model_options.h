@@ -58,7 +58,8 @@ void DeclareWorkerModelOptions(options::OptionSet* s, O* o, const std::string& r
       .Range(0, 1024);
   s->AddChoice("dense", &o->dense, DenseFormatChoices(),
                "dense matrices (attention, dense and shared MLPs, lm_head): bf16 as the checkpoint "
-               "has them, int8 copies with one scale per row made at start (llama.cpp's q8_0), or "
+               "has them, bf16-packed (the same values packed losslessly at start, ~12 bits a weight), "
+               "int8 copies with one scale per row made at start (llama.cpp's q8_0), or "
                "ap3..ap8: any-precision codes at that many bits with a 2^bits-entry table per row, "
                "fitted at start (docs/quality.md, \"Dense matrices below 8 bits\")")
       .Shared();

@@ -40,6 +40,12 @@ void DeclareDecodeOptions(options::OptionSet* s, DecodeProcessOptions* p) {
                 {"steps", MoverPacing::kSteps}, {"auto", MoverPacing::kAuto}},
                "background width changes give way to the step: free, fetches (while a synchronous fetch "
                "runs), steps (for every whole step) or auto (steps with a residency budget, else free)");
+  s->AddChoice("bf16_experts", &o->bf16_experts,
+               {{"auto", engine::Bf16ExpertForm::kAuto}, {"plain", engine::Bf16ExpertForm::kPlain},
+                {"packed", engine::Bf16ExpertForm::kPacked}},
+               "bf16 experts (the checkpoint's or the broker's): plain, packed (the same values losslessly "
+               "in ~12 bits a weight, kernels/cpu/packed_bf16.h) or auto (packed with AVX512-BF16 and bf16 "
+               "activations)");
   // Below the router's 30 s reservation timeout.
   s->Add("reserve_wait_ms", &o->reserve_wait_ms,
          "a KV reservation that fits only after lowering expert widths waits up to this long (0: answered at once)")

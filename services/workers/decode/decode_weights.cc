@@ -151,12 +151,14 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
     return Status::Ok();
   }
   if (PagedResidency::Enabled(options_.misses)) return InvalidArgument("a residency budget needs an any-precision store");
-  auto p = RemoteExpertProvider::Load(*ucx_, manifest, config_);
+  auto p = RemoteExpertProvider::Load(*ucx_, manifest, config_, options_.bf16_experts);
   if (!p.ok()) return p.status().WithContext("loading experts from the broker");
   experts_ = std::move(p).value();
   bytes_loaded_ = experts_->bytes_loaded();
   PW_LOG(INFO) << options_.worker_id << ": loaded " << experts_->layout().regions.size()
-               << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker";
+               << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker"
+               << (experts_->packed() ? ", held packed in " + std::to_string(experts_->bytes_held()) + " bytes"
+                                      : std::string());
   return Status::Ok();
 }
 

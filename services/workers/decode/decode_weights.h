@@ -53,6 +53,7 @@ struct DecodeWeightsOptions {
   // started while its broker is down stops when asked instead of after timeout_ms.
   const std::atomic<bool>* stop = nullptr;
   PagedWeightsOptions paged;         // rate limit, transfers in flight
+  engine::Bf16ExpertForm bf16_experts = engine::Bf16ExpertForm::kAuto;  // how bf16 blocks are held (remote_experts.h)
   // A residency budget (paged_residency.h) for an any-precision store; none = every expert
   // resident (loaded at the initial width by Load).
   misses::MissSettings misses;

@@ -105,10 +105,14 @@ Status DecodeWorker::Setup() {
   eo.copy_weights = options_.copy_weights;
   eo.dense = options_.dense;
   eo.lm_head = options_.lm_head;
+  // Experts from the checkpoint (no broker): the engine's provider holds them as asked; with a
+  // broker, its copies are the worker's (DecodeWeights) and the checkpoint's are not multiplied.
+  eo.bf16_experts = options_.broker_endpoint.empty() ? options_.bf16_experts : engine::Bf16ExpertForm::kPlain;
   PW_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(options_.model_dir, eo));
   PW_LOG(INFO) << options_.id << ": " << eo.num_threads << " compute threads, dense matrices "
                << DenseFormatName(engine_->model().dense_format()) << ", lm_head "
-               << DenseFormatName(engine_->model().lm_head_format());
+               << DenseFormatName(engine_->model().lm_head_format())
+               << (engine_->model().packed_expert_bytes() > 0 ? ", bf16 experts packed" : "");
   const auto& cfg = engine_->model().config();
   layout_hash_ = KvLayoutHash(engine_->kv_pool().layout(), engine_->kv_pool().specs(), cfg.hidden_size, cfg.vocab_size,
                               cfg.model_type);
@@ -165,6 +169,7 @@ Status DecodeWorker::Setup() {
   wo.paged.max_bytes_per_s = options_.weight_bytes_per_s;
   wo.paged.max_in_flight = options_.weight_max_in_flight;
   wo.paged.pacing = options_.weight_pacing;
+  wo.bf16_experts = options_.bf16_experts;
   wo.misses = options_.misses;
   weights_ = std::make_unique<DecodeWeights>(wo, cfg, pool_.get(), ucx_worker_.get(), broker_.get(),
                                              *metrics_->registry);

@@ -126,6 +126,7 @@ struct DecodeWorkerOptions {
   uint64_t weight_bytes_per_s = 0;       // plane transfer rate limit; 0 = unlimited
   int weight_max_in_flight = 8;          // block width changes in flight at once
   MoverPacing weight_pacing = MoverPacing::kAuto;  // how they give way to the step
+  engine::Bf16ExpertForm bf16_experts = engine::Bf16ExpertForm::kAuto;  // bf16 experts from the broker: packed or not
   // LYNX (DESIGN.md 5.3): remap pure-decode batches' expert choices through the engine's
   // routing hook; counted as pagedweight_lynx_* (lynx_metrics.h).
   bool lynx = false;

@@ -18,7 +18,7 @@ std::string BlockName(int layer, int expert, ExpertProj proj) {
 
 Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
     transport::ucx::Worker& worker, wire::WeightManifest::Reader manifest,
-    const ModelConfig& config) {
+    const ModelConfig& config, engine::Bf16ExpertForm form) {
   std::unique_ptr<RemoteExpertProvider> p(new RemoteExpertProvider());
   p->layout_ = service::ExpertStoreLayout::For(config);
   const service::ExpertStoreLayout& layout = p->layout_;
@@ -81,7 +81,32 @@ Result<std::unique_ptr<RemoteExpertProvider>> RemoteExpertProvider::Load(
       return Corrupt("expert " + name + " from the broker fails its checksum");
     }
   }
+  if (engine::PackBf16Experts(form)) PW_RETURN_IF_ERROR(p->Pack());
   return p;
+}
+
+Status RemoteExpertProvider::Pack() {
+  const auto* base = reinterpret_cast<const uint8_t*>(data_.get());
+  for (const service::ExpertRegion& r : layout_.regions) {
+    first_.push_back(packed_.size());
+    const auto* w = reinterpret_cast<const uint16_t*>(base + r.offset);
+    const auto rows = static_cast<size_t>(r.rows), cols = static_cast<size_t>(r.cols);
+    if (r.proj == ExpertProj::kGateUp) {
+      packed_.push_back(cpu::PackBf16(w, rows / 2, cols));
+      packed_.push_back(cpu::PackBf16(w + rows / 2 * cols, rows / 2, cols));
+    } else {
+      packed_.push_back(cpu::PackBf16(w, rows, cols));
+    }
+  }
+  data_.reset();
+  return Status::Ok();
+}
+
+uint64_t RemoteExpertProvider::bytes_held() const {
+  if (packed_.empty()) return layout_.total_bytes;
+  uint64_t n = 0;
+  for (const cpu::PackedBf16Matrix& m : packed_) n += m.Bytes();
+  return n;
 }
 
 Status RemoteExpertProvider::RunExperts(const engine::ExpertLayerCall& call) {
@@ -95,6 +120,13 @@ Status RemoteExpertProvider::RunExperts(const engine::ExpertLayerCall& call) {
                   dn = layout_.Find(call.layer, expert, ExpertProj::kDown);
     if (gu < 0 || dn < 0) {
       return InvalidArgument("broker experts: no " + BlockName(call.layer, expert, gu < 0 ? ExpertProj::kGateUp : ExpertProj::kDown));
+    }
+    if (!packed_.empty()) {
+      experts[g] = {};
+      experts[g].gate_packed = &packed_[first_[static_cast<size_t>(gu)]];
+      experts[g].up_packed = &packed_[first_[static_cast<size_t>(gu)] + 1];
+      experts[g].down_packed = &packed_[first_[static_cast<size_t>(dn)]];
+      continue;
     }
     const service::ExpertRegion& a = layout_.regions[static_cast<size_t>(gu)];
     const service::ExpertRegion& b = layout_.regions[static_cast<size_t>(dn)];

@@ -223,6 +223,24 @@ TEST(ClusterConfig, DecodeWeightPacingReachesTheWorker) {
   EXPECT_NE(r.status().message().find("weight_pacing"), std::string::npos) << r.status().ToString();
 }
 
+TEST(ClusterConfig, DecodeBf16ExpertFormReachesTheWorker) {
+  auto path = WriteTemp("bf16_experts.yaml",
+                        "model_dir: m\nprefill: [{id: p}]\n"
+                        "decode: [{id: d, bf16_experts: packed}, {id: e, bf16_experts: plain}, {id: f}]\n");
+  const std::pair<const char*, engine::Bf16ExpertForm> want[] = {
+      {"d", engine::Bf16ExpertForm::kPacked}, {"e", engine::Bf16ExpertForm::kPlain},
+      {"f", engine::Bf16ExpertForm::kAuto}};  // pw-decode's default
+  for (const auto& [id, form] : want) {
+    auto w = DecodeOf(path, id);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(w->worker.bf16_experts, form) << id;
+  }
+  auto bad = WriteTemp("bf16_experts_bad.yaml", "model_dir: m\nprefill: [{id: p}]\ndecode: [{id: d, bf16_experts: zip}]\n");
+  auto r = DecodeOf(bad, "d");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("bf16_experts"), std::string::npos) << r.status().ToString();
+}
+
 TEST(ClusterConfig, NoMmapReachesThatWorkerOnly) {
   auto path = WriteTemp("no_mmap.yaml",
                         "model_dir: m\nprefill: [{id: p, no_mmap: true}, {id: q}]\n"

@@ -159,6 +159,33 @@ TEST(ServeMemory, Int8DenseCopiesComeOutOfThePool) {
       << refused.status().message();
 }
 
+// --bits 16 where the decode worker packs the checkpoint's experts: its packed copy
+// (PackedExpertBytes: 1.5 bytes a weight, 16-byte row tables, 4-byte row index) comes out of the
+// pool once, is named in the summary and in a refusal, and counts only at 16 bits.
+TEST(ServeMemory, PackedExpertsComeOutOfThePool) {
+  const ModelConfig c = TinyMoe();
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  auto packed = [](int64_t rows, int64_t cols) { return rows * ((cols + 63) / 64 * 96 + 16) + (rows + 1) * 4; };
+  const int64_t copy = PackedExpertBytes(c);
+  EXPECT_EQ(copy, c.num_layers * c.num_experts * (2 * packed(I, H) + packed(H, I)));
+  const int64_t ckpt = 15 << 20;
+  // A budget whose pool stays under what the model can use: the copy takes its bytes from it.
+  const int64_t budget = int64_t{330} << 20;
+  auto plain = PlanMemory(c, ckpt, budget - copy, "16", "B");
+  auto with = PlanMemory(c, ckpt, budget, "16", "B", 0, 8, 0, copy);
+  ASSERT_TRUE(plain.ok() && with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->expert_copy, copy);
+  EXPECT_EQ(with->pool, plain->pool);
+  EXPECT_LT(with->pool, PlanMemory(c, ckpt, budget, "16", "B")->pool);
+  EXPECT_NE(with->Summary().find("packed experts"), std::string::npos) << with->Summary();
+  auto eight = PlanMemory(c, ckpt, int64_t{1} << 30, "8", "1G", 0, 8, 0, copy);
+  ASSERT_TRUE(eight.ok());
+  EXPECT_EQ(eight->expert_copy, 0);  // experts from the store: nothing packed
+  auto refused = PlanMemory(c, ckpt, ckpt + copy + (int64_t{1} << 20), "16", "small", 0, 8, 0, copy);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("packed experts"), std::string::npos) << refused.status().message();
+}
+
 // The planner's ceiling: by default the widest width this CPU's fast path runs at least as fast
 // as bf16 (a --bits given above it is kept), and "auto" never starts above it; a --bits above a
 // given --max-bits is refused naming both.
@@ -228,16 +255,22 @@ TEST(ServeMemory, ThePrefillWorkersLutsComeOutOfThePool) {
       << refused.status().message();
 }
 
-// --dense auto follows the experts: bf16 with bf16 experts, ap4 (lm_head ap6 with a fast 6-bit
-// path, else int8) when they never exceed 4 bits, int8 otherwise; a named format is taken as it
-// is, --lm-head overrides either, and an unknown name is refused.
+// --dense auto follows the experts: bf16 with bf16 experts (packed where the packed product runs
+// in registers), ap4 (lm_head ap6 with a fast 6-bit path, else int8) when they never exceed 4
+// bits, int8 otherwise; a named format is taken as it is, --lm-head overrides either, and an
+// unknown name is refused.
 TEST(ServeDense, AutoFollowsTheExpertsCeiling) {
-  auto pick = [](const std::string& dense, DenseFormat lm_head, bool bf16, int max_bits, int fast) {
-    auto c = ServeDense(dense, lm_head, bf16, max_bits, fast);
+  auto pick = [](const std::string& dense, DenseFormat lm_head, bool bf16, int max_bits, int fast,
+                 bool packed_fast = false) {
+    auto c = ServeDense(dense, lm_head, bf16, max_bits, fast, packed_fast);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::string(DenseFormatName(c->dense)) + "/" + DenseFormatName(c->lm_head) : std::string();
   };
   EXPECT_EQ(pick("auto", DenseFormat::kAsDense, true, 8, 8), "bf16/bf16");
+  EXPECT_EQ(pick("auto", DenseFormat::kAsDense, true, 8, 8, true), "bf16-packed/bf16-packed");
+  EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 8, 8, true), "int8/int8");
+  EXPECT_EQ(pick("bf16", DenseFormat::kAsDense, true, 8, 8, true), "bf16/bf16");
+  EXPECT_EQ(pick("bf16-packed", DenseFormat::kAsDense, true, 8, 8), "bf16-packed/bf16-packed");
   EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 8, 8), "int8/int8");
   EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 5, 5), "int8/int8");
   EXPECT_EQ(pick("auto", DenseFormat::kAsDense, false, 4, 8), "ap4/ap6");
@@ -246,7 +279,7 @@ TEST(ServeDense, AutoFollowsTheExpertsCeiling) {
   EXPECT_EQ(pick("bf16", DenseFormat::kAsDense, false, 4, 8), "bf16/bf16");
   EXPECT_EQ(pick("ap5", DenseFormat::kAsDense, true, 8, 8), "ap5/ap5");
   EXPECT_EQ(pick("int8", DenseFormat::kAp6, false, 8, 8), "int8/ap6");
-  auto bad = ServeDense("int4", DenseFormat::kAsDense, false, 8, 8);
+  auto bad = ServeDense("int4", DenseFormat::kAsDense, false, 8, 8, true);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--dense int4"), std::string::npos) << bad.status().ToString();
 }
@@ -276,6 +309,10 @@ TEST(ServeModel, DenseCopyBytesCountTheDenseMatrices) {
             (rows - c.vocab_size) * ap4_row + c.vocab_size * ap6_row);
   EXPECT_EQ(static_cast<int64_t>(DenseCopyBytes(*src, DenseFormat::kBf16, DenseFormat::kInt8)),
             c.vocab_size * (512 + 4));
+  // bf16-packed: two 96-byte chunks per 128-column row, a 16-byte table, a 4-byte row index
+  // (and one more a matrix).
+  EXPECT_EQ(static_cast<int64_t>(DenseCopyBytes(*src, DenseFormat::kBf16Packed, DenseFormat::kAsDense)),
+            rows * (2 * 96 + 16 + 4) + 4 * (c.num_layers * 5 + 1));  // q, k, v, o, router; lm_head
 }
 
 // A store is found again only when both the checkpoint and the calibration text are the same:
