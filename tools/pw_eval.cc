@@ -79,6 +79,7 @@ struct ApwFlags {
   std::string kernel_path = "fast";
   pw::DenseFormat dense = pw::DenseFormat::kBf16;
   pw::DenseFormat lm_head = pw::DenseFormat::kAsDense;
+  pw::engine::Bf16ExpertForm bf16_experts = pw::engine::Bf16ExpertForm::kPlain;
 };
 
 int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, int threads,
@@ -98,6 +99,7 @@ int RunPpl(const std::string& model_dir, const std::string& text_path, int ctx, 
   opt.num_threads = threads;
   opt.dense = apw.dense;
   opt.lm_head = apw.lm_head;
+  opt.bf16_experts = apw.bf16_experts;
   opt.block_size = 16;
   opt.num_kv_blocks = std::max(batch, 1) * pw::engine::BlocksForTokens(ctx, opt.block_size) + 1;
   opt.max_batch_tokens = std::min(ctx, 512);
@@ -358,6 +360,7 @@ int main(int argc, char** argv) {
   ppl->add_option("--kernel-path", apw.kernel_path, "with --store: fast (int8 LUT and activations) or exact (fp16 LUT)")
       ->check(CLI::IsMember({"fast", "exact"}));
   pw::tools::AddDenseFlags(ppl, &apw.dense, &apw.lm_head);
+  pw::tools::AddBf16ExpertsFlag(ppl, &apw.bf16_experts);
   std::string nll_out;
   ppl->add_option("--nll-out", nll_out, "write \"<window> <nll>\" per prediction to this file");
   int batch = 0;

@@ -448,6 +448,28 @@ TEST(Workers, GreedyTokensEqualInProcessEngine) {
   EXPECT_EQ(c.broker.Wait(20000), 0) << c.Logs();
 }
 
+// The broker's bf16 experts packed by the decode worker (--bf16-experts packed,
+// kernels/cpu/packed_bf16.h): the same values, so the in-process engine's greedy tokens. The
+// embedded model's 128-column rows pack into 0.83x their bytes; the fixture's 16-column rows
+// would take more packed (a 64-column chunk each), so there the worker keeps them as fetched.
+TEST(Workers, PackedBf16ExpertsFromTheBrokerGiveTheEnginesTokens) {
+  {
+    UseModel model(std::string(PW_SOURCE_DIR) + "/models/tiny-moe");
+    Cluster c;
+    c.decode_args = {"--bf16-experts", "packed"};
+    ASSERT_TRUE(c.Start()) << c.Logs();
+    ExpectServedTokensEqualTheEngine(c, 12, 5151, 1, 60, 4000, 300, 12);  // vocabulary 4096
+    EXPECT_NE(c.decode.Log().find("held packed in"), std::string::npos) << c.Logs();
+    ExpectCleanStop(c);
+  }
+  Cluster c;
+  c.decode_args = {"--bf16-experts", "packed"};
+  ASSERT_TRUE(c.Start()) << c.Logs();
+  ExpectServedTokensEqualTheEngine(c, 6, 5152, 1, 40, 4000, 400, 8);
+  EXPECT_NE(c.decode.Log().find("held as fetched"), std::string::npos) << c.Logs();
+  ExpectCleanStop(c);
+}
+
 // glm4_moe (sigmoid grouped gate, shared experts, a dense first layer, partial rotary) served by
 // real processes, its routed experts from the broker: the in-process engine's tokens.
 TEST(Workers, Glm4MoeGreedyTokensEqualInProcessEngine) {

@@ -158,7 +158,7 @@ Status DecodeWeights::OnManifest(std::unique_ptr<proto::InMessage> msg) {
   PW_LOG(INFO) << options_.worker_id << ": loaded " << experts_->layout().regions.size()
                << " expert blocks (" << experts_->bytes_loaded() << " bytes) from the broker"
                << (experts_->packed() ? ", held packed in " + std::to_string(experts_->bytes_held()) + " bytes"
-                                      : std::string());
+                                      : std::string(", held as fetched"));
   return Status::Ok();
 }
 

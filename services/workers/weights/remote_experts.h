@@ -22,7 +22,7 @@ class RemoteExpertProvider final : public engine::ExpertWeightProvider {
   // Checks `manifest` against the layout this worker computes from `config` (every block
   // present once, sizes equal, bf16, inside the advertised region), gets every block from the
   // broker through `worker` and verifies its checksum, then packs the blocks if `form` says so
-  // (the fetched copy is released). Errors name the block.
+  // and that takes fewer bytes (the fetched copy is then released). Errors name the block.
   static Result<std::unique_ptr<RemoteExpertProvider>> Load(transport::ucx::Worker& worker,
                                                             wire::WeightManifest::Reader manifest,
                                                             const ModelConfig& config,
