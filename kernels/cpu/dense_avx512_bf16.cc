@@ -193,6 +193,21 @@ void MatmulBf16ActsBf16Avx512(const float* x, size_t ldx, size_t T, const uint16
   }
 }
 
+// One packed chunk at q (packed_bf16.h) as bf16 values: its columns 0..31 in *w0, 32..63 in
+// *w1. The codes' low nibbles are slots 0..31, their high nibbles 32..63; a byte shuffle
+// through the row's table (broadcast to every 128-bit lane) gives each slot's high byte, and the
+// byte interleaves with the low bytes put the slots in column order.
+inline void DecodeChunk(const uint8_t* q, __m512i tbl, __m512i* w0, __m512i* w1) {
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m512i e = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(codes, nib)),
+                                       _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib), 1);
+  const __m512i h = _mm512_shuffle_epi8(tbl, e);
+  const __m512i l = _mm512_loadu_si512(q + 32);
+  *w0 = _mm512_unpacklo_epi8(l, h);
+  *w1 = _mm512_unpackhi_epi8(l, h);
+}
+
 // RR packed rows (packed_bf16.h) x TT tokens: each chunk's 64 columns decoded in registers (its
 // codes' nibbles through the row's table of high bytes, interleaved with its low bytes: columns
 // 0..31 and 32..63 in order) and multiplied as TileDp multiplies the plain rows, 32 columns a
@@ -202,7 +217,6 @@ template <int RR, int TT>
 inline void PackedTileDp(const uint16_t* xb, size_t Kp, const PackedBf16View& w,
                          const size_t* rows, float* const* y, size_t ldy, int live = TT) {
   const size_t chunks = w.ChunksPerRow();
-  const __m256i nib = _mm256_set1_epi8(0x0F);
   __m512 acc[RR][TT];
   __m512i tbl[RR];
   const uint8_t* p[RR];
@@ -219,18 +233,11 @@ inline void PackedTileDp(const uint16_t* xb, size_t Kp, const PackedBf16View& w,
       x1[t] = _mm512_loadu_si512(xb + t * Kp + c * kPackedChunkColumns + 32);
     }
     for (int r = 0; r < RR; ++r) {
-      const uint8_t* q = p[r] + c * kPackedChunkBytes;
-      const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-      const __m512i e = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_and_si256(codes, nib)),
-          _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib), 1);
-      const __m512i h = _mm512_shuffle_epi8(tbl[r], e);
-      const __m512i l = _mm512_loadu_si512(q + 32);
-      const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(l, h);
-      const __m512bh w1 = (__m512bh)_mm512_unpackhi_epi8(l, h);
+      __m512i w0, w1;
+      DecodeChunk(p[r] + c * kPackedChunkBytes, tbl[r], &w0, &w1);
       for (int t = 0; t < TT; ++t) {
-        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)x0[t], w0);
-        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)x1[t], w1);
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)x0[t], (__m512bh)w0);
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)x1[t], (__m512bh)w1);
       }
     }
   }
@@ -263,7 +270,6 @@ inline void PackedTokensDp(const uint16_t* xb, size_t Kp, size_t T, const Packed
 void DecodePackedRows(const PackedBf16View& w, size_t r0, size_t r1, size_t Kp, uint16_t* wb,
                       size_t ahead) {
   const size_t chunks = w.ChunksPerRow();
-  const __m256i nib = _mm256_set1_epi8(0x0F);
   for (size_t r = r0; r < r1; ++r) {
     const __m512i tbl = _mm512_broadcast_i32x4(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.tables + r * kPackedTableBytes)));
@@ -275,14 +281,10 @@ void DecodePackedRows(const PackedBf16View& w, size_t r0, size_t r1, size_t Kp, 
         _mm_prefetch(reinterpret_cast<const char*>(q + ahead), _MM_HINT_T1);
         _mm_prefetch(reinterpret_cast<const char*>(q + ahead + 64), _MM_HINT_T1);
       }
-      const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-      const __m512i e = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_and_si256(codes, nib)),
-          _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib), 1);
-      const __m512i h = _mm512_shuffle_epi8(tbl, e);
-      const __m512i l = _mm512_loadu_si512(q + 32);
-      _mm512_storeu_si512(o + c * kPackedChunkColumns, _mm512_unpacklo_epi8(l, h));
-      _mm512_storeu_si512(o + c * kPackedChunkColumns + 32, _mm512_unpackhi_epi8(l, h));
+      __m512i w0, w1;
+      DecodeChunk(q, tbl, &w0, &w1);
+      _mm512_storeu_si512(o + c * kPackedChunkColumns, w0);
+      _mm512_storeu_si512(o + c * kPackedChunkColumns + 32, w1);
     }
     for (uint32_t i = w.exc_begin[r]; i < w.exc_begin[r + 1]; ++i) o[w.exc_col[i]] = w.exc_bits[i];
   }
