@@ -23,7 +23,8 @@ unknown pre-tokenizer hash is taken as gpt-2, and a key written twice with the s
 written once), Q4_K_M (or --quant4's type, e.g. MXFP4_MOE for gpt_oss) and Q8_0
 (llama-quantize), and the any-precision store (`pw serve --bits 4` builds it into --work/store).
 
-In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16, and 4-bit
+In-process, each round: pw-bench-engine --same-prompts at batch 1, 8, 32 (bf16 held as `pw serve --bits 16`'s
+decode worker holds it, --dense16: packed losslessly where the CPU has AVX512-BF16; and 4-bit
 experts with the dense matrices of --dense4, by default ap4 with an ap6 lm_head as Q4_K_M holds
 Q4_K attention and a Q6_K output (an int8 lm_head without AVX-512 VBMI), beside Q4_K_M or --quant4) beside llama-bench tg (batch 1) and
 llama-batched-bench -fa (batch 8, 32); 8-bit beside Q8_0 at batch 1; prefill of one prompt of
@@ -273,6 +274,13 @@ def dense16(args):
         return "bf16-packed" if " avx512_bf16" in f.read() else "bf16"
 
 
+def engine16(args):
+    """pw-bench-engine's flags for the bf16 rows as the served decode worker runs them: --dense16's
+    dense matrices and, with bf16-packed, the experts packed as its bf16_experts: auto does."""
+    d = dense16(args)
+    return ["--dense", d] + (["--bf16-experts", "packed"] if d == "bf16-packed" else [])
+
+
 def dense4_name(args):
     dense, lm_head = dense4(args)
     return f"{dense} dense" + ("" if lm_head == "dense" else f" + {lm_head} lm_head")
@@ -420,8 +428,8 @@ def llama_batched(args, llama_build, gguf_path, npl):
 def decode_round(args, mdir, llama_build, g, store):
     """One round of decode, ours then llama.cpp's for each pair: {row name: (ours, llama.cpp)}."""
     r = {}
-    ours = ours_engine(args, mdir, ["--same-prompts", "--batches", "1,8,32", "--prompt-len", "64",
-                                    "--dense", dense16(args)])
+    ours = ours_engine(args, mdir, ["--same-prompts", "--batches", "1,8,32", "--prompt-len", "64"] +
+                       engine16(args))
     lb = llama_bench(args, llama_build, g["bf16"], "0", "32")
     lbb = llama_batched(args, llama_build, g["bf16"], [8, 32])
     by_batch = {b: d for b, _, d in ours}
@@ -449,7 +457,7 @@ def prefill_round(args, mdir, llama_build, g, store):
     """One round of prefill (one prompt of each length), ours then llama.cpp's: bf16, and 4-bit
     experts + --dense4's dense matrices beside --quant4 where there is a store."""
     r = {}
-    widths = [("bf16", ["--dense", dense16(args)], "bf16")]
+    widths = [("bf16", ["--dense", dense16(args)], "bf16")]  # the prefill worker's experts stay as they are
     if store:
         dense, lm_head = dense4(args)
         widths.append(("4-bit experts + " + dense4_name(args),
