@@ -138,6 +138,11 @@ void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx
     MatmulPackedBf16Avx512Bf16(x, ldx, T, w, n_begin, n_end, y, ldy);
     return;
   }
+  if (T == 1 && w.cols > 0 && w.ChunksPerRow() * kPackedChunkColumns <= kPackedFusedMaxColumns &&
+      (&k == &kAvx2Kernels || &k == &kAvx2Bf16ActsKernels)) {
+    GemvPackedBf16Avx2(x, &k == &kAvx2Bf16ActsKernels, w, n_begin, n_end, y);
+    return;
+  }
   const size_t block = w.cols == 0 ? n_end - n_begin : scratch_values / w.cols;
   if (block == 0) {
     std::fprintf(stderr, "MatmulPackedBf16: scratch of %zu values is less than a row of %zu\n",

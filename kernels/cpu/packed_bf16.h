@@ -93,7 +93,8 @@ void UnpackBf16Rows(const PackedBf16View& w, size_t r0, size_t r1, uint16_t* out
 // kPackedFusedTokens tokens, each chunk is decoded in registers and multiplied there, in the
 // order of that table's kernel (the same bits, but for the rows with exceptions, whose products
 // are added after the row's sum); more tokens, blocks of rows are decoded into a buffer on the
-// stack and multiplied by that kernel's tiles (its bits). Otherwise the rows are unpacked
+// stack and multiplied by that kernel's tiles (its bits). One token on the AVX2 tables' GEMV:
+// GemvPackedBf16Avx2 below. Otherwise the rows are unpacked
 // `scratch_values / cols` at a time into scratch (at least one row's worth: aborts otherwise)
 // and multiplied by k.matmul_bf16, so the results are that kernel's bits.
 inline constexpr size_t kPackedFusedTokens = 4;
@@ -108,7 +109,12 @@ void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx
 // Defined with the AVX512-BF16 table (dense_avx512_bf16.cc): the product above on that table.
 void MatmulPackedBf16Avx512Bf16(const float* x, size_t ldx, size_t T, const PackedBf16View& w,
                                 size_t n_begin, size_t n_end, float* y, size_t ldy);
-// Defined in packed_bf16_avx2.cc: UnpackBf16Rows on AVX2.
+// Defined in packed_bf16_avx2.cc: UnpackBf16Rows on AVX2, and the product above for one token
+// on the AVX2 tables whose one token runs their GEMV (kAvx2Kernels, kAvx2Bf16ActsKernels: the
+// activations rounded to bf16 first with `round_acts`), each chunk decoded in registers in the
+// GEMV's order (its bits for rows without exceptions and K a multiple of 16).
 void UnpackBf16RowsAvx2(const PackedBf16View& w, size_t r0, size_t r1, uint16_t* out);
+void GemvPackedBf16Avx2(const float* x, bool round_acts, const PackedBf16View& w, size_t n_begin,
+                        size_t n_end, float* y);
 
 }  // namespace pw::cpu
