@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/dense.h"
 #include "kernels/cpu/packed_bf16.h"
+#include "kernels/cpu/row_streams.h"
 
 namespace pw::cpu {
 
@@ -318,23 +319,14 @@ void MatmulPackedBf16Avx512Bf16(const float* x, size_t ldx, size_t T, const Pack
     std::abort();
   }
   alignas(64) uint16_t xb[kStackActs];
-  size_t rows[4];
   float* outs[4];
   if (T <= kPackedFusedTokens) {
     ToBf16Rows(x, ldx, T, w.cols, Kp, xb);
-    const size_t part = (n_end - n_begin) / 4;
-    for (size_t i = 0; i < part; ++i) {
-      for (int s = 0; s < 4; ++s) {
-        rows[s] = n_begin + s * part + i;
-        outs[s] = y + rows[s];
-      }
-      PackedTokensDp<4>(xb, Kp, T, w, rows, outs, ldy);
-    }
-    for (size_t n = n_begin + 4 * part; n < n_end; ++n) {
-      rows[0] = n;
-      outs[0] = y + n;
-      PackedTokensDp<1>(xb, Kp, T, w, rows, outs, ldy);
-    }
+    ForRowStreams<kGemvStreams>(n_begin, n_end, [&](auto r, const size_t* n) {
+      constexpr int R = decltype(r)::value;
+      for (int s = 0; s < R; ++s) outs[s] = y + n[s];
+      PackedTokensDp<R>(xb, Kp, T, w, n, outs, ldy);
+    });
     return;
   }
   alignas(64) uint16_t wb[kDecodedValues];
