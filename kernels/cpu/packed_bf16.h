@@ -11,7 +11,8 @@
 // reads a bf16 matrix once per token reads 0.75x its bytes (plus the tables and exceptions).
 //
 // Layout, per row: ceil(cols / 64) chunks of 96 bytes, a chunk being 64 columns (the last
-// padded with zero weights): 32 code bytes, then 64 low bytes. Chunk slot s (0..63) holds
+// padded with code 0 and low byte 0: finite values, since the exponent's last bit is 0, which the
+// kernels multiply by zero activations or do not read): 32 code bytes, then 64 low bytes. Chunk slot s (0..63) holds
 // column ColumnOfSlot(s) of the chunk; slot s's code is the low nibble of code byte s for
 // s < 32, the high nibble of code byte s - 32 otherwise; its low byte is low byte s. This order
 // lets an AVX-512 core decode a chunk with one byte shuffle and two byte interleaves into the
@@ -19,7 +20,8 @@
 //
 // Kernels take a PackedBf16View (non-owning, as every kernel's arguments: kernels/dense_ops.h);
 // PackBf16 makes the owning PackedBf16Matrix, once per matrix when a model loads
-// (engine/models/model.h's QuantizeDense with DenseFormat::kBf16Packed).
+// (engine/models/model.h: QuantizeDense with DenseFormat::kBf16Packed, PackExperts) or a decode
+// worker has fetched the broker's experts (services/workers/weights/remote_experts.h).
 #pragma once
 
 #include <cstddef>
