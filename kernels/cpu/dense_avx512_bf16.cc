@@ -313,8 +313,8 @@ const kernels::DenseKernels kAvx512Bf16ActsKernels = {
 // multiplied by the plain kernel's token tiles (TokensDp), so the results are its bits.
 void MatmulPackedBf16Avx512Bf16(const float* x, size_t ldx, size_t T, const PackedBf16View& w,
                                 size_t n_begin, size_t n_end, float* y, size_t ldy) {
-  const size_t Kp = w.ChunksPerRow() * kPackedChunkColumns;
-  if (T == 0 || Kp == 0 || Kp > kPackedFusedMaxColumns) {
+  const size_t Kp = w.PaddedCols();
+  if (T == 0 || !w.FitsInRegisterProducts()) {
     std::fprintf(stderr, "MatmulPackedBf16Avx512Bf16: %zu tokens of %zu columns\n", T, w.cols);
     std::abort();
   }

@@ -26,6 +26,18 @@ size_t PackedBf16Matrix::Bytes() const {
          exc_col_.size() * sizeof(uint32_t) + exc_bits_.size() * sizeof(uint16_t);
 }
 
+namespace {
+
+// The chunk slot (0..63) that holds column c of a chunk: ColumnOfSlot's inverse.
+constexpr size_t SlotOfColumn(size_t c) {
+  const size_t half = c / 32, j = c % 32;
+  return 16 * (j / 8) + 8 * half + j % 8;
+}
+static_assert(SlotOfColumn(ColumnOfSlot(0)) == 0 && SlotOfColumn(ColumnOfSlot(13)) == 13 &&
+              SlotOfColumn(ColumnOfSlot(40)) == 40 && SlotOfColumn(ColumnOfSlot(63)) == 63);
+
+}  // namespace
+
 PackedBf16Matrix PackBf16(const uint16_t* w, size_t rows, size_t cols) {
   PackedBf16Matrix m;
   m.rows_ = rows;
@@ -47,7 +59,6 @@ PackedBf16Matrix PackBf16(const uint16_t* w, size_t rows, size_t cols) {
     std::array<int, 256> code;
     code.fill(-1);
     int used = 0;
-    int zero_code = 0;  // a value outside the table decodes to +0: high byte 0x00, low byte 0
     if (distinct > static_cast<int>(kPackedTableBytes)) {
       table[used] = 0x00;
       code[0x00] = used++;
@@ -57,43 +68,25 @@ PackedBf16Matrix PackBf16(const uint16_t* w, size_t rows, size_t cols) {
       table[used] = static_cast<uint8_t>(order[i]);
       code[order[i]] = used++;
     }
-    zero_code = code[0x00] >= 0 ? code[0x00] : 0;
+    // A value outside the table decodes to +0: high byte 0x00 (in the table whenever some value
+    // is outside it), low byte 0.
+    const int zero_code = code[0x00] >= 0 ? code[0x00] : 0;
+    // Columns in order, so each row's exceptions come out by column. Padding columns keep the
+    // zeros they were given: code 0, low byte 0 (a finite value: its exponent's last bit is 0).
     uint8_t* out = m.chunks_.data() + r * chunks * kPackedChunkBytes;
-    for (size_t ch = 0; ch < chunks; ++ch) {
-      uint8_t* codes = out + ch * kPackedChunkBytes;
-      uint8_t* low = codes + 32;
-      for (size_t s = 0; s < kPackedChunkColumns; ++s) {
-        const size_t col = ch * kPackedChunkColumns + ColumnOfSlot(s);
-        // Padding columns: code 0, low byte 0 (a finite value: its exponent's last bit is 0).
-        int c = 0;
-        uint8_t lo = 0;
-        if (col < cols) {
-          const uint16_t v = row[col];
-          c = code[v >> 8];
-          if (c < 0) {
-            c = zero_code;
-            m.exc_col_.push_back(static_cast<uint32_t>(col));
-            m.exc_bits_.push_back(v);
-          } else {
-            lo = static_cast<uint8_t>(v & 0xFF);
-          }
-        }
-        low[s] = lo;
-        if (s < 32) {
-          codes[s] |= static_cast<uint8_t>(c);
-        } else {
-          codes[s - 32] |= static_cast<uint8_t>(c << 4);
-        }
+    for (size_t col = 0; col < cols; ++col) {
+      uint8_t* codes = out + col / kPackedChunkColumns * kPackedChunkBytes;
+      const size_t s = SlotOfColumn(col % kPackedChunkColumns);
+      const uint16_t v = row[col];
+      int c = code[v >> 8];
+      if (c < 0) {
+        c = zero_code;
+        m.exc_col_.push_back(static_cast<uint32_t>(col));
+        m.exc_bits_.push_back(v);
+      } else {
+        codes[32 + s] = static_cast<uint8_t>(v & 0xFF);
       }
-    }
-    // Exceptions were met chunk by chunk in slot order; each row's list is kept by column.
-    const size_t b = m.exc_begin_[r];
-    std::vector<std::pair<uint32_t, uint16_t>> e;
-    for (size_t i = b; i < m.exc_col_.size(); ++i) e.emplace_back(m.exc_col_[i], m.exc_bits_[i]);
-    std::sort(e.begin(), e.end());
-    for (size_t i = 0; i < e.size(); ++i) {
-      m.exc_col_[b + i] = e[i].first;
-      m.exc_bits_[b + i] = e[i].second;
+      codes[s % 32] |= static_cast<uint8_t>(s < 32 ? c : c << 4);
     }
     m.exc_begin_[r + 1] = static_cast<uint32_t>(m.exc_col_.size());
   }
@@ -133,13 +126,11 @@ void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx
                       const PackedBf16View& w, size_t n_begin, size_t n_end, float* y, size_t ldy,
                       uint16_t* scratch, size_t scratch_values) {
   if (n_begin >= n_end || T == 0) return;
-  if (w.cols > 0 && w.ChunksPerRow() * kPackedChunkColumns <= kPackedFusedMaxColumns &&
-      UsesAvx512Bf16(k)) {
+  if (w.FitsInRegisterProducts() && UsesAvx512Bf16(k)) {
     MatmulPackedBf16Avx512Bf16(x, ldx, T, w, n_begin, n_end, y, ldy);
     return;
   }
-  if (T == 1 && w.cols > 0 && w.ChunksPerRow() * kPackedChunkColumns <= kPackedFusedMaxColumns &&
-      (&k == &kAvx2Kernels || &k == &kAvx2Bf16ActsKernels)) {
+  if (T == 1 && w.FitsInRegisterProducts() && (&k == &kAvx2Kernels || &k == &kAvx2Bf16ActsKernels)) {
     GemvPackedBf16Avx2(x, &k == &kAvx2Bf16ActsKernels, w, n_begin, n_end, y);
     return;
   }

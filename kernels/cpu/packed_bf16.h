@@ -36,6 +36,11 @@ inline constexpr size_t kPackedChunkColumns = 64;
 inline constexpr size_t kPackedChunkBytes = 96;  // 32 code bytes, 64 low bytes
 inline constexpr size_t kPackedTableBytes = 16;  // a row's high bytes by code
 
+// The AVX512-BF16 product keeps a group of tokens' activations (the row padded to chunks each)
+// on its stack, kPackedFusedActs values: at least one token's.
+inline constexpr size_t kPackedFusedActs = size_t{64} << 10;
+inline constexpr size_t kPackedFusedMaxColumns = size_t{16} << 10;
+
 // The column (0..63, within its chunk) that chunk slot s holds.
 constexpr size_t ColumnOfSlot(size_t s) {
   const size_t lane = s / 16, j = s % 16;
@@ -52,6 +57,9 @@ struct PackedBf16View {
   const uint16_t* exc_bits = nullptr;  // its bf16 bits
 
   size_t ChunksPerRow() const { return (cols + kPackedChunkColumns - 1) / kPackedChunkColumns; }
+  size_t PaddedCols() const { return ChunksPerRow() * kPackedChunkColumns; }
+  // Whether the products that decode in registers take these rows (kPackedFusedMaxColumns).
+  bool FitsInRegisterProducts() const { return cols > 0 && PaddedCols() <= kPackedFusedMaxColumns; }
   const uint8_t* Row(size_t r) const { return chunks + r * ChunksPerRow() * kPackedChunkBytes; }
 };
 
@@ -68,6 +76,8 @@ class PackedBf16Matrix {
   PackedBf16View view() const;
   // Bytes a product reads: chunks, tables and exceptions.
   size_t Bytes() const;
+  // Bytes of the same matrix as plain bf16; packing pays when Bytes() is less.
+  size_t PlainBytes() const { return 2 * rows_ * cols_; }
   size_t exceptions() const { return exc_col_.size(); }
 
  private:
@@ -100,10 +110,6 @@ void UnpackBf16Rows(const PackedBf16View& w, size_t r0, size_t r1, uint16_t* out
 // `scratch_values / cols` at a time into scratch (at least one row's worth: aborts otherwise)
 // and multiplied by k.matmul_bf16, so the results are that kernel's bits.
 inline constexpr size_t kPackedFusedTokens = 4;
-// The AVX512-BF16 product keeps a group of tokens' activations (the row padded to chunks each)
-// on its stack, kPackedFusedActs values: at least one token's.
-inline constexpr size_t kPackedFusedActs = size_t{64} << 10;
-inline constexpr size_t kPackedFusedMaxColumns = size_t{16} << 10;
 void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx, size_t T,
                       const PackedBf16View& w, size_t n_begin, size_t n_end, float* y, size_t ldy,
                       uint16_t* scratch, size_t scratch_values);

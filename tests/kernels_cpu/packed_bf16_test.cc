@@ -142,8 +142,9 @@ void ExpectSameProduct(const kernels::DenseKernels& k, const char* name, const s
 // registers (AVX512-BF16 at 1-4 tokens; the AVX2 tables' one-token GEMV) and adds a row's
 // exceptions after its sum, or, for the AVX2 GEMV, pads a K that is not a multiple of 16.
 bool KeepsBits(const kernels::DenseKernels& k, size_t T, size_t K, bool no_exceptions) {
-  const size_t Kp = (K + kPackedChunkColumns - 1) / kPackedChunkColumns * kPackedChunkColumns;
-  if (Kp > kPackedFusedMaxColumns) return true;
+  PackedBf16View shape;
+  shape.cols = K;
+  if (!shape.FitsInRegisterProducts()) return true;
   if (UsesAvx512Bf16(k) && T <= kPackedFusedTokens) return no_exceptions;
   if (T == 1 && (&k == &kAvx2Kernels || &k == &kAvx2Bf16ActsKernels)) return no_exceptions && K % 16 == 0;
   return true;
