@@ -41,15 +41,14 @@ Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,
     const float* x = xe + static_cast<size_t>(t.row0) * H;
     float* y = gate_up + static_cast<size_t>(t.row0) * 2 * I;
     const auto tokens = static_cast<size_t>(t.tokens);
-    if (static_cast<size_t>(t.r0) < I && w.gate_packed != nullptr) {
-      MatmulPacked(k, x, H, tokens, w.gate_packed->view(), static_cast<size_t>(t.r0),
-                   static_cast<size_t>(t.r1), y, 2 * I);
-    } else if (static_cast<size_t>(t.r0) >= I && w.up_packed != nullptr) {
-      MatmulPacked(k, x, H, tokens, w.up_packed->view(), t.r0 - I, t.r1 - I, y + I, 2 * I);
-    } else if (static_cast<size_t>(t.r0) < I) {
-      k.matmul_bf16(x, H, tokens, w.gate, H, static_cast<size_t>(t.r0), static_cast<size_t>(t.r1), y, 2 * I);
+    // Rows [0, I) are gate's, [I, 2I) up's: a tile lies in one of them.
+    const bool up = static_cast<size_t>(t.r0) >= I;
+    const size_t off = up ? I : 0, r0 = t.r0 - off, r1 = t.r1 - off;
+    const cpu::PackedBf16Matrix* packed = up ? w.up_packed : w.gate_packed;
+    if (packed != nullptr) {
+      MatmulPacked(k, x, H, tokens, packed->view(), r0, r1, y + off, 2 * I);
     } else {
-      k.matmul_bf16(x, H, tokens, w.up, H, t.r0 - I, t.r1 - I, y + I, 2 * I);
+      k.matmul_bf16(x, H, tokens, up ? w.up : w.gate, H, r0, r1, y + off, 2 * I);
     }
     return Status::Ok();
   }, TileCalls::kCoalesce));

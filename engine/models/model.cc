@@ -1,12 +1,10 @@
 #include "engine/models/model.h"
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 
 #include "common/dtype.h"
 #include "common/formats/bf16_tensor.h"
@@ -14,6 +12,7 @@
 #include "common/formats/stacked_experts.h"
 #include "common/logging.h"
 #include "engine/models/rope.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace pw::engine {
 
@@ -392,6 +391,14 @@ Status Model::LoadTensors() {
   return Status::Ok();
 }
 
+size_t Model::KeepIfSmaller(cpu::PackedBf16Matrix m, Bf16Matrix* w,
+                            std::vector<std::unique_ptr<cpu::PackedBf16Matrix>>* owner) {
+  if (m.Bytes() >= m.PlainBytes()) return m.PlainBytes();  // values of many binades, or narrow rows
+  owner->push_back(std::make_unique<cpu::PackedBf16Matrix>(std::move(m)));
+  w->packed = owner->back().get();
+  return w->packed->Bytes();
+}
+
 Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads) {
   if (dense_done_) return Internal(dir_ + ": the dense matrices were converted already");
   if (dense == DenseFormat::kAsDense) return InvalidArgument("dense format 'dense' names only the lm_head's");
@@ -412,16 +419,9 @@ Status Model::QuantizeDense(DenseFormat dense, DenseFormat lm_head, int threads)
     if (w.data == nullptr || w.rows < 1 || f == DenseFormat::kBf16) return Status::Ok();
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
     if (f == DenseFormat::kBf16Packed) {
-      auto m = std::make_unique<cpu::PackedBf16Matrix>(
-          cpu::PackBf16(w.data, static_cast<size_t>(rows), static_cast<size_t>(cols)));
       packed_bytes[0] += 2.0 * rows * cols;
-      if (m->Bytes() >= size_t{2} * rows * cols) {  // values of many binades: the plain rows are smaller
-        packed_bytes[1] += 2.0 * rows * cols;
-        return Status::Ok();
-      }
-      packed_bytes[1] += static_cast<double>(m->Bytes());
-      w.packed = m.get();
-      packed_.push_back(std::move(m));
+      packed_bytes[1] += static_cast<double>(KeepIfSmaller(
+          cpu::PackBf16(w.data, static_cast<size_t>(rows), static_cast<size_t>(cols)), &w, &packed_));
       return Status::Ok();
     }
     if (f == DenseFormat::kInt8) {
@@ -484,33 +484,24 @@ Status Model::PackExperts(int threads) {
       }
     }
   }
-  std::vector<std::unique_ptr<cpu::PackedBf16Matrix>> made(todo.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
-      const Bf16Matrix& w = *todo[i];
-      made[i] = std::make_unique<cpu::PackedBf16Matrix>(
-          cpu::PackBf16(w.data, static_cast<size_t>(w.rows), static_cast<size_t>(w.cols)));
+  std::vector<cpu::PackedBf16Matrix> made(todo.size());
+  cpu::ThreadPool pool(threads);
+  pool.ParallelFor(todo.size(), 1, 1, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      made[i] = cpu::PackBf16(todo[i]->data, static_cast<size_t>(todo[i]->rows), static_cast<size_t>(todo[i]->cols));
     }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  });
   double plain = 0;
   for (size_t i = 0; i < todo.size(); ++i) {
-    Bf16Matrix& w = *todo[i];
-    plain += 2.0 * static_cast<double>(w.rows) * static_cast<double>(w.cols);
-    if (made[i]->Bytes() >= size_t{2} * static_cast<size_t>(w.rows) * static_cast<size_t>(w.cols)) continue;
-    packed_expert_bytes_ += made[i]->Bytes();
-    w.packed = made[i].get();
-    packed_experts_.push_back(std::move(made[i]));
+    plain += static_cast<double>(made[i].PlainBytes());
+    const size_t held = KeepIfSmaller(std::move(made[i]), todo[i], &packed_experts_);
+    if (todo[i]->packed != nullptr) packed_expert_bytes_ += held;
   }
   PW_LOG(INFO) << dir_ << ": " << packed_experts_.size() << " of " << todo.size() << " expert matrices packed, "
                << plain / 1e6 << " MB of bf16 in " << static_cast<double>(packed_expert_bytes_) / 1e6
                << " MB (those left bf16 not counted), in "
                << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s on "
-               << std::max(1, threads) << " threads";
+               << pool.num_threads() << " threads";
   return Status::Ok();
 }
 

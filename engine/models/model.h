@@ -227,6 +227,10 @@ class Model {
   Status StackedExperts(int64_t l, const std::string& block, LayerWeights* w);
   // Layer l's tensors of the family's sandwich (family.h), `p` its prefix.
   Status LoadSandwich(int64_t l, const std::string& p, LayerWeights* w);
+  // Keeps the packed copy m of *w in *owner and points w at it when m is smaller than the bf16
+  // rows; returns the bytes *w is read from either way.
+  static size_t KeepIfSmaller(cpu::PackedBf16Matrix m, Bf16Matrix* w,
+                              std::vector<std::unique_ptr<cpu::PackedBf16Matrix>>* owner);
   // A Model-owned copy of `values` as a [rows, cols] matrix.
   Bf16Matrix Own(const std::vector<uint16_t>& values, int64_t rows, int64_t cols);
 
