@@ -195,7 +195,6 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
     while (k < part.pages.size()) {
       segs.clear();
       size_t chunk = 0;
-      const size_t first = k;
       for (; k < part.pages.size() && (segs.empty() || chunk < options_.get_chunk_bytes); ++k) {
         const int r0 = static_cast<int>(k) * part.tile_rows;
         const int n = std::min(part.tile_rows, part.rows - r0);
@@ -207,7 +206,7 @@ Status PlaneMover::RunPart(transport::ucx::RemoteRegion& region, const MovePart&
       }
       if (cancel != nullptr) WaitWhileHeld();
       PW_RETURN_IF_ERROR(region.GetAll(segs, options_.timeout_ms, cancel));
-      for (size_t i = 0; i < segs.size(); ++i) h.Update(part.pages[first + i], segs[i].bytes);
+      for (const auto& seg : segs) h.Update(seg.local, seg.bytes);
       *bytes += chunk;
       throttle(chunk);
     }
