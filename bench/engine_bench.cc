@@ -371,7 +371,7 @@ Result<std::vector<Row>> BenchExperts(engine::Engine& eng, const std::string& mo
     for (const engine::LayerWeights& w : eng.model().layers()) {
       for (const engine::MlpWeights& e : w.experts) {
         for (const engine::Bf16Matrix* m : {&e.gate, &e.up, &e.down}) {
-          if (m->packed != nullptr) plain += 2.0 * static_cast<double>(m->rows) * static_cast<double>(m->cols);
+          if (m->packed != nullptr) plain += static_cast<double>(m->packed->PlainBytes());
         }
       }
     }

@@ -11,8 +11,7 @@
 namespace pw::engine {
 
 bool PackBf16Experts(Bf16ExpertForm form) {
-  return form == Bf16ExpertForm::kPacked ||
-         (form == Bf16ExpertForm::kAuto && cpu::UsesAvx512Bf16(cpu::Kernels()));
+  return form == Bf16ExpertForm::kPacked || (form == Bf16ExpertForm::kAuto && cpu::PackingPays(cpu::Kernels()));
 }
 
 Status RunBf16Experts(const ExpertLayerCall& call, const Bf16Expert* experts,

@@ -35,8 +35,8 @@ struct Bf16Expert {
 
 // How bf16 experts are held: as the checkpoint (or the broker) has them, packed losslessly
 // (kernels/cpu/packed_bf16.h: the same values in ~0.75x the bytes a step reads), or auto:
-// packed where the packed product is decoded in registers (AVX512-BF16 with bf16 activations,
-// cpu::UsesAvx512Bf16 of cpu::Kernels()). PackBf16Experts resolves auto.
+// packed where packing pays (cpu::PackingPays of cpu::Kernels(): AVX512-BF16 with bf16
+// activations). PackBf16Experts resolves auto.
 enum class Bf16ExpertForm { kAuto, kPlain, kPacked };
 bool PackBf16Experts(Bf16ExpertForm form);
 

@@ -122,6 +122,8 @@ void UnpackBf16Rows(const PackedBf16View& w, size_t r0, size_t r1, uint16_t* out
   }
 }
 
+bool PackingPays(const kernels::DenseKernels& k) { return UsesAvx512Bf16(k); }
+
 void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx, size_t T,
                       const PackedBf16View& w, size_t n_begin, size_t n_end, float* y, size_t ldy,
                       uint16_t* scratch, size_t scratch_values) {

@@ -114,6 +114,13 @@ void MatmulPackedBf16(const kernels::DenseKernels& k, const float* x, size_t ldx
                       const PackedBf16View& w, size_t n_begin, size_t n_end, float* y, size_t ldy,
                       uint16_t* scratch, size_t scratch_values);
 
+// Whether `k` multiplies packed rows in registers at 1-4 tokens and decodes them into L1 for more
+// (UsesAvx512Bf16: AVX512-BF16 with bf16 activations): where reading packed rows is faster than
+// plain ones at every token count measured, so where `auto` packs (pw serve's dense format, the
+// engine's and decode worker's bf16 experts). The AVX2 tables decode in registers at one token
+// only and unpack first from two.
+bool PackingPays(const kernels::DenseKernels& k);
+
 // Defined with the AVX512-BF16 table (dense_avx512_bf16.cc): the product above on that table.
 void MatmulPackedBf16Avx512Bf16(const float* x, size_t ldx, size_t T, const PackedBf16View& w,
                                 size_t n_begin, size_t n_end, float* y, size_t ldy);

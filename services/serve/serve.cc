@@ -17,6 +17,7 @@
 #include "common/formats/model_hash_cache.h"
 #include "kernels/anyprec/q8.h"
 #include "kernels/cpu/dense.h"
+#include "kernels/cpu/packed_bf16.h"
 #include "services/serve/model_source.h"
 #include "services/serve/store_cache.h"
 
@@ -148,18 +149,17 @@ Status RunServe(const ServeOptions& o, const std::string& bin_dir) {
   PW_ASSIGN_OR_RETURN(ModelSource src, OpenModelSource(o.model_dir, o.tokenizer));
   PW_ASSIGN_OR_RETURN(int64_t budget, ParseMemory(o.memory));
   PW_ASSIGN_OR_RETURN(const int max_bits, PlannerMaxBits(o.max_bits, o.bits));
+  // Where packed bf16 pays, the dense matrices' auto is bf16-packed and the decode worker packs
+  // the checkpoint's bf16 experts (its bf16_experts: auto, engine/experts/bf16_experts.h).
+  const bool packing_pays = cpu::PackingPays(cpu::Kernels());
   PW_ASSIGN_OR_RETURN(const DenseChoice dense,
                       ServeDense(o.dense, o.lm_head, o.bits == "16", max_bits,
-                                 anyprec::FastWidthLimit(anyprec::BestQ8Backend()),
-                                 cpu::UsesAvx512Bf16(cpu::Kernels())));
-  // The decode worker packs the checkpoint's bf16 experts where it multiplies them packed in
-  // registers (its bf16_experts: auto, engine/experts/bf16_experts.h).
-  const bool packed_experts = cpu::UsesAvx512Bf16(cpu::Kernels());
+                                 anyprec::FastWidthLimit(anyprec::BestQ8Backend()), packing_pays));
   PW_ASSIGN_OR_RETURN(MemoryPlan mem,
                       PlanMemory(src.config, static_cast<int64_t>(src.checkpoint_bytes), budget, o.bits, o.memory,
                                  static_cast<int64_t>(DenseCopyBytes(src, dense.dense, dense.lm_head)), max_bits,
                                  o.prefill_bits == "16" ? 0 : anyprec::FastWidthLimit(anyprec::BestQ8Backend()),
-                                 packed_experts ? PackedExpertBytes(src.config) : 0));
+                                 packing_pays ? PackedExpertBytes(src.config) : 0));
   PW_RETURN_IF_ERROR(ProbePort(o.host, static_cast<int>(o.port)).status());
   std::string store_dir = o.store_dir;
   if (store_dir.empty()) {

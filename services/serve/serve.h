@@ -37,7 +37,7 @@ Result<int> PlannerMaxBits(const std::string& max_bits, const std::string& bits)
 // format's name) and --lm-head (kAsDense: what --dense gives it). auto: bf16 when the experts
 // are bf16 (`bf16_experts`, --bits 16: the checkpoint served as it is), packed losslessly
 // (bf16-packed, the same values in 0.75x the bytes) where its product is decoded in registers
-// (`packed_fast`: AVX512-BF16 with bf16 activations, cpu::UsesAvx512Bf16); when the experts never
+// (`packed_fast`: cpu::PackingPays, AVX512-BF16 with bf16 activations); when the experts never
 // exceed 4 bits (`max_bits`, the planner's ceiling) ap4, with an ap6 lm_head where the fast
 // path runs 6 bits at speed (`fast_width` = anyprec::FastWidthLimit >= 6: AVX-512 VBMI) and an
 // int8 one otherwise (docs/quality.md, "Dense matrices below 8 bits": +0.2 % perplexity); else

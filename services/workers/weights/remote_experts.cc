@@ -98,9 +98,7 @@ Status RemoteExpertProvider::Pack() {
       packed_.push_back(cpu::PackBf16(w, rows, cols));
     }
   }
-  uint64_t bytes = 0;
-  for (const cpu::PackedBf16Matrix& m : packed_) bytes += m.Bytes();
-  if (bytes >= layout_.total_bytes) {  // narrow rows (chunks of 64 columns) or values of many binades
+  if (bytes_held() >= layout_.total_bytes) {  // narrow rows (chunks of 64 columns) or values of many binades
     packed_.clear();
     first_.clear();
     return Status::Ok();
